@@ -39,7 +39,7 @@ run: deps build
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # Everything in release mode so that dependencies are compiled once for the module,
 # the unit tests and the integration tests alike.
@@ -55,15 +55,20 @@ integration: build
 	    echo "== integration tests against $$bin"; \
 	    echo "== $$ver"; \
 	    echo "=================================================================="; \
-	    LOCK_SERVER_BIN=$$bin $(CARGO) test --release --test '*' -- $(TEST_ARGS); \
+	    LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock --test '*' -- $(TEST_ARGS); \
 	done; \
 	echo; echo "== integration tests passed against: $(TEST_SERVERS)"
+
+# Further suites (client crate, short reliability run) add themselves here with
+# `EXTRA_TESTS += target` next to their own targets below.
+EXTRA_TESTS :=
 
 test: deps
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory build
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory integration
+	for t in $(EXTRA_TESTS); do $(MAKE) --no-print-directory $$t; done
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,1 @@
+//! Rust client for redis-lock (placeholder until issue 5 lands).
