@@ -107,6 +107,11 @@ fn acquire_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
             };
             s.expires_at = deadline;
             let (token, fence) = (s.token.clone(), s.fence);
+            // A renew keeps its fence; MINFENCE then only lifts this server's counter,
+            // which is how a quorum client makes later grants on this node exceed it.
+            if req.min_fence > 0 {
+                observe_fence(req.min_fence);
+            }
             key.set_deadline(deadline);
             if let Some(s) = key.state_mut() {
                 replicate::state(ctx, name, s);
