@@ -76,11 +76,14 @@ handler!(debug, "lock.debug", debug_impl);
 fn acquire_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
     let req = args::parse_acquire(rest, &config::limits())?;
     let now = ffi::now_ms();
+    if req.min_fence > core::fence_ceiling(now, core::MINFENCE_MAX_LEAD_MS) {
+        return Err(LockError::FenceTooFarAhead);
+    }
     let deadline = core::lease_deadline(now, req.ttl, "lock.acquire")?;
     let db = ffi::selected_db(ctx);
     let queued = waiters::queued(db, ffi::bytes(name));
     let mut key = LockKey::open(ctx, name);
-    let current = key.current()?;
+    let current = key.current(now)?;
     match core::decide_acquire(current, req.token, queued) {
         AcquireDecision::Grant => {
             let fence = next_fence(now, req.min_fence)?;
@@ -170,7 +173,7 @@ fn release_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
 /// LOCK.RELEASE and the revocation of a grant whose waiter disconnected.
 pub fn release_token(ctx: Ctx, name: RStr, token: &[u8]) -> Result<bool, LockError> {
     let key = LockKey::open(ctx, name);
-    if !core::holds(key.current()?, token) {
+    if !core::holds(key.current(ffi::now_ms())?, token) {
         return Ok(false);
     }
     key.delete();
@@ -184,9 +187,10 @@ pub fn release_token(ctx: Ctx, name: RStr, token: &[u8]) -> Result<bool, LockErr
 
 fn extend_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
     let req = args::parse_extend(rest, &config::limits())?;
-    let deadline = core::lease_deadline(ffi::now_ms(), req.ttl, "lock.extend")?;
+    let now = ffi::now_ms();
+    let deadline = core::lease_deadline(now, req.ttl, "lock.extend")?;
     let mut key = LockKey::open(ctx, name);
-    let current = key.current()?;
+    let current = key.current(now)?;
     if !core::holds(current, req.token) {
         ffi::reply_int(ctx, 0);
         return Ok(());
@@ -210,9 +214,9 @@ fn info_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
     if !rest.is_empty() {
         return Err(LockError::WrongArity("lock.info"));
     }
-    let key = LockKey::open_read(ctx, name);
-    let current = key.current()?;
     let now = ffi::now_ms();
+    let key = LockKey::open_read(ctx, name);
+    let current = key.current(now)?;
     let waiting = waiters::queued(ffi::selected_db(ctx), ffi::bytes(name)) as i64;
     let ttl_left = |at: Option<i64>| at.map_or(-1, |at| at.saturating_sub(now).max(0));
     let field = |k: &[u8]| ffi::reply_bytes(ctx, k);
@@ -280,7 +284,7 @@ fn forcerelease_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockErr
         return Err(LockError::WrongArity("lock.forcerelease"));
     }
     let key = LockKey::open(ctx, name);
-    if matches!(key.current()?, Current::Free) {
+    if matches!(key.current(ffi::now_ms())?, Current::Free) {
         drop(key);
         ffi::reply_int(ctx, 0);
         return Ok(());
@@ -301,6 +305,9 @@ fn sync_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
         return Err(LockError::InternalOnly("lock.sync"));
     }
     let s = args::parse_sync(rest)?;
+    if s.fence > core::fence_ceiling(ffi::now_ms(), core::LOADED_FENCE_MAX_LEAD_MS) {
+        return Err(LockError::FenceTooFarAhead);
+    }
     observe_fence(s.fence);
     let mut key = LockKey::open(ctx, name);
     key.put(LockState {

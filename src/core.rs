@@ -70,6 +70,23 @@ pub fn lease_deadline(now: i64, ttl: u64, cmd: &'static str) -> Result<i64, Lock
 /// Bits below the millisecond in the hybrid fence: about a million grants per ms.
 pub const FENCE_SHIFT: u32 = 20;
 
+/// How far ahead of this server's clock a client may push fences with MINFENCE. A
+/// counter pushed far ahead of the clock loses the protection of the clock term after a
+/// restart that lost it, so quorum clients (whose MINFENCE comes from other servers'
+/// clocks) get a day of skew and no more.
+pub const MINFENCE_MAX_LEAD_MS: i64 = 24 * 3600 * 1000;
+/// How far ahead fences arriving from RESTORE, RDB files or the replication stream may
+/// be. It only keeps a hostile value from exhausting the counter for good.
+pub const LOADED_FENCE_MAX_LEAD_MS: i64 = 10 * 365 * 24 * 3600 * 1000;
+
+/// The largest fence acceptable at `now_ms` with the given lead.
+pub fn fence_ceiling(now_ms: i64, lead_ms: i64) -> u64 {
+    let ms = u64::try_from(now_ms.saturating_add(lead_ms)).unwrap_or(0);
+    ms.checked_shl(FENCE_SHIFT)
+        .filter(|c| c >> FENCE_SHIFT == ms)
+        .map_or(MAX_FENCE, |c| c.min(MAX_FENCE))
+}
+
 /// The per-server fencing counter. A new fence is the largest of: the last fence + 1,
 /// the wall clock in ms shifted left by 20 bits, and a floor the caller asks for.
 /// The clock term keeps fences rising after a restart or failover that lost the
@@ -172,6 +189,15 @@ mod tests {
         assert!(holds(Current::Classic(b"x"), b"x"));
         assert!(!holds(Current::Classic(b"x"), b"y"));
         assert!(!holds(Current::Free, b"x"));
+    }
+
+    #[test]
+    fn fence_ceiling_tracks_the_clock() {
+        let now = 1_800_000_000_000;
+        assert_eq!(fence_ceiling(now, 1000), (now as u64 + 1000) << FENCE_SHIFT);
+        assert!(fence_ceiling(now, LOADED_FENCE_MAX_LEAD_MS) < MAX_FENCE);
+        assert_eq!(fence_ceiling(i64::MAX, 5), MAX_FENCE);
+        assert_eq!(fence_ceiling(-10, 5), 0);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use redis_module::raw;
 
 use crate::args::{MAX_FENCE, MAX_OWNER_LEN, MAX_TOKEN_LEN};
-use crate::core::LockState;
+use crate::core::{fence_ceiling, LockState, LOADED_FENCE_MAX_LEAD_MS};
 use crate::ffi::{api, Ctx};
 use crate::guard::catch;
 use crate::info::LIVE_LOCKS;
@@ -65,10 +65,12 @@ pub fn create(ctx: Ctx) -> bool {
     !t.is_null()
 }
 
-/// Checks a decoded value; the same rules as the command parser.
+/// Checks a decoded value; the same rules as the command parser, and a fence no
+/// further ahead of the clock than `LOADED_FENCE_MAX_LEAD_MS`.
 pub fn valid(s: &LockState) -> bool {
+    let ceiling = fence_ceiling(crate::ffi::now_ms(), LOADED_FENCE_MAX_LEAD_MS);
     (1..=MAX_TOKEN_LEN).contains(&s.token.len())
-        && (1..=MAX_FENCE).contains(&s.fence)
+        && (1..=MAX_FENCE.min(ceiling)).contains(&s.fence)
         && s.owner
             .as_ref()
             .is_none_or(|o| (1..=MAX_OWNER_LEN).contains(&o.len()))

@@ -25,6 +25,8 @@ pub enum LockError {
     TooManyWaiters(u64),
     /// The per-server fencing counter cannot grow further.
     FenceExhausted,
+    /// A fence (MINFENCE, or one arriving by replication) too far ahead of the clock.
+    FenceTooFarAhead,
     /// A command that only the replication stream or AOF may send.
     InternalOnly(&'static str),
     /// A Rust panic was caught at the FFI boundary.
@@ -63,6 +65,9 @@ impl fmt::Display for LockError {
                 "MAXWAITERS this lock already has lock.max-waiters ({max}) clients waiting"
             ),
             LockError::FenceExhausted => write!(f, "ERR fencing token counter exhausted"),
+            LockError::FenceTooFarAhead => {
+                write!(f, "ERR fence is too far ahead of this server's clock")
+            }
             LockError::InternalOnly(cmd) => write!(
                 f,
                 "ERR '{cmd}' is internal: only the replication stream and the AOF may send it"
@@ -96,6 +101,7 @@ mod tests {
             LockError::WrongType,
             LockError::TooManyWaiters(3),
             LockError::FenceExhausted,
+            LockError::FenceTooFarAhead,
             LockError::InternalOnly("lock.sync"),
             LockError::Internal("lock.info"),
             LockError::Disabled("LOCK.DEBUG"),

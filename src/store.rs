@@ -29,8 +29,10 @@ impl LockKey {
         }
     }
 
-    /// What the key holds: a free slot, a module lock, or a classic string lock.
-    pub fn current(&self) -> Result<Current<'_>, LockError> {
+    /// What the key holds at `now`: a free slot, a module lock, or a classic string lock.
+    /// A module lock whose lease has ended is free even if its key is still there (its
+    /// expiry was changed by PERSIST, EXPIRE or RESTORE): the lease is what counts.
+    pub fn current(&self, now: i64) -> Result<Current<'_>, LockError> {
         let t = self.key.key_type();
         if t == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
             Ok(Current::Free)
@@ -43,7 +45,12 @@ impl LockKey {
             if v.is_null() {
                 return Ok(Current::Free);
             }
-            Ok(Current::Module(unsafe { datatype::as_state(v) }))
+            let s = unsafe { datatype::as_state(v) };
+            Ok(if s.expires_at <= now {
+                Current::Free
+            } else {
+                Current::Module(s)
+            })
         } else {
             Err(LockError::WrongType)
         }

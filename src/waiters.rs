@@ -196,7 +196,7 @@ pub fn handoff(ctx: Ctx, name: RStr) -> bool {
         return false;
     }
     let mut key = LockKey::open(ctx, name);
-    let lease_end = match key.current() {
+    let lease_end = match key.current(ffi::now_ms()) {
         Ok(Current::Free) => None,
         Ok(Current::Module(s)) => Some(Some(s.expires_at)),
         Ok(Current::Classic(_)) => Some(key.deadline()),

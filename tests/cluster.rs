@@ -1,0 +1,279 @@
+//! Redis Cluster: every lock command routes by its key (key specs), works on every
+//! master through a cluster-aware client, blocking hand-off works there, a node that does
+//! not own the key's slot answers MOVED, and COMMAND GETKEYS names the key.
+
+mod common;
+
+use common::{key_slot, wait_until, Cluster, Server};
+use redis::{Connection, Value};
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// One key per master: `(key, owning node's port)`.
+fn key_per_master(cluster: &Cluster, prefix: &str) -> Vec<(String, u16)> {
+    let mut seen = HashSet::new();
+    let mut keys = Vec::new();
+    for i in 0..1000 {
+        let k = format!("{prefix}:{i}");
+        let port = cluster.node_for_key(&k).port;
+        if seen.insert(port) {
+            keys.push((k, port));
+        }
+        if keys.len() == cluster.nodes.len() {
+            return keys;
+        }
+    }
+    panic!("could not find a key for every master");
+}
+
+fn node(cluster: &Cluster, port: u16) -> &Server {
+    cluster.nodes.iter().find(|n| n.port == port).unwrap()
+}
+
+/// LOCK.INFO field, from a RESP2 flat array or a RESP3 map; None when the reply is nil.
+fn info_field(v: &Value, field: &str) -> Option<Value> {
+    let pairs: Vec<(&Value, &Value)> = match v {
+        Value::Nil => return None,
+        Value::Array(items) => items.chunks(2).map(|p| (&p[0], &p[1])).collect(),
+        Value::Map(kv) => kv.iter().map(|(k, v)| (k, v)).collect(),
+        other => panic!("unexpected LOCK.INFO reply {other:?}"),
+    };
+    pairs
+        .into_iter()
+        .find(|(k, _)| redis::from_redis_value::<String>(k).ok().as_deref() == Some(field))
+        .map(|(_, v)| v.clone())
+}
+
+fn info_int(v: &Value, field: &str) -> i64 {
+    let f = info_field(v, field).unwrap_or_else(|| panic!("no {field} in {v:?}"));
+    redis::from_redis_value(&f).unwrap()
+}
+
+fn waiters_on(server: &Server) -> Option<String> {
+    server.info_field("lock", "lock_waiters")
+}
+
+#[test]
+fn lock_commands_work_on_every_master_through_a_cluster_client() {
+    let cluster = Cluster::start(3);
+    let client = cluster.cluster_client();
+    let mut cc = client.get_connection().unwrap();
+    let keys = key_per_master(&cluster, "clock");
+
+    for (i, (key, port)) in keys.iter().enumerate() {
+        let owner = format!("owner-{i}");
+        let token = format!("tok-{i}");
+        let (t, fence): (String, i64) = redis::cmd("LOCK.ACQUIRE")
+            .arg(key)
+            .arg("PX")
+            .arg(60000)
+            .arg("TOKEN")
+            .arg(&token)
+            .arg("OWNER")
+            .arg(&owner)
+            .query(&mut cc)
+            .unwrap();
+        assert_eq!(t, token);
+        assert!(fence > 0);
+
+        // The lock lives on the node that owns the slot.
+        let mut nc = node(&cluster, *port).conn();
+        let on_node: Value = redis::cmd("LOCK.INFO").arg(key).query(&mut nc).unwrap();
+        assert_eq!(info_int(&on_node, "fence"), fence, "{key} on its node");
+        let ty: String = redis::cmd("TYPE").arg(key).query(&mut nc).unwrap();
+        assert_eq!(ty, "redislock");
+
+        // INFO through the cluster client.
+        let info: Value = redis::cmd("LOCK.INFO").arg(key).query(&mut cc).unwrap();
+        assert_eq!(info_int(&info, "fence"), fence);
+        let o: String = redis::from_redis_value(&info_field(&info, "owner").unwrap()).unwrap();
+        assert_eq!(o, owner);
+
+        // Held: another token does not get it.
+        let other: Option<(String, i64)> = redis::cmd("LOCK.ACQUIRE")
+            .arg(key)
+            .arg("PX")
+            .arg(1000)
+            .query(&mut cc)
+            .unwrap();
+        assert!(other.is_none(), "{key} granted twice");
+
+        // EXTEND.
+        let n: i64 = redis::cmd("LOCK.EXTEND")
+            .arg(key)
+            .arg(&token)
+            .arg("PX")
+            .arg(120000)
+            .query(&mut cc)
+            .unwrap();
+        assert_eq!(n, 1);
+        let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut cc).unwrap();
+        assert!(pttl > 60000, "{key}: PTTL {pttl} after EXTEND PX 120000");
+
+        // RELEASE.
+        let n: i64 = redis::cmd("LOCK.RELEASE")
+            .arg(key)
+            .arg(&token)
+            .query(&mut cc)
+            .unwrap();
+        assert_eq!(n, 1);
+        let info: Value = redis::cmd("LOCK.INFO").arg(key).query(&mut cc).unwrap();
+        assert_eq!(info, Value::Nil);
+
+        // FORCERELEASE of a new grant with a greater fence.
+        let (_, f2): (String, i64) = redis::cmd("LOCK.ACQUIRE")
+            .arg(key)
+            .arg("PX")
+            .arg(60000)
+            .query(&mut cc)
+            .unwrap();
+        assert!(f2 > fence);
+        let n: i64 = redis::cmd("LOCK.FORCERELEASE")
+            .arg(key)
+            .query(&mut cc)
+            .unwrap();
+        assert_eq!(n, 1);
+        let n: i64 = redis::cmd("LOCK.FORCERELEASE")
+            .arg(key)
+            .query(&mut cc)
+            .unwrap();
+        assert_eq!(n, 0);
+        let exists: i64 = redis::cmd("EXISTS").arg(key).query(&mut nc).unwrap();
+        assert_eq!(exists, 0);
+    }
+
+    // Blocking hand-off on every master, the waiter on its own cluster connection.
+    for (key, port) in &keys {
+        let (ta, fa): (String, i64) = redis::cmd("LOCK.ACQUIRE")
+            .arg(key)
+            .arg("PX")
+            .arg(60000)
+            .query(&mut cc)
+            .unwrap();
+        let mut wc = client.get_connection().unwrap();
+        let wkey = key.clone();
+        let waiter = std::thread::spawn(move || -> Option<(String, i64)> {
+            redis::cmd("LOCK.ACQUIRE")
+                .arg(&wkey)
+                .arg("TOKEN")
+                .arg("tok-waiter")
+                .arg("PX")
+                .arg(60000)
+                .arg("BLOCK")
+                .arg(5000)
+                .query(&mut wc)
+                .unwrap()
+        });
+        let owner_node = node(&cluster, *port);
+        assert!(
+            wait_until(Duration::from_secs(5), || waiters_on(owner_node).as_deref()
+                == Some("1")),
+            "{key}: the waiter never queued on its node"
+        );
+        let n: i64 = redis::cmd("LOCK.RELEASE")
+            .arg(key)
+            .arg(&ta)
+            .query(&mut cc)
+            .unwrap();
+        assert_eq!(n, 1);
+        let (tb, fb) = waiter
+            .join()
+            .unwrap()
+            .unwrap_or_else(|| panic!("{key}: the waiter was not handed the lock"));
+        assert_eq!(tb, "tok-waiter");
+        assert!(fb > fa, "{key}: hand-off fence {fb} <= {fa}");
+        let info: Value = redis::cmd("LOCK.INFO").arg(key).query(&mut cc).unwrap();
+        assert_eq!(info_int(&info, "fence"), fb);
+        let n: i64 = redis::cmd("LOCK.RELEASE")
+            .arg(key)
+            .arg("tok-waiter")
+            .query(&mut cc)
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+}
+
+#[test]
+fn wrong_node_answers_moved_and_getkeys_names_the_key() {
+    let cluster = Cluster::start(3);
+    let keys = key_per_master(&cluster, "cmoved");
+    for (key, port) in &keys {
+        let slot = key_slot(key.as_bytes());
+        for other in cluster.nodes.iter().filter(|n| n.port != *port) {
+            let mut c: Connection = other.conn();
+            let cmds = [
+                redis::cmd("LOCK.ACQUIRE")
+                    .arg(key)
+                    .arg("PX")
+                    .arg(1000)
+                    .clone(),
+                redis::cmd("LOCK.ACQUIRE")
+                    .arg(key)
+                    .arg("BLOCK")
+                    .arg(1000)
+                    .clone(),
+                redis::cmd("LOCK.RELEASE").arg(key).arg("t").clone(),
+                redis::cmd("LOCK.EXTEND").arg(key).arg("t").clone(),
+                redis::cmd("LOCK.INFO").arg(key).clone(),
+                redis::cmd("LOCK.FORCERELEASE").arg(key).clone(),
+            ];
+            for (i, cmd) in cmds.iter().enumerate() {
+                let r: redis::RedisResult<Value> = cmd.query(&mut c);
+                let e = match r {
+                    Ok(v) => panic!("command #{i} on {key} at a wrong node answered {v:?}"),
+                    Err(e) => e,
+                };
+                assert_eq!(e.code(), Some("MOVED"), "command #{i} on {key}: {e}");
+                let detail = e.to_string();
+                assert!(
+                    detail.contains(&slot.to_string()) && detail.contains(&port.to_string()),
+                    "MOVED should name slot {slot} and port {port}: {detail}"
+                );
+            }
+            // Nothing was written on the wrong node.
+            let n: i64 = redis::cmd("CLUSTER")
+                .arg("COUNTKEYSINSLOT")
+                .arg(slot)
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(n, 0);
+        }
+    }
+
+    let mut c = cluster.nodes[0].conn();
+    let getkeys = |c: &mut Connection, args: &[&str]| -> Vec<String> {
+        redis::cmd("COMMAND")
+            .arg("GETKEYS")
+            .arg(args)
+            .query(c)
+            .unwrap()
+    };
+    assert_eq!(
+        getkeys(&mut c, &["LOCK.ACQUIRE", "k", "PX", "10"]),
+        vec!["k"]
+    );
+    // Option values that look like keys are not keys.
+    assert_eq!(
+        getkeys(
+            &mut c,
+            &[
+                "LOCK.ACQUIRE",
+                "lk",
+                "TOKEN",
+                "t",
+                "OWNER",
+                "o",
+                "BLOCK",
+                "0"
+            ]
+        ),
+        vec!["lk"]
+    );
+    assert_eq!(getkeys(&mut c, &["LOCK.RELEASE", "rk", "tok"]), vec!["rk"]);
+    assert_eq!(
+        getkeys(&mut c, &["LOCK.EXTEND", "ek", "tok", "PX", "10"]),
+        vec!["ek"]
+    );
+    assert_eq!(getkeys(&mut c, &["LOCK.INFO", "ik"]), vec!["ik"]);
+    assert_eq!(getkeys(&mut c, &["LOCK.FORCERELEASE", "fk"]), vec!["fk"]);
+}

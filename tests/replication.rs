@@ -1,0 +1,633 @@
+//! Replication: a primary and a replica, both with the module. The replica must hold
+//! exactly the primary's lock state (same fence, owner, absolute expiry, acquired-at),
+//! refuse lock writes from clients, keep issuing greater fences once promoted, and write
+//! what its primary sent into its own AOF.
+
+mod common;
+
+use common::{wait_until, Server, ServerBuilder};
+use redis::{Connection, Value};
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const SYNC_TIMEOUT: Duration = Duration::from_secs(15);
+
+// ------------------------------------------------------------------------------------
+// Helpers
+
+/// A primary that starts a replica's full sync at once (Redis 7.0 waits 5 s by default
+/// before a diskless sync).
+fn primary() -> Server {
+    ServerBuilder::new()
+        .arg("repl-diskless-sync-delay", "0")
+        .start()
+}
+
+/// Makes `replica` replicate `primary` (REPLICAOF as a command, so that a restart of the
+/// replica comes up standalone) and waits for the link to be up.
+fn replicate_from(replica: &Server, primary: &Server) {
+    let mut c = replica.conn();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port)
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        wait_until(SYNC_TIMEOUT, || replica
+            .info_field("replication", "master_link_status")
+            .as_deref()
+            == Some("up")),
+        "replica never linked up\n{}\n{}",
+        replica.log_tail(),
+        primary.log_tail()
+    );
+}
+
+fn pair() -> (Server, Server) {
+    let p = primary();
+    let r = ServerBuilder::new().start();
+    replicate_from(&r, &p);
+    (p, r)
+}
+
+fn offset(s: &Server, field: &str) -> i64 {
+    s.info_field("replication", field)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Waits until the replica has processed everything the primary has propagated so far.
+fn wait_synced(primary: &Server, replica: &Server) {
+    let target = offset(primary, "master_repl_offset");
+    assert!(target > 0, "primary has no replication offset");
+    assert!(
+        wait_until(SYNC_TIMEOUT, || offset(replica, "slave_repl_offset")
+            >= target),
+        "replica did not reach offset {target} (at {})\n{}",
+        offset(replica, "slave_repl_offset"),
+        replica.log_tail()
+    );
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn acquire(c: &mut Connection, key: &str, opts: &[&str]) -> Option<(String, i64)> {
+    redis::cmd("LOCK.ACQUIRE")
+        .arg(key)
+        .arg(opts)
+        .query(c)
+        .unwrap()
+}
+
+/// LOCK.INFO as field → value (RESP2 flat array or RESP3 map); None for nil.
+fn lock_info(c: &mut Connection, key: &str) -> Option<BTreeMap<String, Value>> {
+    let v: Value = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
+    let pairs: Vec<(Value, Value)> = match v {
+        Value::Nil => return None,
+        Value::Map(kv) => kv,
+        Value::Array(items) => {
+            assert!(items.len() % 2 == 0, "odd LOCK.INFO reply {items:?}");
+            let mut it = items.into_iter();
+            let mut out = Vec::new();
+            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                out.push((k, v));
+            }
+            out
+        }
+        other => panic!("unexpected LOCK.INFO reply {other:?}"),
+    };
+    Some(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (redis::from_redis_value::<String>(&k).unwrap(), v))
+            .collect(),
+    )
+}
+
+/// The fields that must be identical on every copy of a lock (ttl is relative to now,
+/// waiters are per server).
+fn durable_fields(info: &BTreeMap<String, Value>) -> BTreeMap<String, Value> {
+    info.iter()
+        .filter(|(k, _)| k.as_str() != "ttl" && k.as_str() != "waiters")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn int_field(info: &BTreeMap<String, Value>, f: &str) -> i64 {
+    let v = info
+        .get(f)
+        .unwrap_or_else(|| panic!("LOCK.INFO lacks {f}: {info:?}"));
+    redis::from_redis_value(v).unwrap_or_else(|e| panic!("{f} = {v:?}: {e}"))
+}
+
+fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap()
+}
+
+fn key_type(c: &mut Connection, key: &str) -> String {
+    redis::cmd("TYPE").arg(key).query(c).unwrap()
+}
+
+fn exists(c: &mut Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
+}
+
+/// Asserts that the replica's copy of `key` equals the primary's: LOCK.INFO (but ttl
+/// and waiters), PEXPIRETIME and TYPE.
+fn assert_same_lock(p: &mut Connection, r: &mut Connection, key: &str) -> BTreeMap<String, Value> {
+    let pi = lock_info(p, key).unwrap_or_else(|| panic!("{key} not held on the primary"));
+    let ri = lock_info(r, key).unwrap_or_else(|| panic!("{key} not held on the replica"));
+    assert_eq!(
+        durable_fields(&pi),
+        durable_fields(&ri),
+        "LOCK.INFO {key} differs"
+    );
+    let (pe, re) = (pexpiretime(p, key), pexpiretime(r, key));
+    assert!(pe > 0, "no expiry on the primary for {key}: {pe}");
+    assert_eq!(pe, re, "PEXPIRETIME {key} differs");
+    assert_eq!(key_type(p, key), key_type(r, key), "TYPE {key} differs");
+    pi
+}
+
+fn err_code(r: redis::RedisResult<Value>) -> String {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.code().unwrap_or("<none>").to_string(),
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// Tests
+
+#[test]
+fn replica_mirrors_acquire_extend_renew_release_and_forcerelease() {
+    let (p, r) = pair();
+    let (mut pc, mut rc) = (p.conn(), r.conn());
+
+    // ACQUIRE with an owner: every durable field, the expiry and the type match.
+    let (tok, fence) = acquire(
+        &mut pc,
+        "repl:a",
+        &["PX", "60000", "TOKEN", "tok-a", "OWNER", "svc-1"],
+    )
+    .unwrap();
+    assert_eq!(tok, "tok-a");
+    wait_synced(&p, &r);
+    let info = assert_same_lock(&mut pc, &mut rc, "repl:a");
+    assert_eq!(int_field(&info, "fence"), fence);
+    assert_eq!(
+        info.get("owner"),
+        Some(&Value::BulkString(b"svc-1".to_vec()))
+    );
+    assert_eq!(key_type(&mut rc, "repl:a"), "redislock");
+    let first_deadline = pexpiretime(&mut rc, "repl:a");
+
+    // EXTEND: the replica gets the new absolute deadline.
+    std::thread::sleep(Duration::from_millis(5));
+    let ext: i64 = redis::cmd("LOCK.EXTEND")
+        .arg("repl:a")
+        .arg("tok-a")
+        .arg("PX")
+        .arg(120000)
+        .query(&mut pc)
+        .unwrap();
+    assert_eq!(ext, 1);
+    wait_synced(&p, &r);
+    let info = assert_same_lock(&mut pc, &mut rc, "repl:a");
+    assert_eq!(int_field(&info, "fence"), fence, "EXTEND changed the fence");
+    let extended = pexpiretime(&mut rc, "repl:a");
+    assert!(
+        extended > first_deadline + 50_000,
+        "replica deadline {extended} not extended from {first_deadline}"
+    );
+    assert_eq!(int_field(&info, "expires-at"), extended);
+
+    // Idempotent renew: same fence, new deadline, identical on the replica.
+    let renewed = acquire(
+        &mut pc,
+        "repl:a",
+        &["PX", "90000", "TOKEN", "tok-a", "OWNER", "svc-1"],
+    )
+    .unwrap();
+    assert_eq!(renewed, ("tok-a".to_string(), fence));
+    wait_synced(&p, &r);
+    let info = assert_same_lock(&mut pc, &mut rc, "repl:a");
+    assert_eq!(int_field(&info, "fence"), fence);
+    let renewed_deadline = pexpiretime(&mut rc, "repl:a");
+    assert!(
+        renewed_deadline < extended,
+        "renew to 90 s should shorten the 120 s lease: {renewed_deadline} vs {extended}"
+    );
+
+    // RELEASE: gone on the replica.
+    let rel: i64 = redis::cmd("LOCK.RELEASE")
+        .arg("repl:a")
+        .arg("tok-a")
+        .query(&mut pc)
+        .unwrap();
+    assert_eq!(rel, 1);
+    wait_synced(&p, &r);
+    assert!(
+        !exists(&mut rc, "repl:a"),
+        "released lock still on the replica"
+    );
+    assert!(lock_info(&mut rc, "repl:a").is_none());
+
+    // FORCERELEASE: gone on the replica.
+    let (_, f2) = acquire(&mut pc, "repl:b", &["PX", "60000"]).unwrap();
+    assert!(f2 > fence);
+    wait_synced(&p, &r);
+    let info = assert_same_lock(&mut pc, &mut rc, "repl:b");
+    assert_eq!(info.get("owner"), Some(&Value::Nil));
+    let fr: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("repl:b")
+        .query(&mut pc)
+        .unwrap();
+    assert_eq!(fr, 1);
+    wait_synced(&p, &r);
+    assert!(
+        !exists(&mut rc, "repl:b"),
+        "force-released lock still on the replica"
+    );
+}
+
+#[test]
+fn classic_string_lock_extend_reaches_replica_as_absolute_deadline() {
+    let (p, r) = pair();
+    let (mut pc, mut rc) = (p.conn(), r.conn());
+    let set: Option<String> = redis::cmd("SET")
+        .arg("repl:classic")
+        .arg("classic-tok")
+        .arg("NX")
+        .arg("PX")
+        .arg(5000)
+        .query(&mut pc)
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("OK"));
+    let before = pexpiretime(&mut pc, "repl:classic");
+    let ext: i64 = redis::cmd("LOCK.EXTEND")
+        .arg("repl:classic")
+        .arg("classic-tok")
+        .arg("PX")
+        .arg(60000)
+        .query(&mut pc)
+        .unwrap();
+    assert_eq!(ext, 1);
+    wait_synced(&p, &r);
+    let (pe, re) = (
+        pexpiretime(&mut pc, "repl:classic"),
+        pexpiretime(&mut rc, "repl:classic"),
+    );
+    assert_eq!(pe, re, "PEXPIRETIME differs after EXTEND of a string lock");
+    assert!(pe >= before + 50_000, "not extended: {before} -> {pe}");
+    assert_eq!(key_type(&mut rc, "repl:classic"), "string");
+    let v: String = redis::cmd("GET")
+        .arg("repl:classic")
+        .query(&mut rc)
+        .unwrap();
+    assert_eq!(v, "classic-tok");
+    let ri = lock_info(&mut rc, "repl:classic").unwrap();
+    assert_eq!(ri.get("kind"), Some(&Value::BulkString(b"string".to_vec())));
+    assert_eq!(int_field(&ri, "expires-at"), pe);
+    // A wrong token extends nothing and changes nothing on either side.
+    let ext: i64 = redis::cmd("LOCK.EXTEND")
+        .arg("repl:classic")
+        .arg("other")
+        .arg("PX")
+        .arg(1000)
+        .query(&mut pc)
+        .unwrap();
+    assert_eq!(ext, 0);
+    wait_synced(&p, &r);
+    assert_eq!(pexpiretime(&mut rc, "repl:classic"), pe);
+}
+
+#[test]
+fn handoff_to_blocked_waiter_reaches_replica() {
+    let (p, r) = pair();
+    let mut pc = p.conn();
+    let mut rc = r.conn();
+
+    // 1. Hand-off on RELEASE.
+    let (_, fa) = acquire(&mut pc, "repl:h", &["PX", "60000", "TOKEN", "tok-a"]).unwrap();
+    let mut bc = p.conn();
+    let waiter = std::thread::spawn(move || -> Option<(String, i64)> {
+        redis::cmd("LOCK.ACQUIRE")
+            .arg("repl:h")
+            .arg("TOKEN")
+            .arg("tok-b")
+            .arg("OWNER")
+            .arg("waiter-b")
+            .arg("PX")
+            .arg(60000)
+            .arg("BLOCK")
+            .arg(5000)
+            .query(&mut bc)
+            .unwrap()
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || p
+            .info_field("lock", "lock_waiters")
+            .as_deref()
+            == Some("1")),
+        "waiter B never queued"
+    );
+    let rel: i64 = redis::cmd("LOCK.RELEASE")
+        .arg("repl:h")
+        .arg("tok-a")
+        .query(&mut pc)
+        .unwrap();
+    assert_eq!(rel, 1);
+    let (tb, fb) = waiter.join().unwrap().expect("B was not handed the lock");
+    assert_eq!(tb, "tok-b");
+    assert!(fb > fa, "hand-off fence {fb} <= {fa}");
+    wait_synced(&p, &r);
+    let info = assert_same_lock(&mut pc, &mut rc, "repl:h");
+    assert_eq!(int_field(&info, "fence"), fb);
+    assert_eq!(
+        info.get("owner"),
+        Some(&Value::BulkString(b"waiter-b".to_vec()))
+    );
+
+    // 2. Hand-off when the holder's lease ends (granted from a timer, not a command).
+    let (_, fc) = acquire(&mut pc, "repl:h2", &["PX", "300", "TOKEN", "tok-c"]).unwrap();
+    let mut dc = p.conn();
+    let waiter = std::thread::spawn(move || -> Option<(String, i64)> {
+        redis::cmd("LOCK.ACQUIRE")
+            .arg("repl:h2")
+            .arg("TOKEN")
+            .arg("tok-d")
+            .arg("PX")
+            .arg(60000)
+            .arg("BLOCK")
+            .arg(5000)
+            .query(&mut dc)
+            .unwrap()
+    });
+    let (td, fd) = waiter
+        .join()
+        .unwrap()
+        .expect("D was not handed the expired lock");
+    assert_eq!(td, "tok-d");
+    assert!(fd > fc);
+    wait_synced(&p, &r);
+    let info = assert_same_lock(&mut pc, &mut rc, "repl:h2");
+    assert_eq!(int_field(&info, "fence"), fd);
+}
+
+#[test]
+fn promoted_replica_issues_fences_above_every_fence_of_the_old_primary() {
+    let (p, r) = pair();
+    let mut pc = p.conn();
+    // A fence an hour ahead of the clock: only the counter the replica learned from the
+    // replication stream (not the clock term) can keep the next fence above it.
+    let far = ((now_ms() + 3_600_000) as u64) << 20;
+    let mut issued = Vec::new();
+    let (ta, fa) = acquire(
+        &mut pc,
+        "repl:p1",
+        &["PX", "60000", "MINFENCE", &far.to_string()],
+    )
+    .unwrap();
+    assert!(fa as u64 >= far);
+    issued.push(fa);
+    let (tb, fb) = acquire(&mut pc, "repl:p2", &["PX", "60000"]).unwrap();
+    issued.push(fb);
+    let (_, fc) = acquire(&mut pc, "repl:p3", &["PX", "60000", "OWNER", "x"]).unwrap();
+    issued.push(fc);
+    // Free them all again: the replica then holds no lock that remembers a fence.
+    for (k, t) in [("repl:p1", &ta), ("repl:p2", &tb)] {
+        let n: i64 = redis::cmd("LOCK.RELEASE")
+            .arg(k)
+            .arg(t)
+            .query(&mut pc)
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+    let n: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("repl:p3")
+        .query(&mut pc)
+        .unwrap();
+    assert_eq!(n, 1);
+    wait_synced(&p, &r);
+
+    let mut rc = r.conn();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut rc)
+        .unwrap();
+    assert_eq!(
+        r.info_field("replication", "role").as_deref(),
+        Some("master")
+    );
+    let max_issued = *issued.iter().max().unwrap();
+    for key in ["repl:p1", "repl:new"] {
+        let (_, f) = acquire(&mut rc, key, &["PX", "60000"]).unwrap();
+        assert!(
+            f > max_issued,
+            "promoted replica granted fence {f} for {key}, old primary issued up to {max_issued}"
+        );
+    }
+}
+
+#[test]
+fn replica_refuses_lock_writes_and_answers_lock_info() {
+    let (p, r) = pair();
+    let mut pc = p.conn();
+    let (tok, fence) = acquire(&mut pc, "repl:ro", &["PX", "60000", "OWNER", "o"]).unwrap();
+    wait_synced(&p, &r);
+    let mut rc = r.conn();
+
+    let info = lock_info(&mut rc, "repl:ro").expect("LOCK.INFO on the replica");
+    assert_eq!(int_field(&info, "fence"), fence);
+    assert!(lock_info(&mut rc, "repl:none").is_none());
+
+    let writes: Vec<redis::Cmd> = vec![
+        redis::cmd("LOCK.ACQUIRE")
+            .arg("repl:other")
+            .arg("PX")
+            .arg(1000)
+            .clone(),
+        redis::cmd("LOCK.ACQUIRE")
+            .arg("repl:ro")
+            .arg("PX")
+            .arg(1000)
+            .arg("BLOCK")
+            .arg(1000)
+            .clone(),
+        redis::cmd("LOCK.RELEASE").arg("repl:ro").arg(&tok).clone(),
+        redis::cmd("LOCK.EXTEND")
+            .arg("repl:ro")
+            .arg(&tok)
+            .arg("PX")
+            .arg(1000)
+            .clone(),
+        redis::cmd("LOCK.FORCERELEASE").arg("repl:ro").clone(),
+    ];
+    for (i, cmd) in writes.iter().enumerate() {
+        let code = err_code(cmd.query(&mut rc));
+        assert_eq!(code, "READONLY", "write command #{i} on the replica");
+    }
+    // LOCK.SYNC from an ordinary client is refused too (READONLY or the module's ERR).
+    let r_sync: redis::RedisResult<Value> = redis::cmd("LOCK.SYNC")
+        .arg("repl:ro")
+        .arg("forged")
+        .arg(1)
+        .arg(now_ms() + 60000)
+        .arg(now_ms())
+        .arg(1)
+        .arg("127.0.0.1:1")
+        .query(&mut rc);
+    assert!(r_sync.is_err(), "LOCK.SYNC accepted from a client");
+    assert!(!exists(&mut rc, "repl:other"));
+    // Nothing changed: the replica still mirrors the primary.
+    let info2 = lock_info(&mut rc, "repl:ro").unwrap();
+    assert_eq!(durable_fields(&info), durable_fields(&info2));
+    let pong: String = redis::cmd("PING").query(&mut rc).unwrap();
+    assert_eq!(pong, "PONG");
+}
+
+#[test]
+fn blocked_waiters_fail_when_the_server_becomes_a_replica() {
+    let other = primary();
+    let s = primary();
+    let mut sc = s.conn();
+    acquire(&mut sc, "repl:w", &["PX", "60000"]).unwrap();
+    let mut bc = s.conn();
+    let waiter = std::thread::spawn(move || -> redis::RedisResult<Value> {
+        redis::cmd("LOCK.ACQUIRE")
+            .arg("repl:w")
+            .arg("BLOCK")
+            .arg(0)
+            .query(&mut bc)
+    });
+    assert!(wait_until(Duration::from_secs(5), || s
+        .info_field("lock", "lock_waiters")
+        .as_deref()
+        == Some("1")));
+    replicate_from(&s, &other);
+    let res = waiter.join().unwrap();
+    // The server's own error (not our 10 s read timeout): `UNBLOCKED ...`.
+    match &res {
+        Err(e) => assert_eq!(
+            e.code(),
+            Some("UNBLOCKED"),
+            "a waiter got {e:?} after its server became a replica"
+        ),
+        Ok(v) => panic!("a waiter got {v:?} after its server became a replica"),
+    }
+    assert!(wait_until(Duration::from_secs(5), || s
+        .info_field("lock", "lock_waiters")
+        .as_deref()
+        == Some("0")));
+    let pong: String = redis::cmd("PING").query(&mut s.conn()).unwrap();
+    assert_eq!(pong, "PONG");
+}
+
+#[test]
+fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
+    let mut p = primary();
+    let mut r = ServerBuilder::new()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
+    replicate_from(&r, &p);
+    // After a full sync the replica rewrites its AOF; let that finish first.
+    assert!(
+        wait_until(SYNC_TIMEOUT, || {
+            r.info_field("persistence", "aof_rewrite_in_progress")
+                .as_deref()
+                == Some("0")
+                && r.info_field("persistence", "aof_rewrite_scheduled")
+                    .as_deref()
+                    == Some("0")
+        }),
+        "replica AOF rewrite did not finish\n{}",
+        r.log_tail()
+    );
+
+    let mut pc = p.conn();
+    let far = ((now_ms() + 3_600_000) as u64) << 20;
+    let (_, f1) = acquire(
+        &mut pc,
+        "repl:aof1",
+        &[
+            "PX",
+            "120000",
+            "TOKEN",
+            "tok-1",
+            "OWNER",
+            "svc-aof",
+            "MINFENCE",
+            &far.to_string(),
+        ],
+    )
+    .unwrap();
+    let (_, f2) = acquire(&mut pc, "repl:aof2", &["PX", "120000", "TOKEN", "tok-2"]).unwrap();
+    let ext: i64 = redis::cmd("LOCK.EXTEND")
+        .arg("repl:aof2")
+        .arg("tok-2")
+        .arg("PX")
+        .arg(150000)
+        .query(&mut pc)
+        .unwrap();
+    assert_eq!(ext, 1);
+    wait_synced(&p, &r);
+    let mut rc = r.conn();
+    let before1 = assert_same_lock(&mut pc, &mut rc, "repl:aof1");
+    let before2 = assert_same_lock(&mut pc, &mut rc, "repl:aof2");
+    let exp1 = pexpiretime(&mut rc, "repl:aof1");
+    let exp2 = pexpiretime(&mut rc, "repl:aof2");
+    drop(rc);
+    drop(pc);
+    // The replica wrote what its primary sent (LOCK.SYNC) into its own AOF.
+    let aof_dir = r.dir.join("appendonlydir");
+    let in_aof = std::fs::read_dir(&aof_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", aof_dir.display()))
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .any(|b| {
+            b.windows(9).any(|w| w == b"LOCK.SYNC") && b.windows(9).any(|w| w == b"repl:aof1")
+        });
+    assert!(in_aof, "no LOCK.SYNC for repl:aof1 in the replica's AOF");
+
+    p.kill9();
+    r.kill9();
+    r.restart();
+    let mut rc = r.conn();
+    assert_eq!(
+        r.info_field("replication", "role").as_deref(),
+        Some("master"),
+        "restarted replica should be standalone"
+    );
+    for (key, before, exp, fence) in [
+        ("repl:aof1", &before1, exp1, f1),
+        ("repl:aof2", &before2, exp2, f2),
+    ] {
+        let after = lock_info(&mut rc, key)
+            .unwrap_or_else(|| panic!("{key} lost by the replica's AOF\n{}", r.log_tail()));
+        assert_eq!(durable_fields(before), durable_fields(&after), "{key}");
+        assert_eq!(int_field(&after, "fence"), fence);
+        assert_eq!(pexpiretime(&mut rc, key), exp, "{key}");
+        assert_eq!(key_type(&mut rc, key), "redislock");
+    }
+    // The tokens came along: they still release.
+    let n: i64 = redis::cmd("LOCK.RELEASE")
+        .arg("repl:aof2")
+        .arg("tok-2")
+        .query(&mut rc)
+        .unwrap();
+    assert_eq!(n, 1);
+    // The fence counter was rebuilt from the AOF: above the far-future fence.
+    let (_, f3) = acquire(&mut rc, "repl:aof3", &["PX", "1000"]).unwrap();
+    assert!(
+        f3 > f1.max(f2),
+        "fence {f3} after restart <= {}",
+        f1.max(f2)
+    );
+}
