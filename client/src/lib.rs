@@ -1,1 +1,29 @@
-//! Rust client for redis-lock (placeholder until issue 5 lands).
+//! Rust client for the redis-lock module.
+//!
+//! - [`LockClient`]: locks on one server (or a Redis Cluster): [`LockClient::acquire`]
+//!   returns a [`LockGuard`] with the token and the fencing token; waiting uses the
+//!   module's FIFO `BLOCK`; optional auto-renewal (`LOCK.EXTEND` every third of the TTL)
+//!   with a hard cap on the hold time; a loss signal ([`LockGuard::lost`]) that fires as
+//!   soon as a renewal fails or the lease ends; a time limit on every network call.
+//! - [`Redlock`]: the same guard over a majority of N independent servers, with quorum
+//!   fencing (fences strictly increase across Redlock grants, see [`redlock`]).
+//! - Where the module is not loaded, a node falls back to `SET NX PX` + Lua
+//!   compare-and-delete (and a warning is logged through the `log` crate).
+//!
+//! The `redis-lock` binary of this crate is a flock(1)-like CLI over the same code.
+//! docs/CLIENT.md in the repository documents both.
+
+mod error;
+mod info;
+mod lease;
+mod node;
+mod options;
+pub mod redlock;
+mod single;
+
+pub use error::{Error, Result};
+pub use info::LockInfo;
+pub use lease::{LeaseStatus, LeaseWatch, LockGuard, LossReason};
+pub use options::{drift, AcquireOptions, ClientOptions, Renewal};
+pub use redlock::{Redlock, RedlockOptions};
+pub use single::LockClient;

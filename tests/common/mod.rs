@@ -886,3 +886,321 @@ pub fn key_slot(key: &[u8]) -> u16 {
     }
     crc % 16384
 }
+
+// ------------------------------------------------------------------------------------
+// Raw RESP connection: exact reply types and error texts, RESP2 or RESP3 (`HELLO 3`).
+
+/// One reply as the server sent it. `Nil` covers RESP2 `$-1` / `*-1` and RESP3 `_`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resp {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Vec<u8>),
+    Nil,
+    Array(Vec<Resp>),
+    Map(Vec<(Resp, Resp)>),
+    Set(Vec<Resp>),
+    Push(Vec<Resp>),
+    Double(String),
+    Bool(bool),
+    BigNum(String),
+    Verbatim(String, Vec<u8>),
+}
+
+impl Resp {
+    pub fn is_error(&self) -> bool {
+        matches!(self, Resp::Error(_))
+    }
+
+    /// The integer of an `Int` reply; panics otherwise.
+    pub fn int(&self) -> i64 {
+        match self {
+            Resp::Int(i) => *i,
+            other => panic!("expected an integer reply, got {other:?}"),
+        }
+    }
+
+    /// The bytes of a bulk, simple or verbatim string; panics otherwise.
+    pub fn bytes(&self) -> Vec<u8> {
+        match self {
+            Resp::Bulk(b) | Resp::Verbatim(_, b) => b.clone(),
+            Resp::Simple(s) => s.as_bytes().to_vec(),
+            other => panic!("expected a string reply, got {other:?}"),
+        }
+    }
+
+    /// `bytes()` as UTF-8 (lossy).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes()).into_owned()
+    }
+
+    /// The elements of an array, set or push reply; panics otherwise.
+    pub fn items(&self) -> Vec<Resp> {
+        match self {
+            Resp::Array(v) | Resp::Set(v) | Resp::Push(v) => v.clone(),
+            other => panic!("expected an array reply, got {other:?}"),
+        }
+    }
+
+    /// The error text (`"ERR ..."`); panics when the reply is not an error.
+    pub fn err(&self) -> String {
+        match self {
+            Resp::Error(e) => e.clone(),
+            other => panic!("expected an error reply, got {other:?}"),
+        }
+    }
+
+    /// Field/value pairs of a RESP3 map or of a RESP2 flat field-value array, with the
+    /// field names as text. Panics on anything else (or an odd-length array).
+    pub fn pairs(&self) -> Vec<(String, Resp)> {
+        match self {
+            Resp::Map(m) => m.iter().map(|(k, v)| (k.text(), v.clone())).collect(),
+            Resp::Array(a) => {
+                assert!(a.len() % 2 == 0, "odd-length field/value array {a:?}");
+                a.chunks(2).map(|p| (p[0].text(), p[1].clone())).collect()
+            }
+            other => panic!("expected a map or a flat field/value array, got {other:?}"),
+        }
+    }
+
+    /// The value of one field of [`pairs`](Self::pairs).
+    pub fn field(&self, name: &str) -> Option<Resp> {
+        self.pairs()
+            .into_iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+}
+
+/// True when `text` starts with an error code: one or more of `A-Z`, then (optionally)
+/// `0-9`/`_`/`A-Z`, ended by a space or the end of the text (`ERR ...`, `WRONGTYPE ...`).
+pub fn starts_with_error_code(text: &str) -> bool {
+    let code = text.split(' ').next().unwrap_or("");
+    code.as_bytes().first().is_some_and(u8::is_ascii_uppercase)
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// A plain TCP connection speaking RESP by hand, so that tests see exactly what the
+/// server sent (types, nils, maps, error texts) and can leave a command unanswered
+/// (a blocked client) while they do other things.
+pub struct RawConn {
+    reader: std::io::BufReader<std::net::TcpStream>,
+    writer: std::net::TcpStream,
+}
+
+impl RawConn {
+    /// A RESP2 connection with [`IO_TIMEOUT`] read/write timeouts.
+    pub fn connect(port: u16) -> RawConn {
+        let s = std::net::TcpStream::connect(("127.0.0.1", port))
+            .unwrap_or_else(|e| panic!("connect to 127.0.0.1:{port}: {e}"));
+        s.set_read_timeout(Some(IO_TIMEOUT)).expect("read timeout");
+        s.set_write_timeout(Some(IO_TIMEOUT))
+            .expect("write timeout");
+        s.set_nodelay(true).expect("nodelay");
+        let w = s.try_clone().expect("clone stream");
+        RawConn {
+            reader: std::io::BufReader::new(s),
+            writer: w,
+        }
+    }
+
+    /// A connection switched to RESP3 with `HELLO 3` (panics when the server refuses).
+    pub fn connect_resp3(port: u16) -> RawConn {
+        let mut c = RawConn::connect(port);
+        let hello = c.cmd(&["HELLO", "3"]);
+        assert!(
+            matches!(hello, Resp::Map(_)),
+            "HELLO 3 should answer a RESP3 map, got {hello:?}"
+        );
+        c
+    }
+
+    pub fn set_read_timeout(&self, t: Option<Duration>) {
+        self.writer.set_read_timeout(t).expect("set_read_timeout");
+    }
+
+    /// Sends one command without reading its reply.
+    pub fn send<A: AsRef<[u8]>>(&mut self, args: &[A]) {
+        use std::io::Write;
+        let mut buf = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            let a = a.as_ref();
+            buf.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            buf.extend_from_slice(a);
+            buf.extend_from_slice(b"\r\n");
+        }
+        self.writer.write_all(&buf).expect("write command");
+    }
+
+    /// Reads one reply (RESP3 attributes are skipped).
+    pub fn read(&mut self) -> std::io::Result<Resp> {
+        loop {
+            let r = read_resp(&mut self.reader)?;
+            if let Some(r) = r {
+                return Ok(r);
+            }
+        }
+    }
+
+    /// Sends a command and reads its reply; panics on an I/O error or timeout.
+    pub fn cmd<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Resp {
+        self.send(args);
+        let name =
+            String::from_utf8_lossy(args.first().map_or(&b""[..], |a| a.as_ref())).into_owned();
+        self.read()
+            .unwrap_or_else(|e| panic!("reading the reply to {name}: {e}"))
+    }
+}
+
+fn resp_line(r: &mut impl std::io::BufRead) -> std::io::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    r.read_until(b'\n', &mut line)?;
+    if line.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        ));
+    }
+    if !line.ends_with(b"\r\n") {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("line without CRLF: {:?}", String::from_utf8_lossy(&line)),
+        ));
+    }
+    line.truncate(line.len() - 2);
+    Ok(line)
+}
+
+fn resp_bad(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
+}
+
+fn resp_len(s: &[u8]) -> std::io::Result<i64> {
+    std::str::from_utf8(s)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(|| resp_bad(&format!("bad length {:?}", String::from_utf8_lossy(s))))
+}
+
+/// One RESP2/RESP3 value; `None` for an attribute (which precedes the real reply).
+fn read_resp(r: &mut impl std::io::BufRead) -> std::io::Result<Option<Resp>> {
+    let line = resp_line(r)?;
+    let (&kind, rest) = line.split_first().ok_or_else(|| resp_bad("empty line"))?;
+    let text = || String::from_utf8_lossy(rest).into_owned();
+    let many = |n: i64, r: &mut dyn std::io::BufRead| -> std::io::Result<Vec<Resp>> {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            v.push(read_value(r)?);
+        }
+        Ok(v)
+    };
+    let blob = |n: i64, r: &mut dyn std::io::BufRead| -> std::io::Result<Vec<u8>> {
+        let n = usize::try_from(n).map_err(|_| resp_bad("negative length"))?;
+        let mut b = vec![0u8; n + 2];
+        r.read_exact(&mut b)?;
+        if !b.ends_with(b"\r\n") {
+            return Err(resp_bad("blob without CRLF"));
+        }
+        b.truncate(n);
+        Ok(b)
+    };
+    Ok(Some(match kind {
+        b'+' => Resp::Simple(text()),
+        b'-' => Resp::Error(text()),
+        b':' => Resp::Int(resp_len(rest)?),
+        b'$' => match resp_len(rest)? {
+            -1 => Resp::Nil,
+            n => Resp::Bulk(blob(n, r)?),
+        },
+        b'*' => match resp_len(rest)? {
+            -1 => Resp::Nil,
+            n => Resp::Array(many(n, r)?),
+        },
+        b'_' => Resp::Nil,
+        b'#' => Resp::Bool(rest == b"t"),
+        b',' => Resp::Double(text()),
+        b'(' => Resp::BigNum(text()),
+        b'!' => {
+            let b = blob(resp_len(rest)?, r)?;
+            Resp::Error(String::from_utf8_lossy(&b).into_owned())
+        }
+        b'=' => {
+            let b = blob(resp_len(rest)?, r)?;
+            let (fmt, body) = if b.len() >= 4 && b[3] == b':' {
+                (
+                    String::from_utf8_lossy(&b[..3]).into_owned(),
+                    b[4..].to_vec(),
+                )
+            } else {
+                (String::new(), b)
+            };
+            Resp::Verbatim(fmt, body)
+        }
+        b'~' => Resp::Set(many(resp_len(rest)?, r)?),
+        b'>' => Resp::Push(many(resp_len(rest)?, r)?),
+        b'%' => {
+            let n = resp_len(rest)?;
+            let flat = many(n.saturating_mul(2), r)?;
+            Resp::Map(
+                flat.chunks(2)
+                    .map(|p| (p[0].clone(), p[1].clone()))
+                    .collect(),
+            )
+        }
+        b'|' => {
+            let n = resp_len(rest)?;
+            many(n.saturating_mul(2), r)?;
+            return Ok(None);
+        }
+        other => {
+            return Err(resp_bad(&format!(
+                "unknown RESP type byte {:?} in {:?}",
+                other as char,
+                String::from_utf8_lossy(&line)
+            )))
+        }
+    }))
+}
+
+fn read_value(r: &mut dyn std::io::BufRead) -> std::io::Result<Resp> {
+    let mut r = r;
+    loop {
+        if let Some(v) = read_resp(&mut r)? {
+            return Ok(v);
+        }
+    }
+}
+
+/// `INFO <section>` of a server as `field -> value` (comment and blank lines skipped).
+pub fn info_map(c: &mut RawConn, section: &str) -> std::collections::HashMap<String, String> {
+    let text = c.cmd(&["INFO", section]).text();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.trim_end().split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// One numeric field of `INFO lock` (`lock_` prefix optional); panics when missing.
+pub fn lock_stat(c: &mut RawConn, field: &str) -> i64 {
+    let name = if field.starts_with("lock_") {
+        field.to_string()
+    } else {
+        format!("lock_{field}")
+    };
+    let m = info_map(c, "lock");
+    m.get(&name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("INFO lock has no numeric {name}: {m:?}"))
+}
+
+/// Milliseconds since the Unix epoch, from this machine's clock.
+pub fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
