@@ -82,7 +82,7 @@ fn acquire_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
     let deadline = core::lease_deadline(now, req.ttl, "lock.acquire")?;
     let db = ffi::selected_db(ctx);
     let queued = waiters::queued(db, ffi::bytes(name));
-    let mut key = LockKey::open(ctx, name);
+    let mut key = LockKey::open_reaped(ctx, name, now);
     let current = key.current(now)?;
     match core::decide_acquire(current, req.token, queued) {
         AcquireDecision::Grant => {
@@ -129,7 +129,7 @@ fn acquire_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
             let lease_end = match current {
                 Current::Module(s) => LeaseEnd::At(s.expires_at),
                 Current::Classic(_) => key.deadline().map_or(LeaseEnd::Never, LeaseEnd::At),
-                Current::Free => LeaseEnd::At(now),
+                Current::Free => LeaseEnd::Now,
             };
             drop(key);
             match req.block {
@@ -172,8 +172,9 @@ fn release_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
 /// Deletes the lock if `token` holds it, then hands it to the next waiter. Shared by
 /// LOCK.RELEASE and the revocation of a grant whose waiter disconnected.
 pub fn release_token(ctx: Ctx, name: RStr, token: &[u8]) -> Result<bool, LockError> {
-    let key = LockKey::open(ctx, name);
-    if !core::holds(key.current(ffi::now_ms())?, token) {
+    let now = ffi::now_ms();
+    let key = LockKey::open_reaped(ctx, name, now);
+    if !core::holds(key.current(now)?, token) {
         return Ok(false);
     }
     key.delete();
@@ -189,7 +190,7 @@ fn extend_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
     let req = args::parse_extend(rest, &config::limits())?;
     let now = ffi::now_ms();
     let deadline = core::lease_deadline(now, req.ttl, "lock.extend")?;
-    let mut key = LockKey::open(ctx, name);
+    let mut key = LockKey::open_reaped(ctx, name, now);
     let current = key.current(now)?;
     if !core::holds(current, req.token) {
         ffi::reply_int(ctx, 0);
@@ -283,8 +284,9 @@ fn forcerelease_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockErr
     if !rest.is_empty() {
         return Err(LockError::WrongArity("lock.forcerelease"));
     }
-    let key = LockKey::open(ctx, name);
-    if matches!(key.current(ffi::now_ms())?, Current::Free) {
+    let now = ffi::now_ms();
+    let key = LockKey::open_reaped(ctx, name, now);
+    if matches!(key.current(now)?, Current::Free) {
         drop(key);
         ffi::reply_int(ctx, 0);
         return Ok(());

@@ -2,12 +2,14 @@
 //! `debug-commands` load-time switch. Settable with CONFIG SET, in redis.conf, and as
 //! `loadmodule` arguments (`default-ttl 5000` or `lock.default-ttl 5000`).
 
+use std::ffi::{c_char, c_int, c_longlong, c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-use redis_module::configuration::{ConfigurationContext, ConfigurationFlags, ConfigurationValue};
-use redis_module::{Context, RedisError};
+use redis_module::raw;
 
 use crate::args::{parse_i64, Limits};
+use crate::ffi::{api, Ctx};
+use crate::guard::catch;
 
 pub struct Setting {
     pub name: &'static str,
@@ -39,9 +41,7 @@ pub static DEFAULT_TTL: Setting = Setting::new("default-ttl", 30_000, 1, TEN_YEA
 pub static MAX_TTL: Setting = Setting::new("max-ttl", 86_400_000, 1, TEN_YEARS_MS);
 pub static MAX_WAITERS: Setting = Setting::new("max-waiters", 10_000, 1, 10_000_000);
 pub static DEBUG_COMMANDS: AtomicBool = AtomicBool::new(false);
-/// Cross-checks between settings apply once loading is done: while the server loads,
-/// they arrive one by one in no fixed order.
-static READY: AtomicBool = AtomicBool::new(false);
+const SETTINGS: [&Setting; 3] = [&DEFAULT_TTL, &MAX_TTL, &MAX_WAITERS];
 
 pub fn limits() -> Limits {
     Limits {
@@ -63,27 +63,9 @@ fn cross_check(default_ttl: i64, max_ttl: i64) -> Result<(), String> {
     Ok(())
 }
 
-impl ConfigurationValue<i64> for Setting {
-    fn get(&self, _ctx: &ConfigurationContext) -> i64 {
-        Setting::get(self)
-    }
-    fn set(&self, _ctx: &ConfigurationContext, val: i64) -> Result<(), RedisError> {
-        if READY.load(Ordering::Relaxed) {
-            let (d, m) = match self.name {
-                "default-ttl" => (val, MAX_TTL.get()),
-                "max-ttl" => (DEFAULT_TTL.get(), val),
-                _ => (0, 0),
-            };
-            cross_check(d, m).map_err(RedisError::String)?;
-        }
-        self.value.store(val, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
 fn setting(name: &[u8]) -> Option<&'static Setting> {
     let name = name.strip_prefix(b"lock.").unwrap_or(name);
-    [&DEFAULT_TTL, &MAX_TTL, &MAX_WAITERS]
+    SETTINGS
         .into_iter()
         .find(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
 }
@@ -92,8 +74,7 @@ fn setting(name: &[u8]) -> Option<&'static Setting> {
 /// defaults (redis.conf lines and CONFIG SET still override them).
 pub fn parse_module_args(args: &[&[u8]]) -> Result<Vec<(&'static Setting, i64)>, String> {
     let mut out = Vec::new();
-    let mut it = args.chunks(2);
-    for pair in &mut it {
+    for pair in args.chunks(2) {
         let name = String::from_utf8_lossy(pair[0]).into_owned();
         let Some(value) = pair.get(1) else {
             return Err(format!("module argument '{name}' needs a value"));
@@ -120,33 +101,85 @@ pub fn parse_module_args(args: &[&[u8]]) -> Result<Vec<(&'static Setting, i64)>,
     Ok(out)
 }
 
+// ---- server callbacks ------------------------------------------------------------
+// CONFIG SET calls every setter of the command first, then each distinct apply
+// callback, and rolls the whole command back if an apply fails. So the setters only
+// store, and the cross-check lives in `apply`: `CONFIG SET lock.max-ttl 1000
+// lock.default-ttl 500` succeeds whatever the argument order.
+
+extern "C" fn get_cb(_name: *const c_char, privdata: *mut c_void) -> c_longlong {
+    catch(|| unsafe { &*privdata.cast::<Setting>() }.get()).unwrap_or(0)
+}
+
+extern "C" fn set_cb(
+    _name: *const c_char,
+    val: c_longlong,
+    privdata: *mut c_void,
+    _err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    catch(|| {
+        unsafe { &*privdata.cast::<Setting>() }
+            .value
+            .store(val, Ordering::Relaxed)
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+extern "C" fn apply_cb(
+    _ctx: Ctx,
+    _privdata: *mut c_void,
+    err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    match catch(|| cross_check(DEFAULT_TTL.get(), MAX_TTL.get())) {
+        Some(Ok(())) => raw::REDISMODULE_OK as c_int,
+        Some(Err(msg)) => {
+            if !err.is_null() {
+                let s = unsafe {
+                    api!(RedisModule_CreateString)(
+                        std::ptr::null_mut(),
+                        msg.as_ptr().cast(),
+                        msg.len(),
+                    )
+                };
+                unsafe { *err = s };
+            }
+            raw::REDISMODULE_ERR as c_int
+        }
+        None => raw::REDISMODULE_ERR as c_int,
+    }
+}
+
 /// Registers the settings with the server and loads redis.conf values for them.
-pub fn register(ctx: &Context, overrides: &[(&'static Setting, i64)]) -> Result<(), String> {
-    for s in [&DEFAULT_TTL, &MAX_TTL, &MAX_WAITERS] {
+pub fn register(ctx: Ctx, overrides: &[(&'static Setting, i64)]) -> Result<(), String> {
+    for s in SETTINGS {
         let default = overrides
             .iter()
             .rev()
             .find(|(o, _)| std::ptr::eq(*o, s))
             .map_or(s.default, |(_, v)| *v);
-        redis_module::configuration::register_i64_configuration(
-            ctx,
-            s.name,
-            s,
-            default,
-            s.min,
-            s.max,
-            ConfigurationFlags::DEFAULT,
-            None,
-        );
-    }
-    if let Some(load) = unsafe { redis_module::raw::RedisModule_LoadConfigs } {
-        if unsafe { load(ctx.ctx) } != redis_module::raw::REDISMODULE_OK as i32 {
-            return Err("loading lock.* settings from the config failed".into());
+        let name = CString::new(s.name).map_err(|e| e.to_string())?;
+        let ok = unsafe {
+            api!(RedisModule_RegisterNumericConfig)(
+                ctx,
+                name.as_ptr(),
+                default,
+                raw::REDISMODULE_CONFIG_DEFAULT,
+                s.min,
+                s.max,
+                Some(get_cb),
+                Some(set_cb),
+                Some(apply_cb),
+                (s as *const Setting).cast_mut().cast(),
+            )
+        };
+        if ok != raw::REDISMODULE_OK as c_int {
+            return Err(format!("registering lock.{} failed", s.name));
         }
     }
-    cross_check(DEFAULT_TTL.get(), MAX_TTL.get())?;
-    READY.store(true, Ordering::Relaxed);
-    Ok(())
+    if unsafe { api!(RedisModule_LoadConfigs)(ctx) } != raw::REDISMODULE_OK as c_int {
+        return Err("loading lock.* settings from the config failed".into());
+    }
+    cross_check(DEFAULT_TTL.get(), MAX_TTL.get())
 }
 
 #[cfg(test)]

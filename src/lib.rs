@@ -153,7 +153,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         Ok(o) => o,
         Err(e) => return fail(ctx, &e),
     };
-    if let Err(e) = config::register(ctx, &overrides) {
+    if let Err(e) = config::register(ctx.ctx, &overrides) {
         return fail(ctx, &e);
     }
     for (cmd, handler) in commands() {

@@ -9,8 +9,15 @@ use crate::core::{Current, LockState};
 use crate::datatype;
 use crate::error::LockError;
 use crate::events;
-use crate::ffi::{Ctx, Key, RStr};
+use crate::ffi::{self, Ctx, Key, RStr};
+use crate::info::{bump, STATS};
+use crate::replicate;
 use crate::state::lock_type;
+
+/// Redis expires a key once `now > deadline`; a lease ends at the same instant.
+fn lease_over(s: &LockState, now: i64) -> bool {
+    now > s.expires_at
+}
 
 pub struct LockKey {
     key: Key,
@@ -21,6 +28,36 @@ impl LockKey {
         LockKey {
             key: Key::open_write(ctx, name),
         }
+    }
+
+    /// Opens for a change. A module lock whose lease has ended but whose key lingers
+    /// (its expiry was changed by PERSIST, EXPIRE or RESTORE) is removed first, exactly
+    /// as an expiry would: counted, notified as `expired`, replicated as a DEL.
+    pub fn open_reaped(ctx: Ctx, name: RStr, now: i64) -> LockKey {
+        let key = Self::open(ctx, name);
+        let stale = matches!(key.state(), Some(s) if lease_over(s, now));
+        if stale {
+            key.delete();
+            replicate::delete(ctx, name);
+            ffi::notify(
+                ctx,
+                raw::REDISMODULE_NOTIFY_EXPIRED as c_int,
+                b"expired\0",
+                name,
+            );
+            bump(&STATS.expired);
+        }
+        key
+    }
+
+    fn state(&self) -> Option<&LockState> {
+        if self.key.key_type() != raw::REDISMODULE_KEYTYPE_MODULE as c_int
+            || self.key.module_type() != lock_type()
+        {
+            return None;
+        }
+        let v = self.key.module_value();
+        (!v.is_null()).then(|| &*unsafe { datatype::as_state(v) })
     }
 
     pub fn open_read(ctx: Ctx, name: RStr) -> LockKey {
@@ -46,7 +83,7 @@ impl LockKey {
                 return Ok(Current::Free);
             }
             let s = unsafe { datatype::as_state(v) };
-            Ok(if s.expires_at <= now {
+            Ok(if lease_over(s, now) {
                 Current::Free
             } else {
                 Current::Module(s)

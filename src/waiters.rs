@@ -96,6 +96,8 @@ pub fn keys_with_waiters(db: i32) -> Vec<QueueKey> {
 #[derive(Debug, Clone, Copy)]
 pub enum LeaseEnd {
     At(i64),
+    /// Free already, with earlier waiters to serve first.
+    Now,
     /// A classic string lock without a TTL: only a delete frees it.
     Never,
 }
@@ -147,8 +149,10 @@ pub fn enqueue(
     STATS.waiters.set(STATS.waiters.get() + 1);
     // Serve the queue when the current lease ends, even if Redis has not expired the
     // key by then; with no known end (a string lock without TTL) wait for a delete.
-    if let LeaseEnd::At(at) = lease_end {
-        arm(ctx, db, &key, at);
+    match lease_end {
+        LeaseEnd::At(at) => arm(ctx, db, &key, after(at)),
+        LeaseEnd::Now => arm(ctx, db, &key, ffi::now_ms()),
+        LeaseEnd::Never => {}
     }
     Ok(())
 }
@@ -195,8 +199,9 @@ pub fn handoff(ctx: Ctx, name: RStr) -> bool {
         drop_queue(ctx, &qk);
         return false;
     }
-    let mut key = LockKey::open(ctx, name);
-    let lease_end = match key.current(ffi::now_ms()) {
+    let now = ffi::now_ms();
+    let mut key = LockKey::open_reaped(ctx, name, now);
+    let lease_end = match key.current(now) {
         Ok(Current::Free) => None,
         Ok(Current::Module(s)) => Some(Some(s.expires_at)),
         Ok(Current::Classic(_)) => Some(key.deadline()),
@@ -208,7 +213,7 @@ pub fn handoff(ctx: Ctx, name: RStr) -> bool {
     };
     if let Some(end) = lease_end {
         if let Some(at) = end {
-            arm(ctx, db, &qk.1, at);
+            arm(ctx, db, &qk.1, after(at));
         }
         return false;
     }
@@ -223,7 +228,6 @@ pub fn handoff(ctx: Ctx, name: RStr) -> bool {
         return false;
     };
     STATS.waiters.set(STATS.waiters.get().saturating_sub(1));
-    let now = ffi::now_ms();
     let granted = lease_deadline(now, w.ttl, "lock.acquire")
         .and_then(|deadline| Ok((deadline, next_fence(now, w.min_fence)?)));
     let (expires_at, fence) = match granted {
@@ -262,7 +266,7 @@ pub fn handoff(ctx: Ctx, name: RStr) -> bool {
     bump(&STATS.acquired);
     unsafe { api!(RedisModule_UnblockClient)(w.bc, Box::into_raw(grant).cast()) };
     if has_queue(db, &qk.1) {
-        arm(ctx, db, &qk.1, expires_at);
+        arm(ctx, db, &qk.1, after(expires_at));
     } else {
         gc(ctx, &qk);
     }
@@ -301,6 +305,12 @@ enum TimerData {
         key: Vec<u8>,
         token: Vec<u8>,
     },
+}
+
+/// The first millisecond at which a lease with this deadline is over (Redis expires a
+/// key once its clock passes the deadline).
+fn after(deadline: i64) -> i64 {
+    deadline.saturating_add(1)
 }
 
 /// Makes sure the key's queue is looked at no later than `at_ms`.

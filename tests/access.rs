@@ -1,0 +1,247 @@
+//! Who may do what: ACL key patterns and command rules apply to the lock commands through
+//! their key specs, and a Rust panic inside a command becomes an error reply instead of
+//! taking the server down.
+
+mod common;
+
+use common::{lock_stat, starts_with_error_code, RawConn, Resp, ServerBuilder};
+
+#[track_caller]
+fn assert_code(r: &Resp, code: &str, what: &str) {
+    let Resp::Error(e) = r else {
+        panic!("{what}: expected {code}, got {r:?}")
+    };
+    assert!(starts_with_error_code(e), "{what}: {e:?}");
+    assert_eq!(e.split(' ').next(), Some(code), "{what}: {e:?}");
+}
+
+#[track_caller]
+fn ok(r: Resp) {
+    assert_eq!(r, Resp::Simple("OK".into()));
+}
+
+fn login(port: u16, user: &str) -> RawConn {
+    let mut c = RawConn::connect(port);
+    ok(c.cmd(&["AUTH", user, "pw"]));
+    c
+}
+
+fn grant(r: &Resp) -> (String, i64) {
+    match r {
+        Resp::Array(v) if v.len() == 2 => (v[0].text(), v[1].int()),
+        other => panic!("expected [token, fence], got {other:?}"),
+    }
+}
+
+/// Every lock command on `key`, with plausible arguments.
+fn all_commands(key: &str) -> Vec<Vec<String>> {
+    let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    vec![
+        v(&["LOCK.ACQUIRE", key, "PX", "10000"]),
+        v(&["LOCK.ACQUIRE", key, "BLOCK", "0"]),
+        v(&["LOCK.RELEASE", key, "t"]),
+        v(&["LOCK.EXTEND", key, "t", "PX", "1000"]),
+        v(&["LOCK.INFO", key]),
+        v(&["LOCK.FORCERELEASE", key]),
+    ]
+}
+
+#[test]
+fn acl_key_patterns_and_command_rules_apply() {
+    let server = ServerBuilder::new().start();
+    let mut admin = RawConn::connect(server.port);
+    // Module commands are in no ACL category on 7.0: +@all (or naming them) grants them.
+    ok(admin.cmd(&["ACL", "SETUSER", "app", "on", ">pw", "~lock:*", "+@all"]));
+    ok(admin.cmd(&[
+        "ACL",
+        "SETUSER",
+        "narrow",
+        "on",
+        ">pw",
+        "~lock:*",
+        "+lock.acquire",
+        "+lock.release",
+        "+ping",
+    ]));
+    ok(admin.cmd(&["ACL", "SETUSER", "ro", "on", ">pw", "%R~lock:*", "+@all"]));
+    ok(admin.cmd(&["ACL", "SETUSER", "wo", "on", ">pw", "%W~lock:*", "+@all"]));
+
+    // `app`: everything on lock:*, nothing elsewhere (a BLOCK does not wait first).
+    let mut app = login(server.port, "app");
+    let (tok, fence) = grant(&app.cmd(&["LOCK.ACQUIRE", "lock:a", "PX", "60000"]));
+    assert_eq!(
+        app.cmd(&["LOCK.EXTEND", "lock:a", &tok, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        app.cmd(&["LOCK.INFO", "lock:a"]).field("fence"),
+        Some(Resp::Int(fence))
+    );
+    admin.cmd(&["LOCK.ACQUIRE", "other:a", "TOKEN", "t"]);
+    for cmd in all_commands("other:a") {
+        assert_code(&app.cmd(&cmd), "NOPERM", &cmd.join(" "));
+    }
+    assert_eq!(app.cmd(&["PING"]), Resp::Simple("PONG".into()));
+    // other:a is untouched by the refused commands.
+    assert_eq!(
+        admin
+            .cmd(&["LOCK.ACQUIRE", "other:a", "TOKEN", "t"])
+            .items()[0],
+        Resp::Bulk(b"t".to_vec())
+    );
+
+    // `narrow`: only the commands it was given.
+    let mut narrow = login(server.port, "narrow");
+    let (t2, _) = grant(&narrow.cmd(&["LOCK.ACQUIRE", "lock:n"]));
+    assert_code(
+        &narrow.cmd(&["LOCK.INFO", "lock:n"]),
+        "NOPERM",
+        "narrow LOCK.INFO",
+    );
+    assert_code(
+        &narrow.cmd(&["LOCK.FORCERELEASE", "lock:n"]),
+        "NOPERM",
+        "narrow LOCK.FORCERELEASE",
+    );
+    assert_code(
+        &narrow.cmd(&["LOCK.EXTEND", "lock:n", &t2]),
+        "NOPERM",
+        "narrow LOCK.EXTEND",
+    );
+    assert_code(
+        &narrow.cmd(&["LOCK.ACQUIRE", "other:n"]),
+        "NOPERM",
+        "narrow on other:n",
+    );
+    assert_eq!(narrow.cmd(&["LOCK.RELEASE", "lock:n", &t2]), Resp::Int(1));
+
+    // `ro` (%R~lock:*): may look, may not take, extend, release or force.
+    let mut ro = login(server.port, "ro");
+    let info = ro.cmd(&["LOCK.INFO", "lock:a"]);
+    assert_eq!(info.field("fence"), Some(Resp::Int(fence)), "{info:?}");
+    assert_eq!(ro.cmd(&["LOCK.INFO", "lock:free"]), Resp::Nil);
+    for key in ["lock:a", "lock:new"] {
+        for cmd in all_commands(key) {
+            if cmd[0] == "LOCK.INFO" {
+                continue;
+            }
+            assert_code(&ro.cmd(&cmd), "NOPERM", &format!("ro: {}", cmd.join(" ")));
+        }
+    }
+    assert_code(
+        &ro.cmd(&["LOCK.RELEASE", "lock:a", &tok]),
+        "NOPERM",
+        "ro with the right token",
+    );
+    assert_code(&ro.cmd(&["LOCK.INFO", "other:a"]), "NOPERM", "ro other:a");
+
+    // `wo` (%W~lock:*): LOCK.INFO reads, so it is refused.
+    let mut wo = login(server.port, "wo");
+    assert_code(&wo.cmd(&["LOCK.INFO", "lock:a"]), "NOPERM", "wo LOCK.INFO");
+
+    // The lock of `app` survived all of the above.
+    assert_eq!(admin.cmd(&["EXISTS", "lock:new"]), Resp::Int(0));
+    assert_eq!(
+        admin.cmd(&["LOCK.INFO", "lock:a"]).field("fence"),
+        Some(Resp::Int(fence))
+    );
+    assert_eq!(app.cmd(&["LOCK.RELEASE", "lock:a", &tok]), Resp::Int(1));
+    // The refusals are in the ACL log, naming the key.
+    let log = admin.cmd(&["ACL", "LOG"]);
+    let objects: Vec<String> = log
+        .items()
+        .iter()
+        .filter_map(|e| e.field("object").map(|o| o.text()))
+        .collect();
+    assert!(
+        objects.iter().any(|o| o == "other:a"),
+        "ACL LOG objects {objects:?}"
+    );
+}
+
+#[test]
+fn a_panic_in_a_command_is_an_error_reply_and_the_server_survives() {
+    let server = ServerBuilder::new()
+        .module_args(&["debug-commands", "yes"])
+        .start();
+    let mut c = RawConn::connect(server.port);
+    let (tok, fence) = grant(&c.cmd(&["LOCK.ACQUIRE", "lock:p", "PX", "60000"]));
+    assert_eq!(lock_stat(&mut c, "panics"), 0);
+
+    let r = c.cmd(&["LOCK.DEBUG", "PANIC"]);
+    let Resp::Error(e) = &r else {
+        panic!("LOCK.DEBUG PANIC answered {r:?}")
+    };
+    assert!(e.starts_with("ERR "), "{e:?}");
+    assert_eq!(c.cmd(&["PING"]), Resp::Simple("PONG".into()));
+    assert_eq!(lock_stat(&mut c, "panics"), 1);
+    let log = server.log();
+    assert!(
+        log.contains("LOCK.DEBUG PANIC was called"),
+        "the panic message is not in the log:\n{}",
+        server.log_tail()
+    );
+    assert!(log.contains("redis-lock"), "{}", server.log_tail());
+
+    // The lock taken before the panic is intact, and everything keeps working.
+    assert_eq!(
+        c.cmd(&["LOCK.INFO", "lock:p"]).field("fence"),
+        Some(Resp::Int(fence))
+    );
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:p", &tok]), Resp::Int(1));
+    let (t2, f2) = grant(&c.cmd(&["LOCK.ACQUIRE", "lock:p"]));
+    assert!(f2 > fence);
+    assert_eq!(
+        c.cmd(&["LOCK.DEBUG", "FENCE"]),
+        Resp::Int(lock_stat(&mut c, "last_fence"))
+    );
+    assert_eq!(c.cmd(&["LOCK.DEBUG", "FENCE"]), Resp::Int(f2));
+
+    // A panic inside MULTI/EXEC fails only that command of the transaction.
+    ok(c.cmd(&["MULTI"]));
+    assert_eq!(
+        c.cmd(&["LOCK.DEBUG", "PANIC"]),
+        Resp::Simple("QUEUED".into())
+    );
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "lock:p", &t2]),
+        Resp::Simple("QUEUED".into())
+    );
+    let exec = c.cmd(&["EXEC"]).items();
+    assert!(
+        matches!(&exec[0], Resp::Error(e) if e.starts_with("ERR ")),
+        "{exec:?}"
+    );
+    assert_eq!(exec[1], Resp::Int(1));
+    // And over RESP3.
+    let mut c3 = RawConn::connect_resp3(server.port);
+    assert!(c3.cmd(&["LOCK.DEBUG", "PANIC"]).err().starts_with("ERR "));
+    assert_eq!(lock_stat(&mut c, "panics"), 3);
+    // Unknown subcommand: an ordinary error, not a panic.
+    assert!(c.cmd(&["LOCK.DEBUG", "NOPE"]).err().starts_with("ERR "));
+    assert_eq!(lock_stat(&mut c, "panics"), 3);
+    assert!(matches!(
+        c.cmd(&["LOCK.ACQUIRE", "lock:after"]),
+        Resp::Array(_)
+    ));
+}
+
+#[test]
+fn lock_debug_is_disabled_without_the_module_argument() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    for sub in ["PANIC", "FENCE"] {
+        let e = c.cmd(&["LOCK.DEBUG", sub]).err();
+        assert!(e.starts_with("ERR "), "{e:?}");
+        assert!(e.contains("disabled"), "{e:?}");
+    }
+    assert_eq!(lock_stat(&mut c, "panics"), 0);
+    assert_eq!(c.cmd(&["PING"]), Resp::Simple("PONG".into()));
+    // `debug-commands no` is the same as leaving it out.
+    let server = ServerBuilder::new()
+        .module_args(&["debug-commands", "no"])
+        .start();
+    let mut c = RawConn::connect(server.port);
+    assert!(c.cmd(&["LOCK.DEBUG", "PANIC"]).err().contains("disabled"));
+    assert_eq!(lock_stat(&mut c, "panics"), 0);
+}

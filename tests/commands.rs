@@ -1,0 +1,687 @@
+//! Happy paths of every command against a live server: LOCK.ACQUIRE / RELEASE / EXTEND /
+//! INFO / FORCERELEASE, server-generated tokens, TTLs, expiry, fencing tokens, MINFENCE,
+//! the classic string-lock interop and binary tokens.
+
+mod common;
+
+use common::{unix_ms, wait_until, RawConn, Resp, ServerBuilder};
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// `unix_ms << 20`: the floor of every fence granted at or after `ms`.
+fn clock_floor(ms: i64) -> i64 {
+    ms << 20
+}
+
+/// A successful acquire's `[token, fence]`; panics on nil or an error.
+fn grant(r: &Resp) -> (Vec<u8>, i64) {
+    match r {
+        Resp::Array(v) if v.len() == 2 => match (&v[0], &v[1]) {
+            (Resp::Bulk(t), Resp::Int(f)) => (t.clone(), *f),
+            _ => panic!("grant should be [bulk token, integer fence], got {r:?}"),
+        },
+        _ => panic!("expected a grant [token, fence], got {r:?}"),
+    }
+}
+
+fn acquire(c: &mut RawConn, args: &[&str]) -> (Vec<u8>, i64) {
+    let mut a = vec!["LOCK.ACQUIRE"];
+    a.extend_from_slice(args);
+    grant(&c.cmd(&a))
+}
+
+fn pttl(c: &mut RawConn, key: &str) -> i64 {
+    c.cmd(&["PTTL", key]).int()
+}
+
+fn exists(c: &mut RawConn, key: &str) -> bool {
+    c.cmd(&["EXISTS", key]).int() == 1
+}
+
+/// Lowercase hex UUID v4: 8-4-4-4-12, version nibble 4, variant 10xx.
+fn is_uuid_v4(t: &[u8]) -> bool {
+    let Ok(s) = std::str::from_utf8(t) else {
+        return false;
+    };
+    let groups: Vec<&str> = s.split('-').collect();
+    let lens: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+    lens == [8, 4, 4, 4, 12]
+        && groups.iter().all(|g| {
+            g.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+        && groups[2].starts_with('4')
+        && matches!(groups[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b')
+}
+
+fn assert_ttl_near(c: &mut RawConn, key: &str, ttl: i64) {
+    let p = pttl(c, key);
+    // The command ran a moment ago; allow generous slack for a loaded machine.
+    assert!(
+        p <= ttl && p > ttl - 2000,
+        "PTTL {key} = {p}, expected just under {ttl}"
+    );
+}
+
+#[test]
+fn acquire_release_extend_forcerelease_happy_path() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+
+    // ACQUIRE: [token, fence] with a server-made UUID v4 and a clock-based fence.
+    let before = unix_ms();
+    let (tok, fence) = acquire(&mut c, &["lock:a", "PX", "10000"]);
+    assert!(
+        is_uuid_v4(&tok),
+        "token {:?} is not a UUID v4",
+        String::from_utf8_lossy(&tok)
+    );
+    assert!(
+        fence >= clock_floor(before),
+        "fence {fence} < {before} << 20"
+    );
+    assert_eq!(c.cmd(&["TYPE", "lock:a"]), Resp::Simple("redislock".into()));
+    assert_ttl_near(&mut c, "lock:a", 10_000);
+    // Held: a second acquire without the token gets nil.
+    assert_eq!(c.cmd(&["LOCK.ACQUIRE", "lock:a"]), Resp::Nil);
+
+    // Tokens differ between grants (and are all v4).
+    let mut seen = HashSet::new();
+    seen.insert(tok.clone());
+    for i in 0..20 {
+        let k = format!("lock:uuid:{i}");
+        let (t, _) = acquire(&mut c, &[&k]);
+        assert!(is_uuid_v4(&t), "{:?}", String::from_utf8_lossy(&t));
+        assert!(seen.insert(t), "a server-generated token repeated");
+    }
+
+    // EXTEND 1 with a PTTL to match; the fence does not change.
+    let tok_s = String::from_utf8(tok.clone()).unwrap();
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:a", &tok_s, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_ttl_near(&mut c, "lock:a", 60_000);
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:a", &tok_s, "EX", "120"]),
+        Resp::Int(1)
+    );
+    assert_ttl_near(&mut c, "lock:a", 120_000);
+    // Without PX/EX the lease becomes lock.default-ttl (30000).
+    assert_eq!(c.cmd(&["LOCK.EXTEND", "lock:a", &tok_s]), Resp::Int(1));
+    assert_ttl_near(&mut c, "lock:a", 30_000);
+    let info = c.cmd(&["LOCK.INFO", "lock:a"]);
+    assert_eq!(info.field("fence"), Some(Resp::Int(fence)));
+
+    // RELEASE 1, then 0; the key is gone, EXTEND of a released lock is 0.
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:a", &tok_s]), Resp::Int(1));
+    assert!(!exists(&mut c, "lock:a"));
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:a", &tok_s]), Resp::Int(0));
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:a", &tok_s, "PX", "1000"]),
+        Resp::Int(0)
+    );
+    assert!(!exists(&mut c, "lock:a"), "EXTEND must not create a key");
+    assert_eq!(c.cmd(&["LOCK.INFO", "lock:a"]), Resp::Nil);
+    // RELEASE of a lock that never existed.
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:never", "x"]), Resp::Int(0));
+
+    // FORCERELEASE 1 whoever holds it, then 0.
+    let (_, f2) = acquire(&mut c, &["lock:a", "OWNER", "someone"]);
+    assert!(f2 > fence);
+    let mut other = RawConn::connect(server.port);
+    assert_eq!(other.cmd(&["LOCK.FORCERELEASE", "lock:a"]), Resp::Int(1));
+    assert!(!exists(&mut c, "lock:a"));
+    assert_eq!(other.cmd(&["LOCK.FORCERELEASE", "lock:a"]), Resp::Int(0));
+    // Free again: anyone can take it.
+    let (_, f3) = acquire(&mut other, &["lock:a"]);
+    assert!(f3 > f2);
+}
+
+#[test]
+fn non_owner_release_and_extend_leave_the_lock_intact() {
+    let server = ServerBuilder::new().start();
+    let mut owner = RawConn::connect(server.port);
+    let mut thief = RawConn::connect(server.port);
+    let (tok, fence) = acquire(&mut owner, &["lock:b", "PX", "20000", "OWNER", "svc-1"]);
+    let before = owner.cmd(&["LOCK.INFO", "lock:b"]);
+
+    for wrong in ["wrong", "", "x".repeat(300).as_str()] {
+        assert_eq!(thief.cmd(&["LOCK.RELEASE", "lock:b", wrong]), Resp::Int(0));
+        assert_eq!(
+            thief.cmd(&["LOCK.EXTEND", "lock:b", wrong, "PX", "90000"]),
+            Resp::Int(0)
+        );
+    }
+    // A prefix or an extension of the real token is not the token.
+    let mut longer = tok.clone();
+    longer.push(b'0');
+    for t in [&tok[..tok.len() - 1], &longer[..]] {
+        assert_eq!(
+            thief.cmd(&[&b"LOCK.RELEASE"[..], b"lock:b", t]),
+            Resp::Int(0)
+        );
+    }
+
+    assert!(
+        pttl(&mut owner, "lock:b") <= 20_000,
+        "a wrong EXTEND changed the TTL"
+    );
+    let after = owner.cmd(&["LOCK.INFO", "lock:b"]);
+    for f in [
+        "fence",
+        "owner",
+        "acquired-at",
+        "client-id",
+        "expires-at",
+        "kind",
+    ] {
+        assert_eq!(before.field(f), after.field(f), "field {f} changed");
+    }
+    assert_eq!(after.field("fence"), Some(Resp::Int(fence)));
+    assert_eq!(
+        owner.cmd(&[&b"LOCK.RELEASE"[..], b"lock:b", &tok]),
+        Resp::Int(1)
+    );
+}
+
+#[test]
+fn info_fields_in_resp2_and_resp3() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let my_id = c.cmd(&["CLIENT", "ID"]).int();
+    let client_info = c.cmd(&["CLIENT", "INFO"]).text();
+    let my_addr = client_info
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .expect("addr= in CLIENT INFO")
+        .to_string();
+
+    let t0 = unix_ms();
+    let (tok, fence) = acquire(&mut c, &["lock:i", "PX", "10000", "OWNER", "worker-7"]);
+    let t1 = unix_ms();
+
+    // RESP2: a flat field/value array, every value with the right type.
+    let info = c.cmd(&["LOCK.INFO", "lock:i"]);
+    let Resp::Array(flat) = &info else {
+        panic!("RESP2 LOCK.INFO should be a flat array, got {info:?}")
+    };
+    assert!(flat.len() >= 18 && flat.len() % 2 == 0, "{info:?}");
+    for (i, v) in flat.iter().enumerate().step_by(2) {
+        assert!(matches!(v, Resp::Bulk(_)), "field name #{i} is {v:?}");
+    }
+    let names: Vec<String> = info.pairs().into_iter().map(|(k, _)| k).collect();
+    for f in [
+        "state",
+        "kind",
+        "ttl",
+        "expires-at",
+        "fence",
+        "owner",
+        "acquired-at",
+        "client-id",
+        "client-addr",
+        "waiters",
+    ] {
+        assert!(
+            names.iter().any(|n| n == f),
+            "LOCK.INFO lacks {f}: {names:?}"
+        );
+    }
+    check_module_info(&info, fence, "worker-7", t0, t1, my_id, &my_addr);
+    // The token (the capability) is never shown.
+    for (_, v) in info.pairs() {
+        if let Resp::Bulk(b) = v {
+            assert_ne!(b, tok, "LOCK.INFO revealed the token");
+        }
+    }
+
+    // RESP3: a real map with the same content; nil is `_`.
+    let mut c3 = RawConn::connect_resp3(server.port);
+    let info3 = c3.cmd(&["LOCK.INFO", "lock:i"]);
+    assert!(matches!(info3, Resp::Map(_)), "RESP3 LOCK.INFO: {info3:?}");
+    check_module_info(&info3, fence, "worker-7", t0, t1, my_id, &my_addr);
+    assert_eq!(info.pairs().len(), info3.pairs().len());
+    assert_eq!(c3.cmd(&["LOCK.INFO", "lock:free"]), Resp::Nil);
+    assert_eq!(c.cmd(&["LOCK.INFO", "lock:free"]), Resp::Nil);
+
+    // RESP3 grant is still [token, fence]; nil on contention; owner absent is nil.
+    let (t3, f3) = grant(&c3.cmd(&["LOCK.ACQUIRE", "lock:i3", "PX", "5000"]));
+    assert!(f3 > fence);
+    assert_eq!(c3.cmd(&["LOCK.ACQUIRE", "lock:i3"]), Resp::Nil);
+    let i3 = c3.cmd(&["LOCK.INFO", "lock:i3"]);
+    assert_eq!(i3.field("owner"), Some(Resp::Nil));
+    assert_eq!(
+        c.cmd(&["LOCK.INFO", "lock:i3"]).field("owner"),
+        Some(Resp::Nil)
+    );
+    // The acquiring connection's id and address are the RESP3 client's.
+    let id3 = c3.cmd(&["CLIENT", "ID"]).int();
+    assert_eq!(i3.field("client-id"), Some(Resp::Int(id3)));
+    assert_ne!(id3, my_id);
+    assert_eq!(
+        c3.cmd(&[&b"LOCK.RELEASE"[..], b"lock:i3", &t3]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        c3.cmd(&[&b"LOCK.EXTEND"[..], b"lock:i", &tok, b"PX", b"5000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(c3.cmd(&["LOCK.FORCERELEASE", "lock:i"]), Resp::Int(1));
+}
+
+fn check_module_info(
+    info: &Resp,
+    fence: i64,
+    owner: &str,
+    t0: i64,
+    t1: i64,
+    client_id: i64,
+    addr: &str,
+) {
+    let f = |n: &str| {
+        info.field(n)
+            .unwrap_or_else(|| panic!("no {n} in {info:?}"))
+    };
+    assert_eq!(f("state").text(), "held");
+    assert_eq!(f("kind").text(), "module");
+    let ttl = f("ttl").int();
+    assert!(ttl > 0 && ttl <= 10_000, "ttl {ttl}");
+    let exp = f("expires-at").int();
+    assert!(
+        exp >= t0 + 10_000 - 5 && exp <= t1 + 10_000 + 5,
+        "expires-at {exp} not in [{t0}, {t1}] + 10000"
+    );
+    assert_eq!(f("fence"), Resp::Int(fence));
+    assert_eq!(f("owner").text(), owner);
+    let at = f("acquired-at").int();
+    assert!(
+        at >= t0 - 5 && at <= t1 + 5,
+        "acquired-at {at} not in [{t0}, {t1}]"
+    );
+    assert_eq!(f("client-id"), Resp::Int(client_id));
+    assert_eq!(f("client-addr").text(), addr);
+    assert_eq!(f("waiters"), Resp::Int(0));
+}
+
+#[test]
+fn idempotent_token_retry_keeps_the_fence_and_resets_the_ttl() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let (tok, fence) = acquire(&mut c, &["lock:r", "PX", "3000", "TOKEN", "my-token-1"]);
+    assert_eq!(tok, b"my-token-1");
+    assert_ttl_near(&mut c, "lock:r", 3000);
+    std::thread::sleep(Duration::from_millis(20));
+
+    // The retry (e.g. after a lost reply) gets the same grant and a fresh lease.
+    let (tok2, fence2) = acquire(&mut c, &["lock:r", "PX", "60000", "TOKEN", "my-token-1"]);
+    assert_eq!((tok2.as_slice(), fence2), (&b"my-token-1"[..], fence));
+    assert_ttl_near(&mut c, "lock:r", 60_000);
+    // Also from another connection, and with the default TTL.
+    let mut c2 = RawConn::connect(server.port);
+    let (_, fence3) = acquire(&mut c2, &["lock:r", "TOKEN", "my-token-1"]);
+    assert_eq!(fence3, fence);
+    assert_ttl_near(&mut c, "lock:r", 30_000);
+    // A different token still gets nil.
+    assert_eq!(
+        c2.cmd(&["LOCK.ACQUIRE", "lock:r", "TOKEN", "my-token-2"]),
+        Resp::Nil
+    );
+    let renewed = common::lock_stat(&mut c, "renewed");
+    assert_eq!(renewed, 2);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "lock:r", "my-token-1"]),
+        Resp::Int(1)
+    );
+    // After release the same token is a fresh grant with a new fence.
+    let (_, fence4) = acquire(&mut c, &["lock:r", "TOKEN", "my-token-1"]);
+    assert!(fence4 > fence);
+}
+
+#[test]
+fn ttl_options_expiry_and_reacquire() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+
+    acquire(&mut c, &["lock:px", "PX", "5000"]);
+    assert_ttl_near(&mut c, "lock:px", 5000);
+    acquire(&mut c, &["lock:ex", "EX", "7"]);
+    assert_ttl_near(&mut c, "lock:ex", 7000);
+    acquire(&mut c, &["lock:default"]);
+    assert_ttl_near(&mut c, "lock:default", 30_000);
+    // Lower-case option names work too.
+    acquire(&mut c, &["lock:lower", "px", "4000", "owner", "o"]);
+    assert_ttl_near(&mut c, "lock:lower", 4000);
+    // PEXPIRETIME agrees with LOCK.INFO expires-at.
+    let exp = c
+        .cmd(&["LOCK.INFO", "lock:px"])
+        .field("expires-at")
+        .unwrap()
+        .int();
+    assert_eq!(c.cmd(&["PEXPIRETIME", "lock:px"]).int(), exp);
+
+    // Expiry: a short lease ends, the key is gone, the next grant has a higher fence.
+    let (_, f1) = acquire(&mut c, &["lock:exp", "PX", "100"]);
+    assert!(
+        wait_until(Duration::from_secs(5), || !exists(&mut c, "lock:exp")),
+        "lock:exp did not expire"
+    );
+    assert_eq!(c.cmd(&["LOCK.INFO", "lock:exp"]), Resp::Nil);
+    let (_, f2) = acquire(&mut c, &["lock:exp", "PX", "100"]);
+    assert!(f2 > f1, "{f2} <= {f1}");
+    // Redis's active expiry removes it without anyone touching the key.
+    assert!(
+        wait_until(Duration::from_secs(5), || c.cmd(&["DBSIZE"]).int() == 4),
+        "lock:exp was not actively expired"
+    );
+}
+
+#[test]
+fn type_is_redislock_and_scan_type_lists_locks() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let mut locks = HashSet::new();
+    for i in 0..25 {
+        let k = format!("lock:scan:{i}");
+        acquire(&mut c, &[&k, "PX", "60000"]);
+        locks.insert(k);
+    }
+    c.cmd(&["SET", "plain:string", "v"]);
+    c.cmd(&["SET", "lock:classic", "tok", "NX", "PX", "60000"]);
+    c.cmd(&["RPUSH", "plain:list", "a"]);
+    assert_eq!(
+        c.cmd(&["TYPE", "lock:scan:0"]),
+        Resp::Simple("redislock".into())
+    );
+    assert_eq!(
+        c.cmd(&["TYPE", "lock:classic"]),
+        Resp::Simple("string".into())
+    );
+
+    let mut found = HashSet::new();
+    let mut cursor = "0".to_string();
+    for _ in 0..1000 {
+        let r = c.cmd(&["SCAN", &cursor, "TYPE", "redislock", "COUNT", "7"]);
+        let items = r.items();
+        cursor = items[0].text();
+        for k in items[1].items() {
+            found.insert(k.text());
+        }
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert_eq!(cursor, "0", "SCAN did not finish");
+    assert_eq!(found, locks);
+    // Generic commands see the module type as well.
+    assert_eq!(c.cmd(&["EXISTS", "lock:scan:1"]), Resp::Int(1));
+    assert_eq!(c.cmd(&["DBSIZE"]), Resp::Int(28));
+}
+
+#[test]
+fn fences_strictly_increase_across_release_expiry_and_forcerelease() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let mut last = 0i64;
+    let keys = ["lock:f1", "lock:f2", "lock:f3"];
+    for i in 0..300 {
+        let key = keys[i % keys.len()];
+        let before = unix_ms();
+        let short = i % 30 == 0;
+        let ttl = if short { "20" } else { "10000" };
+        let (tok, fence) = acquire(&mut c, &[key, "PX", ttl]);
+        assert!(fence > last, "grant #{i}: fence {fence} <= previous {last}");
+        assert!(
+            fence >= clock_floor(before),
+            "grant #{i}: fence {fence} < unix_ms<<20 ({})",
+            clock_floor(before)
+        );
+        last = fence;
+        if short {
+            assert!(
+                wait_until(Duration::from_secs(5), || !exists(&mut c, key)),
+                "{key} did not expire"
+            );
+        } else if i % 2 == 0 {
+            assert_eq!(
+                c.cmd(&[&b"LOCK.RELEASE"[..], key.as_bytes(), &tok]),
+                Resp::Int(1)
+            );
+        } else {
+            assert_eq!(c.cmd(&["LOCK.FORCERELEASE", key]), Resp::Int(1));
+        }
+    }
+    assert_eq!(common::lock_stat(&mut c, "last_fence"), last);
+    assert_eq!(common::lock_stat(&mut c, "acquired"), 300);
+    assert_eq!(common::lock_stat(&mut c, "expired"), 10);
+}
+
+#[test]
+fn minfence_raises_grants_and_renewals_raise_later_grants() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    // A floor far above the clock: the grant gets exactly that fence.
+    let floor = clock_floor(unix_ms()) + (1 << 45);
+    let (_, f) = acquire(
+        &mut c,
+        &["lock:m", "MINFENCE", &floor.to_string(), "TOKEN", "t"],
+    );
+    assert_eq!(f, floor);
+    // A floor below the counter changes nothing: the next fence is still higher.
+    let (_, g) = acquire(&mut c, &["lock:m2", "MINFENCE", "1"]);
+    assert!(g > f, "{g} <= {f}");
+
+    // The brief's case: renew with MINFENCE f+1000, release, acquire -> fence > f+1000.
+    let (_, h) = acquire(&mut c, &["lock:n", "TOKEN", "tn"]);
+    let (_, h_renew) = acquire(
+        &mut c,
+        &["lock:n", "TOKEN", "tn", "MINFENCE", &(h + 1000).to_string()],
+    );
+    assert_eq!(h_renew, h, "a renew keeps its fence");
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:n", "tn"]), Resp::Int(1));
+    let (_, k) = acquire(&mut c, &["lock:n"]);
+    assert!(k > h + 1000, "{k} <= {h} + 1000");
+
+    // The same with a floor the clock cannot reach for hours (2^24 ms ahead; MINFENCE
+    // may lead the clock by at most a day), so only the renew's MINFENCE can explain
+    // the later grant's fence.
+    let far = clock_floor(unix_ms()) + (1 << 44);
+    let (_, r) = acquire(
+        &mut c,
+        &["lock:m", "TOKEN", "t", "MINFENCE", &far.to_string()],
+    );
+    assert_eq!(r, f, "a renew keeps its fence");
+    assert_eq!(
+        c.cmd(&["LOCK.INFO", "lock:m"]).field("fence"),
+        Some(Resp::Int(f))
+    );
+    let (_, next) = acquire(&mut c, &["lock:other"]);
+    assert!(next > far, "{next} <= {far}");
+    assert_eq!(common::lock_stat(&mut c, "last_fence"), next);
+
+    // More than a day ahead of the clock is refused, for a grant and a renew alike,
+    // and does not move the counter.
+    let too_far = clock_floor(unix_ms() + 2 * 24 * 3600 * 1000);
+    let too_far = too_far.to_string();
+    for args in [
+        &["LOCK.ACQUIRE", "lock:far", "MINFENCE", &too_far][..],
+        &["LOCK.ACQUIRE", "lock:m", "TOKEN", "t", "MINFENCE", &too_far],
+    ] {
+        let r = c.cmd(args);
+        assert!(
+            matches!(&r, Resp::Error(e) if e.starts_with("ERR ")),
+            "{args:?}: {r:?}"
+        );
+    }
+    assert_eq!(c.cmd(&["EXISTS", "lock:far"]), Resp::Int(0));
+    let (_, after) = acquire(&mut c, &["lock:far"]);
+    assert_eq!(after, next + 1);
+}
+
+#[test]
+fn classic_string_locks_interoperate() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    assert_eq!(
+        c.cmd(&["SET", "lock:s", "tok", "NX", "PX", "5000"]),
+        Resp::Simple("OK".into())
+    );
+    // Held for ACQUIRE (also with the same token: it is not a module grant to renew).
+    assert_eq!(c.cmd(&["LOCK.ACQUIRE", "lock:s"]), Resp::Nil);
+    assert_eq!(
+        c.cmd(&["LOCK.ACQUIRE", "lock:s", "TOKEN", "tok"]),
+        Resp::Nil
+    );
+    assert_eq!(c.cmd(&["LOCK.ACQUIRE", "lock:s", "BLOCK", "50"]), Resp::Nil);
+
+    let info = c.cmd(&["LOCK.INFO", "lock:s"]);
+    assert_eq!(info.field("state").unwrap().text(), "held");
+    assert_eq!(info.field("kind").unwrap().text(), "string");
+    assert_eq!(info.field("fence"), Some(Resp::Nil));
+    assert_eq!(info.field("owner"), Some(Resp::Nil));
+    assert_eq!(info.field("waiters"), Some(Resp::Int(0)));
+    let ttl = info.field("ttl").unwrap().int();
+    assert!(ttl > 0 && ttl <= 5000, "ttl {ttl}");
+    let mut c3 = RawConn::connect_resp3(server.port);
+    let info3 = c3.cmd(&["LOCK.INFO", "lock:s"]);
+    assert_eq!(info3.field("kind").unwrap().text(), "string");
+    assert_eq!(info3.field("fence"), Some(Resp::Nil));
+
+    // EXTEND: wrong token 0, right token sets its PTTL and keeps it a string.
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:s", "nope", "PX", "20000"]),
+        Resp::Int(0)
+    );
+    assert!(pttl(&mut c, "lock:s") <= 5000);
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:s", "tok", "PX", "20000"]),
+        Resp::Int(1)
+    );
+    assert_ttl_near(&mut c, "lock:s", 20_000);
+    assert_eq!(c.cmd(&["TYPE", "lock:s"]), Resp::Simple("string".into()));
+    assert_eq!(c.cmd(&["GET", "lock:s"]), Resp::Bulk(b"tok".to_vec()));
+
+    // RELEASE: wrong token 0 (kept), right token 1 (deleted).
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:s", "nope"]), Resp::Int(0));
+    assert!(exists(&mut c, "lock:s"));
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:s", "tok"]), Resp::Int(1));
+    assert!(!exists(&mut c, "lock:s"));
+    // Free now: the module takes it, and the classic recipe then fails.
+    let (_, _f) = acquire(&mut c, &["lock:s", "PX", "5000"]);
+    assert_eq!(
+        c.cmd(&["SET", "lock:s", "tok", "NX", "PX", "5000"]),
+        Resp::Nil
+    );
+
+    // A string lock without a TTL: ttl -1, expires-at nil; FORCERELEASE removes it.
+    c.cmd(&["SET", "lock:forever", "tok2"]);
+    let i = c.cmd(&["LOCK.INFO", "lock:forever"]);
+    assert_eq!(i.field("ttl"), Some(Resp::Int(-1)));
+    assert_eq!(i.field("expires-at"), Some(Resp::Nil));
+    assert_eq!(c.cmd(&["LOCK.FORCERELEASE", "lock:forever"]), Resp::Int(1));
+    assert!(!exists(&mut c, "lock:forever"));
+}
+
+#[test]
+fn binary_tokens_round_trip() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let tok: &[u8] = b"a\0b\r\nc\xff\xfe end";
+    let r = c.cmd(&[
+        &b"LOCK.ACQUIRE"[..],
+        b"lock:bin",
+        b"PX",
+        b"10000",
+        b"TOKEN",
+        tok,
+    ]);
+    let (got, fence) = grant(&r);
+    assert_eq!(got, tok);
+    // The renew with the same bytes matches; a string cut at the NUL does not.
+    let r2 = c.cmd(&[&b"LOCK.ACQUIRE"[..], b"lock:bin", b"TOKEN", tok]);
+    assert_eq!(grant(&r2), (tok.to_vec(), fence));
+    assert_eq!(
+        c.cmd(&[&b"LOCK.ACQUIRE"[..], b"lock:bin", b"TOKEN", b"a"]),
+        Resp::Nil
+    );
+    assert_eq!(
+        c.cmd(&[&b"LOCK.RELEASE"[..], b"lock:bin", b"a"]),
+        Resp::Int(0)
+    );
+    assert_eq!(
+        c.cmd(&[&b"LOCK.EXTEND"[..], b"lock:bin", tok, b"PX", b"50000"]),
+        Resp::Int(1)
+    );
+    assert_ttl_near(&mut c, "lock:bin", 50_000);
+    // A binary key and a 256-byte token of every byte value.
+    let all: Vec<u8> = (0..=255u8).collect();
+    let key: &[u8] = b"lock:\0\xff\r\n";
+    let (got, _) = grant(&c.cmd(&[&b"LOCK.ACQUIRE"[..], key, b"TOKEN", &all]));
+    assert_eq!(got, all);
+    assert_eq!(c.cmd(&[&b"LOCK.RELEASE"[..], key, &all]), Resp::Int(1));
+    assert_eq!(
+        c.cmd(&[&b"LOCK.RELEASE"[..], b"lock:bin", tok]),
+        Resp::Int(1)
+    );
+    assert_eq!(c.cmd(&["DBSIZE"]), Resp::Int(0));
+}
+
+/// Voluntary context switches of the server's main thread (Linux): each sleep of the
+/// event loop counts one, so an idle server with `hz 10` makes about 10 a second.
+fn main_thread_switches(pid: u32) -> i64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status"))
+        .expect("read /proc/<pid>/task/<pid>/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("voluntary_ctxt_switches in /proc status")
+}
+
+/// The lease stored in the lock decides, not the key's expiry: a generic PEXPIRE or
+/// PERSIST that keeps the key past the lease does not keep the lock held.
+#[test]
+fn a_lease_ends_even_if_pexpire_or_persist_keeps_the_key() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let (_, f1) = acquire(&mut c, &["lock:g", "PX", "200", "TOKEN", "a"]);
+    assert_eq!(c.cmd(&["PEXPIRE", "lock:g", "60000"]), Resp::Int(1));
+    assert!(
+        wait_until(Duration::from_secs(5), || c.cmd(&["LOCK.INFO", "lock:g"])
+            == Resp::Nil),
+        "the lease of lock:g did not end"
+    );
+    // The old holder has lost it; someone else gets it with a higher fence.
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:g", "a", "PX", "1000"]),
+        Resp::Int(0)
+    );
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:g", "a"]), Resp::Int(0));
+    let (_, f2) = acquire(&mut c, &["lock:g", "PX", "10000", "TOKEN", "b"]);
+    assert!(f2 > f1);
+    assert_ttl_near(&mut c, "lock:g", 10_000);
+
+    // PERSIST with a waiter: the waiter gets the lock when the lease ends.
+    let (_, f3) = acquire(&mut c, &["lock:p", "PX", "100", "TOKEN", "a"]);
+    assert_eq!(c.cmd(&["PERSIST", "lock:p"]), Resp::Int(1));
+    let t = std::time::Instant::now();
+    let (tok, f4) = grant(&c.cmd(&["LOCK.ACQUIRE", "lock:p", "BLOCK", "5000", "TOKEN", "w"]));
+    assert_eq!(tok, b"w");
+    assert!(f4 > f3);
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "the waiter got the lock only after {:?}",
+        t.elapsed()
+    );
+    assert_ttl_near(&mut c, "lock:p", 30_000);
+
+    // And nothing keeps the event loop busy afterwards (it once spun a 1 ms timer).
+    let pid = server.pid();
+    let before = main_thread_switches(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let per_sec = main_thread_switches(pid) - before;
+    assert!(
+        per_sec < 300,
+        "the server's event loop woke {per_sec} times in 1 s while idle (~10 with hz 10)"
+    );
+}

@@ -1,0 +1,720 @@
+//! Every bad input in SPEC's error list gets an error reply that starts with an error
+//! code, leaves the data alone, and the server keeps answering. Ends with a bounded,
+//! seeded fuzz of random and malformed LOCK.* commands.
+
+mod common;
+
+use common::{lock_stat, starts_with_error_code, wait_until, RawConn, Resp, ServerBuilder};
+use std::time::{Duration, Instant};
+
+/// Asserts an error reply whose code is `code` (and that the text has a code at all).
+#[track_caller]
+fn assert_code(r: &Resp, code: &str, what: &str) -> String {
+    let Resp::Error(text) = r else {
+        panic!("{what}: expected a {code} error, got {r:?}")
+    };
+    assert!(
+        starts_with_error_code(text),
+        "{what}: error without a code: {text:?}"
+    );
+    assert_eq!(
+        text.split(' ').next(),
+        Some(code),
+        "{what}: wrong error code in {text:?}"
+    );
+    text.clone()
+}
+
+#[track_caller]
+fn assert_pong(c: &mut RawConn) {
+    assert_eq!(c.cmd(&["PING"]), Resp::Simple("PONG".into()));
+}
+
+/// Runs `args` and asserts an error with `code` whose text contains `needle`
+/// (case-insensitively), then PING.
+#[track_caller]
+fn expect_err(c: &mut RawConn, args: &[&[u8]], code: &str, needle: &str) {
+    let what = args
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let what = if what.len() > 120 {
+        format!("{}...", &what[..120])
+    } else {
+        what
+    };
+    let text = assert_code(&c.cmd(args), code, &what);
+    assert!(
+        text.to_lowercase().contains(&needle.to_lowercase()),
+        "{what}: error {text:?} should mention {needle:?}"
+    );
+    assert_pong(c);
+}
+
+fn s(v: &[&str]) -> Vec<Vec<u8>> {
+    v.iter().map(|a| a.as_bytes().to_vec()).collect()
+}
+
+fn refs(v: &[Vec<u8>]) -> Vec<&[u8]> {
+    v.iter().map(Vec::as_slice).collect()
+}
+
+#[track_caller]
+fn expect_err_s(c: &mut RawConn, args: &[&str], code: &str, needle: &str) {
+    let owned = s(args);
+    expect_err(c, &refs(&owned), code, needle);
+}
+
+#[test]
+fn wrong_arity_unknown_and_repeated_options() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    // Wrong arity: Redis enforces the arity from COMMAND INFO; the module checks the rest.
+    for args in [
+        &["LOCK.ACQUIRE"][..],
+        &["LOCK.RELEASE"],
+        &["LOCK.RELEASE", "k"],
+        &["LOCK.RELEASE", "k", "t", "extra"],
+        &["LOCK.EXTEND"],
+        &["LOCK.EXTEND", "k"],
+        &["LOCK.INFO"],
+        &["LOCK.INFO", "k", "extra"],
+        &["LOCK.FORCERELEASE"],
+        &["LOCK.FORCERELEASE", "k", "extra"],
+        &["lock.release", "k"],
+    ] {
+        expect_err_s(&mut c, args, "ERR", "wrong number of arguments");
+    }
+
+    // A lock whose state must survive every rejected command below.
+    let (tok, fence) = match c.cmd(&["LOCK.ACQUIRE", "lock:e", "PX", "60000", "TOKEN", "t1"]) {
+        Resp::Array(v) => (v[0].text(), v[1].int()),
+        other => panic!("{other:?}"),
+    };
+
+    // Unknown options and options missing their value.
+    for args in [
+        &["LOCK.ACQUIRE", "lock:x", "NX"][..],
+        &["LOCK.ACQUIRE", "lock:x", "PX", "100", "XX"],
+        &["LOCK.ACQUIRE", "lock:x", "100"],
+        &["LOCK.ACQUIRE", "lock:x", ""],
+        &["LOCK.ACQUIRE", "lock:x", "PXX", "100"],
+        &["LOCK.EXTEND", "lock:e", "t1", "TOKEN", "x"],
+        &["LOCK.EXTEND", "lock:e", "t1", "KEEPTTL"],
+        &["LOCK.EXTEND", "lock:e", "t1", "BLOCK", "1"],
+    ] {
+        expect_err_s(&mut c, args, "ERR", "unknown option");
+    }
+    for args in [
+        &["LOCK.ACQUIRE", "lock:x", "PX"][..],
+        &["LOCK.ACQUIRE", "lock:x", "EX"],
+        &["LOCK.ACQUIRE", "lock:x", "TOKEN"],
+        &["LOCK.ACQUIRE", "lock:x", "OWNER"],
+        &["LOCK.ACQUIRE", "lock:x", "BLOCK"],
+        &["LOCK.ACQUIRE", "lock:x", "MINFENCE"],
+        &["LOCK.ACQUIRE", "lock:x", "PX", "100", "TOKEN"],
+        &["LOCK.EXTEND", "lock:e", "t1", "PX"],
+        &["LOCK.EXTEND", "lock:e", "t1", "EX"],
+    ] {
+        expect_err_s(&mut c, args, "ERR", "needs a value");
+    }
+    // Repeated options, PX and EX together counting as a repetition.
+    for args in [
+        &["LOCK.ACQUIRE", "lock:x", "PX", "100", "PX", "100"][..],
+        &["LOCK.ACQUIRE", "lock:x", "PX", "100", "EX", "1"],
+        &["LOCK.ACQUIRE", "lock:x", "EX", "1", "PX", "100"],
+        &["LOCK.ACQUIRE", "lock:x", "EX", "1", "ex", "1"],
+        &["LOCK.ACQUIRE", "lock:x", "TOKEN", "a", "TOKEN", "b"],
+        &["LOCK.ACQUIRE", "lock:x", "OWNER", "a", "owner", "b"],
+        &["LOCK.ACQUIRE", "lock:x", "BLOCK", "1", "BLOCK", "1"],
+        &["LOCK.ACQUIRE", "lock:x", "MINFENCE", "1", "MINFENCE", "2"],
+        &["LOCK.EXTEND", "lock:e", "t1", "PX", "100", "PX", "100"],
+        &["LOCK.EXTEND", "lock:e", "t1", "PX", "100", "EX", "1"],
+    ] {
+        expect_err_s(&mut c, args, "ERR", "twice");
+    }
+    assert_lock_unchanged(&mut c, "lock:e", &tok, fence);
+    assert_eq!(c.cmd(&["EXISTS", "lock:x"]), Resp::Int(0));
+}
+
+/// The lock still has its fence and a TTL of about 60 s; no other key was created.
+#[track_caller]
+fn assert_lock_unchanged(c: &mut RawConn, key: &str, tok: &str, fence: i64) {
+    let info = c.cmd(&["LOCK.INFO", key]);
+    assert_eq!(info.field("fence"), Some(Resp::Int(fence)), "{info:?}");
+    let pttl = c.cmd(&["PTTL", key]).int();
+    assert!(
+        pttl > 50_000 && pttl <= 60_000,
+        "PTTL {pttl}: a bad EXTEND moved it"
+    );
+    // The token still holds it (renew answers the same fence).
+    let r = c.cmd(&["LOCK.ACQUIRE", key, "PX", "60000", "TOKEN", tok]);
+    assert_eq!(r.items()[1], Resp::Int(fence));
+}
+
+#[test]
+fn bad_ttl_token_owner_block_and_minfence_values() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let r = c.cmd(&["LOCK.ACQUIRE", "lock:e", "PX", "60000", "TOKEN", "t1"]);
+    let fence = r.items()[1].int();
+
+    let not_int = [
+        "abc", "1.5", "", " 1", "1 ", "+1", "0x10", "1e3", "--1", "-0", "01",
+    ];
+    let out_of_range = [
+        "0",
+        "-1",
+        "-9223372036854775808",
+        "86400001",
+        "9223372036854775807",
+    ];
+    for opt in ["PX", "EX"] {
+        for v in not_int {
+            expect_err_s(
+                &mut c,
+                &["LOCK.ACQUIRE", "lock:x", opt, v],
+                "ERR",
+                "integer",
+            );
+            expect_err_s(
+                &mut c,
+                &["LOCK.EXTEND", "lock:e", "t1", opt, v],
+                "ERR",
+                "integer",
+            );
+        }
+        for v in out_of_range {
+            expect_err_s(
+                &mut c,
+                &["LOCK.ACQUIRE", "lock:x", opt, v],
+                "ERR",
+                "invalid expire time in 'lock.acquire'",
+            );
+            expect_err_s(
+                &mut c,
+                &["LOCK.EXTEND", "lock:e", "t1", opt, v],
+                "ERR",
+                "invalid expire time in 'lock.extend'",
+            );
+        }
+    }
+    // Just above lock.max-ttl (86400000 ms = 86400 s), and EX that overflows in ms.
+    for args in [
+        &["LOCK.ACQUIRE", "lock:x", "EX", "86401"][..],
+        &["LOCK.ACQUIRE", "lock:x", "EX", "9223372036854775"],
+        &["LOCK.ACQUIRE", "lock:x", "EX", "9223372036854776"],
+        &["LOCK.EXTEND", "lock:e", "t1", "EX", "86401"],
+    ] {
+        expect_err_s(&mut c, args, "ERR", "invalid expire time");
+    }
+    // Also on a key that is not held / held by someone else: the arguments are checked
+    // first, so a bad TTL is an error rather than a quiet 0.
+    expect_err_s(
+        &mut c,
+        &["LOCK.EXTEND", "lock:free", "t1", "PX", "0"],
+        "ERR",
+        "invalid expire",
+    );
+    expect_err_s(
+        &mut c,
+        &["LOCK.EXTEND", "lock:e", "not-mine", "PX", "-5"],
+        "ERR",
+        "invalid expire",
+    );
+    // The limits themselves are accepted.
+    let ok = c.cmd(&["LOCK.ACQUIRE", "lock:max", "PX", "86400000"]);
+    assert!(matches!(ok, Resp::Array(_)), "{ok:?}");
+    let ok = c.cmd(&["LOCK.ACQUIRE", "lock:maxex", "EX", "86400"]);
+    assert!(matches!(ok, Resp::Array(_)), "{ok:?}");
+    let ok = c.cmd(&["LOCK.ACQUIRE", "lock:min", "PX", "1"]);
+    assert!(matches!(ok, Resp::Array(_)), "{ok:?}");
+
+    // TOKEN and OWNER: 1..=256 bytes.
+    for opt in ["TOKEN", "OWNER"] {
+        let empty: &[u8] = b"";
+        let long = vec![b'x'; 257];
+        for v in [empty, &long[..]] {
+            expect_err(
+                &mut c,
+                &[b"LOCK.ACQUIRE", b"lock:x", opt.as_bytes(), v],
+                "ERR",
+                opt,
+            );
+        }
+        let max = vec![b'y'; 256];
+        let key = format!("lock:len:{opt}");
+        let r = c.cmd(&[b"LOCK.ACQUIRE", key.as_bytes(), opt.as_bytes(), &max]);
+        assert!(matches!(r, Resp::Array(_)), "{opt} of 256 bytes: {r:?}");
+    }
+    let r = c.cmd(&[&b"LOCK.INFO"[..], b"lock:len:OWNER"]);
+    assert_eq!(r.field("owner"), Some(Resp::Bulk(vec![b'y'; 256])));
+
+    // BLOCK: negative or not an integer.
+    for v in [
+        "-1",
+        "-9223372036854775808",
+        "x",
+        "1.5",
+        "",
+        "9223372036854775808",
+    ] {
+        expect_err_s(
+            &mut c,
+            &["LOCK.ACQUIRE", "lock:e", "BLOCK", v],
+            "ERR",
+            "timeout",
+        );
+    }
+    // MINFENCE: 0, negative, not an integer, the top value.
+    for v in [
+        "0",
+        "-1",
+        "x",
+        "9223372036854775807",
+        "18446744073709551615",
+    ] {
+        expect_err_s(
+            &mut c,
+            &["LOCK.ACQUIRE", "lock:x", "MINFENCE", v],
+            "ERR",
+            "MINFENCE",
+        );
+    }
+    assert_lock_unchanged(&mut c, "lock:e", "t1", fence);
+    assert_eq!(c.cmd(&["EXISTS", "lock:x"]), Resp::Int(0));
+    assert_eq!(lock_stat(&mut c, "panics"), 0);
+}
+
+#[test]
+fn wrongtype_internal_commands_and_maxwaiters() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    c.cmd(&["RPUSH", "lock:list", "a", "b"]);
+    c.cmd(&["HSET", "lock:hash", "f", "v"]);
+    for key in ["lock:list", "lock:hash"] {
+        for args in [
+            &["LOCK.ACQUIRE", key][..],
+            &["LOCK.ACQUIRE", key, "PX", "100", "TOKEN", "t"],
+            &["LOCK.ACQUIRE", key, "BLOCK", "100"],
+            &["LOCK.ACQUIRE", key, "BLOCK", "0"],
+            &["LOCK.RELEASE", key, "a"],
+            &["LOCK.EXTEND", key, "a"],
+            &["LOCK.EXTEND", key, "a", "PX", "100"],
+            &["LOCK.INFO", key],
+            &["LOCK.FORCERELEASE", key],
+        ] {
+            expect_err_s(&mut c, args, "WRONGTYPE", "wrong kind of value");
+        }
+    }
+    assert_eq!(c.cmd(&["LLEN", "lock:list"]), Resp::Int(2));
+    assert_eq!(c.cmd(&["PTTL", "lock:list"]), Resp::Int(-1));
+    assert_eq!(
+        c.cmd(&["HGET", "lock:hash", "f"]),
+        Resp::Bulk(b"v".to_vec())
+    );
+
+    // The replication-only command and the disabled debug command refuse with ERR.
+    expect_err_s(
+        &mut c,
+        &[
+            "LOCK.SYNC",
+            "lock:sync",
+            "tok",
+            "42",
+            "99999999999999",
+            "1",
+            "1",
+            "127.0.0.1:1",
+        ],
+        "ERR",
+        "internal",
+    );
+    assert_eq!(c.cmd(&["EXISTS", "lock:sync"]), Resp::Int(0));
+    expect_err_s(&mut c, &["LOCK.DEBUG", "PANIC"], "ERR", "disabled");
+    assert_eq!(lock_stat(&mut c, "panics"), 0);
+
+    // MAXWAITERS: with lock.max-waiters 2, two clients wait and a third fails at once.
+    assert_eq!(
+        c.cmd(&["CONFIG", "SET", "lock.max-waiters", "2"]),
+        Resp::Simple("OK".into())
+    );
+    let r = c.cmd(&["LOCK.ACQUIRE", "lock:w", "TOKEN", "holder"]);
+    assert!(matches!(r, Resp::Array(_)), "{r:?}");
+    let mut w1 = RawConn::connect(server.port);
+    let mut w2 = RawConn::connect(server.port);
+    w1.send(&["LOCK.ACQUIRE", "lock:w", "BLOCK", "0", "TOKEN", "w1"]);
+    w2.send(&["LOCK.ACQUIRE", "lock:w", "BLOCK", "20000", "TOKEN", "w2"]);
+    assert!(
+        wait_until(Duration::from_secs(5), || c
+            .cmd(&["LOCK.INFO", "lock:w"])
+            .field("waiters")
+            == Some(Resp::Int(2))),
+        "the two waiters did not queue"
+    );
+    let mut w3 = RawConn::connect(server.port);
+    let t = Instant::now();
+    let r = w3.cmd(&["LOCK.ACQUIRE", "lock:w", "BLOCK", "0", "TOKEN", "w3"]);
+    assert_code(&r, "MAXWAITERS", "third waiter");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "MAXWAITERS took {:?}",
+        t.elapsed()
+    );
+    assert_pong(&mut w3);
+    // A non-blocking acquire is no waiter: plain nil. Other keys still queue.
+    assert_eq!(w3.cmd(&["LOCK.ACQUIRE", "lock:w"]), Resp::Nil);
+    assert_eq!(lock_stat(&mut c, "waiters"), 2);
+    // The queue still works in order once the holder lets go.
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:w", "holder"]), Resp::Int(1));
+    let g1 = w1.read().expect("w1 reply");
+    assert_eq!(g1.items()[0], Resp::Bulk(b"w1".to_vec()));
+    // Room again for one more waiter.
+    w3.send(&["LOCK.ACQUIRE", "lock:w", "BLOCK", "20000", "TOKEN", "w3"]);
+    assert!(wait_until(Duration::from_secs(5), || c
+        .cmd(&["LOCK.INFO", "lock:w"])
+        .field("waiters")
+        == Some(Resp::Int(2))));
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:w", "w1"]), Resp::Int(1));
+    assert_eq!(
+        w2.read().expect("w2 reply").items()[0],
+        Resp::Bulk(b"w2".to_vec())
+    );
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:w", "w2"]), Resp::Int(1));
+    assert_eq!(
+        w3.read().expect("w3 reply").items()[0],
+        Resp::Bulk(b"w3".to_vec())
+    );
+    assert_eq!(lock_stat(&mut c, "waiters"), 0);
+    assert_pong(&mut c);
+
+    // Out of memory (maxmemory below use, noeviction): ACQUIRE is deny-oom and gets
+    // OOM; RELEASE, EXTEND and INFO still work so holders can let go.
+    let (tok, _) = match c.cmd(&["LOCK.ACQUIRE", "lock:oom", "PX", "60000"]) {
+        Resp::Array(v) => (v[0].text(), v[1].int()),
+        other => panic!("{other:?}"),
+    };
+    c.cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    c.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+    expect_err_s(&mut c, &["LOCK.ACQUIRE", "lock:oom2"], "OOM", "");
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:oom", &tok, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert!(matches!(c.cmd(&["LOCK.INFO", "lock:oom"]), Resp::Array(_)));
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:oom", &tok]), Resp::Int(1));
+    c.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+    assert!(matches!(
+        c.cmd(&["LOCK.ACQUIRE", "lock:oom2"]),
+        Resp::Array(_)
+    ));
+}
+
+// ------------------------------------------------------------------------------------
+// Fuzz
+
+/// xorshift64*: tiny, seeded, good enough to pick test inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len() as u64) as usize]
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    fn bytes(&mut self, max_len: u64) -> Vec<u8> {
+        let n = self.below(max_len + 1);
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+const COMMANDS: &[&str] = &[
+    "LOCK.ACQUIRE",
+    "LOCK.ACQUIRE",
+    "LOCK.ACQUIRE",
+    "LOCK.RELEASE",
+    "LOCK.EXTEND",
+    "LOCK.INFO",
+    "LOCK.FORCERELEASE",
+    "lock.acquire",
+    "Lock.Extend",
+    "LOCK.SYNC",
+    "LOCK.DEBUG",
+];
+const KEYS: &[&str] = &["fz:1", "fz:2", "fz:3", "fz:list", "fz:str", ""];
+const OPTIONS: &[&str] = &[
+    "PX", "EX", "TOKEN", "OWNER", "BLOCK", "MINFENCE", "px", "Ex", "token", "NX", "KEEPTTL",
+];
+const NUMBERS: &[&str] = &[
+    "0",
+    "1",
+    "-1",
+    "100",
+    "86400000",
+    "86400001",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "9223372036854775808",
+    "18446744073709551615",
+    "99999999999999999999999999",
+    "1e3",
+    "0x10",
+    " 1",
+    "1.5",
+    "-0",
+    "",
+];
+const TOKENS: &[&str] = &["t1", "t2", "tok"];
+
+fn fuzz_arg(rng: &mut Rng) -> Vec<u8> {
+    match rng.below(10) {
+        0..=2 => rng.pick(OPTIONS).as_bytes().to_vec(),
+        3..=4 => rng.pick(NUMBERS).as_bytes().to_vec(),
+        5 => rng.below(1 << 40).to_string().into_bytes(),
+        6 => rng.pick(TOKENS).as_bytes().to_vec(),
+        7 => rng.bytes(12),
+        8 => rng.bytes(300),
+        _ => rng.pick(KEYS).as_bytes().to_vec(),
+    }
+}
+
+/// A well-formed command with valid values (so that locks are really taken, renewed,
+/// extended, released and waited for).
+fn valid_command(rng: &mut Rng) -> Vec<Vec<u8>> {
+    let key = rng.pick(&KEYS[..3]).as_bytes().to_vec();
+    let tok = rng.pick(TOKENS).as_bytes().to_vec();
+    let mut opts: Vec<Vec<Vec<u8>>> = Vec::new();
+    let name = match rng.below(6) {
+        0..=1 => {
+            if rng.chance(50) {
+                opts.push(vec![
+                    b"PX".to_vec(),
+                    (1 + rng.below(3000)).to_string().into_bytes(),
+                ]);
+            } else if rng.chance(30) {
+                opts.push(vec![
+                    b"EX".to_vec(),
+                    (1 + rng.below(3)).to_string().into_bytes(),
+                ]);
+            }
+            if rng.chance(70) {
+                opts.push(vec![b"TOKEN".to_vec(), tok.clone()]);
+            }
+            if rng.chance(30) {
+                opts.push(vec![b"OWNER".to_vec(), rng.bytes(20)]);
+            }
+            if rng.chance(15) {
+                opts.push(vec![b"BLOCK".to_vec(), b"5".to_vec()]);
+            }
+            if rng.chance(20) {
+                // Below the clock term (unix_ms << 20 is about 2^60.7): accepted, no effect.
+                let f = 1 + rng.below(1 << 60);
+                opts.push(vec![b"MINFENCE".to_vec(), f.to_string().into_bytes()]);
+            }
+            "LOCK.ACQUIRE"
+        }
+        2 => {
+            opts.push(vec![tok]);
+            "LOCK.RELEASE"
+        }
+        3 => {
+            opts.push(vec![tok]);
+            if rng.chance(60) {
+                opts.push(vec![
+                    b"PX".to_vec(),
+                    (1 + rng.below(3000)).to_string().into_bytes(),
+                ]);
+            }
+            "LOCK.EXTEND"
+        }
+        4 => "LOCK.INFO",
+        _ => "LOCK.FORCERELEASE",
+    };
+    // Options come in any order (the token of RELEASE/EXTEND stays first).
+    if name == "LOCK.ACQUIRE" {
+        for i in (1..opts.len()).rev() {
+            let j = rng.below(i as u64 + 1) as usize;
+            opts.swap(i, j);
+        }
+    }
+    let mut cmd = vec![name.as_bytes().to_vec(), key];
+    cmd.extend(opts.into_iter().flatten());
+    cmd
+}
+
+/// A random command: a third well-formed, a third well-formed with one random change
+/// (an argument replaced, dropped, or inserted), a third random words and bytes.
+fn fuzz_command(rng: &mut Rng) -> Vec<Vec<u8>> {
+    let mode = rng.below(3);
+    let mut cmd = if mode < 2 {
+        let mut cmd = valid_command(rng);
+        if mode == 1 {
+            let at = 1 + rng.below(cmd.len() as u64) as usize;
+            match rng.below(3) {
+                0 if at < cmd.len() => cmd[at] = fuzz_arg(rng),
+                1 if at < cmd.len() => {
+                    cmd.remove(at);
+                }
+                _ => cmd.insert(at.min(cmd.len()), fuzz_arg(rng)),
+            }
+        }
+        cmd
+    } else {
+        let mut cmd = vec![rng.pick(COMMANDS).as_bytes().to_vec()];
+        if rng.chance(97) {
+            cmd.push(rng.pick(KEYS).as_bytes().to_vec());
+        }
+        let n = rng.below(9);
+        for _ in 0..n {
+            if rng.chance(60) {
+                cmd.push(rng.pick(OPTIONS).as_bytes().to_vec());
+                if rng.chance(90) {
+                    cmd.push(fuzz_arg(rng));
+                }
+            } else {
+                cmd.push(fuzz_arg(rng));
+            }
+        }
+        cmd
+    };
+    // Keep blocking bounded: any value after a BLOCK word that could be a valid
+    // timeout becomes a short one (0 would wait forever).
+    for i in 1..cmd.len() {
+        if cmd[i - 1].eq_ignore_ascii_case(b"BLOCK") {
+            let plausible = std::str::from_utf8(&cmd[i])
+                .ok()
+                .is_some_and(|s| s.trim().trim_start_matches('+').parse::<u64>().is_ok());
+            if plausible {
+                cmd[i] = (1 + rng.below(30)).to_string().into_bytes();
+            }
+        }
+    }
+    cmd
+}
+
+/// Checks that a reply is one this command may give; returns a description if not.
+fn check_reply(cmd: &[Vec<u8>], r: &Resp) -> Result<(), String> {
+    if let Resp::Error(e) = r {
+        if starts_with_error_code(e) && !e.contains('\r') && !e.contains('\n') {
+            return Ok(());
+        }
+        return Err(format!("error without a code: {e:?}"));
+    }
+    let name = String::from_utf8_lossy(&cmd[0]).to_ascii_uppercase();
+    let ok = match name.as_str() {
+        "LOCK.ACQUIRE" => match r {
+            Resp::Nil => true,
+            Resp::Array(v) => {
+                v.len() == 2
+                    && matches!(v[0], Resp::Bulk(_))
+                    && matches!(v[1], Resp::Int(f) if f > 0)
+            }
+            _ => false,
+        },
+        "LOCK.RELEASE" | "LOCK.EXTEND" | "LOCK.FORCERELEASE" => {
+            matches!(r, Resp::Int(0) | Resp::Int(1))
+        }
+        "LOCK.INFO" => match r {
+            Resp::Nil => true,
+            Resp::Array(_) | Resp::Map(_) => r.field("state").is_some(),
+            _ => false,
+        },
+        _ => false, // LOCK.SYNC / LOCK.DEBUG may only fail here
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("unexpected reply {r:?}"))
+    }
+}
+
+#[test]
+fn fuzz_random_lock_commands_never_crash_or_hang() {
+    // hz 100: blocked clients' timeouts are served every 10 ms rather than 100 ms.
+    let mut server = ServerBuilder::new().arg("hz", "100").start();
+    let seed = std::env::var("LOCK_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_1234_abcd_0001u64);
+    let mut rng = Rng(seed);
+    let mut conns = [
+        RawConn::connect(server.port),
+        RawConn::connect_resp3(server.port),
+    ];
+    for c in &conns {
+        // A hang shows up as a read timeout, well before the harness's limits.
+        c.set_read_timeout(Some(Duration::from_secs(5)));
+    }
+    let mut setup = RawConn::connect(server.port);
+    setup.cmd(&["RPUSH", "fz:list", "x"]);
+    setup.cmd(&["SET", "fz:str", "tok", "PX", "600000"]);
+
+    let (mut errors, mut grants, mut ones) = (0, 0, 0);
+    for i in 0..3000 {
+        let cmd = fuzz_command(&mut rng);
+        let c = &mut conns[i % 2];
+        c.send(&cmd);
+        let shown = || {
+            cmd.iter()
+                .map(|a| format!("{:?}", String::from_utf8_lossy(a)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let r = c.read().unwrap_or_else(|e| {
+            panic!(
+                "fuzz #{i} (seed {seed:#x}): no reply to {}: {e}\n{}",
+                shown(),
+                server.log_tail()
+            )
+        });
+        if let Err(why) = check_reply(&cmd, &r) {
+            panic!("fuzz #{i} (seed {seed:#x}): {}: {why}", shown());
+        }
+        match r {
+            Resp::Error(_) => errors += 1,
+            Resp::Array(ref v) if v.len() == 2 => grants += 1,
+            Resp::Int(1) => ones += 1,
+            _ => {}
+        }
+        if i % 100 == 99 {
+            assert_pong(c);
+            // Keep the odd lock from being held for the whole run.
+            if i % 500 == 499 {
+                for k in ["fz:1", "fz:2", "fz:3", ""] {
+                    setup.cmd(&["LOCK.FORCERELEASE", k]);
+                }
+            }
+        }
+    }
+    eprintln!("fuzz: {errors} errors, {grants} grants, {ones} times 1");
+    assert!(server.is_running(), "server died\n{}", server.log_tail());
+    assert_pong(&mut setup);
+    assert_eq!(lock_stat(&mut setup, "panics"), 0, "a command panicked");
+    // The fuzz reached both the parsers' error paths and real grants.
+    assert!(
+        errors > 300 && grants > 100 && ones > 100,
+        "errors {errors}, grants {grants}, replies of 1 {ones}"
+    );
+    // Data that only took errors is unchanged.
+    assert_eq!(
+        setup.cmd(&["LRANGE", "fz:list", "0", "-1"]).items().len(),
+        1
+    );
+    // Everything still works.
+    let r = setup.cmd(&["LOCK.ACQUIRE", "fz:after", "TOKEN", "z"]);
+    assert!(matches!(r, Resp::Array(_)), "{r:?}");
+    assert_eq!(setup.cmd(&["LOCK.RELEASE", "fz:after", "z"]), Resp::Int(1));
+}
