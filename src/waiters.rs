@@ -157,21 +157,22 @@ pub fn enqueue(
     Ok(())
 }
 
-/// Removes a blocked client from whatever queue holds it. True if it was queued.
-fn remove(bc: Bc) -> bool {
-    let removed = with(|r| {
-        let Some(qk) = r.by_bc.remove(&(bc as usize)) else {
-            return false;
-        };
+/// Removes a blocked client from whatever queue holds it, dropping the queue (and its
+/// timer) if it empties. True if it was queued.
+fn remove(ctx: Ctx, bc: Bc) -> bool {
+    let qk = with(|r| {
+        let qk = r.by_bc.remove(&(bc as usize))?;
         if let Some(q) = r.queues.get_mut(&qk) {
             q.waiters.retain(|w| w.bc != bc);
         }
-        true
+        Some(qk)
     });
-    if removed {
-        STATS.waiters.set(STATS.waiters.get().saturating_sub(1));
-    }
-    removed
+    let Some(qk) = qk else {
+        return false;
+    };
+    STATS.waiters.set(STATS.waiters.get().saturating_sub(1));
+    gc(ctx, &qk);
+    true
 }
 
 /// Drops empty queues, stopping their timers.
@@ -385,7 +386,7 @@ extern "C" fn reply_cb(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
 extern "C" fn timeout_cb(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
     catch(|| {
         let bc = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx) };
-        if remove(bc) {
+        if remove(ctx, bc) {
             bump(&STATS.wait_timeouts);
             // Release the handle; with no private data the reply callback is skipped.
             unsafe { api!(RedisModule_UnblockClient)(bc, ptr::null_mut()) };
@@ -398,10 +399,9 @@ extern "C" fn timeout_cb(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
 
 extern "C" fn disconnect_cb(ctx: Ctx, bc: Bc) {
     catch(|| {
-        if remove(bc) {
+        if remove(ctx, bc) {
             unsafe { api!(RedisModule_UnblockClient)(bc, ptr::null_mut()) };
         }
-        let _ = ctx;
     });
 }
 
