@@ -44,6 +44,8 @@ pub struct Sync<'a> {
     pub client_id: u64,
     pub client_addr: &'a [u8],
     pub owner: Option<&'a [u8]>,
+    /// The primary's fence counter when it is above this lock's fence (0: not sent).
+    pub floor: u64,
 }
 
 /// Parses a base-10 signed 64-bit integer the way Redis does: no sign other than a
@@ -223,10 +225,10 @@ pub fn parse_extend<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Extend<'a>, L
     Ok(Extend { token, ttl })
 }
 
-/// `LOCK.SYNC key token fence expires-at acquired-at client-id client-addr [owner]`
+/// `LOCK.SYNC key token fence expires-at acquired-at client-id client-addr [OWNER o] [FLOOR n]`
 pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, LockError> {
     const CMD: &str = "lock.sync";
-    if args.len() != 6 && args.len() != 7 {
+    if args.len() < 6 {
         return Err(LockError::WrongArity(CMD));
     }
     let int = |i: usize| parse_i64(args[i]).ok_or(LockError::NotInteger);
@@ -235,18 +237,29 @@ pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, LockError> {
         return Err(LockError::InvalidFence);
     }
     let client_id = int(4)?;
-    Ok(Sync {
+    let mut s = Sync {
         token: bounded(args[0], "TOKEN", MAX_TOKEN_LEN)?,
         fence: fence as u64,
         expires_at: int(2)?,
         acquired_at: int(3)?,
         client_id: u64::try_from(client_id).map_err(|_| LockError::NotInteger)?,
         client_addr: args[5],
-        owner: match args.get(6) {
-            Some(o) => Some(bounded(o, "OWNER", MAX_OWNER_LEN)?),
-            None => None,
-        },
-    })
+        owner: None,
+        floor: 0,
+    };
+    options(&args[6..], &["OWNER", "FLOOR"], |name, v| {
+        if name == "OWNER" {
+            s.owner = Some(bounded(v, "OWNER", MAX_OWNER_LEN)?);
+        } else {
+            let n = parse_i64(v).ok_or(LockError::InvalidFence)?;
+            if n < 1 || n as u64 > MAX_FENCE {
+                return Err(LockError::InvalidFence);
+            }
+            s.floor = n as u64;
+        }
+        Ok(())
+    })?;
+    Ok(s)
 }
 
 #[cfg(test)]
@@ -374,9 +387,24 @@ mod tests {
 
     #[test]
     fn sync_round_trip() {
-        let s = parse_sync(&[b"tok", b"42", b"1000", b"900", b"7", b"127.0.0.1:1", b"o"]).unwrap();
+        let s = parse_sync(&[
+            b"tok",
+            b"42",
+            b"1000",
+            b"900",
+            b"7",
+            b"127.0.0.1:1",
+            b"OWNER",
+            b"o",
+        ])
+        .unwrap();
         assert_eq!(s.fence, 42);
         assert_eq!(s.owner, Some(&b"o"[..]));
+        assert_eq!(s.floor, 0);
+        let s = parse_sync(&[b"tok", b"42", b"1000", b"900", b"7", b"a", b"FLOOR", b"99"]).unwrap();
+        assert_eq!((s.owner, s.floor), (None, 99));
+        assert!(parse_sync(&[b"tok", b"42", b"1000", b"900", b"7", b"a", b"o"]).is_err());
+        assert!(parse_sync(&[b"tok", b"42", b"1000", b"900", b"7", b"a", b"FLOOR", b"0"]).is_err());
         assert!(parse_sync(&[b"tok", b"0", b"1", b"1", b"1", b"a"]).is_err());
         assert!(parse_sync(&[b"tok", b"1", b"1", b"1", b"-1", b"a"]).is_err());
     }

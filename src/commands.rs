@@ -310,7 +310,10 @@ fn sync_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
     if s.fence > core::fence_ceiling(ffi::now_ms(), core::LOADED_FENCE_MAX_LEAD_MS) {
         return Err(LockError::FenceTooFarAhead);
     }
-    observe_fence(s.fence);
+    if s.floor > core::fence_ceiling(ffi::now_ms(), core::LOADED_FENCE_MAX_LEAD_MS) {
+        return Err(LockError::FenceTooFarAhead);
+    }
+    observe_fence(s.fence.max(s.floor));
     let mut key = LockKey::open(ctx, name);
     key.put(LockState {
         token: s.token.to_vec(),

@@ -149,46 +149,7 @@ extern "C" fn aof_rewrite(
     key: *mut raw::RedisModuleString,
     value: *mut c_void,
 ) {
-    catch(|| {
-        let s = unsafe { as_state(value) };
-        let emit = api!(RedisModule_EmitAOF);
-        let cmd = c"LOCK.SYNC";
-        let client_id = s.client_id as i64;
-        unsafe {
-            match &s.owner {
-                Some(o) => emit(
-                    aof,
-                    cmd.as_ptr(),
-                    c"sbllllbb".as_ptr(),
-                    key,
-                    s.token.as_ptr(),
-                    s.token.len(),
-                    s.fence as i64,
-                    s.expires_at,
-                    s.acquired_at,
-                    client_id,
-                    s.client_addr.as_ptr(),
-                    s.client_addr.len(),
-                    o.as_ptr(),
-                    o.len(),
-                ),
-                None => emit(
-                    aof,
-                    cmd.as_ptr(),
-                    c"sbllllb".as_ptr(),
-                    key,
-                    s.token.as_ptr(),
-                    s.token.len(),
-                    s.fence as i64,
-                    s.expires_at,
-                    s.acquired_at,
-                    client_id,
-                    s.client_addr.as_ptr(),
-                    s.client_addr.len(),
-                ),
-            }
-        }
-    });
+    catch(|| crate::replicate::rewrite(aof, key, unsafe { as_state(value) }));
 }
 
 extern "C" fn mem_usage(value: *const c_void) -> usize {

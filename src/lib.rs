@@ -126,6 +126,8 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                     Arg::Str("acquired-at"),
                     Arg::Str("client-id"),
                     Arg::Str("client-addr"),
+                    Arg::Opt("OWNER", "label", STRING),
+                    Arg::Opt("FLOOR", "fence", INTEGER),
                 ],
             },
             Some(commands::sync),

@@ -846,3 +846,48 @@ fn restored_lock_is_free_once_its_lease_ends_even_without_key_expiry() {
         );
     }
 }
+
+/// A quorum client's second round (an idempotent renew with MINFENCE) raises the fence
+/// counter; the AOF, both as written live and as rewritten, must bring that back.
+#[test]
+fn a_counter_raised_by_a_renew_survives_aof_replay_and_rewrite() {
+    for preamble in ["yes", "no"] {
+        let mut s = ServerBuilder::new()
+            .arg("appendonly", "yes")
+            .arg("appendfsync", "always")
+            .arg("aof-use-rdb-preamble", preamble)
+            .start();
+        wait_idle(&s);
+        let mut c = s.conn();
+        let (t, f) = acquire(&mut c, "persist:floor", &["PX", "600000", "TOKEN", "tq"]).unwrap();
+        let floor = ((now_ms() + 3_600_000) as u64) << 20;
+        let (_, f2) = acquire(
+            &mut c,
+            "persist:floor",
+            &[
+                "PX",
+                "600000",
+                "TOKEN",
+                "tq",
+                "MINFENCE",
+                &floor.to_string(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(f2, f, "a renew keeps its fence");
+        assert_eq!(t, b"tq".to_vec());
+        if preamble == "no" {
+            let _: String = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+            wait_idle(&s);
+        }
+        drop(c);
+        s.kill9();
+        s.restart();
+        let mut c = s.conn();
+        let (_, next) = acquire(&mut c, "persist:after", &["PX", "60000"]).unwrap();
+        assert!(
+            next as u64 > floor,
+            "preamble {preamble}: after restart granted {next}, below the floor {floor}"
+        );
+    }
+}

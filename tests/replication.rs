@@ -631,3 +631,31 @@ fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
         f1.max(f2)
     );
 }
+
+#[test]
+fn a_renew_with_minfence_raises_the_promoted_replicas_counter() {
+    let (p, r) = pair();
+    let mut pc = p.conn();
+    let (t, f) = acquire(&mut pc, "repl:floor", &["PX", "60000", "TOKEN", "tq"]).unwrap();
+    // A quorum client's second round: same token, a floor far above the clock term.
+    let floor = ((now_ms() + 3_600_000) as u64) << 20;
+    let (t2, f2) = acquire(
+        &mut pc,
+        "repl:floor",
+        &["PX", "60000", "TOKEN", &t, "MINFENCE", &floor.to_string()],
+    )
+    .unwrap();
+    assert_eq!((t2.as_str(), f2), ("tq", f), "a renew keeps its fence");
+    wait_synced(&p, &r);
+    let mut rc = r.conn();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut rc)
+        .unwrap();
+    let (_, next) = acquire(&mut rc, "repl:after", &["PX", "60000"]).unwrap();
+    assert!(
+        next as u64 > floor,
+        "promoted replica granted {next}, below the floor {floor} the primary had reached"
+    );
+}
