@@ -1,0 +1,487 @@
+//! The guard of a held lock: its lease, the renewal task, and the loss signal.
+//!
+//! Every guard runs one small task that knows the lease deadline (as this client
+//! computes it: the send time of the last successful acquire or extend, plus the TTL,
+//! minus the drift allowance). With auto-renewal it extends the lease every third of
+//! the TTL, never past the hold cap. The task turns the guard's status into
+//! [`LeaseStatus::Lost`] as soon as a renewal is refused (`0`), fails, or the deadline
+//! passes without one, and the loss signal ([`LockGuard::lost`]) fires.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::sleep_until;
+
+use crate::error::{Error, Result};
+use crate::node::Node;
+use crate::options::{drift, millis};
+use crate::redlock::Quorum;
+
+/// Why a lease ended while the guard still lived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LossReason {
+    /// A renewal was answered `0`: the lock is not held by this token any more (it
+    /// expired, or an administrator ran LOCK.FORCERELEASE). For Redlock: fewer than a
+    /// majority of nodes confirmed the renewal within the validity time.
+    NotHeld,
+    /// The lease deadline passed without a successful renewal (no renewal configured, or
+    /// the server did not answer in time).
+    Expired,
+    /// Automatic renewal stopped at the hold cap ([`Renewal::max_hold`](crate::Renewal)).
+    CapReached,
+    /// A renewal failed (connection refused or reset, error reply, ...).
+    Failed(String),
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LossReason::NotHeld => write!(f, "the lock is no longer held by this token"),
+            LossReason::Expired => write!(f, "the lease expired without a successful renewal"),
+            LossReason::CapReached => write!(f, "the hold cap was reached"),
+            LossReason::Failed(e) => write!(f, "renewal failed: {e}"),
+        }
+    }
+}
+
+/// Where a lease stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseStatus {
+    /// Held until `valid_until` (this client's conservative estimate) unless renewed.
+    Held { valid_until: Instant },
+    /// Lost; `valid_until` is the last deadline that was known to hold (it may still lie
+    /// ahead after a failed renewal, but nothing promises that the lock survives).
+    Lost {
+        reason: LossReason,
+        valid_until: Instant,
+    },
+    /// Released by this client (explicitly or on drop).
+    Released,
+}
+
+/// A cheap, cloneable handle on a guard's status, usable after the guard moved.
+#[derive(Debug, Clone)]
+pub struct LeaseWatch {
+    rx: watch::Receiver<LeaseStatus>,
+}
+
+impl LeaseWatch {
+    /// The current status.
+    pub fn status(&self) -> LeaseStatus {
+        self.rx.borrow().clone()
+    }
+
+    /// Resolves with the reason as soon as the lease is lost, or with `None` once the
+    /// lock was released by this client (no loss).
+    pub async fn lost(&mut self) -> Option<LossReason> {
+        loop {
+            match &*self.rx.borrow_and_update() {
+                LeaseStatus::Lost { reason, .. } => return Some(reason.clone()),
+                LeaseStatus::Released => return None,
+                LeaseStatus::Held { .. } => {}
+            }
+            if self.rx.changed().await.is_err() {
+                // Guard and task are gone: the guard was dropped, which releases.
+                return match &*self.rx.borrow() {
+                    LeaseStatus::Lost { reason, .. } => Some(reason.clone()),
+                    _ => None,
+                };
+            }
+        }
+    }
+}
+
+/// Where a guard's lock lives: one server (or cluster), or a Redlock quorum.
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Single(Arc<Node>),
+    Quorum(Arc<Quorum>),
+}
+
+impl Backend {
+    /// Extends to `ttl` from now. `Ok(Some(deadline))`: extended, the new conservative
+    /// deadline; `Ok(None)`: not held by this token (Redlock: no majority in time).
+    pub async fn extend(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Option<Instant>> {
+        match self {
+            Backend::Single(node) => {
+                let deadline = Instant::now() + limit;
+                let mut retried = false;
+                loop {
+                    let start = Instant::now();
+                    let left = deadline.saturating_duration_since(start);
+                    match node.extend(key, token, millis(ttl), left).await {
+                        Ok(true) => return Ok(Some(start + ttl.saturating_sub(drift(ttl)))),
+                        Ok(false) => return Ok(None),
+                        // One retry on a fresh connection: an idle connection closed by
+                        // the server or a proxy is not a lost lease.
+                        Err(e)
+                            if e.is_connection_error() && !retried && Instant::now() < deadline =>
+                        {
+                            retried = true;
+                            log::debug!("{}: extend failed ({e}); retrying once", node.label);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Backend::Quorum(q) => q.extend(key, token, ttl).await,
+        }
+    }
+
+    pub async fn release(&self, key: &str, token: &str) -> Result<bool> {
+        match self {
+            Backend::Single(node) => node.release(key, token, node.opts.io_timeout).await,
+            Backend::Quorum(q) => Ok(q.release(key, token).await >= q.quorum()),
+        }
+    }
+
+    fn io_timeout(&self) -> Duration {
+        match self {
+            Backend::Single(node) => node.opts.io_timeout,
+            Backend::Quorum(q) => q.io_timeout(),
+        }
+    }
+}
+
+/// What the lease task needs to renew.
+struct Plan {
+    interval: Duration,
+    cap_at: Instant,
+}
+
+/// A held lock. Dropping it stops renewal and releases the lock in a spawned task (best
+/// effort); [`release`](Self::release) does it and reports the outcome.
+pub struct LockGuard {
+    backend: Backend,
+    name: String,
+    token: String,
+    fence: Option<u64>,
+    ttl: Duration,
+    acquired_at: Instant,
+    status: Arc<watch::Sender<LeaseStatus>>,
+    task: Option<JoinHandle<()>>,
+    done: bool,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.name)
+            .field("fence", &self.fence)
+            .field("ttl", &self.ttl)
+            .field("status", &*self.status.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockGuard {
+    /// Starts the lease task. `acquired_at` is when the acquisition started (the cap
+    /// counts from there), `valid_until` the lease deadline it established.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start(
+        backend: Backend,
+        name: String,
+        token: String,
+        fence: Option<u64>,
+        ttl: Duration,
+        acquired_at: Instant,
+        valid_until: Instant,
+        renew: Option<(Duration, Duration)>,
+    ) -> LockGuard {
+        let (tx, _) = watch::channel(LeaseStatus::Held { valid_until });
+        let status = Arc::new(tx);
+        let plan = renew.map(|(interval, max_hold)| Plan {
+            interval,
+            cap_at: acquired_at + max_hold,
+        });
+        let task = tokio::spawn(lease_task(
+            backend.clone(),
+            name.clone(),
+            token.clone(),
+            ttl,
+            plan,
+            status.clone(),
+        ));
+        LockGuard {
+            backend,
+            name,
+            token,
+            fence,
+            ttl,
+            acquired_at,
+            status,
+            task: Some(task),
+            done: false,
+        }
+    }
+
+    /// The lock's name (its key).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The secret token that holds the lock (needed to release or extend it elsewhere).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The fencing token: pass it to the store you write to, which rejects writes with a
+    /// fence lower than the highest it has seen. `None` where the module is not loaded
+    /// (the classic fallback), or for Redlock without a majority of module nodes.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    /// The lease length asked for.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the acquisition started.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    pub fn status(&self) -> LeaseStatus {
+        self.status.borrow().clone()
+    }
+
+    /// True while the status is `Held` and its deadline has not passed.
+    pub fn is_held(&self) -> bool {
+        matches!(*self.status.borrow(), LeaseStatus::Held { valid_until } if Instant::now() < valid_until)
+    }
+
+    /// The last known lease deadline (held or not).
+    pub fn valid_until(&self) -> Option<Instant> {
+        match *self.status.borrow() {
+            LeaseStatus::Held { valid_until } | LeaseStatus::Lost { valid_until, .. } => {
+                Some(valid_until)
+            }
+            LeaseStatus::Released => None,
+        }
+    }
+
+    /// A handle on the status that outlives borrows of the guard.
+    pub fn watch(&self) -> LeaseWatch {
+        LeaseWatch {
+            rx: self.status.subscribe(),
+        }
+    }
+
+    /// The loss signal: resolves with the reason as soon as the lease is lost (`None`
+    /// if the guard is released first). `'static`, so it fits in `tokio::select!` next
+    /// to the work it guards.
+    pub fn lost(&self) -> impl Future<Output = Option<LossReason>> + Send + 'static {
+        let mut w = self.watch();
+        async move { w.lost().await }
+    }
+
+    /// Extends the lease to `ttl` from now by hand (not bounded by the renewal cap).
+    /// `Ok(false)`: not held any more (the status turns `Lost(NotHeld)`).
+    pub async fn extend(&self, ttl: Duration) -> Result<bool> {
+        crate::options::check_ttl(ttl)?;
+        if !matches!(*self.status.borrow(), LeaseStatus::Held { .. }) {
+            return Ok(false);
+        }
+        let limit = self.backend.io_timeout();
+        match self
+            .backend
+            .extend(&self.name, &self.token, ttl, limit)
+            .await?
+        {
+            Some(d) => {
+                self.status.send_if_modified(|s| match s {
+                    LeaseStatus::Held { valid_until } => {
+                        *valid_until = d;
+                        true
+                    }
+                    _ => false,
+                });
+                Ok(true)
+            }
+            None => {
+                mark_lost(&self.status, LossReason::NotHeld);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Stops renewal and releases the lock. `Ok(true)`: it was still held (Redlock: by
+    /// a majority of nodes) and is now free.
+    pub async fn release(mut self) -> Result<bool> {
+        self.stop();
+        self.done = true;
+        self.backend.release(&self.name, &self.token).await
+    }
+
+    /// Stops watching and renewing, and keeps the lock: it stays held until its lease
+    /// ends or someone releases it with the token (what `redis-lock acquire` does).
+    /// Returns the token and the fence.
+    pub fn detach(mut self) -> (String, Option<u64>) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+        self.done = true;
+        (std::mem::take(&mut self.token), self.fence)
+    }
+
+    fn stop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+        self.status.send_replace(LeaseStatus::Released);
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.stop();
+        let backend = self.backend.clone();
+        let name = std::mem::take(&mut self.name);
+        let token = std::mem::take(&mut self.token);
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(async move {
+                    if let Err(e) = backend.release(&name, &token).await {
+                        log::warn!("release of {name:?} on drop failed: {e}");
+                    }
+                });
+            }
+            Err(_) => log::warn!(
+                "lock {name:?} dropped outside a tokio runtime: not released, its lease ends by itself"
+            ),
+        }
+    }
+}
+
+fn mark_lost(status: &watch::Sender<LeaseStatus>, reason: LossReason) {
+    status.send_if_modified(|s| match s {
+        LeaseStatus::Held { valid_until } => {
+            *s = LeaseStatus::Lost {
+                reason,
+                valid_until: *valid_until,
+            };
+            true
+        }
+        _ => false,
+    });
+}
+
+fn current_deadline(status: &watch::Sender<LeaseStatus>) -> Option<Instant> {
+    match *status.borrow() {
+        LeaseStatus::Held { valid_until } => Some(valid_until),
+        _ => None,
+    }
+}
+
+async fn lease_task(
+    backend: Backend,
+    name: String,
+    token: String,
+    ttl: Duration,
+    plan: Option<Plan>,
+    status: Arc<watch::Sender<LeaseStatus>>,
+) {
+    let mut rx = status.subscribe();
+    let mut last_renewal = Instant::now();
+    // True once renewal reached the cap: the lease then runs out, as CapReached.
+    let mut capped = false;
+    loop {
+        rx.borrow_and_update();
+        let Some(deadline) = current_deadline(&status) else {
+            return;
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            let reason = if capped {
+                LossReason::CapReached
+            } else {
+                LossReason::Expired
+            };
+            mark_lost(&status, reason);
+            return;
+        }
+        // When to wake: the next renewal if it would move the deadline, else the deadline.
+        let mut renew_at = None;
+        if let (Some(p), false) = (&plan, capped) {
+            let mut due = last_renewal + p.interval;
+            if due >= deadline {
+                due = now; // a lease shorter than the interval (a manual extend): now
+            }
+            let due = due.max(now);
+            let ttl_then = ttl.min(p.cap_at.saturating_duration_since(due));
+            let reach = due + ttl_then.saturating_sub(drift(ttl_then));
+            if ttl_then >= Duration::from_millis(1) && reach > deadline {
+                renew_at = Some(due);
+            } else {
+                capped = true;
+            }
+        }
+        let wake = renew_at.unwrap_or(deadline);
+        tokio::select! {
+            _ = sleep_until(wake.into()) => {}
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue; // a manual extend or a release: re-read the status
+            }
+        }
+        let (Some(p), Some(_)) = (&plan, renew_at) else {
+            continue; // the deadline: the top of the loop declares the loss
+        };
+        let now = Instant::now();
+        let Some(deadline) = current_deadline(&status) else {
+            return;
+        };
+        if now >= deadline {
+            continue;
+        }
+        let ttl_now = ttl.min(p.cap_at.saturating_duration_since(now));
+        if ttl_now < Duration::from_millis(1) {
+            capped = true;
+            continue;
+        }
+        if ttl_now < ttl {
+            capped = true; // the last stretch, up to the cap: no renewal after this one
+        }
+        last_renewal = now;
+        let limit = deadline - now;
+        match backend.extend(&name, &token, ttl_now, limit).await {
+            Ok(Some(d)) => {
+                status.send_if_modified(|s| match s {
+                    LeaseStatus::Held { valid_until } if d > *valid_until => {
+                        *valid_until = d;
+                        true
+                    }
+                    _ => false,
+                });
+                log::debug!("{name}: lease renewed for {} ms", ttl_now.as_millis());
+            }
+            Ok(None) => {
+                mark_lost(&status, LossReason::NotHeld);
+                return;
+            }
+            Err(Error::Timeout { .. }) if Instant::now() >= deadline => {
+                mark_lost(&status, LossReason::Expired);
+                return;
+            }
+            Err(e) => {
+                mark_lost(&status, LossReason::Failed(e.to_string()));
+                return;
+            }
+        }
+    }
+}

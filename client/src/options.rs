@@ -1,0 +1,216 @@
+//! Options for connecting and for taking a lock.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// How a [`LockClient`](crate::LockClient) or [`Redlock`](crate::Redlock) talks to its
+/// servers.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Limit for opening a TCP connection (and the RESP handshake).
+    pub connect_timeout: Duration,
+    /// Limit for one command's round trip (a `BLOCK` wait is added on top of it).
+    pub io_timeout: Duration,
+    /// `Some(true)`: the URL is a Redis Cluster node, route by key; `Some(false)`: a
+    /// standalone server; `None` (default): ask the server (`INFO cluster`) on connect.
+    /// Only [`LockClient`](crate::LockClient) uses it; Redlock nodes are standalone.
+    pub cluster: Option<bool>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            connect_timeout: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(2),
+            cluster: None,
+        }
+    }
+}
+
+/// Automatic renewal of a held lock (`LOCK.EXTEND`) while the guard lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewal {
+    /// Hard cap on the total hold time, counted from the acquisition: the last renewal
+    /// only extends up to it, so the lease ends by then at the latest and the loss signal
+    /// fires with [`LossReason::CapReached`](crate::LossReason::CapReached).
+    pub max_hold: Duration,
+    /// Time between renewals; `None` = a third of the TTL.
+    pub interval: Option<Duration>,
+}
+
+impl Renewal {
+    /// Renew every third of the TTL, for at most `max_hold` in total.
+    pub fn capped(max_hold: Duration) -> Self {
+        Renewal {
+            max_hold,
+            interval: None,
+        }
+    }
+}
+
+/// Everything an acquisition can be told. Build with [`AcquireOptions::new`] and the
+/// chained setters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireOptions {
+    /// Lease length (`PX`).
+    pub ttl: Duration,
+    /// `None`: fail at once when the lock is held; `Some(d)`: wait up to `d` (the module's
+    /// FIFO `BLOCK` on one server, retries with jitter for Redlock).
+    pub wait: Option<Duration>,
+    /// Label shown by `LOCK.INFO` (`OWNER`).
+    pub owner: Option<String>,
+    /// The token to hold the lock with; default a fresh random UUID v4. The client always
+    /// sends its own token so that it can release a grant whose reply was lost.
+    pub token: Option<String>,
+    /// Keep the lease alive while the guard lives.
+    pub renew: Option<Renewal>,
+}
+
+impl AcquireOptions {
+    pub fn new(ttl: Duration) -> Self {
+        AcquireOptions {
+            ttl,
+            wait: None,
+            owner: None,
+            token: None,
+            renew: None,
+        }
+    }
+
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Renew every third of the TTL, for at most `max_hold` in total.
+    pub fn auto_renew(mut self, max_hold: Duration) -> Self {
+        self.renew = Some(Renewal::capped(max_hold));
+        self
+    }
+
+    pub fn renewal(mut self, renewal: Renewal) -> Self {
+        self.renew = Some(renewal);
+        self
+    }
+
+    /// Checks the limits the module enforces, so that mistakes fail before any I/O.
+    pub(crate) fn validate(&self) -> Result<()> {
+        check_ttl(self.ttl)?;
+        if let Some(t) = &self.token {
+            check_label("token", t)?;
+        }
+        if let Some(o) = &self.owner {
+            check_label("owner", o)?;
+        }
+        if let Some(r) = &self.renew {
+            if r.max_hold.is_zero() {
+                return Err(Error::Invalid("max_hold must be positive".into()));
+            }
+            if r.interval.is_some_and(|i| i.is_zero() || i >= self.ttl) {
+                return Err(Error::Invalid(
+                    "the renewal interval must be positive and shorter than the TTL".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The renewal interval in force (a third of the TTL unless set).
+    pub(crate) fn renew_interval(&self) -> Option<Duration> {
+        self.renew.map(|r| {
+            r.interval
+                .unwrap_or(self.ttl / 3)
+                .max(Duration::from_millis(1))
+        })
+    }
+}
+
+pub(crate) fn check_ttl(ttl: Duration) -> Result<u64> {
+    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 || ms > i64::MAX as u64 / 2 {
+        return Err(Error::Invalid(format!(
+            "TTL must be at least 1 ms (got {ttl:?})"
+        )));
+    }
+    Ok(ms)
+}
+
+fn check_label(what: &str, v: &str) -> Result<()> {
+    if v.is_empty() || v.len() > 256 {
+        return Err(Error::Invalid(format!(
+            "{what} must be 1 to 256 bytes long"
+        )));
+    }
+    Ok(())
+}
+
+/// Clock drift allowance of the Redlock algorithm: 1 % of the TTL plus 2 ms. The client
+/// subtracts it from every lease it computes, also on a single server.
+pub fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// Whole milliseconds, at least 1 (for `PX`).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_follows_the_redlock_formula() {
+        assert_eq!(drift(Duration::from_secs(10)), Duration::from_millis(102));
+        assert_eq!(drift(Duration::from_millis(300)), Duration::from_millis(5));
+    }
+
+    #[test]
+    fn validate_rejects_bad_input() {
+        assert!(AcquireOptions::new(Duration::ZERO).validate().is_err());
+        assert!(AcquireOptions::new(Duration::from_millis(1))
+            .validate()
+            .is_ok());
+        assert!(AcquireOptions::new(Duration::from_secs(1))
+            .token("")
+            .validate()
+            .is_err());
+        assert!(AcquireOptions::new(Duration::from_secs(1))
+            .owner("x".repeat(257))
+            .validate()
+            .is_err());
+        assert!(AcquireOptions::new(Duration::from_secs(1))
+            .auto_renew(Duration::ZERO)
+            .validate()
+            .is_err());
+        let r = Renewal {
+            max_hold: Duration::from_secs(5),
+            interval: Some(Duration::from_secs(1)),
+        };
+        assert!(AcquireOptions::new(Duration::from_secs(1))
+            .renewal(r)
+            .validate()
+            .is_err());
+    }
+
+    #[test]
+    fn default_interval_is_a_third_of_the_ttl() {
+        let o = AcquireOptions::new(Duration::from_millis(300)).auto_renew(Duration::from_secs(1));
+        assert_eq!(o.renew_interval(), Some(Duration::from_millis(100)));
+        assert_eq!(
+            AcquireOptions::new(Duration::from_millis(300)).renew_interval(),
+            None
+        );
+    }
+}

@@ -1,0 +1,363 @@
+//! Redlock: a lock held on a majority of N independent servers, with quorum fencing.
+//!
+//! Acquisition (one attempt):
+//! 1. take the start time; send `LOCK.ACQUIRE key PX ttl TOKEN t` to every node at once,
+//!    each with a short time limit;
+//! 2. the attempt holds if a majority (N/2+1) granted and the validity
+//!    `ttl - elapsed - drift` (drift = 1 % of ttl + 2 ms) is still positive;
+//! 3. quorum fencing: F = the highest fence among the grants. Every granting node whose
+//!    fence is lower gets `LOCK.ACQUIRE key PX <ttl left> TOKEN t MINFENCE F`, an
+//!    idempotent renew that keeps that node's fence but raises its counter to >= F, so
+//!    every later grant there exceeds F. The lock counts only if a majority of nodes is
+//!    then known to have a counter >= F (round 2 succeeded or its fence was F already),
+//!    still within the validity; its fence is F. Any later majority shares a node with
+//!    that one, so any later quorum fence is > F;
+//! 4. otherwise release on every node (also those that timed out: a late grant may
+//!    still be applied) and retry after a random delay while the wait lasts.
+//!
+//! Extend and release go to every node the same way; an extension counts only if a
+//! majority confirms it within the new validity.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+
+use crate::error::{Error, Result};
+use crate::info::LockInfo;
+use crate::lease::{Backend, LockGuard};
+use crate::node::{jitter, new_token, Node};
+use crate::options::{check_ttl, drift, millis, AcquireOptions, ClientOptions};
+
+/// Redlock settings.
+#[derive(Debug, Clone)]
+pub struct RedlockOptions {
+    /// Connect timeout (bounded by the per-node limit) and the limit for `info`.
+    pub client: ClientOptions,
+    /// Limit for one node's reply to an acquire, extend or release. `None`: a tenth of
+    /// the TTL, at least 50 ms and at most 1 s. Keep it well below the TTL.
+    pub node_timeout: Option<Duration>,
+    /// Pause between attempts while waiting: `retry_delay` ± `retry_jitter`, random.
+    pub retry_delay: Duration,
+    pub retry_jitter: Duration,
+}
+
+impl Default for RedlockOptions {
+    fn default() -> Self {
+        RedlockOptions {
+            client: ClientOptions {
+                cluster: Some(false),
+                ..ClientOptions::default()
+            },
+            node_timeout: None,
+            retry_delay: Duration::from_millis(150),
+            retry_jitter: Duration::from_millis(100),
+        }
+    }
+}
+
+/// The nodes and settings, shared by a [`Redlock`] and its guards.
+pub(crate) struct Quorum {
+    nodes: Vec<Arc<Node>>,
+    opts: RedlockOptions,
+}
+
+/// One attempt's outcome when it holds.
+struct Held {
+    fence: Option<u64>,
+    valid_until: Instant,
+}
+
+impl Quorum {
+    pub fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    pub fn io_timeout(&self) -> Duration {
+        self.opts.client.io_timeout
+    }
+
+    fn node_timeout(&self, ttl: Duration) -> Duration {
+        self.opts
+            .node_timeout
+            .unwrap_or_else(|| (ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1)))
+    }
+
+    fn release_timeout(&self) -> Duration {
+        self.opts.node_timeout.unwrap_or(Duration::from_millis(250))
+    }
+
+    /// Releases on every node; returns how many released a lock held by `token`.
+    pub async fn release(&self, key: &str, token: &str) -> usize {
+        let limit = self.release_timeout();
+        let results = join_all(self.nodes.iter().map(|n| n.release(key, token, limit))).await;
+        let mut released = 0;
+        for (n, r) in self.nodes.iter().zip(results) {
+            match r {
+                Ok(true) => released += 1,
+                Ok(false) => {}
+                Err(e) => log::debug!("{}: release of {key:?} failed: {e}", n.label),
+            }
+        }
+        released
+    }
+
+    /// Extends on every node. `Ok(Some(deadline))` when a majority confirmed within the
+    /// new validity; `Ok(None)` when a majority answered but not enough still held it;
+    /// `Err(NoQuorum)` when fewer than a majority answered at all.
+    pub async fn extend(&self, key: &str, token: &str, ttl: Duration) -> Result<Option<Instant>> {
+        let start = Instant::now();
+        let valid_until = start + ttl.saturating_sub(drift(ttl));
+        let limit = self
+            .node_timeout(ttl)
+            .min(valid_until.saturating_duration_since(start));
+        let ms = millis(ttl);
+        let results = join_all(self.nodes.iter().map(|n| n.extend(key, token, ms, limit))).await;
+        let (mut ok, mut answered, mut error) = (0, 0, String::new());
+        for (n, r) in self.nodes.iter().zip(results) {
+            match r {
+                Ok(held) => {
+                    answered += 1;
+                    ok += usize::from(held);
+                }
+                Err(e) => {
+                    log::debug!("{}: extend of {key:?} failed: {e}", n.label);
+                    error = format!("{}: {e}", n.label);
+                }
+            }
+        }
+        if ok >= self.quorum() && Instant::now() < valid_until {
+            return Ok(Some(valid_until));
+        }
+        if answered < self.quorum() {
+            return Err(Error::NoQuorum {
+                answered,
+                needed: self.quorum(),
+                error,
+            });
+        }
+        Ok(None)
+    }
+
+    /// One acquisition attempt (steps 1-4 of the module docs, without the retry).
+    async fn attempt(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        owner: Option<&str>,
+    ) -> Option<Held> {
+        let start = Instant::now();
+        let valid_until = start + ttl.saturating_sub(drift(ttl));
+        let left = || valid_until.saturating_duration_since(Instant::now());
+        let limit = self.node_timeout(ttl).min(left());
+        let ttl_ms = millis(ttl);
+
+        // Round 1: every node at once.
+        let results = join_all(
+            self.nodes
+                .iter()
+                .map(|n| n.try_acquire(key, token, ttl_ms, owner, None, limit)),
+        )
+        .await;
+        let mut granted: Vec<(usize, Option<u64>)> = Vec::new();
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(Some(g)) => granted.push((i, g.fence)),
+                Ok(None) => {}
+                Err(e) => log::debug!("{}: acquire of {key:?} failed: {e}", self.nodes[i].label),
+            }
+        }
+        if granted.len() < self.quorum() || left().is_zero() {
+            self.release(key, token).await;
+            return None;
+        }
+
+        // Round 2: quorum fencing.
+        let Some(top) = granted.iter().filter_map(|g| g.1).max() else {
+            // No node runs the module: a classic Redlock, without fences.
+            return Some(Held {
+                fence: None,
+                valid_until,
+            });
+        };
+        // (node, has a counter >= top) for the nodes known to hold the lock.
+        let mut confirmed: Vec<(usize, bool)> = Vec::new();
+        let mut lift: Vec<usize> = Vec::new();
+        for &(i, fence) in &granted {
+            match fence {
+                None => confirmed.push((i, false)),
+                Some(f) if f == top => confirmed.push((i, true)),
+                Some(_) => lift.push(i),
+            }
+        }
+        if !lift.is_empty() {
+            let node_lease = (start + ttl).saturating_duration_since(Instant::now());
+            if node_lease < Duration::from_millis(1) || left().is_zero() {
+                self.release(key, token).await;
+                return None;
+            }
+            let limit = self.node_timeout(ttl).min(left());
+            let results = join_all(lift.iter().map(|&i| {
+                self.nodes[i].try_acquire(key, token, millis(node_lease), owner, Some(top), limit)
+            }))
+            .await;
+            for (&i, r) in lift.iter().zip(results) {
+                match r {
+                    Ok(Some(g)) => confirmed.push((i, g.fence.is_some())),
+                    Ok(None) => {}
+                    Err(e) => log::debug!(
+                        "{}: MINFENCE renew of {key:?} failed: {e}",
+                        self.nodes[i].label
+                    ),
+                }
+            }
+        }
+        if confirmed.len() < self.quorum() || left().is_zero() {
+            self.release(key, token).await;
+            return None;
+        }
+        let fenced = confirmed.iter().filter(|c| c.1).count();
+        let fence = if fenced >= self.quorum() {
+            Some(top)
+        } else {
+            log::warn!(
+                "{key}: only {fenced} of the {} nodes holding the lock run the module; \
+                 a quorum fence needs {}: no fencing token for this grant",
+                confirmed.len(),
+                self.quorum()
+            );
+            None
+        };
+        Some(Held { fence, valid_until })
+    }
+}
+
+/// A Redlock client over N independent servers (not replicas of each other, not one
+/// cluster). Connections are made on first use, so nodes may be down at start.
+///
+/// ```no_run
+/// # async fn demo() -> redis_lock_client::Result<()> {
+/// use std::time::Duration;
+/// use redis_lock_client::Redlock;
+///
+/// let rl = Redlock::new(&[
+///     "redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379",
+/// ])?;
+/// if let Some(guard) = rl.acquire("lock:report", Duration::from_secs(30), None).await? {
+///     println!("fence {:?}", guard.fence()); // strictly increasing across grants
+///     guard.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Redlock {
+    q: Arc<Quorum>,
+}
+
+impl Redlock {
+    /// Redlock over `urls` with default options.
+    pub fn new<S: AsRef<str>>(urls: &[S]) -> Result<Redlock> {
+        Self::with_options(urls, RedlockOptions::default())
+    }
+
+    pub fn with_options<S: AsRef<str>>(urls: &[S], opts: RedlockOptions) -> Result<Redlock> {
+        if urls.is_empty() {
+            return Err(Error::Invalid("Redlock needs at least one node".into()));
+        }
+        let nodes = urls
+            .iter()
+            .map(|u| Node::new(u.as_ref(), opts.client.clone(), false).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Redlock {
+            q: Arc::new(Quorum { nodes, opts }),
+        })
+    }
+
+    /// How many nodes make a majority (N/2+1).
+    pub fn quorum(&self) -> usize {
+        self.q.quorum()
+    }
+
+    pub fn nodes(&self) -> usize {
+        self.q.nodes.len()
+    }
+
+    /// Takes `name` on a majority for `ttl`; with `wait`, retries with jitter until it
+    /// passes. `Ok(None)`: no majority (held elsewhere, or too many nodes down).
+    pub async fn acquire(
+        &self,
+        name: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Option<LockGuard>> {
+        let mut o = AcquireOptions::new(ttl);
+        o.wait = wait;
+        self.acquire_with(name, &o).await
+    }
+
+    pub async fn acquire_with(
+        &self,
+        name: &str,
+        opts: &AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
+        opts.validate()?;
+        check_ttl(opts.ttl)?;
+        let token = opts.token.clone().unwrap_or_else(new_token);
+        let wait_end = opts.wait.map(|w| Instant::now() + w);
+        loop {
+            let start = Instant::now();
+            if let Some(h) = self
+                .q
+                .attempt(name, &token, opts.ttl, opts.owner.as_deref())
+                .await
+            {
+                let renew = opts
+                    .renew
+                    .zip(opts.renew_interval())
+                    .map(|(r, interval)| (interval, r.max_hold));
+                return Ok(Some(LockGuard::start(
+                    Backend::Quorum(self.q.clone()),
+                    name.to_string(),
+                    token,
+                    h.fence,
+                    opts.ttl,
+                    start,
+                    h.valid_until,
+                    renew,
+                )));
+            }
+            let Some(end) = wait_end else {
+                return Ok(None);
+            };
+            let pause = jitter(self.q.opts.retry_delay, self.q.opts.retry_jitter);
+            if Instant::now() + pause >= end {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Releases `token`'s lock on every node; returns how many nodes released it.
+    pub async fn release(&self, name: &str, token: &str) -> usize {
+        self.q.release(name, token).await
+    }
+
+    /// Extends `token`'s lock on every node; `Ok(true)` when a majority confirmed
+    /// within the validity.
+    pub async fn extend(&self, name: &str, token: &str, ttl: Duration) -> Result<bool> {
+        check_ttl(ttl)?;
+        Ok(self.q.extend(name, token, ttl).await?.is_some())
+    }
+
+    /// `LOCK.INFO` on every node, with the node's URL.
+    pub async fn info(&self, name: &str) -> Vec<(String, Result<Option<LockInfo>>)> {
+        let results = join_all(self.q.nodes.iter().map(|n| n.info(name))).await;
+        self.q
+            .nodes
+            .iter()
+            .map(|n| n.label.clone())
+            .zip(results)
+            .collect()
+    }
+}

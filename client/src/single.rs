@@ -1,0 +1,180 @@
+//! Locks on one server (or one Redis Cluster, routed by key).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::info::LockInfo;
+use crate::lease::{Backend, LockGuard};
+use crate::node::{new_token, Node};
+use crate::options::{check_ttl, drift, AcquireOptions, ClientOptions};
+
+/// A client for locks on one Redis / Valkey server with the module loaded, or on a Redis
+/// Cluster (detected on connect, or forced with [`ClientOptions::cluster`]). Cheap to
+/// clone; clones share the connection.
+///
+/// ```no_run
+/// # async fn demo() -> redis_lock_client::Result<()> {
+/// use std::time::Duration;
+/// use redis_lock_client::{AcquireOptions, LockClient};
+///
+/// let locks = LockClient::connect("redis://127.0.0.1:6379").await?;
+/// let opts = AcquireOptions::new(Duration::from_secs(10))
+///     .wait(Duration::from_secs(5))
+///     .owner("worker-1")
+///     .auto_renew(Duration::from_secs(600));
+/// if let Some(guard) = locks.acquire_with("lock:product:9001", &opts).await? {
+///     let lost = guard.lost();
+///     tokio::select! {
+///         _ = async { /* the work, writing with guard.fence() */ } => {}
+///         reason = lost => eprintln!("lease lost: {reason:?}, stopping"),
+///     }
+///     guard.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    node: Arc<Node>,
+    cluster: bool,
+}
+
+impl LockClient {
+    /// Connects with default options (2 s connect and I/O timeouts, cluster detection).
+    pub async fn connect(url: &str) -> Result<LockClient> {
+        Self::connect_with(url, ClientOptions::default()).await
+    }
+
+    /// Connects (and, unless told, asks the server whether it is a cluster node).
+    pub async fn connect_with(url: &str, opts: ClientOptions) -> Result<LockClient> {
+        let cluster = match opts.cluster {
+            Some(c) => c,
+            None => Node::detect_cluster(url, &opts).await?,
+        };
+        Ok(LockClient {
+            node: Arc::new(Node::new(url, opts, cluster)?),
+            cluster,
+        })
+    }
+
+    /// True when commands are routed across a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// Takes `name` for `ttl`, waiting up to `wait` (`None`: do not wait). `Ok(None)`:
+    /// held by someone else (for the whole wait). No auto-renewal; see
+    /// [`acquire_with`](Self::acquire_with).
+    pub async fn acquire(
+        &self,
+        name: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Option<LockGuard>> {
+        let mut o = AcquireOptions::new(ttl);
+        o.wait = wait;
+        self.acquire_with(name, &o).await
+    }
+
+    /// Takes `name` as `opts` says. Waiting uses the module's FIFO queue (`BLOCK`).
+    pub async fn acquire_with(
+        &self,
+        name: &str,
+        opts: &AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
+        opts.validate()?;
+        let node = &self.node;
+        let token = opts.token.clone().unwrap_or_else(new_token);
+        let ttl = opts.ttl;
+        let ttl_ms = check_ttl(ttl)?;
+        let owner = opts.owner.as_deref();
+        let wait = opts.wait.filter(|w| !w.is_zero());
+        let start = Instant::now();
+        let outcome = match wait {
+            None => {
+                node.try_acquire(name, &token, ttl_ms, owner, None, node.opts.io_timeout)
+                    .await
+            }
+            Some(w) => node.acquire_blocking(name, &token, ttl_ms, owner, w).await,
+        };
+        let grant = match outcome {
+            Ok(Some(g)) => g,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                if matches!(e, Error::Timeout { .. }) {
+                    // The grant may have happened with its reply lost: we know the
+                    // token, so give it back.
+                    self.release_in_background(name, &token);
+                }
+                return Err(e);
+            }
+        };
+        let got_at = Instant::now();
+        // The server granted after `start`, so `start + ttl - drift` is a safe deadline.
+        // After a long BLOCK wait most of it may be gone: anchor the lease anew.
+        let mut valid_until = start + ttl.saturating_sub(drift(ttl));
+        if valid_until.saturating_duration_since(got_at) < ttl / 2 {
+            let t = Instant::now();
+            match node
+                .extend(name, &token, ttl_ms, node.opts.io_timeout)
+                .await
+            {
+                Ok(true) => valid_until = t + ttl.saturating_sub(drift(ttl)),
+                Ok(false) => return Ok(None),
+                Err(e) => {
+                    self.release_in_background(name, &token);
+                    return Err(e);
+                }
+            }
+        }
+        let acquired_at = if wait.is_some() { got_at } else { start };
+        let renew = opts
+            .renew
+            .zip(opts.renew_interval())
+            .map(|(r, interval)| (interval, r.max_hold));
+        Ok(Some(LockGuard::start(
+            Backend::Single(self.node.clone()),
+            name.to_string(),
+            token,
+            grant.fence,
+            ttl,
+            acquired_at,
+            valid_until,
+            renew,
+        )))
+    }
+
+    fn release_in_background(&self, name: &str, token: &str) {
+        let node = self.node.clone();
+        let (name, token) = (name.to_string(), token.to_string());
+        tokio::spawn(async move {
+            let _ = node.release(&name, &token, node.opts.io_timeout).await;
+        });
+    }
+
+    /// Releases a lock held by `token` (e.g. one taken by another process or the CLI).
+    pub async fn release(&self, name: &str, token: &str) -> Result<bool> {
+        self.node
+            .release(name, token, self.node.opts.io_timeout)
+            .await
+    }
+
+    /// Extends a lock held by `token` to `ttl` from now.
+    pub async fn extend(&self, name: &str, token: &str, ttl: Duration) -> Result<bool> {
+        let ms = check_ttl(ttl)?;
+        self.node
+            .extend(name, token, ms, self.node.opts.io_timeout)
+            .await
+    }
+
+    /// `LOCK.INFO name`: `None` when free.
+    pub async fn info(&self, name: &str) -> Result<Option<LockInfo>> {
+        self.node.info(name).await
+    }
+
+    /// True once an `unknown command` reply made the client fall back to `SET NX PX` +
+    /// Lua (the module is not loaded on the server; no fencing tokens).
+    pub fn module_missing(&self) -> bool {
+        self.node.module_missing()
+    }
+}

@@ -1,0 +1,432 @@
+//! Redlock over 5 independent servers: node failures (SIGKILL / SIGSTOP), no partial
+//! locks left behind, mutual exclusion under chaos, and quorum fencing.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod util;
+
+use std::sync::{Arc, Mutex};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::{wait_until, Server, ServerBuilder};
+use redis_lock_client::{AcquireOptions, Redlock, RedlockOptions};
+use util::{held_fence, is_free, ms, setup, Stopped};
+
+fn servers(n: usize) -> Vec<Server> {
+    (0..n).map(|_| ServerBuilder::new().start()).collect()
+}
+
+fn urls(servers: &[Server]) -> Vec<String> {
+    servers.iter().map(|s| s.url()).collect()
+}
+
+fn redlock(urls: &[String], node_timeout: Duration) -> Redlock {
+    Redlock::with_options(
+        urls,
+        RedlockOptions {
+            node_timeout: Some(node_timeout),
+            ..RedlockOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn rand_below(n: u64) -> u64 {
+    (uuid::Uuid::new_v4().as_u128() as u64) % n
+}
+
+/// Every live node in `live` has `key` free.
+fn free_on(servers: &[Server], live: &[usize], key: &str) -> bool {
+    live.iter().all(|&i| is_free(&mut servers[i].conn(), key))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_down_acquisitions_still_succeed() {
+    setup();
+    let mut s = servers(5);
+    let rl = redlock(&urls(&s), ms(200));
+    assert_eq!(rl.quorum(), 3);
+
+    // Two SIGKILLed.
+    s[0].kill9();
+    s[3].kill9();
+    let mut last = 0;
+    for i in 0..5 {
+        let g = rl
+            .acquire("lock:rl", ms(5_000), None)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("attempt {i} with 2 of 5 killed failed"));
+        let f = g.fence().expect("quorum fence");
+        assert!(f > last, "fence {f} after {last}");
+        last = f;
+        for &n in &[1, 2, 4] {
+            assert!(held_fence(&mut s[n].conn(), "lock:rl").is_some());
+        }
+        assert!(g.release().await.unwrap());
+        assert!(free_on(&s, &[1, 2, 4], "lock:rl"));
+    }
+
+    // Two SIGSTOPped (and the two killed ones back: they answer again).
+    s[0].restart();
+    s[3].restart();
+    let stopped = [Stopped::new(s[1].pid()), Stopped::new(s[4].pid())];
+    for i in 0..5 {
+        let t = Instant::now();
+        let g = rl
+            .acquire("lock:rl", ms(5_000), None)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("attempt {i} with 2 of 5 stopped failed"));
+        assert!(t.elapsed() < ms(2_000), "took {:?}", t.elapsed());
+        let f = g.fence().expect("quorum fence");
+        assert!(f > last, "fence {f} after {last}");
+        last = f;
+        assert!(g.release().await.unwrap());
+        assert!(free_on(&s, &[0, 2, 3], "lock:rl"));
+    }
+    drop(stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_down_no_acquisition_and_no_partial_lock() {
+    setup();
+    let mut s = servers(5);
+    let rl = redlock(&urls(&s), ms(200));
+    // Connect to every node once, so that later commands to stopped nodes are queued
+    // on open connections and applied when the nodes resume.
+    rl.acquire("lock:warm", ms(1_000), None)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // Three SIGKILLed: never a grant, and the two live nodes are left clean.
+    for &i in &[0, 2, 4] {
+        s[i].kill9();
+    }
+    for _ in 0..5 {
+        assert!(rl
+            .acquire("lock:rl3", ms(30_000), None)
+            .await
+            .unwrap()
+            .is_none());
+        assert!(free_on(&s, &[1, 3], "lock:rl3"), "partial lock left behind");
+    }
+    // Also while waiting (retries with jitter).
+    assert!(rl
+        .acquire("lock:rl3", ms(30_000), Some(ms(800)))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(free_on(&s, &[1, 3], "lock:rl3"));
+
+    // Three SIGSTOPped: the same, and once they resume the acquisitions that reached
+    // them late are undone by the releases queued behind them.
+    for &i in &[0, 2, 4] {
+        s[i].restart();
+    }
+    rl.acquire("lock:warm", ms(1_000), None)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let stopped: Vec<Stopped> = [1, 2, 3]
+        .iter()
+        .map(|&i| Stopped::new(s[i].pid()))
+        .collect();
+    for _ in 0..3 {
+        assert!(rl
+            .acquire("lock:rl3s", ms(30_000), None)
+            .await
+            .unwrap()
+            .is_none());
+        assert!(
+            free_on(&s, &[0, 4], "lock:rl3s"),
+            "partial lock left behind"
+        );
+    }
+    drop(stopped);
+    assert!(
+        wait_until(Duration::from_secs(5), || free_on(
+            &s,
+            &[0, 1, 2, 3, 4],
+            "lock:rl3s"
+        )),
+        "a timed-out node kept a lock after it resumed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_fences_strictly_increase() {
+    setup();
+    let s = servers(5);
+    let rl = redlock(&urls(&s), ms(200));
+
+    // Node 0's counter far ahead of the others (like a node whose clock runs fast):
+    // its fences are ~2^40 above theirs.
+    let mut c0 = s[0].conn();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let ahead = (now_ms << 20) + (1 << 40);
+    let _: redis::Value = redis::cmd("LOCK.ACQUIRE")
+        .arg("other")
+        .arg("PX")
+        .arg(1000)
+        .arg("MINFENCE")
+        .arg(ahead)
+        .query(&mut c0)
+        .unwrap();
+
+    // With node 0 in the majority the quorum fence is node 0's (the maximum).
+    let g = rl
+        .acquire("lock:f", ms(10_000), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut last = g.fence().unwrap();
+    assert!(last > ahead);
+    // Round 2 (MINFENCE) raised the counters of the nodes that granted a lower fence.
+    g.release().await.unwrap();
+
+    // Without node 0 the other nodes' own counters would give ~2^40 less; quorum
+    // fencing keeps the order. Then every other pair of nodes down in turn.
+    let downs: [&[usize]; 7] = [&[0], &[0, 1], &[2, 3], &[3, 4], &[0, 4], &[1, 2], &[]];
+    for down in downs {
+        let stopped: Vec<Stopped> = down.iter().map(|&i| Stopped::new(s[i].pid())).collect();
+        let g = rl
+            .acquire("lock:f", ms(10_000), None)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("no grant with {down:?} down"));
+        let f = g.fence().unwrap();
+        assert!(f > last, "fence {f} not above {last} (down: {down:?})");
+        last = f;
+        g.release().await.unwrap();
+        drop(stopped);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_needs_a_majority() {
+    setup();
+    let mut s = servers(5);
+    let rl = redlock(&urls(&s), ms(150));
+    let g = rl
+        .acquire_with(
+            "lock:ren",
+            &AcquireOptions::new(ms(600)).auto_renew(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let lost = g.lost();
+    tokio::pin!(lost);
+    tokio::time::sleep(ms(400)).await;
+    s[0].kill9();
+    tokio::select! {
+        r = &mut lost => panic!("lost with 4 of 5 up: {r:?}"),
+        _ = tokio::time::sleep(ms(1_600)) => {}
+    }
+    assert!(g.is_held());
+    for &i in &[1, 2, 3, 4] {
+        assert!(held_fence(&mut s[i].conn(), "lock:ren").is_some());
+    }
+    // Two more down: renewals reach 2 of 5, the loss signal fires within the lease.
+    let t = Instant::now();
+    s[1].kill9();
+    s[2].kill9();
+    let reason = tokio::time::timeout(ms(1_500), &mut lost)
+        .await
+        .expect("lost within the lease")
+        .expect("lost, not released");
+    eprintln!(
+        "Redlock loss {:?} after the third node died: {reason}",
+        t.elapsed()
+    );
+    assert!(!g.is_held());
+    g.release().await.unwrap();
+    assert!(free_on(&s, &[3, 4], "lock:ren"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_without_the_module_take_part_without_fences() {
+    setup();
+    let mut s = servers(2);
+    s.push(ServerBuilder::new().no_module().start());
+    let rl = redlock(&urls(&s), ms(300));
+    let g = rl
+        .acquire("lock:mix", ms(5_000), None)
+        .await
+        .unwrap()
+        .unwrap();
+    // Two of three nodes run the module: a majority, so a quorum fence.
+    let f = g.fence().expect("2 of 3 fenced nodes make a quorum");
+    let v: String = redis::cmd("GET")
+        .arg("lock:mix")
+        .query(&mut s[2].conn())
+        .unwrap();
+    assert_eq!(v, g.token(), "SET NX PX on the plain node");
+    assert!(g.release().await.unwrap());
+    assert!(free_on(&s, &[0, 1], "lock:mix"));
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("lock:mix")
+        .query(&mut s[2].conn())
+        .unwrap();
+    assert_eq!(exists, 0, "compare-and-delete on the plain node");
+
+    // With the module on one node only there is no quorum fence, but still a lock.
+    s[1] = ServerBuilder::new().no_module().start();
+    let rl = redlock(&urls(&s), ms(300));
+    let g = rl
+        .acquire("lock:mix", ms(5_000), None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.fence(), None);
+    assert!(rl
+        .acquire("lock:mix", ms(5_000), None)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(g.release().await.unwrap());
+    assert!(rl
+        .acquire("lock:mix", ms(5_000), None)
+        .await
+        .unwrap()
+        .is_some());
+    assert!(f > 0);
+}
+
+/// One critical section as its client saw it: from the acquisition to the end of the
+/// work, cut at the lease deadline the client knew.
+#[derive(Debug, Clone, Copy)]
+struct Section {
+    client: usize,
+    start: Instant,
+    end: Instant,
+    fence: Option<u64>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contending_clients_under_node_kills_and_restarts_never_overlap() {
+    setup();
+    let s = servers(5);
+    let urls = urls(&s);
+    let ttl = ms(1_000);
+    let run_for = Duration::from_secs(10);
+    let stop_at = Instant::now() + run_for;
+    let sections: Arc<Mutex<Vec<Section>>> = Arc::default();
+    let misses = Arc::new(Mutex::new(0usize));
+
+    let mut clients = Vec::new();
+    for id in 0..3 {
+        let rl = redlock(&urls, ms(100));
+        let sections = sections.clone();
+        let misses = misses.clone();
+        clients.push(tokio::spawn(async move {
+            while Instant::now() < stop_at {
+                let opts = AcquireOptions::new(ttl)
+                    .wait(ms(1_500))
+                    .auto_renew(ms(3_000));
+                let Some(g) = rl.acquire_with("lock:chaos", &opts).await.unwrap() else {
+                    *misses.lock().unwrap() += 1;
+                    continue;
+                };
+                let start = Instant::now();
+                let work = ms(20 + rand_below(200));
+                tokio::select! {
+                    _ = tokio::time::sleep(work) => {}
+                    _ = g.lost() => {}
+                }
+                let now = Instant::now();
+                let end = g.valid_until().map_or(now, |v| v.min(now));
+                sections.lock().unwrap().push(Section {
+                    client: id,
+                    start,
+                    end,
+                    fence: g.fence(),
+                });
+                let _ = g.release().await;
+                tokio::time::sleep(ms(rand_below(30))).await;
+            }
+        }));
+    }
+
+    // Chaos: two threads, each disturbing one of its two nodes at a time (so at most
+    // two of five are down); node 4 is left alone. A killed node comes back only after
+    // a full TTL (a "delayed restart": it lost its locks, so it must not rejoin while
+    // one of them could still be valid elsewhere).
+    let mut pool = s.into_iter();
+    let groups: Vec<Vec<Server>> = vec![
+        pool.by_ref().take(2).collect(),
+        pool.by_ref().take(2).collect(),
+    ];
+    let rest: Vec<Server> = pool.collect();
+    let mut chaos = Vec::new();
+    for mut group in groups {
+        chaos.push(tokio::task::spawn_blocking(move || {
+            let mut events = Vec::new();
+            while Instant::now() + ms(1_500) < stop_at {
+                sleep(ms(200 + rand_below(400)));
+                let i = rand_below(2) as usize;
+                if rand_below(2) == 0 {
+                    group[i].kill9();
+                    sleep(ttl + ms(300));
+                    group[i].restart();
+                    events.push("kill+restart");
+                } else {
+                    let st = Stopped::new(group[i].pid());
+                    sleep(ms(100 + rand_below(1_200)));
+                    drop(st);
+                    events.push("stop+cont");
+                }
+            }
+            (group, events)
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    let mut events = Vec::new();
+    let mut keep = rest;
+    for c in chaos {
+        let (g, e) = c.await.unwrap();
+        keep.extend(g);
+        events.extend(e);
+    }
+
+    let mut all = sections.lock().unwrap().clone();
+    all.sort_by_key(|s| s.start);
+    let overlaps = all
+        .windows(2)
+        .filter(|w| w[1].start < w[0].end)
+        .inspect(|w| eprintln!("OVERLAP: {:?} and {:?}", w[0], w[1]))
+        .count();
+    let per_client: Vec<usize> = (0..3)
+        .map(|id| all.iter().filter(|s| s.client == id).count())
+        .collect();
+    eprintln!(
+        "chaos: {} critical sections {per_client:?}, {} failed acquisitions, {} disruptions {events:?}, {overlaps} overlaps",
+        all.len(),
+        *misses.lock().unwrap(),
+        events.len()
+    );
+    assert_eq!(overlaps, 0, "overlapping critical sections");
+    assert!(events.len() >= 4, "too little chaos: {events:?}");
+    assert!(all.len() >= 10, "only {} critical sections", all.len());
+    let fences: Vec<u64> = all.iter().filter_map(|s| s.fence).collect();
+    assert_eq!(fences.len(), all.len(), "every grant has a quorum fence");
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not increasing in grant order: {fences:?}"
+    );
+    drop(keep);
+}

@@ -1,0 +1,362 @@
+//! The single-server client against a real server: guard acquire/release, renewal,
+//! the loss signal, the renewal cap, FIFO waiting, and the fallback without the module.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod util;
+
+use std::time::{Duration, Instant};
+
+use common::{wait_until, ServerBuilder};
+use redis_lock_client::{AcquireOptions, LeaseStatus, LockClient, LossReason, Renewal};
+use util::{held_fence, is_free, ms, setup, Stopped};
+
+async fn client(url: &str) -> LockClient {
+    LockClient::connect(url).await.expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_acquire_and_release() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let mut c = server.conn();
+    let a = client(&server.url()).await;
+    let b = client(&server.url()).await;
+    assert!(!a.is_cluster());
+
+    let g = a
+        .acquire("lock:a", Duration::from_secs(10), None)
+        .await
+        .unwrap()
+        .expect("free lock is granted");
+    let fence = g.fence().expect("the module gives a fence");
+    assert_eq!(held_fence(&mut c, "lock:a"), Some(fence));
+    assert_eq!(g.name(), "lock:a");
+    assert_eq!(g.token().len(), 36, "a UUID token");
+    assert!(g.is_held());
+
+    // Someone else: busy, and also busy after a short wait.
+    assert!(b
+        .acquire("lock:a", ms(10_000), None)
+        .await
+        .unwrap()
+        .is_none());
+    let t = Instant::now();
+    assert!(b
+        .acquire("lock:a", ms(10_000), Some(ms(200)))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(t.elapsed() >= ms(180), "waited {:?}", t.elapsed());
+
+    // LOCK.INFO through the client.
+    let info = b.info("lock:a").await.unwrap().expect("held");
+    assert_eq!(info.kind, "module");
+    assert_eq!(info.fence, Some(fence));
+
+    // Explicit release, then the next grant has a higher fence.
+    let mut watch = g.watch();
+    assert!(g.release().await.unwrap());
+    assert_eq!(watch.lost().await, None, "released, not lost");
+    assert!(is_free(&mut c, "lock:a"));
+    assert!(b.info("lock:a").await.unwrap().is_none());
+    let g2 = b
+        .acquire("lock:a", ms(10_000), None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(g2.fence().unwrap() > fence);
+
+    // Release on drop (spawned): free again soon.
+    drop(g2);
+    assert!(wait_until(Duration::from_secs(2), || is_free(
+        &mut c, "lock:a"
+    )));
+
+    // Release/extend by token on the client (as another process would).
+    let g3 = a
+        .acquire("lock:a", ms(10_000), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let (token, _) = g3.detach();
+    assert!(b.extend("lock:a", &token, ms(20_000)).await.unwrap());
+    assert!(!b
+        .extend("lock:a", "not-the-token", ms(20_000))
+        .await
+        .unwrap());
+    assert!(!b.release("lock:a", "not-the-token").await.unwrap());
+    assert!(!is_free(&mut c, "lock:a"), "detach keeps the lock");
+    assert!(b.release("lock:a", &token).await.unwrap());
+    assert!(is_free(&mut c, "lock:a"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_a_300ms_lease_for_5s_of_work_then_releases_within_1s() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let a = client(&server.url()).await;
+    let mut check = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let opts = AcquireOptions::new(ms(300)).auto_renew(Duration::from_secs(60));
+    let g = a.acquire_with("lock:renew", &opts).await.unwrap().unwrap();
+    let fence = g.fence().unwrap();
+    let lost = g.lost();
+    tokio::pin!(lost);
+
+    // 5 s of "work", checking the server every 100 ms that the lock is still ours.
+    let work_end = Instant::now() + Duration::from_secs(5);
+    let mut checks = 0;
+    while Instant::now() < work_end {
+        tokio::select! {
+            r = &mut lost => panic!("lease lost during the work: {r:?}"),
+            _ = tokio::time::sleep(ms(100)) => {}
+        }
+        let v: redis::Value = redis::cmd("LOCK.INFO")
+            .arg("lock:renew")
+            .query_async(&mut check)
+            .await
+            .unwrap();
+        let redis::Value::Array(items) = v else {
+            panic!("lock gone after {checks} checks: {v:?}");
+        };
+        assert!(
+            items.contains(&redis::Value::Int(fence as i64)),
+            "same grant (fence)"
+        );
+        assert!(g.is_held());
+        checks += 1;
+    }
+    assert!(checks >= 30, "only {checks} checks in 5 s");
+    let renewed: u64 = server
+        .info_field("lock", "lock_extended")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(renewed >= 20, "{renewed} renewals in 5 s (expected ~50)");
+
+    // The work ends: drop the guard; the lock must be free within 1 s.
+    let t = Instant::now();
+    drop(g);
+    let mut c = server.conn();
+    assert!(wait_until(Duration::from_secs(1), || is_free(
+        &mut c,
+        "lock:renew"
+    )));
+    eprintln!("lock free {:?} after the work ended", t.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loss_signal_fires_when_the_server_is_killed() {
+    setup();
+    let mut server = ServerBuilder::new().start();
+    let a = client(&server.url()).await;
+    let ttl = ms(2_000);
+    let g = a
+        .acquire_with(
+            "lock:kill",
+            &AcquireOptions::new(ttl).auto_renew(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let lost = g.lost();
+    tokio::time::sleep(ms(300)).await;
+    assert!(g.is_held());
+    let t = Instant::now();
+    server.kill9();
+    let reason = tokio::time::timeout(ttl + ms(1_000), lost)
+        .await
+        .expect("the loss signal fires within the lease")
+        .expect("lost, not released");
+    let after = t.elapsed();
+    eprintln!("loss signal {after:?} after SIGKILL: {reason}");
+    // The next renewal (every ~667 ms) meets a refused connection.
+    assert!(matches!(reason, LossReason::Failed(_)), "{reason:?}");
+    assert!(
+        after < ttl,
+        "fired at the first failed renewal, took {after:?}"
+    );
+    assert!(!g.is_held());
+    assert!(matches!(g.status(), LeaseStatus::Lost { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loss_signal_fires_at_the_deadline_when_the_server_hangs_or_no_renewal() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let a = client(&server.url()).await;
+
+    // No renewal: fires at the lease deadline (TTL - drift).
+    let t = Instant::now();
+    let g = a
+        .acquire("lock:plain", ms(500), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let reason = tokio::time::timeout(ms(2_000), g.lost())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reason, LossReason::Expired);
+    let after = t.elapsed();
+    assert!(after >= ms(480) && after < ms(1_500), "fired at {after:?}");
+
+    // A stopped (SIGSTOP) server: renewals time out, the signal fires by the deadline.
+    let ttl = ms(1_000);
+    let g = a
+        .acquire_with(
+            "lock:stop",
+            &AcquireOptions::new(ttl).auto_renew(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let t = Instant::now();
+    let stopped = Stopped::new(server.pid());
+    let reason = tokio::time::timeout(ttl + ms(1_000), g.lost())
+        .await
+        .expect("fires within the lease")
+        .unwrap();
+    let after = t.elapsed();
+    drop(stopped);
+    eprintln!("loss signal {after:?} after SIGSTOP: {reason}");
+    assert_eq!(reason, LossReason::Expired);
+    assert!(after <= ttl + ms(500), "fired at {after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_cap_is_enforced() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let a = client(&server.url()).await;
+    let cap = ms(1_200);
+    let t = Instant::now();
+    let g = a
+        .acquire_with(
+            "lock:cap",
+            &AcquireOptions::new(ms(300)).renewal(Renewal {
+                max_hold: cap,
+                interval: None,
+            }),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let lost = g.lost();
+    tokio::pin!(lost);
+    let mut c = server.conn();
+    // Renewed past the first TTLs...
+    tokio::select! {
+        r = &mut lost => panic!("lost before the cap: {r:?} at {:?}", t.elapsed()),
+        _ = tokio::time::sleep(ms(800)) => {}
+    }
+    assert!(!is_free(&mut c, "lock:cap"), "renewal keeps it at 800 ms");
+    // ...but not past the cap.
+    let reason = tokio::time::timeout(ms(2_000), &mut lost)
+        .await
+        .unwrap()
+        .unwrap();
+    let fired = t.elapsed();
+    assert_eq!(reason, LossReason::CapReached);
+    assert!(
+        fired >= ms(1_000) && fired <= cap + ms(400),
+        "fired at {fired:?}"
+    );
+    // The server lets the lock go by the cap (plus a round trip) without any release.
+    assert!(wait_until(ms(1_000), || is_free(&mut c, "lock:cap")));
+    let free_at = t.elapsed();
+    eprintln!("cap {cap:?}: loss signal at {fired:?}, free on the server at {free_at:?}");
+    assert!(free_at <= cap + ms(500), "held until {free_at:?}");
+    assert!(!g.is_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_takes_the_lock_in_turn_with_a_higher_fence() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let a = client(&server.url()).await;
+    let b = client(&server.url()).await;
+    let g = a
+        .acquire("lock:q", ms(10_000), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let f1 = g.fence().unwrap();
+    let waiter = tokio::spawn(async move {
+        let t = Instant::now();
+        let g2 = b
+            .acquire_with(
+                "lock:q",
+                &AcquireOptions::new(ms(2_000))
+                    .wait(ms(5_000))
+                    .owner("waiter")
+                    .auto_renew(ms(10_000)),
+            )
+            .await
+            .unwrap()
+            .expect("handed over");
+        (t.elapsed(), g2)
+    });
+    tokio::time::sleep(ms(300)).await;
+    assert!(g.release().await.unwrap());
+    let (waited, g2) = waiter.await.unwrap();
+    assert!(waited >= ms(250), "waited {waited:?}");
+    assert!(g2.fence().unwrap() > f1);
+    let info = a.info("lock:q").await.unwrap().unwrap();
+    assert_eq!(info.owner.as_deref(), Some("waiter"));
+    // Renewal after a BLOCK grant works as after a plain one.
+    tokio::time::sleep(ms(2_500)).await;
+    assert!(g2.is_held());
+    assert!(g2.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_back_to_set_nx_and_lua_without_the_module() {
+    setup();
+    let server = ServerBuilder::new().no_module().start();
+    let mut c = server.conn();
+    let a = client(&server.url()).await;
+    let b = client(&server.url()).await;
+    let g = a
+        .acquire_with(
+            "lock:plain",
+            &AcquireOptions::new(ms(300)).auto_renew(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(a.module_missing());
+    assert_eq!(g.fence(), None, "no fence without the module");
+    let v: String = redis::cmd("GET").arg("lock:plain").query(&mut c).unwrap();
+    assert_eq!(v, g.token(), "a classic SET NX PX lock");
+    // Renewal (owner-checked PEXPIRE in Lua) keeps it past several TTLs.
+    tokio::time::sleep(ms(1_200)).await;
+    assert!(g.is_held());
+    assert!(b
+        .acquire("lock:plain", ms(1_000), None)
+        .await
+        .unwrap()
+        .is_none());
+    let info = b.info("lock:plain").await.unwrap().unwrap();
+    assert_eq!(info.kind, "string");
+    // A waiter polls and gets it after the release (compare-and-delete in Lua).
+    let waiter = tokio::spawn(async move {
+        b.acquire("lock:plain", ms(5_000), Some(ms(3_000)))
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(ms(200)).await;
+    assert!(g.release().await.unwrap());
+    let g2 = waiter.await.unwrap().expect("polling waiter gets it");
+    assert!(!a.release("lock:plain", "wrong").await.unwrap());
+    assert!(g2.release().await.unwrap());
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("lock:plain")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(exists, 0);
+}
