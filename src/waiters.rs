@@ -33,6 +33,11 @@ struct Waiter {
     min_fence: u64,
     client_id: u64,
     client_addr: Vec<u8>,
+    /// Fires just after the BLOCK deadline. The server answers timed-out blocked clients
+    /// when its event loop wakes, which without a timer due can be 1000/hz ms later;
+    /// this timer only wakes it. (It must not unblock the client itself: on Redis 7.0 an
+    /// unblock racing the server's own timeout check loses the reply.)
+    timer: Option<TimerId>,
 }
 
 #[derive(Default)]
@@ -126,6 +131,7 @@ pub fn enqueue(
         min_fence: req.min_fence,
         client_id,
         client_addr: ffi::client_addr(client_id),
+        timer: None,
     };
     let timeout = i64::try_from(block_ms).unwrap_or(i64::MAX);
     let bc = unsafe {
@@ -138,13 +144,21 @@ pub fn enqueue(
         )
     };
     unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(disconnect_cb)) };
+    let timer = (timeout > 0).then(|| {
+        let data = Box::into_raw(Box::new(TimerData::Wake));
+        ffi::create_timer(ctx, timeout.saturating_add(1), timer_cb, data.cast())
+    });
     with(|r| {
         r.by_bc.insert(bc as usize, (db, key.clone()));
         r.queues
             .entry((db, key.clone()))
             .or_default()
             .waiters
-            .push_back(Waiter { bc, ..waiter });
+            .push_back(Waiter {
+                bc,
+                timer,
+                ..waiter
+            });
     });
     STATS.waiters.set(STATS.waiters.get() + 1);
     // Serve the queue when the current lease ends, even if Redis has not expired the
@@ -158,21 +172,27 @@ pub fn enqueue(
 }
 
 /// Removes a blocked client from whatever queue holds it, dropping the queue (and its
-/// timer) if it empties. True if it was queued.
-fn remove(ctx: Ctx, bc: Bc) -> bool {
-    let qk = with(|r| {
+/// timer) if it empties. Returns the waiter if it was queued.
+fn remove(ctx: Ctx, bc: Bc) -> Option<Waiter> {
+    let (qk, w) = with(|r| {
         let qk = r.by_bc.remove(&(bc as usize))?;
-        if let Some(q) = r.queues.get_mut(&qk) {
-            q.waiters.retain(|w| w.bc != bc);
-        }
-        Some(qk)
-    });
-    let Some(qk) = qk else {
-        return false;
-    };
+        let q = r.queues.get_mut(&qk)?;
+        let at = q.waiters.iter().position(|w| w.bc == bc)?;
+        let w = q.waiters.remove(at)?;
+        Some((qk, w))
+    })?;
     STATS.waiters.set(STATS.waiters.get().saturating_sub(1));
     gc(ctx, &qk);
-    true
+    Some(w)
+}
+
+/// Stops a timer that has not fired yet and frees its data.
+fn cancel(ctx: Ctx, timer: Option<TimerId>) {
+    if let Some(id) = timer {
+        if let Some(data) = ffi::stop_timer(ctx, id) {
+            drop(unsafe { Box::from_raw(data.cast::<TimerData>()) });
+        }
+    }
 }
 
 /// Drops empty queues, stopping their timers.
@@ -181,11 +201,7 @@ fn gc(ctx: Ctx, qk: &QueueKey) {
         Some(q) if q.waiters.is_empty() => r.queues.remove(qk).and_then(|q| q.timer),
         _ => None,
     });
-    if let Some((id, _)) = timer {
-        if let Some(data) = ffi::stop_timer(ctx, id) {
-            drop(unsafe { Box::from_raw(data.cast::<TimerData>()) });
-        }
-    }
+    cancel(ctx, timer.map(|(id, _)| id));
 }
 
 // ---- hand-off --------------------------------------------------------------------
@@ -229,6 +245,7 @@ pub fn handoff(ctx: Ctx, name: RStr) -> bool {
         return false;
     };
     STATS.waiters.set(STATS.waiters.get().saturating_sub(1));
+    cancel(ctx, w.timer);
     let granted = lease_deadline(now, w.ttl, "lock.acquire")
         .and_then(|deadline| Ok((deadline, next_fence(now, w.min_fence)?)));
     let (expires_at, fence) = match granted {
@@ -290,6 +307,7 @@ fn drop_queue(ctx: Ctx, qk: &QueueKey) {
     });
     for w in waiters {
         STATS.waiters.set(STATS.waiters.get().saturating_sub(1));
+        cancel(ctx, w.timer);
         unsafe { api!(RedisModule_UnblockClient)(w.bc, ptr::null_mut()) };
     }
     gc(ctx, qk);
@@ -306,6 +324,8 @@ enum TimerData {
         key: Vec<u8>,
         token: Vec<u8>,
     },
+    /// Nothing to do: wakes the event loop when a waiter's BLOCK time is up.
+    Wake,
 }
 
 /// The first millisecond at which a lease with this deadline is over (Redis expires a
@@ -357,6 +377,7 @@ extern "C" fn timer_cb(ctx: Ctx, data: *mut c_void) {
                     handoff(ctx, name.ptr());
                 }
             }
+            TimerData::Wake => {}
             TimerData::Revoke { db, key, token } => {
                 if ffi::select_db(ctx, db) && !ffi::flag(ctx, ffi::FLAG_SLAVE) {
                     let name = OwnedStr::new(&key);
@@ -386,7 +407,8 @@ extern "C" fn reply_cb(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
 extern "C" fn timeout_cb(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
     catch(|| {
         let bc = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx) };
-        if remove(ctx, bc) {
+        if let Some(w) = remove(ctx, bc) {
+            cancel(ctx, w.timer);
             bump(&STATS.wait_timeouts);
             // Release the handle; with no private data the reply callback is skipped.
             unsafe { api!(RedisModule_UnblockClient)(bc, ptr::null_mut()) };
@@ -399,7 +421,8 @@ extern "C" fn timeout_cb(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
 
 extern "C" fn disconnect_cb(ctx: Ctx, bc: Bc) {
     catch(|| {
-        if remove(ctx, bc) {
+        if let Some(w) = remove(ctx, bc) {
+            cancel(ctx, w.timer);
             unsafe { api!(RedisModule_UnblockClient)(bc, ptr::null_mut()) };
         }
     });

@@ -424,6 +424,18 @@ fn flushdb_of_another_db_hands_off_there_only() {
 fn expiry_hands_off_at_the_deadline(holder: Holder) {
     let server = module_server();
     let mut admin = server.conn();
+    // 20,000 other keys with a TTL: Redis's own expiry samples 20 of them per cycle and
+    // would find the lock late, so only the module's timer at the deadline is prompt.
+    let mut fill = redis::pipe();
+    for i in 0..20_000 {
+        fill.cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg("x")
+            .arg("EX")
+            .arg(3600)
+            .ignore();
+    }
+    let _: () = fill.query(&mut admin).unwrap();
     let key = "lease";
     let lease = 300u64;
     let t0 = Instant::now();
@@ -549,9 +561,10 @@ fn block_timeout_returns_nil_on_time_and_leaves_the_queue() {
     let mut admin = server.conn();
     let key = "slow";
     let tok = take(&mut admin, key, Holder::Module, 60_000);
-    // Redis checks blocked-client timeouts when its event loop wakes, at least every
-    // 1000/hz ms (100 ms at the default hz 10): ~40-50 ms late is typical here. The upper
-    // bound allows that resolution plus 100 ms of scheduling noise.
+    // The module arms a timer at each waiter's deadline (Redis alone would notice a
+    // timeout only when its event loop next wakes, up to 1000/hz = 100 ms late). The
+    // upper bound is "tens of ms": a few ms of timer resolution plus scheduling noise on
+    // this shared machine.
     for asked in [50u64, 100, 250] {
         let before = stats(&mut admin);
         let t0 = Instant::now();
@@ -565,7 +578,7 @@ fn block_timeout_returns_nil_on_time_and_leaves_the_queue() {
             "BLOCK {asked} answered after {took:?}"
         );
         assert!(
-            took <= Duration::from_millis(asked + 200),
+            took <= Duration::from_millis(asked + 80),
             "BLOCK {asked} answered after {took:?}"
         );
         let after = stats(&mut admin);
@@ -886,17 +899,26 @@ const STORM_HANDOFFS: usize = 200;
 const BATCH: usize = 100;
 
 /// One storm: 500 waiters that time out (BLOCK 50), 500 that disconnect, 200 hand-offs;
-/// then every storm client is closed and every lock released.
+/// then every storm client is closed and every lock released. Timeout and disconnect
+/// waiters each wait on a lock of their own (100 locks, held by `admin` with a 10-minute
+/// lease), so each of them creates a queue with a lease-end timer and empties it again:
+/// a queue, timer or waiter record that outlived its client would add up to 1,000 of
+/// them.
 fn storm(server: &Server, admin: &mut Connection) {
-    // Timeouts: 5 rounds of 100 connections, all waiting at once.
-    let tok = take(admin, "storm:t", Holder::Module, 600_000);
+    let keys: Vec<String> = (0..BATCH).map(|i| format!("storm:{i}")).collect();
+    let tokens: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|k| take(admin, k, Holder::Module, 600_000))
+        .collect();
+
+    // Timeouts: 5 rounds of 100 connections, all waiting at once, one per lock.
     let mut conns: Vec<Connection> = (0..BATCH).map(|_| server.conn()).collect();
-    let cmd = redis::cmd("LOCK.ACQUIRE")
-        .arg("storm:t")
-        .arg(&["PX", "1000", "BLOCK", "50"])
-        .get_packed_command();
     for _ in 0..STORM_TIMEOUTS / BATCH {
-        for c in &mut conns {
+        for (c, k) in conns.iter_mut().zip(&keys) {
+            let cmd = redis::cmd("LOCK.ACQUIRE")
+                .arg(k)
+                .arg(&["PX", "1000", "BLOCK", "50"])
+                .get_packed_command();
             c.send_packed_command(&cmd).unwrap();
         }
         for c in &mut conns {
@@ -904,22 +926,24 @@ fn storm(server: &Server, admin: &mut Connection) {
         }
     }
     drop(conns);
-    assert_eq!(release(admin, "storm:t", &tok), 1);
 
-    // Disconnects: 5 rounds of 100 waiters that close their connection while queued.
-    let tok = take(admin, "storm:d", Holder::Module, 600_000);
+    // Disconnects: 5 rounds of 100 waiters, one per lock, that close their connection
+    // while queued.
     for _ in 0..STORM_DISCONNECTS / BATCH {
-        let ws: Vec<Waiter> = (0..BATCH)
-            .map(|_| Waiter::send(server, 0, "storm:d", &["BLOCK", "0"]))
+        let ws: Vec<Waiter> = keys
+            .iter()
+            .map(|k| Waiter::send(server, 0, k, &["BLOCK", "0"]))
             .collect();
         let n = BATCH as i64;
-        assert!(wait_until(SETTLE, || queued(admin, "storm:d") == n));
+        assert!(wait_until(SETTLE, || stat(admin, "lock_waiters") == n));
         drop(ws);
-        assert!(wait_until(SETTLE, || queued(admin, "storm:d") == 0));
+        assert!(wait_until(SETTLE, || stat(admin, "lock_waiters") == 0));
     }
-    assert_eq!(release(admin, "storm:d", &tok), 1);
+    for (k, t) in keys.iter().zip(&tokens) {
+        assert_eq!(release(admin, k, t), 1);
+    }
 
-    // Hand-offs: 2 rounds of 100 waiters; each holder releases to the next.
+    // Hand-offs: 2 rounds of 100 waiters on one lock; each holder releases to the next.
     for _ in 0..STORM_HANDOFFS / BATCH {
         let tok = take(admin, "storm:h", Holder::Module, 600_000);
         let mut ws: HashMap<i64, Waiter> = (0..BATCH)
@@ -955,9 +979,10 @@ fn settle(admin: &mut Connection, clients: i64) {
 /// After a storm of timeouts, disconnects and hand-offs, `used_memory` returns to its
 /// baseline. The baseline is taken after one identical warm-up storm, so that every
 /// allocation that legitimately persists (hash-table capacity in the module and the
-/// server, allocator caches) is already in it. 64 KiB is the tolerance: one storm of
-/// 1,200 waiters that leaked even one 56-byte record each would exceed it (≈ 66 KiB),
-/// while the server's own noise between two INFO calls is a few KiB.
+/// server, allocator caches) is already in it. Tolerance 64 KiB: between two storms the
+/// three servers drifted by 0 to 1 KiB here, while a leak of one small record per waiter
+/// of the storm (1,200 waiters, 1,000 queues with a timer each) is larger: a module that
+/// did not stop the timer of an emptied queue left +130 KB behind in this test.
 #[test]
 fn memory_and_counters_return_to_baseline_after_a_storm() {
     let server = module_server();
@@ -985,9 +1010,10 @@ fn memory_and_counters_return_to_baseline_after_a_storm() {
     assert_eq!(d("lock_wait_timeouts"), STORM_TIMEOUTS as i64);
     assert_eq!(d("lock_handed_off"), STORM_HANDOFFS as i64);
     assert_eq!(d("lock_contended"), waits);
-    // 4 holders (storm:t, storm:d, 2 x storm:h) plus every hand-off.
-    assert_eq!(d("lock_acquired"), 4 + STORM_HANDOFFS as i64);
-    assert_eq!(d("lock_released"), 4 + STORM_HANDOFFS as i64);
+    // 100 storm:i holders, 2 storm:h holders, plus every hand-off.
+    let taken = BATCH as i64 + 2 + STORM_HANDOFFS as i64;
+    assert_eq!(d("lock_acquired"), taken);
+    assert_eq!(d("lock_released"), taken);
     assert_eq!(after["lock_waiters"], 0);
     assert_eq!(after["lock_held"], 0);
     assert_eq!(d("lock_panics"), 0);

@@ -16,6 +16,7 @@
 //!   `<workspace>/target/release/libredis_lock.so`)
 
 mod chart;
+mod cpu;
 mod methods;
 mod report;
 mod run;
@@ -154,16 +155,22 @@ fn machine() -> String {
 fn print_row(c: &CellResult) {
     let s = &c.summary;
     println!(
-        "{:<28} N={:<3} c={}ms  {:>9.1} cs/s  p50 {:>9.1} µs  p99 {:>9.1} µs  cmds/acq {:>7.2}  max wait {:>9.1} ms  jain {:.3}{}{}{}",
+        "{:<28} N={:<3} c={}ms {:>8.1} cs/s  hand-off p50 {:>7.1} µs p99 {:>8.1} µs (n={:<6}) same {:>3.0}%  cmds/acq {:>6.2}  wait p99 {:>7.1} ms max {:>7.1} ms  jain {:.3}  hold {:.2}/{:.1} ms  other procs {:.2} cores{}{}{}",
         c.method.label(),
         c.n,
         c.hold_ms,
         s.per_second,
         s.handoff_p50_us,
         s.handoff_p99_us,
+        s.handoffs,
+        s.same_client_again * 100.0,
         s.commands_per_acquisition,
+        s.wait_p99_ms,
         s.max_wait_ms,
         s.jain,
+        s.hold_mean_ms,
+        s.hold_max_ms,
+        c.other_cores.unwrap_or(f64::NAN),
         if s.gave_up > 0 { format!("  gave up: {}", s.gave_up) } else { String::new() },
         if s.overlaps > 0 { format!("  OVERLAPS: {}", s.overlaps) } else { String::new() },
         if c.server_commands != c.client_commands {
@@ -195,6 +202,15 @@ fn real_main() -> Result<(), Error> {
     );
     let scripts = Scripts::load(&mut server.connect()?)?;
     let duration = Duration::from_secs_f64(cfg.secs);
+    // Warm-up (discarded): connections, allocator, CPU frequency.
+    run_cell(
+        &server,
+        &scripts,
+        Method::Module,
+        2,
+        0,
+        Duration::from_millis(500),
+    )?;
 
     let mut cells = Vec::new();
     for &hold in &cfg.holds {

@@ -1,0 +1,170 @@
+//! Runs one cell: N client threads, each with its own connection, loop
+//! acquire → hold c ms → release until the cell's time is up, then finish the attempt
+//! they are in (so every command sent belongs to an acquisition) and stop.
+
+use std::sync::{Arc, Barrier, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::cpu;
+use crate::methods::{Acquired, Client, Method, Rng, Scripts};
+use crate::server::Server;
+use crate::stats::{summarize, Acquisition, ClientLog, Summary};
+use crate::Error;
+
+/// A client still waiting this long after the cell's end gives up (and its wait is
+/// reported as the cell's longest).
+pub const GIVE_UP_AFTER_END: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Clone)]
+pub struct CellResult {
+    pub method: Method,
+    pub n: usize,
+    pub hold_ms: u64,
+    pub summary: Summary,
+    /// Calls of the commands the clients send, from INFO commandstats (a cross-check of
+    /// the clients' own count).
+    pub server_commands: u64,
+    pub client_commands: u64,
+    /// Cores kept busy by other processes during the cell (None if /proc is unreadable).
+    pub other_cores: Option<f64>,
+}
+
+pub fn run_cell(
+    server: &Server,
+    scripts: &Scripts,
+    method: Method,
+    n: usize,
+    hold_ms: u64,
+    duration: Duration,
+) -> Result<CellResult, Error> {
+    let key = format!("contention:{}:{n}:{hold_ms}", method.id());
+    let mut admin = server.connect()?;
+    let _: () = redis::cmd("FLUSHALL").query(&mut admin)?;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut admin)?;
+
+    // Connect everyone before the clock starts.
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        conns.push(server.connect()?);
+    }
+    let cpu_before = cpu::sample(server.pid());
+    let barrier = Arc::new(Barrier::new(n + 1));
+    let start: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
+    let logs: Vec<Result<ClientLog, Error>> = thread::scope(|s| {
+        let handles: Vec<_> = conns
+            .into_iter()
+            .enumerate()
+            .map(|(i, conn)| {
+                let barrier = Arc::clone(&barrier);
+                let start = Arc::clone(&start);
+                let key = key.as_str();
+                s.spawn(move || {
+                    let mut client = Client {
+                        conn,
+                        method,
+                        key,
+                        signal_key: format!("lock-signal:{key}"),
+                        scripts,
+                        rng: Rng::new(i as u64 + 1),
+                        name: format!("c{i}"),
+                        serial: 0,
+                        commands: 0,
+                    };
+                    barrier.wait();
+                    let start = *start.get().ok_or("start time not set")?;
+                    client_loop(&mut client, i, start, duration, hold_ms)
+                })
+            })
+            .collect();
+        let _ = start.set(Instant::now());
+        barrier.wait();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("client thread panicked".into()))
+            })
+            .collect()
+    });
+    let cpu_after = cpu::sample(server.pid());
+    let logs: Vec<ClientLog> = logs.into_iter().collect::<Result<_, _>>()?;
+    let client_commands = logs.iter().map(|l| l.commands).sum();
+    let server_commands = command_calls(&mut admin)?;
+    Ok(CellResult {
+        method,
+        n,
+        hold_ms,
+        summary: summarize(&logs),
+        server_commands,
+        client_commands,
+        other_cores: cpu_before
+            .zip(cpu_after)
+            .map(|(a, b)| cpu::other_cores(a, b)),
+    })
+}
+
+fn client_loop(
+    client: &mut Client<'_>,
+    id: usize,
+    start: Instant,
+    duration: Duration,
+    hold_ms: u64,
+) -> Result<ClientLog, Error> {
+    let ns = |t: Instant| t.duration_since(start).as_nanos() as u64;
+    let end = start + duration;
+    let give_up = end + GIVE_UP_AFTER_END;
+    let mut log = ClientLog::default();
+    while Instant::now() < end {
+        let wanted = Instant::now();
+        let token = match client.acquire(give_up)? {
+            Acquired::Token(t) => t,
+            Acquired::GaveUp => {
+                log.gave_up_after = Some(ns(Instant::now()) - ns(wanted));
+                break;
+            }
+        };
+        let granted = Instant::now();
+        if hold_ms > 0 {
+            thread::sleep(Duration::from_millis(hold_ms));
+        }
+        let releasing = Instant::now();
+        client.release(&token)?;
+        let released = Instant::now();
+        log.acquisitions.push(Acquisition {
+            client: id,
+            wanted: ns(wanted),
+            granted: ns(granted),
+            releasing: ns(releasing),
+            released: ns(released),
+        });
+    }
+    log.commands = client.commands;
+    Ok(log)
+}
+
+/// Sum of `calls` over the commands clients send, from INFO commandstats (commands run
+/// inside scripts have their own entries and are not counted).
+fn command_calls(admin: &mut redis::Connection) -> Result<u64, Error> {
+    let text: String = redis::cmd("INFO").arg("commandstats").query(admin)?;
+    const SENT: [&str; 5] = ["set", "evalsha", "blpop", "lock.acquire", "lock.release"];
+    let mut total = 0;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("cmdstat_") else {
+            continue;
+        };
+        let Some((name, fields)) = rest.split_once(':') else {
+            continue;
+        };
+        if !SENT.contains(&name) {
+            continue;
+        }
+        let calls = fields
+            .split(',')
+            .find_map(|f| f.strip_prefix("calls="))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| format!("no calls= in {line:?}"))?;
+        total += calls;
+    }
+    Ok(total)
+}
