@@ -7,7 +7,10 @@ use std::mem::{size_of, zeroed};
 
 use redis_module::raw;
 
+use std::cell::RefCell;
+
 use crate::ffi::{api, Ctx};
+use crate::state::MainThread;
 
 type ArgType = raw::RedisModuleCommandArgType;
 
@@ -30,6 +33,10 @@ pub struct Cmd {
     pub complexity: &'static str,
     pub args: &'static [Arg],
 }
+
+/// Every command-info struct handed to the server. Everything else built here hangs off
+/// these, so leak checkers see it as reachable.
+static INFOS: MainThread<RefCell<Vec<usize>>> = MainThread(RefCell::new(Vec::new()));
 
 fn leak_c(s: &str) -> *const c_char {
     match CString::new(s) {
@@ -132,6 +139,10 @@ pub fn register(ctx: Ctx, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Result<(
     info.key_specs = key_spec(c.key_flags);
     info.args = build_args(c.args);
     let info = Box::leak(Box::new(info));
+    // Kept reachable for the life of the process (the server may point into it).
+    INFOS
+        .borrow_mut()
+        .push(info as *mut raw::RedisModuleCommandInfo as usize);
     if unsafe { set_info(cmd, info) } != raw::REDISMODULE_OK as c_int {
         return Err(format!("setting command info of {} failed", c.name));
     }

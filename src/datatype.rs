@@ -42,9 +42,9 @@ pub fn create(ctx: Ctx) -> bool {
         mem_usage: Some(mem_usage),
         digest: Some(digest),
         free: Some(free),
-        aux_load: None,
-        aux_save: None,
-        aux_save_triggers: 0,
+        aux_load: Some(aux_load),
+        aux_save: Some(aux_save),
+        aux_save_triggers: raw::REDISMODULE_AUX_AFTER_RDB as c_int,
         free_effort: None,
         unlink: None,
         copy: None,
@@ -150,6 +150,39 @@ extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     catch(|| crate::replicate::rewrite(aof, key, unsafe { as_state(value) }));
+}
+
+/// The fence counter goes into every RDB file (and AOF base and full-sync payload) as
+/// the module's aux data, so that a restart from a snapshot taken after every lock was
+/// released still continues above the last fence, even if the clock went back.
+extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
+    catch(|| {
+        if when == raw::REDISMODULE_AUX_AFTER_RDB as c_int {
+            raw::save_unsigned(rdb, crate::state::FENCE.get().last());
+        }
+    });
+}
+
+extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
+    let ok = catch(|| {
+        if encver != ENCODING_VERSION || when != raw::REDISMODULE_AUX_AFTER_RDB as c_int {
+            return false;
+        }
+        let Ok(last) = raw::load_unsigned(rdb) else {
+            return false;
+        };
+        let ceiling = fence_ceiling(crate::ffi::now_ms(), LOADED_FENCE_MAX_LEAD_MS);
+        if raw::is_io_error(rdb) || last > ceiling.min(MAX_FENCE) {
+            return false;
+        }
+        observe_fence(last);
+        true
+    });
+    if ok == Some(true) {
+        raw::REDISMODULE_OK as c_int
+    } else {
+        raw::REDISMODULE_ERR as c_int
+    }
 }
 
 extern "C" fn mem_usage(value: *const c_void) -> usize {

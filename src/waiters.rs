@@ -33,10 +33,10 @@ struct Waiter {
     min_fence: u64,
     client_id: u64,
     client_addr: Vec<u8>,
-    /// Fires just after the BLOCK deadline. The server answers timed-out blocked clients
-    /// when its event loop wakes, which without a timer due can be 1000/hz ms later;
-    /// this timer only wakes it. (It must not unblock the client itself: on Redis 7.0 an
-    /// unblock racing the server's own timeout check loses the reply.)
+    /// Fires at the BLOCK deadline and answers nil. The client is blocked without a
+    /// server-side timeout: the server checks those late (when its event loop next wakes,
+    /// up to 1000/hz ms) and, on Redis 7.0, a hand-off racing that check loses its reply.
+    /// With this timer as the only timeout, hand-off and timeout cannot both happen.
     timer: Option<TimerId>,
 }
 
@@ -134,19 +134,20 @@ pub fn enqueue(
         timer: None,
     };
     let timeout = i64::try_from(block_ms).unwrap_or(i64::MAX);
+    // No server-side timeout (0): the module's timer below is the only one.
     let bc = unsafe {
         api!(RedisModule_BlockClient)(
             ctx,
             Some(reply_cb),
             Some(timeout_cb),
             Some(free_privdata_cb),
-            timeout,
+            0,
         )
     };
     unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(disconnect_cb)) };
     let timer = (timeout > 0).then(|| {
-        let data = Box::into_raw(Box::new(TimerData::Wake));
-        ffi::create_timer(ctx, timeout.saturating_add(1), timer_cb, data.cast())
+        let data = Box::into_raw(Box::new(TimerData::Expire { bc: bc as usize }));
+        ffi::create_timer(ctx, timeout, timer_cb, data.cast())
     });
     with(|r| {
         r.by_bc.insert(bc as usize, (db, key.clone()));
@@ -324,8 +325,8 @@ enum TimerData {
         key: Vec<u8>,
         token: Vec<u8>,
     },
-    /// Nothing to do: wakes the event loop when a waiter's BLOCK time is up.
-    Wake,
+    /// A waiter's BLOCK time is up.
+    Expire { bc: usize },
 }
 
 /// The first millisecond at which a lease with this deadline is over (Redis expires a
@@ -377,7 +378,14 @@ extern "C" fn timer_cb(ctx: Ctx, data: *mut c_void) {
                     handoff(ctx, name.ptr());
                 }
             }
-            TimerData::Wake => {}
+            TimerData::Expire { bc } => {
+                let bc = bc as Bc;
+                if remove(ctx, bc).is_some() {
+                    bump(&STATS.wait_timeouts);
+                    // No private data: the reply callback answers nil.
+                    unsafe { api!(RedisModule_UnblockClient)(bc, ptr::null_mut()) };
+                }
+            }
             TimerData::Revoke { db, key, token } => {
                 if ffi::select_db(ctx, db) && !ffi::flag(ctx, ffi::FLAG_SLAVE) {
                     let name = OwnedStr::new(&key);
@@ -404,6 +412,7 @@ extern "C" fn reply_cb(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
     raw::REDISMODULE_OK as c_int
 }
 
+/// Only `CLIENT UNBLOCK id TIMEOUT` gets here: waiters block without a server timeout.
 extern "C" fn timeout_cb(ctx: Ctx, _argv: *mut RStr, _argc: c_int) -> c_int {
     catch(|| {
         let bc = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx) };

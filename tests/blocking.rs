@@ -1018,3 +1018,32 @@ fn memory_and_counters_return_to_baseline_after_a_storm() {
     assert_eq!(after["lock_held"], 0);
     assert_eq!(d("lock_panics"), 0);
 }
+
+/// A wait that times out shortly before the holder's lease ends must still be answered
+/// (nil, on time), and the lock must not go to the departed waiter. On Redis 7.0 a grant
+/// made after the server's own timeout check lost its reply: found by the reliability
+/// checker, fixed by timing waiters out with the module's timer only.
+#[test]
+fn a_wait_ending_just_before_the_lease_ends_gets_nil_on_time() {
+    let server = module_server();
+    let mut admin = server.conn();
+    for i in 0..20 {
+        let key = format!("race:{i}");
+        let lease = run(&mut admin, &["LOCK.ACQUIRE", &key, "PX", "90"]);
+        assert!(matches!(lease, Value::Array(_)), "{lease:?}");
+        let t0 = Instant::now();
+        let mut w = Waiter::send(&server, 0, &key, &["PX", "5000", "BLOCK", "50"]);
+        let v = w.reply().unwrap();
+        let took = t0.elapsed();
+        assert_eq!(v, Value::Nil, "round {i}");
+        assert!(
+            took >= Duration::from_millis(50) && took <= Duration::from_millis(130),
+            "round {i}: BLOCK 50 answered after {took:?}"
+        );
+        // The lease ends at 90 ms with nobody waiting: the key just expires.
+        assert!(wait_until(Duration::from_secs(2), || lock_info(
+            &mut admin, &key
+        )
+        .is_none()));
+    }
+}

@@ -391,6 +391,37 @@ fn fences_keep_rising_after_every_lock_was_released_and_the_server_restarted() {
     );
 }
 
+/// The counter itself is in the RDB (module aux data): a counter pushed ahead of the
+/// clock (MINFENCE, or a clock that was later set back) survives a restart from a
+/// snapshot taken after every lock was released, where the clock term would not cover it.
+#[test]
+fn the_fence_counter_survives_an_rdb_restart_without_any_lock() {
+    let mut s = ServerBuilder::new().start();
+    let far = far_fence();
+    {
+        let mut c = s.conn();
+        let (t, f) = acquire(
+            &mut c,
+            "persist:aux",
+            &["PX", "60000", "MINFENCE", &far.to_string()],
+        )
+        .unwrap();
+        assert!(f as u64 >= far);
+        assert_eq!(release(&mut c, "persist:aux", &t), 1);
+        let n: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+        assert_eq!(n, 0);
+        let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    }
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    let (_, f) = acquire(&mut c, "persist:aux2", &["PX", "60000"]).unwrap();
+    assert!(
+        f as u64 > far,
+        "fence {f} after an RDB restart is not above {far}"
+    );
+}
+
 // ------------------------------------------------------------------------------------
 // DUMP / RESTORE
 

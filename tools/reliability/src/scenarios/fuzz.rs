@@ -1,0 +1,649 @@
+//! Scenario 6: bad input. (a) A live fuzzer sends random and malformed commands to a
+//! server with the module, PINGing after every batch: a missing PONG within 5 s is a
+//! hang, a dead process a crash. (b) Hostile RESTORE payloads: real DUMP payloads of
+//! locks with their module section mutated and the CRC64 fixed, so that the server
+//! hands them to the module's rdb_load. (c) `cargo fuzz` on the pure argument parser,
+//! when cargo-fuzz is installed (full run only).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crc::{Crc, CRC_64_REDIS};
+
+use crate::args;
+use crate::common::{panics, thousands, Env, Outcome};
+use crate::proc::{self, Server};
+use crate::resp::{Conn, Reply};
+use crate::rng::Rng;
+
+const BATCH: u64 = 100;
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+const NAMES: &[&str] = &[
+    "LOCK.ACQUIRE",
+    "LOCK.RELEASE",
+    "LOCK.EXTEND",
+    "LOCK.INFO",
+    "LOCK.FORCERELEASE",
+    "LOCK.SYNC",
+    "LOCK.DEBUG",
+    "lock.acquire",
+    "Lock.Extend",
+];
+const OTHERS: &[&str] = &[
+    "GET",
+    "SET",
+    "DEL",
+    "TYPE",
+    "DUMP",
+    "PEXPIRE",
+    "PERSIST",
+    "RENAME",
+    "COPY",
+    "LPUSH",
+    "EXPIRE",
+    "PEXPIREAT",
+    "UNLINK",
+    "GETDEL",
+    "OBJECT",
+    "MEMORY",
+];
+const OPTIONS: &[&str] = &[
+    "PX", "EX", "TOKEN", "OWNER", "BLOCK", "MINFENCE", "px", "Ex", "token", "BLOCK", "NX", "",
+];
+const NUMBERS: &[&str] = &[
+    "0",
+    "1",
+    "-1",
+    "2",
+    "50",
+    "1000",
+    "30000",
+    "86400000",
+    "86400001",
+    "9223372036854775807",
+    "9223372036854775806",
+    "-9223372036854775808",
+    "9223372036854775808",
+    "18446744073709551616",
+    "1e3",
+    " 5",
+    "+5",
+    "05",
+    "0x10",
+    "5 ",
+    "1.5",
+    "",
+    "-0",
+    "99999999999999999999999",
+];
+
+fn key(rng: &mut Rng) -> Vec<u8> {
+    match rng.below(20) {
+        0 => Vec::new(),
+        1 => rng.bytes_in(1, 40),
+        2 => vec![b'k'; 2000],
+        _ => format!("fz:{}", rng.below(8)).into_bytes(),
+    }
+}
+
+fn value(rng: &mut Rng) -> Vec<u8> {
+    match rng.below(10) {
+        0..=3 => rng.pick(NUMBERS).as_bytes().to_vec(),
+        4 => rng.next_u64().to_string().into_bytes(),
+        5 => format!("-{}", rng.below(1 << 40)).into_bytes(),
+        6 => rng.bytes_in(0, 300),
+        7 if rng.chance(10) => rng.bytes_in(10_000, 100_000),
+        7 => b"\r\n\0*3\r\n$".to_vec(),
+        _ => rng.pick(OPTIONS).as_bytes().to_vec(),
+    }
+}
+
+/// Keeps the fuzzer from asking for long waits: any BLOCK value a parser might accept
+/// as a wait longer than 50 ms (or 0 = forever) becomes 1..50 or garbage.
+fn tame_block(a: &mut [Vec<u8>], rng: &mut Rng) {
+    for i in 0..a.len().saturating_sub(1) {
+        if a[i].eq_ignore_ascii_case(b"BLOCK") {
+            let v = &a[i + 1];
+            let digits = !v.is_empty() && v.iter().all(|b| b.is_ascii_digit());
+            if digits {
+                let n: Option<u64> = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
+                if !matches!(n, Some(1..=50)) {
+                    a[i + 1] = if rng.chance(50) {
+                        rng.range(1, 50).to_string().into_bytes()
+                    } else {
+                        b"-5".to_vec()
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// A well-formed lock command with random values, so that grants, renewals, waits,
+/// hand-offs, extends and releases happen between the malformed ones.
+fn structured(rng: &mut Rng) -> Vec<Vec<u8>> {
+    const TOKENS: &[&str] = &["t1", "t2", "t3", "t4"];
+    let k = format!("fz:{}", rng.below(8));
+    let tok = *rng.pick(TOKENS);
+    match rng.below(6) {
+        0 | 1 => {
+            let mut a = args!["LOCK.ACQUIRE", k];
+            if rng.chance(70) {
+                a.extend(args!["PX", rng.range(1, 3000)]);
+            }
+            if rng.chance(60) {
+                a.extend(args!["TOKEN", tok]);
+            }
+            if rng.chance(20) {
+                a.extend(args!["OWNER", rng.bytes_in(1, 40)]);
+            }
+            if rng.chance(15) {
+                a.extend(args!["BLOCK", rng.range(1, 50)]);
+            }
+            if rng.chance(10) {
+                a.extend(args!["MINFENCE", rng.next_u64() >> rng.below(64)]);
+            }
+            a
+        }
+        2 => args!["LOCK.RELEASE", k, tok],
+        3 => args!["LOCK.EXTEND", k, tok, "PX", rng.range(1, 3000)],
+        4 => args!["LOCK.INFO", k],
+        _ => args!["LOCK.FORCERELEASE", k],
+    }
+}
+
+fn command(rng: &mut Rng) -> Vec<Vec<u8>> {
+    let mut a: Vec<Vec<u8>> = Vec::new();
+    match rng.below(100) {
+        0..=29 => a = structured(rng),
+        30..=79 => {
+            a.push(rng.pick(NAMES).as_bytes().to_vec());
+            if rng.chance(95) {
+                a.push(key(rng));
+            }
+            let n = rng.below(11);
+            for _ in 0..n {
+                a.push(if rng.chance(45) {
+                    rng.pick(OPTIONS).as_bytes().to_vec()
+                } else {
+                    value(rng)
+                });
+            }
+        }
+        80..=91 => {
+            a.push(rng.pick(OTHERS).as_bytes().to_vec());
+            a.push(key(rng));
+            for _ in 0..rng.below(4) {
+                a.push(value(rng));
+            }
+        }
+        92..=95 => {
+            let (k, v) = (
+                ["lock.default-ttl", "lock.max-ttl", "lock.max-waiters"][rng.below(3) as usize],
+                value(rng),
+            );
+            a.extend(args!["CONFIG", "SET", k, v]);
+        }
+        _ => {
+            a.push(rng.bytes_in(1, 20));
+            for _ in 0..rng.below(5) {
+                a.push(value(rng));
+            }
+        }
+    }
+    tame_block(&mut a, rng);
+    a
+}
+
+fn malformed(rng: &mut Rng) -> Vec<u8> {
+    let mut v: Vec<u8> = match rng.below(9) {
+        0 => b"*-5\r\n".to_vec(),
+        1 => b"*2\r\n$12\r\nLOCK.ACQUIRE\r\n$-1\r\n".to_vec(),
+        2 => b"*2\r\n$12\r\nLOCK.ACQUIRE\r\n$999999999999\r\n".to_vec(),
+        3 => b"*3\r\n$12\r\nLOCK.ACQUIRE\r\n$4\r\nfz:1\r\n$2\r\nPX".to_vec(),
+        4 => b"LOCK.ACQUIRE fz:2 PX \"unterminated\r\n".to_vec(),
+        5 => b"*1\r\n$x\r\n".to_vec(),
+        6 => b"*100000000\r\n".to_vec(),
+        7 => rng.bytes_in(1, 2000),
+        _ => b"*4\r\n$12\r\nLOCK.ACQUIRE\r\n$4\r\nfz:3\r\n$5\r\nBLOCK\r\n".to_vec(),
+    };
+    if rng.chance(20) {
+        v.extend(rng.bytes(64));
+    }
+    v
+}
+
+#[derive(Default)]
+struct Live {
+    commands: u64,
+    malformed: u64,
+    errors: u64,
+    batches: u64,
+    hangs: u64,
+    crash: Option<String>,
+}
+
+fn ping(c: &mut Conn) -> bool {
+    c.set_read_timeout(PING_TIMEOUT).is_ok()
+        && c.cmd(&args!["PING"])
+            .is_ok_and(|r| r == Reply::Simple("PONG".into()))
+}
+
+const WORKERS: u64 = 4;
+
+fn alive(pid: Option<u32>) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    pid.is_some_and(|p| unsafe { libc::kill(p as libc::pid_t, 0) } == 0)
+}
+
+/// One fuzzing connection: batches of commands, then a PING.
+fn live_worker(addr: std::net::SocketAddr, pid: Option<u32>, total: u64, mut rng: Rng) -> Live {
+    let mut st = Live::default();
+    let connect = || Conn::connect(addr, PING_TIMEOUT);
+    let Ok(mut c) = connect() else {
+        st.crash = Some("cannot connect".into());
+        return st;
+    };
+    while st.commands < total && st.crash.is_none() {
+        if rng.chance(30) {
+            // Malformed protocol on a throw-away connection (the server closes it).
+            if let Ok(mut junk) = connect() {
+                junk.queue_raw(&malformed(&mut rng));
+                let _ = junk.flush();
+                let _ = junk.set_read_timeout(Duration::from_millis(50));
+                let _ = junk.read();
+            }
+            st.malformed += 1;
+            st.commands += 1;
+        }
+        let cmds: Vec<Vec<Vec<u8>>> = (0..BATCH).map(|_| command(&mut rng)).collect();
+        for a in &cmds {
+            c.queue(a);
+        }
+        let sent = c.flush();
+        let _ = c.set_read_timeout(PING_TIMEOUT);
+        let mut answered = sent.is_ok();
+        if answered {
+            for _ in &cmds {
+                match c.read() {
+                    Ok(r) => st.errors += u64::from(r.is_error()),
+                    Err(_) => {
+                        answered = false;
+                        break;
+                    }
+                }
+            }
+        }
+        st.commands += BATCH;
+        st.batches += 1;
+        if !answered || !ping(&mut c) {
+            if !alive(pid) {
+                st.crash = Some("server died".into());
+                break;
+            }
+            st.hangs += 1;
+            if st.hangs >= 10 {
+                break; // enough evidence; the rest would only wait
+            }
+            match connect() {
+                Ok(mut n) => {
+                    if ping(&mut n) {
+                        c = n;
+                    } else {
+                        st.crash = Some("server alive but not answering PING".into());
+                    }
+                }
+                Err(_) => st.crash = Some("server alive but not accepting connections".into()),
+            }
+        }
+    }
+    st
+}
+
+fn live(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Live, String> {
+    let addr = server.cfg.addr();
+    let pid = server.pid();
+    let handles: Vec<_> = (0..WORKERS)
+        .map(|i| {
+            let r = rng.fork(i);
+            std::thread::spawn(move || live_worker(addr, pid, total.div_ceil(WORKERS), r))
+        })
+        .collect();
+    let mut st = Live::default();
+    for h in handles {
+        let w = h.join().map_err(|_| "fuzz worker panicked".to_string())?;
+        st.commands += w.commands;
+        st.malformed += w.malformed;
+        st.errors += w.errors;
+        st.batches += w.batches;
+        st.hangs += w.hangs;
+        if st.crash.is_none() {
+            st.crash = w.crash;
+        }
+    }
+    if st.crash.is_some() && !server.is_running() {
+        st.crash = Some(format!("server died\n{}", server.log_tail()));
+    }
+    Ok(st)
+}
+
+#[derive(Default)]
+struct Restore {
+    payloads: u64,
+    accepted: u64,
+    refused: u64,
+    accepted_checked: u64,
+    crash: Option<String>,
+    hangs: u64,
+}
+
+fn with_crc(body: &[u8]) -> Vec<u8> {
+    let crc = Crc::<u64>::new(&CRC_64_REDIS).checksum(body);
+    let mut p = body.to_vec();
+    p.extend_from_slice(&crc.to_le_bytes());
+    p
+}
+
+pub fn mutate(base: &[u8], rng: &mut Rng) -> Vec<u8> {
+    // DUMP: [type][module id: 8][module section ...][EOF][rdb version: 2][crc64: 8]
+    let body = &base[..base.len() - 8];
+    let (head, rest) = body.split_at(9);
+    let (section, version) = rest.split_at(rest.len() - 2);
+    let mut s = section.to_vec();
+    let rounds = rng.range(1, 4);
+    for _ in 0..rounds {
+        if s.is_empty() {
+            s.push(rng.next_u64() as u8);
+            continue;
+        }
+        let at = rng.below(s.len() as u64) as usize;
+        match rng.below(8) {
+            0 => s[at] ^= 1 << rng.below(8),
+            1 => s[at] = rng.next_u64() as u8,
+            2 => s[at] = *rng.pick(&[0x00, 0xFF, 0x80, 0xC0, 0x7F, 0x3F]),
+            3 => s.truncate(at),
+            4 => {
+                let extra = rng.bytes_in(1, 16);
+                s.splice(at..at, extra);
+            }
+            5 => {
+                // A 32-bit or 64-bit length encoding claiming a huge size.
+                let big: &[u8] = if rng.chance(50) {
+                    &[0x80, 0xFF, 0xFF, 0xFF, 0xF0]
+                } else {
+                    &[0x81, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00]
+                };
+                s.splice(at..(at + 1).min(s.len()), big.iter().copied());
+            }
+            6 => {
+                let end = (at + rng.range(1, 16) as usize).min(s.len());
+                let chunk = s[at..end].to_vec();
+                s.splice(at..at, chunk);
+            }
+            _ => {
+                let end = (at + rng.range(1, 8) as usize).min(s.len());
+                s.drain(at..end);
+            }
+        }
+    }
+    let mut out = head.to_vec();
+    out.extend(s);
+    out.extend_from_slice(version);
+    with_crc(&out)
+}
+
+fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, String> {
+    let mut st = Restore::default();
+    let mut c = server.connect().map_err(|e| e.to_string())?;
+    // The live fuzzer may have changed the settings.
+    for (k, v) in [
+        ("lock.max-ttl", "86400000"),
+        ("lock.default-ttl", "30000"),
+        ("lock.max-waiters", "10000"),
+    ] {
+        let r = c
+            .cmd(&args!["CONFIG", "SET", k, v])
+            .map_err(|e| e.to_string())?;
+        if r.is_error() {
+            return Err(format!("CONFIG SET {k} {v}: {r:?}"));
+        }
+    }
+    // Real payloads of several shapes.
+    let mut bases = Vec::new();
+    let shapes: [Vec<Vec<u8>>; 4] = [
+        args!["LOCK.ACQUIRE", "fz:base:0", "PX", 600_000u64],
+        args![
+            "LOCK.ACQUIRE",
+            "fz:base:1",
+            "PX",
+            600_000u64,
+            "OWNER",
+            "worker-7"
+        ],
+        args![
+            "LOCK.ACQUIRE",
+            "fz:base:2",
+            "PX",
+            600_000u64,
+            "TOKEN",
+            "x".repeat(256)
+        ],
+        args![
+            "LOCK.ACQUIRE",
+            "fz:base:3",
+            "PX",
+            600_000u64,
+            "TOKEN",
+            "t",
+            "OWNER",
+            "o".repeat(256)
+        ],
+    ];
+    for (i, a) in shapes.iter().enumerate() {
+        let r = c.cmd(a).map_err(|e| e.to_string())?;
+        r.grant().ok_or(format!("base acquire answered {r:?}"))?;
+        let d = c
+            .cmd(&args!["DUMP", format!("fz:base:{i}")])
+            .map_err(|e| e.to_string())?;
+        let d = d
+            .as_bytes()
+            .ok_or("DUMP of a lock returned nothing")?
+            .to_vec();
+        if d.len() < 20 {
+            return Err("DUMP payload too short".into());
+        }
+        bases.push(d);
+    }
+    // Our CRC must be the server's: an unmutated payload re-signed must load.
+    let resigned = with_crc(&bases[0][..bases[0].len() - 8]);
+    if resigned != bases[0] {
+        return Err("CRC64 (crc::CRC_64_REDIS) does not match the server's DUMP checksum".into());
+    }
+    let mut i = 0u64;
+    while i < total && st.crash.is_none() {
+        let base = &bases[rng.below(bases.len() as u64) as usize];
+        let payload = mutate(base, rng);
+        let key = format!("fz:restore:{}", i % 64);
+        i += 1;
+        st.payloads += 1;
+        let r = c.cmd(&args!["RESTORE", &key, 0u64, &payload, "REPLACE"]);
+        match r {
+            Ok(Reply::Simple(_)) => {
+                st.accepted += 1;
+                // Whatever loaded must behave as a lock.
+                let checks = [
+                    args!["LOCK.INFO", &key],
+                    args!["DUMP", &key],
+                    args!["LOCK.EXTEND", &key, "not-the-token", "PX", 1000u64],
+                    args!["LOCK.ACQUIRE", &key, "PX", 1000u64],
+                    args!["DEL", &key],
+                ];
+                match c.pipeline(&checks) {
+                    Ok(replies) if !replies[0].is_error() => st.accepted_checked += 1,
+                    Ok(replies) => {
+                        st.crash =
+                            Some(format!("a restored lock broke LOCK.INFO: {:?}", replies[0]))
+                    }
+                    Err(_) => {}
+                }
+            }
+            Ok(_) => st.refused += 1,
+            Err(_) => {}
+        }
+        let check = i.is_multiple_of(BATCH)
+            || st.crash.is_some()
+            || c.set_read_timeout(PING_TIMEOUT).is_err();
+        if check && !ping(&mut c) {
+            if !server.is_running() {
+                st.crash = Some(format!(
+                    "server died on a RESTORE payload ({} bytes)\n{}",
+                    payload.len(),
+                    server.log_tail()
+                ));
+                break;
+            }
+            st.hangs += 1;
+            c = server.connect().map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(st)
+}
+
+/// Runs the cargo-fuzz target for `secs`; Ok((executions, crashed)) or Err(why not run).
+fn cargo_fuzz(repo: &Path, secs: u64) -> Result<(u64, Option<String>), String> {
+    let ok = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        return Err("cargo-fuzz is not installed (bash scripts/deps-reliability.sh --fuzz)".into());
+    }
+    let fuzz_dir = repo.join("tools/reliability/fuzz");
+    let log = repo.join("target/reliability/cargo-fuzz.log");
+    let _ = std::fs::create_dir_all(repo.join("target/reliability"));
+    let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let status = Command::new("cargo")
+        .current_dir(repo)
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_DIR", repo.join("target/reliability/fuzz"))
+        .args(["fuzz", "run", "parse_args", "--fuzz-dir"])
+        .arg(&fuzz_dir)
+        .args(["--", "-print_final_stats=1", "-rss_limit_mb=2048"])
+        .arg(format!("-max_total_time={secs}"))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .status()
+        .map_err(|e| format!("cargo fuzz: {e}"))?;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let execs = text
+        .lines()
+        .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match execs {
+        Some(n) if status.success() => Ok((n, None)),
+        Some(n) => Ok((
+            n,
+            Some(format!("cargo fuzz found a failure; see {}", log.display())),
+        )),
+        None => Err(format!(
+            "cargo fuzz did not run ({status}); last lines of {}:\n{}",
+            log.display(),
+            proc::file_tail(&log, 8)
+        )),
+    }
+}
+
+pub fn run(env: &Env) -> Outcome {
+    let mut o = Outcome::new(
+        6,
+        "fuzz",
+        "Bad input (live fuzzer, hostile RESTORE payloads, cargo fuzz)",
+        "0 crashes, 0 hangs in >= 100,000 commands; hostile RESTORE refused without a crash",
+    );
+    if let Err(e) = run_inner(env, &mut o) {
+        o.fail(e);
+    }
+    o
+}
+
+fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
+    let mut rng = Rng::new(env.seed ^ 0x6675_7a7a);
+    let mut server = env.start("fuzz")?;
+    let t = Instant::now();
+    let lv = live(&mut server, env.n(300_000.0, 20_000.0), &mut rng)?;
+    let live_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let rs = restore(&mut server, env.n(20_000.0, 3_000.0), &mut rng)?;
+    let restore_secs = t.elapsed().as_secs_f64();
+    let caught = if server.is_running() {
+        panics(&server)
+    } else {
+        None
+    };
+    let crashes = u64::from(lv.crash.is_some()) + u64::from(rs.crash.is_some());
+    let hangs = lv.hangs + rs.hangs;
+    o.figure = format!(
+        "{crashes} crashes, {hangs} hangs in {} commands; {} hostile RESTORE payloads: {} refused, {} loaded and behaved as locks, 0 crashes",
+        thousands(lv.commands),
+        thousands(rs.payloads),
+        thousands(rs.refused),
+        thousands(rs.accepted_checked)
+    );
+    o.trials = format!(
+        "{} commands ({} malformed-protocol, {} error replies) in {:.0} s; {} RESTORE payloads in {:.0} s",
+        thousands(lv.commands),
+        thousands(lv.malformed),
+        thousands(lv.errors),
+        live_secs,
+        thousands(rs.payloads),
+        restore_secs
+    );
+    o.note(format!(
+        "Live: commands built from the module's command names, option names, edge-case integers, binary and 10-100 KB strings, wrong types, CONFIG SET of lock.* and random names, and well-formed lock commands with random values (so that grants, renewals, waits, hand-offs and releases happen in between); malformed RESP on a throw-away connection before about one batch in three; {WORKERS} connections in parallel, each PINGing (5 s timeout) after every batch of {BATCH}. BLOCK values are kept to 1..50 ms so that a wait cannot pass for a hang. Caught Rust panics reported by INFO lock: {caught:?}."
+    ));
+    o.note("RESTORE: DUMP payloads of real locks (with and without OWNER, 256-byte TOKEN and OWNER), 1-3 mutations each in the module section (bit flips, random bytes, truncation, insertions, duplicated or deleted runs, huge length encodings), CRC64 recomputed with crc::CRC_64_REDIS so the server passes them to the module's rdb_load. Whatever loaded was then used as a lock (LOCK.INFO, DUMP, EXTEND, ACQUIRE, DEL).".to_string());
+    o.note("Parser property tests (proptest, src/args.rs) run in CI with the unit tests (`make unit`).");
+    if let Some(c) = &lv.crash {
+        o.fail(format!("live fuzzer: {c}"));
+    }
+    if let Some(c) = &rs.crash {
+        o.fail(format!("RESTORE: {c}"));
+    }
+    if hangs > 0 {
+        o.note(super::mutex::HANG_DIAGNOSIS);
+        o.fail(format!(
+            "{hangs} batches without a reply within {} s",
+            PING_TIMEOUT.as_secs()
+        ));
+    }
+    if caught.is_some_and(|n| n > 0) {
+        o.fail(format!(
+            "{caught:?} Rust panics caught (each is a bug, though not a crash)"
+        ));
+    }
+    if env.short {
+        o.note("cargo fuzz: not part of the short run.");
+    } else {
+        match cargo_fuzz(&env.repo, env.secs(90.0, 10.0).as_secs()) {
+            Ok((n, None)) => {
+                o.note(format!(
+                    "cargo fuzz (libFuzzer, RUSTC_BOOTSTRAP=1 on the stable toolchain) on the parser (tools/reliability/fuzz): {} executions, no failure.",
+                    thousands(n)
+                ));
+                o.trials
+                    .push_str(&format!("; cargo fuzz {} execs", thousands(n)));
+            }
+            Ok((n, Some(e))) => {
+                o.fail(format!("cargo fuzz after {} executions: {e}", thousands(n)))
+            }
+            Err(e) => o.note(format!("cargo fuzz: NOT RUN: {e}")),
+        }
+    }
+    Ok(())
+}

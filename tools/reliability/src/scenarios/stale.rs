@@ -1,0 +1,287 @@
+//! Scenario 4: the stale holder (Kleppmann's pause). A holder process acquires a lock,
+//! reads the protected data, checks that its lease is still valid, and is then
+//! SIGSTOPped for twice its TTL, between that check and its write. Meanwhile another
+//! client acquires the (expired) lock and writes. After SIGCONT the paused holder writes
+//! too, believing it still holds the lock. With the fenced store
+//! (scripts/reliability/fenced_store.lua) that stale write must be refused every time;
+//! the control run with a plain write shows the newer data overwritten.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::args;
+use crate::common::{panics, pct, Env, Outcome};
+use crate::proc::{self, Server, ServerCfg};
+use crate::resp::{Conn, Reply};
+
+pub const FENCED_STORE_LUA: &str = include_str!("../../../../scripts/reliability/fenced_store.lua");
+/// How long the holder waits between its lease check and its write (the window in
+/// which it is stopped).
+const WINDOW_MS: u64 = 150;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Fenced,
+    Plain,
+}
+
+fn store_write(
+    c: &mut Conn,
+    mode: Mode,
+    sha: &str,
+    rkey: &str,
+    fence: u64,
+    value: &str,
+) -> Result<bool, String> {
+    let r = match mode {
+        Mode::Fenced => c.cmd(&args!["EVALSHA", sha, 1u64, rkey, fence, value]),
+        Mode::Plain => c.cmd(&args!["HSET", rkey, "value", value, "fence", fence]),
+    }
+    .map_err(|e| e.to_string())?;
+    match (mode, &r) {
+        (Mode::Fenced, Reply::Int(1)) => Ok(true),
+        (Mode::Fenced, Reply::Int(0)) => Ok(false),
+        (Mode::Plain, Reply::Int(_)) => Ok(true),
+        _ => Err(format!("store write answered {r:?}")),
+    }
+}
+
+/// The holder process: `stale-holder LOCK_ADDR STORE_ADDR KEY RKEY TTL MODE SHA`.
+pub fn holder_main(a: &[String]) -> ExitCode {
+    match holder(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!("ERROR {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn holder(a: &[String]) -> Result<(), String> {
+    let [lock, store, key, rkey, ttl, mode, sha] = a else {
+        return Err("usage: stale-holder LOCK STORE KEY RKEY TTL fenced|plain SHA".into());
+    };
+    let lock: SocketAddr = lock.parse().map_err(|_| "bad lock address")?;
+    let store: SocketAddr = store.parse().map_err(|_| "bad store address")?;
+    let ttl: u64 = ttl.parse().map_err(|_| "bad ttl")?;
+    let mode = if mode == "fenced" {
+        Mode::Fenced
+    } else {
+        Mode::Plain
+    };
+    let t = Duration::from_secs(5);
+    let mut lc = Conn::connect(lock, t).map_err(|e| e.to_string())?;
+    let mut sc = Conn::connect(store, t).map_err(|e| e.to_string())?;
+    let acquired = Instant::now();
+    let r = lc
+        .cmd(&args!["LOCK.ACQUIRE", key, "PX", ttl])
+        .map_err(|e| e.to_string())?;
+    let (_, fence) = r.grant().ok_or(format!("acquire answered {r:?}"))?;
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "GRANTED {fence}");
+    // Read-modify-write: read, check the lease, (pause here), write.
+    let _ = sc
+        .cmd(&args!["HGET", rkey, "value"])
+        .map_err(|e| e.to_string())?;
+    if acquired.elapsed() >= Duration::from_millis(ttl) {
+        return Err("lease already over before the pause".into());
+    }
+    // Timed from before the parent can see CHECKED (and stop us).
+    let checked = Instant::now();
+    let _ = writeln!(out, "CHECKED");
+    let _ = out.flush();
+    std::thread::sleep(Duration::from_millis(WINDOW_MS));
+    let ok = store_write(&mut sc, mode, sha, rkey, fence, &format!("holder-{fence}"))?;
+    let _ = writeln!(
+        out,
+        "WROTE {} {}",
+        if ok { "accepted" } else { "rejected" },
+        checked.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+fn read_line(r: &mut BufReader<std::process::ChildStdout>) -> Result<String, String> {
+    let mut l = String::new();
+    r.read_line(&mut l).map_err(|e| e.to_string())?;
+    if l.is_empty() {
+        return Err("holder exited early".into());
+    }
+    if let Some(e) = l.strip_prefix("ERROR ") {
+        return Err(format!("holder: {}", e.trim()));
+    }
+    Ok(l.trim().to_string())
+}
+
+struct Trial {
+    valid: bool,
+    stale_accepted: bool,
+    corrupted: bool,
+}
+
+struct KillOnDrop(Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn trial(
+    env: &Env,
+    lock: &Server,
+    store: &Server,
+    mode: Mode,
+    sha: &str,
+    i: u64,
+    ttl: u64,
+) -> Result<Trial, String> {
+    let key = format!("rel:stale:{i}:{mode:?}");
+    let rkey = format!("resource:{i}:{mode:?}");
+    let child = Command::new(&env.exe)
+        .arg("stale-holder")
+        .arg(lock.cfg.addr().to_string())
+        .arg(store.cfg.addr().to_string())
+        .args([&key, &rkey, &ttl.to_string()])
+        .arg(if mode == Mode::Fenced {
+            "fenced"
+        } else {
+            "plain"
+        })
+        .arg(sha)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("spawn holder: {e}"))?;
+    let mut child = KillOnDrop(child);
+    let pid = child.0.id();
+    let mut out = BufReader::new(child.0.stdout.take().ok_or("no stdout")?);
+    let granted = read_line(&mut out)?;
+    let holder_fence: u64 = granted
+        .strip_prefix("GRANTED ")
+        .and_then(|f| f.parse().ok())
+        .ok_or(format!("holder said {granted:?}"))?;
+    let checked = read_line(&mut out)?;
+    if checked != "CHECKED" {
+        return Err(format!("holder said {checked:?}"));
+    }
+    proc::signal(pid, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(2 * ttl));
+    // The lease is over: another client takes the lock and writes.
+    let mut lc = lock.connect().map_err(|e| e.to_string())?;
+    let mut sc = store.connect().map_err(|e| e.to_string())?;
+    let r = lc
+        .cmd(&args!["LOCK.ACQUIRE", &key, "PX", 10_000u64])
+        .map_err(|e| e.to_string())?;
+    let (token, fence) = r.grant().ok_or(format!(
+        "second client could not acquire after 2x TTL: {r:?}"
+    ))?;
+    if fence <= holder_fence {
+        return Err(format!(
+            "new fence {fence} not above the paused holder's {holder_fence}"
+        ));
+    }
+    let newer = format!("newer-{fence}");
+    if !store_write(&mut sc, mode, sha, &rkey, fence, &newer)? {
+        return Err("the current holder's write was refused".into());
+    }
+    proc::signal(pid, libc::SIGCONT);
+    let wrote = read_line(&mut out)?;
+    let mut parts = wrote.split_whitespace();
+    let (tag, verdict, elapsed) = (parts.next(), parts.next(), parts.next());
+    if tag != Some("WROTE") {
+        return Err(format!("holder said {wrote:?}"));
+    }
+    let elapsed: u64 = elapsed.and_then(|e| e.parse().ok()).unwrap_or(0);
+    let _ = child.0.wait();
+    let value = sc
+        .cmd(&args!["HGET", &rkey, "value"])
+        .map_err(|e| e.to_string())?
+        .as_text()
+        .unwrap_or_default();
+    let _ = lc.cmd(&args!["LOCK.RELEASE", &key, &token]);
+    Ok(Trial {
+        // The stop must have landed between the check and the write.
+        valid: elapsed >= 2 * ttl,
+        stale_accepted: verdict == Some("accepted"),
+        corrupted: value != newer,
+    })
+}
+
+pub fn run(env: &Env) -> Outcome {
+    let mut o = Outcome::new(
+        4,
+        "stale",
+        "Stale holder (SIGSTOP for 2x TTL, Kleppmann's pause)",
+        "fenced store refuses 100% of stale writes; the unfenced control shows the corruption",
+    );
+    if let Err(e) = run_inner(env, &mut o) {
+        o.fail(e);
+    }
+    o
+}
+
+fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
+    let lock = env.start("stale-lock")?;
+    let store_cfg = ServerCfg::new(&env.server_bin, &env.dir("stale-store"), None)
+        .map_err(|e| e.to_string())?;
+    let store = Server::start(store_cfg)?;
+    let sha = store
+        .connect()
+        .and_then(|mut c| c.cmd(&args!["SCRIPT", "LOAD", FENCED_STORE_LUA]))
+        .map_err(|e| e.to_string())?
+        .as_text()
+        .ok_or("SCRIPT LOAD failed")?;
+    let trials = env.n(20.0, 3.0);
+    let ttl = if env.short { 200 } else { 300 };
+    let mut stats = [(0u64, 0u64, 0u64, 0u64); 2]; // valid, stale accepted, corrupted, invalid
+    for (mi, mode) in [Mode::Fenced, Mode::Plain].into_iter().enumerate() {
+        let mut i = 0;
+        let mut attempts = 0;
+        while i < trials && attempts < trials * 3 {
+            attempts += 1;
+            let t = trial(env, &lock, &store, mode, &sha, attempts, ttl)?;
+            if !t.valid {
+                stats[mi].3 += 1;
+                continue;
+            }
+            i += 1;
+            stats[mi].0 += 1;
+            stats[mi].1 += u64::from(t.stale_accepted);
+            stats[mi].2 += u64::from(t.corrupted);
+        }
+    }
+    let (fv, fa, fc, finv) = stats[0];
+    let (pv, pa, pc, pinv) = stats[1];
+    o.figure = format!(
+        "fenced: {} of {fv} stale writes refused ({}); unfenced control: {pc} of {pv} runs corrupted",
+        fv - fa,
+        pct(fv - fa, fv)
+    );
+    o.trials = format!(
+        "{fv} fenced + {pv} control pauses of {} ms (TTL {ttl} ms)",
+        2 * ttl
+    );
+    o.note(format!(
+        "Each run: holder acquires (TTL {ttl} ms), reads, checks its lease, is SIGSTOPped for {} ms between the check and its write; a second client acquires the expired lock (always granted, always with a higher fence) and writes; SIGCONT; the holder writes.",
+        2 * ttl
+    ));
+    o.note(format!(
+        "Fenced: {fa} stale writes accepted, {fc} runs where the newer value was lost. Control (plain HSET): {pa} stale writes accepted, {pc} runs where the newer value was overwritten. Runs discarded because the stop missed the window: {}.",
+        finv + pinv
+    ));
+    o.note("The lock cannot stop a paused process from writing: only the store can, by refusing fences lower than one it has seen. Copy scripts/reliability/fenced_store.lua (printed below).");
+    if fv == 0 || fa > 0 || fc > 0 {
+        o.fail(format!("fenced store accepted {fa} of {fv} stale writes"));
+    }
+    if pv == 0 || pc == 0 {
+        o.fail("the control run did not show the corruption (the pause did not take effect)");
+    }
+    if panics(&lock) != Some(0) {
+        o.fail("lock_panics > 0");
+    }
+    Ok(())
+}
