@@ -73,3 +73,108 @@ test: deps
 clean:
 	$(CARGO) clean
 	rm -rf appendonlydir dump.rdb
+
+# ---------------------------------------------------------------- bench-contention
+# N clients contend for one lock, each holding it c ms: the module's LOCK.ACQUIRE BLOCK
+# (server-side FIFO hand-off) against the client-side waiting of redis-py, node-redlock/
+# redsync and python-redis-lock. Starts its own redis-server 7.0.15 with the module, then
+# rewrites only the section between <!-- contention:begin --> and <!-- contention:end -->
+# in docs/BENCHMARKS.md and draws docs/contention.png. Not part of `make test`; takes
+# about 2 minutes. Env: CONTENTION_SECS (per cell, default 3), CONTENTION_N (1,2,8,64),
+# CONTENTION_HOLD_MS (0,1), CONTENTION_METHODS (module,poll100,jitter,blpop).
+.PHONY: bench-contention contention-unit
+bench-contention: deps build
+	$(CARGO) build --release -p redis-lock-contention
+	CONTENTION_VIA_MAKE=1 LOCK_MODULE=$(MODULE) LOCK_SERVER_BIN=$(SERVER_SYSTEM) \
+	    $(CURDIR)/target/release/redis-lock-contention \
+	    --docs $(CURDIR)/docs/BENCHMARKS.md --chart $(CURDIR)/docs/contention.png
+
+# The benchmark's own unit tests (statistics, docs splice); no server, a second or two.
+contention-unit:
+	$(CARGO) test --release -p redis-lock-contention
+EXTRA_TESTS += contention-unit
+
+# ---- performance (issue 6); not part of `make test` -------------------------------------
+#   make bench                      every suite on all three servers (~20 min here): writes the
+#                                   perf section of docs/BENCHMARKS.md and docs/perf.png
+#   make bench-callgrind            only the instructions per command (table 5 of that section)
+#   make bench-callgrind-baseline   same, and record the counts as the "before" column
+# Sizes and durations: BENCH_ROUNDS, BENCH_OPS_P1, BENCH_OPS_P16, BENCH_LAT_OPS,
+# BENCH_MEM_LOCKS, BENCH_WAITERS, BENCH_LEVELS, BENCH_CG_OPS, BENCH_RB_ROUNDS, BENCH_SUITES
+# (see bench/src/config.rs), e.g. `BENCH_ROUNDS=3 BENCH_OPS_P16=200000 make bench`.
+.PHONY: bench bench-deps bench-callgrind bench-callgrind-baseline
+
+BENCH_RUN = BENCH_ROOT=$(CURDIR) LOCK_MODULE=$(MODULE) \
+	BENCH_SERVERS="$${BENCH_SERVERS:-$(SERVER_SYSTEM),$(SERVER_REDIS8),$(SERVER_VALKEY)}" \
+	$(CARGO) run --release -q -p redis-lock-bench --
+
+# redis-benchmark comes with redis-tools (scripts/deps.sh); callgrind with valgrind.
+bench-deps: deps
+	command -v redis-benchmark >/dev/null
+	if ! command -v valgrind >/dev/null 2>&1 || ! command -v callgrind_control >/dev/null 2>&1; then \
+	    SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+	    $$SUDO apt-get update -qq; \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends valgrind; \
+	fi
+
+bench: bench-deps build
+	$(BENCH_RUN) all
+
+bench-callgrind: bench-deps build
+	$(BENCH_RUN) callgrind
+
+bench-callgrind-baseline: bench-deps build
+	$(BENCH_RUN) callgrind --save-baseline
+
+# ---- client crate, CLI and any-client examples (issue 5) --------------------------------
+#   make test-client     the client crate's tests (single server, Redlock on 5 servers,
+#                        the redis-lock CLI, a 3-master cluster) once per server
+#   make test-examples   examples/run.sh: examples/python/inventory.py (redis-py, in a venv
+#                        under target/venv-examples) and examples/node/daily-report.mjs
+#                        (node-redis, under target/node-examples; skipped without node/npm)
+#                        against a freshly spawned server
+.PHONY: test-client test-examples
+CLIENT_TEST_SERVERS ?= $(TEST_SERVERS)
+
+test-client: build
+	export LOCK_MODULE=$(MODULE) LOCK_REDIS_CLI=$(REDIS_CLI); \
+	for bin in $(CLIENT_TEST_SERVERS); do \
+	    echo; echo "== client tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
+	    LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock-client -- $(TEST_ARGS); \
+	done; \
+	echo; echo "== client tests passed against: $(CLIENT_TEST_SERVERS)"
+EXTRA_TESTS += test-client
+
+test-examples: build
+	LOCK_MODULE=$(MODULE) EXAMPLE_SERVER=$(SERVER_SYSTEM) bash examples/run.sh
+EXTRA_TESTS += test-examples
+
+# ---- reliability under faults (issue 4) --------------------------------------------------
+#   make reliability        every scenario at full size (under 20 min at SCALE=1), writes
+#                           docs/RELIABILITY.md; exits non-zero when a target is missed or a
+#                           scenario could not run (needs root: ip netns + nft, valgrind)
+#       SCALE=0.1..10       multiplies operation counts and time budgets
+#       ONLY=mutex,clock    some scenarios only (prints rows, leaves the doc alone)
+#       SEED=n              the run's random seed (printed by every run)
+#       RELIABILITY_SERVER  server binary (default Debian's redis-server, which valgrind needs)
+#   make reliability-short  the same code and assertions with fewer operations (CI, ~2-3 min)
+.PHONY: reliability reliability-short reliability-build
+SCALE ?= 1
+ONLY ?=
+SEED ?=
+RELIABILITY_SERVER ?= $(SERVER_SYSTEM)
+RELIABILITY_BIN := $(CURDIR)/target/release/redis-lock-reliability
+RELIABILITY_ARGS = --server $(RELIABILITY_SERVER) --module $(MODULE) $(if $(SEED),--seed $(SEED))
+
+reliability-build: build
+	bash scripts/deps-reliability.sh $(RELIABILITY_DEPS_ARGS)
+	$(CARGO) build --release -p redis-lock-reliability
+
+reliability: deps
+	$(MAKE) --no-print-directory reliability-build RELIABILITY_DEPS_ARGS=--fuzz
+	$(RELIABILITY_BIN) run --scale $(SCALE) $(RELIABILITY_ARGS) \
+	    $(if $(ONLY),--only $(ONLY),--out $(CURDIR)/docs/RELIABILITY.md)
+
+reliability-short: reliability-build
+	$(RELIABILITY_BIN) run --short $(RELIABILITY_ARGS)
+EXTRA_TESTS += reliability-short

@@ -101,7 +101,13 @@ pub fn now_utc() -> String {
 
 fn bench_server(spec: &ServerSpec, cfg: &Config) -> io::Result<ServerResults> {
     eprintln!("== {} ({})", spec.label, spec.bin.display());
-    let server = Server::start(spec, &cfg.module, &cfg.work, &[], std::time::Duration::from_secs(30))?;
+    let server = Server::start(
+        spec,
+        &cfg.module,
+        &cfg.work,
+        &[],
+        std::time::Duration::from_secs(30),
+    )?;
     let mut c = server.conn()?;
     let scripts = ops::Scripts::load(&mut c)?;
     let mut r = ServerResults {
@@ -131,7 +137,10 @@ fn bench_server(spec: &ServerSpec, cfg: &Config) -> io::Result<ServerResults> {
     }
     if cfg.has("crosscheck") && cfg.rb_rounds > 0 {
         r.crosscheck = Some(crosscheck::run(&server, cfg, &scripts)?);
-        eprintln!("  redis-benchmark cross-check done at {:.0}s", t.elapsed().as_secs_f64());
+        eprintln!(
+            "  redis-benchmark cross-check done at {:.0}s",
+            t.elapsed().as_secs_f64()
+        );
     }
     Ok(r)
 }
@@ -197,13 +206,40 @@ fn callgrind_only(cfg: Config, save_baseline: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Raises the open-file limit to its hard maximum (the servers started from here inherit
+/// it) and returns it: 10^4 waiters need 10^4 connections on both ends.
+fn raise_fd_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 1024;
+        }
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+    }
+    r.rlim_cur
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let root = std::env::var("BENCH_ROOT")
         .map(PathBuf::from)
         .or_else(|_| std::env::current_dir())
         .unwrap_or_else(|_| PathBuf::from("."));
-    let cfg = Config::from_env(root);
+    let mut cfg = Config::from_env(root);
+    let fds = raise_fd_limit();
+    let usable = fds.saturating_sub(500);
+    if cfg.waiters > usable {
+        eprintln!(
+            "open-file limit is {fds}: measuring {usable} waiters instead of {}",
+            cfg.waiters
+        );
+        cfg.waiters = usable;
+    }
     if let Err(e) = std::fs::create_dir_all(&cfg.work) {
         eprintln!("cannot create {}: {e}", cfg.work.display());
         return ExitCode::FAILURE;

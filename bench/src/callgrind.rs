@@ -1,0 +1,355 @@
+//! Instructions per command under `valgrind --tool=callgrind`, which counts
+//! instructions and so is stable on a noisy machine. One server runs under callgrind;
+//! for each phase the counters are zeroed (`callgrind_control -z`), N commands are sent
+//! (one connection, pipeline 16, every reply checked) and the counters dumped
+//! (`callgrind_control -d`). Instructions per command = the dump's total / N; the PING
+//! phase is the floor every command pays (network, parsing, dispatch, reply).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::load::{self, Workload};
+use crate::memory::{block_all, connect_many, hold_locks};
+use crate::ops::{flushall, Op, OpLoad, Scripts};
+use crate::scaling::{top_up, SpreadExtend};
+use crate::server::{Server, ServerSpec};
+
+/// The phases, in order. Keys: `cgm` module locks, `cgs` string locks, `cgg` locks
+/// with a server-generated token. Each phase finds its keys in the state it needs:
+/// ACQUIRE/SET on free keys, EXTEND/RELEASE on keys the earlier phases hold.
+pub const PHASES: [(&str, Op, &[u8]); 8] = [
+    ("PING", Op::Ping, b"cgp"),
+    ("SET NX PX", Op::SetNx, b"cgs"),
+    ("LOCK.ACQUIRE (TOKEN)", Op::Acquire, b"cgm"),
+    ("LOCK.ACQUIRE (generated token)", Op::AcquireGen, b"cgg"),
+    ("LOCK.EXTEND", Op::Extend, b"cgm"),
+    ("EVALSHA extend", Op::EvalExtend, b"cgs"),
+    ("LOCK.RELEASE", Op::Release, b"cgm"),
+    ("EVALSHA release", Op::EvalRelease, b"cgs"),
+];
+
+/// Self cost of one function per command.
+#[derive(Debug, Clone)]
+pub struct FnCost {
+    pub function: String,
+    pub object: String,
+    pub per_cmd: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Phase {
+    pub name: &'static str,
+    pub op: Op,
+    pub per_cmd: f64,
+    /// The most expensive functions (self cost), all objects.
+    pub top: Vec<FnCost>,
+    /// Self cost of the module's own code (libredis_lock.so) per command.
+    pub module_self: f64,
+    /// Inclusive cost per command of the module's functions and of the server API
+    /// (`RM_*`) they call: where a command's instructions go.
+    pub inclusive: Vec<FnCost>,
+    pub dump: PathBuf,
+}
+
+/// Instructions at one level of held locks: O(1) commands cost the same at every level.
+#[derive(Debug, Clone, Copy)]
+pub struct CgLevel {
+    pub held: u64,
+    /// Clients blocked on other locks meanwhile.
+    pub waiters: u64,
+    /// LOCK.ACQUIRE + LOCK.RELEASE of a fresh key, per cycle.
+    pub cycle: f64,
+    /// LOCK.EXTEND of a lock picked all over the held set.
+    pub extend: f64,
+    /// The same, counting only command execution (the server's `call()`): without
+    /// the event loop and the time-driven cron, which under valgrind's slowdown weighs
+    /// far more per command than it does natively.
+    pub cycle_exec: f64,
+    pub extend_exec: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Callgrind {
+    pub server: String,
+    pub ops: u64,
+    pub phases: Vec<Phase>,
+    pub levels: Vec<CgLevel>,
+}
+
+impl Callgrind {
+    pub fn get(&self, op: Op) -> f64 {
+        self.phases
+            .iter()
+            .find(|p| p.op == op)
+            .map_or(f64::NAN, |p| p.per_cmd)
+    }
+}
+
+fn control(args: &[&str]) -> io::Result<()> {
+    let out = Command::new("callgrind_control").args(args).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains("OK") {
+        return Err(io::Error::other(format!(
+            "callgrind_control {args:?} failed: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
+}
+
+/// `summary:` of a callgrind dump: the instructions it counted.
+pub fn summary(path: &Path) -> io::Result<u64> {
+    let text = fs::read_to_string(path)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("summary:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| io::Error::other(format!("no summary in {}", path.display())))
+}
+
+/// Cost per function from `callgrind_annotate`: self cost, or inclusive cost.
+fn annotate(path: &Path, ops: u64, inclusive: bool) -> io::Result<Vec<FnCost>> {
+    let mode = if inclusive { "yes" } else { "no" };
+    let out = Command::new("callgrind_annotate")
+        .arg(format!("--inclusive={mode}"))
+        .arg("--threshold=100")
+        .arg(path)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let name = format!(
+        "{}.{}.txt",
+        path.file_name()
+            .map_or("dump".into(), |f| f.to_string_lossy()),
+        if inclusive { "inclusive" } else { "self" }
+    );
+    fs::write(path.with_file_name(name), &text)?;
+    let total = summary(path)? as f64;
+    let mut v = vec![];
+    for line in text.lines() {
+        // "  1,234 ( 5.6%)  file:function [object]"
+        let line = line.trim();
+        let Some((num, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(ir) = num.replace(',', "").parse::<u64>() else {
+            continue;
+        };
+        let Some((_, rest)) = rest.split_once(')') else {
+            continue;
+        };
+        let rest = rest.trim();
+        if rest.is_empty() || rest == "PROGRAM TOTALS" {
+            continue;
+        }
+        // Functions still on the stack at the dump (main, aeMain, ...) show their
+        // whole inclusive cost here; they are not a command's own work.
+        if !inclusive && ir as f64 > total * 0.5 {
+            continue;
+        }
+        let (func, object) = match rest.rsplit_once(" [") {
+            Some((f, o)) => (f, o.trim_end_matches(']')),
+            None => (rest, ""),
+        };
+        // "file:function", then " (N×)" call counts in the inclusive listing.
+        let func = func.split_once(':').map_or(func, |(_, f)| f);
+        let func = match func.rsplit_once(" (") {
+            Some((f, count)) if count.ends_with("x)") => f,
+            _ => func,
+        };
+        v.push(FnCost {
+            function: func.to_string(),
+            object: Path::new(object)
+                .file_name()
+                .map_or(object.to_string(), |f| f.to_string_lossy().into_owned()),
+            per_cmd: ir as f64 / ops as f64,
+        });
+    }
+    Ok(v)
+}
+
+/// Inclusive instructions of the server's `call()` (command execution) per operation.
+fn executing(dump: &Path, ops: u64) -> io::Result<f64> {
+    Ok(annotate(dump, ops, true)?
+        .iter()
+        .find(|f| f.function == "call")
+        .map_or(f64::NAN, |f| f.per_cmd))
+}
+
+/// Keeps the server API calls (`RM_*`) and the module's own functions, once each
+/// (inlined code shows up under several file names), most expensive first.
+fn api_costs(all: Vec<FnCost>) -> Vec<FnCost> {
+    let mut v: Vec<FnCost> = vec![];
+    for f in all {
+        let interesting = f.function.starts_with("RM_")
+            || f.function.starts_with("redis_lock::")
+            || f.function == "moduleNotifyKeyspaceEvent";
+        if !interesting {
+            continue;
+        }
+        match v.iter_mut().find(|g| g.function == f.function) {
+            Some(g) => g.per_cmd = g.per_cmd.max(f.per_cmd),
+            None => v.push(f),
+        }
+    }
+    v.sort_by(|a, b| b.per_cmd.total_cmp(&a.per_cmd));
+    v
+}
+
+pub fn run(spec: &ServerSpec, cfg: &Config) -> io::Result<Callgrind> {
+    let dir = cfg.work.join("callgrind");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    let out = dir.join("cg.out");
+    let wrapper: Vec<String> = vec![
+        "valgrind".into(),
+        "--tool=callgrind".into(),
+        format!("--callgrind-out-file={}", out.display()),
+        "--dump-instr=no".into(),
+    ];
+    let server = Server::start(
+        spec,
+        &cfg.module,
+        &cfg.work,
+        &wrapper,
+        Duration::from_secs(180),
+    )?;
+    let pid = server.pid().to_string();
+    let mut c = server.conn()?;
+    flushall(&mut c)?;
+    let scripts = Scripts::load(&mut c)?;
+    let mut dumps = 0;
+    // Zero, run, dump; returns the dump and the instructions it counted.
+    let mut measure = |w: &dyn Workload, ops: u64, what: &str| -> io::Result<(PathBuf, f64)> {
+        control(&["-z", &pid])?;
+        load::run(server.port, 1, 16, ops, w)?.checked(what)?;
+        control(&["-d", &pid])?;
+        dumps += 1;
+        let dump = PathBuf::from(format!("{}.{dumps}", out.display()));
+        let start = Instant::now();
+        while !dump.exists() && start.elapsed() < Duration::from_secs(30) {
+            sleep(Duration::from_millis(100));
+        }
+        let total = summary(&dump)? as f64;
+        Ok((dump, total))
+    };
+    let mut phases = vec![];
+    for (name, op, prefix) in PHASES.iter() {
+        let w = OpLoad {
+            op: *op,
+            prefix,
+            scripts: &scripts,
+            wrap: 0,
+        };
+        let (dump, total) = measure(&w, cfg.cg_ops, name)?;
+        let per_cmd = total / cfg.cg_ops as f64;
+        let costs = annotate(&dump, cfg.cg_ops, false)?;
+        let inclusive = api_costs(annotate(&dump, cfg.cg_ops, true)?);
+        let module_self = costs
+            .iter()
+            .filter(|f| f.object.contains("redis_lock"))
+            .map(|f| f.per_cmd)
+            .sum();
+        eprintln!(
+            "  [callgrind {}] {name}: {per_cmd:.0} Ir/command",
+            spec.label
+        );
+        phases.push(Phase {
+            name,
+            op: *op,
+            per_cmd,
+            top: costs.into_iter().take(25).collect(),
+            module_self,
+            inclusive,
+            dump,
+        });
+    }
+    let mut levels = vec![];
+    let mut held = 0;
+    let cycle_ops = (cfg.cg_ops / 2).max(1) * 2;
+    // The held-lock levels, then the last level again with blocked waiters on top.
+    let mut steps: Vec<(u64, u64)> = cfg.cg_levels.iter().map(|&n| (n, 0)).collect();
+    if let (Some(&last), true) = (cfg.cg_levels.last(), cfg.waiters > 0) {
+        steps.push((last, cfg.waiters));
+    }
+    let mut blocked = vec![];
+    for (n, waiters) in steps {
+        top_up(server.port, held, n)?;
+        held = n;
+        if waiters > 0 {
+            hold_locks(&mut c, "wl", cfg.wait_locks)?;
+            blocked = connect_many(server.port, waiters)?;
+            block_all(&mut c, &mut blocked, "wl", cfg.wait_locks)?;
+        }
+        let w = OpLoad {
+            op: Op::CycleModule,
+            prefix: b"cgc",
+            scripts: &scripts,
+            wrap: 0,
+        };
+        let (d1, cycle) = measure(&w, cycle_ops, "cycle")?;
+        let spread = SpreadExtend {
+            held,
+            pexpire: false,
+        };
+        let (d2, extend) = measure(&spread, cfg.cg_ops, "extend")?;
+        let cycles = cycle_ops / 2;
+        let l = CgLevel {
+            held,
+            waiters,
+            cycle: cycle / cycles as f64,
+            extend: extend / cfg.cg_ops as f64,
+            cycle_exec: executing(&d1, cycles)?,
+            extend_exec: executing(&d2, cfg.cg_ops)?,
+        };
+        eprintln!(
+            "  [callgrind {}] {held} held, {waiters} waiters: {:.0} Ir per ACQUIRE+RELEASE ({:.0} executing), {:.0} Ir per EXTEND ({:.0} executing)",
+            spec.label, l.cycle, l.cycle_exec, l.extend, l.extend_exec
+        );
+        levels.push(l);
+    }
+    drop(blocked);
+    drop(c);
+    drop(server);
+    Ok(Callgrind {
+        server: spec.label.clone(),
+        ops: cfg.cg_ops,
+        phases,
+        levels,
+    })
+}
+
+/// The baseline ("before") file: `name<TAB>Ir/command` lines, `#` comments.
+pub fn read_baseline(path: &Path) -> Option<(String, Vec<(String, f64)>)> {
+    let text = fs::read_to_string(path).ok()?;
+    let mut note = String::new();
+    let mut rows = vec![];
+    for line in text.lines() {
+        if let Some(c) = line.strip_prefix('#') {
+            if note.is_empty() {
+                note = c.trim().to_string();
+            }
+            continue;
+        }
+        if let Some((k, v)) = line.split_once('\t') {
+            if let Ok(v) = v.trim().parse() {
+                rows.push((k.to_string(), v));
+            }
+        }
+    }
+    Some((note, rows))
+}
+
+pub fn write_baseline(path: &Path, cg: &Callgrind, date: &str) -> io::Result<()> {
+    let mut s = format!(
+        "# {date}, {}, {} commands per phase; written by `make bench-callgrind-baseline`\n",
+        cg.server, cg.ops
+    );
+    for p in &cg.phases {
+        s.push_str(&format!("{}\t{:.1}\n", p.name, p.per_cmd));
+    }
+    fs::write(path, s)
+}
