@@ -5,7 +5,11 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr;
 use std::slice;
 
+use std::cell::RefCell;
+
 use redis_module::raw;
+
+use crate::state::MainThread;
 
 pub type Ctx = *mut raw::RedisModuleCtx;
 pub type RStr = *mut raw::RedisModuleString;
@@ -76,11 +80,38 @@ pub fn client_id(ctx: Ctx) -> u64 {
     unsafe { api!(RedisModule_GetClientId)(ctx) }
 }
 
+/// Addresses of recent clients by id. Client ids are never reused while the server
+/// runs and a connection's peer address never changes, so an entry is never stale;
+/// the cache spares a lookup and a getpeername() syscall per grant.
+const ADDR_CACHE_SLOTS: usize = 512;
+static ADDR_CACHE: MainThread<RefCell<Vec<(u64, Vec<u8>)>>> = MainThread(RefCell::new(Vec::new()));
+
 /// `ip:port` of a connected client, or empty when unknown (AOF loading, timers).
 pub fn client_addr(id: u64) -> Vec<u8> {
     if id == 0 {
         return Vec::new();
     }
+    let slot = (id % ADDR_CACHE_SLOTS as u64) as usize;
+    if let Ok(cache) = ADDR_CACHE.try_borrow() {
+        if let Some((cid, addr)) = cache.get(slot) {
+            if *cid == id {
+                return addr.clone();
+            }
+        }
+    }
+    let addr = lookup_client_addr(id);
+    if !addr.is_empty() {
+        if let Ok(mut cache) = ADDR_CACHE.try_borrow_mut() {
+            if cache.is_empty() {
+                cache.resize(ADDR_CACHE_SLOTS, (0, Vec::new()));
+            }
+            cache[slot] = (id, addr.clone());
+        }
+    }
+    addr
+}
+
+fn lookup_client_addr(id: u64) -> Vec<u8> {
     let mut info: raw::RedisModuleClientInfo = unsafe { std::mem::zeroed() };
     info.version = 1;
     let ok = unsafe {

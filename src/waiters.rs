@@ -210,6 +210,14 @@ fn gc(ctx: Ctx, qk: &QueueKey) {
 /// If the key is free and has waiters, grants it to the head waiter. Works in any
 /// context whose selected db is `db`. Returns whether a hand-off happened.
 pub fn handoff(ctx: Ctx, name: RStr) -> bool {
+    // The common case on the hot path: nobody waits anywhere.
+    if REGISTRY
+        .borrow()
+        .as_ref()
+        .is_none_or(|r| r.queues.is_empty())
+    {
+        return false;
+    }
     let db = ffi::selected_db(ctx);
     let qk = (db, ffi::bytes(name).to_vec());
     if ffi::flag(ctx, ffi::FLAG_SLAVE) {
