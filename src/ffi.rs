@@ -84,7 +84,8 @@ pub fn client_id(ctx: Ctx) -> u64 {
 /// runs and a connection's peer address never changes, so an entry is never stale;
 /// the cache spares a lookup and a getpeername() syscall per grant.
 const ADDR_CACHE_SLOTS: usize = 512;
-static ADDR_CACHE: MainThread<RefCell<Vec<(u64, Vec<u8>)>>> = MainThread(RefCell::new(Vec::new()));
+type AddrSlots = Vec<(u64, Vec<u8>)>;
+static ADDR_CACHE: MainThread<RefCell<AddrSlots>> = MainThread(RefCell::new(Vec::new()));
 
 /// `ip:port` of a connected client, or empty when unknown (AOF loading, timers).
 pub fn client_addr(id: u64) -> Vec<u8> {
