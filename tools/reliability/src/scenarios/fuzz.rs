@@ -397,18 +397,23 @@ pub fn mutate(base: &[u8], rng: &mut Rng) -> Vec<u8> {
 fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, String> {
     let mut st = Restore::default();
     let mut c = server.connect().map_err(|e| e.to_string())?;
-    // The live fuzzer may have changed the settings.
-    for (k, v) in [
-        ("lock.max-ttl", "86400000"),
-        ("lock.default-ttl", "30000"),
-        ("lock.max-waiters", "10000"),
-    ] {
-        let r = c
-            .cmd(&args!["CONFIG", "SET", k, v])
-            .map_err(|e| e.to_string())?;
-        if r.is_error() {
-            return Err(format!("CONFIG SET {k} {v}: {r:?}"));
-        }
+    // The live fuzzer may have changed the settings. One CONFIG SET for all of them: the
+    // module checks default-ttl <= max-ttl after all of a command's values are set, while
+    // two separate commands could each be refused against a fuzzed value of the other.
+    let r = c
+        .cmd(&args![
+            "CONFIG",
+            "SET",
+            "lock.max-ttl",
+            "86400000",
+            "lock.default-ttl",
+            "30000",
+            "lock.max-waiters",
+            "10000"
+        ])
+        .map_err(|e| e.to_string())?;
+    if r.is_error() {
+        return Err(format!("CONFIG SET of the lock.* defaults: {r:?}"));
     }
     // Real payloads of several shapes.
     let mut bases = Vec::new();
