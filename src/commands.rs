@@ -6,7 +6,7 @@ use std::slice;
 
 use redis_module::raw;
 
-use crate::args::{self, Acquire};
+use crate::args;
 use crate::config;
 use crate::core::{self, AcquireDecision, Current, LockState};
 use crate::error::LockError;
@@ -133,7 +133,7 @@ fn acquire_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
             };
             drop(key);
             match req.block {
-                Some(ms) if may_block(ctx) => wait(ctx, name, &req, ms, lease_end)?,
+                Some(ms) if may_block(ctx) => waiters::enqueue(ctx, name, &req, ms, lease_end)?,
                 _ => ffi::reply_null(ctx),
             }
         }
@@ -150,16 +150,6 @@ fn may_block(ctx: Ctx) -> bool {
         | ffi::FLAG_REPLICATED
         | ffi::FLAG_LOADING)
         == 0
-}
-
-fn wait(
-    ctx: Ctx,
-    name: RStr,
-    req: &Acquire<'_>,
-    ms: u64,
-    lease_end: LeaseEnd,
-) -> Result<(), LockError> {
-    waiters::enqueue(ctx, name, req, ms, lease_end)
 }
 
 fn release_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {

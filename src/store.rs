@@ -1,7 +1,7 @@
 //! Access to a lock key: type checks (WRONGTYPE), the classic string-lock interop,
 //! writing a grant with its absolute expiry, and deletes.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 
 use redis_module::raw;
 
@@ -50,14 +50,20 @@ impl LockKey {
         key
     }
 
-    fn state(&self) -> Option<&LockState> {
+    /// The value, if the key holds this module's lock type (None for anything else).
+    fn lock_value(&self) -> Option<*mut c_void> {
         if self.key.key_type() != raw::REDISMODULE_KEYTYPE_MODULE as c_int
             || self.key.module_type() != lock_type()
         {
             return None;
         }
         let v = self.key.module_value();
-        (!v.is_null()).then(|| &*unsafe { datatype::as_state(v) })
+        (!v.is_null()).then_some(v)
+    }
+
+    fn state(&self) -> Option<&LockState> {
+        self.lock_value()
+            .map(|v| &*unsafe { datatype::as_state(v) })
     }
 
     pub fn open_read(ctx: Ctx, name: RStr) -> LockKey {
@@ -75,13 +81,7 @@ impl LockKey {
             Ok(Current::Free)
         } else if t == raw::REDISMODULE_KEYTYPE_STRING as c_int {
             Ok(Current::Classic(self.key.string()))
-        } else if t == raw::REDISMODULE_KEYTYPE_MODULE as c_int
-            && self.key.module_type() == lock_type()
-        {
-            let v = self.key.module_value();
-            if v.is_null() {
-                return Ok(Current::Free);
-            }
+        } else if let Some(v) = self.lock_value() {
             let s = unsafe { datatype::as_state(v) };
             Ok(if lease_over(s, now) {
                 Current::Free
@@ -95,13 +95,7 @@ impl LockKey {
 
     /// The module lock held in this key, for in-place changes (renew, extend).
     pub fn state_mut(&mut self) -> Option<&mut LockState> {
-        if self.key.key_type() != raw::REDISMODULE_KEYTYPE_MODULE as c_int
-            || self.key.module_type() != lock_type()
-        {
-            return None;
-        }
-        let v = self.key.module_value();
-        (!v.is_null()).then(|| unsafe { datatype::as_state(v) })
+        self.lock_value().map(|v| unsafe { datatype::as_state(v) })
     }
 
     /// Stores a grant in an empty key (or replaces what is there), with the key's
