@@ -105,22 +105,20 @@ fn acquire_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
             bump(&STATS.acquired);
         }
         AcquireDecision::Renew => {
+            // A renew keeps its fence; MINFENCE then only lifts this server's counter
+            // (before replicating, so LOCK.SYNC carries it as FLOOR), which is how a
+            // quorum client makes later grants on this node exceed it.
+            if req.min_fence > 0 {
+                observe_fence(req.min_fence);
+            }
             let Some(s) = key.state_mut() else {
                 return Err(LockError::Internal("lock.acquire"));
             };
             s.expires_at = deadline;
-            let (token, fence) = (s.token.clone(), s.fence);
-            // A renew keeps its fence; MINFENCE then only lifts this server's counter,
-            // which is how a quorum client makes later grants on this node exceed it.
-            if req.min_fence > 0 {
-                observe_fence(req.min_fence);
-            }
+            replicate::state(ctx, name, s);
+            ffi::reply_grant(ctx, &s.token, s.fence);
             key.set_deadline(deadline);
-            if let Some(s) = key.state_mut() {
-                replicate::state(ctx, name, s);
-            }
             drop(key);
-            ffi::reply_grant(ctx, &token, fence);
             ffi::notify(ctx, GENERIC, b"lock.acquire\0", name);
             bump(&STATS.renewed);
         }
