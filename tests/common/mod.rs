@@ -1035,6 +1035,12 @@ impl RawConn {
         self.writer.write_all(&buf).expect("write command");
     }
 
+    /// Writes bytes as they are (several commands in one write, malformed input).
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.writer.write_all(bytes).expect("write bytes");
+    }
+
     /// Reads one reply (RESP3 attributes are skipped).
     pub fn read(&mut self) -> std::io::Result<Resp> {
         loop {

@@ -1,0 +1,758 @@
+//! The lock under the server's own operations, with waiters queued: write pauses
+//! (CLIENT PAUSE, FAILOVER, SHUTDOWN waiting for replicas), cluster slot migration and
+//! MIGRATE, key-moving commands (RENAME, MOVE, SWAPDB, RESTORE, COPY), expiry changes
+//! (EXTEND, PEXPIRE, PERSIST), DEBUG RELOAD, CLIENT UNBLOCK / KILL, restarts that lose the
+//! fence counter, and what DUMP / RDB / AOF / the replication stream reveal.
+//!
+//! Every test states the behaviour docs/commands.md promises in its table "Server
+//! operations on a lock with waiters". The rule behind all of them: the module only
+//! writes on its own (hand-off, revocation, reaping a stale lease) when the server may
+//! write that key now; otherwise it tries again later, and a waiter is never answered
+//! untruthfully.
+
+mod common;
+
+use common::{lock_stat, unix_ms, wait_until, Cluster, RawConn, Resp, Server};
+use common::{ServerBuilder, IO_TIMEOUT};
+use std::path::Path;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+/// How long a test waits for a queue count, a reply or a state to show up.
+const SETTLE: Duration = Duration::from_secs(10);
+
+// ------------------------------------------------------------------------------------
+// Helpers
+
+fn server() -> Server {
+    ServerBuilder::new().start()
+}
+
+/// `[token, fence]` of a LOCK.ACQUIRE reply; None for nil; panics on anything else.
+fn grant(r: &Resp) -> Option<(Vec<u8>, i64)> {
+    match r {
+        Resp::Nil => None,
+        Resp::Array(items) => match items.as_slice() {
+            [Resp::Bulk(t), Resp::Int(f)] => Some((t.clone(), *f)),
+            _ => panic!("unexpected LOCK.ACQUIRE reply {r:?}"),
+        },
+        _ => panic!("unexpected LOCK.ACQUIRE reply {r:?}"),
+    }
+}
+
+fn acquire(c: &mut RawConn, key: &str, args: &[&str]) -> Option<(Vec<u8>, i64)> {
+    let mut argv = vec!["LOCK.ACQUIRE", key];
+    argv.extend_from_slice(args);
+    grant(&c.cmd(&argv))
+}
+
+fn info_int(c: &mut RawConn, key: &str, field: &str) -> Option<i64> {
+    let r = c.cmd(&["LOCK.INFO", key]);
+    match r.field(field) {
+        Some(Resp::Int(i)) => Some(i),
+        _ => None,
+    }
+}
+
+/// Clients queued on `key` (0 when the key is free or not a lock).
+fn queued(c: &mut RawConn, key: &str) -> i64 {
+    info_int(c, key, "waiters").unwrap_or(0)
+}
+
+fn wait_queued(c: &mut RawConn, key: &str, n: i64) {
+    assert!(
+        wait_until(SETTLE, || queued(c, key) == n),
+        "expected {n} waiters on {key}, have {}",
+        queued(c, key)
+    );
+}
+
+/// A client that sent `LOCK.ACQUIRE ... BLOCK` and has not read the reply yet.
+struct Waiter {
+    conn: RawConn,
+    id: i64,
+}
+
+impl Waiter {
+    fn send(port: u16, db: i64, key: &str, args: &[&str]) -> Waiter {
+        let mut conn = RawConn::connect(port);
+        if db != 0 {
+            assert_eq!(conn.cmd(&["SELECT", &db.to_string()]), ok());
+        }
+        let id = conn.cmd(&["CLIENT", "ID"]).int();
+        let mut argv = vec!["LOCK.ACQUIRE", key];
+        argv.extend_from_slice(args);
+        conn.send(&argv);
+        Waiter { conn, id }
+    }
+
+    /// The reply, waiting at most `within`; Err on a timeout or a closed connection.
+    fn reply_within(&mut self, within: Duration) -> std::io::Result<Resp> {
+        self.conn.set_read_timeout(Some(within));
+        let r = self.conn.read();
+        self.conn.set_read_timeout(Some(IO_TIMEOUT));
+        r
+    }
+
+    fn reply(&mut self) -> Resp {
+        self.reply_within(SETTLE)
+            .unwrap_or_else(|e| panic!("waiter {} got no reply: {e}", self.id))
+    }
+}
+
+/// One command in RESP, for writing several in one go.
+fn resp_command(args: &[&str]) -> Vec<u8> {
+    let mut buf = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        buf.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    buf
+}
+
+fn ok() -> Resp {
+    Resp::Simple("OK".into())
+}
+
+fn alive(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok_and(|s| {
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut c = RawConn::connect(port);
+        c.set_read_timeout(Some(Duration::from_secs(2)));
+        c.send(&["PING"]);
+        matches!(c.read(), Ok(Resp::Simple(p)) if p == "PONG")
+    })
+}
+
+fn assert_alive(srv: &Server, what: &str) {
+    assert!(
+        alive(srv.port),
+        "the server died during {what}\n{}",
+        srv.log_tail()
+    );
+}
+
+/// The current holder's fence of `key`, None when free.
+fn holder_fence(c: &mut RawConn, key: &str) -> Option<i64> {
+    info_int(c, key, "fence")
+}
+
+/// Fences are `max(last + 1, unix_ms << SHIFT, ...)`: how many fence units one
+/// millisecond of the clock term is worth on this server, read off a fresh grant.
+fn fence_units_per_ms(fence: i64) -> i64 {
+    let ratio = fence / unix_ms().max(1);
+    // Round down to the power of two the shift gives.
+    1i64 << (63 - ratio.max(1).leading_zeros())
+}
+
+fn wait_bgrewrite_done(c: &mut RawConn) {
+    assert!(
+        wait_until(SETTLE, || {
+            let m = common::info_map(c, "persistence");
+            m.get("aof_rewrite_in_progress").map(String::as_str) == Some("0")
+                && m.get("aof_rewrite_scheduled").map(String::as_str) == Some("0")
+        }),
+        "BGREWRITEAOF did not finish"
+    );
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn files_contain(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut hits = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return hits;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            hits.extend(files_contain(&p, needle));
+        } else if let Ok(b) = std::fs::read(&p) {
+            if contains(&b, needle) {
+                hits.push(p.display().to_string());
+            }
+        }
+    }
+    hits
+}
+
+fn start_replica_of(primary: &Server) -> Server {
+    let replica = ServerBuilder::new()
+        .arg("replicaof", &format!("127.0.0.1 {}", primary.port))
+        .start();
+    let mut c = RawConn::connect(replica.port);
+    assert!(
+        wait_until(SETTLE, || {
+            common::info_map(&mut c, "replication")
+                .get("master_link_status")
+                .map(String::as_str)
+                == Some("up")
+        }),
+        "replica did not sync\n{}",
+        replica.log_tail()
+    );
+    replica
+}
+
+// ------------------------------------------------------------------------------------
+// 1. Write pauses: CLIENT PAUSE WRITE / ALL, FAILOVER
+
+/// A lease with a waiter ends while writes are paused. The server must survive, the
+/// waiter must not be answered until the module may write, and then it gets a grant of
+/// its own (its own token, a new fence) that nobody else can take.
+fn pause_while_a_lease_with_a_waiter_ends(mode: &str) {
+    let srv = server();
+    let mut admin = RawConn::connect(srv.port);
+    let (tok, fence) = acquire(&mut admin, "lk", &["PX", "300", "TOKEN", "holder"]).unwrap();
+    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "10000", "TOKEN", "waiter"]);
+    wait_queued(&mut admin, "lk", 1);
+    assert_eq!(admin.cmd(&["CLIENT", "PAUSE", "1500", mode]), ok());
+    let paused_at = Instant::now();
+    // The lease ends (and its timer fires) inside the pause.
+    sleep(Duration::from_millis(900));
+    assert_alive(&srv, &format!("CLIENT PAUSE {mode} at the lease deadline"));
+    let r = w.reply_within(Duration::from_secs(5));
+    assert_alive(&srv, "the pause");
+    let (wtok, wfence) =
+        grant(&r.expect("the waiter got no reply after the pause")).expect("the waiter got nil");
+    assert!(
+        paused_at.elapsed() >= Duration::from_millis(1400),
+        "the waiter was granted during the pause ({:?} after it began)",
+        paused_at.elapsed()
+    );
+    assert_eq!(
+        wtok,
+        b"waiter".to_vec(),
+        "the waiter got someone else's token"
+    );
+    assert_ne!(wtok, tok);
+    assert!(wfence > fence, "fence {wfence} not above {fence}");
+    let mut c = RawConn::connect(srv.port);
+    assert_eq!(holder_fence(&mut c, "lk"), Some(wfence));
+    assert_eq!(
+        acquire(&mut c, "lk", &[]),
+        None,
+        "a third client got the lock too"
+    );
+}
+
+#[test]
+fn client_pause_write_while_a_lease_with_a_waiter_ends() {
+    pause_while_a_lease_with_a_waiter_ends("WRITE");
+}
+
+#[test]
+fn client_pause_all_while_a_lease_with_a_waiter_ends() {
+    pause_while_a_lease_with_a_waiter_ends("ALL");
+}
+
+/// FAILOVER pauses writes while it waits for a replica to catch up; a stopped replica
+/// keeps it waiting until its TIMEOUT aborts it. A lease with a waiter ends meanwhile.
+#[test]
+fn failover_waiting_for_a_stalled_replica_while_a_lease_with_a_waiter_ends() {
+    let primary = server();
+    let mut replica = start_replica_of(&primary);
+    let mut p = RawConn::connect(primary.port);
+    let (_, fence) = acquire(&mut p, "lk", &["PX", "400"]).unwrap();
+    let mut w = Waiter::send(primary.port, 0, "lk", &["BLOCK", "15000", "TOKEN", "w"]);
+    wait_queued(&mut p, "lk", 1);
+    // Stop the replica so that it acknowledges nothing, then write once more so that the
+    // primary must wait for it.
+    unsafe { libc::kill(replica.pid() as i32, libc::SIGSTOP) };
+    assert_eq!(p.cmd(&["SET", "bump", "1"]), ok());
+    let r = p.cmd(&[
+        "FAILOVER",
+        "TO",
+        "127.0.0.1",
+        &replica.port.to_string(),
+        "TIMEOUT",
+        "2000",
+    ]);
+    assert_eq!(r, ok(), "FAILOVER was not accepted");
+    sleep(Duration::from_millis(1000));
+    assert_alive(&primary, "FAILOVER's write pause at the lease deadline");
+    // The failover times out and is aborted; the primary stays a primary.
+    let reply = w.reply_within(Duration::from_secs(8));
+    unsafe { libc::kill(replica.pid() as i32, libc::SIGCONT) };
+    assert_alive(&primary, "the aborted FAILOVER");
+    let (wtok, wfence) = grant(&reply.expect("the waiter got no reply")).expect("nil");
+    assert_eq!(wtok, b"w".to_vec());
+    assert!(wfence > fence);
+    let mut p2 = RawConn::connect(primary.port);
+    assert_eq!(holder_fence(&mut p2, "lk"), Some(wfence));
+    // The replica, once running again, sees the same holder.
+    let mut r = RawConn::connect(replica.port);
+    assert!(
+        wait_until(SETTLE, || holder_fence(&mut r, "lk") == Some(wfence)),
+        "the replica does not show the waiter's grant"
+    );
+    replica.stop();
+}
+
+// ------------------------------------------------------------------------------------
+// 2. Cluster slot migration and MIGRATE
+
+fn node_id(c: &mut RawConn) -> String {
+    c.cmd(&["CLUSTER", "MYID"]).text()
+}
+
+/// A held lock with a waiter is migrated to another master. The waiter on the old node
+/// must never be granted there (the lock now lives on the new node): it gets an error
+/// telling it to retry, the old node keeps no key in the slot, and the migration can be
+/// completed.
+#[test]
+fn cluster_slot_migration_never_grants_on_the_old_node() {
+    let cluster = Cluster::start(2);
+    let key = "{mig}lock";
+    let slot = common::key_slot(key.as_bytes()).to_string();
+    let src = cluster.node_for_key(key);
+    let dst = cluster.nodes.iter().find(|n| n.port != src.port).unwrap();
+    let mut s = RawConn::connect(src.port);
+    let mut d = RawConn::connect(dst.port);
+    let (_, fence) = acquire(&mut s, key, &["PX", "60000", "OWNER", "holder"]).unwrap();
+    let mut w = Waiter::send(src.port, 0, key, &["BLOCK", "20000"]);
+    wait_queued(&mut s, key, 1);
+    let (src_id, dst_id) = (node_id(&mut s), node_id(&mut d));
+    assert_eq!(
+        d.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]),
+        ok()
+    );
+    assert_eq!(
+        s.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]),
+        ok()
+    );
+    let r = s.cmd(&[
+        "MIGRATE",
+        "127.0.0.1",
+        &dst.port.to_string(),
+        key,
+        "0",
+        "5000",
+    ]);
+    assert_eq!(r, ok(), "MIGRATE failed");
+    let reply = w.reply_within(Duration::from_secs(5));
+    assert_alive(src, "MIGRATE");
+    match reply {
+        Ok(Resp::Error(e)) => assert!(
+            e.starts_with("TRYAGAIN") || e.starts_with("ASK") || e.starts_with("MOVED"),
+            "the waiter should be told to retry elsewhere, got {e:?}"
+        ),
+        other => panic!("the waiter on the old node must get an error, got {other:?}"),
+    }
+    let count = |c: &mut RawConn| c.cmd(&["CLUSTER", "COUNTKEYSINSLOT", &slot]).int();
+    assert_eq!(count(&mut s), 0, "the old node wrote the lock back");
+    assert_eq!(count(&mut d), 1);
+    for c in [&mut d, &mut s] {
+        let r = c.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+        assert_eq!(r, ok(), "CLUSTER SETSLOT NODE failed: {r:?}");
+    }
+    // The lock kept its holder on the new node.
+    assert_eq!(holder_fence(&mut d, key), Some(fence));
+}
+
+/// Standalone MIGRATE of a lock with waiters: the lock now lives on the other server, so
+/// the waiters here get an error (LOCKMOVED), never a grant.
+#[test]
+fn standalone_migrate_fails_the_waiters_instead_of_granting() {
+    let a = server();
+    let b = server();
+    let mut ca = RawConn::connect(a.port);
+    let (_, fence) = acquire(&mut ca, "lk", &["PX", "60000"]).unwrap();
+    let mut w = Waiter::send(a.port, 0, "lk", &["BLOCK", "20000"]);
+    wait_queued(&mut ca, "lk", 1);
+    let r = ca.cmd(&[
+        "MIGRATE",
+        "127.0.0.1",
+        &b.port.to_string(),
+        "lk",
+        "0",
+        "5000",
+    ]);
+    assert_eq!(r, ok());
+    match w.reply_within(Duration::from_secs(5)) {
+        Ok(Resp::Error(e)) => assert!(e.starts_with("LOCKMOVED"), "{e}"),
+        other => panic!("expected a LOCKMOVED error, got {other:?}"),
+    }
+    assert_eq!(ca.cmd(&["EXISTS", "lk"]).int(), 0);
+    let mut cb = RawConn::connect(b.port);
+    assert_eq!(holder_fence(&mut cb, "lk"), Some(fence));
+}
+
+// ------------------------------------------------------------------------------------
+// 3. Fences never go back across a restart
+
+/// MINFENCE lifts the counter ahead of the clock; the lift is lost with everything
+/// written after the last RDB save. The restarted server must still issue a larger fence.
+#[test]
+fn fences_do_not_go_back_after_a_restart_from_an_older_rdb() {
+    let mut srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let (_, f1) = acquire(&mut c, "a", &["PX", "60000"]).unwrap();
+    assert_eq!(c.cmd(&["SAVE"]), ok());
+    let lifted = f1 + 30 * 60 * 1000 * fence_units_per_ms(f1);
+    let (tok, f2) = acquire(
+        &mut c,
+        "b",
+        &["PX", "60000", "MINFENCE", &lifted.to_string()],
+    )
+    .expect("MINFENCE half an hour ahead must be accepted");
+    assert_eq!(f2, lifted);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "b", std::str::from_utf8(&tok).unwrap()])
+            .int(),
+        1
+    );
+    drop(c);
+    srv.kill9();
+    srv.restart();
+    let mut c = RawConn::connect(srv.port);
+    let (_, f3) = acquire(&mut c, "c", &[]).unwrap();
+    assert!(f3 > f2, "fence went back after the restart: {f3} <= {f2}");
+}
+
+/// The same with an AOF rewritten without the RDB preamble while no lock is held.
+#[test]
+fn fences_do_not_go_back_after_an_aof_rewrite_without_preamble() {
+    let mut srv = ServerBuilder::new()
+        .arg("appendonly", "yes")
+        .arg("aof-use-rdb-preamble", "no")
+        .arg("appendfsync", "always")
+        .start();
+    let mut c = RawConn::connect(srv.port);
+    let (_, f1) = acquire(&mut c, "a", &["PX", "60000"]).unwrap();
+    let lifted = f1 + 30 * 60 * 1000 * fence_units_per_ms(f1);
+    let (tok, f2) = acquire(
+        &mut c,
+        "b",
+        &["PX", "60000", "MINFENCE", &lifted.to_string()],
+    )
+    .unwrap();
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "b", std::str::from_utf8(&tok).unwrap()])
+            .int(),
+        1
+    );
+    assert_eq!(c.cmd(&["LOCK.FORCERELEASE", "a"]).int(), 1);
+    c.cmd(&["BGREWRITEAOF"]);
+    wait_bgrewrite_done(&mut c);
+    drop(c);
+    srv.stop();
+    srv.restart();
+    let mut c = RawConn::connect(srv.port);
+    let (_, f3) = acquire(&mut c, "c", &[]).unwrap();
+    assert!(f3 > f2, "fence went back after the restart: {f3} <= {f2}");
+}
+
+// ------------------------------------------------------------------------------------
+// 4. CLIENT UNBLOCK racing a hand-off
+
+/// `CLIENT UNBLOCK <waiter> TIMEOUT|ERROR` arrives in the same pipeline as the holder's
+/// RELEASE, which hands the lock to that waiter. The waiter must get a reply, and the
+/// reply must match the lock's state: a grant it really holds, or a refusal while it
+/// holds nothing.
+fn unblock_racing_a_handoff(reason: &str) {
+    let srv = server();
+    let mut admin = RawConn::connect(srv.port);
+    let (tok, _) = acquire(&mut admin, "lk", &["PX", "60000"]).unwrap();
+    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "0", "TOKEN", "w"]);
+    wait_queued(&mut admin, "lk", 1);
+    let tok = String::from_utf8(tok).unwrap();
+    let wid = w.id.to_string();
+    // Both commands in one write, so that the server reads and runs them together.
+    let mut both = resp_command(&["LOCK.RELEASE", "lk", &tok]);
+    both.extend(resp_command(&["CLIENT", "UNBLOCK", &wid, reason]));
+    admin.send_raw(&both);
+    assert_eq!(admin.read().unwrap().int(), 1, "RELEASE");
+    let unblocked = admin.read().unwrap().int();
+    let reply = w.reply_within(Duration::from_secs(5)).unwrap_or_else(|e| {
+        panic!("the waiter got no reply (CLIENT UNBLOCK said {unblocked}): {e}")
+    });
+    sleep(Duration::from_millis(200));
+    let mut c = RawConn::connect(srv.port);
+    match reply {
+        Resp::Array(_) => {
+            let (t, f) = grant(&reply).unwrap();
+            assert_eq!(t, b"w".to_vec());
+            assert_eq!(holder_fence(&mut c, "lk"), Some(f), "the grant was revoked");
+        }
+        Resp::Nil | Resp::Error(_) => {
+            let r = c.cmd(&["LOCK.RELEASE", "lk", "w"]);
+            assert_eq!(r.int(), 0, "the waiter was refused but holds the lock");
+        }
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
+#[test]
+fn client_unblock_timeout_racing_a_handoff_answers_the_waiter() {
+    unblock_racing_a_handoff("TIMEOUT");
+}
+
+#[test]
+fn client_unblock_error_racing_a_handoff_answers_the_waiter() {
+    unblock_racing_a_handoff("ERROR");
+}
+
+// ------------------------------------------------------------------------------------
+// 5. Shorter leases bring the hand-off forward
+
+fn with_volatile_keys(srv: &Server, n: usize) {
+    let mut c = srv.conn();
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        pipe.cmd("SET")
+            .arg(format!("vk:{i}"))
+            .arg("x")
+            .arg("PX")
+            .arg(600_000)
+            .ignore();
+    }
+    let _: () = pipe.query(&mut c).unwrap();
+}
+
+/// `change` shortens the lease of `lk` (held for 8 s, one waiter) to about 100 ms; the
+/// waiter must be served about then, not when the 8 s are over or when Redis's sampled
+/// expiry gets to the key among 50,000 other volatile keys.
+fn shortened_lease_hands_off_early(change: &[&str]) {
+    let srv = server();
+    with_volatile_keys(&srv, 50_000);
+    let mut c = RawConn::connect(srv.port);
+    acquire(&mut c, "lk", &["PX", "8000", "TOKEN", "t"]).unwrap();
+    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "20000"]);
+    wait_queued(&mut c, "lk", 1);
+    let t0 = Instant::now();
+    let r = c.cmd(change);
+    assert_eq!(r.int(), 1, "{change:?} answered {r:?}");
+    let g = w.reply_within(Duration::from_secs(10)).expect("no reply");
+    assert!(grant(&g).is_some(), "nil");
+    let waited = t0.elapsed();
+    assert!(
+        waited < Duration::from_secs(3),
+        "the waiter was served {waited:?} after the lease was cut to ~100 ms"
+    );
+}
+
+#[test]
+fn extend_to_a_shorter_lease_brings_the_handoff_forward() {
+    shortened_lease_hands_off_early(&["LOCK.EXTEND", "lk", "t", "PX", "100"]);
+}
+
+#[test]
+fn pexpire_to_a_shorter_ttl_brings_the_handoff_forward() {
+    shortened_lease_hands_off_early(&["PEXPIRE", "lk", "100"]);
+}
+
+/// PERSIST removes the key's expiry, not the lease: the waiter is served at the lease
+/// deadline all the same.
+#[test]
+fn persist_does_not_extend_the_lease() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    acquire(&mut c, "lk", &["PX", "500"]).unwrap();
+    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "10000"]);
+    wait_queued(&mut c, "lk", 1);
+    assert_eq!(c.cmd(&["PERSIST", "lk"]).int(), 1);
+    let t0 = Instant::now();
+    assert!(grant(&w.reply()).is_some());
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}
+
+// ------------------------------------------------------------------------------------
+// 6. SWAPDB
+
+/// After `SWAPDB 0 1` the waiters of db 0 see db 1's keys and the other way round: a
+/// queue whose key is now free is served at once, in both dbs.
+#[test]
+fn swapdb_serves_the_waiters_of_both_dbs() {
+    let srv = server();
+    let mut c0 = RawConn::connect(srv.port);
+    let mut c1 = RawConn::connect(srv.port);
+    assert_eq!(c1.cmd(&["SELECT", "1"]), ok());
+    acquire(&mut c0, "a", &["PX", "30000"]).unwrap();
+    acquire(&mut c1, "b", &["PX", "30000"]).unwrap();
+    let mut wa = Waiter::send(srv.port, 0, "a", &["BLOCK", "20000"]);
+    let mut wb = Waiter::send(srv.port, 1, "b", &["BLOCK", "20000"]);
+    wait_queued(&mut c0, "a", 1);
+    wait_queued(&mut c1, "b", 1);
+    assert_eq!(c0.cmd(&["SWAPDB", "0", "1"]), ok());
+    for (w, name) in [(&mut wa, "db 0"), (&mut wb, "db 1")] {
+        let r = w
+            .reply_within(Duration::from_secs(3))
+            .unwrap_or_else(|e| panic!("the waiter of {name} was not served: {e}"));
+        assert!(grant(&r).is_some(), "{name}: {r:?}");
+    }
+    // The swapped locks kept their holders in their new dbs.
+    assert!(holder_fence(&mut c0, "b").is_some());
+    assert!(holder_fence(&mut c1, "a").is_some());
+}
+
+// ------------------------------------------------------------------------------------
+// 7. BLOCK values that cannot be scheduled
+
+#[test]
+fn block_values_that_cannot_be_scheduled_are_refused() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    acquire(&mut c, "lk", &["PX", "60000"]).unwrap();
+    for v in [
+        "9223372036854775807",
+        "18000000000000000",
+        "9223372036854775",
+    ] {
+        let r = c.cmd(&["LOCK.ACQUIRE", "lk", "BLOCK", v]);
+        match &r {
+            Resp::Error(e) => assert!(
+                e.starts_with("ERR") && e.contains("out of range"),
+                "BLOCK {v}: {e}"
+            ),
+            other => panic!("BLOCK {v} must be refused, got {other:?}"),
+        }
+    }
+    assert_eq!(lock_stat(&mut c, "wait_timeouts"), 0);
+    // A long but schedulable wait still waits.
+    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "100000000000"]);
+    wait_queued(&mut c, "lk", 1);
+    assert!(
+        w.reply_within(Duration::from_millis(300)).is_err(),
+        "it answered at once"
+    );
+}
+
+// ------------------------------------------------------------------------------------
+// 8. No token in DUMP, RDB, AOF or the replication stream
+
+const SECRET: &str = "tok-SECRET-5f1e0c7a9b";
+
+#[test]
+fn dump_does_not_reveal_the_token() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    acquire(&mut c, "lk", &["PX", "60000", "TOKEN", SECRET]).unwrap();
+    let dump = c.cmd(&["DUMP", "lk"]).bytes();
+    assert!(!contains(&dump, SECRET.as_bytes()), "DUMP shows the token");
+    // The capability still works: renew, extend, release; RESTORE keeps it working.
+    assert!(acquire(&mut c, "lk", &["PX", "60000", "TOKEN", SECRET]).is_some());
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lk", SECRET, "PX", "60000"]).int(),
+        1
+    );
+    let mut argv: Vec<Vec<u8>> = vec![b"RESTORE".to_vec(), b"copy".to_vec(), b"0".to_vec()];
+    argv.push(dump);
+    assert_eq!(c.cmd(&argv), ok());
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "copy", "wrong"]).int(), 0);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "copy", SECRET]).int(), 1);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk", SECRET]).int(), 1);
+}
+
+#[test]
+fn rdb_and_aof_files_do_not_reveal_the_token() {
+    let srv = ServerBuilder::new()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
+    let mut c = RawConn::connect(srv.port);
+    acquire(
+        &mut c,
+        "lk",
+        &["PX", "60000", "TOKEN", SECRET, "OWNER", "o"],
+    )
+    .unwrap();
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lk", SECRET, "PX", "50000"]).int(),
+        1
+    );
+    assert_eq!(c.cmd(&["SAVE"]), ok());
+    c.cmd(&["BGREWRITEAOF"]);
+    wait_bgrewrite_done(&mut c);
+    acquire(&mut c, "lk2", &["PX", "60000", "TOKEN", SECRET]).unwrap();
+    let hits = files_contain(&srv.dir, SECRET.as_bytes());
+    assert!(hits.is_empty(), "the token is in {hits:?}");
+}
+
+/// What a replica receives (the RDB of a full sync, then the command stream) carries no
+/// token; a promoted replica still accepts the token for RELEASE.
+#[test]
+fn the_replication_stream_does_not_reveal_the_token() {
+    let primary = server();
+    let mut p = RawConn::connect(primary.port);
+    acquire(&mut p, "before", &["PX", "60000", "TOKEN", SECRET]).unwrap();
+    // Act as a replica by hand: SYNC, read the RDB, then the stream.
+    use std::io::{Read, Write};
+    let mut fake = std::net::TcpStream::connect(("127.0.0.1", primary.port)).unwrap();
+    fake.write_all(b"*1\r\n$4\r\nSYNC\r\n").unwrap();
+    fake.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 65536];
+    let mut read_for = |seen: &mut Vec<u8>, d: Duration, until: &dyn Fn(&[u8]) -> bool| {
+        let deadline = Instant::now() + d;
+        while Instant::now() < deadline && !until(seen) {
+            match fake.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                Err(_) => {}
+            }
+        }
+    };
+    // The RDB of the full sync first (it ends with the EOF opcode and a checksum).
+    read_for(&mut seen, SETTLE, &|s| {
+        contains(s, b"REDIS") && s.len() > 100
+    });
+    read_for(&mut seen, Duration::from_millis(500), &|_| false);
+    let rdb_len = seen.len();
+    acquire(&mut p, "after", &["PX", "60000", "TOKEN", SECRET]).unwrap();
+    assert_eq!(p.cmd(&["LOCK.EXTEND", "after", SECRET]).int(), 1);
+    read_for(&mut seen, Duration::from_secs(2), &|_| false);
+    assert!(
+        rdb_len > 0 && seen.len() > rdb_len,
+        "no stream after the RDB"
+    );
+    assert!(
+        contains(&seen, b"LOCK."),
+        "the stream never arrived: {} bytes",
+        seen.len()
+    );
+    assert!(
+        !contains(&seen, SECRET.as_bytes()),
+        "the replication stream shows the token"
+    );
+
+    let replica = start_replica_of(&primary);
+    let mut r = RawConn::connect(replica.port);
+    assert!(wait_until(SETTLE, || holder_fence(&mut r, "after").is_some()));
+    assert_eq!(r.cmd(&["REPLICAOF", "NO", "ONE"]), ok());
+    assert_eq!(r.cmd(&["LOCK.RELEASE", "after", SECRET]).int(), 1);
+    assert_eq!(r.cmd(&["LOCK.RELEASE", "before", "nope"]).int(), 0);
+    assert_eq!(r.cmd(&["LOCK.RELEASE", "before", SECRET]).int(), 1);
+}
+
+// ------------------------------------------------------------------------------------
+// 9. LOCK.INFO is read-only; LOCK.ACQUIRE is flagged blocking
+
+#[test]
+fn lock_info_on_a_string_lock_does_not_change_its_encoding() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    for (key, value, enc) in [("n", "12345", "int"), ("s", "short-token", "embstr")] {
+        assert_eq!(c.cmd(&["SET", key, value, "PX", "60000"]), ok());
+        assert_eq!(c.cmd(&["OBJECT", "ENCODING", key]).text(), enc);
+        let info = c.cmd(&["LOCK.INFO", key]);
+        assert_eq!(info.field("kind").map(|k| k.text()), Some("string".into()));
+        assert_eq!(
+            c.cmd(&["OBJECT", "ENCODING", key]).text(),
+            enc,
+            "LOCK.INFO changed the encoding of {key}"
+        );
+    }
+}
+
+#[test]
+fn lock_acquire_carries_the_blocking_flag() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let info = c.cmd(&["COMMAND", "INFO", "lock.acquire"]);
+    let flags = &info.items()[0].items()[2];
+    let names: Vec<String> = flags.items().iter().map(Resp::text).collect();
+    assert!(names.iter().any(|f| f == "blocking"), "flags: {names:?}");
+}
