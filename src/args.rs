@@ -1,6 +1,7 @@
 //! Pure argument parsing for every command: `&[&[u8]]` in, a typed request out.
 //! Knows nothing of Redis; the slices are the arguments after the command name and key.
 
+use crate::engine::value::{Addr, Digest, Holder, Mode};
 use crate::error::LockError;
 
 /// Longest TOKEN and OWNER accepted, in bytes.
@@ -8,6 +9,10 @@ pub const MAX_TOKEN_LEN: usize = 256;
 pub const MAX_OWNER_LEN: usize = 256;
 /// Fences are replied as signed 64-bit integers; keep one value of head-room for `+1`.
 pub const MAX_FENCE: u64 = i64::MAX as u64 - 1;
+/// The largest `LIMIT` (permits of a counted lock).
+pub const MAX_LIMIT: u32 = 1_000_000;
+/// Longest client address kept from a replicated or loaded value.
+pub const MAX_ADDR_LEN: usize = 128;
 
 /// The configuration values the parser needs to resolve defaults and bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +23,8 @@ pub struct Limits {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acquire<'a> {
+    /// Exclusive (no option), `SHARED`, or `LIMIT n`.
+    pub mode: Mode,
     /// Lease length in ms, already checked against `1..=max_ttl`.
     pub ttl: u64,
     pub token: Option<&'a [u8]>,
@@ -107,11 +114,12 @@ fn show(opt: &[u8]) -> String {
     shown.replace(['\r', '\n'], " ")
 }
 
-/// Walks `OPTION value` pairs, rejecting unknown and repeated options. `handle` returns
-/// `Ok(false)` for an option name it does not know.
+/// Walks options: `NAME value` pairs, and bare flags (names listed in `flags`),
+/// rejecting unknown and repeated options. PX and EX are one setting.
 fn options<'a>(
     args: &[&'a [u8]],
     known: &[&'static str],
+    flags: &[&'static str],
     mut handle: impl FnMut(&'static str, &'a [u8]) -> Result<(), LockError>,
 ) -> Result<(), LockError> {
     let mut seen = 0u32;
@@ -123,7 +131,6 @@ fn options<'a>(
             .position(|k| k.as_bytes().eq_ignore_ascii_case(opt))
             .ok_or_else(|| LockError::Syntax(format!("unknown option '{}'", show(opt))))?;
         let name = known[idx];
-        // PX and EX are one setting: giving both is a repetition.
         let slot = if name == "EX" {
             known.iter().position(|k| *k == "PX").unwrap_or(idx)
         } else {
@@ -135,6 +142,11 @@ fn options<'a>(
             )));
         }
         seen |= 1 << slot;
+        if flags.contains(&name) {
+            handle(name, b"")?;
+            i += 1;
+            continue;
+        }
         let value = args
             .get(i + 1)
             .ok_or_else(|| LockError::Syntax(format!("option '{name}' needs a value")))?;
@@ -144,10 +156,34 @@ fn options<'a>(
     Ok(())
 }
 
-/// `LOCK.ACQUIRE key [PX ms | EX s] [TOKEN t] [OWNER o] [BLOCK ms] [MINFENCE n]`
+fn positive_fence(v: &[u8], err: LockError) -> Result<u64, LockError> {
+    match parse_i64(v) {
+        Some(n) if n >= 1 && n as u64 <= MAX_FENCE => Ok(n as u64),
+        _ => Err(err),
+    }
+}
+
+/// The BLOCK deadline in unix ms (None: wait without limit). A wait the server cannot
+/// schedule (its timer adds the time in microseconds to the clock) is refused, as
+/// BLPOP refuses such timeouts.
+pub fn block_deadline(now_ms: i64, block_ms: u64) -> Result<Option<i64>, LockError> {
+    if block_ms == 0 {
+        return Ok(None);
+    }
+    let ms = i64::try_from(block_ms).map_err(|_| LockError::BlockOutOfRange)?;
+    let at = now_ms.checked_add(ms).ok_or(LockError::BlockOutOfRange)?;
+    // The timer works in microseconds; keep a day of head-room on top.
+    at.checked_add(24 * 3600 * 1000)
+        .and_then(|t| t.checked_mul(1000))
+        .ok_or(LockError::BlockOutOfRange)?;
+    Ok(Some(at))
+}
+
+/// `LOCK.ACQUIRE key [SHARED | LIMIT n] [PX ms | EX s] [TOKEN t] [OWNER o] [BLOCK ms] [MINFENCE n]`
 pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>, LockError> {
     const CMD: &str = "lock.acquire";
     let mut req = Acquire {
+        mode: Mode::Exclusive,
         ttl: 0,
         token: None,
         owner: None,
@@ -155,9 +191,13 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
         min_fence: 0,
     };
     let mut ttl = None;
+    let mut kinds = 0;
     options(
         args,
-        &["PX", "EX", "TOKEN", "OWNER", "BLOCK", "MINFENCE"],
+        &[
+            "PX", "EX", "TOKEN", "OWNER", "BLOCK", "MINFENCE", "SHARED", "LIMIT",
+        ],
+        &["SHARED"],
         |name, v| {
             match name {
                 "PX" => ttl = Some(ttl_ms(v, 1, lim.max_ttl, CMD)?),
@@ -173,17 +213,28 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
                     }
                     req.block = Some(n as u64);
                 }
-                _ => {
-                    let n = parse_i64(v).ok_or(LockError::InvalidFence)?;
-                    if n < 1 || n as u64 > MAX_FENCE {
-                        return Err(LockError::InvalidFence);
-                    }
-                    req.min_fence = n as u64;
+                "SHARED" => {
+                    kinds += 1;
+                    req.mode = Mode::Shared;
                 }
+                "LIMIT" => {
+                    kinds += 1;
+                    let n = parse_i64(v)
+                        .and_then(|n| u32::try_from(n).ok())
+                        .filter(|n| (1..=MAX_LIMIT).contains(n))
+                        .ok_or(LockError::InvalidLimit)?;
+                    req.mode = Mode::Counted(n);
+                }
+                _ => req.min_fence = positive_fence(v, LockError::InvalidFence)?,
             }
             Ok(())
         },
     )?;
+    if kinds > 1 {
+        return Err(LockError::Syntax(
+            "SHARED and LIMIT exclude each other".into(),
+        ));
+    }
     req.ttl = match ttl {
         Some(t) => t,
         None => default_ttl(lim, CMD)?,
@@ -213,7 +264,7 @@ pub fn parse_extend<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Extend<'a>, L
     const CMD: &str = "lock.extend";
     let (token, rest) = args.split_first().ok_or(LockError::WrongArity(CMD))?;
     let mut ttl = None;
-    options(rest, &["PX", "EX"], |name, v| {
+    options(rest, &["PX", "EX"], &[], |name, v| {
         let unit = if name == "PX" { 1 } else { 1000 };
         ttl = Some(ttl_ms(v, unit, lim.max_ttl, CMD)?);
         Ok(())
@@ -247,19 +298,176 @@ pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, LockError> {
         owner: None,
         floor: 0,
     };
-    options(&args[6..], &["OWNER", "FLOOR"], |name, v| {
+    options(&args[6..], &["OWNER", "FLOOR"], &[], |name, v| {
         if name == "OWNER" {
             s.owner = Some(bounded(v, "OWNER", MAX_OWNER_LEN)?);
         } else {
-            let n = parse_i64(v).ok_or(LockError::InvalidFence)?;
-            if n < 1 || n as u64 > MAX_FENCE {
-                return Err(LockError::InvalidFence);
-            }
-            s.floor = n as u64;
+            s.floor = positive_fence(v, LockError::InvalidFence)?;
         }
         Ok(())
     })?;
     Ok(s)
+}
+
+/// `LOCK.FORCERELEASE key [FENCE f]`: None removes every holder.
+pub fn parse_forcerelease(args: &[&[u8]]) -> Result<Option<u64>, LockError> {
+    let mut fence = None;
+    options(args, &["FENCE"], &[], |_, v| {
+        fence = Some(positive_fence(v, LockError::InvalidFenceArg)?);
+        Ok(())
+    })?;
+    Ok(fence)
+}
+
+// ---- LOCK.REPL: what a primary sends to replicas and the AOF ---------------------------
+//
+//   LOCK.REPL key GRANT <mode>;<digest>;<fence>;<expires-at>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n]
+//   LOCK.REPL key LEASE <fence>;<expires-at> [FLOOR n]
+//   LOCK.REPL key DROP <fence>
+//
+// mode is `exclusive`, `shared` or `limit=<n>`; digest is 32 hex digits. One packed
+// argument per change keeps the stream cheap to build and still readable in an AOF.
+
+/// A parsed LOCK.REPL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplCmd {
+    Grant {
+        mode: Mode,
+        holder: Holder,
+        floor: u64,
+    },
+    Lease {
+        fence: u64,
+        expires_at: i64,
+        floor: u64,
+    },
+    Drop {
+        fence: u64,
+    },
+}
+
+pub fn mode_text(mode: Mode) -> String {
+    match mode {
+        Mode::Exclusive => "exclusive".into(),
+        Mode::Shared => "shared".into(),
+        Mode::Counted(n) => format!("limit={n}"),
+    }
+}
+
+fn parse_mode(v: &[u8]) -> Option<Mode> {
+    match v {
+        b"exclusive" => Some(Mode::Exclusive),
+        b"shared" => Some(Mode::Shared),
+        _ => {
+            let n = parse_i64(v.strip_prefix(b"limit=")?)?;
+            let n = u32::try_from(n)
+                .ok()
+                .filter(|n| (1..=MAX_LIMIT).contains(n))?;
+            Some(Mode::Counted(n))
+        }
+    }
+}
+
+pub fn hex(d: &Digest) -> [u8; 32] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, b) in d.iter().enumerate() {
+        out[2 * i] = DIGITS[usize::from(b >> 4)];
+        out[2 * i + 1] = DIGITS[usize::from(b & 15)];
+    }
+    out
+}
+
+fn unhex(v: &[u8]) -> Option<Digest> {
+    if v.len() != 32 {
+        return None;
+    }
+    let nib = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut d = [0u8; 16];
+    for (i, pair) in v.chunks(2).enumerate() {
+        d[i] = nib(pair[0])? << 4 | nib(pair[1])?;
+    }
+    Some(d)
+}
+
+fn bad_repl() -> LockError {
+    LockError::Syntax("malformed LOCK.REPL".into())
+}
+
+/// `args`: everything after the key.
+pub fn parse_repl(args: &[&[u8]]) -> Result<ReplCmd, LockError> {
+    let (op, rest) = match args {
+        [op, packed, rest @ ..] => (*op, (*packed, rest)),
+        _ => return Err(LockError::WrongArity("lock.repl")),
+    };
+    let (packed, opts) = rest;
+    let mut floor = 0;
+    let mut owner = None;
+    let allowed: &[&str] = match op {
+        b"GRANT" => &["OWNER", "FLOOR"],
+        b"LEASE" => &["FLOOR"],
+        _ => &[],
+    };
+    options(opts, allowed, &[], |name, v| {
+        if name == "OWNER" {
+            owner = Some(bounded(v, "OWNER", MAX_OWNER_LEN)?);
+        } else {
+            floor = positive_fence(v, LockError::InvalidFence)?;
+        }
+        Ok(())
+    })?;
+    let int = |v: &[u8]| parse_i64(v).ok_or_else(bad_repl);
+    let fence = |v: &[u8]| positive_fence(v, LockError::InvalidFence);
+    match op {
+        b"GRANT" => {
+            let mut f = packed.splitn(7, |&b| b == b';');
+            let mut next = || f.next().ok_or_else(bad_repl);
+            let mode = parse_mode(next()?).ok_or_else(bad_repl)?;
+            let digest = unhex(next()?).ok_or_else(bad_repl)?;
+            let fence = fence(next()?)?;
+            let expires_at = int(next()?)?;
+            let acquired_at = int(next()?)?;
+            let client_id = u64::try_from(int(next()?)?).map_err(|_| bad_repl())?;
+            let addr = next()?;
+            if addr.len() > MAX_ADDR_LEN {
+                return Err(bad_repl());
+            }
+            Ok(ReplCmd::Grant {
+                mode,
+                holder: Holder {
+                    digest,
+                    fence,
+                    expires_at,
+                    acquired_at,
+                    client_id,
+                    addr: Addr::parse(addr),
+                    owner: owner.map(Into::into),
+                },
+                floor,
+            })
+        }
+        b"LEASE" => {
+            let (f, e) = split_once(packed, b';').ok_or_else(bad_repl)?;
+            Ok(ReplCmd::Lease {
+                fence: fence(f)?,
+                expires_at: int(e)?,
+                floor,
+            })
+        }
+        b"DROP" => Ok(ReplCmd::Drop {
+            fence: fence(packed)?,
+        }),
+        _ => Err(bad_repl()),
+    }
+}
+
+fn split_once(v: &[u8], sep: u8) -> Option<(&[u8], &[u8])> {
+    let i = v.iter().position(|&b| b == sep)?;
+    Some((&v[..i], &v[i + 1..]))
 }
 
 #[cfg(test)]

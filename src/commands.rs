@@ -1,255 +1,263 @@
-//! The command handlers. Each reads top to bottom: parse, open the key, decide (core),
-//! apply, replicate, notify, reply.
+//! The command handlers. Each reads top to bottom: parse, open the key, ask the engine,
+//! reply. Replication and notifications happen inside the engine's calls, through the
+//! key ([`RedisKey`]); blocking through [`crate::waiting`].
 
-use std::ffi::c_int;
-use std::slice;
+use std::sync::atomic::Ordering;
 
-use redis_module::raw;
-
-use crate::args;
+use crate::args::{self, block_deadline};
 use crate::config;
-use crate::core::{self, AcquireDecision, Current, LockState};
+use crate::engine::value::{digest, Holder, Mode};
+use crate::engine::{AcquireReq, Acquired, InfoView, Repl, Wait};
 use crate::error::LockError;
-use crate::ffi::{self, Ctx, RStr};
-use crate::guard;
-use crate::info::{bump, STATS};
-use crate::replicate;
-use crate::state::{next_fence, observe_fence};
-use crate::store::LockKey;
-use crate::waiters::{self, LeaseEnd};
+use crate::ffi::blocked::BlockedClient;
+use crate::ffi::{self, command_entry, Args, Ctx, Str};
+use crate::keyspace::{caller, new_token, RedisKey};
+use crate::waiting::{self, with_engine, RedisSched, WaiterRec, UNBLOCK_ALLOWED};
 
-const GENERIC: c_int = raw::REDISMODULE_NOTIFY_GENERIC as c_int;
 /// Enough for the longest valid command (LOCK.ACQUIRE with every option).
-const MAX_ARGS: usize = 16;
+const MAX_ARGS: usize = 24;
 
-/// A fresh random UUID v4 in its text form.
-pub fn new_token() -> Vec<u8> {
-    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    uuid::Uuid::new_v4()
-        .hyphenated()
-        .encode_lower(&mut buf)
-        .as_bytes()
-        .to_vec()
-}
+command_entry!(acquire, "lock.acquire", acquire_impl);
+command_entry!(release, "lock.release", release_impl);
+command_entry!(extend, "lock.extend", extend_impl);
+command_entry!(info, "lock.info", info_impl);
+command_entry!(forcerelease, "lock.forcerelease", forcerelease_impl);
+command_entry!(repl, "lock.repl", repl_impl);
+command_entry!(sync, "lock.sync", sync_impl);
+command_entry!(debug, "lock.debug", debug_impl);
 
-/// Splits argv into the key and the remaining arguments, as byte slices on the stack.
-fn split<'a>(
-    argv: *mut RStr,
-    argc: c_int,
+/// The key (first argument) and the rest as byte slices.
+fn split<'a, 'b>(
+    args: Args<'a>,
     cmd: &'static str,
-    buf: &'a mut [&'static [u8]; MAX_ARGS],
-) -> Result<(RStr, &'a [&'static [u8]]), LockError> {
-    let argv = unsafe { slice::from_raw_parts(argv, usize::try_from(argc).unwrap_or(0)) };
-    if argv.len() < 2 {
-        return Err(LockError::WrongArity(cmd));
-    }
-    let rest = &argv[2..];
-    if rest.len() > MAX_ARGS {
-        return Err(LockError::Syntax("too many arguments".into()));
-    }
-    for (slot, a) in buf.iter_mut().zip(rest) {
-        *slot = ffi::bytes(*a);
-    }
-    Ok((argv[1], &buf[..rest.len()]))
+    buf: &'b mut [&'a [u8]; MAX_ARGS],
+) -> Result<(Str<'a>, &'b [&'a [u8]]), LockError> {
+    let key = args.get(1).ok_or(LockError::WrongArity(cmd))?;
+    let rest = args
+        .bytes_from(2, buf)
+        .ok_or_else(|| LockError::Syntax("too many arguments".into()))?;
+    Ok((key, rest))
 }
 
-macro_rules! handler {
-    ($fn_name:ident, $cmd:literal, $impl:ident) => {
-        pub extern "C" fn $fn_name(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_int {
-            guard::command(ctx, $cmd, || {
-                let mut buf = [&[][..]; MAX_ARGS];
-                let (key, rest) = split(argv, argc, $cmd, &mut buf)?;
-                $impl(ctx, key, rest)
-            })
-        }
-    };
-}
-
-handler!(acquire, "lock.acquire", acquire_impl);
-handler!(release, "lock.release", release_impl);
-handler!(extend, "lock.extend", extend_impl);
-handler!(info, "lock.info", info_impl);
-handler!(forcerelease, "lock.forcerelease", forcerelease_impl);
-handler!(sync, "lock.sync", sync_impl);
-handler!(debug, "lock.debug", debug_impl);
-
-fn acquire_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
-    let req = args::parse_acquire(rest, &config::limits())?;
-    let now = ffi::now_ms();
-    if req.min_fence > core::fence_ceiling(now, core::MINFENCE_MAX_LEAD_MS) {
-        return Err(LockError::FenceTooFarAhead);
-    }
-    let deadline = core::lease_deadline(now, req.ttl, "lock.acquire")?;
-    let db = ffi::selected_db(ctx);
-    let queued = waiters::queued(db, ffi::bytes(name));
-    let mut key = LockKey::open_reaped(ctx, name, now);
-    let current = key.current(now)?;
-    match core::decide_acquire(current, req.token, queued) {
-        AcquireDecision::Grant => {
-            let fence = next_fence(now, req.min_fence)?;
-            let client_id = ffi::client_id(ctx);
-            let state = LockState {
-                token: req.token.map_or_else(new_token, <[u8]>::to_vec),
-                fence,
-                expires_at: deadline,
-                acquired_at: now,
-                owner: req.owner.map(<[u8]>::to_vec),
-                client_id,
-                client_addr: ffi::client_addr(client_id),
-            };
-            let s = key.put(state);
-            replicate::state(ctx, name, s);
-            ffi::reply_grant(ctx, &s.token, s.fence);
-            drop(key);
-            ffi::notify(ctx, GENERIC, b"lock.acquire\0", name);
-            bump(&STATS.acquired);
-        }
-        AcquireDecision::Renew => {
-            // A renew keeps its fence; MINFENCE then only lifts this server's counter
-            // (before replicating, so LOCK.SYNC carries it as FLOOR), which is how a
-            // quorum client makes later grants on this node exceed it.
-            if req.min_fence > 0 {
-                observe_fence(req.min_fence);
-            }
-            let Some(s) = key.state_mut() else {
-                return Err(LockError::Internal("lock.acquire"));
-            };
-            s.expires_at = deadline;
-            replicate::state(ctx, name, s);
-            ffi::reply_grant(ctx, &s.token, s.fence);
-            key.set_deadline(deadline);
-            drop(key);
-            ffi::notify(ctx, GENERIC, b"lock.acquire\0", name);
-            bump(&STATS.renewed);
-        }
-        AcquireDecision::Busy => {
-            bump(&STATS.contended);
-            let lease_end = match current {
-                Current::Module(s) => LeaseEnd::At(s.expires_at),
-                Current::Classic(_) => key.deadline().map_or(LeaseEnd::Never, LeaseEnd::At),
-                Current::Free => LeaseEnd::Now,
-            };
-            drop(key);
-            match req.block {
-                Some(ms) if may_block(ctx) => waiters::enqueue(ctx, name, &req, ms, lease_end)?,
-                _ => ffi::reply_null(ctx),
-            }
-        }
-    }
-    Ok(())
+fn engine_busy() -> LockError {
+    LockError::Internal("lock engine re-entered")
 }
 
 /// Inside MULTI/EXEC, scripts and replicated streams BLOCK acts as non-blocking.
-fn may_block(ctx: Ctx) -> bool {
-    let f = ffi::context_flags(ctx);
-    f & (ffi::FLAG_DENY_BLOCKING
-        | ffi::FLAG_MULTI
-        | ffi::FLAG_LUA
-        | ffi::FLAG_REPLICATED
-        | ffi::FLAG_LOADING)
+fn may_block(ctx: Ctx<'_>) -> bool {
+    ctx.flags()
+        & (ffi::FLAG_DENY_BLOCKING
+            | ffi::FLAG_MULTI
+            | ffi::FLAG_LUA
+            | ffi::FLAG_REPLICATED
+            | ffi::FLAG_LOADING)
         == 0
 }
 
-fn release_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
-    let token = args::parse_release(rest)?;
-    let released = release_token(ctx, name, token)?;
-    ffi::reply_int(ctx, i64::from(released));
-    Ok(())
+fn reply_grant(ctx: Ctx<'_>, token: &[u8], fence: u64) {
+    ctx.reply_array(2);
+    ctx.reply_bytes(token);
+    ctx.reply_int(fence as i64);
 }
 
-/// Deletes the lock if `token` holds it, then hands it to the next waiter. Shared by
-/// LOCK.RELEASE and the revocation of a grant whose waiter disconnected.
-pub fn release_token(ctx: Ctx, name: RStr, token: &[u8]) -> Result<bool, LockError> {
+fn acquire_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.acquire", &mut buf)?;
+    let req = args::parse_acquire(rest, &config::limits())?;
     let now = ffi::now_ms();
-    let key = LockKey::open_reaped(ctx, name, now);
-    if !core::holds(key.current(now)?, token) {
-        return Ok(false);
-    }
-    key.delete();
-    drop(key);
-    replicate::delete(ctx, name);
-    ffi::notify(ctx, GENERIC, b"lock.release\0", name);
-    bump(&STATS.released);
-    waiters::handoff(ctx, name);
-    Ok(true)
-}
-
-fn extend_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
-    let req = args::parse_extend(rest, &config::limits())?;
-    let now = ffi::now_ms();
-    let deadline = core::lease_deadline(now, req.ttl, "lock.extend")?;
-    let mut key = LockKey::open_reaped(ctx, name, now);
-    let current = key.current(now)?;
-    if !core::holds(current, req.token) {
-        ffi::reply_int(ctx, 0);
+    // A BLOCK time that cannot be scheduled is refused before anything happens.
+    let wait_until = req.block.map(|ms| block_deadline(now, ms)).transpose()?;
+    let (client_id, addr) = caller(ctx);
+    let mut ks = RedisKey::new(ctx, name, now, true);
+    let mut sched = RedisSched::new(ctx);
+    let ar = AcquireReq {
+        mode: req.mode,
+        ttl: req.ttl,
+        token: req.token,
+        owner: req.owner,
+        min_fence: req.min_fence,
+        client_id,
+        addr,
+    };
+    let outcome =
+        with_engine(|e| e.acquire(&mut ks, &mut sched, &ar)).ok_or_else(engine_busy)??;
+    let serve_at = match outcome {
+        Acquired::Granted { token, fence } => {
+            reply_grant(ctx, &token, fence);
+            return Ok(());
+        }
+        Acquired::Busy { serve_at } => serve_at,
+    };
+    let Some(wait_until) = wait_until.filter(|_| may_block(ctx)) else {
+        ctx.reply_null();
         return Ok(());
+    };
+    let db = ctx.db();
+    let key = name.bytes();
+    let max = config::max_waiters();
+    if with_engine(|e| e.queued(db, key)).unwrap_or(0) as u64 >= max {
+        return Err(LockError::TooManyWaiters(max));
     }
-    let classic = matches!(current, Current::Classic(_));
-    key.set_deadline(deadline);
-    if classic {
-        replicate::expire_at(ctx, name, deadline);
-    } else if let Some(s) = key.state_mut() {
-        s.expires_at = deadline;
-        replicate::state(ctx, name, s);
-    }
-    drop(key);
-    ffi::reply_int(ctx, 1);
-    ffi::notify(ctx, GENERIC, b"lock.extend\0", name);
-    bump(&STATS.extended);
+    let token = req.token.map_or_else(new_token, <[u8]>::to_vec);
+    let bc = BlockedClient::block(ctx, UNBLOCK_ALLOWED.load(Ordering::Relaxed));
+    let id = bc.id();
+    // The timer counts the BLOCK time from now, in the server's microseconds, so that a
+    // wait never ends early by the rounding of a millisecond deadline.
+    let deadline = wait_until
+        .and(req.block)
+        .map(|ms| waiting::deadline_timer(ctx, id, ms));
+    let w = Wait {
+        id,
+        mode: req.mode,
+        digest: digest(&token),
+        token,
+        ttl: req.ttl,
+        min_fence: req.min_fence,
+        owner: req.owner.map(Into::into),
+        client_id: ar.client_id,
+        addr: ar.addr,
+        moved: false,
+        handle: WaiterRec { bc, deadline },
+    };
+    with_engine(|e| e.enqueue(&mut sched, (db, key.into()), w, serve_at));
     Ok(())
 }
 
-fn info_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
+fn release_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.release", &mut buf)?;
+    let token = args::parse_release(rest)?;
+    let mut ks = RedisKey::new(ctx, name, ffi::now_ms(), true);
+    let mut sched = RedisSched::new(ctx);
+    let released =
+        with_engine(|e| e.release(&mut ks, &mut sched, token)).ok_or_else(engine_busy)??;
+    ctx.reply_int(i64::from(released));
+    Ok(())
+}
+
+fn extend_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.extend", &mut buf)?;
+    let req = args::parse_extend(rest, &config::limits())?;
+    let mut ks = RedisKey::new(ctx, name, ffi::now_ms(), true);
+    let mut sched = RedisSched::new(ctx);
+    let extended = with_engine(|e| e.extend(&mut ks, &mut sched, req.token, req.ttl))
+        .ok_or_else(engine_busy)??;
+    ctx.reply_int(i64::from(extended));
+    Ok(())
+}
+
+fn forcerelease_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.forcerelease", &mut buf)?;
+    let fence = args::parse_forcerelease(rest)?;
+    let mut ks = RedisKey::new(ctx, name, ffi::now_ms(), true);
+    let mut sched = RedisSched::new(ctx);
+    let removed =
+        with_engine(|e| e.force_release(&mut ks, &mut sched, fence)).ok_or_else(engine_busy)??;
+    ctx.reply_int(i64::from(removed));
+    Ok(())
+}
+
+/// One holder's fields (never its token).
+fn reply_holder(ctx: Ctx<'_>, h: &Holder, now: i64) {
+    ctx.reply_map(7);
+    ctx.reply_bytes(b"fence");
+    ctx.reply_int(h.fence as i64);
+    ctx.reply_bytes(b"owner");
+    match &h.owner {
+        Some(o) => ctx.reply_bytes(o),
+        None => ctx.reply_null(),
+    }
+    ctx.reply_bytes(b"ttl");
+    ctx.reply_int(h.expires_at.saturating_sub(now).max(0));
+    ctx.reply_bytes(b"expires-at");
+    ctx.reply_int(h.expires_at);
+    ctx.reply_bytes(b"acquired-at");
+    ctx.reply_int(h.acquired_at);
+    ctx.reply_bytes(b"client-id");
+    ctx.reply_int(h.client_id as i64);
+    ctx.reply_bytes(b"client-addr");
+    ctx.reply_bytes(h.addr.to_string().as_bytes());
+}
+
+fn info_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.info", &mut buf)?;
     if !rest.is_empty() {
         return Err(LockError::WrongArity("lock.info"));
     }
     let now = ffi::now_ms();
-    let key = LockKey::open_read(ctx, name);
-    let current = key.current(now)?;
-    let waiting = waiters::queued(ffi::selected_db(ctx), ffi::bytes(name)) as i64;
-    let ttl_left = |at: Option<i64>| at.map_or(-1, |at| at.saturating_sub(now).max(0));
-    let field = |k: &[u8]| ffi::reply_bytes(ctx, k);
-    match current {
-        Current::Free => ffi::reply_null(ctx),
-        Current::Module(s) => {
-            ffi::reply_map(ctx, 10);
+    // Read-only: the key is opened for reading and nothing is removed or converted.
+    let mut ks = RedisKey::new(ctx, name, now, false);
+    let view = with_engine(|e| e.info(&mut ks)).ok_or_else(engine_busy)??;
+    let field = |k: &[u8]| ctx.reply_bytes(k);
+    match view {
+        InfoView::Free => ctx.reply_null(),
+        InfoView::Lock {
+            mode,
+            holders,
+            waiters,
+        } => {
+            let deadline = holders.iter().map(|h| h.expires_at).max().unwrap_or(now);
+            let exclusive = mode == Mode::Exclusive;
+            let limit = match mode {
+                Mode::Counted(n) => Some(n),
+                _ => None,
+            };
+            let pairs = 8 + if exclusive { 5 } else { 0 } + usize::from(limit.is_some());
+            ctx.reply_map(pairs);
             field(b"state");
             field(b"held");
             field(b"kind");
             field(b"module");
+            field(b"mode");
+            field(mode.name().as_bytes());
             field(b"ttl");
-            ffi::reply_int(ctx, ttl_left(Some(s.expires_at)));
+            ctx.reply_int(deadline.saturating_sub(now).max(0));
             field(b"expires-at");
-            ffi::reply_int(ctx, s.expires_at);
-            field(b"fence");
-            ffi::reply_int(ctx, s.fence as i64);
-            field(b"owner");
-            match &s.owner {
-                Some(o) => ffi::reply_bytes(ctx, o),
-                None => ffi::reply_null(ctx),
+            ctx.reply_int(deadline);
+            if let (true, Some(h)) = (exclusive, holders.first()) {
+                field(b"fence");
+                ctx.reply_int(h.fence as i64);
+                field(b"owner");
+                match &h.owner {
+                    Some(o) => ctx.reply_bytes(o),
+                    None => ctx.reply_null(),
+                }
+                field(b"acquired-at");
+                ctx.reply_int(h.acquired_at);
+                field(b"client-id");
+                ctx.reply_int(h.client_id as i64);
+                field(b"client-addr");
+                ctx.reply_bytes(h.addr.to_string().as_bytes());
             }
-            field(b"acquired-at");
-            ffi::reply_int(ctx, s.acquired_at);
-            field(b"client-id");
-            ffi::reply_int(ctx, s.client_id as i64);
-            field(b"client-addr");
-            ffi::reply_bytes(ctx, &s.client_addr);
+            if let Some(n) = limit {
+                field(b"limit");
+                ctx.reply_int(i64::from(n));
+            }
+            field(b"holders");
+            ctx.reply_int(holders.len() as i64);
             field(b"waiters");
-            ffi::reply_int(ctx, waiting);
+            ctx.reply_int(waiters as i64);
+            field(b"holder-list");
+            ctx.reply_array(holders.len());
+            for h in &holders {
+                reply_holder(ctx, h, now);
+            }
         }
-        Current::Classic(_) => {
-            let at = key.deadline();
-            ffi::reply_map(ctx, 10);
+        InfoView::Classic { expiry, waiters } => {
+            ctx.reply_map(10);
             field(b"state");
             field(b"held");
             field(b"kind");
             field(b"string");
             field(b"ttl");
-            ffi::reply_int(ctx, ttl_left(at));
+            ctx.reply_int(expiry.map_or(-1, |at| at.saturating_sub(now).max(0)));
             field(b"expires-at");
-            match at {
-                Some(at) => ffi::reply_int(ctx, at),
-                None => ffi::reply_null(ctx),
+            match expiry {
+                Some(at) => ctx.reply_int(at),
+                None => ctx.reply_null(),
             }
             for f in [
                 &b"fence"[..],
@@ -259,77 +267,123 @@ fn info_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
                 b"client-addr",
             ] {
                 field(f);
-                ffi::reply_null(ctx);
+                ctx.reply_null();
             }
             field(b"waiters");
-            ffi::reply_int(ctx, waiting);
+            ctx.reply_int(waiters as i64);
         }
     }
     Ok(())
 }
 
-fn forcerelease_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
-    if !rest.is_empty() {
-        return Err(LockError::WrongArity("lock.forcerelease"));
+fn replicated_only(ctx: Ctx<'_>, cmd: &'static str) -> Result<(), LockError> {
+    if ctx.flags() & (ffi::FLAG_REPLICATED | ffi::FLAG_LOADING) == 0 {
+        return Err(LockError::InternalOnly(cmd));
     }
-    let now = ffi::now_ms();
-    let key = LockKey::open_reaped(ctx, name, now);
-    if matches!(key.current(now)?, Current::Free) {
-        drop(key);
-        ffi::reply_int(ctx, 0);
-        return Ok(());
-    }
-    key.delete();
-    drop(key);
-    replicate::delete(ctx, name);
-    ffi::notify(ctx, GENERIC, b"lock.forcerelease\0", name);
-    bump(&STATS.force_released);
-    waiters::handoff(ctx, name);
-    ffi::reply_int(ctx, 1);
     Ok(())
 }
 
-/// Applies the full state sent by a primary (or replayed from the AOF).
-fn sync_impl(ctx: Ctx, name: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
-    if !ffi::flag(ctx, ffi::FLAG_REPLICATED | ffi::FLAG_LOADING) {
-        return Err(LockError::InternalOnly("lock.sync"));
+fn apply(ctx: Ctx<'_>, name: Str<'_>, op: Repl<'_>) -> Result<(), LockError> {
+    let mut ks = RedisKey::new(ctx, name, ffi::now_ms(), true);
+    with_engine(|e| e.apply(&mut ks, op)).ok_or_else(engine_busy)?
+}
+
+/// A change sent by the primary (or replayed from the AOF).
+fn repl_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+    replicated_only(ctx, "lock.repl")?;
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.repl", &mut buf)?;
+    let ceiling = crate::datatype::loaded_fence_ceiling();
+    match args::parse_repl(rest)? {
+        args::ReplCmd::Grant {
+            mode,
+            holder,
+            floor,
+        } => {
+            if holder.fence > ceiling || floor > ceiling {
+                return Err(LockError::FenceTooFarAhead);
+            }
+            apply(
+                ctx,
+                name,
+                Repl::Grant {
+                    mode,
+                    holder: &holder,
+                    floor,
+                },
+            )?;
+        }
+        args::ReplCmd::Lease {
+            fence,
+            expires_at,
+            floor,
+        } => {
+            if floor > ceiling {
+                return Err(LockError::FenceTooFarAhead);
+            }
+            apply(
+                ctx,
+                name,
+                Repl::Lease {
+                    fence,
+                    expires_at,
+                    floor,
+                },
+            )?;
+        }
+        args::ReplCmd::Drop { fence } => apply(ctx, name, Repl::Drop { fence })?,
     }
+    // A replica's own AOF and replicas record it as received.
+    ctx.replicate_verbatim();
+    ctx.reply_simple(c"OK");
+    Ok(())
+}
+
+/// The 0.1 release's replication command (token in clear), still accepted from an older
+/// primary and from AOF files it wrote. It is stored, and passed on, as a digest.
+fn sync_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+    replicated_only(ctx, "lock.sync")?;
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.sync", &mut buf)?;
     let s = args::parse_sync(rest)?;
-    if s.fence > core::fence_ceiling(ffi::now_ms(), core::LOADED_FENCE_MAX_LEAD_MS) {
+    let ceiling = crate::datatype::loaded_fence_ceiling();
+    if s.fence > ceiling || s.floor > ceiling {
         return Err(LockError::FenceTooFarAhead);
     }
-    if s.floor > core::fence_ceiling(ffi::now_ms(), core::LOADED_FENCE_MAX_LEAD_MS) {
-        return Err(LockError::FenceTooFarAhead);
-    }
-    observe_fence(s.fence.max(s.floor));
-    let mut key = LockKey::open(ctx, name);
-    key.put(LockState {
-        token: s.token.to_vec(),
+    let holder = Holder {
+        digest: digest(s.token),
         fence: s.fence,
         expires_at: s.expires_at,
         acquired_at: s.acquired_at,
-        owner: s.owner.map(<[u8]>::to_vec),
         client_id: s.client_id,
-        client_addr: s.client_addr.to_vec(),
-    });
-    drop(key);
-    replicate::verbatim(ctx);
-    ffi::reply_simple(ctx, b"OK\0");
+        addr: crate::engine::value::Addr::parse(s.client_addr),
+        owner: s.owner.map(Into::into),
+    };
+    let op = Repl::Grant {
+        mode: Mode::Exclusive,
+        holder: &holder,
+        floor: s.floor,
+    };
+    apply(ctx, name, op)?;
+    crate::replication::send(ctx, name, op);
+    ctx.reply_simple(c"OK");
     Ok(())
 }
 
-/// `LOCK.DEBUG PANIC`: exists to prove that a panic becomes an error reply. Off unless
-/// the module is loaded with `debug-commands yes`.
-fn debug_impl(ctx: Ctx, sub: RStr, rest: &[&[u8]]) -> Result<(), LockError> {
-    if !config::DEBUG_COMMANDS.load(std::sync::atomic::Ordering::Relaxed) {
+/// `LOCK.DEBUG PANIC | FENCE`: proves that a panic becomes an error reply, and reads the
+/// fence counter. Off unless the module is loaded with `debug-commands yes`.
+fn debug_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+    if !config::DEBUG_COMMANDS.load(Ordering::Relaxed) {
         return Err(LockError::Disabled(
             "LOCK.DEBUG (load the module with 'debug-commands yes')",
         ));
     }
-    match (ffi::bytes(sub).to_ascii_uppercase().as_slice(), rest) {
-        (b"PANIC", []) => panic!("LOCK.DEBUG PANIC was called"),
-        (b"FENCE", []) => {
-            ffi::reply_int(ctx, crate::state::FENCE.get().last() as i64);
+    let sub = args.get(1).map(|s| s.bytes().to_ascii_uppercase());
+    match (sub.as_deref(), args.len()) {
+        (Some(b"PANIC"), 2) => panic!("LOCK.DEBUG PANIC was called"),
+        (Some(b"FENCE"), 2) => {
+            let last = with_engine(|e| e.fence.last()).ok_or_else(engine_busy)?;
+            ctx.reply_int(last as i64);
             Ok(())
         }
         _ => Err(LockError::Syntax("LOCK.DEBUG PANIC | FENCE".into())),

@@ -2,14 +2,12 @@
 //! `debug-commands` load-time switch. Settable with CONFIG SET, in redis.conf, and as
 //! `loadmodule` arguments (`default-ttl 5000` or `lock.default-ttl 5000`).
 
-use std::ffi::{c_char, c_int, c_longlong, c_void, CString};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-
-use redis_module::raw;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 
 use crate::args::{parse_i64, Limits};
-use crate::ffi::{api, Ctx};
-use crate::guard::catch;
+use crate::engine::fence::{LEGACY_SHIFT, SHIFT};
+use crate::ffi::config::{load_configs, register_numeric};
+use crate::ffi::Ctx;
 
 pub struct Setting {
     pub name: &'static str,
@@ -41,6 +39,9 @@ pub static DEFAULT_TTL: Setting = Setting::new("default-ttl", 30_000, 1, TEN_YEA
 pub static MAX_TTL: Setting = Setting::new("max-ttl", 86_400_000, 1, TEN_YEARS_MS);
 pub static MAX_WAITERS: Setting = Setting::new("max-waiters", 10_000, 1, 10_000_000);
 pub static DEBUG_COMMANDS: AtomicBool = AtomicBool::new(false);
+/// `fence-shift` (a `loadmodule` argument only): 10, or 20 to keep the 0.1 release's
+/// fence scale on a server that restarts without its data.
+pub static FENCE_SHIFT: AtomicU32 = AtomicU32::new(SHIFT);
 const SETTINGS: [&Setting; 3] = [&DEFAULT_TTL, &MAX_TTL, &MAX_WAITERS];
 
 pub fn limits() -> Limits {
@@ -79,6 +80,15 @@ pub fn parse_module_args(args: &[&[u8]]) -> Result<Vec<(&'static Setting, i64)>,
         let Some(value) = pair.get(1) else {
             return Err(format!("module argument '{name}' needs a value"));
         };
+        if name.eq_ignore_ascii_case("fence-shift") {
+            let shift = match *value {
+                b"10" => SHIFT,
+                b"20" => LEGACY_SHIFT,
+                _ => return Err("fence-shift must be 10 or 20".into()),
+            };
+            FENCE_SHIFT.store(shift, Ordering::Relaxed);
+            continue;
+        }
         if name.eq_ignore_ascii_case("debug-commands") {
             match value.to_ascii_lowercase().as_slice() {
                 b"yes" => DEBUG_COMMANDS.store(true, Ordering::Relaxed),
@@ -101,84 +111,19 @@ pub fn parse_module_args(args: &[&[u8]]) -> Result<Vec<(&'static Setting, i64)>,
     Ok(out)
 }
 
-// ---- server callbacks ------------------------------------------------------------
-// CONFIG SET calls every setter of the command first, then each distinct apply
-// callback, and rolls the whole command back if an apply fails. So the setters only
-// store, and the cross-check lives in `apply`: `CONFIG SET lock.max-ttl 1000
-// lock.default-ttl 500` succeeds whatever the argument order.
-
-extern "C" fn get_cb(_name: *const c_char, privdata: *mut c_void) -> c_longlong {
-    catch(|| unsafe { &*privdata.cast::<Setting>() }.get()).unwrap_or(0)
-}
-
-extern "C" fn set_cb(
-    _name: *const c_char,
-    val: c_longlong,
-    privdata: *mut c_void,
-    _err: *mut *mut raw::RedisModuleString,
-) -> c_int {
-    catch(|| {
-        unsafe { &*privdata.cast::<Setting>() }
-            .value
-            .store(val, Ordering::Relaxed)
-    });
-    raw::REDISMODULE_OK as c_int
-}
-
-extern "C" fn apply_cb(
-    _ctx: Ctx,
-    _privdata: *mut c_void,
-    err: *mut *mut raw::RedisModuleString,
-) -> c_int {
-    match catch(|| cross_check(DEFAULT_TTL.get(), MAX_TTL.get())) {
-        Some(Ok(())) => raw::REDISMODULE_OK as c_int,
-        Some(Err(msg)) => {
-            if !err.is_null() {
-                let s = unsafe {
-                    api!(RedisModule_CreateString)(
-                        std::ptr::null_mut(),
-                        msg.as_ptr().cast(),
-                        msg.len(),
-                    )
-                };
-                unsafe { *err = s };
-            }
-            raw::REDISMODULE_ERR as c_int
-        }
-        None => raw::REDISMODULE_ERR as c_int,
-    }
-}
-
 /// Registers the settings with the server and loads redis.conf values for them.
-pub fn register(ctx: Ctx, overrides: &[(&'static Setting, i64)]) -> Result<(), String> {
+pub fn register(ctx: Ctx<'_>, overrides: &[(&'static Setting, i64)]) -> Result<(), String> {
     for s in SETTINGS {
         let default = overrides
             .iter()
             .rev()
             .find(|(o, _)| std::ptr::eq(*o, s))
             .map_or(s.default, |(_, v)| *v);
-        let name = CString::new(s.name).map_err(|e| e.to_string())?;
-        let ok = unsafe {
-            api!(RedisModule_RegisterNumericConfig)(
-                ctx,
-                name.as_ptr(),
-                default,
-                raw::REDISMODULE_CONFIG_DEFAULT,
-                s.min,
-                s.max,
-                Some(get_cb),
-                Some(set_cb),
-                Some(apply_cb),
-                (s as *const Setting).cast_mut().cast(),
-            )
-        };
-        if ok != raw::REDISMODULE_OK as c_int {
-            return Err(format!("registering lock.{} failed", s.name));
-        }
+        register_numeric(ctx, s.name, default, s.min, s.max, &s.value, || {
+            cross_check(DEFAULT_TTL.get(), MAX_TTL.get())
+        })?;
     }
-    if unsafe { api!(RedisModule_LoadConfigs)(ctx) } != raw::REDISMODULE_OK as c_int {
-        return Err("loading lock.* settings from the config failed".into());
-    }
+    load_configs(ctx)?;
     cross_check(DEFAULT_TTL.get(), MAX_TTL.get())
 }
 
@@ -199,6 +144,7 @@ mod tests {
         assert!(parse_module_args(&[b"max-ttl", b"x"]).is_err());
         assert!(parse_module_args(&[b"debug-commands", b"maybe"]).is_err());
         assert!(parse_module_args(&[]).unwrap().is_empty());
+        assert!(parse_module_args(&[b"fence-shift", b"15"]).is_err());
     }
 
     #[test]

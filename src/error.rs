@@ -33,6 +33,22 @@ pub enum LockError {
     Internal(&'static str),
     /// LOCK.DEBUG and similar: a feature switched off by configuration.
     Disabled(&'static str),
+    /// A BLOCK time whose deadline the server cannot schedule.
+    BlockOutOfRange,
+    /// Exclusive/SHARED on a counted key, or LIMIT on a read-write key.
+    WrongMode,
+    /// LIMIT n on a counted key with another limit (the key's is given).
+    LimitMismatch(u32),
+    /// LIMIT 0, or above the largest limit.
+    InvalidLimit,
+    /// FENCE of FORCERELEASE not a positive integer.
+    InvalidFenceArg,
+    /// A waiter's lock moved to another cluster node (slot migration).
+    TryAgain,
+    /// A waiter's lock was moved to another server by MIGRATE.
+    Moved,
+    /// A waiter on a server that became a replica.
+    Unblocked,
 }
 
 impl fmt::Display for LockError {
@@ -77,6 +93,39 @@ impl fmt::Display for LockError {
                 "ERR internal error in '{cmd}' (the module caught a panic; see the server log)"
             ),
             LockError::Disabled(what) => write!(f, "ERR {what} is disabled"),
+            LockError::BlockOutOfRange => write!(f, "ERR timeout is out of range"),
+            LockError::WrongMode => write!(
+                f,
+                "WRONGMODE this key is locked, or waited for, in another mode (exclusive and \
+                 SHARED mix; a LIMIT key takes only LIMIT)"
+            ),
+            LockError::LimitMismatch(n) => {
+                write!(f, "LIMITMISMATCH this key is a semaphore with LIMIT {n}")
+            }
+            LockError::InvalidLimit => write!(
+                f,
+                "ERR LIMIT must be an integer from 1 to {}",
+                crate::args::MAX_LIMIT
+            ),
+            LockError::InvalidFenceArg => {
+                write!(
+                    f,
+                    "ERR FENCE must be an integer from 1 to 9223372036854775806"
+                )
+            }
+            LockError::TryAgain => write!(
+                f,
+                "TRYAGAIN the lock's hash slot moved to another node while you waited; retry \
+                 and the cluster will redirect you"
+            ),
+            LockError::Moved => write!(
+                f,
+                "LOCKMOVED the lock was moved to another server (MIGRATE) while you waited"
+            ),
+            LockError::Unblocked => write!(
+                f,
+                "UNBLOCKED this server is a replica now; locks are granted by its primary"
+            ),
         }
     }
 }
@@ -105,6 +154,14 @@ mod tests {
             LockError::InternalOnly("lock.sync"),
             LockError::Internal("lock.info"),
             LockError::Disabled("LOCK.DEBUG"),
+            LockError::BlockOutOfRange,
+            LockError::WrongMode,
+            LockError::LimitMismatch(3),
+            LockError::InvalidLimit,
+            LockError::InvalidFenceArg,
+            LockError::TryAgain,
+            LockError::Moved,
+            LockError::Unblocked,
         ];
         for e in all {
             let text = e.to_string();

@@ -1,95 +1,129 @@
-//! Learning that a lock went away: keyspace notifications (del, expired, evicted,
-//! rename, ...) and flushes. Nothing here writes to the keyspace; it only schedules
-//! the hand-off timer of keys that have waiters, and keeps the expiry counters.
+//! Learning that a lock key changed behind the module's back: keyspace notifications
+//! (del, expired, evicted, rename, move, restore, expire, persist, ...), flushes, SWAPDB,
+//! a change of replication role, and MIGRATE (seen by a command filter). Nothing here
+//! writes to the keyspace: it only asks for the key's queue to be served (by a timer,
+//! through the engine's gate), and keeps the expiry counters.
 
-use std::cell::{Cell, RefCell};
-use std::ffi::{c_int, c_void, CStr};
+use std::cell::RefCell;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis_module::raw;
 
-use crate::ffi::{self, Ctx, RStr};
-use crate::guard::catch;
-use crate::info::{bump, STATS};
-use crate::state::MainThread;
-use crate::waiters;
+use crate::ffi::events::{FilterArgs, ServerEvent};
+use crate::ffi::{self, Ctx, MainThread, Str};
+use crate::unlinked;
+use crate::waiting::{self, with_engine, RedisSched};
 
-/// The last lock key the server unlinked, to tell a lock's expiry from any key's.
-type DbKey = (i32, Vec<u8>);
-static LAST_UNLINKED: MainThread<RefCell<Option<DbKey>>> = MainThread(RefCell::new(None));
-static SUPPRESS: MainThread<Cell<bool>> = MainThread(Cell::new(false));
-
-pub fn note_unlinked(db: i32, key: &[u8]) {
-    if !SUPPRESS.get() {
-        if let Ok(mut g) = LAST_UNLINKED.try_borrow_mut() {
-            *g = Some((db, key.to_vec()));
-        }
-    }
-}
-
-pub fn suppress_unlink_note<R>(f: impl FnOnce() -> R) -> R {
-    let prev = SUPPRESS.replace(true);
-    let r = f();
-    SUPPRESS.set(prev);
-    r
-}
-
-fn was_lock(db: i32, key: &[u8]) -> bool {
-    match LAST_UNLINKED.try_borrow_mut() {
-        Ok(mut g) => match g.as_ref() {
-            Some((d, k)) if *d == db && k == key => {
-                *g = None;
-                true
-            }
-            _ => false,
-        },
-        Err(_) => false,
-    }
-}
+/// Lock keys Redis expired or evicted by itself (the engine counts the leases it ends).
+pub static EXPIRED: AtomicU64 = AtomicU64::new(0);
+pub static EVICTED: AtomicU64 = AtomicU64::new(0);
 
 pub const SUBSCRIBED: c_int = (raw::REDISMODULE_NOTIFY_GENERIC
     | raw::REDISMODULE_NOTIFY_EXPIRED
     | raw::REDISMODULE_NOTIFY_EVICTED) as c_int;
 
-pub extern "C" fn on_keyspace_event(
-    ctx: Ctx,
-    _class: c_int,
-    event: *const std::ffi::c_char,
-    key: RStr,
-) -> c_int {
-    catch(|| {
-        let event = unsafe { CStr::from_ptr(event) }.to_bytes();
-        if event.starts_with(b"lock.") {
-            return; // our own notifications
+/// The keys of the MIGRATE command running now (empty when none runs).
+static MIGRATING: MainThread<RefCell<Vec<Vec<u8>>>> = MainThread(RefCell::new(Vec::new()));
+
+/// Runs before every command: remembers the keys a MIGRATE is about to move away, so
+/// that their `del` is not taken for a release. Cheap for every other command.
+pub fn on_command(args: &FilterArgs) {
+    let Ok(mut keys) = MIGRATING.try_borrow_mut() else {
+        return;
+    };
+    let is_migrate = args
+        .get(0)
+        .is_some_and(|c| c.len() == 7 && c.eq_ignore_ascii_case(b"migrate"));
+    if !is_migrate {
+        if !keys.is_empty() {
+            keys.clear();
         }
-        let db = ffi::selected_db(ctx);
-        let name = ffi::bytes(key);
-        match event {
-            b"expired" if was_lock(db, name) => bump(&STATS.expired),
-            b"evicted" if was_lock(db, name) => bump(&STATS.evicted),
+        return;
+    }
+    keys.clear();
+    // MIGRATE host port key|"" destination-db timeout [COPY] [REPLACE] [AUTH pw]
+    //         [AUTH2 user pw] [KEYS key ...]
+    let n = args.len();
+    let mut i = 6;
+    let mut copy = false;
+    while i < n {
+        match args.get(i).map(<[u8]>::to_ascii_uppercase).as_deref() {
+            Some(b"COPY") => copy = true,
+            Some(b"AUTH") => i += 1,
+            Some(b"AUTH2") => i += 2,
+            Some(b"KEYS") => {
+                keys.extend((i + 1..n).filter_map(|j| args.get(j).map(<[u8]>::to_vec)));
+                break;
+            }
             _ => {}
         }
-        if waiters::has_queue(db, name) {
-            waiters::arm(ctx, db, name, ffi::now_ms());
-        }
-    });
-    raw::REDISMODULE_OK as c_int
+        i += 1;
+    }
+    if let Some(k) = args.get(3).filter(|k| !k.is_empty()) {
+        keys.push(k.to_vec());
+    }
+    if copy {
+        keys.clear();
+    }
 }
 
-/// FLUSHALL / FLUSHDB fire no per-key events: serve every queue of the flushed db(s).
-pub extern "C" fn on_flush(
-    ctx: Ctx,
-    _eid: raw::RedisModuleEvent,
-    subevent: u64,
-    data: *mut c_void,
-) {
-    catch(|| {
-        if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
+fn migrating(key: &[u8]) -> bool {
+    MIGRATING
+        .try_borrow()
+        .is_ok_and(|keys| keys.iter().any(|k| k == key))
+}
+
+pub fn on_keyspace(ctx: Ctx<'_>, event: &[u8], key: Str<'_>) {
+    if event.starts_with(b"lock.") {
+        return; // our own notifications
+    }
+    let db = ctx.db();
+    let name = key.bytes();
+    match event {
+        b"expired" if unlinked::was_lock(db, name) => {
+            EXPIRED.fetch_add(1, Ordering::Relaxed);
+        }
+        b"evicted" if unlinked::was_lock(db, name) => {
+            EVICTED.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {}
+    }
+    let moved = event == b"del" && migrating(name);
+    let mut sched = RedisSched::new(ctx);
+    // Busy means the engine itself is changing this key; it serves the queue then.
+    with_engine(|e| {
+        if !e.has_waiters(db, name) {
             return;
         }
-        let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
-        let now = ffi::now_ms();
-        for (db, key) in waiters::keys_with_waiters(info.dbnum) {
-            waiters::arm(ctx, db, &key, now);
+        if moved {
+            e.mark_moved(&mut sched, db, name, ffi::now_ms());
+        } else {
+            e.arm(&mut sched, db, name, ffi::now_ms());
         }
     });
+}
+
+pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
+    let keys = match ev {
+        ServerEvent::Flushed(db) => {
+            with_engine(|e| e.keys_with_waiters((db >= 0).then_some(db))).unwrap_or_default()
+        }
+        ServerEvent::Swapped(a, b) => with_engine(|e| {
+            let mut k = e.keys_with_waiters(Some(a));
+            k.extend(e.keys_with_waiters(Some(b)));
+            k
+        })
+        .unwrap_or_default(),
+        ServerEvent::BecamePrimary => {
+            // A promoted replica starts granting: its first fence jumps ahead of the
+            // clock, above anything the old primary may have issued that never arrived.
+            with_engine(|e| e.fence.start(ffi::now_ms()));
+            Vec::new()
+        }
+        ServerEvent::BecameReplica => Vec::new(),
+    };
+    for (db, key) in keys {
+        waiting::wake(ctx, db, &key);
+    }
 }

@@ -4,29 +4,30 @@
 //! commands with their docs, the event subscriptions and the INFO section.
 
 #![cfg_attr(test, allow(dead_code))]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod args;
-pub mod core;
+pub mod engine;
 pub mod error;
 
-mod cmdinfo;
 mod commands;
 mod config;
 mod datatype;
 mod events;
 mod ffi;
-mod guard;
-mod info;
-mod replicate;
-mod state;
-mod store;
-mod waiters;
+mod keyspace;
+mod replication;
+mod stats;
+mod unlinked;
+mod waiting;
 
-use std::ffi::c_int;
+use std::sync::atomic::Ordering;
 
-use redis_module::{raw, Context, RedisString, Status};
+use redis_module::{raw, RedisString, Status};
 
-use cmdinfo::{Arg, Cmd};
+use ffi::cmdinfo::{self, Arg, Cmd};
+use ffi::Ctx;
 
 const KEY_RO: u64 = raw::REDISMODULE_CMD_KEY_RO as u64;
 const KEY_RW: u64 = raw::REDISMODULE_CMD_KEY_RW as u64;
@@ -46,13 +47,15 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
         (
             Cmd {
                 name: "lock.acquire",
-                flags: "write deny-oom",
+                flags: "write deny-oom blocking",
                 key_flags: KEY_RW | ACCESS | INSERT,
                 arity: -2,
-                summary: "Takes a lock if it is free, optionally waiting in a FIFO queue; replies [token, fence] or nil.",
+                summary: "Takes a lock (exclusive, SHARED, or one of LIMIT n permits) if it is free, optionally waiting in a FIFO queue; replies [token, fence] or nil.",
                 complexity: "O(1)",
                 args: &[
                     Arg::Key("key"),
+                    Arg::Flag("SHARED", "shared"),
+                    Arg::Opt("LIMIT", "permits", INTEGER),
                     Arg::Expiry,
                     Arg::Opt("TOKEN", "token", STRING),
                     Arg::Opt("OWNER", "label", STRING),
@@ -103,12 +106,30 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                 name: "lock.forcerelease",
                 flags: "write",
                 key_flags: KEY_RW | DELETE,
-                arity: 2,
-                summary: "Administrative: deletes a lock whoever holds it and hands it to the next waiter.",
+                arity: -2,
+                summary: "Administrative: removes every holder of a lock (or the one with FENCE f) and hands it to the next waiters.",
                 complexity: "O(1)",
-                args: &[Arg::Key("key")],
+                args: &[Arg::Key("key"), Arg::Opt("FENCE", "fence", INTEGER)],
             },
             Some(commands::forcerelease),
+        ),
+        (
+            Cmd {
+                name: "lock.repl",
+                flags: "write",
+                key_flags: KEY_RW | UPDATE,
+                arity: -4,
+                summary: "Internal: one change of a lock, as a primary sends it to replicas and the AOF.",
+                complexity: "O(1)",
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Str("operation"),
+                    Arg::Str("fields"),
+                    Arg::Opt("OWNER", "label", STRING),
+                    Arg::Opt("FLOOR", "fence", INTEGER),
+                ],
+            },
+            Some(commands::repl),
         ),
         (
             Cmd {
@@ -116,7 +137,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                 flags: "write",
                 key_flags: KEY_OW | UPDATE,
                 arity: -8,
-                summary: "Internal: the full lock state a primary sends to replicas and the AOF.",
+                summary: "Internal: the 0.1 release's replication command, still read from older primaries and AOF files.",
                 complexity: "O(1)",
                 args: &[
                     Arg::Key("key"),
@@ -135,81 +156,56 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
     ]
 }
 
-fn fail(ctx: &Context, msg: &str) -> Status {
-    ctx.log_warning(&format!("redis-lock: {msg}"));
+fn fail(ctx: Ctx<'_>, msg: &str) -> Status {
+    ctx.log("warning", &format!("redis-lock: {msg}"));
     Status::Err
 }
 
-fn init(ctx: &Context, args: &[RedisString]) -> Status {
-    guard::install_panic_hook();
-    unsafe {
-        if let Some(f) = raw::RedisModule_SetModuleOptions {
-            f(ctx.ctx, raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS as c_int);
-        }
+fn init(ctx: &redis_module::Context, args: &[RedisString]) -> Status {
+    // SAFETY: the context the server passed to the module's load function.
+    let ctx = unsafe { Ctx::from_raw(ctx.ctx) };
+    match setup(ctx, args) {
+        Ok(()) => Status::Ok,
+        Err(e) => fail(ctx, &e),
     }
-    if !datatype::create(ctx.ctx) {
-        return fail(ctx, "creating the redislock data type failed");
+}
+
+fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
+    ffi::guard::install_panic_hook();
+    ffi::handle_io_errors(ctx);
+    if !datatype::create(ctx) {
+        return Err("creating the redislock data type failed".into());
     }
     let raw_args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-    let overrides = match config::parse_module_args(&raw_args) {
-        Ok(o) => o,
-        Err(e) => return fail(ctx, &e),
-    };
-    if let Err(e) = config::register(ctx.ctx, &overrides) {
-        return fail(ctx, &e);
-    }
+    let overrides = config::parse_module_args(&raw_args)?;
+    config::register(ctx, &overrides)?;
     for (cmd, handler) in commands() {
-        if let Err(e) = cmdinfo::register(ctx.ctx, &cmd, handler) {
-            return fail(ctx, &e);
-        }
+        cmdinfo::register(ctx, &cmd, handler)?;
     }
     let debug = Cmd {
         name: "lock.debug",
         flags: "admin",
-        key_flags: KEY_RO,
+        key_flags: 0,
         arity: -2,
         summary: "Testing aid, off unless loaded with 'debug-commands yes': PANIC | FENCE.",
         complexity: "O(1)",
         args: &[Arg::Str("subcommand")],
     };
-    // LOCK.DEBUG takes no key; register it without key specs.
-    if let Err(e) = register_keyless(ctx, &debug) {
-        return fail(ctx, &e);
-    }
-    unsafe {
-        let sub = ffi::api!(RedisModule_SubscribeToKeyspaceEvents);
-        if sub(ctx.ctx, events::SUBSCRIBED, Some(events::on_keyspace_event))
-            != raw::REDISMODULE_OK as c_int
-        {
-            return fail(ctx, "subscribing to keyspace events failed");
-        }
-        let flush = raw::RedisModuleEvent {
-            id: raw::REDISMODULE_EVENT_FLUSHDB,
-            dataver: 1,
-        };
-        ffi::api!(RedisModule_SubscribeToServerEvent)(ctx.ctx, flush, Some(events::on_flush));
-        ffi::api!(RedisModule_RegisterInfoFunc)(ctx.ctx, Some(info::info_func));
-    }
-    Status::Ok
-}
-
-fn register_keyless(ctx: &Context, c: &Cmd) -> Result<(), String> {
-    let name = std::ffi::CString::new(c.name).map_err(|e| e.to_string())?;
-    let flags = std::ffi::CString::new(c.flags).map_err(|e| e.to_string())?;
-    let ok = unsafe {
-        ffi::api!(RedisModule_CreateCommand)(
-            ctx.ctx,
-            name.as_ptr(),
-            Some(commands::debug),
-            flags.as_ptr(),
-            0,
-            0,
-            0,
-        )
-    };
-    if ok != raw::REDISMODULE_OK as c_int {
-        return Err(format!("creating {} failed", c.name));
-    }
+    cmdinfo::register(ctx, &debug, Some(commands::debug))?;
+    ffi::events::subscribe_keyspace(ctx, events::SUBSCRIBED, events::on_keyspace)?;
+    ffi::events::subscribe_server(ctx, events::on_server)?;
+    ffi::events::register_filter(ctx, events::on_command)?;
+    ffi::events::register_info(ctx, stats::info)?;
+    // CLIENT UNBLOCK of a waiter races its hand-off on servers before Redis 7.4 (the
+    // client can be left without any reply): there, waiters refuse CLIENT UNBLOCK.
+    waiting::UNBLOCK_ALLOWED.store(ffi::server_version() >= 0x0007_0400, Ordering::Relaxed);
+    let now = ffi::now_ms();
+    waiting::with_engine(|e| {
+        e.fence
+            .set_min_shift(config::FENCE_SHIFT.load(Ordering::Relaxed));
+        // A start: the first fence jumps ahead of the clock (see engine::fence).
+        e.fence.start(now);
+    });
     Ok(())
 }
 

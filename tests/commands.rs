@@ -8,10 +8,13 @@ use common::{unix_ms, wait_until, RawConn, Resp, ServerBuilder};
 use std::collections::HashSet;
 use std::time::Duration;
 
-/// `unix_ms << 20`: the floor of every fence granted at or after `ms`.
+/// `unix_ms << 10`: the floor of every fence granted at or after `ms`.
 fn clock_floor(ms: i64) -> i64 {
-    ms << 20
+    ms << 10
 }
+
+/// The largest integer a double (JavaScript's Number, Lua's number) holds exactly.
+const MAX_EXACT: i64 = (1 << 53) - 1;
 
 /// A successful acquire's `[token, fence]`; panics on nil or an error.
 fn grant(r: &Resp) -> (Vec<u8>, i64) {
@@ -78,8 +81,9 @@ fn acquire_release_extend_forcerelease_happy_path() {
     );
     assert!(
         fence >= clock_floor(before),
-        "fence {fence} < {before} << 20"
+        "fence {fence} < {before} << 10"
     );
+    assert!(fence <= MAX_EXACT, "fence {fence} does not fit in a double");
     assert_eq!(c.cmd(&["TYPE", "lock:a"]), Resp::Simple("redislock".into()));
     assert_ttl_near(&mut c, "lock:a", 10_000);
     // Held: a second acquire without the token gets nil.
@@ -433,7 +437,7 @@ fn fences_strictly_increase_across_release_expiry_and_forcerelease() {
         assert!(fence > last, "grant #{i}: fence {fence} <= previous {last}");
         assert!(
             fence >= clock_floor(before),
-            "grant #{i}: fence {fence} < unix_ms<<20 ({})",
+            "grant #{i}: fence {fence} < unix_ms<<10 ({})",
             clock_floor(before)
         );
         last = fence;
@@ -460,8 +464,14 @@ fn fences_strictly_increase_across_release_expiry_and_forcerelease() {
 fn minfence_raises_grants_and_renewals_raise_later_grants() {
     let server = ServerBuilder::new().start();
     let mut c = RawConn::connect(server.port);
-    // A floor far above the clock: the grant gets exactly that fence.
-    let floor = clock_floor(unix_ms()) + (1 << 45);
+    // MINFENCE may lead this server's clock term by an hour, and a fresh server's counter
+    // starts an hour ahead of its clock: let the clock move on by two seconds so that
+    // there is room between the counter and the bound.
+    let (_, f0) = acquire(&mut c, &["lock:start"]);
+    std::thread::sleep(Duration::from_millis(2200));
+    let ms = 1 << 10;
+    // A floor above the counter: the grant gets exactly that fence.
+    let floor = f0 + 500 * ms;
     let (_, f) = acquire(
         &mut c,
         &["lock:m", "MINFENCE", &floor.to_string(), "TOKEN", "t"],
@@ -482,10 +492,9 @@ fn minfence_raises_grants_and_renewals_raise_later_grants() {
     let (_, k) = acquire(&mut c, &["lock:n"]);
     assert!(k > h + 1000, "{k} <= {h} + 1000");
 
-    // The same with a floor the clock cannot reach for hours (2^24 ms ahead; MINFENCE
-    // may lead the clock by at most a day), so only the renew's MINFENCE can explain
-    // the later grant's fence.
-    let far = clock_floor(unix_ms()) + (1 << 44);
+    // The same with a floor far above the counter, so only the renew's MINFENCE can
+    // explain the later grant's fence.
+    let far = f0 + 1500 * ms;
     let (_, r) = acquire(
         &mut c,
         &["lock:m", "TOKEN", "t", "MINFENCE", &far.to_string()],
@@ -496,12 +505,12 @@ fn minfence_raises_grants_and_renewals_raise_later_grants() {
         Some(Resp::Int(f))
     );
     let (_, next) = acquire(&mut c, &["lock:other"]);
-    assert!(next > far, "{next} <= {far}");
+    assert_eq!(next, far + 1);
     assert_eq!(common::lock_stat(&mut c, "last_fence"), next);
 
-    // More than a day ahead of the clock is refused, for a grant and a renew alike,
+    // More than an hour ahead of the clock is refused, for a grant and a renew alike,
     // and does not move the counter.
-    let too_far = clock_floor(unix_ms() + 2 * 24 * 3600 * 1000);
+    let too_far = clock_floor(unix_ms() + 2 * 3600 * 1000);
     let too_far = too_far.to_string();
     for args in [
         &["LOCK.ACQUIRE", "lock:far", "MINFENCE", &too_far][..],

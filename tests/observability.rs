@@ -596,9 +596,11 @@ fn command_info_and_docs() {
         (
             "lock.acquire",
             -2,
-            &["write", "denyoom"],
+            &["write", "denyoom", "blocking"],
             &["RW", "ACCESS", "INSERT"],
-            &["PX", "EX", "TOKEN", "OWNER", "BLOCK", "MINFENCE"],
+            &[
+                "SHARED", "LIMIT", "PX", "EX", "TOKEN", "OWNER", "BLOCK", "MINFENCE",
+            ],
         ),
         (
             "lock.release",
@@ -621,7 +623,13 @@ fn command_info_and_docs() {
             &["RO", "ACCESS"],
             &[],
         ),
-        ("lock.forcerelease", 2, &["write"], &["RW", "DELETE"], &[]),
+        (
+            "lock.forcerelease",
+            -2,
+            &["write"],
+            &["RW", "DELETE"],
+            &["FENCE"],
+        ),
     ];
     for &(name, arity, flags, ks_flags, toks) in table {
         let r = c.cmd(&["COMMAND", "INFO", name]);

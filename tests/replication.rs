@@ -45,9 +45,23 @@ fn replicate_from(replica: &Server, primary: &Server) {
 
 fn pair() -> (Server, Server) {
     let p = primary();
-    let r = ServerBuilder::new().start();
+    let r = ServerBuilder::new()
+        .module_args(&["debug-commands", "yes"])
+        .start();
     replicate_from(&r, &p);
     (p, r)
+}
+
+/// A fence 59 minutes ahead of the clock (MINFENCE may lead it by an hour).
+fn far_fence() -> u64 {
+    ((now_ms() + 3_540_000) as u64) << 10
+}
+
+/// The fence counter the replica has learned (`LOCK.DEBUG FENCE`): a promotion makes the
+/// next fence jump ahead of the clock, so a grant afterwards would not show whether the
+/// replication stream carried the counter; this does.
+fn counter(c: &mut Connection) -> u64 {
+    redis::cmd("LOCK.DEBUG").arg("FENCE").query(c).unwrap()
 }
 
 fn offset(s: &Server, field: &str) -> i64 {
@@ -111,11 +125,35 @@ fn lock_info(c: &mut Connection, key: &str) -> Option<BTreeMap<String, Value>> {
 
 /// The fields that must be identical on every copy of a lock (ttl is relative to now,
 /// waiters are per server).
+/// The fields that must survive a restart or reach a replica unchanged: everything but
+/// the time left (`ttl`, also inside each holder of `holder-list`) and the queue.
 fn durable_fields(info: &BTreeMap<String, Value>) -> BTreeMap<String, Value> {
     info.iter()
         .filter(|(k, _)| k.as_str() != "ttl" && k.as_str() != "waiters")
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| (k.clone(), without_ttl(v)))
         .collect()
+}
+
+/// A holder list with each holder's `ttl` pair left out.
+fn without_ttl(v: &Value) -> Value {
+    match v {
+        Value::Array(holders) => Value::Array(
+            holders
+                .iter()
+                .map(|h| match h {
+                    Value::Array(kv) => Value::Array(
+                        kv.chunks(2)
+                            .filter(|p| p[0] != Value::BulkString(b"ttl".to_vec()))
+                            .flatten()
+                            .cloned()
+                            .collect(),
+                    ),
+                    other => other.clone(),
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 fn int_field(info: &BTreeMap<String, Value>, f: &str) -> i64 {
@@ -384,9 +422,9 @@ fn handoff_to_blocked_waiter_reaches_replica() {
 fn promoted_replica_issues_fences_above_every_fence_of_the_old_primary() {
     let (p, r) = pair();
     let mut pc = p.conn();
-    // A fence an hour ahead of the clock: only the counter the replica learned from the
-    // replication stream (not the clock term) can keep the next fence above it.
-    let far = ((now_ms() + 3_600_000) as u64) << 20;
+    // A fence an hour ahead of the clock: the counter the replica learns from the
+    // replication stream must hold it.
+    let far = far_fence();
     let mut issued = Vec::new();
     let (ta, fa) = acquire(
         &mut pc,
@@ -417,6 +455,11 @@ fn promoted_replica_issues_fences_above_every_fence_of_the_old_primary() {
     wait_synced(&p, &r);
 
     let mut rc = r.conn();
+    let max_issued = *issued.iter().max().unwrap();
+    assert!(
+        counter(&mut rc) >= max_issued as u64,
+        "the replica's counter is below the primary's fences"
+    );
     let _: () = redis::cmd("REPLICAOF")
         .arg("NO")
         .arg("ONE")
@@ -426,7 +469,6 @@ fn promoted_replica_issues_fences_above_every_fence_of_the_old_primary() {
         r.info_field("replication", "role").as_deref(),
         Some("master")
     );
-    let max_issued = *issued.iter().max().unwrap();
     for key in ["repl:p1", "repl:new"] {
         let (_, f) = acquire(&mut rc, key, &["PX", "60000"]).unwrap();
         assert!(
@@ -553,7 +595,7 @@ fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
     );
 
     let mut pc = p.conn();
-    let far = ((now_ms() + 3_600_000) as u64) << 20;
+    let far = far_fence();
     let (_, f1) = acquire(
         &mut pc,
         "repl:aof1",
@@ -586,15 +628,15 @@ fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
     let exp2 = pexpiretime(&mut rc, "repl:aof2");
     drop(rc);
     drop(pc);
-    // The replica wrote what its primary sent (LOCK.SYNC) into its own AOF.
+    // The replica wrote what its primary sent (LOCK.REPL) into its own AOF.
     let aof_dir = r.dir.join("appendonlydir");
     let in_aof = std::fs::read_dir(&aof_dir)
         .unwrap_or_else(|e| panic!("{}: {e}", aof_dir.display()))
         .map(|e| std::fs::read(e.unwrap().path()).unwrap())
         .any(|b| {
-            b.windows(9).any(|w| w == b"LOCK.SYNC") && b.windows(9).any(|w| w == b"repl:aof1")
+            b.windows(9).any(|w| w == b"LOCK.REPL") && b.windows(9).any(|w| w == b"repl:aof1")
         });
-    assert!(in_aof, "no LOCK.SYNC for repl:aof1 in the replica's AOF");
+    assert!(in_aof, "no LOCK.REPL for repl:aof1 in the replica's AOF");
 
     p.kill9();
     r.kill9();
@@ -638,7 +680,7 @@ fn a_renew_with_minfence_raises_the_promoted_replicas_counter() {
     let mut pc = p.conn();
     let (t, f) = acquire(&mut pc, "repl:floor", &["PX", "60000", "TOKEN", "tq"]).unwrap();
     // A quorum client's second round: same token, a floor far above the clock term.
-    let floor = ((now_ms() + 3_600_000) as u64) << 20;
+    let floor = far_fence();
     let (t2, f2) = acquire(
         &mut pc,
         "repl:floor",
@@ -648,6 +690,10 @@ fn a_renew_with_minfence_raises_the_promoted_replicas_counter() {
     assert_eq!((t2.as_str(), f2), ("tq", f), "a renew keeps its fence");
     wait_synced(&p, &r);
     let mut rc = r.conn();
+    assert!(
+        counter(&mut rc) >= floor,
+        "the replica did not learn the floor {floor}"
+    );
     let _: () = redis::cmd("REPLICAOF")
         .arg("NO")
         .arg("ONE")

@@ -144,6 +144,16 @@ fn fence_units_per_ms(fence: i64) -> i64 {
     1i64 << (63 - ratio.max(1).leading_zeros())
 }
 
+/// A MINFENCE a few seconds of clock ahead of `fence` (the last fence issued), which
+/// the server accepts: it waits until its clock has moved on by as much, so that the
+/// lift stays within any bound the server puts on MINFENCE's lead over its clock, and is
+/// still more than a restart takes.
+fn lift_ahead(fence: i64) -> i64 {
+    const AHEAD_MS: i64 = 3000;
+    sleep(Duration::from_millis(AHEAD_MS as u64 + 200));
+    fence + AHEAD_MS * fence_units_per_ms(fence)
+}
+
 fn wait_bgrewrite_done(c: &mut RawConn) {
     assert!(
         wait_until(SETTLE, || {
@@ -257,6 +267,13 @@ fn failover_waiting_for_a_stalled_replica_while_a_lease_with_a_waiter_ends() {
     let (_, fence) = acquire(&mut p, "lk", &["PX", "400"]).unwrap();
     let mut w = Waiter::send(primary.port, 0, "lk", &["BLOCK", "15000", "TOKEN", "w"]);
     wait_queued(&mut p, "lk", 1);
+    // The primary must see the replica online before FAILOVER accepts it.
+    assert!(
+        wait_until(SETTLE, || common::info_map(&mut p, "replication")
+            .get("slave0")
+            .is_some_and(|s| s.contains("state=online"))),
+        "the primary never saw its replica online"
+    );
     // Stop the replica so that it acknowledges nothing, then write once more so that the
     // primary must wait for it.
     unsafe { libc::kill(replica.pid() as i32, libc::SIGSTOP) };
@@ -269,7 +286,7 @@ fn failover_waiting_for_a_stalled_replica_while_a_lease_with_a_waiter_ends() {
         "TIMEOUT",
         "2000",
     ]);
-    assert_eq!(r, ok(), "FAILOVER was not accepted");
+    assert_eq!(r, ok(), "FAILOVER was not accepted: {r:?}");
     sleep(Duration::from_millis(1000));
     assert_alive(&primary, "FAILOVER's write pause at the lease deadline");
     // The failover times out and is aborted; the primary stays a primary.
@@ -390,7 +407,7 @@ fn fences_do_not_go_back_after_a_restart_from_an_older_rdb() {
     let mut c = RawConn::connect(srv.port);
     let (_, f1) = acquire(&mut c, "a", &["PX", "60000"]).unwrap();
     assert_eq!(c.cmd(&["SAVE"]), ok());
-    let lifted = f1 + 30 * 60 * 1000 * fence_units_per_ms(f1);
+    let lifted = lift_ahead(f1);
     let (tok, f2) = acquire(
         &mut c,
         "b",
@@ -421,7 +438,7 @@ fn fences_do_not_go_back_after_an_aof_rewrite_without_preamble() {
         .start();
     let mut c = RawConn::connect(srv.port);
     let (_, f1) = acquire(&mut c, "a", &["PX", "60000"]).unwrap();
-    let lifted = f1 + 30 * 60 * 1000 * fence_units_per_ms(f1);
+    let lifted = lift_ahead(f1);
     let (tok, f2) = acquire(
         &mut c,
         "b",

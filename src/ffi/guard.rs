@@ -1,19 +1,20 @@
-//! No panic may cross into the server: every entry point runs inside `catch`, and a
+//! No panic may cross into the server: every entry point runs inside [`catch`], and a
 //! caught panic becomes an error reply plus a line in the server log.
 
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use redis_module::raw;
-
+use super::{log_raw, Ctx, OK};
 use crate::error::LockError;
-use crate::ffi::{self, Ctx};
-use crate::info::{bump, STATS};
+
+/// Panics caught so far (`lock_panics` in INFO).
+pub static PANICS: AtomicU64 = AtomicU64::new(0);
 
 pub fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         let msg = format!("redis-lock: caught a panic, the command fails with an error: {info}");
-        ffi::log(std::ptr::null_mut(), "warning", &msg);
+        log_raw(std::ptr::null_mut(), "warning", &msg);
     }));
 }
 
@@ -22,7 +23,7 @@ pub fn catch<R>(f: impl FnOnce() -> R) -> Option<R> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => Some(r),
         Err(_) => {
-            bump(&STATS.panics);
+            PANICS.fetch_add(1, Ordering::Relaxed);
             None
         }
     }
@@ -30,11 +31,15 @@ pub fn catch<R>(f: impl FnOnce() -> R) -> Option<R> {
 
 /// The body of every command: the handler replies on success; errors and panics are
 /// replied here, each with an error code.
-pub fn command(ctx: Ctx, name: &'static str, f: impl FnOnce() -> Result<(), LockError>) -> c_int {
+pub fn command(
+    ctx: Ctx<'_>,
+    name: &'static str,
+    f: impl FnOnce() -> Result<(), LockError>,
+) -> c_int {
     match catch(f) {
         Some(Ok(())) => {}
-        Some(Err(e)) => ffi::reply_error(ctx, &e.to_string()),
-        None => ffi::reply_error(ctx, &LockError::Internal(name).to_string()),
+        Some(Err(e)) => ctx.reply_error(&e.to_string()),
+        None => ctx.reply_error(&LockError::Internal(name).to_string()),
     }
-    raw::REDISMODULE_OK as c_int
+    OK
 }

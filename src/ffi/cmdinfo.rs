@@ -1,6 +1,6 @@
-//! Arity, key specs and documentation for COMMAND INFO / COMMAND DOCS, set with the
-//! raw `RedisModule_SetCommandInfo` (a Redis 7.0 API), so that Redis Cluster routes by
-//! key and ACL key patterns (`~lock:*`, `%R~`, `%W~`) apply.
+//! Command registration with arity, key specs and documentation for COMMAND INFO /
+//! COMMAND DOCS, set with the raw `RedisModule_SetCommandInfo` (a Redis 7.0 API), so
+//! that Redis Cluster routes by key and ACL key patterns (`~lock:*`, `%R~`, `%W~`) apply.
 
 use std::ffi::{c_char, c_int, CString};
 use std::mem::{size_of, zeroed};
@@ -9,8 +9,7 @@ use redis_module::raw;
 
 use std::cell::RefCell;
 
-use crate::ffi::{api, Ctx};
-use crate::state::MainThread;
+use super::{api, leak_cstr, Ctx, MainThread, OK};
 
 type ArgType = raw::RedisModuleCommandArgType;
 
@@ -22,6 +21,8 @@ pub enum Arg {
     Opt(&'static str, &'static str, ArgType),
     /// An optional choice of `PX ms` or `EX s`.
     Expiry,
+    /// An optional bare keyword (`SHARED`).
+    Flag(&'static str, &'static str),
 }
 
 pub struct Cmd {
@@ -39,10 +40,7 @@ pub struct Cmd {
 static INFOS: MainThread<RefCell<Vec<usize>>> = MainThread(RefCell::new(Vec::new()));
 
 fn leak_c(s: &str) -> *const c_char {
-    match CString::new(s) {
-        Ok(c) => c.into_raw(),
-        Err(_) => std::ptr::null(),
-    }
+    leak_cstr(s)
 }
 
 fn leak<T>(v: Vec<T>) -> *mut T {
@@ -50,6 +48,7 @@ fn leak<T>(v: Vec<T>) -> *mut T {
 }
 
 fn arg(name: &str, t: ArgType, token: Option<&str>, flags: u32) -> raw::RedisModuleCommandArg {
+    // SAFETY: an all-zero RedisModuleCommandArg is valid (NULL pointers, zero flags).
     let mut a: raw::RedisModuleCommandArg = unsafe { zeroed() };
     a.name = leak_c(name);
     a.type_ = t;
@@ -68,6 +67,7 @@ fn build_args(args: &[Arg]) -> *mut raw::RedisModuleCommandArg {
         RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER as INTEGER,
         RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY as KEY,
         RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF as ONEOF,
+        RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN as PURE_TOKEN,
         RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING as STRING,
     };
     const OPTIONAL: u32 = raw::REDISMODULE_CMD_ARG_OPTIONAL;
@@ -77,22 +77,26 @@ fn build_args(args: &[Arg]) -> *mut raw::RedisModuleCommandArg {
             Arg::Key(n) => arg(n, KEY, None, 0),
             Arg::Str(n) => arg(n, STRING, None, 0),
             Arg::Opt(tok, n, t) => arg(n, t, Some(tok), OPTIONAL),
+            Arg::Flag(tok, n) => arg(n, PURE_TOKEN, Some(tok), OPTIONAL),
             Arg::Expiry => {
                 let mut e = arg("expiration", ONEOF, None, OPTIONAL);
                 e.subargs = leak(vec![
                     arg("milliseconds", INTEGER, Some("PX"), 0),
                     arg("seconds", INTEGER, Some("EX"), 0),
+                    // SAFETY: the all-zero terminator entry.
                     unsafe { zeroed() },
                 ]);
                 e
             }
         })
         .collect();
+    // SAFETY: the all-zero terminator entry.
     out.push(unsafe { zeroed() });
     leak(out)
 }
 
 fn key_spec(flags: u64) -> *mut raw::RedisModuleCommandKeySpec {
+    // SAFETY: an all-zero key spec is valid (and is also the terminator).
     let mut ks: raw::RedisModuleCommandKeySpec = unsafe { zeroed() };
     ks.flags = flags;
     ks.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
@@ -101,26 +105,40 @@ fn key_spec(flags: u64) -> *mut raw::RedisModuleCommandKeySpec {
     ks.fk.range.lastkey = 0;
     ks.fk.range.keystep = 1;
     ks.fk.range.limit = 0;
+    // SAFETY: the all-zero terminator entry.
     leak(vec![ks, unsafe { zeroed() }])
 }
 
 /// Creates the command and attaches its info. Err with a reason on failure.
-pub fn register(ctx: Ctx, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Result<(), String> {
+pub fn register(ctx: Ctx<'_>, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Result<(), String> {
     let name = CString::new(c.name).map_err(|e| e.to_string())?;
     let flags = CString::new(c.flags).map_err(|e| e.to_string())?;
+    let (first, last) = if c.key_flags == 0 { (0, 0) } else { (1, 1) };
+    // SAFETY: a load-time context; the names are NUL-terminated and copied by the server.
     let ok = unsafe {
-        api!(RedisModule_CreateCommand)(ctx, name.as_ptr(), handler, flags.as_ptr(), 1, 1, 1)
+        api!(RedisModule_CreateCommand)(
+            ctx.raw(),
+            name.as_ptr(),
+            handler,
+            flags.as_ptr(),
+            first,
+            last,
+            first,
+        )
     };
-    if ok != raw::REDISMODULE_OK as c_int {
+    if ok != OK {
         return Err(format!("creating {} failed", c.name));
     }
-    let Some(get) = (unsafe { raw::RedisModule_GetCommand }) else {
+    if c.key_flags == 0 {
+        return Ok(()); // a command without a key gets no key spec
+    }
+    // SAFETY: reading optional API pointers (set at load).
+    let (get, set_info) = unsafe { (raw::RedisModule_GetCommand, raw::RedisModule_SetCommandInfo) };
+    let (Some(get), Some(set_info)) = (get, set_info) else {
         return Ok(()); // a server without command info: the legacy key range still routes
     };
-    let Some(set_info) = (unsafe { raw::RedisModule_SetCommandInfo }) else {
-        return Ok(());
-    };
-    let cmd = unsafe { get(ctx, name.as_ptr()) };
+    // SAFETY: the command was just created under this name.
+    let cmd = unsafe { get(ctx.raw(), name.as_ptr()) };
     if cmd.is_null() {
         return Err(format!("looking up {} failed", c.name));
     }
@@ -130,6 +148,7 @@ pub fn register(ctx: Ctx, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Result<(
         sizeof_keyspec: size_of::<raw::RedisModuleCommandKeySpec>(),
         sizeof_arg: size_of::<raw::RedisModuleCommandArg>(),
     }));
+    // SAFETY: an all-zero RedisModuleCommandInfo is valid (NULL pointers, zero arity).
     let mut info: raw::RedisModuleCommandInfo = unsafe { zeroed() };
     info.version = version;
     info.summary = leak_c(c.summary);
@@ -143,7 +162,9 @@ pub fn register(ctx: Ctx, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Result<(
     INFOS
         .borrow_mut()
         .push(info as *mut raw::RedisModuleCommandInfo as usize);
-    if unsafe { set_info(cmd, info) } != raw::REDISMODULE_OK as c_int {
+    // SAFETY: `cmd` is our command; `info` and everything it points to are leaked, so
+    // they outlive the server's use of them.
+    if unsafe { set_info(cmd, info) } != OK {
         return Err(format!("setting command info of {} failed", c.name));
     }
     Ok(())

@@ -1,0 +1,205 @@
+//! Subscriptions: keyspace notifications, the server events the module needs (flush,
+//! SWAPDB, a change of replication role), and the `INFO lock` section. The server's C
+//! callbacks are turned into plain Rust functions registered once at load.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::OnceLock;
+
+use redis_module::raw;
+
+use super::guard::catch;
+use super::{api, Ctx, Str, OK};
+
+pub type KeyspaceFn = fn(Ctx<'_>, &[u8], Str<'_>);
+static KEYSPACE: OnceLock<KeyspaceFn> = OnceLock::new();
+
+extern "C" fn keyspace_cb(
+    ctx: *mut raw::RedisModuleCtx,
+    _class: c_int,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    let Some(f) = KEYSPACE.get() else {
+        return OK;
+    };
+    // SAFETY: the server passes a live context, a NUL-terminated event name and the key
+    // name, all valid for the duration of the callback.
+    let (ctx, event, key) = unsafe {
+        (
+            Ctx::from_raw(ctx),
+            CStr::from_ptr(event).to_bytes(),
+            Str::from_raw(key),
+        )
+    };
+    catch(|| f(ctx, event, key));
+    OK
+}
+
+/// Calls `f(ctx, event, key)` for every keyspace event of the classes in `mask`.
+pub fn subscribe_keyspace(ctx: Ctx<'_>, mask: c_int, f: KeyspaceFn) -> Result<(), String> {
+    let _ = KEYSPACE.set(f);
+    // SAFETY: a load-time context and a callback matching the server's signature.
+    let ok =
+        unsafe { api!(RedisModule_SubscribeToKeyspaceEvents)(ctx.raw(), mask, Some(keyspace_cb)) };
+    if ok != OK {
+        return Err("subscribing to keyspace events failed".into());
+    }
+    Ok(())
+}
+
+/// The server events the module acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerEvent {
+    /// FLUSHDB / FLUSHALL (also DEBUG RELOAD, a full sync) finished; -1 for all dbs.
+    Flushed(i32),
+    /// SWAPDB a b.
+    Swapped(i32, i32),
+    BecamePrimary,
+    BecameReplica,
+}
+
+pub type ServerFn = fn(Ctx<'_>, ServerEvent);
+static SERVER: OnceLock<ServerFn> = OnceLock::new();
+
+extern "C" fn server_cb(
+    ctx: *mut raw::RedisModuleCtx,
+    eid: raw::RedisModuleEvent,
+    sub: u64,
+    data: *mut c_void,
+) {
+    let Some(f) = SERVER.get() else {
+        return;
+    };
+    // SAFETY: the server passes a live context.
+    let ctx = unsafe { Ctx::from_raw(ctx) };
+    let ev = match eid.id {
+        raw::REDISMODULE_EVENT_FLUSHDB if sub == raw::REDISMODULE_SUBEVENT_FLUSHDB_END => {
+            if data.is_null() {
+                return;
+            }
+            // SAFETY: for FLUSHDB the data is a RedisModuleFlushInfo.
+            let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
+            ServerEvent::Flushed(info.dbnum)
+        }
+        raw::REDISMODULE_EVENT_SWAPDB => {
+            if data.is_null() {
+                return;
+            }
+            // SAFETY: for SWAPDB the data is a RedisModuleSwapDbInfo.
+            let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
+            ServerEvent::Swapped(info.dbnum_first, info.dbnum_second)
+        }
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
+            if sub == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
+                ServerEvent::BecamePrimary
+            } else {
+                ServerEvent::BecameReplica
+            }
+        }
+        _ => return,
+    };
+    catch(|| f(ctx, ev));
+}
+
+/// Calls `f` on flushes, SWAPDB and role changes.
+pub fn subscribe_server(ctx: Ctx<'_>, f: ServerFn) -> Result<(), String> {
+    let _ = SERVER.set(f);
+    for id in [
+        raw::REDISMODULE_EVENT_FLUSHDB,
+        raw::REDISMODULE_EVENT_SWAPDB,
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+    ] {
+        let ev = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: a load-time context and a callback matching the server's signature.
+        let ok =
+            unsafe { api!(RedisModule_SubscribeToServerEvent)(ctx.raw(), ev, Some(server_cb)) };
+        if ok != OK {
+            return Err(format!("subscribing to server event {id} failed"));
+        }
+    }
+    Ok(())
+}
+
+/// Where an INFO section's fields go.
+pub struct InfoSink(*mut raw::RedisModuleInfoCtx);
+
+impl InfoSink {
+    pub fn add(&mut self, name: &str, v: u64) {
+        if let Ok(n) = CString::new(name) {
+            // SAFETY: a live info context (only handed out inside `info_cb`).
+            unsafe { api!(RedisModule_InfoAddFieldULongLong)(self.0, n.as_ptr(), v) };
+        }
+    }
+}
+
+pub type InfoFn = fn(&mut InfoSink);
+static INFO: OnceLock<InfoFn> = OnceLock::new();
+
+extern "C" fn info_cb(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+    let Some(f) = INFO.get() else {
+        return;
+    };
+    catch(|| {
+        // SAFETY: a live info context; NULL names the module's default section.
+        unsafe { api!(RedisModule_InfoAddSection)(ctx, std::ptr::null()) };
+        f(&mut InfoSink(ctx));
+    });
+}
+
+/// The `INFO lock` section (fields get the `lock_` prefix from the server).
+pub fn register_info(ctx: Ctx<'_>, f: InfoFn) -> Result<(), String> {
+    let _ = INFO.set(f);
+    // SAFETY: a load-time context and a callback matching the server's signature.
+    if unsafe { api!(RedisModule_RegisterInfoFunc)(ctx.raw(), Some(info_cb)) } != OK {
+        return Err("registering the INFO section failed".into());
+    }
+    Ok(())
+}
+
+/// The arguments of a command about to run, as a command filter sees them.
+pub struct FilterArgs(*mut raw::RedisModuleCommandFilterCtx);
+
+impl FilterArgs {
+    pub fn len(&self) -> usize {
+        // SAFETY: a live filter context (only handed out inside `filter_cb`).
+        usize::try_from(unsafe { api!(RedisModule_CommandFilterArgsCount)(self.0) }).unwrap_or(0)
+    }
+
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        let i = c_int::try_from(i).ok()?;
+        // SAFETY: a live filter context; NULL for an index out of range.
+        let s = unsafe { api!(RedisModule_CommandFilterArgGet)(self.0, i) };
+        if s.is_null() {
+            return None;
+        }
+        // SAFETY: the argument string lives while the filter runs, as `&self` does.
+        Some(unsafe { Str::from_raw(s) }.bytes())
+    }
+}
+
+pub type FilterFn = fn(&FilterArgs);
+static FILTER: OnceLock<FilterFn> = OnceLock::new();
+
+extern "C" fn filter_cb(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    if let Some(f) = FILTER.get() {
+        catch(|| f(&FilterArgs(fctx)));
+    }
+}
+
+/// Calls `f` with the arguments of every command before it runs (the module's own
+/// commands excepted). Keep `f` cheap: it runs for every command of the server.
+pub fn register_filter(ctx: Ctx<'_>, f: FilterFn) -> Result<(), String> {
+    let _ = FILTER.set(f);
+    // SAFETY: a load-time context and a callback matching the server's signature.
+    let filter = unsafe {
+        api!(RedisModule_RegisterCommandFilter)(
+            ctx.raw(),
+            Some(filter_cb),
+            raw::REDISMODULE_CMDFILTER_NOSELF as c_int,
+        )
+    };
+    if filter.is_null() {
+        return Err("registering the command filter failed".into());
+    }
+    Ok(())
+}
