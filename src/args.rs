@@ -617,7 +617,126 @@ mod tests {
         assert!(parse_sync(&[b"tok", b"1", b"1", b"1", b"-1", b"a"]).is_err());
     }
 
+    #[test]
+    fn kinds_of_lock() {
+        assert_eq!(acq(&[]).unwrap().mode, Mode::Exclusive);
+        assert_eq!(acq(&["shared"]).unwrap().mode, Mode::Shared);
+        assert_eq!(
+            acq(&["PX", "5", "SHARED", "BLOCK", "0"]).unwrap().mode,
+            Mode::Shared
+        );
+        assert_eq!(acq(&["LIMIT", "3"]).unwrap().mode, Mode::Counted(3));
+        assert_eq!(
+            acq(&["LIMIT", "1000000"]).unwrap().mode,
+            Mode::Counted(MAX_LIMIT)
+        );
+        for bad in [
+            &["LIMIT", "0"][..],
+            &["LIMIT", "1000001"],
+            &["LIMIT", "-2"],
+            &["LIMIT", "x"],
+        ] {
+            assert_eq!(acq(bad), Err(LockError::InvalidLimit), "{bad:?}");
+        }
+        assert!(matches!(acq(&["LIMIT"]), Err(LockError::Syntax(_))));
+        assert!(matches!(
+            acq(&["SHARED", "LIMIT", "2"]),
+            Err(LockError::Syntax(_))
+        ));
+        assert!(matches!(
+            acq(&["SHARED", "SHARED"]),
+            Err(LockError::Syntax(_))
+        ));
+    }
+
+    #[test]
+    fn forcerelease_fence() {
+        assert_eq!(parse_forcerelease(&[]), Ok(None));
+        assert_eq!(parse_forcerelease(&[b"fence", b"42"]), Ok(Some(42)));
+        assert_eq!(
+            parse_forcerelease(&[b"FENCE", b"0"]),
+            Err(LockError::InvalidFenceArg)
+        );
+        assert!(parse_forcerelease(&[b"FENCE"]).is_err());
+        assert!(parse_forcerelease(&[b"FENCE", b"1", b"FENCE", b"2"]).is_err());
+        assert!(parse_forcerelease(&[b"x"]).is_err());
+    }
+
+    #[test]
+    fn block_deadlines_must_be_schedulable() {
+        let now = 1_800_000_000_000;
+        assert_eq!(block_deadline(now, 0), Ok(None));
+        assert_eq!(block_deadline(now, 5), Ok(Some(now + 5)));
+        assert!(block_deadline(now, 100_000_000_000).is_ok());
+        for bad in [
+            u64::MAX,
+            i64::MAX as u64,
+            18_000_000_000_000_000,
+            9_223_372_036_854_775,
+        ] {
+            assert_eq!(
+                block_deadline(now, bad),
+                Err(LockError::BlockOutOfRange),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn repl_parsing_refuses_what_it_cannot_apply() {
+        let ok: &[&[u8]] = &[
+            b"GRANT",
+            b"shared;00112233445566778899aabbccddeeff;5;10;9;1;127.0.0.1:1",
+        ];
+        assert!(matches!(
+            parse_repl(ok),
+            Ok(ReplCmd::Grant {
+                mode: Mode::Shared,
+                ..
+            })
+        ));
+        for bad in [
+            &[&b"GRANT"[..], b"shared;0011;5;10;9;1;a"][..],
+            &[
+                b"GRANT",
+                b"nope;00112233445566778899aabbccddeeff;5;10;9;1;a",
+            ],
+            &[
+                b"GRANT",
+                b"limit=0;00112233445566778899aabbccddeeff;5;10;9;1;a",
+            ],
+            &[
+                b"GRANT",
+                b"exclusive;00112233445566778899aabbccddeeff;0;10;9;1;a",
+            ],
+            &[
+                b"GRANT",
+                b"exclusive;00112233445566778899aabbccddeeff;5;10;9",
+            ],
+            &[
+                b"GRANT",
+                b"exclusive;00112233445566778899AABBCCDDEEFF;5;10;9;1;a",
+            ],
+            &[b"LEASE", b"5"],
+            &[b"LEASE", b"5;x"],
+            &[b"DROP", b"0"],
+            &[b"DROP"],
+            &[b"FOO", b"1"],
+            &[b"LEASE", b"5;10", b"OWNER", b"o"],
+        ] {
+            assert!(parse_repl(bad).is_err(), "{bad:?}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn repl_parser_never_panics(args in proptest::collection::vec(
+            proptest::collection::vec(any::<u8>(), 0..40), 0..6)) {
+            let slices: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+            let _ = parse_repl(&slices);
+            let _ = parse_forcerelease(&slices);
+        }
+
         #[test]
         fn parse_i64_agrees_with_std_on_canonical_numbers(n in any::<i64>()) {
             prop_assert_eq!(parse_i64(n.to_string().as_bytes()), Some(n));

@@ -48,6 +48,9 @@ fn acquire(c: &mut RawConn, key: &str, args: &[&str]) -> Option<(Vec<u8>, i64)> 
 
 fn info_int(c: &mut RawConn, key: &str, field: &str) -> Option<i64> {
     let r = c.cmd(&["LOCK.INFO", key]);
+    if r == Resp::Nil {
+        return None;
+    }
     match r.field(field) {
         Some(Resp::Int(i)) => Some(i),
         _ => None,
@@ -772,4 +775,310 @@ fn lock_acquire_carries_the_blocking_flag() {
     let flags = &info.items()[0].items()[2];
     let names: Vec<String> = flags.items().iter().map(Resp::text).collect();
     assert!(names.iter().any(|f| f == "blocking"), "flags: {names:?}");
+}
+
+// ------------------------------------------------------------------------------------
+// Every other operation on a lock key with waiters (docs/commands.md, the table)
+
+/// A lock `key` held for `ms` with one waiter queued (BLOCK 20 s, token `w`).
+fn held_with_waiter(srv: &Server, c: &mut RawConn, key: &str, ms: u64) -> (i64, Waiter) {
+    let (_, fence) = acquire(c, key, &["PX", &ms.to_string(), "TOKEN", "holder"]).unwrap();
+    let w = Waiter::send(srv.port, 0, key, &["BLOCK", "20000", "TOKEN", "w"]);
+    wait_queued(c, key, 1);
+    (fence, w)
+}
+
+fn granted_within(w: &mut Waiter, d: Duration) -> (Vec<u8>, i64) {
+    let r = w
+        .reply_within(d)
+        .unwrap_or_else(|e| panic!("the waiter was not served within {d:?}: {e}"));
+    grant(&r).unwrap_or_else(|| panic!("the waiter got nil"))
+}
+
+fn still_waiting(w: &mut Waiter) {
+    assert!(
+        w.reply_within(Duration::from_millis(300)).is_err(),
+        "the waiter was answered"
+    );
+}
+
+#[test]
+fn rename_frees_the_old_name_and_takes_the_lock_along() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let (fence, mut w) = held_with_waiter(&srv, &mut c, "src", 60_000);
+    // A waiter on the destination name, queued behind a lock held there.
+    acquire(&mut c, "dst", &["PX", "60000", "TOKEN", "d"]).unwrap();
+    let mut wd = Waiter::send(srv.port, 0, "dst", &["BLOCK", "20000"]);
+    wait_queued(&mut c, "dst", 1);
+    assert_eq!(c.cmd(&["RENAME", "src", "dst"]), ok());
+    // The old name is free: its waiter gets it.
+    let (t, _) = granted_within(&mut w, Duration::from_secs(3));
+    assert_eq!(t, b"w".to_vec());
+    // The renamed lock keeps its holder under the new name; the waiter there waits on.
+    assert_eq!(holder_fence(&mut c, "dst"), Some(fence));
+    still_waiting(&mut wd);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "dst", "holder"]).int(), 1);
+    assert!(grant(&wd.reply()).is_some());
+}
+
+#[test]
+fn another_type_moved_onto_a_queued_key_fails_its_waiters() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let (_, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+    assert_eq!(c.cmd(&["RPUSH", "list", "x"]).int(), 1);
+    assert_eq!(c.cmd(&["RENAME", "list", "lk"]), ok());
+    match w.reply_within(Duration::from_secs(3)) {
+        Ok(Resp::Error(e)) => assert!(e.starts_with("WRONGTYPE"), "{e}"),
+        other => panic!("expected WRONGTYPE, got {other:?}"),
+    }
+}
+
+#[test]
+fn move_to_another_db_frees_the_name() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let (fence, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+    assert_eq!(c.cmd(&["MOVE", "lk", "3"]).int(), 1);
+    granted_within(&mut w, Duration::from_secs(3));
+    let mut c3 = RawConn::connect(srv.port);
+    assert_eq!(c3.cmd(&["SELECT", "3"]), ok());
+    assert_eq!(holder_fence(&mut c3, "lk"), Some(fence));
+}
+
+#[test]
+fn copy_of_a_lock_is_refused_and_a_string_copied_onto_a_queued_key_is_waited_for() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let (fence, mut w) = held_with_waiter(&srv, &mut c, "lk", 400);
+    let r = c.cmd(&["COPY", "lk", "lk2"]);
+    assert!(r.is_error(), "COPY of a lock: {r:?}");
+    assert_eq!(c.cmd(&["EXISTS", "lk2"]).int(), 0);
+    // DEL the lock and COPY a classic string lock onto the name in one transaction: the
+    // waiter now waits for the string lock.
+    assert_eq!(c.cmd(&["SET", "s", "classic", "PX", "60000"]), ok());
+    c.cmd(&["MULTI"]);
+    c.cmd(&["DEL", "lk"]);
+    c.cmd(&["COPY", "s", "lk"]);
+    let exec = c.cmd(&["EXEC"]);
+    assert_eq!(exec.items().len(), 2, "{exec:?}");
+    still_waiting(&mut w);
+    assert_eq!(holder_fence(&mut c, "lk"), None);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk", "classic"]).int(), 1);
+    let (_, f) = granted_within(&mut w, Duration::from_secs(3));
+    assert!(f > fence);
+}
+
+#[test]
+fn restore_replace_onto_a_queued_key_keeps_or_frees_by_the_lease() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    // A payload of a lock held for a minute, and one whose lease is already over.
+    acquire(&mut c, "long", &["PX", "60000", "TOKEN", "l"]).unwrap();
+    acquire(&mut c, "short", &["PX", "50", "TOKEN", "s"]).unwrap();
+    let long = c.cmd(&["DUMP", "long"]).bytes();
+    let short = c.cmd(&["DUMP", "short"]).bytes();
+    sleep(Duration::from_millis(100));
+    let (_, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+    let restore = |c: &mut RawConn, payload: &[u8]| {
+        let argv: Vec<&[u8]> = vec![b"RESTORE", b"lk", b"0", payload, b"REPLACE"];
+        c.cmd(&argv)
+    };
+    assert_eq!(restore(&mut c, &long), ok());
+    still_waiting(&mut w);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "lk", "holder"]).int(),
+        0,
+        "replaced"
+    );
+    // A restored lock whose lease is over is free: the waiter gets it.
+    assert_eq!(restore(&mut c, &short), ok());
+    granted_within(&mut w, Duration::from_secs(3));
+}
+
+#[test]
+fn flush_async_serves_the_waiters() {
+    for cmd in [
+        &["FLUSHDB", "ASYNC"][..],
+        &["FLUSHALL", "ASYNC"],
+        &["FLUSHALL", "SYNC"],
+    ] {
+        let srv = server();
+        let mut c = RawConn::connect(srv.port);
+        let (_, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+        assert_eq!(c.cmd(cmd), ok());
+        granted_within(&mut w, Duration::from_secs(3));
+    }
+}
+
+#[test]
+fn expire_to_a_later_time_does_not_extend_the_lease() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let (_, mut w) = held_with_waiter(&srv, &mut c, "lk", 500);
+    assert_eq!(c.cmd(&["PEXPIRE", "lk", "600000"]).int(), 1);
+    let t0 = Instant::now();
+    granted_within(&mut w, Duration::from_secs(5));
+    assert!(t0.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn debug_reload_keeps_the_lock_and_its_waiters() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let (fence, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+    assert_eq!(c.cmd(&["DEBUG", "RELOAD"]), ok());
+    still_waiting(&mut w);
+    assert_eq!(holder_fence(&mut c, "lk"), Some(fence));
+    assert_eq!(queued(&mut c, "lk"), 1);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk", "holder"]).int(), 1);
+    let (_, f) = granted_within(&mut w, Duration::from_secs(3));
+    assert!(f > fence);
+}
+
+/// `CLIENT UNBLOCK` of a queued waiter: on Redis 7.4+ and Valkey it ends the wait (nil
+/// for TIMEOUT, an UNBLOCKED error for ERROR) and the waiter leaves the queue; before
+/// 7.4, where it can race a hand-off, LOCK.ACQUIRE waiters refuse it.
+#[test]
+fn client_unblock_of_a_queued_waiter() {
+    let flavor = common::server_flavor();
+    let supported = flavor.is_valkey() || flavor.at_least(7, 4);
+    for reason in ["TIMEOUT", "ERROR"] {
+        let srv = server();
+        let mut c = RawConn::connect(srv.port);
+        let (_, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+        let n = c
+            .cmd(&["CLIENT", "UNBLOCK", &w.id.to_string(), reason])
+            .int();
+        if supported {
+            assert_eq!(n, 1, "{flavor}: CLIENT UNBLOCK {reason}");
+            let r = w.reply();
+            match reason {
+                "TIMEOUT" => assert_eq!(r, Resp::Nil),
+                _ => assert!(
+                    matches!(&r, Resp::Error(e) if e.starts_with("UNBLOCKED")),
+                    "{r:?}"
+                ),
+            }
+            assert_eq!(queued(&mut c, "lk"), 0);
+        } else {
+            assert_eq!(n, 0, "{flavor}: CLIENT UNBLOCK {reason} must be refused");
+            still_waiting(&mut w);
+            assert_eq!(queued(&mut c, "lk"), 1);
+        }
+    }
+}
+
+#[test]
+fn client_kill_takes_a_waiter_out_of_the_queue() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let (_, w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+    let mut w2 = Waiter::send(srv.port, 0, "lk", &["BLOCK", "20000", "TOKEN", "w2"]);
+    wait_queued(&mut c, "lk", 2);
+    assert_eq!(c.cmd(&["CLIENT", "KILL", "ID", &w.id.to_string()]).int(), 1);
+    wait_queued(&mut c, "lk", 1);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk", "holder"]).int(), 1);
+    let (t, _) = granted_within(&mut w2, Duration::from_secs(3));
+    assert_eq!(t, b"w2".to_vec());
+}
+
+/// SHUTDOWN waits for a lagging replica with writes paused (shutdown-timeout); a lease
+/// with a waiter ends meanwhile. The server must exit cleanly, not crash.
+#[test]
+fn shutdown_waiting_for_a_replica_while_a_lease_with_a_waiter_ends() {
+    let flavor = common::server_flavor();
+    let mut primary = ServerBuilder::new().arg("shutdown-timeout", "2").start();
+    let mut replica = start_replica_of(&primary);
+    let mut p = RawConn::connect(primary.port);
+    assert!(wait_until(SETTLE, || common::info_map(
+        &mut p,
+        "replication"
+    )
+    .get("slave0")
+    .is_some_and(|s| s.contains("state=online"))));
+    acquire(&mut p, "lk", &["PX", "300"]).unwrap();
+    let _w = Waiter::send(primary.port, 0, "lk", &["BLOCK", "20000"]);
+    wait_queued(&mut p, "lk", 1);
+    unsafe { libc::kill(replica.pid() as i32, libc::SIGSTOP) };
+    assert_eq!(p.cmd(&["SET", "bump", "1"]), ok());
+    p.send(&["SHUTDOWN"]);
+    let exited = wait_until(Duration::from_secs(15), || !primary.is_running());
+    unsafe { libc::kill(replica.pid() as i32, libc::SIGCONT) };
+    let log = primary.log();
+    assert!(
+        exited,
+        "{flavor}: the primary did not exit\n{}",
+        primary.log_tail()
+    );
+    assert!(
+        !log.contains("crashed by signal") && !log.contains("ASSERTION FAILED"),
+        "{flavor}: the primary crashed during SHUTDOWN\n{}",
+        primary.log_tail()
+    );
+    replica.stop();
+}
+
+/// CLUSTER FAILOVER: the primary pauses writes until its replica caught up (a lease with
+/// a waiter ends meanwhile), then becomes a replica; its waiters get UNBLOCKED, never a
+/// grant, and the new primary's fences are above the old ones.
+#[test]
+fn cluster_failover_with_a_waiter() {
+    let cluster = Cluster::start(3);
+    let key = "{fo}lock";
+    let master = cluster.node_for_key(key);
+    let mut m = RawConn::connect(master.port);
+    let master_id = node_id(&mut m);
+    let replica = ServerBuilder::new()
+        .arg("cluster-enabled", "yes")
+        .arg("cluster-config-file", "nodes.conf")
+        .arg("cluster-node-timeout", "5000")
+        .start();
+    let mut r = RawConn::connect(replica.port);
+    assert_eq!(
+        r.cmd(&["CLUSTER", "MEET", "127.0.0.1", &master.port.to_string()]),
+        ok()
+    );
+    assert!(
+        wait_until(SETTLE, || r.cmd(&["CLUSTER", "REPLICATE", &master_id])
+            == ok()),
+        "CLUSTER REPLICATE failed"
+    );
+    assert!(wait_until(Duration::from_secs(30), || {
+        common::info_map(&mut r, "replication")
+            .get("master_link_status")
+            .map(String::as_str)
+            == Some("up")
+    }));
+    let (_, fence) = acquire(&mut m, key, &["PX", "500"]).unwrap();
+    let mut w = Waiter::send(master.port, 0, key, &["BLOCK", "20000"]);
+    wait_queued(&mut m, key, 1);
+    assert_eq!(r.cmd(&["CLUSTER", "FAILOVER"]), ok());
+    let reply = w.reply_within(Duration::from_secs(15));
+    assert_alive(master, "CLUSTER FAILOVER");
+    match reply {
+        Ok(Resp::Error(e)) => assert!(e.starts_with("UNBLOCKED"), "{e}"),
+        // The failover may also complete after the lease ended and the waiter was
+        // granted by the old primary: then the new primary has that grant.
+        Ok(g @ Resp::Array(_)) => {
+            let (_, f) = grant(&g).unwrap();
+            assert!(
+                wait_until(SETTLE, || holder_fence(&mut r, key) == Some(f)),
+                "the grant did not reach the new primary"
+            );
+        }
+        other => panic!("unexpected reply {other:?}"),
+    }
+    assert!(wait_until(Duration::from_secs(30), || {
+        common::info_map(&mut r, "replication")
+            .get("role")
+            .map(String::as_str)
+            == Some("master")
+    }));
+    let (_, f) = acquire(&mut r, "{fo}other", &[]).unwrap();
+    assert!(
+        f > fence,
+        "the new primary's fence {f} is not above {fence}"
+    );
 }
