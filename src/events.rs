@@ -122,6 +122,10 @@ pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
             Vec::new()
         }
         ServerEvent::BecameReplica => Vec::new(),
+        ServerEvent::Forked | ServerEvent::ReplicaChanged => {
+            crate::replication::stream_may_listen();
+            Vec::new()
+        }
     };
     for (db, key) in keys {
         waiting::wake(ctx, db, &key);

@@ -113,7 +113,11 @@ impl Keyspace for RedisKey<'_> {
             Event::ForceRelease => (GENERIC, c"lock.forcerelease"),
             Event::Expired => (EXPIRED, c"expired"),
         };
-        self.ctx.notify(class, name, self.name);
+        // Nobody can hear a class the server does not publish; a module that wants the
+        // module's events enables the class like any subscriber would.
+        if ffi::notify_classes() & class != 0 {
+            self.ctx.notify(class, name, self.name);
+        }
     }
 
     fn gate(&mut self) -> Gate {

@@ -199,6 +199,7 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
     // CLIENT UNBLOCK of a waiter races its hand-off on servers before Redis 7.4 (the
     // client can be left without any reply): there, waiters refuse CLIENT UNBLOCK.
     waiting::UNBLOCK_ALLOWED.store(ffi::server_version() >= 0x0007_0400, Ordering::Relaxed);
+    replication::start_stream_check(ctx);
     let now = ffi::now_ms();
     waiting::with_engine(|e| {
         e.fence

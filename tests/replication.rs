@@ -705,3 +705,116 @@ fn a_renew_with_minfence_raises_the_promoted_replicas_counter() {
         "promoted replica granted {next}, below the floor {floor} the primary had reached"
     );
 }
+
+// ------------------------------------------------------------------------------------
+// The stream is skipped while nothing can receive it (see src/replication.rs): a replica
+// that starts listening later must still end up with every lock.
+
+/// The module looks at its replicas and backlog once a second.
+const STREAM_CHECK: Duration = Duration::from_millis(1300);
+
+fn sync_partial_ok(s: &Server) -> i64 {
+    s.info_field("stats", "sync_partial_ok")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1)
+}
+
+#[test]
+fn a_replica_that_connects_later_gets_the_locks_granted_while_nothing_listened() {
+    let p = primary();
+    let mut pc = p.conn();
+    std::thread::sleep(STREAM_CHECK);
+    let (t, f) = acquire(&mut pc, "later:a", &["PX", "60000", "OWNER", "before"]).unwrap();
+    let r = ServerBuilder::new().start();
+    replicate_from(&r, &p);
+    let (_, g) = acquire(&mut pc, "later:b", &["PX", "60000"]).unwrap();
+    assert!(g > f);
+    wait_synced(&p, &r);
+    let mut rc = r.conn();
+    let a = assert_same_lock(&mut pc, &mut rc, "later:a");
+    assert_eq!(int_field(&a, "fence"), f);
+    assert_same_lock(&mut pc, &mut rc, "later:b");
+    // Promoted, the replica accepts the token granted before it ever connected.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut rc)
+        .unwrap();
+    let n: i64 = redis::cmd("LOCK.RELEASE")
+        .arg("later:a")
+        .arg(&t)
+        .query(&mut rc)
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+#[test]
+fn a_replica_resuming_from_the_backlog_gets_what_was_granted_while_it_was_away() {
+    let (p, r) = pair();
+    let mut pc = p.conn();
+    acquire(&mut pc, "away:0", &["PX", "60000"]).unwrap();
+    wait_synced(&p, &r);
+    // Cut the link and keep the replica from reconnecting: no replica is connected, only
+    // the backlog remains, and the module looks again meanwhile.
+    unsafe { libc::kill(r.pid() as i32, libc::SIGSTOP) };
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut pc)
+        .unwrap();
+    assert_eq!(killed, 1);
+    std::thread::sleep(STREAM_CHECK);
+    let before = sync_partial_ok(&p);
+    let (_, f) = acquire(&mut pc, "away:1", &["PX", "60000", "TOKEN", "away"]).unwrap();
+    unsafe { libc::kill(r.pid() as i32, libc::SIGCONT) };
+    assert!(
+        wait_until(SYNC_TIMEOUT, || sync_partial_ok(&p) > before),
+        "the replica did not resume from the backlog\n{}",
+        r.log_tail()
+    );
+    wait_synced(&p, &r);
+    let mut rc = r.conn();
+    let info = assert_same_lock(&mut pc, &mut rc, "away:1");
+    assert_eq!(int_field(&info, "fence"), f);
+}
+
+#[test]
+fn turning_the_aof_on_later_keeps_every_later_grant() {
+    let mut s = ServerBuilder::new().start();
+    let _keep = s.dir.clone();
+    let mut c = s.conn();
+    std::thread::sleep(STREAM_CHECK);
+    let (_, f1) = acquire(&mut c, "aof:before", &["PX", "60000"]).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendonly")
+        .arg("yes")
+        .query(&mut c)
+        .unwrap();
+    let (_, f2) = acquire(&mut c, "aof:after", &["PX", "60000", "OWNER", "o"]).unwrap();
+    assert!(
+        wait_until(SYNC_TIMEOUT, || s
+            .info_field("persistence", "aof_rewrite_in_progress")
+            .as_deref()
+            == Some("0")
+            && s.info_field("persistence", "aof_rewrite_scheduled")
+                .as_deref()
+                == Some("0")),
+        "AOF rewrite did not finish"
+    );
+    let (_, f3) = acquire(&mut c, "aof:last", &["PX", "60000"]).unwrap();
+    drop(c);
+    s.kill9();
+    // The AOF was turned on by CONFIG SET, which a restart with the same arguments would
+    // undo: load the directory with the AOF on.
+    let s = ServerBuilder::new()
+        .dir(s.dir.clone())
+        .arg("appendonly", "yes")
+        .start();
+    let mut c = s.conn();
+    for (key, fence) in [("aof:before", f1), ("aof:after", f2), ("aof:last", f3)] {
+        let info = lock_info(&mut c, key).unwrap_or_else(|| panic!("{key} lost\n{}", s.log_tail()));
+        assert_eq!(int_field(&info, "fence"), fence, "{key}");
+    }
+}

@@ -56,6 +56,10 @@ pub enum ServerEvent {
     Swapped(i32, i32),
     BecamePrimary,
     BecameReplica,
+    /// A child process was forked (for an RDB, an AOF rewrite, a replica's full sync).
+    Forked,
+    /// A replica came online or went offline.
+    ReplicaChanged,
 }
 
 pub type ServerFn = fn(Ctx<'_>, ServerEvent);
@@ -89,6 +93,10 @@ extern "C" fn server_cb(
             let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
             ServerEvent::Swapped(info.dbnum_first, info.dbnum_second)
         }
+        raw::REDISMODULE_EVENT_FORK_CHILD if sub == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN => {
+            ServerEvent::Forked
+        }
+        raw::REDISMODULE_EVENT_REPLICA_CHANGE => ServerEvent::ReplicaChanged,
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
             if sub == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
                 ServerEvent::BecamePrimary
@@ -101,13 +109,15 @@ extern "C" fn server_cb(
     catch(|| f(ctx, ev));
 }
 
-/// Calls `f` on flushes, SWAPDB and role changes.
+/// Calls `f` on flushes, SWAPDB, role changes, forks and replica changes.
 pub fn subscribe_server(ctx: Ctx<'_>, f: ServerFn) -> Result<(), String> {
     let _ = SERVER.set(f);
     for id in [
         raw::REDISMODULE_EVENT_FLUSHDB,
         raw::REDISMODULE_EVENT_SWAPDB,
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+        raw::REDISMODULE_EVENT_FORK_CHILD,
+        raw::REDISMODULE_EVENT_REPLICA_CHANGE,
     ] {
         let ev = raw::RedisModuleEvent { id, dataver: 1 };
         // SAFETY: a load-time context and a callback matching the server's signature.

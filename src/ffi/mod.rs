@@ -70,6 +70,15 @@ pub fn server_version() -> u32 {
     }
 }
 
+/// The classes of keyspace notifications the server publishes (`notify-keyspace-events`).
+pub fn notify_classes() -> c_int {
+    match api_opt!(RedisModule_GetNotifyKeyspaceEvents) {
+        // SAFETY: no arguments.
+        Some(f) => unsafe { f() },
+        None => c_int::MAX,
+    }
+}
+
 /// True while clients are paused for writes (CLIENT PAUSE WRITE/ALL, FAILOVER, a
 /// SHUTDOWN or CLUSTER FAILOVER waiting for replicas): the server then neither expires
 /// keys nor wants writes, and a module must not write on its own.
@@ -94,6 +103,7 @@ pub const FLAG_DENY_BLOCKING: u32 = raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING;
 pub const FLAG_MULTI: u32 = raw::REDISMODULE_CTX_FLAGS_MULTI;
 pub const FLAG_LUA: u32 = raw::REDISMODULE_CTX_FLAGS_LUA;
 pub const FLAG_CLUSTER: u32 = raw::REDISMODULE_CTX_FLAGS_CLUSTER;
+pub const FLAG_AOF: u32 = raw::REDISMODULE_CTX_FLAGS_AOF;
 
 /// Where a cluster node stands on a key, from the server's own routing check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,8 +188,36 @@ impl<'a> Ctx<'a> {
         let raw = unsafe { api!(RedisModule_OpenKey)(self.raw, name.raw, mode as c_int) };
         Key {
             raw: raw.cast(),
+            kind: std::cell::Cell::new(None),
             _ctx: PhantomData,
         }
+    }
+
+    /// Integer fields of an INFO section (missing fields read as 0).
+    pub fn info_fields(self, section: &CStr, fields: &[&CStr]) -> Vec<i64> {
+        // SAFETY: a valid context and a NUL-terminated section name.
+        let data = unsafe { api!(RedisModule_GetServerInfo)(self.raw, section.as_ptr()) };
+        if data.is_null() {
+            return vec![0; fields.len()];
+        }
+        let out = fields
+            .iter()
+            .map(|f| {
+                let mut err: c_int = 0;
+                // SAFETY: `data` is live until freed below; `f` is NUL-terminated.
+                let v = unsafe {
+                    api!(RedisModule_ServerInfoGetFieldSigned)(data, f.as_ptr(), &mut err)
+                };
+                if err == 0 {
+                    v
+                } else {
+                    0
+                }
+            })
+            .collect();
+        // SAFETY: the data returned above, freed once.
+        unsafe { api!(RedisModule_FreeServerInfo)(self.raw, data) };
+        out
     }
 
     // ---- replies ---------------------------------------------------------------------
@@ -427,14 +465,25 @@ pub enum KeyKind {
     Other,
 }
 
-/// An open key, closed on drop.
+/// An open key, closed on drop. What it holds is looked up once and remembered until
+/// the module changes the key through this handle.
 pub struct Key<'a> {
     raw: *mut raw::RedisModuleKey,
+    kind: std::cell::Cell<Option<KeyKind>>,
     _ctx: PhantomData<&'a ()>,
 }
 
 impl Key<'_> {
     pub fn kind(&self) -> KeyKind {
+        if let Some(k) = self.kind.get() {
+            return k;
+        }
+        let k = self.lookup_kind();
+        self.kind.set(Some(k));
+        k
+    }
+
+    fn lookup_kind(&self) -> KeyKind {
         if self.raw.is_null() {
             return KeyKind::Empty;
         }
@@ -478,6 +527,7 @@ impl Key<'_> {
         let p = lock_into_raw(v);
         // SAFETY: a key opened for writing; on success the server owns `p`.
         let ok = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, lock_type(), p) } == OK;
+        self.kind.set(None);
         if !ok {
             // SAFETY: the server refused it, so `p` is still ours alone.
             drop(unsafe { lock_from_raw(p) });
@@ -503,6 +553,7 @@ impl Key<'_> {
     pub fn delete(&mut self) {
         // SAFETY: an open key (a no-op if opened read-only or empty).
         unsafe { api!(RedisModule_DeleteKey)(self.raw) };
+        self.kind.set(None);
     }
 
     /// Sets the key's expiry (nothing for an empty key: Redis 8 does not check).
