@@ -120,7 +120,12 @@ def _int(v: Any) -> Optional[int]:
 
 
 def is_moved(e: BaseException) -> bool:
-    return isinstance(e, ResponseError) and str(e).startswith(("MOVED ", "ASK "))
+    """A cluster redirection (redis-py parses MOVED/ASK into their own classes)."""
+    try:
+        from redis.exceptions import AskError, MovedError
+    except ImportError:  # pragma: no cover - very old redis-py
+        return isinstance(e, ResponseError) and str(e).startswith(("MOVED ", "ASK "))
+    return isinstance(e, (MovedError, AskError))
 
 
 def check_options(
