@@ -205,12 +205,27 @@ class IoredisClusterDriver implements Driver {
    * by the key's slot ourselves, to the master the cluster's slot map names. */
   private async nodeFor(key: string): Promise<Any> {
     await this.ready();
-    const addr: string | undefined = this.exact.slots?.[slotOf(key)]?.[0];
-    const node = this.exact
-      .nodes("master")
-      .find((n: Any) => `${n.options.host}:${n.options.port}` === addr);
-    if (!node) throw new Error(`redis-lock-module: no master known for slot ${slotOf(key)}`);
-    return node;
+    const slot = slotOf(key);
+    for (let attempt = 0; ; attempt++) {
+      // A cluster can report "ready" before its slot map is complete: fall back to the
+      // user's cluster's map, then refresh.
+      const addr: string | undefined = this.exact.slots?.[slot]?.[0] ?? this.c.slots?.[slot]?.[0];
+      const node = addr && this.exact.nodes("all").find((n: Any) => `${n.options.host}:${n.options.port}` === addr);
+      if (node) return node;
+      if (attempt >= 20) throw new Error(`redis-lock-module: no master known for slot ${slot}`);
+      await this.refresh();
+    }
+  }
+
+  private async refresh(): Promise<void> {
+    await new Promise<void>((resolve) => {
+      try {
+        this.exact.refreshSlotsCache(() => resolve());
+      } catch {
+        resolve();
+      }
+    });
+    await new Promise((r) => setTimeout(r, 50));
   }
 
   async call(key: string, args: Arg[]): Promise<unknown> {
@@ -220,8 +235,7 @@ class IoredisClusterDriver implements Driver {
         return await node.call(...(args as [string, ...Arg[]]));
       } catch (e) {
         if (attempt < 2 && isRedirect(e)) {
-          await this.exact.refreshSlotsCache?.();
-          await new Promise((r) => setTimeout(r, 50));
+          await this.refresh();
           continue;
         }
         throw e;
