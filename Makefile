@@ -145,7 +145,8 @@ test-client: build
 	echo; echo "== client tests passed against: $(CLIENT_TEST_SERVERS)"
 EXTRA_TESTS += test-client
 
-test-examples: build
+test-examples: build node-deps
+	cd $(NODE_DIR) && npm run --silent build
 	LOCK_MODULE=$(MODULE) EXAMPLE_SERVER=$(SERVER_SYSTEM) bash examples/run.sh
 EXTRA_TESTS += test-examples
 
