@@ -229,7 +229,7 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json $(NODE_DIR)/p
 node-deps: $(NODE_DIR)/node_modules/.installed
 
 test-node: build node-deps
-	cd $(NODE_DIR) && npm run --silent build
+	cd $(NODE_DIR) && npm run --silent build && npm run --silent typecheck
 	export LOCK_MODULE=$(MODULE); \
 	for bin in $(TEST_SERVERS); do \
 	    echo; echo "== Node package tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
