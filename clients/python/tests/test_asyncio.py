@@ -80,11 +80,11 @@ def test_no_orphan_after_a_client_side_timeout(own_server, key):
         r = aredis.Redis(port=own_server.port, socket_timeout=10)
         await r.execute_command("LOCK.ACQUIRE", key, "PX", "300", "TOKEN", "holder")
         before = int((await r.info("lock"))["lock_handed_off"])
-        lock = Lock(r, key, timeout=30, network_timeout=0.5)
+        lock = Lock(r, key, timeout=30, network_timeout=1.0)
         task = asyncio.ensure_future(lock.acquire(blocking_timeout=1.0))
         await asyncio.sleep(0.1)
         own_server.stop()
-        await asyncio.sleep(1.8)
+        await asyncio.sleep(2.4)  # past BLOCK + network_timeout, within the grace after it
         own_server.cont()
         assert await task is False
         assert int((await r.info("lock"))["lock_handed_off"]) == before + 1

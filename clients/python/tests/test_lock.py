@@ -256,13 +256,15 @@ def test_no_orphan_after_a_client_side_timeout(own_server, key):
     # Our client in the same situation.
     r.execute_command("LOCK.ACQUIRE", key, "PX", "300", "TOKEN", "holder")
     before = _handed_off(r)
-    lock = Lock(r, key, timeout=30, network_timeout=0.5)
+    lock = Lock(r, key, timeout=30, network_timeout=1.0)
     out = {}
     t = threading.Thread(target=lambda: out.update(ok=lock.acquire(blocking_timeout=1.0)))
     t.start()
     time.sleep(0.1)
     own_server.stop()
-    time.sleep(1.8)  # past BLOCK (1 s) + network_timeout (0.5 s): the client gave up
+    # Past BLOCK (1 s) + network_timeout (1 s): the client gave up and sent LOCK.RELEASE;
+    # it waits network_timeout more for the late replies, so resume well within that.
+    time.sleep(2.4)
     own_server.cont()
     t.join(5)
     assert out == {"ok": False}
