@@ -145,7 +145,8 @@ test-client: build
 	echo; echo "== client tests passed against: $(CLIENT_TEST_SERVERS)"
 EXTRA_TESTS += test-client
 
-test-examples: build
+test-examples: build node-deps
+	cd $(NODE_DIR) && npm run --silent build
 	LOCK_MODULE=$(MODULE) EXAMPLE_SERVER=$(SERVER_SYSTEM) bash examples/run.sh
 EXTRA_TESTS += test-examples
 
@@ -178,3 +179,60 @@ reliability: deps
 reliability-short: reliability-build
 	$(RELIABILITY_BIN) run --short $(RELIABILITY_ARGS)
 EXTRA_TESTS += reliability-short
+
+# ---- Python and Node packages (issue 12) -------------------------------------------------
+#   make test-python   clients/python (redis-py Lock on the module): a venv under
+#                      target/venv-python with the package and pytest, then its suite
+#                      (sync, asyncio, 3-master cluster) once per server in TEST_SERVERS
+#   make test-node     clients/node (node-redis 4/5/6, ioredis 5/6): npm ci + tsc, then
+#                      node --test (standalone and cluster) once per server
+# tests/test_kinds.py and test/kinds.test.mjs (SHARED / LIMIT) are not run yet: they need
+# the module's shared and counted locks.
+.PHONY: test-python test-node python-venv node-deps
+PY_VENV := $(CURDIR)/target/venv-python
+PY_SRC  := $(wildcard $(CURDIR)/clients/python/src/redis_lock_module/*.py) \
+           $(CURDIR)/clients/python/pyproject.toml $(CURDIR)/clients/python/requirements-test.txt
+PY_TEST_ARGS ?=
+NODE_DIR := $(CURDIR)/clients/node
+NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs
+
+$(PY_VENV)/.installed: $(PY_SRC)
+	if [ ! -x $(PY_VENV)/bin/python ]; then \
+	    if ! python3 -m venv $(PY_VENV) 2>/dev/null; then \
+	        rm -rf $(PY_VENV); SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+	        $$SUDO apt-get update -qq; \
+	        DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends python3-venv; \
+	        python3 -m venv $(PY_VENV); \
+	    fi; \
+	fi
+	$(PY_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	    -r clients/python/requirements-test.txt ./clients/python
+	rm -rf clients/python/build
+	touch $@
+
+python-venv: $(PY_VENV)/.installed
+
+test-python: build python-venv
+	export LOCK_MODULE=$(MODULE); \
+	for bin in $(TEST_SERVERS); do \
+	    echo; echo "== Python package tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
+	    ( cd clients/python && LOCK_SERVER_BIN=$$bin $(PY_VENV)/bin/python -m pytest -q \
+	        --ignore=tests/test_kinds.py tests $(PY_TEST_ARGS) ); \
+	done
+EXTRA_TESTS += test-python
+
+$(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json $(NODE_DIR)/package.json
+	command -v node >/dev/null && command -v npm >/dev/null || { echo "node and npm are needed"; exit 1; }
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+node-deps: $(NODE_DIR)/node_modules/.installed
+
+test-node: build node-deps
+	cd $(NODE_DIR) && npm run --silent build && npm run --silent typecheck
+	export LOCK_MODULE=$(MODULE); \
+	for bin in $(TEST_SERVERS); do \
+	    echo; echo "== Node package tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
+	    ( cd $(NODE_DIR) && LOCK_SERVER_BIN=$$bin node --test --test-concurrency=1 $(NODE_TESTS) ); \
+	done
+EXTRA_TESTS += test-node

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the any-client examples against a freshly spawned server with the module loaded
 # (used by `make test-examples`). Installs what the examples need on a clean machine:
-# a Python venv (python3-venv from Debian if `python3 -m venv` is missing) with redis-py.
+# a Python venv (python3-venv from Debian if `python3 -m venv` is missing) with redis-py
+# and the package in clients/python; node-redis and the package in clients/node (built
+# by `make node-deps` and `npm run build` there, which `make test-examples` does first).
 #
 #   EXAMPLE_SERVER   server binary (default /usr/bin/redis-server)
 #   LOCK_MODULE      module .so (default target/release/libredis_lock.so)
@@ -23,7 +25,7 @@ log() { printf '[examples] %s\n' "$*"; }
 [ -x "$SERVER" ] || { log "server not found: $SERVER (run make deps)"; exit 1; }
 
 # ---------------------------------------------------------------- Python venv
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import redis' 2>/dev/null; then
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import redis, redis_lock_module' 2>/dev/null; then
     rm -rf "$VENV"
     if ! python3 -m venv "$VENV" 2>/dev/null; then
         log "python3 -m venv failed: installing python3-venv"
@@ -36,17 +38,24 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import redis' 2>/dev/
     log "installing $REDIS_PY into $VENV"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$REDIS_PY"
 fi
+# The package itself, always (its source may have changed); redis-py stays at $REDIS_PY.
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$ROOT/clients/python"
+rm -rf "$ROOT/clients/python/build"
 
 # ---------------------------------------------------------------- Node packages
 have_node=0
 if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
     have_node=1
-    if [ ! -d "$NODE_DIR/node_modules/redis" ] || ! cmp -s "$ROOT/examples/node/package.json" "$NODE_DIR/package.json"; then
-        log "installing node-redis into $NODE_DIR"
-        mkdir -p "$NODE_DIR"
-        cp "$ROOT/examples/node/package.json" "$NODE_DIR/package.json"
-        (cd "$NODE_DIR" && npm install --silent --no-audit --no-fund >/dev/null)
+    [ -f "$ROOT/clients/node/dist/index.js" ] || { log "clients/node is not built (make node-deps; cd clients/node && npm run build)"; exit 1; }
+    # The example's package.json, with the package linked from this checkout.
+    mkdir -p "$NODE_DIR"
+    sed "s|file:../../clients/node|file:$ROOT/clients/node|" "$ROOT/examples/node/package.json" > "$NODE_DIR/package.json.new"
+    if [ ! -d "$NODE_DIR/node_modules/redis" ] || ! cmp -s "$NODE_DIR/package.json.new" "$NODE_DIR/package.json"; then
+        log "installing node-redis and clients/node into $NODE_DIR"
+        mv "$NODE_DIR/package.json.new" "$NODE_DIR/package.json"
+        (cd "$NODE_DIR" && npm install --silent --no-audit --no-fund --no-package-lock >/dev/null)
     fi
+    rm -f "$NODE_DIR/package.json.new"
     cp "$ROOT/examples/node/daily-report.mjs" "$NODE_DIR/daily-report.mjs"
 else
     log "node/npm not found: skipping the Node example"

@@ -1,5 +1,6 @@
 //! The `redis-lock` binary against real servers: run (busy, exit code passthrough, lost
-//! lease), --nodes with nodes down, and the acquire/extend/info/release subcommands.
+//! lease), --nodes with nodes down, the acquire/extend/info/release subcommands, the
+//! flock-like forms, JSON output, REDIS_URL, a password from the environment and TLS.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -31,6 +32,11 @@ struct Running {
 }
 
 fn spawn(dir: &Path, args: &[&str]) -> Running {
+    spawn_env(dir, args, &[])
+}
+
+/// Runs the CLI with `env` set on top of an environment without any REDIS_* setting.
+fn spawn_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Running {
     let n = fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
     let run_dir = dir.join(format!("run{n}"));
     fs::create_dir_all(&run_dir).unwrap();
@@ -38,6 +44,12 @@ fn spawn(dir: &Path, args: &[&str]) -> Running {
         .args(args)
         .env_remove("REDIS_LOCK_URL")
         .env_remove("REDIS_LOCK_TOKEN")
+        .env_remove("REDIS_URL")
+        .env_remove("REDIS_LOCK_PASSWORD")
+        .env_remove("REDIS_LOCK_USER")
+        .env_remove("REDISCLI_AUTH")
+        .env_remove("SSL_CERT_FILE")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(fs::File::create(run_dir.join("out")).unwrap())
         .stderr(fs::File::create(run_dir.join("err")).unwrap())
@@ -86,6 +98,10 @@ fn cli(dir: &Path, args: &[&str]) -> Done {
     spawn(dir, args).finish(Duration::from_secs(20))
 }
 
+fn cli_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Done {
+    spawn_env(dir, args, env).finish(Duration::from_secs(20))
+}
+
 fn sh(script: &str) -> Vec<String> {
     vec!["--".into(), "sh".into(), "-c".into(), script.into()]
 }
@@ -113,7 +129,7 @@ fn two_concurrent_runs_one_runs_the_other_exits_75() {
         &dir,
         &refs(&run_args(
             &server.url(),
-            &["--ttl", "2000"],
+            &["--ttl", "2s"],
             "daily-report",
             &format!("touch {}; sleep 2", a_started.display()),
         )),
@@ -148,7 +164,7 @@ fn two_concurrent_runs_one_runs_the_other_exits_75() {
         &dir,
         &refs(&run_args(
             &server.url(),
-            &["--wait", "10000"],
+            &["--wait", "10s"],
             "job2",
             &format!("touch {}", b_ran.display()),
         )),
@@ -238,7 +254,7 @@ fn term_recorder(started: &Path, marker: &Path) -> String {
 }
 
 #[test]
-fn lost_lease_sends_sigterm_and_exits_76() {
+fn lost_lease_sends_sigterm_and_exits_79() {
     setup();
     let server = ServerBuilder::new().start();
     let dir = temp_dir();
@@ -248,7 +264,7 @@ fn lost_lease_sends_sigterm_and_exits_76() {
         &dir,
         &refs(&run_args(
             &server.url(),
-            &["--ttl", "600"],
+            &["--ttl", "600ms"],
             "lease",
             &term_recorder(&started, &marker),
         )),
@@ -266,7 +282,7 @@ fn lost_lease_sends_sigterm_and_exits_76() {
         .unwrap();
     assert_eq!(n, 1);
     let d = run.finish(Duration::from_secs(20));
-    assert_eq!(d.code, Some(76));
+    assert_eq!(d.code, Some(79));
     assert!(t.elapsed() < ms(2_000), "took {:?}", t.elapsed());
     assert_eq!(fs::read_to_string(&marker).unwrap().trim(), "term");
     assert!(d.stderr.contains("lost"), "{}", d.stderr);
@@ -283,7 +299,7 @@ fn server_death_kills_a_command_that_ignores_sigterm_after_the_grace() {
         &dir,
         &refs(&run_args(
             &server.url(),
-            &["--ttl", "900", "--grace", "500"],
+            &["--ttl", "900ms", "--grace", "500ms"],
             "lease",
             &format!("trap '' TERM; touch {}; sleep 30", started.display()),
         )),
@@ -292,7 +308,7 @@ fn server_death_kills_a_command_that_ignores_sigterm_after_the_grace() {
     let t = Instant::now();
     server.kill9();
     let d = run.finish(Duration::from_secs(20));
-    assert_eq!(d.code, Some(76));
+    assert_eq!(d.code, Some(79));
     // Within the lease (900 ms) plus the grace (500 ms) plus slack.
     assert!(t.elapsed() < ms(3_000), "took {:?}", t.elapsed());
     assert!(d.stderr.contains("SIGKILL"), "{}", d.stderr);
@@ -308,7 +324,7 @@ fn nodes_with_three_of_five_down_exit_75() {
     let ran = dir.join("ran");
     let args = |script: &str| -> Vec<String> {
         let mut v: Vec<String> = vec!["run".into(), "--nodes".into(), nodes.clone()];
-        v.extend(["--ttl".into(), "2000".into(), "nightly".into()]);
+        v.extend(["--ttl".into(), "2s".into(), "nightly".into()]);
         v.extend(sh(script));
         v
     };
@@ -356,7 +372,7 @@ fn acquire_extend_info_release_subcommands() {
     let d = cli(
         &dir,
         &[
-            "acquire", "--url", &url, "--ttl", "5000", "--owner", "me", "k",
+            "acquire", "--url", &url, "--ttl", "5s", "--owner", "me", "k",
         ],
     );
     assert_eq!(d.code, Some(0));
@@ -384,7 +400,7 @@ fn acquire_extend_info_release_subcommands() {
     assert_eq!(cli(&dir, &["acquire", "--url", &url, "k"]).code, Some(75));
     let t = Instant::now();
     assert_eq!(
-        cli(&dir, &["acquire", "--url", &url, "--wait", "300", "k"]).code,
+        cli(&dir, &["acquire", "--url", &url, "--wait", "300ms", "k"]).code,
         Some(75)
     );
     assert!(t.elapsed() >= ms(300));
@@ -397,7 +413,7 @@ fn acquire_extend_info_release_subcommands() {
     assert_eq!(
         cli(
             &dir,
-            &["extend", "--url", &url, "--ttl", "60000", "k", &token]
+            &["extend", "--url", &url, "--ttl", "60s", "k", &token]
         )
         .code,
         Some(0)
@@ -429,6 +445,326 @@ fn acquire_extend_info_release_subcommands() {
     assert_eq!(cli(&dir, &["bogus"]).code, Some(64));
     let dead = format!("redis://127.0.0.1:{}", common::free_port());
     let d = cli(&dir, &["run", "--url", &dead, "k", "--", "true"]);
+    assert_eq!(d.code, Some(69));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn flock_forms_options_anywhere_and_exit_code_choices() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let url = server.url();
+    let dir = temp_dir();
+    let out = dir.join("out");
+    // Options after NAME, a -c shell command, durations with units.
+    let d = cli(
+        &dir,
+        &[
+            "run",
+            "job",
+            "--ttl",
+            "5s",
+            "--url",
+            &url,
+            "-c",
+            &format!("echo \"$REDIS_LOCK_FENCE\" > {}; exit 4", out.display()),
+        ],
+    );
+    assert_eq!(d.code, Some(4));
+    assert!(fs::read_to_string(&out)
+        .unwrap()
+        .trim()
+        .parse::<u64>()
+        .is_ok());
+    // `run NAME --ttl ... -- CMD` and -n: busy at once, with the code chosen by -E.
+    let holder = spawn(
+        &dir,
+        &[
+            "run", "job", "--ttl", "5s", "--url", &url, "--", "sleep", "2",
+        ],
+    );
+    assert!(wait_until(Duration::from_secs(10), || !is_free(
+        &mut server.conn(),
+        "job"
+    )));
+    let d = cli(
+        &dir,
+        &["run", "-n", "job", "--url", &url, "-E", "3", "--", "true"],
+    );
+    assert_eq!(d.code, Some(3));
+    assert!(d.took < ms(1_500));
+    // -w with a unit: waits for the holder (FIFO), then runs.
+    let d = cli(
+        &dir,
+        &["run", "job", "-w", "10s", "--url", &url, "--", "true"],
+    );
+    assert_eq!(d.code, Some(0));
+    assert!(d.took >= ms(500), "waited for the holder: {:?}", d.took);
+    assert_eq!(holder.finish(Duration::from_secs(20)).code, Some(0));
+    // -w with a bare number means seconds: 0.3 s here.
+    let holder = spawn(&dir, &["run", "job", "--url", &url, "--", "sleep", "2"]);
+    assert!(wait_until(Duration::from_secs(10), || !is_free(
+        &mut server.conn(),
+        "job"
+    )));
+    let d = cli(&dir, &["acquire", "job", "-w", "0.3", "--url", &url]);
+    assert_eq!(d.code, Some(75));
+    assert!(d.took >= ms(300) && d.took < ms(1_800), "{:?}", d.took);
+    assert_eq!(holder.finish(Duration::from_secs(20)).code, Some(0));
+    // --lost-exit-code keeps the old 76 for scripts that test for it.
+    let started = dir.join("started");
+    let run = spawn(
+        &dir,
+        &refs(&run_args(
+            &url,
+            &["--ttl", "600ms", "--lost-exit-code", "76"],
+            "lease",
+            &term_recorder(&started, &dir.join("term")),
+        )),
+    );
+    assert!(wait_until(Duration::from_secs(10), || started.exists()));
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("lease")
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(run.finish(Duration::from_secs(20)).code, Some(76));
+    // Usage errors exit 64; help exits 0 and is per subcommand.
+    assert_eq!(
+        cli(&dir, &["run", "-n", "-w", "1s", "job", "true"]).code,
+        Some(64)
+    );
+    assert_eq!(
+        cli(&dir, &["run", "--ttl", "10 parsecs", "job", "true"]).code,
+        Some(64)
+    );
+    let help = cli(&dir, &["run", "--help"]);
+    assert_eq!(help.code, Some(0));
+    assert!(help.stdout.contains("--max-hold") && help.stdout.contains("--nonblock"));
+    let help = cli(&dir, &["--help"]);
+    assert!(help.stdout.contains("79") && help.stdout.contains("REDIS_URL"));
+    let comp = cli(&dir, &["completions", "bash"]);
+    assert_eq!(comp.code, Some(0));
+    assert!(comp.stdout.contains("redis-lock") && comp.stdout.contains("--nonblock"));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn json_output_redis_url_and_password_from_the_environment() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let url = server.url();
+    let dir = temp_dir();
+    // REDIS_URL when there is no --url (and no REDIS_LOCK_URL).
+    let d = cli_env(
+        &dir,
+        &["acquire", "--json", "--owner", "me", "k"],
+        &[("REDIS_URL", &url)],
+    );
+    assert_eq!(d.code, Some(0), "{}", d.stderr);
+    let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
+    let fence = v["fence"].as_str().expect("the fence is a decimal string");
+    assert_eq!(
+        Some(fence.parse::<u64>().unwrap()),
+        held_fence(&mut server.conn(), "k")
+    );
+    let token = v["token"].as_str().unwrap().to_string();
+    assert_eq!(v["name"], "k");
+    let d = cli(&dir, &["info", "k", "--json", "--url", &url]);
+    assert_eq!(d.code, Some(0));
+    let info: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
+    assert_eq!(info["held"], true);
+    assert_eq!(info["fence"], fence);
+    assert_eq!(info["owner"], "me");
+    assert!(info["ttl"].as_i64().unwrap() > 0);
+    assert_eq!(
+        cli_env(
+            &dir,
+            &["release", "k"],
+            &[("REDIS_URL", &url), ("REDIS_LOCK_TOKEN", &token)]
+        )
+        .code,
+        Some(0)
+    );
+    let d = cli(&dir, &["info", "k", "--json", "--url", &url]);
+    assert_eq!(d.code, Some(1));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(d.stdout.trim()).unwrap()["held"],
+        false
+    );
+
+    // A password (and an ACL user) from the environment, never on the command line.
+    let mut c = server.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "locker", "on", ">user-secret", "~*", "+@all"])
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "s3cret"])
+        .query(&mut c)
+        .unwrap();
+    let run = ["run", "--url", url.as_str(), "pw", "--", "true"];
+    assert_eq!(cli(&dir, &run).code, Some(69), "no password: refused");
+    assert_eq!(
+        cli_env(&dir, &run, &[("REDIS_LOCK_PASSWORD", "s3cret")]).code,
+        Some(0)
+    );
+    assert_eq!(
+        cli_env(&dir, &run, &[("REDISCLI_AUTH", "s3cret")]).code,
+        Some(0)
+    );
+    assert_eq!(
+        cli_env(&dir, &run, &[("REDIS_LOCK_PASSWORD", "wrong")]).code,
+        Some(69)
+    );
+    let d = cli_env(
+        &dir,
+        &["run", "--user", "locker", "--url", &url, "pw", "--", "true"],
+        &[("REDIS_LOCK_PASSWORD", "user-secret")],
+    );
+    assert_eq!(d.code, Some(0), "{}", d.stderr);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (Debian package openssl) runs");
+    assert!(out.status.success(), "openssl {args:?}: {out:?}");
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, in `dir`.
+fn make_certs(dir: &Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=redis-lock test CA",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    );
+    fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+}
+
+#[test]
+fn tls_with_a_self_signed_ca() {
+    setup();
+    let dir = temp_dir();
+    make_certs(&dir);
+    let tls_port = common::free_port();
+    let tls = |b: ServerBuilder| {
+        b.arg("tls-port", &tls_port.to_string())
+            .arg(
+                "tls-cert-file",
+                &dir.join("server.crt").display().to_string(),
+            )
+            .arg(
+                "tls-key-file",
+                &dir.join("server.key").display().to_string(),
+            )
+            .arg(
+                "tls-ca-cert-file",
+                &dir.join("ca.crt").display().to_string(),
+            )
+            .arg("tls-auth-clients", "no")
+    };
+    // Not every server binary is built with TLS; Debian's redis-server 7.0.15 is.
+    let server = match tls(ServerBuilder::new()).try_start() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("this server has no TLS ({e}); using /usr/bin/redis-server");
+            tls(ServerBuilder::new().bin("/usr/bin/redis-server".into())).start()
+        }
+    };
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let ca = dir.join("ca.crt").display().to_string();
+    let d = cli(
+        &dir,
+        &[
+            "acquire", "--json", "--cacert", &ca, "--url", &url, "tls-lock",
+        ],
+    );
+    assert_eq!(d.code, Some(0), "{}", d.stderr);
+    let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
+    let fence: u64 = v["fence"].as_str().unwrap().parse().unwrap();
+    assert_eq!(held_fence(&mut server.conn(), "tls-lock"), Some(fence));
+    // The same through SSL_CERT_FILE, and a run over TLS.
+    let d = cli_env(
+        &dir,
+        &["run", "--url", &url, "tls-run", "--", "true"],
+        &[("SSL_CERT_FILE", &ca)],
+    );
+    assert_eq!(d.code, Some(0), "{}", d.stderr);
+    // An untrusted certificate is refused; #insecure skips the check.
+    let d = cli(&dir, &["info", "--url", &url, "tls-lock"]);
+    assert_eq!(d.code, Some(69), "the test CA is not trusted by default");
+    let d = cli(
+        &dir,
+        &["info", "--url", &format!("{url}/#insecure"), "tls-lock"],
+    );
+    assert_eq!(d.code, Some(0), "{}", d.stderr);
+    // A plain-text client on the TLS port gets nothing usable.
+    let d = cli(
+        &dir,
+        &[
+            "info",
+            "--timeout",
+            "500ms",
+            "--url",
+            &format!("redis://127.0.0.1:{tls_port}"),
+            "tls-lock",
+        ],
+    );
     assert_eq!(d.code, Some(69));
     let _ = fs::remove_dir_all(&dir);
 }

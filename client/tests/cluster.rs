@@ -88,7 +88,7 @@ async fn single_server_mode_against_a_three_master_cluster() {
     let node = cluster.node_for_key(name);
     let other = cluster.nodes.iter().find(|n| n.port != node.port).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_redis-lock"))
-        .args(["run", "--url", &other.url(), "--ttl", "500", name, "--"])
+        .args(["run", "--url", &other.url(), "--ttl", "500ms", name, "--"])
         .args([
             "sh",
             "-c",

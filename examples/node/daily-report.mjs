@@ -1,22 +1,19 @@
-// "Only one server runs the daily report", with the redis-lock module and plain
-// node-redis (sendCommand only: no lock library).
+// "Only one server runs the daily report", with the redis-lock module and its Node
+// package (clients/node) on node-redis.
 //
-// Five "servers" fire the same cron job at the same moment. Each tries LOCK.ACQUIRE
-// without waiting; exactly one gets the lock, keeps it alive with LOCK.EXTEND while the
-// report runs (longer than the lease), and releases it with LOCK.RELEASE. The others
-// skip the run. A classic `SET NX PX` client is excluded too (the module treats a string
-// key as a held lock, and its own lock makes SET NX fail), so old and new code can share
-// one lock during a migration.
+// Five "servers" fire the same cron job at the same moment. Each calls
+// locks.using(...) without waiting; exactly one gets the lock, keeps it renewed while the
+// report runs (longer than the lease), and releases it at the end. The others skip the
+// run. A classic `SET NX PX` client is excluded too (the module treats a string key as a
+// held lock, and its own lock makes SET NX fail), so old and new code can share one lock
+// during a migration.
 //
 //   REDIS_URL=redis://127.0.0.1:6379 node examples/node/daily-report.mjs
 // Exits non-zero if a check fails (`make test-examples` runs it).
 //
-// Fencing tokens are 64-bit integers around 2^60. node-redis 4 turns integer replies into
-// JavaScript numbers (doubles, exact only up to 2^53), so this example does not pass the
-// fence anywhere: to use fences from JavaScript, read them with a client that keeps 64-bit
-// integers (BigInt) and compare them as BigInt or as decimal strings of equal length.
-import { randomUUID } from 'node:crypto';
+// lock.fence is a bigint: exact even above 2^53, where a JavaScript number is not.
 import { createClient } from 'redis';
+import { LockBusyError, LockClient } from 'redis-lock-module';
 
 const URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 const LOCK = 'lock:daily-report';
@@ -36,34 +33,22 @@ async function connect() {
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-// One server's cron job. Returns true if this server ran the report.
+// One server's cron job. Returns the fence if this server ran the report.
 async function cronJob(server, ranBy) {
   const c = await connect();
+  const locks = new LockClient(c);
   try {
-    const token = randomUUID();
-    const grant = await c.sendCommand(
-      ['LOCK.ACQUIRE', LOCK, 'PX', String(TTL_MS), 'TOKEN', token, 'OWNER', server]);
-    if (grant === null) return false; // another server runs it today
-    // Renew every third of the lease while the report runs (1.5 s > the 600 ms lease).
-    let lost = false;
-    const renew = setInterval(async () => {
-      try {
-        const ok = await c.sendCommand(['LOCK.EXTEND', LOCK, token, 'PX', String(TTL_MS)]);
-        if (ok !== 1) lost = true; // 0: not ours any more; a real job would stop here
-      } catch {
-        lost = true;
-      }
-    }, TTL_MS / 3);
-    try {
+    return await locks.using(LOCK, { ttl: TTL_MS, owner: server }, async (signal, lock) => {
       ranBy.push(server);
-      await sleep(1500); // generating the report
-    } finally {
-      clearInterval(renew);
-      const released = await c.sendCommand(['LOCK.RELEASE', LOCK, token]);
-      check(!lost && released === 1, `${server} kept the lock through the run and released it`);
-    }
-    return true;
+      await sleep(1500); // generating the report: longer than the lease, renewed meanwhile
+      check(!signal.aborted, `${server} kept the lock through the run (fence ${lock.fence})`);
+      return lock.fence;
+    });
+  } catch (e) {
+    if (e instanceof LockBusyError) return undefined; // another server runs it today
+    throw e;
   } finally {
+    await locks.close();
     await c.quit();
   }
 }
@@ -76,35 +61,36 @@ async function day(n) {
   // While the report runs: LOCK.INFO names the server, an old-style client is kept out.
   await sleep(800);
   const c = await connect();
-  const info = await c.sendCommand(['LOCK.INFO', LOCK]);
-  const fields = Object.fromEntries(
-    Array.from({ length: info.length / 2 }, (_, i) => [info[2 * i], info[2 * i + 1]]));
-  check(ranBy.length === 1 && fields.owner === ranBy[0],
-    `LOCK.INFO shows the running server (${fields.owner}), after renewals past the lease`);
+  const locks = new LockClient(c);
+  const info = await locks.info(LOCK);
+  check(ranBy.length === 1 && info?.owner === ranBy[0],
+    `LOCK.INFO shows the running server (${info?.owner}), after renewals past the lease`);
   const classic = await c.sendCommand(['SET', LOCK, 'old-cron', 'NX', 'PX', '5000']);
   check(classic === null, 'a classic SET NX PX client cannot take it meanwhile');
-  const ran = (await Promise.all(jobs)).filter(Boolean).length;
-  check(ran === 1, `exactly one server ran the report (${ran})`);
-  check(await c.sendCommand(['LOCK.INFO', LOCK]) === null, 'the lock is free after the run');
+  const fences = (await Promise.all(jobs)).filter((f) => f !== undefined);
+  check(fences.length === 1, `exactly one server ran the report (${fences.length})`);
+  check(typeof fences[0] === 'bigint' && fences[0] === info.fence, 'its fence is an exact bigint');
+  check(await locks.info(LOCK) === null, 'the lock is free after the run');
   await c.quit();
+  return fences[0];
 }
 
 async function classicHolderBlocksTheModule() {
   console.log('== a lock taken the classic way also counts');
   const c = await connect();
+  const locks = new LockClient(c);
   await c.sendCommand(['SET', LOCK, 'old-cron', 'NX', 'PX', '5000']);
-  const grant = await c.sendCommand(['LOCK.ACQUIRE', LOCK, 'PX', '1000']);
-  check(grant === null, 'LOCK.ACQUIRE fails while a SET NX PX lock is held');
-  check(await c.sendCommand(['LOCK.RELEASE', LOCK, 'old-cron']) === 1,
-    'LOCK.RELEASE with the classic token releases it');
+  check(await locks.acquire(LOCK, { ttl: 1000 }) === null, 'the module lock is not granted while a SET NX PX lock is held');
+  check(await locks.release(LOCK, 'old-cron') === true, 'releasing with the classic token releases it');
   await c.quit();
 }
 
 const c = await connect();
 await c.del(LOCK);
 await c.quit();
-await day(1);
-await day(2);
+const f1 = await day(1);
+const f2 = await day(2);
+check(f1 < f2, `day 2's fence is higher (${f1} < ${f2})`);
 await classicHolderBlocksTheModule();
 if (failures > 0) {
   console.error(`${failures} check(s) failed`);

@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
-"""Safe inventory deduction with the redis-lock module and plain redis-py.
+"""Safe inventory deduction with the redis-lock module and its Python package.
 
 "One checkout at a time per product": every checkout takes the product's lock with
-LOCK.ACQUIRE (waiting in the module's FIFO queue with BLOCK), reads the stock,
-writes the new stock, and releases with LOCK.RELEASE. No Lua, no client library for
-locks: the module's commands are enough.
+redis_lock_module.Lock (the API of redis-py's Lock; it waits in the module's FIFO queue
+with BLOCK), reads the stock, writes the new stock with the lock's fence, and releases.
 
 The write goes to a *fenced store*: it carries the lock's fencing token and the store
 rejects any write whose fence is lower than the highest it has accepted. That is what
@@ -15,7 +14,7 @@ Here the store is a Redis hash updated by a small script; in production it is yo
 database, e.g.
     UPDATE inventory SET stock = :stock, fence = :fence WHERE sku = :sku AND fence <= :fence
 
-Run against a server with the module loaded:
+Run against a server with the module loaded (pip install ./clients/python first):
     REDIS_URL=redis://127.0.0.1:6379 python3 examples/python/inventory.py
 Exits non-zero if any check fails (`make test-examples` runs it against a fresh server).
 """
@@ -24,17 +23,18 @@ import os
 import sys
 import threading
 import time
-import uuid
 
 import redis
+from redis_lock_module import Lock, LockError, LockNotOwnedError
 
 URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379")
 SKU = "9001"
 LOCK = f"lock:product:{SKU}"
 STORE = f"inventory:{SKU}"
 
-# Fences are 64-bit integers (around 2^60): beyond a Lua number's 53-bit precision, so
-# the script compares them as decimal strings (longer is larger, else lexicographic).
+# Fences can be above 2^53 (servers that started on an older release count on from
+# there): beyond a Lua number's precision, so the script compares them as decimal
+# strings (longer is larger, else lexicographic). Python's int is exact at any size.
 FENCED_WRITE = """
 local function less(a, b)
   if #a ~= #b then return #a < #b end
@@ -83,25 +83,19 @@ def checkout(order_id, results):
     """One customer buying one unit."""
     r = connect()
     store = FencedStore(r)
-    token = str(uuid.uuid4())
-    # Wait up to 10 s in the FIFO queue; the lease is 5 s.
-    reply = r.execute_command(
-        "LOCK.ACQUIRE", LOCK, "PX", 5000, "TOKEN", token, "OWNER", order_id, "BLOCK", 10000
-    )
-    if reply is None:
-        results[order_id] = "timeout"
-        return
-    _token, fence = reply
+    # A 5 s lease; wait up to 10 s in the FIFO queue.
+    lock = Lock(r, LOCK, timeout=5, blocking_timeout=10, owner=order_id)
     try:
-        stock = store.stock()
-        if stock <= 0:
-            results[order_id] = "sold-out"
-            return
-        time.sleep(0.01)  # the rest of a checkout: payment, ...
-        store.write_stock(stock - 1, fence)
-        results[order_id] = "bought"
-    finally:
-        r.execute_command("LOCK.RELEASE", LOCK, token)
+        with lock:
+            stock = store.stock()
+            if stock <= 0:
+                results[order_id] = "sold-out"
+                return
+            time.sleep(0.01)  # the rest of a checkout: payment, ...
+            store.write_stock(stock - 1, lock.fence)
+            results[order_id] = "bought"
+    except LockError:
+        results[order_id] = "timeout"
 
 
 def concurrent_checkouts():
@@ -123,7 +117,7 @@ def concurrent_checkouts():
     check(bought == 10, f"exactly 10 units sold (sold {bought})")
     check(sold_out == 6, f"6 customers told 'sold out' (told {sold_out})")
     check(store.stock() == 0, f"stock is 0, never negative (stock {store.stock()})")
-    check(connect().execute_command("LOCK.INFO", LOCK) is None, "the lock is free afterwards")
+    check(not Lock(connect(), LOCK).locked(), "the lock is free afterwards")
 
 
 def paused_holder():
@@ -133,41 +127,45 @@ def paused_holder():
     store.reset(5)
 
     # A takes the lock with a short lease and reads the stock...
-    token_a = str(uuid.uuid4())
-    _, fence_a = r.execute_command("LOCK.ACQUIRE", LOCK, "PX", 200, "TOKEN", token_a, "OWNER", "A")
+    a = Lock(r, LOCK, timeout=0.2, owner="A")
+    check(a.acquire(blocking=False), "A took the lock")
     stock_seen_by_a = store.stock()
     # ...then stalls (GC pause, swapped-out VM) for longer than the lease.
     time.sleep(0.4)
-    check(r.execute_command("LOCK.INFO", LOCK) is None, "A's lease expired during the pause")
+    check(not a.locked(), "A's lease expired during the pause")
 
     # B takes the lock: a higher fence. B sells one unit.
-    token_b = str(uuid.uuid4())
-    _, fence_b = r.execute_command("LOCK.ACQUIRE", LOCK, "PX", 5000, "TOKEN", token_b, "OWNER", "B")
-    check(fence_b > fence_a, f"B's fence {fence_b} > A's fence {fence_a}")
-    store.write_stock(store.stock() - 1, fence_b)
-    check(r.execute_command("LOCK.RELEASE", LOCK, token_b) == 1, "B released its lock")
+    b = Lock(r, LOCK, timeout=5, owner="B")
+    check(b.acquire(blocking=False), "B took the lock")
+    check(b.fence > a.fence, f"B's fence {b.fence} > A's fence {a.fence}")
+    store.write_stock(store.stock() - 1, b.fence)
+    b.release()
 
     # A wakes up and writes what it computed before the pause: rejected.
     try:
-        store.write_stock(stock_seen_by_a - 1, fence_a)
+        store.write_stock(stock_seen_by_a - 1, a.fence)
         check(False, "A's stale write was rejected")
     except redis.exceptions.ResponseError as e:
         check("STALE" in str(e), f"A's stale write was rejected ({e})")
     check(store.stock() == 4, f"stock is 4: B's sale counted once (stock {store.stock()})")
     # A cannot release what it no longer holds (the token is the capability).
-    check(r.execute_command("LOCK.RELEASE", LOCK, token_a) == 0, "A's release is refused (0)")
+    try:
+        a.release()
+        check(False, "A's release is refused")
+    except LockNotOwnedError:
+        check(True, "A's release is refused (LockNotOwnedError)")
 
 
 def info_shows_the_holder():
     print("== LOCK.INFO shows who holds the lock, never the token")
     r = connect()
-    token, fence = r.execute_command("LOCK.ACQUIRE", LOCK, "PX", 5000, "OWNER", "order-1042")
-    raw = r.execute_command("LOCK.INFO", LOCK)
-    info = dict(zip(raw[::2], raw[1::2])) if isinstance(raw, list) else raw
-    check(info.get("owner") == "order-1042", f"owner is order-1042 ({info.get('owner')})")
-    check(int(info.get("fence")) == fence, "the fence matches the grant")
-    check(token not in [str(v) for v in info.values()], "the token is not revealed")
-    check(r.execute_command("LOCK.RELEASE", LOCK, token) == 1, "released")
+    lock = Lock(r, LOCK, timeout=5, owner="order-1042")
+    with lock:
+        info = lock.info()
+        check(info.get("owner") == "order-1042", f"owner is order-1042 ({info.get('owner')})")
+        check(int(info.get("fence")) == lock.fence, "the fence matches the grant")
+        check(lock.token.decode() not in [str(v) for v in info.values()], "the token is not revealed")
+    check(not lock.locked(), "released")
 
 
 def main():

@@ -1,10 +1,12 @@
 //! `redis-lock`: locks from the shell and from cron, like flock(1) but across machines.
-//! See `redis-lock --help` and docs/CLIENT.md.
+//! See `redis-lock --help`, `redis-lock run --help` and docs/CLIENT.md.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
 use redis_lock_client::{
     AcquireOptions, ClientOptions, LockClient, LockGuard, Redlock, RedlockOptions, Renewal,
 };
@@ -13,52 +15,263 @@ use tokio::signal::unix::{signal, SignalKind};
 const EXIT_NOT_HELD: i32 = 1;
 const EXIT_USAGE: i32 = 64; // EX_USAGE
 const EXIT_UNAVAILABLE: i32 = 69; // EX_UNAVAILABLE
-const EXIT_BUSY: i32 = 75; // EX_TEMPFAIL
-const EXIT_LOST: i32 = 76;
+/// Busy: EX_TEMPFAIL ("try again later"), which is what it means. `-E` changes it.
+const EXIT_BUSY: i32 = 75;
+/// Lease lost while CMD ran. Outside sysexits' 64..=78 (76 is EX_PROTOCOL, which this
+/// used to be) and below the shell's 126..; `--lost-exit-code` changes it.
+const EXIT_LOST: i32 = 79;
 const EXIT_CANNOT_EXEC: i32 = 126;
 const EXIT_NOT_FOUND: i32 = 127;
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
-const USAGE: &str = "\
-redis-lock: distributed locks from the shell, on the redis-lock module
+const EXIT_HELP: &str = "\
+Exit codes:
+  0    success (run: CMD exited 0)
+  n    run: CMD's own exit code; 128+N when CMD died of signal N
+  1    release/extend: not held by this token; info: the lock is free
+  64   usage error (EX_USAGE)
+  69   server unreachable, TLS or authentication failure, or an error reply (EX_UNAVAILABLE)
+  75   busy: not acquired within --wait (EX_TEMPFAIL); -E/--conflict-exit-code changes it
+  79   run: the lease was lost while CMD ran; --lost-exit-code changes it
+  126  run: CMD is not executable     127  run: CMD not found
 
-USAGE:
-  redis-lock run     [OPTIONS] NAME -- CMD [ARGS...]
-        take NAME, run CMD while renewing the lease, release when CMD exits, and exit
-        with CMD's exit code. Busy: exit 75 without running CMD. Lease lost while CMD
-        runs: SIGTERM to CMD (SIGKILL after --grace), exit 76. CMD gets REDIS_LOCK_NAME,
-        REDIS_LOCK_TOKEN and REDIS_LOCK_FENCE (empty when there is no fence).
-  redis-lock acquire [OPTIONS] NAME
-        take NAME for --ttl and print REDIS_LOCK_TOKEN=... and REDIS_LOCK_FENCE=...
-        (for eval in a shell); busy: exit 75
-  redis-lock release [OPTIONS] NAME [TOKEN]
-        release (TOKEN defaults to $REDIS_LOCK_TOKEN); exit 1 if TOKEN did not hold it
-  redis-lock extend  [OPTIONS] NAME [TOKEN]
-        set the lease to --ttl from now; exit 1 if TOKEN does not hold it
-  redis-lock info    [OPTIONS] NAME
-        show LOCK.INFO; exit 1 if the lock is free
+Environment:
+  REDIS_LOCK_URL, REDIS_URL            server URL when --url is not given (in this order)
+  REDIS_LOCK_PASSWORD, REDISCLI_AUTH   password (kept out of the URL, where ps shows it)
+  REDIS_LOCK_USER                      ACL user name (--user)
+  REDIS_LOCK_TOKEN                     release/extend: the token when none is given
 
-OPTIONS (before NAME):
-  --url URL           server, default $REDIS_LOCK_URL or redis://127.0.0.1:6379
-                      (a Redis Cluster node works too: commands are routed by key)
-  --nodes URL,URL,..  Redlock over these independent servers instead of --url
-  --ttl MS            lease length, default 30000
-  --wait MS           wait up to MS for a busy lock, default 0 (do not wait)
-  --owner LABEL       label shown by LOCK.INFO, default <hostname>:<pid>
-  --token TOKEN       (acquire) hold the lock with this token instead of a random one
-  --max-hold MS       (run) cap on the total hold time, default 86400000 (24 h)
-  --grace MS          (run) time between SIGTERM and SIGKILL, default 10000
-  --timeout MS        limit for one network call, default 2000
-  -q, --quiet         print errors only;  -v, --verbose: print debug lines
-  -h, --help          this text;  -V, --version
+Durations: 500ms, 10s, 1.5 (seconds), 2m, 1h.";
 
-EXIT CODES:
-  0 ok (run: CMD's own exit code; 128+N when CMD died of signal N)
-  1 release/extend: not held by TOKEN; info: the lock is free
-  64 usage error    69 server unreachable or error    75 busy (not acquired)
-  76 lease lost while CMD ran    126 CMD not executable    127 CMD not found
-";
+const RUN_HELP: &str = "\
+Examples:
+  redis-lock run daily-report -- /usr/local/bin/daily-report
+  redis-lock run -w 10s deploy -c 'make deploy && make smoke-test'
+  redis-lock run job --ttl 5s -- sh -c 'echo fence $REDIS_LOCK_FENCE'
+  0 3 * * * redis-lock run -q --url redis://lock-host:6379 --ttl 60s daily-report -- /usr/local/bin/daily-report
+
+CMD gets REDIS_LOCK_NAME, REDIS_LOCK_TOKEN and REDIS_LOCK_FENCE (empty when there is no
+fence) in its environment and runs in a process group of its own. The lease is renewed
+every third of --ttl. If it is lost (a renewal answered 0 or failed, the lease ran out,
+or --max-hold was reached), CMD's group gets SIGTERM, SIGKILL after --grace, and
+redis-lock exits 79. SIGTERM, SIGINT and SIGHUP sent to redis-lock are passed to CMD.";
+
+/// Distributed locks from the shell, on the redis-lock module (flock(1) across machines).
+#[derive(Parser, Debug)]
+#[command(name = "redis-lock", version, after_help = EXIT_HELP, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Options every subcommand takes, anywhere on the command line.
+#[derive(ClapArgs, Debug)]
+struct Global {
+    /// Server: redis://[user@]host:port[/db], or rediss://... for TLS (rediss://...#insecure
+    /// skips the certificate check). A Redis Cluster node works too: commands are routed by
+    /// key. Default: $REDIS_LOCK_URL, then $REDIS_URL, then redis://127.0.0.1:6379
+    #[arg(long, global = true, value_name = "URL")]
+    url: Option<String>,
+    /// Redlock over these independent servers instead of --url
+    #[arg(long, global = true, value_name = "URL,URL,...", value_delimiter = ',')]
+    nodes: Vec<String>,
+    /// ACL user; the password comes from $REDIS_LOCK_PASSWORD or $REDISCLI_AUTH
+    #[arg(long, global = true, value_name = "USER", env = "REDIS_LOCK_USER")]
+    user: Option<String>,
+    /// PEM file of the CA certificate(s) to trust for rediss:// (default: the system's)
+    #[arg(long, global = true, value_name = "FILE")]
+    cacert: Option<PathBuf>,
+    /// Limit for one network call
+    #[arg(long, global = true, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Print errors only
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    /// Print debug lines on stderr
+    #[arg(short, long, global = true, conflicts_with = "quiet")]
+    verbose: bool,
+}
+
+/// How to take the lock (run and acquire).
+#[derive(ClapArgs, Debug, Clone)]
+struct LockArgs {
+    /// Lease length
+    #[arg(short = 't', long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Wait up to DURATION for a busy lock (the module's FIFO queue; retries for --nodes)
+    #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "nonblock")]
+    wait: Option<Duration>,
+    /// Fail at once when the lock is busy (the default)
+    #[arg(short = 'n', long)]
+    nonblock: bool,
+    /// Label shown by LOCK.INFO [default: <hostname>:<pid>]
+    #[arg(long, value_name = "LABEL")]
+    owner: Option<String>,
+    /// Exit code when the lock is busy
+    #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_BUSY,
+          value_parser = clap::value_parser!(i32).range(0..=255))]
+    busy_code: i32,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Take NAME, run CMD while renewing the lease, release when CMD exits, exit with
+    /// CMD's exit code (busy: exit 75 without running CMD)
+    #[command(after_help = RUN_HELP)]
+    Run(RunArgs),
+    /// Take NAME and print REDIS_LOCK_TOKEN=... and REDIS_LOCK_FENCE=... (for eval in a
+    /// shell), or JSON with --json; busy: exit 75
+    Acquire(AcquireArgs),
+    /// Release NAME held by TOKEN; exit 1 if TOKEN did not hold it
+    Release(TokenArgs),
+    /// Set the lease of NAME held by TOKEN to --ttl from now; exit 1 if not held by TOKEN
+    Extend(ExtendArgs),
+    /// Show LOCK.INFO of NAME; exit 1 if the lock is free
+    Info(InfoArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(ClapArgs, Debug)]
+struct RunArgs {
+    /// Lock name (the Redis key)
+    name: String,
+    #[command(flatten)]
+    lock: LockArgs,
+    /// Cap on the total hold time: renewal stops there and the lease runs out
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+    max_hold: Duration,
+    /// Time between SIGTERM and SIGKILL when the lease is lost
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    grace: Duration,
+    /// Exit code when the lease is lost while CMD runs
+    #[arg(long = "lost-exit-code", value_name = "N", default_value_t = EXIT_LOST,
+          value_parser = clap::value_parser!(i32).range(0..=255))]
+    lost_code: i32,
+    /// Run this string with /bin/sh -c instead of CMD
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "SHELL_COMMAND",
+        conflicts_with = "cmd"
+    )]
+    shell: Option<OsString>,
+    /// The command and its arguments (after --, or after NAME)
+    #[arg(
+        value_name = "CMD",
+        trailing_var_arg = true,
+        required_unless_present = "shell"
+    )]
+    cmd: Vec<OsString>,
+}
+
+#[derive(ClapArgs, Debug)]
+struct AcquireArgs {
+    /// Lock name (the Redis key)
+    name: String,
+    #[command(flatten)]
+    lock: LockArgs,
+    /// Hold the lock with this token instead of a random one
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
+    /// Print {"name", "token", "fence"} as JSON (the fence as a decimal string)
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(ClapArgs, Debug)]
+struct TokenArgs {
+    /// Lock name (the Redis key)
+    name: String,
+    /// The holder's token
+    #[arg(env = "REDIS_LOCK_TOKEN", hide_env_values = true)]
+    token: String,
+}
+
+#[derive(ClapArgs, Debug)]
+struct ExtendArgs {
+    /// Lock name (the Redis key)
+    name: String,
+    /// The holder's token
+    #[arg(env = "REDIS_LOCK_TOKEN", hide_env_values = true)]
+    token: String,
+    /// New lease, from now
+    #[arg(short = 't', long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+}
+
+#[derive(ClapArgs, Debug)]
+struct InfoArgs {
+    /// Lock name (the Redis key)
+    name: String,
+    /// Print the fields as JSON (the fence as a decimal string)
+    #[arg(long)]
+    json: bool,
+}
+
+/// `500ms`, `10s`, `1.5` (seconds), `2m`, `1h`.
+fn parse_duration(v: &str) -> Result<Duration, String> {
+    let v = v.trim();
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{v:?} is not a duration (e.g. 500ms, 10s, 1.5, 2m, 1h)"))?;
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "" | "s" | "sec" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        other => return Err(format!("unknown unit {other:?} in {v:?} (ms, s, m or h)")),
+    };
+    let secs = n * scale;
+    if !secs.is_finite() || !(0.0..=315_360_000.0).contains(&secs) {
+        return Err(format!("{v:?} is out of range"));
+    }
+    if unit.is_empty() && n >= 1000.0 {
+        // Until 0.1 the options took milliseconds: say what a bare number means now.
+        eprintln!(
+            "redis-lock: note: a bare number is seconds ({v} s); write {v}ms for milliseconds"
+        );
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// `url` with the user and password set (from the environment, so that `ps` does not
+/// show them).
+fn with_credentials(
+    url: &str,
+    user: Option<&str>,
+    password: Option<&str>,
+) -> Result<String, String> {
+    if user.is_none() && password.is_none() {
+        return Ok(url.to_string());
+    }
+    let mut u = url::Url::parse(url).map_err(|e| format!("{url}: {e}"))?;
+    if let Some(user) = user {
+        u.set_username(user)
+            .map_err(|_| format!("{url}: cannot carry a user name"))?;
+    }
+    if let Some(pw) = password {
+        if u.password().is_none() {
+            u.set_password(Some(pw))
+                .map_err(|_| format!("{url}: cannot carry a password"))?;
+        }
+    }
+    Ok(u.to_string())
+}
+
+fn env_nonempty(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
 
 // ------------------------------------------------------------------------------------
 // Logging to stderr
@@ -82,7 +295,7 @@ impl log::Log for StderrLog {
 }
 
 // ------------------------------------------------------------------------------------
-// Arguments
+// The settings a subcommand runs with, resolved from the command line and environment
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sub {
@@ -98,6 +311,7 @@ struct Args {
     sub: Sub,
     url: String,
     nodes: Option<Vec<String>>,
+    cacert: Option<PathBuf>,
     ttl: Duration,
     wait: Option<Duration>,
     owner: Option<String>,
@@ -108,170 +322,141 @@ struct Args {
     verbosity: log::LevelFilter,
     name: String,
     rest: Vec<OsString>,
+    busy_code: i32,
+    lost_code: i32,
+    json: bool,
 }
 
+#[derive(Debug)]
 enum Parsed {
     Args(Box<Args>),
-    Help,
-    Version,
+    Completions(clap_complete::Shell),
 }
 
-fn ms(opt: &str, v: &str) -> Result<Duration, String> {
-    v.parse::<u64>()
-        .map(Duration::from_millis)
-        .map_err(|_| format!("{opt} wants milliseconds, got {v:?}"))
-}
-
-fn parse(argv: Vec<OsString>) -> Result<Parsed, String> {
-    let mut it = argv.into_iter().skip(1).peekable();
-    let mut sub = None;
+fn resolve(cli: Cli) -> Result<Parsed, String> {
+    let g = cli.global;
+    let password = env_nonempty("REDIS_LOCK_PASSWORD").or_else(|| env_nonempty("REDISCLI_AUTH"));
+    let nodes: Vec<String> = g
+        .nodes
+        .iter()
+        .map(|n| n.trim())
+        .filter(|n| !n.is_empty())
+        .map(|n| with_credentials(n, g.user.as_deref(), password.as_deref()))
+        .collect::<Result<_, _>>()?;
+    if !g.nodes.is_empty() && nodes.is_empty() {
+        return Err("--nodes needs at least one URL".into());
+    }
+    if g.url.is_some() && !nodes.is_empty() {
+        return Err("give either --url or --nodes, not both".into());
+    }
+    let url = g
+        .url
+        .or_else(|| env_nonempty("REDIS_LOCK_URL"))
+        .or_else(|| env_nonempty("REDIS_URL"))
+        .unwrap_or_else(|| DEFAULT_URL.into());
+    let url = with_credentials(&url, g.user.as_deref(), password.as_deref())?;
+    if g.timeout.is_zero() {
+        return Err("--timeout must be positive".into());
+    }
     let mut a = Args {
-        sub: Sub::Run,
-        url: std::env::var("REDIS_LOCK_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| DEFAULT_URL.into()),
-        nodes: None,
-        ttl: Duration::from_millis(30_000),
+        sub: Sub::Info,
+        url,
+        nodes: (!nodes.is_empty()).then_some(nodes),
+        cacert: g.cacert,
+        ttl: Duration::from_secs(30),
         wait: None,
         owner: None,
         token: None,
-        max_hold: Duration::from_millis(86_400_000),
-        grace: Duration::from_millis(10_000),
-        timeout: Duration::from_millis(2_000),
-        verbosity: log::LevelFilter::Info,
+        max_hold: Duration::from_secs(86_400),
+        grace: Duration::from_secs(10),
+        timeout: g.timeout,
+        verbosity: if g.quiet {
+            log::LevelFilter::Error
+        } else if g.verbose {
+            log::LevelFilter::Debug
+        } else {
+            log::LevelFilter::Info
+        },
         name: String::new(),
         rest: Vec::new(),
+        busy_code: EXIT_BUSY,
+        lost_code: EXIT_LOST,
+        json: false,
     };
-    let mut url_given = false;
-    let mut name = None;
-    while let Some(raw) = it.next() {
-        let s = raw
-            .to_str()
-            .ok_or_else(|| format!("argument {raw:?} is not UTF-8"))?
-            .to_string();
-        if s == "-h" || s == "--help" {
-            return Ok(Parsed::Help);
-        }
-        if s == "-V" || s == "--version" {
-            return Ok(Parsed::Version);
-        }
-        if s == "-q" || s == "--quiet" {
-            a.verbosity = log::LevelFilter::Error;
-            continue;
-        }
-        if s == "-v" || s == "--verbose" {
-            a.verbosity = log::LevelFilter::Debug;
-            continue;
-        }
-        if let Some(opt) = s.strip_prefix("--").filter(|o| !o.is_empty()) {
-            let (key, inline) = match opt.split_once('=') {
-                Some((k, v)) => (k.to_string(), Some(v.to_string())),
-                None => (opt.to_string(), None),
-            };
-            let mut value = || -> Result<String, String> {
-                match &inline {
-                    Some(v) => Ok(v.clone()),
-                    None => it
-                        .next()
-                        .and_then(|v| v.into_string().ok())
-                        .ok_or_else(|| format!("--{key} needs a value")),
-                }
-            };
-            match key.as_str() {
-                "url" => {
-                    a.url = value()?;
-                    url_given = true;
-                }
-                "nodes" => {
-                    let v = value()?;
-                    let nodes: Vec<String> = v
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|n| !n.is_empty())
-                        .map(String::from)
-                        .collect();
-                    if nodes.is_empty() {
-                        return Err("--nodes needs at least one URL".into());
-                    }
-                    a.nodes = Some(nodes);
-                }
-                "ttl" => a.ttl = ms("--ttl", &value()?)?,
-                "wait" => {
-                    let w = ms("--wait", &value()?)?;
-                    a.wait = (!w.is_zero()).then_some(w);
-                }
-                "owner" => a.owner = Some(value()?),
-                "token" => a.token = Some(value()?),
-                "max-hold" => a.max_hold = ms("--max-hold", &value()?)?,
-                "grace" => a.grace = ms("--grace", &value()?)?,
-                "timeout" => a.timeout = ms("--timeout", &value()?)?,
-                _ => return Err(format!("unknown option --{key}")),
-            }
-            continue;
-        }
-        if s.starts_with('-') && s.len() > 1 {
-            return Err(format!("unknown option {s}"));
-        }
-        if sub.is_none() {
-            sub = Some(match s.as_str() {
-                "run" => Sub::Run,
-                "acquire" => Sub::Acquire,
-                "release" => Sub::Release,
-                "extend" => Sub::Extend,
-                "info" => Sub::Info,
-                _ => return Err(format!("unknown subcommand {s:?}")),
-            });
-            continue;
-        }
-        name = Some(s);
-        break;
-    }
-    let Some(sub) = sub else {
-        return Err("no subcommand given".into());
+    let lock = |a: &mut Args, l: LockArgs| {
+        a.ttl = l.ttl;
+        a.wait = if l.nonblock {
+            None
+        } else {
+            l.wait.filter(|w| !w.is_zero())
+        };
+        a.owner = l.owner;
+        a.busy_code = l.busy_code;
     };
-    a.sub = sub;
-    a.name = name.ok_or("no lock NAME given")?;
-    if url_given && a.nodes.is_some() {
-        return Err("give either --url or --nodes, not both".into());
-    }
-    if a.ttl.is_zero() || a.max_hold.is_zero() || a.timeout.is_zero() {
-        return Err("--ttl, --max-hold and --timeout must be positive".into());
-    }
-    let mut rest: Vec<OsString> = it.collect();
-    match sub {
-        Sub::Run => {
-            if rest.first().is_some_and(|r| r == "--") {
-                rest.remove(0);
-            }
-            if rest.is_empty() {
+    match cli.cmd {
+        Cmd::Run(r) => {
+            a.sub = Sub::Run;
+            a.name = r.name;
+            lock(&mut a, r.lock);
+            a.max_hold = r.max_hold;
+            a.grace = r.grace;
+            a.lost_code = r.lost_code;
+            a.rest = match r.shell {
+                Some(s) => vec!["/bin/sh".into(), "-c".into(), s],
+                None => r.cmd,
+            };
+            if a.rest.is_empty() {
                 return Err("run needs a command: redis-lock run NAME -- CMD [ARGS...]".into());
             }
         }
-        Sub::Release | Sub::Extend => {
-            if rest.len() > 1 {
-                return Err("too many arguments".into());
-            }
-            if let Some(t) = rest.pop() {
-                a.token = Some(t.into_string().map_err(|_| "TOKEN is not UTF-8")?);
-            }
-            if a.token.is_none() {
-                a.token = std::env::var("REDIS_LOCK_TOKEN")
-                    .ok()
-                    .filter(|t| !t.is_empty());
-            }
-            if a.token.is_none() {
-                return Err("no TOKEN given (argument or $REDIS_LOCK_TOKEN)".into());
-            }
+        Cmd::Acquire(q) => {
+            a.sub = Sub::Acquire;
+            a.name = q.name;
+            lock(&mut a, q.lock);
+            a.token = q.token;
+            a.json = q.json;
         }
-        Sub::Acquire | Sub::Info => {
-            if !rest.is_empty() {
-                return Err("too many arguments".into());
-            }
+        Cmd::Release(t) => {
+            a.sub = Sub::Release;
+            a.name = t.name;
+            a.token = Some(t.token);
+        }
+        Cmd::Extend(e) => {
+            a.sub = Sub::Extend;
+            a.name = e.name;
+            a.token = Some(e.token);
+            a.ttl = e.ttl;
+        }
+        Cmd::Info(i) => {
+            a.sub = Sub::Info;
+            a.name = i.name;
+            a.json = i.json;
+        }
+        Cmd::Completions { shell } => return Ok(Parsed::Completions(shell)),
+    }
+    if a.ttl < Duration::from_millis(1) || a.max_hold < Duration::from_millis(1) {
+        return Err("--ttl and --max-hold must be at least 1ms".into());
+    }
+    if a.token.as_deref() == Some("") {
+        return Err("the token is empty".into());
+    }
+    Ok(Parsed::Args(Box::new(a)))
+}
+
+/// Parses argv; `Err((exit code, text))` for help, version and usage errors.
+fn parse(argv: Vec<OsString>) -> Result<Parsed, (i32, String)> {
+    match Cli::try_parse_from(argv) {
+        Ok(cli) => resolve(cli).map_err(|e| {
+            (
+                EXIT_USAGE,
+                format!("redis-lock: {e}\nTry 'redis-lock --help'.\n"),
+            )
+        }),
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            Err((code, e.render().to_string()))
         }
     }
-    a.rest = rest;
-    Ok(Parsed::Args(Box::new(a)))
 }
 
 // ------------------------------------------------------------------------------------
@@ -367,16 +552,19 @@ async fn cmd_acquire(a: &Args, locker: &Locker) -> i32 {
     match locker.acquire(&a.name, &acquire_options(a, false)).await {
         Ok(Some(guard)) => {
             let (token, fence) = guard.detach();
-            println!("REDIS_LOCK_TOKEN={}", shell_quote(&token));
-            println!(
-                "REDIS_LOCK_FENCE={}",
-                fence.map(|f| f.to_string()).unwrap_or_default()
-            );
+            let fence = fence.map(|f| f.to_string());
+            if a.json {
+                let v = serde_json::json!({ "name": a.name, "token": token, "fence": fence });
+                println!("{v}");
+            } else {
+                println!("REDIS_LOCK_TOKEN={}", shell_quote(&token));
+                println!("REDIS_LOCK_FENCE={}", fence.unwrap_or_default());
+            }
             0
         }
         Ok(None) => {
             log::info!("{}", locker.busy_message(&a.name));
-            EXIT_BUSY
+            a.busy_code
         }
         Err(e) => {
             log::error!("{e}");
@@ -412,16 +600,44 @@ fn print_info(info: &redis_lock_client::LockInfo, indent: &str) {
     }
 }
 
+/// LOCK.INFO fields as a JSON object: integers as numbers, except the fence, which is a
+/// decimal string (it may exceed 2^53, where JSON readers such as JavaScript and jq
+/// round numbers).
+fn info_json(info: Option<&redis_lock_client::LockInfo>) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    m.insert("held".into(), info.is_some().into());
+    for (k, v) in info.map(|i| i.fields.as_slice()).unwrap_or_default() {
+        let value = match v {
+            None => serde_json::Value::Null,
+            Some(s) if k != "fence" => s
+                .parse::<i64>()
+                .map(serde_json::Value::from)
+                .unwrap_or_else(|_| s.clone().into()),
+            Some(s) => s.clone().into(),
+        };
+        m.insert(k.clone(), value);
+    }
+    serde_json::Value::Object(m)
+}
+
 async fn cmd_info(a: &Args, locker: &Locker) -> i32 {
     match locker {
         Locker::Single(c) => match c.info(&a.name).await {
-            Ok(Some(info)) => {
-                print_info(&info, "");
-                0
-            }
-            Ok(None) => {
-                println!("free");
-                EXIT_NOT_HELD
+            Ok(info) => {
+                if a.json {
+                    let mut v = info_json(info.as_ref());
+                    v["name"] = a.name.clone().into();
+                    println!("{v}");
+                } else if let Some(info) = &info {
+                    print_info(info, "");
+                } else {
+                    println!("free");
+                }
+                if info.is_some() {
+                    0
+                } else {
+                    EXIT_NOT_HELD
+                }
             }
             Err(e) => {
                 log::error!("{e}");
@@ -430,16 +646,31 @@ async fn cmd_info(a: &Args, locker: &Locker) -> i32 {
         },
         Locker::Quorum(q) => {
             let mut held = 0;
+            let mut nodes = Vec::new();
             for (url, r) in q.info(&a.name).await {
-                println!("{url}:");
                 match r {
-                    Ok(Some(info)) => {
-                        held += 1;
-                        print_info(&info, "  ");
+                    Ok(info) => {
+                        held += usize::from(info.is_some());
+                        if a.json {
+                            let mut v = info_json(info.as_ref());
+                            v["url"] = url.into();
+                            nodes.push(v);
+                        } else {
+                            println!("{url}:");
+                            match &info {
+                                Some(info) => print_info(info, "  "),
+                                None => println!("  free"),
+                            }
+                        }
                     }
-                    Ok(None) => println!("  free"),
-                    Err(e) => println!("  error: {e}"),
+                    Err(e) if a.json => {
+                        nodes.push(serde_json::json!({ "url": url, "error": e.to_string() }))
+                    }
+                    Err(e) => println!("{url}:\n  error: {e}"),
                 }
+            }
+            if a.json {
+                println!("{}", serde_json::json!({ "name": a.name, "nodes": nodes }));
             }
             if held > 0 {
                 0
@@ -481,7 +712,7 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
         Ok(Some(g)) => g,
         Ok(None) => {
             log::info!("{}; not running the command", locker.busy_message(&a.name));
-            return EXIT_BUSY;
+            return a.busy_code;
         }
         Err(e) => {
             log::error!("{e}");
@@ -555,7 +786,7 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
                     let _ = child.wait().await;
                 }
                 release_quietly(guard, &a.name).await;
-                return EXIT_LOST;
+                return a.lost_code;
             }
             _ = term.recv() => signal_group(pgid, libc::SIGTERM),
             _ = int.recv() => signal_group(pgid, libc::SIGINT),
@@ -585,20 +816,34 @@ fn main() {
     log::set_max_level(log::LevelFilter::Info);
     let args = match parse(std::env::args_os().collect()) {
         Ok(Parsed::Args(a)) => a,
-        Ok(Parsed::Help) => {
-            print!("{USAGE}");
+        Ok(Parsed::Completions(shell)) => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "redis-lock",
+                &mut std::io::stdout(),
+            );
             std::process::exit(0);
         }
-        Ok(Parsed::Version) => {
-            println!("redis-lock {}", env!("CARGO_PKG_VERSION"));
-            std::process::exit(0);
-        }
-        Err(e) => {
-            eprintln!("redis-lock: {e}\nTry 'redis-lock --help'.");
-            std::process::exit(EXIT_USAGE);
+        Err((code, text)) => {
+            if code == 0 {
+                print!("{text}");
+            } else {
+                eprint!("{text}");
+            }
+            std::process::exit(code);
         }
     };
     log::set_max_level(args.verbosity);
+    if let Some(ca) = &args.cacert {
+        if !ca.is_file() {
+            eprintln!("redis-lock: --cacert {}: no such file", ca.display());
+            std::process::exit(EXIT_USAGE);
+        }
+        // rustls loads the roots it trusts from SSL_CERT_FILE when it is set. Set before
+        // the runtime (and any other thread) starts.
+        std::env::set_var("SSL_CERT_FILE", ca);
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -619,7 +864,7 @@ fn main() {
 mod tests {
     use super::*;
 
-    fn p(args: &[&str]) -> Result<Parsed, String> {
+    fn p(args: &[&str]) -> Result<Parsed, (i32, String)> {
         let mut v = vec![OsString::from("redis-lock")];
         v.extend(args.iter().map(OsString::from));
         parse(v)
@@ -628,41 +873,75 @@ mod tests {
     fn args(a: &[&str]) -> Args {
         match p(a) {
             Ok(Parsed::Args(a)) => *a,
-            Ok(_) => panic!("help/version"),
-            Err(e) => panic!("{e}"),
+            Ok(other) => panic!("{other:?}"),
+            Err((_, e)) => panic!("{e}"),
         }
     }
 
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
     #[test]
-    fn parses_run() {
-        let a = args(&[
-            "run",
-            "--url",
-            "redis://h:1",
-            "--ttl=500",
-            "--wait",
-            "100",
-            "job",
-            "--",
-            "sh",
-            "-c",
-            "exit 3",
-        ]);
-        assert_eq!(a.sub, Sub::Run);
+    fn options_anywhere() {
+        for argv in [
+            &["run", "job", "--ttl", "5s", "--", "sh", "-c", "exit 3"][..],
+            &["run", "--ttl", "5s", "job", "--", "sh", "-c", "exit 3"],
+            &["run", "job", "-t", "5", "sh", "-c", "exit 3"],
+        ] {
+            let a = args(argv);
+            assert_eq!(a.sub, Sub::Run);
+            assert_eq!(a.name, "job");
+            assert_eq!(a.ttl, ms(5000));
+            assert_eq!(a.rest, vec!["sh", "-c", "exit 3"], "{argv:?}");
+        }
+        let a = args(&["run", "job", "--url", "redis://h:1", "-q", "--", "true"]);
         assert_eq!(a.url, "redis://h:1");
-        assert_eq!(a.ttl, Duration::from_millis(500));
-        assert_eq!(a.wait, Some(Duration::from_millis(100)));
-        assert_eq!(a.name, "job");
-        assert_eq!(a.rest, vec!["sh", "-c", "exit 3"]);
-        let a = args(&["run", "--nodes", "redis://a,redis://b,,", "job", "true"]);
-        assert_eq!(a.nodes.unwrap(), vec!["redis://a", "redis://b"]);
-        assert_eq!(a.rest, vec!["true"]);
-        assert_eq!(args(&["run", "--wait", "0", "j", "--", "x"]).wait, None);
+        assert_eq!(a.verbosity, log::LevelFilter::Error);
+        let a = args(&["--url", "redis://h:2", "info", "k", "--json"]);
+        assert_eq!(
+            (a.url.as_str(), a.json, a.sub),
+            ("redis://h:2", true, Sub::Info)
+        );
+    }
+
+    #[test]
+    fn flock_forms() {
+        let a = args(&["run", "-n", "job", "-c", "make deploy"]);
+        assert_eq!(a.wait, None);
+        assert_eq!(a.rest, vec!["/bin/sh", "-c", "make deploy"]);
+        assert_eq!(args(&["run", "-w", "10s", "j", "x"]).wait, Some(ms(10_000)));
+        assert_eq!(args(&["run", "-w", "500ms", "j", "x"]).wait, Some(ms(500)));
+        assert_eq!(
+            args(&["run", "--wait", "1.5", "j", "x"]).wait,
+            Some(ms(1500))
+        );
+        assert_eq!(args(&["run", "--wait=0", "j", "x"]).wait, None);
+        assert_eq!(args(&["run", "-E", "3", "j", "x"]).busy_code, 3);
+        assert_eq!(args(&["run", "j", "x"]).busy_code, 75);
+        assert_eq!(args(&["run", "j", "x"]).lost_code, 79);
+        assert_eq!(
+            args(&["run", "--lost-exit-code", "76", "j", "x"]).lost_code,
+            76
+        );
+        assert!(p(&["run", "-n", "-w", "1s", "j", "x"]).is_err());
+        assert!(p(&["run", "j", "-c", "x", "--", "y"]).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("0.25s"), Ok(ms(250)));
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("1e999").is_err());
     }
 
     #[test]
     fn rejects_bad_usage() {
-        assert!(p(&[]).is_err());
+        assert_eq!(p(&[]).err().map(|e| e.0), Some(EXIT_USAGE));
         assert!(p(&["run", "job"]).is_err());
         assert!(p(&["run", "--ttl", "abc", "job", "--", "x"]).is_err());
         assert!(p(&["run", "--ttl", "0", "job", "--", "x"]).is_err());
@@ -670,13 +949,38 @@ mod tests {
         assert!(p(&["frob", "job"]).is_err());
         assert!(p(&["info", "job", "extra"]).is_err());
         assert!(p(&["acquire", "--bogus", "job"]).is_err());
-        assert!(matches!(p(&["--help"]), Ok(Parsed::Help)));
+        assert_eq!(p(&["--help"]).err().map(|e| e.0), Some(0));
+        let (code, help) = p(&["run", "--help"]).err().unwrap_or_default();
+        assert_eq!(code, 0);
+        assert!(
+            help.contains("--max-hold") && help.contains("REDIS_LOCK_FENCE"),
+            "{help}"
+        );
     }
 
     #[test]
-    fn token_from_argument() {
+    fn nodes_and_token() {
+        let a = args(&["run", "--nodes", "redis://a,redis://b,,", "job", "true"]);
+        assert_eq!(a.nodes.unwrap(), vec!["redis://a", "redis://b"]);
         let a = args(&["release", "job", "tok-1"]);
         assert_eq!(a.token.as_deref(), Some("tok-1"));
+    }
+
+    #[test]
+    fn credentials_go_into_the_url() {
+        assert_eq!(
+            with_credentials("redis://h:1/2", Some("app"), Some("p@ss w")).unwrap(),
+            "redis://app:p%40ss%20w@h:1/2"
+        );
+        assert_eq!(
+            with_credentials("rediss://:inurl@h:1", None, Some("env")).unwrap(),
+            "rediss://:inurl@h:1",
+            "a password in the URL wins"
+        );
+        assert_eq!(
+            with_credentials("redis://h:1", None, None).unwrap(),
+            "redis://h:1"
+        );
     }
 
     #[test]

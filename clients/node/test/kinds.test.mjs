@@ -1,0 +1,86 @@
+// Shared (SHARED) and counted (LIMIT n) locks, once per client library. These need the
+// module's next step (shared/SPEC.md, "Shared and counted locks"): `make test-node` does
+// not run this file yet. Run it by hand: cd clients/node && node --test test/kinds.test.mjs
+
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { randomUUID } from "node:crypto";
+
+import { LockClient, errorCode } from "../dist/index.js";
+import { CLIENTS, Server, raw, sleep } from "./servers.mjs";
+
+const name = () => `kind:${randomUUID().slice(0, 12)}`;
+
+/** Every fence in the raw LOCK.INFO (one per holder), as bigints. */
+async function rawFences(port, key) {
+  const out = [];
+  const walk = (v) => {
+    if (!Array.isArray(v)) return;
+    for (let i = 0; i + 1 < v.length; i++) {
+      if (v[i] === "fence" && v[i + 1]?.int) out.push(BigInt(v[i + 1].int));
+      walk(v[i + 1]);
+    }
+    v.forEach(walk);
+  };
+  walk(await raw(port, "LOCK.INFO", key));
+  return [...new Set(out)].sort((a, b) => (a < b ? -1 : 1));
+}
+
+let server;
+before(async () => {
+  server = await Server.start();
+});
+after(() => server?.close());
+
+for (const lib of CLIENTS) {
+  describe(lib.name, () => {
+    let client;
+    let locks;
+    before(async () => {
+      client = await lib.connect(server);
+      locks = new LockClient(client);
+    });
+    after(async () => {
+      await locks.close();
+      await lib.close(client);
+    });
+
+    test("readers share; a writer waits for all of them", async () => {
+      const key = name();
+      const a = await locks.acquire(key, { ttl: 10_000, shared: true });
+      const b = await locks.acquire(key, { ttl: 10_000, shared: true });
+      assert.ok(a && b);
+      if (a.fence !== undefined) assert.deepEqual(await rawFences(server.port, key), [a.fence, b.fence]);
+      const info = await locks.info(key);
+      assert.equal(String(info.mode), "shared");
+      assert.equal(Number(info.holders), 2);
+      assert.equal(await locks.acquire(key, { ttl: 10_000 }), null);
+      const writer = locks.acquire(key, { ttl: 10_000, wait: 5000 });
+      await sleep(100);
+      assert.equal(await locks.acquire(key, { shared: true }), null, "no reader barges past a queued writer");
+      await a.release();
+      await b.release();
+      const w = await writer;
+      assert.ok(w);
+      await w.release();
+    });
+
+    test("a counted lock has n permits, and a mismatched limit or mode is an error", async () => {
+      const key = name();
+      const p1 = await locks.acquire(key, { ttl: 10_000, limit: 2 });
+      const p2 = await locks.acquire(key, { ttl: 10_000, limit: 2 });
+      assert.ok(p1 && p2);
+      assert.equal(await locks.acquire(key, { limit: 2 }), null);
+      await assert.rejects(locks.acquire(key, { limit: 3 }), (e) => errorCode(e) === "LIMITMISMATCH");
+      await assert.rejects(locks.acquire(key, {}), (e) => errorCode(e) === "WRONGMODE");
+      await assert.rejects(locks.acquire(key, { shared: true }), (e) => errorCode(e) === "WRONGMODE");
+      const third = locks.acquire(key, { ttl: 10_000, limit: 2, wait: 5000 });
+      await sleep(100);
+      await p1.release();
+      const p3 = await third;
+      assert.ok(p3 && (await p3.owned()) && !(await p1.owned()));
+      await p2.release();
+      await p3.release();
+    });
+  });
+}

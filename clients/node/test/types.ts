@@ -1,0 +1,36 @@
+// Compile-time check of the published types (`npm run typecheck`): what a TypeScript
+// user writes against node-redis and ioredis must type-check without casts.
+import { createClient, createCluster } from "redis";
+import { Redis, Cluster } from "ioredis";
+import { Lock, LockClient, LockLostError, LostReason, errorCode } from "../dist/index.js";
+
+export async function usage(): Promise<bigint | undefined> {
+  const client = await createClient().connect();
+  const locks = new LockClient(client, { networkTimeout: 1000 });
+  const lock: Lock | null = await locks.acquire("k", { ttl: 1000, wait: 500, owner: "me", shared: false });
+  const fence: bigint | undefined = lock?.fence;
+  const text: string | undefined = lock?.fenceString;
+  void text;
+  const n: number = await locks.using("k", { ttl: 1000, maxHold: 5000 }, async (signal: AbortSignal, l: Lock) => {
+    if (signal.aborted) {
+      const reason: LostReason = (signal.reason as LockLostError).reason;
+      throw new Error(reason);
+    }
+    await l.extend(2000);
+    return 1;
+  });
+  void n;
+  new LockClient(createCluster({ rootNodes: [{ url: "redis://127.0.0.1:7000" }] }));
+  new LockClient(new Redis({ keyPrefix: "app:" }));
+  new LockClient(new Cluster([{ host: "127.0.0.1", port: 7000 }]));
+  const info = await locks.info("k");
+  const f2: bigint | undefined = info?.fence;
+  void f2;
+  try {
+    await locks.acquire("k", { limit: 2 });
+  } catch (e) {
+    const code: string | undefined = errorCode(e);
+    void code;
+  }
+  return fence;
+}

@@ -1,0 +1,26 @@
+"""redis-py locks on the redis-lock server module.
+
+``from redis_lock_module import Lock`` instead of ``from redis.lock import Lock`` (or
+``redis_lock_module.asyncio.Lock`` for ``redis.asyncio``): same constructor, same
+methods, same exceptions (redis-py's own ``LockError`` / ``LockNotOwnedError``), plus
+``fence``, ``owner=``, auto-renewal with a loss callback and a cap on the hold, and the
+server's FIFO wait instead of polling.
+"""
+
+from redis.exceptions import LockError, LockNotOwnedError
+
+from ._common import LOST_CAP, LOST_EXPIRED, LOST_FAILED, LOST_NOT_HELD
+from .lock import Lock, lock
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Lock",
+    "lock",
+    "LockError",
+    "LockNotOwnedError",
+    "LOST_CAP",
+    "LOST_EXPIRED",
+    "LOST_FAILED",
+    "LOST_NOT_HELD",
+]

@@ -1,0 +1,150 @@
+"""What the sync and the asyncio lock share: command arguments, reply parsing, options."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Dict, List, Optional, Union
+
+from redis.exceptions import LockError, ResponseError
+
+Number = Union[int, float]
+
+# Reasons given to an `on_lost` callback (and kept in `Lock.lost_reason`).
+LOST_NOT_HELD = "not-held"  # a renewal was answered 0: expired, or LOCK.FORCERELEASE
+LOST_FAILED = "failed"  # renewals failed (connection errors, error replies) until the lease ran out
+LOST_EXPIRED = "expired"  # the lease deadline passed with no successful renewal
+LOST_CAP = "cap-reached"  # max_hold reached: renewal stopped and the lease ran out
+
+
+def new_token() -> bytes:
+    return uuid.uuid4().hex.encode()
+
+
+def to_bytes(v: Any) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode()
+    return str(v).encode()
+
+
+def to_str(v: Any) -> Any:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def ms(seconds: Number) -> int:
+    """Seconds (int or float) to whole milliseconds, at least 1."""
+    return max(1, int(round(seconds * 1000)))
+
+
+def acquire_args(
+    name: Any,
+    token: bytes,
+    timeout: Optional[Number],
+    owner: Optional[str],
+    shared: bool,
+    limit: Optional[int],
+    block_ms: Optional[int],
+) -> List[Any]:
+    args: List[Any] = ["LOCK.ACQUIRE", name]
+    if shared:
+        args.append("SHARED")
+    if limit is not None:
+        args += ["LIMIT", limit]
+    if timeout is not None:
+        args += ["PX", ms(timeout)]
+    args += ["TOKEN", token]
+    if owner is not None:
+        args += ["OWNER", owner]
+    if block_ms is not None:
+        args += ["BLOCK", block_ms]
+    return args
+
+
+def parse_grant(reply: Any, token: bytes) -> Optional[int]:
+    """The fence of a LOCK.ACQUIRE reply, None when not acquired."""
+    if reply is None:
+        return None
+    if isinstance(reply, (list, tuple)) and len(reply) == 2:
+        if to_bytes(reply[0]) != token:
+            raise LockError("LOCK.ACQUIRE granted a token other than the one sent")
+        fence = reply[1]
+        if isinstance(fence, (bytes, str)):
+            fence = int(fence)
+        if isinstance(fence, int) and not isinstance(fence, bool) and fence > 0:
+            return fence
+    raise LockError(f"unexpected LOCK.ACQUIRE reply {reply!r}")
+
+
+def parse_info(reply: Any) -> Optional[Dict[str, Any]]:
+    """LOCK.INFO as a dict with str keys (RESP2 flat list or RESP3 map); None when free."""
+    if reply is None:
+        return None
+    if isinstance(reply, dict):
+        items = list(reply.items())
+    elif isinstance(reply, (list, tuple)):
+        items = [(reply[i], reply[i + 1]) for i in range(0, len(reply) - 1, 2)]
+    else:
+        raise LockError(f"unexpected LOCK.INFO reply {reply!r}")
+    out: Dict[str, Any] = {}
+    for k, v in items:
+        k = to_str(k)
+        if k == "holder-list" and isinstance(v, (list, tuple)):
+            v = [parse_info(h) if isinstance(h, (dict, list, tuple)) else h for h in v]
+        else:
+            v = to_str(v)
+        out[k] = v
+    return out
+
+
+def holder_ttl(info: Optional[Dict[str, Any]], fence: Optional[int]) -> Optional[int]:
+    """The TTL (ms) of the holder with `fence` in a parsed LOCK.INFO, None if not a holder."""
+    if info is None or fence is None:
+        return None
+    holders = info.get("holder-list")
+    if isinstance(holders, list):
+        for h in holders:
+            if isinstance(h, dict) and _int(h.get("fence")) == fence:
+                return _int(h.get("ttl"))
+        return None
+    if _int(info.get("fence")) == fence:
+        return _int(info.get("ttl"))
+    return None
+
+
+def _int(v: Any) -> Optional[int]:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def is_moved(e: BaseException) -> bool:
+    """A cluster redirection (redis-py parses MOVED/ASK into their own classes)."""
+    try:
+        from redis.exceptions import AskError, MovedError
+    except ImportError:  # pragma: no cover - very old redis-py
+        return isinstance(e, ResponseError) and str(e).startswith(("MOVED ", "ASK "))
+    return isinstance(e, (MovedError, AskError))
+
+
+def check_options(
+    timeout: Optional[Number],
+    shared: bool,
+    limit: Optional[int],
+    auto_renew: bool,
+    max_hold: Optional[Number],
+    network_timeout: Number,
+) -> None:
+    if timeout is not None and timeout <= 0:
+        raise ValueError("timeout must be positive (or None for the server's lock.default-ttl)")
+    if shared and limit is not None:
+        raise ValueError("a lock is either shared or counted (limit=), not both")
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ValueError("limit must be an integer >= 1")
+    if max_hold is not None and max_hold <= 0:
+        raise ValueError("max_hold must be positive")
+    if max_hold is not None and not auto_renew:
+        raise ValueError("max_hold caps auto-renewal: pass auto_renew=True with it")
+    if network_timeout <= 0:
+        raise ValueError("network_timeout must be positive")

@@ -1,0 +1,126 @@
+"""The asyncio Lock against a real server (each test runs its own event loop)."""
+
+import asyncio
+import socket
+import time
+
+import pytest
+import redis.asyncio as aredis
+from redis.exceptions import LockError, LockNotOwnedError
+
+from redis_lock_module import LOST_CAP, LOST_NOT_HELD
+from redis_lock_module.asyncio import Lock
+from servers import raw_fence
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_api_and_exact_fences(server, key):
+    async def main():
+        r = aredis.Redis(port=server.port)
+        fences = []
+        for _ in range(10):
+            lock = r.lock(key, timeout=5, lock_class=Lock)
+            async with lock:
+                assert await lock.owned() and await lock.locked()
+                assert lock.fence == raw_fence(server.port, key)
+                fences.append(lock.fence)
+                assert not await Lock(r, key).acquire(blocking=False)
+                assert await lock.extend(10)
+                assert 14_000 < await r.pttl(key) <= 15_000
+                assert await lock.reacquire()
+                assert 4_000 < await r.pttl(key) <= 5_000
+        assert all(a < b for a, b in zip(fences, fences[1:]))
+        with pytest.raises(LockError):
+            await lock.release()
+        lock = Lock(r, key, timeout=5)
+        assert await lock.acquire(token="tok-1")
+        await r.execute_command("LOCK.FORCERELEASE", key)
+        with pytest.raises(LockNotOwnedError):
+            await lock.release()
+        await r.aclose()
+
+    run(main())
+
+
+def test_block_hand_off(server, key):
+    async def main():
+        r = aredis.Redis(port=server.port)
+        holder = Lock(r, key, timeout=10)
+        assert await holder.acquire()
+        first = holder.fence
+        waiter = Lock(r, key, timeout=10)
+        task = asyncio.ensure_future(waiter.acquire(blocking_timeout=5))
+        while int((await holder.info())["waiters"]) < 1:
+            await asyncio.sleep(0.01)
+        # The client's own connections stay usable while the waiter blocks.
+        assert await r.ping()
+        t0 = time.monotonic()
+        await holder.release()
+        assert await task
+        assert time.monotonic() - t0 < 1
+        assert waiter.fence > first and waiter.fence == raw_fence(server.port, key)
+        await waiter.release()
+        # A wait that times out leaves no waiter behind.
+        assert await holder.acquire()
+        t0 = time.monotonic()
+        assert not await Lock(r, key).acquire(blocking_timeout=0.3)
+        assert 0.29 <= time.monotonic() - t0 < 1.5
+        assert int((await holder.info())["waiters"]) == 0
+        await holder.release()
+        await r.aclose()
+
+    run(main())
+
+
+def test_no_orphan_after_a_client_side_timeout(own_server, key):
+    async def main():
+        r = aredis.Redis(port=own_server.port, socket_timeout=10)
+        await r.execute_command("LOCK.ACQUIRE", key, "PX", "300", "TOKEN", "holder")
+        before = int((await r.info("lock"))["lock_handed_off"])
+        lock = Lock(r, key, timeout=30, network_timeout=1.0)
+        task = asyncio.ensure_future(lock.acquire(blocking_timeout=1.0))
+        await asyncio.sleep(0.1)
+        own_server.stop()
+        await asyncio.sleep(2.4)  # past BLOCK + network_timeout, within the grace after it
+        own_server.cont()
+        assert await task is False
+        assert int((await r.info("lock"))["lock_handed_off"]) == before + 1
+        assert await lock.info() is None, "the late grant was released at once"
+        second = Lock(r, key, timeout=5)
+        assert await second.acquire(blocking=False)
+        await second.release()
+        await r.aclose()
+
+    run(main())
+
+
+def test_auto_renewal_loss_and_cap(server, key):
+    async def main():
+        r = aredis.Redis(port=server.port)
+        reasons = []
+
+        async def on_lost(lk, why):
+            reasons.append(why)
+
+        lock = Lock(r, key, timeout=0.3, auto_renew=True, on_lost=on_lost)
+        assert await lock.acquire()
+        for _ in range(10):
+            await asyncio.sleep(0.1)
+            assert await lock.owned()
+        await r.execute_command("LOCK.FORCERELEASE", key)
+        assert await lock.wait_lost(2) == LOST_NOT_HELD
+        assert reasons == [LOST_NOT_HELD]
+
+        capped = Lock(r, key, timeout=0.3, auto_renew=True, max_hold=0.7)
+        t0 = time.monotonic()
+        assert await capped.acquire()
+        assert await capped.wait_lost(5) == LOST_CAP
+        assert 0.6 < time.monotonic() - t0 < 1.5
+        await asyncio.sleep(0.05)
+        assert not await capped.locked()
+        await r.aclose()
+
+    run(main())
