@@ -1,16 +1,14 @@
 //! Redlock over 5 independent servers: node failures (SIGKILL / SIGSTOP), no partial
 //! locks left behind, mutual exclusion under chaos, and quorum fencing.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod util;
 
 use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Server, ServerBuilder};
 use redis_lock_client::{AcquireOptions, Redlock, RedlockOptions};
+use redis_lock_testkit::{wait_until, Server, ServerBuilder};
 use util::{held_fence, is_free, ms, setup, Stopped};
 
 fn servers(n: usize) -> Vec<Server> {

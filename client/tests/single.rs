@@ -1,14 +1,12 @@
 //! The single-server client against a real server: guard acquire/release, renewal,
 //! the loss signal, the renewal cap, FIFO waiting, and the fallback without the module.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod util;
 
 use std::time::{Duration, Instant};
 
-use common::{wait_until, ServerBuilder};
 use redis_lock_client::{AcquireOptions, LeaseStatus, LockClient, LossReason, Renewal};
+use redis_lock_testkit::{wait_until, ServerBuilder};
 use util::{held_fence, is_free, ms, setup, Stopped};
 
 async fn client(url: &str) -> LockClient {
