@@ -206,7 +206,7 @@ int_arg!(u64, i64, u32, i32, usize, u16);
 #[macro_export]
 macro_rules! args {
     ($($a:expr),* $(,)?) => {
-        vec![$($crate::resp::Arg::arg(&$a)),*]
+        ::std::vec::Vec::<::std::vec::Vec<u8>>::from([$($crate::resp::Arg::arg(&$a)),*])
     };
 }
 
