@@ -3,8 +3,10 @@
 
 use std::io;
 
+use redis_lock_testkit::resp::push_num;
+use redis_lock_testkit::{encode, RawConn, Resp};
+
 use crate::load::{self, Expect, Workload};
-use crate::resp::{encode, padded, Conn, Reply};
 
 /// A 36-byte token, the length of the UUID a client would generate.
 pub const TOKEN: &[u8] = b"6f1c1b9e-3a5d-4c2e-9b7a-0d8e2f4a1c3b";
@@ -25,13 +27,10 @@ pub struct Scripts {
 }
 
 impl Scripts {
-    pub fn load(c: &mut Conn) -> io::Result<Scripts> {
-        let mut sha = |body: &str| match c.call(&[b"SCRIPT", b"LOAD", body.as_bytes()])? {
-            Reply::Bulk(b) => Ok(b),
-            other => Err(io::Error::other(format!(
-                "SCRIPT LOAD replied {}",
-                other.text()
-            ))),
+    pub fn load(c: &mut RawConn) -> io::Result<Scripts> {
+        let mut sha = |body: &str| match c.ok(&[b"SCRIPT", b"LOAD", body.as_bytes()])? {
+            Resp::Bulk(b) => Ok(b),
+            other => Err(io::Error::other(format!("SCRIPT LOAD replied {other:?}"))),
         };
         Ok(Scripts {
             release: sha(RELEASE_LUA)?,
@@ -61,6 +60,27 @@ pub enum Op {
     CycleModule,
     /// `SET NX PX` then `EVALSHA` release of the same free key.
     CycleRecipe,
+}
+
+/// The commands listed in the report, in its order.
+pub const SHOWN: [Op; 8] = [
+    Op::Acquire,
+    Op::SetNx,
+    Op::Release,
+    Op::EvalRelease,
+    Op::Extend,
+    Op::EvalExtend,
+    Op::CycleModule,
+    Op::CycleRecipe,
+];
+
+/// `n` as decimal text, zero-padded to `width` digits.
+pub fn padded(n: u64, width: usize) -> Vec<u8> {
+    let mut digits = Vec::new();
+    push_num(&mut digits, n);
+    let mut v = vec![b'0'; width.saturating_sub(digits.len())];
+    v.extend_from_slice(&digits);
+    v
 }
 
 impl Op {
@@ -206,13 +226,11 @@ pub fn prefill(
 /// Empties the server synchronously (Valkey 8 flushes in the background by default,
 /// which would make the next `used_memory` reading meaningless) and waits until no
 /// lazy-free work is pending.
-pub fn flushall(c: &mut Conn) -> io::Result<()> {
-    c.call(&[b"FLUSHALL", b"SYNC"])?;
+pub fn flushall(c: &mut RawConn) -> io::Result<()> {
+    c.ok(&[b"FLUSHALL", b"SYNC"])?;
     let start = std::time::Instant::now();
     while c
-        .info_field("memory", "lazyfree_pending_objects")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
+        .info_u64("memory", "lazyfree_pending_objects")
         .unwrap_or(0)
         > 0
     {

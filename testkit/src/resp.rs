@@ -154,14 +154,33 @@ pub fn starts_with_error_code(text: &str) -> bool {
 }
 
 /// Appends `*n\r\n$len\r\narg\r\n...` to `out`.
-pub fn encode<A: AsRef<[u8]>>(out: &mut Vec<u8>, args: &[A]) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+/// Allocation-free, so that a load generator can use it on its hot path.
+pub fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.push(b'*');
+    push_num(out, args.len() as u64);
+    out.extend_from_slice(b"\r\n");
     for a in args {
-        let a = a.as_ref();
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.push(b'$');
+        push_num(out, a.len() as u64);
+        out.extend_from_slice(b"\r\n");
         out.extend_from_slice(a);
         out.extend_from_slice(b"\r\n");
     }
+}
+
+/// Decimal digits of `n` appended to `out`.
+pub fn push_num(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
 }
 
 /// Anything that can be one command argument (see [`args!`](crate::args)).
@@ -260,7 +279,8 @@ impl RawConn {
 
     /// Encodes one command into the output buffer (sent by [`flush`](Self::flush)).
     pub fn queue<A: AsRef<[u8]>>(&mut self, args: &[A]) {
-        encode(&mut self.out, args);
+        let args: Vec<&[u8]> = args.iter().map(AsRef::as_ref).collect();
+        encode(&mut self.out, &args);
     }
 
     /// Queues bytes as they are (malformed protocol for fuzzing).
@@ -279,6 +299,32 @@ impl RawConn {
     pub fn send<A: AsRef<[u8]>>(&mut self, args: &[A]) {
         self.queue(args);
         self.flush().expect("write command");
+    }
+
+    /// Sends one command without reading its reply.
+    pub fn try_send(&mut self, args: &[&[u8]]) -> io::Result<()> {
+        self.queue(args);
+        self.flush()
+    }
+
+    /// Sends bytes as they are.
+    pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.queue_raw(bytes);
+        self.flush()
+    }
+
+    /// Sends a command and reads its reply; an error reply is an `Err` too.
+    pub fn ok(&mut self, args: &[&[u8]]) -> io::Result<Resp> {
+        match self.call(args)? {
+            Resp::Error(e) => {
+                let name = args.first().copied().unwrap_or_default();
+                Err(io::Error::other(format!(
+                    "{} -> {e}",
+                    String::from_utf8_lossy(name)
+                )))
+            }
+            r => Ok(r),
+        }
     }
 
     /// Sends a command and reads its reply.
@@ -460,7 +506,7 @@ mod tests {
     #[test]
     fn encodes_and_parses_every_reply_kind() {
         let mut out = Vec::new();
-        encode(&mut out, &args!["SET", "k", "", 7u64]);
+        encode(&mut out, &[b"SET", b"k", b"", b"7"]);
         assert_eq!(out, b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n$1\r\n7\r\n");
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();

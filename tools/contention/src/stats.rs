@@ -1,6 +1,8 @@
 //! What one cell's clients recorded, and the figures derived from it. Pure: unit-tested
 //! without a server.
 
+pub use redis_lock_report::contention::Summary;
+
 /// One critical section, times in ns since the cell started (one monotonic clock for
 /// every client thread of the process).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,44 +26,6 @@ pub struct ClientLog {
     pub commands: u64,
     /// An attempt still not granted when the client gave up: how long it had waited.
     pub gave_up_after: Option<u64>,
-}
-
-/// The figures reported for one (method, N, c) cell.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Summary {
-    pub acquisitions: u64,
-    /// From the start to the last release reply, seconds.
-    pub elapsed_s: f64,
-    pub per_second: f64,
-    /// Hand-off latency: next holder's grant reply minus the previous holder's release
-    /// reply, in µs, 0 when the grant reply came first. Only over grants that went to
-    /// another client than the previous holder (with one client: over all of them).
-    pub handoff_p50_us: f64,
-    pub handoff_p99_us: f64,
-    /// How many hand-offs the percentiles are over.
-    pub handoffs: u64,
-    /// Share of grants that went to the client that held the lock just before (a
-    /// releaser that tried again and beat the waiters), 0..=1.
-    pub same_client_again: f64,
-    pub commands_per_acquisition: f64,
-    /// Longest time any client waited for one grant (gave-up attempts included), ms.
-    pub max_wait_ms: f64,
-    /// 99th percentile of the wait for a grant, ms.
-    pub wait_p99_ms: f64,
-    /// Mean time from grant reply to sending the release (the critical section as it
-    /// really lasted: a 1 ms sleep overshoots), ms.
-    pub hold_mean_ms: f64,
-    /// The longest critical section, ms: far above c when a client thread lost its core
-    /// (the machine is shared), which then lengthens everyone's wait.
-    pub hold_max_ms: f64,
-    /// Jain's fairness index over acquisitions per client: 1 = perfectly even, 1/N = one
-    /// client got everything.
-    pub jain: f64,
-    /// Grants that arrived before the previous holder had even sent its release: a
-    /// broken lock. Must be 0.
-    pub overlaps: u64,
-    /// Clients that gave up waiting at the end of the cell.
-    pub gave_up: u64,
 }
 
 /// Nearest-rank percentile (`p` in 0..=100) of a sorted slice; 0 for an empty one.
