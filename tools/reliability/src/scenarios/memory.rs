@@ -9,18 +9,16 @@
 
 use std::time::{Duration, Instant};
 
-use crate::args;
-use crate::common::{thousands, Env, Outcome, Status};
-use crate::proc::{self, Server};
-use crate::resp::{Conn, Reply};
+use crate::common::*;
 use crate::rng::Rng;
+use redis_lock_testkit::args;
 
 /// used_memory may differ from the baseline by this much (allocator rounding, client
 /// buffers of the INFO connection itself).
 const MEMORY_SLACK: i64 = 32 * 1024;
 
 fn cmd(c: &mut Conn, a: &[Vec<u8>]) -> Result<Reply, String> {
-    c.cmd(a)
+    c.call(a)
         .map_err(|e| format!("{}: {e}", String::from_utf8_lossy(&a[0])))
 }
 
@@ -34,8 +32,8 @@ fn grant(c: &mut Conn, a: &[Vec<u8>]) -> Result<Vec<u8>, String> {
 fn conns(s: &Server, n: usize) -> Result<Vec<Conn>, String> {
     (0..n)
         .map(|_| {
-            let c = s.connect().map_err(|e| e.to_string())?;
-            c.set_read_timeout(Duration::from_secs(60))
+            let c = connect(s).map_err(|e| e.to_string())?;
+            c.try_set_read_timeout(Some(Duration::from_secs(60)))
                 .map_err(|e| e.to_string())?;
             Ok(c)
         })
@@ -43,8 +41,8 @@ fn conns(s: &Server, n: usize) -> Result<Vec<Conn>, String> {
 }
 
 fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
-    let mut a = s.connect().map_err(|e| e.to_string())?;
-    a.set_read_timeout(Duration::from_secs(60))
+    let mut a = connect(s).map_err(|e| e.to_string())?;
+    a.try_set_read_timeout(Some(Duration::from_secs(60)))
         .map_err(|e| e.to_string())?;
     // 1. Waits that time out.
     let t = grant(&mut a, &args!["LOCK.ACQUIRE", "m:t", "PX", 60_000u64])?;
@@ -321,7 +319,7 @@ pub fn run(env: &Env) -> Outcome {
         "Memory safety (valgrind memcheck)",
         "0 bytes definitely lost in module frames, 0 invalid reads/writes, used_memory back to baseline",
     );
-    if proc::run(&["valgrind", "--version"]).is_err() {
+    if redis_lock_testkit::run_cmd(&["valgrind", "--version"]).is_err() {
         o.status = Status::NotRun("valgrind not found (bash scripts/deps-reliability.sh)".into());
         return o;
     }
@@ -332,10 +330,9 @@ pub fn run(env: &Env) -> Outcome {
 }
 
 fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
-    let mut cfg = env.cfg("memory")?;
-    let log = cfg.dir.join("valgrind.log");
-    cfg.wrapper = vec![
-        "valgrind".into(),
+    let log = env.work.join("valgrind.log");
+    let wrapper = [
+        "valgrind".to_string(),
         "--leak-check=full".into(),
         "--show-leak-kinds=definite".into(),
         "--error-limit=no".into(),
@@ -343,8 +340,11 @@ fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
         "--soname-synonyms=somalloc=libjemalloc.so*".into(),
         format!("--log-file={}", log.display()),
     ];
-    cfg.ready_timeout = Duration::from_secs(120);
-    let mut server = Server::start(cfg)?;
+    let mut server = env
+        .builder("memory")
+        .wrapper(&wrapper)
+        .start_timeout(Duration::from_secs(120))
+        .try_start()?;
     let rounds = env.n(6.0, 3.0).max(2);
     let mut rng = Rng::new(env.seed ^ 0x006d_656d);
     let t = Instant::now();
@@ -371,8 +371,8 @@ fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
     })
     .collect();
     let workload_secs = t.elapsed().as_secs_f64();
-    let mut c = server.connect().map_err(|e| e.to_string())?;
-    let _ = c.cmd(&args!["SHUTDOWN", "NOSAVE"]);
+    let mut c = connect(&server).map_err(|e| e.to_string())?;
+    let _ = c.call(&args!["SHUTDOWN", "NOSAVE"]);
     if !server.wait_exit(Duration::from_secs(180)) {
         server.kill9();
         return Err("the server under valgrind did not exit after SHUTDOWN".into());
