@@ -96,6 +96,7 @@ pub fn render_all(root: &Path) -> Result<Vec<PathBuf>, Error> {
         fs::write(&out, reliability::render(&run))?;
         wrote.push(out);
     }
+    wrote.sort();
     wrote.dedup();
     Ok(wrote)
 }
