@@ -218,8 +218,9 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
     let mut held = 0;
     let cycle_ops = (cfg.cg_ops / 2).max(1) * 2;
     // The held-lock levels, then the last level again with blocked waiters on top.
-    let mut steps: Vec<(u64, u64)> = cfg.cg_levels.iter().map(|&n| (n, 0)).collect();
-    if let (Some(&last), true) = (cfg.cg_levels.last(), cfg.waiters > 0) {
+    let cg_levels = cfg.cg_levels();
+    let mut steps: Vec<(u64, u64)> = cg_levels.iter().map(|&n| (n, 0)).collect();
+    if let (Some(&last), true) = (cg_levels.last(), cfg.waiters > 0) {
         steps.push((last, cfg.waiters));
     }
     let mut blocked = vec![];

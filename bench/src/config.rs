@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use redis_lock_testkit::List;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -35,14 +36,9 @@ fn positive(s: &str) -> Result<usize, String> {
     }
 }
 
-fn levels(s: &str) -> Result<u64, String> {
-    let n: u64 = s
-        .trim()
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("not a number: {s}"))?;
-    // The fill spreads keys over 4 connections.
-    Ok((n / 4).max(1) * 4)
+/// Held-lock levels as measured: the fill spreads keys over 4 connections.
+fn by_four(levels: &List<u64>) -> Vec<u64> {
+    levels.0.iter().map(|n| (n / 4).max(1) * 4).collect()
 }
 
 #[derive(Args, Debug, Clone)]
@@ -69,8 +65,8 @@ pub struct Config {
     #[arg(long, env = "BENCH_WAIT_LOCKS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub wait_locks: u64,
     /// Held-lock levels of the scaling curve.
-    #[arg(long, env = "BENCH_LEVELS", value_delimiter = ',', default_value = "1000,100000,1000000", value_parser = levels)]
-    pub levels: Vec<u64>,
+    #[arg(long, env = "BENCH_LEVELS", default_value = "1000,100000,1000000")]
+    pub levels: List<u64>,
     #[arg(long, env = "BENCH_HANDOFFS", default_value_t = 200)]
     pub handoffs: usize,
     #[arg(long, env = "BENCH_EXPIRIES", default_value_t = 30)]
@@ -78,8 +74,8 @@ pub struct Config {
     /// Commands per callgrind phase, and the held-lock levels it also measures.
     #[arg(long, env = "BENCH_CG_OPS", default_value_t = 20_000)]
     pub cg_ops: u64,
-    #[arg(long, env = "BENCH_CG_LEVELS", value_delimiter = ',', default_value = "1000,10000,100000", value_parser = levels)]
-    pub cg_levels: Vec<u64>,
+    #[arg(long, env = "BENCH_CG_LEVELS", default_value = "1000,10000,100000")]
+    pub cg_levels: List<u64>,
     /// Rounds of the redis-benchmark cross-check (0 skips it).
     #[arg(long, env = "BENCH_RB_ROUNDS", default_value_t = 3)]
     pub rb_rounds: usize,
@@ -87,18 +83,16 @@ pub struct Config {
     #[arg(
         long,
         env = "BENCH_SUITES",
-        value_delimiter = ',',
         default_value = "throughput,latency,memory,scaling,crosscheck,callgrind"
     )]
-    pub suites: Vec<String>,
+    pub suites: List<String>,
     /// Server binaries, in report order.
     #[arg(
         long,
         env = "BENCH_SERVERS",
-        value_delimiter = ',',
         default_value = "/usr/bin/redis-server,.servers/redis-8.2.3/redis-server,.servers/valkey-8.1.8/valkey-server"
     )]
-    pub servers: Vec<PathBuf>,
+    pub servers: List<PathBuf>,
     /// The server callgrind runs on (default: the first of --servers).
     #[arg(long, env = "BENCH_CG_SERVER")]
     pub cg_server: Option<PathBuf>,
@@ -118,8 +112,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// The held-lock levels of the scaling curve and of callgrind, as measured.
+    pub fn levels(&self) -> Vec<u64> {
+        by_four(&self.levels)
+    }
+
+    pub fn cg_levels(&self) -> Vec<u64> {
+        by_four(&self.cg_levels)
+    }
+
     pub fn has(&self, suite: &str) -> bool {
-        self.suites.iter().any(|s| s == suite)
+        self.suites.0.iter().any(|s| s == suite)
     }
 
     /// A path under the repository root, unless absolute.
@@ -147,11 +150,11 @@ impl Config {
             mem_locks: self.mem_locks,
             waiters: self.waiters,
             wait_locks: self.wait_locks,
-            levels: self.levels.clone(),
+            levels: self.levels(),
             handoffs: self.handoffs,
             expiries: self.expiries,
             cg_ops: self.cg_ops,
-            cg_levels: self.cg_levels.clone(),
+            cg_levels: self.cg_levels(),
             rb_rounds: self.rb_rounds,
             expiry_ttl_ms: crate::scaling::EXPIRY_TTL_MS,
         }

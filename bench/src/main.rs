@@ -104,26 +104,21 @@ fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
         crosscheck: None,
     };
     let t = Instant::now();
-    let done = |what: &str| eprintln!("  {what} done at {:.0}s", t.elapsed().as_secs_f64());
-    if cfg.has("throughput") {
-        r.throughput = Some(throughput::run(&server, cfg, &scripts)?);
-        done("throughput");
+    // Each suite that is asked for fills its field.
+    macro_rules! suite {
+        ($name:literal, $field:ident, $module:ident) => {
+            if cfg.has($name) {
+                r.$field = Some($module::run(&server, cfg, &scripts)?);
+                eprintln!("  {} done at {:.0}s", $name, t.elapsed().as_secs_f64());
+            }
+        };
     }
-    if cfg.has("latency") {
-        r.latency = Some(latency::run(&server, cfg, &scripts)?);
-        done("latency");
-    }
-    if cfg.has("memory") {
-        r.memory = Some(memory::run(&server, cfg, &scripts)?);
-        done("memory");
-    }
-    if cfg.has("scaling") {
-        r.scaling = Some(scaling::run(&server, cfg, &scripts)?);
-        done("scaling");
-    }
-    if cfg.has("crosscheck") && cfg.rb_rounds > 0 {
-        r.crosscheck = Some(crosscheck::run(&server, cfg, &scripts)?);
-        done("redis-benchmark cross-check");
+    suite!("throughput", throughput, throughput);
+    suite!("latency", latency, latency);
+    suite!("memory", memory, memory);
+    suite!("scaling", scaling, scaling);
+    if cfg.rb_rounds > 0 {
+        suite!("crosscheck", crosscheck, crosscheck);
     }
     Ok(r)
 }
@@ -132,7 +127,7 @@ fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
 fn callgrind_bin(cfg: &Config) -> io::Result<PathBuf> {
     cfg.cg_server
         .clone()
-        .or_else(|| cfg.servers.first().cloned())
+        .or_else(|| cfg.servers.0.first().cloned())
         .map(|b| cfg.path(&b))
         .ok_or_else(|| io::Error::other("no server to run callgrind on"))
 }
@@ -152,7 +147,7 @@ fn all(cfg: &Config) -> io::Result<()> {
     let date = redis_lock_report::fmt::now_utc();
     let load_start = loadavg();
     let mut servers = vec![];
-    for bin in &cfg.servers {
+    for bin in &cfg.servers.0 {
         servers.push(bench_server(&cfg.path(bin), cfg)?);
     }
     let callgrind = if cfg.has("callgrind") {

@@ -1,9 +1,8 @@
 //! The commands compared: the module's and the recipe it replaces, as load-generator
 //! workloads with the reply each must give when the keys are in the intended state.
 
-use std::io;
+use std::io::{self, Write as _};
 
-use redis_lock_testkit::resp::push_num;
 use redis_lock_testkit::{encode, RawConn, Resp};
 
 use crate::load::{self, Expect, Workload};
@@ -76,11 +75,7 @@ pub const SHOWN: [Op; 8] = [
 
 /// `n` as decimal text, zero-padded to `width` digits.
 pub fn padded(n: u64, width: usize) -> Vec<u8> {
-    let mut digits = Vec::new();
-    push_num(&mut digits, n);
-    let mut v = vec![b'0'; width.saturating_sub(digits.len())];
-    v.extend_from_slice(&digits);
-    v
+    format!("{n:0width$}").into_bytes()
 }
 
 impl Op {
@@ -122,10 +117,8 @@ impl Op {
 pub fn key(prefix: &[u8], conn: usize, i: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + 15);
     k.extend_from_slice(prefix);
-    k.push(b':');
-    k.extend_from_slice(&padded(conn as u64, 3));
-    k.push(b':');
-    k.extend_from_slice(&padded(i, 9));
+    // Writing into a Vec cannot fail.
+    let _ = write!(k, ":{conn:03}:{i:09}");
     k
 }
 

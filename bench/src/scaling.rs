@@ -248,7 +248,7 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Scali
     flushall(&mut c)?;
     let mut levels = vec![];
     let mut held = 0;
-    for &n in &cfg.levels {
+    for n in cfg.levels() {
         top_up(server.port, held, n)?;
         held = n;
         levels.push(measure_level(server, cfg, scripts, held, 0)?);

@@ -17,9 +17,11 @@
 pub mod lock;
 pub mod net;
 pub mod resp;
+pub mod rng;
 pub mod server;
 
 pub use resp::{encode, starts_with_error_code, RawConn, Resp};
+pub use rng::Rng;
 pub use server::{key_slot, Cluster, ReplicaPair, Server, ServerBuilder};
 
 use std::net::TcpListener;
@@ -258,6 +260,21 @@ impl Drop for Stopped {
     }
 }
 
+/// A comma-separated list on a command line (`--n 1,2,8`, or `CONTENTION_N=1,2,8`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct List<T>(pub Vec<T>);
+
+impl<T: std::str::FromStr> std::str::FromStr for List<T> {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let items = s.split(',').map(str::trim).filter(|x| !x.is_empty());
+        items
+            .map(|x| x.parse().map_err(|_| format!("cannot parse {x:?}")))
+            .collect::<Result<_, _>>()
+            .map(List)
+    }
+}
+
 /// Runs a command to completion; `Err` with its output when it fails.
 pub fn run_cmd(argv: &[&str]) -> Result<String, String> {
     let (bin, rest) = argv.split_first().ok_or("empty command")?;
@@ -293,6 +310,12 @@ mod tests {
         let v = parse_flavor("Valkey server v=8.1.8 sha=0 bits=64").unwrap();
         assert!(v.is_valkey() && v.at_least(8, 1) && !v.at_least(8, 2));
         assert_eq!(parse_flavor("KeyDB v=1"), None);
+    }
+
+    #[test]
+    fn lists_parse() {
+        assert_eq!("1, 2,1000".parse::<List<u64>>(), Ok(List(vec![1, 2, 1000])));
+        assert!("1,x".parse::<List<u64>>().is_err());
     }
 
     #[test]

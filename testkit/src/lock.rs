@@ -13,17 +13,16 @@ pub struct Grant {
     pub fence: u64,
 }
 
-/// `LOCK.INFO` of a held lock. Fields the reply does not carry (a string lock has no
-/// fence or owner) are `None`; every field is also kept by name in `fields`.
+/// `LOCK.INFO` of a held lock: every field by name in `fields`, the common ones typed
+/// (`None` when the reply does not carry them: a string lock has no fence or owner).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LockInfo {
+    pub fields: Vec<(String, Resp)>,
     pub kind: Option<String>,
     pub ttl: Option<i64>,
-    pub expires_at: Option<i64>,
     pub fence: Option<u64>,
     pub owner: Option<String>,
     pub waiters: Option<i64>,
-    pub fields: Vec<(String, Resp)>,
 }
 
 impl LockInfo {
@@ -33,7 +32,6 @@ impl LockInfo {
         Some(LockInfo {
             kind: get("kind").and_then(Resp::as_text),
             ttl: get("ttl").and_then(Resp::as_int),
-            expires_at: get("expires-at").and_then(Resp::as_int),
             fence: get("fence")
                 .and_then(Resp::as_int)
                 .and_then(|f| u64::try_from(f).ok()),

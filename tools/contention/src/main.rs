@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use redis_lock_report::contention::{ContentionRun, RunInfo};
-use redis_lock_testkit::{flavor_of, ServerBuilder};
+use redis_lock_testkit::{flavor_of, List, ServerBuilder};
 
 use methods::{Method, Scripts, ALL};
 use run::run_cell;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const MODULE: &str = "target/release/libredis_lock.so";
 
 #[derive(Parser, Debug)]
 #[command(about = "N clients contend for one lock: the module's BLOCK against polling recipes")]
@@ -28,36 +30,21 @@ struct Config {
     #[arg(long, env = "CONTENTION_SECS", default_value_t = 3.0)]
     secs: f64,
     /// Client counts.
-    #[arg(
-        long,
-        env = "CONTENTION_N",
-        value_delimiter = ',',
-        default_value = "1,2,8,64"
-    )]
-    n: Vec<usize>,
+    #[arg(long, env = "CONTENTION_N", default_value = "1,2,8,64")]
+    n: List<usize>,
     /// Critical-section lengths in ms.
-    #[arg(
-        long,
-        env = "CONTENTION_HOLD_MS",
-        value_delimiter = ',',
-        default_value = "0,1"
-    )]
-    hold_ms: Vec<u64>,
+    #[arg(long, env = "CONTENTION_HOLD_MS", default_value = "0,1")]
+    hold_ms: List<u64>,
     /// Methods: module, poll100, jitter, blpop.
     #[arg(
         long,
         env = "CONTENTION_METHODS",
-        value_delimiter = ',',
         default_value = "module,poll100,jitter,blpop"
     )]
-    methods: Vec<String>,
+    methods: List<String>,
     #[arg(long, env = "LOCK_SERVER_BIN", default_value = "/usr/bin/redis-server")]
     server: PathBuf,
-    #[arg(
-        long,
-        env = "LOCK_MODULE",
-        default_value = "target/release/libredis_lock.so"
-    )]
+    #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]
     module: PathBuf,
     /// Where the cells are saved; the docs are rendered next to it (DIR/../..).
     #[arg(long, env = "CONTENTION_JSON", default_value = redis_lock_report::CONTENTION_JSON)]
@@ -97,11 +84,12 @@ fn real_main() -> Result<(), Error> {
     if !(cfg.secs > 0.0 && cfg.secs <= 3600.0) {
         return Err("--secs must be in (0, 3600]".into());
     }
-    if cfg.n.iter().any(|&n| n == 0 || n > 1000) {
+    if cfg.n.0.iter().any(|&n| n == 0 || n > 1000) {
         return Err("--n: each N must be 1..=1000".into());
     }
     let methods = cfg
         .methods
+        .0
         .iter()
         .map(|id| Method::from_id(id).ok_or_else(|| format!("unknown method {id:?}")))
         .collect::<Result<Vec<_>, _>>()?;
@@ -115,7 +103,7 @@ fn real_main() -> Result<(), Error> {
         .try_start()?;
     println!(
         "bench-contention: {label} on port {}, {} s per cell, N = {:?}, c = {:?} ms",
-        server.port, cfg.secs, cfg.n, cfg.hold_ms
+        server.port, cfg.secs, cfg.n.0, cfg.hold_ms.0
     );
     let scripts = Scripts::load(&mut run::connect(&server)?)?;
     let duration = Duration::from_secs_f64(cfg.secs);
@@ -130,9 +118,9 @@ fn real_main() -> Result<(), Error> {
     )?;
 
     let mut cells = Vec::new();
-    for &hold in &cfg.hold_ms {
+    for &hold in &cfg.hold_ms.0 {
         for m in ALL.into_iter().filter(|m| methods.contains(m)) {
-            for &n in &cfg.n {
+            for &n in &cfg.n.0 {
                 let cell = run_cell(&server, &scripts, m, n, hold, duration)?;
                 run::print_row(&cell);
                 cells.push(cell);

@@ -7,10 +7,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::cpu;
-use crate::methods::{Acquired, Client, Method, Rng, Scripts};
+use crate::methods::{Acquired, Client, Method, Scripts};
 use crate::stats::{summarize, Acquisition, ClientLog};
 use crate::Error;
 use redis_lock_report::contention::Cell;
+use redis_lock_testkit::Rng;
 use redis_lock_testkit::Server;
 
 /// A client still waiting this long after the cell's end gives up (and its wait is

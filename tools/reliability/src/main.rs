@@ -6,7 +6,6 @@
 
 mod checker;
 mod common;
-mod rng;
 mod scenarios;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +16,8 @@ use clap::{Args, Parser, Subcommand};
 use redis_lock_report::reliability::ReliabilityRun;
 
 use common::{unix_ms, Env, Outcome, Status};
+
+const MODULE: &str = "target/release/libredis_lock.so";
 
 #[derive(Parser)]
 #[command(about = "Fault-injection runs against real servers with the module loaded")]
@@ -56,11 +57,7 @@ struct RunArgs {
         default_value = "/usr/bin/redis-server"
     )]
     server: PathBuf,
-    #[arg(
-        long,
-        env = "LOCK_MODULE",
-        default_value = "target/release/libredis_lock.so"
-    )]
+    #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]
     module: PathBuf,
     /// Keep the servers' directories.
     #[arg(long)]

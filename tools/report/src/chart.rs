@@ -54,125 +54,129 @@ fn pale(c: RGBColor) -> RGBColor {
 
 /// A value label above a bar: `321`, `17.6k`, `0.95`.
 fn short(v: f64) -> String {
-    if v >= 10_000.0 {
-        format!("{:.1}k", v / 1000.0)
-    } else if v >= 10.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
-    }
+    crate::fmt::scaled(
+        v,
+        &[
+            (1e4, 1e3, 1, "k"),
+            (10.0, 1.0, 0, ""),
+            (f64::MIN, 1.0, 2, ""),
+        ],
+    )
 }
 
-/// One bar series: legend label, colour, one value per group (NaN = missing).
+/// One series: legend label, colour, one value per category (NaN = missing), drawn as
+/// bars (`width` 0) or as a line of that width.
 struct Series {
     label: String,
     color: RGBColor,
     values: Vec<f64>,
+    width: u32,
 }
 
-/// Grouped bars; `goals` draws a goal segment over each group, `parity` a dashed line.
-#[allow(clippy::too_many_arguments)]
-fn bars(
-    area: &DrawingArea<BitMapBackend, Shift>,
-    title: &str,
-    ylabel: &str,
-    groups: &[String],
-    series: &[Series],
-    goals: &[Option<f64>],
+fn ser(label: impl Into<String>, color: RGBColor, values: Vec<f64>, width: u32) -> Series {
+    let label = label.into();
+    Series {
+        label,
+        color,
+        values,
+        width,
+    }
+}
+
+/// One panel: categories along x, the series over them, a goal segment per category and
+/// a dashed parity line where given, value labels on the bars if asked.
+#[derive(Default)]
+struct Panel<'a> {
+    title: &'a str,
+    ylabel: &'a str,
+    xlabels: Vec<String>,
+    series: Vec<Series>,
+    goals: Vec<Option<f64>>,
     parity: Option<f64>,
     value_labels: bool,
-) -> Result<(), Error> {
-    let max = series
-        .iter()
-        .flat_map(|s| s.values.iter().copied())
-        .chain(goals.iter().flatten().copied())
-        .filter(|v| v.is_finite())
-        .fold(parity.unwrap_or(0.0), f64::max)
-        .max(1e-9)
-        * 1.45;
-    let n = groups.len().max(1) as f64;
+}
+
+type Chart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error> {
+    let values = p.series.iter().flat_map(|s| s.values.iter().copied());
+    let finite = values
+        .chain(p.goals.iter().flatten().copied())
+        .filter(|v| v.is_finite());
+    let max = finite.fold(p.parity.unwrap_or(0.0), f64::max).max(1e-9) * 1.5;
+    let n = p.xlabels.len().max(1) as f64;
     let mut chart = ChartBuilder::on(area)
-        .caption(title, (FONT, 18))
+        .caption(p.title, (FONT, 18))
         .margin(12)
         .x_label_area_size(30)
         .y_label_area_size(60)
         .build_cartesian_2d(-0.5f64..n - 0.5, 0f64..max)?;
+    let category = |x: &f64| {
+        let g = x.round();
+        let name = (g >= 0.0 && (x - g).abs() < 0.01).then(|| p.xlabels.get(g as usize));
+        name.flatten().cloned().unwrap_or_default()
+    };
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(groups.len())
-        .x_label_formatter(&|x| {
-            let g = x.round();
-            let name = (g >= 0.0 && (x - g).abs() < 0.01)
-                .then(|| groups.get(g as usize))
-                .flatten();
-            name.cloned().unwrap_or_default()
-        })
-        .y_desc(ylabel)
+        .x_labels(p.xlabels.len())
+        .x_label_formatter(&category)
+        .y_desc(p.ylabel)
         .y_label_formatter(&|v| short(*v).trim_end_matches(".00").to_string())
         .label_style((FONT, 13))
         .axis_desc_style((FONT, 14))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
-    let k = series.len().max(1) as f64;
-    let bw = 0.84 / k;
-    for (si, s) in series.iter().enumerate() {
-        let color = s.color;
-        let rects = s
-            .values
+    let bw = 0.84 / p.series.iter().filter(|s| s.width == 0).count().max(1) as f64;
+    for (si, s) in p.series.iter().enumerate() {
+        let (color, width) = (s.color, s.width);
+        let pts = s.values.iter().enumerate().filter(|(_, v)| v.is_finite());
+        let pts: Vec<(f64, f64)> = pts.map(|(g, &v)| (g as f64, v)).collect();
+        if width > 0 {
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(width)))?
+                .label(s.label.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 12, y)], color.stroke_width(width))
+                });
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+            continue;
+        }
+        let x0 = |g: f64| g - 0.42 + si as f64 * bw;
+        let rects = pts
             .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(move |(g, &v)| {
-                let x0 = g as f64 - 0.42 + si as f64 * bw;
-                Rectangle::new([(x0, 0.0), (x0 + bw * 0.92, v)], color.filled())
-            });
+            .map(|&(g, v)| Rectangle::new([(x0(g), 0.0), (x0(g) + bw * 0.92, v)], color.filled()));
         chart
             .draw_series(rects)?
             .label(s.label.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
-        if value_labels {
-            let texts = s
-                .values
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| v.is_finite())
-                .map(move |(g, &v)| {
-                    let x = g as f64 - 0.42 + (si as f64 + 0.1) * bw;
-                    Text::new(
-                        short(v),
-                        (x, v + max * 0.01),
-                        (FONT, 12).into_font().color(&DARK),
-                    )
-                });
+        if p.value_labels {
+            let font = (FONT, 12).into_font().color(&DARK);
+            let texts = pts.iter().map(|&(g, v)| {
+                Text::new(short(v), (x0(g) + 0.1 * bw, v + max * 0.01), font.clone())
+            });
             chart.draw_series(texts)?;
         }
     }
-    for (g, goal) in goals.iter().enumerate() {
+    for (g, goal) in p.goals.iter().enumerate() {
         if let Some(v) = goal {
             let seg = [(g as f64 - 0.46, *v), (g as f64 + 0.46, *v)];
             chart.draw_series(LineSeries::new(seg, GOAL.stroke_width(3)))?;
         }
     }
-    if goals.iter().any(Option::is_some) {
+    if p.goals.iter().any(Option::is_some) {
         chart
             .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
             .label("goal")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], GOAL.stroke_width(3)));
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], GOAL.stroke_width(3)));
     }
-    if let Some(p) = parity {
-        chart.draw_series(DashedLineSeries::new(
-            [(-0.5, p), (n - 0.5, p)],
-            6,
-            4,
-            GREY.stroke_width(1),
-        ))?;
+    if let Some(v) = p.parity {
+        let seg = [(-0.5, v), (n - 0.5, v)];
+        chart.draw_series(DashedLineSeries::new(seg, 6, 4, GREY.stroke_width(1)))?;
     }
     legend(&mut chart)
 }
-
-type Chart<'a, 'b> =
-    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 fn legend<'a>(chart: &mut Chart<'a, 'a>) -> Result<(), Error> {
     let r: Result<(), String> = {
@@ -186,62 +190,6 @@ fn legend<'a>(chart: &mut Chart<'a, 'a>) -> Result<(), Error> {
             .map_err(|e| e.to_string())
     };
     Ok(r?)
-}
-
-/// Lines over the scaling levels; `thick` series are drawn wider.
-fn lines(
-    area: &DrawingArea<BitMapBackend, Shift>,
-    title: &str,
-    ylabel: &str,
-    xlabels: &[String],
-    series: &[(Series, bool)],
-    parity: Option<f64>,
-) -> Result<(), Error> {
-    let max = series
-        .iter()
-        .flat_map(|(s, _)| s.values.iter().copied())
-        .filter(|v| v.is_finite())
-        .fold(parity.unwrap_or(0.0), f64::max)
-        .max(1e-9)
-        * 1.6;
-    let n = xlabels.len().max(1);
-    let mut chart = ChartBuilder::on(area)
-        .caption(title, (FONT, 18))
-        .margin(12)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(-0.3f64..n as f64 - 0.7, 0f64..max)?;
-    chart
-        .configure_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|x| xlabels.get(x.round() as usize).cloned().unwrap_or_default())
-        .y_desc(ylabel)
-        .y_label_formatter(&|v| short(*v).trim_end_matches(".00").to_string())
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 14))
-        .light_line_style(RGBColor(235, 235, 235))
-        .draw()?;
-    for (s, thick) in series {
-        let (color, width) = (s.color, if *thick { 3 } else { 1 });
-        let pts: Vec<(f64, f64)> = s
-            .values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| (i as f64, *v))
-            .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(width)))?
-            .label(s.label.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 12, y)], color.stroke_width(width))
-            });
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
-    }
-    if let Some(p) = parity {
-        let seg = [(-0.3, p), (n as f64 - 0.7, p)];
-        chart.draw_series(DashedLineSeries::new(seg, 6, 4, GREY.stroke_width(1)))?;
-    }
-    legend(&mut chart)
 }
 
 fn pow10(n: u64) -> String {
@@ -260,258 +208,198 @@ pub fn perf(path: &Path, run: &PerfRun) -> Result<(), Error> {
     let root = BitMapBackend::new(path, (1500, 1040)).into_drawing_area();
     root.fill(&WHITE)?;
     let (title, body) = root.split_vertically(44);
+    let text = format!(
+        "redis-lock vs SET NX PX + EVALSHA — make bench, {}",
+        run.date
+    );
     title.draw(&Text::new(
-        format!(
-            "redis-lock vs SET NX PX + EVALSHA — make bench, {}",
-            run.date
-        ),
+        text,
         (14, 10),
         (FONT, 24).into_font().color(&BLACK),
     ))?;
-    let panels = body.split_evenly((2, 3));
+    let areas = body.split_evenly((2, 3));
+    for (area, panel) in areas.iter().zip(perf_panels(run)) {
+        draw(area, &panel)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
     let servers = &run.servers;
     let labels: Vec<String> = servers.iter().map(|s| s.label.clone()).collect();
+    let per_server = |f: &dyn Fn(&crate::perf::ServerResults) -> Option<f64>| -> Vec<f64> {
+        servers.iter().map(|s| f(s).unwrap_or(f64::NAN)).collect()
+    };
+    let grey = |v: u8| RGBColor(v, v, v);
 
     // 1. Throughput ratios: a pale (pipeline 1) and a full (pipeline 16) bar per server.
     let names = [ACQUIRE, RELEASE, EXTEND, CYCLE];
     let mut series = Vec::new();
     for (i, s) in servers.iter().enumerate() {
         for p in crate::perf::PIPELINES {
-            let values = names
-                .iter()
-                .map(|n| {
-                    s.throughput
-                        .as_ref()
-                        .and_then(|t| t.get(n, p))
-                        .map_or(f64::NAN, |r| r.ratio)
-                })
-                .collect();
+            let ratio = |n: &&str| {
+                s.throughput
+                    .as_ref()
+                    .and_then(|t| t.get(n, p))
+                    .map_or(f64::NAN, |r| r.ratio)
+            };
             let color = if p == 1 {
                 pale(server_color(i))
             } else {
                 server_color(i)
             };
-            series.push(Series {
-                label: format!("{} P{p}", s.label),
+            series.push(ser(
+                format!("{} P{p}", s.label),
                 color,
-                values,
-            });
+                names.iter().map(ratio).collect(),
+                0,
+            ));
         }
     }
-    let goals: Vec<Option<f64>> = names
-        .iter()
-        .map(|n| {
-            servers
-                .iter()
-                .find_map(|s| s.throughput.as_ref()?.get(n, 1)?.goal)
-        })
-        .collect();
-    let groups: Vec<String> = ["ACQUIRE", "RELEASE", "EXTEND", "CYCLE"]
-        .map(String::from)
-        .to_vec();
-    let t = "1. Throughput, module / recipe (pale: pipeline 1, full: 16)";
-    bars(
-        &panels[0],
-        t,
-        "ratio, 1.0 = same speed",
-        &groups,
-        &series,
-        &goals,
-        Some(1.0),
-        false,
-    )?;
-
-    // 2. Latency p50.
-    let lat = |f: fn(&crate::perf::Latency) -> f64| -> Vec<f64> {
+    let goal = |n: &&str| {
         servers
             .iter()
-            .map(|s| s.latency.as_ref().map_or(f64::NAN, f))
-            .collect()
+            .find_map(|s| s.throughput.as_ref()?.get(n, 1)?.goal)
     };
-    let series = vec![
-        Series {
-            label: "ACQUIRE".into(),
-            color: RGBColor(50, 50, 50),
-            values: lat(|l| l.acquire.p50),
-        },
-        Series {
-            label: "SET NX PX".into(),
-            color: RGBColor(170, 170, 170),
-            values: lat(|l| l.set_nx.p50),
-        },
-        Series {
-            label: "RELEASE".into(),
-            color: RGBColor(30, 110, 60),
-            values: lat(|l| l.release.p50),
-        },
-        Series {
-            label: "EVALSHA release".into(),
-            color: RGBColor(150, 205, 165),
-            values: lat(|l| l.eval_release.p50),
-        },
-    ];
-    let t = "2. Latency p50, one client, unpipelined";
-    bars(
-        &panels[1],
-        t,
-        "microseconds",
-        &labels,
-        &series,
-        &[],
-        None,
-        true,
-    )?;
-
-    // 3. Memory per held lock, with the goal (1.5x a string lock).
-    let mem = |f: fn(&crate::perf::Memory) -> f64| -> Vec<f64> {
-        servers
-            .iter()
-            .map(|s| s.memory.as_ref().map_or(f64::NAN, f))
-            .collect()
+    let throughput = Panel {
+        title: "1. Throughput, module / recipe (pale: pipeline 1, full: 16)",
+        ylabel: "ratio, 1.0 = same speed",
+        xlabels: ["ACQUIRE", "RELEASE", "EXTEND", "CYCLE"]
+            .map(String::from)
+            .to_vec(),
+        series,
+        goals: names.iter().map(goal).collect(),
+        parity: Some(1.0),
+        ..Panel::default()
     };
-    let series = vec![
-        Series {
-            label: "module lock".into(),
-            color: RGBColor(50, 50, 50),
-            values: mem(|m| m.module_per_lock),
-        },
-        Series {
-            label: "SET NX PX string".into(),
-            color: RGBColor(170, 170, 170),
-            values: mem(|m| m.string_per_lock),
-        },
-    ];
-    let goals: Vec<Option<f64>> = mem(|m| m.string_per_lock * 1.5)
-        .into_iter()
-        .map(|v| v.is_finite().then_some(v))
-        .collect();
-    let t = "3. Memory per held lock (used_memory delta / locks)";
-    bars(
-        &panels[2],
-        t,
-        "bytes per lock",
-        &labels,
-        &series,
-        &goals,
-        None,
-        true,
-    )?;
 
-    // 4 and 5. Scaling over the levels of held locks (+ waiters).
-    let levels: Vec<String> = servers
-        .iter()
-        .find_map(|s| s.scaling.as_ref())
-        .map(|sc| {
-            sc.levels
-                .iter()
-                .map(|l| {
-                    if l.waiters > 0 {
-                        format!("{}+{}w", pow10(l.held), pow10(l.waiters))
-                    } else {
-                        pow10(l.held)
-                    }
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let per_level = |f: fn(&crate::perf::Level) -> f64| -> Vec<Vec<f64>> {
-        servers
-            .iter()
-            .map(|s| {
+    // 2. Latency p50; 3. memory per held lock, with the goal (1.5x a string lock).
+    let lat = |f: fn(&crate::perf::Latency) -> f64| per_server(&|s| s.latency.as_ref().map(f));
+    let latency = Panel {
+        title: "2. Latency p50, one client, unpipelined",
+        ylabel: "microseconds",
+        xlabels: labels.clone(),
+        series: vec![
+            ser("ACQUIRE", grey(50), lat(|l| l.acquire.p50), 0),
+            ser("SET NX PX", grey(170), lat(|l| l.set_nx.p50), 0),
+            ser("RELEASE", RGBColor(30, 110, 60), lat(|l| l.release.p50), 0),
+            ser(
+                "EVALSHA release",
+                RGBColor(150, 205, 165),
+                lat(|l| l.eval_release.p50),
+                0,
+            ),
+        ],
+        value_labels: true,
+        ..Panel::default()
+    };
+    let mem = |f: fn(&crate::perf::Memory) -> f64| per_server(&|s| s.memory.as_ref().map(f));
+    let memory = Panel {
+        title: "3. Memory per held lock (used_memory delta / locks)",
+        ylabel: "bytes per lock",
+        xlabels: labels.clone(),
+        series: vec![
+            ser("module lock", grey(50), mem(|m| m.module_per_lock), 0),
+            ser("SET NX PX string", grey(170), mem(|m| m.string_per_lock), 0),
+        ],
+        goals: mem(|m| m.string_per_lock * 1.5)
+            .into_iter()
+            .map(|v| v.is_finite().then_some(v))
+            .collect(),
+        value_labels: true,
+        ..Panel::default()
+    };
+
+    // 4 and 5. Scaling over the levels of held locks (+ waiters): thick and thin lines.
+    let first = servers.iter().find_map(|s| s.scaling.as_ref());
+    let level = |l: &crate::perf::Level| match l.waiters {
+        0 => pow10(l.held),
+        w => format!("{}+{}w", pow10(l.held), pow10(w)),
+    };
+    let levels: Vec<String> = first.map_or(vec![], |sc| sc.levels.iter().map(level).collect());
+    let lines = |thick: (&str, fn(&crate::perf::Level) -> f64),
+                 thin: (&str, fn(&crate::perf::Level) -> f64)| {
+        let mut v = Vec::new();
+        for (i, s) in servers.iter().enumerate() {
+            let values = |f: fn(&crate::perf::Level) -> f64| {
                 s.scaling
                     .as_ref()
                     .map_or(vec![], |sc| sc.levels.iter().map(f).collect())
-            })
-            .collect()
-    };
-    let two = |a: Vec<Vec<f64>>, b: Vec<Vec<f64>>, la: &str, lb: &str| -> Vec<(Series, bool)> {
-        let mut v = Vec::new();
-        for (i, (va, vb)) in a.into_iter().zip(b).enumerate() {
-            let c = server_color(i);
-            v.push((
-                Series {
-                    label: format!("{} {la}", labels[i]),
-                    color: c,
-                    values: va,
-                },
-                true,
+            };
+            v.push(ser(
+                format!("{} {}", s.label, thick.0),
+                server_color(i),
+                values(thick.1),
+                3,
             ));
-            v.push((
-                Series {
-                    label: format!("{} {lb}", labels[i]),
-                    color: c,
-                    values: vb,
-                },
-                false,
+            v.push(ser(
+                format!("{} {}", s.label, thin.0),
+                server_color(i),
+                values(thin.1),
+                1,
             ));
         }
         v
     };
-    let series = two(
-        per_level(|l| l.cycle_vs_recipe),
-        per_level(|l| l.extend_vs_pexpire),
-        "cycle",
-        "EXTEND",
-    );
-    let t = "4. Scaling: module / native rate (thick: cycle, thin: EXTEND)";
-    lines(
-        &panels[3],
-        t,
-        "ratio (flat line = O(1))",
-        &levels,
-        &series,
-        Some(1.0),
-    )?;
-    let series = two(
-        per_level(|l| l.handoff_p50),
-        per_level(|l| l.expiry_p50),
-        "hand-off",
-        "expiry",
-    );
-    let t = "5. Scaling: time to hand a lock to a waiter (thick: RELEASE, thin: expiry)";
-    lines(&panels[4], t, "milliseconds (p50)", &levels, &series, None)?;
+    let cost = Panel {
+        title: "4. Scaling: module / native rate (thick: cycle, thin: EXTEND)",
+        ylabel: "ratio (flat line = O(1))",
+        xlabels: levels.clone(),
+        series: lines(
+            ("cycle", |l| l.cycle_vs_recipe),
+            ("EXTEND", |l| l.extend_vs_pexpire),
+        ),
+        parity: Some(1.0),
+        ..Panel::default()
+    };
+    let handoff = Panel {
+        title: "5. Scaling: time to hand a lock to a waiter (thick: RELEASE, thin: expiry)",
+        ylabel: "milliseconds (p50)",
+        xlabels: levels,
+        series: lines(
+            ("hand-off", |l| l.handoff_p50),
+            ("expiry", |l| l.expiry_p50),
+        ),
+        ..Panel::default()
+    };
 
     // 6. Instructions per command, before (baseline) and now.
+    let mut callgrind = Panel {
+        title: "6. Instructions per command (callgrind)",
+        ylabel: "instructions (Ir) per command",
+        value_labels: true,
+        ..Panel::default()
+    };
     if let Some(cg) = &run.callgrind {
-        let groups: Vec<String> = cg
+        let before = |name: &str| {
+            cg.baseline
+                .as_ref()
+                .and_then(|(_, rows)| rows.iter().find(|(n, _)| n == name))
+                .map_or(f64::NAN, |(_, v)| *v)
+        };
+        callgrind.xlabels = cg
             .phases
             .iter()
             .map(|p| short_phase(&p.name).to_string())
             .collect();
-        let before = cg.phases.iter().map(|p| {
-            cg.baseline
-                .as_ref()
-                .and_then(|(_, rows)| rows.iter().find(|(n, _)| *n == p.name).map(|(_, v)| *v))
-                .unwrap_or(f64::NAN)
-        });
-        let series = vec![
-            Series {
-                label: "before (baseline)".into(),
-                color: RGBColor(185, 185, 185),
-                values: before.collect(),
-            },
-            Series {
-                label: "now".into(),
-                color: RGBColor(40, 40, 40),
-                values: cg.phases.iter().map(|p| p.per_cmd).collect(),
-            },
+        callgrind.series = vec![
+            ser(
+                "before (baseline)",
+                grey(185),
+                cg.phases.iter().map(|p| before(&p.name)).collect(),
+                0,
+            ),
+            ser(
+                format!("now ({})", cg.server),
+                grey(40),
+                cg.phases.iter().map(|p| p.per_cmd).collect(),
+                0,
+            ),
         ];
-        let t = format!("6. Instructions per command ({}, callgrind)", cg.server);
-        bars(
-            &panels[5],
-            &t,
-            "instructions (Ir) per command",
-            &groups,
-            &series,
-            &[],
-            None,
-            true,
-        )?;
     }
-    root.present()?;
-    Ok(())
+    vec![throughput, latency, memory, cost, handoff, callgrind]
 }
-
 fn short_phase(name: &str) -> &str {
     match name {
         "SET NX PX" => "SET",

@@ -9,6 +9,7 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::chart::{decades, FONT};
+use crate::fmt::scaled;
 use crate::Error;
 
 /// Facts about the run printed above the tables.
@@ -78,31 +79,29 @@ fn methods(cells: &[Cell]) -> Vec<&str> {
 }
 
 fn us(v: f64) -> String {
-    if v >= 10_000.0 {
-        format!("{:.1} ms", v / 1000.0)
-    } else if v >= 1000.0 {
-        format!("{:.2} ms", v / 1000.0)
-    } else {
-        format!("{v:.0} µs")
-    }
+    scaled(
+        v,
+        &[
+            (1e4, 1e3, 1, " ms"),
+            (1e3, 1e3, 2, " ms"),
+            (f64::MIN, 1.0, 0, " µs"),
+        ],
+    )
 }
 
 fn ms(v: f64) -> String {
-    if v >= 1000.0 {
-        format!("{:.2} s", v / 1000.0)
-    } else if v >= 10.0 {
-        format!("{v:.0} ms")
-    } else {
-        format!("{v:.1} ms")
-    }
+    scaled(
+        v,
+        &[
+            (1e3, 1e3, 2, " s"),
+            (10.0, 1.0, 0, " ms"),
+            (f64::MIN, 1.0, 1, " ms"),
+        ],
+    )
 }
 
 fn per_sec(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.1}")
-    }
+    scaled(v, &[(100.0, 1.0, 0, ""), (f64::MIN, 1.0, 1, "")])
 }
 
 /// A hand-off percentile, marked when it rests on few samples.

@@ -1,16 +1,27 @@
 //! Number and date formats shared by every document.
 
-/// `153.4k`, `1.87M`, `999`; `–` when not a number.
-pub fn rate(v: f64) -> String {
-    if !v.is_finite() {
-        "–".into()
-    } else if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
+/// A unit to print a number in: (smallest value, divisor, decimals, suffix).
+pub type Unit = (f64, f64, usize, &'static str);
+
+/// `v` in the first of `units` whose smallest value it reaches; `–` when not a number.
+pub fn scaled(v: f64, units: &[Unit]) -> String {
+    let unit = units.iter().find(|u| v >= u.0).or(units.last());
+    match unit {
+        Some(&(_, div, dec, suffix)) if v.is_finite() => format!("{:.dec$}{suffix}", v / div),
+        _ => "–".into(),
     }
+}
+
+/// `153.4k`, `1.87M`, `999`.
+pub fn rate(v: f64) -> String {
+    scaled(
+        v,
+        &[
+            (1e6, 1e6, 2, "M"),
+            (1e3, 1e3, 1, "k"),
+            (f64::MIN, 1.0, 0, ""),
+        ],
+    )
 }
 
 /// A ratio: `0.95×`.

@@ -233,9 +233,10 @@ pub struct Callgrind {
 /// Everything measured on one server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServerResults {
-    pub label: String,
     pub throughput: Option<Throughput>,
     pub latency: Option<Latency>,
+    /// "Redis 7.0.15"
+    pub label: String,
     pub memory: Option<Memory>,
     pub scaling: Option<Scaling>,
     pub crosscheck: Option<CrossCheck>,

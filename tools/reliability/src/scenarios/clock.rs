@@ -49,24 +49,17 @@ fn server_ms(c: &mut Conn) -> Result<i64, String> {
     }
 }
 
+const TITLE: &str = "Wall-clock jumps (LD_PRELOAD clock shim)";
+const TARGET: &str = "measured baseline; fences never go back on a running server";
+
 pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        5,
-        "clock",
-        "Wall-clock jumps (LD_PRELOAD clock shim)",
-        "measured baseline; fences never go back on a running server",
-    );
-    if !env.shim.is_file() {
-        o.status = Status::NotRun(format!(
+    let not_run = (!env.shim.is_file()).then(|| {
+        format!(
             "clock shim {} not built (bash scripts/deps-reliability.sh)",
             env.shim.display()
-        ));
-        return o;
-    }
-    if let Err(e) = run_inner(env, &mut o) {
-        o.fail(e);
-    }
-    o
+        )
+    });
+    scenario(TITLE, TARGET, not_run, |o| run_inner(env, o))
 }
 
 fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {

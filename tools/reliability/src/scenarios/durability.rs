@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
-use crate::rng::Rng;
 use redis_lock_testkit::args;
+use redis_lock_testkit::Rng;
 
 const CLIENTS: usize = 8;
 const KEYS_PER_CLIENT: usize = 32;

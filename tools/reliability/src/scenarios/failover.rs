@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use crate::rng::Rng;
 use redis_lock_testkit::args;
 use redis_lock_testkit::net::{LinkCut, Netns};
 use redis_lock_testkit::ReplicaPair;
+use redis_lock_testkit::Rng;
 
 const PRIMARY: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 const REPLICA: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);

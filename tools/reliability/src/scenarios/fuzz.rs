@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use crc::{Crc, CRC_64_REDIS};
 
 use crate::common::*;
-use crate::rng::Rng;
 use redis_lock_testkit::args;
+use redis_lock_testkit::Rng;
 
 const BATCH: u64 = 100;
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
@@ -562,17 +562,12 @@ fn cargo_fuzz(repo: &Path, secs: u64) -> Result<(u64, Option<String>), String> {
     }
 }
 
+const TITLE: &str = "Bad input (live fuzzer, hostile RESTORE payloads, cargo fuzz)";
+const TARGET: &str =
+    "0 crashes, 0 hangs in >= 100,000 commands; hostile RESTORE refused without a crash";
+
 pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        6,
-        "fuzz",
-        "Bad input (live fuzzer, hostile RESTORE payloads, cargo fuzz)",
-        "0 crashes, 0 hangs in >= 100,000 commands; hostile RESTORE refused without a crash",
-    );
-    if let Err(e) = run_inner(env, &mut o) {
-        o.fail(e);
-    }
-    o
+    scenario(TITLE, TARGET, None, |o| run_inner(env, o))
 }
 
 fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {

@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use crate::rng::Rng;
 use redis_lock_testkit::args;
+use redis_lock_testkit::Rng;
 
 /// used_memory may differ from the baseline by this much (allocator rounding, client
 /// buffers of the INFO connection itself).
@@ -40,24 +40,23 @@ fn conns(s: &Server, n: usize) -> Result<Vec<Conn>, String> {
         .collect()
 }
 
+/// `n` clients blocked in `LOCK.ACQUIRE key PX px BLOCK block` (replies not read).
+fn waiters(s: &Server, n: usize, key: &str, px: u64, block: u64) -> Result<Vec<Conn>, String> {
+    let mut ws = conns(s, n)?;
+    for w in &mut ws {
+        w.queue(&args!["LOCK.ACQUIRE", key, "PX", px, "BLOCK", block]);
+        w.flush().map_err(|e| e.to_string())?;
+    }
+    Ok(ws)
+}
+
 fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     let mut a = connect(s).map_err(|e| e.to_string())?;
     a.try_set_read_timeout(Some(Duration::from_secs(60)))
         .map_err(|e| e.to_string())?;
     // 1. Waits that time out.
     let t = grant(&mut a, &args!["LOCK.ACQUIRE", "m:t", "PX", 60_000u64])?;
-    let mut ws = conns(s, 4)?;
-    for w in &mut ws {
-        w.queue(&args![
-            "LOCK.ACQUIRE",
-            "m:t",
-            "PX",
-            1000u64,
-            "BLOCK",
-            100u64
-        ]);
-        w.flush().map_err(|e| e.to_string())?;
-    }
+    let mut ws = waiters(s, 4, "m:t", 1000, 100)?;
     for w in &mut ws {
         let r = w.read().map_err(|e| e.to_string())?;
         if r != Reply::Nil {
@@ -67,18 +66,7 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     cmd(&mut a, &args!["LOCK.RELEASE", "m:t", &t])?;
     // 2. Waiters that disconnect while queued.
     let t = grant(&mut a, &args!["LOCK.ACQUIRE", "m:d", "PX", 60_000u64])?;
-    let mut ws = conns(s, 4)?;
-    for w in &mut ws {
-        w.queue(&args![
-            "LOCK.ACQUIRE",
-            "m:d",
-            "PX",
-            1000u64,
-            "BLOCK",
-            30_000u64
-        ]);
-        w.flush().map_err(|e| e.to_string())?;
-    }
+    let ws = waiters(s, 4, "m:d", 1000, 30_000)?;
     std::thread::sleep(Duration::from_millis(200));
     drop(ws);
     std::thread::sleep(Duration::from_millis(200));
@@ -86,18 +74,7 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     // 3. Hand-offs down a queue, and 4. FORCERELEASE with waiters.
     for (key, force) in [("m:h", false), ("m:f", true)] {
         let t = grant(&mut a, &args!["LOCK.ACQUIRE", key, "PX", 60_000u64])?;
-        let mut ws = conns(s, 4)?;
-        for w in &mut ws {
-            w.queue(&args![
-                "LOCK.ACQUIRE",
-                key,
-                "PX",
-                60_000u64,
-                "BLOCK",
-                30_000u64
-            ]);
-            w.flush().map_err(|e| e.to_string())?;
-        }
+        let mut ws = waiters(s, 4, key, 60_000, 30_000)?;
         std::thread::sleep(Duration::from_millis(200));
         if force {
             cmd(&mut a, &args!["LOCK.FORCERELEASE", key])?;
@@ -112,16 +89,7 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     }
     // 5. A waiter handed the lock just as it disconnects.
     let t = grant(&mut a, &args!["LOCK.ACQUIRE", "m:g", "PX", 60_000u64])?;
-    let mut w = conns(s, 1)?;
-    w[0].queue(&args![
-        "LOCK.ACQUIRE",
-        "m:g",
-        "PX",
-        60_000u64,
-        "BLOCK",
-        30_000u64
-    ]);
-    w[0].flush().map_err(|e| e.to_string())?;
+    let w = waiters(s, 1, "m:g", 60_000, 30_000)?;
     std::thread::sleep(Duration::from_millis(100));
     a.queue(&args!["LOCK.RELEASE", "m:g", &t]);
     a.flush().map_err(|e| e.to_string())?;
@@ -312,21 +280,13 @@ fn parse_vg(log: &str) -> VgReport {
     r
 }
 
+const TITLE: &str = "Memory safety (valgrind memcheck)";
+const TARGET: &str = "0 bytes definitely lost in module frames, 0 invalid reads/writes, used_memory back to baseline";
+
 pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        7,
-        "memory",
-        "Memory safety (valgrind memcheck)",
-        "0 bytes definitely lost in module frames, 0 invalid reads/writes, used_memory back to baseline",
-    );
-    if redis_lock_testkit::run_cmd(&["valgrind", "--version"]).is_err() {
-        o.status = Status::NotRun("valgrind not found (bash scripts/deps-reliability.sh)".into());
-        return o;
-    }
-    if let Err(e) = run_inner(env, &mut o) {
-        o.fail(e);
-    }
-    o
+    let not_run = (redis_lock_testkit::run_cmd(&["valgrind", "--version"]).is_err())
+        .then(|| "valgrind not found (bash scripts/deps-reliability.sh)".into());
+    scenario(TITLE, TARGET, not_run, |o| run_inner(env, o))
 }
 
 fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {

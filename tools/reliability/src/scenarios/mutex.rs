@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use crate::checker::{self, Call, Grant, StoreEvent, StoreEventKind};
 use crate::common::*;
-use crate::rng::Rng;
 use redis_lock_testkit::args;
+use redis_lock_testkit::Rng;
 
 pub const CLIENTS: usize = 64;
 pub const KEYS: u32 = 16;
@@ -315,17 +315,11 @@ fn session(
     }
 }
 
+const TITLE: &str = "Mutual exclusion and fencing (fenced-mutex checker)";
+const TARGET: &str = "0 violations in >= 1,000,000 acquisitions";
+
 pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        1,
-        "mutex",
-        "Mutual exclusion and fencing (fenced-mutex checker)",
-        "0 violations in >= 1,000,000 acquisitions",
-    );
-    if let Err(e) = run_inner(env, &mut o) {
-        o.fail(e);
-    }
-    o
+    scenario(TITLE, TARGET, None, |o| run_inner(env, o))
 }
 
 fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {

@@ -209,17 +209,12 @@ fn trial(
     })
 }
 
+const TITLE: &str = "Stale holder (SIGSTOP for 2x TTL, Kleppmann's pause)";
+const TARGET: &str =
+    "fenced store refuses 100% of stale writes; the unfenced control shows the corruption";
+
 pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        4,
-        "stale",
-        "Stale holder (SIGSTOP for 2x TTL, Kleppmann's pause)",
-        "fenced store refuses 100% of stale writes; the unfenced control shows the corruption",
-    );
-    if let Err(e) = run_inner(env, &mut o) {
-        o.fail(e);
-    }
-    o
+    scenario(TITLE, TARGET, None, |o| run_inner(env, o))
 }
 
 fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
