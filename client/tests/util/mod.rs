@@ -38,3 +38,17 @@ pub const MS: Duration = Duration::from_millis(1);
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
+
+/// A lease of `ttl_ms`, renewed for up to a minute.
+pub fn renewing(ttl_ms: u64) -> redis_lock_client::AcquireOptions {
+    redis_lock_client::AcquireOptions::new(ms(ttl_ms)).auto_renew(Duration::from_secs(60))
+}
+
+/// The guard of an acquisition that must be granted.
+pub async fn granted(
+    acquisition: impl std::future::Future<
+        Output = redis_lock_client::Result<Option<redis_lock_client::LockGuard>>,
+    >,
+) -> redis_lock_client::LockGuard {
+    acquisition.await.unwrap().expect("granted")
+}

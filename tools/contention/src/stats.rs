@@ -134,6 +134,19 @@ pub fn summarize(logs: &[ClientLog]) -> Summary {
 mod tests {
     use super::*;
 
+    fn log(acquisitions: Vec<Acquisition>, commands: u64, gave_up_after: Option<u64>) -> ClientLog {
+        ClientLog {
+            acquisitions,
+            commands,
+            gave_up_after,
+        }
+    }
+
+    /// One client's log with 4 commands.
+    fn single(acquisitions: Vec<Acquisition>) -> Vec<ClientLog> {
+        vec![log(acquisitions, 4, None)]
+    }
+
     fn acq(client: usize, wanted: u64, granted: u64, released: u64) -> Acquisition {
         Acquisition {
             client,
@@ -163,17 +176,13 @@ mod tests {
 
     #[test]
     fn summary_pairs_each_grant_with_the_previous_release() {
-        let logs = vec![
-            ClientLog {
-                acquisitions: vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 5_500, 6_000)],
-                commands: 5,
-                gave_up_after: None,
-            },
-            ClientLog {
-                acquisitions: vec![acq(1, 0, 2_500, 5_000)],
-                commands: 3,
-                gave_up_after: Some(9_000_000),
-            },
+        let logs = [
+            log(
+                vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 5_500, 6_000)],
+                5,
+                None,
+            ),
+            log(vec![acq(1, 0, 2_500, 5_000)], 3, Some(9_000_000)),
         ];
         let s = summarize(&logs);
         assert_eq!(s.acquisitions, 3);
@@ -191,18 +200,8 @@ mod tests {
 
     #[test]
     fn a_releaser_that_takes_the_lock_again_is_not_a_handoff() {
-        let logs = vec![
-            ClientLog {
-                acquisitions: vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 2_100, 3_000)],
-                commands: 4,
-                gave_up_after: None,
-            },
-            ClientLog {
-                acquisitions: vec![acq(1, 0, 8_000, 9_000)],
-                commands: 9,
-                gave_up_after: None,
-            },
-        ];
+        let mut logs = single(vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 2_100, 3_000)]);
+        logs.push(log(vec![acq(1, 0, 8_000, 9_000)], 9, None));
         let s = summarize(&logs);
         assert_eq!(s.handoffs, 1);
         assert_eq!(s.handoff_p99_us, 5.0);
@@ -212,11 +211,7 @@ mod tests {
 
     #[test]
     fn one_client_counts_its_own_reacquires() {
-        let logs = vec![ClientLog {
-            acquisitions: vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 2_300, 3_000)],
-            commands: 4,
-            gave_up_after: None,
-        }];
+        let logs = single(vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 2_300, 3_000)]);
         let s = summarize(&logs);
         assert_eq!(s.handoffs, 1);
         assert_eq!(s.handoff_p50_us, 0.3);
@@ -224,36 +219,28 @@ mod tests {
 
     #[test]
     fn a_grant_before_the_previous_holder_released_is_an_overlap() {
-        let logs = vec![ClientLog {
-            acquisitions: vec![acq(0, 0, 1_000, 3_000), acq(1, 0, 2_000, 4_000)],
-            commands: 4,
-            gave_up_after: None,
-        }];
+        let logs = single(vec![acq(0, 0, 1_000, 3_000), acq(1, 0, 2_000, 4_000)]);
         assert_eq!(summarize(&logs).overlaps, 1);
     }
 
     #[test]
     fn a_grant_reply_that_beats_the_release_reply_counts_as_zero() {
-        let logs = vec![ClientLog {
-            acquisitions: vec![
-                Acquisition {
-                    client: 0,
-                    wanted: 0,
-                    granted: 100,
-                    releasing: 200,
-                    released: 400,
-                },
-                Acquisition {
-                    client: 1,
-                    wanted: 0,
-                    granted: 300,
-                    releasing: 500,
-                    released: 600,
-                },
-            ],
-            commands: 4,
-            gave_up_after: None,
-        }];
+        let logs = single(vec![
+            Acquisition {
+                client: 0,
+                wanted: 0,
+                granted: 100,
+                releasing: 200,
+                released: 400,
+            },
+            Acquisition {
+                client: 1,
+                wanted: 0,
+                granted: 300,
+                releasing: 500,
+                released: 600,
+            },
+        ]);
         let s = summarize(&logs);
         assert_eq!(s.handoff_p99_us, 0.0);
         assert_eq!(s.overlaps, 0);

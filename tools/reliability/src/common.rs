@@ -63,26 +63,6 @@ impl Env {
     }
 }
 
-/// A scenario's outcome: `body` fills it in and an `Err` from it is a missed target;
-/// `not_run` says why the scenario cannot run here (counted as missed).
-pub fn scenario(
-    title: &str,
-    target: &str,
-    not_run: Option<String>,
-    body: impl FnOnce(&mut Outcome) -> Result<(), String>,
-) -> Outcome {
-    let mut o = Outcome::new(0, "", title, target);
-    match not_run {
-        Some(why) => o.status = Status::NotRun(why),
-        None => {
-            if let Err(e) = body(&mut o) {
-                o.fail(e);
-            }
-        }
-    }
-    o
-}
-
 /// A connection with a 5 s timeout (from inside the server's namespace, if any).
 pub fn connect(s: &Server) -> Result<Conn, String> {
     s.try_raw(Duration::from_secs(5))

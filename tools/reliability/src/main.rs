@@ -90,7 +90,7 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
     if let Some(k) = a
         .only
         .iter()
-        .find(|k| !scenarios::ALL.iter().any(|(n, _)| n == k))
+        .find(|k| !scenarios::ALL.iter().any(|s| s.0 == k.as_str()))
     {
         return Err(format!("unknown scenario {k}"));
     }
@@ -144,14 +144,17 @@ fn run(a: RunArgs) -> ExitCode {
     );
     let started = unix_ms();
     let mut outcomes: Vec<Outcome> = Vec::new();
-    for (i, (key, scenario)) in scenarios::ALL.iter().enumerate() {
+    for (i, (key, title, target, scenario)) in scenarios::ALL.iter().enumerate() {
         if !a.only.is_empty() && !a.only.iter().any(|k| k == key) {
             continue;
         }
         println!("== [{}] {key} ...", i + 1);
         let t = Instant::now();
-        let mut o = scenario(&env);
-        (o.id, o.key, o.secs) = (i as u32 + 1, key.to_string(), t.elapsed().as_secs_f64());
+        let mut o = Outcome::new(i as u32 + 1, key, title, target);
+        if let Err(e) = scenario(&env, &mut o) {
+            o.fail(e);
+        }
+        o.secs = t.elapsed().as_secs_f64();
         let verdict = match &o.status {
             Status::Pass => "PASS".to_string(),
             Status::Fail(w) => format!("FAIL ({w})"),

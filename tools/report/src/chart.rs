@@ -276,39 +276,45 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
 
     // 2. Latency p50; 3. memory per held lock, with the goal (1.5x a string lock).
     let lat = |f: fn(&crate::perf::Latency) -> f64| per_server(&|s| s.latency.as_ref().map(f));
-    let latency = Panel {
-        title: "2. Latency p50, one client, unpipelined",
-        ylabel: "microseconds",
+    let by_server = |title, ylabel, series| Panel {
+        title,
+        ylabel,
         xlabels: labels.clone(),
-        series: vec![
-            ser("ACQUIRE", grey(50), lat(|l| l.acquire.p50), 0),
-            ser("SET NX PX", grey(170), lat(|l| l.set_nx.p50), 0),
-            ser("RELEASE", RGBColor(30, 110, 60), lat(|l| l.release.p50), 0),
-            ser(
-                "EVALSHA release",
-                RGBColor(150, 205, 165),
-                lat(|l| l.eval_release.p50),
-                0,
-            ),
-        ],
+        series,
         value_labels: true,
         ..Panel::default()
     };
+    let lat_series = vec![
+        ser("ACQUIRE", grey(50), lat(|l| l.acquire.p50), 0),
+        ser("SET NX PX", grey(170), lat(|l| l.set_nx.p50), 0),
+        ser("RELEASE", RGBColor(30, 110, 60), lat(|l| l.release.p50), 0),
+        ser(
+            "EVALSHA release",
+            RGBColor(150, 205, 165),
+            lat(|l| l.eval_release.p50),
+            0,
+        ),
+    ];
+    let latency = by_server(
+        "2. Latency p50, one client, unpipelined",
+        "microseconds",
+        lat_series,
+    );
     let mem = |f: fn(&crate::perf::Memory) -> f64| per_server(&|s| s.memory.as_ref().map(f));
+    let mem_series = vec![
+        ser("module lock", grey(50), mem(|m| m.module_per_lock), 0),
+        ser("SET NX PX string", grey(170), mem(|m| m.string_per_lock), 0),
+    ];
     let memory = Panel {
-        title: "3. Memory per held lock (used_memory delta / locks)",
-        ylabel: "bytes per lock",
-        xlabels: labels.clone(),
-        series: vec![
-            ser("module lock", grey(50), mem(|m| m.module_per_lock), 0),
-            ser("SET NX PX string", grey(170), mem(|m| m.string_per_lock), 0),
-        ],
         goals: mem(|m| m.string_per_lock * 1.5)
             .into_iter()
             .map(|v| v.is_finite().then_some(v))
             .collect(),
-        value_labels: true,
-        ..Panel::default()
+        ..by_server(
+            "3. Memory per held lock (used_memory delta / locks)",
+            "bytes per lock",
+            mem_series,
+        )
     };
 
     // 4 and 5. Scaling over the levels of held locks (+ waiters): thick and thin lines.

@@ -211,29 +211,26 @@ fn unavailable() -> Option<String> {
     None
 }
 
-pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        3,
-        "failover",
-        "Failover (link cut with nft, primary SIGKILLed, replica promoted)",
-        "0 WAIT-confirmed locks lost, 0 fence regressions after promotion",
-    );
+pub const TITLE: &str = "Failover (link cut with nft, primary SIGKILLed, replica promoted)";
+pub const TARGET: &str = "0 WAIT-confirmed locks lost, 0 fence regressions after promotion";
+
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     if let Some(why) = unavailable() {
         o.status = Status::NotRun(why);
-        return o;
+        return Ok(());
     }
     let ns = match Netns::create(&format!("rlrel{}", std::process::id())) {
         Ok(ns) => ns,
         Err(e) => {
             o.status = Status::NotRun(format!("cannot create a network namespace: {e}"));
-            return o;
+            return Ok(());
         }
     };
     let mut cut = match LinkCut::install(&ns) {
         Ok(c) => c,
         Err(e) => {
             o.status = Status::NotRun(format!("nft does not work in the namespace: {e}"));
-            return o;
+            return Ok(());
         }
     };
     let rounds = env.n(20.0, 4.0);
@@ -286,5 +283,5 @@ pub fn run(env: &Env) -> Outcome {
     if st.confirmed == 0 && o.status == Status::Pass {
         o.fail("no WAIT-confirmed grant was made (nothing checked)");
     }
-    o
+    Ok(())
 }

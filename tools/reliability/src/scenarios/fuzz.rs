@@ -562,15 +562,11 @@ fn cargo_fuzz(repo: &Path, secs: u64) -> Result<(u64, Option<String>), String> {
     }
 }
 
-const TITLE: &str = "Bad input (live fuzzer, hostile RESTORE payloads, cargo fuzz)";
-const TARGET: &str =
+pub const TITLE: &str = "Bad input (live fuzzer, hostile RESTORE payloads, cargo fuzz)";
+pub const TARGET: &str =
     "0 crashes, 0 hangs in >= 100,000 commands; hostile RESTORE refused without a crash";
 
-pub fn run(env: &Env) -> Outcome {
-    scenario(TITLE, TARGET, None, |o| run_inner(env, o))
-}
-
-fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6675_7a7a);
     let mut server = env.start("fuzz")?;
     let t = Instant::now();

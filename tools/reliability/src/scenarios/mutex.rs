@@ -315,14 +315,10 @@ fn session(
     }
 }
 
-const TITLE: &str = "Mutual exclusion and fencing (fenced-mutex checker)";
-const TARGET: &str = "0 violations in >= 1,000,000 acquisitions";
+pub const TITLE: &str = "Mutual exclusion and fencing (fenced-mutex checker)";
+pub const TARGET: &str = "0 violations in >= 1,000,000 acquisitions";
 
-pub fn run(env: &Env) -> Outcome {
-    scenario(TITLE, TARGET, None, |o| run_inner(env, o))
-}
-
-fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let target = env.n(1_000_000.0, 30_000.0);
     let budget = env.secs(480.0, 45.0);
     let server = env.start("mutex")?;

@@ -209,15 +209,11 @@ fn trial(
     })
 }
 
-const TITLE: &str = "Stale holder (SIGSTOP for 2x TTL, Kleppmann's pause)";
-const TARGET: &str =
+pub const TITLE: &str = "Stale holder (SIGSTOP for 2x TTL, Kleppmann's pause)";
+pub const TARGET: &str =
     "fenced store refuses 100% of stale writes; the unfenced control shows the corruption";
 
-pub fn run(env: &Env) -> Outcome {
-    scenario(TITLE, TARGET, None, |o| run_inner(env, o))
-}
-
-fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let lock = env.start("stale-lock")?;
     let store = env.plain("stale-store").try_start()?;
     let sha = connect(&store)?
