@@ -443,6 +443,24 @@ impl Server {
         }
     }
 
+    /// Restarts the server (same port, dir and arguments) as a replica of `primary`, so
+    /// that it never comes up as a primary of its own (a killed primary rejoining).
+    pub fn try_restart_as_replica_of(&mut self, primary: &Server) -> Result<(), String> {
+        if let Some(i) = self.argv.iter().position(|a| a == "--replicaof") {
+            self.argv.drain(i..(i + 3).min(self.argv.len()));
+        }
+        let (host, port) = (primary.host.to_string(), primary.port.to_string());
+        self.argv.extend(["--replicaof".to_string(), host, port]);
+        self.try_restart()
+    }
+
+    /// `master` or `slave` (the first element of `ROLE`), `None` when unreachable.
+    pub fn role(&self) -> Option<String> {
+        let mut c = self.try_raw(Duration::from_secs(2)).ok()?;
+        let r = c.call(&["ROLE"]).ok()?;
+        r.as_items()?.first()?.as_text()
+    }
+
     /// Spawns the process and waits until it is ready; on failure the process is gone and
     /// the error holds the log tail.
     fn launch(&mut self) -> Result<(), String> {
@@ -615,6 +633,47 @@ impl ReplicaPair {
     }
 }
 
+impl ReplicaPair {
+    /// A coordinated `FAILOVER` (Redis 6.2+): the primary pauses writes until the replica
+    /// caught up, then they swap roles. Waits until both report their new role and the
+    /// new replica is synced, then swaps `primary` and `replica`. An aborted failover
+    /// (`TIMEOUT`) leaves the roles as they were and is an `Err`.
+    pub fn failover(&mut self, timeout: Duration) -> Result<(), String> {
+        let online = wait_until(timeout, || {
+            self.primary
+                .info_field("replication", "slave0")
+                .is_some_and(|s| s.contains("state=online"))
+        });
+        if !online {
+            return Err("the primary does not see its replica online".into());
+        }
+        let ms = timeout.as_millis().to_string();
+        let mut c = self
+            .primary
+            .try_raw(IO_TIMEOUT)
+            .map_err(|e| e.to_string())?;
+        let r = c
+            .call(&["FAILOVER", "TIMEOUT", &ms])
+            .map_err(|e| e.to_string())?;
+        if r.is_error() {
+            return Err(format!("FAILOVER: {r:?}"));
+        }
+        let swapped = wait_until(timeout + Duration::from_secs(2), || {
+            self.replica.role().as_deref() == Some("master")
+                && self.primary.role().as_deref() == Some("slave")
+        });
+        if !swapped {
+            return Err(format!(
+                "FAILOVER did not complete within {timeout:?} (roles: {:?} / {:?})",
+                self.primary.role(),
+                self.replica.role()
+            ));
+        }
+        std::mem::swap(&mut self.primary, &mut self.replica);
+        self.replica.wait_synced(Duration::from_secs(20))
+    }
+}
+
 /// A cluster of `masters` primaries (no replicas), every node started by the kit.
 #[derive(Debug)]
 pub struct Cluster {
@@ -734,6 +793,89 @@ impl Cluster {
                     && info_field(&info, "cluster_known_nodes").as_deref() == Some(n.as_str())
             })
         })
+    }
+
+    /// `CLUSTER MYID` of node `i`.
+    pub fn node_id(&self, i: usize) -> Result<String, String> {
+        let mut c = self.nodes[i]
+            .try_raw(IO_TIMEOUT)
+            .map_err(|e| e.to_string())?;
+        let r = c.call(&["CLUSTER", "MYID"]).map_err(|e| e.to_string())?;
+        r.as_text().ok_or_else(|| format!("CLUSTER MYID: {r:?}"))
+    }
+
+    /// The index of the node serving `slot`, from node 0's `CLUSTER SLOTS`.
+    pub fn slot_owner(&self, slot: u16) -> Option<usize> {
+        let mut c = self.nodes[0].try_raw(IO_TIMEOUT).ok()?;
+        let slots = c.call(&["CLUSTER", "SLOTS"]).ok()?;
+        slots.as_items()?.iter().find_map(|range| {
+            let [lo, hi, master, ..] = range.as_items()? else {
+                return None;
+            };
+            let port = master.as_items()?.get(1)?.as_int()?;
+            (lo.as_int()?..=hi.as_int()?)
+                .contains(&i64::from(slot))
+                .then(|| self.nodes.iter().position(|n| i64::from(n.port) == port))?
+        })
+    }
+
+    /// Moves `slot` to node `to` the way `redis-cli --cluster reshard` does:
+    /// `SETSLOT IMPORTING` on the target, `MIGRATING` on the source, `MIGRATE` of every
+    /// key until the source holds none, then `SETSLOT NODE` on the target, the source and
+    /// every other node. `pause` is slept between the steps (clients meanwhile meet ASK
+    /// and TRYAGAIN). Returns the number of keys moved.
+    pub fn migrate_slot(&self, slot: u16, to: usize, pause: Duration) -> Result<u64, String> {
+        let from = self
+            .slot_owner(slot)
+            .ok_or_else(|| format!("nobody serves slot {slot}"))?;
+        if from == to {
+            return Ok(0);
+        }
+        let (src_id, dst_id) = (self.node_id(from)?, self.node_id(to)?);
+        let s = slot.to_string();
+        let conn = |i: usize| self.nodes[i].try_raw(IO_TIMEOUT).map_err(|e| e.to_string());
+        let ok = |c: &mut RawConn, cmd: &[&str]| match c.call(cmd) {
+            Ok(r) if !r.is_error() => Ok(r),
+            r => Err(format!("{} on slot {slot}: {r:?}", cmd.join(" "))),
+        };
+        let (mut src, mut dst) = (conn(from)?, conn(to)?);
+        ok(&mut dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &src_id])?;
+        ok(&mut src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst_id])?;
+        sleep(pause);
+        let (host, port) = (
+            self.nodes[to].host.to_string(),
+            self.nodes[to].port.to_string(),
+        );
+        let mut moved = 0;
+        for _ in 0..100 {
+            let keys = ok(&mut src, &["CLUSTER", "GETKEYSINSLOT", &s, "100"])?;
+            let keys: Vec<String> = keys
+                .as_items()
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|k| k.as_text())
+                .collect();
+            if keys.is_empty() {
+                break;
+            }
+            for k in &keys {
+                let r = ok(&mut src, &["MIGRATE", &host, &port, k, "0", "5000"])?;
+                moved += u64::from(r.as_text().as_deref() == Some("OK"));
+            }
+        }
+        let left = ok(&mut src, &["CLUSTER", "COUNTKEYSINSLOT", &s])?;
+        if left.as_int() != Some(0) {
+            return Err(format!(
+                "slot {slot}: the source still holds {left:?} keys after MIGRATE"
+            ));
+        }
+        sleep(pause);
+        ok(&mut dst, &["CLUSTER", "SETSLOT", &s, "NODE", &dst_id])?;
+        ok(&mut src, &["CLUSTER", "SETSLOT", &s, "NODE", &dst_id])?;
+        for i in (0..self.nodes.len()).filter(|&i| i != from && i != to) {
+            ok(&mut conn(i)?, &["CLUSTER", "SETSLOT", &s, "NODE", &dst_id])?;
+        }
+        Ok(moved)
     }
 
     /// `CLUSTER INFO` and the log tail of every node, for failure messages.

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use redis_lock_testkit::lock::{self, lock_stat};
-use redis_lock_testkit::{args, wait_until, ReplicaPair, Resp, ServerBuilder};
+use redis_lock_testkit::{args, wait_until, Cluster, ReplicaPair, Resp, ServerBuilder};
 
 #[test]
 fn typed_helpers_follow_a_lock_through_its_life() {
@@ -65,4 +65,57 @@ fn raw_bytes_reach_the_server_as_they_are() {
     c.queue_raw(b"*1\r\n$x\r\n");
     c.flush().unwrap();
     assert!(c.read().unwrap().err().contains("Protocol error"));
+}
+
+#[test]
+fn failover_swaps_the_pair_and_a_killed_primary_rejoins_as_replica() {
+    let mut pair = ReplicaPair::start();
+    let g = lock::acquire(&mut pair.primary.raw(), "kit:f", &["PX", "60000"])
+        .unwrap()
+        .expect("free");
+    let old = pair.primary.port;
+    pair.failover(Duration::from_secs(5)).unwrap();
+    assert_eq!(pair.replica.port, old, "the old primary is the replica now");
+    assert_eq!(pair.primary.role().as_deref(), Some("master"));
+    assert_eq!(pair.replica.role().as_deref(), Some("slave"));
+    let info = lock::info(&mut pair.primary.raw(), "kit:f").unwrap();
+    assert_eq!(
+        info.and_then(|i| i.fence),
+        Some(g.fence),
+        "the lock moved along"
+    );
+    // The primary dies; the replica is promoted; the dead one comes back as its replica.
+    pair.primary.kill9();
+    assert_eq!(
+        pair.replica.raw().cmd(&["REPLICAOF", "NO", "ONE"]),
+        Resp::Simple("OK".into())
+    );
+    let (dead, promoted) = (&mut pair.primary, &pair.replica);
+    dead.try_restart_as_replica_of(promoted).unwrap();
+    assert_eq!(dead.role().as_deref(), Some("slave"));
+    dead.wait_synced(Duration::from_secs(20)).unwrap();
+}
+
+#[test]
+fn a_slot_moves_with_its_lock_and_back() {
+    let cluster = Cluster::start(3);
+    let key = "{kit:m}lock";
+    let slot = redis_lock_testkit::key_slot(key.as_bytes());
+    let from = cluster.slot_owner(slot).expect("an owner");
+    let g = lock::acquire(&mut cluster.nodes[from].raw(), key, &["PX", "60000"])
+        .unwrap()
+        .expect("free");
+    let to = (from + 1) % 3;
+    let pause = Duration::from_millis(5);
+    assert_eq!(cluster.migrate_slot(slot, to, pause), Ok(1));
+    assert_eq!(cluster.slot_owner(slot), Some(to));
+    let info = lock::info(&mut cluster.nodes[to].raw(), key).unwrap();
+    assert_eq!(info.and_then(|i| i.fence), Some(g.fence));
+    assert_eq!(cluster.migrate_slot(slot, from, pause), Ok(1));
+    assert_eq!(cluster.slot_owner(slot), Some(from));
+    assert_eq!(
+        cluster.migrate_slot(slot, from, pause),
+        Ok(0),
+        "already there"
+    );
 }
