@@ -14,6 +14,8 @@ pub use redis_lock_testkit::{
 pub struct Env {
     pub repo: PathBuf,
     pub server_bin: PathBuf,
+    /// The servers of the scenarios that run on every server.
+    pub servers: Vec<PathBuf>,
     pub module: PathBuf,
     pub shim: PathBuf,
     pub exe: PathBuf,

@@ -6,14 +6,16 @@
 
 mod checker;
 mod common;
+mod link;
 mod scenarios;
+mod workload;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
-use redis_lock_report::reliability::ReliabilityRun;
+use redis_lock_report::reliability::{ReliabilityRun, RowRun, ServerId};
 
 use common::{unix_ms, Env, Outcome, Status};
 
@@ -45,10 +47,13 @@ struct RunArgs {
     /// The run's random seed (default: from the clock; printed by every run).
     #[arg(long, env = "SEED")]
     seed: Option<u64>,
-    /// Some scenarios only (mutex, durability, failover, stale, clock, fuzz, memory).
+    /// Some scenarios only (mutex, durability, failover, stale, clock, fuzz, memory,
+    /// chaos, kinds).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Save the outcomes here and render docs/RELIABILITY.md next to it (DIR/../..).
+    /// With --only, the rows of those scenarios replace theirs in the file and the
+    /// other rows stay as they are.
     #[arg(long)]
     json: Option<PathBuf>,
     #[arg(
@@ -57,6 +62,10 @@ struct RunArgs {
         default_value = "/usr/bin/redis-server"
     )]
     server: PathBuf,
+    /// The servers of the scenarios that run on every server (chaos, kinds), comma
+    /// separated; default: --server.
+    #[arg(long, env = "RELIABILITY_SERVERS", value_delimiter = ',')]
+    servers: Vec<PathBuf>,
     #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]
     module: PathBuf,
     /// Keep the servers' directories.
@@ -90,7 +99,7 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
     if let Some(k) = a
         .only
         .iter()
-        .find(|k| !scenarios::ALL.iter().any(|s| s.0 == k.as_str()))
+        .find(|k| !scenarios::ALL.iter().any(|s| s.key == k.as_str()))
     {
         return Err(format!("unknown scenario {k}"));
     }
@@ -103,8 +112,20 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
             p.to_path_buf()
         }
     };
+    let servers: Vec<PathBuf> = if a.servers.is_empty() {
+        vec![abs(&a.server)]
+    } else {
+        a.servers.iter().map(|p| abs(p)).collect()
+    };
+    if let Some(p) = servers.iter().find(|p| !p.is_file()) {
+        return Err(format!(
+            "server binary {} not found (make deps)",
+            p.display()
+        ));
+    }
     Ok(Env {
         server_bin: abs(&a.server),
+        servers,
         module: abs(&a.module),
         shim: repo.join("target/reliability/libclockshift.so"),
         exe: std::env::current_exe().map_err(|e| e.to_string())?,
@@ -144,38 +165,55 @@ fn run(a: RunArgs) -> ExitCode {
     );
     let started = unix_ms();
     let mut outcomes: Vec<Outcome> = Vec::new();
-    for (i, (key, title, target, scenario)) in scenarios::ALL.iter().enumerate() {
-        if !a.only.is_empty() && !a.only.iter().any(|k| k == key) {
+    for (i, def) in scenarios::ALL.iter().enumerate() {
+        if !a.only.is_empty() && !a.only.iter().any(|k| k == def.key) {
             continue;
         }
-        println!("== [{}] {key} ...", i + 1);
-        let t = Instant::now();
-        let mut o = Outcome::new(i as u32 + 1, key, title, target);
-        if let Err(e) = scenario(&env, &mut o) {
-            o.fail(e);
-        }
-        o.secs = t.elapsed().as_secs_f64();
-        let verdict = match &o.status {
-            Status::Pass => "PASS".to_string(),
-            Status::Fail(w) => format!("FAIL ({w})"),
-            Status::NotRun(w) => format!("NOT RUN ({w})"),
+        let servers = if def.every_server {
+            env.servers.clone()
+        } else {
+            vec![env.server_bin.clone()]
         };
-        println!(
-            "== [{}] {key}: {verdict} -- {} [{}] in {:.0} s",
-            i + 1,
-            o.figure,
-            o.trials,
-            o.secs
-        );
-        for n in &o.notes {
-            println!("     {n}");
+        for bin in servers {
+            let mut env = env.clone();
+            env.server_bin = bin;
+            let mut o = Outcome::new(i as u32 + 1, def.key, def.title, def.target);
+            if def.every_server {
+                o.server = Some(ServerId {
+                    label: redis_lock_testkit::flavor_of(&env.server_bin)
+                        .map_or_else(|_| env.server_bin.display().to_string(), |f| f.label()),
+                    path: shown_path(&env.repo, &env.server_bin),
+                });
+            }
+            println!("== [{}] {} ...", i + 1, o.full_title());
+            let t = Instant::now();
+            if let Err(e) = (def.run)(&env, &mut o) {
+                o.fail(e);
+            }
+            o.secs = t.elapsed().as_secs_f64();
+            let verdict = match &o.status {
+                Status::Pass => "PASS".to_string(),
+                Status::Fail(w) => format!("FAIL ({w})"),
+                Status::NotRun(w) => format!("NOT RUN ({w})"),
+            };
+            println!(
+                "== [{}] {}: {verdict} -- {} [{}] in {:.0} s",
+                i + 1,
+                o.full_title(),
+                o.figure,
+                o.trials,
+                o.secs
+            );
+            for n in &o.notes {
+                println!("     {n}");
+            }
+            outcomes.push(o);
         }
-        outcomes.push(o);
     }
     let passed = outcomes.iter().filter(|o| o.status == Status::Pass).count();
     let failed = outcomes.len() - passed;
     if let Some(json) = &a.json {
-        if let Err(e) = save(&env, json, started, &outcomes) {
+        if let Err(e) = save(&env, json, started, &outcomes, &a.only) {
             eprintln!("cannot save {}: {e}", json.display());
             return ExitCode::from(1);
         }
@@ -185,7 +223,7 @@ fn run(a: RunArgs) -> ExitCode {
     }
     for o in &outcomes {
         if let Status::NotRun(w) = &o.status {
-            println!("NOT RUN (counted as failed): {} -- {w}", o.key);
+            println!("NOT RUN (counted as failed): {} -- {w}", o.full_title());
         }
     }
     println!("reliability: {passed} passed, {failed} failed");
@@ -196,37 +234,79 @@ fn run(a: RunArgs) -> ExitCode {
     }
 }
 
+/// A server binary as the docs show it: relative to the repository when inside it.
+fn shown_path(repo: &Path, p: &Path) -> String {
+    p.strip_prefix(repo)
+        .map_or_else(|_| p.display().to_string(), |r| r.display().to_string())
+}
+
 fn save(
     env: &Env,
     json: &Path,
     started: i64,
     outcomes: &[Outcome],
+    only: &[String],
 ) -> Result<(), redis_lock_report::Error> {
     let (date, time) = redis_lock_report::fmt::utc(started);
     let repo = env.repo.to_string_lossy();
-    let run = ReliabilityRun {
-        date,
-        time,
-        short: env.short,
-        scale: env.scale,
-        seed: env.seed,
-        minutes: (unix_ms() - started) as f64 / 60_000.0,
-        server_path: env.server_bin.display().to_string(),
-        server_version: sh(&env.server_bin.to_string_lossy(), &["--version"])
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" "),
-        commit: sh("git", &["-C", &repo, "rev-parse", "--short", "HEAD"]),
-        dirty: !sh("git", &["-C", &repo, "status", "--porcelain", "--", "src"]).is_empty(),
-        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
-        kernel: sh("uname", &["-r"]),
-        fs: sh("df", &["--output=fstype", &env.work.to_string_lossy()])
-            .lines()
-            .last()
-            .unwrap_or("")
-            .to_string(),
-        outcomes: outcomes.to_vec(),
+    let commit = sh("git", &["-C", &repo, "rev-parse", "--short", "HEAD"]);
+    let dirty = !sh("git", &["-C", &repo, "status", "--porcelain", "--", "src"]).is_empty();
+    let run = if only.is_empty() {
+        ReliabilityRun {
+            date,
+            time,
+            short: env.short,
+            scale: env.scale,
+            seed: env.seed,
+            minutes: (unix_ms() - started) as f64 / 60_000.0,
+            server_path: env.server_bin.display().to_string(),
+            server_version: sh(&env.server_bin.to_string_lossy(), &["--version"])
+                .split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
+            commit,
+            dirty,
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            kernel: sh("uname", &["-r"]),
+            fs: sh("df", &["--output=fstype", &env.work.to_string_lossy()])
+                .lines()
+                .last()
+                .unwrap_or("")
+                .to_string(),
+            outcomes: outcomes
+                .iter()
+                .enumerate()
+                .map(|(i, o)| Outcome {
+                    id: i as u32 + 1,
+                    ..o.clone()
+                })
+                .collect(),
+        }
+    } else {
+        // Some scenarios only: their rows replace theirs in the saved run.
+        let mut run: ReliabilityRun = redis_lock_report::load(json)?;
+        let row_run = RowRun {
+            date,
+            time,
+            short: env.short,
+            scale: env.scale,
+            seed: env.seed,
+            commit,
+            dirty,
+            only: only.to_vec(),
+        };
+        run.outcomes.retain(|o| !only.contains(&o.key));
+        run.outcomes.extend(outcomes.iter().cloned().map(|mut o| {
+            o.run = Some(row_run.clone());
+            o
+        }));
+        let order = |key: &str| scenarios::ALL.iter().position(|d| d.key == key);
+        run.outcomes.sort_by_key(|o| order(&o.key));
+        for (i, o) in run.outcomes.iter_mut().enumerate() {
+            o.id = i as u32 + 1;
+        }
+        run
     };
     redis_lock_report::save(json, &run)?;
     let root = json.ancestors().nth(3).unwrap_or(Path::new("."));

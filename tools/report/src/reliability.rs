@@ -27,6 +27,33 @@ pub struct Outcome {
     pub status: Status,
     pub notes: Vec<String>,
     pub secs: f64,
+    /// The server of this row, for a scenario that runs on every server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerId>,
+    /// A row measured by a later run of some scenarios only (`--only`, merged into the
+    /// file): that run's date, seed and module commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RowRun>,
+}
+
+/// `Redis 8.2.3` and the binary it ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerId {
+    pub label: String,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RowRun {
+    pub date: String,
+    pub time: String,
+    pub short: bool,
+    pub scale: f64,
+    pub seed: u64,
+    pub commit: String,
+    pub dirty: bool,
+    /// The scenarios that run measured (`--only`).
+    pub only: Vec<String>,
 }
 
 impl Outcome {
@@ -41,6 +68,16 @@ impl Outcome {
             status: Status::Pass,
             notes: Vec::new(),
             secs: 0.0,
+            server: None,
+            run: None,
+        }
+    }
+
+    /// The title, with the server when the row names one.
+    pub fn full_title(&self) -> String {
+        match &self.server {
+            Some(s) => format!("{}, {}", self.title, s.label),
+            None => self.title.clone(),
         }
     }
 
@@ -99,11 +136,89 @@ $ redis-cli -p 6380 HGETALL report:42
 ```
 "#;
 
-pub fn reproduce(run: &ReliabilityRun, key: &str) -> String {
-    if run.short {
+pub fn reproduce(run: &ReliabilityRun, o: &Outcome) -> String {
+    let (short, scale) = o
+        .run
+        .as_ref()
+        .map_or((run.short, run.scale), |r| (r.short, r.scale));
+    let key = &o.key;
+    if short {
         format!("`make reliability-short` (or `target/release/redis-lock-reliability run --short --only {key}`)")
     } else {
-        format!("`make reliability ONLY={key} SCALE={}`", run.scale)
+        format!("`make reliability ONLY={key} SCALE={scale}`")
+    }
+}
+
+/// How a scenario that runs on every server is run and checked (rendered once above
+/// its rows' sections).
+pub fn method(key: &str) -> Option<&'static str> {
+    match key {
+        "chaos" => Some(CHAOS_METHOD),
+        "kinds" => Some(KINDS_METHOD),
+        _ => None,
+    }
+}
+
+const CHAOS_METHOD: &str = "\
+**Method.** Each server gets three sub-runs, each with servers of its own and its own checker: a standalone server, \
+a primary with one replica, and a cluster of three masters (no replicas). In each, 24 client threads run the fenced \
+workload on 10 keys of db 0 (6 exclusive, 2 SHARED, 2 LIMIT with 2 and 3 permits) until the sub-run's share of \
+acquisitions is reached or its time is up: a random key per acquire, half the acquires blocking (`BLOCK` 5-300 ms), \
+12% with a short lease (20-100 ms, a tenth of them left to expire), the others holding 5 s and releasing; 15% extend \
+once inside the critical section; a SHARED key is read (`SHARED`) 70% of the time and written (exclusive) otherwise. \
+Every acquire carries its own `TOKEN`. The clients follow the topology as a cluster- or failover-aware client does: \
+`MOVED` updates the slot table, `ASK` sends `ASKING` and the command to the target, `TRYAGAIN` is retried after 5 ms \
+(a waiter whose slot moved is retried where the cluster then sends it), and `READONLY` or `UNBLOCKED` from a server \
+that became a replica sends the client to whichever server answers `ROLE` with `master`.\n\n\
+Meanwhile one thread applies server operations, one at a time, drawn at random by weight, with a random 30-200 ms \
+(standalone), 50-300 ms (pair) or 20-150 ms (cluster) between them:\n\n\
+| sub-run | operations (weight) |\n\
+|---|---|\n\
+| standalone | `CLIENT PAUSE <20-300 ms> WRITE` (12), `CLIENT PAUSE <20-200 ms> ALL` (8), `DEBUG RELOAD` (6), `BGREWRITEAOF` (6), `CONFIG SET` of `lock.max-ttl` (10 s .. 24 h), `lock.default-ttl` (1 s .. min(max-ttl, 60 s)) and `lock.max-waiters` (10000, or 1, 2, 4, 16, 100) in one call (10), `SWAPDB 1 2` (10), `CLIENT UNBLOCK <waiter> TIMEOUT` or `ERROR` (12), `CLIENT KILL` of a waiter (10) and of a holder found with `LOCK.INFO` (8) |\n\
+| primary + replica | `FAILOVER TIMEOUT 5000` to the replica and, next time, back (10; the next one waits until the new replica is synced), pauses (8 + 4), `CONFIG SET` (4), `CLIENT UNBLOCK` (6), `CLIENT KILL` of waiters (8) and holders (8), `BGREWRITEAOF` (3), all on the current primary |\n\
+| 3-master cluster | slot migration (30): the slot of a random checker key moves from its node to another, `CLUSTER SETSLOT IMPORTING` on the target, `MIGRATING` on the source, 0-60 ms, `MIGRATE` of every key in the slot, 0-60 ms, `SETSLOT NODE` on the target, the source and the third master; keys go back and forth as later migrations pick them again. `CLIENT PAUSE WRITE` (6), `CONFIG SET` (3), `CLIENT UNBLOCK` (4), `CLIENT KILL` of waiters (6) and holders (6), on a random node |\n\n\
+`SWAPDB` legitimately moves every lock of one db to the other, so the checker's keys stay in db 0 and the swap is \
+between dbs 1 and 2, where four bystander clients keep taking 3 locks each with blocking acquires (`BLOCK` 20-300 ms, \
+leases 30-300 ms): their waiters are held to the same answer-time rule and their fences join the server's fence-order \
+check; mutual exclusion is checked on db 0 only.\n\n\
+**Checked**, on every recorded call (invoke and completion times on one monotonic clock): per server and key, in fence \
+order, no grant while earlier holders certainly live leave no room for it (an exclusive grant or a writer beside any \
+holder, a reader beside a writer, a permit beside n others): a double grant; across cluster nodes, the same on the \
+intervals in which holders were certainly live; per server, fences unique and never below a fence already returned \
+(the primary and replica count as one server: fences continue across `FAILOVER`; each cluster node is its own); \
+releases and extends answer 1 exactly while the lease is live (a call whose connection was killed has an unknown \
+outcome and only widens the bounds); the in-process fenced store saw no overlapping critical sections, no write with a \
+fence below the highest accepted and no lost update. Every blocking call, each retry on its own, must be answered \
+within its `BLOCK` time plus 1 s; a waiter whose connection `CLIENT KILL` closed before that is excused (the kills are \
+recorded before they are sent), any call unanswered for 8 s is a hang, and a connection that breaks without a kill \
+fails the row. After each sub-run every server must answer `PING`, show `lock_panics:0` and have no crash report in \
+its log. On Redis before 7.4 `CLIENT UNBLOCK` of a `LOCK.ACQUIRE` waiter must be refused (by design, see \
+docs/commands.md).\n";
+
+const KINDS_METHOD: &str = "\
+**Method.** A primary and one replica per server; 24 client threads run the fenced workload (the same code as the \
+chaos rows) on 10 keys: 2 exclusive, 4 SHARED (read 70% of the time, written otherwise), and LIMIT 2, 2, 3 and 5. \
+Every grant and every extend is sent with `WAIT 1 100` in the same pipeline: a grant the replica did not confirm is \
+given back and never used, an extend it did not confirm counts as unknown, because the next fault may promote that \
+replica. Every 0.8-2 s one fault, drawn at random: the primary is SIGKILLed, its synced replica promoted with \
+`REPLICAOF NO ONE` and the killed server restarted as the new primary's replica (35%); a coordinated \
+`FAILOVER TIMEOUT 5000` (25%); `CLIENT KILL` of a random holder of a random key (40%). Clients follow the primary \
+as in the chaos rows.\n\n\
+**Checked:** no writer (or exclusive holder) granted while another holder was certainly live, no reader while a \
+writer was, never more than n holders of a LIMIT n key at once (per server in fence order; the pair is one server); \
+fences unique and rising with real time across kills and promotions; releases and extends answer 1 exactly while the \
+lease is live. The fenced store: a writer (or exclusive holder) reads, then writes value + 1, and is refused when any \
+holder with a higher fence came before it; a reader is refused when a writer with a higher fence came before it; a \
+critical section that begins beside holders its key's kind forbids (or beside n permit holders) is an overlap. A \
+LIMIT key's holders share it, so a newer fence there does not prove an older holder lost its permit: the store only \
+counts them, and the checker's lease bounds judge them. Critical sections that outran their own lease (the client was \
+delayed, not the lock) explain the store anomalies they cause and are counted apart.\n";
+
+fn ids(group: &[&Outcome]) -> String {
+    match group {
+        [] => String::new(),
+        [o] => o.id.to_string(),
+        [a, .., b] => format!("{}-{}", a.id, b.id),
     }
 }
 
@@ -127,18 +242,67 @@ pub fn render(run: &ReliabilityRun) -> String {
     );
     let _ = writeln!(
         s,
-        "Server: `{}` ({}). Module: commit {}{}, `target/release/libredis_lock.so`. Machine: {} cores, Linux {}, \
+        "Server: `{}` ({}){}. Module: commit {}{}, `target/release/libredis_lock.so`. Machine: {} cores, Linux {}, \
          server data on {}. Every figure comes from real server processes with the module loaded, driven by \
          `tools/reliability` (crate `redis-lock-reliability`); the faults are real: SIGKILL, SIGSTOP, nft packet drops \
-         in a network namespace of the run's own, a shifted wall clock, malformed input, valgrind.\n",
+         in a network namespace of the run's own, a shifted wall clock, malformed input, valgrind, and the server's own \
+         operations (pauses, FAILOVER, slot migration, reloads).\n",
         run.server_path,
         run.server_version,
+        if outcomes.iter().any(|o| o.server.is_some()) {
+            "; rows that name a server ran on that server"
+        } else {
+            ""
+        },
         if run.commit.is_empty() { "unknown" } else { &run.commit },
         if run.dirty { " with uncommitted changes in src/" } else { "" },
         run.cpus,
         run.kernel,
         run.fs
     );
+    let mut later: Vec<(&RowRun, Vec<&Outcome>)> = Vec::new();
+    for o in outcomes {
+        if let Some(r) = &o.run {
+            match later.iter_mut().find(|(x, _)| *x == r) {
+                Some((_, v)) => v.push(o),
+                None => later.push((r, vec![o])),
+            }
+        }
+    }
+    for (r, rows) in &later {
+        let servers: Vec<String> = rows
+            .iter()
+            .filter_map(|o| {
+                o.server
+                    .as_ref()
+                    .map(|s| format!("{} (`{}`)", s.label, s.path))
+            })
+            .fold(Vec::new(), |mut v, x| {
+                if !v.contains(&x) {
+                    v.push(x);
+                }
+                v
+            });
+        let _ = writeln!(
+            s,
+            "Rows {} come from a later run of those scenarios only ({}, `--only {}`) on {} {} UTC: scale {}, seed {}, \
+             module commit {}{}{}; the other rows were not rerun.\n",
+            ids(rows),
+            if r.short { "short run" } else { "full run" },
+            r.only.join(","),
+            r.date,
+            r.time,
+            r.scale,
+            r.seed,
+            if r.commit.is_empty() { "unknown" } else { &r.commit },
+            if r.dirty { " with uncommitted changes in src/" } else { "" },
+            if servers.is_empty() {
+                String::new()
+            } else {
+                format!(", servers {}", servers.join(", "))
+            }
+        );
+    }
     let _ = writeln!(
         s,
         "| # | Property | Target | Measured | Trials / operations | Result | Reproduce | Date |"
@@ -152,22 +316,25 @@ pub fn render(run: &ReliabilityRun) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {date} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             o.id,
-            cell(&o.title),
+            cell(&o.full_title()),
             cell(&o.target),
             cell(&o.figure),
             cell(&o.trials),
             cell(&result),
-            reproduce(run, &o.key)
+            reproduce(run, o),
+            o.run.as_ref().map_or(date, |r| &r.date)
         );
     }
     let _ = writeln!(
         s,
         "\n`SCALE` multiplies every count and time budget (`make reliability SCALE=0.1` for a quick look, up to 10); \
-         `ONLY=mutex,failover` runs some scenarios and prints their rows without rewriting this file. \
-         `make reliability-short` (CI, part of `make test`) runs the same code with fewer operations and the same \
-         assertions, and exits non-zero when a target is missed.\n"
+         `ONLY=mutex,failover` runs some scenarios and prints their rows without rewriting this file, and \
+         `ONLY=chaos,kinds SAVE=1` puts their rows into it in place of the old ones (the others stay as they were). \
+         Scenarios that name a server run on Redis 7.0.15, Redis 8.2.3 and Valkey 8.1.8 \
+         (`RELIABILITY_SERVERS` lists the binaries). `make reliability-short` (CI, part of `make test`) runs the same \
+         code with fewer operations and the same assertions, and exits non-zero when a target is missed.\n"
     );
     let missed: Vec<&Outcome> = outcomes
         .iter()
@@ -181,30 +348,47 @@ pub fn render(run: &ReliabilityRun) -> String {
                 Status::NotRun(w) => format!("not run: {w}"),
                 Status::Pass => String::new(),
             };
-            let _ = writeln!(s, "- **{}. {}**: {why}.", o.id, o.title);
+            let _ = writeln!(s, "- **{}. {}**: {why}.", o.id, o.full_title());
             for n in o.notes.iter().filter(|n| n.starts_with("Diagnosis")) {
                 let _ = writeln!(s, "  {n}");
             }
         }
         let _ = writeln!(s);
     }
+    let mut groups: Vec<Vec<&Outcome>> = Vec::new();
     for o in outcomes {
-        let _ = writeln!(s, "## {}. {}\n", o.id, o.title);
-        let _ = writeln!(
-            s,
-            "Target: {}. Result: {}. Took {:.0} s.\n",
-            o.target,
-            match &o.status {
-                Status::Pass => "met".to_string(),
-                Status::Fail(w) => format!("**missed** ({w})"),
-                Status::NotRun(w) => format!("**not run** ({w})"),
-            },
-            o.secs
-        );
-        for n in &o.notes {
-            let _ = writeln!(s, "- {n}");
+        match groups.last_mut() {
+            Some(g) if g[0].key == o.key => g.push(o),
+            _ => groups.push(vec![o]),
         }
-        let _ = writeln!(s);
+    }
+    for group in &groups {
+        let o = group[0];
+        let per_server = group.iter().any(|o| o.server.is_some());
+        let _ = writeln!(s, "## {}. {}\n", ids(group), o.title);
+        if let Some(m) = method(&o.key) {
+            let _ = writeln!(s, "{m}");
+        }
+        for o in group {
+            if let (true, Some(sv)) = (per_server, &o.server) {
+                let _ = writeln!(s, "### {}. {} (`{}`)\n", o.id, sv.label, sv.path);
+            }
+            let _ = writeln!(
+                s,
+                "Target: {}. Result: {}. Took {:.0} s.\n",
+                o.target,
+                match &o.status {
+                    Status::Pass => "met".to_string(),
+                    Status::Fail(w) => format!("**missed** ({w})"),
+                    Status::NotRun(w) => format!("**not run** ({w})"),
+                },
+                o.secs
+            );
+            for n in &o.notes {
+                let _ = writeln!(s, "- {n}");
+            }
+            let _ = writeln!(s);
+        }
         if o.key == "stale" {
             let _ = writeln!(s, "### The fenced store: copy this\n");
             let _ = writeln!(

@@ -7,11 +7,12 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::checker::{self, Call, Grant, StoreEvent, StoreEventKind};
+use crate::checker::{self, Call, Grant, Mode};
 use crate::common::*;
+use crate::workload::{Store, SLACK_NS};
 use redis_lock_testkit::args;
 use redis_lock_testkit::Rng;
 
@@ -19,78 +20,8 @@ pub const CLIENTS: usize = 64;
 pub const KEYS: u32 = 16;
 /// Lease of ordinary holders.
 const LONG_TTL: u64 = 5000;
-/// Slack on lease bounds: ms truncation of the server's clock plus wall vs monotonic.
-const SLACK_NS: u64 = 2_000_000;
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_HANGS_PER_CLIENT: usize = 30;
-
-#[derive(Default)]
-struct Slot {
-    value: u64,
-    writes: u64,
-    max_fence: u64,
-    inside: Option<u64>,
-}
-
-/// The separate store the critical sections update (read, then write value + 1).
-struct Store {
-    slots: Vec<Mutex<Slot>>,
-    events: Mutex<Vec<StoreEvent>>,
-}
-
-impl Store {
-    fn new() -> Store {
-        Store {
-            slots: (0..KEYS).map(|_| Mutex::new(Slot::default())).collect(),
-            events: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn event(&self, key: u32, kind: StoreEventKind, earlier: u64, later: u64) {
-        if let Ok(mut e) = self.events.lock() {
-            e.push(StoreEvent {
-                key,
-                kind,
-                earlier,
-                later,
-            });
-        }
-    }
-
-    fn enter(&self, key: u32, fence: u64) -> u64 {
-        let Ok(mut s) = self.slots[key as usize].lock() else {
-            return 0;
-        };
-        if let Some(other) = s.inside {
-            self.event(key, StoreEventKind::Overlap, other, fence);
-        }
-        s.inside = Some(fence);
-        s.value
-    }
-
-    fn write(&self, key: u32, fence: u64, value: u64) {
-        let Ok(mut s) = self.slots[key as usize].lock() else {
-            return;
-        };
-        if fence < s.max_fence {
-            let max = s.max_fence;
-            drop(s);
-            self.event(key, StoreEventKind::StaleWrite, max, fence);
-            return;
-        }
-        s.max_fence = fence;
-        s.value = value;
-        s.writes += 1;
-    }
-
-    fn exit(&self, key: u32, fence: u64) {
-        if let Ok(mut s) = self.slots[key as usize].lock() {
-            if s.inside == Some(fence) {
-                s.inside = None;
-            }
-        }
-    }
-}
 
 #[derive(Default)]
 struct ClientLog {
@@ -164,7 +95,7 @@ fn release(c: &mut Conn, log: &mut ClientLog, g: &mut Grant, token: &[u8]) -> Re
     g.release = Some(Call {
         invoke: t0,
         complete: t1,
-        ok: r.as_int() == Some(1),
+        ok: Some(r.as_int() == Some(1)),
     });
     log.releases += 1;
     Ok(())
@@ -247,6 +178,8 @@ fn session(
             let mut g = Grant {
                 client: id,
                 key,
+                mode: Mode::Exclusive,
+                server: 0,
                 fence,
                 ttl_ms: ttl,
                 invoke: t0,
@@ -257,7 +190,7 @@ fn session(
             };
             // Critical section: read-modify-write on the store.
             let cs0 = now_ns();
-            let v = sh.store.enter(key, fence);
+            let v = sh.store.enter(key, Mode::Exclusive, (0, fence));
             if rng.chance(10) {
                 std::thread::yield_now();
             }
@@ -274,7 +207,7 @@ fn session(
                     Call {
                         invoke: e0,
                         complete: e1,
-                        ok,
+                        ok: Some(ok),
                     },
                     ext,
                 ));
@@ -283,8 +216,8 @@ fn session(
                     final_ttl = ext;
                 }
             }
-            sh.store.write(key, fence, v + 1);
-            sh.store.exit(key, fence);
+            sh.store.write(key, Mode::Exclusive, (0, fence), v + 1);
+            sh.store.exit(key, (0, fence));
             g.cs = Some((cs0, now_ns()));
             log.grants.push(g);
             let idx = log.grants.len() - 1;
@@ -293,7 +226,7 @@ fn session(
                     .extends
                     .iter()
                     .rev()
-                    .find(|(e, _)| e.ok)
+                    .find(|(e, _)| e.ok == Some(true))
                     .map_or(t1, |(e, _)| e.complete);
                 abandoned.push_back((idx, token, last + (final_ttl + 5) * 1_000_000));
                 log.abandoned += 1;
@@ -331,7 +264,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
     }
     let sh = Arc::new(Shared {
-        store: Store::new(),
+        store: Store::new(KEYS as usize),
         stop: AtomicBool::new(false),
         granted: AtomicU64::new(0),
         target,
@@ -372,22 +305,16 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         errors.extend(l.errors);
     }
     let events = std::mem::take(&mut *sh.store.events.lock().map_err(|e| e.to_string())?);
-    let mut lost_updates = 0u64;
-    let mut keys_with_late = std::collections::BTreeSet::new();
-    let report = checker::check(&mut grants, &events, SLACK_NS);
+    let report = checker::check(&mut grants, &[], &events, SLACK_NS);
     // Lost updates per key, unless a late holder (client pause) explains them.
-    for ev in &events {
-        keys_with_late.insert(ev.key);
-    }
-    let mut unexplained_lost = 0u64;
-    for (k, slot) in sh.store.slots.iter().enumerate() {
-        let s = slot.lock().map_err(|e| e.to_string())?;
-        let lost = s.writes.saturating_sub(s.value);
-        lost_updates += lost;
-        if lost > 0 && !keys_with_late.contains(&(k as u32)) {
-            unexplained_lost += lost;
-        }
-    }
+    let keys_with_late: std::collections::BTreeSet<u32> = events.iter().map(|e| e.key).collect();
+    let lost = sh.store.lost_updates();
+    let lost_updates: u64 = lost.iter().map(|l| l.1).sum();
+    let unexplained_lost: u64 = lost
+        .iter()
+        .filter(|(k, _)| !keys_with_late.contains(k))
+        .map(|l| l.1)
+        .sum();
     let violations = report.total() + unexplained_lost;
     let n = report.grants;
     let alive = connect(&server).is_ok_and(|mut c| c.call(&args!["PING"]).is_ok());

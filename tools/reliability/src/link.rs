@@ -1,0 +1,511 @@
+//! A client connection that follows the server it must talk to, the way a real client
+//! library does: to the current primary of a replica pair (after `FAILOVER`, or a
+//! replica promoted by hand), and to the node a cluster routes a key to (`MOVED`,
+//! `ASK`, `TRYAGAIN`). Every blocking call is timed on its own, so that the chaos runs
+//! can check that each waiter is answered within its `BLOCK` time; a connection killed
+//! on purpose (`CLIENT KILL`, a SIGKILLed server) is told apart from one that broke by
+//! itself through the [`Kills`] register.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::common::{now_ns, Conn, Reply};
+use redis_lock_testkit::{args, key_slot};
+
+/// How long a call may wait for its reply before it counts as unanswered. A `BLOCK`
+/// of the runs is at most 300 ms; pauses, `FAILOVER` and `DEBUG RELOAD` add less than a
+/// second here.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(8);
+/// How late a blocking call may be answered (beyond its `BLOCK` time).
+pub const GRACE_NS: u64 = 1_000_000_000;
+/// How long one call keeps following redirects, failovers and retries before it gives up.
+const GIVE_UP: Duration = Duration::from_secs(20);
+
+#[derive(Debug, Clone)]
+pub enum Topo {
+    /// One server, one db.
+    Single(SocketAddr, u32),
+    /// A primary and a replica; which is which changes.
+    Pair([SocketAddr; 2]),
+    /// Cluster masters.
+    Cluster(Vec<SocketAddr>),
+}
+
+impl Topo {
+    pub fn nodes(&self) -> Vec<SocketAddr> {
+        match self {
+            Topo::Single(a, _) => vec![*a],
+            Topo::Pair(p) => p.to_vec(),
+            Topo::Cluster(n) => n.clone(),
+        }
+    }
+}
+
+/// What the run itself does to the servers that clients must be excused for: the
+/// connections it kills (node, client id or every client, when) and the write pauses it
+/// causes (node, from, until; `u64::MAX` while still going on).
+#[derive(Default)]
+pub struct Kills {
+    kills: Mutex<Vec<(usize, Option<u64>, u64)>>,
+    pauses: Mutex<Vec<(usize, u64, u64)>>,
+}
+
+impl Kills {
+    /// Call before the kill is sent, so that the recorded time is not later than it.
+    pub fn record(&self, node: usize, client: Option<u64>) {
+        if let Ok(mut k) = self.kills.lock() {
+            k.push((node, client, now_ns()));
+        }
+    }
+
+    /// Whether connection `client` of `node` was killed on purpose, at `by` at the latest.
+    pub fn killed(&self, node: usize, client: u64, by: u64) -> bool {
+        self.kills.lock().is_ok_and(|k| {
+            k.iter()
+                .any(|&(n, c, at)| n == node && c.is_none_or(|c| c == client) && at <= by)
+        })
+    }
+
+    /// A write pause of `node` begins now (before the command that causes it is sent)
+    /// and lasts `ms`, or until [`pause_over`](Self::pause_over) when `None`.
+    pub fn pause(&self, node: usize, ms: Option<u64>) {
+        let now = now_ns();
+        let until = ms.map_or(u64::MAX, |ms| now + ms * 1_000_000);
+        if let Ok(mut p) = self.pauses.lock() {
+            p.push((node, now, until));
+        }
+    }
+
+    /// The open-ended pauses of `node` are over.
+    pub fn pause_over(&self, node: usize) {
+        let now = now_ns();
+        if let Ok(mut p) = self.pauses.lock() {
+            p.iter_mut()
+                .filter(|x| x.0 == node && x.2 == u64::MAX)
+                .for_each(|x| x.2 = now);
+        }
+    }
+
+    /// How long a command sent to `node` at `sent` was held by a pause before the server
+    /// could run it (capped at `answered`): a command that arrives during a write pause
+    /// waits for its end; one already running (a queued waiter) is not held.
+    pub fn held_ns(&self, node: usize, sent: u64, answered: u64) -> u64 {
+        let Ok(p) = self.pauses.lock() else { return 0 };
+        let mut until = sent;
+        while let Some(end) = p
+            .iter()
+            .filter(|x| x.0 == node && x.1 <= until && x.2 > until)
+            .map(|x| x.2)
+            .max()
+        {
+            until = end.min(answered);
+            if until == answered {
+                break;
+            }
+        }
+        until - sent
+    }
+}
+
+/// What one link saw.
+#[derive(Debug, Default)]
+pub struct LinkLog {
+    /// Blocking calls sent (every attempt counts).
+    pub waits: u64,
+    pub slowest_wait_over_block_ms: i64,
+    /// The same, not counting time the server held the command in a pause of ours
+    /// before running it.
+    pub slowest_net_ms: i64,
+    /// Blocking calls answered later than BLOCK + 1 s, or never.
+    pub late: Vec<String>,
+    /// Blocking calls answered later than BLOCK + 1 s only because the server held them
+    /// in a write pause of ours before running them.
+    pub late_by_pause: u64,
+    /// Calls of any kind that got no reply within [`READ_TIMEOUT`].
+    pub hangs: Vec<String>,
+    /// Connections that broke although nobody killed them.
+    pub broken: Vec<String>,
+    /// Calls whose connection the run killed (outcome unknown, excused).
+    pub killed: u64,
+    pub moved: u64,
+    pub ask: u64,
+    pub tryagain: u64,
+    /// READONLY / UNBLOCKED from a server that is a replica now, LOADING.
+    pub rerouted: u64,
+    pub reconnects: u64,
+}
+
+/// The outcome of one call (with every retry it needed).
+pub enum Answer {
+    /// The replies, with the invoke of the first attempt and the completion of the last.
+    Reply(Vec<Reply>, u64, u64),
+    /// The connection was lost (killed, or a hang): the outcome is unknown.
+    Lost(u64),
+}
+
+struct Node {
+    conn: Conn,
+    id: u64,
+}
+
+pub struct Link {
+    topo: Topo,
+    addrs: Vec<SocketAddr>,
+    conns: Vec<Option<Node>>,
+    /// Pair: the index of the primary.
+    primary: usize,
+    /// Cluster: the node of each slot.
+    slots: Vec<usize>,
+    /// The node that sent the last reply.
+    pub last_node: usize,
+    pub log: LinkLog,
+}
+
+fn text(e: &Reply) -> Option<&str> {
+    match e {
+        Reply::Error(t) => Some(t),
+        _ => None,
+    }
+}
+
+fn shown(cmd: &[Vec<u8>]) -> String {
+    let parts: Vec<String> = cmd
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    parts.join(" ")
+}
+
+impl Link {
+    pub fn new(topo: &Topo) -> Link {
+        let addrs = topo.nodes();
+        Link {
+            conns: addrs.iter().map(|_| None).collect(),
+            addrs,
+            topo: topo.clone(),
+            primary: 0,
+            slots: Vec::new(),
+            last_node: 0,
+            log: LinkLog::default(),
+        }
+    }
+
+    fn index_of(&self, addr: &str) -> Option<usize> {
+        let a: SocketAddr = addr.parse().ok()?;
+        self.addrs.iter().position(|x| *x == a)
+    }
+
+    fn node(&mut self, i: usize) -> Result<&mut Node, String> {
+        if self.conns[i].is_none() {
+            let c = Conn::open(self.addrs[i], Duration::from_secs(2))
+                .map_err(|e| format!("connect {}: {e}", self.addrs[i]))?;
+            c.try_set_read_timeout(Some(READ_TIMEOUT))
+                .map_err(|e| e.to_string())?;
+            let mut node = Node { conn: c, id: 0 };
+            if let Topo::Single(_, db) = self.topo {
+                if db != 0 {
+                    let r = node
+                        .conn
+                        .call(&args!["SELECT", db])
+                        .map_err(|e| e.to_string())?;
+                    if r.is_error() {
+                        return Err(format!("SELECT {db}: {r:?}"));
+                    }
+                }
+            }
+            let id = node
+                .conn
+                .call(&args!["CLIENT", "ID"])
+                .map_err(|e| e.to_string())?;
+            node.id = id.as_int().unwrap_or(0) as u64;
+            self.conns[i] = Some(node);
+            self.log.reconnects += 1;
+        }
+        self.conns[i]
+            .as_mut()
+            .ok_or_else(|| "no connection".to_string())
+    }
+
+    /// Pair: asks both servers for their role until one says it is the primary.
+    fn find_primary(&mut self) {
+        let deadline = Instant::now() + GIVE_UP;
+        while Instant::now() < deadline {
+            for i in 0..self.addrs.len() {
+                let role = self
+                    .node(i)
+                    .and_then(|n| n.conn.call(&args!["ROLE"]).map_err(|e| e.to_string()));
+                match role {
+                    Ok(r) => {
+                        let first = r.as_items().and_then(|v| v.first()?.as_text());
+                        if first.as_deref() == Some("master") {
+                            self.primary = i;
+                            return;
+                        }
+                    }
+                    Err(_) => self.conns[i] = None,
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Cluster: the slot table from `CLUSTER SLOTS` of any node.
+    fn load_slots(&mut self) {
+        for i in 0..self.addrs.len() {
+            let Ok(r) = self.node(i).and_then(|n| {
+                n.conn
+                    .call(&args!["CLUSTER", "SLOTS"])
+                    .map_err(|e| e.to_string())
+            }) else {
+                self.conns[i] = None;
+                continue;
+            };
+            let mut slots = vec![0usize; 16384];
+            for range in r.as_items().unwrap_or_default() {
+                let Some([lo, hi, master, ..]) = range.as_items() else {
+                    continue;
+                };
+                let port = master.as_items().and_then(|m| m.get(1)?.as_int());
+                let node = self
+                    .addrs
+                    .iter()
+                    .position(|a| Some(i64::from(a.port())) == port);
+                if let (Some(lo), Some(hi), Some(n)) = (lo.as_int(), hi.as_int(), node) {
+                    for s in lo.max(0)..=hi.min(16383) {
+                        slots[s as usize] = n;
+                    }
+                }
+            }
+            self.slots = slots;
+            return;
+        }
+    }
+
+    fn route(&mut self, key: &[u8]) -> usize {
+        match self.topo {
+            Topo::Single(..) => 0,
+            Topo::Pair(_) => self.primary,
+            Topo::Cluster(_) => {
+                if self.slots.is_empty() {
+                    self.load_slots();
+                }
+                self.slots
+                    .get(usize::from(key_slot(key)))
+                    .copied()
+                    .unwrap_or(0)
+            }
+        }
+    }
+
+    /// Sends `cmds` (a command and perhaps a `WAIT`) for `key` as one pipeline to the
+    /// node that serves it, following redirects and failovers. `block`: the BLOCK time of
+    /// a blocking acquire (its first command), for the waiter check.
+    pub fn call(
+        &mut self,
+        key: &[u8],
+        cmds: &[Vec<Vec<u8>>],
+        block: Option<u64>,
+        kills: &Kills,
+    ) -> Answer {
+        let started = Instant::now();
+        let mut first_t0 = None;
+        let mut asking: Option<usize> = None;
+        loop {
+            let node = asking.unwrap_or_else(|| self.route(key));
+            let t0 = now_ns();
+            let first = *first_t0.get_or_insert(t0);
+            if started.elapsed() > GIVE_UP {
+                self.log.broken.push(format!(
+                    "`{}` found no server to answer it within {} s",
+                    shown(&cmds[0]),
+                    GIVE_UP.as_secs()
+                ));
+                return Answer::Lost(first);
+            }
+            let n = match self.node(node) {
+                Ok(n) => n,
+                Err(_) => {
+                    // Down (restarting) or refusing: find where to go, and try again.
+                    if let Topo::Pair(_) = self.topo {
+                        self.find_primary();
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            };
+            let id = n.id;
+            let asked = usize::from(asking.take().is_some());
+            if asked == 1 {
+                n.conn.queue(&args!["ASKING"]);
+            }
+            for c in cmds {
+                n.conn.queue(c);
+            }
+            let mut replies = Vec::with_capacity(cmds.len() + asked);
+            let mut failed = n.conn.flush().err();
+            while failed.is_none() && replies.len() < cmds.len() + asked {
+                match n.conn.read() {
+                    Ok(r) => replies.push(r),
+                    Err(e) => failed = Some(e),
+                }
+            }
+            let t1 = now_ns();
+            if asked == 1 && !replies.is_empty() {
+                replies.remove(0);
+            }
+            // A server that turns into a replica answers its blocked clients UNBLOCKED and
+            // then closes their connections (Redis and Valkey alike): expected.
+            let unblocked = replies
+                .first()
+                .and_then(text)
+                .is_some_and(|e| e.starts_with("UNBLOCKED"));
+            if unblocked && matches!(self.topo, Topo::Pair(_)) {
+                self.conns[node] = None;
+                if failed.is_some() {
+                    replies.resize(cmds.len(), Reply::Nil);
+                    failed = None;
+                }
+            }
+            if let Some(e) = failed {
+                self.conns[node] = None;
+                let hang = matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                );
+                if kills.killed(node, id, t1) {
+                    self.log.killed += 1;
+                    // A waiter killed before its deadline is excused; one killed after
+                    // it was late already.
+                    if let Some(b) = block {
+                        if !kills.killed(node, id, t0 + b * 1_000_000 + GRACE_NS) {
+                            self.late(cmds, t0, t1, b, "killed only after its deadline");
+                        }
+                    }
+                } else if hang {
+                    self.log.hangs.push(format!(
+                        "`{}`: no reply within {} s",
+                        shown(&cmds[0]),
+                        READ_TIMEOUT.as_secs()
+                    ));
+                } else {
+                    self.log.broken.push(format!(
+                        "`{}` on node {node} (client id {id}), sent at {} ms, lost after {} ms: {e}",
+                        shown(&cmds[0]),
+                        t0 / 1_000_000,
+                        (t1 - t0) / 1_000_000
+                    ));
+                }
+                return Answer::Lost(first);
+            }
+            if let Some(b) = block {
+                self.log.waits += 1;
+                let over = (t1 - t0) as i64 / 1_000_000 - b as i64;
+                self.log.slowest_wait_over_block_ms = self.log.slowest_wait_over_block_ms.max(over);
+                let budget = b * 1_000_000 + GRACE_NS;
+                let paused = kills.held_ns(node, t0, t1);
+                let net = (t1 - t0 - paused) as i64 / 1_000_000 - b as i64;
+                self.log.slowest_net_ms = self.log.slowest_net_ms.max(net);
+                if t1 - t0 > budget {
+                    if t1 - t0 - paused <= budget {
+                        self.log.late_by_pause += 1;
+                    } else {
+                        self.late(cmds, t0, t1, b, "answered late");
+                    }
+                }
+            }
+            let err = replies.first().and_then(text).unwrap_or("").to_string();
+            let mut words = err.split(' ');
+            match (words.next().unwrap_or(""), &self.topo) {
+                ("MOVED", _) => {
+                    self.log.moved += 1;
+                    let addr = words.nth(1).unwrap_or("");
+                    match (
+                        err.split(' ').nth(1).and_then(|s| s.parse::<usize>().ok()),
+                        self.index_of(addr),
+                    ) {
+                        (Some(slot), Some(i)) if slot < self.slots.len() => self.slots[slot] = i,
+                        _ => self.load_slots(),
+                    }
+                }
+                ("ASK", _) => {
+                    self.log.ask += 1;
+                    asking = self.index_of(words.nth(1).unwrap_or(""));
+                    if asking.is_none() {
+                        self.load_slots();
+                    }
+                }
+                ("TRYAGAIN", _) => {
+                    self.log.tryagain += 1;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                ("READONLY" | "UNBLOCKED", Topo::Pair(_)) => {
+                    self.log.rerouted += 1;
+                    self.find_primary();
+                }
+                ("LOADING" | "CLUSTERDOWN" | "MASTERDOWN", _) => {
+                    self.log.rerouted += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                _ => {
+                    self.last_node = node;
+                    return Answer::Reply(replies, first, t1);
+                }
+            }
+        }
+    }
+
+    fn late(&mut self, cmds: &[Vec<Vec<u8>>], t0: u64, t1: u64, block: u64, why: &str) {
+        self.log.late.push(format!(
+            "`{}` (BLOCK {block}): {why} after {} ms",
+            shown(&cmds[0]),
+            (t1 - t0) / 1_000_000
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_command_that_arrives_during_a_pause_is_held() {
+        let k = Kills::default();
+        let p = |node, from: u64, to: u64| k.pauses.lock().unwrap().push((node, from, to));
+        p(0, 100, 300);
+        p(0, 250, 500); // a second pause chained to the first
+        p(1, 0, 10_000);
+        assert_eq!(
+            k.held_ns(0, 150, 1000),
+            350,
+            "held until the chained pause ends"
+        );
+        assert_eq!(k.held_ns(0, 150, 400), 250, "capped at the answer");
+        assert_eq!(
+            k.held_ns(0, 50, 1000),
+            0,
+            "already running when the pause began"
+        );
+        assert_eq!(k.held_ns(0, 600, 700), 0);
+        k.pause(2, None);
+        let t = now_ns();
+        assert_eq!(
+            k.held_ns(2, t, t + 5),
+            5,
+            "an open pause holds until the answer"
+        );
+        k.pause_over(2);
+        assert!(k.held_ns(2, now_ns() + 1, now_ns() + 10) == 0);
+    }
+
+    #[test]
+    fn kills_excuse_only_their_connection_or_server() {
+        let k = Kills::default();
+        k.record(0, Some(7));
+        k.record(1, None);
+        let later = now_ns() + 1;
+        assert!(k.killed(0, 7, later) && !k.killed(0, 8, later));
+        assert!(k.killed(1, 8, later), "a server kill ends every connection");
+        assert!(!k.killed(0, 7, 0), "not before it was recorded");
+    }
+}

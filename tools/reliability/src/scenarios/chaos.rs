@@ -1,0 +1,770 @@
+//! Scenario 8: server operations under load. The fenced workload (workload.rs: exclusive,
+//! SHARED and LIMIT keys, half the acquires blocking) runs while this thread applies
+//! random server operations, in three sub-runs per server, each with its own checker:
+//!
+//! - standalone: CLIENT PAUSE WRITE / ALL, DEBUG RELOAD, BGREWRITEAOF, CONFIG SET of
+//!   lock.*, SWAPDB of two other dbs whose locks have waiters, CLIENT UNBLOCK TIMEOUT /
+//!   ERROR of waiters, CLIENT KILL of waiters and holders;
+//! - a primary and a replica: FAILOVER back and forth (clients follow the primary),
+//!   with pauses, CONFIG SET, CLIENT UNBLOCK and CLIENT KILL in between;
+//! - a 3-master cluster: slot migration back and forth (SETSLOT IMPORTING / MIGRATING,
+//!   MIGRATE, SETSLOT NODE on every master; clients follow MOVED, ASK and TRYAGAIN), with
+//!   pauses, CONFIG SET and CLIENT KILL on random nodes.
+//!
+//! The checker keys live in db 0. SWAPDB legitimately moves locks between dbs, so it
+//! swaps dbs 1 and 2, where bystander clients keep locks with waiters: their waiters must
+//! be answered in time and their fences join the server's fence-order check; mutual
+//! exclusion is checked on db 0 only.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::checker::Fenced;
+use crate::common::*;
+use crate::link::{Answer, Kills, Link, LinkLog, Topo};
+use crate::workload::{self, Kind, Plan, Tally};
+use redis_lock_testkit::{args, flavor_of, Cluster, Flavor, ReplicaPair, Rng};
+
+pub const TITLE: &str = "Server operations under load (chaos)";
+pub const TARGET: &str = "0 crashes, 0 double grants, 0 fence regressions, every waiter answered within BLOCK + 1 s, in >= 100,000 acquisitions";
+
+/// Operations applied, by name; replies that refused them, by name.
+#[derive(Default)]
+struct Ops {
+    done: BTreeMap<&'static str, u64>,
+    refused: BTreeMap<&'static str, u64>,
+    /// Operations that failed where they must not (a bug, or a run that cannot go on).
+    errors: Vec<String>,
+    /// Servers that crashed, stopped answering or caught a panic.
+    crashes: Vec<String>,
+    /// CLIENT UNBLOCK of a LOCK.ACQUIRE waiter accepted on Redis < 7.4.
+    unblock_accepted_early: u64,
+    keys_migrated: u64,
+    /// Until when each node's clients may be held by a CLIENT PAUSE of ours.
+    paused_until: BTreeMap<usize, Instant>,
+}
+
+impl Ops {
+    fn done(&mut self, op: &'static str) {
+        *self.done.entry(op).or_insert(0) += 1;
+    }
+    fn refused(&mut self, op: &'static str) {
+        *self.refused.entry(op).or_insert(0) += 1;
+    }
+    fn absorb(&mut self, o: Ops) {
+        for (k, v) in o.done {
+            *self.done.entry(k).or_insert(0) += v;
+        }
+        for (k, v) in o.refused {
+            *self.refused.entry(k).or_insert(0) += v;
+        }
+        self.errors.extend(o.errors);
+        self.crashes.extend(o.crashes);
+        self.unblock_accepted_early += o.unblock_accepted_early;
+        self.keys_migrated += o.keys_migrated;
+    }
+    fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .done
+            .iter()
+            .map(|(k, v)| match self.refused.get(k) {
+                Some(r) => format!("{k} {} ({} refused)", thousands(*v), thousands(*r)),
+                None => format!("{k} {}", thousands(*v)),
+            })
+            .collect();
+        parts.join(", ")
+    }
+}
+
+/// The operator: one admin connection per node (made when first needed), the checker's
+/// keys, the register of kills and pauses, and the server's flavor.
+struct Admin {
+    addrs: Vec<SocketAddr>,
+    conns: Vec<Option<Conn>>,
+    keys: Vec<(String, Kind)>,
+    kills: Arc<Kills>,
+    flavor: Flavor,
+}
+
+impl Admin {
+    fn new(
+        addrs: Vec<SocketAddr>,
+        keys: &[(String, Kind)],
+        kills: &Arc<Kills>,
+        flavor: Flavor,
+    ) -> Admin {
+        Admin {
+            conns: addrs.iter().map(|_| None).collect(),
+            addrs,
+            keys: keys.to_vec(),
+            kills: Arc::clone(kills),
+            flavor,
+        }
+    }
+
+    fn call(&mut self, node: usize, cmd: &[Vec<u8>]) -> Result<Reply, String> {
+        if self.conns[node].is_none() {
+            let c = Conn::open(self.addrs[node], Duration::from_secs(5))
+                .map_err(|e| format!("connect {}: {e}", self.addrs[node]))?;
+            c.try_set_read_timeout(Some(Duration::from_secs(20)))
+                .map_err(|e| e.to_string())?;
+            self.conns[node] = Some(c);
+        }
+        let c = self.conns[node].as_mut().ok_or("no connection")?;
+        let r = c.call(cmd);
+        if r.is_err() {
+            self.conns[node] = None;
+        }
+        r.map_err(|e| {
+            format!(
+                "{} on {}: {e}",
+                String::from_utf8_lossy(&cmd[0]),
+                self.addrs[node]
+            )
+        })
+    }
+}
+
+/// The ids of clients blocked in LOCK.ACQUIRE, from CLIENT LIST.
+fn waiters(admin: &mut Admin, node: usize) -> Result<Vec<u64>, String> {
+    let list = admin
+        .call(node, &args!["CLIENT", "LIST"])?
+        .as_text()
+        .unwrap_or_default();
+    Ok(list
+        .lines()
+        .filter(|l| {
+            l.contains(" cmd=lock.acquire")
+                && l.split(' ')
+                    .any(|f| f.starts_with("flags=") && f.contains('b'))
+        })
+        .filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+        .collect())
+}
+
+/// The client id of one holder of `key` (LOCK.INFO), if held.
+fn holder(admin: &mut Admin, node: usize, key: &str, rng: &mut Rng) -> Result<Option<u64>, String> {
+    let info = admin.call(node, &args!["LOCK.INFO", key])?;
+    let Some(list) = info.get("holder-list") else {
+        return Ok(None);
+    };
+    let ids: Vec<u64> = list
+        .as_items()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|h| u64::try_from(h.get("client-id")?.as_int()?).ok())
+        .collect();
+    Ok((!ids.is_empty()).then(|| *rng.pick(&ids)))
+}
+
+fn expect_ok(r: &Reply, what: &str, ops: &mut Ops) {
+    if r.is_error() || matches!(r, Reply::Nil) {
+        ops.errors.push(format!("{what} answered {r:?}"));
+    }
+}
+
+/// The operations every topology gets, on `node`. Returns false for an op not known here.
+fn common_op(
+    op: &'static str,
+    admin: &mut Admin,
+    node: usize,
+    rng: &mut Rng,
+    ops: &mut Ops,
+) -> Result<bool, String> {
+    let (kills, flavor) = (Arc::clone(&admin.kills), admin.flavor);
+    match op {
+        "CLIENT PAUSE WRITE" | "CLIENT PAUSE ALL" => {
+            let ms = if op.ends_with("ALL") {
+                rng.range(20, 200)
+            } else {
+                rng.range(20, 300)
+            };
+            let mode = if op.ends_with("ALL") { "ALL" } else { "WRITE" };
+            ops.paused_until
+                .insert(node, Instant::now() + Duration::from_millis(ms + 100));
+            kills.pause(node, Some(ms));
+            let r = admin.call(node, &args!["CLIENT", "PAUSE", ms, mode])?;
+            expect_ok(&r, op, ops);
+        }
+        "CONFIG SET lock.*" => {
+            let max_ttl = *rng.pick(&[10_000u64, 60_000, 3_600_000, 86_400_000]);
+            let default_ttl = rng.range(1000, max_ttl.min(60_000));
+            let waiters = if rng.chance(80) {
+                10_000
+            } else {
+                *rng.pick(&[1u64, 2, 4, 16, 100])
+            };
+            let r = admin.call(
+                node,
+                &args![
+                    "CONFIG",
+                    "SET",
+                    "lock.max-ttl",
+                    max_ttl,
+                    "lock.default-ttl",
+                    default_ttl,
+                    "lock.max-waiters",
+                    waiters
+                ],
+            )?;
+            expect_ok(&r, op, ops);
+        }
+        "CLIENT UNBLOCK" => {
+            // A client held by a pause shows as blocked in LOCK.ACQUIRE too, but is no
+            // waiter; Redis 7.0 even crashes unblocking it (TIMEOUT) or answers it twice
+            // (ERROR). Only unblock when no pause of ours can be holding anyone.
+            if ops
+                .paused_until
+                .get(&node)
+                .is_some_and(|t| Instant::now() < *t)
+            {
+                return Ok(true);
+            }
+            let w = waiters(admin, node)?;
+            if w.is_empty() {
+                return Ok(true);
+            }
+            let reason = if rng.chance(50) { "TIMEOUT" } else { "ERROR" };
+            let r = admin.call(node, &args!["CLIENT", "UNBLOCK", *rng.pick(&w), reason])?;
+            match r.as_int() {
+                Some(1) if !(flavor.is_valkey() || flavor.at_least(7, 4)) => {
+                    ops.unblock_accepted_early += 1
+                }
+                Some(1) => {}
+                Some(_) => ops.refused(op),
+                None => ops.errors.push(format!("CLIENT UNBLOCK answered {r:?}")),
+            }
+        }
+        "CLIENT KILL waiter" | "CLIENT KILL holder" => {
+            let id = if op.ends_with("waiter") {
+                let w = waiters(admin, node)?;
+                (!w.is_empty()).then(|| *rng.pick(&w))
+            } else {
+                let key = rng.pick(&admin.keys).0.clone();
+                holder(admin, node, &key, rng)?
+            };
+            let Some(id) = id else { return Ok(true) };
+            kills.record(node, Some(id));
+            let r = admin.call(node, &args!["CLIENT", "KILL", "ID", id])?;
+            if r.as_int() != Some(1) {
+                ops.refused(op);
+            }
+        }
+        "BGREWRITEAOF" => {
+            let r = admin.call(node, &args!["BGREWRITEAOF"])?;
+            if r.is_error() {
+                ops.refused(op);
+            }
+        }
+        _ => return Ok(false),
+    }
+    ops.done(op);
+    Ok(true)
+}
+
+/// Picks an operation by weight.
+fn pick(rng: &mut Rng, table: &[(&'static str, u64)]) -> &'static str {
+    let total: u64 = table.iter().map(|t| t.1).sum();
+    let mut x = rng.below(total);
+    for (op, w) in table {
+        if x < *w {
+            return op;
+        }
+        x -= w;
+    }
+    table[0].0
+}
+
+fn keys(prefix: &str, exclusive: usize, shared: usize, limits: &[u32]) -> Vec<(String, Kind)> {
+    let kinds = std::iter::repeat_n(Kind::Exclusive, exclusive)
+        .chain(std::iter::repeat_n(Kind::Shared, shared))
+        .chain(limits.iter().map(|&n| Kind::Limit(n)));
+    kinds
+        .enumerate()
+        .map(|(i, k)| (format!("{{{prefix}:{i}}}"), k))
+        .collect()
+}
+
+/// A server is fine when it answers, caught no panic and logged no crash.
+pub fn health(s: &Server, what: &str) -> Result<(), String> {
+    let log = s.log();
+    for mark in [
+        "crashed by signal",
+        "ASSERTION FAILED",
+        "BUG REPORT START",
+        "Guru Meditation",
+    ] {
+        if let Some(at) = log.find(mark) {
+            let start = log[..at].rfind("\n\n").map_or(0, |i| i + 2);
+            let excerpt: String = log[start..].lines().take(25).collect::<Vec<_>>().join("\n");
+            return Err(format!(
+                "{what} crashed ({mark}); log {}:\n{excerpt}",
+                s.log_path().display()
+            ));
+        }
+    }
+    let alive = connect(s).is_ok_and(|mut c| c.call(&args!["PING"]).is_ok());
+    if !alive {
+        return Err(format!("{what} does not answer PING\n{}", s.log_tail()));
+    }
+    match panics(s) {
+        Some(0) => Ok(()),
+        p => Err(format!("{what}: lock_panics = {p:?}")),
+    }
+}
+
+/// Bystanders on dbs 1 and 2 (the SWAPDB pair): blocking acquires and releases on a
+/// few keys, so that the dbs swapped have locks with waiters.
+fn bystander(
+    addr: SocketAddr,
+    db: u32,
+    stop: &AtomicBool,
+    until: Instant,
+    kills: &Kills,
+    mut rng: Rng,
+) -> (Vec<Fenced>, LinkLog, Vec<String>) {
+    let mut link = Link::new(&Topo::Single(addr, db));
+    let (mut fences, mut errors) = (Vec::new(), Vec::new());
+    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+        let key = format!("rel:by:{}", rng.below(3));
+        let b = rng.range(20, 300);
+        let cmd = args!["LOCK.ACQUIRE", &key, "PX", rng.range(30, 300), "BLOCK", b];
+        let Answer::Reply(r, t0, t1) = link.call(key.as_bytes(), &[cmd], Some(b), kills) else {
+            continue;
+        };
+        match &r[0] {
+            Reply::Nil => {}
+            Reply::Error(e) if e.starts_with("MAXWAITERS") || e.starts_with("UNBLOCKED") => {}
+            g => match g.grant() {
+                Some((token, fence)) => {
+                    fences.push(Fenced {
+                        server: 0,
+                        fence,
+                        invoke: t0,
+                        complete: t1,
+                    });
+                    std::thread::sleep(Duration::from_millis(rng.below(20)));
+                    let _ = link.call(
+                        key.as_bytes(),
+                        &[args!["LOCK.RELEASE", &key, token]],
+                        None,
+                        kills,
+                    );
+                }
+                None => {
+                    errors.push(format!("bystander db {db}: unexpected reply {g:?}"));
+                    break;
+                }
+            },
+        }
+    }
+    (fences, link.log, errors)
+}
+
+/// What a sub-run hands back.
+struct Sub {
+    tally: Tally,
+    ops: Ops,
+    secs: f64,
+}
+
+fn new_shared(plan: Plan, kills: &Arc<Kills>) -> Arc<workload::Shared> {
+    let n = plan.keys.len();
+    Arc::new(workload::Shared {
+        plan,
+        store: workload::Store::new(n),
+        stop: AtomicBool::new(false),
+        kills: Arc::clone(kills),
+    })
+}
+
+/// Waits `rng.range(lo, hi)` ms, or less when the clients are done.
+fn nap(sh: &workload::Shared, rng: &mut Rng, lo: u64, hi: u64) {
+    let until = Instant::now() + Duration::from_millis(rng.range(lo, hi));
+    while Instant::now() < until && !sh.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn running(sh: &workload::Shared) -> bool {
+    !sh.stop.load(Ordering::Relaxed) && Instant::now() < sh.plan.deadline
+}
+
+fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
+    let t = Instant::now();
+    let server = env.start(&format!("chaos-{}-single", flavor.version()))?;
+    let addr = server.socket_addr();
+    let kills = Arc::new(Kills::default());
+    let keys = keys("rel:ch", 6, 2, &[2, 3]);
+    let sh = new_shared(
+        Plan {
+            topo: Topo::Single(addr, 0),
+            keys: keys.clone(),
+            clients: 24,
+            deadline: Instant::now() + env.secs(45.0, 6.0),
+            confirm: false,
+            group_per_node: false,
+        },
+        &kills,
+    );
+    let handles = workload::spawn(&sh, rng);
+    let by_stop = Arc::new(AtomicBool::new(false));
+    // Stopped when the clients are done; at the latest a minute after their deadline.
+    let until = sh.plan.deadline + Duration::from_secs(60);
+    let bystanders: Vec<_> = (0..4u32)
+        .map(|i| {
+            let (stop, kills, r) = (
+                Arc::clone(&by_stop),
+                Arc::clone(&kills),
+                rng.fork(100 + u64::from(i)),
+            );
+            std::thread::spawn(move || bystander(addr, 1 + i % 2, &stop, until, &kills, r))
+        })
+        .collect();
+    let mut admin = Admin::new(vec![addr], &keys, &kills, flavor);
+    let mut ops = Ops::default();
+    let table = [
+        ("CLIENT PAUSE WRITE", 12),
+        ("CLIENT PAUSE ALL", 8),
+        ("DEBUG RELOAD", 6),
+        ("BGREWRITEAOF", 6),
+        ("CONFIG SET lock.*", 10),
+        ("SWAPDB 1 2", 10),
+        ("CLIENT UNBLOCK", 12),
+        ("CLIENT KILL waiter", 10),
+        ("CLIENT KILL holder", 8),
+    ];
+    let mut result = Ok(());
+    while running(&sh) && result.is_ok() {
+        let op = pick(rng, &table);
+        result = (|| {
+            if !common_op(op, &mut admin, 0, rng, &mut ops)? {
+                let cmd = match op {
+                    "DEBUG RELOAD" => args!["DEBUG", "RELOAD"],
+                    _ => args!["SWAPDB", 1u64, 2u64],
+                };
+                let r = admin.call(0, &cmd)?;
+                expect_ok(&r, op, &mut ops);
+                ops.done(op);
+            }
+            Ok::<(), String>(())
+        })();
+        nap(&sh, rng, 30, 200);
+    }
+    sh.stop.store(true, Ordering::Relaxed);
+    let mut fenced = Vec::new();
+    let mut tally_links = Vec::new();
+    let mut by_errors = Vec::new();
+    // The clients first: the bystanders keep the swapped dbs busy until they are done.
+    let logs = workload::join(handles);
+    by_stop.store(true, Ordering::Relaxed);
+    for b in bystanders {
+        let (f, l, e) = b.join().map_err(|_| "a bystander panicked".to_string())?;
+        fenced.extend(f);
+        tally_links.push(l);
+        by_errors.extend(e);
+    }
+    let mut tally = workload::check(&sh, logs?, &fenced)?;
+    for l in tally_links {
+        workload::absorb_link(&mut tally, l);
+    }
+    tally.errors.extend(by_errors);
+    if let Err(e) = result {
+        ops.errors.push(e);
+    }
+    if let Err(e) = health(&server, "the server") {
+        ops.crashes.push(e);
+    }
+    Ok(Sub {
+        tally,
+        ops,
+        secs: t.elapsed().as_secs_f64(),
+    })
+}
+
+fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
+    let t = Instant::now();
+    let v = flavor.version();
+    let node = |name: String| env.builder(&name).arg("repl-diskless-sync-delay", "0");
+    let mut pair =
+        ReplicaPair::try_start_with(node(format!("chaos-{v}-p")), node(format!("chaos-{v}-r")))?;
+    let addrs = [pair.primary.socket_addr(), pair.replica.socket_addr()];
+    let kills = Arc::new(Kills::default());
+    let keys = keys("rel:cp", 6, 2, &[2, 3]);
+    let sh = new_shared(
+        Plan {
+            topo: Topo::Pair(addrs),
+            keys: keys.clone(),
+            clients: 24,
+            deadline: Instant::now() + env.secs(45.0, 6.0),
+            confirm: false,
+            group_per_node: false,
+        },
+        &kills,
+    );
+    let handles = workload::spawn(&sh, rng);
+    let mut admin = Admin::new(addrs.to_vec(), &keys, &kills, flavor);
+    let mut ops = Ops::default();
+    let table = [
+        ("FAILOVER", 10),
+        ("CLIENT PAUSE WRITE", 8),
+        ("CLIENT PAUSE ALL", 4),
+        ("CONFIG SET lock.*", 4),
+        ("CLIENT UNBLOCK", 6),
+        ("CLIENT KILL waiter", 8),
+        ("CLIENT KILL holder", 8),
+        ("BGREWRITEAOF", 3),
+    ];
+    let mut result = Ok(());
+    while running(&sh) && result.is_ok() {
+        let op = pick(rng, &table);
+        let p = addrs
+            .iter()
+            .position(|a| *a == pair.primary.socket_addr())
+            .unwrap_or(0);
+        result = (|| {
+            if op == "FAILOVER" {
+                kills.pause(p, None);
+                let r = pair.failover(Duration::from_secs(5));
+                kills.pause_over(p);
+                r?;
+                ops.done(op);
+            } else {
+                common_op(op, &mut admin, p, rng, &mut ops)?;
+            }
+            Ok::<(), String>(())
+        })();
+        nap(&sh, rng, 50, 300);
+    }
+    sh.stop.store(true, Ordering::Relaxed);
+    let tally = workload::finish(&sh, handles, &[])?;
+    if let Err(e) = result {
+        ops.errors.push(e);
+    }
+    for (s, what) in [
+        (&pair.primary, "the primary"),
+        (&pair.replica, "the replica"),
+    ] {
+        if let Err(e) = health(s, what) {
+            ops.crashes.push(e);
+        }
+    }
+    Ok(Sub {
+        tally,
+        ops,
+        secs: t.elapsed().as_secs_f64(),
+    })
+}
+
+fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
+    let t = Instant::now();
+    let (bin, module) = (env.server_bin.clone(), env.module.clone());
+    let cluster = Cluster::try_start_with(3, |b| {
+        b.bin(bin.clone())
+            .module(&module)
+            .start_timeout(Duration::from_secs(20))
+    })?;
+    let addrs: Vec<SocketAddr> = cluster.nodes.iter().map(Server::socket_addr).collect();
+    let kills = Arc::new(Kills::default());
+    let keys = keys("rel:cc", 6, 2, &[2, 3]);
+    let sh = new_shared(
+        Plan {
+            topo: Topo::Cluster(addrs.clone()),
+            keys: keys.clone(),
+            clients: 24,
+            deadline: Instant::now() + env.secs(45.0, 6.0),
+            confirm: false,
+            group_per_node: true,
+        },
+        &kills,
+    );
+    let handles = workload::spawn(&sh, rng);
+    let mut admin = Admin::new(addrs.clone(), &keys, &kills, flavor);
+    let mut ops = Ops::default();
+    let table = [
+        ("slot migration", 30),
+        ("CLIENT PAUSE WRITE", 6),
+        ("CONFIG SET lock.*", 3),
+        ("CLIENT UNBLOCK", 4),
+        ("CLIENT KILL waiter", 6),
+        ("CLIENT KILL holder", 6),
+    ];
+    let mut result = Ok(());
+    while running(&sh) && result.is_ok() {
+        let op = pick(rng, &table);
+        let node = rng.below(addrs.len() as u64) as usize;
+        result = (|| {
+            if op == "slot migration" {
+                let slot = redis_lock_testkit::key_slot(rng.pick(&keys).0.as_bytes());
+                let from = cluster.slot_owner(slot).ok_or("slot without owner")?;
+                let to = (from + 1 + rng.below(2) as usize) % 3;
+                let pause = Duration::from_millis(rng.below(60));
+                ops.keys_migrated += cluster.migrate_slot(slot, to, pause)?;
+                ops.done(op);
+            } else {
+                common_op(op, &mut admin, node, rng, &mut ops)?;
+            }
+            Ok::<(), String>(())
+        })();
+        nap(&sh, rng, 20, 150);
+    }
+    sh.stop.store(true, Ordering::Relaxed);
+    let tally = workload::finish(&sh, handles, &[])?;
+    if let Err(e) = result {
+        ops.errors.push(e);
+    }
+    for (i, s) in cluster.nodes.iter().enumerate() {
+        if let Err(e) = health(s, &format!("cluster node {i}")) {
+            ops.crashes.push(e);
+        }
+    }
+    Ok(Sub {
+        tally,
+        ops,
+        secs: t.elapsed().as_secs_f64(),
+    })
+}
+
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
+    let flavor = flavor_of(&env.server_bin)?;
+    let mut rng =
+        Rng::new(env.seed ^ 0x0063_6861_6f73 ^ u64::from(flavor.major * 100 + flavor.minor));
+    let target = env.n(100_000.0, 6_000.0);
+    let mut tally = Tally::default();
+    let mut ops = Ops::default();
+    let mut parts = Vec::new();
+    type SubRun = fn(&Env, Flavor, &mut Rng) -> Result<Sub, String>;
+    let subs: [(&str, SubRun); 3] = [
+        ("standalone", standalone),
+        ("replica pair", pair),
+        ("3-master cluster", cluster),
+    ];
+    for (name, sub) in subs {
+        let mut s = sub(env, flavor, &mut rng).map_err(|e| format!("{name}: {e}"))?;
+        s.tally
+            .examples
+            .iter_mut()
+            .for_each(|e| *e = format!("{name}: {e}"));
+        parts.push(format!(
+            "{name} {} in {:.0} s",
+            thousands(s.tally.grants),
+            s.secs
+        ));
+        o.note(format!(
+            "{name}: slowest waiter answered {} ms after its BLOCK time ({} ms not counting time a write pause of ours held its command).",
+            s.tally.slowest_wait_over_block_ms.max(0),
+            s.tally.slowest_net_ms.max(0)
+        ));
+        o.note(format!("{name}: {}.", s.ops.summary()));
+        let mut errs = s.ops;
+        errs.errors
+            .iter_mut()
+            .for_each(|e| *e = format!("{name}: {e}"));
+        errs.crashes
+            .iter_mut()
+            .for_each(|e| *e = format!("{name}: {e}"));
+        ops.absorb(errs);
+        tally.absorb(s.tally);
+    }
+    let count =
+        |kinds: &[&str]| -> u64 { kinds.iter().filter_map(|k| tally.violations.get(*k)).sum() };
+    let fences = count(&["duplicate fence", "fence lower than a grant made before it"]);
+    let late = count(&[
+        "waiter answered later than BLOCK + 1 s",
+        "call never answered",
+    ]);
+    let broken = count(&["connection lost although nobody killed it"]);
+    let double = tally.violations() - fences - late - broken;
+    o.figure = format!(
+        "{} crashes, {} double grants, {} fence regressions, {} waiters answered late or never{}, in {} acquisitions",
+        ops.crashes.len(),
+        double,
+        fences,
+        late,
+        if broken > 0 {
+            format!(", {broken} connections lost without a kill")
+        } else {
+            String::new()
+        },
+        thousands(tally.grants)
+    );
+    o.trials = format!(
+        "{} acquisitions ({}); {} blocking calls; {} calls in all",
+        thousands(tally.grants),
+        parts.join(", "),
+        thousands(tally.waits),
+        thousands(tally.calls)
+    );
+    o.note(format!("History: {}.", tally.history()));
+    o.note(format!(
+        "Waiters: {} blocking calls (every retry counts), the slowest answered {} ms after its BLOCK time; {} answered more than 1 s after it only because a write pause (CLIENT PAUSE, FAILOVER) held the command before it ran, and within BLOCK + 1 s of the pause's end; {} calls lost to CLIENT KILL (excused). Clients followed {} MOVED, {} ASK, {} TRYAGAIN and {} READONLY/UNBLOCKED replies; {} keys moved by MIGRATE.",
+        thousands(tally.waits),
+        tally.slowest_wait_over_block_ms.max(0),
+        thousands(tally.late_by_pause),
+        thousands(tally.killed_calls),
+        thousands(tally.moved),
+        thousands(tally.ask),
+        thousands(tally.tryagain),
+        thousands(tally.rerouted),
+        thousands(ops.keys_migrated)
+    ));
+    o.note(format!(
+        "Critical sections that outran their own lease (a client delayed by a pause, not a lock fault): {}; store anomalies they explain: {}.",
+        tally.late_cs, tally.late_store_events
+    ));
+    if tally.cross_server_refusals > 0 {
+        o.note(format!(
+            "Cluster: {} writes refused by the fenced store because the key's previous holder, on the node that owned the slot before, had a higher fence (fences are per node; a key that moves while free starts below the old node's counter). Not a double grant; first: {}.",
+            thousands(tally.cross_server_refusals),
+            tally.cross_server_examples.first().cloned().unwrap_or_default()
+        ));
+    }
+    if !(flavor.is_valkey() || flavor.at_least(7, 4)) {
+        o.note(format!(
+            "{}: CLIENT UNBLOCK of a LOCK.ACQUIRE waiter is refused by design (it answered 0 every time: {}).",
+            flavor.label(),
+            if ops.unblock_accepted_early == 0 { "yes" } else { "no" }
+        ));
+    }
+    for (k, v) in &tally.violations {
+        o.note(format!("Violation `{k}`: {v}"));
+    }
+    for e in tally.examples.iter().take(6) {
+        o.note(format!("Example: {e}"));
+    }
+    for e in ops.crashes.iter().chain(&ops.errors).take(4) {
+        o.note(format!("Operation failed: {e}"));
+    }
+    if let Some(e) = ops.crashes.first().or(ops.errors.first()) {
+        o.fail(e.clone());
+    }
+    if ops.unblock_accepted_early > 0 {
+        o.fail(format!(
+            "{} CLIENT UNBLOCK of waiters accepted on {}",
+            ops.unblock_accepted_early,
+            flavor.label()
+        ));
+    }
+    if tally.violations() > 0 {
+        o.fail(format!("{} violations", tally.violations()));
+    }
+    if let Some(e) = tally.errors.first() {
+        o.fail(format!("{} client errors, first: {e}", tally.errors.len()));
+    }
+    if tally.grants < target {
+        let msg = format!(
+            "{} acquisitions, below the {} asked for",
+            thousands(tally.grants),
+            thousands(target)
+        );
+        if env.short {
+            o.note(msg);
+        } else {
+            o.fail(msg);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,715 @@
+//! The fenced workload the chaos and kinds runs share: client threads acquire exclusive,
+//! SHARED (readers and writers) and LIMIT n keys, blocking and not, through a [`Link`]
+//! that follows failovers and cluster redirects; each holder runs a critical section
+//! against an in-process fenced store, extends now and then, and releases or leaves its
+//! lease to expire. Every call is recorded for the checker (checker.rs).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
+use crate::common::{now_ns, thousands, Reply};
+use crate::link::{Answer, Kills, Link, LinkLog, Topo};
+use redis_lock_testkit::{args, Rng};
+
+/// Lease of ordinary holders.
+const LONG_TTL: u64 = 5000;
+/// Slack on lease bounds: ms truncation of the server's clock plus wall vs monotonic.
+pub const SLACK_NS: u64 = 2_000_000;
+
+/// What a key is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Exclusive,
+    /// Readers and writers.
+    Shared,
+    Limit(u32),
+}
+
+impl Kind {
+    pub fn name(self) -> String {
+        match self {
+            Kind::Exclusive => "exclusive".into(),
+            Kind::Shared => "SHARED".into(),
+            Kind::Limit(n) => format!("LIMIT {n}"),
+        }
+    }
+}
+
+/// A fence and the server (group) that issued it: fences of different cluster nodes may
+/// be equal.
+pub type Fence = (u32, u64);
+
+#[derive(Default)]
+struct Slot {
+    /// Holders inside their critical section.
+    inside: Vec<(Fence, Mode)>,
+    /// Highest fence accepted, of any holder / of a writer.
+    max_any: Fence,
+    max_writer: Fence,
+    value: u64,
+    writes: u64,
+}
+
+/// The separate store the critical sections use. Writers (and exclusive holders) read,
+/// then write value + 1, refused when any holder with a higher fence came before; readers
+/// read, refused when a writer with a higher fence came before; permit holders are
+/// counted. Entering beside holders the key's kind forbids is an overlap. Like a real
+/// store it compares fence values only; the server is kept for the checker.
+pub struct Store {
+    slots: Vec<Mutex<Slot>>,
+    pub events: Mutex<Vec<StoreEvent>>,
+}
+
+impl Store {
+    pub fn new(keys: usize) -> Store {
+        Store {
+            slots: (0..keys).map(|_| Mutex::new(Slot::default())).collect(),
+            events: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn event(&self, key: u32, kind: StoreEventKind, earlier: Vec<Fence>, later: Fence) {
+        if let Ok(mut e) = self.events.lock() {
+            e.push(StoreEvent {
+                key,
+                kind,
+                earlier,
+                later,
+            });
+        }
+    }
+
+    pub fn enter(&self, key: u32, mode: Mode, fence: Fence) -> u64 {
+        let Ok(mut s) = self.slots[key as usize].lock() else {
+            return 0;
+        };
+        let clash: Vec<Fence> = match mode {
+            Mode::Exclusive => s.inside.iter().map(|h| h.0).collect(),
+            Mode::Shared => s
+                .inside
+                .iter()
+                .filter(|h| h.1 != Mode::Shared)
+                .map(|h| h.0)
+                .collect(),
+            Mode::Permit(n) if s.inside.len() >= n as usize => {
+                s.inside.iter().map(|h| h.0).collect()
+            }
+            Mode::Permit(_) => Vec::new(),
+        };
+        if !clash.is_empty() {
+            self.event(key, StoreEventKind::Overlap, clash, fence);
+        }
+        s.inside.push((fence, mode));
+        s.value
+    }
+
+    pub fn write(&self, key: u32, mode: Mode, fence: Fence, value: u64) {
+        let Ok(mut s) = self.slots[key as usize].lock() else {
+            return;
+        };
+        let bar = match mode {
+            Mode::Exclusive => s.max_any,
+            Mode::Shared => s.max_writer,
+            Mode::Permit(_) => (0, 0),
+        };
+        if fence.1 < bar.1 {
+            drop(s);
+            self.event(key, StoreEventKind::StaleWrite, vec![bar], fence);
+            return;
+        }
+        if fence.1 >= s.max_any.1 {
+            s.max_any = fence;
+        }
+        if mode == Mode::Exclusive {
+            s.max_writer = fence;
+            s.value = value;
+            s.writes += 1;
+        }
+    }
+
+    pub fn exit(&self, key: u32, fence: Fence) {
+        if let Ok(mut s) = self.slots[key as usize].lock() {
+            s.inside.retain(|h| h.0 != fence);
+        }
+    }
+
+    /// Writes lost per key (a writer read a value another writer then overwrote).
+    pub fn lost_updates(&self) -> Vec<(u32, u64)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(k, s)| {
+                let s = s.lock().ok()?;
+                let lost = s.writes.saturating_sub(s.value);
+                (lost > 0).then_some((k as u32, lost))
+            })
+            .collect()
+    }
+}
+
+/// One run of the workload.
+pub struct Plan {
+    pub topo: Topo,
+    /// Key names and kinds (the index is the checker's key).
+    pub keys: Vec<(String, Kind)>,
+    pub clients: usize,
+    /// The clients run until then (or until one of them meets an error).
+    pub deadline: Instant,
+    /// Confirm every grant and extend with `WAIT 1 100` (a pair that may lose writes):
+    /// an unconfirmed grant is given back and not used, an unconfirmed extend counts as
+    /// unknown.
+    pub confirm: bool,
+    /// The checker's server group of each node (cluster: one per node).
+    pub group_per_node: bool,
+}
+
+pub struct Shared {
+    pub plan: Plan,
+    pub store: Store,
+    pub stop: AtomicBool,
+    pub kills: Arc<Kills>,
+}
+
+#[derive(Default)]
+pub struct ClientLog {
+    pub grants: Vec<Grant>,
+    pub nil_blocking: u64,
+    pub nil_nonblocking: u64,
+    pub maxwaiters: u64,
+    pub unblocked: u64,
+    pub unconfirmed: u64,
+    /// Acquires whose reply was lost (never used; the lease runs out by itself).
+    pub lost_acquires: u64,
+    pub extends: u64,
+    pub releases: u64,
+    pub abandoned: u64,
+    pub calls: u64,
+    pub errors: Vec<String>,
+    pub link: LinkLog,
+}
+
+enum Got {
+    Grant(Vec<u8>, u64, u64, u64),
+    Nothing,
+}
+
+fn confirmed(r: &[Reply]) -> bool {
+    r.get(1).and_then(Reply::as_int).unwrap_or(0) >= 1
+}
+
+struct Client<'a> {
+    sh: &'a Shared,
+    id: u32,
+    link: Link,
+    log: ClientLog,
+}
+
+impl Client<'_> {
+    fn cmds(&self, cmd: Vec<Vec<u8>>) -> Vec<Vec<Vec<u8>>> {
+        let mut v = vec![cmd];
+        if self.sh.plan.confirm {
+            v.push(args!["WAIT", 1u64, 100u64]);
+        }
+        v
+    }
+
+    fn call(&mut self, key: &str, cmds: &[Vec<Vec<u8>>], block: Option<u64>) -> Answer {
+        self.log.calls += 1;
+        self.link.call(key.as_bytes(), cmds, block, &self.sh.kills)
+    }
+
+    /// The checker's server group for a reply from `node`.
+    fn group(&self) -> u32 {
+        if self.sh.plan.group_per_node {
+            self.link.last_node as u32
+        } else {
+            0
+        }
+    }
+
+    fn acquire(
+        &mut self,
+        k: usize,
+        ttl: u64,
+        block: Option<u64>,
+        mode: Mode,
+        token: &str,
+    ) -> Result<Got, String> {
+        let (name, kind) = self.sh.plan.keys[k].clone();
+        let mut a = args!["LOCK.ACQUIRE", &name];
+        match (kind, mode) {
+            (_, Mode::Shared) => a.extend(args!["SHARED"]),
+            (Kind::Limit(n), _) => a.extend(args!["LIMIT", n]),
+            _ => {}
+        }
+        a.extend(args!["PX", ttl, "TOKEN", token]);
+        if let Some(b) = block {
+            a.extend(args!["BLOCK", b]);
+        }
+        let cmds = self.cmds(a);
+        let (r, t0, t1) = match self.call(&name, &cmds, block) {
+            Answer::Reply(r, t0, t1) => (r, t0, t1),
+            Answer::Lost(_) => {
+                self.log.lost_acquires += 1;
+                return Ok(Got::Nothing);
+            }
+        };
+        match &r[0] {
+            Reply::Nil if block.is_some() => self.log.nil_blocking += 1,
+            Reply::Nil => self.log.nil_nonblocking += 1,
+            Reply::Error(e) if e.starts_with("MAXWAITERS") => self.log.maxwaiters += 1,
+            Reply::Error(e) if e.starts_with("UNBLOCKED") => self.log.unblocked += 1,
+            other => {
+                let Some((_, fence)) = other.grant() else {
+                    return Err(format!("unexpected acquire reply {other:?}"));
+                };
+                if self.sh.plan.confirm && !confirmed(&r) {
+                    // Maybe not on the replica: do not use it, give it back.
+                    self.log.unconfirmed += 1;
+                    let rel = args!["LOCK.RELEASE", &name, token];
+                    let _ = self.call(&name, &[rel], None);
+                    return Ok(Got::Nothing);
+                }
+                return Ok(Got::Grant(token.as_bytes().to_vec(), fence, t0, t1));
+            }
+        }
+        Ok(Got::Nothing)
+    }
+
+    fn release(&mut self, g: &mut Grant, token: &[u8]) {
+        let name = self.sh.plan.keys[g.key as usize].0.clone();
+        let cmd = args!["LOCK.RELEASE", &name, token];
+        self.log.releases += 1;
+        g.release = Some(match self.call(&name, std::slice::from_ref(&cmd), None) {
+            Answer::Reply(r, t0, t1) => Call {
+                invoke: t0,
+                complete: t1,
+                ok: Some(r[0].as_int() == Some(1)),
+            },
+            // Executed or not: ask again on a new connection; a 1 now is certain.
+            Answer::Lost(t0) => match self.call(&name, &[cmd], None) {
+                Answer::Reply(r, r0, r1) if r[0].as_int() == Some(1) => Call {
+                    invoke: r0,
+                    complete: r1,
+                    ok: Some(true),
+                },
+                _ => Call {
+                    invoke: t0,
+                    complete: now_ns(),
+                    ok: None,
+                },
+            },
+        });
+    }
+
+    fn run(&mut self, rng: &mut Rng) -> Result<(), String> {
+        let sh = self.sh;
+        // Leases left to expire: (grant index, token, when the lease has surely ended).
+        let mut abandoned: VecDeque<(usize, Vec<u8>, u64)> = VecDeque::new();
+        let mut n = 0u64;
+        while !sh.stop.load(Ordering::Relaxed) && Instant::now() < sh.plan.deadline {
+            while abandoned.front().is_some_and(|a| a.2 <= now_ns()) {
+                if let Some((idx, token, _)) = abandoned.pop_front() {
+                    let mut g = self.log.grants[idx].clone();
+                    self.release(&mut g, &token);
+                    self.log.grants[idx] = g;
+                }
+            }
+            n += 1;
+            let k = rng.below(sh.plan.keys.len() as u64) as usize;
+            let kind = sh.plan.keys[k].1;
+            let mode = match kind {
+                Kind::Exclusive => Mode::Exclusive,
+                Kind::Shared if rng.chance(70) => Mode::Shared,
+                Kind::Shared => Mode::Exclusive,
+                Kind::Limit(l) => Mode::Permit(l),
+            };
+            let dice = rng.below(100);
+            let short = dice >= 88;
+            let ttl = if short { rng.range(20, 100) } else { LONG_TTL };
+            let block = match dice {
+                0..=49 => Some(rng.range(5, 300)),
+                88..=99 if rng.chance(50) => Some(rng.range(5, 100)),
+                _ => None,
+            };
+            let token = format!("c{}-{n}", self.id);
+            let Got::Grant(token, fence, t0, t1) = self.acquire(k, ttl, block, mode, &token)?
+            else {
+                continue;
+            };
+            let mut g = Grant {
+                client: self.id,
+                key: k as u32,
+                mode,
+                server: self.group(),
+                fence,
+                ttl_ms: ttl,
+                invoke: t0,
+                complete: t1,
+                extends: Vec::new(),
+                release: None,
+                cs: None,
+            };
+            let cs0 = now_ns();
+            let at = (g.server, fence);
+            let v = sh.store.enter(k as u32, mode, at);
+            let mut final_ttl = ttl;
+            let mut last = t1;
+            if rng.chance(15) {
+                let ext = if short { rng.range(20, 100) } else { LONG_TTL };
+                let name = sh.plan.keys[k].0.clone();
+                let cmds = self.cmds(args!["LOCK.EXTEND", &name, &token, "PX", ext]);
+                self.log.extends += 1;
+                let call = match self.call(&name, &cmds, None) {
+                    Answer::Reply(r, e0, e1) => {
+                        let ok = r[0].as_int() == Some(1);
+                        Call {
+                            invoke: e0,
+                            complete: e1,
+                            // Acknowledged but perhaps not replicated: unknown.
+                            ok: (!sh.plan.confirm || !ok || confirmed(&r)).then_some(ok),
+                        }
+                    }
+                    Answer::Lost(e0) => Call {
+                        invoke: e0,
+                        complete: now_ns(),
+                        ok: None,
+                    },
+                };
+                if call.ok == Some(true) {
+                    (final_ttl, last) = (ext, call.complete);
+                } else if call.ok.is_none() {
+                    final_ttl = final_ttl.max(ext);
+                    last = call.complete;
+                }
+                g.extends.push((call, ext));
+            }
+            sh.store.write(k as u32, mode, at, v + 1);
+            sh.store.exit(k as u32, at);
+            g.cs = Some((cs0, now_ns()));
+            self.log.grants.push(g);
+            let idx = self.log.grants.len() - 1;
+            if short && rng.chance(10) {
+                abandoned.push_back((idx, token, last + (final_ttl + 5) * 1_000_000));
+                self.log.abandoned += 1;
+            } else {
+                let mut g = self.log.grants[idx].clone();
+                self.release(&mut g, &token);
+                self.log.grants[idx] = g;
+            }
+        }
+        // Settle what is left: wait out the leases, then check the release answers 0.
+        while let Some((idx, token, due)) = abandoned.pop_front() {
+            std::thread::sleep(Duration::from_nanos(due.saturating_sub(now_ns())));
+            let mut g = self.log.grants[idx].clone();
+            self.release(&mut g, &token);
+            self.log.grants[idx] = g;
+        }
+        Ok(())
+    }
+}
+
+/// Starts the client threads (they stop at the target, the deadline, or a client error).
+pub fn spawn(sh: &Arc<Shared>, rng: &mut Rng) -> Vec<std::thread::JoinHandle<ClientLog>> {
+    (0..sh.plan.clients)
+        .map(|i| {
+            let sh = Arc::clone(sh);
+            let mut r = rng.fork(i as u64);
+            std::thread::spawn(move || {
+                let mut c = Client {
+                    link: Link::new(&sh.plan.topo),
+                    sh: &sh,
+                    id: i as u32,
+                    log: ClientLog::default(),
+                };
+                if let Err(e) = c.run(&mut r) {
+                    c.log.errors.push(format!("client {i}: {e}"));
+                    sh.stop.store(true, Ordering::Relaxed);
+                }
+                let Client { mut log, link, .. } = c;
+                log.link = link.log;
+                log
+            })
+        })
+        .collect()
+}
+
+/// Everything the clients of one run saw, checked.
+#[derive(Default)]
+pub struct Tally {
+    pub grants: u64,
+    pub calls: u64,
+    pub releases: u64,
+    pub extends: u64,
+    pub abandoned: u64,
+    pub nil_blocking: u64,
+    pub nil_nonblocking: u64,
+    pub maxwaiters: u64,
+    pub unblocked: u64,
+    pub unconfirmed: u64,
+    pub lost_acquires: u64,
+    pub killed_calls: u64,
+    pub waits: u64,
+    pub late_by_pause: u64,
+    pub slowest_wait_over_block_ms: i64,
+    pub slowest_net_ms: i64,
+    pub moved: u64,
+    pub ask: u64,
+    pub tryagain: u64,
+    pub rerouted: u64,
+    /// Violations by kind (checker, store, lost updates, late waiters, hangs).
+    pub violations: std::collections::BTreeMap<String, u64>,
+    pub examples: Vec<String>,
+    pub errors: Vec<String>,
+    pub late_cs: u64,
+    pub late_store_events: u64,
+    pub cross_server_refusals: u64,
+    pub cross_server_examples: Vec<String>,
+    pub by_mode: [u64; 3],
+}
+
+impl Tally {
+    pub fn violations(&self) -> u64 {
+        self.violations.values().sum()
+    }
+
+    pub fn add_violation(
+        &mut self,
+        kind: &str,
+        n: u64,
+        examples: impl IntoIterator<Item = String>,
+    ) {
+        if n == 0 {
+            return;
+        }
+        *self.violations.entry(kind.to_string()).or_insert(0) += n;
+        for e in examples.into_iter().take(3) {
+            if self.examples.len() < 12 {
+                self.examples.push(format!("{kind}: {e}"));
+            }
+        }
+    }
+
+    /// Adds another run's figures (a sub-run of the same server).
+    pub fn absorb(&mut self, o: Tally) {
+        macro_rules! sum {
+            ($($f:ident),*) => {$(self.$f += o.$f;)*};
+        }
+        sum!(
+            grants,
+            calls,
+            releases,
+            extends,
+            abandoned,
+            nil_blocking,
+            nil_nonblocking,
+            maxwaiters,
+            unblocked,
+            unconfirmed,
+            lost_acquires,
+            killed_calls,
+            waits,
+            late_by_pause,
+            moved,
+            ask,
+            tryagain,
+            rerouted,
+            late_cs,
+            late_store_events,
+            cross_server_refusals
+        );
+        self.slowest_wait_over_block_ms = self
+            .slowest_wait_over_block_ms
+            .max(o.slowest_wait_over_block_ms);
+        self.slowest_net_ms = self.slowest_net_ms.max(o.slowest_net_ms);
+        for (k, v) in o.violations {
+            *self.violations.entry(k).or_insert(0) += v;
+        }
+        for i in 0..3 {
+            self.by_mode[i] += o.by_mode[i];
+        }
+        self.examples.extend(o.examples);
+        self.errors.extend(o.errors);
+        self.cross_server_examples.extend(o.cross_server_examples);
+    }
+
+    /// One line of what the clients did.
+    pub fn history(&self) -> String {
+        format!(
+            "{} grants ({} exclusive or writer, {} SHARED readers, {} LIMIT permits), {} releases, {} extends, {} leases left to expire; {} blocking acquires timed out, {} non-blocking acquires found the key busy, {} refused with MAXWAITERS, {} unblocked with an error",
+            thousands(self.grants),
+            thousands(self.by_mode[0]),
+            thousands(self.by_mode[1]),
+            thousands(self.by_mode[2]),
+            thousands(self.releases),
+            thousands(self.extends),
+            thousands(self.abandoned),
+            thousands(self.nil_blocking),
+            thousands(self.nil_nonblocking),
+            thousands(self.maxwaiters),
+            thousands(self.unblocked),
+        )
+    }
+}
+
+/// Joins the client threads.
+pub fn join(handles: Vec<std::thread::JoinHandle<ClientLog>>) -> Result<Vec<ClientLog>, String> {
+    handles
+        .into_iter()
+        .map(|h| h.join().map_err(|_| "a client thread panicked".to_string()))
+        .collect()
+}
+
+/// Joins the clients and checks their history (`fenced`: more fences to order-check).
+pub fn finish(
+    sh: &Shared,
+    handles: Vec<std::thread::JoinHandle<ClientLog>>,
+    fenced: &[checker::Fenced],
+) -> Result<Tally, String> {
+    check(sh, join(handles)?, fenced)
+}
+
+/// Checks the clients' history (`fenced`: more fences to order-check).
+pub fn check(
+    sh: &Shared,
+    logs: Vec<ClientLog>,
+    fenced: &[checker::Fenced],
+) -> Result<Tally, String> {
+    let mut t = Tally::default();
+    let mut grants = Vec::new();
+    for l in logs {
+        grants.extend(l.grants);
+        t.calls += l.calls;
+        t.releases += l.releases;
+        t.extends += l.extends;
+        t.abandoned += l.abandoned;
+        t.nil_blocking += l.nil_blocking;
+        t.nil_nonblocking += l.nil_nonblocking;
+        t.maxwaiters += l.maxwaiters;
+        t.unblocked += l.unblocked;
+        t.unconfirmed += l.unconfirmed;
+        t.lost_acquires += l.lost_acquires;
+        t.errors.extend(l.errors);
+        absorb_link(&mut t, l.link);
+    }
+    for g in &grants {
+        t.by_mode[match g.mode {
+            Mode::Exclusive => 0,
+            Mode::Shared => 1,
+            Mode::Permit(_) => 2,
+        }] += 1;
+    }
+    let events = std::mem::take(&mut *sh.store.events.lock().map_err(|e| e.to_string())?);
+    let r = checker::check(&mut grants, fenced, &events, SLACK_NS);
+    t.grants = r.grants;
+    for (k, v) in &r.violations {
+        let ex: Vec<String> = r
+            .examples
+            .iter()
+            .filter_map(|e| e.strip_prefix(k)?.strip_prefix(": "))
+            .map(str::to_string)
+            .collect();
+        t.add_violation(k, *v, ex);
+    }
+    t.late_cs = r.late_cs;
+    t.late_store_events = r.late_store_events;
+    t.cross_server_refusals = r.cross_server_refusals;
+    t.cross_server_examples = r.cross_server_examples;
+    // Lost updates, unless a late holder (client pause) explains them on that key.
+    let excused: std::collections::BTreeSet<u32> = events.iter().map(|e| e.key).collect();
+    let lost: Vec<(u32, u64)> = sh
+        .store
+        .lost_updates()
+        .into_iter()
+        .filter(|(k, _)| !excused.contains(k))
+        .collect();
+    t.add_violation(
+        "lost updates in the store",
+        lost.iter().map(|l| l.1).sum(),
+        lost.iter().map(|(k, n)| format!("key {k}: {n}")),
+    );
+    Ok(t)
+}
+
+/// Adds a link's waiter and connection figures (and its late or hung calls).
+pub fn absorb_link(t: &mut Tally, l: LinkLog) {
+    t.killed_calls += l.killed;
+    t.waits += l.waits;
+    t.late_by_pause += l.late_by_pause;
+    t.slowest_wait_over_block_ms = t
+        .slowest_wait_over_block_ms
+        .max(l.slowest_wait_over_block_ms);
+    t.slowest_net_ms = t.slowest_net_ms.max(l.slowest_net_ms);
+    t.moved += l.moved;
+    t.ask += l.ask;
+    t.tryagain += l.tryagain;
+    t.rerouted += l.rerouted;
+    t.add_violation(
+        "waiter answered later than BLOCK + 1 s",
+        l.late.len() as u64,
+        l.late,
+    );
+    t.add_violation("call never answered", l.hangs.len() as u64, l.hangs);
+    t.add_violation(
+        "connection lost although nobody killed it",
+        l.broken.len() as u64,
+        l.broken,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(s: &Store) -> Vec<(StoreEventKind, Vec<Fence>, Fence)> {
+        let e = s.events.lock().unwrap();
+        e.iter()
+            .map(|e| (e.kind, e.earlier.clone(), e.later))
+            .collect()
+    }
+
+    #[test]
+    fn the_store_knows_each_kind() {
+        let s = Store::new(3);
+        // Readers share; a writer beside a reader overlaps and, with a lower fence than
+        // the reader's, is refused.
+        s.enter(0, Mode::Shared, (0, 10));
+        s.enter(0, Mode::Shared, (0, 11));
+        s.write(0, Mode::Shared, (0, 11), 0);
+        assert!(kinds(&s).is_empty());
+        s.enter(0, Mode::Exclusive, (0, 9));
+        s.write(0, Mode::Exclusive, (0, 9), 1);
+        let ev = kinds(&s);
+        assert_eq!(
+            ev[0],
+            (StoreEventKind::Overlap, vec![(0, 10), (0, 11)], (0, 9))
+        );
+        assert_eq!(ev[1], (StoreEventKind::StaleWrite, vec![(0, 11)], (0, 9)));
+        // A reader older than the last writer is refused.
+        s.exit(0, (0, 10));
+        s.exit(0, (0, 11));
+        s.exit(0, (0, 9));
+        s.enter(0, Mode::Exclusive, (0, 20));
+        s.write(0, Mode::Exclusive, (0, 20), 1);
+        s.exit(0, (0, 20));
+        s.write(0, Mode::Shared, (0, 12), 0);
+        assert_eq!(kinds(&s).len(), 3);
+        // LIMIT 2: the third holder inside overlaps; permits are not refused by fence.
+        for f in [30, 31] {
+            s.enter(1, Mode::Permit(2), (0, f));
+        }
+        s.write(1, Mode::Permit(2), (0, 29), 0);
+        assert_eq!(kinds(&s).len(), 3);
+        s.enter(1, Mode::Permit(2), (0, 32));
+        assert_eq!(kinds(&s)[3].0, StoreEventKind::Overlap);
+        // Lost updates: two writers read the same value.
+        let v = s.enter(2, Mode::Exclusive, (0, 40));
+        s.exit(2, (0, 40));
+        s.write(2, Mode::Exclusive, (0, 40), v + 1);
+        s.write(2, Mode::Exclusive, (0, 41), v + 1);
+        assert_eq!(s.lost_updates(), vec![(2, 1)]);
+    }
+}
