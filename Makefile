@@ -180,33 +180,43 @@ test-examples: build node-deps
 EXTRA_TESTS += test-examples
 
 # ---- reliability under faults (issue 4) --------------------------------------------------
-#   make reliability        every scenario at full size (under 20 min at SCALE=1), saves
+#   make reliability        every scenario at full size (about 20 min at SCALE=1), saves
 #                           docs/data/reliability.json and renders docs/RELIABILITY.md from
 #                           it; exits non-zero when a target is missed or a
 #                           scenario could not run (needs root: ip netns + nft, valgrind)
 #       SCALE=0.1..10       multiplies operation counts and time budgets
 #       ONLY=mutex,clock    some scenarios only (prints rows, leaves the doc alone)
+#       SAVE=1              with ONLY: their rows replace theirs in docs/data/reliability.json
+#                           (the other rows stay as measured) and the doc is rendered again
 #       SEED=n              the run's random seed (printed by every run)
 #       RELIABILITY_SERVER  server binary (default Debian's redis-server, which valgrind needs)
-#   make reliability-short  the same code and assertions with fewer operations (CI, ~2-3 min)
+#       RELIABILITY_SERVERS the servers of the scenarios that run on every server (chaos:
+#                           server operations under load; kinds: SHARED and LIMIT keys),
+#                           one row each; default all three
+#   make reliability-short  the same code and assertions with fewer operations (CI, ~4-5 min)
 .PHONY: reliability reliability-short reliability-build
 SCALE ?= 1
 ONLY ?=
+SAVE ?=
 SEED ?=
 RELIABILITY_SERVER ?= $(SERVER_SYSTEM)
+RELIABILITY_SERVERS ?= $(SERVER_SYSTEM),$(SERVER_REDIS8),$(SERVER_VALKEY)
 RELIABILITY_BIN := $(CURDIR)/target/release/redis-lock-reliability
-RELIABILITY_ARGS = --server $(RELIABILITY_SERVER) --module $(MODULE) $(if $(SEED),--seed $(SEED))
+RELIABILITY_JSON := $(CURDIR)/docs/data/reliability.json
+RELIABILITY_ARGS = --server $(RELIABILITY_SERVER) --servers $(RELIABILITY_SERVERS) \
+	--module $(MODULE) $(if $(SEED),--seed $(SEED))
 
 reliability-build: build
 	bash scripts/deps-reliability.sh $(RELIABILITY_DEPS_ARGS)
 	$(CARGO) build --release -p redis-lock-reliability
 
 reliability: deps
-	$(MAKE) --no-print-directory reliability-build RELIABILITY_DEPS_ARGS=--fuzz
+	$(MAKE) --no-print-directory reliability-build \
+	    RELIABILITY_DEPS_ARGS="$(if $(ONLY),$(if $(findstring fuzz,$(ONLY)),--fuzz),--fuzz)"
 	$(RELIABILITY_BIN) run --scale $(SCALE) $(RELIABILITY_ARGS) \
-	    $(if $(ONLY),--only $(ONLY),--json $(CURDIR)/docs/data/reliability.json)
+	    $(if $(ONLY),--only $(ONLY) $(if $(SAVE),--json $(RELIABILITY_JSON)),--json $(RELIABILITY_JSON))
 
-reliability-short: reliability-build
+reliability-short: deps reliability-build
 	$(RELIABILITY_BIN) run --short $(RELIABILITY_ARGS)
 EXTRA_TESTS += reliability-short
 

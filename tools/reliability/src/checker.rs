@@ -385,11 +385,18 @@ pub fn check(
         if ev.kind == StoreEventKind::StaleWrite && ev.earlier.iter().all(|e| e.0 != ev.later.0) {
             r.cross_server_refusals += 1;
             if r.cross_server_examples.len() < 5 {
-                let earlier: Vec<String> = ev.earlier.iter().map(show).collect();
+                let brief = |&(server, f): &(u32, u64)| match index.get(&(ev.key, server, f)) {
+                    Some(&i) => format!(
+                        "fence {f} of node {server}, granted at {} ms",
+                        grants[i].complete / MS
+                    ),
+                    None => format!("fence {f} of node {server}"),
+                };
+                let earlier: Vec<String> = ev.earlier.iter().map(brief).collect();
                 r.cross_server_examples.push(format!(
                     "key {}: {} refused after {}",
                     ev.key,
-                    show(&ev.later),
+                    brief(&ev.later),
                     earlier.join(", ")
                 ));
             }

@@ -406,6 +406,7 @@ impl Link {
                 let paused = kills.held_ns(node, t0, t1);
                 let net = (t1 - t0 - paused) as i64 / 1_000_000 - b as i64;
                 self.log.slowest_net_ms = self.log.slowest_net_ms.max(net);
+
                 if t1 - t0 > budget {
                     if t1 - t0 - paused <= budget {
                         self.log.late_by_pause += 1;

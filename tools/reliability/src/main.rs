@@ -296,16 +296,13 @@ fn save(
             dirty,
             only: only.to_vec(),
         };
-        run.outcomes.retain(|o| !only.contains(&o.key));
-        run.outcomes.extend(outcomes.iter().cloned().map(|mut o| {
-            o.run = Some(row_run.clone());
-            o
-        }));
-        let order = |key: &str| scenarios::ALL.iter().position(|d| d.key == key);
-        run.outcomes.sort_by_key(|o| order(&o.key));
-        for (i, o) in run.outcomes.iter_mut().enumerate() {
-            o.id = i as u32 + 1;
-        }
+        let order = |key: &str| {
+            scenarios::ALL
+                .iter()
+                .position(|d| d.key == key)
+                .unwrap_or(usize::MAX)
+        };
+        run.merge(outcomes.to_vec(), row_run, order);
         run
     };
     redis_lock_report::save(json, &run)?;

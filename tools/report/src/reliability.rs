@@ -115,6 +115,24 @@ pub struct ReliabilityRun {
     pub outcomes: Vec<Outcome>,
 }
 
+impl ReliabilityRun {
+    /// Puts `rows`, measured by a later run of the scenarios `run.only`, in place of the
+    /// rows of those scenarios; the other rows stay as measured. `order` gives a
+    /// scenario's place in the report; rows are numbered again.
+    pub fn merge(&mut self, rows: Vec<Outcome>, run: RowRun, order: impl Fn(&str) -> usize) {
+        self.outcomes.retain(|o| !run.only.contains(&o.key));
+        self.outcomes.extend(rows.into_iter().map(|mut o| {
+            o.run = Some(run.clone());
+            o
+        }));
+        // Stable: rows of one scenario keep their order (one per server).
+        self.outcomes.sort_by_key(|o| order(&o.key));
+        for (i, o) in self.outcomes.iter_mut().enumerate() {
+            o.id = i as u32 + 1;
+        }
+    }
+}
+
 fn cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }
@@ -161,26 +179,32 @@ pub fn method(key: &str) -> Option<&'static str> {
 
 const CHAOS_METHOD: &str = "\
 **Method.** Each server gets three sub-runs, each with servers of its own and its own checker: a standalone server, \
-a primary with one replica, and a cluster of three masters (no replicas). In each, 24 client threads run the fenced \
-workload on 10 keys of db 0 (6 exclusive, 2 SHARED, 2 LIMIT with 2 and 3 permits) until the sub-run's share of \
-acquisitions is reached or its time is up: a random key per acquire, half the acquires blocking (`BLOCK` 5-300 ms), \
-12% with a short lease (20-100 ms, a tenth of them left to expire), the others holding 5 s and releasing; 15% extend \
-once inside the critical section; a SHARED key is read (`SHARED`) 70% of the time and written (exclusive) otherwise. \
-Every acquire carries its own `TOKEN`. The clients follow the topology as a cluster- or failover-aware client does: \
-`MOVED` updates the slot table, `ASK` sends `ASKING` and the command to the target, `TRYAGAIN` is retried after 5 ms \
-(a waiter whose slot moved is retried where the cluster then sends it), and `READONLY` or `UNBLOCKED` from a server \
-that became a replica sends the client to whichever server answers `ROLE` with `master`.\n\n\
+a primary with one replica, and a cluster of three masters (no replicas), 45 s each in the full run and 6 s in the \
+short run. In each, 24 client threads run the fenced workload on 10 keys of db 0 (6 exclusive, 2 SHARED, 2 LIMIT with \
+2 and 3 permits): a random key per acquire; 56% of the acquires block (`BLOCK` 5-300 ms); 12% take a short lease \
+(20-100 ms) and a tenth of those are left to expire, the others hold 5 s and release; 15% extend once inside the \
+critical section; a SHARED key is read (`SHARED`) 70% of the time and written (exclusive) otherwise; every acquire \
+carries its own `TOKEN`. The clients follow the topology as a cluster- or failover-aware client does: `MOVED` updates \
+the slot table, `ASK` sends `ASKING` and the command to the target, `TRYAGAIN` is retried after 5 ms (a waiter whose \
+slot moved is retried where the cluster then sends it), and `READONLY` or `UNBLOCKED` from a server that became a \
+replica sends the client to whichever server answers `ROLE` with `master`. A server that turns into a replica answers \
+its blocked clients `UNBLOCKED` and then closes their connections (Redis and Valkey alike, with `BLPOP` too): the \
+clients reconnect, and those closes do not count as broken connections.\n\n\
 Meanwhile one thread applies server operations, one at a time, drawn at random by weight, with a random 30-200 ms \
 (standalone), 50-300 ms (pair) or 20-150 ms (cluster) between them:\n\n\
 | sub-run | operations (weight) |\n\
 |---|---|\n\
-| standalone | `CLIENT PAUSE <20-300 ms> WRITE` (12), `CLIENT PAUSE <20-200 ms> ALL` (8), `DEBUG RELOAD` (6), `BGREWRITEAOF` (6), `CONFIG SET` of `lock.max-ttl` (10 s .. 24 h), `lock.default-ttl` (1 s .. min(max-ttl, 60 s)) and `lock.max-waiters` (10000, or 1, 2, 4, 16, 100) in one call (10), `SWAPDB 1 2` (10), `CLIENT UNBLOCK <waiter> TIMEOUT` or `ERROR` (12), `CLIENT KILL` of a waiter (10) and of a holder found with `LOCK.INFO` (8) |\n\
-| primary + replica | `FAILOVER TIMEOUT 5000` to the replica and, next time, back (10; the next one waits until the new replica is synced), pauses (8 + 4), `CONFIG SET` (4), `CLIENT UNBLOCK` (6), `CLIENT KILL` of waiters (8) and holders (8), `BGREWRITEAOF` (3), all on the current primary |\n\
-| 3-master cluster | slot migration (30): the slot of a random checker key moves from its node to another, `CLUSTER SETSLOT IMPORTING` on the target, `MIGRATING` on the source, 0-60 ms, `MIGRATE` of every key in the slot, 0-60 ms, `SETSLOT NODE` on the target, the source and the third master; keys go back and forth as later migrations pick them again. `CLIENT PAUSE WRITE` (6), `CONFIG SET` (3), `CLIENT UNBLOCK` (4), `CLIENT KILL` of waiters (6) and holders (6), on a random node |\n\n\
+| standalone | `CLIENT PAUSE <20-300 ms> WRITE` (12), `CLIENT PAUSE <20-200 ms> ALL` (8), `DEBUG RELOAD` (6), `BGREWRITEAOF` (6), one `CONFIG SET` of `lock.max-ttl` (10 s, 60 s, 1 h or 24 h), `lock.default-ttl` (1 s .. min(max-ttl, 60 s)) and `lock.max-waiters` (10000, or one of 1, 2, 4, 16, 100 one time in five) (10), `SWAPDB 1 2` (10), `CLIENT UNBLOCK <waiter> TIMEOUT` or `ERROR` (12), `CLIENT KILL` of a waiter (10) and of a holder found with `LOCK.INFO` (8) |\n\
+| primary + replica | `FAILOVER TIMEOUT 5000` to the replica, and back the next time (10; it waits until the new replica is synced), `CLIENT PAUSE` WRITE (8) and ALL (4), `CONFIG SET` (4), `CLIENT UNBLOCK` (6), `CLIENT KILL` of waiters (8) and holders (8), `BGREWRITEAOF` (3), all on the current primary |\n\
+| 3-master cluster | slot migration (30): the slot of a random checker key moves from its node to one of the two others: `CLUSTER SETSLOT IMPORTING` on the target, `MIGRATING` on the source, 0-60 ms, `MIGRATE` of every key in the slot, 0-60 ms, `SETSLOT NODE` on the target, the source and the third master; keys go back and forth as later migrations pick them again. `CLIENT PAUSE WRITE` (6), `CONFIG SET` (3), `CLIENT UNBLOCK` (4), `CLIENT KILL` of waiters (6) and holders (6), on a random node |\n\n\
 `SWAPDB` legitimately moves every lock of one db to the other, so the checker's keys stay in db 0 and the swap is \
-between dbs 1 and 2, where four bystander clients keep taking 3 locks each with blocking acquires (`BLOCK` 20-300 ms, \
-leases 30-300 ms): their waiters are held to the same answer-time rule and their fences join the server's fence-order \
-check; mutual exclusion is checked on db 0 only.\n\n\
+between dbs 1 and 2, where four bystander clients (two per db) keep taking 3 locks with blocking acquires (`BLOCK` \
+20-300 ms, leases 30-300 ms): their waiters are held to the same answer-time rule and their fences join the \
+server's fence-order check; mutual exclusion is checked on db 0 only. `CLIENT UNBLOCK` is sent only when no pause of \
+ours can be holding a client: a client held by a pause is listed as blocked in `LOCK.ACQUIRE` too but is no waiter, \
+and Redis 7.0.15 crashes when such a client is unblocked with `TIMEOUT` (`Guru Meditation: Unknown btype in \
+replyToBlockedClientTimedOut()`, blocked.c:230, with a plain `SET` too, no module needed) and answers it twice with \
+`ERROR`; Redis 8.2 and Valkey refuse.\n\n\
 **Checked**, on every recorded call (invoke and completion times on one monotonic clock): per server and key, in fence \
 order, no grant while earlier holders certainly live leave no room for it (an exclusive grant or a writer beside any \
 holder, a reader beside a writer, a permit beside n others): a double grant; across cluster nodes, the same on the \
@@ -188,22 +212,28 @@ intervals in which holders were certainly live; per server, fences unique and ne
 (the primary and replica count as one server: fences continue across `FAILOVER`; each cluster node is its own); \
 releases and extends answer 1 exactly while the lease is live (a call whose connection was killed has an unknown \
 outcome and only widens the bounds); the in-process fenced store saw no overlapping critical sections, no write with a \
-fence below the highest accepted and no lost update. Every blocking call, each retry on its own, must be answered \
-within its `BLOCK` time plus 1 s; a waiter whose connection `CLIENT KILL` closed before that is excused (the kills are \
-recorded before they are sent), any call unanswered for 8 s is a hang, and a connection that breaks without a kill \
-fails the row. After each sub-run every server must answer `PING`, show `lock_panics:0` and have no crash report in \
-its log. On Redis before 7.4 `CLIENT UNBLOCK` of a `LOCK.ACQUIRE` waiter must be refused (by design, see \
-docs/commands.md).\n";
+fence below the highest accepted and no lost update. In the cluster a key's fences are not ordered across nodes: a \
+key whose slot moves while it is free starts from the new node's counter, which may be lower, and the store then \
+refuses the new holder; those refusals are counted in the row's notes, not as violations (no two holders overlap).\n\n\
+Every blocking call, each retry on its own, must be answered within its `BLOCK` time plus 1 s. A command that arrives \
+while a pause of ours holds writes (`CLIENT PAUSE`, or a `FAILOVER` waiting for its replica) only starts when the \
+server lets it go, so that time does not count against its `BLOCK` time; the servers let held commands go up to \
+100 ms after a pause's nominal end (their cron tick, measured on all three), so a `CLIENT PAUSE` of n ms counts as \
+n + 110 ms. A waiter already queued when a pause begins gets no allowance: its deadline is not a write. A waiter \
+whose connection `CLIENT KILL` closed before its deadline is excused (kills are recorded before they are sent); any \
+call unanswered for 8 s is a hang; a connection that breaks without a kill fails the row. After each sub-run every \
+server must answer `PING`, show `lock_panics:0` and have no crash report in its log. On Redis before 7.4 `CLIENT \
+UNBLOCK` of a `LOCK.ACQUIRE` waiter must be refused (by design, see docs/commands.md).\n";
 
 const KINDS_METHOD: &str = "\
-**Method.** A primary and one replica per server; 24 client threads run the fenced workload (the same code as the \
-chaos rows) on 10 keys: 2 exclusive, 4 SHARED (read 70% of the time, written otherwise), and LIMIT 2, 2, 3 and 5. \
-Every grant and every extend is sent with `WAIT 1 100` in the same pipeline: a grant the replica did not confirm is \
-given back and never used, an extend it did not confirm counts as unknown, because the next fault may promote that \
-replica. Every 0.8-2 s one fault, drawn at random: the primary is SIGKILLed, its synced replica promoted with \
-`REPLICAOF NO ONE` and the killed server restarted as the new primary's replica (35%); a coordinated \
-`FAILOVER TIMEOUT 5000` (25%); `CLIENT KILL` of a random holder of a random key (40%). Clients follow the primary \
-as in the chaos rows.\n\n\
+**Method.** A primary and one replica per server, 90 s in the full run and 10 s in the short run; 24 client threads \
+run the fenced workload (the same code as the chaos rows) on 10 keys: 2 exclusive, 4 SHARED (read 70% of the time, \
+written otherwise), and LIMIT 2, 2, 3 and 5. Every grant and every extend is sent with `WAIT 1 100` in the same \
+pipeline: a grant the replica did not confirm is given back and never used, an extend it did not confirm counts as \
+unknown, because the next fault may promote that replica. Every 0.8-2 s one fault, drawn at random: the primary is \
+SIGKILLed, its synced replica promoted with `REPLICAOF NO ONE` and the killed server restarted as the new primary's \
+replica (35%); a coordinated `FAILOVER TIMEOUT 5000` (25%); `CLIENT KILL` of a random holder of a random key (40%). \
+Clients follow the primary as in the chaos rows; waiters are held to the same answer-time rule.\n\n\
 **Checked:** no writer (or exclusive holder) granted while another holder was certainly live, no reader while a \
 writer was, never more than n holders of a LIMIT n key at once (per server in fence order; the pair is one server); \
 fences unique and rising with real time across kills and promotions; releases and extends answer 1 exactly while the \
@@ -417,4 +447,79 @@ pub fn render(run: &ReliabilityRun) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: &str, server: Option<&str>) -> Outcome {
+        let mut o = Outcome::new(0, key, &format!("Title {key}"), "target");
+        o.server = server.map(|s| ServerId {
+            label: s.into(),
+            path: format!("bin/{s}"),
+        });
+        o.figure = format!("figure {key}");
+        o
+    }
+
+    fn run(outcomes: Vec<Outcome>) -> ReliabilityRun {
+        ReliabilityRun {
+            date: "2026-01-01".into(),
+            time: "00:00".into(),
+            short: false,
+            scale: 1.0,
+            seed: 1,
+            minutes: 1.0,
+            server_path: "/usr/bin/redis-server".into(),
+            server_version: "Redis server v=7.0.15".into(),
+            commit: "abc".into(),
+            dirty: false,
+            cpus: 2,
+            kernel: "6".into(),
+            fs: "ext4".into(),
+            outcomes,
+        }
+    }
+
+    #[test]
+    fn a_later_run_replaces_only_its_own_rows() {
+        let mut r = run(vec![
+            row("mutex", None),
+            row("chaos", Some("A")),
+            row("stale", None),
+        ]);
+        let later = RowRun {
+            date: "2026-02-02".into(),
+            time: "12:00".into(),
+            short: false,
+            scale: 1.0,
+            seed: 7,
+            commit: "def".into(),
+            dirty: false,
+            only: vec!["chaos".into()],
+        };
+        let order = |k: &str| {
+            ["mutex", "stale", "chaos"]
+                .iter()
+                .position(|x| *x == k)
+                .unwrap()
+        };
+        r.merge(
+            vec![row("chaos", Some("A")), row("chaos", Some("B"))],
+            later,
+            order,
+        );
+        let keys: Vec<(u32, &str)> = r.outcomes.iter().map(|o| (o.id, o.key.as_str())).collect();
+        assert_eq!(
+            keys,
+            [(1, "mutex"), (2, "stale"), (3, "chaos"), (4, "chaos")]
+        );
+        assert!(r.outcomes[0].run.is_none() && r.outcomes[3].run.as_ref().unwrap().seed == 7);
+        let doc = render(&r);
+        assert!(doc.contains("Rows 3-4 come from a later run"), "{doc}");
+        assert!(doc.contains("| 3 | Title chaos, A |") && doc.contains("| 2026-02-02 |"));
+        assert!(doc.contains("## 3-4. Title chaos\n") && doc.contains("### 4. B (`bin/B`)"));
+        assert!(doc.contains("## 1. Title mutex\n") && !doc.contains("### 1."));
+    }
 }

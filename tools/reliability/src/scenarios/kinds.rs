@@ -147,7 +147,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         thousands(t.by_mode[2])
     );
     o.trials = format!(
-        "{} acquisitions in {:.0} s, {} clients, {} keys; {} primaries SIGKILLed and replaced, {} FAILOVERs, {} holders killed",
+        "{} acquisitions in {:.0} s, {} clients, {} keys; faults: primary SIGKILLed and replica promoted {}, FAILOVER {}, CLIENT KILL of a holder {}",
         thousands(t.grants),
         elapsed,
         sh.plan.clients,
