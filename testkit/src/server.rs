@@ -822,8 +822,8 @@ impl Cluster {
     /// Moves `slot` to node `to` the way `redis-cli --cluster reshard` does:
     /// `SETSLOT IMPORTING` on the target, `MIGRATING` on the source, `MIGRATE` of every
     /// key until the source holds none, then `SETSLOT NODE` on the target, the source and
-    /// every other node. `pause` is slept between the steps (clients meanwhile meet ASK
-    /// and TRYAGAIN). Returns the number of keys moved.
+    /// every other node. `pause` is slept between the last `MIGRATE` and `SETSLOT NODE`
+    /// (clients meanwhile meet ASK and TRYAGAIN). Returns the number of keys moved.
     pub fn migrate_slot(&self, slot: u16, to: usize, pause: Duration) -> Result<u64, String> {
         let from = self
             .slot_owner(slot)
@@ -841,7 +841,6 @@ impl Cluster {
         let (mut src, mut dst) = (conn(from)?, conn(to)?);
         ok(&mut dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &src_id])?;
         ok(&mut src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst_id])?;
-        sleep(pause);
         let (host, port) = (
             self.nodes[to].host.to_string(),
             self.nodes[to].port.to_string(),

@@ -356,6 +356,11 @@ impl Client<'_> {
             let cs0 = now_ns();
             let at = (g.server, fence);
             let v = sh.store.enter(k as u32, mode, at);
+            // Some holders work a while, so that keys are held (and waited for) when a
+            // pause, a failover or a slot migration comes.
+            if rng.chance(20) {
+                std::thread::sleep(Duration::from_millis(rng.range(1, 20)));
+            }
             let mut final_ttl = ttl;
             let mut last = t1;
             if rng.chance(15) {

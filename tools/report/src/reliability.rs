@@ -182,8 +182,8 @@ const CHAOS_METHOD: &str = "\
 a primary with one replica, and a cluster of three masters (no replicas), 45 s each in the full run and 6 s in the \
 short run. In each, 24 client threads run the fenced workload on 10 keys of db 0 (6 exclusive, 2 SHARED, 2 LIMIT with \
 2 and 3 permits): a random key per acquire; 56% of the acquires block (`BLOCK` 5-300 ms); 12% take a short lease \
-(20-100 ms) and a tenth of those are left to expire, the others hold 5 s and release; 15% extend once inside the \
-critical section; a SHARED key is read (`SHARED`) 70% of the time and written (exclusive) otherwise; every acquire \
+(20-100 ms) and a tenth of those are left to expire, the others hold 5 s and release; a fifth of the critical \
+sections last 1-20 ms, the others are a read and a write; 15% extend once inside the critical section; a SHARED key is read (`SHARED`) 70% of the time and written (exclusive) otherwise; every acquire \
 carries its own `TOKEN`. The clients follow the topology as a cluster- or failover-aware client does: `MOVED` updates \
 the slot table, `ASK` sends `ASKING` and the command to the target, `TRYAGAIN` is retried after 5 ms (a waiter whose \
 slot moved is retried where the cluster then sends it), and `READONLY` or `UNBLOCKED` from a server that became a \
@@ -196,7 +196,7 @@ Meanwhile one thread applies server operations, one at a time, drawn at random b
 |---|---|\n\
 | standalone | `CLIENT PAUSE <20-300 ms> WRITE` (12), `CLIENT PAUSE <20-200 ms> ALL` (8), `DEBUG RELOAD` (6), `BGREWRITEAOF` (6), one `CONFIG SET` of `lock.max-ttl` (10 s, 60 s, 1 h or 24 h), `lock.default-ttl` (1 s .. min(max-ttl, 60 s)) and `lock.max-waiters` (10000, or one of 1, 2, 4, 16, 100 one time in five) (10), `SWAPDB 1 2` (10), `CLIENT UNBLOCK <waiter> TIMEOUT` or `ERROR` (12), `CLIENT KILL` of a waiter (10) and of a holder found with `LOCK.INFO` (8) |\n\
 | primary + replica | `FAILOVER TIMEOUT 5000` to the replica, and back the next time (10; it waits until the new replica is synced), `CLIENT PAUSE` WRITE (8) and ALL (4), `CONFIG SET` (4), `CLIENT UNBLOCK` (6), `CLIENT KILL` of waiters (8) and holders (8), `BGREWRITEAOF` (3), all on the current primary |\n\
-| 3-master cluster | slot migration (30): the slot of a random checker key moves from its node to one of the two others: `CLUSTER SETSLOT IMPORTING` on the target, `MIGRATING` on the source, 0-60 ms, `MIGRATE` of every key in the slot, 0-60 ms, `SETSLOT NODE` on the target, the source and the third master; keys go back and forth as later migrations pick them again. `CLIENT PAUSE WRITE` (6), `CONFIG SET` (3), `CLIENT UNBLOCK` (4), `CLIENT KILL` of waiters (6) and holders (6), on a random node |\n\n\
+| 3-master cluster | slot migration (30): the slot of a checker key (of a held one if one of four random picks is held) moves from its node to one of the two others: `CLUSTER SETSLOT IMPORTING` on the target, `MIGRATING` on the source, `MIGRATE` of every key in the slot, 0-60 ms, `SETSLOT NODE` on the target, the source and the third master; keys go back and forth as later migrations pick them again. `CLIENT PAUSE WRITE` (6), `CONFIG SET` (3), `CLIENT UNBLOCK` (4), `CLIENT KILL` of waiters (6) and holders (6), on a random node |\n\n\
 `SWAPDB` legitimately moves every lock of one db to the other, so the checker's keys stay in db 0 and the swap is \
 between dbs 1 and 2, where four bystander clients (two per db) keep taking 3 locks with blocking acquires (`BLOCK` \
 20-300 ms, leases 30-300 ms): their waiters are held to the same answer-time rule and their fences join the \

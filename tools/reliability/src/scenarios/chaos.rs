@@ -604,8 +604,16 @@ fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
         let node = rng.below(addrs.len() as u64) as usize;
         result = (|| {
             if op == "slot migration" {
-                let slot = redis_lock_testkit::key_slot(rng.pick(&keys).0.as_bytes());
-                let from = cluster.slot_owner(slot).ok_or("slot without owner")?;
+                // Prefer a key that is held now, so that its holders (and waiters) move.
+                let (mut slot, mut from) = (0, 0);
+                for _ in 0..4 {
+                    let key = &rng.pick(&keys).0;
+                    slot = redis_lock_testkit::key_slot(key.as_bytes());
+                    from = cluster.slot_owner(slot).ok_or("slot without owner")?;
+                    if admin.call(from, &args!["EXISTS", key])?.as_int() == Some(1) {
+                        break;
+                    }
+                }
                 let to = (from + 1 + rng.below(2) as usize) % 3;
                 let pause = Duration::from_millis(rng.below(60));
                 ops.keys_migrated += cluster.migrate_slot(slot, to, pause)?;
