@@ -155,6 +155,23 @@ bench-callgrind: bench-deps build
 bench-callgrind-baseline: bench-deps build
 	$(BENCH_RUN) callgrind --save-baseline
 
+# The instruction-count guard of `make test` (under a minute): fails when LOCK.ACQUIRE,
+# RELEASE or EXTEND costs more than 10% above bench/callgrind-guard.tsv, counted by
+# callgrind inside the server's call() on Redis 7.0.15. A deliberate change of the cost
+# updates the baseline with its reason, in the same commit:
+#   make perf-guard-baseline REASON="why the cost changed"
+.PHONY: perf-guard perf-guard-baseline
+PERF_GUARD = BENCH_ROOT=$(CURDIR) LOCK_MODULE=$(MODULE) BENCH_SERVERS=$(SERVER_SYSTEM) \
+	$(CARGO) run --release -q -p redis-lock-bench -- guard
+
+perf-guard: bench-deps build
+	$(PERF_GUARD)
+EXTRA_TESTS += perf-guard
+
+perf-guard-baseline: bench-deps build
+	@test -n "$(REASON)" || { echo 'give the reason: make perf-guard-baseline REASON="..."'; exit 1; }
+	$(PERF_GUARD) --save-baseline "$(REASON)"
+
 # ---- client crate, CLI and any-client examples (issue 5) --------------------------------
 #   make test-client     the client crate's tests (single server, Redlock on 5 servers,
 #                        the redis-lock CLI, a 3-master cluster) once per server
