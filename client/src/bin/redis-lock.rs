@@ -32,7 +32,8 @@ Exit codes:
   n    run: CMD's own exit code; 128+N when CMD died of signal N
   1    release/extend: not held by this token; info: the lock is free
   64   usage error (EX_USAGE)
-  69   server unreachable, TLS or authentication failure, or an error reply (EX_UNAVAILABLE)
+  69   server unreachable, TLS or authentication failure, or an error reply such as
+       WRONGMODE / LIMITMISMATCH (EX_UNAVAILABLE)
   75   busy: not acquired within --wait (EX_TEMPFAIL); -E/--conflict-exit-code changes it
   79   run: the lease was lost while CMD ran; --lost-exit-code changes it
   126  run: CMD is not executable     127  run: CMD not found
