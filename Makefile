@@ -4,6 +4,10 @@
 #   make build   cargo build --release  -> target/release/libredis_lock.so
 #   make run     start redis-server in the foreground on 127.0.0.1:$(PORT) with the module
 #   make test    fmt, clippy, build, unit tests, then the integration suite once per server
+#   make check   the same checks without root or network: fmt, clippy, unit and model
+#                tests, the integration suite against the redis-server on PATH
+#   make docs    render docs/BENCHMARKS.md, docs/RELIABILITY.md and the charts from the
+#                measurements saved in docs/data/ (seconds; no measurement is rerun)
 #   make clean   remove build output
 
 SHELL := /bin/bash
@@ -24,7 +28,7 @@ RUN_SERVER    ?= $(SERVER_SYSTEM)
 # Extra arguments for the test binaries, e.g. make test TEST_ARGS='some_test_name'
 TEST_ARGS ?=
 
-.PHONY: all deps build run test unit integration lint clean
+.PHONY: all deps build run test unit integration lint clean check docs
 
 all: build
 
@@ -70,6 +74,28 @@ test: deps
 	$(MAKE) --no-print-directory integration
 	for t in $(EXTRA_TESTS); do $(MAKE) --no-print-directory $$t; done
 
+# The unit tests of the test kit, the renderer and the tools (no server), and the kit's
+# own checks against a server.
+TOOL_CRATES := -p redis-lock-testkit -p redis-lock-report -p redis-lock-bench \
+	-p redis-lock-contention -p redis-lock-reliability
+tools-unit: build
+	LOCK_MODULE=$(MODULE) $(CARGO) test --release $(TOOL_CRATES)
+EXTRA_TESTS += tools-unit
+
+# For a contributor without root or network (the crates must be in cargo's cache, as
+# after any earlier build): no package installs, no downloads, one server.
+check:
+	@command -v redis-server >/dev/null || { echo "make check needs redis-server on PATH"; exit 1; }
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory unit tools-unit
+	$(MAKE) --no-print-directory integration TEST_SERVERS="$$(command -v redis-server)" \
+	    REDIS_CLI="$$(command -v redis-cli || echo redis-cli)"
+
+# The measured docs, rendered from docs/data/*.json (written by bench, bench-contention
+# and reliability); prose and layout live in tools/report.
+docs:
+	$(CARGO) run --release -q -p redis-lock-report --bin redis-lock-docs -- --root $(CURDIR)
+
 clean:
 	$(CARGO) clean
 	rm -rf appendonlydir dump.rdb
@@ -77,31 +103,34 @@ clean:
 # ---------------------------------------------------------------- bench-contention
 # N clients contend for one lock, each holding it c ms: the module's LOCK.ACQUIRE BLOCK
 # (server-side FIFO hand-off) against the client-side waiting of redis-py, node-redlock/
-# redsync and python-redis-lock. Starts its own redis-server 7.0.15 with the module, then
-# rewrites only the section between <!-- contention:begin --> and <!-- contention:end -->
-# in docs/BENCHMARKS.md and draws docs/contention.png. Not part of `make test`; takes
-# about 2 minutes. Env: CONTENTION_SECS (per cell, default 3), CONTENTION_N (1,2,8,64),
-# CONTENTION_HOLD_MS (0,1), CONTENTION_METHODS (module,poll100,jitter,blpop).
-.PHONY: bench-contention contention-unit
+# redsync and python-redis-lock. Starts its own redis-server 7.0.15 with the module,
+# saves docs/data/contention.json, then renders the section between
+# <!-- contention:begin --> and <!-- contention:end --> in docs/BENCHMARKS.md and
+# docs/contention.png from it. Not part of `make test`; takes about 2 minutes.
+# Env: CONTENTION_SECS (per cell, default 3), CONTENTION_N (1,2,8,64),
+# CONTENTION_HOLD_MS (0,1), CONTENTION_METHODS (module,poll100,jitter,blpop),
+# CONTENTION_JSON (another file, e.g. in a scratch dir, leaves the published figures).
+.PHONY: bench-contention contention-unit tools-unit
 bench-contention: deps build
 	$(CARGO) build --release -p redis-lock-contention
-	CONTENTION_VIA_MAKE=1 LOCK_MODULE=$(MODULE) LOCK_SERVER_BIN=$(SERVER_SYSTEM) \
-	    $(CURDIR)/target/release/redis-lock-contention \
-	    --docs $(CURDIR)/docs/BENCHMARKS.md --chart $(CURDIR)/docs/contention.png
+	CONTENTION_COMMAND="make bench-contention" LOCK_MODULE=$(MODULE) LOCK_SERVER_BIN=$(SERVER_SYSTEM) \
+	    CONTENTION_JSON="$${CONTENTION_JSON:-$(CURDIR)/docs/data/contention.json}" \
+	    $(CURDIR)/target/release/redis-lock-contention
 
-# The benchmark's own unit tests (statistics, docs splice); no server, a second or two.
+# The benchmark's own unit tests (statistics); no server. Part of tools-unit.
 contention-unit:
 	$(CARGO) test --release -p redis-lock-contention
-EXTRA_TESTS += contention-unit
 
 # ---- performance (issue 6); not part of `make test` -------------------------------------
-#   make bench                      every suite on all three servers (~20 min here): writes the
-#                                   perf section of docs/BENCHMARKS.md and docs/perf.png
+#   make bench                      every suite on all three servers (~20 min here): saves
+#                                   docs/data/perf.json and renders the perf section of
+#                                   docs/BENCHMARKS.md and docs/perf.png from it
 #   make bench-callgrind            only the instructions per command (table 5 of that section)
 #   make bench-callgrind-baseline   same, and record the counts as the "before" column
 # Sizes and durations: BENCH_ROUNDS, BENCH_OPS_P1, BENCH_OPS_P16, BENCH_LAT_OPS,
 # BENCH_MEM_LOCKS, BENCH_WAITERS, BENCH_LEVELS, BENCH_CG_OPS, BENCH_RB_ROUNDS, BENCH_SUITES
-# (see bench/src/config.rs), e.g. `BENCH_ROUNDS=3 BENCH_OPS_P16=200000 make bench`.
+# (`target/release/redis-lock-bench --help`), e.g. `BENCH_ROUNDS=3 make bench`;
+# BENCH_JSON=/tmp/x/docs/data/perf.json measures into a scratch dir and renders there.
 .PHONY: bench bench-deps bench-callgrind bench-callgrind-baseline
 
 BENCH_RUN = BENCH_ROOT=$(CURDIR) LOCK_MODULE=$(MODULE) \
@@ -151,8 +180,9 @@ test-examples: build node-deps
 EXTRA_TESTS += test-examples
 
 # ---- reliability under faults (issue 4) --------------------------------------------------
-#   make reliability        every scenario at full size (under 20 min at SCALE=1), writes
-#                           docs/RELIABILITY.md; exits non-zero when a target is missed or a
+#   make reliability        every scenario at full size (under 20 min at SCALE=1), saves
+#                           docs/data/reliability.json and renders docs/RELIABILITY.md from
+#                           it; exits non-zero when a target is missed or a
 #                           scenario could not run (needs root: ip netns + nft, valgrind)
 #       SCALE=0.1..10       multiplies operation counts and time budgets
 #       ONLY=mutex,clock    some scenarios only (prints rows, leaves the doc alone)
@@ -174,7 +204,7 @@ reliability-build: build
 reliability: deps
 	$(MAKE) --no-print-directory reliability-build RELIABILITY_DEPS_ARGS=--fuzz
 	$(RELIABILITY_BIN) run --scale $(SCALE) $(RELIABILITY_ARGS) \
-	    $(if $(ONLY),--only $(ONLY),--out $(CURDIR)/docs/RELIABILITY.md)
+	    $(if $(ONLY),--only $(ONLY),--json $(CURDIR)/docs/data/reliability.json)
 
 reliability-short: reliability-build
 	$(RELIABILITY_BIN) run --short $(RELIABILITY_ARGS)

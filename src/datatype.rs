@@ -84,10 +84,9 @@ pub fn loaded_fence_ceiling() -> u64 {
 
 fn valid_holder(h: &Holder, ceiling: u64) -> bool {
     (1..=MAX_FENCE.min(ceiling)).contains(&h.fence)
-        && h.owner
-            .as_ref()
+        && h.owner()
             .is_none_or(|o| (1..=MAX_OWNER_LEN).contains(&o.len()))
-        && h.addr.text_len() <= MAX_ADDR_LEN
+        && h.addr().text_len() <= MAX_ADDR_LEN
         && h.client_id <= i64::MAX as u64
 }
 
@@ -136,15 +135,15 @@ fn load_v1(rdb: *mut raw::RedisModuleIO) -> Option<LockValue> {
     let owner = load_owner(rdb)?;
     let client_id = raw::load_unsigned(rdb).ok()?;
     let addr = Addr::parse(&buf(rdb, MAX_ADDR_LEN)?);
-    Some(LockValue::Exclusive(Holder {
-        digest: digest(&token),
+    Some(LockValue::Exclusive(Holder::new(
+        digest(&token),
         fence,
         expires_at,
         acquired_at,
         client_id,
         addr,
         owner,
-    }))
+    )))
 }
 
 fn load_holder(rdb: *mut raw::RedisModuleIO) -> Option<Holder> {
@@ -156,7 +155,7 @@ fn load_holder(rdb: *mut raw::RedisModuleIO) -> Option<Holder> {
     let client_id = raw::load_unsigned(rdb).ok()?;
     let addr = Addr::parse(&buf(rdb, MAX_ADDR_LEN)?);
     let owner = load_owner(rdb)?;
-    Some(Holder {
+    Some(Holder::new(
         digest,
         fence,
         expires_at,
@@ -164,7 +163,7 @@ fn load_holder(rdb: *mut raw::RedisModuleIO) -> Option<Holder> {
         client_id,
         addr,
         owner,
-    })
+    ))
 }
 
 fn load_v2(rdb: *mut raw::RedisModuleIO) -> Option<LockValue> {
@@ -218,8 +217,8 @@ fn save_holder(rdb: *mut raw::RedisModuleIO, h: &Holder) {
     raw::save_signed(rdb, h.expires_at);
     raw::save_signed(rdb, h.acquired_at);
     raw::save_unsigned(rdb, h.client_id);
-    raw::save_slice(rdb, h.addr.to_string().as_bytes());
-    match &h.owner {
+    raw::save_slice(rdb, h.addr().to_string().as_bytes());
+    match h.owner() {
         Some(o) => {
             raw::save_unsigned(rdb, 1);
             raw::save_slice(rdb, o);
@@ -296,14 +295,6 @@ extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int)
     }
 }
 
-fn holder_bytes(h: &Holder) -> usize {
-    let addr = match &h.addr {
-        Addr::Text(t) => t.len(),
-        _ => 0,
-    };
-    addr + h.owner.as_ref().map_or(0, |o| o.len())
-}
-
 extern "C" fn mem_usage(v: *const c_void) -> usize {
     catch(|| {
         // SAFETY: the server passes a live value of this type.
@@ -317,7 +308,7 @@ extern "C" fn mem_usage(v: *const c_void) -> usize {
         };
         std::mem::size_of::<LockValue>()
             + many
-            + v.holders().iter().map(holder_bytes).sum::<usize>()
+            + v.holders().iter().map(Holder::extra_bytes).sum::<usize>()
     })
     .unwrap_or(0)
 }
@@ -337,7 +328,7 @@ extern "C" fn digest_cb(md: *mut raw::RedisModuleDigest, v: *mut c_void) {
                 add_ll(md, h.fence as i64);
                 add_ll(md, h.expires_at);
                 add_ll(md, h.acquired_at);
-                if let Some(o) = &h.owner {
+                if let Some(o) = h.owner() {
                     add(md, o.as_ptr().cast(), o.len());
                 }
             }

@@ -161,7 +161,7 @@ fn grant_fields(mode: Mode, h: &Holder) -> Packed {
         .sep()
         .u64_(h.client_id)
         .sep()
-        .addr(&h.addr);
+        .addr(&h.addr());
     p
 }
 
@@ -183,7 +183,7 @@ fn build(op: &Repl<'_>, out: &mut dyn FnMut(&std::ffi::CStr, &[&[u8]])) {
             let fl = number(floor);
             let mut args: [&[u8]; 6] = [b"GRANT", fields.bytes(), &[], &[], &[], &[]];
             let mut n = 2;
-            if let Some(o) = &holder.owner {
+            if let Some(o) = holder.owner() {
                 (args[n], args[n + 1]) = (b"OWNER", o);
                 n += 2;
             }
@@ -270,15 +270,15 @@ mod tests {
                 Addr::Text(b"/tmp/a;b.sock:0".to_vec().into()),
             ),
         ] {
-            let h = Holder {
-                digest: digest(b"tok"),
-                fence: 1_883_234_272_951_664_640,
-                expires_at: 1_795_992_217_911,
-                acquired_at: 1_795_992_157_904,
-                client_id: 42,
+            let h = Holder::new(
+                digest(b"tok"),
+                1_883_234_272_951_664_640,
+                1_795_992_217_911,
+                1_795_992_157_904,
+                42,
                 addr,
-                owner: owner.map(Into::into),
-            };
+                owner.map(Into::into),
+            );
             let (cmd, args) = collect(Repl::Grant {
                 mode,
                 holder: &h,

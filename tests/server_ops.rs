@@ -482,7 +482,7 @@ fn unblock_racing_a_handoff(reason: &str) {
     // Both commands in one write, so that the server reads and runs them together.
     let mut both = resp_command(&["LOCK.RELEASE", "lk", &tok]);
     both.extend(resp_command(&["CLIENT", "UNBLOCK", &wid, reason]));
-    admin.send_raw(&both);
+    admin.send_raw(&both).expect("write both commands");
     assert_eq!(admin.read().unwrap().int(), 1, "RELEASE");
     let unblocked = admin.read().unwrap().int();
     let reply = w.reply_within(Duration::from_secs(5)).unwrap_or_else(|e| {

@@ -12,12 +12,14 @@ use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use redis_lock_report::perf::{Callgrind, CgLevel, FnCost, Phase};
+
 use crate::config::Config;
 use crate::load::{self, Workload};
 use crate::memory::{block_all, connect_many, hold_locks};
 use crate::ops::{flushall, Op, OpLoad, Scripts};
 use crate::scaling::{top_up, SpreadExtend};
-use crate::server::{Server, ServerSpec};
+use crate::Server;
 
 /// The phases, in order. Keys: `cgm` module locks, `cgs` string locks, `cgg` locks
 /// with a server-generated token. Each phase finds its keys in the state it needs:
@@ -33,61 +35,12 @@ pub const PHASES: [(&str, Op, &[u8]); 8] = [
     ("EVALSHA release", Op::EvalRelease, b"cgs"),
 ];
 
-/// Self cost of one function per command.
+/// Cost of one function per command, and the object it is in.
 #[derive(Debug, Clone)]
-pub struct FnCost {
-    pub function: String,
-    pub object: String,
-    pub per_cmd: f64,
-}
-
-#[derive(Debug, Clone)]
-pub struct Phase {
-    pub name: &'static str,
-    pub op: Op,
-    pub per_cmd: f64,
-    /// The most expensive functions (self cost), all objects.
-    pub top: Vec<FnCost>,
-    /// Self cost of the module's own code (libredis_lock.so) per command.
-    pub module_self: f64,
-    /// Inclusive cost per command of the module's functions and of the server API
-    /// (`RM_*`) they call: where a command's instructions go.
-    pub inclusive: Vec<FnCost>,
-    pub dump: PathBuf,
-}
-
-/// Instructions at one level of held locks: O(1) commands cost the same at every level.
-#[derive(Debug, Clone, Copy)]
-pub struct CgLevel {
-    pub held: u64,
-    /// Clients blocked on other locks meanwhile.
-    pub waiters: u64,
-    /// LOCK.ACQUIRE + LOCK.RELEASE of a fresh key, per cycle.
-    pub cycle: f64,
-    /// LOCK.EXTEND of a lock picked all over the held set.
-    pub extend: f64,
-    /// The same, counting only command execution (the server's `call()`): without
-    /// the event loop and the time-driven cron, which under valgrind's slowdown weighs
-    /// far more per command than it does natively.
-    pub cycle_exec: f64,
-    pub extend_exec: f64,
-}
-
-#[derive(Debug, Clone)]
-pub struct Callgrind {
-    pub server: String,
-    pub ops: u64,
-    pub phases: Vec<Phase>,
-    pub levels: Vec<CgLevel>,
-}
-
-impl Callgrind {
-    pub fn get(&self, op: Op) -> f64 {
-        self.phases
-            .iter()
-            .find(|p| p.op == op)
-            .map_or(f64::NAN, |p| p.per_cmd)
-    }
+struct Cost {
+    function: String,
+    object: String,
+    per_cmd: f64,
 }
 
 fn control(args: &[&str]) -> io::Result<()> {
@@ -112,7 +65,7 @@ pub fn summary(path: &Path) -> io::Result<u64> {
 }
 
 /// Cost per function from `callgrind_annotate`: self cost, or inclusive cost.
-fn annotate(path: &Path, ops: u64, inclusive: bool) -> io::Result<Vec<FnCost>> {
+fn annotate(path: &Path, ops: u64, inclusive: bool) -> io::Result<Vec<Cost>> {
     let mode = if inclusive { "yes" } else { "no" };
     let out = Command::new("callgrind_annotate")
         .arg(format!("--inclusive={mode}"))
@@ -160,7 +113,7 @@ fn annotate(path: &Path, ops: u64, inclusive: bool) -> io::Result<Vec<FnCost>> {
             Some((f, count)) if count.ends_with("x)") => f,
             _ => func,
         };
-        v.push(FnCost {
+        v.push(Cost {
             function: func.to_string(),
             object: Path::new(object)
                 .file_name()
@@ -181,7 +134,7 @@ fn executing(dump: &Path, ops: u64) -> io::Result<f64> {
 
 /// Keeps the server API calls (`RM_*`) and the module's own functions, once each
 /// (inlined code shows up under several file names), most expensive first.
-fn api_costs(all: Vec<FnCost>) -> Vec<FnCost> {
+fn api_costs(all: Vec<Cost>) -> Vec<FnCost> {
     let mut v: Vec<FnCost> = vec![];
     for f in all {
         let interesting = f.function.starts_with("RM_")
@@ -192,15 +145,18 @@ fn api_costs(all: Vec<FnCost>) -> Vec<FnCost> {
         }
         match v.iter_mut().find(|g| g.function == f.function) {
             Some(g) => g.per_cmd = g.per_cmd.max(f.per_cmd),
-            None => v.push(f),
+            None => v.push(FnCost {
+                function: f.function,
+                per_cmd: f.per_cmd,
+            }),
         }
     }
     v.sort_by(|a, b| b.per_cmd.total_cmp(&a.per_cmd));
     v
 }
 
-pub fn run(spec: &ServerSpec, cfg: &Config) -> io::Result<Callgrind> {
-    let dir = cfg.work.join("callgrind");
+pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
+    let dir = cfg.path(Path::new("target/bench/callgrind"));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     let out = dir.join("cg.out");
@@ -210,13 +166,7 @@ pub fn run(spec: &ServerSpec, cfg: &Config) -> io::Result<Callgrind> {
         format!("--callgrind-out-file={}", out.display()),
         "--dump-instr=no".into(),
     ];
-    let server = Server::start(
-        spec,
-        &cfg.module,
-        &cfg.work,
-        &wrapper,
-        Duration::from_secs(180),
-    )?;
+    let server = Server::start(bin, cfg, &wrapper, Duration::from_secs(180))?;
     let pid = server.pid().to_string();
     let mut c = server.conn()?;
     flushall(&mut c)?;
@@ -255,24 +205,22 @@ pub fn run(spec: &ServerSpec, cfg: &Config) -> io::Result<Callgrind> {
             .sum();
         eprintln!(
             "  [callgrind {}] {name}: {per_cmd:.0} Ir/command",
-            spec.label
+            server.label
         );
         phases.push(Phase {
-            name,
-            op: *op,
+            name: name.to_string(),
             per_cmd,
-            top: costs.into_iter().take(25).collect(),
             module_self,
             inclusive,
-            dump,
         });
     }
     let mut levels = vec![];
     let mut held = 0;
     let cycle_ops = (cfg.cg_ops / 2).max(1) * 2;
     // The held-lock levels, then the last level again with blocked waiters on top.
-    let mut steps: Vec<(u64, u64)> = cfg.cg_levels.iter().map(|&n| (n, 0)).collect();
-    if let (Some(&last), true) = (cfg.cg_levels.last(), cfg.waiters > 0) {
+    let cg_levels = cfg.cg_levels();
+    let mut steps: Vec<(u64, u64)> = cg_levels.iter().map(|&n| (n, 0)).collect();
+    if let (Some(&last), true) = (cg_levels.last(), cfg.waiters > 0) {
         steps.push((last, cfg.waiters));
     }
     let mut blocked = vec![];
@@ -307,18 +255,19 @@ pub fn run(spec: &ServerSpec, cfg: &Config) -> io::Result<Callgrind> {
         };
         eprintln!(
             "  [callgrind {}] {held} held, {waiters} waiters: {:.0} Ir per ACQUIRE+RELEASE ({:.0} executing), {:.0} Ir per EXTEND ({:.0} executing)",
-            spec.label, l.cycle, l.cycle_exec, l.extend, l.extend_exec
+            server.label, l.cycle, l.cycle_exec, l.extend, l.extend_exec
         );
         levels.push(l);
     }
     drop(blocked);
     drop(c);
-    drop(server);
     Ok(Callgrind {
-        server: spec.label.clone(),
+        date: date.to_string(),
+        server: server.label.clone(),
         ops: cfg.cg_ops,
         phases,
         levels,
+        baseline: read_baseline(&cfg.baseline()),
     })
 }
 
@@ -343,10 +292,10 @@ pub fn read_baseline(path: &Path) -> Option<(String, Vec<(String, f64)>)> {
     Some((note, rows))
 }
 
-pub fn write_baseline(path: &Path, cg: &Callgrind, date: &str) -> io::Result<()> {
+pub fn write_baseline(path: &Path, cg: &Callgrind) -> io::Result<()> {
     let mut s = format!(
-        "# {date}, {}, {} commands per phase; written by `make bench-callgrind-baseline`\n",
-        cg.server, cg.ops
+        "# {}, {}, {} commands per phase; written by `make bench-callgrind-baseline`\n",
+        cg.date, cg.server, cg.ops
     );
     for p in &cg.phases {
         s.push_str(&format!("{}\t{:.1}\n", p.name, p.per_cmd));

@@ -1,153 +1,162 @@
-//! Settings: every size and duration comes from an environment variable with a default,
-//! so a full run can be shortened (`BENCH_ROUNDS=3 make bench`) or made longer.
+//! Settings: every size and duration is an option with an environment variable and a
+//! default, so a full run can be shortened (`BENCH_ROUNDS=3 make bench`) or made longer.
 
 use std::path::PathBuf;
 
-#[derive(Debug, Clone)]
+use clap::{Args, Parser, Subcommand};
+use redis_lock_testkit::List;
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "redis-lock against the SET NX PX + EVALSHA recipe; writes docs/data/perf.json and renders the docs"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub cfg: Config,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Every suite on every server (make bench).
+    All,
+    /// Instructions per command only (make bench-callgrind).
+    Callgrind {
+        /// Also record the counts as the "before" column.
+        #[arg(long)]
+        save_baseline: bool,
+    },
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("not a positive number: {s}")),
+    }
+}
+
+/// Held-lock levels as measured: the fill spreads keys over 4 connections.
+fn by_four(levels: &List<u64>) -> Vec<u64> {
+    levels.0.iter().map(|n| (n / 4).max(1) * 4).collect()
+}
+
+#[derive(Args, Debug, Clone)]
 pub struct Config {
-    /// Rounds of A/B alternation (throughput, latency, memory-free suites).
+    /// Rounds of A/B alternation (throughput, latency, scaling).
+    #[arg(long, env = "BENCH_ROUNDS", default_value_t = 5, value_parser = positive)]
     pub rounds: usize,
+    #[arg(long, env = "BENCH_CLIENTS", default_value_t = 50, value_parser = positive)]
     pub clients: usize,
     /// Commands per throughput run, unpipelined and with pipeline 16.
+    #[arg(long, env = "BENCH_OPS_P1", default_value_t = 50_000)]
     pub ops_p1: u64,
+    #[arg(long, env = "BENCH_OPS_P16", default_value_t = 400_000)]
     pub ops_p16: u64,
     /// ACQUIRE/RELEASE pairs per latency round and side.
+    #[arg(long, env = "BENCH_LAT_OPS", default_value_t = 4_000)]
     pub lat_ops: u64,
     /// Locks for the bytes-per-lock measurement.
+    #[arg(long, env = "BENCH_MEM_LOCKS", default_value_t = 1_000_000)]
     pub mem_locks: u64,
     /// Blocked waiters (memory and scaling) and the locks they wait on.
+    #[arg(long, env = "BENCH_WAITERS", default_value_t = 10_000)]
     pub waiters: u64,
+    #[arg(long, env = "BENCH_WAIT_LOCKS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub wait_locks: u64,
     /// Held-lock levels of the scaling curve.
-    pub levels: Vec<u64>,
+    #[arg(long, env = "BENCH_LEVELS", default_value = "1000,100000,1000000")]
+    pub levels: List<u64>,
+    #[arg(long, env = "BENCH_HANDOFFS", default_value_t = 200)]
     pub handoffs: usize,
+    #[arg(long, env = "BENCH_EXPIRIES", default_value_t = 30)]
     pub expiries: usize,
     /// Commands per callgrind phase, and the held-lock levels it also measures.
+    #[arg(long, env = "BENCH_CG_OPS", default_value_t = 20_000)]
     pub cg_ops: u64,
-    pub cg_levels: Vec<u64>,
+    #[arg(long, env = "BENCH_CG_LEVELS", default_value = "1000,10000,100000")]
+    pub cg_levels: List<u64>,
     /// Rounds of the redis-benchmark cross-check (0 skips it).
+    #[arg(long, env = "BENCH_RB_ROUNDS", default_value_t = 3)]
     pub rb_rounds: usize,
     /// Suites to run: throughput, latency, memory, scaling, crosscheck, callgrind.
-    pub suites: Vec<String>,
-    pub servers: Vec<PathBuf>,
+    #[arg(
+        long,
+        env = "BENCH_SUITES",
+        default_value = "throughput,latency,memory,scaling,crosscheck,callgrind"
+    )]
+    pub suites: List<String>,
+    /// Server binaries, in report order.
+    #[arg(
+        long,
+        env = "BENCH_SERVERS",
+        default_value = "/usr/bin/redis-server,.servers/redis-8.2.3/redis-server,.servers/valkey-8.1.8/valkey-server"
+    )]
+    pub servers: List<PathBuf>,
+    /// The server callgrind runs on (default: the first of --servers).
+    #[arg(long, env = "BENCH_CG_SERVER")]
+    pub cg_server: Option<PathBuf>,
+    #[arg(
+        long,
+        env = "LOCK_MODULE",
+        default_value = "target/release/libredis_lock.so"
+    )]
     pub module: PathBuf,
-    pub doc: PathBuf,
-    pub png: PathBuf,
-    pub baseline: PathBuf,
-    /// Scratch space for server directories and callgrind dumps.
-    pub work: PathBuf,
+    /// The repository: docs/ and bench/callgrind-baseline.tsv are under it.
+    #[arg(long, env = "BENCH_ROOT", default_value = ".")]
+    pub root: PathBuf,
+    /// Where the measurements go (default ROOT/docs/data/perf.json); the docs are
+    /// rendered next to it (a scratch directory keeps the published figures intact).
+    #[arg(long, env = "BENCH_JSON")]
+    pub json: Option<PathBuf>,
 }
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().replace('_', "").parse().ok())
-        .unwrap_or(default)
-}
-
-fn env_list(name: &str, default: &str) -> Vec<String> {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .unwrap_or_else(|| default.to_string())
-        .split([',', ' '])
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
-}
-
-fn env_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os(name)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-}
-
-pub const ALL_SUITES: &str = "throughput,latency,memory,scaling,crosscheck,callgrind";
 
 impl Config {
-    pub fn from_env(root: PathBuf) -> Config {
-        let levels = env_list("BENCH_LEVELS", "1000,100000,1000000")
-            .iter()
-            .filter_map(|s| s.replace('_', "").parse().ok())
-            // The fill spreads keys over 4 connections.
-            .map(|n: u64| (n / 4).max(1) * 4)
-            .collect();
-        let servers = env_list(
-            "BENCH_SERVERS",
-            "/usr/bin/redis-server,.servers/redis-8.2.3/redis-server,.servers/valkey-8.1.8/valkey-server",
-        )
-        .into_iter()
-        .map(|s| {
-            let p = PathBuf::from(&s);
-            if p.is_absolute() {
-                p
-            } else {
-                root.join(p)
-            }
-        })
-        .collect();
-        Config {
-            rounds: env_u64("BENCH_ROUNDS", 5).max(1) as usize,
-            clients: env_u64("BENCH_CLIENTS", 50).max(1) as usize,
-            ops_p1: env_u64("BENCH_OPS_P1", 50_000),
-            ops_p16: env_u64("BENCH_OPS_P16", 400_000),
-            lat_ops: env_u64("BENCH_LAT_OPS", 4_000),
-            mem_locks: env_u64("BENCH_MEM_LOCKS", 1_000_000),
-            waiters: env_u64("BENCH_WAITERS", 10_000),
-            wait_locks: env_u64("BENCH_WAIT_LOCKS", 100).max(1),
-            levels,
-            handoffs: env_u64("BENCH_HANDOFFS", 200) as usize,
-            expiries: env_u64("BENCH_EXPIRIES", 30) as usize,
-            cg_ops: env_u64("BENCH_CG_OPS", 20_000),
-            cg_levels: env_list("BENCH_CG_LEVELS", "1000,10000,100000")
-                .iter()
-                .filter_map(|s| s.replace('_', "").parse().ok())
-                .map(|n: u64| (n / 4).max(1) * 4)
-                .collect(),
-            rb_rounds: env_u64("BENCH_RB_ROUNDS", 3) as usize,
-            suites: env_list("BENCH_SUITES", ALL_SUITES),
-            servers,
-            module: env_path("LOCK_MODULE")
-                .unwrap_or_else(|| root.join("target/release/libredis_lock.so")),
-            doc: env_path("BENCH_DOC").unwrap_or_else(|| root.join("docs/BENCHMARKS.md")),
-            png: env_path("BENCH_PNG").unwrap_or_else(|| root.join("docs/perf.png")),
-            baseline: root.join("bench/callgrind-baseline.tsv"),
-            work: root.join("target/bench"),
-        }
+    /// The held-lock levels of the scaling curve and of callgrind, as measured.
+    pub fn levels(&self) -> Vec<u64> {
+        by_four(&self.levels)
+    }
+
+    pub fn cg_levels(&self) -> Vec<u64> {
+        by_four(&self.cg_levels)
     }
 
     pub fn has(&self, suite: &str) -> bool {
-        self.suites.iter().any(|s| s == suite)
+        self.suites.0.iter().any(|s| s == suite)
     }
 
-    /// The settings as `NAME=value` words, for the report.
-    pub fn describe(&self) -> String {
-        format!(
-            "BENCH_ROUNDS={} BENCH_CLIENTS={} BENCH_OPS_P1={} BENCH_OPS_P16={} BENCH_LAT_OPS={} \
-             BENCH_MEM_LOCKS={} BENCH_WAITERS={} BENCH_WAIT_LOCKS={} BENCH_LEVELS={} \
-             BENCH_HANDOFFS={} BENCH_EXPIRIES={} BENCH_CG_OPS={} BENCH_CG_LEVELS={} BENCH_RB_ROUNDS={}",
-            self.rounds,
-            self.clients,
-            self.ops_p1,
-            self.ops_p16,
-            self.lat_ops,
-            self.mem_locks,
-            self.waiters,
-            self.wait_locks,
-            self.levels
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-            self.handoffs,
-            self.expiries,
-            self.cg_ops,
-            self.cg_levels
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-            self.rb_rounds
-        )
+    /// A path under the repository root, unless absolute.
+    pub fn path(&self, p: &std::path::Path) -> PathBuf {
+        self.root.join(p)
+    }
+
+    pub fn json(&self) -> PathBuf {
+        self.json
+            .clone()
+            .unwrap_or_else(|| self.root.join(redis_lock_report::PERF_JSON))
+    }
+
+    pub fn baseline(&self) -> PathBuf {
+        self.root.join("bench/callgrind-baseline.tsv")
+    }
+
+    pub fn settings(&self) -> redis_lock_report::perf::Settings {
+        redis_lock_report::perf::Settings {
+            rounds: self.rounds,
+            clients: self.clients,
+            ops_p1: self.ops_p1,
+            ops_p16: self.ops_p16,
+            lat_ops: self.lat_ops,
+            mem_locks: self.mem_locks,
+            waiters: self.waiters,
+            wait_locks: self.wait_locks,
+            levels: self.levels(),
+            handoffs: self.handoffs,
+            expiries: self.expiries,
+            cg_ops: self.cg_ops,
+            cg_levels: self.cg_levels(),
+            rb_rounds: self.rb_rounds,
+            expiry_ttl_ms: crate::scaling::EXPIRY_TTL_MS,
+        }
     }
 }

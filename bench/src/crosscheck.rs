@@ -7,41 +7,16 @@
 use std::io;
 use std::process::Command;
 
+use redis_lock_report::perf::{CrossCheck, RbPair};
+use redis_lock_testkit::encode;
+
 use crate::config::Config;
 use crate::load::{self, Expect, FnLoad};
-use crate::ops::{flushall, Scripts, TOKEN, TTL};
-use crate::resp::{encode, padded};
-use crate::server::Server;
+use crate::ops::{flushall, padded, Scripts, TOKEN, TTL};
 use crate::stats::median;
+use crate::Server;
 
 const EXTEND_KEYS: u64 = 100_000;
-
-#[derive(Debug, Clone)]
-pub struct RbPair {
-    pub name: &'static str,
-    pub pipeline: usize,
-    /// The two command lines (arguments after the options), as run.
-    pub a_cmd: String,
-    pub b_cmd: String,
-    pub a: Vec<f64>,
-    pub b: Vec<f64>,
-    pub ratios: Vec<f64>,
-}
-
-impl RbPair {
-    pub fn ratio(&self) -> f64 {
-        median(&self.ratios)
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct CrossCheck {
-    pub pairs: Vec<RbPair>,
-    /// (pipeline, PING rates)
-    pub ping: Vec<(usize, Vec<f64>)>,
-    /// The option part of every command line, e.g. `-c 50 -P 16 -n 400000`.
-    pub options: Vec<(usize, String)>,
-}
 
 /// Runs `redis-benchmark` with `opts` and `cmd`, returns requests per second.
 fn bench(port: u16, opts: &[String], cmd: &[String]) -> io::Result<f64> {
@@ -108,24 +83,8 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Cross
         let ext = format!("LOCK.EXTEND ek:__rand_int__ {tok} PX 600000");
         let eval = format!("EVALSHA {ext_sha} 1 ek:__rand_int__ {tok} 600000");
         let mut pings = vec![];
-        let mut pa = RbPair {
-            name: "ACQUIRE vs SET NX PX",
-            pipeline: p,
-            a_cmd: acq.clone(),
-            b_cmd: set.clone(),
-            a: vec![],
-            b: vec![],
-            ratios: vec![],
-        };
-        let mut pe = RbPair {
-            name: "EXTEND vs EVALSHA extend",
-            pipeline: p,
-            a_cmd: ext.clone(),
-            b_cmd: eval.clone(),
-            a: vec![],
-            b: vec![],
-            ratios: vec![],
-        };
+        // (A, B) per round: ACQUIRE vs SET, EXTEND vs EVALSHA.
+        let (mut pa, mut pe) = (vec![], vec![]);
         for round in 0..cfg.rb_rounds {
             flushall(&mut c)?;
             pings.push(bench(server.port, &words(&base), &words("PING"))?);
@@ -159,12 +118,8 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Cross
                 let s = one(false)?;
                 (one(true)?, s)
             };
-            pa.a.push(a1);
-            pa.b.push(a2);
-            pa.ratios.push(a1 / a2);
-            pe.a.push(e1);
-            pe.b.push(e2);
-            pe.ratios.push(e1 / e2);
+            pa.push((a1, a2));
+            pe.push((e1, e2));
             eprintln!(
                 "  [{}] redis-benchmark P{p} round {}/{}: acquire/set {:.2}, extend/evalsha {:.2}",
                 server.label,
@@ -174,9 +129,22 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Cross
                 e1 / e2
             );
         }
-        cc.ping.push((p, pings));
-        cc.pairs.push(pa);
-        cc.pairs.push(pe);
+        cc.ping.push((p, median(&pings)));
+        for (name, a_cmd, b_cmd, got) in [
+            (redis_lock_report::perf::ACQUIRE, acq, set, pa),
+            (redis_lock_report::perf::EXTEND, ext, eval, pe),
+        ] {
+            let col = |f: fn(&(f64, f64)) -> f64| got.iter().map(f).collect::<Vec<_>>();
+            cc.pairs.push(RbPair {
+                name: name.to_string(),
+                pipeline: p,
+                a_cmd,
+                b_cmd,
+                a: median(&col(|r| r.0)),
+                b: median(&col(|r| r.1)),
+                ratio: median(&col(|r| r.0 / r.1)),
+            });
+        }
     }
     flushall(&mut c)?;
     Ok(cc)

@@ -5,47 +5,28 @@
 use std::io;
 use std::time::Instant;
 
+use redis_lock_report::perf::{Latency, Pcts};
+use redis_lock_testkit::{RawConn, Resp};
+
 use crate::config::Config;
 use crate::ops::{encode_op, flushall, key, Op, Scripts};
-use crate::resp::{Conn, Reply};
-use crate::server::Server;
 use crate::stats::{median, quantile_sorted};
+use crate::Server;
 
-/// Latency percentiles of one command, microseconds.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Pcts {
-    pub p50: f64,
-    pub p99: f64,
-    pub p999: f64,
-    pub n: usize,
-}
-
-impl Pcts {
-    fn of(mut v: Vec<f64>) -> Pcts {
-        v.sort_by(f64::total_cmp);
-        Pcts {
-            p50: quantile_sorted(&v, 0.5),
-            p99: quantile_sorted(&v, 0.99),
-            p999: quantile_sorted(&v, 0.999),
-            n: v.len(),
-        }
+/// Latency percentiles of samples in microseconds.
+fn pcts(mut v: Vec<f64>) -> Pcts {
+    v.sort_by(f64::total_cmp);
+    Pcts {
+        p50: quantile_sorted(&v, 0.5),
+        p99: quantile_sorted(&v, 0.99),
+        p999: quantile_sorted(&v, 0.999),
+        n: v.len(),
     }
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct Latency {
-    pub acquire: Pcts,
-    pub set_nx: Pcts,
-    pub release: Pcts,
-    pub eval_release: Pcts,
-    /// Median over rounds of (module p50 / recipe p50): below 1 means faster.
-    pub acquire_p50_ratio: f64,
-    pub release_p50_ratio: f64,
 }
 
 /// Times `n` acquire/release pairs; returns (acquire µs, release µs) samples.
 fn side(
-    c: &mut Conn,
+    c: &mut RawConn,
     scripts: &Scripts,
     module: bool,
     round: usize,
@@ -69,16 +50,15 @@ fn side(
             let reply = c.read()?;
             out.push(t0.elapsed().as_secs_f64() * 1e6);
             let ok = match (op, &reply) {
-                (Op::Acquire, Reply::Array(v)) => v.len() == 2,
-                (Op::SetNx, Reply::Status(s)) => s == "OK",
-                (Op::Release | Op::EvalRelease, Reply::Int(1)) => true,
+                (Op::Acquire, Resp::Array(v)) => v.len() == 2,
+                (Op::SetNx, Resp::Simple(s)) => s == "OK",
+                (Op::Release | Op::EvalRelease, Resp::Int(1)) => true,
                 _ => false,
             };
             if !ok {
                 return Err(io::Error::other(format!(
-                    "latency: {} replied {}",
-                    op.shown(),
-                    reply.text()
+                    "latency: {} replied {reply:?}",
+                    op.shown()
                 )));
             }
         }
@@ -115,10 +95,10 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Laten
     }
     flushall(&mut c)?;
     Ok(Latency {
-        acquire: Pcts::of(ma),
-        set_nx: Pcts::of(sa),
-        release: Pcts::of(mr),
-        eval_release: Pcts::of(sr),
+        acquire: pcts(ma),
+        set_nx: pcts(sa),
+        release: pcts(mr),
+        eval_release: pcts(sr),
         acquire_p50_ratio: median(&acq_ratios),
         release_p50_ratio: median(&rel_ratios),
     })

@@ -9,7 +9,73 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::resp::{scan, Shape};
+/// The outline of one reply, enough to check it against an expectation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `+OK` and other simple strings; `true` when it is exactly `OK`.
+    Status(bool),
+    Error,
+    Int(i64),
+    Nil,
+    Bulk,
+    Array(usize),
+}
+
+/// Scans one complete reply at the start of `buf`. `Ok(None)` when more bytes are
+/// needed; `Err` on a protocol violation.
+pub fn scan(buf: &[u8]) -> Result<Option<(Shape, usize)>, String> {
+    let Some(line_end) = find_crlf(buf) else {
+        return Ok(None);
+    };
+    if line_end == 0 {
+        return Err("empty reply line".into());
+    }
+    let line = &buf[1..line_end];
+    let after = line_end + 2;
+    match buf[0] {
+        b'+' => Ok(Some((Shape::Status(line == b"OK"), after))),
+        b'-' => Ok(Some((Shape::Error, after))),
+        b':' => Ok(Some((Shape::Int(num(line)?), after))),
+        b'$' => {
+            let n = num(line)?;
+            if n < 0 {
+                return Ok(Some((Shape::Nil, after)));
+            }
+            let end = after + n as usize + 2;
+            if buf.len() < end {
+                return Ok(None);
+            }
+            Ok(Some((Shape::Bulk, end)))
+        }
+        b'*' => {
+            let n = num(line)?;
+            if n < 0 {
+                return Ok(Some((Shape::Nil, after)));
+            }
+            let mut pos = after;
+            for _ in 0..n {
+                match scan(&buf[pos..])? {
+                    Some((_, used)) => pos += used,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some((Shape::Array(n as usize), pos)))
+        }
+        b'_' => Ok(Some((Shape::Nil, after))),
+        other => Err(format!("unexpected reply type byte {other:#x}")),
+    }
+}
+
+fn find_crlf(buf: &[u8]) -> Option<usize> {
+    buf.windows(2).position(|w| w == b"\r\n")
+}
+
+fn num(line: &[u8]) -> Result<i64, String> {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad number {:?}", String::from_utf8_lossy(line)))
+}
 
 /// What a reply must look like for the operation to count as the intended one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,5 +327,25 @@ where
     }
     fn expect(&self, conn: usize, i: u64) -> Expect {
         (self.exp)(conn, i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scans_replies() {
+        assert_eq!(scan(b"+OK\r\n").unwrap(), Some((Shape::Status(true), 5)));
+        assert_eq!(scan(b"+PONG\r\n").unwrap(), Some((Shape::Status(false), 7)));
+        assert_eq!(scan(b":1\r\n:2").unwrap(), Some((Shape::Int(1), 4)));
+        assert_eq!(scan(b"$-1\r\n").unwrap(), Some((Shape::Nil, 5)));
+        assert_eq!(scan(b"$3\r\nab").unwrap(), None);
+        assert_eq!(scan(b"$3\r\nabc\r\n").unwrap(), Some((Shape::Bulk, 9)));
+        let grant = b"*2\r\n$3\r\ntok\r\n:77\r\n";
+        assert_eq!(scan(grant).unwrap(), Some((Shape::Array(2), grant.len())));
+        assert_eq!(scan(&grant[..grant.len() - 1]).unwrap(), None);
+        assert_eq!(scan(b"-ERR x\r\n").unwrap(), Some((Shape::Error, 8)));
+        assert!(scan(b"?\r\n").is_err());
     }
 }

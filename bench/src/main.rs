@@ -1,59 +1,75 @@
 //! `redis-lock-bench`: measures redis-lock against the `SET NX PX` + `EVALSHA` recipe it
-//! replaces, on every server, and writes the perf section of docs/BENCHMARKS.md and the
-//! chart docs/perf.png.
+//! replaces, on every server; saves the measurements as docs/data/perf.json and renders
+//! the perf section of docs/BENCHMARKS.md and docs/perf.png from it.
 //!
 //! ```text
-//! redis-lock-bench all                       every suite on every server (make bench)
-//! redis-lock-bench callgrind                 instructions per command only (make bench-callgrind)
+//! redis-lock-bench all                        every suite on every server (make bench)
+//! redis-lock-bench callgrind                  instructions per command only (make bench-callgrind)
 //! redis-lock-bench callgrind --save-baseline  ... and record them as the "before" column
 //! ```
-//! Sizes and durations come from `BENCH_*` environment variables (see config.rs).
+//! Sizes and durations: `--help` (each option also reads a `BENCH_*` variable).
 
 mod callgrind;
-mod chart;
 mod config;
 mod crosscheck;
 mod latency;
 mod load;
 mod memory;
 mod ops;
-mod png;
-mod report;
-mod resp;
 mod scaling;
-mod server;
 mod stats;
 mod throughput;
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use config::Config;
-use server::{Server, ServerSpec};
+use clap::Parser;
+use redis_lock_report::perf::{PerfRun, ServerResults};
+use redis_lock_testkit::{flavor_of, RawConn, ServerBuilder};
 
-/// Everything measured on one server.
-#[derive(Debug, Clone)]
-pub struct ServerResults {
+use config::{Cli, Command, Config};
+
+/// A server under test and its report label ("Redis 7.0.15").
+pub struct Server {
+    pub kit: redis_lock_testkit::Server,
     pub label: String,
-    pub throughput: Option<throughput::Throughput>,
-    pub latency: Option<latency::Latency>,
-    pub memory: Option<memory::Memory>,
-    pub scaling: Option<scaling::Scaling>,
-    pub crosscheck: Option<crosscheck::CrossCheck>,
+    pub port: u16,
 }
 
-/// The whole run, as the report needs it.
-pub struct Run {
-    pub cfg: Config,
-    pub date: String,
-    pub minutes: f64,
-    pub machine: String,
-    pub load_start: String,
-    pub load_end: String,
-    pub servers: Vec<ServerResults>,
-    pub callgrind: Option<callgrind::Callgrind>,
+impl Server {
+    /// Starts `bin` with the module (`wrapper`, e.g. valgrind, in front of it).
+    pub fn start(
+        bin: &Path,
+        cfg: &Config,
+        wrapper: &[String],
+        ready: Duration,
+    ) -> io::Result<Server> {
+        let label = flavor_of(bin).map_err(io::Error::other)?.label();
+        let kit = ServerBuilder::new()
+            .bin(bin.to_path_buf())
+            .module(&cfg.path(&cfg.module))
+            .arg("maxclients", "15000")
+            .wrapper(wrapper)
+            .die_with_parent()
+            .start_timeout(ready)
+            .try_start()
+            .map_err(io::Error::other)?;
+        Ok(Server {
+            port: kit.port,
+            kit,
+            label,
+        })
+    }
+
+    pub fn conn(&self) -> io::Result<RawConn> {
+        self.kit.try_raw(Duration::from_secs(120))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.kit.pid()
+    }
 }
 
 fn loadavg() -> String {
@@ -75,43 +91,12 @@ fn machine() -> String {
     format!("{cores} cores, {cpu}")
 }
 
-/// UTC date and time from the system clock, `YYYY-MM-DD HH:MM UTC`.
-pub fn now_utc() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Days to civil date (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60
-    )
-}
-
-fn bench_server(spec: &ServerSpec, cfg: &Config) -> io::Result<ServerResults> {
-    eprintln!("== {} ({})", spec.label, spec.bin.display());
-    let server = Server::start(
-        spec,
-        &cfg.module,
-        &cfg.work,
-        &[],
-        std::time::Duration::from_secs(30),
-    )?;
-    let mut c = server.conn()?;
-    let scripts = ops::Scripts::load(&mut c)?;
+fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
+    let server = Server::start(bin, cfg, &[], Duration::from_secs(30))?;
+    eprintln!("== {} ({})", server.label, bin.display());
+    let scripts = ops::Scripts::load(&mut server.conn()?)?;
     let mut r = ServerResults {
-        label: spec.label.clone(),
+        label: server.label.clone(),
         throughput: None,
         latency: None,
         memory: None,
@@ -119,91 +104,86 @@ fn bench_server(spec: &ServerSpec, cfg: &Config) -> io::Result<ServerResults> {
         crosscheck: None,
     };
     let t = Instant::now();
-    if cfg.has("throughput") {
-        r.throughput = Some(throughput::run(&server, cfg, &scripts)?);
-        eprintln!("  throughput done in {:.0}s", t.elapsed().as_secs_f64());
+    // Each suite that is asked for fills its field.
+    macro_rules! suite {
+        ($name:literal, $field:ident, $module:ident) => {
+            if cfg.has($name) {
+                r.$field = Some($module::run(&server, cfg, &scripts)?);
+                eprintln!("  {} done at {:.0}s", $name, t.elapsed().as_secs_f64());
+            }
+        };
     }
-    if cfg.has("latency") {
-        r.latency = Some(latency::run(&server, cfg, &scripts)?);
-        eprintln!("  latency done at {:.0}s", t.elapsed().as_secs_f64());
-    }
-    if cfg.has("memory") {
-        r.memory = Some(memory::run(&server, cfg, &scripts)?);
-        eprintln!("  memory done at {:.0}s", t.elapsed().as_secs_f64());
-    }
-    if cfg.has("scaling") {
-        r.scaling = Some(scaling::run(&server, cfg, &scripts)?);
-        eprintln!("  scaling done at {:.0}s", t.elapsed().as_secs_f64());
-    }
-    if cfg.has("crosscheck") && cfg.rb_rounds > 0 {
-        r.crosscheck = Some(crosscheck::run(&server, cfg, &scripts)?);
-        eprintln!(
-            "  redis-benchmark cross-check done at {:.0}s",
-            t.elapsed().as_secs_f64()
-        );
+    suite!("throughput", throughput, throughput);
+    suite!("latency", latency, latency);
+    suite!("memory", memory, memory);
+    suite!("scaling", scaling, scaling);
+    if cfg.rb_rounds > 0 {
+        suite!("crosscheck", crosscheck, crosscheck);
     }
     Ok(r)
 }
 
 /// The server callgrind runs on: the first one (Redis 7.0.15 by default).
-fn callgrind_spec(cfg: &Config) -> io::Result<ServerSpec> {
-    let bin = std::env::var("BENCH_CG_SERVER")
-        .map(PathBuf::from)
-        .ok()
-        .or_else(|| cfg.servers.first().cloned())
-        .ok_or_else(|| io::Error::other("no server to run callgrind on"))?;
-    ServerSpec::detect(&bin)
+fn callgrind_bin(cfg: &Config) -> io::Result<PathBuf> {
+    cfg.cg_server
+        .clone()
+        .or_else(|| cfg.servers.0.first().cloned())
+        .map(|b| cfg.path(&b))
+        .ok_or_else(|| io::Error::other("no server to run callgrind on"))
 }
 
-fn all(cfg: Config) -> io::Result<()> {
+/// Saves the run and renders the docs next to the JSON.
+fn save_and_render(cfg: &Config, run: &PerfRun) -> io::Result<()> {
+    let json = cfg.json();
+    redis_lock_report::save(&json, run).map_err(io::Error::other)?;
+    let root = json.ancestors().nth(3).unwrap_or(Path::new("."));
+    let wrote = redis_lock_report::render_all(root).map_err(io::Error::other)?;
+    eprintln!("saved {}; rendered {wrote:?}", json.display());
+    Ok(())
+}
+
+fn all(cfg: &Config) -> io::Result<()> {
     let started = Instant::now();
-    let date = now_utc();
+    let date = redis_lock_report::fmt::now_utc();
     let load_start = loadavg();
     let mut servers = vec![];
-    for bin in &cfg.servers {
-        let spec = ServerSpec::detect(bin)?;
-        servers.push(bench_server(&spec, &cfg)?);
+    for bin in &cfg.servers.0 {
+        servers.push(bench_server(&cfg.path(bin), cfg)?);
     }
     let callgrind = if cfg.has("callgrind") {
-        Some(callgrind::run(&callgrind_spec(&cfg)?, &cfg)?)
+        Some(callgrind::run(&callgrind_bin(cfg)?, cfg, &date)?)
     } else {
         None
     };
-    let run = Run {
+    let run = PerfRun {
         date,
         minutes: started.elapsed().as_secs_f64() / 60.0,
         machine: machine(),
         load_start,
         load_end: loadavg(),
+        settings: cfg.settings(),
+        commands: ops::SHOWN.iter().map(|op| op.shown().to_string()).collect(),
+        release_lua: ops::RELEASE_LUA.into(),
+        extend_lua: ops::EXTEND_LUA.into(),
         servers,
         callgrind,
-        cfg,
     };
-    let section = report::perf_section(&run);
-    report::write_section(&run.cfg.doc, "perf", &section)?;
-    let png = chart::render(&run);
-    std::fs::write(&run.cfg.png, png)?;
-    eprintln!("{}", report::headline(&run));
-    eprintln!(
-        "wrote {} and {} in {:.1} min",
-        run.cfg.doc.display(),
-        run.cfg.png.display(),
-        run.minutes
-    );
-    Ok(())
+    eprintln!("{}", redis_lock_report::perf::headline(&run));
+    save_and_render(cfg, &run)
 }
 
-fn callgrind_only(cfg: Config, save_baseline: bool) -> io::Result<()> {
-    let date = now_utc();
-    let cg = callgrind::run(&callgrind_spec(&cfg)?, &cfg)?;
+/// Only the callgrind table: replaces it in the saved run.
+fn callgrind_only(cfg: &Config, save_baseline: bool) -> io::Result<()> {
+    let date = redis_lock_report::fmt::now_utc();
+    let cg = callgrind::run(&callgrind_bin(cfg)?, cfg, &date)?;
     if save_baseline {
-        callgrind::write_baseline(&cfg.baseline, &cg, &date)?;
-        eprintln!("baseline written to {}", cfg.baseline.display());
+        callgrind::write_baseline(&cfg.baseline(), &cg)?;
+        eprintln!("baseline written to {}", cfg.baseline().display());
     }
-    let block = report::callgrind_block(&cg, &cfg, &date);
-    report::write_section(&cfg.doc, "perf:callgrind", &block)?;
-    eprintln!("{block}");
-    Ok(())
+    let mut run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
+    eprintln!("{}", redis_lock_report::perf::callgrind_block(&cg));
+    run.callgrind = Some(cg);
+    save_and_render(cfg, &run)
 }
 
 /// Raises the open-file limit to its hard maximum (the servers started from here inherit
@@ -213,6 +193,7 @@ fn raise_fd_limit() -> u64 {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    // SAFETY: getrlimit/setrlimit on a valid rlimit struct of ours.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
             return 1024;
@@ -225,32 +206,19 @@ fn raise_fd_limit() -> u64 {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let root = std::env::var("BENCH_ROOT")
-        .map(PathBuf::from)
-        .or_else(|_| std::env::current_dir())
-        .unwrap_or_else(|_| PathBuf::from("."));
-    let mut cfg = Config::from_env(root);
-    let fds = raise_fd_limit();
-    let usable = fds.saturating_sub(500);
+    let cli = Cli::parse();
+    let mut cfg = cli.cfg;
+    let usable = raise_fd_limit().saturating_sub(500);
     if cfg.waiters > usable {
         eprintln!(
-            "open-file limit is {fds}: measuring {usable} waiters instead of {}",
+            "open-file limit: measuring {usable} waiters instead of {}",
             cfg.waiters
         );
         cfg.waiters = usable;
     }
-    if let Err(e) = std::fs::create_dir_all(&cfg.work) {
-        eprintln!("cannot create {}: {e}", cfg.work.display());
-        return ExitCode::FAILURE;
-    }
-    let result = match args.first().map(String::as_str) {
-        None | Some("all") => all(cfg),
-        Some("callgrind") => callgrind_only(cfg, args.iter().any(|a| a == "--save-baseline")),
-        Some(other) => {
-            eprintln!("unknown command {other:?}; use: all | callgrind [--save-baseline]");
-            return ExitCode::FAILURE;
-        }
+    let result = match cli.command {
+        None | Some(Command::All) => all(&cfg),
+        Some(Command::Callgrind { save_baseline }) => callgrind_only(&cfg, save_baseline),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

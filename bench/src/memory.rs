@@ -1,41 +1,21 @@
 //! Memory: `used_memory` delta per held lock (10^6 module locks against 10^6 `SET NX PX`
 //! string locks with a 36-byte token), and per blocked waiter.
 
-use std::io::{self, BufReader, Write};
+use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use redis_lock_report::perf::{Memory, WaiterMemory};
+use redis_lock_testkit::{encode, RawConn, Resp};
+
 use crate::config::Config;
 use crate::load;
-use crate::ops::{flushall, Op, OpLoad, Scripts, TOKEN};
-use crate::resp::{encode, padded, read_reply, Conn, Reply};
-use crate::server::Server;
+use crate::ops::{flushall, padded, Op, OpLoad, Scripts, TOKEN};
 use crate::stats::median;
+use crate::Server;
 
-#[derive(Debug, Clone, Default)]
-pub struct Memory {
-    pub locks: u64,
-    /// used_memory delta / locks, median over the rounds.
-    pub module_per_lock: f64,
-    pub string_per_lock: f64,
-    /// `MEMORY USAGE` of one key of each kind, for reference.
-    pub usage_module: i64,
-    pub usage_string: i64,
-    pub waiters: Option<WaiterMemory>,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-pub struct WaiterMemory {
-    pub waiters: u64,
-    pub locks: u64,
-    /// Growth from idle connected clients to the same clients blocked, per waiter.
-    pub per_waiter: f64,
-    /// Growth from no clients to blocked clients, per waiter (connection included).
-    pub per_waiter_with_conn: f64,
-}
-
-pub fn used_memory(c: &mut Conn) -> io::Result<f64> {
+pub fn used_memory(c: &mut RawConn) -> io::Result<f64> {
     Ok(c.info_u64("memory", "used_memory")? as f64)
 }
 
@@ -57,13 +37,10 @@ fn fill_delta(server: &Server, scripts: &Scripts, op: Op, n: u64) -> io::Result<
     Ok((after - before) / (n / conns as u64 * conns as u64) as f64)
 }
 
-fn usage(c: &mut Conn, key: &[u8]) -> io::Result<i64> {
-    match c.call(&[b"MEMORY", b"USAGE", key])? {
-        Reply::Int(n) => Ok(n),
-        other => Err(io::Error::other(format!(
-            "MEMORY USAGE replied {}",
-            other.text()
-        ))),
+fn usage(c: &mut RawConn, key: &[u8]) -> io::Result<i64> {
+    match c.ok(&[b"MEMORY", b"USAGE", key])? {
+        Resp::Int(n) => Ok(n),
+        other => Err(io::Error::other(format!("MEMORY USAGE replied {other:?}"))),
     }
 }
 
@@ -82,7 +59,7 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Memor
     }
     let mut c = server.conn()?;
     flushall(&mut c)?;
-    c.call(&[
+    c.ok(&[
         b"LOCK.ACQUIRE",
         b"mem:000:000000000",
         b"TOKEN",
@@ -90,7 +67,7 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Memor
         b"PX",
         b"600000",
     ])?;
-    c.call(&[b"SET", b"mem:001:000000000", TOKEN, b"NX", b"PX", b"600000"])?;
+    c.ok(&[b"SET", b"mem:001:000000000", TOKEN, b"NX", b"PX", b"600000"])?;
     let usage_module = usage(&mut c, b"mem:000:000000000")?;
     let usage_string = usage(&mut c, b"mem:001:000000000")?;
     flushall(&mut c)?;
@@ -123,17 +100,22 @@ pub fn connect_many(port: u16, count: u64) -> io::Result<Vec<TcpStream>> {
     for s in v.iter_mut() {
         s.write_all(&cmd)?;
     }
+    // Each PING answers `+PONG\r\n`, 7 bytes.
     for s in v.iter_mut() {
-        read_reply(&mut BufReader::new(&*s))?;
+        let mut pong = [0u8; 7];
+        s.read_exact(&mut pong)?;
+        if &pong != b"+PONG\r\n" {
+            return Err(io::Error::other("PING did not answer +PONG"));
+        }
     }
     Ok(v)
 }
 
 /// Holds `locks` locks `prefix:k` for a long time from `c`.
-pub fn hold_locks(c: &mut Conn, prefix: &str, locks: u64) -> io::Result<()> {
+pub fn hold_locks(c: &mut RawConn, prefix: &str, locks: u64) -> io::Result<()> {
     for k in 0..locks {
         let key = format!("{prefix}:{k}");
-        let r = c.call(&[
+        let r = c.ok(&[
             b"LOCK.ACQUIRE",
             key.as_bytes(),
             b"TOKEN",
@@ -141,7 +123,7 @@ pub fn hold_locks(c: &mut Conn, prefix: &str, locks: u64) -> io::Result<()> {
             b"PX",
             b"3600000",
         ])?;
-        if !matches!(r, Reply::Array(_)) {
+        if !matches!(r, Resp::Array(_)) {
             return Err(io::Error::other(format!("could not hold {key}")));
         }
     }
@@ -151,7 +133,7 @@ pub fn hold_locks(c: &mut Conn, prefix: &str, locks: u64) -> io::Result<()> {
 /// Blocks every connection in a LOCK.ACQUIRE ... BLOCK 0 on one of the held locks
 /// (round robin) and waits until the server counts them all as waiters.
 pub fn block_all(
-    c: &mut Conn,
+    c: &mut RawConn,
     conns: &mut [TcpStream],
     prefix: &str,
     locks: u64,
@@ -184,7 +166,7 @@ pub fn block_all(
 
 /// Polls `INFO lock` until `field` satisfies `ok`.
 pub fn wait_for(
-    c: &mut Conn,
+    c: &mut RawConn,
     field: &str,
     ok: impl Fn(u64) -> bool,
     limit: Duration,

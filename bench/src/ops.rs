@@ -1,10 +1,11 @@
 //! The commands compared: the module's and the recipe it replaces, as load-generator
 //! workloads with the reply each must give when the keys are in the intended state.
 
-use std::io;
+use std::io::{self, Write as _};
+
+use redis_lock_testkit::{encode, RawConn, Resp};
 
 use crate::load::{self, Expect, Workload};
-use crate::resp::{encode, padded, Conn, Reply};
 
 /// A 36-byte token, the length of the UUID a client would generate.
 pub const TOKEN: &[u8] = b"6f1c1b9e-3a5d-4c2e-9b7a-0d8e2f4a1c3b";
@@ -25,13 +26,10 @@ pub struct Scripts {
 }
 
 impl Scripts {
-    pub fn load(c: &mut Conn) -> io::Result<Scripts> {
-        let mut sha = |body: &str| match c.call(&[b"SCRIPT", b"LOAD", body.as_bytes()])? {
-            Reply::Bulk(b) => Ok(b),
-            other => Err(io::Error::other(format!(
-                "SCRIPT LOAD replied {}",
-                other.text()
-            ))),
+    pub fn load(c: &mut RawConn) -> io::Result<Scripts> {
+        let mut sha = |body: &str| match c.ok(&[b"SCRIPT", b"LOAD", body.as_bytes()])? {
+            Resp::Bulk(b) => Ok(b),
+            other => Err(io::Error::other(format!("SCRIPT LOAD replied {other:?}"))),
         };
         Ok(Scripts {
             release: sha(RELEASE_LUA)?,
@@ -61,6 +59,23 @@ pub enum Op {
     CycleModule,
     /// `SET NX PX` then `EVALSHA` release of the same free key.
     CycleRecipe,
+}
+
+/// The commands listed in the report, in its order.
+pub const SHOWN: [Op; 8] = [
+    Op::Acquire,
+    Op::SetNx,
+    Op::Release,
+    Op::EvalRelease,
+    Op::Extend,
+    Op::EvalExtend,
+    Op::CycleModule,
+    Op::CycleRecipe,
+];
+
+/// `n` as decimal text, zero-padded to `width` digits.
+pub fn padded(n: u64, width: usize) -> Vec<u8> {
+    format!("{n:0width$}").into_bytes()
 }
 
 impl Op {
@@ -102,10 +117,8 @@ impl Op {
 pub fn key(prefix: &[u8], conn: usize, i: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + 15);
     k.extend_from_slice(prefix);
-    k.push(b':');
-    k.extend_from_slice(&padded(conn as u64, 3));
-    k.push(b':');
-    k.extend_from_slice(&padded(i, 9));
+    // Writing into a Vec cannot fail.
+    let _ = write!(k, ":{conn:03}:{i:09}");
     k
 }
 
@@ -206,13 +219,11 @@ pub fn prefill(
 /// Empties the server synchronously (Valkey 8 flushes in the background by default,
 /// which would make the next `used_memory` reading meaningless) and waits until no
 /// lazy-free work is pending.
-pub fn flushall(c: &mut Conn) -> io::Result<()> {
-    c.call(&[b"FLUSHALL", b"SYNC"])?;
+pub fn flushall(c: &mut RawConn) -> io::Result<()> {
+    c.ok(&[b"FLUSHALL", b"SYNC"])?;
     let start = std::time::Instant::now();
     while c
-        .info_field("memory", "lazyfree_pending_objects")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
+        .info_u64("memory", "lazyfree_pending_objects")
         .unwrap_or(0)
         > 0
     {

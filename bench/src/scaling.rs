@@ -5,39 +5,15 @@
 use std::io;
 use std::time::{Duration, Instant};
 
+use redis_lock_report::perf::{Level, Scaling};
+use redis_lock_testkit::{encode, RawConn, Resp};
+
 use crate::config::Config;
 use crate::load::{self, Expect, FnLoad, Workload};
 use crate::memory::{block_all, connect_many, hold_locks, wait_for};
 use crate::ops::{flushall, key, Op, OpLoad, Scripts, TOKEN};
-use crate::resp::{encode, Conn, Reply};
-use crate::server::Server;
 use crate::stats::{median, quantile_sorted};
-
-#[derive(Debug, Clone, Default)]
-pub struct Level {
-    pub held: u64,
-    pub waiters: u64,
-    /// ACQUIRE+RELEASE cycles per second (median), and module cycle / recipe cycle
-    /// (SET NX PX + EVALSHA) at this level: the module's cost relative to the server's
-    /// own commands under the same table sizes and cache pressure.
-    pub cycle_rate: f64,
-    pub cycle_vs_recipe: f64,
-    /// EXTEND of locks picked all over the held set, per second, and EXTEND / PEXPIRE
-    /// on the same keys (same key lookups, same cache misses).
-    pub extend_rate: f64,
-    pub extend_vs_pexpire: f64,
-    /// RELEASE sent -> the waiter has its grant, ms.
-    pub handoff_p50: f64,
-    pub handoff_p99: f64,
-    /// Lease deadline -> the waiter has its grant, ms.
-    pub expiry_p50: f64,
-    pub expiry_p99: f64,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct Scaling {
-    pub levels: Vec<Level>,
-}
+use crate::Server;
 
 pub const FILL_CONNS: usize = 4;
 /// Lease of the probe lock in the expiry measurement.
@@ -116,28 +92,16 @@ fn rate(server: &Server, cfg: &Config, scripts: &Scripts, op: Op) -> io::Result<
     Ok(out.rate() / op.commands_per_op() as f64)
 }
 
-fn waiters_of(c: &mut Conn, k: &[u8]) -> io::Result<i64> {
-    match c.call(&[b"LOCK.INFO", k])? {
-        Reply::Array(v) => {
-            for pair in v.chunks(2) {
-                if let [Reply::Bulk(f), Reply::Int(n)] = pair {
-                    if f == b"waiters" {
-                        return Ok(*n);
-                    }
-                }
-            }
-            Err(io::Error::other("LOCK.INFO without waiters"))
-        }
-        other => Err(io::Error::other(format!(
-            "LOCK.INFO replied {}",
-            other.text()
-        ))),
-    }
+fn waiters_of(c: &mut RawConn, k: &[u8]) -> io::Result<i64> {
+    let r = c.ok(&[b"LOCK.INFO", k])?;
+    r.get("waiters")
+        .and_then(|w| w.as_int())
+        .ok_or_else(|| io::Error::other(format!("LOCK.INFO replied {r:?}")))
 }
 
 /// Blocks `b` on `k` (held by `a`) and waits until the server has queued it.
-fn block_on(a: &mut Conn, b: &mut Conn, k: &[u8]) -> io::Result<()> {
-    b.send(&[
+fn block_on(a: &mut RawConn, b: &mut RawConn, k: &[u8]) -> io::Result<()> {
+    b.try_send(&[
         b"LOCK.ACQUIRE",
         k,
         b"TOKEN",
@@ -156,10 +120,10 @@ fn block_on(a: &mut Conn, b: &mut Conn, k: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-fn expect_grant(r: Reply, what: &str) -> io::Result<()> {
-    match r {
-        Reply::Array(v) if v.len() == 2 => Ok(()),
-        other => Err(io::Error::other(format!("{what}: {}", other.text()))),
+fn expect_grant(r: Resp, what: &str) -> io::Result<()> {
+    match r.grant() {
+        Some(_) => Ok(()),
+        None => Err(io::Error::other(format!("{what}: {r:?}"))),
     }
 }
 
@@ -171,18 +135,18 @@ fn handoffs(server: &Server, n: usize) -> io::Result<Vec<f64>> {
         let k = format!("probe:h:{j}");
         let k = k.as_bytes();
         expect_grant(
-            a.call(&[b"LOCK.ACQUIRE", k, b"TOKEN", b"holder", b"PX", b"60000"])?,
+            a.ok(&[b"LOCK.ACQUIRE", k, b"TOKEN", b"holder", b"PX", b"60000"])?,
             "probe acquire",
         )?;
         block_on(&mut a, &mut b, k)?;
         let t0 = Instant::now();
-        a.send(&[b"LOCK.RELEASE", k, b"holder"])?;
+        a.try_send(&[b"LOCK.RELEASE", k, b"holder"])?;
         expect_grant(b.read()?, "hand-off")?;
         v.push(t0.elapsed().as_secs_f64() * 1e3);
-        if a.read()? != Reply::Int(1) {
+        if a.read()? != Resp::Int(1) {
             return Err(io::Error::other("probe release failed"));
         }
-        b.call(&[b"LOCK.RELEASE", k, b"waiter"])?;
+        b.ok(&[b"LOCK.RELEASE", k, b"waiter"])?;
     }
     Ok(v)
 }
@@ -197,7 +161,7 @@ fn expiries(server: &Server, n: usize) -> io::Result<Vec<f64>> {
         let k = k.as_bytes();
         let t0 = Instant::now();
         expect_grant(
-            a.call(&[
+            a.ok(&[
                 b"LOCK.ACQUIRE",
                 k,
                 b"TOKEN",
@@ -211,7 +175,7 @@ fn expiries(server: &Server, n: usize) -> io::Result<Vec<f64>> {
         expect_grant(b.read()?, "expiry hand-off")?;
         let since_deadline = t0.elapsed().as_secs_f64() * 1e3 - EXPIRY_TTL_MS as f64;
         v.push(since_deadline);
-        b.call(&[b"LOCK.RELEASE", k, b"waiter"])?;
+        b.ok(&[b"LOCK.RELEASE", k, b"waiter"])?;
     }
     Ok(v)
 }
@@ -284,7 +248,7 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Scali
     flushall(&mut c)?;
     let mut levels = vec![];
     let mut held = 0;
-    for &n in &cfg.levels {
+    for n in cfg.levels() {
         top_up(server.port, held, n)?;
         held = n;
         levels.push(measure_level(server, cfg, scripts, held, 0)?);

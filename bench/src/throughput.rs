@@ -4,88 +4,21 @@
 
 use std::io;
 
+use redis_lock_report::perf::{self, PairResult, Throughput};
+
 use crate::config::Config;
 use crate::load;
-use crate::ops::{self, flushall, prefill, Op, OpLoad, Scripts};
-use crate::server::Server;
-use crate::stats::median;
+use crate::ops::{flushall, prefill, Op, OpLoad, Scripts};
+use crate::stats::{median, min_max};
+use crate::Server;
 
-/// One comparison: the module's way (A) against the recipe (B).
-#[derive(Debug, Clone, Copy)]
-pub struct Pair {
-    pub name: &'static str,
-    pub a: Op,
-    pub b: Op,
-    /// The goal for A/B, if it sets one.
-    pub goal: Option<f64>,
-}
-
-pub const PAIRS: [Pair; 4] = [
-    Pair {
-        name: "ACQUIRE vs SET NX PX",
-        a: Op::Acquire,
-        b: Op::SetNx,
-        goal: Some(0.95),
-    },
-    Pair {
-        name: "RELEASE vs EVALSHA release",
-        a: Op::Release,
-        b: Op::EvalRelease,
-        goal: Some(1.3),
-    },
-    Pair {
-        name: "EXTEND vs EVALSHA extend",
-        a: Op::Extend,
-        b: Op::EvalExtend,
-        goal: None,
-    },
-    Pair {
-        name: "cycle: ACQUIRE+RELEASE vs SET NX PX+EVALSHA",
-        a: Op::CycleModule,
-        b: Op::CycleRecipe,
-        goal: Some(1.2),
-    },
+/// One comparison: the module's way (A) against the recipe (B), and the goal for A/B.
+pub const PAIRS: [(&str, Op, Op, Option<f64>); 4] = [
+    (perf::ACQUIRE, Op::Acquire, Op::SetNx, Some(0.95)),
+    (perf::RELEASE, Op::Release, Op::EvalRelease, Some(1.3)),
+    (perf::EXTEND, Op::Extend, Op::EvalExtend, None),
+    (perf::CYCLE, Op::CycleModule, Op::CycleRecipe, Some(1.2)),
 ];
-
-pub const PIPELINES: [usize; 2] = [1, 16];
-
-#[derive(Debug, Clone)]
-pub struct PairResult {
-    pub pair: Pair,
-    pub pipeline: usize,
-    /// Operations per second per round (cycles for the cycle pair).
-    pub a: Vec<f64>,
-    pub b: Vec<f64>,
-    /// A/B of each round.
-    pub ratios: Vec<f64>,
-}
-
-impl PairResult {
-    pub fn ratio(&self) -> f64 {
-        median(&self.ratios)
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct Throughput {
-    pub pairs: Vec<PairResult>,
-    /// (pipeline, PING commands/s per round)
-    pub ping: Vec<(usize, Vec<f64>)>,
-}
-
-impl Throughput {
-    pub fn ping_median(&self, pipeline: usize) -> f64 {
-        self.ping
-            .iter()
-            .find(|(p, _)| *p == pipeline)
-            .map_or(f64::NAN, |(_, v)| median(v))
-    }
-    pub fn get(&self, name: &str, pipeline: usize) -> Option<&PairResult> {
-        self.pairs
-            .iter()
-            .find(|r| r.pair.name == name && r.pipeline == pipeline)
-    }
-}
 
 /// Commands per run at this pipeline depth.
 fn ops_for(cfg: &Config, pipeline: usize) -> u64 {
@@ -138,49 +71,54 @@ pub fn measure(
 
 pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Throughput> {
     let mut t = Throughput::default();
-    for &p in &PIPELINES {
+    for p in perf::PIPELINES {
         let ops = ops_for(cfg, p);
-        let mut results: Vec<PairResult> = PAIRS
-            .iter()
-            .map(|&pair| PairResult {
-                pair,
-                pipeline: p,
-                a: vec![],
-                b: vec![],
-                ratios: vec![],
-            })
-            .collect();
+        let mut rounds: Vec<Vec<(f64, f64)>> = vec![vec![]; PAIRS.len()];
         let mut pings = vec![];
         for round in 0..cfg.rounds {
             pings.push(measure(server, cfg, scripts, Op::Ping, p, ops)?);
-            for r in results.iter_mut() {
-                let (a, b) = if round % 2 == 0 {
-                    let a = measure(server, cfg, scripts, r.pair.a, p, ops)?;
-                    (a, measure(server, cfg, scripts, r.pair.b, p, ops)?)
+            for ((_, a, b, _), got) in PAIRS.iter().zip(rounds.iter_mut()) {
+                // ABBA: the side measured first alternates.
+                let (ra, rb) = if round % 2 == 0 {
+                    let ra = measure(server, cfg, scripts, *a, p, ops)?;
+                    (ra, measure(server, cfg, scripts, *b, p, ops)?)
                 } else {
-                    let b = measure(server, cfg, scripts, r.pair.b, p, ops)?;
-                    (measure(server, cfg, scripts, r.pair.a, p, ops)?, b)
+                    let rb = measure(server, cfg, scripts, *b, p, ops)?;
+                    (measure(server, cfg, scripts, *a, p, ops)?, rb)
                 };
-                r.a.push(a);
-                r.b.push(b);
-                r.ratios.push(a / b);
+                got.push((ra, rb));
             }
+            let last: Vec<String> = rounds
+                .iter()
+                .filter_map(|r| r.last().map(|(a, b)| format!("{:.2}", a / b)))
+                .collect();
+            let n = round + 1;
             eprintln!(
-                "  [{}] throughput P{p} round {}/{}: {}",
+                "  [{}] throughput P{p} round {n}/{}: {}",
                 server.label,
-                round + 1,
                 cfg.rounds,
-                results
-                    .iter()
-                    .map(|r| format!("{:.2}", r.ratios.last().copied().unwrap_or(f64::NAN)))
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                last.join(" ")
             );
         }
-        t.ping.push((p, pings));
-        t.pairs.extend(results);
+        t.ping.push((p, median(&pings)));
+        for ((name, a, b, goal), got) in PAIRS.iter().zip(rounds) {
+            let ratios: Vec<f64> = got.iter().map(|(a, b)| a / b).collect();
+            let (lo, hi) = min_max(&ratios);
+            t.pairs.push(PairResult {
+                name: name.to_string(),
+                pipeline: p,
+                a: median(&got.iter().map(|r| r.0).collect::<Vec<_>>()),
+                b: median(&got.iter().map(|r| r.1).collect::<Vec<_>>()),
+                ratio: median(&ratios),
+                ratio_min: lo,
+                ratio_max: hi,
+                goal: *goal,
+                a_per_op: a.commands_per_op() as f64,
+                b_per_op: b.commands_per_op() as f64,
+                rounds: got,
+            });
+        }
     }
-    let mut c = server.conn()?;
-    ops::flushall(&mut c)?;
+    flushall(&mut server.conn()?)?;
     Ok(t)
 }

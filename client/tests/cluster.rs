@@ -1,16 +1,14 @@
 //! Single-server mode against a three-master Redis Cluster: the client detects the
 //! cluster from the URL of any node and routes every command by key.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod util;
 
 use std::collections::HashSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Cluster};
 use redis_lock_client::{AcquireOptions, LockClient};
+use redis_lock_testkit::{wait_until, Cluster};
 use util::{held_fence, is_free, ms, setup};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,17 +1,15 @@
 //! Redlock over 5 independent servers: node failures (SIGKILL / SIGSTOP), no partial
 //! locks left behind, mutual exclusion under chaos, and quorum fencing.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod util;
 
 use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Server, ServerBuilder};
 use redis_lock_client::{AcquireOptions, Redlock, RedlockOptions};
-use util::{held_fence, is_free, ms, setup, Stopped};
+use redis_lock_testkit::{wait_until, Server, ServerBuilder};
+use util::{granted, held_fence, is_free, ms, renewing, setup, Stopped};
 
 fn servers(n: usize) -> Vec<Server> {
     (0..n).map(|_| ServerBuilder::new().start()).collect()
@@ -32,6 +30,28 @@ fn redlock(urls: &[String], node_timeout: Duration) -> Redlock {
     .unwrap()
 }
 
+/// Five servers with the module and a Redlock over them (`node_timeout_ms` per node).
+fn five(node_timeout_ms: u64) -> (Vec<Server>, Redlock) {
+    setup();
+    let s = servers(5);
+    let rl = redlock(&urls(&s), ms(node_timeout_ms));
+    (s, rl)
+}
+
+/// True when `rl` grants no 30 s lease on `key` (after waiting `wait`, if given).
+async fn refused(rl: &Redlock, key: &str, wait: Option<Duration>) -> bool {
+    rl.acquire(key, ms(30_000), wait).await.unwrap().is_none()
+}
+
+/// One acquisition and release, so that the Redlock has a connection to every node.
+async fn warm(rl: &Redlock) {
+    assert!(granted(rl.acquire("lock:warm", ms(1_000), None))
+        .await
+        .release()
+        .await
+        .unwrap());
+}
+
 fn rand_below(n: u64) -> u64 {
     (uuid::Uuid::new_v4().as_u128() as u64) % n
 }
@@ -43,9 +63,7 @@ fn free_on(servers: &[Server], live: &[usize], key: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_down_acquisitions_still_succeed() {
-    setup();
-    let mut s = servers(5);
-    let rl = redlock(&urls(&s), ms(200));
+    let (mut s, rl) = five(200);
     assert_eq!(rl.quorum(), 3);
 
     // Two SIGKILLed.
@@ -91,37 +109,21 @@ async fn two_nodes_down_acquisitions_still_succeed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_down_no_acquisition_and_no_partial_lock() {
-    setup();
-    let mut s = servers(5);
-    let rl = redlock(&urls(&s), ms(200));
+    let (mut s, rl) = five(200);
     // Connect to every node once, so that later commands to stopped nodes are queued
     // on open connections and applied when the nodes resume.
-    rl.acquire("lock:warm", ms(1_000), None)
-        .await
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    warm(&rl).await;
 
     // Three SIGKILLed: never a grant, and the two live nodes are left clean.
     for &i in &[0, 2, 4] {
         s[i].kill9();
     }
     for _ in 0..5 {
-        assert!(rl
-            .acquire("lock:rl3", ms(30_000), None)
-            .await
-            .unwrap()
-            .is_none());
+        assert!(refused(&rl, "lock:rl3", None).await);
         assert!(free_on(&s, &[1, 3], "lock:rl3"), "partial lock left behind");
     }
     // Also while waiting (retries with jitter).
-    assert!(rl
-        .acquire("lock:rl3", ms(30_000), Some(ms(800)))
-        .await
-        .unwrap()
-        .is_none());
+    assert!(refused(&rl, "lock:rl3", Some(ms(800))).await);
     assert!(free_on(&s, &[1, 3], "lock:rl3"));
 
     // Three SIGSTOPped: the same, and once they resume the acquisitions that reached
@@ -129,23 +131,13 @@ async fn three_nodes_down_no_acquisition_and_no_partial_lock() {
     for &i in &[0, 2, 4] {
         s[i].restart();
     }
-    rl.acquire("lock:warm", ms(1_000), None)
-        .await
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    warm(&rl).await;
     let stopped: Vec<Stopped> = [1, 2, 3]
         .iter()
         .map(|&i| Stopped::new(s[i].pid()))
         .collect();
     for _ in 0..3 {
-        assert!(rl
-            .acquire("lock:rl3s", ms(30_000), None)
-            .await
-            .unwrap()
-            .is_none());
+        assert!(refused(&rl, "lock:rl3s", None).await);
         assert!(
             free_on(&s, &[0, 4], "lock:rl3s"),
             "partial lock left behind"
@@ -164,9 +156,7 @@ async fn three_nodes_down_no_acquisition_and_no_partial_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_fences_strictly_increase() {
-    setup();
-    let s = servers(5);
-    let rl = redlock(&urls(&s), ms(200));
+    let (s, rl) = five(200);
 
     // Node 0's counter far ahead of the others (like a node whose clock runs fast):
     // its fences are ~2^40 above theirs.
@@ -186,11 +176,7 @@ async fn quorum_fences_strictly_increase() {
         .unwrap();
 
     // With node 0 in the majority the quorum fence is node 0's (the maximum).
-    let g = rl
-        .acquire("lock:f", ms(10_000), None)
-        .await
-        .unwrap()
-        .unwrap();
+    let g = granted(rl.acquire("lock:f", ms(10_000), None)).await;
     let mut last = g.fence().unwrap();
     assert!(last > ahead);
     // Round 2 (MINFENCE) raised the counters of the nodes that granted a lower fence.
@@ -216,17 +202,8 @@ async fn quorum_fences_strictly_increase() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_needs_a_majority() {
-    setup();
-    let mut s = servers(5);
-    let rl = redlock(&urls(&s), ms(150));
-    let g = rl
-        .acquire_with(
-            "lock:ren",
-            &AcquireOptions::new(ms(600)).auto_renew(Duration::from_secs(30)),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let (mut s, rl) = five(150);
+    let g = granted(rl.acquire_with("lock:ren", &renewing(600))).await;
     let lost = g.lost();
     tokio::pin!(lost);
     tokio::time::sleep(ms(400)).await;
@@ -262,11 +239,7 @@ async fn nodes_without_the_module_take_part_without_fences() {
     let mut s = servers(2);
     s.push(ServerBuilder::new().no_module().start());
     let rl = redlock(&urls(&s), ms(300));
-    let g = rl
-        .acquire("lock:mix", ms(5_000), None)
-        .await
-        .unwrap()
-        .unwrap();
+    let g = granted(rl.acquire("lock:mix", ms(5_000), None)).await;
     // Two of three nodes run the module: a majority, so a quorum fence.
     let f = g.fence().expect("2 of 3 fenced nodes make a quorum");
     let v: String = redis::cmd("GET")
@@ -285,17 +258,9 @@ async fn nodes_without_the_module_take_part_without_fences() {
     // With the module on one node only there is no quorum fence, but still a lock.
     s[1] = ServerBuilder::new().no_module().start();
     let rl = redlock(&urls(&s), ms(300));
-    let g = rl
-        .acquire("lock:mix", ms(5_000), None)
-        .await
-        .unwrap()
-        .unwrap();
+    let g = granted(rl.acquire("lock:mix", ms(5_000), None)).await;
     assert_eq!(g.fence(), None);
-    assert!(rl
-        .acquire("lock:mix", ms(5_000), None)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(refused(&rl, "lock:mix", None).await);
     assert!(g.release().await.unwrap());
     assert!(rl
         .acquire("lock:mix", ms(5_000), None)

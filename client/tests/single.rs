@@ -1,15 +1,18 @@
 //! The single-server client against a real server: guard acquire/release, renewal,
 //! the loss signal, the renewal cap, FIFO waiting, and the fallback without the module.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod util;
 
 use std::time::{Duration, Instant};
 
-use common::{wait_until, ServerBuilder};
 use redis_lock_client::{AcquireOptions, LeaseStatus, LockClient, LossReason, Renewal};
-use util::{held_fence, is_free, ms, setup, Stopped};
+use redis_lock_testkit::{wait_until, ServerBuilder};
+use util::{granted, held_fence, is_free, ms, renewing, setup, Stopped};
+
+/// True when `c` is refused `key` (after waiting `wait`, if given).
+async fn busy(c: &LockClient, key: &str, ttl: Duration, wait: Option<Duration>) -> bool {
+    c.acquire(key, ttl, wait).await.unwrap().is_none()
+}
 
 async fn client(url: &str) -> LockClient {
     LockClient::connect(url).await.expect("connect")
@@ -36,17 +39,9 @@ async fn guard_acquire_and_release() {
     assert!(g.is_held());
 
     // Someone else: busy, and also busy after a short wait.
-    assert!(b
-        .acquire("lock:a", ms(10_000), None)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(busy(&b, "lock:a", ms(10_000), None).await);
     let t = Instant::now();
-    assert!(b
-        .acquire("lock:a", ms(10_000), Some(ms(200)))
-        .await
-        .unwrap()
-        .is_none());
+    assert!(busy(&b, "lock:a", ms(10_000), Some(ms(200))).await);
     assert!(t.elapsed() >= ms(180), "waited {:?}", t.elapsed());
 
     // LOCK.INFO through the client.
@@ -60,11 +55,7 @@ async fn guard_acquire_and_release() {
     assert_eq!(watch.lost().await, None, "released, not lost");
     assert!(is_free(&mut c, "lock:a"));
     assert!(b.info("lock:a").await.unwrap().is_none());
-    let g2 = b
-        .acquire("lock:a", ms(10_000), None)
-        .await
-        .unwrap()
-        .unwrap();
+    let g2 = granted(b.acquire("lock:a", ms(10_000), None)).await;
     assert!(g2.fence().unwrap() > fence);
 
     // Release on drop (spawned): free again soon.
@@ -74,11 +65,7 @@ async fn guard_acquire_and_release() {
     )));
 
     // Release/extend by token on the client (as another process would).
-    let g3 = a
-        .acquire("lock:a", ms(10_000), None)
-        .await
-        .unwrap()
-        .unwrap();
+    let g3 = granted(a.acquire("lock:a", ms(10_000), None)).await;
     let (token, _) = g3.detach();
     assert!(b.extend("lock:a", &token, ms(20_000)).await.unwrap());
     assert!(!b
@@ -101,7 +88,7 @@ async fn renewal_keeps_a_300ms_lease_for_5s_of_work_then_releases_within_1s() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let opts = AcquireOptions::new(ms(300)).auto_renew(Duration::from_secs(60));
+    let opts = renewing(300);
     let g = a.acquire_with("lock:renew", &opts).await.unwrap().unwrap();
     let fence = g.fence().unwrap();
     let lost = g.lost();
@@ -155,14 +142,7 @@ async fn loss_signal_fires_when_the_server_is_killed() {
     let mut server = ServerBuilder::new().start();
     let a = client(&server.url()).await;
     let ttl = ms(2_000);
-    let g = a
-        .acquire_with(
-            "lock:kill",
-            &AcquireOptions::new(ttl).auto_renew(Duration::from_secs(60)),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let g = granted(a.acquire_with("lock:kill", &renewing(2_000))).await;
     let lost = g.lost();
     tokio::time::sleep(ms(300)).await;
     assert!(g.is_held());
@@ -192,11 +172,7 @@ async fn loss_signal_fires_at_the_deadline_when_the_server_hangs_or_no_renewal()
 
     // No renewal: fires at the lease deadline (TTL - drift).
     let t = Instant::now();
-    let g = a
-        .acquire("lock:plain", ms(500), None)
-        .await
-        .unwrap()
-        .unwrap();
+    let g = granted(a.acquire("lock:plain", ms(500), None)).await;
     let reason = tokio::time::timeout(ms(2_000), g.lost())
         .await
         .unwrap()
@@ -207,14 +183,7 @@ async fn loss_signal_fires_at_the_deadline_when_the_server_hangs_or_no_renewal()
 
     // A stopped (SIGSTOP) server: renewals time out, the signal fires by the deadline.
     let ttl = ms(1_000);
-    let g = a
-        .acquire_with(
-            "lock:stop",
-            &AcquireOptions::new(ttl).auto_renew(Duration::from_secs(60)),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let g = granted(a.acquire_with("lock:stop", &renewing(1_000))).await;
     let t = Instant::now();
     let stopped = Stopped::new(server.pid());
     let reason = tokio::time::timeout(ttl + ms(1_000), g.lost())
@@ -235,17 +204,14 @@ async fn renewal_cap_is_enforced() {
     let a = client(&server.url()).await;
     let cap = ms(1_200);
     let t = Instant::now();
-    let g = a
-        .acquire_with(
-            "lock:cap",
-            &AcquireOptions::new(ms(300)).renewal(Renewal {
-                max_hold: cap,
-                interval: None,
-            }),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let g = granted(a.acquire_with(
+        "lock:cap",
+        &AcquireOptions::new(ms(300)).renewal(Renewal {
+            max_hold: cap,
+            interval: None,
+        }),
+    ))
+    .await;
     let lost = g.lost();
     tokio::pin!(lost);
     let mut c = server.conn();
@@ -280,11 +246,7 @@ async fn waiting_takes_the_lock_in_turn_with_a_higher_fence() {
     let server = ServerBuilder::new().start();
     let a = client(&server.url()).await;
     let b = client(&server.url()).await;
-    let g = a
-        .acquire("lock:q", ms(10_000), None)
-        .await
-        .unwrap()
-        .unwrap();
+    let g = granted(a.acquire("lock:q", ms(10_000), None)).await;
     let f1 = g.fence().unwrap();
     let waiter = tokio::spawn(async move {
         let t = Instant::now();
@@ -321,14 +283,7 @@ async fn falls_back_to_set_nx_and_lua_without_the_module() {
     let mut c = server.conn();
     let a = client(&server.url()).await;
     let b = client(&server.url()).await;
-    let g = a
-        .acquire_with(
-            "lock:plain",
-            &AcquireOptions::new(ms(300)).auto_renew(Duration::from_secs(60)),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let g = granted(a.acquire_with("lock:plain", &renewing(300))).await;
     assert!(a.module_missing());
     assert_eq!(g.fence(), None, "no fence without the module");
     let v: String = redis::cmd("GET").arg("lock:plain").query(&mut c).unwrap();
@@ -336,11 +291,7 @@ async fn falls_back_to_set_nx_and_lua_without_the_module() {
     // Renewal (owner-checked PEXPIRE in Lua) keeps it past several TTLs.
     tokio::time::sleep(ms(1_200)).await;
     assert!(g.is_held());
-    assert!(b
-        .acquire("lock:plain", ms(1_000), None)
-        .await
-        .unwrap()
-        .is_none());
+    assert!(busy(&b, "lock:plain", ms(1_000), None).await);
     let info = b.info("lock:plain").await.unwrap().unwrap();
     assert_eq!(info.kind, "string");
     // A waiter polls and gets it after the release (compare-and-delete in Lua).

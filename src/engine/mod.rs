@@ -461,15 +461,7 @@ impl<W, T> Engine<W, T> {
         let now = ks.now();
         let expires_at = lease(now, ttl)?;
         let fence = self.fence.next(now, min_fence)?;
-        let holder = Holder {
-            digest,
-            fence,
-            expires_at,
-            acquired_at: now,
-            client_id,
-            addr,
-            owner,
-        };
+        let holder = Holder::new(digest, fence, expires_at, now, client_id, addr, owner);
         ks.replicate(Repl::Grant {
             mode,
             holder: &holder,

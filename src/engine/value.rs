@@ -136,6 +136,10 @@ impl fmt::Display for Addr {
 }
 
 /// One grant of a lock: its own digest, fence, lease, owner and client.
+///
+/// Laid out to keep an exclusive lock in one 64-byte heap block: the common case (an
+/// IPv4 client, no owner label) is inline; an owner label or another kind of address
+/// goes to a second block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {
     pub digest: Digest,
@@ -144,11 +148,97 @@ pub struct Holder {
     pub expires_at: i64,
     pub acquired_at: i64,
     pub client_id: u64,
-    pub addr: Addr,
-    pub owner: Option<Box<[u8]>>,
+    v4: PackedV4,
+    extra: Option<Box<Extra>>,
+}
+
+/// An IPv4 address and port, or a note that the address is elsewhere. `kind` also gives
+/// `LockValue` a spare bit pattern for its own tag (the enum stays 64 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PackedV4 {
+    kind: AddrKind,
+    ip: [u8; 4],
+    port: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum AddrKind {
+    /// None, or kept in `Extra`.
+    NotV4,
+    V4,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Extra {
+    owner: Option<Box<[u8]>>,
+    addr: Addr,
 }
 
 impl Holder {
+    pub fn new(
+        digest: Digest,
+        fence: u64,
+        expires_at: i64,
+        acquired_at: i64,
+        client_id: u64,
+        addr: Addr,
+        owner: Option<Box<[u8]>>,
+    ) -> Holder {
+        let (v4, rest) = match addr {
+            Addr::V4(ip, port) => (
+                PackedV4 {
+                    kind: AddrKind::V4,
+                    ip,
+                    port,
+                },
+                Addr::None,
+            ),
+            other => (
+                PackedV4 {
+                    kind: AddrKind::NotV4,
+                    ip: [0; 4],
+                    port: 0,
+                },
+                other,
+            ),
+        };
+        let extra =
+            (owner.is_some() || rest != Addr::None).then(|| Box::new(Extra { owner, addr: rest }));
+        Holder {
+            digest,
+            fence,
+            expires_at,
+            acquired_at,
+            client_id,
+            v4,
+            extra,
+        }
+    }
+
+    pub fn addr(&self) -> Addr {
+        match (self.v4.kind, &self.extra) {
+            (AddrKind::V4, _) => Addr::V4(self.v4.ip, self.v4.port),
+            (AddrKind::NotV4, Some(e)) => e.addr.clone(),
+            (AddrKind::NotV4, None) => Addr::None,
+        }
+    }
+
+    pub fn owner(&self) -> Option<&[u8]> {
+        self.extra.as_ref().and_then(|e| e.owner.as_deref())
+    }
+
+    /// Heap bytes beyond the holder itself (for MEMORY USAGE).
+    pub fn extra_bytes(&self) -> usize {
+        self.extra.as_ref().map_or(0, |e| {
+            let addr = match &e.addr {
+                Addr::Text(t) => t.len(),
+                _ => 0,
+            };
+            std::mem::size_of::<Extra>() + e.owner.as_ref().map_or(0, |o| o.len()) + addr
+        })
+    }
+
     /// Redis expires a key once `now > deadline`; a lease ends at the same instant.
     pub fn live(&self, now: i64) -> bool {
         now <= self.expires_at
@@ -302,15 +392,15 @@ mod tests {
     use super::*;
 
     pub fn holder(fence: u64, expires_at: i64) -> Holder {
-        Holder {
-            digest: digest(&fence.to_le_bytes()),
+        Holder::new(
+            digest(&fence.to_le_bytes()),
             fence,
             expires_at,
-            acquired_at: 0,
-            client_id: 1,
-            addr: Addr::None,
-            owner: None,
-        }
+            0,
+            1,
+            Addr::None,
+            None,
+        )
     }
 
     #[test]
@@ -349,8 +439,35 @@ mod tests {
     }
 
     #[test]
-    fn an_exclusive_lock_is_one_small_block() {
-        assert!(std::mem::size_of::<LockValue>() <= 96);
+    fn an_exclusive_lock_is_one_64_byte_block() {
+        assert_eq!(std::mem::size_of::<Holder>(), 64);
+        assert_eq!(std::mem::size_of::<LockValue>(), 64);
+    }
+
+    #[test]
+    fn addresses_and_owners_round_trip_through_a_holder() {
+        for (addr, owner) in [
+            (Addr::V4([1, 2, 3, 4], 5), None),
+            (
+                Addr::V4([1, 2, 3, 4], 5),
+                Some(b"o".to_vec().into_boxed_slice()),
+            ),
+            (Addr::V6([9; 16], 7), None),
+            (
+                Addr::Text(b"/s:0".to_vec().into()),
+                Some(b"x".to_vec().into()),
+            ),
+            (Addr::None, None),
+        ] {
+            let h = Holder::new([1; 16], 2, 3, 4, 5, addr.clone(), owner.clone());
+            assert_eq!(h.addr(), addr);
+            assert_eq!(h.owner(), owner.as_deref());
+        }
+        assert_eq!(
+            holder(1, 1).extra_bytes(),
+            0,
+            "no second block without owner"
+        );
     }
 
     #[test]

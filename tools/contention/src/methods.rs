@@ -7,6 +7,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
+use redis_lock_testkit::Rng;
 
 use crate::Error;
 
@@ -107,27 +108,6 @@ impl Scripts {
     }
 }
 
-/// Small xorshift64* generator for the retry jitter (no need for a crypto RNG).
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `lo..hi` (µs resolution is plenty).
-    pub fn between_us(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo).max(1)
-    }
-}
-
 /// One client's connection and state for one cell.
 pub struct Client<'a> {
     pub conn: Connection,
@@ -196,7 +176,7 @@ impl Client<'_> {
                     }
                     let pause_us = match self.method {
                         Method::Poll100 => 100_000,
-                        _ => self.rng.between_us(5_000, 15_000),
+                        _ => self.rng.range(5_000, 14_999),
                     };
                     sleep(Duration::from_micros(pause_us));
                 }
@@ -283,15 +263,6 @@ impl Client<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn jitter_stays_in_range() {
-        let mut r = Rng::new(7);
-        for _ in 0..10_000 {
-            let v = r.between_us(5_000, 15_000);
-            assert!((5_000..15_000).contains(&v));
-        }
-    }
 
     #[test]
     fn method_ids_round_trip() {

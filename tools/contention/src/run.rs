@@ -7,27 +7,36 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::cpu;
-use crate::methods::{Acquired, Client, Method, Rng, Scripts};
-use crate::server::Server;
-use crate::stats::{summarize, Acquisition, ClientLog, Summary};
+use crate::methods::{Acquired, Client, Method, Scripts};
+use crate::stats::{summarize, Acquisition, ClientLog};
 use crate::Error;
+use redis_lock_report::contention::Cell;
+use redis_lock_testkit::Rng;
+use redis_lock_testkit::Server;
 
 /// A client still waiting this long after the cell's end gives up (and its wait is
 /// reported as the cell's longest).
 pub const GIVE_UP_AFTER_END: Duration = Duration::from_secs(15);
 
-#[derive(Debug, Clone)]
-pub struct CellResult {
-    pub method: Method,
-    pub n: usize,
-    pub hold_ms: u64,
-    pub summary: Summary,
-    /// Calls of the commands the clients send, from INFO commandstats (a cross-check of
-    /// the clients' own count).
-    pub server_commands: u64,
-    pub client_commands: u64,
-    /// Cores kept busy by other processes during the cell (None if /proc is unreadable).
-    pub other_cores: Option<f64>,
+/// A `redis` connection to the server; a hung call fails the run instead of waiting.
+pub fn connect(server: &Server) -> Result<redis::Connection, Error> {
+    let c = server
+        .client()
+        .get_connection_with_timeout(Duration::from_secs(5))?;
+    c.set_read_timeout(Some(Duration::from_secs(60)))?;
+    c.set_write_timeout(Some(Duration::from_secs(10)))?;
+    Ok(c)
+}
+
+pub fn print_row(c: &Cell) {
+    let s = &c.summary;
+    println!(
+        "{:<28} N={:<3} c={}ms {:>8.1} cs/s  hand-off p50 {:>7.1} µs p99 {:>8.1} µs (n={:<6}) same {:>3.0}%  cmds/acq {:>6.2}  wait p99 {:>7.1} ms max {:>7.1} ms  jain {:.3}  hold {:.2}/{:.1} ms  other procs {:.2} cores  gave up {}  overlaps {}  commands: server {} clients {}",
+        c.label, c.n, c.hold_ms, s.per_second, s.handoff_p50_us, s.handoff_p99_us, s.handoffs,
+        s.same_client_again * 100.0, s.commands_per_acquisition, s.wait_p99_ms, s.max_wait_ms, s.jain,
+        s.hold_mean_ms, s.hold_max_ms, c.other_cores.unwrap_or(f64::NAN), s.gave_up, s.overlaps,
+        c.server_commands, c.client_commands,
+    );
 }
 
 pub fn run_cell(
@@ -37,16 +46,16 @@ pub fn run_cell(
     n: usize,
     hold_ms: u64,
     duration: Duration,
-) -> Result<CellResult, Error> {
+) -> Result<Cell, Error> {
     let key = format!("contention:{}:{n}:{hold_ms}", method.id());
-    let mut admin = server.connect()?;
+    let mut admin = connect(server)?;
     let _: () = redis::cmd("FLUSHALL").query(&mut admin)?;
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut admin)?;
 
     // Connect everyone before the clock starts.
     let mut conns = Vec::with_capacity(n);
     for _ in 0..n {
-        conns.push(server.connect()?);
+        conns.push(connect(server)?);
     }
     let cpu_before = cpu::sample(server.pid());
     let barrier = Arc::new(Barrier::new(n + 1));
@@ -91,8 +100,9 @@ pub fn run_cell(
     let logs: Vec<ClientLog> = logs.into_iter().collect::<Result<_, _>>()?;
     let client_commands = logs.iter().map(|l| l.commands).sum();
     let server_commands = command_calls(&mut admin)?;
-    Ok(CellResult {
-        method,
+    Ok(Cell {
+        method: method.id().to_string(),
+        label: method.label().to_string(),
         n,
         hold_ms,
         summary: summarize(&logs),

@@ -1,6 +1,8 @@
 //! What one cell's clients recorded, and the figures derived from it. Pure: unit-tested
 //! without a server.
 
+pub use redis_lock_report::contention::Summary;
+
 /// One critical section, times in ns since the cell started (one monotonic clock for
 /// every client thread of the process).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,44 +26,6 @@ pub struct ClientLog {
     pub commands: u64,
     /// An attempt still not granted when the client gave up: how long it had waited.
     pub gave_up_after: Option<u64>,
-}
-
-/// The figures reported for one (method, N, c) cell.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Summary {
-    pub acquisitions: u64,
-    /// From the start to the last release reply, seconds.
-    pub elapsed_s: f64,
-    pub per_second: f64,
-    /// Hand-off latency: next holder's grant reply minus the previous holder's release
-    /// reply, in µs, 0 when the grant reply came first. Only over grants that went to
-    /// another client than the previous holder (with one client: over all of them).
-    pub handoff_p50_us: f64,
-    pub handoff_p99_us: f64,
-    /// How many hand-offs the percentiles are over.
-    pub handoffs: u64,
-    /// Share of grants that went to the client that held the lock just before (a
-    /// releaser that tried again and beat the waiters), 0..=1.
-    pub same_client_again: f64,
-    pub commands_per_acquisition: f64,
-    /// Longest time any client waited for one grant (gave-up attempts included), ms.
-    pub max_wait_ms: f64,
-    /// 99th percentile of the wait for a grant, ms.
-    pub wait_p99_ms: f64,
-    /// Mean time from grant reply to sending the release (the critical section as it
-    /// really lasted: a 1 ms sleep overshoots), ms.
-    pub hold_mean_ms: f64,
-    /// The longest critical section, ms: far above c when a client thread lost its core
-    /// (the machine is shared), which then lengthens everyone's wait.
-    pub hold_max_ms: f64,
-    /// Jain's fairness index over acquisitions per client: 1 = perfectly even, 1/N = one
-    /// client got everything.
-    pub jain: f64,
-    /// Grants that arrived before the previous holder had even sent its release: a
-    /// broken lock. Must be 0.
-    pub overlaps: u64,
-    /// Clients that gave up waiting at the end of the cell.
-    pub gave_up: u64,
 }
 
 /// Nearest-rank percentile (`p` in 0..=100) of a sorted slice; 0 for an empty one.
@@ -170,6 +134,19 @@ pub fn summarize(logs: &[ClientLog]) -> Summary {
 mod tests {
     use super::*;
 
+    fn log(acquisitions: Vec<Acquisition>, commands: u64, gave_up_after: Option<u64>) -> ClientLog {
+        ClientLog {
+            acquisitions,
+            commands,
+            gave_up_after,
+        }
+    }
+
+    /// One client's log with 4 commands.
+    fn single(acquisitions: Vec<Acquisition>) -> Vec<ClientLog> {
+        vec![log(acquisitions, 4, None)]
+    }
+
     fn acq(client: usize, wanted: u64, granted: u64, released: u64) -> Acquisition {
         Acquisition {
             client,
@@ -199,17 +176,13 @@ mod tests {
 
     #[test]
     fn summary_pairs_each_grant_with_the_previous_release() {
-        let logs = vec![
-            ClientLog {
-                acquisitions: vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 5_500, 6_000)],
-                commands: 5,
-                gave_up_after: None,
-            },
-            ClientLog {
-                acquisitions: vec![acq(1, 0, 2_500, 5_000)],
-                commands: 3,
-                gave_up_after: Some(9_000_000),
-            },
+        let logs = [
+            log(
+                vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 5_500, 6_000)],
+                5,
+                None,
+            ),
+            log(vec![acq(1, 0, 2_500, 5_000)], 3, Some(9_000_000)),
         ];
         let s = summarize(&logs);
         assert_eq!(s.acquisitions, 3);
@@ -227,18 +200,8 @@ mod tests {
 
     #[test]
     fn a_releaser_that_takes_the_lock_again_is_not_a_handoff() {
-        let logs = vec![
-            ClientLog {
-                acquisitions: vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 2_100, 3_000)],
-                commands: 4,
-                gave_up_after: None,
-            },
-            ClientLog {
-                acquisitions: vec![acq(1, 0, 8_000, 9_000)],
-                commands: 9,
-                gave_up_after: None,
-            },
-        ];
+        let mut logs = single(vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 2_100, 3_000)]);
+        logs.push(log(vec![acq(1, 0, 8_000, 9_000)], 9, None));
         let s = summarize(&logs);
         assert_eq!(s.handoffs, 1);
         assert_eq!(s.handoff_p99_us, 5.0);
@@ -248,11 +211,7 @@ mod tests {
 
     #[test]
     fn one_client_counts_its_own_reacquires() {
-        let logs = vec![ClientLog {
-            acquisitions: vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 2_300, 3_000)],
-            commands: 4,
-            gave_up_after: None,
-        }];
+        let logs = single(vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 2_300, 3_000)]);
         let s = summarize(&logs);
         assert_eq!(s.handoffs, 1);
         assert_eq!(s.handoff_p50_us, 0.3);
@@ -260,36 +219,28 @@ mod tests {
 
     #[test]
     fn a_grant_before_the_previous_holder_released_is_an_overlap() {
-        let logs = vec![ClientLog {
-            acquisitions: vec![acq(0, 0, 1_000, 3_000), acq(1, 0, 2_000, 4_000)],
-            commands: 4,
-            gave_up_after: None,
-        }];
+        let logs = single(vec![acq(0, 0, 1_000, 3_000), acq(1, 0, 2_000, 4_000)]);
         assert_eq!(summarize(&logs).overlaps, 1);
     }
 
     #[test]
     fn a_grant_reply_that_beats_the_release_reply_counts_as_zero() {
-        let logs = vec![ClientLog {
-            acquisitions: vec![
-                Acquisition {
-                    client: 0,
-                    wanted: 0,
-                    granted: 100,
-                    releasing: 200,
-                    released: 400,
-                },
-                Acquisition {
-                    client: 1,
-                    wanted: 0,
-                    granted: 300,
-                    releasing: 500,
-                    released: 600,
-                },
-            ],
-            commands: 4,
-            gave_up_after: None,
-        }];
+        let logs = single(vec![
+            Acquisition {
+                client: 0,
+                wanted: 0,
+                granted: 100,
+                releasing: 200,
+                released: 400,
+            },
+            Acquisition {
+                client: 1,
+                wanted: 0,
+                granted: 300,
+                releasing: 500,
+                released: 600,
+            },
+        ]);
         let s = summarize(&logs);
         assert_eq!(s.handoff_p99_us, 0.0);
         assert_eq!(s.overlaps, 0);

@@ -256,6 +256,15 @@ mod tests {
         }
     }
 
+    fn ev(key: u32, kind: StoreEventKind, earlier: u64, later: u64) -> StoreEvent {
+        StoreEvent {
+            key,
+            kind,
+            earlier,
+            later,
+        }
+    }
+
     fn valid_history() -> Vec<Grant> {
         vec![
             grant(1, 10, 0, 1000, Some(5)),
@@ -367,24 +376,12 @@ mod tests {
     #[test]
     fn store_events_are_violations_unless_a_holder_was_late() {
         let mut h = valid_history();
-        let ev = StoreEvent {
-            key: 1,
-            kind: StoreEventKind::Overlap,
-            earlier: 10,
-            later: 11,
-        };
-        let r = check(&mut h, &[ev], SLACK);
+        let r = check(&mut h, &[ev(1, StoreEventKind::Overlap, 10, 11)], SLACK);
         assert_eq!(r.total(), 1);
         // Fence 12's lease (50 ms) ended long before its critical section did.
         let mut h = valid_history();
         h[2].cs = Some((8 * MS, 200 * MS));
-        let ev = StoreEvent {
-            key: 2,
-            kind: StoreEventKind::StaleWrite,
-            earlier: 14,
-            later: 12,
-        };
-        let r = check(&mut h, &[ev], SLACK);
+        let r = check(&mut h, &[ev(2, StoreEventKind::StaleWrite, 14, 12)], SLACK);
         assert_eq!(r.total(), 0, "{:?}", r.examples);
         assert_eq!(r.late_store_events, 1);
         assert_eq!(r.late_cs, 1);

@@ -1,132 +1,131 @@
 //! redis-lock-reliability: fault-injection runs against real servers with the module
 //! loaded. `run` executes the scenarios, prints one line per property and a closing
 //! `reliability: N passed, M failed`, exits non-zero when a target is missed or a
-//! scenario could not run, and (with `--out`) writes docs/RELIABILITY.md.
-
-// `args![..]` builds a Vec so that commands can be extended; passing one by reference
-// is what clippy's useless_vec flags.
-#![allow(clippy::useless_vec)]
+//! scenario could not run, and (with `--json`) saves the outcomes and renders
+//! docs/RELIABILITY.md from them.
 
 mod checker;
 mod common;
-mod proc;
-mod report;
-mod resp;
-mod rng;
 mod scenarios;
 
-use std::path::PathBuf;
-use std::process::ExitCode;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-use common::{Env, Outcome, Status};
+use clap::{Args, Parser, Subcommand};
+use redis_lock_report::reliability::ReliabilityRun;
 
-const USAGE: &str = "usage:
-  redis-lock-reliability run [--short] [--scale F] [--seed N] [--only KEY,...] [--out FILE]
-                             [--server BIN] [--module SO] [--keep]
-      KEY: mutex durability failover stale clock fuzz memory
-  redis-lock-reliability stale-holder ...   (internal: the paused holder of scenario 4)";
+use common::{unix_ms, Env, Outcome, Status};
 
-pub const SCENARIOS: [&str; 7] = [
-    "mutex",
-    "durability",
-    "failover",
-    "stale",
-    "clock",
-    "fuzz",
-    "memory",
-];
+const MODULE: &str = "target/release/libredis_lock.so";
 
-fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    match argv.first().map(String::as_str) {
-        Some("run") => run(&argv[1..]),
-        Some("stale-holder") => scenarios::stale::holder_main(&argv[1..]),
-        _ => {
-            eprintln!("{USAGE}");
-            ExitCode::from(2)
-        }
-    }
+#[derive(Parser)]
+#[command(about = "Fault-injection runs against real servers with the module loaded")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
 }
 
-struct Opts {
-    env: Env,
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the scenarios.
+    Run(RunArgs),
+    /// Internal: the paused holder of the stale scenario.
+    StaleHolder { args: Vec<String> },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Fewer operations, the same code and assertions (CI).
+    #[arg(long)]
+    short: bool,
+    /// Multiplies every count and time budget.
+    #[arg(long, env = "SCALE", default_value_t = 1.0)]
+    scale: f64,
+    /// The run's random seed (default: from the clock; printed by every run).
+    #[arg(long, env = "SEED")]
+    seed: Option<u64>,
+    /// Some scenarios only (mutex, durability, failover, stale, clock, fuzz, memory).
+    #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    out: Option<PathBuf>,
+    /// Save the outcomes here and render docs/RELIABILITY.md next to it (DIR/../..).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[arg(
+        long,
+        env = "RELIABILITY_SERVER",
+        default_value = "/usr/bin/redis-server"
+    )]
+    server: PathBuf,
+    #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]
+    module: PathBuf,
+    /// Keep the servers' directories.
+    #[arg(long)]
     keep: bool,
 }
 
-fn parse(args: &[String]) -> Result<Opts, String> {
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Cmd::Run(a) => run(a),
+        Cmd::StaleHolder { args } => scenarios::stale::holder_main(&args),
+    }
+}
+
+/// The output of a command, "" when it fails.
+fn sh(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn env_of(a: &RunArgs) -> Result<Env, String> {
     let repo = std::env::current_dir().map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let seed = common::unix_ms() as u64 ^ u64::from(std::process::id());
-    let mut env = Env {
-        server_bin: std::env::var_os("RELIABILITY_SERVER")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/usr/bin/redis-server")),
-        module: repo.join("target/release/libredis_lock.so"),
-        shim: repo.join("target/reliability/libclockshift.so"),
-        exe,
-        work: std::env::temp_dir().join(format!("redis-lock-reliability-{}", std::process::id())),
-        scale: 1.0,
-        short: false,
-        seed,
-        repo,
-    };
-    let mut only = Vec::new();
-    let mut out = None;
-    let mut keep = false;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
-        match a.as_str() {
-            "--short" => env.short = true,
-            "--keep" => keep = true,
-            "--scale" => {
-                env.scale = val()?.parse().map_err(|_| "bad --scale".to_string())?;
-                if !(0.01..=100.0).contains(&env.scale) {
-                    return Err("--scale must be within 0.01..100".into());
-                }
-            }
-            "--seed" => env.seed = val()?.parse().map_err(|_| "bad --seed".to_string())?,
-            "--only" => {
-                for k in val()?.split(',').filter(|k| !k.is_empty()) {
-                    if !SCENARIOS.contains(&k) {
-                        return Err(format!("unknown scenario {k}"));
-                    }
-                    only.push(k.to_string());
-                }
-            }
-            "--out" => out = Some(PathBuf::from(val()?)),
-            "--server" => env.server_bin = PathBuf::from(val()?),
-            "--module" => env.module = PathBuf::from(val()?),
-            _ => return Err(format!("unknown argument {a}")),
-        }
+    if !(0.01..=100.0).contains(&a.scale) {
+        return Err("--scale must be within 0.01..100".into());
+    }
+    if let Some(k) = a
+        .only
+        .iter()
+        .find(|k| !scenarios::ALL.iter().any(|s| s.0 == k.as_str()))
+    {
+        return Err(format!("unknown scenario {k}"));
     }
     // Servers run with their data directory as working directory. Made absolute
     // without resolving links: /usr/bin/redis-server is a link that acts on argv[0].
-    for p in [&mut env.server_bin, &mut env.module] {
+    let abs = |p: &Path| {
         if p.is_relative() {
-            *p = env.repo.join(&*p);
+            repo.join(p)
+        } else {
+            p.to_path_buf()
         }
-    }
-    Ok(Opts {
-        env,
-        only,
-        out,
-        keep,
+    };
+    Ok(Env {
+        server_bin: abs(&a.server),
+        module: abs(&a.module),
+        shim: repo.join("target/reliability/libclockshift.so"),
+        exe: std::env::current_exe().map_err(|e| e.to_string())?,
+        work: std::env::temp_dir().join(format!("redis-lock-reliability-{}", std::process::id())),
+        scale: a.scale,
+        short: a.short,
+        seed: a
+            .seed
+            .unwrap_or(unix_ms() as u64 ^ u64::from(std::process::id())),
+        repo,
     })
 }
 
-fn run(args: &[String]) -> ExitCode {
-    let opts = match parse(args) {
-        Ok(o) => o,
+fn run(a: RunArgs) -> ExitCode {
+    let env = match env_of(&a) {
+        Ok(e) => e,
         Err(e) => {
-            eprintln!("{e}\n{USAGE}");
+            eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    let env = &opts.env;
     if !env.module.is_file() {
         eprintln!(
             "module not found at {} (cargo build --release)",
@@ -135,33 +134,26 @@ fn run(args: &[String]) -> ExitCode {
         return ExitCode::from(2);
     }
     let _ = std::fs::create_dir_all(&env.work);
+    let kind = if env.short { "short" } else { "full" };
     println!(
-        "reliability: {} run, scale {}, seed {}, server {}, work dir {}",
-        if env.short { "short" } else { "full" },
+        "reliability: {kind} run, scale {}, seed {}, server {}, work dir {}",
         env.scale,
         env.seed,
         env.server_bin.display(),
         env.work.display()
     );
-    let started = common::unix_ms();
+    let started = unix_ms();
     let mut outcomes: Vec<Outcome> = Vec::new();
-    for (i, key) in SCENARIOS.iter().enumerate() {
-        if !opts.only.is_empty() && !opts.only.iter().any(|k| k == key) {
+    for (i, (key, title, target, scenario)) in scenarios::ALL.iter().enumerate() {
+        if !a.only.is_empty() && !a.only.iter().any(|k| k == key) {
             continue;
         }
         println!("== [{}] {key} ...", i + 1);
         let t = Instant::now();
-        let mut o = match *key {
-            "mutex" => scenarios::mutex::run(env),
-            "durability" => scenarios::durability::run(env),
-            "failover" => scenarios::failover::run(env),
-            "stale" => scenarios::stale::run(env),
-            "clock" => scenarios::clock::run(env),
-            "fuzz" => scenarios::fuzz::run(env),
-            _ => scenarios::memory::run(env),
-        };
-        o.id = i as u32 + 1;
-        o.key = key;
+        let mut o = Outcome::new(i as u32 + 1, key, title, target);
+        if let Err(e) = scenario(&env, &mut o) {
+            o.fail(e);
+        }
         o.secs = t.elapsed().as_secs_f64();
         let verdict = match &o.status {
             Status::Pass => "PASS".to_string(),
@@ -182,17 +174,13 @@ fn run(args: &[String]) -> ExitCode {
     }
     let passed = outcomes.iter().filter(|o| o.status == Status::Pass).count();
     let failed = outcomes.len() - passed;
-    if let Some(out) = &opts.out {
-        let text = report::render(env, &outcomes, started);
-        match std::fs::write(out, text) {
-            Ok(()) => println!("wrote {}", out.display()),
-            Err(e) => {
-                eprintln!("cannot write {}: {e}", out.display());
-                return ExitCode::from(1);
-            }
+    if let Some(json) = &a.json {
+        if let Err(e) = save(&env, json, started, &outcomes) {
+            eprintln!("cannot save {}: {e}", json.display());
+            return ExitCode::from(1);
         }
     }
-    if !opts.keep {
+    if !a.keep {
         let _ = std::fs::remove_dir_all(&env.work);
     }
     for o in &outcomes {
@@ -206,4 +194,44 @@ fn run(args: &[String]) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+fn save(
+    env: &Env,
+    json: &Path,
+    started: i64,
+    outcomes: &[Outcome],
+) -> Result<(), redis_lock_report::Error> {
+    let (date, time) = redis_lock_report::fmt::utc(started);
+    let repo = env.repo.to_string_lossy();
+    let run = ReliabilityRun {
+        date,
+        time,
+        short: env.short,
+        scale: env.scale,
+        seed: env.seed,
+        minutes: (unix_ms() - started) as f64 / 60_000.0,
+        server_path: env.server_bin.display().to_string(),
+        server_version: sh(&env.server_bin.to_string_lossy(), &["--version"])
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        commit: sh("git", &["-C", &repo, "rev-parse", "--short", "HEAD"]),
+        dirty: !sh("git", &["-C", &repo, "status", "--porcelain", "--", "src"]).is_empty(),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel: sh("uname", &["-r"]),
+        fs: sh("df", &["--output=fstype", &env.work.to_string_lossy()])
+            .lines()
+            .last()
+            .unwrap_or("")
+            .to_string(),
+        outcomes: outcomes.to_vec(),
+    };
+    redis_lock_report::save(json, &run)?;
+    let root = json.ancestors().nth(3).unwrap_or(Path::new("."));
+    for f in redis_lock_report::render_all(root)? {
+        println!("wrote {}", f.display());
+    }
+    Ok(())
 }

@@ -10,10 +10,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::args;
-use crate::common::{panics, Env, Outcome, Status};
-use crate::proc::Server;
-use crate::resp::{Conn, Reply};
+use crate::common::*;
+use redis_lock_testkit::args;
 
 const JUMP_MS: i64 = 120_000;
 const LEASE_MS: u64 = 60_000;
@@ -32,7 +30,7 @@ fn set_offset(path: &Path, ms: i64) -> Result<(), String> {
 }
 
 fn cmd(c: &mut Conn, a: &[Vec<u8>]) -> Result<Reply, String> {
-    c.cmd(a).map_err(|e| e.to_string())
+    c.call(a).map_err(|e| e.to_string())
 }
 
 fn acquire(c: &mut Conn, key: &str, ttl: u64) -> Result<(Vec<u8>, u64), String> {
@@ -51,45 +49,30 @@ fn server_ms(c: &mut Conn) -> Result<i64, String> {
     }
 }
 
-pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        5,
-        "clock",
-        "Wall-clock jumps (LD_PRELOAD clock shim)",
-        "measured baseline; fences never go back on a running server",
-    );
-    if !env.shim.is_file() {
-        o.status = Status::NotRun(format!(
-            "clock shim {} not built (bash scripts/deps-reliability.sh)",
-            env.shim.display()
-        ));
-        return o;
-    }
-    if let Err(e) = run_inner(env, &mut o) {
-        o.fail(e);
-    }
-    o
-}
+pub const TITLE: &str = "Wall-clock jumps (LD_PRELOAD clock shim)";
+pub const TARGET: &str = "measured baseline; fences never go back on a running server";
 
-fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
+    if !env.shim.is_file() {
+        let why = "not built (bash scripts/deps-reliability.sh)";
+        o.status = Status::NotRun(format!("clock shim {} {why}", env.shim.display()));
+        return Ok(());
+    }
     // fsync always: the restarts below are about the fence counter, not about losing
     // unsynced writes (with everysec Redis may even postpone the write(2) itself while a
     // background fsync runs, and a SIGKILL then loses it).
-    let mut cfg = env
-        .cfg("clock")?
-        .arg("appendonly", &["yes"])
-        .arg("appendfsync", &["always"]);
-    let offset = cfg.dir.join("clock-offset");
+    let offset = env.work.join("clock-offset");
     set_offset(&offset, 0)?;
-    cfg.env
-        .push(("LD_PRELOAD".into(), env.shim.to_string_lossy().into_owned()));
-    cfg.env.push((
-        "CLOCKSHIFT_FILE".into(),
-        offset.to_string_lossy().into_owned(),
-    ));
-    let mut server = Server::start(cfg).map_err(|e| format!("server with the clock shim: {e}"))?;
-    let mut a = server.connect().map_err(|e| e.to_string())?;
-    let mut b = server.connect().map_err(|e| e.to_string())?;
+    let mut server = env
+        .builder("clock")
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .env("LD_PRELOAD", &env.shim.to_string_lossy())
+        .env("CLOCKSHIFT_FILE", &offset.to_string_lossy())
+        .try_start()
+        .map_err(|e| format!("server with the clock shim: {e}"))?;
+    let mut a = connect(&server)?;
+    let mut b = connect(&server)?;
 
     // The shim moves the server's clock and nothing else breaks.
     let t0 = server_ms(&mut a)?;
@@ -106,7 +89,7 @@ fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
     // Forward jump with a held lock.
     let (ta, fa) = acquire(&mut a, "rel:clk:a", LEASE_MS)?;
     let before = cmd(&mut a, &args!["LOCK.INFO", "rel:clk:a"])?;
-    let ttl_before = before.field("ttl").and_then(Reply::as_int).unwrap_or(-1);
+    let ttl_before = before.get("ttl").and_then(|r| r.as_int()).unwrap_or(-1);
     set_offset(&offset, JUMP_MS)?;
     let jumped = Instant::now();
     let mut vanished_ms = None;
@@ -129,7 +112,7 @@ fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
     // Backward jump: back to the true time (a 120 s step back).
     set_offset(&offset, 0)?;
     let b_info = cmd(&mut b, &args!["LOCK.INFO", "rel:clk:a"])?;
-    let b_ttl_after = b_info.field("ttl").and_then(Reply::as_int).unwrap_or(-1);
+    let b_ttl_after = b_info.get("ttl").and_then(|r| r.as_int()).unwrap_or(-1);
     let (tc, fc) = acquire(&mut a, "rel:clk:c", 10_000)?;
     let running_regression = fc <= fb;
 
@@ -139,8 +122,8 @@ fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
     }
     drop((a, b));
     server.kill9();
-    server.launch()?;
-    let mut c = server.connect().map_err(|e| e.to_string())?;
+    server.try_restart()?;
+    let mut c = connect(&server)?;
     let (td, fd) = acquire(&mut c, "rel:clk:d", 1000)?;
     cmd(&mut c, &args!["LOCK.RELEASE", "rel:clk:d", &td])?;
     let aof_replay_ok = fd > fc;
@@ -165,8 +148,8 @@ fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
     }
     drop(c);
     server.kill9();
-    server.launch()?;
-    let mut c = server.connect().map_err(|e| e.to_string())?;
+    server.try_restart()?;
+    let mut c = connect(&server)?;
     let (_, fe) = acquire(&mut c, "rel:clk:e", 1000)?;
     let rewrite_regression = fe <= fd;
     let caught = panics(&server);

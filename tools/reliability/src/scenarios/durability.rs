@@ -10,11 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::args;
-use crate::common::{lock_info, panics, pct, thousands, Env, Outcome};
-use crate::proc::Server;
-use crate::resp::{Conn, Reply};
-use crate::rng::Rng;
+use crate::common::*;
+use redis_lock_testkit::args;
+use redis_lock_testkit::Rng;
 
 const CLIENTS: usize = 8;
 const KEYS_PER_CLIENT: usize = 32;
@@ -133,7 +131,7 @@ fn client(mut c: Conn, round: u64, cid: usize, mut rng: Rng, stop: &AtomicBool) 
             Known::Held { token, fence, .. } => {
                 if rng.chance(40) {
                     m.pending = Some(Pending::Release);
-                    let Ok(r) = c.cmd(&args!["LOCK.RELEASE", &m.key, &token]) else {
+                    let Ok(r) = c.call(&args!["LOCK.RELEASE", &m.key, &token]) else {
                         break;
                     };
                     if r != Reply::Int(1) {
@@ -186,7 +184,7 @@ fn actual(
     token: Option<&[u8]>,
 ) -> Result<Option<(u64, i64, bool)>, String> {
     let info = c
-        .cmd(&args!["LOCK.INFO", key])
+        .call(&args!["LOCK.INFO", key])
         .map_err(|e| format!("LOCK.INFO: {e}"))?;
     if info == Reply::Nil {
         return Ok(None);
@@ -195,7 +193,7 @@ fn actual(
     let has_token = match token {
         Some(t) => {
             let dump = c
-                .cmd(&args!["DUMP", key])
+                .call(&args!["DUMP", key])
                 .map_err(|e| format!("DUMP: {e}"))?;
             dump.as_bytes()
                 .is_some_and(|d| d.windows(t.len()).any(|w| w == t))
@@ -265,24 +263,20 @@ fn verify(
 }
 
 fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, String> {
-    let mut cfg = env.cfg(&format!("dur-{:?}", mode).to_lowercase())?;
-    cfg = match mode {
-        Mode::Always => cfg
-            .arg("appendonly", &["yes"])
-            .arg("appendfsync", &["always"]),
-        Mode::Everysec => cfg
-            .arg("appendonly", &["yes"])
-            .arg("appendfsync", &["everysec"]),
-        Mode::Rdb => cfg.arg("save", &["1", "1"]),
-    };
-    let mut server = Server::start(cfg)?;
+    let b = env.builder(&format!("dur-{mode:?}").to_lowercase());
+    let mut server = match mode {
+        Mode::Always => b.arg("appendonly", "yes").arg("appendfsync", "always"),
+        Mode::Everysec => b.arg("appendonly", "yes").arg("appendfsync", "everysec"),
+        Mode::Rdb => b.arg_multi("save", &["1", "1"]),
+    }
+    .try_start()?;
     let mut st = Stats::default();
     let mut max_acked_fence = 0u64;
     for round in 0..rounds {
         let stop = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::new();
         for cid in 0..CLIENTS {
-            let c = server.connect().map_err(|e| format!("connect: {e}"))?;
+            let c = connect(&server)?;
             let r = rng.fork(round * 100 + cid as u64);
             let stop = Arc::clone(&stop);
             handles.push(std::thread::spawn(move || client(c, round, cid, r, &stop)));
@@ -296,8 +290,8 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
         if mode != Mode::Rdb && rng.chance(50) {
             let before = rng.below(run_ms);
             std::thread::sleep(Duration::from_millis(before));
-            let mut c = server.connect().map_err(|e| format!("connect: {e}"))?;
-            let r = c.cmd(&args!["BGREWRITEAOF"]).map_err(|e| e.to_string())?;
+            let mut c = connect(&server)?;
+            let r = c.call(&args!["BGREWRITEAOF"]).map_err(|e| e.to_string())?;
             if !r.is_error() {
                 st.rewrites += 1;
             }
@@ -312,9 +306,9 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
             outs.push(h.join().map_err(|_| "client thread panicked".to_string())?);
         }
         server
-            .launch()
+            .try_restart()
             .map_err(|e| format!("restart after SIGKILL failed (round {round}): {e}"))?;
-        let mut c = server.connect().map_err(|e| format!("connect: {e}"))?;
+        let mut c = connect(&server)?;
         let mut restored_max = 0u64;
         for o in &outs {
             st.acked_ops += o.acked;
@@ -329,7 +323,7 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
         // The next grant must be above everything acknowledged or restored.
         let probe = format!("rel:dur:probe:{round}");
         let r = c
-            .cmd(&args!["LOCK.ACQUIRE", &probe, "PX", 1000])
+            .call(&args!["LOCK.ACQUIRE", &probe, "PX", 1000])
             .map_err(|e| e.to_string())?;
         let (_, fence) = r
             .grant()
@@ -347,13 +341,11 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
     Ok(st)
 }
 
-pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        2,
-        "durability",
-        "Restart durability (SIGKILL under load)",
-        "appendfsync always: 0 acknowledged locks lost or changed, 0 fence regressions",
-    );
+pub const TITLE: &str = "Restart durability (SIGKILL under load)";
+pub const TARGET: &str =
+    "appendfsync always: 0 acknowledged locks lost or changed, 0 fence regressions";
+
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6475_7261);
     let mut figure = String::new();
     let mut trials = Vec::new();
@@ -434,5 +426,5 @@ pub fn run(env: &Env) -> Outcome {
         None => {}
     }
     o.note("RDB only: a restart returns the last snapshot (at best about one second old with `save 1 1`, and none is taken in the first second after a start); every lock acquired, extended or released after it is lost, stale (an older expiry) or comes back. In this workload every lock changes every few milliseconds, so nearly every acknowledged state is newer than any snapshot: read the rate as the share of locks that changed since the last snapshot. The fence counter still rises after the restart because the fence follows the wall clock (unix_ms << 20).");
-    o
+    Ok(())
 }

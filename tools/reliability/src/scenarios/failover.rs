@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::args;
-use crate::common::{lock_info, panics, pct, thousands, Env, Outcome, Status};
-use crate::proc::{self, LinkCut, Netns, Server, ServerCfg};
-use crate::resp::{Conn, Reply};
-use crate::rng::Rng;
+use crate::common::*;
+use redis_lock_testkit::args;
+use redis_lock_testkit::net::{LinkCut, Netns};
+use redis_lock_testkit::ReplicaPair;
+use redis_lock_testkit::Rng;
 
 const PRIMARY: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 const REPLICA: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
@@ -81,19 +81,6 @@ struct Stats {
     fence_regressions: u64,
 }
 
-fn wait_link_up(replica: &Server) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        let up = replica.info_field("replication", "master_link_status");
-        let syncing = replica.info_field("replication", "master_sync_in_progress");
-        if up.as_deref() == Some("up") && syncing.as_deref() == Some("0") {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(format!("replica never synced\n{}", replica.log_tail()))
-}
-
 fn round(
     env: &Env,
     ns: &Netns,
@@ -102,25 +89,21 @@ fn round(
     rng: &mut Rng,
     st: &mut Stats,
 ) -> Result<(), String> {
-    let node = |name: &str, host: Ipv4Addr| -> Result<ServerCfg, String> {
-        let mut c = env.cfg(name)?;
-        c.host = host;
-        c.port = PORT;
-        c.netns = Some(ns.name.clone());
-        Ok(c.arg("repl-diskless-sync-delay", &["0"]))
+    let node = |name: &str, host: Ipv4Addr| {
+        env.builder(name)
+            .host(host)
+            .port(PORT)
+            .netns(&ns.name)
+            .arg("repl-diskless-sync-delay", "0")
     };
-    let primary_cfg = node(&format!("fo-p-{r}"), PRIMARY)?;
-    let replica_cfg = node(&format!("fo-r-{r}"), REPLICA)?
-        .arg("replicaof", &[&PRIMARY.to_string(), &PORT.to_string()])
-        .arg("bind-source-addr", &[&REPLICA.to_string()]);
-    let mut primary = Server::start(primary_cfg)?;
-    let replica = Server::start(replica_cfg)?;
-    wait_link_up(&replica)?;
+    let replica = node(&format!("fo-r-{r}"), REPLICA).arg("bind-source-addr", &REPLICA.to_string());
+    let pair = ReplicaPair::try_start_with(node(&format!("fo-p-{r}"), PRIMARY), replica)?;
+    let (mut primary, replica) = (pair.primary, pair.replica);
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     for cid in 0..CLIENTS {
-        let c = primary.connect().map_err(|e| format!("connect: {e}"))?;
+        let c = connect(&primary)?;
         let stop = Arc::clone(&stop);
         let use_wait = cid % 2 == 0;
         handles.push(std::thread::spawn(move || {
@@ -148,11 +131,9 @@ fn round(
         acked.extend(h.join().map_err(|_| "client thread panicked".to_string())?);
     }
     // Promote while the old primary is dead and the link still cut.
-    let mut c = replica
-        .connect()
-        .map_err(|e| format!("connect replica: {e}"))?;
+    let mut c = connect(&replica)?;
     let p = c
-        .cmd(&args!["REPLICAOF", "NO", "ONE"])
+        .call(&args!["REPLICAOF", "NO", "ONE"])
         .map_err(|e| e.to_string())?;
     if p.is_error() {
         return Err(format!("REPLICAOF NO ONE: {p:?}"));
@@ -186,7 +167,7 @@ fn round(
     }
     for i in 0..20 {
         let r = c
-            .cmd(&args![
+            .call(&args![
                 "LOCK.ACQUIRE",
                 format!("rel:fo:probe:{r}:{i}"),
                 "PX",
@@ -209,7 +190,7 @@ fn round(
     }
     cut.heal()?;
     let _ = c
-        .cmd(&args!["PING"])
+        .call(&args!["PING"])
         .map(|r| r == Reply::Simple("PONG".into()));
     st.rounds += 1;
     Ok(())
@@ -221,38 +202,35 @@ fn unavailable() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("needs root for ip netns and nft".into());
     }
-    if proc::run(&["ip", "-V"]).is_err() {
+    if redis_lock_testkit::run_cmd(&["ip", "-V"]).is_err() {
         return Some("`ip` (iproute2) not found".into());
     }
-    if proc::run(&["nft", "--version"]).is_err() {
+    if redis_lock_testkit::run_cmd(&["nft", "--version"]).is_err() {
         return Some("`nft` (nftables) not found: bash scripts/deps-reliability.sh".into());
     }
     None
 }
 
-pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        3,
-        "failover",
-        "Failover (link cut with nft, primary SIGKILLed, replica promoted)",
-        "0 WAIT-confirmed locks lost, 0 fence regressions after promotion",
-    );
+pub const TITLE: &str = "Failover (link cut with nft, primary SIGKILLed, replica promoted)";
+pub const TARGET: &str = "0 WAIT-confirmed locks lost, 0 fence regressions after promotion";
+
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     if let Some(why) = unavailable() {
         o.status = Status::NotRun(why);
-        return o;
+        return Ok(());
     }
     let ns = match Netns::create(&format!("rlrel{}", std::process::id())) {
         Ok(ns) => ns,
         Err(e) => {
             o.status = Status::NotRun(format!("cannot create a network namespace: {e}"));
-            return o;
+            return Ok(());
         }
     };
     let mut cut = match LinkCut::install(&ns) {
         Ok(c) => c,
         Err(e) => {
             o.status = Status::NotRun(format!("nft does not work in the namespace: {e}"));
-            return o;
+            return Ok(());
         }
     };
     let rounds = env.n(20.0, 4.0);
@@ -305,5 +283,5 @@ pub fn run(env: &Env) -> Outcome {
     if st.confirmed == 0 && o.status == Status::Pass {
         o.fail("no WAIT-confirmed grant was made (nothing checked)");
     }
-    o
+    Ok(())
 }

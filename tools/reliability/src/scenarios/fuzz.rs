@@ -11,11 +11,9 @@ use std::time::{Duration, Instant};
 
 use crc::{Crc, CRC_64_REDIS};
 
-use crate::args;
-use crate::common::{panics, thousands, Env, Outcome};
-use crate::proc::{self, Server};
-use crate::resp::{Conn, Reply};
-use crate::rng::Rng;
+use crate::common::*;
+use redis_lock_testkit::args;
+use redis_lock_testkit::Rng;
 
 const BATCH: u64 = 100;
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
@@ -226,8 +224,8 @@ struct Live {
 }
 
 fn ping(c: &mut Conn) -> bool {
-    c.set_read_timeout(PING_TIMEOUT).is_ok()
-        && c.cmd(&args!["PING"])
+    c.try_set_read_timeout(Some(PING_TIMEOUT)).is_ok()
+        && c.call(&args!["PING"])
             .is_ok_and(|r| r == Reply::Simple("PONG".into()))
 }
 
@@ -241,7 +239,7 @@ fn alive(pid: Option<u32>) -> bool {
 /// One fuzzing connection: batches of commands, then a PING.
 fn live_worker(addr: std::net::SocketAddr, pid: Option<u32>, total: u64, mut rng: Rng) -> Live {
     let mut st = Live::default();
-    let connect = || Conn::connect(addr, PING_TIMEOUT);
+    let connect = || Conn::open(addr, PING_TIMEOUT);
     let Ok(mut c) = connect() else {
         st.crash = Some("cannot connect".into());
         return st;
@@ -252,7 +250,7 @@ fn live_worker(addr: std::net::SocketAddr, pid: Option<u32>, total: u64, mut rng
             if let Ok(mut junk) = connect() {
                 junk.queue_raw(&malformed(&mut rng));
                 let _ = junk.flush();
-                let _ = junk.set_read_timeout(Duration::from_millis(50));
+                let _ = junk.try_set_read_timeout(Some(Duration::from_millis(50)));
                 let _ = junk.read();
             }
             st.malformed += 1;
@@ -263,7 +261,7 @@ fn live_worker(addr: std::net::SocketAddr, pid: Option<u32>, total: u64, mut rng
             c.queue(a);
         }
         let sent = c.flush();
-        let _ = c.set_read_timeout(PING_TIMEOUT);
+        let _ = c.try_set_read_timeout(Some(PING_TIMEOUT));
         let mut answered = sent.is_ok();
         if answered {
             for _ in &cmds {
@@ -303,8 +301,8 @@ fn live_worker(addr: std::net::SocketAddr, pid: Option<u32>, total: u64, mut rng
 }
 
 fn live(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Live, String> {
-    let addr = server.cfg.addr();
-    let pid = server.pid();
+    let addr = server.socket_addr();
+    let pid = server.try_pid();
     let handles: Vec<_> = (0..WORKERS)
         .map(|i| {
             let r = rng.fork(i);
@@ -396,12 +394,12 @@ pub fn mutate(base: &[u8], rng: &mut Rng) -> Vec<u8> {
 
 fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, String> {
     let mut st = Restore::default();
-    let mut c = server.connect().map_err(|e| e.to_string())?;
+    let mut c = connect(server)?;
     // The live fuzzer may have changed the settings. One CONFIG SET for all of them: the
     // module checks default-ttl <= max-ttl after all of a command's values are set, while
     // two separate commands could each be refused against a fuzzed value of the other.
     let r = c
-        .cmd(&args![
+        .call(&args![
             "CONFIG",
             "SET",
             "lock.max-ttl",
@@ -447,10 +445,10 @@ fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, St
         ],
     ];
     for (i, a) in shapes.iter().enumerate() {
-        let r = c.cmd(a).map_err(|e| e.to_string())?;
+        let r = c.call(a).map_err(|e| e.to_string())?;
         r.grant().ok_or(format!("base acquire answered {r:?}"))?;
         let d = c
-            .cmd(&args!["DUMP", format!("fz:base:{i}")])
+            .call(&args!["DUMP", format!("fz:base:{i}")])
             .map_err(|e| e.to_string())?;
         let d = d
             .as_bytes()
@@ -473,7 +471,7 @@ fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, St
         let key = format!("fz:restore:{}", i % 64);
         i += 1;
         st.payloads += 1;
-        let r = c.cmd(&args!["RESTORE", &key, 0u64, &payload, "REPLACE"]);
+        let r = c.call(&args!["RESTORE", &key, 0u64, &payload, "REPLACE"]);
         match r {
             Ok(Reply::Simple(_)) => {
                 st.accepted += 1;
@@ -499,7 +497,7 @@ fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, St
         }
         let check = i.is_multiple_of(BATCH)
             || st.crash.is_some()
-            || c.set_read_timeout(PING_TIMEOUT).is_err();
+            || c.try_set_read_timeout(Some(PING_TIMEOUT)).is_err();
         if check && !ping(&mut c) {
             if !server.is_running() {
                 st.crash = Some(format!(
@@ -510,7 +508,7 @@ fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, St
                 break;
             }
             st.hangs += 1;
-            c = server.connect().map_err(|e| e.to_string())?;
+            c = connect(server)?;
         }
     }
     Ok(st)
@@ -559,25 +557,16 @@ fn cargo_fuzz(repo: &Path, secs: u64) -> Result<(u64, Option<String>), String> {
         None => Err(format!(
             "cargo fuzz did not run ({status}); last lines of {}:\n{}",
             log.display(),
-            proc::file_tail(&log, 8)
+            redis_lock_testkit::server::file_tail(&log, 8)
         )),
     }
 }
 
-pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        6,
-        "fuzz",
-        "Bad input (live fuzzer, hostile RESTORE payloads, cargo fuzz)",
-        "0 crashes, 0 hangs in >= 100,000 commands; hostile RESTORE refused without a crash",
-    );
-    if let Err(e) = run_inner(env, &mut o) {
-        o.fail(e);
-    }
-    o
-}
+pub const TITLE: &str = "Bad input (live fuzzer, hostile RESTORE payloads, cargo fuzz)";
+pub const TARGET: &str =
+    "0 crashes, 0 hangs in >= 100,000 commands; hostile RESTORE refused without a crash";
 
-fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6675_7a7a);
     let mut server = env.start("fuzz")?;
     let t = Instant::now();

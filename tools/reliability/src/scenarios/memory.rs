@@ -9,18 +9,16 @@
 
 use std::time::{Duration, Instant};
 
-use crate::args;
-use crate::common::{thousands, Env, Outcome, Status};
-use crate::proc::{self, Server};
-use crate::resp::{Conn, Reply};
-use crate::rng::Rng;
+use crate::common::*;
+use redis_lock_testkit::args;
+use redis_lock_testkit::Rng;
 
 /// used_memory may differ from the baseline by this much (allocator rounding, client
 /// buffers of the INFO connection itself).
 const MEMORY_SLACK: i64 = 32 * 1024;
 
 fn cmd(c: &mut Conn, a: &[Vec<u8>]) -> Result<Reply, String> {
-    c.cmd(a)
+    c.call(a)
         .map_err(|e| format!("{}: {e}", String::from_utf8_lossy(&a[0])))
 }
 
@@ -34,32 +32,31 @@ fn grant(c: &mut Conn, a: &[Vec<u8>]) -> Result<Vec<u8>, String> {
 fn conns(s: &Server, n: usize) -> Result<Vec<Conn>, String> {
     (0..n)
         .map(|_| {
-            let c = s.connect().map_err(|e| e.to_string())?;
-            c.set_read_timeout(Duration::from_secs(60))
+            let c = connect(s).map_err(|e| e.to_string())?;
+            c.try_set_read_timeout(Some(Duration::from_secs(60)))
                 .map_err(|e| e.to_string())?;
             Ok(c)
         })
         .collect()
 }
 
+/// `n` clients blocked in `LOCK.ACQUIRE key PX px BLOCK block` (replies not read).
+fn waiters(s: &Server, n: usize, key: &str, px: u64, block: u64) -> Result<Vec<Conn>, String> {
+    let mut ws = conns(s, n)?;
+    for w in &mut ws {
+        w.queue(&args!["LOCK.ACQUIRE", key, "PX", px, "BLOCK", block]);
+        w.flush().map_err(|e| e.to_string())?;
+    }
+    Ok(ws)
+}
+
 fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
-    let mut a = s.connect().map_err(|e| e.to_string())?;
-    a.set_read_timeout(Duration::from_secs(60))
+    let mut a = connect(s).map_err(|e| e.to_string())?;
+    a.try_set_read_timeout(Some(Duration::from_secs(60)))
         .map_err(|e| e.to_string())?;
     // 1. Waits that time out.
     let t = grant(&mut a, &args!["LOCK.ACQUIRE", "m:t", "PX", 60_000u64])?;
-    let mut ws = conns(s, 4)?;
-    for w in &mut ws {
-        w.queue(&args![
-            "LOCK.ACQUIRE",
-            "m:t",
-            "PX",
-            1000u64,
-            "BLOCK",
-            100u64
-        ]);
-        w.flush().map_err(|e| e.to_string())?;
-    }
+    let mut ws = waiters(s, 4, "m:t", 1000, 100)?;
     for w in &mut ws {
         let r = w.read().map_err(|e| e.to_string())?;
         if r != Reply::Nil {
@@ -69,18 +66,7 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     cmd(&mut a, &args!["LOCK.RELEASE", "m:t", &t])?;
     // 2. Waiters that disconnect while queued.
     let t = grant(&mut a, &args!["LOCK.ACQUIRE", "m:d", "PX", 60_000u64])?;
-    let mut ws = conns(s, 4)?;
-    for w in &mut ws {
-        w.queue(&args![
-            "LOCK.ACQUIRE",
-            "m:d",
-            "PX",
-            1000u64,
-            "BLOCK",
-            30_000u64
-        ]);
-        w.flush().map_err(|e| e.to_string())?;
-    }
+    let ws = waiters(s, 4, "m:d", 1000, 30_000)?;
     std::thread::sleep(Duration::from_millis(200));
     drop(ws);
     std::thread::sleep(Duration::from_millis(200));
@@ -88,18 +74,7 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     // 3. Hand-offs down a queue, and 4. FORCERELEASE with waiters.
     for (key, force) in [("m:h", false), ("m:f", true)] {
         let t = grant(&mut a, &args!["LOCK.ACQUIRE", key, "PX", 60_000u64])?;
-        let mut ws = conns(s, 4)?;
-        for w in &mut ws {
-            w.queue(&args![
-                "LOCK.ACQUIRE",
-                key,
-                "PX",
-                60_000u64,
-                "BLOCK",
-                30_000u64
-            ]);
-            w.flush().map_err(|e| e.to_string())?;
-        }
+        let mut ws = waiters(s, 4, key, 60_000, 30_000)?;
         std::thread::sleep(Duration::from_millis(200));
         if force {
             cmd(&mut a, &args!["LOCK.FORCERELEASE", key])?;
@@ -114,16 +89,7 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     }
     // 5. A waiter handed the lock just as it disconnects.
     let t = grant(&mut a, &args!["LOCK.ACQUIRE", "m:g", "PX", 60_000u64])?;
-    let mut w = conns(s, 1)?;
-    w[0].queue(&args![
-        "LOCK.ACQUIRE",
-        "m:g",
-        "PX",
-        60_000u64,
-        "BLOCK",
-        30_000u64
-    ]);
-    w[0].flush().map_err(|e| e.to_string())?;
+    let w = waiters(s, 1, "m:g", 60_000, 30_000)?;
     std::thread::sleep(Duration::from_millis(100));
     a.queue(&args!["LOCK.RELEASE", "m:g", &t]);
     a.flush().map_err(|e| e.to_string())?;
@@ -314,28 +280,17 @@ fn parse_vg(log: &str) -> VgReport {
     r
 }
 
-pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        7,
-        "memory",
-        "Memory safety (valgrind memcheck)",
-        "0 bytes definitely lost in module frames, 0 invalid reads/writes, used_memory back to baseline",
-    );
-    if proc::run(&["valgrind", "--version"]).is_err() {
-        o.status = Status::NotRun("valgrind not found (bash scripts/deps-reliability.sh)".into());
-        return o;
-    }
-    if let Err(e) = run_inner(env, &mut o) {
-        o.fail(e);
-    }
-    o
-}
+pub const TITLE: &str = "Memory safety (valgrind memcheck)";
+pub const TARGET: &str = "0 bytes definitely lost in module frames, 0 invalid reads/writes, used_memory back to baseline";
 
-fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
-    let mut cfg = env.cfg("memory")?;
-    let log = cfg.dir.join("valgrind.log");
-    cfg.wrapper = vec![
-        "valgrind".into(),
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
+    if redis_lock_testkit::run_cmd(&["valgrind", "--version"]).is_err() {
+        o.status = Status::NotRun("valgrind not found (bash scripts/deps-reliability.sh)".into());
+        return Ok(());
+    }
+    let log = env.work.join("valgrind.log");
+    let wrapper = [
+        "valgrind".to_string(),
         "--leak-check=full".into(),
         "--show-leak-kinds=definite".into(),
         "--error-limit=no".into(),
@@ -343,8 +298,11 @@ fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
         "--soname-synonyms=somalloc=libjemalloc.so*".into(),
         format!("--log-file={}", log.display()),
     ];
-    cfg.ready_timeout = Duration::from_secs(120);
-    let mut server = Server::start(cfg)?;
+    let mut server = env
+        .builder("memory")
+        .wrapper(&wrapper)
+        .start_timeout(Duration::from_secs(120))
+        .try_start()?;
     let rounds = env.n(6.0, 3.0).max(2);
     let mut rng = Rng::new(env.seed ^ 0x006d_656d);
     let t = Instant::now();
@@ -371,8 +329,8 @@ fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
     })
     .collect();
     let workload_secs = t.elapsed().as_secs_f64();
-    let mut c = server.connect().map_err(|e| e.to_string())?;
-    let _ = c.cmd(&args!["SHUTDOWN", "NOSAVE"]);
+    let mut c = connect(&server).map_err(|e| e.to_string())?;
+    let _ = c.call(&args!["SHUTDOWN", "NOSAVE"]);
     if !server.wait_exit(Duration::from_secs(180)) {
         server.kill9();
         return Err("the server under valgrind did not exit after SHUTDOWN".into());

@@ -10,11 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::args;
 use crate::checker::{self, Call, Grant, StoreEvent, StoreEventKind};
-use crate::common::{now_ns, panics, thousands, Env, Outcome};
-use crate::resp::{Conn, Reply};
-use crate::rng::Rng;
+use crate::common::*;
+use redis_lock_testkit::args;
+use redis_lock_testkit::Rng;
 
 pub const CLIENTS: usize = 64;
 pub const KEYS: u32 = 16;
@@ -116,10 +115,10 @@ struct Shared {
     addr: std::net::SocketAddr,
 }
 
-fn connect(addr: std::net::SocketAddr) -> Result<Conn, String> {
-    let c = Conn::connect(addr, Duration::from_secs(5)).map_err(|e| format!("connect: {e}"))?;
+fn connect_to(addr: std::net::SocketAddr) -> Result<Conn, String> {
+    let c = Conn::open(addr, Duration::from_secs(5)).map_err(|e| format!("connect: {e}"))?;
     // A blocking acquire waits at most 300 ms; leave room for a slow machine.
-    c.set_read_timeout(READ_TIMEOUT)
+    c.try_set_read_timeout(Some(READ_TIMEOUT))
         .map_err(|e| e.to_string())?;
     Ok(c)
 }
@@ -136,7 +135,7 @@ const HANG: &str = "no reply within the read timeout";
 
 fn call(c: &mut Conn, log: &mut ClientLog, args: &[Vec<u8>]) -> Result<(u64, u64, Reply), String> {
     let t0 = now_ns();
-    let r = c.cmd(args).map_err(|e| {
+    let r = c.call(args).map_err(|e| {
         let shown: Vec<String> = args
             .iter()
             .map(|a| String::from_utf8_lossy(a).into_owned())
@@ -176,8 +175,8 @@ fn client(sh: &Shared, id: u32, mut rng: Rng) -> ClientLog {
     // Leases left to expire: (grant index, token, when the lease has surely ended).
     let mut abandoned: VecDeque<(usize, Vec<u8>, u64)> = VecDeque::new();
     loop {
-        let r =
-            connect(sh.addr).and_then(|c| session(sh, c, id, &mut rng, &mut log, &mut abandoned));
+        let r = connect_to(sh.addr)
+            .and_then(|c| session(sh, c, id, &mut rng, &mut log, &mut abandoned));
         match r {
             // A call that never got an answer: note it, reconnect, go on (up to a
             // point: past it this client stops, the others go on).
@@ -316,29 +315,19 @@ fn session(
     }
 }
 
-pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        1,
-        "mutex",
-        "Mutual exclusion and fencing (fenced-mutex checker)",
-        "0 violations in >= 1,000,000 acquisitions",
-    );
-    if let Err(e) = run_inner(env, &mut o) {
-        o.fail(e);
-    }
-    o
-}
+pub const TITLE: &str = "Mutual exclusion and fencing (fenced-mutex checker)";
+pub const TARGET: &str = "0 violations in >= 1,000,000 acquisitions";
 
-fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let target = env.n(1_000_000.0, 30_000.0);
     let budget = env.secs(480.0, 45.0);
     let server = env.start("mutex")?;
     let conns: Vec<Conn> = (0..CLIENTS)
-        .map(|_| server.connect().map_err(|e| format!("connect: {e}")))
+        .map(|_| connect(&server))
         .collect::<Result<_, _>>()?;
     for c in &conns {
         // A blocking acquire waits at most 300 ms; leave room for a slow machine.
-        c.set_read_timeout(Duration::from_secs(10))
+        c.try_set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(|e| e.to_string())?;
     }
     let sh = Arc::new(Shared {
@@ -347,7 +336,7 @@ fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
         granted: AtomicU64::new(0),
         target,
         deadline: Instant::now() + budget,
-        addr: server.cfg.addr(),
+        addr: server.socket_addr(),
     });
     let mut rng = Rng::new(env.seed ^ 0x006d_7574_6578);
     let start = Instant::now();
@@ -401,10 +390,7 @@ fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
     }
     let violations = report.total() + unexplained_lost;
     let n = report.grants;
-    let alive = server
-        .connect()
-        .and_then(|mut c| c.cmd(&args!["PING"]))
-        .is_ok();
+    let alive = connect(&server).is_ok_and(|mut c| c.call(&args!["PING"]).is_ok());
     let caught = panics(&server);
 
     o.figure = format!("{} violations in {} acquisitions", violations, thousands(n));

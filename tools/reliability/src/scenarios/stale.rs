@@ -11,12 +11,10 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::args;
-use crate::common::{panics, pct, Env, Outcome};
-use crate::proc::{self, Server, ServerCfg};
-use crate::resp::{Conn, Reply};
+use crate::common::*;
+pub use redis_lock_report::reliability::FENCED_STORE_LUA;
+use redis_lock_testkit::args;
 
-pub const FENCED_STORE_LUA: &str = include_str!("../../../../scripts/reliability/fenced_store.lua");
 /// How long the holder waits between its lease check and its write (the window in
 /// which it is stopped).
 const WINDOW_MS: u64 = 150;
@@ -36,8 +34,8 @@ fn store_write(
     value: &str,
 ) -> Result<bool, String> {
     let r = match mode {
-        Mode::Fenced => c.cmd(&args!["EVALSHA", sha, 1u64, rkey, fence, value]),
-        Mode::Plain => c.cmd(&args!["HSET", rkey, "value", value, "fence", fence]),
+        Mode::Fenced => c.call(&args!["EVALSHA", sha, 1u64, rkey, fence, value]),
+        Mode::Plain => c.call(&args!["HSET", rkey, "value", value, "fence", fence]),
     }
     .map_err(|e| e.to_string())?;
     match (mode, &r) {
@@ -72,18 +70,18 @@ fn holder(a: &[String]) -> Result<(), String> {
         Mode::Plain
     };
     let t = Duration::from_secs(5);
-    let mut lc = Conn::connect(lock, t).map_err(|e| e.to_string())?;
-    let mut sc = Conn::connect(store, t).map_err(|e| e.to_string())?;
+    let mut lc = Conn::open(lock, t).map_err(|e| e.to_string())?;
+    let mut sc = Conn::open(store, t).map_err(|e| e.to_string())?;
     let acquired = Instant::now();
     let r = lc
-        .cmd(&args!["LOCK.ACQUIRE", key, "PX", ttl])
+        .call(&args!["LOCK.ACQUIRE", key, "PX", ttl])
         .map_err(|e| e.to_string())?;
     let (_, fence) = r.grant().ok_or(format!("acquire answered {r:?}"))?;
     let mut out = std::io::stdout();
     let _ = writeln!(out, "GRANTED {fence}");
     // Read-modify-write: read, check the lease, (pause here), write.
     let _ = sc
-        .cmd(&args!["HGET", rkey, "value"])
+        .call(&args!["HGET", rkey, "value"])
         .map_err(|e| e.to_string())?;
     if acquired.elapsed() >= Duration::from_millis(ttl) {
         return Err("lease already over before the pause".into());
@@ -143,8 +141,8 @@ fn trial(
     let rkey = format!("resource:{i}:{mode:?}");
     let child = Command::new(&env.exe)
         .arg("stale-holder")
-        .arg(lock.cfg.addr().to_string())
-        .arg(store.cfg.addr().to_string())
+        .arg(lock.socket_addr().to_string())
+        .arg(store.socket_addr().to_string())
         .args([&key, &rkey, &ttl.to_string()])
         .arg(if mode == Mode::Fenced {
             "fenced"
@@ -168,13 +166,13 @@ fn trial(
     if checked != "CHECKED" {
         return Err(format!("holder said {checked:?}"));
     }
-    proc::signal(pid, libc::SIGSTOP);
+    redis_lock_testkit::signal(pid, libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(2 * ttl));
     // The lease is over: another client takes the lock and writes.
-    let mut lc = lock.connect().map_err(|e| e.to_string())?;
-    let mut sc = store.connect().map_err(|e| e.to_string())?;
+    let mut lc = connect(lock).map_err(|e| e.to_string())?;
+    let mut sc = connect(store).map_err(|e| e.to_string())?;
     let r = lc
-        .cmd(&args!["LOCK.ACQUIRE", &key, "PX", 10_000u64])
+        .call(&args!["LOCK.ACQUIRE", &key, "PX", 10_000u64])
         .map_err(|e| e.to_string())?;
     let (token, fence) = r.grant().ok_or(format!(
         "second client could not acquire after 2x TTL: {r:?}"
@@ -188,7 +186,7 @@ fn trial(
     if !store_write(&mut sc, mode, sha, &rkey, fence, &newer)? {
         return Err("the current holder's write was refused".into());
     }
-    proc::signal(pid, libc::SIGCONT);
+    redis_lock_testkit::signal(pid, libc::SIGCONT);
     let wrote = read_line(&mut out)?;
     let mut parts = wrote.split_whitespace();
     let (tag, verdict, elapsed) = (parts.next(), parts.next(), parts.next());
@@ -198,11 +196,11 @@ fn trial(
     let elapsed: u64 = elapsed.and_then(|e| e.parse().ok()).unwrap_or(0);
     let _ = child.0.wait();
     let value = sc
-        .cmd(&args!["HGET", &rkey, "value"])
+        .call(&args!["HGET", &rkey, "value"])
         .map_err(|e| e.to_string())?
         .as_text()
         .unwrap_or_default();
-    let _ = lc.cmd(&args!["LOCK.RELEASE", &key, &token]);
+    let _ = lc.call(&args!["LOCK.RELEASE", &key, &token]);
     Ok(Trial {
         // The stop must have landed between the check and the write.
         valid: elapsed >= 2 * ttl,
@@ -211,27 +209,15 @@ fn trial(
     })
 }
 
-pub fn run(env: &Env) -> Outcome {
-    let mut o = Outcome::new(
-        4,
-        "stale",
-        "Stale holder (SIGSTOP for 2x TTL, Kleppmann's pause)",
-        "fenced store refuses 100% of stale writes; the unfenced control shows the corruption",
-    );
-    if let Err(e) = run_inner(env, &mut o) {
-        o.fail(e);
-    }
-    o
-}
+pub const TITLE: &str = "Stale holder (SIGSTOP for 2x TTL, Kleppmann's pause)";
+pub const TARGET: &str =
+    "fenced store refuses 100% of stale writes; the unfenced control shows the corruption";
 
-fn run_inner(env: &Env, o: &mut Outcome) -> Result<(), String> {
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let lock = env.start("stale-lock")?;
-    let store_cfg = ServerCfg::new(&env.server_bin, &env.dir("stale-store"), None)
-        .map_err(|e| e.to_string())?;
-    let store = Server::start(store_cfg)?;
-    let sha = store
-        .connect()
-        .and_then(|mut c| c.cmd(&args!["SCRIPT", "LOAD", FENCED_STORE_LUA]))
+    let store = env.plain("stale-store").try_start()?;
+    let sha = connect(&store)?
+        .call(&args!["SCRIPT", "LOAD", FENCED_STORE_LUA])
         .map_err(|e| e.to_string())?
         .as_text()
         .ok_or("SCRIPT LOAD failed")?;

@@ -1,5 +1,5 @@
 //! A small seeded PRNG (xoshiro256**), so that every run prints a seed that drives its
-//! random choices. Thread interleavings still differ between runs.
+//! random choices (thread interleavings still differ between runs).
 
 #[derive(Debug, Clone)]
 pub struct Rng {

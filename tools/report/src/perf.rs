@@ -1,147 +1,276 @@
-//! The perf section of docs/BENCHMARKS.md, written between `<!-- perf:begin -->` and
-//! `<!-- perf:end -->` (the rest of the file belongs to others and is kept as is).
+//! The perf section of docs/BENCHMARKS.md (between `<!-- perf:begin -->` and
+//! `<!-- perf:end -->`), rendered from docs/data/perf.json, which `make bench` writes.
 
 use std::fmt::Write as _;
-use std::fs;
-use std::io;
-use std::path::Path;
 
-use crate::callgrind::{self, Callgrind};
-use crate::config::Config;
-use crate::ops::{Op, EXTEND_LUA, RELEASE_LUA};
-use crate::stats::{median, min_max};
-use crate::throughput::{PairResult, PAIRS, PIPELINES};
-use crate::{Run, ServerResults};
+use serde::{Deserialize, Serialize};
 
-const TITLE: &str = "# Benchmarks";
+use crate::fmt::{ir, rate, verdict, x};
 
-/// Replaces the text between the `name` markers in `doc`, creating the file (with the
-/// perf and contention marker pairs) or the markers when missing.
-pub fn write_section(doc: &Path, name: &str, content: &str) -> io::Result<()> {
-    let mut text = fs::read_to_string(doc).unwrap_or_else(|_| {
+/// The comparisons with a goal, as the benchmark names them.
+pub const ACQUIRE: &str = "ACQUIRE vs SET NX PX";
+pub const RELEASE: &str = "RELEASE vs EVALSHA release";
+pub const EXTEND: &str = "EXTEND vs EVALSHA extend";
+pub const CYCLE: &str = "cycle: ACQUIRE+RELEASE vs SET NX PX+EVALSHA";
+pub const PIPELINES: [usize; 2] = [1, 16];
+
+/// The sizes a run used (the `BENCH_*` settings).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Settings {
+    pub rounds: usize,
+    pub clients: usize,
+    pub ops_p1: u64,
+    pub ops_p16: u64,
+    pub lat_ops: u64,
+    pub mem_locks: u64,
+    pub waiters: u64,
+    pub wait_locks: u64,
+    pub levels: Vec<u64>,
+    pub handoffs: usize,
+    pub expiries: usize,
+    pub cg_ops: u64,
+    pub cg_levels: Vec<u64>,
+    pub rb_rounds: usize,
+    pub expiry_ttl_ms: u64,
+}
+
+impl Settings {
+    /// The settings as `NAME=value` words.
+    pub fn describe(&self) -> String {
+        let list = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
         format!(
-            "{TITLE}\n\n<!-- perf:begin -->\n<!-- perf:end -->\n\n<!-- contention:begin -->\n<!-- contention:end -->\n"
+            "BENCH_ROUNDS={} BENCH_CLIENTS={} BENCH_OPS_P1={} BENCH_OPS_P16={} BENCH_LAT_OPS={} \
+             BENCH_MEM_LOCKS={} BENCH_WAITERS={} BENCH_WAIT_LOCKS={} BENCH_LEVELS={} \
+             BENCH_HANDOFFS={} BENCH_EXPIRIES={} BENCH_CG_OPS={} BENCH_CG_LEVELS={} BENCH_RB_ROUNDS={}",
+            self.rounds,
+            self.clients,
+            self.ops_p1,
+            self.ops_p16,
+            self.lat_ops,
+            self.mem_locks,
+            self.waiters,
+            self.wait_locks,
+            list(&self.levels),
+            self.handoffs,
+            self.expiries,
+            self.cg_ops,
+            list(&self.cg_levels),
+            self.rb_rounds
         )
-    });
-    let begin = format!("<!-- {name}:begin -->");
-    let end = format!("<!-- {name}:end -->");
-    if !text.contains(&begin) || !text.contains(&end) {
-        // Sub-sections of ours left outside (the section is about to be written whole).
-        text = remove_blocks(&text, &format!("<!-- {name}:"));
-        let parent = name.split_once(':').map(|(p, _)| p);
-        let parent_end = parent.map(|p| format!("<!-- {p}:end -->"));
-        match parent_end.as_ref().and_then(|pe| text.find(pe.as_str())) {
-            // A sub-section goes at the end of its parent section...
-            Some(at) => text.insert_str(at, &format!("{begin}\n{end}\n")),
-            // ... or, with no parent yet, inside a new parent at the end of the file.
-            None => {
-                if !text.ends_with('\n') {
-                    text.push('\n');
-                }
-                text.push('\n');
-                match parent {
-                    Some(p) => text.push_str(&format!(
-                        "<!-- {p}:begin -->\n{begin}\n{end}\n<!-- {p}:end -->\n"
-                    )),
-                    None => text.push_str(&format!("{begin}\n{end}\n")),
-                }
+    }
+}
+
+/// One comparison at one pipeline depth: module (A) against the recipe (B), operations
+/// per second (medians over rounds) and the median of the per-round ratios.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PairResult {
+    pub name: String,
+    pub pipeline: usize,
+    pub a: f64,
+    pub b: f64,
+    pub ratio: f64,
+    pub ratio_min: f64,
+    pub ratio_max: f64,
+    pub goal: Option<f64>,
+    /// Commands per counted operation (2 for a cycle).
+    pub a_per_op: f64,
+    pub b_per_op: f64,
+    /// (A, B) of every round, as measured (empty in imported figures).
+    #[serde(default)]
+    pub rounds: Vec<(f64, f64)>,
+}
+
+impl PairResult {
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Throughput {
+    pub pairs: Vec<PairResult>,
+    /// (pipeline, PING commands/s, median)
+    pub ping: Vec<(usize, f64)>,
+}
+
+impl Throughput {
+    pub fn ping_median(&self, pipeline: usize) -> f64 {
+        self.ping
+            .iter()
+            .find(|(p, _)| *p == pipeline)
+            .map_or(f64::NAN, |(_, v)| *v)
+    }
+    pub fn get(&self, name: &str, pipeline: usize) -> Option<&PairResult> {
+        self.pairs
+            .iter()
+            .find(|r| r.name == name && r.pipeline == pipeline)
+    }
+}
+
+/// Latency percentiles of one command, microseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Pcts {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub n: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Latency {
+    pub acquire: Pcts,
+    pub set_nx: Pcts,
+    pub release: Pcts,
+    pub eval_release: Pcts,
+    /// Median over rounds of (module p50 / recipe p50): below 1 means faster.
+    pub acquire_p50_ratio: f64,
+    pub release_p50_ratio: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Memory {
+    pub locks: u64,
+    /// used_memory delta / locks, median over the rounds.
+    pub module_per_lock: f64,
+    pub string_per_lock: f64,
+    /// `MEMORY USAGE` of one key of each kind, for reference.
+    pub usage_module: i64,
+    pub usage_string: i64,
+    pub waiters: Option<WaiterMemory>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct WaiterMemory {
+    pub waiters: u64,
+    pub locks: u64,
+    /// Growth from idle connected clients to the same clients blocked, per waiter.
+    pub per_waiter: f64,
+    /// Growth from no clients to blocked clients, per waiter (connection included).
+    pub per_waiter_with_conn: f64,
+}
+
+/// One level of the scaling curve.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Level {
+    pub held: u64,
+    pub waiters: u64,
+    pub cycle_rate: f64,
+    pub cycle_vs_recipe: f64,
+    pub extend_rate: f64,
+    pub extend_vs_pexpire: f64,
+    /// RELEASE sent -> the waiter has its grant, ms.
+    pub handoff_p50: f64,
+    pub handoff_p99: f64,
+    /// Lease deadline -> the waiter has its grant, ms.
+    pub expiry_p50: f64,
+    pub expiry_p99: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Scaling {
+    pub levels: Vec<Level>,
+}
+
+/// One `redis-benchmark` comparison (medians over rounds).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RbPair {
+    pub name: String,
+    pub pipeline: usize,
+    pub a_cmd: String,
+    pub b_cmd: String,
+    pub a: f64,
+    pub b: f64,
+    pub ratio: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CrossCheck {
+    pub pairs: Vec<RbPair>,
+    /// (pipeline, PING requests/s, median)
+    pub ping: Vec<(usize, f64)>,
+    /// (pipeline, the option part of every command line)
+    pub options: Vec<(usize, String)>,
+}
+
+/// Inclusive instructions per command of one function.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FnCost {
+    pub function: String,
+    pub per_cmd: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Phase {
+    pub name: String,
+    pub per_cmd: f64,
+    /// Self cost of the module's own code per command.
+    pub module_self: f64,
+    /// Inclusive cost of the module's functions and the server API calls they make.
+    pub inclusive: Vec<FnCost>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct CgLevel {
+    pub held: u64,
+    pub waiters: u64,
+    pub cycle: f64,
+    pub extend: f64,
+    pub cycle_exec: f64,
+    pub extend_exec: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Callgrind {
+    pub date: String,
+    pub server: String,
+    pub ops: u64,
+    pub phases: Vec<Phase>,
+    pub levels: Vec<CgLevel>,
+    /// The "before" column: (note, rows) from bench/callgrind-baseline.tsv at the time.
+    pub baseline: Option<(String, Vec<(String, f64)>)>,
+}
+
+/// Everything measured on one server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServerResults {
+    pub throughput: Option<Throughput>,
+    pub latency: Option<Latency>,
+    /// "Redis 7.0.15"
+    pub label: String,
+    pub memory: Option<Memory>,
+    pub scaling: Option<Scaling>,
+    pub crosscheck: Option<CrossCheck>,
+}
+
+/// docs/data/perf.json: one `make bench` run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PerfRun {
+    pub date: String,
+    pub minutes: f64,
+    pub machine: String,
+    pub load_start: String,
+    pub load_end: String,
+    pub settings: Settings,
+    /// The commands compared, as a user would type them (module, recipe, ...).
+    pub commands: Vec<String>,
+    pub release_lua: String,
+    pub extend_lua: String,
+    pub servers: Vec<ServerResults>,
+    pub callgrind: Option<Callgrind>,
+}
+
+/// The comparisons that have a goal, in the order measured: (name, goal).
+fn goal_pairs(run: &PerfRun) -> Vec<(String, f64)> {
+    let mut v: Vec<(String, f64)> = Vec::new();
+    let pairs = run.servers.iter().filter_map(|s| s.throughput.as_ref());
+    for p in pairs.flat_map(|t| &t.pairs) {
+        if let Some(g) = p.goal {
+            if !v.iter().any(|(n, _)| *n == p.name) {
+                v.push((p.name.clone(), g));
             }
         }
     }
-    let (Some(b), Some(e)) = (text.find(&begin), text.find(&end)) else {
-        return Err(io::Error::other("markers vanished"));
-    };
-    if e < b {
-        return Err(io::Error::other(format!(
-            "{}: '{end}' comes before '{begin}'",
-            doc.display()
-        )));
-    }
-    let mut out = String::with_capacity(text.len() + content.len());
-    out.push_str(&text[..b + begin.len()]);
-    out.push('\n');
-    out.push_str(content.trim_end());
-    out.push('\n');
-    out.push_str(&text[e..]);
-    if let Some(dir) = doc.parent() {
-        fs::create_dir_all(dir)?;
-    }
-    fs::write(doc, out)
-}
-
-/// Removes every `<!-- {prefix}X:begin --> ... <!-- {prefix}X:end -->` block.
-fn remove_blocks(text: &str, prefix: &str) -> String {
-    let mut out = text.to_string();
-    while let Some(b) = out
-        .find(prefix)
-        .filter(|&b| out[b..].contains(":begin -->"))
-    {
-        let Some(tag_end) = out[b..].find("-->").map(|i| b + i + 3) else {
-            break;
-        };
-        let tag = &out[b..tag_end];
-        if !tag.ends_with(":begin -->") {
-            break;
-        }
-        let closing = tag.replace(":begin -->", ":end -->");
-        let Some(e) = out[tag_end..]
-            .find(&closing)
-            .map(|i| tag_end + i + closing.len())
-        else {
-            break;
-        };
-        let e = if out[e..].starts_with('\n') { e + 1 } else { e };
-        out.replace_range(b..e, "");
-    }
-    out
-}
-
-fn rate(v: f64) -> String {
-    if !v.is_finite() {
-        "–".into()
-    } else if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
-}
-
-fn x(r: f64) -> String {
-    if r.is_finite() {
-        format!("{r:.2}×")
-    } else {
-        "–".into()
-    }
-}
-
-fn ir(v: f64) -> String {
-    if !v.is_finite() {
-        return "–".into();
-    }
-    let n = v.round() as i64;
-    let s = n.abs().to_string();
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    if n < 0 {
-        format!("-{out}")
-    } else {
-        out
-    }
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "**missed**"
-    }
+    v
 }
 
 fn pair<'a>(s: &'a ServerResults, name: &str, p: usize) -> Option<&'a PairResult> {
@@ -186,12 +315,12 @@ pub fn flatness(s: &ServerResults) -> Option<Flat> {
 }
 
 /// The README-sized summary of the headline ratios.
-pub fn headline(run: &Run) -> String {
+pub fn headline(run: &PerfRun) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
         "Headline ratios (median of {} alternating rounds, 50 clients, pipeline 1 / 16; {}):",
-        run.cfg.rounds, run.date
+        run.settings.rounds, run.date
     );
     for s in &run.servers {
         let r = |n: &str| {
@@ -214,16 +343,16 @@ pub fn headline(run: &Run) -> String {
             o,
             "- {}: ACQUIRE {} of SET NX PX; RELEASE {} of EVALSHA; cycle {} of the recipe; memory {} of a string lock; scaling {flat}.",
             s.label,
-            r(PAIRS[0].name),
-            r(PAIRS[1].name),
-            r(PAIRS[3].name),
+            r(ACQUIRE),
+            r(RELEASE),
+            r(CYCLE),
             mem
         );
     }
     o
 }
 
-fn goals_table(o: &mut String, run: &Run) {
+fn goals_table(o: &mut String, run: &PerfRun) {
     let _ = write!(o, "| goal |");
     for s in &run.servers {
         let _ = write!(o, " {} |", s.label);
@@ -233,12 +362,11 @@ fn goals_table(o: &mut String, run: &Run) {
         let _ = write!(o, "---|");
     }
     o.push('\n');
-    for pr in PAIRS.iter().filter(|p| p.goal.is_some()) {
-        let goal = pr.goal.unwrap_or(0.0);
-        let _ = write!(o, "| {} ≥ {goal}× (pipeline 1 / 16) |", pr.name);
+    for (name, goal) in goal_pairs(run) {
+        let _ = write!(o, "| {name} ≥ {goal}× (pipeline 1 / 16) |");
         for s in &run.servers {
-            let a = pair(s, pr.name, 1).map_or(f64::NAN, PairResult::ratio);
-            let b = pair(s, pr.name, 16).map_or(f64::NAN, PairResult::ratio);
+            let a = pair(s, &name, 1).map_or(f64::NAN, PairResult::ratio);
+            let b = pair(s, &name, 16).map_or(f64::NAN, PairResult::ratio);
             let _ = write!(
                 o,
                 " {} / {} {} |",
@@ -286,8 +414,8 @@ fn goals_table(o: &mut String, run: &Run) {
     o.push('\n');
 }
 
-fn throughput_section(o: &mut String, run: &Run) {
-    let cfg = &run.cfg;
+fn throughput_section(o: &mut String, run: &PerfRun) {
+    let cfg = &run.settings;
     let _ = writeln!(
         o,
         "### 1. Throughput\n\n{} clients; each run sends {} commands unpipelined or {} with pipeline 16 \
@@ -308,22 +436,22 @@ fn throughput_section(o: &mut String, run: &Run) {
             o,
             "| comparison | pipeline | module | recipe | ratio (range) | goal | ceiling: PING / recipe | module / PING |\n|---|---|---|---|---|---|---|---|"
         );
-        for &p in &PIPELINES {
+        for p in PIPELINES {
             let ping = t.ping_median(p);
             for r in t.pairs.iter().filter(|r| r.pipeline == p) {
-                let (lo, hi) = min_max(&r.ratios);
-                let goal = r.pair.goal.map_or("–".into(), |g| {
+                let (lo, hi) = (r.ratio_min, r.ratio_max);
+                let goal = r.goal.map_or("–".into(), |g| {
                     format!("≥ {g}× {}", verdict(r.ratio() >= g))
                 });
                 // A cycle is two commands: compare commands per second with PING.
-                let per_cmd = median(&r.a) * r.pair.a.commands_per_op() as f64;
-                let recipe_cmd = median(&r.b) * r.pair.b.commands_per_op() as f64;
+                let per_cmd = r.a * r.a_per_op;
+                let recipe_cmd = r.b * r.b_per_op;
                 let _ = writeln!(
                     o,
                     "| {} | {p} | {} | {} | {} ({:.2}–{:.2}) | {goal} | {} | {:.0}% |",
-                    r.pair.name,
-                    rate(median(&r.a)),
-                    rate(median(&r.b)),
+                    r.name,
+                    rate(r.a),
+                    rate(r.b),
                     x(r.ratio()),
                     lo,
                     hi,
@@ -341,26 +469,21 @@ fn throughput_section(o: &mut String, run: &Run) {
     }
     let _ = writeln!(
         o,
-        "Commands sent (`k` is `bench:lock:<client>:<n>`, the token is 36 bytes):\n\n```\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\nPING\n\nrelease.lua: {RELEASE_LUA}\nextend.lua:  {EXTEND_LUA}\n```\n",
-        Op::Acquire.shown(),
-        Op::SetNx.shown(),
-        Op::Release.shown(),
-        Op::EvalRelease.shown(),
-        Op::Extend.shown(),
-        Op::EvalExtend.shown(),
-        Op::CycleModule.shown(),
-        Op::CycleRecipe.shown()
+        "Commands sent (`k` is `bench:lock:<client>:<n>`, the token is 36 bytes):\n\n```\n{}\nPING\n\nrelease.lua: {}\nextend.lua:  {}\n```\n",
+        run.commands.join("\n"),
+        run.release_lua,
+        run.extend_lua
     );
 }
 
-fn latency_section(o: &mut String, run: &Run) {
+fn latency_section(o: &mut String, run: &PerfRun) {
     let _ = writeln!(
         o,
         "### 2. Latency\n\nOne client, one command at a time, timed with a monotonic clock around \
          send-and-read: ACQUIRE then RELEASE of a fresh key, against SET NX PX then EVALSHA release; \
          {} pairs per side per round, {} rounds alternated (ABBA). Microseconds; the ratio is the \
          median over rounds of module p50 / recipe p50 (below 1 is faster).\n",
-        run.cfg.lat_ops, run.cfg.rounds
+        run.settings.lat_ops, run.settings.rounds
     );
     let _ = writeln!(
         o,
@@ -401,7 +524,7 @@ fn latency_section(o: &mut String, run: &Run) {
     o.push('\n');
 }
 
-fn memory_section(o: &mut String, run: &Run) {
+fn memory_section(o: &mut String, run: &PerfRun) {
     let _ = writeln!(
         o,
         "### 3. Memory\n\n`used_memory` growth over {} locks acquired pipelined (4 connections, \
@@ -413,7 +536,7 @@ fn memory_section(o: &mut String, run: &Run) {
          module and the server's blocked-client bookkeeping add), \"with connection\" also counts the \
          client connection itself. Each state is read after 4 s, so the server's client cron has \
          shrunk idle buffers.\n",
-        run.cfg.mem_locks, run.cfg.waiters, run.cfg.wait_locks
+        run.settings.mem_locks, run.settings.waiters, run.settings.wait_locks
     );
     let _ = writeln!(
         o,
@@ -442,7 +565,7 @@ fn memory_section(o: &mut String, run: &Run) {
     o.push('\n');
 }
 
-fn scaling_section(o: &mut String, run: &Run) {
+fn scaling_section(o: &mut String, run: &PerfRun) {
     let _ = writeln!(
         o,
         "### 4. Scaling\n\nModule locks (lease 1 h) are added up to each level. At each level, \
@@ -458,13 +581,13 @@ fn scaling_section(o: &mut String, run: &Run) {
          hand-off median stays under 1 ms and the expiry median under 3 ms (timers have 1 ms \
          resolution) at every level. The instruction counts per level (table 5) \
          show the same without the noise.\n",
-        run.cfg.rounds.max(1),
-        run.cfg.ops_p16 / 2,
-        run.cfg.handoffs,
-        run.cfg.expiries,
-        crate::scaling::EXPIRY_TTL_MS,
-        run.cfg.waiters,
-        run.cfg.wait_locks
+        run.settings.rounds.max(1),
+        run.settings.ops_p16 / 2,
+        run.settings.handoffs,
+        run.settings.expiries,
+        run.settings.expiry_ttl_ms,
+        run.settings.waiters,
+        run.settings.wait_locks
     );
     let _ = writeln!(
         o,
@@ -505,10 +628,10 @@ fn phase_value(cg: &Callgrind, name: &str) -> f64 {
 }
 
 /// The callgrind table (also written alone by `make bench-callgrind`).
-pub fn callgrind_block(cg: &Callgrind, cfg: &Config, date: &str) -> String {
+pub fn callgrind_block(cg: &Callgrind) -> String {
     let mut o = String::new();
-    let baseline = callgrind::read_baseline(&cfg.baseline);
-    let ping = cg.get(Op::Ping);
+    let (date, baseline) = (&cg.date, &cg.baseline);
+    let ping = phase_value(cg, "PING");
     let _ = writeln!(
         o,
         "Measured {date} on {} under `valgrind --tool=callgrind` (`make bench-callgrind`): {} \
@@ -529,7 +652,7 @@ pub fn callgrind_block(cg: &Callgrind, cfg: &Config, date: &str) -> String {
     for p in &cg.phases {
         let before = baseline
             .as_ref()
-            .and_then(|(_, rows)| rows.iter().find(|(n, _)| n == p.name).map(|(_, v)| *v));
+            .and_then(|(_, rows)| rows.iter().find(|(n, _)| *n == p.name).map(|(_, v)| *v));
         let (b, change) = match before {
             Some(b) => (ir(b), format!("{:+.1}%", (p.per_cmd / b - 1.0) * 100.0)),
             None => ("–".into(), "–".into()),
@@ -632,7 +755,7 @@ pub fn callgrind_block(cg: &Callgrind, cfg: &Config, date: &str) -> String {
     o
 }
 
-fn crosscheck_section(o: &mut String, run: &Run) {
+fn crosscheck_section(o: &mut String, run: &PerfRun) {
     let any = run.servers.iter().any(|s| s.crosscheck.is_some());
     if !any {
         return;
@@ -645,7 +768,7 @@ fn crosscheck_section(o: &mut String, run: &Run) {
          on 100,000 keys `ek:000000000000…` all held beforehand with the right token. RELEASE and \
          the cycle need one fresh held key per command, which `redis-benchmark` cannot arrange; see \
          the table above. Median of {} rounds, alternated.\n",
-        run.cfg.rb_rounds
+        run.settings.rb_rounds
     );
     let _ = writeln!(
         o,
@@ -659,16 +782,16 @@ fn crosscheck_section(o: &mut String, run: &Run) {
                 .ping
                 .iter()
                 .find(|(pl, _)| *pl == p.pipeline)
-                .map_or(f64::NAN, |(_, v)| median(v));
+                .map_or(f64::NAN, |(_, v)| *v);
             let _ = writeln!(
                 o,
                 "| {} | {} | {} | {} | {} | {} | {} |",
                 s.label,
                 p.name,
                 p.pipeline,
-                rate(median(&p.a)),
-                rate(median(&p.b)),
-                x(p.ratio()),
+                rate(p.a),
+                rate(p.b),
+                x(p.ratio),
                 rate(ping)
             );
         }
@@ -703,17 +826,16 @@ fn crosscheck_section(o: &mut String, run: &Run) {
 }
 
 /// Gaps against the goals, and what the profile says about them.
-fn gaps_section(o: &mut String, run: &Run) {
+fn gaps_section(o: &mut String, run: &PerfRun) {
     let mut lines = vec![];
     for s in &run.servers {
-        for pr in PAIRS.iter().filter(|p| p.goal.is_some()) {
-            let goal = pr.goal.unwrap_or(0.0);
-            for &p in &PIPELINES {
-                if let Some(r) = pair(s, pr.name, p) {
+        for (name, goal) in goal_pairs(run) {
+            for p in PIPELINES {
+                if let Some(r) = pair(s, &name, p) {
                     if r.ratio() < goal {
                         // No command can beat PING: PING / recipe bounds the ratio.
                         let ping = s.throughput.as_ref().map_or(f64::NAN, |t| t.ping_median(p));
-                        let ceiling = ping / (median(&r.b) * r.pair.b.commands_per_op() as f64);
+                        let ceiling = ping / (r.b * r.b_per_op);
                         let bound = if ceiling < goal {
                             format!(
                                 " Out of reach here: even PING runs only {} as fast as the recipe at this depth (round trips and syscalls dominate).",
@@ -725,7 +847,7 @@ fn gaps_section(o: &mut String, run: &Run) {
                         lines.push(format!(
                             "- {}: {} at pipeline {p} is {} (goal {goal}×): {:.0}% short.{bound}",
                             s.label,
-                            pr.name,
+                            name,
                             x(r.ratio()),
                             (1.0 - r.ratio() / goal) * 100.0
                         ));
@@ -869,9 +991,9 @@ fn why_from_profile(o: &mut String, cg: &Callgrind) {
     o.push('\n');
 }
 
-pub fn perf_section(run: &Run) -> String {
+pub fn perf_section(run: &PerfRun) -> String {
     let mut o = String::new();
-    let cfg = &run.cfg;
+    let cfg = &run.settings;
     let _ = writeln!(
         o,
         "## Performance: redis-lock against the recipe it replaces\n\n\
@@ -895,7 +1017,7 @@ pub fn perf_section(run: &Run) -> String {
     let _ = writeln!(o, "### 5. Instructions per command (callgrind)\n");
     let _ = writeln!(o, "<!-- perf:callgrind:begin -->");
     match &run.callgrind {
-        Some(cg) => o.push_str(&callgrind_block(cg, cfg, &run.date)),
+        Some(cg) => o.push_str(&callgrind_block(cg)),
         None => o.push_str("Not run (`make bench-callgrind`).\n"),
     }
     let _ = writeln!(o, "<!-- perf:callgrind:end -->\n");
@@ -917,69 +1039,4 @@ pub fn perf_section(run: &Run) -> String {
             .join(", ")
     );
     o
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sections_are_replaced_in_place() {
-        let dir = std::env::temp_dir().join(format!("bench-report-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let doc = dir.join("B.md");
-        let _ = fs::remove_file(&doc);
-        write_section(&doc, "perf", "one").unwrap();
-        let t = fs::read_to_string(&doc).unwrap();
-        assert!(t.contains("<!-- perf:begin -->\none\n<!-- perf:end -->"));
-        assert!(t.contains("<!-- contention:begin -->\n<!-- contention:end -->"));
-        // Someone else's section survives ours being rewritten.
-        let t = t.replace(
-            "<!-- contention:begin -->\n",
-            "<!-- contention:begin -->\ntheirs\n",
-        );
-        fs::write(&doc, t).unwrap();
-        write_section(
-            &doc,
-            "perf",
-            "two\n<!-- perf:callgrind:begin -->\nx\n<!-- perf:callgrind:end -->",
-        )
-        .unwrap();
-        write_section(&doc, "perf:callgrind", "y").unwrap();
-        let t = fs::read_to_string(&doc).unwrap();
-        assert!(t.contains(
-            "two\n<!-- perf:callgrind:begin -->\ny\n<!-- perf:callgrind:end -->\n<!-- perf:end -->"
-        ));
-        assert!(t.contains("<!-- contention:begin -->\ntheirs\n<!-- contention:end -->"));
-        assert!(!t.contains("one"));
-        // A sub-section written before its parent lands inside a new parent block, and
-        // writing the parent later leaves no stray copy behind.
-        let doc2 = dir.join("C.md");
-        fs::write(
-            &doc2,
-            "# B\n\n<!-- contention:begin -->\nc\n<!-- contention:end -->\n",
-        )
-        .unwrap();
-        write_section(&doc2, "perf:callgrind", "cg").unwrap();
-        let t = fs::read_to_string(&doc2).unwrap();
-        assert!(t.contains("<!-- perf:begin -->\n<!-- perf:callgrind:begin -->\ncg\n<!-- perf:callgrind:end -->\n<!-- perf:end -->"));
-        write_section(
-            &doc2,
-            "perf",
-            "P\n<!-- perf:callgrind:begin -->\ncg2\n<!-- perf:callgrind:end -->",
-        )
-        .unwrap();
-        let t = fs::read_to_string(&doc2).unwrap();
-        assert_eq!(t.matches("perf:callgrind:begin").count(), 1);
-        assert!(t.contains("cg2") && !t.contains("cg\n") && t.contains("\nc\n"));
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn numbers_format() {
-        assert_eq!(ir(1234567.4), "1,234,567");
-        assert_eq!(ir(999.0), "999");
-        assert_eq!(rate(153_400.0), "153.4k");
-        assert_eq!(x(0.954), "0.95×");
-    }
 }

@@ -1,16 +1,19 @@
-//! The Markdown section written into docs/BENCHMARKS.md between this tool's markers,
-//! and the splice that replaces only that section. Pure: unit-tested.
+//! The contention section of docs/BENCHMARKS.md (between `<!-- contention:begin -->`
+//! and `<!-- contention:end -->`) and docs/contention.png, rendered from
+//! docs/data/contention.json, which `make bench-contention` writes.
 
 use std::fmt::Write as _;
+use std::path::Path;
 
-use crate::methods::{Method, ALL, SIGNAL_EXPIRE_MS};
-use crate::run::CellResult;
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
 
-pub const BEGIN: &str = "<!-- contention:begin -->";
-pub const END: &str = "<!-- contention:end -->";
+use crate::chart::{decades, FONT};
+use crate::fmt::scaled;
+use crate::Error;
 
 /// Facts about the run printed above the tables.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunInfo {
     pub date_utc: String,
     pub command: String,
@@ -18,55 +21,87 @@ pub struct RunInfo {
     pub machine: String,
     pub secs_per_cell: f64,
     pub wall_secs: f64,
+    /// python-redis-lock's `signal_expire`, as the (c) method used it.
+    pub signal_expire_ms: u64,
 }
 
-/// Replaces what lies between [`BEGIN`] and [`END`] in `doc` (markers kept), or appends
-/// a new marked section when the markers are missing. Everything else is untouched.
-pub fn splice(doc: &str, section: &str) -> Result<String, String> {
-    let body = format!("{BEGIN}\n{}\n{END}", section.trim_end());
-    match (doc.find(BEGIN), doc.find(END)) {
-        (Some(b), Some(e)) if b < e => Ok(format!("{}{body}{}", &doc[..b], &doc[e + END.len()..])),
-        (None, None) => {
-            let mut out = doc.trim_end().to_string();
-            if !out.is_empty() {
-                out.push_str("\n\n");
-            }
-            out.push_str(&body);
-            out.push('\n');
-            Ok(out)
+/// The figures reported for one (method, N, c) cell (see tools/contention/src/stats.rs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub acquisitions: u64,
+    pub elapsed_s: f64,
+    pub per_second: f64,
+    pub handoff_p50_us: f64,
+    pub handoff_p99_us: f64,
+    pub handoffs: u64,
+    pub same_client_again: f64,
+    pub commands_per_acquisition: f64,
+    pub max_wait_ms: f64,
+    pub wait_p99_ms: f64,
+    pub hold_mean_ms: f64,
+    pub hold_max_ms: f64,
+    pub jain: f64,
+    pub overlaps: u64,
+    pub gave_up: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Cell {
+    /// `module`, `poll100`, `jitter`, `blpop`.
+    pub method: String,
+    pub label: String,
+    pub n: usize,
+    pub hold_ms: u64,
+    pub summary: Summary,
+    /// Calls of the clients' commands from INFO commandstats, and the clients' own count.
+    pub server_commands: u64,
+    pub client_commands: u64,
+    /// Cores kept busy by other processes during the cell.
+    pub other_cores: Option<f64>,
+}
+
+/// docs/data/contention.json: one `make bench-contention` run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ContentionRun {
+    pub info: RunInfo,
+    pub cells: Vec<Cell>,
+}
+
+/// The methods in the order the run measured them.
+fn methods(cells: &[Cell]) -> Vec<&str> {
+    let mut v: Vec<&str> = Vec::new();
+    for c in cells {
+        if !v.contains(&c.method.as_str()) {
+            v.push(&c.method);
         }
-        _ => Err(format!(
-            "docs/BENCHMARKS.md has a broken {BEGIN} / {END} pair; fix it by hand"
-        )),
     }
+    v
 }
 
 fn us(v: f64) -> String {
-    if v >= 10_000.0 {
-        format!("{:.1} ms", v / 1000.0)
-    } else if v >= 1000.0 {
-        format!("{:.2} ms", v / 1000.0)
-    } else {
-        format!("{v:.0} µs")
-    }
+    scaled(
+        v,
+        &[
+            (1e4, 1e3, 1, " ms"),
+            (1e3, 1e3, 2, " ms"),
+            (f64::MIN, 1.0, 0, " µs"),
+        ],
+    )
 }
 
 fn ms(v: f64) -> String {
-    if v >= 1000.0 {
-        format!("{:.2} s", v / 1000.0)
-    } else if v >= 10.0 {
-        format!("{v:.0} ms")
-    } else {
-        format!("{v:.1} ms")
-    }
+    scaled(
+        v,
+        &[
+            (1e3, 1e3, 2, " s"),
+            (10.0, 1.0, 0, " ms"),
+            (f64::MIN, 1.0, 1, " ms"),
+        ],
+    )
 }
 
-fn rate(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.1}")
-    }
+fn per_sec(v: f64) -> String {
+    scaled(v, &[(100.0, 1.0, 0, ""), (f64::MIN, 1.0, 1, "")])
 }
 
 /// A hand-off percentile, marked when it rests on few samples.
@@ -78,13 +113,13 @@ fn handoff(samples: u64, v: f64) -> String {
     }
 }
 
-fn table(out: &mut String, cells: &[CellResult], hold_ms: u64) {
+fn table(out: &mut String, cells: &[Cell], hold_ms: u64) {
     let _ = writeln!(
         out,
         "| method | N | critical sections/s | hand-off p50 | hand-off p99 | same client again | commands/acq. | wait p99 | longest wait | N × c | Jain | other load |"
     );
     let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
-    for m in ALL {
+    for m in methods(cells) {
         for c in cells
             .iter()
             .filter(|c| c.method == m && c.hold_ms == hold_ms)
@@ -100,9 +135,9 @@ fn table(out: &mut String, cells: &[CellResult], hold_ms: u64) {
             let _ = writeln!(
                 out,
                 "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {}{} | {} ms | {:.3} | {} |",
-                m.label(),
+                c.label,
                 c.n,
-                rate(s.per_second),
+                per_sec(s.per_second),
                 handoff(s.handoffs, s.handoff_p50_us),
                 handoff(s.handoffs, s.handoff_p99_us),
                 if c.n > 1 {
@@ -124,11 +159,8 @@ fn table(out: &mut String, cells: &[CellResult], hold_ms: u64) {
 }
 
 /// The goals of the issue, checked against the module's cells.
-fn goals(out: &mut String, cells: &[CellResult]) {
-    let module: Vec<&CellResult> = cells
-        .iter()
-        .filter(|c| c.method == Method::Module)
-        .collect();
+fn goals(out: &mut String, cells: &[Cell]) {
+    let module: Vec<&Cell> = cells.iter().filter(|c| c.method == "module").collect();
     if module.is_empty() {
         return;
     }
@@ -166,8 +198,8 @@ fn goals(out: &mut String, cells: &[CellResult]) {
     );
     // FIFO's bound: every client ahead holds once before you, plus one hand-off each,
     // the overhead budgeted at the p99 goal (1 ms).
-    let bound = |c: &CellResult| c.n as f64 * (c.hold_ms as f64 + 1.0);
-    let over: Vec<&&CellResult> = module
+    let bound = |c: &Cell| c.n as f64 * (c.hold_ms as f64 + 1.0);
+    let over: Vec<&&Cell> = module
         .iter()
         .filter(|c| c.summary.max_wait_ms > bound(c))
         .collect();
@@ -213,7 +245,7 @@ fn goals(out: &mut String, cells: &[CellResult]) {
     );
 }
 
-pub fn section(info: &RunInfo, cells: &[CellResult]) -> String {
+pub fn section(info: &RunInfo, cells: &[Cell]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -254,7 +286,8 @@ pub fn section(info: &RunInfo, cells: &[CellResult]) -> String {
     );
     let _ = writeln!(
         out,
-        "- **(c)** python-redis-lock: `SET k token NX EX 10`; if busy `BLPOP lock-signal:k 10` and retry the `SET`; release with its script (if the token matches: `DEL` signal, `LPUSH` signal 1, `PEXPIRE` signal {SIGNAL_EXPIRE_MS}, `DEL` lock).\n"
+        "- **(c)** python-redis-lock: `SET k token NX EX 10`; if busy `BLPOP lock-signal:k 10` and retry the `SET`; release with its script (if the token matches: `DEL` signal, `LPUSH` signal 1, `PEXPIRE` signal {}, `DEL` lock).\n",
+        info.signal_expire_ms
     );
     let _ = writeln!(
         out,
@@ -301,135 +334,139 @@ pub fn section(info: &RunInfo, cells: &[CellResult]) -> String {
     out
 }
 
-/// `YYYY-MM-DD HH:MM UTC` for a unix time in seconds (proleptic Gregorian).
-pub fn utc_date(unix_s: u64) -> String {
-    let days = (unix_s / 86_400) as i64;
-    let secs = unix_s % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        secs / 3600,
-        (secs % 3600) / 60
-    )
-}
+/// docs/contention.png: hand-off latency p99 (top) and throughput (bottom) against N,
+/// one panel per critical-section length, one line per method.
+pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
+    crate::chart::register_fonts()?;
+    let cells = &run.cells;
+    let subtitle = format!(
+        "{}, {} s per cell, loopback; {}",
+        run.info.server, run.info.secs_per_cell, run.info.date_utc
+    );
+    let mut holds: Vec<u64> = cells.iter().map(|c| c.hold_ms).collect();
+    holds.sort_unstable();
+    holds.dedup();
+    let cols = holds.len().max(1);
+    let root = BitMapBackend::new(path, (700 * cols as u32, 1000)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (title, body) = root.split_vertically(70);
+    title.draw(&Text::new(
+        "Lock contention: N clients, one lock, each holds it c ms",
+        (20, 10),
+        (FONT, 28).into_font().color(&BLACK),
+    ))?;
+    title.draw(&Text::new(
+        subtitle,
+        (20, 44),
+        (FONT, 17).into_font().color(&RGBColor(80, 80, 80)),
+    ))?;
+    let panels = body.split_evenly((2, cols));
+    let max_n = cells.iter().map(|c| c.n).max().unwrap_or(64).max(2) as f64;
+    let x_max = max_n.log2();
+    // In ms. Latency can be 0 (grant reply before the release reply): plot it at 1 µs.
+    let lat = |c: &Cell| c.summary.handoff_p99_us.max(1.0) / 1000.0;
+    let thr = |c: &Cell| c.summary.per_second.max(0.1);
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn splice_replaces_only_its_own_section() {
-        let doc = "# Benchmarks\n\n<!-- perf:begin -->\nperf stuff\n<!-- perf:end -->\n\n\
-                   <!-- contention:begin -->\nold\n<!-- contention:end -->\n\ntail\n";
-        let out = splice(doc, "new table\n").unwrap();
-        assert_eq!(
-            out,
-            "# Benchmarks\n\n<!-- perf:begin -->\nperf stuff\n<!-- perf:end -->\n\n\
-             <!-- contention:begin -->\nnew table\n<!-- contention:end -->\n\ntail\n"
-        );
-        // Idempotent.
-        assert_eq!(splice(&out, "new table").unwrap(), out);
-    }
-
-    #[test]
-    fn splice_appends_when_the_markers_are_missing() {
-        let out = splice(
-            "# Benchmarks\n\n<!-- perf:begin -->\nx\n<!-- perf:end -->\n",
-            "t",
-        )
-        .unwrap();
-        assert!(out.starts_with("# Benchmarks\n\n<!-- perf:begin -->\nx\n<!-- perf:end -->\n\n"));
-        assert!(out.ends_with("<!-- contention:begin -->\nt\n<!-- contention:end -->\n"));
-        assert_eq!(
-            splice("", "t").unwrap(),
-            "<!-- contention:begin -->\nt\n<!-- contention:end -->\n"
-        );
-    }
-
-    #[test]
-    fn splice_refuses_a_broken_pair() {
-        assert!(splice("<!-- contention:begin -->\nno end\n", "t").is_err());
-        assert!(splice("<!-- contention:end -->\n<!-- contention:begin -->\n", "t").is_err());
-    }
-
-    fn cell(method: Method, n: usize, hold_ms: u64, max_wait_ms: f64) -> CellResult {
-        CellResult {
-            method,
-            n,
-            hold_ms,
-            summary: crate::stats::Summary {
-                acquisitions: 100,
-                elapsed_s: 1.0,
-                per_second: 100.0,
-                handoff_p50_us: 0.0,
-                handoff_p99_us: 25.0,
-                handoffs: 99,
-                same_client_again: 0.0,
-                commands_per_acquisition: 2.0,
-                max_wait_ms,
-                wait_p99_ms: 1.0,
-                hold_mean_ms: 1.1,
-                hold_max_ms: 4.0,
-                jain: 1.0,
-                overlaps: 0,
-                gave_up: 0,
-            },
-            server_commands: 200,
-            client_commands: 200,
-            other_cores: Some(0.5),
+    for (row, metric) in [
+        ("hand-off latency p99 (ms, log)", 0),
+        ("critical sections / s (log)", 1),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let value = |c: &Cell| if metric.1 == 0 { lat(c) } else { thr(c) };
+        let (y_lo, y_hi) = decades(cells.iter().map(value));
+        for (col, &hold) in holds.iter().enumerate() {
+            let area = &panels[row * cols + col];
+            let mut chart = ChartBuilder::on(area)
+                .caption(
+                    format!("{} — c = {hold} ms", metric.0),
+                    (FONT, 21).into_font(),
+                )
+                .margin(18)
+                .x_label_area_size(45)
+                .y_label_area_size(80)
+                .build_cartesian_2d(-0.25f64..x_max + 0.25, (y_lo..y_hi).log_scale())?;
+            chart
+                .configure_mesh()
+                .x_desc("clients N (log₂)")
+                .x_labels(x_max as usize + 1)
+                .x_label_formatter(&|x| format!("{}", 2f64.powf(*x).round()))
+                .y_label_formatter(&|y| {
+                    if *y >= 1000.0 {
+                        format!("{:.0}k", y / 1000.0)
+                    } else if *y >= 1.0 {
+                        format!("{y:.0}")
+                    } else {
+                        // 0.001, 0.01, 0.1 without float noise.
+                        let digits = (-y.log10().floor()) as usize;
+                        format!("{y:.digits$}")
+                    }
+                })
+                .label_style((FONT, 16).into_font())
+                .axis_desc_style((FONT, 16).into_font())
+                .light_line_style(RGBColor(235, 235, 235))
+                .draw()?;
+            if metric.1 == 0 {
+                // The module's goal: p99 <= 1 ms.
+                let goal = RGBColor(200, 30, 30);
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        [(-0.25, 1.0), (x_max + 0.25, 1.0)],
+                        8,
+                        6,
+                        goal.stroke_width(2),
+                    ))?
+                    .label("goal for the module: p99 ≤ 1 ms")
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], goal.stroke_width(2))
+                    });
+            }
+            for m in methods(cells) {
+                let mut pts: Vec<(f64, f64)> = cells
+                    .iter()
+                    .filter(|c| c.method == m && c.hold_ms == hold)
+                    .map(|c| ((c.n as f64).log2(), value(c)))
+                    .collect();
+                if pts.is_empty() {
+                    continue;
+                }
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let col_m = color(m);
+                let label = cells.iter().find(|c| c.method == m).map_or(m, |c| &c.label);
+                chart
+                    .draw_series(LineSeries::new(pts.clone(), col_m.stroke_width(3)))?
+                    .label(label)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], col_m.stroke_width(3))
+                    });
+                chart.draw_series(
+                    pts.iter()
+                        .map(|&(x, y)| Circle::new((x, y), 5, col_m.filled())),
+                )?;
+            }
+            chart
+                .configure_series_labels()
+                .position(if metric.1 == 0 {
+                    SeriesLabelPosition::UpperLeft
+                } else {
+                    SeriesLabelPosition::LowerLeft
+                })
+                .background_style(WHITE.mix(0.85))
+                .border_style(RGBColor(200, 200, 200))
+                .label_font((FONT, 15).into_font())
+                .draw()?;
         }
     }
+    root.present()?;
+    Ok(())
+}
 
-    #[test]
-    fn goals_name_the_cells_over_the_fifo_bound() {
-        let cells = [
-            cell(Method::Module, 8, 1, 10.0),
-            cell(Method::Module, 2, 1, 30.0),
-            cell(Method::Poll100, 8, 1, 3000.0),
-        ];
-        let mut out = String::new();
-        goals(&mut out, &cells);
-        assert!(
-            out.contains("Hand-off p99 ≤ 1 ms at every N: **met**"),
-            "{out}"
-        );
-        assert!(
-            out.contains("Exactly 2 commands per acquisition: **met**"),
-            "{out}"
-        );
-        assert!(out.contains("**not met** (within it in 1 of 2 cells); over it: N = 2, c = 1 ms: longest 30 ms against 4.0 ms"), "{out}");
-        assert!(
-            !out.contains("3.00 s"),
-            "baselines are not goal cells: {out}"
-        );
-        let doc = section(
-            &RunInfo {
-                date_utc: "2026-01-01 00:00 UTC".into(),
-                command: "make bench-contention".into(),
-                server: "Redis 7.0.15".into(),
-                machine: "test".into(),
-                secs_per_cell: 3.0,
-                wall_secs: 10.0,
-            },
-            &cells,
-        );
-        assert!(doc.contains("### Critical section c = 1 ms"));
-        assert!(!doc.contains(BEGIN) && !doc.contains(END));
-    }
-
-    #[test]
-    fn dates_are_utc_civil_dates() {
-        assert_eq!(utc_date(0), "1970-01-01 00:00 UTC");
-        assert_eq!(utc_date(951_782_400), "2000-02-29 00:00 UTC");
-        assert_eq!(utc_date(1_700_000_000), "2023-11-14 22:13 UTC");
+fn color(method: &str) -> RGBColor {
+    match method {
+        "module" => RGBColor(0, 114, 178),
+        "poll100" => RGBColor(213, 94, 0),
+        "jitter" => RGBColor(0, 158, 115),
+        _ => RGBColor(204, 121, 167),
     }
 }

@@ -1,40 +1,81 @@
-//! Renders docs/RELIABILITY.md from the outcomes of one run.
+//! docs/RELIABILITY.md, rendered from docs/data/reliability.json, which
+//! `make reliability` writes. Every scenario reports one [`Outcome`].
 
 use std::fmt::Write as _;
-use std::process::Command;
 
-use crate::common::{Env, Outcome, Status};
+use serde::{Deserialize, Serialize};
 
-/// `YYYY-MM-DD HH:MM` (UTC) of a unix time in ms.
-pub fn utc(ms: i64) -> (String, String) {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    (
-        format!("{y:04}-{m:02}-{d:02}"),
-        format!("{:02}:{:02}", sod / 3600, (sod % 3600) / 60),
-    )
+/// The store side of fencing, printed in the stale-holder section.
+pub const FENCED_STORE_LUA: &str = include_str!("../../../scripts/reliability/fenced_store.lua");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Status {
+    Pass,
+    Fail(String),
+    NotRun(String),
 }
 
-fn sh(cmd: &str, args: &[&str]) -> String {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
+/// What one scenario measured: a row of the table and the lines of its section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Outcome {
+    pub id: u32,
+    pub key: String,
+    pub title: String,
+    pub target: String,
+    pub figure: String,
+    pub trials: String,
+    pub status: Status,
+    pub notes: Vec<String>,
+    pub secs: f64,
+}
+
+impl Outcome {
+    pub fn new(id: u32, key: &str, title: &str, target: &str) -> Outcome {
+        Outcome {
+            id,
+            key: key.to_string(),
+            title: title.to_string(),
+            target: target.to_string(),
+            figure: String::new(),
+            trials: String::new(),
+            status: Status::Pass,
+            notes: Vec::new(),
+            secs: 0.0,
+        }
+    }
+
+    /// Marks a missed target (keeps the first reason, adds the others to the notes).
+    pub fn fail(&mut self, why: impl Into<String>) {
+        let why = why.into();
+        match &self.status {
+            Status::Pass => self.status = Status::Fail(why),
+            _ => self.notes.push(format!("Also failed: {why}")),
+        }
+    }
+
+    pub fn note(&mut self, line: impl Into<String>) {
+        self.notes.push(line.into());
+    }
+}
+
+/// docs/data/reliability.json: one `make reliability` run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReliabilityRun {
+    pub date: String,
+    pub time: String,
+    pub short: bool,
+    pub scale: f64,
+    pub seed: u64,
+    pub minutes: f64,
+    pub server_path: String,
+    /// `Redis server v=7.0.15`
+    pub server_version: String,
+    pub commit: String,
+    pub dirty: bool,
+    pub cpus: usize,
+    pub kernel: String,
+    pub fs: String,
+    pub outcomes: Vec<Outcome>,
 }
 
 fn cell(s: &str) -> String {
@@ -58,47 +99,18 @@ $ redis-cli -p 6380 HGETALL report:42
 ```
 "#;
 
-pub fn reproduce(env: &Env, key: &str) -> String {
-    if env.short {
+pub fn reproduce(run: &ReliabilityRun, key: &str) -> String {
+    if run.short {
         format!("`make reliability-short` (or `target/release/redis-lock-reliability run --short --only {key}`)")
     } else {
-        format!("`make reliability ONLY={key} SCALE={}`", env.scale)
+        format!("`make reliability ONLY={key} SCALE={}`", run.scale)
     }
 }
 
-pub fn render(env: &Env, outcomes: &[Outcome], started: i64) -> String {
-    let (date, time) = utc(started);
-    let minutes = (crate::common::unix_ms() - started) as f64 / 60_000.0;
-    let server = sh(&env.server_bin.to_string_lossy(), &["--version"]);
-    let commit = sh(
-        "git",
-        &[
-            "-C",
-            &env.repo.to_string_lossy(),
-            "rev-parse",
-            "--short",
-            "HEAD",
-        ],
-    );
-    let dirty = !sh(
-        "git",
-        &[
-            "-C",
-            &env.repo.to_string_lossy(),
-            "status",
-            "--porcelain",
-            "--",
-            "src",
-        ],
-    )
-    .is_empty();
-    let kernel = sh("uname", &["-r"]);
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let fs = sh("df", &["--output=fstype", &env.work.to_string_lossy()])
-        .lines()
-        .last()
-        .unwrap_or("")
-        .to_string();
+/// docs/RELIABILITY.md.
+pub fn render(run: &ReliabilityRun) -> String {
+    let outcomes = &run.outcomes;
+    let (date, time) = (&run.date, &run.time);
     let passed = outcomes.iter().filter(|o| o.status == Status::Pass).count();
 
     let mut s = String::new();
@@ -106,22 +118,26 @@ pub fn render(env: &Env, outcomes: &[Outcome], started: i64) -> String {
     let _ = writeln!(
         s,
         "Generated by `make reliability` ({}) on {date} {time} UTC; do not edit by hand. \
-         Scale {}, seed {}, {passed} of {} properties met, run time {minutes:.1} min.\n",
-        if env.short { "short run" } else { "full run" },
-        env.scale,
-        env.seed,
-        outcomes.len()
+         Scale {}, seed {}, {passed} of {} properties met, run time {:.1} min.\n",
+        if run.short { "short run" } else { "full run" },
+        run.scale,
+        run.seed,
+        outcomes.len(),
+        run.minutes
     );
     let _ = writeln!(
         s,
-        "Server: `{}` ({}). Module: commit {}{}, `target/release/libredis_lock.so`. Machine: {cpus} cores, Linux {kernel}, \
-         server data on {fs}. Every figure comes from real server processes with the module loaded, driven by \
+        "Server: `{}` ({}). Module: commit {}{}, `target/release/libredis_lock.so`. Machine: {} cores, Linux {}, \
+         server data on {}. Every figure comes from real server processes with the module loaded, driven by \
          `tools/reliability` (crate `redis-lock-reliability`); the faults are real: SIGKILL, SIGSTOP, nft packet drops \
          in a network namespace of the run's own, a shifted wall clock, malformed input, valgrind.\n",
-        env.server_bin.display(),
-        server.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
-        if commit.is_empty() { "unknown" } else { &commit },
-        if dirty { " with uncommitted changes in src/" } else { "" }
+        run.server_path,
+        run.server_version,
+        if run.commit.is_empty() { "unknown" } else { &run.commit },
+        if run.dirty { " with uncommitted changes in src/" } else { "" },
+        run.cpus,
+        run.kernel,
+        run.fs
     );
     let _ = writeln!(
         s,
@@ -138,12 +154,12 @@ pub fn render(env: &Env, outcomes: &[Outcome], started: i64) -> String {
             s,
             "| {} | {} | {} | {} | {} | {} | {} | {date} |",
             o.id,
-            cell(o.title),
+            cell(&o.title),
             cell(&o.target),
             cell(&o.figure),
             cell(&o.trials),
             cell(&result),
-            reproduce(env, o.key)
+            reproduce(run, &o.key)
         );
     }
     let _ = writeln!(
@@ -196,11 +212,7 @@ pub fn render(env: &Env, outcomes: &[Outcome], started: i64) -> String {
                 "The lock hands out fences; only the system you write to can refuse a stale one. For data kept in \
                  Redis, this script (`scripts/reliability/fenced_store.lua`) is the whole store side:\n"
             );
-            let _ = writeln!(
-                s,
-                "```lua\n{}```\n",
-                crate::scenarios::stale::FENCED_STORE_LUA
-            );
+            let _ = writeln!(s, "```lua\n{}```\n", FENCED_STORE_LUA);
             let _ = writeln!(s, "{EXAMPLE}");
             let _ = writeln!(
                 s,
@@ -221,17 +233,4 @@ pub fn render(env: &Env, outcomes: &[Outcome], started: i64) -> String {
         }
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn civil_dates() {
-        assert_eq!(super::utc(0).0, "1970-01-01");
-        assert_eq!(super::utc(951_782_400_000).0, "2000-02-29");
-        assert_eq!(
-            super::utc(1_795_992_284_000),
-            ("2026-11-29".into(), "22:44".into())
-        );
-    }
 }

@@ -1,0 +1,789 @@
+//! Throw-away servers: one launcher for every server binary, restartable on the same
+//! port and directory, optionally inside a network namespace, under a wrapper
+//! (valgrind) or with extra environment (an `LD_PRELOAD` shim); and the topologies built
+//! from it: a primary with a replica, and a cluster.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use crate::resp::RawConn;
+use crate::{info_field, module_path, server_bin, temp_dir, wait_until};
+use crate::{CLUSTER_TIMEOUT, IO_TIMEOUT, START_TIMEOUT};
+
+const LOG_TAIL_LINES: usize = 60;
+const PORT_RETRIES: usize = 5;
+
+/// The last `n` lines of a file ("" when it does not exist); reads at most 256 KiB.
+pub fn file_tail(path: &Path, n: usize) -> String {
+    let Ok(mut f) = File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(256 * 1024)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A TCP connection to `addr`, opened from inside network namespace `netns` when given
+/// (a short-lived thread enters the namespace; the socket stays in it).
+pub fn connect_in(
+    netns: Option<&str>,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let Some(ns) = netns else {
+        return TcpStream::connect_timeout(&addr, timeout);
+    };
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || -> io::Result<TcpStream> {
+        let f = File::open(&path)?;
+        // SAFETY: setns on a namespace fd we just opened; it only affects this thread.
+        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        TcpStream::connect_timeout(&addr, timeout)
+    })
+    .join()
+    .map_err(|_| io::Error::other("connect thread panicked"))?
+}
+
+/// Builder for a throw-away server. Defaults: fresh temp dir, free port on 127.0.0.1,
+/// module loaded, no persistence (`--save "" --appendonly no`), debug commands enabled.
+#[derive(Debug, Clone)]
+pub struct ServerBuilder {
+    bin: Option<PathBuf>,
+    module: Option<Option<PathBuf>>,
+    module_args: Vec<String>,
+    args: Vec<(String, Vec<String>)>,
+    dir: Option<PathBuf>,
+    port: Option<u16>,
+    host: Ipv4Addr,
+    netns: Option<String>,
+    wrapper: Vec<String>,
+    env: Vec<(String, String)>,
+    die_with_parent: bool,
+    start_timeout: Duration,
+}
+
+impl Default for ServerBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ServerBuilder {
+    pub fn new() -> Self {
+        ServerBuilder {
+            bin: None,
+            module: Some(None),
+            module_args: Vec::new(),
+            args: Vec::new(),
+            dir: None,
+            port: None,
+            host: Ipv4Addr::LOCALHOST,
+            netns: None,
+            wrapper: Vec::new(),
+            env: Vec::new(),
+            die_with_parent: false,
+            start_timeout: START_TIMEOUT,
+        }
+    }
+
+    /// Module arguments, appended after the `.so` on `--loadmodule`.
+    pub fn module_args(mut self, args: &[&str]) -> Self {
+        self.module_args.extend(args.iter().map(|s| s.to_string()));
+        self
+    }
+
+    /// An extra `--k v` server option (after the defaults, so it overrides them).
+    pub fn arg(self, k: &str, v: &str) -> Self {
+        self.arg_multi(k, &[v])
+    }
+
+    /// An extra server option with several values (`--save 3600 1 300 100`), or none.
+    pub fn arg_multi(mut self, k: &str, vs: &[&str]) -> Self {
+        let vs = vs.iter().map(|s| s.to_string()).collect();
+        self.args.push((k.trim_start_matches('-').to_string(), vs));
+        self
+    }
+
+    /// Reuse a data directory (restart tests). The server does not remove a directory it
+    /// was given; the [`Server`] that created it (or the caller) owns it.
+    pub fn dir(mut self, dir: PathBuf) -> Self {
+        self.dir = Some(dir);
+        self
+    }
+
+    /// A fixed port (e.g. restart on the same port). No retry on "Address already in use".
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
+    }
+
+    /// Start without the module.
+    pub fn no_module(mut self) -> Self {
+        self.module = None;
+        self
+    }
+
+    /// Load this module file instead of [`module_path()`].
+    pub fn module(mut self, so: &Path) -> Self {
+        self.module = Some(Some(so.to_path_buf()));
+        self
+    }
+
+    /// Use another server binary than [`server_bin()`].
+    pub fn bin(mut self, bin: PathBuf) -> Self {
+        self.bin = Some(bin);
+        self
+    }
+
+    /// Listen on this address (inside a namespace: 127.0.0.2, ...).
+    pub fn host(mut self, host: Ipv4Addr) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// Run inside network namespace `name` (`ip netns exec`; see [`crate::net::Netns`]).
+    pub fn netns(mut self, name: &str) -> Self {
+        self.netns = Some(name.to_string());
+        self
+    }
+
+    /// Run under a wrapper command (`valgrind --tool=...`).
+    pub fn wrapper(mut self, argv: &[String]) -> Self {
+        self.wrapper = argv.to_vec();
+        self
+    }
+
+    /// An environment variable for the server (`LD_PRELOAD`, ...).
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.to_string(), v.to_string()));
+        self
+    }
+
+    /// The kernel kills the server when the thread that started it ends (a benchmark
+    /// killed with Ctrl-C leaves nothing behind). Only for single-threaded callers.
+    pub fn die_with_parent(mut self) -> Self {
+        self.die_with_parent = true;
+        self
+    }
+
+    /// How long to wait for the server to come up (default 10 s).
+    pub fn start_timeout(mut self, t: Duration) -> Self {
+        self.start_timeout = t;
+        self
+    }
+
+    /// Starts the server and waits until it answers PING and is not loading.
+    /// Panics with the tail of its log when it does not come up.
+    pub fn start(self) -> Server {
+        self.start_inner(true)
+            .unwrap_or_else(|e| panic!("server failed to start:\n{e}"))
+    }
+
+    /// Like [`start`](Self::start), but returns `Err(log tail)` instead of panicking.
+    pub fn try_start(self) -> Result<Server, String> {
+        self.start_inner(false)
+    }
+
+    fn start_inner(self, keep_dir_on_failure: bool) -> Result<Server, String> {
+        let module = match &self.module {
+            None => None,
+            Some(Some(p)) => Some(p.clone()),
+            Some(None) => Some(module_path()),
+        };
+        let (dir, owns_dir) = match &self.dir {
+            Some(d) => {
+                fs::create_dir_all(d).map_err(|e| format!("create {}: {e}", d.display()))?;
+                (d.canonicalize().unwrap_or_else(|_| d.clone()), false)
+            }
+            None => (temp_dir(), true),
+        };
+        let attempts = if self.port.is_some() { 1 } else { PORT_RETRIES };
+        let mut last_err = String::new();
+        for _ in 0..attempts {
+            let port = self.port.unwrap_or_else(crate::free_port);
+            let mut server = Server {
+                port,
+                host: self.host,
+                dir: dir.clone(),
+                bin: self.bin.clone().unwrap_or_else(server_bin),
+                argv: self.argv(port, &dir, module.as_deref()),
+                netns: self.netns.clone(),
+                wrapper: self.wrapper.clone(),
+                env: self.env.clone(),
+                die_with_parent: self.die_with_parent,
+                child: None,
+                owns_dir: false,
+                start_timeout: self.start_timeout,
+            };
+            match server.launch() {
+                Ok(()) => {
+                    server.owns_dir = owns_dir;
+                    return Ok(server);
+                }
+                Err(e) => {
+                    let in_use = e.contains("Address already in use");
+                    last_err = e;
+                    if !in_use {
+                        break;
+                    }
+                    // Start the next attempt with clean logs.
+                    let _ = fs::remove_file(dir.join("server.log"));
+                    let _ = fs::remove_file(dir.join("stdout.log"));
+                }
+            }
+        }
+        let kept = if owns_dir && !keep_dir_on_failure && !keep_dirs() {
+            let _ = fs::remove_dir_all(&dir);
+            String::new()
+        } else {
+            format!(" (dir {} kept)", dir.display())
+        };
+        Err(format!("server did not start{kept}\n{last_err}"))
+    }
+
+    fn argv(&self, port: u16, dir: &Path, module: Option<&Path>) -> Vec<String> {
+        let mut a: Vec<String> = Vec::new();
+        let mut opt = |k: &str, vs: &[String]| {
+            a.push(format!("--{k}"));
+            a.extend(vs.iter().cloned());
+        };
+        let one = |v: &str| vec![v.to_string()];
+        opt("bind", &one(&self.host.to_string()));
+        opt("port", &one(&port.to_string()));
+        opt("dir", &one(&dir.to_string_lossy()));
+        opt("logfile", &one(&dir.join("server.log").to_string_lossy()));
+        for (k, v) in [("save", ""), ("appendonly", "no"), ("daemonize", "no")] {
+            opt(k, &one(v));
+        }
+        opt("protected-mode", &one("no"));
+        opt("enable-debug-command", &one("yes"));
+        for (k, vs) in &self.args {
+            opt(k, vs);
+        }
+        if let Some(m) = module {
+            let mut vs = vec![m.to_string_lossy().into_owned()];
+            vs.extend(self.module_args.iter().cloned());
+            opt("loadmodule", &vs);
+        }
+        a
+    }
+}
+
+/// A running (or stopped, restartable) server process. Dropping it kills the process and
+/// removes its directory if it created it (kept, and its path printed, after a panic).
+#[derive(Debug)]
+pub struct Server {
+    pub port: u16,
+    pub host: Ipv4Addr,
+    pub dir: PathBuf,
+    bin: PathBuf,
+    argv: Vec<String>,
+    netns: Option<String>,
+    wrapper: Vec<String>,
+    env: Vec<(String, String)>,
+    die_with_parent: bool,
+    child: Option<Child>,
+    owns_dir: bool,
+    start_timeout: Duration,
+}
+
+impl Server {
+    /// `redis://host:port/`
+    pub fn url(&self) -> String {
+        format!("redis://{}:{}/", self.host, self.port)
+    }
+
+    /// `host:port`
+    pub fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.host, self.port))
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("redis::Client::open")
+    }
+
+    /// A new `redis` connection with 10 s connect/read/write timeouts (not in a netns).
+    pub fn conn(&self) -> redis::Connection {
+        let c = self
+            .client()
+            .get_connection_with_timeout(IO_TIMEOUT)
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.addr()));
+        c.set_read_timeout(Some(IO_TIMEOUT)).expect("read timeout");
+        c.set_write_timeout(Some(IO_TIMEOUT))
+            .expect("write timeout");
+        c
+    }
+
+    /// A [`RawConn`] (from inside the server's network namespace, if any).
+    pub fn try_raw(&self, timeout: Duration) -> io::Result<RawConn> {
+        let s = connect_in(self.netns.as_deref(), self.socket_addr(), timeout)?;
+        RawConn::from_stream(s, timeout)
+    }
+
+    /// [`try_raw`](Self::try_raw) with [`IO_TIMEOUT`]; panics on failure.
+    pub fn raw(&self) -> RawConn {
+        self.try_raw(IO_TIMEOUT)
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.addr()))
+    }
+
+    /// The process id, `None` when the server is not running.
+    pub fn try_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The process id. Panics when the server is not running.
+    pub fn pid(&self) -> u32 {
+        self.try_pid().expect("server is not running")
+    }
+
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("server.log")
+    }
+
+    /// The whole log file (all runs of this server, restarts included).
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Last lines of the log file and of the captured stdout/stderr.
+    pub fn log_tail(&self) -> String {
+        let mut s = format!(
+            "--- {} (last {LOG_TAIL_LINES} lines) ---\n{}",
+            self.log_path().display(),
+            file_tail(&self.log_path(), LOG_TAIL_LINES)
+        );
+        let out = file_tail(&self.dir.join("stdout.log"), 20);
+        if !out.trim().is_empty() {
+            s.push_str("\n--- stdout/stderr ---\n");
+            s.push_str(&out);
+        }
+        s
+    }
+
+    /// SIGKILL the process and wait for it.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits up to `t` for the process to exit by itself (after SHUTDOWN).
+    pub fn wait_exit(&mut self, t: Duration) -> bool {
+        let exited = match self.child.as_mut() {
+            Some(c) => wait_child(c, t),
+            None => true,
+        };
+        if exited {
+            self.child = None;
+        }
+        exited
+    }
+
+    /// Graceful stop: `SHUTDOWN NOSAVE`, then SIGTERM, then SIGKILL (10 s each at most).
+    pub fn stop(&mut self) {
+        let Some(pid) = self.try_pid() else { return };
+        if let Ok(mut c) = self.try_raw(Duration::from_secs(2)) {
+            // The reply is normally a closed connection.
+            let _ = c.call(&["SHUTDOWN", "NOSAVE"]);
+        }
+        if self.wait_exit(Duration::from_secs(10)) {
+            return;
+        }
+        crate::signal(pid, libc::SIGTERM);
+        if !self.wait_exit(Duration::from_secs(10)) {
+            self.kill9();
+        }
+    }
+
+    /// Starts the server again: same binary, port, dir and arguments. Kills it first if it
+    /// is still running. Panics with the log tail when it does not come up.
+    pub fn restart(&mut self) {
+        if let Err(e) = self.try_restart() {
+            panic!("server failed to restart:\n{e}");
+        }
+    }
+
+    /// Like [`restart`](Self::restart) but returns `Err(log tail)`.
+    pub fn try_restart(&mut self) -> Result<(), String> {
+        self.kill9();
+        // The port was ours a moment ago; something else may hold it for a short while.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.launch() {
+                Err(e) if e.contains("Address already in use") && Instant::now() < deadline => {
+                    sleep(Duration::from_millis(200));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Spawns the process and waits until it is ready; on failure the process is gone and
+    /// the error holds the log tail.
+    fn launch(&mut self) -> Result<(), String> {
+        assert!(self.child.is_none(), "server already running");
+        let out = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("stdout.log"))
+            .map_err(|e| format!("open stdout.log: {e}"))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let mut argv: Vec<String> = Vec::new();
+        if let Some(ns) = &self.netns {
+            argv.extend(["ip", "netns", "exec", ns].map(String::from));
+        }
+        argv.extend(self.wrapper.iter().cloned());
+        argv.push(self.bin.to_string_lossy().into_owned());
+        argv.extend(self.argv.iter().cloned());
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        if self.die_with_parent {
+            // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd.spawn().map_err(|e| format!("spawn {}: {e}", argv[0]))?;
+        self.child = Some(child);
+        self.wait_ready(self.start_timeout).map_err(|why| {
+            self.kill9();
+            let shown: Vec<String> = argv
+                .iter()
+                .map(|a| {
+                    if a.is_empty() {
+                        "\"\"".into()
+                    } else {
+                        a.clone()
+                    }
+                })
+                .collect();
+            format!(
+                "{} on port {}: {why}\ncommand: {}\n{}",
+                self.bin.display(),
+                self.port,
+                shown.join(" "),
+                self.log_tail()
+            )
+        })
+    }
+
+    /// Waits until PING answers PONG and `INFO persistence` no longer says `loading:1`.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.as_mut().map(Child::try_wait) {
+                None => return Err("server is not running".into()),
+                Some(Ok(Some(status))) => return Err(format!("server exited early ({status})")),
+                Some(Err(e)) => return Err(format!("try_wait: {e}")),
+                Some(Ok(None)) => {}
+            }
+            let last = match self.probe() {
+                Ok(true) => return Ok(()),
+                Ok(false) => "still loading".to_string(),
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(format!("not ready within {timeout:?} (last: {last})"));
+            }
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn probe(&self) -> io::Result<bool> {
+        let mut c = self.try_raw(Duration::from_millis(500))?;
+        c.try_set_read_timeout(Some(Duration::from_secs(2)))?;
+        let pong = c.call(&["PING"])?;
+        if pong.as_text().as_deref() != Some("PONG") {
+            return Err(io::Error::other(format!("PING answered {pong:?}")));
+        }
+        Ok(self_loading(&mut c)? != Some("1".into()))
+    }
+
+    /// The value of one `INFO <section>` field, `None` when absent or unreachable.
+    pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
+        let mut c = self.try_raw(IO_TIMEOUT).ok()?;
+        let text = c.call(&["INFO", section]).ok()?.as_text()?;
+        info_field(&text, field)
+    }
+
+    /// Waits until this replica's link to its primary is up and no sync is running.
+    pub fn wait_synced(&self, timeout: Duration) -> Result<(), String> {
+        let synced = wait_until(timeout, || {
+            self.info_field("replication", "master_link_status")
+                .as_deref()
+                == Some("up")
+                && self
+                    .info_field("replication", "master_sync_in_progress")
+                    .as_deref()
+                    == Some("0")
+        });
+        synced
+            .then_some(())
+            .ok_or_else(|| format!("replica never synced\n{}", self.log_tail()))
+    }
+}
+
+fn self_loading(c: &mut RawConn) -> io::Result<Option<String>> {
+    let info = c.call(&["INFO", "persistence"])?;
+    Ok(info.as_text().and_then(|t| info_field(&t, "loading")))
+}
+
+fn wait_child(child: &mut Child, timeout: Duration) -> bool {
+    wait_until(timeout, || !matches!(child.try_wait(), Ok(None)))
+}
+
+fn keep_dirs() -> bool {
+    std::env::var_os("LOCK_KEEP_DIRS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() || keep_dirs() {
+            eprintln!(
+                "[testkit] kept server dir {} (port {}, log {})",
+                self.dir.display(),
+                self.port,
+                self.log_path().display()
+            );
+        } else if self.owns_dir {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A primary and one replica of it, both started from builders.
+#[derive(Debug)]
+pub struct ReplicaPair {
+    pub primary: Server,
+    pub replica: Server,
+}
+
+impl ReplicaPair {
+    /// Two servers with the module, the second a synced replica of the first.
+    pub fn start() -> ReplicaPair {
+        Self::try_start_with(ServerBuilder::new(), ServerBuilder::new())
+            .unwrap_or_else(|e| panic!("replica pair: {e}"))
+    }
+
+    /// Starts `primary`, then `replica` with `replicaof` pointing at it, and waits for
+    /// the first full sync.
+    pub fn try_start_with(
+        primary: ServerBuilder,
+        replica: ServerBuilder,
+    ) -> Result<ReplicaPair, String> {
+        let primary = primary.try_start()?;
+        let (host, port) = (primary.host.to_string(), primary.port.to_string());
+        let replica = replica
+            .arg_multi("replicaof", &[&host, &port])
+            .try_start()?;
+        replica.wait_synced(Duration::from_secs(20))?;
+        Ok(ReplicaPair { primary, replica })
+    }
+}
+
+/// A cluster of `masters` primaries (no replicas), every node started by the kit.
+#[derive(Debug)]
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+}
+
+impl Cluster {
+    /// Starts `masters` nodes with the module loaded and joins them into one cluster.
+    pub fn start(masters: usize) -> Cluster {
+        Self::start_with(masters, |b| b)
+    }
+
+    /// Like [`start`](Self::start); `configure` adjusts each node's builder.
+    pub fn start_with(
+        masters: usize,
+        configure: impl Fn(ServerBuilder) -> ServerBuilder,
+    ) -> Cluster {
+        Self::try_start_with(masters, configure).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    pub fn try_start_with(
+        masters: usize,
+        configure: impl Fn(ServerBuilder) -> ServerBuilder,
+    ) -> Result<Cluster, String> {
+        if masters == 0 {
+            return Err("a cluster needs at least one master".into());
+        }
+        let nodes = (0..masters)
+            .map(|_| {
+                configure(ServerBuilder::new())
+                    .arg("cluster-enabled", "yes")
+                    .arg("cluster-config-file", "nodes.conf")
+                    .arg("cluster-node-timeout", "5000")
+                    .try_start()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let cluster = Cluster { nodes };
+        if masters >= 3 {
+            cluster.create_with_redis_cli()?;
+        } else {
+            // redis-cli --cluster create wants at least 3 masters: assign slots by hand.
+            cluster.create_by_hand()?;
+        }
+        if !cluster.wait_ok(CLUSTER_TIMEOUT) {
+            return Err(format!(
+                "cluster did not reach cluster_state:ok within {CLUSTER_TIMEOUT:?}\n{}",
+                cluster.describe()
+            ));
+        }
+        Ok(cluster)
+    }
+
+    fn create_with_redis_cli(&self) -> Result<(), String> {
+        let cli = crate::redis_cli_bin();
+        let log = self.nodes[0].dir.join("cluster-create.log");
+        let out = File::create(&log).map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let mut child = Command::new(&cli)
+            .args(["--cluster", "create"])
+            .args(self.nodes.iter().map(Server::addr))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("spawn {} --cluster create: {e}", cli.display()))?;
+        if !wait_child(&mut child, CLUSTER_TIMEOUT) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "redis-cli --cluster create timed out\n{}",
+                file_tail(&log, 40)
+            ));
+        }
+        match child.wait() {
+            Ok(s) if s.success() => Ok(()),
+            s => Err(format!(
+                "redis-cli --cluster create failed ({s:?})\n{}\n{}",
+                file_tail(&log, 40),
+                self.describe()
+            )),
+        }
+    }
+
+    fn create_by_hand(&self) -> Result<(), String> {
+        let n = self.nodes.len();
+        let check = |r: io::Result<crate::Resp>, what: String| match r {
+            Ok(r) if !r.is_error() => Ok(()),
+            r => Err(format!("{what}: {r:?}")),
+        };
+        for (i, node) in self.nodes.iter().enumerate() {
+            let mut cmd = vec!["CLUSTER".to_string(), "ADDSLOTS".to_string()];
+            cmd.extend((i * 16384 / n..(i + 1) * 16384 / n).map(|s| s.to_string()));
+            check(
+                node.raw().call(&cmd),
+                format!("CLUSTER ADDSLOTS on {}", node.addr()),
+            )?;
+        }
+        let mut c0 = self.nodes[0].raw();
+        for node in &self.nodes[1..] {
+            let port = node.port.to_string();
+            check(
+                c0.call(&["CLUSTER", "MEET", "127.0.0.1", &port]),
+                format!("CLUSTER MEET {}", node.addr()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every node reports `cluster_state:ok` and knows every other node.
+    pub fn wait_ok(&self, timeout: Duration) -> bool {
+        let n = self.nodes.len().to_string();
+        wait_until(timeout, || {
+            self.nodes.iter().all(|node| {
+                let info = cluster_info(node);
+                info_field(&info, "cluster_state").as_deref() == Some("ok")
+                    && info_field(&info, "cluster_known_nodes").as_deref() == Some(n.as_str())
+            })
+        })
+    }
+
+    /// `CLUSTER INFO` and the log tail of every node, for failure messages.
+    pub fn describe(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("== {}\n{}\n{}", n.addr(), cluster_info(n), n.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// A cluster client seeded with every node, 10 s connect and response timeouts.
+    pub fn cluster_client(&self) -> redis::cluster::ClusterClient {
+        redis::cluster::ClusterClientBuilder::new(
+            self.nodes.iter().map(Server::url).collect::<Vec<_>>(),
+        )
+        .connection_timeout(IO_TIMEOUT)
+        .response_timeout(IO_TIMEOUT)
+        .build()
+        .expect("build cluster client")
+    }
+
+    /// The node serving `key`'s hash slot (asked with `CLUSTER SLOTS`).
+    pub fn node_for_key(&self, key: &str) -> &Server {
+        let slot = i64::from(key_slot(key.as_bytes()));
+        let slots = self.nodes[0].raw().cmd(&["CLUSTER", "SLOTS"]);
+        for range in slots.items() {
+            if let [lo, hi, master, ..] = range.items().as_slice() {
+                let port = master.as_items().and_then(|m| m.get(1)?.as_int());
+                if (lo.int()..=hi.int()).contains(&slot) {
+                    if let Some(n) = self.nodes.iter().find(|n| Some(i64::from(n.port)) == port) {
+                        return n;
+                    }
+                }
+            }
+        }
+        panic!("no node serves slot {slot} of key {key:?}")
+    }
+}
+
+fn cluster_info(node: &Server) -> String {
+    node.try_raw(Duration::from_secs(2))
+        .and_then(|mut c| c.call(&["CLUSTER", "INFO"]))
+        .ok()
+        .and_then(|r| r.as_text())
+        .unwrap_or_default()
+}
+
+/// The cluster hash slot of a key (CRC16 mod 16384, honouring `{hash tags}`), from the
+/// `redis` crate's own routing code.
+pub fn key_slot(key: &[u8]) -> u16 {
+    redis::cluster_routing::get_slot(key)
+}

@@ -1,0 +1,68 @@
+//! The kit against real servers: the typed lock helpers, a replica pair, a restart, and
+//! the raw-bytes mode (needs the module built: `cargo build --release`).
+
+use std::time::Duration;
+
+use redis_lock_testkit::lock::{self, lock_stat};
+use redis_lock_testkit::{args, wait_until, ReplicaPair, Resp, ServerBuilder};
+
+#[test]
+fn typed_helpers_follow_a_lock_through_its_life() {
+    let server = ServerBuilder::new().start();
+    let mut c = server.raw();
+    let g = lock::acquire(&mut c, "kit:a", &["PX", "10000", "OWNER", "me"])
+        .unwrap()
+        .expect("free");
+    assert!(
+        lock::acquire(&mut c, "kit:a", &["PX", "10000"])
+            .unwrap()
+            .is_none(),
+        "held"
+    );
+    let info = lock::info(&mut c, "kit:a").unwrap().expect("held");
+    assert_eq!(
+        (info.fence, info.owner.as_deref()),
+        (Some(g.fence), Some("me"))
+    );
+    assert!(info.ttl.is_some_and(|t| t > 9000 && t <= 10000), "{info:?}");
+    assert!(!lock::extend(&mut c, "kit:a", b"other", 5000).unwrap());
+    assert!(lock::extend(&mut c, "kit:a", &g.token, 5000).unwrap());
+    assert!(lock::release(&mut c, "kit:a", &g.token).unwrap());
+    assert_eq!(lock::info(&mut c, "kit:a").unwrap(), None);
+    assert_eq!(lock_stat(&mut c, "released"), 1);
+}
+
+#[test]
+fn a_replica_pair_replicates_and_a_restart_keeps_the_port() {
+    let mut pair = ReplicaPair::start();
+    let mut p = pair.primary.raw();
+    let g = lock::acquire(&mut p, "kit:r", &["PX", "60000"])
+        .unwrap()
+        .expect("free");
+    let mut r = pair.replica.raw();
+    assert!(wait_until(Duration::from_secs(5), || {
+        lock::info(&mut r, "kit:r").unwrap().and_then(|i| i.fence) == Some(g.fence)
+    }));
+    let port = pair.replica.port;
+    pair.replica.restart();
+    assert_eq!(pair.replica.port, port);
+    pair.replica.wait_synced(Duration::from_secs(20)).unwrap();
+}
+
+#[test]
+fn raw_bytes_reach_the_server_as_they_are() {
+    let server = ServerBuilder::new().no_module().start();
+    let mut c = server.raw();
+    c.queue_raw(b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n");
+    c.flush().unwrap();
+    assert_eq!(c.read().unwrap(), Resp::Simple("PONG".into()));
+    assert_eq!(c.read().unwrap().text(), "hi");
+    let replies = c
+        .pipeline(&[args!["SET", "k", 1u64], args!["INCRBY", "k", 41u64]])
+        .unwrap();
+    assert_eq!(replies[1], Resp::Int(42));
+    // A malformed multibulk length: the server answers with a protocol error.
+    c.queue_raw(b"*1\r\n$x\r\n");
+    c.flush().unwrap();
+    assert!(c.read().unwrap().err().contains("Protocol error"));
+}

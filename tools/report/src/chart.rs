@@ -1,0 +1,420 @@
+//! Every chart of the docs, drawn with plotters; text in a font that ships inside a
+//! crate (no system font libraries needed). docs/perf.png is here; docs/contention.png
+//! is drawn in contention.rs.
+
+use std::path::Path;
+
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+use crate::perf::{PerfRun, ACQUIRE, CYCLE, EXTEND, RELEASE};
+use crate::Error;
+
+pub const FONT: &str = "sans-serif";
+const SERVER_COLORS: [RGBColor; 4] = [
+    RGBColor(200, 50, 45),
+    RGBColor(235, 140, 20),
+    RGBColor(40, 100, 200),
+    RGBColor(120, 60, 160),
+];
+const GOAL: RGBColor = RGBColor(0, 150, 60);
+const DARK: RGBColor = RGBColor(60, 60, 60);
+const GREY: RGBColor = RGBColor(170, 170, 170);
+
+pub fn register_fonts() -> Result<(), Error> {
+    for style in [FontStyle::Normal, FontStyle::Bold] {
+        plotters::style::register_font(FONT, style, epaint_default_fonts::UBUNTU_LIGHT)
+            .map_err(|_| "cannot load the chart font")?;
+    }
+    Ok(())
+}
+
+/// Bounds of a log axis around `values` (positive), widened to whole decades.
+pub fn decades(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if lo > hi {
+        return (1.0, 10.0);
+    }
+    (
+        10f64.powf(lo.log10().floor()),
+        10f64.powf(hi.log10().ceil().max(lo.log10().floor() + 1.0)),
+    )
+}
+
+fn server_color(i: usize) -> RGBColor {
+    SERVER_COLORS[i % SERVER_COLORS.len()]
+}
+
+fn pale(c: RGBColor) -> RGBColor {
+    let mix = |v: u8| ((u16::from(v) + 255) / 2) as u8;
+    RGBColor(mix(c.0), mix(c.1), mix(c.2))
+}
+
+/// A value label above a bar: `321`, `17.6k`, `0.95`.
+fn short(v: f64) -> String {
+    crate::fmt::scaled(
+        v,
+        &[
+            (1e4, 1e3, 1, "k"),
+            (10.0, 1.0, 0, ""),
+            (f64::MIN, 1.0, 2, ""),
+        ],
+    )
+}
+
+/// One series: legend label, colour, one value per category (NaN = missing), drawn as
+/// bars (`width` 0) or as a line of that width.
+struct Series {
+    label: String,
+    color: RGBColor,
+    values: Vec<f64>,
+    width: u32,
+}
+
+fn ser(label: impl Into<String>, color: RGBColor, values: Vec<f64>, width: u32) -> Series {
+    let label = label.into();
+    Series {
+        label,
+        color,
+        values,
+        width,
+    }
+}
+
+/// One panel: categories along x, the series over them, a goal segment per category and
+/// a dashed parity line where given, value labels on the bars if asked.
+#[derive(Default)]
+struct Panel<'a> {
+    title: &'a str,
+    ylabel: &'a str,
+    xlabels: Vec<String>,
+    series: Vec<Series>,
+    goals: Vec<Option<f64>>,
+    parity: Option<f64>,
+    value_labels: bool,
+}
+
+type Chart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error> {
+    let values = p.series.iter().flat_map(|s| s.values.iter().copied());
+    let finite = values
+        .chain(p.goals.iter().flatten().copied())
+        .filter(|v| v.is_finite());
+    let max = finite.fold(p.parity.unwrap_or(0.0), f64::max).max(1e-9) * 1.5;
+    let n = p.xlabels.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(p.title, (FONT, 18))
+        .margin(12)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5f64..n - 0.5, 0f64..max)?;
+    let category = |x: &f64| {
+        let g = x.round();
+        let name = (g >= 0.0 && (x - g).abs() < 0.01).then(|| p.xlabels.get(g as usize));
+        name.flatten().cloned().unwrap_or_default()
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(p.xlabels.len())
+        .x_label_formatter(&category)
+        .y_desc(p.ylabel)
+        .y_label_formatter(&|v| short(*v).trim_end_matches(".00").to_string())
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()?;
+    let bw = 0.84 / p.series.iter().filter(|s| s.width == 0).count().max(1) as f64;
+    for (si, s) in p.series.iter().enumerate() {
+        let (color, width) = (s.color, s.width);
+        let pts = s.values.iter().enumerate().filter(|(_, v)| v.is_finite());
+        let pts: Vec<(f64, f64)> = pts.map(|(g, &v)| (g as f64, v)).collect();
+        if width > 0 {
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(width)))?
+                .label(s.label.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 12, y)], color.stroke_width(width))
+                });
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+            continue;
+        }
+        let x0 = |g: f64| g - 0.42 + si as f64 * bw;
+        let rects = pts
+            .iter()
+            .map(|&(g, v)| Rectangle::new([(x0(g), 0.0), (x0(g) + bw * 0.92, v)], color.filled()));
+        chart
+            .draw_series(rects)?
+            .label(s.label.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+        if p.value_labels {
+            let font = (FONT, 12).into_font().color(&DARK);
+            let texts = pts.iter().map(|&(g, v)| {
+                Text::new(short(v), (x0(g) + 0.1 * bw, v + max * 0.01), font.clone())
+            });
+            chart.draw_series(texts)?;
+        }
+    }
+    for (g, goal) in p.goals.iter().enumerate() {
+        if let Some(v) = goal {
+            let seg = [(g as f64 - 0.46, *v), (g as f64 + 0.46, *v)];
+            chart.draw_series(LineSeries::new(seg, GOAL.stroke_width(3)))?;
+        }
+    }
+    if p.goals.iter().any(Option::is_some) {
+        chart
+            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
+            .label("goal")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], GOAL.stroke_width(3)));
+    }
+    if let Some(v) = p.parity {
+        let seg = [(-0.5, v), (n - 0.5, v)];
+        chart.draw_series(DashedLineSeries::new(seg, 6, 4, GREY.stroke_width(1)))?;
+    }
+    legend(&mut chart)
+}
+
+fn legend<'a>(chart: &mut Chart<'a, 'a>) -> Result<(), Error> {
+    let r: Result<(), String> = {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(200, 200, 200))
+            .label_font((FONT, 13))
+            .draw()
+            .map_err(|e| e.to_string())
+    };
+    Ok(r?)
+}
+
+fn pow10(n: u64) -> String {
+    let e = (n as f64).log10();
+    if n > 0 && (e - e.round()).abs() < 1e-9 {
+        format!("1e{}", e.round())
+    } else {
+        n.to_string()
+    }
+}
+
+/// docs/perf.png: throughput ratios, latency, memory, scaling (cost and hand-off) and
+/// instructions per command.
+pub fn perf(path: &Path, run: &PerfRun) -> Result<(), Error> {
+    register_fonts()?;
+    let root = BitMapBackend::new(path, (1500, 1040)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (title, body) = root.split_vertically(44);
+    let text = format!(
+        "redis-lock vs SET NX PX + EVALSHA — make bench, {}",
+        run.date
+    );
+    title.draw(&Text::new(
+        text,
+        (14, 10),
+        (FONT, 24).into_font().color(&BLACK),
+    ))?;
+    let areas = body.split_evenly((2, 3));
+    for (area, panel) in areas.iter().zip(perf_panels(run)) {
+        draw(area, &panel)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
+    let servers = &run.servers;
+    let labels: Vec<String> = servers.iter().map(|s| s.label.clone()).collect();
+    let per_server = |f: &dyn Fn(&crate::perf::ServerResults) -> Option<f64>| -> Vec<f64> {
+        servers.iter().map(|s| f(s).unwrap_or(f64::NAN)).collect()
+    };
+    let grey = |v: u8| RGBColor(v, v, v);
+
+    // 1. Throughput ratios: a pale (pipeline 1) and a full (pipeline 16) bar per server.
+    let names = [ACQUIRE, RELEASE, EXTEND, CYCLE];
+    let mut series = Vec::new();
+    for (i, s) in servers.iter().enumerate() {
+        for p in crate::perf::PIPELINES {
+            let ratio = |n: &&str| {
+                s.throughput
+                    .as_ref()
+                    .and_then(|t| t.get(n, p))
+                    .map_or(f64::NAN, |r| r.ratio)
+            };
+            let color = if p == 1 {
+                pale(server_color(i))
+            } else {
+                server_color(i)
+            };
+            series.push(ser(
+                format!("{} P{p}", s.label),
+                color,
+                names.iter().map(ratio).collect(),
+                0,
+            ));
+        }
+    }
+    let goal = |n: &&str| {
+        servers
+            .iter()
+            .find_map(|s| s.throughput.as_ref()?.get(n, 1)?.goal)
+    };
+    let throughput = Panel {
+        title: "1. Throughput, module / recipe (pale: pipeline 1, full: 16)",
+        ylabel: "ratio, 1.0 = same speed",
+        xlabels: ["ACQUIRE", "RELEASE", "EXTEND", "CYCLE"]
+            .map(String::from)
+            .to_vec(),
+        series,
+        goals: names.iter().map(goal).collect(),
+        parity: Some(1.0),
+        ..Panel::default()
+    };
+
+    // 2. Latency p50; 3. memory per held lock, with the goal (1.5x a string lock).
+    let lat = |f: fn(&crate::perf::Latency) -> f64| per_server(&|s| s.latency.as_ref().map(f));
+    let by_server = |title, ylabel, series| Panel {
+        title,
+        ylabel,
+        xlabels: labels.clone(),
+        series,
+        value_labels: true,
+        ..Panel::default()
+    };
+    let lat_series = vec![
+        ser("ACQUIRE", grey(50), lat(|l| l.acquire.p50), 0),
+        ser("SET NX PX", grey(170), lat(|l| l.set_nx.p50), 0),
+        ser("RELEASE", RGBColor(30, 110, 60), lat(|l| l.release.p50), 0),
+        ser(
+            "EVALSHA release",
+            RGBColor(150, 205, 165),
+            lat(|l| l.eval_release.p50),
+            0,
+        ),
+    ];
+    let latency = by_server(
+        "2. Latency p50, one client, unpipelined",
+        "microseconds",
+        lat_series,
+    );
+    let mem = |f: fn(&crate::perf::Memory) -> f64| per_server(&|s| s.memory.as_ref().map(f));
+    let mem_series = vec![
+        ser("module lock", grey(50), mem(|m| m.module_per_lock), 0),
+        ser("SET NX PX string", grey(170), mem(|m| m.string_per_lock), 0),
+    ];
+    let memory = Panel {
+        goals: mem(|m| m.string_per_lock * 1.5)
+            .into_iter()
+            .map(|v| v.is_finite().then_some(v))
+            .collect(),
+        ..by_server(
+            "3. Memory per held lock (used_memory delta / locks)",
+            "bytes per lock",
+            mem_series,
+        )
+    };
+
+    // 4 and 5. Scaling over the levels of held locks (+ waiters): thick and thin lines.
+    let first = servers.iter().find_map(|s| s.scaling.as_ref());
+    let level = |l: &crate::perf::Level| match l.waiters {
+        0 => pow10(l.held),
+        w => format!("{}+{}w", pow10(l.held), pow10(w)),
+    };
+    let levels: Vec<String> = first.map_or(vec![], |sc| sc.levels.iter().map(level).collect());
+    let lines = |thick: (&str, fn(&crate::perf::Level) -> f64),
+                 thin: (&str, fn(&crate::perf::Level) -> f64)| {
+        let mut v = Vec::new();
+        for (i, s) in servers.iter().enumerate() {
+            let values = |f: fn(&crate::perf::Level) -> f64| {
+                s.scaling
+                    .as_ref()
+                    .map_or(vec![], |sc| sc.levels.iter().map(f).collect())
+            };
+            v.push(ser(
+                format!("{} {}", s.label, thick.0),
+                server_color(i),
+                values(thick.1),
+                3,
+            ));
+            v.push(ser(
+                format!("{} {}", s.label, thin.0),
+                server_color(i),
+                values(thin.1),
+                1,
+            ));
+        }
+        v
+    };
+    let cost = Panel {
+        title: "4. Scaling: module / native rate (thick: cycle, thin: EXTEND)",
+        ylabel: "ratio (flat line = O(1))",
+        xlabels: levels.clone(),
+        series: lines(
+            ("cycle", |l| l.cycle_vs_recipe),
+            ("EXTEND", |l| l.extend_vs_pexpire),
+        ),
+        parity: Some(1.0),
+        ..Panel::default()
+    };
+    let handoff = Panel {
+        title: "5. Scaling: time to hand a lock to a waiter (thick: RELEASE, thin: expiry)",
+        ylabel: "milliseconds (p50)",
+        xlabels: levels,
+        series: lines(
+            ("hand-off", |l| l.handoff_p50),
+            ("expiry", |l| l.expiry_p50),
+        ),
+        ..Panel::default()
+    };
+
+    // 6. Instructions per command, before (baseline) and now.
+    let mut callgrind = Panel {
+        title: "6. Instructions per command (callgrind)",
+        ylabel: "instructions (Ir) per command",
+        value_labels: true,
+        ..Panel::default()
+    };
+    if let Some(cg) = &run.callgrind {
+        let before = |name: &str| {
+            cg.baseline
+                .as_ref()
+                .and_then(|(_, rows)| rows.iter().find(|(n, _)| n == name))
+                .map_or(f64::NAN, |(_, v)| *v)
+        };
+        callgrind.xlabels = cg
+            .phases
+            .iter()
+            .map(|p| short_phase(&p.name).to_string())
+            .collect();
+        callgrind.series = vec![
+            ser(
+                "before (baseline)",
+                grey(185),
+                cg.phases.iter().map(|p| before(&p.name)).collect(),
+                0,
+            ),
+            ser(
+                format!("now ({})", cg.server),
+                grey(40),
+                cg.phases.iter().map(|p| p.per_cmd).collect(),
+                0,
+            ),
+        ];
+    }
+    vec![throughput, latency, memory, cost, handoff, callgrind]
+}
+fn short_phase(name: &str) -> &str {
+    match name {
+        "SET NX PX" => "SET",
+        "LOCK.ACQUIRE (TOKEN)" => "ACQ",
+        "LOCK.ACQUIRE (generated token)" => "ACQg",
+        "LOCK.EXTEND" => "EXT",
+        "EVALSHA extend" => "EVext",
+        "LOCK.RELEASE" => "REL",
+        "EVALSHA release" => "EVrel",
+        other => other,
+    }
+}
