@@ -4,16 +4,14 @@
 //! LOCK.INFO over RESP3, and Redlock: shared allowed (with quorum fencing), counted
 //! refused.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod util;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{wait_until, Server, ServerBuilder};
 use redis_lock_client::{
     AcquireOptions, ClientOptions, Error, LockClient, LockMode, LossReason, Redlock, RedlockOptions,
 };
+use redis_lock_testkit::{wait_until, Server, ServerBuilder};
 use util::{is_free, ms, setup};
 
 async fn client(url: &str) -> LockClient {
