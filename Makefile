@@ -233,15 +233,13 @@ EXTRA_TESTS += reliability-short
 #                      (sync, asyncio, 3-master cluster) once per server in TEST_SERVERS
 #   make test-node     clients/node (node-redis 4/5/6, ioredis 5/6): npm ci + tsc, then
 #                      node --test (standalone and cluster) once per server
-# tests/test_kinds.py and test/kinds.test.mjs (SHARED / LIMIT) are not run yet: they need
-# the module's shared and counted locks.
 .PHONY: test-python test-node python-venv node-deps
 PY_VENV := $(CURDIR)/target/venv-python
 PY_SRC  := $(wildcard $(CURDIR)/clients/python/src/redis_lock_module/*.py) \
            $(CURDIR)/clients/python/pyproject.toml $(CURDIR)/clients/python/requirements-test.txt
 PY_TEST_ARGS ?=
 NODE_DIR := $(CURDIR)/clients/node
-NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs
+NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs
 
 $(PY_VENV)/.installed: $(PY_SRC)
 	if [ ! -x $(PY_VENV)/bin/python ]; then \
@@ -264,7 +262,7 @@ test-python: build python-venv
 	for bin in $(TEST_SERVERS); do \
 	    echo; echo "== Python package tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
 	    ( cd clients/python && LOCK_SERVER_BIN=$$bin $(PY_VENV)/bin/python -m pytest -q \
-	        --ignore=tests/test_kinds.py tests $(PY_TEST_ARGS) ); \
+	        tests $(PY_TEST_ARGS) ); \
 	done
 EXTRA_TESTS += test-python
 
