@@ -460,6 +460,9 @@ impl<W, T> Engine<W, T> {
     ) -> Result<u64, LockError> {
         let now = ks.now();
         let expires_at = lease(now, ttl)?;
+        // Everything that can fail comes before the fence is taken and the grant sent.
+        let joins =
+            matches!(ks.read()?, Slot::Lock(v) if v.mode() == mode && mode != Mode::Exclusive);
         let fence = self.fence.next(now, min_fence)?;
         let holder = Holder::new(digest, fence, expires_at, now, client_id, addr, owner);
         ks.replicate(Repl::Grant {
@@ -467,8 +470,8 @@ impl<W, T> Engine<W, T> {
             holder: &holder,
             floor: 0,
         });
-        let added = match ks.read()? {
-            Slot::Lock(v) if v.mode() == mode && mode != Mode::Exclusive => {
+        let joined = match ks.read() {
+            Ok(Slot::Lock(v)) if joins => {
                 v.push(holder);
                 Some(v.deadline())
             }
@@ -477,7 +480,7 @@ impl<W, T> Engine<W, T> {
                 None
             }
         };
-        if let Some(deadline) = added {
+        if let Some(deadline) = joined {
             ks.set_expiry(deadline);
         }
         self.stats.acquired += 1;
