@@ -9,6 +9,7 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::chart::{decades, FONT};
+use crate::contention_kinds::KindCell;
 use crate::fmt::scaled;
 use crate::Error;
 
@@ -65,6 +66,9 @@ pub struct Cell {
 pub struct ContentionRun {
     pub info: RunInfo,
     pub cells: Vec<Cell>,
+    /// The readers/writers and semaphore cells (absent from runs before they existed).
+    #[serde(default)]
+    pub kinds: Vec<KindCell>,
 }
 
 /// The methods in the order the run measured them.

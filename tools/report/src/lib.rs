@@ -6,6 +6,7 @@
 
 pub mod chart;
 pub mod contention;
+pub mod contention_kinds;
 pub mod fmt;
 pub mod perf;
 pub mod reliability;
