@@ -289,6 +289,8 @@ pub struct Client<'a> {
     pub commands: u64,
     /// Round trips made so far.
     pub round_trips: u64,
+    /// When the current acquire's first request had been written to the socket.
+    pub first_sent: Option<Instant>,
 }
 
 /// How an acquire attempt ended.
@@ -300,10 +302,15 @@ pub enum Acquired {
 }
 
 impl Client<'_> {
+    /// Sends `cmd` and waits for its reply; notes when the request had been written (a
+    /// request written earlier reaches the server first, whatever happens to this thread
+    /// after the write).
     fn query(&mut self, cmd: &redis::Cmd) -> Result<Value, Error> {
         self.commands += 1;
         self.round_trips += 1;
-        Ok(cmd.query::<Value>(&mut self.conn)?)
+        self.conn.send_packed_command(&cmd.get_packed_command())?;
+        self.first_sent.get_or_insert_with(Instant::now);
+        Ok(self.conn.recv_response()?.extract_error()?)
     }
 
     fn is_reader(&self) -> bool {
@@ -351,6 +358,7 @@ impl Client<'_> {
         let expired_before = now_us.saturating_sub(LEASE_MS * 1000);
         self.commands += 5; // MULTI, three commands, EXEC: one write, one reply
         self.round_trips += 1;
+        self.first_sent.get_or_insert_with(Instant::now);
         let (_, _, rank): (i64, i64, Option<u64>) = redis::pipe()
             .atomic()
             .cmd("ZREMRANGEBYSCORE")
@@ -379,6 +387,7 @@ impl Client<'_> {
 
     /// Waits for the lock the way `method` does; gives up once `give_up` has passed.
     pub fn acquire(&mut self, give_up: Instant) -> Result<Acquired, Error> {
+        self.first_sent = None;
         match self.method {
             Method::Module | Method::Shared | Method::Limit => loop {
                 let mut cmd = redis::cmd("LOCK.ACQUIRE");

@@ -161,12 +161,12 @@ pub fn print_kind_row(c: &KindCell) {
         })
     };
     println!(
-        "{:<42} {} n={:<2} c={}ms {:>8.1} acq/s{}{}  wait p99 {:.1} max {:.1} ms  cmds/acq {:.2} rt/acq {:.2}  holders peak {} mean {:.2}  jain {:.3}  violations {}  overtakes {}  other procs {:.2} cores  commands: server {} clients {}",
+        "{:<42} {} n={:<2} c={}ms {:>8.1} acq/s{}{}  wait p99 {:.1} max {:.1} ms  cmds/acq {:.2} rt/acq {:.2}  holders peak {} mean {:.2}  jain {:.3}  violations {}  overtakes {} (most {})  other procs {:.2} cores  commands: server {} clients {}",
         c.label, c.family, c.clients, c.hold_ms, s.all.per_second,
         group("readers", &s.readers), group("writers", &s.writers),
         s.all.wait_p99_ms, s.all.wait_max_ms,
         s.commands_per_acquisition, s.round_trips_per_acquisition, s.peak_holders,
-        s.mean_holders, s.all.jain, s.violations, s.overtakes, c.other_cores.unwrap_or(f64::NAN),
+        s.mean_holders, s.all.jain, s.violations, s.overtakes, s.overtakes_most, c.other_cores.unwrap_or(f64::NAN),
         c.server_commands, c.client_commands,
     );
 }
@@ -220,6 +220,7 @@ fn run_clients(
                         limit: shape.limit,
                         commands: 0,
                         round_trips: 0,
+                        first_sent: None,
                     };
                     barrier.wait();
                     let start = *start.get().ok_or("start time not set")?;
@@ -272,6 +273,7 @@ fn client_loop(
             }
         };
         let granted = Instant::now();
+        let asked = client.first_sent.unwrap_or(wanted);
         if hold_ms > 0 {
             thread::sleep(Duration::from_millis(hold_ms));
         }
@@ -281,6 +283,7 @@ fn client_loop(
         log.acquisitions.push(Acquisition {
             client: id,
             wanted: ns(wanted),
+            asked: ns(asked),
             granted: ns(granted),
             releasing: ns(releasing),
             released: ns(released),

@@ -9,8 +9,11 @@ pub use redis_lock_report::contention_kinds::{KindSummary, RoleStats};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Acquisition {
     pub client: usize,
-    /// The client started to want the lock (sent its first acquire attempt).
+    /// The client started to want the lock (about to send its first acquire attempt).
     pub wanted: u64,
+    /// Its first acquire request had been written to the socket (≥ `wanted`; the thread
+    /// can be descheduled between the two).
+    pub asked: u64,
     /// The grant reply arrived.
     pub granted: u64,
     /// The release command was about to be sent (end of the critical section).
@@ -213,37 +216,43 @@ pub fn concurrency(acqs: &[(Acquisition, Role)], rule: Rule, elapsed_ns: u64) ->
     }
 }
 
-/// How much later than a writer a reader must have asked to count as overtaking it: the
-/// times are taken by the client threads just before they send, and a thread can be
-/// descheduled between the two (at c = 0 all clients wake at once on 2 cores), so a
-/// reader that asked a few µs after the writer may well have reached the server first.
+/// How much later than a writer's request a reader must have started to ask to count as
+/// overtaking it. The writer's time is taken once its request has been written, the
+/// reader's before it writes its own, so the reader's request reached the server later;
+/// the margin covers the server reading requests that arrived together in another order.
 pub const OVERTAKE_MARGIN_NS: u64 = 1_000_000;
 
-/// Reader grants that overtook a waiting writer: asked for at least
-/// [`OVERTAKE_MARGIN_NS`] after the writer started to wait, granted before it. A lock
-/// that lets readers in while a writer waits can keep that writer out for as long as
-/// readers keep coming (starvation); a FIFO queue whose waiting writer holds back later
-/// readers lets none overtake.
-pub fn overtakes(acqs: &[(Acquisition, Role)]) -> u64 {
+/// Reader grants that overtook a waiting writer: the reader started to ask at least
+/// [`OVERTAKE_MARGIN_NS`] after the writer's first request had been written, and was
+/// granted before the writer. Returns the total, and the most for one writer's wait.
+///
+/// A lock that lets readers in while a writer waits can keep that writer out for as long
+/// as readers keep coming (starvation). A FIFO queue whose waiting writer holds back later
+/// readers bounds the bypass: only a reader whose request the server happened to read
+/// first, in the same pass over its sockets, can get ahead, and each reader has one
+/// request in flight, so at most every reader once per wait.
+pub fn overtakes(acqs: &[(Acquisition, Role)]) -> (u64, u64) {
     let mut readers: Vec<(u64, u64)> = acqs
         .iter()
         .filter(|(_, r)| *r == Role::Reader)
         .map(|(a, _)| (a.granted, a.wanted))
         .collect();
     readers.sort_unstable();
-    let mut total = 0;
+    let (mut total, mut most) = (0, 0);
     for (w, _) in acqs.iter().filter(|(_, r)| *r == Role::Writer) {
         // A reader that asked after the writer was granted after it asked, too.
-        let after = w.wanted + OVERTAKE_MARGIN_NS;
+        let after = w.asked.max(w.wanted) + OVERTAKE_MARGIN_NS;
         let from = readers.partition_point(|&(granted, _)| granted < after);
         let to = readers.partition_point(|&(granted, _)| granted < w.granted);
         let window = readers.get(from..to).unwrap_or(&[]);
-        total += window
+        let past = window
             .iter()
             .filter(|&&(_, wanted)| wanted >= after)
             .count() as u64;
+        total += past;
+        most = most.max(past);
     }
-    total
+    (total, most)
 }
 
 /// Throughput, waits and fairness of some of a cell's clients; `elapsed_s` is the cell's.
@@ -306,6 +315,7 @@ pub fn summarize_kind(logs: &[ClientLog], roles: &[Role], rule: Rule) -> KindSum
         }
     };
     let c = concurrency(&acqs, rule, end);
+    let (overtakes, overtakes_most) = overtakes(&acqs);
     KindSummary {
         elapsed_s,
         all: role_stats(&all, elapsed_s),
@@ -316,7 +326,8 @@ pub fn summarize_kind(logs: &[ClientLog], roles: &[Role], rule: Rule) -> KindSum
         peak_holders: c.peak,
         mean_holders: c.mean,
         violations: c.violations,
-        overtakes: overtakes(&acqs),
+        overtakes,
+        overtakes_most,
     }
 }
 
@@ -342,6 +353,7 @@ mod tests {
         Acquisition {
             client,
             wanted,
+            asked: wanted,
             granted,
             releasing: released.saturating_sub(10),
             released,
@@ -420,6 +432,7 @@ mod tests {
             Acquisition {
                 client: 0,
                 wanted: 0,
+                asked: 0,
                 granted: 100,
                 releasing: 200,
                 released: 400,
@@ -427,6 +440,7 @@ mod tests {
             Acquisition {
                 client: 1,
                 wanted: 0,
+                asked: 0,
                 granted: 300,
                 releasing: 500,
                 released: 600,
@@ -441,6 +455,7 @@ mod tests {
         Acquisition {
             client,
             wanted: 0,
+            asked: 0,
             granted,
             releasing,
             released: releasing + 5,
@@ -493,6 +508,7 @@ mod tests {
         let a = |wanted, granted| Acquisition {
             client: 0,
             wanted,
+            asked: wanted,
             granted,
             releasing: granted + 1,
             released: granted + 2,
@@ -513,8 +529,35 @@ mod tests {
             // Another writer waiting from 60 to 70 ms is not a reader.
             (a(60 * MS, 70 * MS), Role::Writer),
         ];
-        assert_eq!(overtakes(&acqs), 2);
-        assert_eq!(overtakes(&acqs[1..]), 0, "without the first writer");
+        assert_eq!(overtakes(&acqs), (2, 2));
+        assert_eq!(overtakes(&acqs[1..]), (0, 0), "without the first writer");
+
+        // A writer thread descheduled for 3 ms between taking its start time and writing
+        // its request: readers that asked in between reached the server first.
+        let stalled = Acquisition {
+            asked: 13 * MS,
+            ..a(10 * MS, 20 * MS)
+        };
+        let acqs = [
+            (stalled, Role::Writer),
+            (a(12 * MS, 15 * MS), Role::Reader),
+            (a(13 * MS + 500_000, 16 * MS), Role::Reader),
+            (a(14 * MS, 17 * MS), Role::Reader),
+        ];
+        assert_eq!(
+            overtakes(&acqs),
+            (1, 1),
+            "only the reader that asked at 14 ms"
+        );
+        // Two writers' waits, passed by 1 and 2 readers: the most for one is 2.
+        let two = [
+            (a(10 * MS, 20 * MS), Role::Writer),
+            (a(12 * MS, 15 * MS), Role::Reader),
+            (a(30 * MS, 40 * MS), Role::Writer),
+            (a(32 * MS, 35 * MS), Role::Reader),
+            (a(33 * MS, 36 * MS), Role::Reader),
+        ];
+        assert_eq!(overtakes(&two), (3, 2));
     }
 
     #[test]
@@ -522,6 +565,7 @@ mod tests {
         let reader = |client, wanted, granted, releasing| Acquisition {
             client,
             wanted,
+            asked: wanted,
             granted,
             releasing,
             released: releasing + 1_000,
