@@ -103,12 +103,18 @@ clean:
 # ---------------------------------------------------------------- bench-contention
 # N clients contend for one lock, each holding it c ms: the module's LOCK.ACQUIRE BLOCK
 # (server-side FIFO hand-off) against the client-side waiting of redis-py, node-redlock/
-# redsync and python-redis-lock. Starts its own redis-server 7.0.15 with the module,
+# redsync and python-redis-lock; then 8 readers + 1 writer (SHARED BLOCK against one mutex
+# for all and a Lua read-write lock that polls) and 16 clients on a semaphore (LIMIT 4
+# BLOCK against the sorted-set recipe). Starts its own redis-server 7.0.15 with the module,
 # saves docs/data/contention.json, then renders the section between
-# <!-- contention:begin --> and <!-- contention:end --> in docs/BENCHMARKS.md and
-# docs/contention.png from it. Not part of `make test`; takes about 2 minutes.
+# <!-- contention:begin --> and <!-- contention:end --> in docs/BENCHMARKS.md,
+# docs/contention.png and docs/contention-kinds.png from it. Not part of `make test`;
+# takes about 3 minutes.
 # Env: CONTENTION_SECS (per cell, default 3), CONTENTION_N (1,2,8,64),
 # CONTENTION_HOLD_MS (0,1), CONTENTION_METHODS (module,poll100,jitter,blpop),
+# CONTENTION_CELLS (mutex,rw,sem), CONTENTION_RW (readers,writers: 8,1),
+# CONTENTION_RW_METHODS (shared,module,jitter,rw-script,rw-script-wfirst),
+# CONTENTION_SEM (clients,permits: 16,4), CONTENTION_SEM_METHODS (limit,zset),
 # CONTENTION_JSON (another file, e.g. in a scratch dir, leaves the published figures).
 .PHONY: bench-contention contention-unit tools-unit
 bench-contention: deps build
