@@ -103,12 +103,18 @@ clean:
 # ---------------------------------------------------------------- bench-contention
 # N clients contend for one lock, each holding it c ms: the module's LOCK.ACQUIRE BLOCK
 # (server-side FIFO hand-off) against the client-side waiting of redis-py, node-redlock/
-# redsync and python-redis-lock. Starts its own redis-server 7.0.15 with the module,
+# redsync and python-redis-lock; then 8 readers + 1 writer (SHARED BLOCK against one mutex
+# for all and a Lua read-write lock that polls) and 16 clients on a semaphore (LIMIT 4
+# BLOCK against the sorted-set recipe). Starts its own redis-server 7.0.15 with the module,
 # saves docs/data/contention.json, then renders the section between
-# <!-- contention:begin --> and <!-- contention:end --> in docs/BENCHMARKS.md and
-# docs/contention.png from it. Not part of `make test`; takes about 2 minutes.
+# <!-- contention:begin --> and <!-- contention:end --> in docs/BENCHMARKS.md,
+# docs/contention.png and docs/contention-kinds.png from it. Not part of `make test`;
+# takes about 3 minutes.
 # Env: CONTENTION_SECS (per cell, default 3), CONTENTION_N (1,2,8,64),
 # CONTENTION_HOLD_MS (0,1), CONTENTION_METHODS (module,poll100,jitter,blpop),
+# CONTENTION_CELLS (mutex,rw,sem), CONTENTION_RW (readers,writers: 8,1),
+# CONTENTION_RW_METHODS (shared,module,jitter,rw-script,rw-script-wfirst),
+# CONTENTION_SEM (clients,permits: 16,4), CONTENTION_SEM_METHODS (limit,zset),
 # CONTENTION_JSON (another file, e.g. in a scratch dir, leaves the published figures).
 .PHONY: bench-contention contention-unit tools-unit
 bench-contention: deps build
@@ -154,6 +160,23 @@ bench-callgrind: bench-deps build
 
 bench-callgrind-baseline: bench-deps build
 	$(BENCH_RUN) callgrind --save-baseline
+
+# The instruction-count guard of `make test` (under a minute): fails when LOCK.ACQUIRE,
+# RELEASE or EXTEND costs more than 10% above bench/callgrind-guard.tsv, counted by
+# callgrind inside the server's call() on Redis 7.0.15. A deliberate change of the cost
+# updates the baseline with its reason, in the same commit:
+#   make perf-guard-baseline REASON="why the cost changed"
+.PHONY: perf-guard perf-guard-baseline
+PERF_GUARD = BENCH_ROOT=$(CURDIR) LOCK_MODULE=$(MODULE) BENCH_SERVERS=$(SERVER_SYSTEM) \
+	$(CARGO) run --release -q -p redis-lock-bench -- guard
+
+perf-guard: bench-deps build
+	$(PERF_GUARD)
+EXTRA_TESTS += perf-guard
+
+perf-guard-baseline: bench-deps build
+	@test -n "$(REASON)" || { echo 'give the reason: make perf-guard-baseline REASON="..."'; exit 1; }
+	$(PERF_GUARD) --save-baseline "$(REASON)"
 
 # ---- client crate, CLI and any-client examples (issue 5) --------------------------------
 #   make test-client     the client crate's tests (single server, Redlock on 5 servers,
@@ -226,15 +249,13 @@ EXTRA_TESTS += reliability-short
 #                      (sync, asyncio, 3-master cluster) once per server in TEST_SERVERS
 #   make test-node     clients/node (node-redis 4/5/6, ioredis 5/6): npm ci + tsc, then
 #                      node --test (standalone and cluster) once per server
-# tests/test_kinds.py and test/kinds.test.mjs (SHARED / LIMIT) are not run yet: they need
-# the module's shared and counted locks.
 .PHONY: test-python test-node python-venv node-deps
 PY_VENV := $(CURDIR)/target/venv-python
 PY_SRC  := $(wildcard $(CURDIR)/clients/python/src/redis_lock_module/*.py) \
            $(CURDIR)/clients/python/pyproject.toml $(CURDIR)/clients/python/requirements-test.txt
 PY_TEST_ARGS ?=
 NODE_DIR := $(CURDIR)/clients/node
-NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs
+NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs
 
 $(PY_VENV)/.installed: $(PY_SRC)
 	if [ ! -x $(PY_VENV)/bin/python ]; then \
@@ -257,7 +278,7 @@ test-python: build python-venv
 	for bin in $(TEST_SERVERS); do \
 	    echo; echo "== Python package tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
 	    ( cd clients/python && LOCK_SERVER_BIN=$$bin $(PY_VENV)/bin/python -m pytest -q \
-	        --ignore=tests/test_kinds.py tests $(PY_TEST_ARGS) ); \
+	        tests $(PY_TEST_ARGS) ); \
 	done
 EXTRA_TESTS += test-python
 

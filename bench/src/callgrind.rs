@@ -125,7 +125,7 @@ fn annotate(path: &Path, ops: u64, inclusive: bool) -> io::Result<Vec<Cost>> {
 }
 
 /// Inclusive instructions of the server's `call()` (command execution) per operation.
-fn executing(dump: &Path, ops: u64) -> io::Result<f64> {
+pub fn executing(dump: &Path, ops: u64) -> io::Result<f64> {
     Ok(annotate(dump, ops, true)?
         .iter()
         .find(|f| f.function == "call")
@@ -155,36 +155,67 @@ fn api_costs(all: Vec<Cost>) -> Vec<FnCost> {
     v
 }
 
-pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
-    let dir = cfg.path(Path::new("target/bench/callgrind"));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
-    let out = dir.join("cg.out");
-    let wrapper: Vec<String> = vec![
-        "valgrind".into(),
-        "--tool=callgrind".into(),
-        format!("--callgrind-out-file={}", out.display()),
-        "--dump-instr=no".into(),
-    ];
-    let server = Server::start(bin, cfg, &wrapper, Duration::from_secs(180))?;
-    let pid = server.pid().to_string();
-    let mut c = server.conn()?;
-    flushall(&mut c)?;
-    let scripts = Scripts::load(&mut c)?;
-    let mut dumps = 0;
-    // Zero, run, dump; returns the dump and the instructions it counted.
-    let mut measure = |w: &dyn Workload, ops: u64, what: &str| -> io::Result<(PathBuf, f64)> {
-        control(&["-z", &pid])?;
-        load::run(server.port, 1, 16, ops, w)?.checked(what)?;
-        control(&["-d", &pid])?;
-        dumps += 1;
-        let dump = PathBuf::from(format!("{}.{dumps}", out.display()));
+/// A server running under callgrind, and the dumps taken of it.
+pub struct Session {
+    pub server: Server,
+    pid: String,
+    out: PathBuf,
+    dumps: u32,
+}
+
+impl Session {
+    /// Starts `bin` under callgrind, with its dumps in `target/bench/<dir>`.
+    pub fn start(bin: &Path, cfg: &Config, dir: &str) -> io::Result<Session> {
+        let dir = cfg.path(&Path::new("target/bench").join(dir));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir)?;
+        let out = dir.join("cg.out");
+        let wrapper: Vec<String> = vec![
+            "valgrind".into(),
+            "--tool=callgrind".into(),
+            format!("--callgrind-out-file={}", out.display()),
+            "--dump-instr=no".into(),
+        ];
+        let server = Server::start(bin, cfg, &wrapper, Duration::from_secs(180))?;
+        let pid = server.pid().to_string();
+        Ok(Session {
+            server,
+            pid,
+            out,
+            dumps: 0,
+        })
+    }
+
+    /// Zero, run, dump; returns the dump and the instructions it counted.
+    pub fn measure(
+        &mut self,
+        w: &dyn Workload,
+        ops: u64,
+        what: &str,
+    ) -> io::Result<(PathBuf, f64)> {
+        control(&["-z", &self.pid])?;
+        load::run(self.server.port, 1, 16, ops, w)?.checked(what)?;
+        control(&["-d", &self.pid])?;
+        self.dumps += 1;
+        let dump = PathBuf::from(format!("{}.{}", self.out.display(), self.dumps));
         let start = Instant::now();
         while !dump.exists() && start.elapsed() < Duration::from_secs(30) {
             sleep(Duration::from_millis(100));
         }
         let total = summary(&dump)? as f64;
         Ok((dump, total))
+    }
+}
+
+pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
+    let mut session = Session::start(bin, cfg, "callgrind")?;
+    let mut c = session.server.conn()?;
+    flushall(&mut c)?;
+    let scripts = Scripts::load(&mut c)?;
+    let server_label = session.server.label.clone();
+    let port = session.server.port;
+    let mut measure = |w: &dyn Workload, ops: u64, what: &str| -> io::Result<(PathBuf, f64)> {
+        session.measure(w, ops, what)
     };
     let mut phases = vec![];
     for (name, op, prefix) in PHASES.iter() {
@@ -203,10 +234,7 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
             .filter(|f| f.object.contains("redis_lock"))
             .map(|f| f.per_cmd)
             .sum();
-        eprintln!(
-            "  [callgrind {}] {name}: {per_cmd:.0} Ir/command",
-            server.label
-        );
+        eprintln!("  [callgrind {server_label}] {name}: {per_cmd:.0} Ir/command");
         phases.push(Phase {
             name: name.to_string(),
             per_cmd,
@@ -225,11 +253,11 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
     }
     let mut blocked = vec![];
     for (n, waiters) in steps {
-        top_up(server.port, held, n)?;
+        top_up(port, held, n)?;
         held = n;
         if waiters > 0 {
             hold_locks(&mut c, "wl", cfg.wait_locks)?;
-            blocked = connect_many(server.port, waiters)?;
+            blocked = connect_many(port, waiters)?;
             block_all(&mut c, &mut blocked, "wl", cfg.wait_locks)?;
         }
         let w = OpLoad {
@@ -254,8 +282,8 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
             extend_exec: executing(&d2, cfg.cg_ops)?,
         };
         eprintln!(
-            "  [callgrind {}] {held} held, {waiters} waiters: {:.0} Ir per ACQUIRE+RELEASE ({:.0} executing), {:.0} Ir per EXTEND ({:.0} executing)",
-            server.label, l.cycle, l.cycle_exec, l.extend, l.extend_exec
+            "  [callgrind {server_label}] {held} held, {waiters} waiters: {:.0} Ir per ACQUIRE+RELEASE ({:.0} executing), {:.0} Ir per EXTEND ({:.0} executing)",
+            l.cycle, l.cycle_exec, l.extend, l.extend_exec
         );
         levels.push(l);
     }
@@ -263,7 +291,7 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
     drop(c);
     Ok(Callgrind {
         date: date.to_string(),
-        server: server.label.clone(),
+        server: server_label,
         ops: cfg.cg_ops,
         phases,
         levels,

@@ -6,12 +6,14 @@
 //! redis-lock-bench all                        every suite on every server (make bench)
 //! redis-lock-bench callgrind                  instructions per command only (make bench-callgrind)
 //! redis-lock-bench callgrind --save-baseline  ... and record them as the "before" column
+//! redis-lock-bench guard                      the instruction-count check of make test
 //! ```
 //! Sizes and durations: `--help` (each option also reads a `BENCH_*` variable).
 
 mod callgrind;
 mod config;
 mod crosscheck;
+mod guard;
 mod latency;
 mod load;
 mod memory;
@@ -219,6 +221,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None | Some(Command::All) => all(&cfg),
         Some(Command::Callgrind { save_baseline }) => callgrind_only(&cfg, save_baseline),
+        Some(Command::Guard { save_baseline }) => {
+            callgrind_bin(&cfg).and_then(|bin| guard::run(&bin, &cfg, save_baseline.as_deref()))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

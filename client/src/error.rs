@@ -50,6 +50,23 @@ impl Error {
         }
     }
 
+    /// The code of an error reply (`WRONGMODE`, `LIMITMISMATCH`, `WRONGTYPE`,
+    /// `MAXWAITERS`, `ERR`, ...), `None` for other errors.
+    pub fn server_code(&self) -> Option<&str> {
+        match self {
+            Error::Redis(e) => e.code(),
+            _ => None,
+        }
+    }
+
+    /// True for a mistake in how the lock is used rather than a failure or contention:
+    /// invalid arguments, a mode the key does not have (`WRONGMODE`), another limit
+    /// (`LIMITMISMATCH`). Retrying does not help.
+    pub fn is_usage_error(&self) -> bool {
+        matches!(self, Error::Invalid(_))
+            || matches!(self.server_code(), Some("WRONGMODE" | "LIMITMISMATCH"))
+    }
+
     /// True when the server answered `ERR unknown command` (the module is not loaded).
     pub(crate) fn is_unknown_command(&self) -> bool {
         match self {

@@ -17,7 +17,7 @@ use tokio::time::sleep_until;
 
 use crate::error::{Error, Result};
 use crate::node::Node;
-use crate::options::{drift, millis};
+use crate::options::{drift, millis, LockMode};
 use crate::redlock::Quorum;
 
 /// Why a lease ended while the guard still lived.
@@ -165,6 +165,7 @@ pub struct LockGuard {
     name: String,
     token: String,
     fence: Option<u64>,
+    mode: LockMode,
     ttl: Duration,
     acquired_at: Instant,
     status: Arc<watch::Sender<LeaseStatus>>,
@@ -177,6 +178,7 @@ impl std::fmt::Debug for LockGuard {
         f.debug_struct("LockGuard")
             .field("name", &self.name)
             .field("fence", &self.fence)
+            .field("mode", &self.mode)
             .field("ttl", &self.ttl)
             .field("status", &*self.status.borrow())
             .finish_non_exhaustive()
@@ -192,6 +194,7 @@ impl LockGuard {
         name: String,
         token: String,
         fence: Option<u64>,
+        mode: LockMode,
         ttl: Duration,
         acquired_at: Instant,
         valid_until: Instant,
@@ -216,6 +219,7 @@ impl LockGuard {
             name,
             token,
             fence,
+            mode,
             ttl,
             acquired_at,
             status,
@@ -239,6 +243,13 @@ impl LockGuard {
     /// (the classic fallback), or for Redlock without a majority of module nodes.
     pub fn fence(&self) -> Option<u64> {
         self.fence
+    }
+
+    /// The kind of lock held: exclusive, a shared holder, or one permit of a counted
+    /// lock. Each holder of a shared or counted lock has its own guard, token, fence and
+    /// lease.
+    pub fn mode(&self) -> LockMode {
+        self.mode
     }
 
     /// The lease length asked for.

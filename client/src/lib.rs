@@ -5,6 +5,8 @@
 //!   module's FIFO `BLOCK`; optional auto-renewal (`LOCK.EXTEND` every third of the TTL)
 //!   with a hard cap on the hold time; a loss signal ([`LockGuard::lost`]) that fires as
 //!   soon as a renewal fails or the lease ends; a time limit on every network call.
+//! - Three kinds of lock ([`LockMode`]): exclusive, shared (a read-write lock:
+//!   [`AcquireOptions::shared`]) and counted (a semaphore: [`AcquireOptions::limit`]).
 //! - [`Redlock`]: the same guard over a majority of N independent servers, with quorum
 //!   fencing (fences strictly increase across Redlock grants, see [`redlock`]).
 //! - Where the module is not loaded, a node falls back to `SET NX PX` + Lua
@@ -22,8 +24,8 @@ pub mod redlock;
 mod single;
 
 pub use error::{Error, Result};
-pub use info::LockInfo;
+pub use info::{HolderInfo, LockInfo};
 pub use lease::{LeaseStatus, LeaseWatch, LockGuard, LossReason};
-pub use options::{drift, AcquireOptions, ClientOptions, Renewal};
+pub use options::{drift, AcquireOptions, ClientOptions, LockMode, Renewal, MAX_LIMIT};
 pub use redlock::{Redlock, RedlockOptions};
 pub use single::LockClient;

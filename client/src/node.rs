@@ -14,7 +14,7 @@ use tokio::time::timeout;
 
 use crate::error::{Error, Result};
 use crate::info::LockInfo;
-use crate::options::ClientOptions;
+use crate::options::{ClientOptions, LockMode};
 
 /// Owner-checked delete: the classic release of a `SET NX PX` lock.
 const RELEASE_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
@@ -26,6 +26,16 @@ const EXTEND_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
 const MODULE_UNKNOWN: u8 = 0;
 const MODULE_LOADED: u8 = 1;
 const MODULE_MISSING: u8 = 2;
+
+/// One `LOCK.ACQUIRE` as a node sends it (the wait and `MINFENCE` aside).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Acquire<'a> {
+    pub key: &'a str,
+    pub token: &'a str,
+    pub ttl_ms: u64,
+    pub owner: Option<&'a str>,
+    pub mode: LockMode,
+}
 
 /// A lock granted by one node. `fence` is `None` where the module is not loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,17 +232,20 @@ impl Node {
         }
     }
 
-    fn acquire_cmd(
-        key: &str,
-        token: &str,
-        ttl_ms: u64,
-        owner: Option<&str>,
-        min_fence: Option<u64>,
-        block: Option<u64>,
-    ) -> Cmd {
+    fn acquire_cmd(req: &Acquire<'_>, min_fence: Option<u64>, block: Option<u64>) -> Cmd {
         let mut c = redis::cmd("LOCK.ACQUIRE");
-        c.arg(key).arg("PX").arg(ttl_ms).arg("TOKEN").arg(token);
-        if let Some(o) = owner {
+        c.arg(req.key);
+        match req.mode {
+            LockMode::Exclusive => {}
+            LockMode::Shared => {
+                c.arg("SHARED");
+            }
+            LockMode::Counted(n) => {
+                c.arg("LIMIT").arg(n);
+            }
+        }
+        c.arg("PX").arg(req.ttl_ms).arg("TOKEN").arg(req.token);
+        if let Some(o) = req.owner {
             c.arg("OWNER").arg(o);
         }
         if let Some(f) = min_fence {
@@ -269,48 +282,64 @@ impl Node {
         }
     }
 
+    /// The `SET NX PX` fallback holds one token per key: it cannot be a read-write lock
+    /// or a semaphore, and silently taking an exclusive lock instead would be a surprise.
+    fn classic_supports(&self, mode: LockMode) -> Result<()> {
+        if mode == LockMode::Exclusive {
+            return Ok(());
+        }
+        Err(Error::Invalid(format!(
+            "{}: a {mode} lock needs the redis-lock module, which this server does not have \
+             (LOCK.ACQUIRE is an unknown command); the SET NX PX fallback takes exclusive \
+             locks only",
+            self.label
+        )))
+    }
+
     /// One non-blocking acquisition. With `min_fence` it is the idempotent renew of
     /// quorum fencing (`MINFENCE`); on a node without the module that is an
     /// owner-checked `PEXPIRE`.
     pub async fn try_acquire(
         &self,
-        key: &str,
-        token: &str,
-        ttl_ms: u64,
-        owner: Option<&str>,
+        req: &Acquire<'_>,
         min_fence: Option<u64>,
         limit: Duration,
     ) -> Result<Option<Grant>> {
         let deadline = Instant::now() + limit;
         if !self.module_missing() {
-            let cmd = Self::acquire_cmd(key, token, ttl_ms, owner, min_fence, None);
+            let cmd = Self::acquire_cmd(req, min_fence, None);
             match self.run::<Value>("LOCK.ACQUIRE", &cmd, limit).await {
                 Ok(v) => {
                     self.note_module(true);
-                    return Self::parse_grant(v, token);
+                    return Self::parse_grant(v, req.token);
                 }
                 Err(e) if e.is_unknown_command() => self.note_module(false),
                 Err(e) => return Err(e),
             }
         }
-        self.classic_acquire(key, token, ttl_ms, min_fence.is_some(), remaining(deadline))
+        self.classic_supports(req.mode)?;
+        self.classic_acquire(req, min_fence.is_some(), remaining(deadline))
             .await
     }
 
     async fn classic_acquire(
         &self,
-        key: &str,
-        token: &str,
-        ttl_ms: u64,
+        req: &Acquire<'_>,
         renew: bool,
         limit: Duration,
     ) -> Result<Option<Grant>> {
         if renew {
-            let ok = self.classic_extend(key, token, ttl_ms, limit).await?;
+            let ok = self
+                .classic_extend(req.key, req.token, req.ttl_ms, limit)
+                .await?;
             return Ok(ok.then_some(Grant { fence: None }));
         }
         let mut cmd = redis::cmd("SET");
-        cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
+        cmd.arg(req.key)
+            .arg(req.token)
+            .arg("NX")
+            .arg("PX")
+            .arg(req.ttl_ms);
         let v: Value = self.run("SET NX PX", &cmd, limit).await?;
         Ok(match v {
             Value::Nil => None,
@@ -323,17 +352,14 @@ impl Node {
     /// where the module is missing. The time limit is `wait` plus the I/O timeout.
     pub async fn acquire_blocking(
         &self,
-        key: &str,
-        token: &str,
-        ttl_ms: u64,
-        owner: Option<&str>,
+        req: &Acquire<'_>,
         wait: Duration,
     ) -> Result<Option<Grant>> {
         let deadline = Instant::now() + wait;
         if !self.module_missing() {
             let block_ms = crate::options::millis(wait);
             let limit = wait + self.opts.io_timeout + self.opts.connect_timeout;
-            let cmd = Self::acquire_cmd(key, token, ttl_ms, owner, None, Some(block_ms));
+            let cmd = Self::acquire_cmd(req, None, Some(block_ms));
             let outcome = timeout(limit, async {
                 let mut conn = self
                     .open(self.opts.connect_timeout, Some(wait + self.opts.io_timeout))
@@ -344,7 +370,7 @@ impl Node {
             match outcome {
                 Ok(Ok(v)) => {
                     self.note_module(true);
-                    return Self::parse_grant(v, token);
+                    return Self::parse_grant(v, req.token);
                 }
                 Ok(Err(e)) if e.is_unknown_command() => self.note_module(false),
                 Ok(Err(e)) => return Err(e),
@@ -356,12 +382,10 @@ impl Node {
                 }
             }
         }
+        self.classic_supports(req.mode)?;
         loop {
             let limit = self.opts.io_timeout;
-            if let Some(g) = self
-                .classic_acquire(key, token, ttl_ms, false, limit)
-                .await?
-            {
+            if let Some(g) = self.classic_acquire(req, false, limit).await? {
                 return Ok(Some(g));
             }
             let pause = jitter(Duration::from_millis(50), Duration::from_millis(30));

@@ -49,6 +49,47 @@ impl Renewal {
     }
 }
 
+/// The kind of lock to take, chosen by the first acquire of a free key (see
+/// docs/commands.md, "The lock state").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LockMode {
+    /// One holder (no option on `LOCK.ACQUIRE`). On a key with shared holders this is
+    /// the writer: it needs the key to have no holder at all.
+    #[default]
+    Exclusive,
+    /// A reader of a read-write lock (`SHARED`): any number of shared holders at once,
+    /// excluded by an exclusive holder. A writer queued with `BLOCK` keeps later readers
+    /// out, so writers do not starve.
+    Shared,
+    /// One permit of a semaphore with this many (`LIMIT n`, 1 ..= 1000000). Every
+    /// acquire of the key must give the same `n` (else the server answers
+    /// `LIMITMISMATCH`).
+    Counted(u32),
+}
+
+/// The largest `LIMIT` the module accepts.
+pub const MAX_LIMIT: u32 = 1_000_000;
+
+impl LockMode {
+    /// `exclusive`, `shared` or `counted`, as `LOCK.INFO` names it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LockMode::Exclusive => "exclusive",
+            LockMode::Shared => "shared",
+            LockMode::Counted(_) => "counted",
+        }
+    }
+}
+
+impl std::fmt::Display for LockMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockMode::Counted(n) => write!(f, "counted (LIMIT {n})"),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
 /// Everything an acquisition can be told. Build with [`AcquireOptions::new`] and the
 /// chained setters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +106,8 @@ pub struct AcquireOptions {
     pub token: Option<String>,
     /// Keep the lease alive while the guard lives.
     pub renew: Option<Renewal>,
+    /// Exclusive (default), shared, or one permit of a counted lock.
+    pub mode: LockMode,
 }
 
 impl AcquireOptions {
@@ -75,7 +118,25 @@ impl AcquireOptions {
             owner: None,
             token: None,
             renew: None,
+            mode: LockMode::Exclusive,
         }
+    }
+
+    /// Take a shared (reader) place in a read-write lock (`SHARED`).
+    pub fn shared(mut self) -> Self {
+        self.mode = LockMode::Shared;
+        self
+    }
+
+    /// Take one of `permits` permits of a counted lock, a semaphore (`LIMIT n`).
+    pub fn limit(mut self, permits: u32) -> Self {
+        self.mode = LockMode::Counted(permits);
+        self
+    }
+
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
     }
 
     pub fn wait(mut self, wait: Duration) -> Self {
@@ -112,6 +173,13 @@ impl AcquireOptions {
         }
         if let Some(o) = &self.owner {
             check_label("owner", o)?;
+        }
+        if let LockMode::Counted(n) = self.mode {
+            if !(1..=MAX_LIMIT).contains(&n) {
+                return Err(Error::Invalid(format!(
+                    "the limit of a counted lock must be 1 to {MAX_LIMIT} (got {n})"
+                )));
+            }
         }
         if let Some(r) = &self.renew {
             if r.max_hold.is_zero() {
@@ -202,6 +270,17 @@ mod tests {
             .renewal(r)
             .validate()
             .is_err());
+        let o = AcquireOptions::new(Duration::from_secs(1));
+        assert!(o.clone().limit(0).validate().is_err());
+        assert!(o.clone().limit(MAX_LIMIT + 1).validate().is_err());
+        assert!(o.clone().limit(MAX_LIMIT).validate().is_ok());
+        assert_eq!(o.clone().shared().mode, LockMode::Shared);
+        assert_eq!(o.clone().limit(3).mode, LockMode::Counted(3));
+        assert_eq!(
+            o.limit(3).shared().mode,
+            LockMode::Shared,
+            "the last setter wins"
+        );
     }
 
     #[test]

@@ -17,6 +17,28 @@
 //!
 //! Extend and release go to every node the same way; an extension counts only if a
 //! majority confirms it within the new validity.
+//!
+//! **Modes.** Exclusive and shared locks ([`AcquireOptions::shared`]) work over a
+//! quorum; counted locks ([`AcquireOptions::limit`]) do not, and are refused:
+//!
+//! - *Shared is safe.* A writer holds a majority of nodes and a reader needs a majority
+//!   too; any two majorities share a node, and that node refuses one of the two. Readers
+//!   coexist on every node, so any number of them can hold majorities at once. (Redlock
+//!   waits by retrying, not in the module's FIFO queue, so a stream of overlapping
+//!   readers can keep a writer out; on one server the queue prevents that.)
+//! - *Counted is not.* Each node grants its own `n` permits, and a holder needs only a
+//!   majority of them. With N = 2k+1 nodes, holders that reach only some of the nodes
+//!   (the partial failures Redlock is meant to survive) can spread over them so that
+//!   each node's permits are all used while every holder has k+1 nodes: up to
+//!   `floor(n·N / (k+1))` holders at once, which is more than `n` for every `n >= 2`
+//!   and tends to `2n - 1` as N grows (e.g. 3 holders of a `LIMIT 2` on 3 or 5 nodes).
+//!   A semaphore that admits more than `n` is no semaphore, so
+//!   [`Redlock::acquire_with`] answers [`Error::Invalid`] for it. Use a counted lock on
+//!   one server (with a replica) instead.
+//!
+//! An error that retrying cannot fix ([`Error::is_usage_error`]: `WRONGMODE`,
+//! `LIMITMISMATCH`, a shared lock asked of a node without the module) from any node ends
+//! the acquisition with that error, after releasing on every node.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,8 +48,9 @@ use futures_util::future::join_all;
 use crate::error::{Error, Result};
 use crate::info::LockInfo;
 use crate::lease::{Backend, LockGuard};
+use crate::node::Acquire;
 use crate::node::{jitter, new_token, Node};
-use crate::options::{check_ttl, drift, millis, AcquireOptions, ClientOptions};
+use crate::options::{check_ttl, drift, millis, AcquireOptions, ClientOptions, LockMode};
 
 /// Redlock settings.
 #[derive(Debug, Clone)]
@@ -140,46 +163,58 @@ impl Quorum {
     }
 
     /// One acquisition attempt (steps 1-4 of the module docs, without the retry).
+    /// `Err` only for an error retrying cannot fix (see [`Error::is_usage_error`]).
     async fn attempt(
         &self,
         key: &str,
         token: &str,
         ttl: Duration,
         owner: Option<&str>,
-    ) -> Option<Held> {
+        mode: LockMode,
+    ) -> Result<Option<Held>> {
         let start = Instant::now();
         let valid_until = start + ttl.saturating_sub(drift(ttl));
         let left = || valid_until.saturating_duration_since(Instant::now());
         let limit = self.node_timeout(ttl).min(left());
-        let ttl_ms = millis(ttl);
+        let req = Acquire {
+            key,
+            token,
+            ttl_ms: millis(ttl),
+            owner,
+            mode,
+        };
 
         // Round 1: every node at once.
-        let results = join_all(
-            self.nodes
-                .iter()
-                .map(|n| n.try_acquire(key, token, ttl_ms, owner, None, limit)),
-        )
-        .await;
+        let results = join_all(self.nodes.iter().map(|n| n.try_acquire(&req, None, limit))).await;
         let mut granted: Vec<(usize, Option<u64>)> = Vec::new();
+        let mut usage = None;
         for (i, r) in results.into_iter().enumerate() {
             match r {
                 Ok(Some(g)) => granted.push((i, g.fence)),
                 Ok(None) => {}
+                Err(e) if e.is_usage_error() => {
+                    log::debug!("{}: acquire of {key:?} refused: {e}", self.nodes[i].label);
+                    usage.get_or_insert(e);
+                }
                 Err(e) => log::debug!("{}: acquire of {key:?} failed: {e}", self.nodes[i].label),
             }
         }
+        if let Some(e) = usage {
+            self.release(key, token).await;
+            return Err(e);
+        }
         if granted.len() < self.quorum() || left().is_zero() {
             self.release(key, token).await;
-            return None;
+            return Ok(None);
         }
 
         // Round 2: quorum fencing.
         let Some(top) = granted.iter().filter_map(|g| g.1).max() else {
             // No node runs the module: a classic Redlock, without fences.
-            return Some(Held {
+            return Ok(Some(Held {
                 fence: None,
                 valid_until,
-            });
+            }));
         };
         // (node, has a counter >= top) for the nodes known to hold the lock.
         let mut confirmed: Vec<(usize, bool)> = Vec::new();
@@ -195,12 +230,18 @@ impl Quorum {
             let node_lease = (start + ttl).saturating_duration_since(Instant::now());
             if node_lease < Duration::from_millis(1) || left().is_zero() {
                 self.release(key, token).await;
-                return None;
+                return Ok(None);
             }
             let limit = self.node_timeout(ttl).min(left());
-            let results = join_all(lift.iter().map(|&i| {
-                self.nodes[i].try_acquire(key, token, millis(node_lease), owner, Some(top), limit)
-            }))
+            // The renew must name the same mode as the grant (else WRONGMODE).
+            let renew = Acquire {
+                ttl_ms: millis(node_lease),
+                ..req
+            };
+            let results = join_all(
+                lift.iter()
+                    .map(|&i| self.nodes[i].try_acquire(&renew, Some(top), limit)),
+            )
             .await;
             for (&i, r) in lift.iter().zip(results) {
                 match r {
@@ -215,7 +256,7 @@ impl Quorum {
         }
         if confirmed.len() < self.quorum() || left().is_zero() {
             self.release(key, token).await;
-            return None;
+            return Ok(None);
         }
         let fenced = confirmed.iter().filter(|c| c.1).count();
         let fence = if fenced >= self.quorum() {
@@ -229,8 +270,16 @@ impl Quorum {
             );
             None
         };
-        Some(Held { fence, valid_until })
+        Ok(Some(Held { fence, valid_until }))
     }
+}
+
+/// How many holders a counted lock of `n` permits could have at once over `nodes`
+/// nodes, each holder needing a majority: every node's `n` permits used up, `quorum`
+/// of them per holder.
+fn over_admission(n: u32, nodes: usize) -> u64 {
+    let quorum = nodes as u64 / 2 + 1;
+    u64::from(n) * nodes as u64 / quorum
 }
 
 /// A Redlock client over N independent servers (not replicas of each other, not one
@@ -283,8 +332,8 @@ impl Redlock {
         self.q.nodes.len()
     }
 
-    /// Takes `name` on a majority for `ttl`; with `wait`, retries with jitter until it
-    /// passes. `Ok(None)`: no majority (held elsewhere, or too many nodes down).
+    /// Takes `name` (exclusive) on a majority for `ttl`; with `wait`, retries with jitter
+    /// until it passes. `Ok(None)`: no majority (held elsewhere, or too many nodes down).
     pub async fn acquire(
         &self,
         name: &str,
@@ -296,6 +345,9 @@ impl Redlock {
         self.acquire_with(name, &o).await
     }
 
+    /// Takes `name` on a majority as `opts` says: exclusive or shared. A counted lock
+    /// ([`AcquireOptions::limit`]) is refused with [`Error::Invalid`]: over a quorum it
+    /// would admit up to `2n - 1` holders (see [the module docs](crate::redlock)).
     pub async fn acquire_with(
         &self,
         name: &str,
@@ -303,14 +355,24 @@ impl Redlock {
     ) -> Result<Option<LockGuard>> {
         opts.validate()?;
         check_ttl(opts.ttl)?;
+        if let LockMode::Counted(n) = opts.mode {
+            return Err(Error::Invalid(format!(
+                "Redlock cannot hold a counted lock (LIMIT {n}): each node grants its own \
+                 {n} permits and a holder needs only a majority of nodes, so up to {} \
+                 holders could hold it at once on these {} nodes; use a counted lock on \
+                 one server",
+                over_admission(n, self.q.nodes.len()),
+                self.q.nodes.len()
+            )));
+        }
         let token = opts.token.clone().unwrap_or_else(new_token);
         let wait_end = opts.wait.map(|w| Instant::now() + w);
         loop {
             let start = Instant::now();
             if let Some(h) = self
                 .q
-                .attempt(name, &token, opts.ttl, opts.owner.as_deref())
-                .await
+                .attempt(name, &token, opts.ttl, opts.owner.as_deref(), opts.mode)
+                .await?
             {
                 let renew = opts
                     .renew
@@ -321,6 +383,7 @@ impl Redlock {
                     name.to_string(),
                     token,
                     h.fence,
+                    opts.mode,
                     opts.ttl,
                     start,
                     h.valid_until,
@@ -359,5 +422,32 @@ impl Redlock {
             .map(|n| n.label.clone())
             .zip(results)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::over_admission;
+
+    #[test]
+    fn a_counted_lock_over_a_quorum_admits_too_many() {
+        // One permit is safe (any two majorities intersect)...
+        for nodes in [1, 3, 5, 7, 9] {
+            assert_eq!(over_admission(1, nodes), 1, "{nodes} nodes");
+        }
+        // ...more are not: LIMIT 2 on 3 or 5 nodes admits 3, on many nodes 2n - 1.
+        assert_eq!(over_admission(2, 3), 3);
+        assert_eq!(over_admission(2, 5), 3);
+        assert_eq!(over_admission(3, 5), 5);
+        assert_eq!(over_admission(10, 101), 19);
+        for n in 2..50u32 {
+            for nodes in (3..99).step_by(2) {
+                let m = over_admission(n, nodes);
+                assert!(
+                    m > u64::from(n) && m < 2 * u64::from(n),
+                    "n {n} nodes {nodes}: {m}"
+                );
+            }
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::info::LockInfo;
 use crate::lease::{Backend, LockGuard};
-use crate::node::{new_token, Node};
+use crate::node::{new_token, Acquire, Node};
 use crate::options::{check_ttl, drift, AcquireOptions, ClientOptions};
 
 /// A client for locks on one Redis / Valkey server with the module loaded, or on a Redis
@@ -76,7 +76,13 @@ impl LockClient {
         self.acquire_with(name, &o).await
     }
 
-    /// Takes `name` as `opts` says. Waiting uses the module's FIFO queue (`BLOCK`).
+    /// Takes `name` as `opts` says: exclusive, shared ([`AcquireOptions::shared`]) or one
+    /// permit of a counted lock ([`AcquireOptions::limit`]). Waiting uses the module's
+    /// FIFO queue (`BLOCK`). Renewal and the loss signal work the same for every mode:
+    /// they act on this guard's own holder (its token). A mode the key does not have
+    /// (`WRONGMODE`) or another limit (`LIMITMISMATCH`) is an [`Error::Redis`] with that
+    /// code ([`Error::server_code`]), never a wait. Without the module only exclusive
+    /// locks can be taken (the `SET NX PX` fallback): other modes are [`Error::Invalid`].
     pub async fn acquire_with(
         &self,
         name: &str,
@@ -87,15 +93,18 @@ impl LockClient {
         let token = opts.token.clone().unwrap_or_else(new_token);
         let ttl = opts.ttl;
         let ttl_ms = check_ttl(ttl)?;
-        let owner = opts.owner.as_deref();
+        let req = Acquire {
+            key: name,
+            token: &token,
+            ttl_ms,
+            owner: opts.owner.as_deref(),
+            mode: opts.mode,
+        };
         let wait = opts.wait.filter(|w| !w.is_zero());
         let start = Instant::now();
         let outcome = match wait {
-            None => {
-                node.try_acquire(name, &token, ttl_ms, owner, None, node.opts.io_timeout)
-                    .await
-            }
-            Some(w) => node.acquire_blocking(name, &token, ttl_ms, owner, w).await,
+            None => node.try_acquire(&req, None, node.opts.io_timeout).await,
+            Some(w) => node.acquire_blocking(&req, w).await,
         };
         let grant = match outcome {
             Ok(Some(g)) => g,
@@ -137,6 +146,7 @@ impl LockClient {
             name.to_string(),
             token,
             grant.fence,
+            opts.mode,
             ttl,
             acquired_at,
             valid_until,

@@ -768,3 +768,302 @@ fn tls_with_a_self_signed_ca() {
     assert_eq!(d.code, Some(69));
     let _ = fs::remove_dir_all(&dir);
 }
+
+// ---- shared and counted locks: --shared and --limit N ------------------------------
+
+/// A shell script that marks `me` as started, waits up to 10 s for `other` to exist,
+/// then for `go`, and exits 0 only if `other` appeared: two such commands both exit 0
+/// only if they ran at the same time.
+fn rendezvous(me: &Path, other: &Path, go: &Path) -> String {
+    format!(
+        "touch {me}; i=0; while [ ! -e {other} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; \
+         [ -e {other} ] || exit 3; \
+         i=0; while [ ! -e {go} ] && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done; touch {me}.end",
+        me = me.display(),
+        other = other.display(),
+        go = go.display()
+    )
+}
+
+/// Every `fence` value in a RESP2 `LOCK.INFO` reply, nested lists included.
+fn fences_in(v: &redis::Value, out: &mut Vec<u64>) {
+    if let redis::Value::Array(items) = v {
+        for kv in items.chunks(2) {
+            if let [redis::Value::BulkString(k), redis::Value::Int(f)] = kv {
+                if k == b"fence" {
+                    out.push(*f as u64);
+                }
+            }
+        }
+        for i in items {
+            fences_in(i, out);
+        }
+    }
+}
+
+#[test]
+fn shared_runs_run_together_and_an_exclusive_run_waits_for_all_of_them() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let url = server.url();
+    let dir = temp_dir();
+    let (a, b, go) = (dir.join("a"), dir.join("b"), dir.join("go"));
+    let reader = |me: &Path, other: &Path| {
+        spawn(
+            &dir,
+            &refs(&run_args(
+                &url,
+                &["--shared", "--owner", "reader", "--ttl", "3s"],
+                "catalog",
+                &rendezvous(me, other, &go),
+            )),
+        )
+    };
+    let ra = reader(&a, &b);
+    let rb = reader(&b, &a);
+    assert!(
+        wait_until(Duration::from_secs(10), || a.exists() && b.exists()),
+        "both shared commands started"
+    );
+
+    // info: the mode, both holders, and the holder list (text and JSON).
+    let d = cli(&dir, &["info", "--url", &url, "catalog"]);
+    assert_eq!(d.code, Some(0));
+    for line in ["mode: shared", "holders: 2", "waiters: 0", "holder-list:"] {
+        assert!(
+            d.stdout.lines().any(|l| l == line),
+            "{line:?} in\n{}",
+            d.stdout
+        );
+    }
+    assert_eq!(d.stdout.matches("  - fence: ").count(), 2, "{}", d.stdout);
+    assert_eq!(
+        d.stdout.matches("    owner: reader").count(),
+        2,
+        "{}",
+        d.stdout
+    );
+    assert!(
+        !d.stdout.lines().any(|l| l.starts_with("fence:")),
+        "{}",
+        d.stdout
+    );
+    let d = cli(&dir, &["info", "--url", &url, "catalog", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
+    assert_eq!(
+        (v["mode"].as_str(), v["holders"].as_i64()),
+        (Some("shared"), Some(2))
+    );
+    let holders = v["holder-list"].as_array().unwrap();
+    assert_eq!(holders.len(), 2);
+    let mut c = server.conn();
+    let mut fences: Vec<u64> = holders
+        .iter()
+        .map(|h| {
+            h["fence"]
+                .as_str()
+                .expect("a string fence")
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    fences.sort_unstable();
+    let mut raw = Vec::new();
+    fences_in(&util::lock_info(&mut c, "catalog"), &mut raw);
+    raw.sort_unstable();
+    assert_eq!(fences, raw, "the fences LOCK.INFO reports");
+    assert!(holders.iter().all(|h| h["ttl"].as_i64().unwrap() > 0));
+
+    // An exclusive run without --wait is busy; with --wait it queues behind the readers,
+    // and a reader that comes after it is busy (no barging past a queued writer).
+    let busy = cli(&dir, &refs(&run_args(&url, &[], "catalog", "exit 0")));
+    assert_eq!(busy.code, Some(75), "{}", busy.stderr);
+    let writer = spawn(
+        &dir,
+        &refs(&run_args(
+            &url,
+            &["-w", "20s"],
+            "catalog",
+            &format!(
+                "[ -e {a}.end ] && [ -e {b}.end ] || exit 9; touch {w}",
+                a = a.display(),
+                b = b.display(),
+                w = dir.join("w").display()
+            ),
+        )),
+    );
+    assert!(wait_until(Duration::from_secs(10), || {
+        server
+            .info_field("lock", "lock_waiters")
+            .is_some_and(|n| n == "1")
+    }));
+    let late = cli(
+        &dir,
+        &refs(&run_args(&url, &["--shared"], "catalog", "exit 0")),
+    );
+    assert_eq!(late.code, Some(75), "a reader behind a queued writer waits");
+    assert!(
+        late.stderr
+            .contains("exclusively (or a writer waits for it)"),
+        "{}",
+        late.stderr
+    );
+    assert!(!dir.join("w").exists());
+
+    fs::write(&go, "").unwrap();
+    assert_eq!(ra.finish(Duration::from_secs(20)).code, Some(0));
+    assert_eq!(rb.finish(Duration::from_secs(20)).code, Some(0));
+    let w = writer.finish(Duration::from_secs(20));
+    assert_eq!(w.code, Some(0), "the writer ran after both readers ended");
+    assert!(dir.join("w").exists());
+    assert!(is_free(&mut c, "catalog"));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn limit_runs_n_at_once_the_next_is_busy_or_waits() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let url = server.url();
+    let dir = temp_dir();
+    let (p1, p2, go) = (dir.join("p1"), dir.join("p2"), dir.join("go"));
+    let permit = |me: &Path, other: &Path| {
+        spawn(
+            &dir,
+            &refs(&run_args(
+                &url,
+                &["--limit", "2", "--ttl", "3s"],
+                "exports",
+                &rendezvous(me, other, &go),
+            )),
+        )
+    };
+    let h1 = permit(&p1, &p2);
+    let h2 = permit(&p2, &p1);
+    assert!(wait_until(Duration::from_secs(10), || p1.exists() && p2.exists()));
+
+    // The third: busy (75) without running, and busy after a short --wait.
+    let third = dir.join("third");
+    let touch_third = format!("touch {}", third.display());
+    let d = cli(
+        &dir,
+        &refs(&run_args(&url, &["--limit", "2"], "exports", &touch_third)),
+    );
+    assert_eq!(d.code, Some(75));
+    assert!(d.stderr.contains("all 2 permits are taken"), "{}", d.stderr);
+    let d = cli(
+        &dir,
+        &refs(&run_args(
+            &url,
+            &["--limit", "2", "-w", "300ms"],
+            "exports",
+            &touch_third,
+        )),
+    );
+    assert_eq!(d.code, Some(75));
+    assert!(d.took >= ms(300));
+    assert!(!third.exists());
+
+    // Another limit, or another mode, is an error reply (69), not a wait.
+    let d = cli(
+        &dir,
+        &refs(&run_args(
+            &url,
+            &["--limit", "3", "-w", "10s"],
+            "exports",
+            &touch_third,
+        )),
+    );
+    assert_eq!(d.code, Some(69));
+    assert!(d.stderr.contains("LIMITMISMATCH"), "{}", d.stderr);
+    assert!(d.took < ms(5_000));
+    let d = cli(
+        &dir,
+        &refs(&run_args(&url, &["--shared"], "exports", &touch_third)),
+    );
+    assert_eq!(d.code, Some(69));
+    assert!(d.stderr.contains("WRONGMODE"), "{}", d.stderr);
+
+    let d = cli(&dir, &["info", "--url", &url, "exports"]);
+    for line in ["mode: counted", "limit: 2", "holders: 2"] {
+        assert!(
+            d.stdout.lines().any(|l| l == line),
+            "{line:?} in\n{}",
+            d.stdout
+        );
+    }
+
+    // With --wait the third gets the first permit given back.
+    let waiter = spawn(
+        &dir,
+        &refs(&run_args(
+            &url,
+            &["--limit", "2", "-w", "20s"],
+            "exports",
+            &touch_third,
+        )),
+    );
+    assert!(wait_until(Duration::from_secs(10), || {
+        server
+            .info_field("lock", "lock_waiters")
+            .is_some_and(|n| n == "1")
+    }));
+    assert!(!third.exists());
+    fs::write(&go, "").unwrap();
+    assert_eq!(h1.finish(Duration::from_secs(20)).code, Some(0));
+    assert_eq!(h2.finish(Duration::from_secs(20)).code, Some(0));
+    assert_eq!(waiter.finish(Duration::from_secs(20)).code, Some(0));
+    assert!(third.exists());
+    assert!(is_free(&mut server.conn(), "exports"));
+
+    // acquire --limit / --shared, and the usage errors.
+    let take = |extra: &[&str]| {
+        let mut args = vec!["acquire", "--url", &url, "--json"];
+        args.extend_from_slice(extra);
+        let d = cli(&dir, &args);
+        assert_eq!(d.code, Some(0), "{}", d.stderr);
+        let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
+        v["token"].as_str().unwrap().to_string()
+    };
+    let t1 = take(&["--limit", "2", "sem"]);
+    let t2 = take(&["--limit=2", "sem"]);
+    assert_eq!(
+        cli(&dir, &["acquire", "--url", &url, "--limit", "2", "sem"]).code,
+        Some(75)
+    );
+    let t3 = take(&["-s", "rw"]);
+    let t4 = take(&["--shared", "rw"]);
+    let info: serde_json::Value = serde_json::from_str(
+        cli(&dir, &["info", "--url", &url, "rw", "--json"])
+            .stdout
+            .trim(),
+    )
+    .unwrap();
+    assert_eq!(info["holder-list"].as_array().unwrap().len(), 2);
+    for (name, t) in [("sem", &t1), ("sem", &t2), ("rw", &t3), ("rw", &t4)] {
+        assert_eq!(
+            cli(&dir, &["release", "--url", &url, name, t]).code,
+            Some(0)
+        );
+    }
+    assert_eq!(
+        cli(
+            &dir,
+            &["run", "--url", &url, "--shared", "--limit", "2", "x", "--", "true"]
+        )
+        .code,
+        Some(64)
+    );
+    let nodes = format!("{url},{url},{url}");
+    let d = cli(
+        &dir,
+        &["run", "--nodes", &nodes, "--limit", "2", "x", "--", "true"],
+    );
+    assert_eq!(d.code, Some(64));
+    assert!(
+        d.stderr.contains("--limit cannot be used with --nodes"),
+        "{}",
+        d.stderr
+    );
+    let _ = fs::remove_dir_all(&dir);
+}

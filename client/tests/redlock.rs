@@ -158,14 +158,17 @@ async fn three_nodes_down_no_acquisition_and_no_partial_lock() {
 async fn quorum_fences_strictly_increase() {
     let (s, rl) = five(200);
 
-    // Node 0's counter far ahead of the others (like a node whose clock runs fast):
-    // its fences are ~2^40 above theirs.
+    // Node 0's counter ahead of the others (like a node whose clock runs fast), as far
+    // as MINFENCE may lift it: just below an hour ahead of its clock term
+    // (`unix_ms << 10`). The others started earlier, and their fences start an hour
+    // ahead of their start time, so they stay below node 0's for the next hour.
+    tokio::time::sleep(ms(200)).await;
     let mut c0 = s[0].conn();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
-    let ahead = (now_ms << 20) + (1 << 40);
+    let ahead = (now_ms + 3_600_000 - 100) << 10;
     let _: redis::Value = redis::cmd("LOCK.ACQUIRE")
         .arg("other")
         .arg("PX")
@@ -174,6 +177,18 @@ async fn quorum_fences_strictly_increase() {
         .arg(ahead)
         .query(&mut c0)
         .unwrap();
+    for (i, node) in s.iter().enumerate().skip(1) {
+        let (_, f): (String, u64) = redis::cmd("LOCK.ACQUIRE")
+            .arg("probe")
+            .arg("PX")
+            .arg(1)
+            .query(&mut node.conn())
+            .unwrap();
+        assert!(
+            f < ahead,
+            "node {i}'s counter {f} is not behind node 0's {ahead}"
+        );
+    }
 
     // With node 0 in the majority the quorum fence is node 0's (the maximum).
     let g = granted(rl.acquire("lock:f", ms(10_000), None)).await;
@@ -182,8 +197,8 @@ async fn quorum_fences_strictly_increase() {
     // Round 2 (MINFENCE) raised the counters of the nodes that granted a lower fence.
     g.release().await.unwrap();
 
-    // Without node 0 the other nodes' own counters would give ~2^40 less; quorum
-    // fencing keeps the order. Then every other pair of nodes down in turn.
+    // Without node 0 the other nodes' own counters would give less; quorum fencing
+    // keeps the order. Then every other pair of nodes down in turn.
     let downs: [&[usize]; 7] = [&[0], &[0, 1], &[2, 3], &[3, 4], &[0, 4], &[1, 2], &[]];
     for down in downs {
         let stopped: Vec<Stopped> = down.iter().map(|&i| Stopped::new(s[i].pid())).collect();

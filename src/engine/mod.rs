@@ -460,6 +460,9 @@ impl<W, T> Engine<W, T> {
     ) -> Result<u64, LockError> {
         let now = ks.now();
         let expires_at = lease(now, ttl)?;
+        // Everything that can fail comes before the fence is taken and the grant sent.
+        let joins =
+            matches!(ks.read()?, Slot::Lock(v) if v.mode() == mode && mode != Mode::Exclusive);
         let fence = self.fence.next(now, min_fence)?;
         let holder = Holder::new(digest, fence, expires_at, now, client_id, addr, owner);
         ks.replicate(Repl::Grant {
@@ -467,8 +470,8 @@ impl<W, T> Engine<W, T> {
             holder: &holder,
             floor: 0,
         });
-        let added = match ks.read()? {
-            Slot::Lock(v) if v.mode() == mode && mode != Mode::Exclusive => {
+        let joined = match ks.read() {
+            Ok(Slot::Lock(v)) if joins => {
                 v.push(holder);
                 Some(v.deadline())
             }
@@ -477,7 +480,7 @@ impl<W, T> Engine<W, T> {
                 None
             }
         };
-        if let Some(deadline) = added {
+        if let Some(deadline) = joined {
             ks.set_expiry(deadline);
         }
         self.stats.acquired += 1;
@@ -806,6 +809,29 @@ impl<W, T> Engine<W, T> {
         Ok(true)
     }
 
+    /// Removes holders, then (when one was removed) notifies, counts and hands over: the
+    /// one place a release, a revocation and a forced release end.
+    fn release_and_serve<S: Sched<Waiter = W, Timer = T>>(
+        &mut self,
+        ks: &mut impl Keyspace,
+        sched: &mut S,
+        which: Which<'_>,
+        forced: bool,
+    ) -> Result<bool, LockError> {
+        let removed = self.remove_holders(ks, which)?;
+        if removed {
+            if forced {
+                ks.notify(Event::ForceRelease);
+                self.stats.force_released += 1;
+            } else {
+                ks.notify(Event::Release);
+                self.stats.released += 1;
+            }
+            self.serve(ks, sched);
+        }
+        Ok(removed)
+    }
+
     /// LOCK.RELEASE: removes the holder `token` names, then hands the lock over.
     pub fn release<S: Sched<Waiter = W, Timer = T>>(
         &mut self,
@@ -813,13 +839,7 @@ impl<W, T> Engine<W, T> {
         sched: &mut S,
         token: &[u8],
     ) -> Result<bool, LockError> {
-        let released = self.remove_holders(ks, Which::Token(token))?;
-        if released {
-            ks.notify(Event::Release);
-            self.stats.released += 1;
-            self.serve(ks, sched);
-        }
-        Ok(released)
+        self.release_and_serve(ks, sched, Which::Token(token), false)
     }
 
     /// Gives back a grant whose waiter left before it heard of it.
@@ -833,18 +853,10 @@ impl<W, T> Engine<W, T> {
             Ok(Slot::Lock(v)) => v.find(d).map(|i| v.holders()[i].fence),
             _ => None,
         };
-        let Some(fence) = found else {
-            return false;
-        };
-        let removed = self
-            .remove_holders(ks, Which::Fence(fence))
-            .unwrap_or(false);
-        if removed {
-            ks.notify(Event::Release);
-            self.stats.released += 1;
-            self.serve(ks, sched);
-        }
-        removed
+        found.is_some_and(|fence| {
+            self.release_and_serve(ks, sched, Which::Fence(fence), false)
+                .unwrap_or(false)
+        })
     }
 
     /// LOCK.FORCERELEASE [FENCE f].
@@ -854,14 +866,7 @@ impl<W, T> Engine<W, T> {
         sched: &mut S,
         fence: Option<u64>,
     ) -> Result<bool, LockError> {
-        let which = fence.map_or(Which::All, Which::Fence);
-        let removed = self.remove_holders(ks, which)?;
-        if removed {
-            ks.notify(Event::ForceRelease);
-            self.stats.force_released += 1;
-            self.serve(ks, sched);
-        }
-        Ok(removed)
+        self.release_and_serve(ks, sched, fence.map_or(Which::All, Which::Fence), true)
     }
 
     /// LOCK.EXTEND: a new lease for the holder `token` names.

@@ -115,3 +115,29 @@ pub fn lock_stat(c: &mut RawConn, field: &str) -> i64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("INFO lock has no numeric {name}: {m:?}"))
 }
+
+/// The digest the module stores instead of a token (its keyed BLAKE3, first 16 bytes;
+/// `src/engine/value.rs`): what a test looks for in a DUMP payload, an RDB or an AOF to
+/// find a lock's holder without the token being there. Pinned to the module's value by
+/// the test below and the module's own unit test.
+pub fn token_digest(token: &[u8]) -> [u8; 16] {
+    const KEY: [u8; 32] = *b"redis-lock token digest, v1.....";
+    let full = blake3::keyed_hash(&KEY, token);
+    let mut d = [0u8; 16];
+    d.copy_from_slice(&full.as_bytes()[..16]);
+    d
+}
+
+/// The fence clock term the module uses on a new deployment: `unix_ms << FENCE_SHIFT`.
+pub const FENCE_SHIFT: u32 = 10;
+
+#[cfg(test)]
+mod digest_tests {
+    #[test]
+    fn the_digest_is_the_modules() {
+        assert_eq!(
+            super::token_digest(b"token"),
+            [227, 227, 21, 212, 75, 13, 78, 245, 149, 30, 189, 29, 58, 80, 77, 46]
+        );
+    }
+}

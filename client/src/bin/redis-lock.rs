@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
 use redis_lock_client::{
-    AcquireOptions, ClientOptions, LockClient, LockGuard, Redlock, RedlockOptions, Renewal,
+    AcquireOptions, ClientOptions, LockClient, LockGuard, LockMode, Redlock, RedlockOptions,
+    Renewal, MAX_LIMIT,
 };
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -31,7 +32,8 @@ Exit codes:
   n    run: CMD's own exit code; 128+N when CMD died of signal N
   1    release/extend: not held by this token; info: the lock is free
   64   usage error (EX_USAGE)
-  69   server unreachable, TLS or authentication failure, or an error reply (EX_UNAVAILABLE)
+  69   server unreachable, TLS or authentication failure, or an error reply such as
+       WRONGMODE / LIMITMISMATCH (EX_UNAVAILABLE)
   75   busy: not acquired within --wait (EX_TEMPFAIL); -E/--conflict-exit-code changes it
   79   run: the lease was lost while CMD ran; --lost-exit-code changes it
   126  run: CMD is not executable     127  run: CMD not found
@@ -49,6 +51,8 @@ Examples:
   redis-lock run daily-report -- /usr/local/bin/daily-report
   redis-lock run -w 10s deploy -c 'make deploy && make smoke-test'
   redis-lock run job --ttl 5s -- sh -c 'echo fence $REDIS_LOCK_FENCE'
+  redis-lock run --shared -w 1m catalog -- ./read-catalog     (readers at once; a plain run waits)
+  redis-lock run --limit 4 -w 10m exports -- ./export          (at most 4 at once)
   0 3 * * * redis-lock run -q --url redis://lock-host:6379 --ttl 60s daily-report -- /usr/local/bin/daily-report
 
 CMD gets REDIS_LOCK_NAME, REDIS_LOCK_TOKEN and REDIS_LOCK_FENCE (empty when there is no
@@ -110,6 +114,15 @@ struct LockArgs {
     /// Label shown by LOCK.INFO [default: <hostname>:<pid>]
     #[arg(long, value_name = "LABEL")]
     owner: Option<String>,
+    /// Take a shared (reader) place, like flock -s: any number of --shared holders at
+    /// once; a holder without it is the writer and waits for all of them
+    #[arg(short = 's', long, conflicts_with = "limit")]
+    shared: bool,
+    /// Take one of N permits of a counted lock (a semaphore, like consul lock -n N): up
+    /// to N holders at once; every holder of NAME must give the same N
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIMIT)))]
+    limit: Option<u32>,
     /// Exit code when the lock is busy
     #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_BUSY,
           value_parser = clap::value_parser!(i32).range(0..=255))]
@@ -315,6 +328,7 @@ struct Args {
     ttl: Duration,
     wait: Option<Duration>,
     owner: Option<String>,
+    mode: LockMode,
     token: Option<String>,
     max_hold: Duration,
     grace: Duration,
@@ -366,6 +380,7 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         ttl: Duration::from_secs(30),
         wait: None,
         owner: None,
+        mode: LockMode::Exclusive,
         token: None,
         max_hold: Duration::from_secs(86_400),
         grace: Duration::from_secs(10),
@@ -392,6 +407,11 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         };
         a.owner = l.owner;
         a.busy_code = l.busy_code;
+        a.mode = match (l.shared, l.limit) {
+            (_, Some(n)) => LockMode::Counted(n),
+            (true, None) => LockMode::Shared,
+            (false, None) => LockMode::Exclusive,
+        };
     };
     match cli.cmd {
         Cmd::Run(r) => {
@@ -440,6 +460,14 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
     if a.token.as_deref() == Some("") {
         return Err("the token is empty".into());
     }
+    if let (LockMode::Counted(_), Some(_)) = (a.mode, &a.nodes) {
+        return Err(
+            "--limit cannot be used with --nodes: over a Redlock quorum a counted \
+                    lock could admit more holders than its limit (each node grants its own \
+                    permits); use --url"
+                .into(),
+        );
+    }
     Ok(Parsed::Args(Box::new(a)))
 }
 
@@ -468,9 +496,15 @@ enum Locker {
 }
 
 impl Locker {
-    fn busy_message(&self, name: &str) -> String {
+    fn busy_message(&self, name: &str, mode: LockMode) -> String {
         match self {
-            Locker::Single(_) => format!("{name} is held elsewhere"),
+            Locker::Single(_) => match mode {
+                LockMode::Exclusive => format!("{name} is held elsewhere"),
+                LockMode::Shared => {
+                    format!("{name} is held elsewhere exclusively (or a writer waits for it)")
+                }
+                LockMode::Counted(n) => format!("{name}: all {n} permits are taken"),
+            },
             Locker::Quorum(q) => format!(
                 "{name}: no majority ({} of {} nodes) granted it (held elsewhere, or nodes down)",
                 q.quorum(),
@@ -534,6 +568,7 @@ fn acquire_options(a: &Args, renew: bool) -> AcquireOptions {
             .unwrap_or_else(|| format!("{}:{}", hostname(), std::process::id())),
     );
     o.token = a.token.clone();
+    o.mode = a.mode;
     if renew {
         o.renew = Some(Renewal::capped(a.max_hold));
     }
@@ -563,7 +598,7 @@ async fn cmd_acquire(a: &Args, locker: &Locker) -> i32 {
             0
         }
         Ok(None) => {
-            log::info!("{}", locker.busy_message(&a.name));
+            log::info!("{}", locker.busy_message(&a.name, a.mode));
             a.busy_code
         }
         Err(e) => {
@@ -596,17 +631,28 @@ async fn cmd_release_extend(a: &Args, locker: &Locker) -> i32 {
 
 fn print_info(info: &redis_lock_client::LockInfo, indent: &str) {
     for (k, v) in &info.fields {
+        if k == "holder-list" {
+            // One block per holder instead of the one-line rendering.
+            println!("{indent}{k}:");
+            for h in &info.holder_list {
+                let mut dash = "- ";
+                for (hk, hv) in &h.fields {
+                    println!("{indent}  {dash}{hk}: {}", hv.as_deref().unwrap_or("(nil)"));
+                    dash = "  ";
+                }
+            }
+            continue;
+        }
         println!("{indent}{k}: {}", v.as_deref().unwrap_or("(nil)"));
     }
 }
 
-/// LOCK.INFO fields as a JSON object: integers as numbers, except the fence, which is a
-/// decimal string (it may exceed 2^53, where JSON readers such as JavaScript and jq
-/// round numbers).
-fn info_json(info: Option<&redis_lock_client::LockInfo>) -> serde_json::Value {
+/// Fields as a JSON object: integers as numbers, except fences, which are decimal
+/// strings (they may exceed 2^53, where JSON readers such as JavaScript and jq round
+/// numbers).
+fn fields_json(fields: &[(String, Option<String>)]) -> serde_json::Map<String, serde_json::Value> {
     let mut m = serde_json::Map::new();
-    m.insert("held".into(), info.is_some().into());
-    for (k, v) in info.map(|i| i.fields.as_slice()).unwrap_or_default() {
+    for (k, v) in fields {
         let value = match v {
             None => serde_json::Value::Null,
             Some(s) if k != "fence" => s
@@ -616,6 +662,25 @@ fn info_json(info: Option<&redis_lock_client::LockInfo>) -> serde_json::Value {
             Some(s) => s.clone().into(),
         };
         m.insert(k.clone(), value);
+    }
+    m
+}
+
+/// LOCK.INFO as a JSON object (see `fields_json`), the holder list as an array of
+/// objects.
+fn info_json(info: Option<&redis_lock_client::LockInfo>) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    m.insert("held".into(), info.is_some().into());
+    if let Some(info) = info {
+        m.extend(fields_json(&info.fields));
+        if m.contains_key("holder-list") {
+            let holders = info
+                .holder_list
+                .iter()
+                .map(|h| serde_json::Value::Object(fields_json(&h.fields)))
+                .collect();
+            m.insert("holder-list".into(), serde_json::Value::Array(holders));
+        }
     }
     serde_json::Value::Object(m)
 }
@@ -711,7 +776,10 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
     let guard = match locker.acquire(&a.name, &acquire_options(a, true)).await {
         Ok(Some(g)) => g,
         Ok(None) => {
-            log::info!("{}; not running the command", locker.busy_message(&a.name));
+            log::info!(
+                "{}; not running the command",
+                locker.busy_message(&a.name, a.mode)
+            );
             return a.busy_code;
         }
         Err(e) => {
@@ -956,6 +1024,83 @@ mod tests {
             help.contains("--max-hold") && help.contains("REDIS_LOCK_FENCE"),
             "{help}"
         );
+    }
+
+    #[test]
+    fn shared_and_limit() {
+        assert_eq!(args(&["run", "j", "x"]).mode, LockMode::Exclusive);
+        assert_eq!(args(&["run", "--shared", "j", "x"]).mode, LockMode::Shared);
+        assert_eq!(
+            args(&["run", "-s", "-w", "1s", "j", "x"]).mode,
+            LockMode::Shared
+        );
+        assert_eq!(args(&["acquire", "j", "-s"]).mode, LockMode::Shared);
+        assert_eq!(
+            args(&["run", "j", "--limit", "3", "--", "x"]).mode,
+            LockMode::Counted(3)
+        );
+        assert_eq!(
+            args(&["acquire", "--limit=2", "j"]).mode,
+            LockMode::Counted(2)
+        );
+        assert!(p(&["run", "--shared", "--limit", "2", "j", "x"]).is_err());
+        assert!(p(&["run", "--limit", "0", "j", "x"]).is_err());
+        assert!(p(&["run", "--limit", "1000001", "j", "x"]).is_err());
+        assert!(p(&["run", "--limit", "-1", "j", "x"]).is_err());
+        assert!(p(&["release", "--shared", "j", "t"]).is_err());
+        // Redlock: shared is fine, a counted lock is a usage error.
+        assert_eq!(
+            args(&[
+                "run",
+                "-s",
+                "--nodes",
+                "redis://a,redis://b,redis://c",
+                "j",
+                "x"
+            ])
+            .mode,
+            LockMode::Shared
+        );
+        let e = p(&[
+            "run",
+            "--limit",
+            "2",
+            "--nodes",
+            "redis://a,redis://b",
+            "j",
+            "x",
+        ]);
+        assert!(
+            matches!(e, Err((EXIT_USAGE, ref t)) if t.contains("--limit")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn info_json_has_the_holders_with_string_fences() {
+        let info = redis_lock_client::LockInfo {
+            fields: vec![
+                ("mode".into(), Some("shared".into())),
+                ("holders".into(), Some("1".into())),
+                ("holder-list".into(), Some("[...]".into())),
+            ],
+            holder_list: vec![redis_lock_client::HolderInfo {
+                fence: 1_839_191_190_761_476,
+                fields: vec![
+                    ("fence".into(), Some("1839191190761476".into())),
+                    ("owner".into(), None),
+                    ("ttl".into(), Some("59000".into())),
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let v = info_json(Some(&info));
+        assert_eq!(
+            v.to_string(),
+            r#"{"held":true,"holder-list":[{"fence":"1839191190761476","owner":null,"ttl":59000}],"holders":1,"mode":"shared"}"#
+        );
+        assert_eq!(info_json(None).to_string(), r#"{"held":false}"#);
     }
 
     #[test]

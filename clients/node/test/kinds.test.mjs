@@ -1,6 +1,5 @@
-// Shared (SHARED) and counted (LIMIT n) locks, once per client library. These need the
-// module's next step (shared/SPEC.md, "Shared and counted locks"): `make test-node` does
-// not run this file yet. Run it by hand: cd clients/node && node --test test/kinds.test.mjs
+// Shared (SHARED) and counted (LIMIT n) locks, once per client library: readers and a
+// queued writer, n permits, LIMITMISMATCH and WRONGMODE (docs/commands.md, "The lock state").
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";

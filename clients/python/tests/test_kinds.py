@@ -1,7 +1,5 @@
-"""Shared (SHARED) and counted (LIMIT n) locks. These need the module's next step
-(shared/SPEC.md, "Shared and counted locks"); `make test-python` does not run this file
-yet. Run it by hand: target/venv-python/bin/python -m pytest clients/python/tests/test_kinds.py
-"""
+"""Shared (SHARED) and counted (LIMIT n) locks: readers and a queued writer, n permits,
+LIMITMISMATCH and WRONGMODE, asyncio (docs/commands.md, "The lock state")."""
 
 import asyncio
 import threading
@@ -28,7 +26,8 @@ def test_readers_share_and_a_writer_waits_for_all(server, key):
     assert a.owned() and b.owned()
     # Each holder's own lease.
     assert a.extend(20)
-    writer = Lock(r, key, timeout=10)
+    # Acquired in a thread and read here: not thread-local (as with redis-py's Lock).
+    writer = Lock(r, key, timeout=10, thread_local=False)
     assert not writer.acquire(blocking=False)
     out = {}
     t = threading.Thread(target=lambda: out.update(ok=writer.acquire(blocking_timeout=5)))
@@ -39,9 +38,10 @@ def test_readers_share_and_a_writer_waits_for_all(server, key):
     assert "ok" not in out, "one reader still holds it"
     # A reader arriving after a queued writer waits too (no writer starvation).
     assert not Lock(r, key, shared=True).acquire(blocking=False)
+    b_fence = b.fence
     b.release()
     t.join(5)
-    assert out["ok"] and writer.fence > b.fence
+    assert out["ok"] and writer.fence > b_fence
     writer.release()
 
 
@@ -49,7 +49,8 @@ def test_counted_lock_has_n_permits(server, key):
     r = server.client()
     holders = [Lock(r, key, timeout=10, limit=2) for _ in range(2)]
     assert all(h.acquire(blocking=False) for h in holders)
-    third = Lock(r, key, timeout=10, limit=2)
+    # Acquired in a thread and used here: not thread-local (as with redis-py's Lock).
+    third = Lock(r, key, timeout=10, limit=2, thread_local=False)
     assert not third.acquire(blocking=False)
     info = third.info()
     assert info["mode"] == "counted" and int(info["limit"]) == 2 and int(info["holders"]) == 2

@@ -1,8 +1,10 @@
 //! `make bench-contention`: N clients contend for one lock, each holding it c ms, against
 //! a server (with the module) that this program starts itself. Compares the module's
 //! server-side FIFO hand-off (`LOCK.ACQUIRE ... BLOCK`) with the waiting recipes lock
-//! libraries use today; saves the cells as docs/data/contention.json and renders the
-//! contention section of docs/BENCHMARKS.md and docs/contention.png from it.
+//! libraries use today, for a mutex, for readers and writers (`SHARED`) and for a
+//! semaphore (`LIMIT n`); saves the cells as docs/data/contention.json and renders the
+//! contention section of docs/BENCHMARKS.md, docs/contention.png and
+//! docs/contention-kinds.png from it.
 
 mod cpu;
 mod methods;
@@ -16,8 +18,8 @@ use clap::Parser;
 use redis_lock_report::contention::{ContentionRun, RunInfo};
 use redis_lock_testkit::{flavor_of, List, ServerBuilder};
 
-use methods::{Method, Scripts, ALL};
-use run::run_cell;
+use methods::{Family, Method, Scripts};
+use run::{run_cell, run_kind_cell, Shape};
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -35,13 +37,33 @@ struct Config {
     /// Critical-section lengths in ms.
     #[arg(long, env = "CONTENTION_HOLD_MS", default_value = "0,1")]
     hold_ms: List<u64>,
-    /// Methods: module, poll100, jitter, blpop.
+    /// Methods of the mutex cells: module, poll100, jitter, blpop.
     #[arg(
         long,
         env = "CONTENTION_METHODS",
         default_value = "module,poll100,jitter,blpop"
     )]
     methods: List<String>,
+    /// Which cells: mutex (N clients, one lock), rw (readers and writers), sem (a
+    /// semaphore).
+    #[arg(long, env = "CONTENTION_CELLS", default_value = "mutex,rw,sem")]
+    cells: List<String>,
+    /// Readers and writers of the rw cells.
+    #[arg(long, env = "CONTENTION_RW", default_value = "8,1")]
+    rw: List<usize>,
+    /// Methods of the rw cells: shared, module, jitter, rw-script, rw-script-wfirst.
+    #[arg(
+        long,
+        env = "CONTENTION_RW_METHODS",
+        default_value = "shared,module,jitter,rw-script,rw-script-wfirst"
+    )]
+    rw_methods: List<String>,
+    /// Clients and permits (LIMIT) of the sem cells.
+    #[arg(long, env = "CONTENTION_SEM", default_value = "16,4")]
+    sem: List<usize>,
+    /// Methods of the sem cells: limit, zset.
+    #[arg(long, env = "CONTENTION_SEM_METHODS", default_value = "limit,zset")]
+    sem_methods: List<String>,
     #[arg(long, env = "LOCK_SERVER_BIN", default_value = "/usr/bin/redis-server")]
     server: PathBuf,
     #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]
@@ -87,12 +109,45 @@ fn real_main() -> Result<(), Error> {
     if cfg.n.0.iter().any(|&n| n == 0 || n > 1000) {
         return Err("--n: each N must be 1..=1000".into());
     }
-    let methods = cfg
-        .methods
+    let families = cfg
+        .cells
         .0
         .iter()
-        .map(|id| Method::from_id(id).ok_or_else(|| format!("unknown method {id:?}")))
+        .map(|id| Family::from_id(id).ok_or_else(|| format!("unknown cells {id:?}")))
         .collect::<Result<Vec<_>, _>>()?;
+    let pick = |family: Family, ids: &List<String>| -> Result<Vec<Method>, Error> {
+        if !families.contains(&family) {
+            return Ok(Vec::new());
+        }
+        let wanted = ids
+            .0
+            .iter()
+            .map(|id| {
+                Method::from_id(family, id)
+                    .ok_or_else(|| format!("unknown {} method {id:?}", family.id()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // In the family's own order, whatever the order asked.
+        Ok(family
+            .methods()
+            .iter()
+            .copied()
+            .filter(|m| wanted.contains(m))
+            .collect())
+    };
+    let methods = pick(Family::Mutex, &cfg.methods)?;
+    let rw_methods = pick(Family::ReadWrite, &cfg.rw_methods)?;
+    let sem_methods = pick(Family::Semaphore, &cfg.sem_methods)?;
+    let rw_shape = match cfg.rw.0[..] {
+        [r, w] if r + w > 0 && r + w <= 1000 => Shape::read_write(r, w),
+        _ => return Err("--rw: READERS,WRITERS, 1..=1000 clients in all".into()),
+    };
+    let sem_shape = match cfg.sem.0[..] {
+        [n, limit] if (1..=1000).contains(&n) && (1..=1000).contains(&limit) => {
+            Shape::semaphore(n, limit as u32)
+        }
+        _ => return Err("--sem: CLIENTS,LIMIT, each 1..=1000".into()),
+    };
     let started = Instant::now();
     let date = redis_lock_report::fmt::now_utc();
     let machine = machine();
@@ -119,7 +174,7 @@ fn real_main() -> Result<(), Error> {
 
     let mut cells = Vec::new();
     for &hold in &cfg.hold_ms.0 {
-        for m in ALL.into_iter().filter(|m| methods.contains(m)) {
+        for &m in &methods {
             for &n in &cfg.n.0 {
                 let cell = run_cell(&server, &scripts, m, n, hold, duration)?;
                 run::print_row(&cell);
@@ -127,14 +182,37 @@ fn real_main() -> Result<(), Error> {
             }
         }
     }
+    let mut kinds = Vec::new();
+    for (shape, family_methods) in [(&rw_shape, &rw_methods), (&sem_shape, &sem_methods)] {
+        for &hold in &cfg.hold_ms.0 {
+            for &m in family_methods {
+                let cell = run_kind_cell(&server, &scripts, m, shape, hold, duration)?;
+                run::print_kind_row(&cell);
+                kinds.push(cell);
+            }
+        }
+    }
     drop(server);
-    let broken = cells.iter().filter(|c| c.summary.overlaps > 0).count();
+    // Two holders of a mutex, or a grant against a read-write lock's or a semaphore's
+    // rule, is a bug here (in the module or in this tool); the sorted-set semaphore's
+    // over-admission is the recipe's own (its ranks come from the clients' clocks) and
+    // only reported.
+    let broken = cells.iter().filter(|c| c.summary.overlaps > 0).count()
+        + kinds
+            .iter()
+            .filter(|c| c.summary.violations > 0 && c.method != Method::ZsetPoll.id())
+            .count();
     // The command to quote in the docs, with any CONTENTION_* overrides in front.
     let mut command: Vec<String> = [
         "CONTENTION_SECS",
         "CONTENTION_N",
         "CONTENTION_HOLD_MS",
         "CONTENTION_METHODS",
+        "CONTENTION_CELLS",
+        "CONTENTION_RW",
+        "CONTENTION_RW_METHODS",
+        "CONTENTION_SEM",
+        "CONTENTION_SEM_METHODS",
     ]
     .iter()
     .filter_map(|v| std::env::var(v).ok().map(|x| format!("{v}={x}")))
@@ -155,6 +233,7 @@ fn real_main() -> Result<(), Error> {
             signal_expire_ms: methods::SIGNAL_EXPIRE_MS,
         },
         cells,
+        kinds,
     };
     redis_lock_report::save(&cfg.json, &run)?;
     let root = cfg.json.ancestors().nth(3).unwrap_or(Path::new("."));
@@ -163,7 +242,7 @@ fn real_main() -> Result<(), Error> {
     }
     if broken > 0 {
         return Err(format!(
-            "{broken} cell(s) saw two holders at once (overlapping critical sections)"
+            "{broken} cell(s) saw more holders at once than the lock allows (overlapping critical sections)"
         )
         .into());
     }

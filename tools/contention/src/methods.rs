@@ -1,14 +1,16 @@
-//! The ways a client waits for a lock: the module's server-side queue, and the three
-//! recipes that lock libraries use today. Each one is written from the library's
-//! documented behaviour (commands sent, sleep between attempts, release script), not
-//! from its code.
+//! The ways a client waits for a lock: the module's server-side queue, and the recipes
+//! that lock libraries and blog posts use today, for a mutex, a read-write lock and a
+//! semaphore. Each one is written from the documented behaviour (commands sent, sleep
+//! between attempts, what the scripts check), not from anyone's code.
 
 use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::{Connection, Value};
+use redis_lock_report::contention_kinds::{INTENT_MS, RW_POLL_US, SEM_POLL_MS};
 use redis_lock_testkit::Rng;
 
+use crate::stats::Role;
 use crate::Error;
 
 /// Lease of every lock taken in the benchmark: far longer than any critical section, so
@@ -41,6 +43,104 @@ return 0";
 /// python-redis-lock's default `signal_expire`.
 pub const SIGNAL_EXPIRE_MS: u64 = 1000;
 
+// The client-side read-write lock: one hash per lock with a reader count (`readers`) and
+// the writer's token (`writer`), changed only by these scripts, as Redisson's
+// RReadWriteLock (a hash with the mode and its holders) and Community Solid Server's
+// RedisLocker (a read counter and a write flag) keep it. A reader gets in while no
+// writer holds it; a writer once nobody holds it. Nothing queues: a client that is
+// refused sleeps and tries again. In the writer-first variant (the "writer's priority"
+// of python's redis-rw-lock) a refused writer also leaves a note under a second key
+// that keeps new readers out until it got its turn.
+
+/// KEYS = lock [, writer-waiting note]; ARGV = lease ms. 1 granted, 0 refused.
+pub const RW_READ_ACQUIRE: &str = "\
+if redis.call('hexists', KEYS[1], 'writer') == 1 then
+  return 0
+end
+if #KEYS > 1 and redis.call('exists', KEYS[2]) == 1 then
+  return 0
+end
+redis.call('hincrby', KEYS[1], 'readers', 1)
+redis.call('pexpire', KEYS[1], ARGV[1])
+return 1";
+
+/// KEYS = lock. 1 released, 0 there was no reader to release.
+pub const RW_READ_RELEASE: &str = "\
+local n = redis.call('hincrby', KEYS[1], 'readers', -1)
+if n <= 0 then
+  redis.call('hdel', KEYS[1], 'readers')
+end
+if n < 0 then
+  return 0
+end
+return 1";
+
+/// KEYS = lock [, writer-waiting note]; ARGV = token, lease ms [, note lease ms].
+/// With the note: a writer that is refused writes its token there (unless another
+/// writer's is there), and only the writer named in it, if any, may take the lock.
+pub const RW_WRITE_ACQUIRE: &str = "\
+local first = false
+if #KEYS > 1 then
+  first = redis.call('get', KEYS[2])
+  if first and first ~= ARGV[1] then
+    return 0
+  end
+end
+if redis.call('hexists', KEYS[1], 'writer') == 1
+    or tonumber(redis.call('hget', KEYS[1], 'readers') or '0') > 0 then
+  if #KEYS > 1 then
+    redis.call('set', KEYS[2], ARGV[1], 'PX', ARGV[3])
+  end
+  return 0
+end
+if first then
+  redis.call('del', KEYS[2])
+end
+redis.call('hset', KEYS[1], 'writer', ARGV[1])
+redis.call('pexpire', KEYS[1], ARGV[2])
+return 1";
+
+/// KEYS = lock; ARGV = token. 1 released, 0 not this writer's.
+pub const RW_WRITE_RELEASE: &str = "\
+if redis.call('hget', KEYS[1], 'writer') == ARGV[1] then
+  redis.call('hdel', KEYS[1], 'writer')
+  return 1
+end
+return 0";
+
+/// What a cell measures: one mutex, a read-write lock, a semaphore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Mutex,
+    ReadWrite,
+    Semaphore,
+}
+
+impl Family {
+    pub fn id(self) -> &'static str {
+        match self {
+            Family::Mutex => "mutex",
+            Family::ReadWrite => "rw",
+            Family::Semaphore => "sem",
+        }
+    }
+
+    pub fn from_id(s: &str) -> Option<Family> {
+        [Family::Mutex, Family::ReadWrite, Family::Semaphore]
+            .into_iter()
+            .find(|f| f.id() == s)
+    }
+
+    /// Its methods, in the order they are measured and shown.
+    pub fn methods(self) -> &'static [Method] {
+        match self {
+            Family::Mutex => &ALL,
+            Family::ReadWrite => &RW,
+            Family::Semaphore => &SEM,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
     /// `LOCK.ACQUIRE k PX ttl BLOCK ms`, `LOCK.RELEASE k token`.
@@ -54,14 +154,42 @@ pub enum Method {
     /// python-redis-lock: `SET k tok NX EX s`; when busy, `BLPOP signal s` and try again;
     /// release by [`SIGNAL_RELEASE_SCRIPT`].
     Blpop,
+    /// `LOCK.ACQUIRE k SHARED PX ttl BLOCK ms` for a reader, without `SHARED` for a
+    /// writer; `LOCK.RELEASE`.
+    Shared,
+    /// The read-write lock scripts above (readers first), retried after 10 ± 5 ms.
+    RwScript,
+    /// The same with the writer-waiting note (writer first).
+    RwScriptWriterFirst,
+    /// `LOCK.ACQUIRE k LIMIT n PX ttl BLOCK ms`, `LOCK.RELEASE`.
+    Limit,
+    /// The sorted-set semaphore ("Redis in Action", 6.3): in one MULTI/EXEC,
+    /// `ZREMRANGEBYSCORE k -inf now−lease` (drop the expired), `ZADD k now id`,
+    /// `ZRANK k id`; a rank below n holds a permit, else `ZREM k id`, sleep, retry.
+    /// Release: `ZREM k id`. `now` is the client's clock.
+    ZsetPoll,
 }
 
+/// The mutex cells' methods.
 pub const ALL: [Method; 4] = [
     Method::Module,
     Method::Poll100,
     Method::PollJitter,
     Method::Blpop,
 ];
+
+/// The readers/writers cells' methods: the module's read-write lock, one mutex for
+/// everybody (the module's and the SET NX recipe's), the client-side read-write lock.
+pub const RW: [Method; 5] = [
+    Method::Shared,
+    Method::Module,
+    Method::PollJitter,
+    Method::RwScript,
+    Method::RwScriptWriterFirst,
+];
+
+/// The semaphore cells' methods.
+pub const SEM: [Method; 2] = [Method::Limit, Method::ZsetPoll];
 
 impl Method {
     /// Short name, for env selection and the chart legend.
@@ -71,29 +199,59 @@ impl Method {
             Method::Poll100 => "poll100",
             Method::PollJitter => "jitter",
             Method::Blpop => "blpop",
+            Method::Shared => "shared",
+            Method::RwScript => "rw-script",
+            Method::RwScriptWriterFirst => "rw-script-wfirst",
+            Method::Limit => "limit",
+            Method::ZsetPoll => "zset",
         }
     }
 
-    pub fn label(self) -> &'static str {
+    /// How the docs name it in a cell of `family`.
+    pub fn label(self, family: Family) -> &'static str {
+        match (family, self) {
+            (Family::Mutex, Method::Module) => "module LOCK.ACQUIRE BLOCK",
+            (Family::Mutex, Method::PollJitter) => "(b) SET NX, 10±5 ms poll",
+            (_, Method::Module) => "(a) one mutex: module BLOCK",
+            (_, Method::PollJitter) => "(a) one mutex: SET NX, 10±5 ms poll",
+            (_, Method::Poll100) => "(a) SET NX, 100 ms poll",
+            (_, Method::Blpop) => "(c) SET NX + BLPOP signal",
+            (_, Method::Shared) => "module SHARED BLOCK",
+            (_, Method::RwScript) => "(b) Lua read-write lock, readers first",
+            (_, Method::RwScriptWriterFirst) => "(b) Lua read-write lock, writer first",
+            (_, Method::Limit) => "module LIMIT n BLOCK",
+            (_, Method::ZsetPoll) => "sorted-set semaphore, 10 ms poll",
+        }
+    }
+
+    /// The method of `family` whose id is `s`.
+    pub fn from_id(family: Family, s: &str) -> Option<Method> {
+        family.methods().iter().copied().find(|m| m.id() == s)
+    }
+
+    /// Commands a client of this method sends itself, as `INFO commandstats` names them
+    /// (the commands its scripts run have entries of their own, left out).
+    pub fn sent_commands(self) -> &'static [&'static str] {
         match self {
-            Method::Module => "module LOCK.ACQUIRE BLOCK",
-            Method::Poll100 => "(a) SET NX, 100 ms poll",
-            Method::PollJitter => "(b) SET NX, 10±5 ms poll",
-            Method::Blpop => "(c) SET NX + BLPOP signal",
+            Method::Module | Method::Shared | Method::Limit => &["lock.acquire", "lock.release"],
+            Method::Poll100 | Method::PollJitter => &["set", "evalsha"],
+            Method::Blpop => &["set", "blpop", "evalsha"],
+            Method::RwScript | Method::RwScriptWriterFirst => &["evalsha"],
+            Method::ZsetPoll => &["multi", "zremrangebyscore", "zadd", "zrank", "exec", "zrem"],
         }
-    }
-
-    pub fn from_id(s: &str) -> Option<Method> {
-        ALL.into_iter().find(|m| m.id() == s)
     }
 }
 
-/// SHA1s of the two scripts, loaded once per server (SCRIPT LOAD), as redis-py's
+/// SHA1s of the scripts, loaded once per server (SCRIPT LOAD), as redis-py's
 /// `register_script` and node-redlock do.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     pub release: String,
     pub signal_release: String,
+    pub rw_read_acquire: String,
+    pub rw_read_release: String,
+    pub rw_write_acquire: String,
+    pub rw_write_release: String,
 }
 
 impl Scripts {
@@ -104,6 +262,10 @@ impl Scripts {
         Ok(Scripts {
             release: load(c, RELEASE_SCRIPT)?,
             signal_release: load(c, SIGNAL_RELEASE_SCRIPT)?,
+            rw_read_acquire: load(c, RW_READ_ACQUIRE)?,
+            rw_read_release: load(c, RW_READ_RELEASE)?,
+            rw_write_acquire: load(c, RW_WRITE_ACQUIRE)?,
+            rw_write_release: load(c, RW_WRITE_RELEASE)?,
         })
     }
 }
@@ -118,8 +280,17 @@ pub struct Client<'a> {
     pub rng: Rng,
     pub name: String,
     pub serial: u64,
+    /// What it asks for (read-write lock cells; the mutex methods take the lock
+    /// exclusively whatever the role).
+    pub role: Role,
+    /// Permits of a semaphore.
+    pub limit: u32,
     /// Commands sent so far.
     pub commands: u64,
+    /// Round trips made so far.
+    pub round_trips: u64,
+    /// When the current acquire's first request had been written to the socket.
+    pub first_sent: Option<Instant>,
 }
 
 /// How an acquire attempt ended.
@@ -131,9 +302,82 @@ pub enum Acquired {
 }
 
 impl Client<'_> {
+    /// Sends `cmd` and waits for its reply; notes when the request had been written (a
+    /// request written earlier reaches the server first, whatever happens to this thread
+    /// after the write).
     fn query(&mut self, cmd: &redis::Cmd) -> Result<Value, Error> {
         self.commands += 1;
-        Ok(cmd.query::<Value>(&mut self.conn)?)
+        self.round_trips += 1;
+        self.conn.send_packed_command(&cmd.get_packed_command())?;
+        self.first_sent.get_or_insert_with(Instant::now);
+        Ok(self.conn.recv_response()?.extract_error()?)
+    }
+
+    fn is_reader(&self) -> bool {
+        self.role == Role::Reader
+    }
+
+    /// The writer-waiting note of the writer-first recipe.
+    fn note_key(&self) -> String {
+        format!("{}:writer-waiting", self.key)
+    }
+
+    /// One attempt of the client-side read-write lock: true if granted.
+    fn rw_script_attempt(&mut self, token: &[u8]) -> Result<bool, Error> {
+        let writer_first = self.method == Method::RwScriptWriterFirst;
+        let mut cmd = redis::cmd("EVALSHA");
+        if self.is_reader() {
+            cmd.arg(&self.scripts.rw_read_acquire);
+        } else {
+            cmd.arg(&self.scripts.rw_write_acquire);
+        }
+        cmd.arg(if writer_first { 2 } else { 1 }).arg(self.key);
+        if writer_first {
+            cmd.arg(self.note_key());
+        }
+        if !self.is_reader() {
+            cmd.arg(token);
+        }
+        cmd.arg(LEASE_MS);
+        if writer_first && !self.is_reader() {
+            cmd.arg(INTENT_MS);
+        }
+        match self.query(&cmd)? {
+            Value::Int(1) => Ok(true),
+            Value::Int(0) => Ok(false),
+            other => Err(format!("{} acquire replied {other:?}", self.method.id()).into()),
+        }
+    }
+
+    /// One attempt of the sorted-set semaphore: true if `id` ranks below the limit.
+    fn zset_attempt(&mut self, id: &[u8]) -> Result<bool, Error> {
+        let now_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|e| format!("clock before 1970: {e}"))?
+            .as_micros() as u64;
+        let expired_before = now_us.saturating_sub(LEASE_MS * 1000);
+        self.commands += 5; // MULTI, three commands, EXEC: one write, one reply
+        self.round_trips += 1;
+        self.first_sent.get_or_insert_with(Instant::now);
+        let (_, _, rank): (i64, i64, Option<u64>) = redis::pipe()
+            .atomic()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(self.key)
+            .arg("-inf")
+            .arg(format!("({expired_before}"))
+            .cmd("ZADD")
+            .arg(self.key)
+            .arg(now_us)
+            .arg(id)
+            .cmd("ZRANK")
+            .arg(self.key)
+            .arg(id)
+            .query(&mut self.conn)?;
+        if rank.is_some_and(|r| r < u64::from(self.limit)) {
+            return Ok(true);
+        }
+        self.query(redis::cmd("ZREM").arg(self.key).arg(id))?;
+        Ok(false)
     }
 
     fn fresh_token(&mut self) -> Vec<u8> {
@@ -143,16 +387,19 @@ impl Client<'_> {
 
     /// Waits for the lock the way `method` does; gives up once `give_up` has passed.
     pub fn acquire(&mut self, give_up: Instant) -> Result<Acquired, Error> {
+        self.first_sent = None;
         match self.method {
-            Method::Module => loop {
-                let v = self.query(
-                    redis::cmd("LOCK.ACQUIRE")
-                        .arg(self.key)
-                        .arg("PX")
-                        .arg(LEASE_MS)
-                        .arg("BLOCK")
-                        .arg(WAIT_MS),
-                )?;
+            Method::Module | Method::Shared | Method::Limit => loop {
+                let mut cmd = redis::cmd("LOCK.ACQUIRE");
+                cmd.arg(self.key);
+                if self.method == Method::Shared && self.is_reader() {
+                    cmd.arg("SHARED");
+                }
+                if self.method == Method::Limit {
+                    cmd.arg("LIMIT").arg(self.limit);
+                }
+                cmd.arg("PX").arg(LEASE_MS).arg("BLOCK").arg(WAIT_MS);
+                let v = self.query(&cmd)?;
                 if let Value::Array(items) = &v {
                     if let Some(Value::BulkString(token)) = items.first() {
                         return Ok(Acquired::Token(token.clone()));
@@ -196,6 +443,27 @@ impl Client<'_> {
                     self.query(redis::cmd("BLPOP").arg(signal).arg(WAIT_MS / 1000))?;
                 }
             }
+            Method::RwScript | Method::RwScriptWriterFirst | Method::ZsetPoll => {
+                let token = self.fresh_token();
+                loop {
+                    let granted = if self.method == Method::ZsetPoll {
+                        self.zset_attempt(&token)?
+                    } else {
+                        self.rw_script_attempt(&token)?
+                    };
+                    if granted {
+                        return Ok(Acquired::Token(token));
+                    }
+                    if Instant::now() >= give_up {
+                        return Ok(Acquired::GaveUp);
+                    }
+                    let pause_us = match self.method {
+                        Method::ZsetPoll => SEM_POLL_MS * 1000,
+                        _ => self.rng.range(RW_POLL_US.0, RW_POLL_US.1),
+                    };
+                    sleep(Duration::from_micros(pause_us));
+                }
+            }
         }
     }
 
@@ -218,7 +486,7 @@ impl Client<'_> {
     /// Releases; an error if the lock was no longer ours (it never expires here).
     pub fn release(&mut self, token: &[u8]) -> Result<(), Error> {
         let (v, ok) = match self.method {
-            Method::Module => (
+            Method::Module | Method::Shared | Method::Limit => (
                 self.query(redis::cmd("LOCK.RELEASE").arg(self.key).arg(token))?,
                 Value::Int(1),
             ),
@@ -251,6 +519,22 @@ impl Client<'_> {
                     Value::Int(0),
                 )
             }
+            Method::RwScript | Method::RwScriptWriterFirst => {
+                let mut cmd = redis::cmd("EVALSHA");
+                if self.is_reader() {
+                    cmd.arg(&self.scripts.rw_read_release).arg(1).arg(self.key);
+                } else {
+                    cmd.arg(&self.scripts.rw_write_release)
+                        .arg(1)
+                        .arg(self.key)
+                        .arg(token);
+                }
+                (self.query(&cmd)?, Value::Int(1))
+            }
+            Method::ZsetPoll => (
+                self.query(redis::cmd("ZREM").arg(self.key).arg(token))?,
+                Value::Int(1),
+            ),
         };
         if v == ok {
             Ok(())
@@ -266,9 +550,14 @@ mod tests {
 
     #[test]
     fn method_ids_round_trip() {
-        for m in ALL {
-            assert_eq!(Method::from_id(m.id()), Some(m));
+        for f in [Family::Mutex, Family::ReadWrite, Family::Semaphore] {
+            assert_eq!(Family::from_id(f.id()), Some(f));
+            for &m in f.methods() {
+                assert_eq!(Method::from_id(f, m.id()), Some(m));
+            }
         }
-        assert_eq!(Method::from_id("nope"), None);
+        assert_eq!(Method::from_id(Family::Mutex, "nope"), None);
+        assert_eq!(Method::from_id(Family::Semaphore, "module"), None);
+        assert_eq!(Family::from_id("nope"), None);
     }
 }

@@ -7,10 +7,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::cpu;
-use crate::methods::{Acquired, Client, Method, Scripts};
-use crate::stats::{summarize, Acquisition, ClientLog};
+use crate::methods::{Acquired, Client, Family, Method, Scripts};
+use crate::stats::{summarize, summarize_kind, Acquisition, ClientLog, Role, Rule};
 use crate::Error;
 use redis_lock_report::contention::Cell;
+use redis_lock_report::contention_kinds::KindCell;
 use redis_lock_testkit::Rng;
 use redis_lock_testkit::Server;
 
@@ -39,6 +40,68 @@ pub fn print_row(c: &Cell) {
     );
 }
 
+/// Who contends in a cell: one role per client, and the permits of a semaphore.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub family: Family,
+    pub roles: Vec<Role>,
+    pub limit: u32,
+}
+
+impl Shape {
+    /// N clients for one mutex.
+    pub fn mutex(n: usize) -> Shape {
+        Shape {
+            family: Family::Mutex,
+            roles: vec![Role::Writer; n],
+            limit: 1,
+        }
+    }
+
+    /// Readers first, then writers (client ids in that order).
+    pub fn read_write(readers: usize, writers: usize) -> Shape {
+        let mut roles = vec![Role::Reader; readers];
+        roles.extend(vec![Role::Writer; writers]);
+        Shape {
+            family: Family::ReadWrite,
+            roles,
+            limit: 1,
+        }
+    }
+
+    pub fn semaphore(n: usize, limit: u32) -> Shape {
+        Shape {
+            family: Family::Semaphore,
+            roles: vec![Role::Permit; n],
+            limit,
+        }
+    }
+
+    fn count(&self, role: Role) -> usize {
+        self.roles.iter().filter(|&&r| r == role).count()
+    }
+
+    /// What may hold the lock at once with `method`: a mutex method admits one holder
+    /// whatever it was asked for.
+    pub fn rule(&self, method: Method) -> Rule {
+        match (self.family, method) {
+            (Family::ReadWrite, Method::Shared)
+            | (Family::ReadWrite, Method::RwScript)
+            | (Family::ReadWrite, Method::RwScriptWriterFirst) => Rule::ReadWrite,
+            (Family::Semaphore, _) => Rule::Limit(self.limit),
+            _ => Rule::Limit(1),
+        }
+    }
+}
+
+/// What the clients of one cell recorded, and what the server and the machine said.
+pub struct Measured {
+    pub logs: Vec<ClientLog>,
+    pub server_commands: u64,
+    pub client_commands: u64,
+    pub other_cores: Option<f64>,
+}
+
 pub fn run_cell(
     server: &Server,
     scripts: &Scripts,
@@ -47,7 +110,81 @@ pub fn run_cell(
     hold_ms: u64,
     duration: Duration,
 ) -> Result<Cell, Error> {
-    let key = format!("contention:{}:{n}:{hold_ms}", method.id());
+    let m = run_clients(server, scripts, method, &Shape::mutex(n), hold_ms, duration)?;
+    Ok(Cell {
+        method: method.id().to_string(),
+        label: method.label(Family::Mutex).to_string(),
+        n,
+        hold_ms,
+        summary: summarize(&m.logs),
+        server_commands: m.server_commands,
+        client_commands: m.client_commands,
+        other_cores: m.other_cores,
+    })
+}
+
+/// A readers/writers or semaphore cell.
+pub fn run_kind_cell(
+    server: &Server,
+    scripts: &Scripts,
+    method: Method,
+    shape: &Shape,
+    hold_ms: u64,
+    duration: Duration,
+) -> Result<KindCell, Error> {
+    let m = run_clients(server, scripts, method, shape, hold_ms, duration)?;
+    let sem = shape.family == Family::Semaphore;
+    Ok(KindCell {
+        family: shape.family.id().to_string(),
+        method: method.id().to_string(),
+        label: method.label(shape.family).to_string(),
+        readers: shape.count(Role::Reader),
+        writers: shape.count(Role::Writer),
+        clients: shape.roles.len(),
+        limit: sem.then_some(shape.limit),
+        hold_ms,
+        summary: summarize_kind(&m.logs, &shape.roles, shape.rule(method)),
+        server_commands: m.server_commands,
+        client_commands: m.client_commands,
+        other_cores: m.other_cores,
+    })
+}
+
+pub fn print_kind_row(c: &KindCell) {
+    let s = &c.summary;
+    let group = |name: &str, g: &Option<redis_lock_report::contention_kinds::RoleStats>| {
+        g.as_ref().map_or(String::new(), |g| {
+            format!(
+                "  {name} {:>7.1}/s wait p50 {:.1} p99 {:.1} max {:.1} ms gave up {}",
+                g.per_second, g.wait_p50_ms, g.wait_p99_ms, g.wait_max_ms, g.gave_up
+            )
+        })
+    };
+    println!(
+        "{:<42} {} n={:<2} c={}ms {:>8.1} acq/s{}{}  wait p99 {:.1} max {:.1} ms  cmds/acq {:.2} rt/acq {:.2}  holders peak {} mean {:.2}  jain {:.3}  violations {}  overtakes {} (most {})  other procs {:.2} cores  commands: server {} clients {}",
+        c.label, c.family, c.clients, c.hold_ms, s.all.per_second,
+        group("readers", &s.readers), group("writers", &s.writers),
+        s.all.wait_p99_ms, s.all.wait_max_ms,
+        s.commands_per_acquisition, s.round_trips_per_acquisition, s.peak_holders,
+        s.mean_holders, s.all.jain, s.violations, s.overtakes, s.overtakes_most, c.other_cores.unwrap_or(f64::NAN),
+        c.server_commands, c.client_commands,
+    );
+}
+
+fn run_clients(
+    server: &Server,
+    scripts: &Scripts,
+    method: Method,
+    shape: &Shape,
+    hold_ms: u64,
+    duration: Duration,
+) -> Result<Measured, Error> {
+    let n = shape.roles.len();
+    let key = format!(
+        "contention:{}:{}:{n}:{hold_ms}",
+        shape.family.id(),
+        method.id()
+    );
     let mut admin = connect(server)?;
     let _: () = redis::cmd("FLUSHALL").query(&mut admin)?;
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut admin)?;
@@ -63,8 +200,9 @@ pub fn run_cell(
     let logs: Vec<Result<ClientLog, Error>> = thread::scope(|s| {
         let handles: Vec<_> = conns
             .into_iter()
+            .zip(&shape.roles)
             .enumerate()
-            .map(|(i, conn)| {
+            .map(|(i, (conn, &role))| {
                 let barrier = Arc::clone(&barrier);
                 let start = Arc::clone(&start);
                 let key = key.as_str();
@@ -78,7 +216,11 @@ pub fn run_cell(
                         rng: Rng::new(i as u64 + 1),
                         name: format!("c{i}"),
                         serial: 0,
+                        role,
+                        limit: shape.limit,
                         commands: 0,
+                        round_trips: 0,
+                        first_sent: None,
                     };
                     barrier.wait();
                     let start = *start.get().ok_or("start time not set")?;
@@ -99,13 +241,9 @@ pub fn run_cell(
     let cpu_after = cpu::sample(server.pid());
     let logs: Vec<ClientLog> = logs.into_iter().collect::<Result<_, _>>()?;
     let client_commands = logs.iter().map(|l| l.commands).sum();
-    let server_commands = command_calls(&mut admin)?;
-    Ok(Cell {
-        method: method.id().to_string(),
-        label: method.label().to_string(),
-        n,
-        hold_ms,
-        summary: summarize(&logs),
+    let server_commands = command_calls(&mut admin, method.sent_commands())?;
+    Ok(Measured {
+        logs,
         server_commands,
         client_commands,
         other_cores: cpu_before
@@ -135,6 +273,7 @@ fn client_loop(
             }
         };
         let granted = Instant::now();
+        let asked = client.first_sent.unwrap_or(wanted);
         if hold_ms > 0 {
             thread::sleep(Duration::from_millis(hold_ms));
         }
@@ -144,20 +283,21 @@ fn client_loop(
         log.acquisitions.push(Acquisition {
             client: id,
             wanted: ns(wanted),
+            asked: ns(asked),
             granted: ns(granted),
             releasing: ns(releasing),
             released: ns(released),
         });
     }
     log.commands = client.commands;
+    log.round_trips = client.round_trips;
     Ok(log)
 }
 
-/// Sum of `calls` over the commands clients send, from INFO commandstats (commands run
-/// inside scripts have their own entries and are not counted).
-fn command_calls(admin: &mut redis::Connection) -> Result<u64, Error> {
+/// Sum of `calls` over the commands clients send (`sent`), from INFO commandstats
+/// (commands run inside scripts have their own entries and are not counted).
+fn command_calls(admin: &mut redis::Connection, sent: &[&str]) -> Result<u64, Error> {
     let text: String = redis::cmd("INFO").arg("commandstats").query(admin)?;
-    const SENT: [&str; 5] = ["set", "evalsha", "blpop", "lock.acquire", "lock.release"];
     let mut total = 0;
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("cmdstat_") else {
@@ -166,7 +306,7 @@ fn command_calls(admin: &mut redis::Connection) -> Result<u64, Error> {
         let Some((name, fields)) = rest.split_once(':') else {
             continue;
         };
-        if !SENT.contains(&name) {
+        if !sent.contains(&name) {
             continue;
         }
         let calls = fields

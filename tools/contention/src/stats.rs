@@ -2,14 +2,18 @@
 //! without a server.
 
 pub use redis_lock_report::contention::Summary;
+pub use redis_lock_report::contention_kinds::{KindSummary, RoleStats};
 
 /// One critical section, times in ns since the cell started (one monotonic clock for
 /// every client thread of the process).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Acquisition {
     pub client: usize,
-    /// The client started to want the lock (sent its first acquire attempt).
+    /// The client started to want the lock (about to send its first acquire attempt).
     pub wanted: u64,
+    /// Its first acquire request had been written to the socket (≥ `wanted`; the thread
+    /// can be descheduled between the two).
+    pub asked: u64,
     /// The grant reply arrived.
     pub granted: u64,
     /// The release command was about to be sent (end of the critical section).
@@ -24,6 +28,8 @@ pub struct ClientLog {
     pub acquisitions: Vec<Acquisition>,
     /// Commands this client sent (every attempt, wait and release).
     pub commands: u64,
+    /// Round trips it made: a MULTI ... EXEC sent in one write is one.
+    pub round_trips: u64,
     /// An attempt still not granted when the client gave up: how long it had waited.
     pub gave_up_after: Option<u64>,
 }
@@ -130,6 +136,201 @@ pub fn summarize(logs: &[ClientLog]) -> Summary {
     }
 }
 
+/// What a client of a readers/writers or semaphore cell asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A shared (read) hold.
+    Reader,
+    /// An exclusive (write) hold.
+    Writer,
+    /// One permit of a semaphore.
+    Permit,
+}
+
+/// What may hold the lock at once; a grant that breaks it is a violation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Any number of readers, or one writer alone (a `Permit` counts as a writer).
+    ReadWrite,
+    /// At most `n` holders, whatever they asked for.
+    Limit(u32),
+}
+
+/// How many clients held the lock at once, from the sweep over every critical section.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Concurrency {
+    /// The most holders at one instant.
+    pub peak: u64,
+    /// Grants that broke the rule (a writer next to another holder, a reader next to a
+    /// writer, holder n + 1 of a LIMIT n).
+    pub violations: u64,
+    /// Holders on average: the critical sections' total length ÷ `elapsed_ns`.
+    pub mean: f64,
+}
+
+/// Sweeps `[granted, releasing]` of every acquisition (the client saw the grant reply
+/// before it and sent the release after it, so the server held the lock for them at
+/// least over that span: two spans that overlap are two holders at once). A grant and a
+/// release at the same instant do not overlap (as in [`summarize`]).
+pub fn concurrency(acqs: &[(Acquisition, Role)], rule: Rule, elapsed_ns: u64) -> Concurrency {
+    // (time, order, role, +1/-1): at one instant releases of real spans first, then
+    // grants, then the releases of zero-length spans (which hold for that instant).
+    let mut events: Vec<(u64, u8, Role, bool)> = Vec::with_capacity(acqs.len() * 2);
+    for &(a, role) in acqs {
+        let end = a.releasing.max(a.granted);
+        events.push((a.granted, 1, role, true));
+        events.push((end, if end == a.granted { 2 } else { 0 }, role, false));
+    }
+    events.sort_by_key(|e| (e.0, e.1));
+    let (mut readers, mut writers, mut peak, mut violations) = (0u64, 0u64, 0u64, 0u64);
+    for (_, _, role, grant) in events {
+        let reader = role == Role::Reader;
+        if grant {
+            let broken = match rule {
+                Rule::ReadWrite if reader => writers > 0,
+                Rule::ReadWrite => readers + writers > 0,
+                Rule::Limit(n) => readers + writers >= u64::from(n),
+            };
+            violations += u64::from(broken);
+        }
+        let count = if reader { &mut readers } else { &mut writers };
+        *count = if grant {
+            *count + 1
+        } else {
+            count.saturating_sub(1)
+        };
+        peak = peak.max(readers + writers);
+    }
+    let held: u64 = acqs
+        .iter()
+        .map(|(a, _)| a.releasing.saturating_sub(a.granted))
+        .sum();
+    Concurrency {
+        peak,
+        violations,
+        mean: if elapsed_ns > 0 {
+            held as f64 / elapsed_ns as f64
+        } else {
+            0.0
+        },
+    }
+}
+
+/// How much later than a writer's request a reader must have started to ask to count as
+/// overtaking it. The writer's time is taken once its request has been written, the
+/// reader's before it writes its own, so the reader's request reached the server later;
+/// the margin covers the server reading requests that arrived together in another order.
+pub const OVERTAKE_MARGIN_NS: u64 = 1_000_000;
+
+/// Reader grants that overtook a waiting writer: the reader started to ask at least
+/// [`OVERTAKE_MARGIN_NS`] after the writer's first request had been written, and was
+/// granted before the writer. Returns the total, and the most for one writer's wait.
+///
+/// A lock that lets readers in while a writer waits can keep that writer out for as long
+/// as readers keep coming (starvation). A FIFO queue whose waiting writer holds back later
+/// readers bounds the bypass: only a reader whose request the server happened to read
+/// first, in the same pass over its sockets, can get ahead, and each reader has one
+/// request in flight, so at most every reader once per wait.
+pub fn overtakes(acqs: &[(Acquisition, Role)]) -> (u64, u64) {
+    let mut readers: Vec<(u64, u64)> = acqs
+        .iter()
+        .filter(|(_, r)| *r == Role::Reader)
+        .map(|(a, _)| (a.granted, a.wanted))
+        .collect();
+    readers.sort_unstable();
+    let (mut total, mut most) = (0, 0);
+    for (w, _) in acqs.iter().filter(|(_, r)| *r == Role::Writer) {
+        // A reader that asked after the writer was granted after it asked, too.
+        let after = w.asked.max(w.wanted) + OVERTAKE_MARGIN_NS;
+        let from = readers.partition_point(|&(granted, _)| granted < after);
+        let to = readers.partition_point(|&(granted, _)| granted < w.granted);
+        let window = readers.get(from..to).unwrap_or(&[]);
+        let past = window
+            .iter()
+            .filter(|&&(_, wanted)| wanted >= after)
+            .count() as u64;
+        total += past;
+        most = most.max(past);
+    }
+    (total, most)
+}
+
+/// Throughput, waits and fairness of some of a cell's clients; `elapsed_s` is the cell's.
+pub fn role_stats(logs: &[&ClientLog], elapsed_s: f64) -> RoleStats {
+    let acquisitions: u64 = logs.iter().map(|l| l.acquisitions.len() as u64).sum();
+    let mut waits: Vec<u64> = logs
+        .iter()
+        .flat_map(|l| l.acquisitions.iter())
+        .map(|a| a.granted.saturating_sub(a.wanted))
+        .chain(logs.iter().filter_map(|l| l.gave_up_after))
+        .collect();
+    waits.sort_unstable();
+    let counts: Vec<u64> = logs.iter().map(|l| l.acquisitions.len() as u64).collect();
+    let ms = |ns: u64| ns as f64 / 1e6;
+    RoleStats {
+        clients: logs.len(),
+        acquisitions,
+        per_second: if elapsed_s > 0.0 {
+            acquisitions as f64 / elapsed_s
+        } else {
+            0.0
+        },
+        wait_p50_ms: ms(percentile(&waits, 50.0)),
+        wait_p99_ms: ms(percentile(&waits, 99.0)),
+        wait_max_ms: ms(waits.last().copied().unwrap_or(0)),
+        jain: jain(&counts),
+        gave_up: logs.iter().filter(|l| l.gave_up_after.is_some()).count() as u64,
+    }
+}
+
+/// The figures of a readers/writers or semaphore cell: `roles[i]` is what client `i`
+/// (the `client` of its acquisitions, its index in `logs`) asked for.
+pub fn summarize_kind(logs: &[ClientLog], roles: &[Role], rule: Rule) -> KindSummary {
+    let role_of = |i: usize| roles.get(i).copied().unwrap_or(Role::Writer);
+    let acqs: Vec<(Acquisition, Role)> = logs
+        .iter()
+        .flat_map(|l| l.acquisitions.iter())
+        .map(|&a| (a, role_of(a.client)))
+        .collect();
+    let end = acqs.iter().map(|(a, _)| a.released).max().unwrap_or(0);
+    let elapsed_s = end as f64 / 1e9;
+    let of = |want: Role| -> Vec<&ClientLog> {
+        logs.iter()
+            .enumerate()
+            .filter(|&(i, _)| role_of(i) == want)
+            .map(|(_, l)| l)
+            .collect()
+    };
+    let some = |want: Role| {
+        let group = of(want);
+        (!group.is_empty()).then(|| role_stats(&group, elapsed_s))
+    };
+    let all: Vec<&ClientLog> = logs.iter().collect();
+    let acquisitions = acqs.len() as u64;
+    let per_acq = |total: u64| {
+        if acquisitions > 0 {
+            total as f64 / acquisitions as f64
+        } else {
+            f64::INFINITY
+        }
+    };
+    let c = concurrency(&acqs, rule, end);
+    let (overtakes, overtakes_most) = overtakes(&acqs);
+    KindSummary {
+        elapsed_s,
+        all: role_stats(&all, elapsed_s),
+        readers: some(Role::Reader),
+        writers: some(Role::Writer),
+        commands_per_acquisition: per_acq(logs.iter().map(|l| l.commands).sum()),
+        round_trips_per_acquisition: per_acq(logs.iter().map(|l| l.round_trips).sum()),
+        peak_holders: c.peak,
+        mean_holders: c.mean,
+        violations: c.violations,
+        overtakes,
+        overtakes_most,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +339,7 @@ mod tests {
         ClientLog {
             acquisitions,
             commands,
+            round_trips: commands,
             gave_up_after,
         }
     }
@@ -151,6 +353,7 @@ mod tests {
         Acquisition {
             client,
             wanted,
+            asked: wanted,
             granted,
             releasing: released.saturating_sub(10),
             released,
@@ -229,6 +432,7 @@ mod tests {
             Acquisition {
                 client: 0,
                 wanted: 0,
+                asked: 0,
                 granted: 100,
                 releasing: 200,
                 released: 400,
@@ -236,6 +440,7 @@ mod tests {
             Acquisition {
                 client: 1,
                 wanted: 0,
+                asked: 0,
                 granted: 300,
                 releasing: 500,
                 released: 600,
@@ -244,5 +449,180 @@ mod tests {
         let s = summarize(&logs);
         assert_eq!(s.handoff_p99_us, 0.0);
         assert_eq!(s.overlaps, 0);
+    }
+
+    fn rw(client: usize, granted: u64, releasing: u64) -> Acquisition {
+        Acquisition {
+            client,
+            wanted: 0,
+            asked: 0,
+            granted,
+            releasing,
+            released: releasing + 5,
+        }
+    }
+
+    #[test]
+    fn readers_may_overlap_but_not_a_writer() {
+        use Role::{Reader, Writer};
+        // Two readers together, then a writer after both left: no violation.
+        let ok = [
+            (rw(0, 10, 50), Reader),
+            (rw(1, 20, 60), Reader),
+            (rw(2, 60, 90), Writer),
+        ];
+        let c = concurrency(&ok, Rule::ReadWrite, 100);
+        assert_eq!((c.peak, c.violations), (2, 0));
+        assert!((c.mean - 1.1).abs() < 1e-12, "40 + 40 + 30 ns of 100");
+        // A writer granted while a reader holds, and a reader granted inside a write.
+        let bad = [
+            (rw(0, 10, 50), Reader),
+            (rw(2, 40, 80), Writer),
+            (rw(1, 70, 75), Reader),
+        ];
+        let c = concurrency(&bad, Rule::ReadWrite, 100);
+        assert_eq!((c.peak, c.violations), (2, 2));
+        // The same spans under a limit of 2 break nothing; under a limit of 1, both.
+        assert_eq!(concurrency(&bad, Rule::Limit(2), 100).violations, 0);
+        assert_eq!(concurrency(&bad, Rule::Limit(1), 100).violations, 2);
+    }
+
+    #[test]
+    fn a_limit_counts_every_holder_and_touching_spans_do_not_overlap() {
+        let p = |client, g, r| (rw(client, g, r), Role::Permit);
+        let three = [p(0, 0, 30), p(1, 10, 40), p(2, 20, 50), p(3, 30, 60)];
+        let c = concurrency(&three, Rule::Limit(3), 60);
+        assert_eq!(c.peak, 3, "the fourth grant comes as the first release");
+        assert_eq!(c.violations, 0);
+        assert_eq!(concurrency(&three, Rule::Limit(2), 60).violations, 2);
+        // A zero-length hold still holds for its instant.
+        let instant = [p(0, 10, 40), p(1, 20, 20)];
+        let c = concurrency(&instant, Rule::Limit(1), 40);
+        assert_eq!((c.peak, c.violations), (2, 1));
+        assert_eq!(concurrency(&[], Rule::ReadWrite, 0).mean, 0.0);
+    }
+
+    #[test]
+    fn readers_that_ask_after_a_waiting_writer_and_get_in_first_overtake_it() {
+        const MS: u64 = 1_000_000;
+        let a = |wanted, granted| Acquisition {
+            client: 0,
+            wanted,
+            asked: wanted,
+            granted,
+            releasing: granted + 1,
+            released: granted + 2,
+        };
+        let acqs = [
+            // The writer waits from 10 to 50 ms.
+            (a(10 * MS, 50 * MS), Role::Writer),
+            // Asked before it: not an overtake, even if granted while it waits.
+            (a(5 * MS, 20 * MS), Role::Reader),
+            // Asked less than the margin after it: not counted either.
+            (a(10 * MS + 999_999, 12 * MS), Role::Reader),
+            // Asked while it waits, granted before it: two overtakes.
+            (a(11 * MS, 30 * MS), Role::Reader),
+            (a(40 * MS, 50 * MS - 1), Role::Reader),
+            // Asked while it waits, granted after it (or with it): none.
+            (a(20 * MS, 50 * MS), Role::Reader),
+            (a(45 * MS, 90 * MS), Role::Reader),
+            // Another writer waiting from 60 to 70 ms is not a reader.
+            (a(60 * MS, 70 * MS), Role::Writer),
+        ];
+        assert_eq!(overtakes(&acqs), (2, 2));
+        assert_eq!(overtakes(&acqs[1..]), (0, 0), "without the first writer");
+
+        // A writer thread descheduled for 3 ms between taking its start time and writing
+        // its request: readers that asked in between reached the server first.
+        let stalled = Acquisition {
+            asked: 13 * MS,
+            ..a(10 * MS, 20 * MS)
+        };
+        let acqs = [
+            (stalled, Role::Writer),
+            (a(12 * MS, 15 * MS), Role::Reader),
+            (a(13 * MS + 500_000, 16 * MS), Role::Reader),
+            (a(14 * MS, 17 * MS), Role::Reader),
+        ];
+        assert_eq!(
+            overtakes(&acqs),
+            (1, 1),
+            "only the reader that asked at 14 ms"
+        );
+        // Two writers' waits, passed by 1 and 2 readers: the most for one is 2.
+        let two = [
+            (a(10 * MS, 20 * MS), Role::Writer),
+            (a(12 * MS, 15 * MS), Role::Reader),
+            (a(30 * MS, 40 * MS), Role::Writer),
+            (a(32 * MS, 35 * MS), Role::Reader),
+            (a(33 * MS, 36 * MS), Role::Reader),
+        ];
+        assert_eq!(overtakes(&two), (3, 2));
+    }
+
+    #[test]
+    fn kind_summary_splits_readers_from_writers() {
+        let reader = |client, wanted, granted, releasing| Acquisition {
+            client,
+            wanted,
+            asked: wanted,
+            granted,
+            releasing,
+            released: releasing + 1_000,
+        };
+        let logs = vec![
+            ClientLog {
+                acquisitions: vec![
+                    reader(0, 0, 1_000, 3_000_000),
+                    reader(0, 6_000_000, 6_001_000, 9_000_000),
+                ],
+                commands: 4,
+                round_trips: 4,
+                gave_up_after: None,
+            },
+            ClientLog {
+                acquisitions: vec![reader(1, 0, 2_000, 3_000_000)],
+                commands: 6,
+                round_trips: 3,
+                gave_up_after: None,
+            },
+            ClientLog {
+                acquisitions: vec![reader(2, 1_000, 3_001_000, 6_000_000)],
+                commands: 5,
+                round_trips: 5,
+                gave_up_after: Some(4_000_000),
+            },
+        ];
+        let roles = [Role::Reader, Role::Reader, Role::Writer];
+        let s = summarize_kind(&logs, &roles, Rule::ReadWrite);
+        assert!((s.elapsed_s - 0.009_001).abs() < 1e-12);
+        assert_eq!(s.all.acquisitions, 4);
+        let r = s.readers.expect("readers");
+        let w = s.writers.expect("writers");
+        assert_eq!((r.clients, r.acquisitions), (2, 3));
+        assert_eq!((w.clients, w.acquisitions), (1, 1));
+        assert!((r.per_second - 3.0 / 0.009_001).abs() < 1e-6);
+        // The writer waited 3 ms for its grant, then 4 ms before giving up.
+        assert_eq!(w.wait_p50_ms, 3.0);
+        assert_eq!(w.wait_max_ms, 4.0);
+        assert_eq!(w.gave_up, 1);
+        assert_eq!(r.wait_max_ms, 0.002);
+        assert!(
+            (r.jain - 0.9).abs() < 1e-12,
+            "2 and 1 acquisitions: 9 / (2 · 5)"
+        );
+        assert_eq!(s.commands_per_acquisition, 15.0 / 4.0);
+        assert_eq!(s.round_trips_per_acquisition, 3.0);
+        assert_eq!((s.peak_holders, s.violations), (2, 0));
+        assert_eq!(
+            s.overtakes, 0,
+            "the writer asked at 1 µs, after both readers"
+        );
+        // A semaphore cell has no readers and no writers, only clients.
+        let permits = [Role::Permit; 3];
+        let s = summarize_kind(&logs, &permits, Rule::Limit(1));
+        assert!(s.readers.is_none() && s.writers.is_none());
+        assert_eq!(s.all.clients, 3);
+        assert_eq!(s.violations, 1, "the two first readers overlapped");
     }
 }

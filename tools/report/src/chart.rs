@@ -1,6 +1,6 @@
 //! Every chart of the docs, drawn with plotters; text in a font that ships inside a
 //! crate (no system font libraries needed). docs/perf.png is here; docs/contention.png
-//! is drawn in contention.rs.
+//! is drawn in contention.rs, docs/contention-kinds.png in contention_kinds.rs.
 
 use std::path::Path;
 

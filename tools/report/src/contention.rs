@@ -9,6 +9,7 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::chart::{decades, FONT};
+use crate::contention_kinds::KindCell;
 use crate::fmt::scaled;
 use crate::Error;
 
@@ -65,6 +66,9 @@ pub struct Cell {
 pub struct ContentionRun {
     pub info: RunInfo,
     pub cells: Vec<Cell>,
+    /// The readers/writers and semaphore cells (absent from runs before they existed).
+    #[serde(default)]
+    pub kinds: Vec<KindCell>,
 }
 
 /// The methods in the order the run measured them.
@@ -89,7 +93,7 @@ fn us(v: f64) -> String {
     )
 }
 
-fn ms(v: f64) -> String {
+pub(crate) fn ms(v: f64) -> String {
     scaled(
         v,
         &[
@@ -100,7 +104,7 @@ fn ms(v: f64) -> String {
     )
 }
 
-fn per_sec(v: f64) -> String {
+pub(crate) fn per_sec(v: f64) -> String {
     scaled(v, &[(100.0, 1.0, 0, ""), (f64::MIN, 1.0, 1, "")])
 }
 
@@ -245,7 +249,7 @@ fn goals(out: &mut String, cells: &[Cell]) {
     );
 }
 
-pub fn section(info: &RunInfo, cells: &[Cell]) -> String {
+pub fn section(info: &RunInfo, cells: &[Cell], kinds: &[KindCell]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -325,11 +329,15 @@ pub fn section(info: &RunInfo, cells: &[Cell]) -> String {
         out,
         "![Hand-off latency p99 and throughput against N, per method](contention.png)\n"
     );
+    crate::contention_kinds::section(&mut out, kinds);
     let _ = writeln!(
         out,
         "Reproduce: `make bench-contention` (env: `CONTENTION_SECS` per cell, \
          `CONTENTION_N` e.g. `1,2,8,64`, `CONTENTION_HOLD_MS` e.g. `0,1`, \
-         `CONTENTION_METHODS` e.g. `module,poll100,jitter,blpop`)."
+         `CONTENTION_METHODS` e.g. `module,poll100,jitter,blpop`; `CONTENTION_CELLS` e.g. \
+         `mutex,rw,sem`, `CONTENTION_RW` readers,writers e.g. `8,1`, `CONTENTION_RW_METHODS` \
+         e.g. `shared,module,jitter,rw-script,rw-script-wfirst`, `CONTENTION_SEM` \
+         clients,permits e.g. `16,4`, `CONTENTION_SEM_METHODS` e.g. `limit,zset`)."
     );
     out
 }

@@ -1,11 +1,12 @@
 //! The one renderer of the measured docs: every benchmark and reliability run saves its
 //! measurements as JSON in docs/data/, and docs/BENCHMARKS.md (its `perf` and
-//! `contention` sections), docs/RELIABILITY.md, docs/perf.png and docs/contention.png
-//! are rendered from those files, so prose and layout change without a rerun
-//! (`make docs`). The measuring tools call [`render_all`] after saving.
+//! `contention` sections), docs/RELIABILITY.md, docs/perf.png, docs/contention.png and
+//! docs/contention-kinds.png are rendered from those files, so prose and layout change
+//! without a rerun (`make docs`). The measuring tools call [`render_all`] after saving.
 
 pub mod chart;
 pub mod contention;
+pub mod contention_kinds;
 pub mod fmt;
 pub mod perf;
 pub mod reliability;
@@ -79,10 +80,15 @@ pub fn render_all(root: &Path) -> Result<Vec<PathBuf>, Error> {
         splice_file(
             &bench_md,
             "contention",
-            &contention::section(&run.info, &run.cells),
+            &contention::section(&run.info, &run.cells, &run.kinds),
         )?;
         contention::draw(&root.join("docs/contention.png"), &run)?;
         wrote.extend([bench_md.clone(), root.join("docs/contention.png")]);
+        if !run.kinds.is_empty() {
+            let png = root.join("docs/contention-kinds.png");
+            contention_kinds::draw(&png, &run)?;
+            wrote.push(png);
+        }
     }
     if root.join(PERF_JSON).is_file() {
         let run: perf::PerfRun = load(&root.join(PERF_JSON))?;

@@ -1,5 +1,6 @@
-//! `make docs`: renders docs/BENCHMARKS.md, docs/RELIABILITY.md, docs/perf.png and
-//! docs/contention.png from the JSON in docs/data/ (no measurement runs).
+//! `make docs`: renders docs/BENCHMARKS.md, docs/RELIABILITY.md, docs/perf.png,
+//! docs/contention.png and docs/contention-kinds.png from the JSON in docs/data/ (no
+//! measurement runs).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

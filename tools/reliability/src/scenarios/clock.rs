@@ -2,7 +2,7 @@
 //! (scripts/reliability/clockshift.c) that adds an offset, read from a file we rewrite
 //! while it runs, to CLOCK_REALTIME, gettimeofday and time. Measured: what a forward jump
 //! does to a held lock (Redis expiry follows the wall clock), what a backward jump does,
-//! and what both do to fences (next = max(last + 1, unix_ms << 20, MINFENCE)), also
+//! and what both do to fences (next = max(last + 1, unix_ms << 10, start jump, MINFENCE)), also
 //! across restarts.
 
 use std::fs::OpenOptions;
@@ -107,7 +107,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         &args!["LOCK.EXTEND", "rel:clk:a", &ta, "PX", LEASE_MS],
     )?;
     let a_release = cmd(&mut a, &args!["LOCK.RELEASE", "rel:clk:a", &ta])?;
-    let fence_jump_ms = (fb >> 20).saturating_sub(fa >> 20);
+    let shift = redis_lock_testkit::lock::FENCE_SHIFT;
+    let fence_jump_ms = (fb >> shift).saturating_sub(fa >> shift);
 
     // Backward jump: back to the true time (a 120 s step back).
     set_offset(&offset, 0)?;
@@ -172,7 +173,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         LEASE_MS / 1000, a_extend, a_release
     ));
     o.note(format!(
-        "Fences on a forward jump: the clock term (unix_ms << 20) jumps too, by {} ms worth ({} -> {}). Harmless for ordering, and the counter keeps it afterwards.",
+        "Fences on a forward jump: the clock term (unix_ms << 10) jumps too, by {} ms worth ({} -> {}); less when the counter was still ahead of the clock from the start-up jump. Harmless for ordering, and the counter keeps it afterwards.",
         fence_jump_ms, fa, fb
     ));
     o.note(format!(

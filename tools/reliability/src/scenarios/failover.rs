@@ -273,7 +273,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         pct(st.plain_uncut_lost, st.plain_uncut)
     ));
     o.note("Without WAIT a grant acknowledged by the primary can be missing on the promoted replica, so a second client can be granted the same lock: this is the failure the redis.io page describes. With WAIT 1 the client knows; WAIT does not make the write durable on a quorum by itself (a replica that acked can still be the one that dies).");
-    o.note("Fences after promotion stay above the old primary's because the replica's counter is never below unix_ms << 20 and both nodes share a clock here; across machines this needs clocks that are not behind by more than the failover takes.");
+    o.note("Fences after promotion stay above the old primary's: the replica's counter holds every fence it received, and a promotion makes the next fence jump an hour ahead of the clock (unix_ms << 10), which covers the grants it never received; across machines this needs clocks that are not behind by more than that hour plus the failover time.");
     if st.confirmed_lost > 0 {
         o.fail(format!("{} WAIT-confirmed grants lost", st.confirmed_lost));
     }
