@@ -247,7 +247,7 @@ fn two_concurrent_runs_one_runs_the_other_exits_75() {
     assert!(is_free(&mut server.conn(), "daily-report"));
     // --wait: a run that waits for the holder runs after it.
     let holder = case.spawn_run(&[], "job2", "sleep 1");
-    assert!(held_soon(&server, "job2"));
+    assert!(held_soon(server, "job2"));
     let waiter = case.run(&["--wait", "10s"], "job2", &touch(&b_ran));
     assert_eq!(waiter.code, Some(0));
     assert!(b_ran.exists());
@@ -267,7 +267,7 @@ fn exit_code_passthrough_and_environment() {
         Some(128 + 9),
         "death by signal N: 128+N"
     );
-    let missing = case.cli(&["run", "--url", &url, "job", "--", "/nonexistent/cmd"]);
+    let missing = case.cli(&["run", "--url", url, "job", "--", "/nonexistent/cmd"]);
     assert_eq!(missing.code, Some(127));
     assert!(
         is_free(&mut server.conn(), "job"),
@@ -399,9 +399,7 @@ fn nodes_with_three_of_five_down_exit_75() {
 fn acquire_extend_info_release_subcommands() {
     let case = Case::start();
     let (server, url) = (&case.server, case.url.as_str());
-    let d = case.cli(&[
-        "acquire", "--url", &url, "--ttl", "5s", "--owner", "me", "k",
-    ]);
+    let d = case.cli(&["acquire", "--url", url, "--ttl", "5s", "--owner", "me", "k"]);
     assert_eq!(d.code, Some(0));
     let token = d
         .stdout
@@ -424,45 +422,44 @@ fn acquire_extend_info_release_subcommands() {
         "acquire leaves it held"
     );
 
-    assert_eq!(case.cli(&["acquire", "--url", &url, "k"]).code, Some(75));
+    assert_eq!(case.cli(&["acquire", "--url", url, "k"]).code, Some(75));
     let t = Instant::now();
     assert_eq!(
-        case.cli(&["acquire", "--url", &url, "--wait", "300ms", "k"])
+        case.cli(&["acquire", "--url", url, "--wait", "300ms", "k"])
             .code,
         Some(75)
     );
     assert!(t.elapsed() >= ms(300));
 
-    let info = case.cli(&["info", "--url", &url, "k"]);
+    let info = case.cli(&["info", "--url", url, "k"]);
     assert_eq!(info.code, Some(0));
     assert!(info.stdout.contains(&format!("fence: {fence}")));
     assert!(info.stdout.contains("owner: me"));
 
     assert_eq!(
-        case.cli(&["extend", "--url", &url, "--ttl", "60s", "k", &token])
+        case.cli(&["extend", "--url", url, "--ttl", "60s", "k", &token])
             .code,
         Some(0)
     );
     let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
     assert!(pttl > 50_000, "extended: {pttl}");
     assert_eq!(
-        case.cli(&["extend", "--url", &url, "k", "wrong-token"])
-            .code,
+        case.cli(&["extend", "--url", url, "k", "wrong-token"]).code,
         Some(1)
     );
     assert_eq!(
-        case.cli(&["release", "--url", &url, "k", "wrong"]).code,
+        case.cli(&["release", "--url", url, "k", "wrong"]).code,
         Some(1)
     );
     assert_eq!(
-        case.cli(&["release", "--url", &url, "k", &token]).code,
+        case.cli(&["release", "--url", url, "k", &token]).code,
         Some(0)
     );
     assert_eq!(
-        case.cli(&["release", "--url", &url, "k", &token]).code,
+        case.cli(&["release", "--url", url, "k", &token]).code,
         Some(1)
     );
-    let info = case.cli(&["info", "--url", &url, "k"]);
+    let info = case.cli(&["info", "--url", url, "k"]);
     assert_eq!(info.code, Some(1));
     assert_eq!(info.stdout.trim(), "free");
 
@@ -486,7 +483,7 @@ fn flock_forms_options_anywhere_and_exit_code_choices() {
         "--ttl",
         "5s",
         "--url",
-        &url,
+        url,
         "-c",
         &format!("echo \"$REDIS_LOCK_FENCE\" > {}; exit 4", out.display()),
     ]);
@@ -494,21 +491,21 @@ fn flock_forms_options_anywhere_and_exit_code_choices() {
     assert!(holds_a_fence(&out));
     // `run NAME --ttl ... -- CMD` and -n: busy at once, with the code chosen by -E.
     let holder = case.spawn(&[
-        "run", "job", "--ttl", "5s", "--url", &url, "--", "sleep", "2",
+        "run", "job", "--ttl", "5s", "--url", url, "--", "sleep", "2",
     ]);
-    assert!(held_soon(&server, "job"));
-    let d = case.cli(&["run", "-n", "job", "--url", &url, "-E", "3", "--", "true"]);
+    assert!(held_soon(server, "job"));
+    let d = case.cli(&["run", "-n", "job", "--url", url, "-E", "3", "--", "true"]);
     assert_eq!(d.code, Some(3));
     assert!(d.took < ms(1_500));
     // -w with a unit: waits for the holder (FIFO), then runs.
-    let d = case.cli(&["run", "job", "-w", "10s", "--url", &url, "--", "true"]);
+    let d = case.cli(&["run", "job", "-w", "10s", "--url", url, "--", "true"]);
     assert_eq!(d.code, Some(0));
     assert!(d.took >= ms(500), "waited for the holder: {:?}", d.took);
     assert_eq!(holder.done().code, Some(0));
     // -w with a bare number means seconds: 0.3 s here.
-    let holder = case.spawn(&["run", "job", "--url", &url, "--", "sleep", "2"]);
-    assert!(held_soon(&server, "job"));
-    let d = case.cli(&["acquire", "job", "-w", "0.3", "--url", &url]);
+    let holder = case.spawn(&["run", "job", "--url", url, "--", "sleep", "2"]);
+    assert!(held_soon(server, "job"));
+    let d = case.cli(&["acquire", "job", "-w", "0.3", "--url", url]);
     assert_eq!(d.code, Some(75));
     assert!(d.took >= ms(300) && d.took < ms(1_800), "{:?}", d.took);
     assert_eq!(holder.done().code, Some(0));
@@ -547,7 +544,7 @@ fn json_output_redis_url_and_password_from_the_environment() {
     // REDIS_URL when there is no --url (and no REDIS_LOCK_URL).
     let d = case.cli_env(
         &["acquire", "--json", "--owner", "me", "k"],
-        &[("REDIS_URL", &url)],
+        &[("REDIS_URL", url)],
     );
     assert_eq!(d.code, Some(0), "{}", d.stderr);
     let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
@@ -558,7 +555,7 @@ fn json_output_redis_url_and_password_from_the_environment() {
     );
     let token = v["token"].as_str().unwrap().to_string();
     assert_eq!(v["name"], "k");
-    let d = case.cli(&["info", "k", "--json", "--url", &url]);
+    let d = case.cli(&["info", "k", "--json", "--url", url]);
     assert_eq!(d.code, Some(0));
     let info: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
     assert_eq!(info["held"], true);
@@ -568,12 +565,12 @@ fn json_output_redis_url_and_password_from_the_environment() {
     assert_eq!(
         case.cli_env(
             &["release", "k"],
-            &[("REDIS_URL", &url), ("REDIS_LOCK_TOKEN", &token)]
+            &[("REDIS_URL", url), ("REDIS_LOCK_TOKEN", &token)]
         )
         .code,
         Some(0)
     );
-    let d = case.cli(&["info", "k", "--json", "--url", &url]);
+    let d = case.cli(&["info", "k", "--json", "--url", url]);
     assert_eq!(d.code, Some(1));
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(d.stdout.trim()).unwrap()["held"],
@@ -606,7 +603,7 @@ fn json_output_redis_url_and_password_from_the_environment() {
         Some(69)
     );
     let d = case.cli_env(
-        &["run", "--user", "locker", "--url", &url, "pw", "--", "true"],
+        &["run", "--user", "locker", "--url", url, "pw", "--", "true"],
         &[("REDIS_LOCK_PASSWORD", "user-secret")],
     );
     assert_eq!(d.code, Some(0), "{}", d.stderr);
@@ -797,7 +794,7 @@ fn shared_runs_run_together_and_an_exclusive_run_waits_for_all_of_them() {
     let [ra, rb] = case.spawn_rendezvous(&readers, "catalog", [&a, &b, &go]);
 
     // info: the mode, both holders, and the holder list (text and JSON).
-    let d = case.cli(&["info", "--url", &url, "catalog"]);
+    let d = case.cli(&["info", "--url", url, "catalog"]);
     assert_eq!(d.code, Some(0));
     for line in ["mode: shared", "holders: 2", "waiters: 0", "holder-list:"] {
         assert!(
@@ -818,7 +815,7 @@ fn shared_runs_run_together_and_an_exclusive_run_waits_for_all_of_them() {
         "{}",
         d.stdout
     );
-    let d = case.cli(&["info", "--url", &url, "catalog", "--json"]);
+    let d = case.cli(&["info", "--url", url, "catalog", "--json"]);
     let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
     assert_eq!(
         (v["mode"].as_str(), v["holders"].as_i64()),
@@ -858,7 +855,7 @@ fn shared_runs_run_together_and_an_exclusive_run_waits_for_all_of_them() {
             w = dir.join("w").display()
         ),
     );
-    assert!(one_waiter_soon(&server));
+    assert!(one_waiter_soon(server));
     let late = case.run(&["--shared"], "catalog", "exit 0");
     assert_eq!(late.code, Some(75), "a reader behind a queued writer waits");
     assert!(
@@ -906,7 +903,7 @@ fn limit_runs_n_at_once_the_next_is_busy_or_waits() {
     assert_eq!(d.code, Some(69));
     assert!(d.stderr.contains("WRONGMODE"), "{}", d.stderr);
 
-    let d = case.cli(&["info", "--url", &url, "exports"]);
+    let d = case.cli(&["info", "--url", url, "exports"]);
     for line in ["mode: counted", "limit: 2", "holders: 2"] {
         assert!(
             d.stdout.lines().any(|l| l == line),
@@ -917,7 +914,7 @@ fn limit_runs_n_at_once_the_next_is_busy_or_waits() {
 
     // With --wait the third gets the first permit given back.
     let waiter = case.spawn_run(&["--limit", "2", "-w", "20s"], "exports", &touch_third);
-    assert!(one_waiter_soon(&server));
+    assert!(one_waiter_soon(server));
     assert!(!third.exists());
     fs::write(&go, "").unwrap();
     assert_eq!(h1.done().code, Some(0));
@@ -938,24 +935,24 @@ fn limit_runs_n_at_once_the_next_is_busy_or_waits() {
     let t1 = take(&["--limit", "2", "sem"]);
     let t2 = take(&["--limit=2", "sem"]);
     assert_eq!(
-        case.cli(&["acquire", "--url", &url, "--limit", "2", "sem"])
+        case.cli(&["acquire", "--url", url, "--limit", "2", "sem"])
             .code,
         Some(75)
     );
     let t3 = take(&["-s", "rw"]);
     let t4 = take(&["--shared", "rw"]);
     let info: serde_json::Value = serde_json::from_str(
-        case.cli(&["info", "--url", &url, "rw", "--json"])
+        case.cli(&["info", "--url", url, "rw", "--json"])
             .stdout
             .trim(),
     )
     .unwrap();
     assert_eq!(info["holder-list"].as_array().unwrap().len(), 2);
     for (name, t) in [("sem", &t1), ("sem", &t2), ("rw", &t3), ("rw", &t4)] {
-        assert_eq!(case.cli(&["release", "--url", &url, name, t]).code, Some(0));
+        assert_eq!(case.cli(&["release", "--url", url, name, t]).code, Some(0));
     }
     assert_eq!(
-        case.cli(&["run", "--url", &url, "--shared", "--limit", "2", "x", "--", "true"])
+        case.cli(&["run", "--url", url, "--shared", "--limit", "2", "x", "--", "true"])
             .code,
         Some(64)
     );
