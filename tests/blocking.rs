@@ -331,60 +331,34 @@ fn run(c: &mut Connection, args: &[&str]) -> Value {
     redis::cmd(args[0]).arg(&args[1..]).query(c).unwrap()
 }
 
-#[test]
-fn release_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, key, tok| {
-        assert_eq!(release(c, key, tok), 1);
-    });
+/// One test per way of freeing a held lock: `name: holder, trigger;` runs
+/// [`exactly_one_handoff`] in db 0.
+macro_rules! exactly_one_handoff_tests {
+    ($($name:ident: $holder:expr, $trigger:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            exactly_one_handoff($holder, 0, $trigger);
+        }
+    )*};
 }
 
-#[test]
-fn del_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, key, _| {
-        assert_eq!(run(c, &["DEL", key]), Value::Int(1));
-    });
-}
-
-#[test]
-fn unlink_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, key, _| {
-        assert_eq!(run(c, &["UNLINK", key]), Value::Int(1));
-    });
-}
-
-#[test]
-fn forcerelease_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, key, _| {
-        assert_eq!(run(c, &["LOCK.FORCERELEASE", key]), Value::Int(1));
-    });
-}
-
-#[test]
-fn classic_string_lock_deleted_by_del_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Classic, 0, |c, key, _| {
-        assert_eq!(run(c, &["DEL", key]), Value::Int(1));
-    });
-}
-
-#[test]
-fn classic_string_lock_released_by_lock_release_hands_off() {
-    exactly_one_handoff(Holder::Classic, 0, |c, key, tok| {
-        assert_eq!(release(c, key, tok), 1);
-    });
-}
-
-#[test]
-fn flushall_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, _, _| {
-        assert_eq!(run(c, &["FLUSHALL"]), Value::Okay);
-    });
-}
-
-#[test]
-fn flushdb_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, _, _| {
-        assert_eq!(run(c, &["FLUSHDB"]), Value::Okay);
-    });
+exactly_one_handoff_tests! {
+    release_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, key, tok| assert_eq!(release(c, key, tok), 1);
+    del_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, key, _| assert_eq!(run(c, &["DEL", key]), Value::Int(1));
+    unlink_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, key, _| assert_eq!(run(c, &["UNLINK", key]), Value::Int(1));
+    forcerelease_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, key, _| assert_eq!(run(c, &["LOCK.FORCERELEASE", key]), Value::Int(1));
+    classic_string_lock_deleted_by_del_hands_off_to_exactly_one_waiter:
+        Holder::Classic, |c, key, _| assert_eq!(run(c, &["DEL", key]), Value::Int(1));
+    classic_string_lock_released_by_lock_release_hands_off:
+        Holder::Classic, |c, key, tok| assert_eq!(release(c, key, tok), 1);
+    flushall_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, _, _| assert_eq!(run(c, &["FLUSHALL"]), Value::Okay);
+    flushdb_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, _, _| assert_eq!(run(c, &["FLUSHDB"]), Value::Okay);
 }
 
 #[test]

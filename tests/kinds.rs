@@ -7,8 +7,8 @@ mod common;
 
 use common::raw::{acquire, acquire_reply, grant, queued, wait_queued, Waiter};
 use common::{
-    primary, start_replica_of, wait_persistence_idle, wait_until, RawConn, Resp, ServerBuilder,
-    SETTLE,
+    debug_server, primary, start_replica_of, wait_persistence_idle, wait_until, RawConn, Resp,
+    ServerBuilder, SETTLE,
 };
 
 fn take(c: &mut RawConn, key: &str, args: &[&str]) -> i64 {
@@ -341,15 +341,14 @@ fn replicas_mirror_shared_and_counted_locks() {
 #[test]
 fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
     for (persistence, preamble) in [("rdb", "yes"), ("aof", "yes"), ("aof", "no")] {
-        let mut b = ServerBuilder::new()
+        let mut s = debug_server()
             .arg(
                 "appendonly",
                 if persistence == "aof" { "yes" } else { "no" },
             )
             .arg("appendfsync", "always")
-            .arg("aof-use-rdb-preamble", preamble);
-        b = b.module_args(&["debug-commands", "yes"]);
-        let mut s = b.start();
+            .arg("aof-use-rdb-preamble", preamble)
+            .start();
         let mut c = RawConn::connect(s.port);
         two_readers(&mut c, "s");
         take(&mut c, "n", &["LIMIT", "2", "TOKEN", "a", "PX", "60000"]);

@@ -94,6 +94,11 @@ pub fn wait_persistence_idle(s: &Server, timeout: Duration) {
     );
 }
 
+/// A server with `LOCK.DEBUG` enabled.
+pub fn debug_server() -> ServerBuilder {
+    ServerBuilder::new().module_args(&["debug-commands", "yes"])
+}
+
 /// A primary that starts a replica's full sync at once (Redis 7.0 waits 5 s by default
 /// before a diskless sync).
 pub fn primary() -> ServerBuilder {
@@ -103,25 +108,36 @@ pub fn primary() -> ServerBuilder {
 /// Lock commands over a `redis` crate connection (`redis::Value` replies).
 pub mod conn {
     use super::*;
-    use redis::{Connection, Value};
+    use redis::Value;
 
     /// `LOCK.INFO` as field -> value.
     pub type Info = BTreeMap<String, Value>;
 
-    /// `[token, fence]` of a LOCK.ACQUIRE reply, None for nil; panics on anything else.
-    pub fn grant(v: &Value) -> Option<(Vec<u8>, i64)> {
+    /// A `redis` crate reply as the kit's [`Resp`] (the types a lock command answers
+    /// with; anything else becomes an `Error` naming it).
+    pub fn to_resp(v: &Value) -> Resp {
         match v {
-            Value::Nil => None,
-            Value::Array(items) => match items.as_slice() {
-                [Value::BulkString(t), Value::Int(f)] => Some((t.clone(), *f)),
-                _ => panic!("unexpected LOCK.ACQUIRE reply {v:?}"),
-            },
-            _ => panic!("unexpected LOCK.ACQUIRE reply {v:?}"),
+            Value::Nil => Resp::Nil,
+            Value::Int(i) => Resp::Int(*i),
+            Value::BulkString(b) => Resp::Bulk(b.clone()),
+            Value::SimpleString(s) => Resp::Simple(s.clone()),
+            Value::Okay => Resp::Simple("OK".into()),
+            Value::Array(items) => Resp::Array(items.iter().map(to_resp).collect()),
+            other => Resp::Error(format!("not a lock reply: {other:?}")),
         }
     }
 
+    /// [`raw::grant`] of a `redis` crate reply.
+    pub fn grant(v: &Value) -> Option<(Vec<u8>, i64)> {
+        raw::grant(&to_resp(v))
+    }
+
     /// `LOCK.ACQUIRE key args...`: `[token, fence]`, None when not granted.
-    pub fn acquire(c: &mut Connection, key: &str, args: &[&str]) -> Option<(Vec<u8>, i64)> {
+    pub fn acquire(
+        c: &mut impl redis::ConnectionLike,
+        key: &str,
+        args: &[&str],
+    ) -> Option<(Vec<u8>, i64)> {
         let v: Value = redis::cmd("LOCK.ACQUIRE")
             .arg(key)
             .arg(args)
@@ -130,8 +146,26 @@ pub mod conn {
         grant(&v)
     }
 
+    /// Runs the command `args` and returns its integer reply.
+    pub fn int(c: &mut impl redis::ConnectionLike, args: &[&str]) -> i64 {
+        redis::cmd(args[0]).arg(&args[1..]).query(c).unwrap()
+    }
+
+    /// `SET key value NX PX px`: a lock taken the classic way (asserted).
+    pub fn set_nx_px(c: &mut impl redis::ConnectionLike, key: &str, value: &str, px: u64) {
+        let ok: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(px)
+            .query(c)
+            .unwrap();
+        assert_eq!(ok.as_deref(), Some("OK"), "SET {key} NX PX {px}");
+    }
+
     /// `LOCK.RELEASE key token`: 1 released, 0 not held by `token`.
-    pub fn release(c: &mut Connection, key: &str, token: &[u8]) -> i64 {
+    pub fn release(c: &mut impl redis::ConnectionLike, key: &str, token: &[u8]) -> i64 {
         redis::cmd("LOCK.RELEASE")
             .arg(key)
             .arg(token)
@@ -140,7 +174,7 @@ pub mod conn {
     }
 
     /// `LOCK.INFO` as a field map (RESP2 flat array or RESP3 map), None when free.
-    pub fn lock_info(c: &mut Connection, key: &str) -> Option<Info> {
+    pub fn lock_info(c: &mut impl redis::ConnectionLike, key: &str) -> Option<Info> {
         let v: Value = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
         let pairs: Vec<(Value, Value)> = match v {
             Value::Nil => return None,
@@ -212,20 +246,51 @@ pub mod conn {
         }
     }
 
-    pub fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
+    /// `LOCK.ACQUIRE key args... MINFENCE far`, `far` a [`far_fence`]: the grant and
+    /// `far`.
+    pub fn acquire_far(
+        c: &mut impl redis::ConnectionLike,
+        key: &str,
+        args: &[&str],
+    ) -> ((Vec<u8>, i64), u64) {
+        let far = far_fence();
+        let far_s = far.to_string();
+        let args = [args, &["MINFENCE", &far_s]].concat();
+        (acquire(c, key, &args).unwrap(), far)
+    }
+
+    /// A quorum client's two rounds on `key`: an acquisition with token `tq` (lease
+    /// `px` ms), then the idempotent renew with a MINFENCE floor far above the clock
+    /// term ([`far_fence`]), which must keep the token and the fence. The floor.
+    pub fn renew_with_floor(c: &mut impl redis::ConnectionLike, key: &str, px: &str) -> u64 {
+        let (t, f) = acquire(c, key, &["PX", px, "TOKEN", "tq"]).unwrap();
+        let floor = far_fence();
+        let renew = ["PX", px, "TOKEN", "tq", "MINFENCE", &floor.to_string()];
+        let (t2, f2) = acquire(c, key, &renew).unwrap();
+        assert_eq!(
+            (t, t2, f2),
+            (b"tq".to_vec(), b"tq".to_vec(), f),
+            "a renew keeps its fence"
+        );
+        floor
+    }
+
+    pub fn pexpiretime(c: &mut impl redis::ConnectionLike, key: &str) -> i64 {
         redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap()
     }
 
-    pub fn exists(c: &mut Connection, key: &str) -> bool {
+    pub fn exists(c: &mut impl redis::ConnectionLike, key: &str) -> bool {
         redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
     }
 
-    pub fn key_type(c: &mut Connection, key: &str) -> String {
+    pub fn key_type(c: &mut impl redis::ConnectionLike, key: &str) -> String {
         redis::cmd("TYPE").arg(key).query(c).unwrap()
     }
 
-    /// The fence counter a server has (`LOCK.DEBUG FENCE`; `debug-commands yes`).
-    pub fn counter(c: &mut Connection) -> i64 {
+    /// The fence counter a server has (`LOCK.DEBUG FENCE`; `debug-commands yes`): what
+    /// persistence or the replication stream brought back, which the start-up jump of
+    /// the next grant after a restart or a promotion would hide.
+    pub fn counter(c: &mut impl redis::ConnectionLike) -> i64 {
         redis::cmd("LOCK.DEBUG").arg("FENCE").query(c).unwrap()
     }
 }
