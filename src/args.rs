@@ -276,6 +276,21 @@ pub fn parse_extend<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Extend<'a>, L
     Ok(Extend { token, ttl })
 }
 
+impl Sync<'_> {
+    /// The holder it describes; the token is kept only as its digest.
+    pub fn holder(&self) -> Holder {
+        Holder::new(
+            crate::engine::value::digest(self.token),
+            self.fence,
+            self.expires_at,
+            self.acquired_at,
+            self.client_id,
+            Addr::parse(self.client_addr),
+            self.owner.map(Into::into),
+        )
+    }
+}
+
 /// `LOCK.SYNC key token fence expires-at acquired-at client-id client-addr [OWNER o] [FLOOR n]`
 pub fn parse_sync<'a>(args: &[&'a [u8]]) -> Result<Sync<'a>, LockError> {
     const CMD: &str = "lock.sync";

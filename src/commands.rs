@@ -12,7 +12,7 @@ use crate::error::LockError;
 use crate::ffi::blocked::BlockedClient;
 use crate::ffi::{self, command_entry, Args, Ctx, Str};
 use crate::keyspace::{caller, new_token, RedisKey};
-use crate::waiting::{self, with_engine, RedisSched, WaiterRec, UNBLOCK_ALLOWED};
+use crate::waiting::{self, with_engine, LockEngine, RedisSched, WaiterRec, UNBLOCK_ALLOWED};
 
 /// Enough for the longest valid command (LOCK.ACQUIRE with every option).
 const MAX_ARGS: usize = 24;
@@ -123,40 +123,38 @@ fn acquire_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
     Ok(())
 }
 
+/// RELEASE, EXTEND and FORCERELEASE: open the key, ask the engine, reply 1 or 0.
+fn yes_or_no(
+    ctx: Ctx<'_>,
+    name: Str<'_>,
+    f: impl FnOnce(&mut LockEngine, &mut RedisKey<'_>, &mut RedisSched<'_>) -> Result<bool, LockError>,
+) -> Result<(), LockError> {
+    let mut ks = RedisKey::new(ctx, name, ffi::now_ms(), true);
+    let mut sched = RedisSched::new(ctx);
+    let done = with_engine(|e| f(e, &mut ks, &mut sched)).ok_or_else(engine_busy)??;
+    ctx.reply_int(i64::from(done));
+    Ok(())
+}
+
 fn release_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.release", &mut buf)?;
     let token = args::parse_release(rest)?;
-    let mut ks = RedisKey::new(ctx, name, ffi::now_ms(), true);
-    let mut sched = RedisSched::new(ctx);
-    let released =
-        with_engine(|e| e.release(&mut ks, &mut sched, token)).ok_or_else(engine_busy)??;
-    ctx.reply_int(i64::from(released));
-    Ok(())
+    yes_or_no(ctx, name, |e, ks, s| e.release(ks, s, token))
 }
 
 fn extend_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.extend", &mut buf)?;
     let req = args::parse_extend(rest, &config::limits())?;
-    let mut ks = RedisKey::new(ctx, name, ffi::now_ms(), true);
-    let mut sched = RedisSched::new(ctx);
-    let extended = with_engine(|e| e.extend(&mut ks, &mut sched, req.token, req.ttl))
-        .ok_or_else(engine_busy)??;
-    ctx.reply_int(i64::from(extended));
-    Ok(())
+    yes_or_no(ctx, name, |e, ks, s| e.extend(ks, s, req.token, req.ttl))
 }
 
 fn forcerelease_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.forcerelease", &mut buf)?;
     let fence = args::parse_forcerelease(rest)?;
-    let mut ks = RedisKey::new(ctx, name, ffi::now_ms(), true);
-    let mut sched = RedisSched::new(ctx);
-    let removed =
-        with_engine(|e| e.force_release(&mut ks, &mut sched, fence)).ok_or_else(engine_busy)??;
-    ctx.reply_int(i64::from(removed));
-    Ok(())
+    yes_or_no(ctx, name, |e, ks, s| e.force_release(ks, s, fence))
 }
 
 /// One holder's fields (never its token).
@@ -350,15 +348,7 @@ fn sync_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
     if s.fence > ceiling || s.floor > ceiling {
         return Err(LockError::FenceTooFarAhead);
     }
-    let holder = Holder::new(
-        digest(s.token),
-        s.fence,
-        s.expires_at,
-        s.acquired_at,
-        s.client_id,
-        crate::engine::value::Addr::parse(s.client_addr),
-        s.owner.map(Into::into),
-    );
+    let holder = s.holder();
     let op = Repl::Grant {
         mode: Mode::Exclusive,
         holder: &holder,

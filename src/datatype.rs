@@ -123,19 +123,26 @@ fn load_owner(rdb: *mut raw::RedisModuleIO) -> Option<Option<Box<[u8]>>> {
     }
 }
 
+/// Fence, lease deadline and grant time: the same three fields in both encodings.
+fn load_times(rdb: *mut raw::RedisModuleIO) -> Option<(u64, i64, i64)> {
+    Some((
+        raw::load_unsigned(rdb).ok()?,
+        raw::load_signed(rdb).ok()?,
+        raw::load_signed(rdb).ok()?,
+    ))
+}
+
 /// Release 0.1: `token fence expires-at acquired-at has-owner [owner] client-id addr`.
 fn load_v1(rdb: *mut raw::RedisModuleIO) -> Option<LockValue> {
     let token = buf(rdb, MAX_TOKEN_LEN)?;
     if token.is_empty() {
         return None;
     }
-    let fence = raw::load_unsigned(rdb).ok()?;
-    let expires_at = raw::load_signed(rdb).ok()?;
-    let acquired_at = raw::load_signed(rdb).ok()?;
+    let (fence, expires_at, acquired_at) = load_times(rdb)?;
     let owner = load_owner(rdb)?;
     let client_id = raw::load_unsigned(rdb).ok()?;
     let addr = Addr::parse(&buf(rdb, MAX_ADDR_LEN)?);
-    Some(LockValue::Exclusive(Holder::new(
+    let h = Holder::new(
         digest(&token),
         fence,
         expires_at,
@@ -143,15 +150,15 @@ fn load_v1(rdb: *mut raw::RedisModuleIO) -> Option<LockValue> {
         client_id,
         addr,
         owner,
-    )))
+    );
+    Some(LockValue::Exclusive(h))
 }
 
+/// Version 2: `digest fence expires-at acquired-at client-id addr has-owner [owner]`.
 fn load_holder(rdb: *mut raw::RedisModuleIO) -> Option<Holder> {
     let d = buf(rdb, 16)?;
     let digest: [u8; 16] = d.as_slice().try_into().ok()?;
-    let fence = raw::load_unsigned(rdb).ok()?;
-    let expires_at = raw::load_signed(rdb).ok()?;
-    let acquired_at = raw::load_signed(rdb).ok()?;
+    let (fence, expires_at, acquired_at) = load_times(rdb)?;
     let client_id = raw::load_unsigned(rdb).ok()?;
     let addr = Addr::parse(&buf(rdb, MAX_ADDR_LEN)?);
     let owner = load_owner(rdb)?;

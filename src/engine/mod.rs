@@ -809,6 +809,29 @@ impl<W, T> Engine<W, T> {
         Ok(true)
     }
 
+    /// Removes holders, then (when one was removed) notifies, counts and hands over: the
+    /// one place a release, a revocation and a forced release end.
+    fn release_and_serve<S: Sched<Waiter = W, Timer = T>>(
+        &mut self,
+        ks: &mut impl Keyspace,
+        sched: &mut S,
+        which: Which<'_>,
+        forced: bool,
+    ) -> Result<bool, LockError> {
+        let removed = self.remove_holders(ks, which)?;
+        if removed {
+            if forced {
+                ks.notify(Event::ForceRelease);
+                self.stats.force_released += 1;
+            } else {
+                ks.notify(Event::Release);
+                self.stats.released += 1;
+            }
+            self.serve(ks, sched);
+        }
+        Ok(removed)
+    }
+
     /// LOCK.RELEASE: removes the holder `token` names, then hands the lock over.
     pub fn release<S: Sched<Waiter = W, Timer = T>>(
         &mut self,
@@ -816,13 +839,7 @@ impl<W, T> Engine<W, T> {
         sched: &mut S,
         token: &[u8],
     ) -> Result<bool, LockError> {
-        let released = self.remove_holders(ks, Which::Token(token))?;
-        if released {
-            ks.notify(Event::Release);
-            self.stats.released += 1;
-            self.serve(ks, sched);
-        }
-        Ok(released)
+        self.release_and_serve(ks, sched, Which::Token(token), false)
     }
 
     /// Gives back a grant whose waiter left before it heard of it.
@@ -836,18 +853,10 @@ impl<W, T> Engine<W, T> {
             Ok(Slot::Lock(v)) => v.find(d).map(|i| v.holders()[i].fence),
             _ => None,
         };
-        let Some(fence) = found else {
-            return false;
-        };
-        let removed = self
-            .remove_holders(ks, Which::Fence(fence))
-            .unwrap_or(false);
-        if removed {
-            ks.notify(Event::Release);
-            self.stats.released += 1;
-            self.serve(ks, sched);
-        }
-        removed
+        found.is_some_and(|fence| {
+            self.release_and_serve(ks, sched, Which::Fence(fence), false)
+                .unwrap_or(false)
+        })
     }
 
     /// LOCK.FORCERELEASE [FENCE f].
@@ -857,14 +866,7 @@ impl<W, T> Engine<W, T> {
         sched: &mut S,
         fence: Option<u64>,
     ) -> Result<bool, LockError> {
-        let which = fence.map_or(Which::All, Which::Fence);
-        let removed = self.remove_holders(ks, which)?;
-        if removed {
-            ks.notify(Event::ForceRelease);
-            self.stats.force_released += 1;
-            self.serve(ks, sched);
-        }
-        Ok(removed)
+        self.release_and_serve(ks, sched, fence.map_or(Which::All, Which::Fence), true)
     }
 
     /// LOCK.EXTEND: a new lease for the holder `token` names.

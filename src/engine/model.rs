@@ -401,6 +401,19 @@ impl Harness {
         }
     }
 
+    /// Runs `f` on the engine with `key` open in the primary's keyspace.
+    fn on_key<R>(
+        &mut self,
+        key: u8,
+        f: impl FnOnce(&mut Engine<WaiterId, u64>, &mut MemKey<'_>, &mut MemSched) -> R,
+    ) -> R {
+        let mut ks = MemKey {
+            w: &mut self.w,
+            name: key_name(key),
+        };
+        f(&mut self.e, &mut ks, &mut self.s)
+    }
+
     /// Takes the answers the engine gave and checks them.
     fn settle(&mut self) {
         let now = self.w.now;
@@ -410,11 +423,7 @@ impl Harness {
     }
 
     fn serve(&mut self, key: u8) {
-        let mut ks = MemKey {
-            w: &mut self.w,
-            name: key_name(key),
-        };
-        self.e.serve(&mut ks, &mut self.s);
+        self.on_key(key, |e, ks, s| e.serve(ks, s));
         self.settle();
     }
 
@@ -520,11 +529,7 @@ impl Harness {
                     Some(g) => g.mode != mode,
                     None => family.is_some_and(|f| value::check_family(f, mode).is_err()),
                 };
-                let mut ks = MemKey {
-                    w: &mut self.w,
-                    name: key_name(key),
-                };
-                let r = self.e.acquire(&mut ks, &mut self.s, &req);
+                let r = self.on_key(key, |e, ks, s| e.acquire(ks, s, &req));
                 // Waiters served first (a deferred hand-off) are answered before the caller.
                 self.settle();
                 if let Err(LockError::WrongMode | LockError::LimitMismatch(_)) = r {
@@ -604,13 +609,8 @@ impl Harness {
                     return;
                 }
                 let expected = self.holds(key, client);
-                let mut ks = MemKey {
-                    w: &mut self.w,
-                    name: key_name(key),
-                };
                 let r = self
-                    .e
-                    .release(&mut ks, &mut self.s, &token(client))
+                    .on_key(key, |e, ks, s| e.release(ks, s, &token(client)))
                     .unwrap();
                 assert_eq!(r, expected, "release of key {key} by {client}");
                 if r {
@@ -623,13 +623,10 @@ impl Harness {
                     return;
                 }
                 let expected = self.holds(key, client);
-                let mut ks = MemKey {
-                    w: &mut self.w,
-                    name: key_name(key),
-                };
                 let r = self
-                    .e
-                    .extend(&mut ks, &mut self.s, &token(client), u64::from(ttl))
+                    .on_key(key, |e, ks, s| {
+                        e.extend(ks, s, &token(client), u64::from(ttl))
+                    })
                     .unwrap();
                 assert_eq!(r, expected, "extend of key {key} by {client}");
                 if let Some(g) = self
@@ -649,12 +646,10 @@ impl Harness {
                     None
                 };
                 let expected = !self.m.live(key, now).is_empty() && (!one || target.is_some());
-                let mut ks = MemKey {
-                    w: &mut self.w,
-                    name: key_name(key),
-                };
                 let fence = if one { Some(target.unwrap_or(1)) } else { None };
-                let r = self.e.force_release(&mut ks, &mut self.s, fence).unwrap();
+                let r = self
+                    .on_key(key, |e, ks, s| e.force_release(ks, s, fence))
+                    .unwrap();
                 assert_eq!(r, expected, "force release of key {key}");
                 match fence {
                     Some(f) => self.m.live(key, now).retain(|g| g.fence != f),
