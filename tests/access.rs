@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{lock_stat, starts_with_error_code, RawConn, Resp, ServerBuilder};
+use common::{debug_server, lock_stat, starts_with_error_code, RawConn, Resp, ServerBuilder};
 
 #[track_caller]
 fn assert_code(r: &Resp, code: &str, what: &str) {
@@ -161,9 +161,7 @@ fn acl_key_patterns_and_command_rules_apply() {
 
 #[test]
 fn a_panic_in_a_command_is_an_error_reply_and_the_server_survives() {
-    let server = ServerBuilder::new()
-        .module_args(&["debug-commands", "yes"])
-        .start();
+    let server = debug_server().start();
     let mut c = RawConn::connect(server.port);
     let (tok, fence) = grant(&c.cmd(&["LOCK.ACQUIRE", "lock:p", "PX", "60000"]));
     assert_eq!(lock_stat(&mut c, "panics"), 0);

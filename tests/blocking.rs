@@ -9,7 +9,8 @@
 
 mod common;
 
-use common::{wait_until, Server, ServerBuilder};
+use common::conn::{acquire, grant, int_field, lock_info, release, Info};
+use common::{start_replica_of, volatile_keys, wait_until, Server, ServerBuilder, SETTLE};
 use redis::{Connection, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,8 +20,6 @@ use std::time::{Duration, Instant};
 /// "Promptly": a hand-off must reach the waiter within this (loopback; the machine is
 /// shared and noisy, the real figure is well under 1 ms, see docs/BENCHMARKS.md).
 const PROMPT: Duration = Duration::from_millis(500);
-/// How long a test waits for a queue count or counter to reach a value.
-const SETTLE: Duration = Duration::from_secs(10);
 
 // ------------------------------------------------------------------------------------
 // Helpers
@@ -37,65 +36,9 @@ fn client_id(c: &mut Connection) -> i64 {
     redis::cmd("CLIENT").arg("ID").query(c).unwrap()
 }
 
-/// `[token, fence]` from a LOCK.ACQUIRE reply, None for nil. Panics on anything else.
-fn grant(v: &Value) -> Option<(Vec<u8>, i64)> {
-    match v {
-        Value::Nil => None,
-        Value::Array(items) => match items.as_slice() {
-            [Value::BulkString(t), Value::Int(f)] => Some((t.clone(), *f)),
-            _ => panic!("unexpected LOCK.ACQUIRE reply {v:?}"),
-        },
-        _ => panic!("unexpected LOCK.ACQUIRE reply {v:?}"),
-    }
-}
-
-fn acquire(c: &mut Connection, key: &str, args: &[&str]) -> Option<(Vec<u8>, i64)> {
-    let v: Value = redis::cmd("LOCK.ACQUIRE")
-        .arg(key)
-        .arg(args)
-        .query(c)
-        .unwrap();
-    grant(&v)
-}
-
-fn release(c: &mut Connection, key: &str, token: &[u8]) -> i64 {
-    redis::cmd("LOCK.RELEASE")
-        .arg(key)
-        .arg(token)
-        .query(c)
-        .unwrap()
-}
-
-/// LOCK.INFO as a field map (RESP2 flat array), None when the key is free.
-fn lock_info(c: &mut Connection, key: &str) -> Option<HashMap<String, Value>> {
-    let v: Value = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
-    match v {
-        Value::Nil => None,
-        Value::Array(items) => Some(
-            items
-                .chunks(2)
-                .map(|kv| match &kv[0] {
-                    Value::BulkString(k) => {
-                        (String::from_utf8_lossy(k).into_owned(), kv[1].clone())
-                    }
-                    other => panic!("LOCK.INFO field name {other:?}"),
-                })
-                .collect(),
-        ),
-        other => panic!("unexpected LOCK.INFO reply {other:?}"),
-    }
-}
-
-fn info_int(info: &HashMap<String, Value>, field: &str) -> i64 {
-    match info.get(field) {
-        Some(Value::Int(i)) => *i,
-        other => panic!("LOCK.INFO {field} is {other:?}"),
-    }
-}
-
 /// Queue length of a held lock (0 when the key is free).
 fn queued(c: &mut Connection, key: &str) -> i64 {
-    lock_info(c, key).map_or(0, |i| info_int(&i, "waiters"))
+    lock_info(c, key).map_or(0, |i| int_field(&i, "waiters"))
 }
 
 /// Client id of the holder, None when free (or a string lock).
@@ -191,6 +134,61 @@ impl Waiter {
 fn module_server() -> Server {
     ServerBuilder::new().start()
 }
+
+/// A fresh server, an admin connection to it, and `key` held there by the module for
+/// 60 s: its token.
+fn server_with_held(key: &str) -> (Server, Connection, Vec<u8>) {
+    let server = module_server();
+    let mut admin = server.conn();
+    let tok = take(&mut admin, key, Holder::Module, 60_000);
+    (server, admin, tok)
+}
+
+/// `key` is held by client `id` with `fence`: its LOCK.INFO.
+fn assert_held_by(c: &mut Connection, key: &str, id: i64, fence: i64) -> Info {
+    let info =
+        lock_info(c, key).unwrap_or_else(|| panic!("{key} is free, client {id} should hold it"));
+    assert_eq!(int_field(&info, "client-id"), id);
+    assert_eq!(int_field(&info, "fence"), fence);
+    info
+}
+
+/// Two waiters queued on `key` (in `db`) in this order, each with a 60 s lease and
+/// `BLOCK block_ms`.
+fn two_waiters(
+    server: &Server,
+    admin: &mut Connection,
+    db: i64,
+    key: &str,
+    block_ms: &str,
+) -> (Waiter, Waiter) {
+    let wait = ["PX", "60000", "BLOCK", block_ms];
+    let w1 = Waiter::queue(server, admin, db, key, &wait, 1);
+    let w2 = Waiter::queue(server, admin, db, key, &wait, 2);
+    (w1, w2)
+}
+
+/// [`server_with_held`] `key` and [`two_waiters`] (`BLOCK 20000`) behind it.
+fn held_with_two_waiters(key: &str) -> (Server, Connection, Vec<u8>, Waiter, Waiter) {
+    let (server, mut admin, tok) = server_with_held(key);
+    let (w1, w2) = two_waiters(&server, &mut admin, 0, key, "20000");
+    (server, admin, tok, w1, w2)
+}
+
+/// `took` lies within `[ms, ms + slack]` milliseconds (`what` says what took that long).
+fn assert_took(took: Duration, ms: u64, slack: u64, what: &str) {
+    assert!(
+        took >= Duration::from_millis(ms),
+        "{what} after {took:?}, before {ms} ms"
+    );
+    assert!(
+        took <= Duration::from_millis(ms + slack),
+        "{what} after {took:?}, over {ms} + {slack} ms (timer late)"
+    );
+}
+
+/// A waiter's arguments: a 60 s lease, waiting up to 10 s.
+const WAIT_10S: [&str; 4] = ["PX", "60000", "BLOCK", "10000"];
 
 // ------------------------------------------------------------------------------------
 // FIFO order
@@ -298,9 +296,7 @@ fn exactly_one_handoff_on(
     let mut admin = conn_db(server, db);
     let key = "trig";
     let tok = take(&mut admin, key, holder, 60_000);
-    let wait = ["PX", "60000", "BLOCK", "20000"];
-    let mut w1 = Waiter::queue(server, &mut admin, db, key, &wait, 1);
-    let mut w2 = Waiter::queue(server, &mut admin, db, key, &wait, 2);
+    let (mut w1, mut w2) = two_waiters(server, &mut admin, db, key, "20000");
     let before = stats(&mut admin);
 
     let t0 = Instant::now();
@@ -312,10 +308,8 @@ fn exactly_one_handoff_on(
 
     // Exactly one: W1 holds it, W2 is still queued, now and a little later.
     for _ in 0..2 {
-        let info = lock_info(&mut admin, key).expect("W1 should hold the lock");
-        assert_eq!(info_int(&info, "client-id"), w1.id);
-        assert_eq!(info_int(&info, "fence"), f1);
-        assert_eq!(info_int(&info, "waiters"), 1);
+        let info = assert_held_by(&mut admin, key, w1.id, f1);
+        assert_eq!(int_field(&info, "waiters"), 1);
         thread::sleep(Duration::from_millis(100));
     }
     let after = stats(&mut admin);
@@ -337,60 +331,34 @@ fn run(c: &mut Connection, args: &[&str]) -> Value {
     redis::cmd(args[0]).arg(&args[1..]).query(c).unwrap()
 }
 
-#[test]
-fn release_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, key, tok| {
-        assert_eq!(release(c, key, tok), 1);
-    });
+/// One test per way of freeing a held lock: `name: holder, trigger;` runs
+/// [`exactly_one_handoff`] in db 0.
+macro_rules! exactly_one_handoff_tests {
+    ($($name:ident: $holder:expr, $trigger:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            exactly_one_handoff($holder, 0, $trigger);
+        }
+    )*};
 }
 
-#[test]
-fn del_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, key, _| {
-        assert_eq!(run(c, &["DEL", key]), Value::Int(1));
-    });
-}
-
-#[test]
-fn unlink_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, key, _| {
-        assert_eq!(run(c, &["UNLINK", key]), Value::Int(1));
-    });
-}
-
-#[test]
-fn forcerelease_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, key, _| {
-        assert_eq!(run(c, &["LOCK.FORCERELEASE", key]), Value::Int(1));
-    });
-}
-
-#[test]
-fn classic_string_lock_deleted_by_del_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Classic, 0, |c, key, _| {
-        assert_eq!(run(c, &["DEL", key]), Value::Int(1));
-    });
-}
-
-#[test]
-fn classic_string_lock_released_by_lock_release_hands_off() {
-    exactly_one_handoff(Holder::Classic, 0, |c, key, tok| {
-        assert_eq!(release(c, key, tok), 1);
-    });
-}
-
-#[test]
-fn flushall_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, _, _| {
-        assert_eq!(run(c, &["FLUSHALL"]), Value::Okay);
-    });
-}
-
-#[test]
-fn flushdb_hands_off_to_exactly_one_waiter() {
-    exactly_one_handoff(Holder::Module, 0, |c, _, _| {
-        assert_eq!(run(c, &["FLUSHDB"]), Value::Okay);
-    });
+exactly_one_handoff_tests! {
+    release_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, key, tok| assert_eq!(release(c, key, tok), 1);
+    del_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, key, _| assert_eq!(run(c, &["DEL", key]), Value::Int(1));
+    unlink_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, key, _| assert_eq!(run(c, &["UNLINK", key]), Value::Int(1));
+    forcerelease_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, key, _| assert_eq!(run(c, &["LOCK.FORCERELEASE", key]), Value::Int(1));
+    classic_string_lock_deleted_by_del_hands_off_to_exactly_one_waiter:
+        Holder::Classic, |c, key, _| assert_eq!(run(c, &["DEL", key]), Value::Int(1));
+    classic_string_lock_released_by_lock_release_hands_off:
+        Holder::Classic, |c, key, tok| assert_eq!(release(c, key, tok), 1);
+    flushall_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, _, _| assert_eq!(run(c, &["FLUSHALL"]), Value::Okay);
+    flushdb_hands_off_to_exactly_one_waiter:
+        Holder::Module, |c, _, _| assert_eq!(run(c, &["FLUSHDB"]), Value::Okay);
 }
 
 #[test]
@@ -426,22 +394,13 @@ fn expiry_hands_off_at_the_deadline(holder: Holder) {
     let mut admin = server.conn();
     // 20,000 other keys with a TTL: Redis's own expiry samples 20 of them per cycle and
     // would find the lock late, so only the module's timer at the deadline is prompt.
-    let mut fill = redis::pipe();
-    for i in 0..20_000 {
-        fill.cmd("SET")
-            .arg(format!("filler:{i}"))
-            .arg("x")
-            .arg("EX")
-            .arg(3600)
-            .ignore();
-    }
-    let _: () = fill.query(&mut admin).unwrap();
+    volatile_keys(&mut admin, "filler:", 20_000, 3_600_000);
     let key = "lease";
     let lease = 300u64;
     let t0 = Instant::now();
     take(&mut admin, key, holder, lease);
     let deadline_unix = match holder {
-        Holder::Module => info_int(&lock_info(&mut admin, key).unwrap(), "expires-at"),
+        Holder::Module => int_field(&lock_info(&mut admin, key).unwrap(), "expires-at"),
         Holder::Classic => {
             let v: i64 = redis::cmd("PEXPIRETIME")
                 .arg(key)
@@ -450,27 +409,16 @@ fn expiry_hands_off_at_the_deadline(holder: Holder) {
             v
         }
     };
-    let wait = ["PX", "60000", "BLOCK", "5000"];
-    let mut w1 = Waiter::queue(&server, &mut admin, 0, key, &wait, 1);
-    let mut w2 = Waiter::queue(&server, &mut admin, 0, key, &wait, 2);
+    let (mut w1, mut w2) = two_waiters(&server, &mut admin, 0, key, "5000");
     let before = stats(&mut admin);
 
     let ((t1, f1), at) = w1.granted();
     let after_take = at - t0;
     eprintln!("{lease} ms lease: waiter granted {after_take:?} after the lease was taken");
-    assert!(
-        after_take >= Duration::from_millis(lease),
-        "granted {after_take:?} after a {lease} ms lease was taken"
-    );
-    assert!(
-        after_take <= Duration::from_millis(lease + 200),
-        "granted {after_take:?} after a {lease} ms lease was taken (timer late)"
-    );
-    let info = lock_info(&mut admin, key).expect("W1 holds");
-    assert_eq!(info_int(&info, "client-id"), w1.id);
-    assert_eq!(info_int(&info, "fence"), f1);
-    assert_eq!(info_int(&info, "waiters"), 1);
-    let acquired_at = info_int(&info, "acquired-at");
+    assert_took(after_take, lease, 200, "granted after the lease was taken");
+    let info = assert_held_by(&mut admin, key, w1.id, f1);
+    assert_eq!(int_field(&info, "waiters"), 1);
+    let acquired_at = int_field(&info, "acquired-at");
     assert!(
         acquired_at >= deadline_unix,
         "server granted at {acquired_at}, before the deadline {deadline_unix}"
@@ -504,13 +452,8 @@ fn classic_string_lock_expiry_hands_off_at_the_deadline() {
 /// the limit, so the lock handed to the waiter afterwards is not evicted in turn.
 #[test]
 fn eviction_hands_off_to_exactly_one_waiter() {
-    let server = module_server();
-    let mut admin = server.conn();
     let key = "evictme";
-    take(&mut admin, key, Holder::Module, 60_000);
-    let wait = ["PX", "60000", "BLOCK", "20000"];
-    let mut w1 = Waiter::queue(&server, &mut admin, 0, key, &wait, 1);
-    let mut w2 = Waiter::queue(&server, &mut admin, 0, key, &wait, 2);
+    let (_server, mut admin, _, mut w1, mut w2) = held_with_two_waiters(key);
     let before = stats(&mut admin);
     let evicted_before = info_section(&mut admin, "stats")["evicted_keys"];
     let used = info_section(&mut admin, "memory")["used_memory"];
@@ -543,10 +486,8 @@ fn eviction_hands_off_to_exactly_one_waiter() {
     assert_eq!(delta(&before, &after, "lock_handed_off"), 1);
     let evicted = info_section(&mut admin, "stats")["evicted_keys"] - evicted_before;
     assert_eq!(evicted, 1, "only the lock should have been evicted");
-    let info = lock_info(&mut admin, key).expect("W1 holds the lock");
-    assert_eq!(info_int(&info, "client-id"), w1.id);
-    assert_eq!(info_int(&info, "fence"), f1);
-    assert_eq!(info_int(&info, "waiters"), 1);
+    let info = assert_held_by(&mut admin, key, w1.id, f1);
+    assert_eq!(int_field(&info, "waiters"), 1);
     assert_eq!(release(&mut w1.conn, key, &t1), 1);
     let ((t2, _), _) = w2.granted();
     assert_eq!(release(&mut w2.conn, key, &t2), 1);
@@ -557,10 +498,8 @@ fn eviction_hands_off_to_exactly_one_waiter() {
 
 #[test]
 fn block_timeout_returns_nil_on_time_and_leaves_the_queue() {
-    let server = module_server();
-    let mut admin = server.conn();
     let key = "slow";
-    let tok = take(&mut admin, key, Holder::Module, 60_000);
+    let (server, mut admin, tok) = server_with_held(key);
     // The module arms a timer at each waiter's deadline (Redis alone would notice a
     // timeout only when its event loop next wakes, up to 1000/hz = 100 ms late). The
     // upper bound is "tens of ms": a few ms of timer resolution plus scheduling noise on
@@ -573,14 +512,7 @@ fn block_timeout_returns_nil_on_time_and_leaves_the_queue() {
         let took = t0.elapsed();
         assert_eq!(v, Value::Nil, "BLOCK {asked} on a held lock");
         eprintln!("BLOCK {asked}: nil after {took:?}");
-        assert!(
-            took >= Duration::from_millis(asked),
-            "BLOCK {asked} answered after {took:?}"
-        );
-        assert!(
-            took <= Duration::from_millis(asked + 80),
-            "BLOCK {asked} answered after {took:?}"
-        );
+        assert_took(took, asked, 80, &format!("BLOCK {asked} answered"));
         let after = stats(&mut admin);
         assert_eq!(delta(&before, &after, "lock_wait_timeouts"), 1);
         assert_eq!(after["lock_waiters"], 0);
@@ -601,14 +533,17 @@ fn block_timeout_returns_nil_on_time_and_leaves_the_queue() {
 
 #[test]
 fn a_waiter_whose_connection_closes_leaves_the_queue() {
-    let server = module_server();
-    let mut admin = server.conn();
     let key = "gone";
-    let tok = take(&mut admin, key, Holder::Module, 60_000);
-    let wait = ["PX", "60000", "BLOCK", "0"];
-    let w1 = Waiter::queue(&server, &mut admin, 0, key, &wait, 1);
-    let mut w2 = Waiter::queue(&server, &mut admin, 0, key, &wait, 2);
-    let w3 = Waiter::queue(&server, &mut admin, 0, key, &wait, 3);
+    let (server, mut admin, tok) = server_with_held(key);
+    let (w1, mut w2) = two_waiters(&server, &mut admin, 0, key, "0");
+    let w3 = Waiter::queue(
+        &server,
+        &mut admin,
+        0,
+        key,
+        &["PX", "60000", "BLOCK", "0"],
+        3,
+    );
     drop(w1);
     drop(w3);
     assert!(
@@ -637,13 +572,8 @@ fn a_waiter_whose_connection_closes_leaves_the_queue() {
 /// must go on to W2 at once (not sit idle until W1's 60 s lease ends).
 #[test]
 fn a_grant_to_a_waiter_that_disconnected_goes_to_the_next() {
-    let server = module_server();
-    let mut admin = server.conn();
     let key = "window";
-    let tok = take(&mut admin, key, Holder::Module, 60_000);
-    let wait = ["PX", "60000", "BLOCK", "20000"];
-    let mut w1 = Waiter::queue(&server, &mut admin, 0, key, &wait, 1);
-    let mut w2 = Waiter::queue(&server, &mut admin, 0, key, &wait, 2);
+    let (_server, mut admin, tok, mut w1, mut w2) = held_with_two_waiters(key);
     let before = stats(&mut admin);
 
     let t0 = Instant::now();
@@ -662,9 +592,7 @@ fn a_grant_to_a_waiter_that_disconnected_goes_to_the_next() {
     let ((t2, f2), at) = w2.granted();
     assert!(at - t0 < PROMPT, "second hand-off took {:?}", at - t0);
     assert!(w1.reply().is_err(), "W1 was killed and must get no reply");
-    let info = lock_info(&mut admin, key).expect("W2 holds");
-    assert_eq!(info_int(&info, "client-id"), w2.id);
-    assert_eq!(info_int(&info, "fence"), f2);
+    assert_held_by(&mut admin, key, w2.id, f2);
     let after = stats(&mut admin);
     // W1 was handed the lock (1), it was revoked (a release), then W2 got it (2).
     assert_eq!(delta(&before, &after, "lock_handed_off"), 2);
@@ -678,10 +606,8 @@ fn a_grant_to_a_waiter_that_disconnected_goes_to_the_next() {
 
 #[test]
 fn block_inside_multi_and_eval_does_not_block() {
-    let server = module_server();
-    let mut admin = server.conn();
     let key = "tx";
-    take(&mut admin, key, Holder::Module, 60_000);
+    let (server, mut admin, _) = server_with_held(key);
     let mut c = server.conn();
 
     let t0 = Instant::now();
@@ -724,19 +650,10 @@ fn block_inside_multi_and_eval_does_not_block() {
 
 #[test]
 fn no_barging_while_a_client_waits() {
-    let server = module_server();
-    let mut a = server.conn();
-    let mut c = server.conn();
     let key = "fair";
-    let tok = take(&mut a, key, Holder::Module, 60_000);
-    let mut b = Waiter::queue(
-        &server,
-        &mut a,
-        0,
-        key,
-        &["PX", "60000", "BLOCK", "10000"],
-        1,
-    );
+    let (server, mut a, tok) = server_with_held(key);
+    let mut c = server.conn();
+    let mut b = Waiter::queue(&server, &mut a, 0, key, &WAIT_10S, 1);
     assert_eq!(acquire(&mut c, key, &["PX", "60000"]), None);
     assert_eq!(release(&mut a, key, &tok), 1);
     let ((bt, _), _) = b.granted();
@@ -747,14 +664,7 @@ fn no_barging_while_a_client_waits() {
     // At a lease's end: C hammers non-blocking acquires across the deadline; the lock
     // must still go to the waiter.
     take(&mut a, key, Holder::Module, 200);
-    let mut b = Waiter::queue(
-        &server,
-        &mut a,
-        0,
-        key,
-        &["PX", "60000", "BLOCK", "10000"],
-        1,
-    );
+    let mut b = Waiter::queue(&server, &mut a, 0, key, &WAIT_10S, 1);
     let t0 = Instant::now();
     let mut tries = 0;
     while t0.elapsed() < Duration::from_millis(400) {
@@ -769,10 +679,8 @@ fn no_barging_while_a_client_waits() {
 
 #[test]
 fn block_zero_waits_without_limit() {
-    let server = module_server();
-    let mut admin = server.conn();
     let key = "forever";
-    let tok = take(&mut admin, key, Holder::Module, 60_000);
+    let (server, mut admin, tok) = server_with_held(key);
     let t0 = Instant::now();
     let mut w = Waiter::queue(&server, &mut admin, 0, key, &["BLOCK", "0"], 1);
     thread::sleep(Duration::from_millis(500));
@@ -816,53 +724,31 @@ fn max_waiters_rejects_a_blocking_acquire_at_once() {
 // ------------------------------------------------------------------------------------
 // Replication
 
-fn start_replica_of(primary: &Server) -> Server {
-    let replica = ServerBuilder::new()
-        .arg_multi("replicaof", &["127.0.0.1", &primary.port.to_string()])
-        .start();
-    assert!(
-        wait_until(SETTLE, || replica
-            .info_field("replication", "master_link_status")
-            .as_deref()
-            == Some("up")),
-        "replica never synced\n{}",
-        replica.log_tail()
-    );
-    replica
-}
-
 #[test]
 fn a_replica_shows_the_new_holders_fence_after_a_handoff() {
     let primary = module_server();
-    let replica = start_replica_of(&primary);
+    let replica = start_replica_of(&primary, ServerBuilder::new());
     let mut p = primary.conn();
     let mut r = replica.conn();
     let key = "repl";
     let tok = take(&mut p, key, Holder::Module, 60_000);
-    let mut w = Waiter::queue(
-        &primary,
-        &mut p,
-        0,
-        key,
-        &["PX", "60000", "BLOCK", "10000"],
-        1,
-    );
+    let mut w = Waiter::queue(&primary, &mut p, 0, key, &WAIT_10S, 1);
     assert_eq!(release(&mut p, key, &tok), 1);
     let ((_, fence), _) = w.granted();
     let on_primary = lock_info(&mut p, key).unwrap();
     let synced = wait_until(SETTLE, || {
-        lock_info(&mut r, key).is_some_and(|i| info_int(&i, "fence") == fence)
+        lock_info(&mut r, key).is_some_and(|i| int_field(&i, "fence") == fence)
     });
     assert!(synced, "replica shows {:?}", lock_info(&mut r, key));
     let on_replica = lock_info(&mut r, key).unwrap();
     for f in ["client-id", "expires-at", "acquired-at"] {
         assert_eq!(
-            info_int(&on_replica, f),
-            info_int(&on_primary, f),
+            int_field(&on_replica, f),
+            int_field(&on_primary, f),
             "{f} differs on the replica"
         );
     }
-    assert_eq!(info_int(&on_replica, "client-id"), w.id);
+    assert_eq!(int_field(&on_replica, "client-id"), w.id);
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::conn::release;
 use common::{key_slot, wait_until, Cluster, Server};
 use redis::{Connection, Value};
 use std::collections::HashSet;
@@ -111,11 +112,7 @@ fn lock_commands_work_on_every_master_through_a_cluster_client() {
         assert!(pttl > 60000, "{key}: PTTL {pttl} after EXTEND PX 120000");
 
         // RELEASE.
-        let n: i64 = redis::cmd("LOCK.RELEASE")
-            .arg(key)
-            .arg(&token)
-            .query(&mut cc)
-            .unwrap();
+        let n = release(&mut cc, key, token.as_bytes());
         assert_eq!(n, 1);
         let info: Value = redis::cmd("LOCK.INFO").arg(key).query(&mut cc).unwrap();
         assert_eq!(info, Value::Nil);
@@ -170,11 +167,7 @@ fn lock_commands_work_on_every_master_through_a_cluster_client() {
                 == Some("1")),
             "{key}: the waiter never queued on its node"
         );
-        let n: i64 = redis::cmd("LOCK.RELEASE")
-            .arg(key)
-            .arg(&ta)
-            .query(&mut cc)
-            .unwrap();
+        let n = release(&mut cc, key, ta.as_bytes());
         assert_eq!(n, 1);
         let (tb, fb) = waiter
             .join()

@@ -177,31 +177,20 @@ fn bad_ttl_token_owner_block_and_minfence_values() {
         "9223372036854775807",
     ];
     for opt in ["PX", "EX"] {
+        // `opt v` is refused by LOCK.ACQUIRE and LOCK.EXTEND alike, with these texts.
+        let mut refused = |v: &str, acquire_needle: &str, extend_needle: &str| {
+            let acquire = ["LOCK.ACQUIRE", "lock:x", opt, v];
+            expect_err_s(&mut c, &acquire, "ERR", acquire_needle);
+            let extend = ["LOCK.EXTEND", "lock:e", "t1", opt, v];
+            expect_err_s(&mut c, &extend, "ERR", extend_needle);
+        };
         for v in not_int {
-            expect_err_s(
-                &mut c,
-                &["LOCK.ACQUIRE", "lock:x", opt, v],
-                "ERR",
-                "integer",
-            );
-            expect_err_s(
-                &mut c,
-                &["LOCK.EXTEND", "lock:e", "t1", opt, v],
-                "ERR",
-                "integer",
-            );
+            refused(v, "integer", "integer");
         }
         for v in out_of_range {
-            expect_err_s(
-                &mut c,
-                &["LOCK.ACQUIRE", "lock:x", opt, v],
-                "ERR",
+            refused(
+                v,
                 "invalid expire time in 'lock.acquire'",
-            );
-            expect_err_s(
-                &mut c,
-                &["LOCK.EXTEND", "lock:e", "t1", opt, v],
-                "ERR",
                 "invalid expire time in 'lock.extend'",
             );
         }

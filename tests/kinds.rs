@@ -5,31 +5,14 @@
 
 mod common;
 
-use common::{wait_until, RawConn, Resp, Server, ServerBuilder, IO_TIMEOUT};
-use std::time::Duration;
-
-const SETTLE: Duration = Duration::from_secs(10);
-
-fn grant(r: &Resp) -> Option<(Vec<u8>, i64)> {
-    match r {
-        Resp::Nil => None,
-        Resp::Array(items) => match items.as_slice() {
-            [Resp::Bulk(t), Resp::Int(f)] => Some((t.clone(), *f)),
-            _ => panic!("unexpected reply {r:?}"),
-        },
-        _ => panic!("unexpected reply {r:?}"),
-    }
-}
-
-fn acq(c: &mut RawConn, key: &str, args: &[&str]) -> Resp {
-    let mut argv = vec!["LOCK.ACQUIRE", key];
-    argv.extend_from_slice(args);
-    c.cmd(&argv)
-}
+use common::raw::{acquire, acquire_reply, grant, queued, wait_queued, Waiter};
+use common::{
+    debug_server, primary, start_replica_of, wait_persistence_idle, wait_until, RawConn, Resp,
+    ServerBuilder, SETTLE,
+};
 
 fn take(c: &mut RawConn, key: &str, args: &[&str]) -> i64 {
-    let r = acq(c, key, args);
-    grant(&r)
+    acquire(c, key, args)
         .unwrap_or_else(|| panic!("{key} {args:?} was not granted"))
         .1
 }
@@ -54,52 +37,6 @@ fn holder_fences(c: &mut RawConn, key: &str) -> Vec<i64> {
     list.items().iter().map(|h| int(h, "fence")).collect()
 }
 
-struct Waiter {
-    conn: RawConn,
-}
-
-impl Waiter {
-    fn send(srv: &Server, key: &str, args: &[&str]) -> Waiter {
-        let mut conn = RawConn::connect(srv.port);
-        let mut argv = vec!["LOCK.ACQUIRE", key];
-        argv.extend_from_slice(args);
-        conn.send(&argv);
-        Waiter { conn }
-    }
-
-    fn reply_within(&mut self, d: Duration) -> Option<Resp> {
-        self.conn.set_read_timeout(Some(d));
-        let r = self.conn.read().ok();
-        self.conn.set_read_timeout(Some(IO_TIMEOUT));
-        r
-    }
-
-    fn granted(&mut self) -> i64 {
-        let r = self.reply_within(SETTLE).expect("no reply");
-        grant(&r).expect("nil").1
-    }
-
-    fn waiting(&mut self) -> bool {
-        self.reply_within(Duration::from_millis(250)).is_none()
-    }
-}
-
-fn waiters(c: &mut RawConn, key: &str) -> i64 {
-    let r = info(c, key);
-    if r == Resp::Nil {
-        0
-    } else {
-        int(&r, "waiters")
-    }
-}
-
-fn wait_queued(c: &mut RawConn, key: &str, n: i64) {
-    assert!(
-        wait_until(SETTLE, || waiters(c, key) == n),
-        "expected {n} waiters on {key}"
-    );
-}
-
 #[test]
 fn readers_share_and_a_writer_waits_for_all_of_them() {
     let srv = ServerBuilder::new().start();
@@ -112,7 +49,7 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
     let r2 = take(&mut c, "rw", &["SHARED", "TOKEN", "r2"]);
     assert!(r2 > r1, "each holder gets its own, larger fence");
     // An exclusive acquire is the writer: it needs no holder at all.
-    assert_eq!(acq(&mut c, "rw", &[]), Resp::Nil);
+    assert_eq!(acquire_reply(&mut c, "rw", &[]), Resp::Nil);
     let i = info(&mut c, "rw");
     assert_eq!(i.field("mode").unwrap().text(), "shared");
     assert_eq!(int(&i, "holders"), 2);
@@ -130,7 +67,7 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
         }
     }
     // Per-holder RELEASE: the writer waits until the last reader is gone.
-    let mut writer = Waiter::send(&srv, "rw", &["BLOCK", "10000", "TOKEN", "w"]);
+    let mut writer = Waiter::send(srv.port, 0, "rw", &["BLOCK", "10000", "TOKEN", "w"]);
     wait_queued(&mut c, "rw", 1);
     assert_eq!(c.cmd(&["LOCK.RELEASE", "rw", "r1"]).int(), 1);
     assert!(writer.waiting());
@@ -155,15 +92,30 @@ fn fifo_with_shared_batching_and_no_writer_starvation() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
     take(&mut c, "q", &["SHARED", "TOKEN", "r0"]);
-    let mut w1 = Waiter::send(&srv, "q", &["BLOCK", "10000", "TOKEN", "w1"]);
+    let mut w1 = Waiter::send(srv.port, 0, "q", &["BLOCK", "10000", "TOKEN", "w1"]);
     wait_queued(&mut c, "q", 1);
     // A reader arriving after the writer waits, although readers hold the key.
-    assert_eq!(acq(&mut c, "q", &["SHARED"]), Resp::Nil);
-    let mut ra = Waiter::send(&srv, "q", &["SHARED", "BLOCK", "10000", "TOKEN", "ra"]);
-    let mut rb = Waiter::send(&srv, "q", &["SHARED", "BLOCK", "10000", "TOKEN", "rb"]);
+    assert_eq!(acquire_reply(&mut c, "q", &["SHARED"]), Resp::Nil);
+    let mut ra = Waiter::send(
+        srv.port,
+        0,
+        "q",
+        &["SHARED", "BLOCK", "10000", "TOKEN", "ra"],
+    );
+    let mut rb = Waiter::send(
+        srv.port,
+        0,
+        "q",
+        &["SHARED", "BLOCK", "10000", "TOKEN", "rb"],
+    );
     wait_queued(&mut c, "q", 3);
-    let mut w2 = Waiter::send(&srv, "q", &["BLOCK", "10000", "TOKEN", "w2"]);
-    let mut rc = Waiter::send(&srv, "q", &["SHARED", "BLOCK", "10000", "TOKEN", "rc"]);
+    let mut w2 = Waiter::send(srv.port, 0, "q", &["BLOCK", "10000", "TOKEN", "w2"]);
+    let mut rc = Waiter::send(
+        srv.port,
+        0,
+        "q",
+        &["SHARED", "BLOCK", "10000", "TOKEN", "rc"],
+    );
     wait_queued(&mut c, "q", 5);
     assert_eq!(c.cmd(&["LOCK.RELEASE", "q", "r0"]).int(), 1);
     let f1 = w1.granted();
@@ -174,7 +126,7 @@ fn fifo_with_shared_batching_and_no_writer_starvation() {
     assert!(fa > f1 && fb > fa, "FIFO order of fences: {f1} {fa} {fb}");
     assert_eq!(holder_fences(&mut c, "q"), vec![fa, fb]);
     assert!(w2.waiting() && rc.waiting());
-    assert_eq!(waiters(&mut c, "q"), 2);
+    assert_eq!(queued(&mut c, "q"), 2);
     assert_eq!(c.cmd(&["LOCK.RELEASE", "q", "ra"]).int(), 1);
     assert_eq!(c.cmd(&["LOCK.RELEASE", "q", "rb"]).int(), 1);
     let f2 = w2.granted();
@@ -189,7 +141,7 @@ fn a_semaphore_grants_its_permits_in_order() {
     let mut c = RawConn::connect(srv.port);
     let a = take(&mut c, "sem", &["LIMIT", "2", "TOKEN", "a", "PX", "60000"]);
     let b = take(&mut c, "sem", &["LIMIT", "2", "TOKEN", "b", "PX", "60000"]);
-    assert_eq!(acq(&mut c, "sem", &["LIMIT", "2"]), Resp::Nil);
+    assert_eq!(acquire_reply(&mut c, "sem", &["LIMIT", "2"]), Resp::Nil);
     let i = info(&mut c, "sem");
     assert_eq!(i.field("mode").unwrap().text(), "counted");
     assert_eq!(int(&i, "limit"), 2);
@@ -201,14 +153,14 @@ fn a_semaphore_grants_its_permits_in_order() {
         (&["SHARED"][..], "WRONGMODE"),
         (&["LIMIT", "3", "BLOCK", "100"][..], "LIMITMISMATCH"),
     ] {
-        match acq(&mut c, "sem", args) {
+        match acquire_reply(&mut c, "sem", args) {
             Resp::Error(e) => assert!(e.starts_with(code), "{args:?}: {e}"),
             other => panic!("{args:?}: {other:?}"),
         }
     }
     // A renew keeps the holder's fence and sets its own lease only.
     assert_eq!(
-        grant(&acq(
+        grant(&acquire_reply(
             &mut c,
             "sem",
             &["LIMIT", "2", "TOKEN", "a", "PX", "5000"]
@@ -224,8 +176,18 @@ fn a_semaphore_grants_its_permits_in_order() {
         "the key lives as long as its latest lease"
     );
     // Waiters take permits in order as they free.
-    let mut w1 = Waiter::send(&srv, "sem", &["LIMIT", "2", "BLOCK", "10000", "TOKEN", "c"]);
-    let mut w2 = Waiter::send(&srv, "sem", &["LIMIT", "2", "BLOCK", "10000", "TOKEN", "d"]);
+    let mut w1 = Waiter::send(
+        srv.port,
+        0,
+        "sem",
+        &["LIMIT", "2", "BLOCK", "10000", "TOKEN", "c"],
+    );
+    let mut w2 = Waiter::send(
+        srv.port,
+        0,
+        "sem",
+        &["LIMIT", "2", "BLOCK", "10000", "TOKEN", "d"],
+    );
     wait_queued(&mut c, "sem", 2);
     assert_eq!(c.cmd(&["LOCK.RELEASE", "sem", "b"]).int(), 1);
     let cf = w1.granted();
@@ -260,12 +222,12 @@ fn wrong_mode_is_an_error_never_a_silent_wait() {
         ("x", &["SHARED", "TOKEN", "t"][..], "WRONGMODE"),
         ("s", &["TOKEN", "t"][..], "WRONGMODE"),
     ] {
-        match acq(&mut c, key, args) {
+        match acquire_reply(&mut c, key, args) {
             Resp::Error(e) => assert!(e.starts_with(code), "{key} {args:?}: {e}"),
             other => panic!("{key} {args:?}: {other:?}"),
         }
     }
-    assert_eq!(waiters(&mut c, "x"), 0);
+    assert_eq!(queued(&mut c, "x"), 0);
     for args in [
         &["SHARED", "LIMIT", "2"][..],
         &["LIMIT", "0"],
@@ -273,15 +235,15 @@ fn wrong_mode_is_an_error_never_a_silent_wait() {
         &["LIMIT", "x"],
         &["LIMIT", "1000001"],
     ] {
-        assert!(acq(&mut c, "y", args).is_error(), "{args:?}");
+        assert!(acquire_reply(&mut c, "y", args).is_error(), "{args:?}");
     }
     // A classic string lock is held exclusively.
     assert_eq!(
         c.cmd(&["SET", "str", "v", "PX", "60000"]),
         Resp::Simple("OK".into())
     );
-    assert!(acq(&mut c, "str", &["LIMIT", "2"]).is_error());
-    assert_eq!(acq(&mut c, "str", &["SHARED"]), Resp::Nil);
+    assert!(acquire_reply(&mut c, "str", &["LIMIT", "2"]).is_error());
+    assert_eq!(acquire_reply(&mut c, "str", &["SHARED"]), Resp::Nil);
 }
 
 #[test]
@@ -290,7 +252,7 @@ fn each_shared_lease_ends_on_its_own() {
     let mut c = RawConn::connect(srv.port);
     take(&mut c, "l", &["SHARED", "TOKEN", "short", "PX", "200"]);
     let long = take(&mut c, "l", &["SHARED", "TOKEN", "long", "PX", "60000"]);
-    let mut writer = Waiter::send(&srv, "l", &["BLOCK", "10000", "TOKEN", "w"]);
+    let mut writer = Waiter::send(srv.port, 0, "l", &["BLOCK", "10000", "TOKEN", "w"]);
     wait_queued(&mut c, "l", 1);
     assert!(wait_until(SETTLE, || holder_fences(&mut c, "l") == vec![long]));
     assert!(writer.waiting(), "the writer got in beside a live reader");
@@ -301,21 +263,14 @@ fn each_shared_lease_ends_on_its_own() {
     );
 }
 
-fn start_pair() -> (Server, Server) {
-    let p = ServerBuilder::new()
-        .arg("repl-diskless-sync-delay", "0")
-        .start();
-    let r = ServerBuilder::new()
-        .arg("replicaof", &format!("127.0.0.1 {}", p.port))
-        .start();
-    let mut rc = RawConn::connect(r.port);
-    assert!(wait_until(SETTLE, || {
-        common::info_map(&mut rc, "replication")
-            .get("master_link_status")
-            .map(String::as_str)
-            == Some("up")
-    }));
-    (p, r)
+/// Two readers of `key`: `a` (owner `o1`, 60 s) and `b` (50 s).
+fn two_readers(c: &mut RawConn, key: &str) {
+    take(
+        c,
+        key,
+        &["SHARED", "TOKEN", "a", "OWNER", "o1", "PX", "60000"],
+    );
+    take(c, key, &["SHARED", "TOKEN", "b", "PX", "50000"]);
 }
 
 /// What LOCK.INFO shows that must be the same everywhere (the time left aside).
@@ -347,15 +302,11 @@ fn durable(r: &Resp) -> Vec<(String, String)> {
 
 #[test]
 fn replicas_mirror_shared_and_counted_locks() {
-    let (p, r) = start_pair();
+    let p = primary().start();
+    let r = start_replica_of(&p, ServerBuilder::new());
     let mut pc = RawConn::connect(p.port);
     let mut rc = RawConn::connect(r.port);
-    take(
-        &mut pc,
-        "s",
-        &["SHARED", "TOKEN", "a", "OWNER", "o1", "PX", "60000"],
-    );
-    take(&mut pc, "s", &["SHARED", "TOKEN", "b", "PX", "50000"]);
+    two_readers(&mut pc, "s");
     take(&mut pc, "n", &["LIMIT", "3", "TOKEN", "a"]);
     take(&mut pc, "n", &["LIMIT", "3", "TOKEN", "b"]);
     take(&mut pc, "n", &["LIMIT", "3", "TOKEN", "c"]);
@@ -390,31 +341,21 @@ fn replicas_mirror_shared_and_counted_locks() {
 #[test]
 fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
     for (persistence, preamble) in [("rdb", "yes"), ("aof", "yes"), ("aof", "no")] {
-        let mut b = ServerBuilder::new()
+        let mut s = debug_server()
             .arg(
                 "appendonly",
                 if persistence == "aof" { "yes" } else { "no" },
             )
             .arg("appendfsync", "always")
-            .arg("aof-use-rdb-preamble", preamble);
-        b = b.module_args(&["debug-commands", "yes"]);
-        let mut s = b.start();
+            .arg("aof-use-rdb-preamble", preamble)
+            .start();
         let mut c = RawConn::connect(s.port);
-        take(
-            &mut c,
-            "s",
-            &["SHARED", "TOKEN", "a", "OWNER", "o1", "PX", "60000"],
-        );
-        take(&mut c, "s", &["SHARED", "TOKEN", "b", "PX", "50000"]);
+        two_readers(&mut c, "s");
         take(&mut c, "n", &["LIMIT", "2", "TOKEN", "a", "PX", "60000"]);
         take(&mut c, "x", &["TOKEN", "x", "PX", "60000"]);
         if preamble == "no" {
             c.cmd(&["BGREWRITEAOF"]);
-            assert!(wait_until(SETTLE, || {
-                let m = common::info_map(&mut c, "persistence");
-                m.get("aof_rewrite_in_progress").map(String::as_str) == Some("0")
-                    && m.get("aof_rewrite_scheduled").map(String::as_str) == Some("0")
-            }));
+            wait_persistence_idle(&s, SETTLE);
         }
         if persistence == "rdb" {
             assert_eq!(c.cmd(&["SAVE"]), Resp::Simple("OK".into()));
@@ -436,7 +377,7 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
         assert!(c.cmd(&["LOCK.DEBUG", "FENCE"]).int() >= counter);
         // The tokens still work: one more permit, a reader releases.
         take(&mut c, "n", &["LIMIT", "2", "TOKEN", "b"]);
-        assert_eq!(acq(&mut c, "n", &["LIMIT", "2"]), Resp::Nil);
+        assert_eq!(acquire_reply(&mut c, "n", &["LIMIT", "2"]), Resp::Nil);
         assert_eq!(c.cmd(&["LOCK.RELEASE", "s", "b"]).int(), 1);
     }
 }

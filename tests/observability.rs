@@ -39,6 +39,9 @@ fn stats(c: &mut RawConn) -> BTreeMap<String, i64> {
         .collect()
 }
 
+/// What a contended acquisition moves: one more acquisition, lock held and contention.
+const CONTENDED: [(&str, i64); 3] = [("acquired", 1), ("held", 1), ("contended", 1)];
+
 /// Asserts that the counters moved from `before` by exactly `deltas` (others unchanged)
 /// and returns the new snapshot.
 #[track_caller]
@@ -125,17 +128,8 @@ fn info_lock_counters_follow_every_outcome() {
     assert!(wait_until(Duration::from_secs(5), || stats(&mut c)
         ["waiters"]
         == 1));
-    let s = expect_moved(
-        &mut c,
-        &s,
-        &[
-            ("acquired", 1),
-            ("held", 1),
-            ("contended", 1),
-            ("waiters", 1),
-        ],
-        "a client waiting",
-    );
+    let waiting = [&CONTENDED[..], &[("waiters", 1)]].concat();
+    let s = expect_moved(&mut c, &s, &waiting, "a client waiting");
     assert_eq!(c.cmd(&["LOCK.RELEASE", "c:h", "h"]), Resp::Int(1));
     let (tok, _) = grant(&w.read().unwrap());
     assert_eq!(tok, b"w");
@@ -160,35 +154,21 @@ fn info_lock_counters_follow_every_outcome() {
         Resp::Nil,
         "a timed-out wait answers nil"
     );
-    let s = expect_moved(
-        &mut c,
-        &s,
-        &[
-            ("acquired", 1),
-            ("held", 1),
-            ("contended", 1),
-            ("wait_timeouts", 1),
-        ],
-        "wait timeout",
-    );
+    let timed_out = [&CONTENDED[..], &[("wait_timeouts", 1)]].concat();
+    let s = expect_moved(&mut c, &s, &timed_out, "wait timeout");
 
     // A hand-off when the holder's lease ends: an expiry and a hand-off.
     c.cmd(&["LOCK.ACQUIRE", "c:x", "PX", "100"]);
     w.send(&["LOCK.ACQUIRE", "c:x", "BLOCK", "10000", "TOKEN", "wx"]);
     let (tok, _) = grant(&w.read().unwrap());
     assert_eq!(tok, b"wx");
-    let s = expect_moved(
-        &mut c,
-        &s,
-        &[
-            ("acquired", 2),
-            ("held", 1),
-            ("contended", 1),
-            ("expired", 1),
-            ("handed_off", 1),
-        ],
-        "hand-off at lease end",
-    );
+    // The holder's acquisition and the waiter's contended one.
+    let handed = [
+        &CONTENDED[..],
+        &[("acquired", 1), ("expired", 1), ("handed_off", 1)],
+    ]
+    .concat();
+    let s = expect_moved(&mut c, &s, &handed, "hand-off at lease end");
 
     // held counts every lock in memory; FLUSHALL frees them without counting expiries.
     for i in 0..5 {

@@ -5,160 +5,24 @@
 
 mod common;
 
-use common::{wait_until, Server, ServerBuilder};
+use common::conn::{
+    acquire, acquire_far, bytes_field, counter, durable, exists, int, int_field, lock_info,
+    pexpiretime, release, renew_with_floor, Info,
+};
+use common::{contains, debug_server, far_fence, unix_ms, wait_persistence_idle, wait_until};
+use common::{Server, ServerBuilder};
 use redis::{Connection, Value};
-use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+/// How long a background save or AOF rewrite may take.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 
 // ------------------------------------------------------------------------------------
 // Helpers
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-/// A fence 59 minutes ahead of the clock (MINFENCE may lead it by an hour): only a
-/// counter rebuilt from what was persisted holds it right after a restart (the jump
-/// ahead a restart makes applies at the next grant, see `counter`).
-fn far_fence() -> u64 {
-    ((now_ms() + 3_540_000) as u64) << 10
-}
-
-/// The server's fence counter as loaded (`LOCK.DEBUG FENCE`; the server must be started
-/// with `debug-commands yes`). Right after a restart it shows what persistence brought
-/// back, before the start-up jump of the next grant hides it.
-fn counter(c: &mut Connection) -> i64 {
-    redis::cmd("LOCK.DEBUG").arg("FENCE").query(c).unwrap()
-}
-
-fn debug_server() -> ServerBuilder {
-    ServerBuilder::new().module_args(&["debug-commands", "yes"])
-}
-
-fn acquire(c: &mut Connection, key: &str, opts: &[&str]) -> Option<(Vec<u8>, i64)> {
-    redis::cmd("LOCK.ACQUIRE")
-        .arg(key)
-        .arg(opts)
-        .query(c)
-        .unwrap()
-}
-
-fn release(c: &mut Connection, key: &str, token: &[u8]) -> i64 {
-    redis::cmd("LOCK.RELEASE")
-        .arg(key)
-        .arg(token)
-        .query(c)
-        .unwrap()
-}
-
-type Info = BTreeMap<String, Value>;
-
-/// LOCK.INFO as field → value (RESP2 flat array or RESP3 map); None for nil.
-fn lock_info(c: &mut Connection, key: &str) -> Option<Info> {
-    let v: Value = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
-    let pairs: Vec<(Value, Value)> = match v {
-        Value::Nil => return None,
-        Value::Map(kv) => kv,
-        Value::Array(items) => {
-            assert!(items.len() % 2 == 0, "odd LOCK.INFO reply {items:?}");
-            let mut it = items.into_iter();
-            let mut out = Vec::new();
-            while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                out.push((k, v));
-            }
-            out
-        }
-        other => panic!("unexpected LOCK.INFO reply {other:?}"),
-    };
-    Some(
-        pairs
-            .into_iter()
-            .map(|(k, v)| (redis::from_redis_value::<String>(&k).unwrap(), v))
-            .collect(),
-    )
-}
-
-/// Everything LOCK.INFO shows that must survive a restart or a copy (not the relative
-/// ttl, not the in-memory waiter count).
-/// The fields that must survive a restart or reach a replica unchanged: everything but
-/// the time left (`ttl`, also inside each holder of `holder-list`) and the queue.
-fn durable(info: &Info) -> Info {
-    info.iter()
-        .filter(|(k, _)| k.as_str() != "ttl" && k.as_str() != "waiters")
-        .map(|(k, v)| (k.clone(), without_ttl(v)))
-        .collect()
-}
-
-/// A holder list with each holder's `ttl` pair left out.
-fn without_ttl(v: &Value) -> Value {
-    match v {
-        Value::Array(holders) => Value::Array(
-            holders
-                .iter()
-                .map(|h| match h {
-                    Value::Array(kv) => Value::Array(
-                        kv.chunks(2)
-                            .filter(|p| p[0] != Value::BulkString(b"ttl".to_vec()))
-                            .flatten()
-                            .cloned()
-                            .collect(),
-                    ),
-                    other => other.clone(),
-                })
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
-fn int_field(info: &Info, f: &str) -> i64 {
-    let v = info
-        .get(f)
-        .unwrap_or_else(|| panic!("LOCK.INFO lacks {f}: {info:?}"));
-    redis::from_redis_value(v).unwrap_or_else(|e| panic!("{f} = {v:?}: {e}"))
-}
-
-fn bytes_field(info: &Info, f: &str) -> Option<Vec<u8>> {
-    match info.get(f) {
-        Some(Value::Nil) | None => None,
-        Some(v) => Some(redis::from_redis_value(v).unwrap()),
-    }
-}
-
-fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
-    redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap()
-}
-
-fn exists(c: &mut Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
-}
-
 fn ping(c: &mut Connection) {
     let pong: String = redis::cmd("PING").query(c).unwrap();
     assert_eq!(pong, "PONG");
-}
-
-fn persistence_idle(s: &Server) -> bool {
-    s.info_field("persistence", "aof_rewrite_in_progress")
-        .as_deref()
-        == Some("0")
-        && s.info_field("persistence", "aof_rewrite_scheduled")
-            .as_deref()
-            == Some("0")
-        && s.info_field("persistence", "rdb_bgsave_in_progress")
-            .as_deref()
-            == Some("0")
-}
-
-fn wait_idle(s: &Server) {
-    assert!(
-        wait_until(Duration::from_secs(20), || persistence_idle(s)),
-        "background save/rewrite did not finish\n{}",
-        s.log_tail()
-    );
 }
 
 /// The AOF files of a server (Redis 7+ multi-part AOF in `appendonlydir/`).
@@ -173,10 +37,6 @@ fn aof_files(s: &Server) -> Vec<(String, Vec<u8>)> {
         ));
     }
     out
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 // ------------------------------------------------------------------------------------
@@ -353,10 +213,10 @@ fn aof_rewrite_without_rdb_preamble_keeps_locks_across_kill9() {
         .arg("appendfsync", "always")
         .arg("aof-use-rdb-preamble", "no")
         .start();
-    wait_idle(&s);
+    wait_persistence_idle(&s, IDLE_TIMEOUT);
     let snap = make_locks(&mut s.conn(), true);
     let _: String = redis::cmd("BGREWRITEAOF").query(&mut s.conn()).unwrap();
-    wait_idle(&s);
+    wait_persistence_idle(&s, IDLE_TIMEOUT);
     assert_eq!(
         s.info_field("persistence", "aof_last_bgrewrite_status")
             .as_deref(),
@@ -414,7 +274,7 @@ fn fences_keep_rising_after_every_lock_was_released_and_the_server_restarted() {
             max_fence = max_fence.max(f);
             assert_eq!(release(&mut c, &key, &t), 1);
         }
-        let n: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+        let n = int(&mut c, &["DBSIZE"]);
         assert_eq!(n, 0);
         let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
     }
@@ -429,7 +289,7 @@ fn fences_keep_rising_after_every_lock_was_released_and_the_server_restarted() {
         "fence {f} after restart <= {max_fence} before"
     );
     assert!(
-        (f as u64) >> 10 >= (now_ms() as u64).saturating_sub(60_000),
+        (f as u64) >> 10 >= (unix_ms() as u64).saturating_sub(60_000),
         "fence {f} does not carry the clock term"
     );
 }
@@ -440,32 +300,34 @@ fn fences_keep_rising_after_every_lock_was_released_and_the_server_restarted() {
 #[test]
 fn the_fence_counter_survives_an_rdb_restart_without_any_lock() {
     let mut s = debug_server().start();
-    let far = far_fence();
+    let far;
     {
         let mut c = s.conn();
-        let (t, f) = acquire(
-            &mut c,
-            "persist:aux",
-            &["PX", "60000", "MINFENCE", &far.to_string()],
-        )
-        .unwrap();
+        let ((t, f), floor) = acquire_far(&mut c, "persist:aux", &["PX", "60000"]);
+        far = floor;
         assert!(f as u64 >= far);
         assert_eq!(release(&mut c, "persist:aux", &t), 1);
-        let n: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+        let n = int(&mut c, &["DBSIZE"]);
         assert_eq!(n, 0);
         let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
     }
+    assert_counter_kept(&mut s, far, "RDB");
+}
+
+/// After a SIGKILL and a restart of `s` from its `what` file, the fence counter is at
+/// `floor` or above, and so is the next grant's fence.
+fn assert_counter_kept(s: &mut Server, floor: u64, what: &str) {
     s.kill9();
     s.restart();
     let mut c = s.conn();
     assert!(
-        counter(&mut c) as u64 >= far,
-        "the counter after an RDB restart is not at {far}"
+        counter(&mut c) as u64 >= floor,
+        "{what}: the counter came back below the floor {floor}"
     );
-    let (_, f) = acquire(&mut c, "persist:aux2", &["PX", "60000"]).unwrap();
+    let (_, next) = acquire(&mut c, "persist:after", &["PX", "60000"]).unwrap();
     assert!(
-        f as u64 > far,
-        "fence {f} after an RDB restart is not above {far}"
+        next as u64 > floor,
+        "{what}: after restart granted {next}, below the floor {floor}"
     );
 }
 
@@ -475,6 +337,15 @@ fn the_fence_counter_survives_an_rdb_restart_without_any_lock() {
 fn dump(c: &mut Connection, key: &str) -> Vec<u8> {
     let v: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query(c).unwrap();
     v.unwrap_or_else(|| panic!("DUMP {key} returned nil"))
+}
+
+/// A fresh server, a connection to it, and the DUMP of `key` taken there with `args`.
+fn dumped(key: &str, args: &[&str]) -> (Server, Connection, Vec<u8>) {
+    let s = ServerBuilder::new().start();
+    let mut c = s.conn();
+    acquire(&mut c, key, args).unwrap();
+    let payload = dump(&mut c, key);
+    (s, c, payload)
 }
 
 fn restore(
@@ -497,22 +368,8 @@ fn dump_restore_copies_a_lock_to_another_key_and_another_server() {
     let a = ServerBuilder::new().start();
     let b = ServerBuilder::new().start();
     let (mut ac, mut bc) = (a.conn(), b.conn());
-    let far = far_fence();
-    let (token, fence) = acquire(
-        &mut ac,
-        "dump:src",
-        &[
-            "PX",
-            "60000",
-            "TOKEN",
-            "tok-dump",
-            "OWNER",
-            "dumper",
-            "MINFENCE",
-            &far.to_string(),
-        ],
-    )
-    .unwrap();
+    let src_args = ["PX", "60000", "TOKEN", "tok-dump", "OWNER", "dumper"];
+    let ((token, fence), _) = acquire_far(&mut ac, "dump:src", &src_args);
     let src = lock_info(&mut ac, "dump:src").unwrap();
     let deadline = pexpiretime(&mut ac, "dump:src");
     let payload = dump(&mut ac, "dump:src");
@@ -544,10 +401,7 @@ fn dump_restore_copies_a_lock_to_another_key_and_another_server() {
 
 #[test]
 fn restore_refuses_corrupted_payloads() {
-    let s = ServerBuilder::new().start();
-    let mut c = s.conn();
-    acquire(&mut c, "dump:src", &["PX", "60000", "OWNER", "o"]).unwrap();
-    let good = dump(&mut c, "dump:src");
+    let (_s, mut c, good) = dumped("dump:src", &["PX", "60000", "OWNER", "o"]);
     let mut bad: Vec<(String, Vec<u8>)> = Vec::new();
     for i in [0, 1, 5, 12, good.len() / 2, good.len() - 11, good.len() - 1] {
         let mut p = good.clone();
@@ -829,15 +683,9 @@ fn assert_refused(c: &mut Connection, what: &str, payload: &[u8]) {
 
 #[test]
 fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
-    let s = ServerBuilder::new().start();
-    let mut c = s.conn();
-    acquire(
-        &mut c,
-        "dump:src",
-        &["PX", "60000", "TOKEN", "tok-hostile", "OWNER", "own"],
-    )
-    .unwrap();
-    let real = ModuleDump::parse(&dump(&mut c, "dump:src"));
+    let src = ["PX", "60000", "TOKEN", "tok-hostile", "OWNER", "own"];
+    let (s, mut c, real) = dumped("dump:src", &src);
+    let real = ModuleDump::parse(&real);
     // [mode, holders, digest, fence, expires-at, acquired-at, client-id, client-addr,
     //  owner-flag, owner]
     assert_eq!(real.ops.len(), 10);
@@ -1009,18 +857,12 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
 /// (Fails until the module treats a lease past `expires-at` as free; see the report.)
 #[test]
 fn restored_lock_is_free_once_its_lease_ends_even_without_key_expiry() {
-    let s = ServerBuilder::new().start();
-    let mut c = s.conn();
-    acquire(&mut c, "dump:short", &["PX", "300", "TOKEN", "tok-short"]).unwrap();
-    let payload = dump(&mut c, "dump:short");
+    let (_s, mut c, payload) = dumped("dump:short", &["PX", "300", "TOKEN", "tok-short"]);
     restore(&mut c, "dump:forever", 0, &payload, false).unwrap();
     restore(&mut c, "dump:longer", 600_000, &payload, false).unwrap();
     // The same through plain key commands on a live lock.
     acquire(&mut c, "dump:persisted", &["PX", "300", "TOKEN", "tok-p"]).unwrap();
-    let n: i64 = redis::cmd("PERSIST")
-        .arg("dump:persisted")
-        .query(&mut c)
-        .unwrap();
+    let n = int(&mut c, &["PERSIST", "dump:persisted"]);
     assert_eq!(n, 1);
     std::thread::sleep(Duration::from_millis(400));
     for key in ["dump:forever", "dump:longer", "dump:persisted"] {
@@ -1047,41 +889,14 @@ fn a_counter_raised_by_a_renew_survives_aof_replay_and_rewrite() {
             .arg("appendfsync", "always")
             .arg("aof-use-rdb-preamble", preamble)
             .start();
-        wait_idle(&s);
+        wait_persistence_idle(&s, IDLE_TIMEOUT);
         let mut c = s.conn();
-        let (t, f) = acquire(&mut c, "persist:floor", &["PX", "600000", "TOKEN", "tq"]).unwrap();
-        let floor = far_fence();
-        let (_, f2) = acquire(
-            &mut c,
-            "persist:floor",
-            &[
-                "PX",
-                "600000",
-                "TOKEN",
-                "tq",
-                "MINFENCE",
-                &floor.to_string(),
-            ],
-        )
-        .unwrap();
-        assert_eq!(f2, f, "a renew keeps its fence");
-        assert_eq!(t, b"tq".to_vec());
+        let floor = renew_with_floor(&mut c, "persist:floor", "600000");
         if preamble == "no" {
             let _: String = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
-            wait_idle(&s);
+            wait_persistence_idle(&s, IDLE_TIMEOUT);
         }
         drop(c);
-        s.kill9();
-        s.restart();
-        let mut c = s.conn();
-        assert!(
-            counter(&mut c) as u64 >= floor,
-            "preamble {preamble}: the counter came back below the floor {floor}"
-        );
-        let (_, next) = acquire(&mut c, "persist:after", &["PX", "60000"]).unwrap();
-        assert!(
-            next as u64 > floor,
-            "preamble {preamble}: after restart granted {next}, below the floor {floor}"
-        );
+        assert_counter_kept(&mut s, floor, &format!("AOF, preamble {preamble}"));
     }
 }

@@ -5,23 +5,18 @@
 
 mod common;
 
-use common::{wait_until, Server, ServerBuilder};
+use common::conn::{
+    acquire, acquire_far, counter, durable, exists, int, int_field, key_type, lock_info,
+    pexpiretime, renew_with_floor, Info,
+};
+use common::{debug_server, primary, unix_ms, wait_until, Server, ServerBuilder};
 use redis::{Connection, Value};
-use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 const SYNC_TIMEOUT: Duration = Duration::from_secs(15);
 
 // ------------------------------------------------------------------------------------
 // Helpers
-
-/// A primary that starts a replica's full sync at once (Redis 7.0 waits 5 s by default
-/// before a diskless sync).
-fn primary() -> Server {
-    ServerBuilder::new()
-        .arg("repl-diskless-sync-delay", "0")
-        .start()
-}
 
 /// Makes `replica` replicate `primary` (REPLICAOF as a command, so that a restart of the
 /// replica comes up standalone) and waits for the link to be up.
@@ -44,24 +39,10 @@ fn replicate_from(replica: &Server, primary: &Server) {
 }
 
 fn pair() -> (Server, Server) {
-    let p = primary();
-    let r = ServerBuilder::new()
-        .module_args(&["debug-commands", "yes"])
-        .start();
+    let p = primary().start();
+    let r = debug_server().start();
     replicate_from(&r, &p);
     (p, r)
-}
-
-/// A fence 59 minutes ahead of the clock (MINFENCE may lead it by an hour).
-fn far_fence() -> u64 {
-    ((now_ms() + 3_540_000) as u64) << 10
-}
-
-/// The fence counter the replica has learned (`LOCK.DEBUG FENCE`): a promotion makes the
-/// next fence jump ahead of the clock, so a grant afterwards would not show whether the
-/// replication stream carried the counter; this does.
-fn counter(c: &mut Connection) -> u64 {
-    redis::cmd("LOCK.DEBUG").arg("FENCE").query(c).unwrap()
 }
 
 fn offset(s: &Server, field: &str) -> i64 {
@@ -83,113 +64,37 @@ fn wait_synced(primary: &Server, replica: &Server) {
     );
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn acquire(c: &mut Connection, key: &str, opts: &[&str]) -> Option<(String, i64)> {
-    redis::cmd("LOCK.ACQUIRE")
-        .arg(key)
-        .arg(opts)
-        .query(c)
-        .unwrap()
-}
-
-/// LOCK.INFO as field → value (RESP2 flat array or RESP3 map); None for nil.
-fn lock_info(c: &mut Connection, key: &str) -> Option<BTreeMap<String, Value>> {
-    let v: Value = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
-    let pairs: Vec<(Value, Value)> = match v {
-        Value::Nil => return None,
-        Value::Map(kv) => kv,
-        Value::Array(items) => {
-            assert!(items.len() % 2 == 0, "odd LOCK.INFO reply {items:?}");
-            let mut it = items.into_iter();
-            let mut out = Vec::new();
-            while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                out.push((k, v));
-            }
-            out
-        }
-        other => panic!("unexpected LOCK.INFO reply {other:?}"),
-    };
-    Some(
-        pairs
-            .into_iter()
-            .map(|(k, v)| (redis::from_redis_value::<String>(&k).unwrap(), v))
-            .collect(),
-    )
-}
-
-/// The fields that must be identical on every copy of a lock (ttl is relative to now,
-/// waiters are per server).
-/// The fields that must survive a restart or reach a replica unchanged: everything but
-/// the time left (`ttl`, also inside each holder of `holder-list`) and the queue.
-fn durable_fields(info: &BTreeMap<String, Value>) -> BTreeMap<String, Value> {
-    info.iter()
-        .filter(|(k, _)| k.as_str() != "ttl" && k.as_str() != "waiters")
-        .map(|(k, v)| (k.clone(), without_ttl(v)))
-        .collect()
-}
-
-/// A holder list with each holder's `ttl` pair left out.
-fn without_ttl(v: &Value) -> Value {
-    match v {
-        Value::Array(holders) => Value::Array(
-            holders
-                .iter()
-                .map(|h| match h {
-                    Value::Array(kv) => Value::Array(
-                        kv.chunks(2)
-                            .filter(|p| p[0] != Value::BulkString(b"ttl".to_vec()))
-                            .flatten()
-                            .cloned()
-                            .collect(),
-                    ),
-                    other => other.clone(),
-                })
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
-fn int_field(info: &BTreeMap<String, Value>, f: &str) -> i64 {
-    let v = info
-        .get(f)
-        .unwrap_or_else(|| panic!("LOCK.INFO lacks {f}: {info:?}"));
-    redis::from_redis_value(v).unwrap_or_else(|e| panic!("{f} = {v:?}: {e}"))
-}
-
-fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
-    redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap()
-}
-
-fn key_type(c: &mut Connection, key: &str) -> String {
-    redis::cmd("TYPE").arg(key).query(c).unwrap()
-}
-
-fn exists(c: &mut Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
-}
-
 /// Asserts that the replica's copy of `key` equals the primary's: LOCK.INFO (but ttl
 /// and waiters), PEXPIRETIME and TYPE.
-fn assert_same_lock(p: &mut Connection, r: &mut Connection, key: &str) -> BTreeMap<String, Value> {
+fn assert_same_lock(p: &mut Connection, r: &mut Connection, key: &str) -> Info {
     let pi = lock_info(p, key).unwrap_or_else(|| panic!("{key} not held on the primary"));
     let ri = lock_info(r, key).unwrap_or_else(|| panic!("{key} not held on the replica"));
-    assert_eq!(
-        durable_fields(&pi),
-        durable_fields(&ri),
-        "LOCK.INFO {key} differs"
-    );
+    assert_eq!(durable(&pi), durable(&ri), "LOCK.INFO {key} differs");
     let (pe, re) = (pexpiretime(p, key), pexpiretime(r, key));
     assert!(pe > 0, "no expiry on the primary for {key}: {pe}");
     assert_eq!(pe, re, "PEXPIRETIME {key} differs");
     assert_eq!(key_type(p, key), key_type(r, key), "TYPE {key} differs");
     pi
+}
+
+/// Once the replica caught up: its copy of `key` is the primary's
+/// ([`assert_same_lock`]) with `fence`; the LOCK.INFO.
+fn assert_replicated(
+    (p, r): (&Server, &Server),
+    pc: &mut Connection,
+    rc: &mut Connection,
+    key: &str,
+    fence: i64,
+) -> Info {
+    wait_synced(p, r);
+    let info = assert_same_lock(pc, rc, key);
+    assert_eq!(int_field(&info, "fence"), fence, "{key}");
+    info
+}
+
+/// The `owner` of a LOCK.INFO is `owner`.
+fn assert_owner(info: &Info, owner: &[u8]) {
+    assert_eq!(info.get("owner"), Some(&Value::BulkString(owner.to_vec())));
 }
 
 fn err_code(r: redis::RedisResult<Value>) -> String {
@@ -214,26 +119,15 @@ fn replica_mirrors_acquire_extend_renew_release_and_forcerelease() {
         &["PX", "60000", "TOKEN", "tok-a", "OWNER", "svc-1"],
     )
     .unwrap();
-    assert_eq!(tok, "tok-a");
-    wait_synced(&p, &r);
-    let info = assert_same_lock(&mut pc, &mut rc, "repl:a");
-    assert_eq!(int_field(&info, "fence"), fence);
-    assert_eq!(
-        info.get("owner"),
-        Some(&Value::BulkString(b"svc-1".to_vec()))
-    );
+    assert_eq!(tok, b"tok-a");
+    let info = assert_replicated((&p, &r), &mut pc, &mut rc, "repl:a", fence);
+    assert_owner(&info, b"svc-1");
     assert_eq!(key_type(&mut rc, "repl:a"), "redislock");
     let first_deadline = pexpiretime(&mut rc, "repl:a");
 
     // EXTEND: the replica gets the new absolute deadline.
     std::thread::sleep(Duration::from_millis(5));
-    let ext: i64 = redis::cmd("LOCK.EXTEND")
-        .arg("repl:a")
-        .arg("tok-a")
-        .arg("PX")
-        .arg(120000)
-        .query(&mut pc)
-        .unwrap();
+    let ext = int(&mut pc, &["LOCK.EXTEND", "repl:a", "tok-a", "PX", "120000"]);
     assert_eq!(ext, 1);
     wait_synced(&p, &r);
     let info = assert_same_lock(&mut pc, &mut rc, "repl:a");
@@ -252,10 +146,8 @@ fn replica_mirrors_acquire_extend_renew_release_and_forcerelease() {
         &["PX", "90000", "TOKEN", "tok-a", "OWNER", "svc-1"],
     )
     .unwrap();
-    assert_eq!(renewed, ("tok-a".to_string(), fence));
-    wait_synced(&p, &r);
-    let info = assert_same_lock(&mut pc, &mut rc, "repl:a");
-    assert_eq!(int_field(&info, "fence"), fence);
+    assert_eq!(renewed, (b"tok-a".to_vec(), fence));
+    assert_replicated((&p, &r), &mut pc, &mut rc, "repl:a", fence);
     let renewed_deadline = pexpiretime(&mut rc, "repl:a");
     assert!(
         renewed_deadline < extended,
@@ -263,11 +155,7 @@ fn replica_mirrors_acquire_extend_renew_release_and_forcerelease() {
     );
 
     // RELEASE: gone on the replica.
-    let rel: i64 = redis::cmd("LOCK.RELEASE")
-        .arg("repl:a")
-        .arg("tok-a")
-        .query(&mut pc)
-        .unwrap();
+    let rel = int(&mut pc, &["LOCK.RELEASE", "repl:a", "tok-a"]);
     assert_eq!(rel, 1);
     wait_synced(&p, &r);
     assert!(
@@ -282,10 +170,7 @@ fn replica_mirrors_acquire_extend_renew_release_and_forcerelease() {
     wait_synced(&p, &r);
     let info = assert_same_lock(&mut pc, &mut rc, "repl:b");
     assert_eq!(info.get("owner"), Some(&Value::Nil));
-    let fr: i64 = redis::cmd("LOCK.FORCERELEASE")
-        .arg("repl:b")
-        .query(&mut pc)
-        .unwrap();
+    let fr = int(&mut pc, &["LOCK.FORCERELEASE", "repl:b"]);
     assert_eq!(fr, 1);
     wait_synced(&p, &r);
     assert!(
@@ -308,13 +193,10 @@ fn classic_string_lock_extend_reaches_replica_as_absolute_deadline() {
         .unwrap();
     assert_eq!(set.as_deref(), Some("OK"));
     let before = pexpiretime(&mut pc, "repl:classic");
-    let ext: i64 = redis::cmd("LOCK.EXTEND")
-        .arg("repl:classic")
-        .arg("classic-tok")
-        .arg("PX")
-        .arg(60000)
-        .query(&mut pc)
-        .unwrap();
+    let ext = int(
+        &mut pc,
+        &["LOCK.EXTEND", "repl:classic", "classic-tok", "PX", "60000"],
+    );
     assert_eq!(ext, 1);
     wait_synced(&p, &r);
     let (pe, re) = (
@@ -333,16 +215,23 @@ fn classic_string_lock_extend_reaches_replica_as_absolute_deadline() {
     assert_eq!(ri.get("kind"), Some(&Value::BulkString(b"string".to_vec())));
     assert_eq!(int_field(&ri, "expires-at"), pe);
     // A wrong token extends nothing and changes nothing on either side.
-    let ext: i64 = redis::cmd("LOCK.EXTEND")
-        .arg("repl:classic")
-        .arg("other")
-        .arg("PX")
-        .arg(1000)
-        .query(&mut pc)
-        .unwrap();
+    let ext = int(
+        &mut pc,
+        &["LOCK.EXTEND", "repl:classic", "other", "PX", "1000"],
+    );
     assert_eq!(ext, 0);
     wait_synced(&p, &r);
     assert_eq!(pexpiretime(&mut rc, "repl:classic"), pe);
+}
+
+/// `LOCK.ACQUIRE key args...` on a connection of its own to `s`, in a thread: the grant.
+fn spawn_waiter(
+    s: &Server,
+    key: &'static str,
+    args: Vec<&'static str>,
+) -> std::thread::JoinHandle<Option<(Vec<u8>, i64)>> {
+    let mut c = s.conn();
+    std::thread::spawn(move || acquire(&mut c, key, &args))
 }
 
 #[test]
@@ -353,21 +242,10 @@ fn handoff_to_blocked_waiter_reaches_replica() {
 
     // 1. Hand-off on RELEASE.
     let (_, fa) = acquire(&mut pc, "repl:h", &["PX", "60000", "TOKEN", "tok-a"]).unwrap();
-    let mut bc = p.conn();
-    let waiter = std::thread::spawn(move || -> Option<(String, i64)> {
-        redis::cmd("LOCK.ACQUIRE")
-            .arg("repl:h")
-            .arg("TOKEN")
-            .arg("tok-b")
-            .arg("OWNER")
-            .arg("waiter-b")
-            .arg("PX")
-            .arg(60000)
-            .arg("BLOCK")
-            .arg(5000)
-            .query(&mut bc)
-            .unwrap()
-    });
+    let b_args = [
+        "TOKEN", "tok-b", "OWNER", "waiter-b", "PX", "60000", "BLOCK", "5000",
+    ];
+    let waiter = spawn_waiter(&p, "repl:h", b_args.to_vec());
     assert!(
         wait_until(Duration::from_secs(5), || p
             .info_field("lock", "lock_waiters")
@@ -375,47 +253,25 @@ fn handoff_to_blocked_waiter_reaches_replica() {
             == Some("1")),
         "waiter B never queued"
     );
-    let rel: i64 = redis::cmd("LOCK.RELEASE")
-        .arg("repl:h")
-        .arg("tok-a")
-        .query(&mut pc)
-        .unwrap();
+    let rel = int(&mut pc, &["LOCK.RELEASE", "repl:h", "tok-a"]);
     assert_eq!(rel, 1);
     let (tb, fb) = waiter.join().unwrap().expect("B was not handed the lock");
-    assert_eq!(tb, "tok-b");
+    assert_eq!(tb, b"tok-b");
     assert!(fb > fa, "hand-off fence {fb} <= {fa}");
-    wait_synced(&p, &r);
-    let info = assert_same_lock(&mut pc, &mut rc, "repl:h");
-    assert_eq!(int_field(&info, "fence"), fb);
-    assert_eq!(
-        info.get("owner"),
-        Some(&Value::BulkString(b"waiter-b".to_vec()))
-    );
+    let info = assert_replicated((&p, &r), &mut pc, &mut rc, "repl:h", fb);
+    assert_owner(&info, b"waiter-b");
 
     // 2. Hand-off when the holder's lease ends (granted from a timer, not a command).
     let (_, fc) = acquire(&mut pc, "repl:h2", &["PX", "300", "TOKEN", "tok-c"]).unwrap();
-    let mut dc = p.conn();
-    let waiter = std::thread::spawn(move || -> Option<(String, i64)> {
-        redis::cmd("LOCK.ACQUIRE")
-            .arg("repl:h2")
-            .arg("TOKEN")
-            .arg("tok-d")
-            .arg("PX")
-            .arg(60000)
-            .arg("BLOCK")
-            .arg(5000)
-            .query(&mut dc)
-            .unwrap()
-    });
+    let d_args = ["TOKEN", "tok-d", "PX", "60000", "BLOCK", "5000"];
+    let waiter = spawn_waiter(&p, "repl:h2", d_args.to_vec());
     let (td, fd) = waiter
         .join()
         .unwrap()
         .expect("D was not handed the expired lock");
-    assert_eq!(td, "tok-d");
+    assert_eq!(td, b"tok-d");
     assert!(fd > fc);
-    wait_synced(&p, &r);
-    let info = assert_same_lock(&mut pc, &mut rc, "repl:h2");
-    assert_eq!(int_field(&info, "fence"), fd);
+    assert_replicated((&p, &r), &mut pc, &mut rc, "repl:h2", fd);
 }
 
 #[test]
@@ -424,14 +280,8 @@ fn promoted_replica_issues_fences_above_every_fence_of_the_old_primary() {
     let mut pc = p.conn();
     // A fence an hour ahead of the clock: the counter the replica learns from the
     // replication stream must hold it.
-    let far = far_fence();
     let mut issued = Vec::new();
-    let (ta, fa) = acquire(
-        &mut pc,
-        "repl:p1",
-        &["PX", "60000", "MINFENCE", &far.to_string()],
-    )
-    .unwrap();
+    let ((ta, fa), far) = acquire_far(&mut pc, "repl:p1", &["PX", "60000"]);
     assert!(fa as u64 >= far);
     issued.push(fa);
     let (tb, fb) = acquire(&mut pc, "repl:p2", &["PX", "60000"]).unwrap();
@@ -447,17 +297,14 @@ fn promoted_replica_issues_fences_above_every_fence_of_the_old_primary() {
             .unwrap();
         assert_eq!(n, 1);
     }
-    let n: i64 = redis::cmd("LOCK.FORCERELEASE")
-        .arg("repl:p3")
-        .query(&mut pc)
-        .unwrap();
+    let n = int(&mut pc, &["LOCK.FORCERELEASE", "repl:p3"]);
     assert_eq!(n, 1);
     wait_synced(&p, &r);
 
     let mut rc = r.conn();
     let max_issued = *issued.iter().max().unwrap();
     assert!(
-        counter(&mut rc) >= max_issued as u64,
+        counter(&mut rc) as u64 >= max_issued as u64,
         "the replica's counter is below the primary's fences"
     );
     let _: () = redis::cmd("REPLICAOF")
@@ -521,8 +368,8 @@ fn replica_refuses_lock_writes_and_answers_lock_info() {
         .arg("repl:ro")
         .arg("forged")
         .arg(1)
-        .arg(now_ms() + 60000)
-        .arg(now_ms())
+        .arg(unix_ms() + 60000)
+        .arg(unix_ms())
         .arg(1)
         .arg("127.0.0.1:1")
         .query(&mut rc);
@@ -530,15 +377,15 @@ fn replica_refuses_lock_writes_and_answers_lock_info() {
     assert!(!exists(&mut rc, "repl:other"));
     // Nothing changed: the replica still mirrors the primary.
     let info2 = lock_info(&mut rc, "repl:ro").unwrap();
-    assert_eq!(durable_fields(&info), durable_fields(&info2));
+    assert_eq!(durable(&info), durable(&info2));
     let pong: String = redis::cmd("PING").query(&mut rc).unwrap();
     assert_eq!(pong, "PONG");
 }
 
 #[test]
 fn blocked_waiters_fail_when_the_server_becomes_a_replica() {
-    let other = primary();
-    let s = primary();
+    let other = primary().start();
+    let s = primary().start();
     let mut sc = s.conn();
     acquire(&mut sc, "repl:w", &["PX", "60000"]).unwrap();
     let mut bc = s.conn();
@@ -574,7 +421,7 @@ fn blocked_waiters_fail_when_the_server_becomes_a_replica() {
 
 #[test]
 fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
-    let mut p = primary();
+    let mut p = primary().start();
     let mut r = ServerBuilder::new()
         .arg("appendonly", "yes")
         .arg("appendfsync", "always")
@@ -595,30 +442,13 @@ fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
     );
 
     let mut pc = p.conn();
-    let far = far_fence();
-    let (_, f1) = acquire(
-        &mut pc,
-        "repl:aof1",
-        &[
-            "PX",
-            "120000",
-            "TOKEN",
-            "tok-1",
-            "OWNER",
-            "svc-aof",
-            "MINFENCE",
-            &far.to_string(),
-        ],
-    )
-    .unwrap();
+    let aof1_args = ["PX", "120000", "TOKEN", "tok-1", "OWNER", "svc-aof"];
+    let ((_, f1), _) = acquire_far(&mut pc, "repl:aof1", &aof1_args);
     let (_, f2) = acquire(&mut pc, "repl:aof2", &["PX", "120000", "TOKEN", "tok-2"]).unwrap();
-    let ext: i64 = redis::cmd("LOCK.EXTEND")
-        .arg("repl:aof2")
-        .arg("tok-2")
-        .arg("PX")
-        .arg(150000)
-        .query(&mut pc)
-        .unwrap();
+    let ext = int(
+        &mut pc,
+        &["LOCK.EXTEND", "repl:aof2", "tok-2", "PX", "150000"],
+    );
     assert_eq!(ext, 1);
     wait_synced(&p, &r);
     let mut rc = r.conn();
@@ -653,17 +483,13 @@ fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
     ] {
         let after = lock_info(&mut rc, key)
             .unwrap_or_else(|| panic!("{key} lost by the replica's AOF\n{}", r.log_tail()));
-        assert_eq!(durable_fields(before), durable_fields(&after), "{key}");
+        assert_eq!(durable(before), durable(&after), "{key}");
         assert_eq!(int_field(&after, "fence"), fence);
         assert_eq!(pexpiretime(&mut rc, key), exp, "{key}");
         assert_eq!(key_type(&mut rc, key), "redislock");
     }
     // The tokens came along: they still release.
-    let n: i64 = redis::cmd("LOCK.RELEASE")
-        .arg("repl:aof2")
-        .arg("tok-2")
-        .query(&mut rc)
-        .unwrap();
+    let n = int(&mut rc, &["LOCK.RELEASE", "repl:aof2", "tok-2"]);
     assert_eq!(n, 1);
     // The fence counter was rebuilt from the AOF: above the far-future fence.
     let (_, f3) = acquire(&mut rc, "repl:aof3", &["PX", "1000"]).unwrap();
@@ -678,20 +504,12 @@ fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
 fn a_renew_with_minfence_raises_the_promoted_replicas_counter() {
     let (p, r) = pair();
     let mut pc = p.conn();
-    let (t, f) = acquire(&mut pc, "repl:floor", &["PX", "60000", "TOKEN", "tq"]).unwrap();
     // A quorum client's second round: same token, a floor far above the clock term.
-    let floor = far_fence();
-    let (t2, f2) = acquire(
-        &mut pc,
-        "repl:floor",
-        &["PX", "60000", "TOKEN", &t, "MINFENCE", &floor.to_string()],
-    )
-    .unwrap();
-    assert_eq!((t2.as_str(), f2), ("tq", f), "a renew keeps its fence");
+    let floor = renew_with_floor(&mut pc, "repl:floor", "60000");
     wait_synced(&p, &r);
     let mut rc = r.conn();
     assert!(
-        counter(&mut rc) >= floor,
+        counter(&mut rc) as u64 >= floor,
         "the replica did not learn the floor {floor}"
     );
     let _: () = redis::cmd("REPLICAOF")
@@ -721,7 +539,7 @@ fn sync_partial_ok(s: &Server) -> i64 {
 
 #[test]
 fn a_replica_that_connects_later_gets_the_locks_granted_while_nothing_listened() {
-    let p = primary();
+    let p = primary().start();
     let mut pc = p.conn();
     std::thread::sleep(STREAM_CHECK);
     let (t, f) = acquire(&mut pc, "later:a", &["PX", "60000", "OWNER", "before"]).unwrap();
@@ -757,12 +575,7 @@ fn a_replica_resuming_from_the_backlog_gets_what_was_granted_while_it_was_away()
     // Cut the link and keep the replica from reconnecting: no replica is connected, only
     // the backlog remains, and the module looks again meanwhile.
     unsafe { libc::kill(r.pid() as i32, libc::SIGSTOP) };
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("replica")
-        .query(&mut pc)
-        .unwrap();
+    let killed = int(&mut pc, &["CLIENT", "KILL", "TYPE", "replica"]);
     assert_eq!(killed, 1);
     std::thread::sleep(STREAM_CHECK);
     let before = sync_partial_ok(&p);

@@ -12,95 +12,18 @@
 
 mod common;
 
-use common::{lock_stat, unix_ms, wait_until, Cluster, RawConn, Resp, Server};
-use common::{ServerBuilder, IO_TIMEOUT};
-use std::path::Path;
+use common::raw::{acquire, grant, info_int, queued, wait_queued, Waiter};
+use common::wait_persistence_idle;
+use common::{contains, files_with, lock_stat, start_replica_of, unix_ms, volatile_keys};
+use common::{wait_until, Cluster, RawConn, Resp, Server, ServerBuilder, SETTLE};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
-
-/// How long a test waits for a queue count, a reply or a state to show up.
-const SETTLE: Duration = Duration::from_secs(10);
 
 // ------------------------------------------------------------------------------------
 // Helpers
 
 fn server() -> Server {
     ServerBuilder::new().start()
-}
-
-/// `[token, fence]` of a LOCK.ACQUIRE reply; None for nil; panics on anything else.
-fn grant(r: &Resp) -> Option<(Vec<u8>, i64)> {
-    match r {
-        Resp::Nil => None,
-        Resp::Array(items) => match items.as_slice() {
-            [Resp::Bulk(t), Resp::Int(f)] => Some((t.clone(), *f)),
-            _ => panic!("unexpected LOCK.ACQUIRE reply {r:?}"),
-        },
-        _ => panic!("unexpected LOCK.ACQUIRE reply {r:?}"),
-    }
-}
-
-fn acquire(c: &mut RawConn, key: &str, args: &[&str]) -> Option<(Vec<u8>, i64)> {
-    let mut argv = vec!["LOCK.ACQUIRE", key];
-    argv.extend_from_slice(args);
-    grant(&c.cmd(&argv))
-}
-
-fn info_int(c: &mut RawConn, key: &str, field: &str) -> Option<i64> {
-    let r = c.cmd(&["LOCK.INFO", key]);
-    if r == Resp::Nil {
-        return None;
-    }
-    match r.field(field) {
-        Some(Resp::Int(i)) => Some(i),
-        _ => None,
-    }
-}
-
-/// Clients queued on `key` (0 when the key is free or not a lock).
-fn queued(c: &mut RawConn, key: &str) -> i64 {
-    info_int(c, key, "waiters").unwrap_or(0)
-}
-
-fn wait_queued(c: &mut RawConn, key: &str, n: i64) {
-    assert!(
-        wait_until(SETTLE, || queued(c, key) == n),
-        "expected {n} waiters on {key}, have {}",
-        queued(c, key)
-    );
-}
-
-/// A client that sent `LOCK.ACQUIRE ... BLOCK` and has not read the reply yet.
-struct Waiter {
-    conn: RawConn,
-    id: i64,
-}
-
-impl Waiter {
-    fn send(port: u16, db: i64, key: &str, args: &[&str]) -> Waiter {
-        let mut conn = RawConn::connect(port);
-        if db != 0 {
-            assert_eq!(conn.cmd(&["SELECT", &db.to_string()]), ok());
-        }
-        let id = conn.cmd(&["CLIENT", "ID"]).int();
-        let mut argv = vec!["LOCK.ACQUIRE", key];
-        argv.extend_from_slice(args);
-        conn.send(&argv);
-        Waiter { conn, id }
-    }
-
-    /// The reply, waiting at most `within`; Err on a timeout or a closed connection.
-    fn reply_within(&mut self, within: Duration) -> std::io::Result<Resp> {
-        self.conn.set_read_timeout(Some(within));
-        let r = self.conn.read();
-        self.conn.set_read_timeout(Some(IO_TIMEOUT));
-        r
-    }
-
-    fn reply(&mut self) -> Resp {
-        self.reply_within(SETTLE)
-            .unwrap_or_else(|e| panic!("waiter {} got no reply: {e}", self.id))
-    }
 }
 
 /// One command in RESP, for writing several in one go.
@@ -155,57 +78,6 @@ fn lift_ahead(fence: i64) -> i64 {
     const AHEAD_MS: i64 = 3000;
     sleep(Duration::from_millis(AHEAD_MS as u64 + 200));
     fence + AHEAD_MS * fence_units_per_ms(fence)
-}
-
-fn wait_bgrewrite_done(c: &mut RawConn) {
-    assert!(
-        wait_until(SETTLE, || {
-            let m = common::info_map(c, "persistence");
-            m.get("aof_rewrite_in_progress").map(String::as_str) == Some("0")
-                && m.get("aof_rewrite_scheduled").map(String::as_str) == Some("0")
-        }),
-        "BGREWRITEAOF did not finish"
-    );
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
-fn files_contain(dir: &Path, needle: &[u8]) -> Vec<String> {
-    let mut hits = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return hits;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            hits.extend(files_contain(&p, needle));
-        } else if let Ok(b) = std::fs::read(&p) {
-            if contains(&b, needle) {
-                hits.push(p.display().to_string());
-            }
-        }
-    }
-    hits
-}
-
-fn start_replica_of(primary: &Server) -> Server {
-    let replica = ServerBuilder::new()
-        .arg("replicaof", &format!("127.0.0.1 {}", primary.port))
-        .start();
-    let mut c = RawConn::connect(replica.port);
-    assert!(
-        wait_until(SETTLE, || {
-            common::info_map(&mut c, "replication")
-                .get("master_link_status")
-                .map(String::as_str)
-                == Some("up")
-        }),
-        "replica did not sync\n{}",
-        replica.log_tail()
-    );
-    replica
 }
 
 // ------------------------------------------------------------------------------------
@@ -265,7 +137,7 @@ fn client_pause_all_while_a_lease_with_a_waiter_ends() {
 #[test]
 fn failover_waiting_for_a_stalled_replica_while_a_lease_with_a_waiter_ends() {
     let primary = server();
-    let mut replica = start_replica_of(&primary);
+    let mut replica = start_replica_of(&primary, ServerBuilder::new());
     let mut p = RawConn::connect(primary.port);
     let (_, fence) = acquire(&mut p, "lk", &["PX", "400"]).unwrap();
     let mut w = Waiter::send(primary.port, 0, "lk", &["BLOCK", "15000", "TOKEN", "w"]);
@@ -410,22 +282,27 @@ fn fences_do_not_go_back_after_a_restart_from_an_older_rdb() {
     let mut c = RawConn::connect(srv.port);
     let (_, f1) = acquire(&mut c, "a", &["PX", "60000"]).unwrap();
     assert_eq!(c.cmd(&["SAVE"]), ok());
-    let lifted = lift_ahead(f1);
-    let (tok, f2) = acquire(
-        &mut c,
-        "b",
-        &["PX", "60000", "MINFENCE", &lifted.to_string()],
-    )
-    .expect("MINFENCE half an hour ahead must be accepted");
+    let (f2, lifted) = lifted_and_released(&mut c, f1);
     assert_eq!(f2, lifted);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "b", std::str::from_utf8(&tok).unwrap()])
-            .int(),
-        1
-    );
     drop(c);
     srv.kill9();
     srv.restart();
+    assert_next_fence_above(&srv, f2);
+}
+
+/// Takes `b` with a MINFENCE lifted ahead of `fence` ([`lift_ahead`]) and releases it:
+/// the fence it was granted, and the MINFENCE.
+fn lifted_and_released(c: &mut RawConn, fence: i64) -> (i64, i64) {
+    let lifted = lift_ahead(fence);
+    let (tok, f2) = acquire(c, "b", &["PX", "60000", "MINFENCE", &lifted.to_string()])
+        .expect("MINFENCE half an hour ahead must be accepted");
+    let tok = std::str::from_utf8(&tok).unwrap();
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "b", tok]).int(), 1);
+    (f2, lifted)
+}
+
+/// The next grant on `srv` (after a restart) has a fence above `f2`.
+fn assert_next_fence_above(srv: &Server, f2: i64) {
     let mut c = RawConn::connect(srv.port);
     let (_, f3) = acquire(&mut c, "c", &[]).unwrap();
     assert!(f3 > f2, "fence went back after the restart: {f3} <= {f2}");
@@ -441,27 +318,14 @@ fn fences_do_not_go_back_after_an_aof_rewrite_without_preamble() {
         .start();
     let mut c = RawConn::connect(srv.port);
     let (_, f1) = acquire(&mut c, "a", &["PX", "60000"]).unwrap();
-    let lifted = lift_ahead(f1);
-    let (tok, f2) = acquire(
-        &mut c,
-        "b",
-        &["PX", "60000", "MINFENCE", &lifted.to_string()],
-    )
-    .unwrap();
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "b", std::str::from_utf8(&tok).unwrap()])
-            .int(),
-        1
-    );
+    let (f2, _) = lifted_and_released(&mut c, f1);
     assert_eq!(c.cmd(&["LOCK.FORCERELEASE", "a"]).int(), 1);
     c.cmd(&["BGREWRITEAOF"]);
-    wait_bgrewrite_done(&mut c);
+    wait_persistence_idle(&srv, SETTLE);
     drop(c);
     srv.stop();
     srv.restart();
-    let mut c = RawConn::connect(srv.port);
-    let (_, f3) = acquire(&mut c, "c", &[]).unwrap();
-    assert!(f3 > f2, "fence went back after the restart: {f3} <= {f2}");
+    assert_next_fence_above(&srv, f2);
 }
 
 // ------------------------------------------------------------------------------------
@@ -518,17 +382,7 @@ fn client_unblock_error_racing_a_handoff_answers_the_waiter() {
 // 5. Shorter leases bring the hand-off forward
 
 fn with_volatile_keys(srv: &Server, n: usize) {
-    let mut c = srv.conn();
-    let mut pipe = redis::pipe();
-    for i in 0..n {
-        pipe.cmd("SET")
-            .arg(format!("vk:{i}"))
-            .arg("x")
-            .arg("PX")
-            .arg(600_000)
-            .ignore();
-    }
-    let _: () = pipe.query(&mut c).unwrap();
+    volatile_keys(&mut srv.conn(), "vk:", n, 600_000);
 }
 
 /// `change` shortens the lease of `lk` (held for 8 s, one waiter) to about 100 ms; the
@@ -684,9 +538,9 @@ fn rdb_and_aof_files_do_not_reveal_the_token() {
     );
     assert_eq!(c.cmd(&["SAVE"]), ok());
     c.cmd(&["BGREWRITEAOF"]);
-    wait_bgrewrite_done(&mut c);
+    wait_persistence_idle(&srv, SETTLE);
     acquire(&mut c, "lk2", &["PX", "60000", "TOKEN", SECRET]).unwrap();
-    let hits = files_contain(&srv.dir, SECRET.as_bytes());
+    let hits = files_with(&srv.dir, SECRET.as_bytes());
     assert!(hits.is_empty(), "the token is in {hits:?}");
 }
 
@@ -738,7 +592,7 @@ fn the_replication_stream_does_not_reveal_the_token() {
         "the replication stream shows the token"
     );
 
-    let replica = start_replica_of(&primary);
+    let replica = start_replica_of(&primary, ServerBuilder::new());
     let mut r = RawConn::connect(replica.port);
     assert!(wait_until(SETTLE, || holder_fence(&mut r, "after").is_some()));
     assert_eq!(r.cmd(&["REPLICAOF", "NO", "ONE"]), ok());
@@ -788,6 +642,14 @@ fn held_with_waiter(srv: &Server, c: &mut RawConn, key: &str, ms: u64) -> (i64, 
     (fence, w)
 }
 
+/// A fresh server, a connection to it and [`held_with_waiter`] there.
+fn server_held_with_waiter(key: &str, ms: u64) -> (Server, RawConn, i64, Waiter) {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let (fence, w) = held_with_waiter(&srv, &mut c, key, ms);
+    (srv, c, fence, w)
+}
+
 fn granted_within(w: &mut Waiter, d: Duration) -> (Vec<u8>, i64) {
     let r = w
         .reply_within(d)
@@ -804,9 +666,7 @@ fn still_waiting(w: &mut Waiter) {
 
 #[test]
 fn rename_frees_the_old_name_and_takes_the_lock_along() {
-    let srv = server();
-    let mut c = RawConn::connect(srv.port);
-    let (fence, mut w) = held_with_waiter(&srv, &mut c, "src", 60_000);
+    let (srv, mut c, fence, mut w) = server_held_with_waiter("src", 60_000);
     // A waiter on the destination name, queued behind a lock held there.
     acquire(&mut c, "dst", &["PX", "60000", "TOKEN", "d"]).unwrap();
     let mut wd = Waiter::send(srv.port, 0, "dst", &["BLOCK", "20000"]);
@@ -824,9 +684,7 @@ fn rename_frees_the_old_name_and_takes_the_lock_along() {
 
 #[test]
 fn another_type_moved_onto_a_queued_key_fails_its_waiters() {
-    let srv = server();
-    let mut c = RawConn::connect(srv.port);
-    let (_, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+    let (_srv, mut c, _, mut w) = server_held_with_waiter("lk", 60_000);
     assert_eq!(c.cmd(&["RPUSH", "list", "x"]).int(), 1);
     assert_eq!(c.cmd(&["RENAME", "list", "lk"]), ok());
     match w.reply_within(Duration::from_secs(3)) {
@@ -837,9 +695,7 @@ fn another_type_moved_onto_a_queued_key_fails_its_waiters() {
 
 #[test]
 fn move_to_another_db_frees_the_name() {
-    let srv = server();
-    let mut c = RawConn::connect(srv.port);
-    let (fence, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+    let (srv, mut c, fence, mut w) = server_held_with_waiter("lk", 60_000);
     assert_eq!(c.cmd(&["MOVE", "lk", "3"]).int(), 1);
     granted_within(&mut w, Duration::from_secs(3));
     let mut c3 = RawConn::connect(srv.port);
@@ -849,9 +705,7 @@ fn move_to_another_db_frees_the_name() {
 
 #[test]
 fn copy_of_a_lock_is_refused_and_a_string_copied_onto_a_queued_key_is_waited_for() {
-    let srv = server();
-    let mut c = RawConn::connect(srv.port);
-    let (fence, mut w) = held_with_waiter(&srv, &mut c, "lk", 400);
+    let (_srv, mut c, fence, mut w) = server_held_with_waiter("lk", 400);
     let r = c.cmd(&["COPY", "lk", "lk2"]);
     assert!(r.is_error(), "COPY of a lock: {r:?}");
     assert_eq!(c.cmd(&["EXISTS", "lk2"]).int(), 0);
@@ -904,9 +758,7 @@ fn flush_async_serves_the_waiters() {
         &["FLUSHALL", "ASYNC"],
         &["FLUSHALL", "SYNC"],
     ] {
-        let srv = server();
-        let mut c = RawConn::connect(srv.port);
-        let (_, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+        let (_srv, mut c, _, mut w) = server_held_with_waiter("lk", 60_000);
         assert_eq!(c.cmd(cmd), ok());
         granted_within(&mut w, Duration::from_secs(3));
     }
@@ -914,9 +766,7 @@ fn flush_async_serves_the_waiters() {
 
 #[test]
 fn expire_to_a_later_time_does_not_extend_the_lease() {
-    let srv = server();
-    let mut c = RawConn::connect(srv.port);
-    let (_, mut w) = held_with_waiter(&srv, &mut c, "lk", 500);
+    let (_srv, mut c, _, mut w) = server_held_with_waiter("lk", 500);
     assert_eq!(c.cmd(&["PEXPIRE", "lk", "600000"]).int(), 1);
     let t0 = Instant::now();
     granted_within(&mut w, Duration::from_secs(5));
@@ -925,9 +775,7 @@ fn expire_to_a_later_time_does_not_extend_the_lease() {
 
 #[test]
 fn debug_reload_keeps_the_lock_and_its_waiters() {
-    let srv = server();
-    let mut c = RawConn::connect(srv.port);
-    let (fence, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+    let (_srv, mut c, fence, mut w) = server_held_with_waiter("lk", 60_000);
     assert_eq!(c.cmd(&["DEBUG", "RELOAD"]), ok());
     still_waiting(&mut w);
     assert_eq!(holder_fence(&mut c, "lk"), Some(fence));
@@ -945,9 +793,7 @@ fn client_unblock_of_a_queued_waiter() {
     let flavor = common::server_flavor();
     let supported = flavor.is_valkey() || flavor.at_least(7, 4);
     for reason in ["TIMEOUT", "ERROR"] {
-        let srv = server();
-        let mut c = RawConn::connect(srv.port);
-        let (_, mut w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+        let (_srv, mut c, _, mut w) = server_held_with_waiter("lk", 60_000);
         let n = c
             .cmd(&["CLIENT", "UNBLOCK", &w.id.to_string(), reason])
             .int();
@@ -972,9 +818,7 @@ fn client_unblock_of_a_queued_waiter() {
 
 #[test]
 fn client_kill_takes_a_waiter_out_of_the_queue() {
-    let srv = server();
-    let mut c = RawConn::connect(srv.port);
-    let (_, w) = held_with_waiter(&srv, &mut c, "lk", 60_000);
+    let (srv, mut c, _, w) = server_held_with_waiter("lk", 60_000);
     let mut w2 = Waiter::send(srv.port, 0, "lk", &["BLOCK", "20000", "TOKEN", "w2"]);
     wait_queued(&mut c, "lk", 2);
     assert_eq!(c.cmd(&["CLIENT", "KILL", "ID", &w.id.to_string()]).int(), 1);
@@ -990,7 +834,7 @@ fn client_kill_takes_a_waiter_out_of_the_queue() {
 fn shutdown_waiting_for_a_replica_while_a_lease_with_a_waiter_ends() {
     let flavor = common::server_flavor();
     let mut primary = ServerBuilder::new().arg("shutdown-timeout", "2").start();
-    let mut replica = start_replica_of(&primary);
+    let mut replica = start_replica_of(&primary, ServerBuilder::new());
     let mut p = RawConn::connect(primary.port);
     assert!(wait_until(SETTLE, || common::info_map(
         &mut p,

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{temp_dir, unix_ms, RawConn, Resp, Server, ServerBuilder};
+use common::{contains, files_with, temp_dir, unix_ms, RawConn, Resp, Server, ServerBuilder};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -39,23 +39,6 @@ fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(e.path(), dest).unwrap();
         }
     }
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
-fn files_with(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(files_with(&p, needle));
-        } else if std::fs::read(&p).is_ok_and(|b| contains(&b, needle)) {
-            out.push(p);
-        }
-    }
-    out
 }
 
 fn int(r: &Resp, f: &str) -> i64 {

@@ -17,7 +17,7 @@ use tokio::time::sleep_until;
 
 use crate::error::{Error, Result};
 use crate::node::Node;
-use crate::options::{drift, millis, LockMode};
+use crate::options::{drift, millis, AcquireOptions, LockMode};
 use crate::redlock::Quorum;
 
 /// Why a lease ended while the guard still lived.
@@ -186,26 +186,28 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    /// Starts the lease task. `acquired_at` is when the acquisition started (the cap
-    /// counts from there), `valid_until` the lease deadline it established.
-    #[allow(clippy::too_many_arguments)]
+    /// Starts the lease task for a lock taken as `opts` says (its mode, TTL and
+    /// renewal). `acquired_at` is when the acquisition started (the cap counts from
+    /// there), `valid_until` the lease deadline it established.
     pub(crate) fn start(
         backend: Backend,
-        name: String,
+        name: &str,
+        opts: &AcquireOptions,
         token: String,
         fence: Option<u64>,
-        mode: LockMode,
-        ttl: Duration,
         acquired_at: Instant,
         valid_until: Instant,
-        renew: Option<(Duration, Duration)>,
     ) -> LockGuard {
+        let (name, mode, ttl) = (name.to_string(), opts.mode, opts.ttl);
         let (tx, _) = watch::channel(LeaseStatus::Held { valid_until });
         let status = Arc::new(tx);
-        let plan = renew.map(|(interval, max_hold)| Plan {
-            interval,
-            cap_at: acquired_at + max_hold,
-        });
+        let plan = opts
+            .renew
+            .zip(opts.renew_interval())
+            .map(|(r, interval)| Plan {
+                interval,
+                cap_at: acquired_at + r.max_hold,
+            });
         let task = tokio::spawn(lease_task(
             backend.clone(),
             name.clone(),

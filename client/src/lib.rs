@@ -15,6 +15,35 @@
 //! The `redis-lock` binary of this crate is a flock(1)-like CLI over the same code.
 //! docs/CLIENT.md in the repository documents both.
 
+/// `acquire(name, ttl, wait)` and `acquire_with(name, opts)` as [`LockClient`] and
+/// [`Redlock`] both have them (each with its own docs, given first): the options are
+/// checked here, then the type's own `take(name, opts)` acquires.
+macro_rules! acquire_methods {
+    ($(#[$acquire:meta])* acquire; $(#[$with:meta])* acquire_with;) => {
+        $(#[$acquire])*
+        pub async fn acquire(
+            &self,
+            name: &str,
+            ttl: std::time::Duration,
+            wait: Option<std::time::Duration>,
+        ) -> crate::Result<Option<crate::LockGuard>> {
+            let mut o = crate::AcquireOptions::new(ttl);
+            o.wait = wait;
+            self.acquire_with(name, &o).await
+        }
+
+        $(#[$with])*
+        pub async fn acquire_with(
+            &self,
+            name: &str,
+            opts: &crate::AcquireOptions,
+        ) -> crate::Result<Option<crate::LockGuard>> {
+            opts.validate()?;
+            self.take(name, opts).await
+        }
+    };
+}
+
 mod error;
 mod info;
 mod lease;

@@ -232,6 +232,37 @@ impl Node {
         }
     }
 
+    /// What a module command's reply means: `Ok(Some(reply))`; `Ok(None)` when the server
+    /// does not know the command (noted: this node falls back to the classic recipe from
+    /// now on); other errors as they are.
+    fn module_reply<T>(&self, reply: Result<T>) -> Result<Option<T>> {
+        match reply {
+            Ok(v) => {
+                self.note_module(true);
+                Ok(Some(v))
+            }
+            Err(e) if e.is_unknown_command() => {
+                self.note_module(false);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs a module command on the shared connection (see `module_reply`); `Ok(None)`
+    /// at once where the module is known to be missing.
+    async fn module_run<T: FromRedisValue>(
+        &self,
+        what: &'static str,
+        cmd: &Cmd,
+        limit: Duration,
+    ) -> Result<Option<T>> {
+        if self.module_missing() {
+            return Ok(None);
+        }
+        self.module_reply(self.run(what, cmd, limit).await)
+    }
+
     fn acquire_cmd(req: &Acquire<'_>, min_fence: Option<u64>, block: Option<u64>) -> Cmd {
         let mut c = redis::cmd("LOCK.ACQUIRE");
         c.arg(req.key);
@@ -306,16 +337,9 @@ impl Node {
         limit: Duration,
     ) -> Result<Option<Grant>> {
         let deadline = Instant::now() + limit;
-        if !self.module_missing() {
-            let cmd = Self::acquire_cmd(req, min_fence, None);
-            match self.run::<Value>("LOCK.ACQUIRE", &cmd, limit).await {
-                Ok(v) => {
-                    self.note_module(true);
-                    return Self::parse_grant(v, req.token);
-                }
-                Err(e) if e.is_unknown_command() => self.note_module(false),
-                Err(e) => return Err(e),
-            }
+        let cmd = Self::acquire_cmd(req, min_fence, None);
+        if let Some(v) = self.module_run("LOCK.ACQUIRE", &cmd, limit).await? {
+            return Self::parse_grant(v, req.token);
         }
         self.classic_supports(req.mode)?;
         self.classic_acquire(req, min_fence.is_some(), remaining(deadline))
@@ -329,10 +353,9 @@ impl Node {
         limit: Duration,
     ) -> Result<Option<Grant>> {
         if renew {
-            let ok = self
-                .classic_extend(req.key, req.token, req.ttl_ms, limit)
-                .await?;
-            return Ok(ok.then_some(Grant { fence: None }));
+            let (what, cmd) = Self::classic_extend_cmd(req.key, req.token, req.ttl_ms);
+            let n: i64 = self.run(what, &cmd, limit).await?;
+            return Ok((n == 1).then_some(Grant { fence: None }));
         }
         let mut cmd = redis::cmd("SET");
         cmd.arg(req.key)
@@ -366,20 +389,13 @@ impl Node {
                     .await?;
                 conn.query::<Value>(&cmd).await.map_err(Error::from)
             })
-            .await;
-            match outcome {
-                Ok(Ok(v)) => {
-                    self.note_module(true);
-                    return Self::parse_grant(v, req.token);
-                }
-                Ok(Err(e)) if e.is_unknown_command() => self.note_module(false),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    return Err(Error::Timeout {
-                        what: "LOCK.ACQUIRE BLOCK",
-                        after: limit,
-                    })
-                }
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                what: "LOCK.ACQUIRE BLOCK",
+                after: limit,
+            }));
+            if let Some(v) = self.module_reply(outcome)? {
+                return Self::parse_grant(v, req.token);
             }
         }
         self.classic_supports(req.mode)?;
@@ -398,22 +414,16 @@ impl Node {
 
     /// Owner-checked release. `true` when this token held the lock.
     pub async fn release(&self, key: &str, token: &str, limit: Duration) -> Result<bool> {
-        let deadline = Instant::now() + limit;
-        if !self.module_missing() {
-            let mut cmd = redis::cmd("LOCK.RELEASE");
-            cmd.arg(key).arg(token);
-            match self.run::<i64>("LOCK.RELEASE", &cmd, limit).await {
-                Ok(n) => return Ok(n == 1),
-                Err(e) if e.is_unknown_command() => self.note_module(false),
-                Err(e) => return Err(e),
-            }
-        }
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(RELEASE_LUA).arg(1).arg(key).arg(token);
-        let n: i64 = self
-            .run("EVAL compare-and-delete", &cmd, remaining(deadline))
-            .await?;
-        Ok(n == 1)
+        let mut cmd = redis::cmd("LOCK.RELEASE");
+        cmd.arg(key).arg(token);
+        let mut classic = redis::cmd("EVAL");
+        classic.arg(RELEASE_LUA).arg(1).arg(key).arg(token);
+        self.owner_checked(
+            ("LOCK.RELEASE", cmd),
+            ("EVAL compare-and-delete", classic),
+            limit,
+        )
+        .await
     }
 
     /// Owner-checked extend to `ttl_ms` from now. `true` when this token held the lock.
@@ -424,44 +434,47 @@ impl Node {
         ttl_ms: u64,
         limit: Duration,
     ) -> Result<bool> {
-        let deadline = Instant::now() + limit;
-        if !self.module_missing() {
-            let mut cmd = redis::cmd("LOCK.EXTEND");
-            cmd.arg(key).arg(token).arg("PX").arg(ttl_ms);
-            match self.run::<i64>("LOCK.EXTEND", &cmd, limit).await {
-                Ok(n) => return Ok(n == 1),
-                Err(e) if e.is_unknown_command() => self.note_module(false),
-                Err(e) => return Err(e),
-            }
-        }
-        self.classic_extend(key, token, ttl_ms, remaining(deadline))
+        let mut cmd = redis::cmd("LOCK.EXTEND");
+        cmd.arg(key).arg(token).arg("PX").arg(ttl_ms);
+        let classic = Self::classic_extend_cmd(key, token, ttl_ms);
+        self.owner_checked(("LOCK.EXTEND", cmd), classic, limit)
             .await
     }
 
-    async fn classic_extend(
-        &self,
-        key: &str,
-        token: &str,
-        ttl_ms: u64,
-        limit: Duration,
-    ) -> Result<bool> {
+    /// The classic extend: an owner-checked `PEXPIRE` in Lua.
+    fn classic_extend_cmd(key: &str, token: &str, ttl_ms: u64) -> (&'static str, Cmd) {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(EXTEND_LUA).arg(1).arg(key).arg(token).arg(ttl_ms);
-        let n: i64 = self.run("EVAL owner-checked PEXPIRE", &cmd, limit).await?;
+        ("EVAL owner-checked PEXPIRE", cmd)
+    }
+
+    /// An owner-checked command that answers `1` or `0`: the module's, or where the
+    /// module is missing its classic Lua twin (in what is left of `limit`). `true` when
+    /// this token held the lock.
+    async fn owner_checked(
+        &self,
+        (what, cmd): (&'static str, Cmd),
+        (classic_what, classic): (&'static str, Cmd),
+        limit: Duration,
+    ) -> Result<bool> {
+        let deadline = Instant::now() + limit;
+        let n = match self.module_run::<i64>(what, &cmd, limit).await? {
+            Some(n) => n,
+            None => {
+                self.run(classic_what, &classic, remaining(deadline))
+                    .await?
+            }
+        };
         Ok(n == 1)
     }
 
     /// `LOCK.INFO`; without the module, what `TYPE` and `PTTL` tell of a string lock.
     pub async fn info(&self, key: &str) -> Result<Option<LockInfo>> {
         let limit = self.opts.io_timeout;
-        if !self.module_missing() {
-            let mut cmd = redis::cmd("LOCK.INFO");
-            cmd.arg(key);
-            match self.run::<Value>("LOCK.INFO", &cmd, limit).await {
-                Ok(v) => return LockInfo::from_value(&v),
-                Err(e) if e.is_unknown_command() => self.note_module(false),
-                Err(e) => return Err(e),
-            }
+        let mut cmd = redis::cmd("LOCK.INFO");
+        cmd.arg(key);
+        if let Some(v) = self.module_run::<Value>("LOCK.INFO", &cmd, limit).await? {
+            return LockInfo::from_value(&v);
         }
         let mut cmd = redis::cmd("PTTL");
         cmd.arg(key);

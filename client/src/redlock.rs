@@ -332,28 +332,17 @@ impl Redlock {
         self.q.nodes.len()
     }
 
-    /// Takes `name` (exclusive) on a majority for `ttl`; with `wait`, retries with jitter
-    /// until it passes. `Ok(None)`: no majority (held elsewhere, or too many nodes down).
-    pub async fn acquire(
-        &self,
-        name: &str,
-        ttl: Duration,
-        wait: Option<Duration>,
-    ) -> Result<Option<LockGuard>> {
-        let mut o = AcquireOptions::new(ttl);
-        o.wait = wait;
-        self.acquire_with(name, &o).await
+    acquire_methods! {
+        /// Takes `name` (exclusive) on a majority for `ttl`; with `wait`, retries with jitter
+        /// until it passes. `Ok(None)`: no majority (held elsewhere, or too many nodes down).
+        acquire;
+        /// Takes `name` on a majority as `opts` says: exclusive or shared. A counted lock
+        /// ([`AcquireOptions::limit`]) is refused with [`Error::Invalid`]: over a quorum it
+        /// would admit up to `2n - 1` holders (see [the module docs](crate::redlock)).
+        acquire_with;
     }
 
-    /// Takes `name` on a majority as `opts` says: exclusive or shared. A counted lock
-    /// ([`AcquireOptions::limit`]) is refused with [`Error::Invalid`]: over a quorum it
-    /// would admit up to `2n - 1` holders (see [the module docs](crate::redlock)).
-    pub async fn acquire_with(
-        &self,
-        name: &str,
-        opts: &AcquireOptions,
-    ) -> Result<Option<LockGuard>> {
-        opts.validate()?;
+    async fn take(&self, name: &str, opts: &AcquireOptions) -> Result<Option<LockGuard>> {
         check_ttl(opts.ttl)?;
         if let LockMode::Counted(n) = opts.mode {
             return Err(Error::Invalid(format!(
@@ -374,20 +363,14 @@ impl Redlock {
                 .attempt(name, &token, opts.ttl, opts.owner.as_deref(), opts.mode)
                 .await?
             {
-                let renew = opts
-                    .renew
-                    .zip(opts.renew_interval())
-                    .map(|(r, interval)| (interval, r.max_hold));
                 return Ok(Some(LockGuard::start(
                     Backend::Quorum(self.q.clone()),
-                    name.to_string(),
+                    name,
+                    opts,
                     token,
                     h.fence,
-                    opts.mode,
-                    opts.ttl,
                     start,
                     h.valid_until,
-                    renew,
                 )));
             }
             let Some(end) = wait_end else {

@@ -62,33 +62,22 @@ impl LockClient {
         self.cluster
     }
 
-    /// Takes `name` for `ttl`, waiting up to `wait` (`None`: do not wait). `Ok(None)`:
-    /// held by someone else (for the whole wait). No auto-renewal; see
-    /// [`acquire_with`](Self::acquire_with).
-    pub async fn acquire(
-        &self,
-        name: &str,
-        ttl: Duration,
-        wait: Option<Duration>,
-    ) -> Result<Option<LockGuard>> {
-        let mut o = AcquireOptions::new(ttl);
-        o.wait = wait;
-        self.acquire_with(name, &o).await
+    acquire_methods! {
+        /// Takes `name` for `ttl`, waiting up to `wait` (`None`: do not wait). `Ok(None)`:
+        /// held by someone else (for the whole wait). No auto-renewal; see
+        /// [`acquire_with`](Self::acquire_with).
+        acquire;
+        /// Takes `name` as `opts` says: exclusive, shared ([`AcquireOptions::shared`]) or one
+        /// permit of a counted lock ([`AcquireOptions::limit`]). Waiting uses the module's
+        /// FIFO queue (`BLOCK`). Renewal and the loss signal work the same for every mode:
+        /// they act on this guard's own holder (its token). A mode the key does not have
+        /// (`WRONGMODE`) or another limit (`LIMITMISMATCH`) is an [`Error::Redis`] with that
+        /// code ([`Error::server_code`]), never a wait. Without the module only exclusive
+        /// locks can be taken (the `SET NX PX` fallback): other modes are [`Error::Invalid`].
+        acquire_with;
     }
 
-    /// Takes `name` as `opts` says: exclusive, shared ([`AcquireOptions::shared`]) or one
-    /// permit of a counted lock ([`AcquireOptions::limit`]). Waiting uses the module's
-    /// FIFO queue (`BLOCK`). Renewal and the loss signal work the same for every mode:
-    /// they act on this guard's own holder (its token). A mode the key does not have
-    /// (`WRONGMODE`) or another limit (`LIMITMISMATCH`) is an [`Error::Redis`] with that
-    /// code ([`Error::server_code`]), never a wait. Without the module only exclusive
-    /// locks can be taken (the `SET NX PX` fallback): other modes are [`Error::Invalid`].
-    pub async fn acquire_with(
-        &self,
-        name: &str,
-        opts: &AcquireOptions,
-    ) -> Result<Option<LockGuard>> {
-        opts.validate()?;
+    async fn take(&self, name: &str, opts: &AcquireOptions) -> Result<Option<LockGuard>> {
         let node = &self.node;
         let token = opts.token.clone().unwrap_or_else(new_token);
         let ttl = opts.ttl;
@@ -137,20 +126,14 @@ impl LockClient {
             }
         }
         let acquired_at = if wait.is_some() { got_at } else { start };
-        let renew = opts
-            .renew
-            .zip(opts.renew_interval())
-            .map(|(r, interval)| (interval, r.max_hold));
         Ok(Some(LockGuard::start(
             Backend::Single(self.node.clone()),
-            name.to_string(),
+            name,
+            opts,
             token,
             grant.fence,
-            opts.mode,
-            ttl,
             acquired_at,
             valid_until,
-            renew,
         )))
     }
 

@@ -94,12 +94,19 @@ impl Running {
     }
 }
 
+impl Running {
+    /// Waits up to 20 s.
+    fn done(self) -> Done {
+        self.finish(Duration::from_secs(20))
+    }
+}
+
 fn cli(dir: &Path, args: &[&str]) -> Done {
-    spawn(dir, args).finish(Duration::from_secs(20))
+    spawn(dir, args).done()
 }
 
 fn cli_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Done {
-    spawn_env(dir, args, env).finish(Duration::from_secs(20))
+    spawn_env(dir, args, env).done()
 }
 
 fn sh(script: &str) -> Vec<String> {
@@ -118,70 +125,140 @@ fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
+/// The shell command that creates `path`.
+fn touch(path: &Path) -> String {
+    format!("touch {}", path.display())
+}
+
+/// True when the file at `path` holds a fence (a decimal number).
+fn holds_a_fence(path: &Path) -> bool {
+    fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse::<u64>()
+        .is_ok()
+}
+
+/// A test's server (with the module), its URL and a scratch directory for the CLI's
+/// output; the directory goes when the test passes.
+struct Case {
+    server: Server,
+    url: String,
+    dir: PathBuf,
+}
+
+impl Case {
+    fn start() -> Case {
+        setup();
+        let server = ServerBuilder::new().start();
+        Case {
+            url: server.url(),
+            server,
+            dir: temp_dir(),
+        }
+    }
+
+    fn spawn(&self, args: &[&str]) -> Running {
+        spawn(&self.dir, args)
+    }
+
+    fn cli(&self, args: &[&str]) -> Done {
+        cli(&self.dir, args)
+    }
+
+    fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> Done {
+        cli_env(&self.dir, args, env)
+    }
+
+    /// `redis-lock run --url URL EXTRA... NAME -- sh -c SCRIPT`, started.
+    fn spawn_run(&self, extra: &[&str], name: &str, script: &str) -> Running {
+        spawn(&self.dir, &refs(&run_args(&self.url, extra, name, script)))
+    }
+
+    /// The same, run to the end.
+    fn run(&self, extra: &[&str], name: &str, script: &str) -> Done {
+        self.spawn_run(extra, name, script).done()
+    }
+
+    /// `spawn_run` with the command `BEFORE touch STARTED; THEN`; returns once the
+    /// command runs (STARTED exists).
+    fn spawn_started(&self, extra: &[&str], name: &str, before: &str, then: &str) -> Running {
+        let started = self.dir.join(format!("{name}.started"));
+        let script = format!("{before}{}; {then}", touch(&started));
+        let run = self.spawn_run(extra, name, &script);
+        assert!(
+            soon(|| started.exists()),
+            "the command of `run {name}` started"
+        );
+        run
+    }
+
+    /// Two runs of `name` (with `extra`) whose commands wait for each other and then
+    /// for the file `go` (see `rendezvous`; `a` and `b` are their marks): returns once
+    /// both commands run.
+    fn spawn_rendezvous(&self, extra: &[&str], name: &str, [a, b, go]: [&Path; 3]) -> [Running; 2] {
+        let ra = self.spawn_run(extra, name, &rendezvous(a, b, go));
+        let rb = self.spawn_run(extra, name, &rendezvous(b, a, go));
+        assert!(soon(|| a.exists() && b.exists()), "both commands started");
+        [ra, rb]
+    }
+}
+
+impl Drop for Case {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Polls `f` for up to 10 s.
+fn soon(f: impl FnMut() -> bool) -> bool {
+    wait_until(Duration::from_secs(10), f)
+}
+
+/// True once `name` is held on `server` (within 10 s).
+fn held_soon(server: &Server, name: &str) -> bool {
+    soon(|| !is_free(&mut server.conn(), name))
+}
+
+/// True once one client waits for a lock on `server` (within 10 s).
+fn one_waiter_soon(server: &Server) -> bool {
+    soon(|| {
+        server
+            .info_field("lock", "lock_waiters")
+            .is_some_and(|n| n == "1")
+    })
+}
+
 #[test]
 fn two_concurrent_runs_one_runs_the_other_exits_75() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let dir = temp_dir();
-    let a_started = dir.join("a-started");
-    let b_ran = dir.join("b-ran");
-    let a = spawn(
-        &dir,
-        &refs(&run_args(
-            &server.url(),
-            &["--ttl", "2s"],
-            "daily-report",
-            &format!("touch {}; sleep 2", a_started.display()),
-        )),
-    );
-    assert!(wait_until(Duration::from_secs(10), || a_started.exists()));
-    let b = cli(
-        &dir,
-        &refs(&run_args(
-            &server.url(),
-            &[],
-            "daily-report",
-            &format!("touch {}", b_ran.display()),
-        )),
-    );
+    let case = Case::start();
+    let server = &case.server;
+    let b_ran = case.dir.join("b-ran");
+    let a = case.spawn_started(&["--ttl", "2s"], "daily-report", "", "sleep 2");
+    let b = case.run(&[], "daily-report", &touch(&b_ran));
     assert_eq!(b.code, Some(75), "the second run finds the lock busy");
     assert!(!b_ran.exists(), "the second command must not run");
     assert!(b.took < ms(2_000));
     // The first run finishes normally and releases.
-    let a = a.finish(Duration::from_secs(20));
+    let a = a.done();
     assert_eq!(a.code, Some(0));
     assert!(is_free(&mut server.conn(), "daily-report"));
     // --wait: a run that waits for the holder runs after it.
-    let holder = spawn(
-        &dir,
-        &refs(&run_args(&server.url(), &[], "job2", "sleep 1")),
-    );
-    assert!(wait_until(Duration::from_secs(10), || !is_free(
-        &mut server.conn(),
-        "job2"
-    )));
-    let waiter = cli(
-        &dir,
-        &refs(&run_args(
-            &server.url(),
-            &["--wait", "10s"],
-            "job2",
-            &format!("touch {}", b_ran.display()),
-        )),
-    );
+    let holder = case.spawn_run(&[], "job2", "sleep 1");
+    assert!(held_soon(server, "job2"));
+    let waiter = case.run(&["--wait", "10s"], "job2", &touch(&b_ran));
     assert_eq!(waiter.code, Some(0));
     assert!(b_ran.exists());
-    assert_eq!(holder.finish(Duration::from_secs(20)).code, Some(0));
-    let _ = fs::remove_dir_all(&dir);
+    assert_eq!(holder.done().code, Some(0));
 }
 
 #[test]
 fn exit_code_passthrough_and_environment() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let url = server.url();
-    let dir = temp_dir();
-    let code = |script: &str| cli(&dir, &refs(&run_args(&url, &[], "job", script))).code;
+    let case = Case::start();
+    let (server, url, dir) = (&case.server, case.url.as_str(), case.dir.as_path());
+    let code = |script: &str| case.run(&[], "job", script).code;
     assert_eq!(code("exit 0"), Some(0));
     assert_eq!(code("exit 7"), Some(7));
     assert_eq!(code("exit 75"), Some(75));
@@ -190,10 +267,7 @@ fn exit_code_passthrough_and_environment() {
         Some(128 + 9),
         "death by signal N: 128+N"
     );
-    let missing = cli(
-        &dir,
-        &["run", "--url", &url, "job", "--", "/nonexistent/cmd"],
-    );
+    let missing = case.cli(&["run", "--url", url, "job", "--", "/nonexistent/cmd"]);
     assert_eq!(missing.code, Some(127));
     assert!(
         is_free(&mut server.conn(), "job"),
@@ -201,20 +275,15 @@ fn exit_code_passthrough_and_environment() {
     );
 
     // CMD sees the fence and the token; the lock is held while it runs.
+    let cron_job = |script: &str| {
+        let d = case.run(&["--owner", "cron@host-1"], "job", script);
+        assert_eq!(d.code, Some(0));
+    };
     let env_out = dir.join("env");
-    let d = cli(
-        &dir,
-        &refs(&run_args(
-            &url,
-            &["--owner", "cron@host-1"],
-            "job",
-            &format!(
-                "echo \"$REDIS_LOCK_NAME $REDIS_LOCK_FENCE $REDIS_LOCK_TOKEN\" > {}",
-                env_out.display()
-            ),
-        )),
-    );
-    assert_eq!(d.code, Some(0));
+    cron_job(&format!(
+        "echo \"$REDIS_LOCK_NAME $REDIS_LOCK_FENCE $REDIS_LOCK_TOKEN\" > {}",
+        env_out.display()
+    ));
     let line = fs::read_to_string(&env_out).unwrap();
     let parts: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(parts.len(), 3, "{line:?}");
@@ -223,56 +292,32 @@ fn exit_code_passthrough_and_environment() {
     assert_eq!(parts[2].len(), 36);
 
     let info_out = dir.join("info");
-    let d = cli(
-        &dir,
-        &refs(&run_args(
-            &url,
-            &["--owner", "cron@host-1"],
-            "job",
-            &format!(
-                "{BIN} info --url {url} job > {}; echo $REDIS_LOCK_FENCE >> {}",
-                info_out.display(),
-                info_out.display()
-            ),
-        )),
-    );
-    assert_eq!(d.code, Some(0));
+    cron_job(&format!(
+        "{BIN} info --url {url} job > {}; echo $REDIS_LOCK_FENCE >> {}",
+        info_out.display(),
+        info_out.display()
+    ));
     let info = fs::read_to_string(&info_out).unwrap();
     assert!(info.contains("owner: cron@host-1"), "{info}");
     let fence = info.lines().last().unwrap();
     assert!(info.contains(&format!("fence: {fence}")), "{info}");
-    let _ = fs::remove_dir_all(&dir);
 }
 
-/// A command that records SIGTERM in `marker` and exits 0 on it.
-fn term_recorder(started: &Path, marker: &Path) -> String {
-    format!(
-        "trap 'echo term > {m}; exit 0' TERM; touch {s}; sleep 30 & wait",
-        m = marker.display(),
-        s = started.display()
-    )
+/// Runs `redis-lock run` with a command that records SIGTERM in `marker` and exits 0 on
+/// it (and otherwise sleeps 30 s); returns once the command runs.
+fn spawn_term_recorder(case: &Case, extra: &[&str], name: &str, marker: &Path) -> Running {
+    let trap = format!("trap 'echo term > {}; exit 0' TERM; ", marker.display());
+    case.spawn_started(extra, name, &trap, "sleep 30 & wait")
 }
 
 #[test]
 fn lost_lease_sends_sigterm_and_exits_79() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let dir = temp_dir();
-    let started = dir.join("started");
-    let marker = dir.join("term");
-    let run = spawn(
-        &dir,
-        &refs(&run_args(
-            &server.url(),
-            &["--ttl", "600ms"],
-            "lease",
-            &term_recorder(&started, &marker),
-        )),
-    );
-    assert!(wait_until(Duration::from_secs(10), || started.exists()));
+    let case = Case::start();
+    let marker = case.dir.join("term");
+    let run = spawn_term_recorder(&case, &["--ttl", "600ms"], "lease", &marker);
     // Held and renewed past its TTL...
     std::thread::sleep(ms(1_000));
-    let mut c = server.conn();
+    let mut c = case.server.conn();
     assert!(held_fence(&mut c, "lease").is_some());
     // ...until an administrator takes it away: the next renewal gets 0.
     let t = Instant::now();
@@ -281,38 +326,29 @@ fn lost_lease_sends_sigterm_and_exits_79() {
         .query(&mut c)
         .unwrap();
     assert_eq!(n, 1);
-    let d = run.finish(Duration::from_secs(20));
+    let d = run.done();
     assert_eq!(d.code, Some(79));
     assert!(t.elapsed() < ms(2_000), "took {:?}", t.elapsed());
     assert_eq!(fs::read_to_string(&marker).unwrap().trim(), "term");
     assert!(d.stderr.contains("lost"), "{}", d.stderr);
-    let _ = fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn server_death_kills_a_command_that_ignores_sigterm_after_the_grace() {
-    setup();
-    let mut server = ServerBuilder::new().start();
-    let dir = temp_dir();
-    let started = dir.join("started");
-    let run = spawn(
-        &dir,
-        &refs(&run_args(
-            &server.url(),
-            &["--ttl", "900ms", "--grace", "500ms"],
-            "lease",
-            &format!("trap '' TERM; touch {}; sleep 30", started.display()),
-        )),
+    let mut case = Case::start();
+    let run = case.spawn_started(
+        &["--ttl", "900ms", "--grace", "500ms"],
+        "lease",
+        "trap '' TERM; ",
+        "sleep 30",
     );
-    assert!(wait_until(Duration::from_secs(10), || started.exists()));
     let t = Instant::now();
-    server.kill9();
-    let d = run.finish(Duration::from_secs(20));
+    case.server.kill9();
+    let d = run.done();
     assert_eq!(d.code, Some(79));
     // Within the lease (900 ms) plus the grace (500 ms) plus slack.
     assert!(t.elapsed() < ms(3_000), "took {:?}", t.elapsed());
     assert!(d.stderr.contains("SIGKILL"), "{}", d.stderr);
-    let _ = fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -340,17 +376,13 @@ fn nodes_with_three_of_five_down_exit_75() {
         ))),
     );
     assert_eq!(d.code, Some(3));
-    assert!(fs::read_to_string(&fence_file)
-        .unwrap()
-        .trim()
-        .parse::<u64>()
-        .is_ok());
+    assert!(holds_a_fence(&fence_file));
     for x in &s[2..] {
         assert!(is_free(&mut x.conn(), "nightly"));
     }
     // Three down: no majority, exit 75, CMD never runs, nothing left on the live nodes.
     s[2].kill9();
-    let d = cli(&dir, &refs(&args(&format!("touch {}", ran.display()))));
+    let d = cli(&dir, &refs(&args(&touch(&ran))));
     assert_eq!(d.code, Some(75));
     assert!(!ran.exists());
     for x in &s[3..] {
@@ -365,16 +397,9 @@ fn nodes_with_three_of_five_down_exit_75() {
 
 #[test]
 fn acquire_extend_info_release_subcommands() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let url = server.url();
-    let dir = temp_dir();
-    let d = cli(
-        &dir,
-        &[
-            "acquire", "--url", &url, "--ttl", "5s", "--owner", "me", "k",
-        ],
-    );
+    let case = Case::start();
+    let (server, url) = (&case.server, case.url.as_str());
+    let d = case.cli(&["acquire", "--url", url, "--ttl", "5s", "--owner", "me", "k"]);
     assert_eq!(d.code, Some(0));
     let token = d
         .stdout
@@ -397,168 +422,129 @@ fn acquire_extend_info_release_subcommands() {
         "acquire leaves it held"
     );
 
-    assert_eq!(cli(&dir, &["acquire", "--url", &url, "k"]).code, Some(75));
+    assert_eq!(case.cli(&["acquire", "--url", url, "k"]).code, Some(75));
     let t = Instant::now();
     assert_eq!(
-        cli(&dir, &["acquire", "--url", &url, "--wait", "300ms", "k"]).code,
+        case.cli(&["acquire", "--url", url, "--wait", "300ms", "k"])
+            .code,
         Some(75)
     );
     assert!(t.elapsed() >= ms(300));
 
-    let info = cli(&dir, &["info", "--url", &url, "k"]);
+    let info = case.cli(&["info", "--url", url, "k"]);
     assert_eq!(info.code, Some(0));
     assert!(info.stdout.contains(&format!("fence: {fence}")));
     assert!(info.stdout.contains("owner: me"));
 
     assert_eq!(
-        cli(
-            &dir,
-            &["extend", "--url", &url, "--ttl", "60s", "k", &token]
-        )
-        .code,
+        case.cli(&["extend", "--url", url, "--ttl", "60s", "k", &token])
+            .code,
         Some(0)
     );
     let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
     assert!(pttl > 50_000, "extended: {pttl}");
     assert_eq!(
-        cli(&dir, &["extend", "--url", &url, "k", "wrong-token"]).code,
+        case.cli(&["extend", "--url", url, "k", "wrong-token"]).code,
         Some(1)
     );
     assert_eq!(
-        cli(&dir, &["release", "--url", &url, "k", "wrong"]).code,
+        case.cli(&["release", "--url", url, "k", "wrong"]).code,
         Some(1)
     );
     assert_eq!(
-        cli(&dir, &["release", "--url", &url, "k", &token]).code,
+        case.cli(&["release", "--url", url, "k", &token]).code,
         Some(0)
     );
     assert_eq!(
-        cli(&dir, &["release", "--url", &url, "k", &token]).code,
+        case.cli(&["release", "--url", url, "k", &token]).code,
         Some(1)
     );
-    let info = cli(&dir, &["info", "--url", &url, "k"]);
+    let info = case.cli(&["info", "--url", url, "k"]);
     assert_eq!(info.code, Some(1));
     assert_eq!(info.stdout.trim(), "free");
 
     // Usage errors and an unreachable server.
-    assert_eq!(cli(&dir, &["run", "k"]).code, Some(64));
-    assert_eq!(cli(&dir, &["bogus"]).code, Some(64));
+    assert_eq!(case.cli(&["run", "k"]).code, Some(64));
+    assert_eq!(case.cli(&["bogus"]).code, Some(64));
     let dead = format!("redis://127.0.0.1:{}", common::free_port());
-    let d = cli(&dir, &["run", "--url", &dead, "k", "--", "true"]);
+    let d = case.cli(&["run", "--url", &dead, "k", "--", "true"]);
     assert_eq!(d.code, Some(69));
-    let _ = fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn flock_forms_options_anywhere_and_exit_code_choices() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let url = server.url();
-    let dir = temp_dir();
+    let case = Case::start();
+    let (server, url, dir) = (&case.server, case.url.as_str(), case.dir.as_path());
     let out = dir.join("out");
     // Options after NAME, a -c shell command, durations with units.
-    let d = cli(
-        &dir,
-        &[
-            "run",
-            "job",
-            "--ttl",
-            "5s",
-            "--url",
-            &url,
-            "-c",
-            &format!("echo \"$REDIS_LOCK_FENCE\" > {}; exit 4", out.display()),
-        ],
-    );
+    let d = case.cli(&[
+        "run",
+        "job",
+        "--ttl",
+        "5s",
+        "--url",
+        url,
+        "-c",
+        &format!("echo \"$REDIS_LOCK_FENCE\" > {}; exit 4", out.display()),
+    ]);
     assert_eq!(d.code, Some(4));
-    assert!(fs::read_to_string(&out)
-        .unwrap()
-        .trim()
-        .parse::<u64>()
-        .is_ok());
+    assert!(holds_a_fence(&out));
     // `run NAME --ttl ... -- CMD` and -n: busy at once, with the code chosen by -E.
-    let holder = spawn(
-        &dir,
-        &[
-            "run", "job", "--ttl", "5s", "--url", &url, "--", "sleep", "2",
-        ],
-    );
-    assert!(wait_until(Duration::from_secs(10), || !is_free(
-        &mut server.conn(),
-        "job"
-    )));
-    let d = cli(
-        &dir,
-        &["run", "-n", "job", "--url", &url, "-E", "3", "--", "true"],
-    );
+    let holder = case.spawn(&[
+        "run", "job", "--ttl", "5s", "--url", url, "--", "sleep", "2",
+    ]);
+    assert!(held_soon(server, "job"));
+    let d = case.cli(&["run", "-n", "job", "--url", url, "-E", "3", "--", "true"]);
     assert_eq!(d.code, Some(3));
     assert!(d.took < ms(1_500));
     // -w with a unit: waits for the holder (FIFO), then runs.
-    let d = cli(
-        &dir,
-        &["run", "job", "-w", "10s", "--url", &url, "--", "true"],
-    );
+    let d = case.cli(&["run", "job", "-w", "10s", "--url", url, "--", "true"]);
     assert_eq!(d.code, Some(0));
     assert!(d.took >= ms(500), "waited for the holder: {:?}", d.took);
-    assert_eq!(holder.finish(Duration::from_secs(20)).code, Some(0));
+    assert_eq!(holder.done().code, Some(0));
     // -w with a bare number means seconds: 0.3 s here.
-    let holder = spawn(&dir, &["run", "job", "--url", &url, "--", "sleep", "2"]);
-    assert!(wait_until(Duration::from_secs(10), || !is_free(
-        &mut server.conn(),
-        "job"
-    )));
-    let d = cli(&dir, &["acquire", "job", "-w", "0.3", "--url", &url]);
+    let holder = case.spawn(&["run", "job", "--url", url, "--", "sleep", "2"]);
+    assert!(held_soon(server, "job"));
+    let d = case.cli(&["acquire", "job", "-w", "0.3", "--url", url]);
     assert_eq!(d.code, Some(75));
     assert!(d.took >= ms(300) && d.took < ms(1_800), "{:?}", d.took);
-    assert_eq!(holder.finish(Duration::from_secs(20)).code, Some(0));
+    assert_eq!(holder.done().code, Some(0));
     // --lost-exit-code keeps the old 76 for scripts that test for it.
-    let started = dir.join("started");
-    let run = spawn(
-        &dir,
-        &refs(&run_args(
-            &url,
-            &["--ttl", "600ms", "--lost-exit-code", "76"],
-            "lease",
-            &term_recorder(&started, &dir.join("term")),
-        )),
-    );
-    assert!(wait_until(Duration::from_secs(10), || started.exists()));
+    let extra = ["--ttl", "600ms", "--lost-exit-code", "76"];
+    let run = spawn_term_recorder(&case, &extra, "lease", &dir.join("term"));
     let _: i64 = redis::cmd("LOCK.FORCERELEASE")
         .arg("lease")
         .query(&mut server.conn())
         .unwrap();
-    assert_eq!(run.finish(Duration::from_secs(20)).code, Some(76));
+    assert_eq!(run.done().code, Some(76));
     // Usage errors exit 64; help exits 0 and is per subcommand.
     assert_eq!(
-        cli(&dir, &["run", "-n", "-w", "1s", "job", "true"]).code,
+        case.cli(&["run", "-n", "-w", "1s", "job", "true"]).code,
         Some(64)
     );
     assert_eq!(
-        cli(&dir, &["run", "--ttl", "10 parsecs", "job", "true"]).code,
+        case.cli(&["run", "--ttl", "10 parsecs", "job", "true"])
+            .code,
         Some(64)
     );
-    let help = cli(&dir, &["run", "--help"]);
+    let help = case.cli(&["run", "--help"]);
     assert_eq!(help.code, Some(0));
     assert!(help.stdout.contains("--max-hold") && help.stdout.contains("--nonblock"));
-    let help = cli(&dir, &["--help"]);
+    let help = case.cli(&["--help"]);
     assert!(help.stdout.contains("79") && help.stdout.contains("REDIS_URL"));
-    let comp = cli(&dir, &["completions", "bash"]);
+    let comp = case.cli(&["completions", "bash"]);
     assert_eq!(comp.code, Some(0));
     assert!(comp.stdout.contains("redis-lock") && comp.stdout.contains("--nonblock"));
-    let _ = fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn json_output_redis_url_and_password_from_the_environment() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let url = server.url();
-    let dir = temp_dir();
+    let case = Case::start();
+    let (server, url) = (&case.server, case.url.as_str());
     // REDIS_URL when there is no --url (and no REDIS_LOCK_URL).
-    let d = cli_env(
-        &dir,
+    let d = case.cli_env(
         &["acquire", "--json", "--owner", "me", "k"],
-        &[("REDIS_URL", &url)],
+        &[("REDIS_URL", url)],
     );
     assert_eq!(d.code, Some(0), "{}", d.stderr);
     let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
@@ -569,7 +555,7 @@ fn json_output_redis_url_and_password_from_the_environment() {
     );
     let token = v["token"].as_str().unwrap().to_string();
     assert_eq!(v["name"], "k");
-    let d = cli(&dir, &["info", "k", "--json", "--url", &url]);
+    let d = case.cli(&["info", "k", "--json", "--url", url]);
     assert_eq!(d.code, Some(0));
     let info: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
     assert_eq!(info["held"], true);
@@ -577,15 +563,14 @@ fn json_output_redis_url_and_password_from_the_environment() {
     assert_eq!(info["owner"], "me");
     assert!(info["ttl"].as_i64().unwrap() > 0);
     assert_eq!(
-        cli_env(
-            &dir,
+        case.cli_env(
             &["release", "k"],
-            &[("REDIS_URL", &url), ("REDIS_LOCK_TOKEN", &token)]
+            &[("REDIS_URL", url), ("REDIS_LOCK_TOKEN", &token)]
         )
         .code,
         Some(0)
     );
-    let d = cli(&dir, &["info", "k", "--json", "--url", &url]);
+    let d = case.cli(&["info", "k", "--json", "--url", url]);
     assert_eq!(d.code, Some(1));
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(d.stdout.trim()).unwrap()["held"],
@@ -602,27 +587,26 @@ fn json_output_redis_url_and_password_from_the_environment() {
         .arg(&["SET", "requirepass", "s3cret"])
         .query(&mut c)
         .unwrap();
-    let run = ["run", "--url", url.as_str(), "pw", "--", "true"];
-    assert_eq!(cli(&dir, &run).code, Some(69), "no password: refused");
+    let run = ["run", "--url", url, "pw", "--", "true"];
+    assert_eq!(case.cli(&run).code, Some(69), "no password: refused");
     assert_eq!(
-        cli_env(&dir, &run, &[("REDIS_LOCK_PASSWORD", "s3cret")]).code,
+        case.cli_env(&run, &[("REDIS_LOCK_PASSWORD", "s3cret")])
+            .code,
         Some(0)
     );
     assert_eq!(
-        cli_env(&dir, &run, &[("REDISCLI_AUTH", "s3cret")]).code,
+        case.cli_env(&run, &[("REDISCLI_AUTH", "s3cret")]).code,
         Some(0)
     );
     assert_eq!(
-        cli_env(&dir, &run, &[("REDIS_LOCK_PASSWORD", "wrong")]).code,
+        case.cli_env(&run, &[("REDIS_LOCK_PASSWORD", "wrong")]).code,
         Some(69)
     );
-    let d = cli_env(
-        &dir,
-        &["run", "--user", "locker", "--url", &url, "pw", "--", "true"],
+    let d = case.cli_env(
+        &["run", "--user", "locker", "--url", url, "pw", "--", "true"],
         &[("REDIS_LOCK_PASSWORD", "user-secret")],
     );
     assert_eq!(d.code, Some(0), "{}", d.stderr);
-    let _ = fs::remove_dir_all(&dir);
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
@@ -803,31 +787,14 @@ fn fences_in(v: &redis::Value, out: &mut Vec<u64>) {
 
 #[test]
 fn shared_runs_run_together_and_an_exclusive_run_waits_for_all_of_them() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let url = server.url();
-    let dir = temp_dir();
+    let case = Case::start();
+    let (server, url, dir) = (&case.server, case.url.as_str(), case.dir.as_path());
     let (a, b, go) = (dir.join("a"), dir.join("b"), dir.join("go"));
-    let reader = |me: &Path, other: &Path| {
-        spawn(
-            &dir,
-            &refs(&run_args(
-                &url,
-                &["--shared", "--owner", "reader", "--ttl", "3s"],
-                "catalog",
-                &rendezvous(me, other, &go),
-            )),
-        )
-    };
-    let ra = reader(&a, &b);
-    let rb = reader(&b, &a);
-    assert!(
-        wait_until(Duration::from_secs(10), || a.exists() && b.exists()),
-        "both shared commands started"
-    );
+    let readers = ["--shared", "--owner", "reader", "--ttl", "3s"];
+    let [ra, rb] = case.spawn_rendezvous(&readers, "catalog", [&a, &b, &go]);
 
     // info: the mode, both holders, and the holder list (text and JSON).
-    let d = cli(&dir, &["info", "--url", &url, "catalog"]);
+    let d = case.cli(&["info", "--url", url, "catalog"]);
     assert_eq!(d.code, Some(0));
     for line in ["mode: shared", "holders: 2", "waiters: 0", "holder-list:"] {
         assert!(
@@ -848,7 +815,7 @@ fn shared_runs_run_together_and_an_exclusive_run_waits_for_all_of_them() {
         "{}",
         d.stdout
     );
-    let d = cli(&dir, &["info", "--url", &url, "catalog", "--json"]);
+    let d = case.cli(&["info", "--url", url, "catalog", "--json"]);
     let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
     assert_eq!(
         (v["mode"].as_str(), v["holders"].as_i64()),
@@ -876,31 +843,20 @@ fn shared_runs_run_together_and_an_exclusive_run_waits_for_all_of_them() {
 
     // An exclusive run without --wait is busy; with --wait it queues behind the readers,
     // and a reader that comes after it is busy (no barging past a queued writer).
-    let busy = cli(&dir, &refs(&run_args(&url, &[], "catalog", "exit 0")));
+    let busy = case.run(&[], "catalog", "exit 0");
     assert_eq!(busy.code, Some(75), "{}", busy.stderr);
-    let writer = spawn(
-        &dir,
-        &refs(&run_args(
-            &url,
-            &["-w", "20s"],
-            "catalog",
-            &format!(
-                "[ -e {a}.end ] && [ -e {b}.end ] || exit 9; touch {w}",
-                a = a.display(),
-                b = b.display(),
-                w = dir.join("w").display()
-            ),
-        )),
+    let writer = case.spawn_run(
+        &["-w", "20s"],
+        "catalog",
+        &format!(
+            "[ -e {a}.end ] && [ -e {b}.end ] || exit 9; touch {w}",
+            a = a.display(),
+            b = b.display(),
+            w = dir.join("w").display()
+        ),
     );
-    assert!(wait_until(Duration::from_secs(10), || {
-        server
-            .info_field("lock", "lock_waiters")
-            .is_some_and(|n| n == "1")
-    }));
-    let late = cli(
-        &dir,
-        &refs(&run_args(&url, &["--shared"], "catalog", "exit 0")),
-    );
+    assert!(one_waiter_soon(server));
+    let late = case.run(&["--shared"], "catalog", "exit 0");
     assert_eq!(late.code, Some(75), "a reader behind a queued writer waits");
     assert!(
         late.stderr
@@ -911,80 +867,43 @@ fn shared_runs_run_together_and_an_exclusive_run_waits_for_all_of_them() {
     assert!(!dir.join("w").exists());
 
     fs::write(&go, "").unwrap();
-    assert_eq!(ra.finish(Duration::from_secs(20)).code, Some(0));
-    assert_eq!(rb.finish(Duration::from_secs(20)).code, Some(0));
-    let w = writer.finish(Duration::from_secs(20));
+    assert_eq!(ra.done().code, Some(0));
+    assert_eq!(rb.done().code, Some(0));
+    let w = writer.done();
     assert_eq!(w.code, Some(0), "the writer ran after both readers ended");
     assert!(dir.join("w").exists());
     assert!(is_free(&mut c, "catalog"));
-    let _ = fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn limit_runs_n_at_once_the_next_is_busy_or_waits() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let url = server.url();
-    let dir = temp_dir();
+    let case = Case::start();
+    let (server, url, dir) = (&case.server, case.url.as_str(), case.dir.as_path());
     let (p1, p2, go) = (dir.join("p1"), dir.join("p2"), dir.join("go"));
-    let permit = |me: &Path, other: &Path| {
-        spawn(
-            &dir,
-            &refs(&run_args(
-                &url,
-                &["--limit", "2", "--ttl", "3s"],
-                "exports",
-                &rendezvous(me, other, &go),
-            )),
-        )
-    };
-    let h1 = permit(&p1, &p2);
-    let h2 = permit(&p2, &p1);
-    assert!(wait_until(Duration::from_secs(10), || p1.exists() && p2.exists()));
+    let permits = ["--limit", "2", "--ttl", "3s"];
+    let [h1, h2] = case.spawn_rendezvous(&permits, "exports", [&p1, &p2, &go]);
 
     // The third: busy (75) without running, and busy after a short --wait.
     let third = dir.join("third");
-    let touch_third = format!("touch {}", third.display());
-    let d = cli(
-        &dir,
-        &refs(&run_args(&url, &["--limit", "2"], "exports", &touch_third)),
-    );
+    let touch_third = touch(&third);
+    let d = case.run(&["--limit", "2"], "exports", &touch_third);
     assert_eq!(d.code, Some(75));
     assert!(d.stderr.contains("all 2 permits are taken"), "{}", d.stderr);
-    let d = cli(
-        &dir,
-        &refs(&run_args(
-            &url,
-            &["--limit", "2", "-w", "300ms"],
-            "exports",
-            &touch_third,
-        )),
-    );
+    let d = case.run(&["--limit", "2", "-w", "300ms"], "exports", &touch_third);
     assert_eq!(d.code, Some(75));
     assert!(d.took >= ms(300));
     assert!(!third.exists());
 
     // Another limit, or another mode, is an error reply (69), not a wait.
-    let d = cli(
-        &dir,
-        &refs(&run_args(
-            &url,
-            &["--limit", "3", "-w", "10s"],
-            "exports",
-            &touch_third,
-        )),
-    );
+    let d = case.run(&["--limit", "3", "-w", "10s"], "exports", &touch_third);
     assert_eq!(d.code, Some(69));
     assert!(d.stderr.contains("LIMITMISMATCH"), "{}", d.stderr);
     assert!(d.took < ms(5_000));
-    let d = cli(
-        &dir,
-        &refs(&run_args(&url, &["--shared"], "exports", &touch_third)),
-    );
+    let d = case.run(&["--shared"], "exports", &touch_third);
     assert_eq!(d.code, Some(69));
     assert!(d.stderr.contains("WRONGMODE"), "{}", d.stderr);
 
-    let d = cli(&dir, &["info", "--url", &url, "exports"]);
+    let d = case.cli(&["info", "--url", url, "exports"]);
     for line in ["mode: counted", "limit: 2", "holders: 2"] {
         assert!(
             d.stdout.lines().any(|l| l == line),
@@ -994,25 +913,13 @@ fn limit_runs_n_at_once_the_next_is_busy_or_waits() {
     }
 
     // With --wait the third gets the first permit given back.
-    let waiter = spawn(
-        &dir,
-        &refs(&run_args(
-            &url,
-            &["--limit", "2", "-w", "20s"],
-            "exports",
-            &touch_third,
-        )),
-    );
-    assert!(wait_until(Duration::from_secs(10), || {
-        server
-            .info_field("lock", "lock_waiters")
-            .is_some_and(|n| n == "1")
-    }));
+    let waiter = case.spawn_run(&["--limit", "2", "-w", "20s"], "exports", &touch_third);
+    assert!(one_waiter_soon(server));
     assert!(!third.exists());
     fs::write(&go, "").unwrap();
-    assert_eq!(h1.finish(Duration::from_secs(20)).code, Some(0));
-    assert_eq!(h2.finish(Duration::from_secs(20)).code, Some(0));
-    assert_eq!(waiter.finish(Duration::from_secs(20)).code, Some(0));
+    assert_eq!(h1.done().code, Some(0));
+    assert_eq!(h2.done().code, Some(0));
+    assert_eq!(waiter.done().code, Some(0));
     assert!(third.exists());
     assert!(is_free(&mut server.conn(), "exports"));
 
@@ -1020,7 +927,7 @@ fn limit_runs_n_at_once_the_next_is_busy_or_waits() {
     let take = |extra: &[&str]| {
         let mut args = vec!["acquire", "--url", &url, "--json"];
         args.extend_from_slice(extra);
-        let d = cli(&dir, &args);
+        let d = case.cli(&args);
         assert_eq!(d.code, Some(0), "{}", d.stderr);
         let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
         v["token"].as_str().unwrap().to_string()
@@ -1028,42 +935,33 @@ fn limit_runs_n_at_once_the_next_is_busy_or_waits() {
     let t1 = take(&["--limit", "2", "sem"]);
     let t2 = take(&["--limit=2", "sem"]);
     assert_eq!(
-        cli(&dir, &["acquire", "--url", &url, "--limit", "2", "sem"]).code,
+        case.cli(&["acquire", "--url", url, "--limit", "2", "sem"])
+            .code,
         Some(75)
     );
     let t3 = take(&["-s", "rw"]);
     let t4 = take(&["--shared", "rw"]);
     let info: serde_json::Value = serde_json::from_str(
-        cli(&dir, &["info", "--url", &url, "rw", "--json"])
+        case.cli(&["info", "--url", url, "rw", "--json"])
             .stdout
             .trim(),
     )
     .unwrap();
     assert_eq!(info["holder-list"].as_array().unwrap().len(), 2);
     for (name, t) in [("sem", &t1), ("sem", &t2), ("rw", &t3), ("rw", &t4)] {
-        assert_eq!(
-            cli(&dir, &["release", "--url", &url, name, t]).code,
-            Some(0)
-        );
+        assert_eq!(case.cli(&["release", "--url", url, name, t]).code, Some(0));
     }
     assert_eq!(
-        cli(
-            &dir,
-            &["run", "--url", &url, "--shared", "--limit", "2", "x", "--", "true"]
-        )
-        .code,
+        case.cli(&["run", "--url", url, "--shared", "--limit", "2", "x", "--", "true"])
+            .code,
         Some(64)
     );
     let nodes = format!("{url},{url},{url}");
-    let d = cli(
-        &dir,
-        &["run", "--nodes", &nodes, "--limit", "2", "x", "--", "true"],
-    );
+    let d = case.cli(&["run", "--nodes", &nodes, "--limit", "2", "x", "--", "true"]);
     assert_eq!(d.code, Some(64));
     assert!(
         d.stderr.contains("--limit cannot be used with --nodes"),
         "{}",
         d.stderr
     );
-    let _ = fs::remove_dir_all(&dir);
 }

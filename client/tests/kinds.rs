@@ -6,17 +6,14 @@
 
 mod util;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use redis_lock_client::{
-    AcquireOptions, ClientOptions, Error, LockClient, LockMode, LossReason, Redlock, RedlockOptions,
+use redis_lock_client::{AcquireOptions, ClientOptions, Error, LockClient, LockMode, LossReason};
+use redis_lock_testkit::{wait_until, ServerBuilder};
+use util::{
+    client, granted, is_free, lift_fence_counter, lock_stat, lost_within, ms, probe_fence, redlock,
+    renewing, server_with_client, servers, setup, urls,
 };
-use redis_lock_testkit::{wait_until, Server, ServerBuilder};
-use util::{is_free, ms, setup};
-
-async fn client(url: &str) -> LockClient {
-    LockClient::connect(url).await.expect("connect")
-}
 
 fn opts(ttl_ms: u64) -> AcquireOptions {
     AcquireOptions::new(ms(ttl_ms))
@@ -61,6 +58,16 @@ fn raw_fences(c: &mut redis::Connection, key: &str) -> Vec<u64> {
     fences
 }
 
+/// The reason `lost` gives (within `limit`), and how long it took.
+async fn lost_after(
+    limit: Duration,
+    lost: impl std::future::Future<Output = Option<LossReason>>,
+) -> (LossReason, Duration) {
+    let t = Instant::now();
+    let reason = lost_within(limit, lost).await;
+    (reason, t.elapsed())
+}
+
 fn sorted(mut v: Vec<u64>) -> Vec<u64> {
     v.sort_unstable();
     v
@@ -68,10 +75,7 @@ fn sorted(mut v: Vec<u64>) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_guards_coexist_and_a_writer_waits_for_all() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let mut c = server.conn();
-    let a = client(&server.url()).await;
+    let (server, mut c, a) = server_with_client(ServerBuilder::new()).await;
     let b = client(&server.url()).await;
 
     let r1 = a
@@ -154,10 +158,7 @@ async fn shared_guards_coexist_and_a_writer_waits_for_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counted_guards_take_n_permits_and_the_next_waits_for_one() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let mut c = server.conn();
-    let locks = client(&server.url()).await;
+    let (_server, mut c, locks) = server_with_client(ServerBuilder::new()).await;
     let o = opts(10_000).limit(3);
     let mut held = Vec::new();
     for _ in 0..3 {
@@ -209,36 +210,18 @@ async fn counted_guards_take_n_permits_and_the_next_waits_for_one() {
 /// stays held well past its TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_one_holder_while_another_holders_lease_ends() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let mut c = server.conn();
-    let locks = client(&server.url()).await;
-    for (key, mode) in [
-        ("lock:renew-shared", LockMode::Shared),
-        ("lock:renew-counted", LockMode::Counted(2)),
-    ] {
-        let renewed = opts(300).mode(mode).auto_renew(Duration::from_secs(60));
-        let a = locks.acquire_with(key, &renewed).await.unwrap().unwrap();
-        let b = locks
-            .acquire_with(key, &opts(300).mode(mode))
-            .await
-            .unwrap()
-            .unwrap();
+    let (server, mut c, locks) = server_with_client(ServerBuilder::new()).await;
+    for mode in [LockMode::Shared, LockMode::Counted(2)] {
+        let key = &format!("lock:renew-{}", mode.name());
+        let a = granted(locks.acquire_with(key, &renewing(300).mode(mode))).await;
+        let b = granted(locks.acquire_with(key, &opts(300).mode(mode))).await;
         let (fa, fb) = (a.fence().unwrap(), b.fence().unwrap());
         assert_eq!(raw_fences(&mut c, key), vec![fa, fb]);
         let a_lost = a.lost();
         tokio::pin!(a_lost);
-        let t = Instant::now();
-        let reason = tokio::time::timeout(ms(2_000), b.lost())
-            .await
-            .expect("B's loss signal fires at its deadline")
-            .expect("lost, not released");
+        let (reason, took) = lost_after(ms(2_000), b.lost()).await;
         assert_eq!(reason, LossReason::Expired, "{mode}");
-        assert!(
-            t.elapsed() < ms(1_000),
-            "{mode}: fired at {:?}",
-            t.elapsed()
-        );
+        assert!(took < ms(1_000), "{mode}: fired at {took:?}");
         // 1.5 s = 5 TTLs: A is still a holder, B is gone on the server.
         let end = Instant::now() + ms(1_500);
         while Instant::now() < end {
@@ -256,11 +239,7 @@ async fn renewal_keeps_one_holder_while_another_holders_lease_ends() {
         assert!(!b.release().await.unwrap(), "B's lease had ended");
         assert!(is_free(&mut c, key));
     }
-    let expired: u64 = server
-        .info_field("lock", "lock_expired")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let expired = lock_stat(&server, "lock_expired");
     assert!(expired >= 2, "lock_expired {expired}");
 }
 
@@ -268,17 +247,14 @@ async fn renewal_keeps_one_holder_while_another_holders_lease_ends() {
 /// (`NotHeld`, at its next renewal); the other holder keeps renewing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loss_signal_when_forcerelease_removes_this_holder() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let mut c = server.conn();
-    let locks = client(&server.url()).await;
-    for (key, mode) in [
-        ("lock:fr-shared", LockMode::Shared),
-        ("lock:fr-counted", LockMode::Counted(5)),
-    ] {
-        let o = opts(600).mode(mode).auto_renew(Duration::from_secs(60));
-        let a = locks.acquire_with(key, &o).await.unwrap().unwrap();
-        let b = locks.acquire_with(key, &o).await.unwrap().unwrap();
+    let (_server, mut c, locks) = server_with_client(ServerBuilder::new()).await;
+    for mode in [LockMode::Shared, LockMode::Counted(5)] {
+        let key = &format!("lock:fr-{}", mode.name());
+        let o = renewing(600).mode(mode);
+        let (a, b) = (
+            granted(locks.acquire_with(key, &o)).await,
+            granted(locks.acquire_with(key, &o)).await,
+        );
         let (fa, fb) = (a.fence().unwrap(), b.fence().unwrap());
         let b_lost = b.lost();
         tokio::pin!(b_lost);
@@ -289,18 +265,10 @@ async fn loss_signal_when_forcerelease_removes_this_holder() {
             .query(&mut c)
             .unwrap();
         assert_eq!(removed, 1);
-        let t = Instant::now();
-        let reason = tokio::time::timeout(ms(1_500), a.lost())
-            .await
-            .expect("A's loss signal fires")
-            .expect("lost, not released");
+        let (reason, took) = lost_after(ms(1_500), a.lost()).await;
         assert_eq!(reason, LossReason::NotHeld, "{mode}");
         // Renewal every 200 ms: the next one is answered 0.
-        assert!(
-            t.elapsed() < ms(600),
-            "{mode}: fired after {:?}",
-            t.elapsed()
-        );
+        assert!(took < ms(600), "{mode}: fired after {took:?}");
         assert!(!a.is_held());
         // B is untouched and keeps renewing past its TTL.
         tokio::select! {
@@ -317,10 +285,7 @@ async fn loss_signal_when_forcerelease_removes_this_holder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrongmode_and_limitmismatch_are_errors_not_waits() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let mut c = server.conn();
-    let locks = client(&server.url()).await;
+    let (_server, mut c, locks) = server_with_client(ServerBuilder::new()).await;
     let sem = locks
         .acquire_with("lock:m", &opts(10_000).limit(2))
         .await
@@ -368,20 +333,12 @@ async fn wrongmode_and_limitmismatch_are_errors_not_waits() {
         );
     }
     // LIMIT on an exclusive key and on a shared key.
-    let x = locks
-        .acquire("lock:x", ms(10_000), None)
-        .await
-        .unwrap()
-        .unwrap();
+    let x = granted(locks.acquire("lock:x", ms(10_000), None)).await;
     assert_eq!(
         code(locks.acquire_with("lock:x", &opts(1_000).limit(2)).await).as_deref(),
         Some("WRONGMODE")
     );
-    let s = locks
-        .acquire_with("lock:s", &opts(10_000).shared())
-        .await
-        .unwrap()
-        .unwrap();
+    let s = granted(locks.acquire_with("lock:s", &opts(10_000).shared())).await;
     assert_eq!(
         code(locks.acquire_with("lock:s", &opts(1_000).limit(2)).await).as_deref(),
         Some("WRONGMODE")
@@ -400,10 +357,7 @@ async fn wrongmode_and_limitmismatch_are_errors_not_waits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_module_shared_and_counted_are_refused() {
-    setup();
-    let server = ServerBuilder::new().no_module().start();
-    let mut c = server.conn();
-    let locks = client(&server.url()).await;
+    let (_server, mut c, locks) = server_with_client(ServerBuilder::new().no_module()).await;
     for o in [
         opts(1_000).shared(),
         opts(1_000).limit(2),
@@ -485,59 +439,17 @@ async fn info_over_resp3_has_the_holders() {
     b.release().await.unwrap();
 }
 
-fn servers(n: usize) -> Vec<Server> {
-    (0..n).map(|_| ServerBuilder::new().start()).collect()
-}
-
-fn redlock(servers: &[Server]) -> Redlock {
-    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
-    Redlock::with_options(
-        &urls,
-        RedlockOptions {
-            node_timeout: Some(ms(300)),
-            ..RedlockOptions::default()
-        },
-    )
-    .unwrap()
-}
-
-/// A direct grant on `server`: its fence (to read the node's counter).
-fn probe_fence(server: &Server) -> u64 {
-    let mut c = server.conn();
-    let key = format!("probe:{}", uuid::Uuid::new_v4());
-    let v: (String, u64) = redis::cmd("LOCK.ACQUIRE")
-        .arg(&key)
-        .arg("PX")
-        .arg(1_000)
-        .query(&mut c)
-        .unwrap();
-    v.1
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_shared_works_with_quorum_fencing_and_limit_is_refused() {
     setup();
     let s = servers(3);
-    let rl = redlock(&s);
-    let rl2 = redlock(&s);
+    let rl = redlock(&urls(&s), ms(300));
+    let rl2 = redlock(&urls(&s), ms(300));
 
     // Node 0's counter just below what it accepts (an hour ahead of its clock), so the
     // others grant lower fences and round 2 (MINFENCE, renewing in SHARED mode) runs.
     tokio::time::sleep(ms(100)).await;
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let ahead = (now_ms + 3_600_000 - 50) << 10;
-    let lifted: redis::Value = redis::cmd("LOCK.ACQUIRE")
-        .arg("other")
-        .arg("PX")
-        .arg(1_000)
-        .arg("MINFENCE")
-        .arg(ahead)
-        .query(&mut s[0].conn())
-        .unwrap();
-    assert!(matches!(lifted, redis::Value::Array(_)), "{lifted:?}");
+    let ahead = lift_fence_counter(&s[0], 50);
     assert!(probe_fence(&s[1]) < ahead, "node 1 is behind node 0");
 
     let o = opts(600).shared().auto_renew(Duration::from_secs(60));

@@ -7,28 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use redis_lock_client::{AcquireOptions, Redlock, RedlockOptions};
+use redis_lock_client::{AcquireOptions, Redlock};
 use redis_lock_testkit::{wait_until, Server, ServerBuilder};
-use util::{granted, held_fence, is_free, ms, renewing, setup, Stopped};
-
-fn servers(n: usize) -> Vec<Server> {
-    (0..n).map(|_| ServerBuilder::new().start()).collect()
-}
-
-fn urls(servers: &[Server]) -> Vec<String> {
-    servers.iter().map(|s| s.url()).collect()
-}
-
-fn redlock(urls: &[String], node_timeout: Duration) -> Redlock {
-    Redlock::with_options(
-        urls,
-        RedlockOptions {
-            node_timeout: Some(node_timeout),
-            ..RedlockOptions::default()
-        },
-    )
-    .unwrap()
-}
+use util::{
+    granted, held_fence, is_free, lift_fence_counter, lost_within, ms, probe_fence, redlock,
+    renewing, servers, setup, urls, Stopped,
+};
 
 /// Five servers with the module and a Redlock over them (`node_timeout_ms` per node).
 fn five(node_timeout_ms: u64) -> (Vec<Server>, Redlock) {
@@ -163,27 +147,9 @@ async fn quorum_fences_strictly_increase() {
     // (`unix_ms << 10`). The others started earlier, and their fences start an hour
     // ahead of their start time, so they stay below node 0's for the next hour.
     tokio::time::sleep(ms(200)).await;
-    let mut c0 = s[0].conn();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let ahead = (now_ms + 3_600_000 - 100) << 10;
-    let _: redis::Value = redis::cmd("LOCK.ACQUIRE")
-        .arg("other")
-        .arg("PX")
-        .arg(1000)
-        .arg("MINFENCE")
-        .arg(ahead)
-        .query(&mut c0)
-        .unwrap();
+    let ahead = lift_fence_counter(&s[0], 100);
     for (i, node) in s.iter().enumerate().skip(1) {
-        let (_, f): (String, u64) = redis::cmd("LOCK.ACQUIRE")
-            .arg("probe")
-            .arg("PX")
-            .arg(1)
-            .query(&mut node.conn())
-            .unwrap();
+        let f = probe_fence(node);
         assert!(
             f < ahead,
             "node {i}'s counter {f} is not behind node 0's {ahead}"
@@ -235,10 +201,7 @@ async fn renewal_needs_a_majority() {
     let t = Instant::now();
     s[1].kill9();
     s[2].kill9();
-    let reason = tokio::time::timeout(ms(1_500), &mut lost)
-        .await
-        .expect("lost within the lease")
-        .expect("lost, not released");
+    let reason = lost_within(ms(1_500), &mut lost).await;
     eprintln!(
         "Redlock loss {:?} after the third node died: {reason}",
         t.elapsed()

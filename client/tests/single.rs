@@ -7,23 +7,19 @@ use std::time::{Duration, Instant};
 
 use redis_lock_client::{AcquireOptions, LeaseStatus, LockClient, LossReason, Renewal};
 use redis_lock_testkit::{wait_until, ServerBuilder};
-use util::{granted, held_fence, is_free, ms, renewing, setup, Stopped};
+use util::{
+    client, granted, held_fence, is_free, lock_stat, lost_within, ms, renewing, server_with_client,
+    setup, Stopped,
+};
 
 /// True when `c` is refused `key` (after waiting `wait`, if given).
 async fn busy(c: &LockClient, key: &str, ttl: Duration, wait: Option<Duration>) -> bool {
     c.acquire(key, ttl, wait).await.unwrap().is_none()
 }
 
-async fn client(url: &str) -> LockClient {
-    LockClient::connect(url).await.expect("connect")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_acquire_and_release() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let mut c = server.conn();
-    let a = client(&server.url()).await;
+    let (server, mut c, a) = server_with_client(ServerBuilder::new()).await;
     let b = client(&server.url()).await;
     assert!(!a.is_cluster());
 
@@ -118,11 +114,7 @@ async fn renewal_keeps_a_300ms_lease_for_5s_of_work_then_releases_within_1s() {
         checks += 1;
     }
     assert!(checks >= 30, "only {checks} checks in 5 s");
-    let renewed: u64 = server
-        .info_field("lock", "lock_extended")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let renewed = lock_stat(&server, "lock_extended");
     assert!(renewed >= 20, "{renewed} renewals in 5 s (expected ~50)");
 
     // The work ends: drop the guard; the lock must be free within 1 s.
@@ -148,10 +140,7 @@ async fn loss_signal_fires_when_the_server_is_killed() {
     assert!(g.is_held());
     let t = Instant::now();
     server.kill9();
-    let reason = tokio::time::timeout(ttl + ms(1_000), lost)
-        .await
-        .expect("the loss signal fires within the lease")
-        .expect("lost, not released");
+    let reason = lost_within(ttl + ms(1_000), lost).await;
     let after = t.elapsed();
     eprintln!("loss signal {after:?} after SIGKILL: {reason}");
     // The next renewal (every ~667 ms) meets a refused connection.
@@ -173,10 +162,7 @@ async fn loss_signal_fires_at_the_deadline_when_the_server_hangs_or_no_renewal()
     // No renewal: fires at the lease deadline (TTL - drift).
     let t = Instant::now();
     let g = granted(a.acquire("lock:plain", ms(500), None)).await;
-    let reason = tokio::time::timeout(ms(2_000), g.lost())
-        .await
-        .unwrap()
-        .unwrap();
+    let reason = lost_within(ms(2_000), g.lost()).await;
     assert_eq!(reason, LossReason::Expired);
     let after = t.elapsed();
     assert!(after >= ms(480) && after < ms(1_500), "fired at {after:?}");
@@ -186,10 +172,7 @@ async fn loss_signal_fires_at_the_deadline_when_the_server_hangs_or_no_renewal()
     let g = granted(a.acquire_with("lock:stop", &renewing(1_000))).await;
     let t = Instant::now();
     let stopped = Stopped::new(server.pid());
-    let reason = tokio::time::timeout(ttl + ms(1_000), g.lost())
-        .await
-        .expect("fires within the lease")
-        .unwrap();
+    let reason = lost_within(ttl + ms(1_000), g.lost()).await;
     let after = t.elapsed();
     drop(stopped);
     eprintln!("loss signal {after:?} after SIGSTOP: {reason}");
@@ -222,10 +205,7 @@ async fn renewal_cap_is_enforced() {
     }
     assert!(!is_free(&mut c, "lock:cap"), "renewal keeps it at 800 ms");
     // ...but not past the cap.
-    let reason = tokio::time::timeout(ms(2_000), &mut lost)
-        .await
-        .unwrap()
-        .unwrap();
+    let reason = lost_within(ms(2_000), &mut lost).await;
     let fired = t.elapsed();
     assert_eq!(reason, LossReason::CapReached);
     assert!(
@@ -278,10 +258,7 @@ async fn waiting_takes_the_lock_in_turn_with_a_higher_fence() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn falls_back_to_set_nx_and_lua_without_the_module() {
-    setup();
-    let server = ServerBuilder::new().no_module().start();
-    let mut c = server.conn();
-    let a = client(&server.url()).await;
+    let (server, mut c, a) = server_with_client(ServerBuilder::new().no_module()).await;
     let b = client(&server.url()).await;
     let g = granted(a.acquire_with("lock:plain", &renewing(300))).await;
     assert!(a.module_missing());

@@ -14,3 +14,388 @@ pub use redis_lock_testkit::{
     starts_with_error_code, temp_dir, unix_ms, wait_until, Cluster, Flavor, RawConn, Resp, Server,
     ServerBuilder, CLUSTER_TIMEOUT, IO_TIMEOUT, START_TIMEOUT,
 };
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How long a test waits for a queue count, a counter, a reply or a replica to show up.
+pub const SETTLE: Duration = Duration::from_secs(10);
+
+/// True when `needle` occurs in `hay`.
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Every file below `dir` (recursively) that contains `needle`; panics when `dir`
+/// cannot be read.
+pub fn files_with(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_with(&p, needle));
+        } else if std::fs::read(&p).is_ok_and(|b| contains(&b, needle)) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// `n` keys `{prefix}{i}` that expire in `ttl_ms` (Redis's own expiry samples them
+/// too: a lock among them is not found at once by sampling).
+pub fn volatile_keys(c: &mut redis::Connection, prefix: &str, n: usize, ttl_ms: u64) {
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        pipe.cmd("SET")
+            .arg(format!("{prefix}{i}"))
+            .arg("x")
+            .arg("PX")
+            .arg(ttl_ms)
+            .ignore();
+    }
+    let _: () = pipe.query(c).unwrap();
+}
+
+/// A fence 59 minutes ahead of the clock (MINFENCE may lead it by an hour).
+pub fn far_fence() -> u64 {
+    ((unix_ms() + 3_540_000) as u64) << redis_lock_testkit::lock::FENCE_SHIFT
+}
+
+/// A replica of `primary` started from `builder` (`replicaof` in its config), once its
+/// link is up and the first sync is done.
+pub fn start_replica_of(primary: &Server, builder: ServerBuilder) -> Server {
+    let replica = builder
+        .arg_multi("replicaof", &["127.0.0.1", &primary.port.to_string()])
+        .start();
+    replica
+        .wait_synced(SETTLE)
+        .unwrap_or_else(|e| panic!("{e}"));
+    replica
+}
+
+/// True when no background save or AOF rewrite runs or is scheduled on `s`.
+pub fn persistence_idle(s: &Server) -> bool {
+    [
+        "aof_rewrite_in_progress",
+        "aof_rewrite_scheduled",
+        "rdb_bgsave_in_progress",
+    ]
+    .iter()
+    .all(|f| s.info_field("persistence", f).as_deref() == Some("0"))
+}
+
+/// Waits up to `timeout` for [`persistence_idle`].
+pub fn wait_persistence_idle(s: &Server, timeout: Duration) {
+    assert!(
+        wait_until(timeout, || persistence_idle(s)),
+        "background save/rewrite did not finish\n{}",
+        s.log_tail()
+    );
+}
+
+/// A server with `LOCK.DEBUG` enabled.
+pub fn debug_server() -> ServerBuilder {
+    ServerBuilder::new().module_args(&["debug-commands", "yes"])
+}
+
+/// A primary that starts a replica's full sync at once (Redis 7.0 waits 5 s by default
+/// before a diskless sync).
+pub fn primary() -> ServerBuilder {
+    ServerBuilder::new().arg("repl-diskless-sync-delay", "0")
+}
+
+/// Lock commands over a `redis` crate connection (`redis::Value` replies).
+pub mod conn {
+    use super::*;
+    use redis::Value;
+
+    /// `LOCK.INFO` as field -> value.
+    pub type Info = BTreeMap<String, Value>;
+
+    /// A `redis` crate reply as the kit's [`Resp`] (the types a lock command answers
+    /// with; anything else becomes an `Error` naming it).
+    pub fn to_resp(v: &Value) -> Resp {
+        match v {
+            Value::Nil => Resp::Nil,
+            Value::Int(i) => Resp::Int(*i),
+            Value::BulkString(b) => Resp::Bulk(b.clone()),
+            Value::SimpleString(s) => Resp::Simple(s.clone()),
+            Value::Okay => Resp::Simple("OK".into()),
+            Value::Array(items) => Resp::Array(items.iter().map(to_resp).collect()),
+            other => Resp::Error(format!("not a lock reply: {other:?}")),
+        }
+    }
+
+    /// [`raw::grant`] of a `redis` crate reply.
+    pub fn grant(v: &Value) -> Option<(Vec<u8>, i64)> {
+        raw::grant(&to_resp(v))
+    }
+
+    /// `LOCK.ACQUIRE key args...`: `[token, fence]`, None when not granted.
+    pub fn acquire(
+        c: &mut impl redis::ConnectionLike,
+        key: &str,
+        args: &[&str],
+    ) -> Option<(Vec<u8>, i64)> {
+        let v: Value = redis::cmd("LOCK.ACQUIRE")
+            .arg(key)
+            .arg(args)
+            .query(c)
+            .unwrap();
+        grant(&v)
+    }
+
+    /// Runs the command `args` and returns its integer reply.
+    pub fn int(c: &mut impl redis::ConnectionLike, args: &[&str]) -> i64 {
+        redis::cmd(args[0]).arg(&args[1..]).query(c).unwrap()
+    }
+
+    /// `SET key value NX PX px`: a lock taken the classic way (asserted).
+    pub fn set_nx_px(c: &mut impl redis::ConnectionLike, key: &str, value: &str, px: u64) {
+        let ok: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(px)
+            .query(c)
+            .unwrap();
+        assert_eq!(ok.as_deref(), Some("OK"), "SET {key} NX PX {px}");
+    }
+
+    /// `LOCK.RELEASE key token`: 1 released, 0 not held by `token`.
+    pub fn release(c: &mut impl redis::ConnectionLike, key: &str, token: &[u8]) -> i64 {
+        redis::cmd("LOCK.RELEASE")
+            .arg(key)
+            .arg(token)
+            .query(c)
+            .unwrap()
+    }
+
+    /// `LOCK.INFO` as a field map (RESP2 flat array or RESP3 map), None when free.
+    pub fn lock_info(c: &mut impl redis::ConnectionLike, key: &str) -> Option<Info> {
+        let v: Value = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
+        let pairs: Vec<(Value, Value)> = match v {
+            Value::Nil => return None,
+            Value::Map(kv) => kv,
+            Value::Array(items) => {
+                assert!(items.len() % 2 == 0, "odd LOCK.INFO reply {items:?}");
+                let mut it = items.into_iter();
+                let mut out = Vec::new();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    out.push((k, v));
+                }
+                out
+            }
+            other => panic!("unexpected LOCK.INFO reply {other:?}"),
+        };
+        Some(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (redis::from_redis_value::<String>(&k).unwrap(), v))
+                .collect(),
+        )
+    }
+
+    /// An integer field of `LOCK.INFO`; panics when it is missing or not an integer.
+    pub fn int_field(info: &Info, f: &str) -> i64 {
+        match info.get(f) {
+            Some(Value::Int(i)) => *i,
+            other => panic!("LOCK.INFO {f} is {other:?}: {info:?}"),
+        }
+    }
+
+    /// A string field of `LOCK.INFO`, None when missing or nil.
+    pub fn bytes_field(info: &Info, f: &str) -> Option<Vec<u8>> {
+        match info.get(f) {
+            Some(Value::Nil) | None => None,
+            Some(v) => Some(redis::from_redis_value(v).unwrap()),
+        }
+    }
+
+    /// The fields that must survive a restart or reach a replica unchanged: everything
+    /// but the time left (`ttl`, also inside each holder of `holder-list`) and the
+    /// queue (per server).
+    pub fn durable(info: &Info) -> Info {
+        info.iter()
+            .filter(|(k, _)| k.as_str() != "ttl" && k.as_str() != "waiters")
+            .map(|(k, v)| (k.clone(), without_ttl(v)))
+            .collect()
+    }
+
+    /// A holder list with each holder's `ttl` pair left out.
+    fn without_ttl(v: &Value) -> Value {
+        match v {
+            Value::Array(holders) => Value::Array(
+                holders
+                    .iter()
+                    .map(|h| match h {
+                        Value::Array(kv) => Value::Array(
+                            kv.chunks(2)
+                                .filter(|p| p[0] != Value::BulkString(b"ttl".to_vec()))
+                                .flatten()
+                                .cloned()
+                                .collect(),
+                        ),
+                        other => other.clone(),
+                    })
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+
+    /// `LOCK.ACQUIRE key args... MINFENCE far`, `far` a [`far_fence`]: the grant and
+    /// `far`.
+    pub fn acquire_far(
+        c: &mut impl redis::ConnectionLike,
+        key: &str,
+        args: &[&str],
+    ) -> ((Vec<u8>, i64), u64) {
+        let far = far_fence();
+        let far_s = far.to_string();
+        let args = [args, &["MINFENCE", &far_s]].concat();
+        (acquire(c, key, &args).unwrap(), far)
+    }
+
+    /// A quorum client's two rounds on `key`: an acquisition with token `tq` (lease
+    /// `px` ms), then the idempotent renew with a MINFENCE floor far above the clock
+    /// term ([`far_fence`]), which must keep the token and the fence. The floor.
+    pub fn renew_with_floor(c: &mut impl redis::ConnectionLike, key: &str, px: &str) -> u64 {
+        let (t, f) = acquire(c, key, &["PX", px, "TOKEN", "tq"]).unwrap();
+        let floor = far_fence();
+        let renew = ["PX", px, "TOKEN", "tq", "MINFENCE", &floor.to_string()];
+        let (t2, f2) = acquire(c, key, &renew).unwrap();
+        assert_eq!(
+            (t, t2, f2),
+            (b"tq".to_vec(), b"tq".to_vec(), f),
+            "a renew keeps its fence"
+        );
+        floor
+    }
+
+    pub fn pexpiretime(c: &mut impl redis::ConnectionLike, key: &str) -> i64 {
+        redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap()
+    }
+
+    pub fn exists(c: &mut impl redis::ConnectionLike, key: &str) -> bool {
+        redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
+    }
+
+    pub fn key_type(c: &mut impl redis::ConnectionLike, key: &str) -> String {
+        redis::cmd("TYPE").arg(key).query(c).unwrap()
+    }
+
+    /// The fence counter a server has (`LOCK.DEBUG FENCE`; `debug-commands yes`): what
+    /// persistence or the replication stream brought back, which the start-up jump of
+    /// the next grant after a restart or a promotion would hide.
+    pub fn counter(c: &mut impl redis::ConnectionLike) -> i64 {
+        redis::cmd("LOCK.DEBUG").arg("FENCE").query(c).unwrap()
+    }
+}
+
+/// Lock commands over a [`RawConn`] (`Resp` replies).
+pub mod raw {
+    use super::*;
+
+    /// `[token, fence]` of a LOCK.ACQUIRE reply, None for nil; panics on anything else.
+    pub fn grant(r: &Resp) -> Option<(Vec<u8>, i64)> {
+        match r {
+            Resp::Nil => None,
+            Resp::Array(items) => match items.as_slice() {
+                [Resp::Bulk(t), Resp::Int(f)] => Some((t.clone(), *f)),
+                _ => panic!("unexpected LOCK.ACQUIRE reply {r:?}"),
+            },
+            _ => panic!("unexpected LOCK.ACQUIRE reply {r:?}"),
+        }
+    }
+
+    /// The `LOCK.ACQUIRE key args...` command line.
+    pub fn acquire_cmd<'a>(key: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+        let mut argv = vec!["LOCK.ACQUIRE", key];
+        argv.extend_from_slice(args);
+        argv
+    }
+
+    /// The reply to `LOCK.ACQUIRE key args...`.
+    pub fn acquire_reply(c: &mut RawConn, key: &str, args: &[&str]) -> Resp {
+        c.cmd(&acquire_cmd(key, args))
+    }
+
+    /// `LOCK.ACQUIRE key args...`: `[token, fence]`, None when not granted.
+    pub fn acquire(c: &mut RawConn, key: &str, args: &[&str]) -> Option<(Vec<u8>, i64)> {
+        grant(&acquire_reply(c, key, args))
+    }
+
+    /// An integer field of `LOCK.INFO key`, None when the key is free (or lacks it).
+    pub fn info_int(c: &mut RawConn, key: &str, field: &str) -> Option<i64> {
+        match c.cmd(&["LOCK.INFO", key]) {
+            Resp::Nil => None,
+            r => r.field(field).and_then(|v| v.as_int()),
+        }
+    }
+
+    /// Clients queued on `key` (0 when the key is free).
+    pub fn queued(c: &mut RawConn, key: &str) -> i64 {
+        info_int(c, key, "waiters").unwrap_or(0)
+    }
+
+    /// Waits (up to [`SETTLE`]) until `n` clients are queued on `key`.
+    pub fn wait_queued(c: &mut RawConn, key: &str, n: i64) {
+        assert!(
+            wait_until(SETTLE, || queued(c, key) == n),
+            "expected {n} waiters on {key}, have {}",
+            queued(c, key)
+        );
+    }
+
+    /// A client that sent `LOCK.ACQUIRE ... BLOCK` and has not read the reply yet.
+    pub struct Waiter {
+        pub conn: RawConn,
+        pub id: i64,
+    }
+
+    impl Waiter {
+        /// Connects to `port` (and `db`), sends `LOCK.ACQUIRE key args...`, returns
+        /// without reading.
+        pub fn send(port: u16, db: i64, key: &str, args: &[&str]) -> Waiter {
+            let mut conn = RawConn::connect(port);
+            if db != 0 {
+                assert_eq!(
+                    conn.cmd(&["SELECT", &db.to_string()]),
+                    Resp::Simple("OK".into())
+                );
+            }
+            let id = conn.cmd(&["CLIENT", "ID"]).int();
+            conn.send(&acquire_cmd(key, args));
+            Waiter { conn, id }
+        }
+
+        /// The reply, waiting at most `within`; Err on a timeout or a closed connection.
+        pub fn reply_within(&mut self, within: Duration) -> std::io::Result<Resp> {
+            self.conn.set_read_timeout(Some(within));
+            let r = self.conn.read();
+            self.conn.set_read_timeout(Some(IO_TIMEOUT));
+            r
+        }
+
+        /// The reply (waiting up to [`SETTLE`]).
+        pub fn reply(&mut self) -> Resp {
+            self.reply_within(SETTLE)
+                .unwrap_or_else(|e| panic!("waiter {} got no reply: {e}", self.id))
+        }
+
+        /// The fence of the grant it must get (within [`SETTLE`]).
+        pub fn granted(&mut self) -> i64 {
+            grant(&self.reply())
+                .unwrap_or_else(|| panic!("waiter {} got nil", self.id))
+                .1
+        }
+
+        /// True when no reply comes within 250 ms.
+        pub fn waiting(&mut self) -> bool {
+            self.reply_within(Duration::from_millis(250)).is_err()
+        }
+    }
+}

@@ -413,10 +413,8 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
             (false, None) => LockMode::Exclusive,
         };
     };
-    match cli.cmd {
+    (a.sub, a.name) = match cli.cmd {
         Cmd::Run(r) => {
-            a.sub = Sub::Run;
-            a.name = r.name;
             lock(&mut a, r.lock);
             a.max_hold = r.max_hold;
             a.grace = r.grace;
@@ -428,32 +426,29 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
             if a.rest.is_empty() {
                 return Err("run needs a command: redis-lock run NAME -- CMD [ARGS...]".into());
             }
+            (Sub::Run, r.name)
         }
         Cmd::Acquire(q) => {
-            a.sub = Sub::Acquire;
-            a.name = q.name;
             lock(&mut a, q.lock);
             a.token = q.token;
             a.json = q.json;
+            (Sub::Acquire, q.name)
         }
         Cmd::Release(t) => {
-            a.sub = Sub::Release;
-            a.name = t.name;
             a.token = Some(t.token);
+            (Sub::Release, t.name)
         }
         Cmd::Extend(e) => {
-            a.sub = Sub::Extend;
-            a.name = e.name;
             a.token = Some(e.token);
             a.ttl = e.ttl;
+            (Sub::Extend, e.name)
         }
         Cmd::Info(i) => {
-            a.sub = Sub::Info;
-            a.name = i.name;
             a.json = i.json;
+            (Sub::Info, i.name)
         }
         Cmd::Completions { shell } => return Ok(Parsed::Completions(shell)),
-    }
+    };
     if a.ttl < Duration::from_millis(1) || a.max_hold < Duration::from_millis(1) {
         return Err("--ttl and --max-hold must be at least 1ms".into());
     }

@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use redis_lock_client::{LockClient, LossReason, Redlock, RedlockOptions};
+use redis_lock_testkit::{Server, ServerBuilder};
+
 pub use redis_lock_testkit::Stopped;
 
 /// Fails early, with the build command in the message, when the module is not built
@@ -51,4 +54,86 @@ pub async fn granted(
     >,
 ) -> redis_lock_client::LockGuard {
     acquisition.await.unwrap().expect("granted")
+}
+
+pub async fn client(url: &str) -> LockClient {
+    LockClient::connect(url).await.expect("connect")
+}
+
+/// A server started from `builder` (after `setup`), a connection to it and a lock
+/// client of it.
+pub async fn server_with_client(builder: ServerBuilder) -> (Server, redis::Connection, LockClient) {
+    setup();
+    let server = builder.start();
+    let conn = server.conn();
+    let locks = client(&server.url()).await;
+    (server, conn, locks)
+}
+
+/// `n` servers with the module.
+pub fn servers(n: usize) -> Vec<Server> {
+    (0..n).map(|_| ServerBuilder::new().start()).collect()
+}
+
+pub fn urls(servers: &[Server]) -> Vec<String> {
+    servers.iter().map(|s| s.url()).collect()
+}
+
+/// A Redlock over `urls` whose nodes must answer within `node_timeout`.
+pub fn redlock(urls: &[String], node_timeout: Duration) -> Redlock {
+    Redlock::with_options(
+        urls,
+        RedlockOptions {
+            node_timeout: Some(node_timeout),
+            ..RedlockOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// A direct grant on `server`: its fence (to read the node's counter).
+pub fn probe_fence(server: &Server) -> u64 {
+    let key = format!("probe:{}", uuid::Uuid::new_v4());
+    let v: (String, u64) = redis::cmd("LOCK.ACQUIRE")
+        .arg(&key)
+        .arg("PX")
+        .arg(1_000)
+        .query(&mut server.conn())
+        .unwrap();
+    v.1
+}
+
+/// Lifts `server`'s fence counter as far as MINFENCE may: `margin_ms` short of an hour
+/// ahead of its clock term (`unix_ms << 10`), like a node whose clock runs fast.
+/// Returns that fence.
+pub fn lift_fence_counter(server: &Server, margin_ms: u64) -> u64 {
+    let now_ms = redis_lock_testkit::unix_ms() as u64;
+    let ahead = (now_ms + 3_600_000 - margin_ms) << redis_lock_testkit::lock::FENCE_SHIFT;
+    let lifted: redis::Value = redis::cmd("LOCK.ACQUIRE")
+        .arg("other")
+        .arg("PX")
+        .arg(1_000)
+        .arg("MINFENCE")
+        .arg(ahead)
+        .query(&mut server.conn())
+        .unwrap();
+    assert!(matches!(lifted, redis::Value::Array(_)), "{lifted:?}");
+    ahead
+}
+
+/// What a loss signal says within `limit`; panics when it does not fire in time or
+/// the guard was released instead.
+pub async fn lost_within(
+    limit: Duration,
+    lost: impl std::future::Future<Output = Option<LossReason>>,
+) -> LossReason {
+    tokio::time::timeout(limit, lost)
+        .await
+        .expect("the loss signal fires in time")
+        .expect("lost, not released")
+}
+
+/// One numeric field of `server`'s `INFO lock` (`lock_` prefix optional).
+pub fn lock_stat(server: &Server, field: &str) -> i64 {
+    redis_lock_testkit::lock::lock_stat(&mut server.raw(), field)
 }

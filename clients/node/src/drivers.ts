@@ -82,42 +82,51 @@ async function nodeRedisDedicated(base: Any): Promise<Dedicated> {
   };
 }
 
-class NodeRedisDriver implements Driver {
+/** What both node-redis drivers share: integers exact on node-redis 5+, no prefix. */
+abstract class NodeRedisBase {
   readonly kind: string;
   readonly prefix = "";
   readonly exactIntegers: boolean;
-  constructor(private readonly c: Any) {
+  constructor(
+    protected readonly c: Any,
+    what: string,
+  ) {
     this.exactIntegers = nodeRedisModern(c);
-    this.kind = this.exactIntegers ? "node-redis" : "node-redis 4";
+    this.kind = this.exactIntegers ? `node-redis${what}` : `node-redis 4${what}`;
   }
-  call(_key: string, args: Arg[]): Promise<unknown> {
-    return this.c.sendCommand(args, this.exactIntegers ? { typeMapping: EXACT_TYPE_MAPPING } : undefined);
-  }
-  dedicated(): Promise<Dedicated> {
-    return nodeRedisDedicated(this.c);
+  /** The options of sendCommand that keep integers exact (none on node-redis 4). */
+  protected get commandOptions(): Any {
+    return this.exactIntegers ? { typeMapping: EXACT_TYPE_MAPPING } : undefined;
   }
   async close(): Promise<void> {}
 }
 
-class NodeRedisClusterDriver implements Driver {
-  readonly kind: string;
-  readonly prefix = "";
-  readonly exactIntegers: boolean;
-  constructor(private readonly c: Any) {
-    this.exactIntegers = nodeRedisModern(c);
-    this.kind = this.exactIntegers ? "node-redis cluster" : "node-redis 4 cluster";
+class NodeRedisDriver extends NodeRedisBase implements Driver {
+  constructor(c: Any) {
+    super(c, "");
+  }
+  call(_key: string, args: Arg[]): Promise<unknown> {
+    return this.c.sendCommand(args, this.commandOptions);
+  }
+  dedicated(): Promise<Dedicated> {
+    return nodeRedisDedicated(this.c);
+  }
+}
+
+class NodeRedisClusterDriver extends NodeRedisBase implements Driver {
+  constructor(c: Any) {
+    super(c, " cluster");
   }
   call(key: string, args: Arg[]): Promise<unknown> {
     // firstKey routes the command to the key's master (node-redis cannot find the key
     // of a module command by itself).
-    return this.c.sendCommand(key, false, args, this.exactIntegers ? { typeMapping: EXACT_TYPE_MAPPING } : undefined);
+    return this.c.sendCommand(key, false, args, this.commandOptions);
   }
   async dedicated(key: string): Promise<Dedicated> {
     const master = this.c.slots?.[slotOf(key)]?.master;
     if (!master) throw new Error(`redis-lock-module: no master known for slot ${slotOf(key)}`);
     return nodeRedisDedicated(await this.c.nodeClient(master));
   }
-  async close(): Promise<void> {}
 }
 
 // ---------------------------------------------------------------- ioredis
@@ -139,39 +148,52 @@ function ioredisPrefix(c: Any): string {
   return c.options?.keyPrefix ?? c.options?.redisOptions?.keyPrefix ?? "";
 }
 
+/** Resolves once an ioredis connection (or cluster) is ready; rejects if it ends first. */
+async function ioredisReady(conn: Any, what: string): Promise<void> {
+  if (conn.status === "ready") return;
+  await new Promise<void>((resolve, reject) => {
+    conn.once("ready", () => resolve());
+    conn.once("end", () => reject(new Error(`redis-lock-module: ${what} closed`)));
+  });
+}
+
 async function ioredisDedicated(base: Any): Promise<Dedicated> {
   const dup = base.duplicate({ ...IOREDIS_DEDICATED, keyPrefix: undefined });
   dup.on("error", () => {});
-  await new Promise<void>((resolve, reject) => {
-    if (dup.status === "ready") return resolve();
-    dup.once("ready", () => resolve());
-    dup.once("end", () => reject(new Error("redis-lock-module: dedicated connection closed")));
-  });
+  await ioredisReady(dup, "dedicated connection");
   return {
     send: (args) => dup.call(...(args as [string, ...Arg[]])),
     close: () => dup.disconnect(false),
   };
 }
 
-class IoredisDriver implements Driver {
-  readonly kind = "ioredis";
+/** What both ioredis drivers share: LOCK.* go through `exact`, a twin of the user's
+ * connection with integers as strings (ioredis decides integer parsing per connection). */
+abstract class IoredisBase {
   readonly prefix: string;
   readonly exactIntegers = true;
-  private readonly exact: Any;
-  constructor(private readonly c: Any) {
+  constructor(
+    readonly kind: string,
+    protected readonly c: Any,
+    protected readonly exact: Any,
+  ) {
     this.prefix = ioredisPrefix(c);
-    // ioredis decides integer parsing per connection: LOCK.* use a twin with stringNumbers.
-    this.exact = c.duplicate({ ...IOREDIS_EXACT });
     this.exact.on("error", () => {});
+  }
+  async close(): Promise<void> {
+    this.exact.disconnect(false);
+  }
+}
+
+class IoredisDriver extends IoredisBase implements Driver {
+  constructor(c: Any) {
+    super("ioredis", c, c.duplicate({ ...IOREDIS_EXACT }));
   }
   call(_key: string, args: Arg[]): Promise<unknown> {
     return this.exact.call(...(args as [string, ...Arg[]]));
   }
   dedicated(): Promise<Dedicated> {
     return ioredisDedicated(this.c);
-  }
-  async close(): Promise<void> {
-    this.exact.disconnect(false);
   }
 }
 
@@ -180,31 +202,21 @@ function isRedirect(e: unknown): boolean {
   return m.startsWith("MOVED ") || m.startsWith("ASK ");
 }
 
-class IoredisClusterDriver implements Driver {
-  readonly kind = "ioredis cluster";
-  readonly prefix: string;
-  readonly exactIntegers = true;
-  private readonly exact: Any;
-  constructor(private readonly c: Any) {
-    this.prefix = ioredisPrefix(c);
-    this.exact = c.duplicate(undefined, {
-      redisOptions: { ...(c.options?.redisOptions ?? {}), ...IOREDIS_EXACT },
-    });
-    this.exact.on("error", () => {});
-  }
-
-  private async ready(): Promise<void> {
-    if (this.exact.status === "ready") return;
-    await new Promise<void>((resolve, reject) => {
-      this.exact.once("ready", () => resolve());
-      this.exact.once("end", () => reject(new Error("redis-lock-module: cluster connection closed")));
-    });
+class IoredisClusterDriver extends IoredisBase implements Driver {
+  constructor(c: Any) {
+    super(
+      "ioredis cluster",
+      c,
+      c.duplicate(undefined, {
+        redisOptions: { ...(c.options?.redisOptions ?? {}), ...IOREDIS_EXACT },
+      }),
+    );
   }
 
   /** ioredis Cluster finds keys in a built-in command table that has no LOCK.*: route
    * by the key's slot ourselves, to the master the cluster's slot map names. */
   private async nodeFor(key: string): Promise<Any> {
-    await this.ready();
+    await ioredisReady(this.exact, "cluster connection");
     const slot = slotOf(key);
     for (let attempt = 0; ; attempt++) {
       // A cluster can report "ready" before its slot map is complete: fall back to the
@@ -245,9 +257,5 @@ class IoredisClusterDriver implements Driver {
 
   async dedicated(key: string): Promise<Dedicated> {
     return ioredisDedicated(await this.nodeFor(key));
-  }
-
-  async close(): Promise<void> {
-    this.exact.disconnect(false);
   }
 }

@@ -3,19 +3,16 @@
 // works on a dedicated connection to the right node, ioredis keyPrefix is honoured.
 
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { after, test } from "node:test";
 
-import { LockClient, slotOf } from "../dist/index.js";
-import { CLIENTS, Cluster, raw, rawFence, sleep } from "./servers.mjs";
+import { slotOf } from "../dist/index.js";
+import { Cluster, describeEachClusterClient, raw, rawFence, sleep, withLocks } from "./servers.mjs";
 
 const SAFE = BigInt(Number.MAX_SAFE_INTEGER);
 const NAMES = Array.from({ length: 12 }, (_, i) => `cl:${i}`);
 
-let cluster;
-before(async () => {
-  cluster = await Cluster.start(3);
-});
-after(() => cluster?.close());
+const cluster = await Cluster.start(3);
+after(() => cluster.close());
 
 test("slotOf matches CLUSTER KEYSLOT", async () => {
   for (const k of [...NAMES, "{user1}.a", "a{}b", "{x", "app:job", "ключ"]) {
@@ -32,70 +29,52 @@ test("the control: a LOCK.* call on the wrong node is counted as a redirect", as
   assert.equal(await cluster.redirects(), before + 1);
 });
 
-for (const lib of CLIENTS) {
-  describe(`${lib.name} cluster`, () => {
-    let client;
-    let locks;
-    before(async () => {
-      client = await lib.cluster(cluster.nodes[0].port);
-      locks = new LockClient(client);
-    });
-    after(async () => {
-      await locks.close();
-      await lib.close(client);
-    });
-
-    test("locks on every master, exact fences, no MOVED", async () => {
-      const owners = new Set();
-      for (const n of NAMES) owners.add((await cluster.nodeFor(n)).port);
-      assert.equal(owners.size, 3);
-      await locks.info(NAMES[0]); // let the client learn the slots
-      const before = await cluster.redirects();
-      for (const n of NAMES) {
-        const node = await cluster.nodeFor(n);
-        for (const wait of [undefined, 1000]) {
-          const lock = await locks.acquire(n, { ttl: 5000, wait });
-          assert.ok(lock, `${n} wait=${wait}`);
-          const stored = await rawFence(node.port, n);
-          if (lib.name === "node-redis 4" && stored > SAFE) assert.equal(lock.fence, undefined);
-          else assert.equal(lock.fence, stored);
-          assert.equal(await lock.extend(6000), true);
-          assert.equal(await lock.release(), true);
-        }
+describeEachClusterClient(cluster.nodes[0].port, (lib, ctx) => {
+  test("locks on every master, exact fences, no MOVED", async () => {
+    const owners = new Set();
+    for (const n of NAMES) owners.add((await cluster.nodeFor(n)).port);
+    assert.equal(owners.size, 3);
+    await ctx.locks.info(NAMES[0]); // let the client learn the slots
+    const before = await cluster.redirects();
+    for (const n of NAMES) {
+      const node = await cluster.nodeFor(n);
+      for (const wait of [undefined, 1000]) {
+        const lock = await ctx.locks.acquire(n, { ttl: 5000, wait });
+        assert.ok(lock, `${n} wait=${wait}`);
+        const stored = await rawFence(node.port, n);
+        if (lib.name === "node-redis 4" && stored > SAFE) assert.equal(lock.fence, undefined);
+        else assert.equal(lock.fence, stored);
+        assert.equal(await lock.extend(6000), true);
+        assert.equal(await lock.release(), true);
       }
-      assert.equal(await cluster.redirects(), before, "every call went to the key's master");
-    });
-
-    test("BLOCK hand-off on the key's node", async () => {
-      const n = NAMES[7];
-      const holder = await locks.acquire(n, { ttl: 10_000 });
-      const pending = locks.acquire(n, { ttl: 10_000, wait: 5000 });
-      while (Number((await locks.info(n)).waiters) < 1) await sleep(10);
-      await holder.release();
-      const lock = await pending;
-      assert.ok(lock);
-      assert.ok(await rawFence((await cluster.nodeFor(n)).port, n));
-      await lock.release();
-    });
-
-    if (lib.ioredis) {
-      test("keyPrefix is applied and routed by the prefixed key", async () => {
-        const c = await lib.cluster(cluster.nodes[1].port, { keyPrefix: "app:" });
-        const l = new LockClient(c);
-        try {
-          const before = await cluster.redirects();
-          for (const n of NAMES) {
-            const lock = await l.acquire(n, { ttl: 5000 });
-            assert.ok(lock);
-            assert.equal(lock.fence, await rawFence((await cluster.nodeFor("app:" + n)).port, "app:" + n));
-            await lock.release();
-          }
-          assert.equal(await cluster.redirects(), before);
-        } finally {
-          await l.close();
-          c.disconnect();
-        }
-      });
     }
+    assert.equal(await cluster.redirects(), before, "every call went to the key's master");
   });
-}
+
+  test("BLOCK hand-off on the key's node", async () => {
+    const n = NAMES[7];
+    const holder = await ctx.locks.acquire(n, { ttl: 10_000 });
+    const pending = ctx.locks.acquire(n, { ttl: 10_000, wait: 5000 });
+    while (Number((await ctx.locks.info(n)).waiters) < 1) await sleep(10);
+    await holder.release();
+    const lock = await pending;
+    assert.ok(lock);
+    assert.ok(await rawFence((await cluster.nodeFor(n)).port, n));
+    await lock.release();
+  });
+
+  if (lib.ioredis) {
+    test("keyPrefix is applied and routed by the prefixed key", async () => {
+      await withLocks(lib, await lib.cluster(cluster.nodes[1].port, { keyPrefix: "app:" }), {}, async (l) => {
+        const before = await cluster.redirects();
+        for (const n of NAMES) {
+          const lock = await l.acquire(n, { ttl: 5000 });
+          assert.ok(lock);
+          assert.equal(lock.fence, await rawFence((await cluster.nodeFor("app:" + n)).port, "app:" + n));
+          await lock.release();
+        }
+        assert.equal(await cluster.redirects(), before);
+      });
+    });
+  }
+});

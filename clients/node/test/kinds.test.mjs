@@ -2,11 +2,11 @@
 // queued writer, n permits, LIMITMISMATCH and WRONGMODE (docs/commands.md, "The lock state").
 
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { after, test } from "node:test";
 import { randomUUID } from "node:crypto";
 
-import { LockClient, errorCode } from "../dist/index.js";
-import { CLIENTS, Server, raw, sleep } from "./servers.mjs";
+import { errorCode } from "../dist/index.js";
+import { Server, describeEachClient, raw, sleep } from "./servers.mjs";
 
 const name = () => `kind:${randomUUID().slice(0, 12)}`;
 
@@ -25,61 +25,45 @@ async function rawFences(port, key) {
   return [...new Set(out)].sort((a, b) => (a < b ? -1 : 1));
 }
 
-let server;
-before(async () => {
-  server = await Server.start();
-});
-after(() => server?.close());
+const server = await Server.start();
+after(() => server.close());
 
-for (const lib of CLIENTS) {
-  describe(lib.name, () => {
-    let client;
-    let locks;
-    before(async () => {
-      client = await lib.connect(server);
-      locks = new LockClient(client);
-    });
-    after(async () => {
-      await locks.close();
-      await lib.close(client);
-    });
-
-    test("readers share; a writer waits for all of them", async () => {
-      const key = name();
-      const a = await locks.acquire(key, { ttl: 10_000, shared: true });
-      const b = await locks.acquire(key, { ttl: 10_000, shared: true });
-      assert.ok(a && b);
-      if (a.fence !== undefined) assert.deepEqual(await rawFences(server.port, key), [a.fence, b.fence]);
-      const info = await locks.info(key);
-      assert.equal(String(info.mode), "shared");
-      assert.equal(Number(info.holders), 2);
-      assert.equal(await locks.acquire(key, { ttl: 10_000 }), null);
-      const writer = locks.acquire(key, { ttl: 10_000, wait: 5000 });
-      await sleep(100);
-      assert.equal(await locks.acquire(key, { shared: true }), null, "no reader barges past a queued writer");
-      await a.release();
-      await b.release();
-      const w = await writer;
-      assert.ok(w);
-      await w.release();
-    });
-
-    test("a counted lock has n permits, and a mismatched limit or mode is an error", async () => {
-      const key = name();
-      const p1 = await locks.acquire(key, { ttl: 10_000, limit: 2 });
-      const p2 = await locks.acquire(key, { ttl: 10_000, limit: 2 });
-      assert.ok(p1 && p2);
-      assert.equal(await locks.acquire(key, { limit: 2 }), null);
-      await assert.rejects(locks.acquire(key, { limit: 3 }), (e) => errorCode(e) === "LIMITMISMATCH");
-      await assert.rejects(locks.acquire(key, {}), (e) => errorCode(e) === "WRONGMODE");
-      await assert.rejects(locks.acquire(key, { shared: true }), (e) => errorCode(e) === "WRONGMODE");
-      const third = locks.acquire(key, { ttl: 10_000, limit: 2, wait: 5000 });
-      await sleep(100);
-      await p1.release();
-      const p3 = await third;
-      assert.ok(p3 && (await p3.owned()) && !(await p1.owned()));
-      await p2.release();
-      await p3.release();
-    });
+describeEachClient(server, (lib, ctx) => {
+  test("readers share; a writer waits for all of them", async () => {
+    const key = name();
+    const a = await ctx.locks.acquire(key, { ttl: 10_000, shared: true });
+    const b = await ctx.locks.acquire(key, { ttl: 10_000, shared: true });
+    assert.ok(a && b);
+    if (a.fence !== undefined) assert.deepEqual(await rawFences(server.port, key), [a.fence, b.fence]);
+    const info = await ctx.locks.info(key);
+    assert.equal(String(info.mode), "shared");
+    assert.equal(Number(info.holders), 2);
+    assert.equal(await ctx.locks.acquire(key, { ttl: 10_000 }), null);
+    const writer = ctx.locks.acquire(key, { ttl: 10_000, wait: 5000 });
+    await sleep(100);
+    assert.equal(await ctx.locks.acquire(key, { shared: true }), null, "no reader barges past a queued writer");
+    await a.release();
+    await b.release();
+    const w = await writer;
+    assert.ok(w);
+    await w.release();
   });
-}
+
+  test("a counted lock has n permits, and a mismatched limit or mode is an error", async () => {
+    const key = name();
+    const p1 = await ctx.locks.acquire(key, { ttl: 10_000, limit: 2 });
+    const p2 = await ctx.locks.acquire(key, { ttl: 10_000, limit: 2 });
+    assert.ok(p1 && p2);
+    assert.equal(await ctx.locks.acquire(key, { limit: 2 }), null);
+    await assert.rejects(ctx.locks.acquire(key, { limit: 3 }), (e) => errorCode(e) === "LIMITMISMATCH");
+    await assert.rejects(ctx.locks.acquire(key, {}), (e) => errorCode(e) === "WRONGMODE");
+    await assert.rejects(ctx.locks.acquire(key, { shared: true }), (e) => errorCode(e) === "WRONGMODE");
+    const third = ctx.locks.acquire(key, { ttl: 10_000, limit: 2, wait: 5000 });
+    await sleep(100);
+    await p1.release();
+    const p3 = await third;
+    assert.ok(p3 && (await p3.owned()) && !(await p1.owned()));
+    await p2.release();
+    await p3.release();
+  });
+});

@@ -4,17 +4,14 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { randomUUID } from "node:crypto";
 
-import { LockBusyError, LockClient, LockLostError, errorCode } from "../dist/index.js";
-import { CLIENTS, Server, abandonedBlock, infoField, raw, rawFence, sleep } from "./servers.mjs";
+import { LockBusyError, LockLostError, errorCode } from "../dist/index.js";
+import { CLIENTS, Server, abandonedBlock, describeEachClient, infoField, raw, rawFence, sleep, withLocks } from "./servers.mjs";
 
 const SAFE = BigInt(Number.MAX_SAFE_INTEGER);
 const name = () => `lock:${randomUUID().slice(0, 12)}`;
 
-let server;
-before(async () => {
-  server = await Server.start();
-});
-after(() => server?.close());
+const server = await Server.start();
+after(() => server.close());
 
 /** The fence a lock must report: exact, or undefined where the library cannot give it
  * (node-redis 4 and a fence above 2^53), never a rounded number. */
@@ -26,168 +23,150 @@ function expectFence(kind, lock, stored) {
   }
 }
 
-for (const lib of CLIENTS) {
-  describe(lib.name, () => {
-    let client;
-    let locks;
-    before(async () => {
-      client = await lib.connect(server);
-      locks = new LockClient(client);
-    });
-    after(async () => {
-      await locks.close();
-      await lib.close(client);
-    });
-
-    test("fences are exact and strictly increase", async () => {
-      const key = name();
-      const stored = [];
-      for (let i = 0; i < 20; i++) {
-        const lock = await locks.acquire(key, { ttl: 5000 });
-        assert.ok(lock);
-        const f = await rawFence(server.port, key);
-        expectFence(lib.name, lock, f);
-        stored.push(f);
-        assert.equal(lock.fenceString, lock.fence?.toString());
-        assert.equal(await lock.release(), true);
-      }
-      for (let i = 1; i < stored.length; i++) assert.ok(stored[i - 1] < stored[i]);
-      const info = await locks.info(key);
-      assert.equal(info, null);
-    });
-
-    test("busy, owner, info, extend, a retry with the same token", async () => {
-      const key = name();
-      const lock = await locks.acquire(key, { ttl: 5000, owner: "worker-7", token: "tok-1" });
+describeEachClient(server, (lib, ctx) => {
+  test("fences are exact and strictly increase", async () => {
+    const key = name();
+    const stored = [];
+    for (let i = 0; i < 20; i++) {
+      const lock = await ctx.locks.acquire(key, { ttl: 5000 });
       assert.ok(lock);
-      assert.equal(await locks.acquire(key, { ttl: 5000 }), null);
-      const info = await locks.info(key);
-      assert.equal(String(info.owner), "worker-7");
-      expectFence(lib.name, { fence: info.fence }, await rawFence(server.port, key));
-      assert.equal(await lock.owned(), lib.name !== "node-redis 4" || (await rawFence(server.port, key)) <= SAFE);
-      assert.equal(await lock.extend(60_000), true);
-      assert.ok(Number((await raw(server.port, "PTTL", key)).int) > 50_000);
-      const again = await locks.acquire(key, { ttl: 5000, token: "tok-1" });
-      assert.ok(again, "the same token renews");
-      assert.equal(again.fence, lock.fence);
-      assert.equal(await locks.release(key, "wrong"), false);
+      const f = await rawFence(server.port, key);
+      expectFence(lib.name, lock, f);
+      stored.push(f);
+      assert.equal(lock.fenceString, lock.fence?.toString());
       assert.equal(await lock.release(), true);
-      assert.equal(await lock.release(), false);
-    });
-
-    test("BLOCK hand-off in arrival order, on connections of their own", async () => {
-      const key = name();
-      const holder = await locks.acquire(key, { ttl: 10_000 });
-      const first = await rawFence(server.port, key);
-      const order = [];
-      const waiters = [0, 1, 2].map(async (i) => {
-        await sleep(i * 100);
-        const l = await locks.acquire(key, { ttl: 10_000, wait: 5000 });
-        order.push(i);
-        const f = await rawFence(server.port, key);
-        await sleep(20);
-        await l.release();
-        return f;
-      });
-      while (Number((await locks.info(key)).waiters) < 3) await sleep(10);
-      // The client's own connection is not held up by the waiting acquires.
-      const t0 = Date.now();
-      await locks.info(key);
-      assert.ok(Date.now() - t0 < 500);
-      await holder.release();
-      const fences = await Promise.all(waiters);
-      assert.deepEqual(order, [0, 1, 2]);
-      assert.ok(first < fences[0] && fences[0] < fences[1] && fences[1] < fences[2]);
-    });
-
-    test("a wait that times out returns null and leaves no waiter", async () => {
-      const key = name();
-      const holder = await locks.acquire(key, { ttl: 10_000 });
-      const t0 = Date.now();
-      assert.equal(await locks.acquire(key, { wait: 300 }), null);
-      const took = Date.now() - t0;
-      assert.ok(took >= 290 && took < 1500, `took ${took}`);
-      assert.equal(Number((await locks.info(key)).waiters), 0);
-      await holder.release();
-    });
-
-    test("using(): renews past the TTL, aborts the signal when the lock is taken away", async () => {
-      const key = name();
-      const out = await locks.using(key, { ttl: 300 }, async (signal, lock) => {
-        for (let i = 0; i < 10; i++) {
-          await sleep(100);
-          assert.equal(signal.aborted, false);
-          assert.ok(await rawFence(server.port, key));
-        }
-        return lock.token;
-      });
-      assert.equal(typeof out, "string");
-      assert.equal(await rawFence(server.port, key), undefined, "released after the routine");
-
-      await assert.rejects(
-        locks.using(key, { ttl: 600 }, async (signal) => {
-          await raw(server.port, "LOCK.FORCERELEASE", key);
-          await new Promise((resolve) => signal.addEventListener("abort", resolve));
-          throw signal.reason;
-        }),
-        (e) => e instanceof LockLostError && e.reason === "not-held",
-      );
-
-      const holder = await locks.acquire(key, { ttl: 5000 });
-      await assert.rejects(locks.using(key, { ttl: 1000 }, async () => 1), LockBusyError);
-      await holder.release();
-    });
-
-    test("the cap on the total hold", async () => {
-      const key = name();
-      const t0 = Date.now();
-      const reason = await locks.using(key, { ttl: 300, maxHold: 800 }, async (signal) => {
-        await new Promise((resolve) => signal.addEventListener("abort", resolve));
-        return signal.reason.reason;
-      });
-      assert.equal(reason, "cap-reached");
-      const took = Date.now() - t0;
-      assert.ok(took > 700 && took < 1500, `took ${took}`);
-      assert.equal(await rawFence(server.port, key), undefined);
-    });
-
-    test("server errors keep their code", async () => {
-      const key = name();
-      await raw(server.port, "SET", key, "x");
-      await raw(server.port, "LPUSH", key + ":list", "x");
-      await assert.rejects(locks.acquire(key + ":list", { ttl: 1000 }), (e) => errorCode(e) === "WRONGTYPE");
-      assert.equal(await locks.acquire(key, { ttl: 1000 }), null, "a string lock counts as held");
-    });
-
-    if (lib.ioredis) {
-      test("ioredis keyPrefix and commandTimeout", async () => {
-        const c = await lib.connect(server, { keyPrefix: "app:", commandTimeout: 200 });
-        const l = new LockClient(c);
-        try {
-          const key = name();
-          const holder = await l.acquire(key, { ttl: 10_000 });
-          assert.ok(holder);
-          assert.ok(await rawFence(server.port, "app:" + key), "the prefix is applied");
-          assert.equal(await rawFence(server.port, key), undefined);
-          // The control: the plain command gives up after commandTimeout.
-          await assert.rejects(c.call("LOCK.ACQUIRE", "app:" + key, "TOKEN", "t", "BLOCK", "1000"), /timed out/i);
-          await raw(server.port, "LOCK.FORCERELEASE", "app:" + key);
-          await sleep(100); // the plain call's waiter gets the lock nobody listens to
-          assert.equal(Number((await raw(server.port, "LOCK.FORCERELEASE", "app:" + key)).int), 1, "orphaned by commandTimeout");
-          const again = await l.acquire(key, { ttl: 10_000 });
-          // Our waits last as long as asked, whatever commandTimeout says.
-          const t0 = Date.now();
-          assert.equal(await l.acquire(key, { wait: 700 }), null);
-          assert.ok(Date.now() - t0 >= 690);
-          await again.release();
-        } finally {
-          await l.close();
-          c.disconnect();
-        }
-      });
     }
+    for (let i = 1; i < stored.length; i++) assert.ok(stored[i - 1] < stored[i]);
+    const info = await ctx.locks.info(key);
+    assert.equal(info, null);
   });
-}
+
+  test("busy, owner, info, extend, a retry with the same token", async () => {
+    const key = name();
+    const lock = await ctx.locks.acquire(key, { ttl: 5000, owner: "worker-7", token: "tok-1" });
+    assert.ok(lock);
+    assert.equal(await ctx.locks.acquire(key, { ttl: 5000 }), null);
+    const info = await ctx.locks.info(key);
+    assert.equal(String(info.owner), "worker-7");
+    expectFence(lib.name, { fence: info.fence }, await rawFence(server.port, key));
+    assert.equal(await lock.owned(), lib.name !== "node-redis 4" || (await rawFence(server.port, key)) <= SAFE);
+    assert.equal(await lock.extend(60_000), true);
+    assert.ok(Number((await raw(server.port, "PTTL", key)).int) > 50_000);
+    const again = await ctx.locks.acquire(key, { ttl: 5000, token: "tok-1" });
+    assert.ok(again, "the same token renews");
+    assert.equal(again.fence, lock.fence);
+    assert.equal(await ctx.locks.release(key, "wrong"), false);
+    assert.equal(await lock.release(), true);
+    assert.equal(await lock.release(), false);
+  });
+
+  test("BLOCK hand-off in arrival order, on connections of their own", async () => {
+    const key = name();
+    const holder = await ctx.locks.acquire(key, { ttl: 10_000 });
+    const first = await rawFence(server.port, key);
+    const order = [];
+    const waiters = [0, 1, 2].map(async (i) => {
+      await sleep(i * 100);
+      const l = await ctx.locks.acquire(key, { ttl: 10_000, wait: 5000 });
+      order.push(i);
+      const f = await rawFence(server.port, key);
+      await sleep(20);
+      await l.release();
+      return f;
+    });
+    while (Number((await ctx.locks.info(key)).waiters) < 3) await sleep(10);
+    // The client's own connection is not held up by the waiting acquires.
+    const t0 = Date.now();
+    await ctx.locks.info(key);
+    assert.ok(Date.now() - t0 < 500);
+    await holder.release();
+    const fences = await Promise.all(waiters);
+    assert.deepEqual(order, [0, 1, 2]);
+    assert.ok(first < fences[0] && fences[0] < fences[1] && fences[1] < fences[2]);
+  });
+
+  test("a wait that times out returns null and leaves no waiter", async () => {
+    const key = name();
+    const holder = await ctx.locks.acquire(key, { ttl: 10_000 });
+    const t0 = Date.now();
+    assert.equal(await ctx.locks.acquire(key, { wait: 300 }), null);
+    const took = Date.now() - t0;
+    assert.ok(took >= 290 && took < 1500, `took ${took}`);
+    assert.equal(Number((await ctx.locks.info(key)).waiters), 0);
+    await holder.release();
+  });
+
+  test("using(): renews past the TTL, aborts the signal when the lock is taken away", async () => {
+    const key = name();
+    const out = await ctx.locks.using(key, { ttl: 300 }, async (signal, lock) => {
+      for (let i = 0; i < 10; i++) {
+        await sleep(100);
+        assert.equal(signal.aborted, false);
+        assert.ok(await rawFence(server.port, key));
+      }
+      return lock.token;
+    });
+    assert.equal(typeof out, "string");
+    assert.equal(await rawFence(server.port, key), undefined, "released after the routine");
+
+    await assert.rejects(
+      ctx.locks.using(key, { ttl: 600 }, async (signal) => {
+        await raw(server.port, "LOCK.FORCERELEASE", key);
+        await new Promise((resolve) => signal.addEventListener("abort", resolve));
+        throw signal.reason;
+      }),
+      (e) => e instanceof LockLostError && e.reason === "not-held",
+    );
+
+    const holder = await ctx.locks.acquire(key, { ttl: 5000 });
+    await assert.rejects(ctx.locks.using(key, { ttl: 1000 }, async () => 1), LockBusyError);
+    await holder.release();
+  });
+
+  test("the cap on the total hold", async () => {
+    const key = name();
+    const t0 = Date.now();
+    const reason = await ctx.locks.using(key, { ttl: 300, maxHold: 800 }, async (signal) => {
+      await new Promise((resolve) => signal.addEventListener("abort", resolve));
+      return signal.reason.reason;
+    });
+    assert.equal(reason, "cap-reached");
+    const took = Date.now() - t0;
+    assert.ok(took > 700 && took < 1500, `took ${took}`);
+    assert.equal(await rawFence(server.port, key), undefined);
+  });
+
+  test("server errors keep their code", async () => {
+    const key = name();
+    await raw(server.port, "SET", key, "x");
+    await raw(server.port, "LPUSH", key + ":list", "x");
+    await assert.rejects(ctx.locks.acquire(key + ":list", { ttl: 1000 }), (e) => errorCode(e) === "WRONGTYPE");
+    assert.equal(await ctx.locks.acquire(key, { ttl: 1000 }), null, "a string lock counts as held");
+  });
+
+  if (lib.ioredis) {
+    test("ioredis keyPrefix and commandTimeout", async () => {
+      await withLocks(lib, await lib.connect(server, { keyPrefix: "app:", commandTimeout: 200 }), {}, async (l, c) => {
+        const key = name();
+        const holder = await l.acquire(key, { ttl: 10_000 });
+        assert.ok(holder);
+        assert.ok(await rawFence(server.port, "app:" + key), "the prefix is applied");
+        assert.equal(await rawFence(server.port, key), undefined);
+        // The control: the plain command gives up after commandTimeout.
+        await assert.rejects(c.call("LOCK.ACQUIRE", "app:" + key, "TOKEN", "t", "BLOCK", "1000"), /timed out/i);
+        await raw(server.port, "LOCK.FORCERELEASE", "app:" + key);
+        await sleep(100); // the plain call's waiter gets the lock nobody listens to
+        assert.equal(Number((await raw(server.port, "LOCK.FORCERELEASE", "app:" + key)).int), 1, "orphaned by commandTimeout");
+        const again = await l.acquire(key, { ttl: 10_000 });
+        // Our waits last as long as asked, whatever commandTimeout says.
+        const t0 = Date.now();
+        assert.equal(await l.acquire(key, { wait: 700 }), null);
+        assert.ok(Date.now() - t0 >= 690);
+        await again.release();
+      });
+    });
+  }
+});
 
 describe("no orphan after a client-side timeout", () => {
   // The server stops (SIGSTOP) while a client waits; the holder's lease and the client's
@@ -216,9 +195,7 @@ describe("no orphan after a client-side timeout", () => {
 
   for (const lib of CLIENTS) {
     test(lib.name, async () => {
-      const client = await lib.connect(own);
-      const locks = new LockClient(client, { networkTimeout: 1000 });
-      try {
+      await withLocks(lib, await lib.connect(own), { networkTimeout: 1000 }, async (locks) => {
         const key = name();
         await raw(own.port, "LOCK.ACQUIRE", key, "PX", "300", "TOKEN", "holder");
         const before = Number(await infoField(own.port, "lock", "lock_handed_off"));
@@ -235,10 +212,7 @@ describe("no orphan after a client-side timeout", () => {
         const second = await locks.acquire(key, { ttl: 5000 });
         assert.ok(second);
         await second.release();
-      } finally {
-        await locks.close();
-        await lib.close(client);
-      }
+      });
     });
   }
 });

@@ -8,6 +8,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
+import { after, before, describe } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import * as redis4 from "redis4";
@@ -15,6 +16,8 @@ import * as redis5 from "redis5";
 import * as redis6 from "redis";
 import IORedis5 from "ioredis5";
 import IORedis6 from "ioredis";
+
+import { LockClient } from "../dist/index.js";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
 export const SERVER_BIN = process.env.LOCK_SERVER_BIN || "/usr/bin/redis-server";
@@ -297,3 +300,46 @@ export const CLIENTS = [
   { name: "ioredis 5", connect: (s, o) => ioredis(IORedis5, s.port, o), cluster: (p, o) => ioredisCluster(IORedis5, p, o), close: (c) => c.disconnect(), ioredis: true },
   { name: "ioredis 6", connect: (s, o) => ioredis(IORedis6, s.port, o), cluster: (p, o) => ioredisCluster(IORedis6, p, o), close: (c) => c.disconnect(), ioredis: true },
 ];
+
+/** A `describe` block per client library, named `title(lib)`, whose tests share a client
+ * made by `connect(lib)` and a LockClient on it (both closed after the block): `body(lib,
+ * ctx)` defines the tests, which find them as `ctx.client` and `ctx.locks`. */
+function describeEach(title, connect, body) {
+  for (const lib of CLIENTS) {
+    describe(title(lib), () => {
+      const ctx = {};
+      before(async () => {
+        ctx.client = await connect(lib);
+        ctx.locks = new LockClient(ctx.client);
+      });
+      after(async () => {
+        await ctx.locks.close();
+        await lib.close(ctx.client);
+      });
+      body(lib, ctx);
+    });
+  }
+}
+
+/** `body(lib, ctx)` once per client library, with a client of `server` (see describeEach). */
+export function describeEachClient(server, body) {
+  describeEach((lib) => lib.name, (lib) => lib.connect(server), body);
+}
+
+/** `body(lib, ctx)` once per client library, with a cluster client that starts from the
+ * node on `port` (see describeEach). */
+export function describeEachClusterClient(port, body) {
+  describeEach((lib) => `${lib.name} cluster`, (lib) => lib.cluster(port), body);
+}
+
+/** Runs `fn(locks, client)` with a LockClient (`options`) on `client`, a client of
+ * library `lib`, then closes both. */
+export async function withLocks(lib, client, options, fn) {
+  const locks = new LockClient(client, options);
+  try {
+    return await fn(locks, client);
+  } finally {
+    await locks.close();
+    await lib.close(client);
+  }
+}

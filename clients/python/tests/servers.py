@@ -6,17 +6,20 @@ target/release/libredis_lock.so) choose what runs.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 import redis
+import redis.asyncio as aredis
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -257,3 +260,26 @@ def raw_fences(port: int, key: str) -> List[int]:
             return out
         i += len(marker)
         out.append(int(data[i:data.index(b"\r\n", i)].decode()))
+
+
+def acquire_in_thread(lock: Any, **kwargs: Any) -> Tuple[threading.Thread, Dict[str, Any]]:
+    """Starts `lock.acquire(**kwargs)` in a thread: the thread, and a dict that gets the
+    result under "ok" once the acquire returns."""
+    out: Dict[str, Any] = {}
+    t = threading.Thread(target=lambda: out.update(ok=lock.acquire(**kwargs)))
+    t.start()
+    return t, out
+
+
+def with_async_client(port: int, main: Callable[[Any], Awaitable[None]], **kwargs: Any) -> None:
+    """Runs `main(r)` in an event loop of its own with a `redis.asyncio.Redis` on `port`
+    (`kwargs` are its options), and closes the client after it."""
+
+    async def run() -> None:
+        r = aredis.Redis(port=port, **kwargs)
+        try:
+            await main(r)
+        finally:
+            await r.aclose()
+
+    asyncio.run(run())

@@ -5,21 +5,15 @@ import socket
 import time
 
 import pytest
-import redis.asyncio as aredis
 from redis.exceptions import LockError, LockNotOwnedError
 
 from redis_lock_module import LOST_CAP, LOST_NOT_HELD
 from redis_lock_module.asyncio import Lock
-from servers import raw_fence
-
-
-def run(coro):
-    return asyncio.run(coro)
+from servers import raw_fence, with_async_client
 
 
 def test_api_and_exact_fences(server, key):
-    async def main():
-        r = aredis.Redis(port=server.port)
+    async def main(r):
         fences = []
         for _ in range(10):
             lock = r.lock(key, timeout=5, lock_class=Lock)
@@ -40,14 +34,12 @@ def test_api_and_exact_fences(server, key):
         await r.execute_command("LOCK.FORCERELEASE", key)
         with pytest.raises(LockNotOwnedError):
             await lock.release()
-        await r.aclose()
 
-    run(main())
+    with_async_client(server.port, main)
 
 
 def test_block_hand_off(server, key):
-    async def main():
-        r = aredis.Redis(port=server.port)
+    async def main(r):
         holder = Lock(r, key, timeout=10)
         assert await holder.acquire()
         first = holder.fence
@@ -70,14 +62,12 @@ def test_block_hand_off(server, key):
         assert 0.29 <= time.monotonic() - t0 < 1.5
         assert int((await holder.info())["waiters"]) == 0
         await holder.release()
-        await r.aclose()
 
-    run(main())
+    with_async_client(server.port, main)
 
 
 def test_no_orphan_after_a_client_side_timeout(own_server, key):
-    async def main():
-        r = aredis.Redis(port=own_server.port, socket_timeout=10)
+    async def main(r):
         await r.execute_command("LOCK.ACQUIRE", key, "PX", "300", "TOKEN", "holder")
         before = int((await r.info("lock"))["lock_handed_off"])
         lock = Lock(r, key, timeout=30, network_timeout=1.0)
@@ -92,14 +82,12 @@ def test_no_orphan_after_a_client_side_timeout(own_server, key):
         second = Lock(r, key, timeout=5)
         assert await second.acquire(blocking=False)
         await second.release()
-        await r.aclose()
 
-    run(main())
+    with_async_client(own_server.port, main, socket_timeout=10)
 
 
 def test_auto_renewal_loss_and_cap(server, key):
-    async def main():
-        r = aredis.Redis(port=server.port)
+    async def main(r):
         reasons = []
 
         async def on_lost(lk, why):
@@ -121,6 +109,5 @@ def test_auto_renewal_loss_and_cap(server, key):
         assert 0.6 < time.monotonic() - t0 < 1.5
         await asyncio.sleep(0.05)
         assert not await capped.locked()
-        await r.aclose()
 
-    run(main())
+    with_async_client(server.port, main)

@@ -1,17 +1,14 @@
 """Shared (SHARED) and counted (LIMIT n) locks: readers and a queued writer, n permits,
 LIMITMISMATCH and WRONGMODE, asyncio (docs/commands.md, "The lock state")."""
 
-import asyncio
-import threading
 import time
 
 import pytest
-import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
 from redis_lock_module import Lock
 from redis_lock_module.asyncio import Lock as AsyncLock
-from servers import raw_fences
+from servers import acquire_in_thread, raw_fences, with_async_client
 
 
 def test_readers_share_and_a_writer_waits_for_all(server, key):
@@ -29,9 +26,7 @@ def test_readers_share_and_a_writer_waits_for_all(server, key):
     # Acquired in a thread and read here: not thread-local (as with redis-py's Lock).
     writer = Lock(r, key, timeout=10, thread_local=False)
     assert not writer.acquire(blocking=False)
-    out = {}
-    t = threading.Thread(target=lambda: out.update(ok=writer.acquire(blocking_timeout=5)))
-    t.start()
+    t, out = acquire_in_thread(writer, blocking_timeout=5)
     time.sleep(0.2)
     a.release()
     time.sleep(0.2)
@@ -60,9 +55,7 @@ def test_counted_lock_has_n_permits(server, key):
         Lock(r, key).acquire(blocking=False)
     with pytest.raises(ResponseError, match="WRONGMODE"):
         Lock(r, key, shared=True).acquire(blocking=False)
-    out = {}
-    t = threading.Thread(target=lambda: out.update(ok=third.acquire(blocking_timeout=5)))
-    t.start()
+    t, out = acquire_in_thread(third, blocking_timeout=5)
     time.sleep(0.1)
     holders[0].release()
     t.join(5)
@@ -83,8 +76,7 @@ def test_limit_on_an_exclusive_lock_is_wrongmode(server, key):
 
 
 def test_asyncio_shared_and_counted(server, key):
-    async def main():
-        r = aredis.Redis(port=server.port)
+    async def main(r):
         a = AsyncLock(r, key, timeout=10, shared=True)
         b = AsyncLock(r, key, timeout=10, shared=True)
         assert await a.acquire(blocking=False) and await b.acquire(blocking=False)
@@ -95,6 +87,5 @@ def test_asyncio_shared_and_counted(server, key):
         assert await c.acquire(blocking=False)
         assert not await AsyncLock(r, key + ":n", limit=1).acquire(blocking=False)
         await c.release()
-        await r.aclose()
 
-    asyncio.run(main())
+    with_async_client(server.port, main)

@@ -9,7 +9,7 @@ import redis
 from redis.exceptions import LockError, LockNotOwnedError
 
 from redis_lock_module import LOST_CAP, LOST_FAILED, LOST_NOT_HELD, Lock
-from servers import raw_fence
+from servers import acquire_in_thread, raw_fence
 
 
 def test_acquire_release_and_the_exact_fence(server, key):
@@ -257,9 +257,7 @@ def test_no_orphan_after_a_client_side_timeout(own_server, key):
     r.execute_command("LOCK.ACQUIRE", key, "PX", "300", "TOKEN", "holder")
     before = _handed_off(r)
     lock = Lock(r, key, timeout=30, network_timeout=1.0)
-    out = {}
-    t = threading.Thread(target=lambda: out.update(ok=lock.acquire(blocking_timeout=1.0)))
-    t.start()
+    t, out = acquire_in_thread(lock, blocking_timeout=1.0)
     time.sleep(0.1)
     own_server.stop()
     # Past BLOCK (1 s) + network_timeout (1 s): the client gave up and sent LOCK.RELEASE;

@@ -14,12 +14,12 @@ mod stats;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use redis_lock_report::contention::{ContentionRun, RunInfo};
 use redis_lock_testkit::{flavor_of, List, ServerBuilder};
 
 use methods::{Family, Method, Scripts};
-use run::{run_cell, run_kind_cell, Shape};
+use run::{Bench, Shape};
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -37,13 +37,9 @@ struct Config {
     /// Critical-section lengths in ms.
     #[arg(long, env = "CONTENTION_HOLD_MS", default_value = "0,1")]
     hold_ms: List<u64>,
-    /// Methods of the mutex cells: module, poll100, jitter, blpop.
-    #[arg(
-        long,
-        env = "CONTENTION_METHODS",
-        default_value = "module,poll100,jitter,blpop"
-    )]
-    methods: List<String>,
+    /// Methods of the mutex cells: module, poll100, jitter, blpop [default: all].
+    #[arg(long, env = "CONTENTION_METHODS")]
+    methods: Option<List<String>>,
     /// Which cells: mutex (N clients, one lock), rw (readers and writers), sem (a
     /// semaphore).
     #[arg(long, env = "CONTENTION_CELLS", default_value = "mutex,rw,sem")]
@@ -51,19 +47,16 @@ struct Config {
     /// Readers and writers of the rw cells.
     #[arg(long, env = "CONTENTION_RW", default_value = "8,1")]
     rw: List<usize>,
-    /// Methods of the rw cells: shared, module, jitter, rw-script, rw-script-wfirst.
-    #[arg(
-        long,
-        env = "CONTENTION_RW_METHODS",
-        default_value = "shared,module,jitter,rw-script,rw-script-wfirst"
-    )]
-    rw_methods: List<String>,
+    /// Methods of the rw cells: shared, module, jitter, rw-script, rw-script-wfirst
+    /// [default: all].
+    #[arg(long, env = "CONTENTION_RW_METHODS")]
+    rw_methods: Option<List<String>>,
     /// Clients and permits (LIMIT) of the sem cells.
     #[arg(long, env = "CONTENTION_SEM", default_value = "16,4")]
     sem: List<usize>,
-    /// Methods of the sem cells: limit, zset.
-    #[arg(long, env = "CONTENTION_SEM_METHODS", default_value = "limit,zset")]
-    sem_methods: List<String>,
+    /// Methods of the sem cells: limit, zset [default: all].
+    #[arg(long, env = "CONTENTION_SEM_METHODS")]
+    sem_methods: Option<List<String>>,
     #[arg(long, env = "LOCK_SERVER_BIN", default_value = "/usr/bin/redis-server")]
     server: PathBuf,
     #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]
@@ -115,10 +108,14 @@ fn real_main() -> Result<(), Error> {
         .iter()
         .map(|id| Family::from_id(id).ok_or_else(|| format!("unknown cells {id:?}")))
         .collect::<Result<Vec<_>, _>>()?;
-    let pick = |family: Family, ids: &List<String>| -> Result<Vec<Method>, Error> {
+    // A family's methods: those asked for (all by default), in the family's own order.
+    let pick = |family: Family, ids: &Option<List<String>>| -> Result<Vec<Method>, Error> {
         if !families.contains(&family) {
             return Ok(Vec::new());
         }
+        let Some(ids) = ids else {
+            return Ok(family.methods().to_vec());
+        };
         let wanted = ids
             .0
             .iter()
@@ -161,22 +158,23 @@ fn real_main() -> Result<(), Error> {
         server.port, cfg.secs, cfg.n.0, cfg.hold_ms.0
     );
     let scripts = Scripts::load(&mut run::connect(&server)?)?;
-    let duration = Duration::from_secs_f64(cfg.secs);
+    let bench = Bench {
+        server: &server,
+        scripts: &scripts,
+        duration: Duration::from_secs_f64(cfg.secs),
+    };
     // Warm-up (discarded): connections, allocator, CPU frequency.
-    run_cell(
-        &server,
-        &scripts,
-        Method::Module,
-        2,
-        0,
-        Duration::from_millis(500),
-    )?;
+    let warm_up = Bench {
+        duration: Duration::from_millis(500),
+        ..bench
+    };
+    warm_up.cell(Method::Module, 2, 0)?;
 
     let mut cells = Vec::new();
     for &hold in &cfg.hold_ms.0 {
         for &m in &methods {
             for &n in &cfg.n.0 {
-                let cell = run_cell(&server, &scripts, m, n, hold, duration)?;
+                let cell = bench.cell(m, n, hold)?;
                 run::print_row(&cell);
                 cells.push(cell);
             }
@@ -186,7 +184,7 @@ fn real_main() -> Result<(), Error> {
     for (shape, family_methods) in [(&rw_shape, &rw_methods), (&sem_shape, &sem_methods)] {
         for &hold in &cfg.hold_ms.0 {
             for &m in family_methods {
-                let cell = run_kind_cell(&server, &scripts, m, shape, hold, duration)?;
+                let cell = bench.kind_cell(m, shape, hold)?;
                 run::print_kind_row(&cell);
                 kinds.push(cell);
             }
@@ -203,20 +201,14 @@ fn real_main() -> Result<(), Error> {
             .filter(|c| c.summary.violations > 0 && c.method != Method::ZsetPoll.id())
             .count();
     // The command to quote in the docs, with any CONTENTION_* overrides in front.
-    let mut command: Vec<String> = [
-        "CONTENTION_SECS",
-        "CONTENTION_N",
-        "CONTENTION_HOLD_MS",
-        "CONTENTION_METHODS",
-        "CONTENTION_CELLS",
-        "CONTENTION_RW",
-        "CONTENTION_RW_METHODS",
-        "CONTENTION_SEM",
-        "CONTENTION_SEM_METHODS",
-    ]
-    .iter()
-    .filter_map(|v| std::env::var(v).ok().map(|x| format!("{v}={x}")))
-    .collect();
+    let mut command: Vec<String> = Config::command()
+        .get_arguments()
+        .filter_map(|a| a.get_env()?.to_str())
+        .filter(|v| {
+            v.starts_with("CONTENTION_") && *v != "CONTENTION_JSON" && *v != "CONTENTION_COMMAND"
+        })
+        .filter_map(|v| std::env::var(v).ok().map(|x| format!("{v}={x}")))
+        .collect();
     match cfg.command {
         Some(c) => command.push(c),
         None => command.extend(std::env::args()),

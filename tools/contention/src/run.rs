@@ -102,52 +102,55 @@ pub struct Measured {
     pub other_cores: Option<f64>,
 }
 
-pub fn run_cell(
-    server: &Server,
-    scripts: &Scripts,
-    method: Method,
-    n: usize,
-    hold_ms: u64,
-    duration: Duration,
-) -> Result<Cell, Error> {
-    let m = run_clients(server, scripts, method, &Shape::mutex(n), hold_ms, duration)?;
-    Ok(Cell {
-        method: method.id().to_string(),
-        label: method.label(Family::Mutex).to_string(),
-        n,
-        hold_ms,
-        summary: summarize(&m.logs),
-        server_commands: m.server_commands,
-        client_commands: m.client_commands,
-        other_cores: m.other_cores,
-    })
+/// Where and for how long cells run.
+#[derive(Clone, Copy)]
+pub struct Bench<'a> {
+    pub server: &'a Server,
+    pub scripts: &'a Scripts,
+    /// Each cell's time.
+    pub duration: Duration,
 }
 
-/// A readers/writers or semaphore cell.
-pub fn run_kind_cell(
-    server: &Server,
-    scripts: &Scripts,
-    method: Method,
-    shape: &Shape,
-    hold_ms: u64,
-    duration: Duration,
-) -> Result<KindCell, Error> {
-    let m = run_clients(server, scripts, method, shape, hold_ms, duration)?;
-    let sem = shape.family == Family::Semaphore;
-    Ok(KindCell {
-        family: shape.family.id().to_string(),
-        method: method.id().to_string(),
-        label: method.label(shape.family).to_string(),
-        readers: shape.count(Role::Reader),
-        writers: shape.count(Role::Writer),
-        clients: shape.roles.len(),
-        limit: sem.then_some(shape.limit),
-        hold_ms,
-        summary: summarize_kind(&m.logs, &shape.roles, shape.rule(method)),
-        server_commands: m.server_commands,
-        client_commands: m.client_commands,
-        other_cores: m.other_cores,
-    })
+impl Bench<'_> {
+    /// A mutex cell: `n` clients, each holding the lock `hold_ms`.
+    pub fn cell(&self, method: Method, n: usize, hold_ms: u64) -> Result<Cell, Error> {
+        let m = self.run_clients(method, &Shape::mutex(n), hold_ms)?;
+        Ok(Cell {
+            method: method.id().to_string(),
+            label: method.label(Family::Mutex).to_string(),
+            n,
+            hold_ms,
+            summary: summarize(&m.logs),
+            server_commands: m.server_commands,
+            client_commands: m.client_commands,
+            other_cores: m.other_cores,
+        })
+    }
+
+    /// A readers/writers or semaphore cell.
+    pub fn kind_cell(
+        &self,
+        method: Method,
+        shape: &Shape,
+        hold_ms: u64,
+    ) -> Result<KindCell, Error> {
+        let m = self.run_clients(method, shape, hold_ms)?;
+        let sem = shape.family == Family::Semaphore;
+        Ok(KindCell {
+            family: shape.family.id().to_string(),
+            method: method.id().to_string(),
+            label: method.label(shape.family).to_string(),
+            readers: shape.count(Role::Reader),
+            writers: shape.count(Role::Writer),
+            clients: shape.roles.len(),
+            limit: sem.then_some(shape.limit),
+            hold_ms,
+            summary: summarize_kind(&m.logs, &shape.roles, shape.rule(method)),
+            server_commands: m.server_commands,
+            client_commands: m.client_commands,
+            other_cores: m.other_cores,
+        })
+    }
 }
 
 pub fn print_kind_row(c: &KindCell) {
@@ -171,85 +174,85 @@ pub fn print_kind_row(c: &KindCell) {
     );
 }
 
-fn run_clients(
-    server: &Server,
-    scripts: &Scripts,
-    method: Method,
-    shape: &Shape,
-    hold_ms: u64,
-    duration: Duration,
-) -> Result<Measured, Error> {
-    let n = shape.roles.len();
-    let key = format!(
-        "contention:{}:{}:{n}:{hold_ms}",
-        shape.family.id(),
-        method.id()
-    );
-    let mut admin = connect(server)?;
-    let _: () = redis::cmd("FLUSHALL").query(&mut admin)?;
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut admin)?;
+impl Bench<'_> {
+    fn run_clients(&self, method: Method, shape: &Shape, hold_ms: u64) -> Result<Measured, Error> {
+        let Bench {
+            server,
+            scripts,
+            duration,
+        } = *self;
+        let n = shape.roles.len();
+        let key = format!(
+            "contention:{}:{}:{n}:{hold_ms}",
+            shape.family.id(),
+            method.id()
+        );
+        let mut admin = connect(server)?;
+        let _: () = redis::cmd("FLUSHALL").query(&mut admin)?;
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut admin)?;
 
-    // Connect everyone before the clock starts.
-    let mut conns = Vec::with_capacity(n);
-    for _ in 0..n {
-        conns.push(connect(server)?);
-    }
-    let cpu_before = cpu::sample(server.pid());
-    let barrier = Arc::new(Barrier::new(n + 1));
-    let start: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
-    let logs: Vec<Result<ClientLog, Error>> = thread::scope(|s| {
-        let handles: Vec<_> = conns
-            .into_iter()
-            .zip(&shape.roles)
-            .enumerate()
-            .map(|(i, (conn, &role))| {
-                let barrier = Arc::clone(&barrier);
-                let start = Arc::clone(&start);
-                let key = key.as_str();
-                s.spawn(move || {
-                    let mut client = Client {
-                        conn,
-                        method,
-                        key,
-                        signal_key: format!("lock-signal:{key}"),
-                        scripts,
-                        rng: Rng::new(i as u64 + 1),
-                        name: format!("c{i}"),
-                        serial: 0,
-                        role,
-                        limit: shape.limit,
-                        commands: 0,
-                        round_trips: 0,
-                        first_sent: None,
-                    };
-                    barrier.wait();
-                    let start = *start.get().ok_or("start time not set")?;
-                    client_loop(&mut client, i, start, duration, hold_ms)
+        // Connect everyone before the clock starts.
+        let mut conns = Vec::with_capacity(n);
+        for _ in 0..n {
+            conns.push(connect(server)?);
+        }
+        let cpu_before = cpu::sample(server.pid());
+        let barrier = Arc::new(Barrier::new(n + 1));
+        let start: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
+        let logs: Vec<Result<ClientLog, Error>> = thread::scope(|s| {
+            let handles: Vec<_> = conns
+                .into_iter()
+                .zip(&shape.roles)
+                .enumerate()
+                .map(|(i, (conn, &role))| {
+                    let barrier = Arc::clone(&barrier);
+                    let start = Arc::clone(&start);
+                    let key = key.as_str();
+                    s.spawn(move || {
+                        let mut client = Client {
+                            conn,
+                            method,
+                            key,
+                            signal_key: format!("lock-signal:{key}"),
+                            scripts,
+                            rng: Rng::new(i as u64 + 1),
+                            name: format!("c{i}"),
+                            serial: 0,
+                            role,
+                            limit: shape.limit,
+                            commands: 0,
+                            round_trips: 0,
+                            first_sent: None,
+                        };
+                        barrier.wait();
+                        let start = *start.get().ok_or("start time not set")?;
+                        client_loop(&mut client, i, start, duration, hold_ms)
+                    })
                 })
-            })
-            .collect();
-        let _ = start.set(Instant::now());
-        barrier.wait();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("client thread panicked".into()))
-            })
-            .collect()
-    });
-    let cpu_after = cpu::sample(server.pid());
-    let logs: Vec<ClientLog> = logs.into_iter().collect::<Result<_, _>>()?;
-    let client_commands = logs.iter().map(|l| l.commands).sum();
-    let server_commands = command_calls(&mut admin, method.sent_commands())?;
-    Ok(Measured {
-        logs,
-        server_commands,
-        client_commands,
-        other_cores: cpu_before
-            .zip(cpu_after)
-            .map(|(a, b)| cpu::other_cores(a, b)),
-    })
+                .collect();
+            let _ = start.set(Instant::now());
+            barrier.wait();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("client thread panicked".into()))
+                })
+                .collect()
+        });
+        let cpu_after = cpu::sample(server.pid());
+        let logs: Vec<ClientLog> = logs.into_iter().collect::<Result<_, _>>()?;
+        let client_commands = logs.iter().map(|l| l.commands).sum();
+        let server_commands = command_calls(&mut admin, method.sent_commands())?;
+        Ok(Measured {
+            logs,
+            server_commands,
+            client_commands,
+            other_cores: cpu_before
+                .zip(cpu_after)
+                .map(|(a, b)| cpu::other_cores(a, b)),
+        })
+    }
 }
 
 fn client_loop(

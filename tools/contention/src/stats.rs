@@ -464,22 +464,15 @@ mod tests {
 
     #[test]
     fn readers_may_overlap_but_not_a_writer() {
-        use Role::{Reader, Writer};
+        let r = |client, g, r| (rw(client, g, r), Role::Reader);
+        let w = |client, g, r| (rw(client, g, r), Role::Writer);
         // Two readers together, then a writer after both left: no violation.
-        let ok = [
-            (rw(0, 10, 50), Reader),
-            (rw(1, 20, 60), Reader),
-            (rw(2, 60, 90), Writer),
-        ];
+        let ok = [r(0, 10, 50), r(1, 20, 60), w(2, 60, 90)];
         let c = concurrency(&ok, Rule::ReadWrite, 100);
         assert_eq!((c.peak, c.violations), (2, 0));
         assert!((c.mean - 1.1).abs() < 1e-12, "40 + 40 + 30 ns of 100");
         // A writer granted while a reader holds, and a reader granted inside a write.
-        let bad = [
-            (rw(0, 10, 50), Reader),
-            (rw(2, 40, 80), Writer),
-            (rw(1, 70, 75), Reader),
-        ];
+        let bad = [r(0, 10, 50), w(2, 40, 80), r(1, 70, 75)];
         let c = concurrency(&bad, Rule::ReadWrite, 100);
         assert_eq!((c.peak, c.violations), (2, 2));
         // The same spans under a limit of 2 break nothing; under a limit of 1, both.
