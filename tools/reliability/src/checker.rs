@@ -62,6 +62,33 @@ pub struct Grant {
     pub cs: Option<(u64, u64)>,
 }
 
+impl Grant {
+    /// A grant as its acquire returned it (`call`: the acquire's invoke and complete
+    /// times), before any extend, release or critical section.
+    pub fn new(
+        client: u32,
+        key: u32,
+        mode: Mode,
+        at: (u32, u64),
+        ttl_ms: u64,
+        call: (u64, u64),
+    ) -> Grant {
+        Grant {
+            client,
+            key,
+            mode,
+            server: at.0,
+            fence: at.1,
+            ttl_ms,
+            invoke: call.0,
+            complete: call.1,
+            extends: Vec::new(),
+            release: None,
+            cs: None,
+        }
+    }
+}
+
 /// A fence seen outside the checked keys (only its order is checked).
 #[derive(Debug, Clone, Copy)]
 pub struct Fenced {
@@ -421,23 +448,22 @@ mod tests {
     const SLACK: u64 = 2 * MS;
 
     fn grant(key: u32, fence: u64, invoke_ms: u64, ttl_ms: u64, release_ms: Option<u64>) -> Grant {
-        Grant {
-            client: 0,
+        let t = invoke_ms * MS;
+        let mut g = Grant::new(
+            0,
             key,
-            mode: Mode::Exclusive,
-            server: 0,
-            fence,
+            Mode::Exclusive,
+            (0, fence),
             ttl_ms,
-            invoke: invoke_ms * MS,
-            complete: invoke_ms * MS + 100_000,
-            extends: Vec::new(),
-            release: release_ms.map(|t| Call {
-                invoke: t * MS,
-                complete: t * MS + 100_000,
-                ok: Some(true),
-            }),
-            cs: Some((invoke_ms * MS + 200_000, invoke_ms * MS + 300_000)),
-        }
+            (t, t + 100_000),
+        );
+        g.release = release_ms.map(|r| Call {
+            invoke: r * MS,
+            complete: r * MS + 100_000,
+            ok: Some(true),
+        });
+        g.cs = Some((t + 200_000, t + 300_000));
+        g
     }
 
     fn with(mut g: Grant, mode: Mode) -> Grant {

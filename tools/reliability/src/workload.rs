@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
-use crate::common::{now_ns, thousands, Reply};
+use crate::common::{note_checks, now_ns, short_of, thousands, Env, Outcome, Reply};
 use crate::link::{Answer, Kills, Link, LinkLog, Topo};
 use redis_lock_testkit::{args, Rng};
 
@@ -173,9 +173,14 @@ pub struct Shared {
     pub kills: Arc<Kills>,
 }
 
-#[derive(Default)]
-pub struct ClientLog {
-    pub grants: Vec<Grant>,
+/// What a client counts as it goes (a [`Tally`] adds them up).
+#[derive(Default, Clone)]
+pub struct Counts {
+    pub calls: u64,
+    pub releases: u64,
+    pub extends: u64,
+    /// Leases left to run out.
+    pub abandoned: u64,
     pub nil_blocking: u64,
     pub nil_nonblocking: u64,
     pub maxwaiters: u64,
@@ -183,10 +188,27 @@ pub struct ClientLog {
     pub unconfirmed: u64,
     /// Acquires whose reply was lost (never used; the lease runs out by itself).
     pub lost_acquires: u64,
-    pub extends: u64,
-    pub releases: u64,
-    pub abandoned: u64,
-    pub calls: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.calls += o.calls;
+        self.releases += o.releases;
+        self.extends += o.extends;
+        self.abandoned += o.abandoned;
+        self.nil_blocking += o.nil_blocking;
+        self.nil_nonblocking += o.nil_nonblocking;
+        self.maxwaiters += o.maxwaiters;
+        self.unblocked += o.unblocked;
+        self.unconfirmed += o.unconfirmed;
+        self.lost_acquires += o.lost_acquires;
+    }
+}
+
+#[derive(Default)]
+pub struct ClientLog {
+    pub grants: Vec<Grant>,
+    pub n: Counts,
     pub errors: Vec<String>,
     pub link: LinkLog,
 }
@@ -217,7 +239,7 @@ impl Client<'_> {
     }
 
     fn call(&mut self, key: &str, cmds: &[Vec<Vec<u8>>], block: Option<u64>) -> Answer {
-        self.log.calls += 1;
+        self.log.n.calls += 1;
         self.link.call(key.as_bytes(), cmds, block, &self.sh.kills)
     }
 
@@ -253,22 +275,22 @@ impl Client<'_> {
         let (r, t0, t1) = match self.call(&name, &cmds, block) {
             Answer::Reply(r, t0, t1) => (r, t0, t1),
             Answer::Lost(_) => {
-                self.log.lost_acquires += 1;
+                self.log.n.lost_acquires += 1;
                 return Ok(Got::Nothing);
             }
         };
         match &r[0] {
-            Reply::Nil if block.is_some() => self.log.nil_blocking += 1,
-            Reply::Nil => self.log.nil_nonblocking += 1,
-            Reply::Error(e) if e.starts_with("MAXWAITERS") => self.log.maxwaiters += 1,
-            Reply::Error(e) if e.starts_with("UNBLOCKED") => self.log.unblocked += 1,
+            Reply::Nil if block.is_some() => self.log.n.nil_blocking += 1,
+            Reply::Nil => self.log.n.nil_nonblocking += 1,
+            Reply::Error(e) if e.starts_with("MAXWAITERS") => self.log.n.maxwaiters += 1,
+            Reply::Error(e) if e.starts_with("UNBLOCKED") => self.log.n.unblocked += 1,
             other => {
                 let Some((_, fence)) = other.grant() else {
                     return Err(format!("unexpected acquire reply {other:?}"));
                 };
                 if self.sh.plan.confirm && !confirmed(&r) {
                     // Maybe not on the replica: do not use it, give it back.
-                    self.log.unconfirmed += 1;
+                    self.log.n.unconfirmed += 1;
                     let rel = args!["LOCK.RELEASE", &name, token];
                     let _ = self.call(&name, &[rel], None);
                     return Ok(Got::Nothing);
@@ -282,7 +304,7 @@ impl Client<'_> {
     fn release(&mut self, g: &mut Grant, token: &[u8]) {
         let name = self.sh.plan.keys[g.key as usize].0.clone();
         let cmd = args!["LOCK.RELEASE", &name, token];
-        self.log.releases += 1;
+        self.log.n.releases += 1;
         g.release = Some(match self.call(&name, std::slice::from_ref(&cmd), None) {
             Answer::Reply(r, t0, t1) => Call {
                 invoke: t0,
@@ -340,19 +362,14 @@ impl Client<'_> {
             else {
                 continue;
             };
-            let mut g = Grant {
-                client: self.id,
-                key: k as u32,
+            let mut g = Grant::new(
+                self.id,
+                k as u32,
                 mode,
-                server: self.group(),
-                fence,
-                ttl_ms: ttl,
-                invoke: t0,
-                complete: t1,
-                extends: Vec::new(),
-                release: None,
-                cs: None,
-            };
+                (self.group(), fence),
+                ttl,
+                (t0, t1),
+            );
             let cs0 = now_ns();
             let at = (g.server, fence);
             let v = sh.store.enter(k as u32, mode, at);
@@ -367,7 +384,7 @@ impl Client<'_> {
                 let ext = if short { rng.range(20, 100) } else { LONG_TTL };
                 let name = sh.plan.keys[k].0.clone();
                 let cmds = self.cmds(args!["LOCK.EXTEND", &name, &token, "PX", ext]);
-                self.log.extends += 1;
+                self.log.n.extends += 1;
                 let call = match self.call(&name, &cmds, None) {
                     Answer::Reply(r, e0, e1) => {
                         let ok = r[0].as_int() == Some(1);
@@ -399,7 +416,7 @@ impl Client<'_> {
             let idx = self.log.grants.len() - 1;
             if short && rng.chance(10) {
                 abandoned.push_back((idx, token, last + (final_ttl + 5) * 1_000_000));
-                self.log.abandoned += 1;
+                self.log.n.abandoned += 1;
             } else {
                 let mut g = self.log.grants[idx].clone();
                 self.release(&mut g, &token);
@@ -446,16 +463,7 @@ pub fn spawn(sh: &Arc<Shared>, rng: &mut Rng) -> Vec<std::thread::JoinHandle<Cli
 #[derive(Default)]
 pub struct Tally {
     pub grants: u64,
-    pub calls: u64,
-    pub releases: u64,
-    pub extends: u64,
-    pub abandoned: u64,
-    pub nil_blocking: u64,
-    pub nil_nonblocking: u64,
-    pub maxwaiters: u64,
-    pub unblocked: u64,
-    pub unconfirmed: u64,
-    pub lost_acquires: u64,
+    pub n: Counts,
     pub killed_calls: u64,
     pub waits: u64,
     pub late_by_pause: u64,
@@ -500,21 +508,12 @@ impl Tally {
 
     /// Adds another run's figures (a sub-run of the same server).
     pub fn absorb(&mut self, o: Tally) {
+        self.n.add(&o.n);
         macro_rules! sum {
             ($($f:ident),*) => {$(self.$f += o.$f;)*};
         }
         sum!(
             grants,
-            calls,
-            releases,
-            extends,
-            abandoned,
-            nil_blocking,
-            nil_nonblocking,
-            maxwaiters,
-            unblocked,
-            unconfirmed,
-            lost_acquires,
             killed_calls,
             waits,
             late_by_pause,
@@ -549,13 +548,13 @@ impl Tally {
             thousands(self.by_mode[0]),
             thousands(self.by_mode[1]),
             thousands(self.by_mode[2]),
-            thousands(self.releases),
-            thousands(self.extends),
-            thousands(self.abandoned),
-            thousands(self.nil_blocking),
-            thousands(self.nil_nonblocking),
-            thousands(self.maxwaiters),
-            thousands(self.unblocked),
+            thousands(self.n.releases),
+            thousands(self.n.extends),
+            thousands(self.n.abandoned),
+            thousands(self.n.nil_blocking),
+            thousands(self.n.nil_nonblocking),
+            thousands(self.n.maxwaiters),
+            thousands(self.n.unblocked),
         )
     }
 }
@@ -587,16 +586,7 @@ pub fn check(
     let mut grants = Vec::new();
     for l in logs {
         grants.extend(l.grants);
-        t.calls += l.calls;
-        t.releases += l.releases;
-        t.extends += l.extends;
-        t.abandoned += l.abandoned;
-        t.nil_blocking += l.nil_blocking;
-        t.nil_nonblocking += l.nil_nonblocking;
-        t.maxwaiters += l.maxwaiters;
-        t.unblocked += l.unblocked;
-        t.unconfirmed += l.unconfirmed;
-        t.lost_acquires += l.lost_acquires;
+        t.n.add(&l.n);
         t.errors.extend(l.errors);
         absorb_link(&mut t, l.link);
     }
@@ -663,6 +653,24 @@ pub fn absorb_link(t: &mut Tally, l: LinkLog) {
         l.broken.len() as u64,
         l.broken,
     );
+}
+
+/// The end of a fenced-workload scenario's row: what the checker found, and a failure on
+/// any violation, on any client error, or (full runs) on fewer acquisitions than `target`.
+pub fn verdict(o: &mut Outcome, env: &Env, t: &Tally, target: u64) {
+    note_checks(
+        o,
+        (t.late_cs, t.late_store_events),
+        &t.violations,
+        &t.examples,
+    );
+    if t.violations() > 0 {
+        o.fail(format!("{} violations", t.violations()));
+    }
+    if let Some(e) = t.errors.first() {
+        o.fail(format!("{} client errors, first: {e}", t.errors.len()));
+    }
+    short_of(o, env, t.grants, target);
 }
 
 #[cfg(test)]

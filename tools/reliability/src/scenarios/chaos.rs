@@ -377,21 +377,87 @@ struct Sub {
     secs: f64,
 }
 
-fn new_shared(plan: Plan, kills: &Arc<Kills>) -> Arc<workload::Shared> {
-    let n = plan.keys.len();
-    Arc::new(workload::Shared {
-        plan,
-        store: workload::Store::new(n),
-        stop: AtomicBool::new(false),
-        kills: Arc::clone(kills),
-    })
+/// A sub-run under way: the fenced workload's clients on `addrs` (`topo`), and the
+/// operator's connections to every node.
+struct Load {
+    t: Instant,
+    sh: Arc<workload::Shared>,
+    handles: Vec<std::thread::JoinHandle<workload::ClientLog>>,
+    admin: Admin,
+    kills: Arc<Kills>,
+    ops: Ops,
 }
 
-/// Waits `rng.range(lo, hi)` ms, or less when the clients are done.
-fn nap(sh: &workload::Shared, rng: &mut Rng, lo: u64, hi: u64) {
-    let until = Instant::now() + Duration::from_millis(rng.range(lo, hi));
-    while Instant::now() < until && !sh.stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(5));
+impl Load {
+    fn start(env: &Env, flavor: Flavor, rng: &mut Rng, topo: Topo, prefix: &str) -> Load {
+        let addrs = match &topo {
+            Topo::Single(a, _) => vec![*a],
+            Topo::Pair(a) => a.to_vec(),
+            Topo::Cluster(a) => a.clone(),
+        };
+        let group_per_node = matches!(topo, Topo::Cluster(_));
+        let kills = Arc::new(Kills::default());
+        let keys = keys(prefix, 6, 2, &[2, 3]);
+        let sh = Arc::new(workload::Shared {
+            plan: Plan {
+                topo,
+                keys: keys.clone(),
+                clients: 24,
+                deadline: Instant::now() + env.secs(45.0, 6.0),
+                confirm: false,
+                group_per_node,
+            },
+            store: workload::Store::new(keys.len()),
+            stop: AtomicBool::new(false),
+            kills: Arc::clone(&kills),
+        });
+        Load {
+            t: Instant::now(),
+            handles: workload::spawn(&sh, rng),
+            admin: Admin::new(addrs, &keys, &kills, flavor),
+            sh,
+            kills,
+            ops: Ops::default(),
+        }
+    }
+
+    /// Applies operations picked from `table`, `nap` ms apart, until the clients are done
+    /// or `apply` fails (the failure is kept as an operation error).
+    fn drive(
+        &mut self,
+        rng: &mut Rng,
+        table: &[(&'static str, u64)],
+        nap: (u64, u64),
+        mut apply: impl FnMut(&'static str, &mut Admin, &mut Rng, &mut Ops) -> Result<(), String>,
+    ) {
+        while running(&self.sh) {
+            let op = pick(rng, table);
+            if let Err(e) = apply(op, &mut self.admin, rng, &mut self.ops) {
+                self.ops.errors.push(e);
+                break;
+            }
+            let until = Instant::now() + Duration::from_millis(rng.range(nap.0, nap.1));
+            while Instant::now() < until && !self.sh.stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        self.sh.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// The sub-run's result, once its clients' history is checked, with the health of
+    /// `servers` afterwards.
+    fn close(self, tally: Tally, servers: &[(&Server, String)]) -> Sub {
+        let mut ops = self.ops;
+        for (s, what) in servers {
+            if let Err(e) = health(s, what) {
+                ops.crashes.push(e);
+            }
+        }
+        Sub {
+            tally,
+            ops,
+            secs: self.t.elapsed().as_secs_f64(),
+        }
     }
 }
 
@@ -400,38 +466,22 @@ fn running(sh: &workload::Shared) -> bool {
 }
 
 fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
-    let t = Instant::now();
     let server = env.start(&format!("chaos-{}-single", flavor.version()))?;
     let addr = server.socket_addr();
-    let kills = Arc::new(Kills::default());
-    let keys = keys("rel:ch", 6, 2, &[2, 3]);
-    let sh = new_shared(
-        Plan {
-            topo: Topo::Single(addr, 0),
-            keys: keys.clone(),
-            clients: 24,
-            deadline: Instant::now() + env.secs(45.0, 6.0),
-            confirm: false,
-            group_per_node: false,
-        },
-        &kills,
-    );
-    let handles = workload::spawn(&sh, rng);
+    let mut load = Load::start(env, flavor, rng, Topo::Single(addr, 0), "rel:ch");
     let by_stop = Arc::new(AtomicBool::new(false));
     // Stopped when the clients are done; at the latest a minute after their deadline.
-    let until = sh.plan.deadline + Duration::from_secs(60);
+    let until = load.sh.plan.deadline + Duration::from_secs(60);
     let bystanders: Vec<_> = (0..4u32)
         .map(|i| {
             let (stop, kills, r) = (
                 Arc::clone(&by_stop),
-                Arc::clone(&kills),
+                Arc::clone(&load.kills),
                 rng.fork(100 + u64::from(i)),
             );
             std::thread::spawn(move || bystander(addr, 1 + i % 2, &stop, until, &kills, r))
         })
         .collect();
-    let mut admin = Admin::new(vec![addr], &keys, &kills, flavor);
-    let mut ops = Ops::default();
     let table = [
         ("CLIENT PAUSE WRITE", 12),
         ("CLIENT PAUSE ALL", 8),
@@ -443,29 +493,23 @@ fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
         ("CLIENT KILL waiter", 10),
         ("CLIENT KILL holder", 8),
     ];
-    let mut result = Ok(());
-    while running(&sh) && result.is_ok() {
-        let op = pick(rng, &table);
-        result = (|| {
-            if !common_op(op, &mut admin, 0, rng, &mut ops)? {
-                let cmd = match op {
-                    "DEBUG RELOAD" => args!["DEBUG", "RELOAD"],
-                    _ => args!["SWAPDB", 1u64, 2u64],
-                };
-                let r = admin.call(0, &cmd)?;
-                expect_ok(&r, op, &mut ops);
-                ops.done(op);
-            }
-            Ok::<(), String>(())
-        })();
-        nap(&sh, rng, 30, 200);
-    }
-    sh.stop.store(true, Ordering::Relaxed);
+    load.drive(rng, &table, (30, 200), |op, admin, rng, ops| {
+        if !common_op(op, admin, 0, rng, ops)? {
+            let cmd = match op {
+                "DEBUG RELOAD" => args!["DEBUG", "RELOAD"],
+                _ => args!["SWAPDB", 1u64, 2u64],
+            };
+            let r = admin.call(0, &cmd)?;
+            expect_ok(&r, op, ops);
+            ops.done(op);
+        }
+        Ok(())
+    });
     let mut fenced = Vec::new();
     let mut tally_links = Vec::new();
     let mut by_errors = Vec::new();
     // The clients first: the bystanders keep the swapped dbs busy until they are done.
-    let logs = workload::join(handles);
+    let logs = workload::join(std::mem::take(&mut load.handles));
     by_stop.store(true, Ordering::Relaxed);
     for b in bystanders {
         let (f, l, e) = b.join().map_err(|_| "a bystander panicked".to_string())?;
@@ -473,47 +517,22 @@ fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
         tally_links.push(l);
         by_errors.extend(e);
     }
-    let mut tally = workload::check(&sh, logs?, &fenced)?;
+    let mut tally = workload::check(&load.sh, logs?, &fenced)?;
     for l in tally_links {
         workload::absorb_link(&mut tally, l);
     }
     tally.errors.extend(by_errors);
-    if let Err(e) = result {
-        ops.errors.push(e);
-    }
-    if let Err(e) = health(&server, "the server") {
-        ops.crashes.push(e);
-    }
-    Ok(Sub {
-        tally,
-        ops,
-        secs: t.elapsed().as_secs_f64(),
-    })
+    Ok(load.close(tally, &[(&server, "the server".into())]))
 }
 
 fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
-    let t = Instant::now();
     let v = flavor.version();
     let node = |name: String| env.builder(&name).arg("repl-diskless-sync-delay", "0");
     let mut pair =
         ReplicaPair::try_start_with(node(format!("chaos-{v}-p")), node(format!("chaos-{v}-r")))?;
     let addrs = [pair.primary.socket_addr(), pair.replica.socket_addr()];
-    let kills = Arc::new(Kills::default());
-    let keys = keys("rel:cp", 6, 2, &[2, 3]);
-    let sh = new_shared(
-        Plan {
-            topo: Topo::Pair(addrs),
-            keys: keys.clone(),
-            clients: 24,
-            deadline: Instant::now() + env.secs(45.0, 6.0),
-            confirm: false,
-            group_per_node: false,
-        },
-        &kills,
-    );
-    let handles = workload::spawn(&sh, rng);
-    let mut admin = Admin::new(addrs.to_vec(), &keys, &kills, flavor);
-    let mut ops = Ops::default();
+    let mut load = Load::start(env, flavor, rng, Topo::Pair(addrs), "rel:cp");
+    let kills = Arc::clone(&load.kills);
     let table = [
         ("FAILOVER", 10),
         ("CLIENT PAUSE WRITE", 8),
@@ -524,49 +543,32 @@ fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
         ("CLIENT KILL holder", 8),
         ("BGREWRITEAOF", 3),
     ];
-    let mut result = Ok(());
-    while running(&sh) && result.is_ok() {
-        let op = pick(rng, &table);
+    load.drive(rng, &table, (50, 300), |op, admin, rng, ops| {
         let p = addrs
             .iter()
             .position(|a| *a == pair.primary.socket_addr())
             .unwrap_or(0);
-        result = (|| {
-            if op == "FAILOVER" {
-                kills.pause(p, None);
-                let r = pair.failover(Duration::from_secs(5));
-                kills.pause_over(p);
-                r?;
-                ops.done(op);
-            } else {
-                common_op(op, &mut admin, p, rng, &mut ops)?;
-            }
-            Ok::<(), String>(())
-        })();
-        nap(&sh, rng, 50, 300);
-    }
-    sh.stop.store(true, Ordering::Relaxed);
-    let tally = workload::finish(&sh, handles, &[])?;
-    if let Err(e) = result {
-        ops.errors.push(e);
-    }
-    for (s, what) in [
-        (&pair.primary, "the primary"),
-        (&pair.replica, "the replica"),
-    ] {
-        if let Err(e) = health(s, what) {
-            ops.crashes.push(e);
+        if op != "FAILOVER" {
+            return common_op(op, admin, p, rng, ops).map(|_| ());
         }
-    }
-    Ok(Sub {
+        kills.pause(p, None);
+        let r = pair.failover(Duration::from_secs(5));
+        kills.pause_over(p);
+        r?;
+        ops.done(op);
+        Ok(())
+    });
+    let tally = workload::finish(&load.sh, std::mem::take(&mut load.handles), &[])?;
+    Ok(load.close(
         tally,
-        ops,
-        secs: t.elapsed().as_secs_f64(),
-    })
+        &[
+            (&pair.primary, "the primary".into()),
+            (&pair.replica, "the replica".into()),
+        ],
+    ))
 }
 
 fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
-    let t = Instant::now();
     let (bin, module) = (env.server_bin.clone(), env.module.clone());
     let cluster = Cluster::try_start_with(3, |b| {
         b.bin(bin.clone())
@@ -574,22 +576,8 @@ fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
             .start_timeout(Duration::from_secs(20))
     })?;
     let addrs: Vec<SocketAddr> = cluster.nodes.iter().map(Server::socket_addr).collect();
-    let kills = Arc::new(Kills::default());
-    let keys = keys("rel:cc", 6, 2, &[2, 3]);
-    let sh = new_shared(
-        Plan {
-            topo: Topo::Cluster(addrs.clone()),
-            keys: keys.clone(),
-            clients: 24,
-            deadline: Instant::now() + env.secs(45.0, 6.0),
-            confirm: false,
-            group_per_node: true,
-        },
-        &kills,
-    );
-    let handles = workload::spawn(&sh, rng);
-    let mut admin = Admin::new(addrs.clone(), &keys, &kills, flavor);
-    let mut ops = Ops::default();
+    let mut load = Load::start(env, flavor, rng, Topo::Cluster(addrs.clone()), "rel:cc");
+    let keys = load.sh.plan.keys.clone();
     let table = [
         ("slot migration", 30),
         ("CLIENT PAUSE WRITE", 6),
@@ -598,48 +586,32 @@ fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
         ("CLIENT KILL waiter", 6),
         ("CLIENT KILL holder", 6),
     ];
-    let mut result = Ok(());
-    while running(&sh) && result.is_ok() {
-        let op = pick(rng, &table);
+    load.drive(rng, &table, (20, 150), |op, admin, rng, ops| {
         let node = rng.below(addrs.len() as u64) as usize;
-        result = (|| {
-            if op == "slot migration" {
-                // Prefer a key that is held now, so that its holders (and waiters) move.
-                let (mut slot, mut from) = (0, 0);
-                for _ in 0..4 {
-                    let key = &rng.pick(&keys).0;
-                    slot = redis_lock_testkit::key_slot(key.as_bytes());
-                    from = cluster.slot_owner(slot).ok_or("slot without owner")?;
-                    if admin.call(from, &args!["EXISTS", key])?.as_int() == Some(1) {
-                        break;
-                    }
-                }
-                let to = (from + 1 + rng.below(2) as usize) % 3;
-                let pause = Duration::from_millis(rng.below(60));
-                ops.keys_migrated += cluster.migrate_slot(slot, to, pause)?;
-                ops.done(op);
-            } else {
-                common_op(op, &mut admin, node, rng, &mut ops)?;
-            }
-            Ok::<(), String>(())
-        })();
-        nap(&sh, rng, 20, 150);
-    }
-    sh.stop.store(true, Ordering::Relaxed);
-    let tally = workload::finish(&sh, handles, &[])?;
-    if let Err(e) = result {
-        ops.errors.push(e);
-    }
-    for (i, s) in cluster.nodes.iter().enumerate() {
-        if let Err(e) = health(s, &format!("cluster node {i}")) {
-            ops.crashes.push(e);
+        if op != "slot migration" {
+            return common_op(op, admin, node, rng, ops).map(|_| ());
         }
-    }
-    Ok(Sub {
-        tally,
-        ops,
-        secs: t.elapsed().as_secs_f64(),
-    })
+        // Prefer a key that is held now, so that its holders (and waiters) move.
+        let (mut slot, mut from) = (0, 0);
+        for _ in 0..4 {
+            let key = &rng.pick(&keys).0;
+            slot = redis_lock_testkit::key_slot(key.as_bytes());
+            from = cluster.slot_owner(slot).ok_or("slot without owner")?;
+            if admin.call(from, &args!["EXISTS", key])?.as_int() == Some(1) {
+                break;
+            }
+        }
+        let to = (from + 1 + rng.below(2) as usize) % 3;
+        let pause = Duration::from_millis(rng.below(60));
+        ops.keys_migrated += cluster.migrate_slot(slot, to, pause)?;
+        ops.done(op);
+        Ok(())
+    });
+    let tally = workload::finish(&load.sh, std::mem::take(&mut load.handles), &[])?;
+    let nodes: Vec<(&Server, String)> = (cluster.nodes.iter().enumerate())
+        .map(|(i, s)| (s, format!("cluster node {i}")))
+        .collect();
+    Ok(load.close(tally, &nodes))
 }
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
@@ -710,7 +682,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         thousands(tally.grants),
         parts.join(", "),
         thousands(tally.waits),
-        thousands(tally.calls)
+        thousands(tally.n.calls)
     );
     o.note(format!("History: {}.", tally.history()));
     o.note(format!(
@@ -724,10 +696,6 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         thousands(tally.tryagain),
         thousands(tally.rerouted),
         thousands(ops.keys_migrated)
-    ));
-    o.note(format!(
-        "Critical sections that outran their own lease (a client delayed by a pause, not a lock fault): {}; store anomalies they explain: {}.",
-        tally.late_cs, tally.late_store_events
     ));
     if tally.cross_server_refusals > 0 {
         o.note(format!(
@@ -743,12 +711,6 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             if ops.unblock_accepted_early == 0 { "yes" } else { "no" }
         ));
     }
-    for (k, v) in &tally.violations {
-        o.note(format!("Violation `{k}`: {v}"));
-    }
-    for e in tally.examples.iter().take(6) {
-        o.note(format!("Example: {e}"));
-    }
     for e in ops.crashes.iter().chain(&ops.errors).take(4) {
         o.note(format!("Operation failed: {e}"));
     }
@@ -762,23 +724,6 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             flavor.label()
         ));
     }
-    if tally.violations() > 0 {
-        o.fail(format!("{} violations", tally.violations()));
-    }
-    if let Some(e) = tally.errors.first() {
-        o.fail(format!("{} client errors, first: {e}", tally.errors.len()));
-    }
-    if tally.grants < target {
-        let msg = format!(
-            "{} acquisitions, below the {} asked for",
-            thousands(tally.grants),
-            thousands(target)
-        );
-        if env.short {
-            o.note(msg);
-        } else {
-            o.fail(msg);
-        }
-    }
+    workload::verdict(o, env, &tally, target);
     Ok(())
 }

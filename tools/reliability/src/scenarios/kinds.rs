@@ -161,44 +161,17 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     o.note(format!("History: {}.", t.history()));
     o.note(format!(
         "Grants the replica did not confirm within `WAIT 1 100` (given back, not used): {}; acquires whose reply was lost (killed connection or server): {}; calls lost to a kill (excused): {}; clients followed {} READONLY/UNBLOCKED replies to the new primary. Waiters: {} blocking calls, the slowest answered {} ms after its BLOCK time ({} more than 1 s after it only because a FAILOVER's write pause held the command before it ran).",
-        thousands(t.unconfirmed),
-        thousands(t.lost_acquires),
+        thousands(t.n.unconfirmed),
+        thousands(t.n.lost_acquires),
         thousands(t.killed_calls),
         thousands(t.rerouted),
         thousands(t.waits),
         t.slowest_wait_over_block_ms.max(0),
         thousands(t.late_by_pause)
     ));
-    o.note(format!(
-        "Critical sections that outran their own lease (a client pause, not a lock fault): {}; store anomalies they explain: {}.",
-        t.late_cs, t.late_store_events
-    ));
-    for (k, n) in &t.violations {
-        o.note(format!("Violation `{k}`: {n}"));
-    }
-    for e in t.examples.iter().take(6) {
-        o.note(format!("Example: {e}"));
-    }
     if let Some(e) = errors.first() {
         o.fail(e.clone());
     }
-    if t.violations() > 0 {
-        o.fail(format!("{} violations", t.violations()));
-    }
-    if let Some(e) = t.errors.first() {
-        o.fail(format!("{} client errors, first: {e}", t.errors.len()));
-    }
-    if t.grants < target {
-        let msg = format!(
-            "{} acquisitions, below the {} asked for",
-            thousands(t.grants),
-            thousands(target)
-        );
-        if env.short {
-            o.note(msg);
-        } else {
-            o.fail(msg);
-        }
-    }
+    workload::verdict(o, env, &t, target);
     Ok(())
 }

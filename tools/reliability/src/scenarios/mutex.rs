@@ -175,19 +175,7 @@ fn session(
             if sh.granted.fetch_add(1, Ordering::Relaxed) + 1 >= sh.target {
                 sh.stop.store(true, Ordering::Relaxed);
             }
-            let mut g = Grant {
-                client: id,
-                key,
-                mode: Mode::Exclusive,
-                server: 0,
-                fence,
-                ttl_ms: ttl,
-                invoke: t0,
-                complete: t1,
-                extends: Vec::new(),
-                release: None,
-                cs: None,
-            };
+            let mut g = Grant::new(id, key, Mode::Exclusive, (0, fence), ttl, (t0, t1));
             // Critical section: read-modify-write on the store.
             let cs0 = now_ns();
             let v = sh.store.enter(key, Mode::Exclusive, (0, fence));
@@ -336,16 +324,12 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         "Checked: per key, no grant while an earlier holder's lease was certainly live; across the server, fences unique and never lower than a fence already returned; releases/extends succeed exactly while the lease is live; the store saw {} overlapping or stale-fenced critical sections and {} lost updates.",
         events.len(), lost_updates
     ));
-    o.note(format!(
-        "Critical sections that outran their own lease (a client pause, not a lock fault): {}; store anomalies they explain: {}.",
-        report.late_cs, report.late_store_events
-    ));
-    for (k, v) in &report.violations {
-        o.note(format!("Violation `{k}`: {v}"));
-    }
-    for e in report.examples.iter().take(5) {
-        o.note(format!("Example: {e}"));
-    }
+    note_checks(
+        o,
+        (report.late_cs, report.late_store_events),
+        &report.violations,
+        &report.examples,
+    );
     if unexplained_lost > 0 {
         o.fail(format!("{unexplained_lost} lost updates in the store"));
     }
