@@ -197,6 +197,19 @@ impl ServerBuilder {
         self.start_inner(false)
     }
 
+    /// Starts the server as a replica of `primary` (`replicaof` in its configuration) and
+    /// waits up to `timeout` for its first full sync.
+    pub fn try_start_replica_of(
+        self,
+        primary: &Server,
+        timeout: Duration,
+    ) -> Result<Server, String> {
+        let (host, port) = (primary.host.to_string(), primary.port.to_string());
+        let replica = self.arg_multi("replicaof", &[&host, &port]).try_start()?;
+        replica.wait_synced(timeout)?;
+        Ok(replica)
+    }
+
     fn start_inner(self, keep_dir_on_failure: bool) -> Result<Server, String> {
         let module = match &self.module {
             None => None,
@@ -624,11 +637,7 @@ impl ReplicaPair {
         replica: ServerBuilder,
     ) -> Result<ReplicaPair, String> {
         let primary = primary.try_start()?;
-        let (host, port) = (primary.host.to_string(), primary.port.to_string());
-        let replica = replica
-            .arg_multi("replicaof", &[&host, &port])
-            .try_start()?;
-        replica.wait_synced(Duration::from_secs(20))?;
+        let replica = replica.try_start_replica_of(&primary, Duration::from_secs(20))?;
         Ok(ReplicaPair { primary, replica })
     }
 }

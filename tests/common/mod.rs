@@ -65,13 +65,9 @@ pub fn far_fence() -> u64 {
 /// A replica of `primary` started from `builder` (`replicaof` in its config), once its
 /// link is up and the first sync is done.
 pub fn start_replica_of(primary: &Server, builder: ServerBuilder) -> Server {
-    let replica = builder
-        .arg_multi("replicaof", &["127.0.0.1", &primary.port.to_string()])
-        .start();
-    replica
-        .wait_synced(SETTLE)
-        .unwrap_or_else(|e| panic!("{e}"));
-    replica
+    builder
+        .try_start_replica_of(primary, SETTLE)
+        .unwrap_or_else(|e| panic!("replica of {}: {e}", primary.port))
 }
 
 /// True when no background save or AOF rewrite runs or is scheduled on `s`.
