@@ -31,6 +31,30 @@ pub fn register_fonts() -> Result<(), Error> {
     Ok(())
 }
 
+/// A white `width` × `height` chart with a title (`size` px) and a grey subtitle in
+/// its top 70 px; returns the area below them.
+pub fn titled<'a>(
+    path: &'a Path,
+    (width, height): (u32, u32),
+    (title, size): (&str, u32),
+    subtitle: String,
+) -> Result<DrawingArea<BitMapBackend<'a>, Shift>, Error> {
+    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, body) = root.split_vertically(70);
+    top.draw(&Text::new(
+        title,
+        (20, 10),
+        (FONT, size).into_font().color(&BLACK),
+    ))?;
+    top.draw(&Text::new(
+        subtitle,
+        (20, 44),
+        (FONT, 17).into_font().color(&RGBColor(80, 80, 80)),
+    ))?;
+    Ok(body)
+}
+
 /// Bounds of a log axis around `values` (positive), widened to whole decades.
 pub fn decades(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));

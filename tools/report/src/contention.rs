@@ -355,19 +355,15 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
     holds.sort_unstable();
     holds.dedup();
     let cols = holds.len().max(1);
-    let root = BitMapBackend::new(path, (700 * cols as u32, 1000)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (title, body) = root.split_vertically(70);
-    title.draw(&Text::new(
-        "Lock contention: N clients, one lock, each holds it c ms",
-        (20, 10),
-        (FONT, 28).into_font().color(&BLACK),
-    ))?;
-    title.draw(&Text::new(
+    let body = crate::chart::titled(
+        path,
+        (700 * cols as u32, 1000),
+        (
+            "Lock contention: N clients, one lock, each holds it c ms",
+            28,
+        ),
         subtitle,
-        (20, 44),
-        (FONT, 17).into_font().color(&RGBColor(80, 80, 80)),
-    ))?;
+    )?;
     let panels = body.split_evenly((2, cols));
     let max_n = cells.iter().map(|c| c.n).max().unwrap_or(64).max(2) as f64;
     let x_max = max_n.log2();
@@ -466,7 +462,7 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
                 .draw()?;
         }
     }
-    root.present()?;
+    body.present()?;
     Ok(())
 }
 

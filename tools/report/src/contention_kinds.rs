@@ -718,29 +718,25 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
         return Ok(());
     }
     let cols = columns.len();
-    let root = BitMapBackend::new(path, (760 * cols as u32, 900)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (title, body) = root.split_vertically(70);
-    title.draw(&Text::new(
-        "Readers/writers and semaphore: the module's queue against client-side recipes",
-        (20, 10),
-        (FONT, 26).into_font().color(&BLACK),
-    ))?;
-    title.draw(&Text::new(
+    let body = crate::chart::titled(
+        path,
+        (760 * cols as u32, 900),
+        (
+            "Readers/writers and semaphore: the module's queue against client-side recipes",
+            26,
+        ),
         format!(
             "{}, {} s per cell, loopback; {}",
             run.info.server, run.info.secs_per_cell, run.info.date_utc
         ),
-        (20, 44),
-        (FONT, 17).into_font().color(&RGBColor(80, 80, 80)),
-    ))?;
+    )?;
     let areas = body.split_evenly((2, cols));
     for (col, panels) in columns.iter().enumerate() {
         for (row, panel) in panels.iter().enumerate() {
             draw_panel(&areas[row * cols + col], panel)?;
         }
     }
-    root.present()?;
+    body.present()?;
     Ok(())
 }
 
