@@ -283,7 +283,11 @@ test-python: build python-venv
 EXTRA_TESTS += test-python
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json $(NODE_DIR)/package.json
-	command -v node >/dev/null && command -v npm >/dev/null || { echo "node and npm are needed"; exit 1; }
+	if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+	    SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+	    $$SUDO apt-get update -qq; \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends nodejs npm; \
+	fi
 	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
