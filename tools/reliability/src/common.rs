@@ -102,6 +102,18 @@ pub fn short_of(o: &mut Outcome, env: &Env, got: u64, target: u64) {
     }
 }
 
+/// The client ids of a lock's holders, from a `LOCK.INFO` reply (none when free).
+pub fn holder_ids(info: &Reply) -> Vec<u64> {
+    let Some(list) = info.get("holder-list") else {
+        return Vec::new();
+    };
+    list.as_items()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|h| u64::try_from(h.get("client-id")?.as_int()?).ok())
+        .collect()
+}
+
 /// A connection with a 5 s timeout (from inside the server's namespace, if any).
 pub fn connect(s: &Server) -> Result<Conn, String> {
     s.try_raw(Duration::from_secs(5))

@@ -173,6 +173,30 @@ pub struct Shared {
     pub kills: Arc<Kills>,
 }
 
+impl Shared {
+    /// The state the clients of `plan` share, with nothing granted yet.
+    pub fn new(plan: Plan, kills: &Arc<Kills>) -> Arc<Shared> {
+        Arc::new(Shared {
+            store: Store::new(plan.keys.len()),
+            plan,
+            stop: AtomicBool::new(false),
+            kills: Arc::clone(kills),
+        })
+    }
+}
+
+/// `exclusive` exclusive keys, then `shared` SHARED keys, then one LIMIT n key per entry
+/// of `limits`, named `{prefix:i}`.
+pub fn keys(prefix: &str, exclusive: usize, shared: usize, limits: &[u32]) -> Vec<(String, Kind)> {
+    let kinds = std::iter::repeat_n(Kind::Exclusive, exclusive)
+        .chain(std::iter::repeat_n(Kind::Shared, shared))
+        .chain(limits.iter().map(|&n| Kind::Limit(n)));
+    kinds
+        .enumerate()
+        .map(|(i, k)| (format!("{{{prefix}:{i}}}"), k))
+        .collect()
+}
+
 /// What a client counts as it goes (a [`Tally`] adds them up).
 #[derive(Default, Clone)]
 pub struct Counts {

@@ -150,16 +150,7 @@ fn waiters(admin: &mut Admin, node: usize) -> Result<Vec<u64>, String> {
 
 /// The client id of one holder of `key` (LOCK.INFO), if held.
 fn holder(admin: &mut Admin, node: usize, key: &str, rng: &mut Rng) -> Result<Option<u64>, String> {
-    let info = admin.call(node, &args!["LOCK.INFO", key])?;
-    let Some(list) = info.get("holder-list") else {
-        return Ok(None);
-    };
-    let ids: Vec<u64> = list
-        .as_items()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|h| u64::try_from(h.get("client-id")?.as_int()?).ok())
-        .collect();
+    let ids = holder_ids(&admin.call(node, &args!["LOCK.INFO", key])?);
     Ok((!ids.is_empty()).then(|| *rng.pick(&ids)))
 }
 
@@ -284,16 +275,6 @@ fn pick(rng: &mut Rng, table: &[(&'static str, u64)]) -> &'static str {
     table[0].0
 }
 
-fn keys(prefix: &str, exclusive: usize, shared: usize, limits: &[u32]) -> Vec<(String, Kind)> {
-    let kinds = std::iter::repeat_n(Kind::Exclusive, exclusive)
-        .chain(std::iter::repeat_n(Kind::Shared, shared))
-        .chain(limits.iter().map(|&n| Kind::Limit(n)));
-    kinds
-        .enumerate()
-        .map(|(i, k)| (format!("{{{prefix}:{i}}}"), k))
-        .collect()
-}
-
 /// A server is fine when it answers, caught no panic and logged no crash.
 pub fn health(s: &Server, what: &str) -> Result<(), String> {
     let log = s.log();
@@ -397,9 +378,9 @@ impl Load {
         };
         let group_per_node = matches!(topo, Topo::Cluster(_));
         let kills = Arc::new(Kills::default());
-        let keys = keys(prefix, 6, 2, &[2, 3]);
-        let sh = Arc::new(workload::Shared {
-            plan: Plan {
+        let keys = workload::keys(prefix, 6, 2, &[2, 3]);
+        let sh = workload::Shared::new(
+            Plan {
                 topo,
                 keys: keys.clone(),
                 clients: 24,
@@ -407,10 +388,8 @@ impl Load {
                 confirm: false,
                 group_per_node,
             },
-            store: workload::Store::new(keys.len()),
-            stop: AtomicBool::new(false),
-            kills: Arc::clone(&kills),
-        });
+            &kills,
+        );
         Load {
             t: Instant::now(),
             handles: workload::spawn(&sh, rng),

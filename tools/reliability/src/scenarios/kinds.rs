@@ -9,14 +9,14 @@
 //! that fences rose with every grant across both servers, and the fenced store refused
 //! every stale write.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
 use crate::link::{Kills, Topo};
 use crate::scenarios::chaos::health;
-use crate::workload::{self, Kind, Plan};
+use crate::workload::{self, Plan};
 use redis_lock_testkit::{args, flavor_of, ReplicaPair, Rng};
 
 pub const TITLE: &str = "SHARED and LIMIT keys (fenced checker, kills, failover)";
@@ -32,27 +32,9 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         ReplicaPair::try_start_with(node(format!("kinds-{v}-a")), node(format!("kinds-{v}-b")))?;
     let addrs = [pair.primary.socket_addr(), pair.replica.socket_addr()];
     let kills = Arc::new(Kills::default());
-    let mut keys = Vec::new();
-    for (i, kind) in [
-        Kind::Exclusive,
-        Kind::Exclusive,
-        Kind::Shared,
-        Kind::Shared,
-        Kind::Shared,
-        Kind::Shared,
-        Kind::Limit(2),
-        Kind::Limit(2),
-        Kind::Limit(3),
-        Kind::Limit(5),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        keys.push((format!("{{rel:kd:{i}}}"), kind));
-    }
-    let sh = Arc::new(workload::Shared {
-        store: workload::Store::new(keys.len()),
-        plan: Plan {
+    let keys = workload::keys("rel:kd", 2, 4, &[2, 2, 3, 5]);
+    let sh = workload::Shared::new(
+        Plan {
             topo: Topo::Pair(addrs),
             keys: keys.clone(),
             clients: 24,
@@ -60,9 +42,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             confirm: true,
             group_per_node: false,
         },
-        stop: AtomicBool::new(false),
-        kills: Arc::clone(&kills),
-    });
+        &kills,
+    );
     let started = Instant::now();
     let handles = workload::spawn(&sh, &mut rng);
     let (mut promotions, mut failovers, mut client_kills) = (0u64, 0u64, 0u64);
@@ -108,15 +89,9 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
                 let info = c
                     .call(&args!["LOCK.INFO", key])
                     .map_err(|e| e.to_string())?;
-                let ids: Vec<i64> = info
-                    .get("holder-list")
-                    .and_then(|l| l.as_items().map(<[Reply]>::to_vec))
-                    .unwrap_or_default()
-                    .iter()
-                    .filter_map(|h| h.get("client-id")?.as_int())
-                    .collect();
+                let ids = holder_ids(&info);
                 if let Some(&id) = (!ids.is_empty()).then(|| rng.pick(&ids)) {
-                    kills.record(p, Some(id as u64));
+                    kills.record(p, Some(id));
                     let _ = c.call(&args!["CLIENT", "KILL", "ID", id]);
                     client_kills += 1;
                 }
