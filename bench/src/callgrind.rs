@@ -13,12 +13,12 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use redis_lock_report::perf::{Callgrind, CgLevel, FnCost, Phase};
+use redis_lock_testkit::run_cmd;
 
 use crate::config::Config;
 use crate::load::{self, Workload};
-use crate::memory::{block_all, connect_many, hold_locks};
-use crate::ops::{flushall, Op, OpLoad, Scripts};
-use crate::scaling::{top_up, SpreadExtend};
+use crate::ops::{flushall, Op};
+use crate::scaling::{at_levels, spread_extend};
 use crate::Server;
 
 /// The phases, in order. Keys: `cgm` module locks, `cgs` string locks, `cgg` locks
@@ -43,16 +43,12 @@ struct Cost {
     per_cmd: f64,
 }
 
-fn control(args: &[&str]) -> io::Result<()> {
-    let out = Command::new("callgrind_control").args(args).output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() || !text.contains("OK") {
-        return Err(io::Error::other(format!(
-            "callgrind_control {args:?} failed: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
+/// `callgrind_control <op> <pid>`.
+fn control(op: &str, pid: &str) -> io::Result<()> {
+    match run_cmd(&["callgrind_control", op, pid]) {
+        Ok(text) if text.contains("OK") => Ok(()),
+        Ok(text) | Err(text) => Err(io::Error::other(format!("callgrind_control {op}: {text}"))),
     }
-    Ok(())
 }
 
 /// `summary:` of a callgrind dump: the instructions it counted.
@@ -84,14 +80,11 @@ fn annotate(path: &Path, ops: u64, inclusive: bool) -> io::Result<Vec<Cost>> {
     let mut v = vec![];
     for line in text.lines() {
         // "  1,234 ( 5.6%)  file:function [object]"
-        let line = line.trim();
-        let Some((num, rest)) = line.split_once(' ') else {
+        let Some((num, rest)) = line.trim().split_once(' ') else {
             continue;
         };
-        let Ok(ir) = num.replace(',', "").parse::<u64>() else {
-            continue;
-        };
-        let Some((_, rest)) = rest.split_once(')') else {
+        let (Ok(ir), Some((_, rest))) = (num.replace(',', "").parse::<u64>(), rest.split_once(')'))
+        else {
             continue;
         };
         let rest = rest.trim();
@@ -164,7 +157,7 @@ pub struct Session {
 }
 
 impl Session {
-    /// Starts `bin` under callgrind, with its dumps in `target/bench/<dir>`.
+    /// Starts `bin` under callgrind, emptied, with its dumps in `target/bench/<dir>`.
     pub fn start(bin: &Path, cfg: &Config, dir: &str) -> io::Result<Session> {
         let dir = cfg.path(&Path::new("target/bench").join(dir));
         let _ = fs::remove_dir_all(&dir);
@@ -177,25 +170,20 @@ impl Session {
             "--dump-instr=no".into(),
         ];
         let server = Server::start(bin, cfg, &wrapper, Duration::from_secs(180))?;
-        let pid = server.pid().to_string();
+        flushall(&mut server.conn()?)?;
         Ok(Session {
+            pid: server.kit.pid().to_string(),
             server,
-            pid,
             out,
             dumps: 0,
         })
     }
 
     /// Zero, run, dump; returns the dump and the instructions it counted.
-    pub fn measure(
-        &mut self,
-        w: &dyn Workload,
-        ops: u64,
-        what: &str,
-    ) -> io::Result<(PathBuf, f64)> {
-        control(&["-z", &self.pid])?;
-        load::run(self.server.port, 1, 16, ops, w)?.checked(what)?;
-        control(&["-d", &self.pid])?;
+    pub fn measure(&mut self, w: &Workload, ops: u64, what: &str) -> io::Result<(PathBuf, f64)> {
+        control("-z", &self.pid)?;
+        load::run(self.server.port, 1, 16, ops, what, w)?;
+        control("-d", &self.pid)?;
         self.dumps += 1;
         let dump = PathBuf::from(format!("{}.{}", self.out.display(), self.dumps));
         let start = Instant::now();
@@ -205,27 +193,28 @@ impl Session {
         let total = summary(&dump)? as f64;
         Ok((dump, total))
     }
+
+    /// [`measure`](Self::measure) of `ops` of `op` on keys `prefix:...`.
+    pub fn measure_op(
+        &mut self,
+        op: Op,
+        prefix: &[u8],
+        ops: u64,
+        what: &str,
+    ) -> io::Result<(PathBuf, f64)> {
+        let scripts = self.server.scripts.clone();
+        let w = op.load(prefix, &scripts, 0);
+        self.measure(&w, ops, what)
+    }
 }
 
 pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
     let mut session = Session::start(bin, cfg, "callgrind")?;
-    let mut c = session.server.conn()?;
-    flushall(&mut c)?;
-    let scripts = Scripts::load(&mut c)?;
     let server_label = session.server.label.clone();
-    let port = session.server.port;
-    let mut measure = |w: &dyn Workload, ops: u64, what: &str| -> io::Result<(PathBuf, f64)> {
-        session.measure(w, ops, what)
-    };
+    let (port, mut c) = (session.server.port, session.server.conn()?);
     let mut phases = vec![];
-    for (name, op, prefix) in PHASES.iter() {
-        let w = OpLoad {
-            op: *op,
-            prefix,
-            scripts: &scripts,
-            wrap: 0,
-        };
-        let (dump, total) = measure(&w, cfg.cg_ops, name)?;
+    for (name, op, prefix) in PHASES {
+        let (dump, total) = session.measure_op(op, prefix, cfg.cg_ops, name)?;
         let per_cmd = total / cfg.cg_ops as f64;
         let costs = annotate(&dump, cfg.cg_ops, false)?;
         let inclusive = api_costs(annotate(&dump, cfg.cg_ops, true)?);
@@ -242,91 +231,211 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
             inclusive,
         });
     }
-    let mut levels = vec![];
-    let mut held = 0;
     let cycle_ops = (cfg.cg_ops / 2).max(1) * 2;
+    let cycles = cycle_ops / 2;
     // The held-lock levels, then the last level again with blocked waiters on top.
-    let cg_levels = cfg.cg_levels();
-    let mut steps: Vec<(u64, u64)> = cg_levels.iter().map(|&n| (n, 0)).collect();
-    if let (Some(&last), true) = (cg_levels.last(), cfg.waiters > 0) {
-        steps.push((last, cfg.waiters));
-    }
-    let mut blocked = vec![];
-    for (n, waiters) in steps {
-        top_up(port, held, n)?;
-        held = n;
-        if waiters > 0 {
-            hold_locks(&mut c, "wl", cfg.wait_locks)?;
-            blocked = connect_many(port, waiters)?;
-            block_all(&mut c, &mut blocked, "wl", cfg.wait_locks)?;
-        }
-        let w = OpLoad {
-            op: Op::CycleModule,
-            prefix: b"cgc",
-            scripts: &scripts,
-            wrap: 0,
-        };
-        let (d1, cycle) = measure(&w, cycle_ops, "cycle")?;
-        let spread = SpreadExtend {
-            held,
-            pexpire: false,
-        };
-        let (d2, extend) = measure(&spread, cfg.cg_ops, "extend")?;
-        let cycles = cycle_ops / 2;
-        let l = CgLevel {
-            held,
-            waiters,
-            cycle: cycle / cycles as f64,
-            extend: extend / cfg.cg_ops as f64,
-            cycle_exec: executing(&d1, cycles)?,
-            extend_exec: executing(&d2, cfg.cg_ops)?,
-        };
-        eprintln!(
+    let waiters = if cfg.cg_levels.0.is_empty() {
+        0
+    } else {
+        cfg.waiters
+    };
+    let levels = at_levels(
+        &mut c,
+        cfg,
+        port,
+        &cfg.cg_levels.0,
+        waiters,
+        |held, waiters| {
+            let (d1, cycle) = session.measure_op(Op::CycleModule, b"cgc", cycle_ops, "cycle")?;
+            let (d2, extend) =
+                session.measure(&spread_extend(held, false), cfg.cg_ops, "extend")?;
+            let l = CgLevel {
+                held,
+                waiters,
+                cycle: cycle / cycles as f64,
+                extend: extend / cfg.cg_ops as f64,
+                cycle_exec: executing(&d1, cycles)?,
+                extend_exec: executing(&d2, cfg.cg_ops)?,
+            };
+            eprintln!(
             "  [callgrind {server_label}] {held} held, {waiters} waiters: {:.0} Ir per ACQUIRE+RELEASE ({:.0} executing), {:.0} Ir per EXTEND ({:.0} executing)",
             l.cycle, l.cycle_exec, l.extend, l.extend_exec
         );
-        levels.push(l);
-    }
-    drop(blocked);
-    drop(c);
+            Ok(l)
+        },
+    )?;
     Ok(Callgrind {
         date: date.to_string(),
         server: server_label,
         ops: cfg.cg_ops,
         phases,
         levels,
-        baseline: read_baseline(&cfg.baseline()),
+        baseline: read_tsv(&cfg.baseline()).ok(),
     })
 }
 
-/// The baseline ("before") file: `name<TAB>Ir/command` lines, `#` comments.
-pub fn read_baseline(path: &Path) -> Option<(String, Vec<(String, f64)>)> {
-    let text = fs::read_to_string(path).ok()?;
-    let mut note = String::new();
-    let mut rows = vec![];
-    for line in text.lines() {
-        if let Some(c) = line.strip_prefix('#') {
-            if note.is_empty() {
-                note = c.trim().to_string();
-            }
-            continue;
-        }
-        if let Some((k, v)) = line.split_once('\t') {
-            if let Ok(v) = v.trim().parse() {
-                rows.push((k.to_string(), v));
-            }
-        }
+/// A baseline file: `name<TAB>value` lines; `#` lines are comments, the first of which
+/// is returned as the note.
+pub fn read_tsv(path: &Path) -> io::Result<(String, Vec<(String, f64)>)> {
+    let text = fs::read_to_string(path)
+        .map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?;
+    let note = text.lines().find_map(|l| {
+        let c = l.strip_prefix('#')?.trim();
+        (!c.is_empty()).then(|| c.to_string())
+    });
+    let rows = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (k, v) = l.split_once('\t')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect();
+    Ok((note.unwrap_or_default(), rows))
+}
+
+/// Writes `header` (`#` lines) and then the rows with `decimals` decimals.
+pub fn write_tsv<'a>(
+    path: &Path,
+    header: &str,
+    rows: impl Iterator<Item = (&'a str, f64)>,
+    decimals: usize,
+) -> io::Result<()> {
+    let mut s = header.to_string();
+    for (name, v) in rows {
+        s.push_str(&format!("{name}\t{v:.decimals$}\n"));
     }
-    Some((note, rows))
+    fs::write(path, s)
 }
 
 pub fn write_baseline(path: &Path, cg: &Callgrind) -> io::Result<()> {
-    let mut s = format!(
+    let header = format!(
         "# {}, {}, {} commands per phase; written by `make bench-callgrind-baseline`\n",
         cg.date, cg.server, cg.ops
     );
-    for p in &cg.phases {
-        s.push_str(&format!("{}\t{:.1}\n", p.name, p.per_cmd));
+    let rows = cg.phases.iter().map(|p| (p.name.as_str(), p.per_cmd));
+    write_tsv(path, &header, rows, 1)
+}
+
+/// Commands per phase: enough to average out a phase's fixed costs, small enough that the
+/// whole guard runs in well under a minute.
+pub const GUARD_OPS: u64 = 2_000;
+/// Allowed rise over the baseline.
+pub const TOLERANCE: f64 = 0.10;
+
+/// The guarded commands (with the recipe commands measured beside them for reference),
+/// each on keys in the state it needs: ACQUIRE/SET on free keys, EXTEND/RELEASE on the
+/// keys the ACQUIRE phase holds.
+const GUARD_PHASES: [(&str, Op, &[u8], bool); 5] = [
+    ("SET NX PX", Op::SetNx, b"gs", false),
+    ("LOCK.ACQUIRE", Op::Acquire, b"gm", true),
+    ("LOCK.EXTEND", Op::Extend, b"gm", true),
+    ("LOCK.RELEASE", Op::Release, b"gm", true),
+    ("EVALSHA release", Op::EvalRelease, b"gs", false),
+];
+
+/// `redis-lock-bench guard`, the instruction-count check `make test` runs. Instructions
+/// are deterministic where wall time is not: the same binary, inputs and server give the
+/// same count whatever else the machine does. The guard measures, under callgrind on one
+/// server, the instructions a command costs inside the server's `call()` (the command and
+/// its propagation, without the event loop and the time-driven cron, which under
+/// valgrind's slowdown run far more often per command than natively), and fails when
+/// LOCK.ACQUIRE, LOCK.RELEASE or LOCK.EXTEND costs more than 10% above the baseline
+/// checked into `bench/callgrind-guard.tsv`. The baseline is updated on purpose, with the
+/// reason, in the same commit: `make perf-guard-baseline REASON="..."`.
+///
+/// With `reason`, writes the counts as the new baseline instead of checking.
+pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
+    let mut session = Session::start(bin, cfg, "guard")?;
+    let label = session.server.label.clone();
+    let mut now = vec![];
+    for (name, op, prefix, guarded) in GUARD_PHASES {
+        let (dump, _) = session.measure_op(op, prefix, GUARD_OPS, name)?;
+        let ir = executing(&dump, GUARD_OPS)?;
+        eprintln!("  [guard {label}] {name}: {ir:.0} instructions in call()");
+        now.push((name.to_string(), ir, guarded));
     }
-    fs::write(path, s)
+    let file = cfg.root.join("bench/callgrind-guard.tsv");
+    if let Some(reason) = reason {
+        let header = format!(
+            "# {}: {label}, {GUARD_OPS} commands per phase, instructions inside call() per command.\n# Why this baseline: {reason}\n",
+            redis_lock_report::fmt::now_utc()
+        );
+        let rows = now.iter().map(|(name, ir, _)| (name.as_str(), *ir));
+        write_tsv(&file, &header, rows, 0)?;
+        eprintln!("baseline written to {}", file.display());
+        return Ok(());
+    }
+    let (_, baseline) = read_tsv(&file)?;
+    for (name, ir, _) in &now {
+        if let Some((_, base)) = baseline.iter().find(|(n, _)| n == name) {
+            eprintln!(
+                "  {name}: {ir:.0} now, {base:.0} baseline ({:+.1}%)",
+                (ir / base - 1.0) * 100.0
+            );
+        }
+    }
+    let bad = regressions(&baseline, &now);
+    if bad.is_empty() {
+        eprintln!(
+            "perf guard: every guarded command within {:.0}% of its baseline",
+            TOLERANCE * 100.0
+        );
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "perf guard failed ({}):\n  {}",
+            file.display(),
+            bad.join("\n  ")
+        )))
+    }
+}
+
+/// Compares `now` with `baseline`; the failures, as lines to print.
+pub fn regressions(baseline: &[(String, f64)], now: &[(String, f64, bool)]) -> Vec<String> {
+    now.iter()
+        .filter(|(_, _, guarded)| *guarded)
+        .filter_map(|(name, ir, _)| {
+            let Some((_, base)) = baseline.iter().find(|(n, _)| n == name) else {
+                return Some(format!("{name}: no baseline"));
+            };
+            let rise = ir / base - 1.0;
+            (!ir.is_finite() || rise > TOLERANCE).then(|| {
+                format!(
+                    "{name}: {ir:.0} instructions, {:+.1}% over the baseline {base:.0} (allowed {:+.0}%)",
+                    rise * 100.0,
+                    TOLERANCE * 100.0
+                )
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rise_over_ten_percent_fails() {
+        let base = vec![("A".to_string(), 1000.0), ("B".to_string(), 1000.0)];
+        let ok = vec![
+            ("A".to_string(), 1099.0, true),
+            ("B".to_string(), 900.0, true),
+        ];
+        assert!(regressions(&base, &ok).is_empty());
+        let bad = vec![
+            ("A".to_string(), 1101.0, true),
+            ("B".to_string(), 5000.0, false),
+        ];
+        let r = regressions(&base, &bad);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(r[0].starts_with("A: 1101"), "{r:?}");
+        let missing = vec![("C".to_string(), 1.0, true)];
+        assert_eq!(
+            regressions(&base, &missing),
+            vec!["C: no baseline".to_string()]
+        );
+        let nan = vec![("A".to_string(), f64::NAN, true)];
+        assert_eq!(regressions(&base, &nan).len(), 1);
+    }
 }

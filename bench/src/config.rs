@@ -43,9 +43,10 @@ fn positive(s: &str) -> Result<usize, String> {
     }
 }
 
-/// Held-lock levels as measured: the fill spreads keys over 4 connections.
-fn by_four(levels: &List<u64>) -> Vec<u64> {
-    levels.0.iter().map(|n| (n / 4).max(1) * 4).collect()
+/// Held-lock levels, as measured: the fill spreads keys over 4 connections.
+fn levels(s: &str) -> Result<List<u64>, String> {
+    let levels: List<u64> = s.parse()?;
+    Ok(List(levels.0.iter().map(|n| (n / 4).max(1) * 4).collect()))
 }
 
 #[derive(Args, Debug, Clone)]
@@ -72,7 +73,7 @@ pub struct Config {
     #[arg(long, env = "BENCH_WAIT_LOCKS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub wait_locks: u64,
     /// Held-lock levels of the scaling curve.
-    #[arg(long, env = "BENCH_LEVELS", default_value = "1000,100000,1000000")]
+    #[arg(long, env = "BENCH_LEVELS", default_value = "1000,100000,1000000", value_parser = levels)]
     pub levels: List<u64>,
     #[arg(long, env = "BENCH_HANDOFFS", default_value_t = 200)]
     pub handoffs: usize,
@@ -81,7 +82,7 @@ pub struct Config {
     /// Commands per callgrind phase, and the held-lock levels it also measures.
     #[arg(long, env = "BENCH_CG_OPS", default_value_t = 20_000)]
     pub cg_ops: u64,
-    #[arg(long, env = "BENCH_CG_LEVELS", default_value = "1000,10000,100000")]
+    #[arg(long, env = "BENCH_CG_LEVELS", default_value = "1000,10000,100000", value_parser = levels)]
     pub cg_levels: List<u64>,
     /// Rounds of the redis-benchmark cross-check (0 skips it).
     #[arg(long, env = "BENCH_RB_ROUNDS", default_value_t = 3)]
@@ -119,15 +120,6 @@ pub struct Config {
 }
 
 impl Config {
-    /// The held-lock levels of the scaling curve and of callgrind, as measured.
-    pub fn levels(&self) -> Vec<u64> {
-        by_four(&self.levels)
-    }
-
-    pub fn cg_levels(&self) -> Vec<u64> {
-        by_four(&self.cg_levels)
-    }
-
     pub fn has(&self, suite: &str) -> bool {
         self.suites.0.iter().any(|s| s == suite)
     }
@@ -157,11 +149,11 @@ impl Config {
             mem_locks: self.mem_locks,
             waiters: self.waiters,
             wait_locks: self.wait_locks,
-            levels: self.levels(),
+            levels: self.levels.0.clone(),
             handoffs: self.handoffs,
             expiries: self.expiries,
             cg_ops: self.cg_ops,
-            cg_levels: self.cg_levels(),
+            cg_levels: self.cg_levels.0.clone(),
             rb_rounds: self.rb_rounds,
             expiry_ttl_ms: crate::scaling::EXPIRY_TTL_MS,
         }

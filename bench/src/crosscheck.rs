@@ -7,23 +7,21 @@
 use std::io;
 use std::process::Command;
 
-use redis_lock_report::perf::{CrossCheck, RbPair};
-use redis_lock_testkit::encode;
+use redis_lock_report::perf::{self, CrossCheck, RbPair};
 
-use crate::config::Config;
-use crate::load::{self, Expect, FnLoad};
-use crate::ops::{flushall, padded, Scripts, TOKEN, TTL};
-use crate::stats::median;
+use crate::load;
+use crate::ops::{flushall, padded, Op, TOKEN};
+use crate::stats::{ab, median, pair_medians};
 use crate::Server;
 
 const EXTEND_KEYS: u64 = 100_000;
 
 /// Runs `redis-benchmark` with `opts` and `cmd`, returns requests per second.
-fn bench(port: u16, opts: &[String], cmd: &[String]) -> io::Result<f64> {
+fn bench(port: u16, opts: &str, cmd: &str) -> io::Result<f64> {
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
-        .args(opts)
-        .args(cmd)
+        .args(opts.split_whitespace())
+        .args(cmd.split_whitespace())
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
@@ -42,42 +40,33 @@ fn bench(port: u16, opts: &[String], cmd: &[String]) -> io::Result<f64> {
         .ok_or_else(|| io::Error::other(format!("cannot read rps from {line}")))
 }
 
-fn words(s: &str) -> Vec<String> {
-    s.split_whitespace().map(String::from).collect()
-}
-
 /// Holds `ek:000000000000` .. `ek:<EXTEND_KEYS-1>` (the names `__rand_int__` produces)
 /// with TOKEN, as module locks or as string locks.
-fn hold_extend_keys(server: &Server, module: bool) -> io::Result<()> {
+fn hold_extend_keys(s: &Server, module: bool) -> io::Result<()> {
     let conns = 4usize;
     let per = EXTEND_KEYS / conns as u64;
-    let w = FnLoad {
-        enc: |conn: usize, i: u64, out: &mut Vec<u8>| {
-            let mut k = b"ek:".to_vec();
-            k.extend_from_slice(&padded(conn as u64 * per + i, 12));
-            if module {
-                encode(out, &[b"LOCK.ACQUIRE", &k, b"TOKEN", TOKEN, b"PX", TTL]);
-            } else {
-                encode(out, &[b"SET", &k, TOKEN, b"NX", b"PX", TTL]);
-            }
-        },
-        exp: move |_, _| if module { Expect::Grant } else { Expect::Ok },
+    let op = if module { Op::Acquire } else { Op::SetNx };
+    let w = |conn: usize, i: u64, out: &mut Vec<u8>| {
+        let mut k = b"ek:".to_vec();
+        k.extend_from_slice(&padded(conn as u64 * per + i, 12));
+        op.put(&k, &s.scripts, out)
     };
-    load::run(server.port, conns, 256, per, &w)?.checked("holding the EXTEND keys")?;
+    load::run(s.port, conns, 256, per, "holding the EXTEND keys", &w)?;
     Ok(())
 }
 
-pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<CrossCheck> {
+pub fn run(s: &Server) -> io::Result<CrossCheck> {
+    let (cfg, port) = (&s.cfg, s.port);
     let tok = String::from_utf8_lossy(TOKEN).into_owned();
-    let ext_sha = String::from_utf8_lossy(&scripts.extend).into_owned();
+    let ext_sha = String::from_utf8_lossy(&s.scripts.extend).into_owned();
     let mut cc = CrossCheck::default();
-    let mut c = server.conn()?;
-    for p in [1usize, 16] {
+    let mut c = s.conn()?;
+    for p in perf::PIPELINES {
         let n = if p > 1 { cfg.ops_p16 } else { cfg.ops_p1 };
         let base = format!("-c {} -P {p} -n {n}", cfg.clients);
         cc.options.push((p, base.clone()));
-        let random = words(&format!("{base} -r 1000000000"));
-        let held = words(&format!("{base} -r {EXTEND_KEYS}"));
+        let random = format!("{base} -r 1000000000");
+        let held = format!("{base} -r {EXTEND_KEYS}");
         let acq = format!("LOCK.ACQUIRE lk:__rand_int__ TOKEN {tok} PX 600000");
         let set = format!("SET sk:__rand_int__ {tok} NX PX 600000");
         let ext = format!("LOCK.EXTEND ek:__rand_int__ {tok} PX 600000");
@@ -87,15 +76,11 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Cross
         let (mut pa, mut pe) = (vec![], vec![]);
         for round in 0..cfg.rb_rounds {
             flushall(&mut c)?;
-            pings.push(bench(server.port, &words(&base), &words("PING"))?);
-            let mut one = |module: bool| -> io::Result<(f64, f64)> {
+            pings.push(bench(port, &base, "PING")?);
+            let ((a1, e1), (a2, e2)) = ab(round, |module| {
                 flushall(&mut c)?;
                 let before = c.info_u64("lock", "lock_renewed")?;
-                let a = if module {
-                    bench(server.port, &random, &words(&acq))?
-                } else {
-                    bench(server.port, &random, &words(&set))?
-                };
+                let a = bench(port, &random, if module { &acq } else { &set })?;
                 let renewed = c.info_u64("lock", "lock_renewed")? - before;
                 if renewed * 100 > n {
                     return Err(io::Error::other(format!(
@@ -103,26 +88,15 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Cross
                     )));
                 }
                 flushall(&mut c)?;
-                hold_extend_keys(server, module)?;
-                let e = if module {
-                    bench(server.port, &held, &words(&ext))?
-                } else {
-                    bench(server.port, &held, &words(&eval))?
-                };
+                hold_extend_keys(s, module)?;
+                let e = bench(port, &held, if module { &ext } else { &eval })?;
                 Ok((a, e))
-            };
-            let ((a1, e1), (a2, e2)) = if round % 2 == 0 {
-                let m = one(true)?;
-                (m, one(false)?)
-            } else {
-                let s = one(false)?;
-                (one(true)?, s)
-            };
+            })?;
             pa.push((a1, a2));
             pe.push((e1, e2));
             eprintln!(
                 "  [{}] redis-benchmark P{p} round {}/{}: acquire/set {:.2}, extend/evalsha {:.2}",
-                server.label,
+                s.label,
                 round + 1,
                 cfg.rb_rounds,
                 a1 / a2,
@@ -130,19 +104,18 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Cross
             );
         }
         cc.ping.push((p, median(&pings)));
-        for (name, a_cmd, b_cmd, got) in [
-            (redis_lock_report::perf::ACQUIRE, acq, set, pa),
-            (redis_lock_report::perf::EXTEND, ext, eval, pe),
-        ] {
-            let col = |f: fn(&(f64, f64)) -> f64| got.iter().map(f).collect::<Vec<_>>();
+        for (name, a_cmd, b_cmd, got) in
+            [(perf::ACQUIRE, acq, set, pa), (perf::EXTEND, ext, eval, pe)]
+        {
+            let [a, b, ratio] = pair_medians(&got);
             cc.pairs.push(RbPair {
                 name: name.to_string(),
                 pipeline: p,
                 a_cmd,
                 b_cmd,
-                a: median(&col(|r| r.0)),
-                b: median(&col(|r| r.1)),
-                ratio: median(&col(|r| r.0 / r.1)),
+                a,
+                b,
+                ratio,
             });
         }
     }

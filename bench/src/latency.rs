@@ -8,51 +8,54 @@ use std::time::Instant;
 use redis_lock_report::perf::{Latency, Pcts};
 use redis_lock_testkit::{RawConn, Resp};
 
-use crate::config::Config;
-use crate::ops::{encode_op, flushall, key, Op, Scripts};
-use crate::stats::{median, quantile_sorted};
+use crate::load::Shape;
+use crate::ops::{flushall, key, Op, Scripts};
+use crate::stats::{ab, median, quantiles};
 use crate::Server;
 
 /// Latency percentiles of samples in microseconds.
 fn pcts(mut v: Vec<f64>) -> Pcts {
-    v.sort_by(f64::total_cmp);
+    let [p50, p99, p999] = quantiles(&mut v, [0.5, 0.99, 0.999]);
     Pcts {
-        p50: quantile_sorted(&v, 0.5),
-        p99: quantile_sorted(&v, 0.99),
-        p999: quantile_sorted(&v, 0.999),
+        p50,
+        p99,
+        p999,
         n: v.len(),
     }
 }
 
-/// Times `n` acquire/release pairs; returns (acquire µs, release µs) samples.
+/// Times `n` acquire/release pairs of the module (or of the recipe); returns the
+/// acquire and the release samples, µs.
 fn side(
     c: &mut RawConn,
     scripts: &Scripts,
     module: bool,
     round: usize,
     n: u64,
-) -> io::Result<(Vec<f64>, Vec<f64>)> {
-    let (acq, rel) = if module {
-        (Op::Acquire, Op::Release)
+) -> io::Result<[Vec<f64>; 2]> {
+    let ops = if module {
+        [Op::Acquire, Op::Release]
     } else {
-        (Op::SetNx, Op::EvalRelease)
+        [Op::SetNx, Op::EvalRelease]
     };
-    let mut a = Vec::with_capacity(n as usize);
-    let mut r = Vec::with_capacity(n as usize);
+    let mut samples = [
+        Vec::with_capacity(n as usize),
+        Vec::with_capacity(n as usize),
+    ];
     let mut buf = Vec::with_capacity(256);
     for i in 0..n {
         let k = key(b"lat", round, i);
-        for (op, out) in [(acq, &mut a), (rel, &mut r)] {
+        for (op, out) in ops.into_iter().zip(samples.iter_mut()) {
             buf.clear();
-            encode_op(op, &k, scripts, &mut buf);
+            let want = op.put(&k, scripts, &mut buf);
             let t0 = Instant::now();
             c.send_raw(&buf)?;
             let reply = c.read()?;
             out.push(t0.elapsed().as_secs_f64() * 1e6);
-            let ok = match (op, &reply) {
-                (Op::Acquire, Resp::Array(v)) => v.len() == 2,
-                (Op::SetNx, Resp::Simple(s)) => s == "OK",
-                (Op::Release | Op::EvalRelease, Resp::Int(1)) => true,
+            let ok = match (want, &reply) {
+                (Some(Shape::Array(2)), Resp::Array(v)) => v.len() == 2,
+                (Some(Shape::Status(true)), Resp::Simple(s)) => s == "OK",
+                (Some(Shape::Int(want)), Resp::Int(got)) => want == *got,
                 _ => false,
             };
             if !ok {
@@ -63,29 +66,21 @@ fn side(
             }
         }
     }
-    Ok((a, r))
+    Ok(samples)
 }
 
-pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Latency> {
-    let mut c = server.conn()?;
+pub fn run(s: &Server) -> io::Result<Latency> {
+    let (mut c, scripts) = (s.conn()?, &s.scripts);
     flushall(&mut c)?;
     let (mut ma, mut mr, mut sa, mut sr) = (vec![], vec![], vec![], vec![]);
     let (mut acq_ratios, mut rel_ratios) = (vec![], vec![]);
     // Warm-up (connection, allocator, script cache), not counted.
     side(&mut c, scripts, true, 999, 200)?;
     side(&mut c, scripts, false, 998, 200)?;
-    for round in 0..cfg.rounds {
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        let mut got = [(vec![], vec![]), (vec![], vec![])];
-        for module in order {
-            let s = side(&mut c, scripts, module, round, cfg.lat_ops)?;
-            got[usize::from(!module)] = s;
-        }
-        let [(a, r), (b, e)] = got;
+    for round in 0..s.cfg.rounds {
+        let ([a, r], [b, e]) = ab(round, |module| {
+            side(&mut c, scripts, module, round, s.cfg.lat_ops)
+        })?;
         acq_ratios.push(median(&a) / median(&b));
         rel_ratios.push(median(&r) / median(&e));
         ma.extend(a);

@@ -13,7 +13,6 @@
 mod callgrind;
 mod config;
 mod crosscheck;
-mod guard;
 mod latency;
 mod load;
 mod memory;
@@ -33,11 +32,14 @@ use redis_lock_testkit::{flavor_of, RawConn, ServerBuilder};
 
 use config::{Cli, Command, Config};
 
-/// A server under test and its report label ("Redis 7.0.15").
+/// A server under test with the module, its report label ("Redis 7.0.15"), the recipe's
+/// scripts as loaded on it, and the settings the suites run with.
 pub struct Server {
     pub kit: redis_lock_testkit::Server,
     pub label: String,
     pub port: u16,
+    pub scripts: ops::Scripts,
+    pub cfg: Config,
 }
 
 impl Server {
@@ -58,19 +60,18 @@ impl Server {
             .start_timeout(ready)
             .try_start()
             .map_err(io::Error::other)?;
+        let scripts = ops::Scripts::load(&mut kit.try_raw(Duration::from_secs(120))?)?;
         Ok(Server {
             port: kit.port,
             kit,
             label,
+            scripts,
+            cfg: cfg.clone(),
         })
     }
 
     pub fn conn(&self) -> io::Result<RawConn> {
         self.kit.try_raw(Duration::from_secs(120))
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.kit.pid()
     }
 }
 
@@ -94,11 +95,10 @@ fn machine() -> String {
 }
 
 fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
-    let server = Server::start(bin, cfg, &[], Duration::from_secs(30))?;
-    eprintln!("== {} ({})", server.label, bin.display());
-    let scripts = ops::Scripts::load(&mut server.conn()?)?;
+    let s = Server::start(bin, cfg, &[], Duration::from_secs(30))?;
+    eprintln!("== {} ({})", s.label, bin.display());
     let mut r = ServerResults {
-        label: server.label.clone(),
+        label: s.label.clone(),
         throughput: None,
         latency: None,
         memory: None,
@@ -110,7 +110,7 @@ fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
     macro_rules! suite {
         ($name:literal, $field:ident, $module:ident) => {
             if cfg.has($name) {
-                r.$field = Some($module::run(&server, cfg, &scripts)?);
+                r.$field = Some($module::run(&s)?);
                 eprintln!("  {} done at {:.0}s", $name, t.elapsed().as_secs_f64());
             }
         };
@@ -221,9 +221,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None | Some(Command::All) => all(&cfg),
         Some(Command::Callgrind { save_baseline }) => callgrind_only(&cfg, save_baseline),
-        Some(Command::Guard { save_baseline }) => {
-            callgrind_bin(&cfg).and_then(|bin| guard::run(&bin, &cfg, save_baseline.as_deref()))
-        }
+        Some(Command::Guard { save_baseline }) => callgrind_bin(&cfg)
+            .and_then(|bin| callgrind::guard(&bin, &cfg, save_baseline.as_deref())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,11 +1,15 @@
 //! The commands compared: the module's and the recipe it replaces, as load-generator
-//! workloads with the reply each must give when the keys are in the intended state.
+//! workloads with the reply each must give when the keys are in the intended state; and
+//! the server states the suites share (empty, blocked waiters).
 
-use std::io::{self, Write as _};
+use std::io::{self, Read, Write as _};
+use std::net::TcpStream;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
 
-use redis_lock_testkit::{encode, RawConn, Resp};
+use redis_lock_testkit::{args, encode, lock, RawConn, Resp};
 
-use crate::load::{self, Expect, Workload};
+use crate::load::Shape;
 
 /// A 36-byte token, the length of the UUID a client would generate.
 pub const TOKEN: &[u8] = b"6f1c1b9e-3a5d-4c2e-9b7a-0d8e2f4a1c3b";
@@ -73,11 +77,6 @@ pub const SHOWN: [Op; 8] = [
     Op::CycleRecipe,
 ];
 
-/// `n` as decimal text, zero-padded to `width` digits.
-pub fn padded(n: u64, width: usize) -> Vec<u8> {
-    format!("{n:0width$}").into_bytes()
-}
-
 impl Op {
     /// The command as a user would type it (sha shortened), for the report.
     pub fn shown(self) -> &'static str {
@@ -95,12 +94,18 @@ impl Op {
         }
     }
 
+    /// The two commands of a cycle, in order.
+    fn cycle(self) -> Option<[Op; 2]> {
+        match self {
+            Op::CycleModule => Some([Op::Acquire, Op::Release]),
+            Op::CycleRecipe => Some([Op::SetNx, Op::EvalRelease]),
+            _ => None,
+        }
+    }
+
     /// Commands sent per counted operation.
     pub fn commands_per_op(self) -> u64 {
-        match self {
-            Op::CycleModule | Op::CycleRecipe => 2,
-            _ => 1,
-        }
+        self.cycle().map_or(1, |c| c.len() as u64)
     }
 
     /// What must hold the keys before this op runs, if anything.
@@ -111,6 +116,48 @@ impl Op {
             _ => None,
         }
     }
+
+    /// Appends the single command `self` on `k`; returns the reply it must get.
+    pub fn put(self, k: &[u8], s: &Scripts, out: &mut Vec<u8>) -> Option<Shape> {
+        match self {
+            Op::Ping => encode(out, &[b"PING"]),
+            Op::SetNx => encode(out, &[b"SET", k, TOKEN, b"NX", b"PX", TTL]),
+            Op::Acquire => encode(out, &[b"LOCK.ACQUIRE", k, b"TOKEN", TOKEN, b"PX", TTL]),
+            Op::AcquireGen => encode(out, &[b"LOCK.ACQUIRE", k, b"PX", TTL]),
+            Op::Release => encode(out, &[b"LOCK.RELEASE", k, TOKEN]),
+            Op::EvalRelease => encode(out, &[b"EVALSHA", &s.release, b"1", k, TOKEN]),
+            Op::Extend => encode(out, &[b"LOCK.EXTEND", k, TOKEN, b"PX", TTL]),
+            Op::EvalExtend => encode(out, &[b"EVALSHA", &s.extend, b"1", k, TOKEN, TTL]),
+            Op::CycleModule | Op::CycleRecipe => unreachable!("a cycle is two commands"),
+        }
+        match self {
+            Op::Ping => None,
+            Op::SetNx => Some(Shape::Status(true)),
+            Op::Acquire | Op::AcquireGen => Some(Shape::Array(2)),
+            _ => Some(Shape::Int(1)),
+        }
+    }
+
+    /// The op as a workload on keys `prefix:ccc:iiiiiiiii`, each connection on its own
+    /// keys; a cycle runs both its commands on one key. `wrap` > 0 makes op `i` use key
+    /// `i % wrap` (for commands that leave the key held, like EXTEND).
+    pub fn load<'a>(
+        self,
+        prefix: &'a [u8],
+        s: &'a Scripts,
+        wrap: u64,
+    ) -> impl Fn(usize, u64, &mut Vec<u8>) -> Option<Shape> + 'a {
+        move |conn, i, out| match self.cycle() {
+            Some(steps) => steps[(i % 2) as usize].put(&key(prefix, conn, i / 2), s, out),
+            None if wrap > 0 => self.put(&key(prefix, conn, i % wrap), s, out),
+            None => self.put(&key(prefix, conn, i), s, out),
+        }
+    }
+}
+
+/// `n` as decimal text, zero-padded to `width` digits.
+pub fn padded(n: u64, width: usize) -> Vec<u8> {
+    format!("{n:0width$}").into_bytes()
 }
 
 /// Key `prefix:ccc:iiiiiiiii`: each connection works on its own keys.
@@ -122,115 +169,96 @@ pub fn key(prefix: &[u8], conn: usize, i: u64) -> Vec<u8> {
     k
 }
 
-/// One op applied to a key space. `wrap` > 0 makes op `i` use key `i % wrap`
-/// (for commands that leave the key held, like EXTEND).
-pub struct OpLoad<'a> {
-    pub op: Op,
-    pub prefix: &'a [u8],
-    pub scripts: &'a Scripts,
-    pub wrap: u64,
-}
-
-impl OpLoad<'_> {
-    fn key_index(&self, i: u64) -> u64 {
-        if self.wrap > 0 {
-            i % self.wrap
-        } else {
-            i
-        }
-    }
-}
-
-/// Appends the single command `op` on `k`.
-pub fn encode_op(op: Op, k: &[u8], s: &Scripts, out: &mut Vec<u8>) {
-    match op {
-        Op::Ping => encode(out, &[b"PING"]),
-        Op::SetNx => encode(out, &[b"SET", k, TOKEN, b"NX", b"PX", TTL]),
-        Op::Acquire => encode(out, &[b"LOCK.ACQUIRE", k, b"TOKEN", TOKEN, b"PX", TTL]),
-        Op::AcquireGen => encode(out, &[b"LOCK.ACQUIRE", k, b"PX", TTL]),
-        Op::Release => encode(out, &[b"LOCK.RELEASE", k, TOKEN]),
-        Op::EvalRelease => encode(out, &[b"EVALSHA", &s.release, b"1", k, TOKEN]),
-        Op::Extend => encode(out, &[b"LOCK.EXTEND", k, TOKEN, b"PX", TTL]),
-        Op::EvalExtend => encode(out, &[b"EVALSHA", &s.extend, b"1", k, TOKEN, TTL]),
-        Op::CycleModule | Op::CycleRecipe => unreachable!("a cycle is two commands"),
-    }
-}
-
-pub fn expect_op(op: Op) -> Expect {
-    match op {
-        Op::Ping => Expect::Any,
-        Op::SetNx => Expect::Ok,
-        Op::Acquire | Op::AcquireGen => Expect::Grant,
-        Op::Release | Op::EvalRelease | Op::Extend | Op::EvalExtend => Expect::Int(1),
-        Op::CycleModule | Op::CycleRecipe => Expect::Any,
-    }
-}
-
-impl Workload for OpLoad<'_> {
-    fn encode(&self, conn: usize, i: u64, out: &mut Vec<u8>) {
-        match self.op {
-            Op::CycleModule | Op::CycleRecipe => {
-                let k = key(self.prefix, conn, i / 2);
-                let step = match (self.op, i % 2) {
-                    (Op::CycleModule, 0) => Op::Acquire,
-                    (Op::CycleModule, _) => Op::Release,
-                    (_, 0) => Op::SetNx,
-                    _ => Op::EvalRelease,
-                };
-                encode_op(step, &k, self.scripts, out);
-            }
-            op => {
-                let k = key(self.prefix, conn, self.key_index(i));
-                encode_op(op, &k, self.scripts, out);
-            }
-        }
-    }
-
-    fn expect(&self, _conn: usize, i: u64) -> Expect {
-        match (self.op, i % 2) {
-            (Op::CycleModule, 0) => Expect::Grant,
-            (Op::CycleRecipe, 0) => Expect::Ok,
-            (Op::CycleModule | Op::CycleRecipe, _) => Expect::Int(1),
-            (op, _) => expect_op(op),
-        }
-    }
-}
-
-/// Makes keys `prefix:ccc:0..n` held with TOKEN, by `fill` (ACQUIRE or SET NX PX), using
-/// the same connection numbering as the measured run.
-pub fn prefill(
-    port: u16,
-    conns: usize,
-    per_conn: u64,
-    fill: Op,
-    prefix: &[u8],
-    scripts: &Scripts,
-) -> io::Result<()> {
-    let w = OpLoad {
-        op: fill,
-        prefix,
-        scripts,
-        wrap: 0,
-    };
-    load::run(port, conns, 64, per_conn, &w)?.checked("pre-filling held keys")?;
-    Ok(())
-}
-
 /// Empties the server synchronously (Valkey 8 flushes in the background by default,
 /// which would make the next `used_memory` reading meaningless) and waits until no
 /// lazy-free work is pending.
 pub fn flushall(c: &mut RawConn) -> io::Result<()> {
     c.ok(&[b"FLUSHALL", b"SYNC"])?;
-    let start = std::time::Instant::now();
+    let start = Instant::now();
     while c
         .info_u64("memory", "lazyfree_pending_objects")
         .unwrap_or(0)
         > 0
     {
-        if start.elapsed() > std::time::Duration::from_secs(60) {
+        if start.elapsed() > Duration::from_secs(60) {
             return Err(io::Error::other("lazy free still pending after 60 s"));
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        sleep(Duration::from_millis(20));
     }
     Ok(())
+}
+
+/// Polls `INFO lock` until `field` is `want`.
+fn wait_for(c: &mut RawConn, field: &str, want: u64, limit: Duration) -> io::Result<()> {
+    let start = Instant::now();
+    loop {
+        let v = c.info_u64("lock", field)?;
+        if v == want {
+            return Ok(());
+        }
+        if start.elapsed() > limit {
+            return Err(io::Error::other(format!(
+                "{field} stuck at {v} after {limit:?}"
+            )));
+        }
+        sleep(Duration::from_millis(50));
+    }
+}
+
+/// Plain connections blocked in `LOCK.ACQUIRE ... BLOCK 0`, on locks `wl:k` held from
+/// another connection.
+pub struct Waiters(Vec<TcpStream>);
+
+impl Waiters {
+    /// Holds `locks` locks for a long time from `c`, opens `count` connections (each of
+    /// which has answered a PING), then blocks each on one of the locks (round robin)
+    /// and waits until the server counts them all as waiters. `step` runs after each of
+    /// the three stages.
+    pub fn block(
+        c: &mut RawConn,
+        port: u16,
+        count: u64,
+        locks: u64,
+        mut step: impl FnMut(&mut RawConn) -> io::Result<()>,
+    ) -> io::Result<Waiters> {
+        for k in 0..locks {
+            let key = format!("wl:{k}");
+            if lock::acquire(c, &key, &["TOKEN", "holder", "PX", "3600000"])?.is_none() {
+                return Err(io::Error::other(format!("could not hold {key}")));
+            }
+        }
+        step(c)?;
+        let mut conns = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let mut s = TcpStream::connect(("127.0.0.1", port))?;
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(Duration::from_secs(60)))?;
+            let mut pong = [0u8; 7];
+            s.write_all(b"PING\r\n")?;
+            s.read_exact(&mut pong)?;
+            if &pong != b"+PONG\r\n" {
+                return Err(io::Error::other("PING did not answer +PONG"));
+            }
+            conns.push(s);
+        }
+        step(c)?;
+        let before = c.info_u64("lock", "lock_waiters")?;
+        for (i, s) in conns.iter_mut().enumerate() {
+            let key = format!("wl:{}", i as u64 % locks);
+            let token = format!("waiter-{i:029}");
+            let cmd = args!["LOCK.ACQUIRE", key, "TOKEN", token, "PX", TTL, "BLOCK", "0"];
+            let mut buf = Vec::new();
+            encode(&mut buf, &cmd.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            s.write_all(&buf)?;
+        }
+        wait_for(c, "lock_waiters", before + count, Duration::from_secs(120))?;
+        step(c)?;
+        Ok(Waiters(conns))
+    }
+
+    /// Disconnects the waiters and waits until the server has none left.
+    pub fn release(self, c: &mut RawConn) -> io::Result<()> {
+        drop(self.0);
+        wait_for(c, "lock_waiters", 0, Duration::from_secs(60))
+    }
 }

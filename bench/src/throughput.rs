@@ -6,10 +6,9 @@ use std::io;
 
 use redis_lock_report::perf::{self, PairResult, Throughput};
 
-use crate::config::Config;
 use crate::load;
-use crate::ops::{flushall, prefill, Op, OpLoad, Scripts};
-use crate::stats::{median, min_max};
+use crate::ops::{flushall, Op};
+use crate::stats::{ab, median, min_max, pair_medians};
 use crate::Server;
 
 /// One comparison: the module's way (A) against the recipe (B), and the goal for A/B.
@@ -38,98 +37,73 @@ pub const PAIRS: [(&str, Op, Op, [Option<f64>; 2]); 4] = [
     ),
 ];
 
-/// Commands per run at this pipeline depth.
-fn ops_for(cfg: &Config, pipeline: usize) -> u64 {
-    if pipeline > 1 {
+/// One measured run of `op`: prepares the key space, then times the load. Returns
+/// operations per second (cycles per second for a cycle).
+fn measure(s: &Server, op: Op, pipeline: usize) -> io::Result<f64> {
+    let (port, conns, cfg) = (s.port, s.cfg.clients, &s.cfg);
+    let commands = if pipeline > 1 {
         cfg.ops_p16
     } else {
         cfg.ops_p1
-    }
-}
-
-/// One measured run of `op`: prepares the key space, then times the load. Returns
-/// operations per second (cycles per second for a cycle).
-pub fn measure(
-    server: &Server,
-    cfg: &Config,
-    scripts: &Scripts,
-    op: Op,
-    pipeline: usize,
-    commands: u64,
-) -> io::Result<f64> {
-    let port = server.port;
-    let conns = cfg.clients;
-    let per_conn = (commands / conns as u64).max(op.commands_per_op());
-    // Whole cycles per connection.
-    let per_conn = per_conn - per_conn % op.commands_per_op();
-    let mut c = server.conn()?;
-    flushall(&mut c)?;
-    let prefix = b"bench:lock";
-    let mut wrap = 0;
-    if let Some(fill) = op.needs_held() {
-        // RELEASE deletes its key: every op gets a freshly held key. EXTEND leaves it
-        // held, so a smaller set is reused.
-        let n = if matches!(op, Op::Extend | Op::EvalExtend) {
-            wrap = per_conn.min(2000);
-            wrap
-        } else {
-            per_conn
-        };
-        prefill(port, conns, n, fill, prefix, scripts)?;
-    }
-    let w = OpLoad {
-        op,
-        prefix,
-        scripts,
-        wrap,
     };
-    let out = load::run(port, conns, pipeline, per_conn, &w)?.checked(op.shown())?;
-    Ok(out.rate() / op.commands_per_op() as f64)
+    let per_op = op.commands_per_op();
+    let per_conn = (commands / conns as u64).max(per_op);
+    // Whole cycles per connection.
+    let per_conn = per_conn - per_conn % per_op;
+    flushall(&mut s.conn()?)?;
+    let prefix = b"bench:lock";
+    // RELEASE deletes its key: every op gets a freshly held key. EXTEND leaves it held,
+    // so a smaller set is reused.
+    let wrap = match op {
+        Op::Extend | Op::EvalExtend => per_conn.min(2000),
+        _ => 0,
+    };
+    if let Some(fill) = op.needs_held() {
+        // The same connection numbering as the measured run.
+        let n = if wrap > 0 { wrap } else { per_conn };
+        let w = fill.load(prefix, &s.scripts, 0);
+        load::run(port, conns, 64, n, "pre-filling held keys", &w)?;
+    }
+    let w = op.load(prefix, &s.scripts, wrap);
+    Ok(load::run(port, conns, pipeline, per_conn, op.shown(), &w)? / per_op as f64)
 }
 
-pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Throughput> {
-    let mut t = Throughput::default();
+pub fn run(s: &Server) -> io::Result<Throughput> {
+    let (cfg, mut t) = (&s.cfg, Throughput::default());
     for p in perf::PIPELINES {
-        let ops = ops_for(cfg, p);
         let mut rounds: Vec<Vec<(f64, f64)>> = vec![vec![]; PAIRS.len()];
         let mut pings = vec![];
         for round in 0..cfg.rounds {
-            pings.push(measure(server, cfg, scripts, Op::Ping, p, ops)?);
+            pings.push(measure(s, Op::Ping, p)?);
             for ((_, a, b, _), got) in PAIRS.iter().zip(rounds.iter_mut()) {
-                // ABBA: the side measured first alternates.
-                let (ra, rb) = if round % 2 == 0 {
-                    let ra = measure(server, cfg, scripts, *a, p, ops)?;
-                    (ra, measure(server, cfg, scripts, *b, p, ops)?)
-                } else {
-                    let rb = measure(server, cfg, scripts, *b, p, ops)?;
-                    (measure(server, cfg, scripts, *a, p, ops)?, rb)
-                };
-                got.push((ra, rb));
+                let op = |side_a| if side_a { *a } else { *b };
+                got.push(ab(round, |side_a| measure(s, op(side_a), p))?);
             }
             let last: Vec<String> = rounds
                 .iter()
-                .filter_map(|r| r.last().map(|(a, b)| format!("{:.2}", a / b)))
+                .map(|r| format!("{:.2}", r[round].0 / r[round].1))
                 .collect();
-            let n = round + 1;
             eprintln!(
-                "  [{}] throughput P{p} round {n}/{}: {}",
-                server.label,
+                "  [{}] throughput P{p} round {}/{}: {}",
+                s.label,
+                round + 1,
                 cfg.rounds,
                 last.join(" ")
             );
         }
         t.ping.push((p, median(&pings)));
         for ((name, a, b, goal), got) in PAIRS.iter().zip(rounds) {
-            let ratios: Vec<f64> = got.iter().map(|(a, b)| a / b).collect();
-            let (lo, hi) = min_max(&ratios);
+            let [a_median, b_median, ratio] = pair_medians(&got);
+            let (ratio_min, ratio_max) =
+                min_max(&got.iter().map(|r| r.0 / r.1).collect::<Vec<_>>());
             t.pairs.push(PairResult {
                 name: name.to_string(),
                 pipeline: p,
-                a: median(&got.iter().map(|r| r.0).collect::<Vec<_>>()),
-                b: median(&got.iter().map(|r| r.1).collect::<Vec<_>>()),
-                ratio: median(&ratios),
-                ratio_min: lo,
-                ratio_max: hi,
+                a: a_median,
+                b: b_median,
+                ratio,
+                ratio_min,
+                ratio_max,
                 goal: goal[usize::from(p > 1)],
                 a_per_op: a.commands_per_op() as f64,
                 b_per_op: b.commands_per_op() as f64,
@@ -137,6 +111,6 @@ pub fn run(server: &Server, cfg: &Config, scripts: &Scripts) -> io::Result<Throu
             });
         }
     }
-    flushall(&mut server.conn()?)?;
+    flushall(&mut s.conn()?)?;
     Ok(t)
 }
