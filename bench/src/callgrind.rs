@@ -211,7 +211,7 @@ impl Session {
 pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
     let mut session = Session::start(bin, cfg, "callgrind")?;
     let server_label = session.server.label.clone();
-    let (port, mut c) = (session.server.port, session.server.conn()?);
+    let port = session.server.port;
     let mut phases = vec![];
     for (name, op, prefix) in PHASES {
         let (dump, total) = session.measure_op(op, prefix, cfg.cg_ops, name)?;
@@ -231,39 +231,11 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
             inclusive,
         });
     }
-    let cycle_ops = (cfg.cg_ops / 2).max(1) * 2;
-    let cycles = cycle_ops / 2;
     // The held-lock levels, then the last level again with blocked waiters on top.
-    let waiters = if cfg.cg_levels.0.is_empty() {
-        0
-    } else {
-        cfg.waiters
-    };
-    let levels = at_levels(
-        &mut c,
-        cfg,
-        port,
-        &cfg.cg_levels.0,
-        waiters,
-        |held, waiters| {
-            let (d1, cycle) = session.measure_op(Op::CycleModule, b"cgc", cycle_ops, "cycle")?;
-            let (d2, extend) =
-                session.measure(&spread_extend(held, false), cfg.cg_ops, "extend")?;
-            let l = CgLevel {
-                held,
-                waiters,
-                cycle: cycle / cycles as f64,
-                extend: extend / cfg.cg_ops as f64,
-                cycle_exec: executing(&d1, cycles)?,
-                extend_exec: executing(&d2, cfg.cg_ops)?,
-            };
-            eprintln!(
-            "  [callgrind {server_label}] {held} held, {waiters} waiters: {:.0} Ir per ACQUIRE+RELEASE ({:.0} executing), {:.0} Ir per EXTEND ({:.0} executing)",
-            l.cycle, l.cycle_exec, l.extend, l.extend_exec
-        );
-            Ok(l)
-        },
-    )?;
+    let waiters = cfg.waiters * u64::from(!cfg.cg_levels.0.is_empty());
+    let levels = at_levels(port, cfg, &cfg.cg_levels.0, waiters, |held, waiters| {
+        level(&mut session, cfg, held, waiters)
+    })?;
     Ok(Callgrind {
         date: date.to_string(),
         server: server_label,
@@ -272,6 +244,27 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
         levels,
         baseline: read_tsv(&cfg.baseline()).ok(),
     })
+}
+
+/// Instructions per ACQUIRE+RELEASE cycle and per EXTEND spread over the held locks.
+fn level(session: &mut Session, cfg: &Config, held: u64, waiters: u64) -> io::Result<CgLevel> {
+    let cycle_ops = (cfg.cg_ops / 2).max(1) * 2;
+    let cycles = cycle_ops / 2;
+    let (d1, cycle) = session.measure_op(Op::CycleModule, b"cgc", cycle_ops, "cycle")?;
+    let (d2, extend) = session.measure(&spread_extend(held, false), cfg.cg_ops, "extend")?;
+    let l = CgLevel {
+        held,
+        waiters,
+        cycle: cycle / cycles as f64,
+        extend: extend / cfg.cg_ops as f64,
+        cycle_exec: executing(&d1, cycles)?,
+        extend_exec: executing(&d2, cfg.cg_ops)?,
+    };
+    eprintln!(
+        "  [callgrind {}] {held} held, {waiters} waiters: {:.0} Ir per ACQUIRE+RELEASE ({:.0} executing), {:.0} Ir per EXTEND ({:.0} executing)",
+        session.server.label, l.cycle, l.cycle_exec, l.extend, l.extend_exec
+    );
+    Ok(l)
 }
 
 /// A baseline file: `name<TAB>value` lines; `#` lines are comments, the first of which

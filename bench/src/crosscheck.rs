@@ -5,9 +5,9 @@
 //! through INFO), and EXTEND runs on keys all held beforehand with the right token.
 
 use std::io;
-use std::process::Command;
 
 use redis_lock_report::perf::{self, CrossCheck, RbPair};
+use redis_lock_testkit::run_cmd;
 
 use crate::load;
 use crate::ops::{flushall, padded, Op, TOKEN};
@@ -18,26 +18,17 @@ const EXTEND_KEYS: u64 = 100_000;
 
 /// Runs `redis-benchmark` with `opts` and `cmd`, returns requests per second.
 fn bench(port: u16, opts: &str, cmd: &str) -> io::Result<f64> {
-    let out = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--csv"])
-        .args(opts.split_whitespace())
-        .args(cmd.split_whitespace())
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let port = port.to_string();
+    let mut argv = vec!["redis-benchmark", "-h", "127.0.0.1", "-p", &port, "--csv"];
+    argv.extend(opts.split_whitespace().chain(cmd.split_whitespace()));
+    let text = run_cmd(&argv).map_err(io::Error::other)?;
+    // "test","rps",...: the second field of the line after the header.
     let line = text
         .lines()
-        .find(|l| !l.starts_with("\"test\"") && l.starts_with('"'))
-        .ok_or_else(|| {
-            io::Error::other(format!(
-                "redis-benchmark printed no result: {text}{}",
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        })?;
-    let fields: Vec<&str> = line.split("\",\"").collect();
-    fields
-        .get(1)
+        .find(|l| !l.starts_with("\"test\"") && l.starts_with('"'));
+    line.and_then(|l| l.split("\",\"").nth(1))
         .and_then(|f| f.trim_matches('"').parse().ok())
-        .ok_or_else(|| io::Error::other(format!("cannot read rps from {line}")))
+        .ok_or_else(|| io::Error::other(format!("redis-benchmark printed no result: {text}")))
 }
 
 /// Holds `ek:000000000000` .. `ek:<EXTEND_KEYS-1>` (the names `__rand_int__` produces)
@@ -62,7 +53,7 @@ pub fn run(s: &Server) -> io::Result<CrossCheck> {
     let mut cc = CrossCheck::default();
     let mut c = s.conn()?;
     for p in perf::PIPELINES {
-        let n = if p > 1 { cfg.ops_p16 } else { cfg.ops_p1 };
+        let n = cfg.ops(p);
         let base = format!("-c {} -P {p} -n {n}", cfg.clients);
         cc.options.push((p, base.clone()));
         let random = format!("{base} -r 1000000000");
@@ -119,6 +110,5 @@ pub fn run(s: &Server) -> io::Result<CrossCheck> {
             });
         }
     }
-    flushall(&mut c)?;
     Ok(cc)
 }

@@ -9,7 +9,7 @@ use redis_lock_report::perf::{Latency, Pcts};
 use redis_lock_testkit::{RawConn, Resp};
 
 use crate::load::Shape;
-use crate::ops::{flushall, key, Op, Scripts};
+use crate::ops::{key, Op, Scripts};
 use crate::stats::{ab, median, quantiles};
 use crate::Server;
 
@@ -71,7 +71,6 @@ fn side(
 
 pub fn run(s: &Server) -> io::Result<Latency> {
     let (mut c, scripts) = (s.conn()?, &s.scripts);
-    flushall(&mut c)?;
     let (mut ma, mut mr, mut sa, mut sr) = (vec![], vec![], vec![], vec![]);
     let (mut acq_ratios, mut rel_ratios) = (vec![], vec![]);
     // Warm-up (connection, allocator, script cache), not counted.
@@ -88,7 +87,6 @@ pub fn run(s: &Server) -> io::Result<Latency> {
         sa.extend(b);
         sr.extend(e);
     }
-    flushall(&mut c)?;
     Ok(Latency {
         acquire: pcts(ma),
         set_nx: pcts(sa),

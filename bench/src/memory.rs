@@ -6,7 +6,7 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use redis_lock_report::perf::{Memory, WaiterMemory};
-use redis_lock_testkit::{RawConn, Resp};
+use redis_lock_testkit::RawConn;
 
 use crate::load;
 use crate::ops::{flushall, Op, Waiters, TOKEN, TTL};
@@ -33,10 +33,9 @@ fn fill_delta(s: &Server, op: Op) -> io::Result<f64> {
 }
 
 fn usage(c: &mut RawConn, key: &[u8]) -> io::Result<i64> {
-    match c.ok(&[b"MEMORY", b"USAGE", key])? {
-        Resp::Int(n) => Ok(n),
-        other => Err(io::Error::other(format!("MEMORY USAGE replied {other:?}"))),
-    }
+    let r = c.ok(&[b"MEMORY", b"USAGE", key])?;
+    r.as_int()
+        .ok_or_else(|| io::Error::other(format!("MEMORY USAGE replied {r:?}")))
 }
 
 pub fn run(s: &Server) -> io::Result<Memory> {
@@ -58,11 +57,7 @@ pub fn run(s: &Server) -> io::Result<Memory> {
     let usage_module = usage(&mut c, module_key)?;
     let usage_string = usage(&mut c, string_key)?;
     flushall(&mut c)?;
-    let waiters = if s.cfg.waiters > 0 {
-        Some(waiter_memory(s)?)
-    } else {
-        None
-    };
+    let waiters = (s.cfg.waiters > 0).then(|| waiter_memory(s)).transpose()?;
     Ok(Memory {
         locks: s.cfg.mem_locks,
         module_per_lock: median(&module),
@@ -78,7 +73,6 @@ pub fn run(s: &Server) -> io::Result<Memory> {
 /// shrink idle query/reply buffers (so the states compared have settled buffers).
 fn waiter_memory(s: &Server) -> io::Result<WaiterMemory> {
     let (mut c, cfg) = (s.conn()?, &s.cfg);
-    flushall(&mut c)?;
     let mut m = vec![];
     let waiters = Waiters::block(&mut c, s.port, cfg.waiters, cfg.wait_locks, |c| {
         sleep(Duration::from_secs(4));
@@ -86,7 +80,6 @@ fn waiter_memory(s: &Server) -> io::Result<WaiterMemory> {
         Ok(())
     })?;
     waiters.release(&mut c)?;
-    flushall(&mut c)?;
     let [m_none, m_idle, m_blocked] = m[..] else {
         unreachable!("three stages")
     };

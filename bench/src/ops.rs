@@ -174,25 +174,23 @@ pub fn key(prefix: &[u8], conn: usize, i: u64) -> Vec<u8> {
 /// lazy-free work is pending.
 pub fn flushall(c: &mut RawConn) -> io::Result<()> {
     c.ok(&[b"FLUSHALL", b"SYNC"])?;
-    let start = Instant::now();
-    while c
-        .info_u64("memory", "lazyfree_pending_objects")
-        .unwrap_or(0)
-        > 0
-    {
-        if start.elapsed() > Duration::from_secs(60) {
-            return Err(io::Error::other("lazy free still pending after 60 s"));
-        }
-        sleep(Duration::from_millis(20));
-    }
-    Ok(())
+    let limit = Duration::from_secs(60);
+    wait_for(c, "memory", "lazyfree_pending_objects", 0, limit)
 }
 
-/// Polls `INFO lock` until `field` is `want`.
-fn wait_for(c: &mut RawConn, field: &str, want: u64, limit: Duration) -> io::Result<()> {
+/// Polls `INFO <section>` until `field` (0 when the server has no such field) is `want`.
+fn wait_for(
+    c: &mut RawConn,
+    section: &str,
+    field: &str,
+    want: u64,
+    limit: Duration,
+) -> io::Result<()> {
     let start = Instant::now();
     loop {
-        let v = c.info_u64("lock", field)?;
+        let info = c.info(section)?;
+        let v = info.iter().find(|(k, _)| k == field);
+        let v = v.map_or(0, |(_, v)| v.parse().unwrap_or(0));
         if v == want {
             return Ok(());
         }
@@ -201,7 +199,7 @@ fn wait_for(c: &mut RawConn, field: &str, want: u64, limit: Duration) -> io::Res
                 "{field} stuck at {v} after {limit:?}"
             )));
         }
-        sleep(Duration::from_millis(50));
+        sleep(Duration::from_millis(20));
     }
 }
 
@@ -234,7 +232,7 @@ impl Waiters {
             s.set_nodelay(true)?;
             s.set_read_timeout(Some(Duration::from_secs(60)))?;
             let mut pong = [0u8; 7];
-            s.write_all(b"PING\r\n")?;
+            s.write_all(b"*1\r\n$4\r\nPING\r\n")?;
             s.read_exact(&mut pong)?;
             if &pong != b"+PONG\r\n" {
                 return Err(io::Error::other("PING did not answer +PONG"));
@@ -251,7 +249,8 @@ impl Waiters {
             encode(&mut buf, &cmd.iter().map(Vec::as_slice).collect::<Vec<_>>());
             s.write_all(&buf)?;
         }
-        wait_for(c, "lock_waiters", before + count, Duration::from_secs(120))?;
+        let limit = Duration::from_secs(120);
+        wait_for(c, "lock", "lock_waiters", before + count, limit)?;
         step(c)?;
         Ok(Waiters(conns))
     }
@@ -259,6 +258,6 @@ impl Waiters {
     /// Disconnects the waiters and waits until the server has none left.
     pub fn release(self, c: &mut RawConn) -> io::Result<()> {
         drop(self.0);
-        wait_for(c, "lock_waiters", 0, Duration::from_secs(60))
+        wait_for(c, "lock", "lock_waiters", 0, Duration::from_secs(60))
     }
 }

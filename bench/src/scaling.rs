@@ -10,7 +10,7 @@ use redis_lock_testkit::{encode, lock, RawConn, Resp};
 
 use crate::config::Config;
 use crate::load::{self, Shape};
-use crate::ops::{flushall, key, Op, Waiters, TOKEN};
+use crate::ops::{key, Op, Waiters, TOKEN};
 use crate::stats::{ab, pair_medians, quantiles};
 use crate::Server;
 
@@ -63,16 +63,17 @@ pub fn spread_extend(
 
 /// Blocks `b` on `k` (held by `a`) and waits until the server has queued it.
 fn block_on(a: &mut RawConn, b: &mut RawConn, k: &str) -> io::Result<()> {
-    b.try_send(&[
-        b"LOCK.ACQUIRE",
-        k.as_bytes(),
-        b"TOKEN",
-        b"waiter",
-        b"PX",
-        b"60000",
-        b"BLOCK",
-        b"10000",
-    ])?;
+    b.queue(&[
+        "LOCK.ACQUIRE",
+        k,
+        "TOKEN",
+        "waiter",
+        "PX",
+        "60000",
+        "BLOCK",
+        "10000",
+    ]);
+    b.flush()?;
     let start = Instant::now();
     while lock::info(a, k)?.and_then(|i| i.waiters) != Some(1) {
         if start.elapsed() > Duration::from_secs(5) {
@@ -83,10 +84,8 @@ fn block_on(a: &mut RawConn, b: &mut RawConn, k: &str) -> io::Result<()> {
 }
 
 fn expect_grant(r: Resp, what: &str) -> io::Result<()> {
-    match r.grant() {
-        Some(_) => Ok(()),
-        None => Err(io::Error::other(format!("{what}: {r:?}"))),
-    }
+    let err = || io::Error::other(format!("{what}: {r:?}"));
+    r.grant().map(drop).ok_or_else(err)
 }
 
 /// The time a blocked waiter takes to get the lock, ms samples: from the holder's
@@ -97,16 +96,9 @@ fn grants(s: &Server, n: usize, expiry: bool) -> io::Result<Vec<f64>> {
     let mut v = Vec::with_capacity(n);
     for j in 0..n {
         let k = format!("probe:{}:{j}", if expiry { 'e' } else { 'h' });
-        let acquire: [&[u8]; 6] = [
-            b"LOCK.ACQUIRE",
-            k.as_bytes(),
-            b"TOKEN",
-            b"holder",
-            b"PX",
-            ttl.as_bytes(),
-        ];
         let t0 = Instant::now();
-        expect_grant(a.ok(&acquire)?, "probe acquire")?;
+        let r = a.call(&["LOCK.ACQUIRE", &k, "TOKEN", "holder", "PX", &ttl])?;
+        expect_grant(r, "probe acquire")?;
         block_on(&mut a, &mut b, &k)?;
         if expiry {
             expect_grant(b.read()?, "expiry hand-off")?;
@@ -180,9 +172,8 @@ fn measure_level(s: &Server, held: u64, waiters: u64) -> io::Result<Level> {
 /// next, then (with `waiters`) the last level again with that many blocked waiters on
 /// top; `measure(held, waiters)` at each step.
 pub fn at_levels<T>(
-    c: &mut RawConn,
-    cfg: &Config,
     port: u16,
+    cfg: &Config,
     levels: &[u64],
     waiters: u64,
     mut measure: impl FnMut(u64, u64) -> io::Result<T>,
@@ -194,24 +185,18 @@ pub fn at_levels<T>(
         out.push(measure(held, 0)?);
     }
     if waiters > 0 {
-        let blocked = Waiters::block(c, port, waiters, cfg.wait_locks, |_| Ok(()))?;
+        let mut c = RawConn::open(([127, 0, 0, 1], port).into(), Duration::from_secs(120))?;
+        let blocked = Waiters::block(&mut c, port, waiters, cfg.wait_locks, |_| Ok(()))?;
         out.push(measure(held, waiters)?);
-        blocked.release(c)?;
+        blocked.release(&mut c)?;
     }
     Ok(out)
 }
 
 pub fn run(s: &Server) -> io::Result<Scaling> {
-    let (mut c, cfg) = (s.conn()?, &s.cfg);
-    flushall(&mut c)?;
-    let levels = at_levels(
-        &mut c,
-        cfg,
-        s.port,
-        &cfg.levels.0,
-        cfg.waiters,
-        |held, waiters| measure_level(s, held, waiters),
-    )?;
-    flushall(&mut c)?;
+    let cfg = &s.cfg;
+    let levels = at_levels(s.port, cfg, &cfg.levels.0, cfg.waiters, |held, waiters| {
+        measure_level(s, held, waiters)
+    })?;
     Ok(Scaling { levels })
 }

@@ -40,14 +40,9 @@ pub const PAIRS: [(&str, Op, Op, [Option<f64>; 2]); 4] = [
 /// One measured run of `op`: prepares the key space, then times the load. Returns
 /// operations per second (cycles per second for a cycle).
 fn measure(s: &Server, op: Op, pipeline: usize) -> io::Result<f64> {
-    let (port, conns, cfg) = (s.port, s.cfg.clients, &s.cfg);
-    let commands = if pipeline > 1 {
-        cfg.ops_p16
-    } else {
-        cfg.ops_p1
-    };
+    let (port, conns) = (s.port, s.cfg.clients);
     let per_op = op.commands_per_op();
-    let per_conn = (commands / conns as u64).max(per_op);
+    let per_conn = (s.cfg.ops(pipeline) / conns as u64).max(per_op);
     // Whole cycles per connection.
     let per_conn = per_conn - per_conn % per_op;
     flushall(&mut s.conn()?)?;
@@ -111,6 +106,5 @@ pub fn run(s: &Server) -> io::Result<Throughput> {
             });
         }
     }
-    flushall(&mut s.conn()?)?;
     Ok(t)
 }
