@@ -3,7 +3,8 @@
 //! for each phase the counters are zeroed (`callgrind_control -z`), N commands are sent
 //! (one connection, pipeline 16, every reply checked) and the counters dumped
 //! (`callgrind_control -d`). Instructions per command = the dump's total / N; the PING
-//! phase is the floor every command pays (network, parsing, dispatch, reply).
+//! phase is the floor every command pays (network, parsing, dispatch, reply). The
+//! instruction-count check of `make test` ([`guard`]) measures the same way.
 
 use std::fs;
 use std::io;
@@ -36,7 +37,6 @@ pub const PHASES: [(&str, Op, &[u8]); 8] = [
 ];
 
 /// Cost of one function per command, and the object it is in.
-#[derive(Debug, Clone)]
 struct Cost {
     function: String,
     object: String,
@@ -410,25 +410,16 @@ mod tests {
 
     #[test]
     fn a_rise_over_ten_percent_fails() {
+        let row = |name: &str, ir: f64, guarded: bool| (name.to_string(), ir, guarded);
         let base = vec![("A".to_string(), 1000.0), ("B".to_string(), 1000.0)];
-        let ok = vec![
-            ("A".to_string(), 1099.0, true),
-            ("B".to_string(), 900.0, true),
-        ];
+        let ok = [row("A", 1099.0, true), row("B", 900.0, true)];
         assert!(regressions(&base, &ok).is_empty());
-        let bad = vec![
-            ("A".to_string(), 1101.0, true),
-            ("B".to_string(), 5000.0, false),
-        ];
+        let bad = [row("A", 1101.0, true), row("B", 5000.0, false)];
         let r = regressions(&base, &bad);
         assert_eq!(r.len(), 1, "{r:?}");
         assert!(r[0].starts_with("A: 1101"), "{r:?}");
-        let missing = vec![("C".to_string(), 1.0, true)];
-        assert_eq!(
-            regressions(&base, &missing),
-            vec!["C: no baseline".to_string()]
-        );
-        let nan = vec![("A".to_string(), f64::NAN, true)];
-        assert_eq!(regressions(&base, &nan).len(), 1);
+        let missing = [row("C", 1.0, true)];
+        assert_eq!(regressions(&base, &missing), ["C: no baseline"]);
+        assert_eq!(regressions(&base, &[row("A", f64::NAN, true)]).len(), 1);
     }
 }

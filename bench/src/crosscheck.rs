@@ -10,7 +10,7 @@ use redis_lock_report::perf::{self, CrossCheck, RbPair};
 use redis_lock_testkit::run_cmd;
 
 use crate::load;
-use crate::ops::{flushall, padded, Op, TOKEN};
+use crate::ops::{flushall, Op, TOKEN};
 use crate::stats::{ab, median, pair_medians};
 use crate::Server;
 
@@ -38,9 +38,8 @@ fn hold_extend_keys(s: &Server, module: bool) -> io::Result<()> {
     let per = EXTEND_KEYS / conns as u64;
     let op = if module { Op::Acquire } else { Op::SetNx };
     let w = |conn: usize, i: u64, out: &mut Vec<u8>| {
-        let mut k = b"ek:".to_vec();
-        k.extend_from_slice(&padded(conn as u64 * per + i, 12));
-        op.put(&k, &s.scripts, out)
+        let k = format!("ek:{:012}", conn as u64 * per + i);
+        op.put(k.as_bytes(), &s.scripts, out)
     };
     load::run(s.port, conns, 256, per, "holding the EXTEND keys", &w)?;
     Ok(())

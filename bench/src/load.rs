@@ -109,13 +109,12 @@ impl Client {
         self.flush()
     }
 
+    /// Writes what the socket takes of the batch.
     fn flush(&mut self) -> io::Result<()> {
         while self.out_pos < self.out.len() {
-            match self.stream.write(&self.out[self.out_pos..]) {
-                Ok(k) => self.out_pos += k,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+            match nonblocking(|| self.stream.write(&self.out[self.out_pos..]))? {
+                Some(k) => self.out_pos += k,
+                None => break,
             }
         }
         Ok(())
@@ -123,19 +122,26 @@ impl Client {
 
     /// Reads everything the socket has.
     fn fill(&mut self, buf: &mut [u8]) -> io::Result<()> {
-        loop {
-            match self.stream.read(buf) {
-                Ok(0) => {
-                    return Err(io::Error::new(
-                        ErrorKind::UnexpectedEof,
-                        "server closed a benchmark connection",
-                    ))
-                }
-                Ok(k) => self.inbuf.extend_from_slice(&buf[..k]),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+        while let Some(k) = nonblocking(|| self.stream.read(buf))? {
+            if k == 0 {
+                let eof = "server closed a benchmark connection";
+                return Err(io::Error::new(ErrorKind::UnexpectedEof, eof));
             }
+            self.inbuf.extend_from_slice(&buf[..k]);
+        }
+        Ok(())
+    }
+}
+
+/// One read or write on a non-blocking socket, retried when interrupted; `None` when it
+/// would block.
+fn nonblocking(mut f: impl FnMut() -> io::Result<usize>) -> io::Result<Option<usize>> {
+    loop {
+        match f() {
+            Ok(k) => return Ok(Some(k)),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }

@@ -155,11 +155,6 @@ impl Op {
     }
 }
 
-/// `n` as decimal text, zero-padded to `width` digits.
-pub fn padded(n: u64, width: usize) -> Vec<u8> {
-    format!("{n:0width$}").into_bytes()
-}
-
 /// Key `prefix:ccc:iiiiiiiii`: each connection works on its own keys.
 pub fn key(prefix: &[u8], conn: usize, i: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + 15);
