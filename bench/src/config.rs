@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand};
 use redis_lock_testkit::List;
 
@@ -37,8 +36,11 @@ pub enum Command {
     },
 }
 
-fn positive() -> RangedU64ValueParser<usize> {
-    RangedU64ValueParser::new().range(1..)
+fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("not a positive number: {s}")),
+    }
 }
 
 /// Held-lock levels, as measured: the fill spreads keys over 4 connections.
@@ -50,9 +52,9 @@ fn levels(s: &str) -> Result<List<u64>, String> {
 #[derive(Args, Debug, Clone)]
 pub struct Config {
     /// Rounds of A/B alternation (throughput, latency, scaling).
-    #[arg(long, env = "BENCH_ROUNDS", default_value_t = 5, value_parser = positive())]
+    #[arg(long, env = "BENCH_ROUNDS", default_value_t = 5, value_parser = positive)]
     pub rounds: usize,
-    #[arg(long, env = "BENCH_CLIENTS", default_value_t = 50, value_parser = positive())]
+    #[arg(long, env = "BENCH_CLIENTS", default_value_t = 50, value_parser = positive)]
     pub clients: usize,
     /// Commands per throughput run, unpipelined and with pipeline 16.
     #[arg(long, env = "BENCH_OPS_P1", default_value_t = 50_000)]
