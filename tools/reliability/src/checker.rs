@@ -134,6 +134,7 @@ pub struct Report {
 }
 
 impl Report {
+    #[cfg(test)]
     pub fn total(&self) -> u64 {
         self.violations.values().sum()
     }
@@ -447,6 +448,11 @@ mod tests {
 
     const SLACK: u64 = 2 * MS;
 
+    /// A history without store events or extra fences, checked.
+    fn checked(h: &mut [Grant]) -> Report {
+        check(h, &[], &[], SLACK)
+    }
+
     fn grant(key: u32, fence: u64, invoke_ms: u64, ttl_ms: u64, release_ms: Option<u64>) -> Grant {
         let t = invoke_ms * MS;
         let mut g = Grant::new(
@@ -493,7 +499,7 @@ mod tests {
     #[test]
     fn a_valid_history_has_no_violation() {
         let mut h = valid_history();
-        let r = check(&mut h, &[], &[], SLACK);
+        let r = checked(&mut h);
         assert_eq!(r.total(), 0, "{:?}", r.examples);
         assert_eq!(r.grants, 5);
     }
@@ -502,7 +508,7 @@ mod tests {
     fn detects_a_grant_while_the_holder_is_live() {
         let mut h = valid_history();
         h.push(grant(2, 15, 20, 1000, Some(21))); // key 2 is held by fence 12 until ~57 ms
-        let r = check(&mut h, &[], &[], SLACK);
+        let r = checked(&mut h);
         assert_eq!(
             r.violations
                 .get("granted while another holder's lease was live"),
@@ -516,7 +522,7 @@ mod tests {
             grant(1, 10, 0, 1000, Some(50)),
             grant(1, 11, 20, 1000, Some(60)),
         ];
-        let r = check(&mut h, &[], &[], SLACK);
+        let r = checked(&mut h);
         assert_eq!(r.total(), 1, "{:?}", r.examples);
     }
 
@@ -525,7 +531,7 @@ mod tests {
         let mut h = valid_history();
         // Key 3, made at 100 ms, long after fence 14 (at 10 ms), yet with a lower fence.
         h.push(grant(3, 9, 100, 1000, Some(101)));
-        let r = check(&mut h, &[], &[], SLACK);
+        let r = checked(&mut h);
         assert_eq!(
             r.violations.get("fence lower than a grant made before it"),
             Some(&1)
@@ -533,14 +539,14 @@ mod tests {
 
         let mut h = valid_history();
         h.push(grant(3, 12, 100, 1000, Some(101)));
-        let r = check(&mut h, &[], &[], SLACK);
+        let r = checked(&mut h);
         assert_eq!(r.violations.get("duplicate fence"), Some(&1));
         // Another server's fences are its own business...
         let mut h = valid_history();
         let mut g = grant(3, 9, 100, 1000, Some(101));
         g.server = 1;
         h.push(g);
-        assert_eq!(check(&mut h, &[], &[], SLACK).total(), 0);
+        assert_eq!(checked(&mut h).total(), 0);
         // ... and extra fences of the same server are ordered with the grants.
         let late = Fenced {
             server: 0,
@@ -555,7 +561,7 @@ mod tests {
     #[test]
     fn detects_a_release_after_the_lease_ended() {
         let mut h = vec![grant(1, 10, 0, 50, Some(80))];
-        let r = check(&mut h, &[], &[], SLACK);
+        let r = checked(&mut h);
         assert_eq!(
             r.violations
                 .get("release succeeded after the lease had ended"),
@@ -568,7 +574,7 @@ mod tests {
             complete: 11 * MS,
             ok: Some(false),
         });
-        let r = check(&mut [g.clone()], &[], &[], SLACK);
+        let r = checked(&mut [g.clone()]);
         assert_eq!(
             r.violations.get("release refused while the lease was live"),
             Some(&1)
@@ -576,7 +582,7 @@ mod tests {
         g.release = g.release.map(|c| Call { ok: None, ..c });
         // A lost release leaves the lock possibly held from its invoke on: a grant at
         // 20 ms is not a violation, the holder was only certainly live until 10 ms.
-        let r = check(&mut [g, grant(1, 11, 20, 1000, Some(30))], &[], &[], SLACK);
+        let r = checked(&mut [g, grant(1, 11, 20, 1000, Some(30))]);
         assert_eq!(r.total(), 0, "{:?}", r.examples);
     }
 
@@ -592,16 +598,16 @@ mod tests {
         };
         a.extends.push((ext, 1000));
         let b = grant(1, 11, 200, 1000, Some(600));
-        let r = check(&mut [a.clone(), b.clone()], &[], &[], SLACK);
+        let r = checked(&mut [a.clone(), b.clone()]);
         assert_eq!(r.total(), 1, "{:?}", r.examples);
         // An extend whose reply was lost proves nothing by itself: no violation...
         a.extends[0].0.ok = None;
         let mut unknown = a.clone();
         unknown.release = None;
-        let r = check(&mut [unknown, b.clone()], &[], &[], SLACK);
+        let r = checked(&mut [unknown, b.clone()]);
         assert_eq!(r.total(), 0, "{:?}", r.examples);
         // ... but a release that answered 1 at 500 ms proves the lease lasted that long.
-        let r = check(&mut [a.clone(), b], &[], &[], SLACK);
+        let r = checked(&mut [a.clone(), b]);
         assert_eq!(r.total(), 1, "{:?}", r.examples);
         // An extend that succeeds after the lease ended is caught.
         a.extends[0].0 = Call {
@@ -610,7 +616,7 @@ mod tests {
             ok: Some(true),
         };
         a.release = None;
-        let r = check(&mut [a], &[], &[], SLACK);
+        let r = checked(&mut [a]);
         assert_eq!(
             r.violations
                 .get("extend succeeded after the lease had ended"),
@@ -622,18 +628,18 @@ mod tests {
     fn readers_share_writers_do_not() {
         let r1 = with(grant(1, 10, 0, 1000, Some(50)), Mode::Shared);
         let r2 = with(grant(1, 11, 10, 1000, Some(60)), Mode::Shared);
-        let ok = check(&mut [r1.clone(), r2.clone()], &[], &[], SLACK);
+        let ok = checked(&mut [r1.clone(), r2.clone()]);
         assert_eq!(ok.total(), 0, "{:?}", ok.examples);
         // A writer while readers are live, and a reader while a writer is.
         let w = grant(1, 12, 20, 1000, Some(70));
-        let r = check(&mut [r1.clone(), r2, w], &[], &[], SLACK);
+        let r = checked(&mut [r1.clone(), r2, w]);
         assert_eq!(
             r.violations
                 .get("granted while another holder's lease was live"),
             Some(&1)
         );
         let w = grant(1, 9, 0, 1000, Some(40));
-        let r = check(&mut [w, with(r1, Mode::Shared)], &[], &[], SLACK);
+        let r = checked(&mut [w, with(r1, Mode::Shared)]);
         assert_eq!(
             r.violations.get("reader granted beside a live writer"),
             Some(&1)
@@ -643,19 +649,9 @@ mod tests {
     #[test]
     fn permits_are_counted() {
         let p = |f, at, rel| with(grant(1, f, at, 1000, Some(rel)), Mode::Permit(2));
-        let ok = check(
-            &mut [p(10, 0, 50), p(11, 10, 60), p(12, 70, 80)],
-            &[],
-            &[],
-            SLACK,
-        );
+        let ok = checked(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 70, 80)]);
         assert_eq!(ok.total(), 0, "{:?}", ok.examples);
-        let r = check(
-            &mut [p(10, 0, 50), p(11, 10, 60), p(12, 20, 80)],
-            &[],
-            &[],
-            SLACK,
-        );
+        let r = checked(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 20, 80)]);
         assert_eq!(
             r.violations.get("more than LIMIT holders at once"),
             Some(&1)
@@ -669,7 +665,7 @@ mod tests {
         let a = grant(1, 10, 0, 1000, Some(50));
         let mut b = grant(1, 5, 20, 1000, Some(30));
         b.server = 1;
-        let r = check(&mut [a.clone(), b.clone()], &[], &[], SLACK);
+        let r = checked(&mut [a.clone(), b.clone()]);
         assert_eq!(r.total(), 1, "{:?}", r.examples);
         b.invoke = 60 * MS;
         b.complete = 61 * MS;
@@ -678,7 +674,7 @@ mod tests {
             complete: 71 * MS,
             ..c
         });
-        let r = check(&mut [a, b], &[], &[], SLACK);
+        let r = checked(&mut [a, b]);
         assert_eq!(r.total(), 0, "{:?}", r.examples);
         // The store refused server 1's lower fence: counted apart, not a violation.
         let mut h = vec![grant(1, 10, 0, 1000, Some(50)), {

@@ -2,12 +2,13 @@
 //! and the helpers they share. Servers, RESP and the clock come from the test kit.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 pub use redis_lock_report::fmt::{pct, thousands};
 pub use redis_lock_report::reliability::{Outcome, Status};
 pub use redis_lock_testkit::{
-    now_ns, unix_ms, RawConn as Conn, Resp as Reply, Server, ServerBuilder,
+    args, now_ns, unix_ms, RawConn as Conn, Resp as Reply, Rng, Server, ServerBuilder,
 };
 
 #[derive(Debug, Clone)]
@@ -118,6 +119,117 @@ pub fn holder_ids(info: &Reply) -> Vec<u64> {
 pub fn connect(s: &Server) -> Result<Conn, String> {
     s.try_raw(Duration::from_secs(5))
         .map_err(|e| format!("connect to {}: {e}", s.addr()))
+}
+
+/// `n` connections whose replies may take up to `secs`.
+pub fn conns(s: &Server, n: usize, secs: u64) -> Result<Vec<Conn>, String> {
+    (0..n)
+        .map(|_| {
+            let c = connect(s)?;
+            c.try_set_read_timeout(Some(Duration::from_secs(secs)))
+                .map_err(|e| e.to_string())?;
+            Ok(c)
+        })
+        .collect()
+}
+
+/// One command and its reply (an error reply is a reply; a lost connection an `Err`).
+pub fn cmd<A: AsRef<[u8]>>(c: &mut Conn, a: &[A]) -> Result<Reply, String> {
+    c.call(a)
+        .map_err(|e| format!("{}: {e}", String::from_utf8_lossy(a[0].as_ref())))
+}
+
+/// A command written out as one string (arguments without spaces).
+pub fn words(s: &str) -> Vec<&str> {
+    s.split_whitespace().collect()
+}
+
+/// A `LOCK.ACQUIRE` that must be granted: (token, fence).
+pub fn grant(c: &mut Conn, a: &[Vec<u8>]) -> Result<(Vec<u8>, u64), String> {
+    let r = cmd(c, a)?;
+    r.grant().ok_or_else(|| {
+        let key = a.get(1).map(|k| String::from_utf8_lossy(k).into_owned());
+        format!("acquire of {} answered {r:?}", key.unwrap_or_default())
+    })
+}
+
+/// `LOCK.ACQUIRE key PX ttl`, which must be granted: (token, fence).
+pub fn acquire(c: &mut Conn, key: &str, ttl: u64) -> Result<(Vec<u8>, u64), String> {
+    grant(c, &args!["LOCK.ACQUIRE", key, "PX", ttl])
+}
+
+/// `REPLICAOF NO ONE`: the replica behind `c` becomes a primary.
+pub fn promote(c: &mut Conn) -> Result<(), String> {
+    let r = cmd(c, &args!["REPLICAOF", "NO", "ONE"])?;
+    if r.is_error() {
+        return Err(format!("REPLICAOF NO ONE: {r:?}"));
+    }
+    Ok(())
+}
+
+/// Fresh grants of `n` keys `{prefix}:i` after a restart or promotion; how many of them
+/// carried a fence not above `above` (a regression), and the highest fence they carried.
+pub fn probe_fences(c: &mut Conn, prefix: &str, n: u64, above: u64) -> Result<(u64, u64), String> {
+    let (mut regressions, mut max) = (0, 0);
+    for i in 0..n {
+        let (_, fence) = acquire(c, &format!("{prefix}:{i}"), 1000)?;
+        regressions += u64::from(fence <= above);
+        max = max.max(fence);
+    }
+    Ok((regressions, max))
+}
+
+/// A server is fine when it answers, caught no panic and logged no crash.
+pub fn health(s: &Server, what: &str) -> Result<(), String> {
+    let log = s.log();
+    for mark in [
+        "crashed by signal",
+        "ASSERTION FAILED",
+        "BUG REPORT START",
+        "Guru Meditation",
+    ] {
+        if let Some(at) = log.find(mark) {
+            let start = log[..at].rfind("\n\n").map_or(0, |i| i + 2);
+            let excerpt: String = log[start..].lines().take(25).collect::<Vec<_>>().join("\n");
+            return Err(format!(
+                "{what} crashed ({mark}); log {}:\n{excerpt}",
+                s.log_path().display()
+            ));
+        }
+    }
+    let alive = connect(s).is_ok_and(|mut c| c.call(&args!["PING"]).is_ok());
+    if !alive {
+        return Err(format!("{what} does not answer PING\n{}", s.log_tail()));
+    }
+    match panics(s) {
+        Some(0) => Ok(()),
+        p => Err(format!("{what}: lock_panics = {p:?}")),
+    }
+}
+
+/// Runs one client thread per entry of `inputs` (`client(i, input, stop)`) until `work`
+/// returns, then raises `stop` and collects what each client returns.
+pub fn clients<C: Send, T: Send>(
+    inputs: Vec<C>,
+    client: impl Fn(usize, C, &AtomicBool) -> T + Sync,
+    work: impl FnOnce() -> Result<(), String>,
+) -> Result<Vec<T>, String> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (inputs.into_iter().enumerate())
+            .map(|(i, input)| {
+                let (client, stop) = (&client, &stop);
+                s.spawn(move || client(i, input, stop))
+            })
+            .collect();
+        let worked = work();
+        stop.store(true, Ordering::Relaxed);
+        let out: Result<Vec<T>, String> = handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| "a client thread panicked".to_string()))
+            .collect();
+        worked.and(out)
+    })
 }
 
 /// The `INFO lock` counter `lock_panics` (caught Rust panics), if the server answers.

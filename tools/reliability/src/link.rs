@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::{now_ns, Conn, Reply};
+use crate::common::{cmd, now_ns, Conn, Reply};
 use redis_lock_testkit::{args, key_slot};
 
 /// How long a call may wait for its reply before it counts as unanswered. A `BLOCK`
@@ -122,7 +122,7 @@ pub struct LinkLog {
     /// Blocking calls answered later than BLOCK + 1 s only because the server held them
     /// in a write pause of ours before running them.
     pub late_by_pause: u64,
-    /// Calls of any kind that got no reply within [`READ_TIMEOUT`].
+    /// Calls of any kind that got no reply within the read timeout.
     pub hangs: Vec<String>,
     /// Connections that broke although nobody killed them.
     pub broken: Vec<String>,
@@ -159,6 +159,7 @@ pub struct Link {
     slots: Vec<usize>,
     /// The node that sent the last reply.
     pub last_node: usize,
+    read_timeout: Duration,
     pub log: LinkLog,
 }
 
@@ -178,7 +179,9 @@ fn shown(cmd: &[Vec<u8>]) -> String {
 }
 
 impl Link {
-    pub fn new(topo: &Topo) -> Link {
+    /// A link whose calls may wait `read_timeout` for a reply ([`READ_TIMEOUT`] in the
+    /// runs with faults).
+    pub fn new(topo: &Topo, read_timeout: Duration) -> Link {
         let addrs = topo.nodes();
         Link {
             conns: addrs.iter().map(|_| None).collect(),
@@ -187,6 +190,7 @@ impl Link {
             primary: 0,
             slots: Vec::new(),
             last_node: 0,
+            read_timeout,
             log: LinkLog::default(),
         }
     }
@@ -200,24 +204,16 @@ impl Link {
         if self.conns[i].is_none() {
             let c = Conn::open(self.addrs[i], Duration::from_secs(2))
                 .map_err(|e| format!("connect {}: {e}", self.addrs[i]))?;
-            c.try_set_read_timeout(Some(READ_TIMEOUT))
+            c.try_set_read_timeout(Some(self.read_timeout))
                 .map_err(|e| e.to_string())?;
             let mut node = Node { conn: c, id: 0 };
-            if let Topo::Single(_, db) = self.topo {
-                if db != 0 {
-                    let r = node
-                        .conn
-                        .call(&args!["SELECT", db])
-                        .map_err(|e| e.to_string())?;
-                    if r.is_error() {
-                        return Err(format!("SELECT {db}: {r:?}"));
-                    }
+            if let Topo::Single(_, db @ 1..) = self.topo {
+                let r = cmd(&mut node.conn, &args!["SELECT", db])?;
+                if r.is_error() {
+                    return Err(format!("SELECT {db}: {r:?}"));
                 }
             }
-            let id = node
-                .conn
-                .call(&args!["CLIENT", "ID"])
-                .map_err(|e| e.to_string())?;
+            let id = cmd(&mut node.conn, &args!["CLIENT", "ID"])?;
             node.id = id.as_int().unwrap_or(0) as u64;
             self.conns[i] = Some(node);
             self.log.reconnects += 1;
@@ -232,9 +228,7 @@ impl Link {
         let deadline = Instant::now() + GIVE_UP;
         while Instant::now() < deadline {
             for i in 0..self.addrs.len() {
-                let role = self
-                    .node(i)
-                    .and_then(|n| n.conn.call(&args!["ROLE"]).map_err(|e| e.to_string()));
+                let role = self.node(i).and_then(|n| cmd(&mut n.conn, &args!["ROLE"]));
                 match role {
                     Ok(r) => {
                         let first = r.as_items().and_then(|v| v.first()?.as_text());
@@ -253,11 +247,8 @@ impl Link {
     /// Cluster: the slot table from `CLUSTER SLOTS` of any node.
     fn load_slots(&mut self) {
         for i in 0..self.addrs.len() {
-            let Ok(r) = self.node(i).and_then(|n| {
-                n.conn
-                    .call(&args!["CLUSTER", "SLOTS"])
-                    .map_err(|e| e.to_string())
-            }) else {
+            let Ok(r) = (self.node(i)).and_then(|n| cmd(&mut n.conn, &args!["CLUSTER", "SLOTS"]))
+            else {
                 self.conns[i] = None;
                 continue;
             };
@@ -386,7 +377,7 @@ impl Link {
                     self.log.hangs.push(format!(
                         "`{}`: no reply within {} s",
                         shown(&cmds[0]),
-                        READ_TIMEOUT.as_secs()
+                        self.read_timeout.as_secs()
                     ));
                 } else {
                     self.log.broken.push(format!(

@@ -1,17 +1,17 @@
-//! The fenced workload the chaos and kinds runs share: client threads acquire exclusive,
-//! SHARED (readers and writers) and LIMIT n keys, blocking and not, through a [`Link`]
+//! The fenced workload the mutex, chaos and kinds runs share: client threads acquire
+//! exclusive, SHARED (readers and writers) and LIMIT n keys, blocking and not, through a [`Link`]
 //! that follows failovers and cluster redirects; each holder runs a critical section
 //! against an in-process fenced store, extends now and then, and releases or leaves its
 //! lease to expire. Every call is recorded for the checker (checker.rs).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
 use crate::common::{note_checks, now_ns, short_of, thousands, Env, Outcome, Reply};
-use crate::link::{Answer, Kills, Link, LinkLog, Topo};
+use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
 use redis_lock_testkit::{args, Rng};
 
 /// Lease of ordinary holders.
@@ -150,14 +150,49 @@ impl Store {
     }
 }
 
+/// How the clients behave.
+#[derive(Clone, Copy)]
+pub struct Mix {
+    /// Percent of acquires that block (besides half of the short leases).
+    pub blocking: u64,
+    /// Percent of holders that pause inside their critical section, and for how long
+    /// (ms; `None`: they only yield).
+    pub pause: (u64, Option<(u64, u64)>),
+    /// Leave the tokens to the server (no TOKEN argument).
+    pub server_tokens: bool,
+    /// How long a call may wait for its reply.
+    pub read_timeout: Duration,
+}
+
+impl Mix {
+    /// Some holders work a while, so that keys are held (and waited for) when a pause, a
+    /// failover or a slot migration comes.
+    pub const FAULTS: Mix = Mix {
+        blocking: 50,
+        pause: (20, Some((1, 20))),
+        server_tokens: false,
+        read_timeout: READ_TIMEOUT,
+    };
+    /// As many grants as the server gives (the mutex run: a million).
+    pub const FAST: Mix = Mix {
+        blocking: 45,
+        pause: (10, None),
+        server_tokens: true,
+        read_timeout: Duration::from_secs(5),
+    };
+}
+
 /// One run of the workload.
 pub struct Plan {
     pub topo: Topo,
     /// Key names and kinds (the index is the checker's key).
     pub keys: Vec<(String, Kind)>,
     pub clients: usize,
-    /// The clients run until then (or until one of them meets an error).
+    /// The clients run until then, until they made `stop_after` grants, or until one of
+    /// them meets an error.
     pub deadline: Instant,
+    pub stop_after: u64,
+    pub mix: Mix,
     /// Confirm every grant and extend with `WAIT 1 100` (a pair that may lose writes):
     /// an unconfirmed grant is given back and not used, an unconfirmed extend counts as
     /// unknown.
@@ -171,6 +206,7 @@ pub struct Shared {
     pub store: Store,
     pub stop: AtomicBool,
     pub kills: Arc<Kills>,
+    granted: AtomicU64,
 }
 
 impl Shared {
@@ -181,6 +217,7 @@ impl Shared {
             plan,
             stop: AtomicBool::new(false),
             kills: Arc::clone(kills),
+            granted: AtomicU64::new(0),
         })
     }
 }
@@ -246,6 +283,23 @@ fn confirmed(r: &[Reply]) -> bool {
     r.get(1).and_then(Reply::as_int).unwrap_or(0) >= 1
 }
 
+/// A call as the checker sees it: its outcome (`ok` of the replies) unknown when the
+/// replies were lost.
+fn as_call(a: Answer, ok: impl FnOnce(&[Reply]) -> Option<bool>) -> Call {
+    match a {
+        Answer::Reply(r, invoke, complete) => Call {
+            invoke,
+            complete,
+            ok: ok(&r),
+        },
+        Answer::Lost(invoke) => Call {
+            invoke,
+            complete: now_ns(),
+            ok: None,
+        },
+    }
+}
+
 struct Client<'a> {
     sh: &'a Shared,
     id: u32,
@@ -291,7 +345,10 @@ impl Client<'_> {
             (Kind::Limit(n), _) => a.extend(args!["LIMIT", n]),
             _ => {}
         }
-        a.extend(args!["PX", ttl, "TOKEN", token]);
+        a.extend(args!["PX", ttl]);
+        if !self.sh.plan.mix.server_tokens {
+            a.extend(args!["TOKEN", token]);
+        }
         if let Some(b) = block {
             a.extend(args!["BLOCK", b]);
         }
@@ -309,7 +366,7 @@ impl Client<'_> {
             Reply::Error(e) if e.starts_with("MAXWAITERS") => self.log.n.maxwaiters += 1,
             Reply::Error(e) if e.starts_with("UNBLOCKED") => self.log.n.unblocked += 1,
             other => {
-                let Some((_, fence)) = other.grant() else {
+                let Some((token, fence)) = other.grant() else {
                     return Err(format!("unexpected acquire reply {other:?}"));
                 };
                 if self.sh.plan.confirm && !confirmed(&r) {
@@ -319,36 +376,33 @@ impl Client<'_> {
                     let _ = self.call(&name, &[rel], None);
                     return Ok(Got::Nothing);
                 }
-                return Ok(Got::Grant(token.as_bytes().to_vec(), fence, t0, t1));
+                return Ok(Got::Grant(token, fence, t0, t1));
             }
         }
         Ok(Got::Nothing)
     }
 
-    fn release(&mut self, g: &mut Grant, token: &[u8]) {
-        let name = self.sh.plan.keys[g.key as usize].0.clone();
+    /// Releases grant `idx` of the log and records how that went.
+    fn release(&mut self, idx: usize, token: &[u8]) {
+        let name = self.sh.plan.keys[self.log.grants[idx].key as usize]
+            .0
+            .clone();
         let cmd = args!["LOCK.RELEASE", &name, token];
         self.log.n.releases += 1;
-        g.release = Some(match self.call(&name, std::slice::from_ref(&cmd), None) {
-            Answer::Reply(r, t0, t1) => Call {
-                invoke: t0,
-                complete: t1,
-                ok: Some(r[0].as_int() == Some(1)),
-            },
+        let one = |r: &[Reply]| Some(r[0].as_int() == Some(1));
+        let call = match self.call(&name, std::slice::from_ref(&cmd), None) {
             // Executed or not: ask again on a new connection; a 1 now is certain.
-            Answer::Lost(t0) => match self.call(&name, &[cmd], None) {
-                Answer::Reply(r, r0, r1) if r[0].as_int() == Some(1) => Call {
-                    invoke: r0,
-                    complete: r1,
-                    ok: Some(true),
-                },
+            Answer::Lost(t0) => match as_call(self.call(&name, &[cmd], None), one) {
+                c if c.ok == Some(true) => c,
                 _ => Call {
                     invoke: t0,
                     complete: now_ns(),
                     ok: None,
                 },
             },
-        });
+            a => as_call(a, one),
+        };
+        self.log.grants[idx].release = Some(call);
     }
 
     fn run(&mut self, rng: &mut Rng) -> Result<(), String> {
@@ -359,9 +413,7 @@ impl Client<'_> {
         while !sh.stop.load(Ordering::Relaxed) && Instant::now() < sh.plan.deadline {
             while abandoned.front().is_some_and(|a| a.2 <= now_ns()) {
                 if let Some((idx, token, _)) = abandoned.pop_front() {
-                    let mut g = self.log.grants[idx].clone();
-                    self.release(&mut g, &token);
-                    self.log.grants[idx] = g;
+                    self.release(idx, &token);
                 }
             }
             n += 1;
@@ -377,7 +429,7 @@ impl Client<'_> {
             let short = dice >= 88;
             let ttl = if short { rng.range(20, 100) } else { LONG_TTL };
             let block = match dice {
-                0..=49 => Some(rng.range(5, 300)),
+                d if d < sh.plan.mix.blocking => Some(rng.range(5, 300)),
                 88..=99 if rng.chance(50) => Some(rng.range(5, 100)),
                 _ => None,
             };
@@ -386,6 +438,9 @@ impl Client<'_> {
             else {
                 continue;
             };
+            if sh.granted.fetch_add(1, Ordering::Relaxed) + 1 >= sh.plan.stop_after {
+                sh.stop.store(true, Ordering::Relaxed);
+            }
             let mut g = Grant::new(
                 self.id,
                 k as u32,
@@ -397,10 +452,12 @@ impl Client<'_> {
             let cs0 = now_ns();
             let at = (g.server, fence);
             let v = sh.store.enter(k as u32, mode, at);
-            // Some holders work a while, so that keys are held (and waited for) when a
-            // pause, a failover or a slot migration comes.
-            if rng.chance(20) {
-                std::thread::sleep(Duration::from_millis(rng.range(1, 20)));
+            match sh.plan.mix.pause {
+                (p, Some((lo, hi))) if rng.chance(p) => {
+                    std::thread::sleep(Duration::from_millis(rng.range(lo, hi)))
+                }
+                (p, None) if rng.chance(p) => std::thread::yield_now(),
+                _ => {}
             }
             let mut final_ttl = ttl;
             let mut last = t1;
@@ -409,22 +466,11 @@ impl Client<'_> {
                 let name = sh.plan.keys[k].0.clone();
                 let cmds = self.cmds(args!["LOCK.EXTEND", &name, &token, "PX", ext]);
                 self.log.n.extends += 1;
-                let call = match self.call(&name, &cmds, None) {
-                    Answer::Reply(r, e0, e1) => {
-                        let ok = r[0].as_int() == Some(1);
-                        Call {
-                            invoke: e0,
-                            complete: e1,
-                            // Acknowledged but perhaps not replicated: unknown.
-                            ok: (!sh.plan.confirm || !ok || confirmed(&r)).then_some(ok),
-                        }
-                    }
-                    Answer::Lost(e0) => Call {
-                        invoke: e0,
-                        complete: now_ns(),
-                        ok: None,
-                    },
-                };
+                let call = as_call(self.call(&name, &cmds, None), |r| {
+                    let ok = r[0].as_int() == Some(1);
+                    // Acknowledged but perhaps not replicated: unknown.
+                    (!sh.plan.confirm || !ok || confirmed(r)).then_some(ok)
+                });
                 if call.ok == Some(true) {
                     (final_ttl, last) = (ext, call.complete);
                 } else if call.ok.is_none() {
@@ -442,17 +488,13 @@ impl Client<'_> {
                 abandoned.push_back((idx, token, last + (final_ttl + 5) * 1_000_000));
                 self.log.n.abandoned += 1;
             } else {
-                let mut g = self.log.grants[idx].clone();
-                self.release(&mut g, &token);
-                self.log.grants[idx] = g;
+                self.release(idx, &token);
             }
         }
         // Settle what is left: wait out the leases, then check the release answers 0.
         while let Some((idx, token, due)) = abandoned.pop_front() {
             std::thread::sleep(Duration::from_nanos(due.saturating_sub(now_ns())));
-            let mut g = self.log.grants[idx].clone();
-            self.release(&mut g, &token);
-            self.log.grants[idx] = g;
+            self.release(idx, &token);
         }
         Ok(())
     }
@@ -466,7 +508,7 @@ pub fn spawn(sh: &Arc<Shared>, rng: &mut Rng) -> Vec<std::thread::JoinHandle<Cli
             let mut r = rng.fork(i as u64);
             std::thread::spawn(move || {
                 let mut c = Client {
-                    link: Link::new(&sh.plan.topo),
+                    link: Link::new(&sh.plan.topo, sh.plan.mix.read_timeout),
                     sh: &sh,
                     id: i as u32,
                     log: ClientLog::default(),
@@ -503,6 +545,10 @@ pub struct Tally {
     pub errors: Vec<String>,
     pub late_cs: u64,
     pub late_store_events: u64,
+    /// Overlapping or stale-fenced critical sections the store saw, and its lost updates
+    /// (explained by a late holder or not).
+    pub store_events: u64,
+    pub lost_updates: u64,
     pub cross_server_refusals: u64,
     pub cross_server_examples: Vec<String>,
     pub by_mode: [u64; 3],
@@ -547,6 +593,8 @@ impl Tally {
             rerouted,
             late_cs,
             late_store_events,
+            store_events,
+            lost_updates,
             cross_server_refusals
         );
         self.slowest_wait_over_block_ms = self
@@ -639,12 +687,10 @@ pub fn check(
     t.cross_server_examples = r.cross_server_examples;
     // Lost updates, unless a late holder (client pause) explains them on that key.
     let excused: std::collections::BTreeSet<u32> = events.iter().map(|e| e.key).collect();
-    let lost: Vec<(u32, u64)> = sh
-        .store
-        .lost_updates()
-        .into_iter()
-        .filter(|(k, _)| !excused.contains(k))
-        .collect();
+    let mut lost = sh.store.lost_updates();
+    t.store_events = events.len() as u64;
+    t.lost_updates = lost.iter().map(|l| l.1).sum();
+    lost.retain(|(k, _)| !excused.contains(k));
     t.add_violation(
         "lost updates in the store",
         lost.iter().map(|l| l.1).sum(),

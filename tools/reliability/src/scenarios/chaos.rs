@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use crate::checker::Fenced;
 use crate::common::*;
-use crate::link::{Answer, Kills, Link, LinkLog, Topo};
-use crate::workload::{self, Kind, Plan, Tally};
-use redis_lock_testkit::{args, flavor_of, Cluster, Flavor, ReplicaPair, Rng};
+use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
+use crate::workload::{self, Kind, Mix, Plan, Tally};
+use redis_lock_testkit::{flavor_of, Cluster, Flavor, ReplicaPair};
 
 pub const TITLE: &str = "Server operations under load (chaos)";
 pub const TARGET: &str = "0 crashes, 0 double grants, 0 fence regressions, every waiter answered within BLOCK + 1 s, in >= 100,000 acquisitions";
@@ -36,13 +36,13 @@ const PAUSE_RELEASE_MS: u64 = 110;
 
 /// Operations applied, by name; replies that refused them, by name.
 #[derive(Default)]
-struct Ops {
-    done: BTreeMap<&'static str, u64>,
+pub struct Ops {
+    pub done: BTreeMap<&'static str, u64>,
     refused: BTreeMap<&'static str, u64>,
     /// Operations that failed where they must not (a bug, or a run that cannot go on).
-    errors: Vec<String>,
+    pub errors: Vec<String>,
     /// Servers that crashed, stopped answering or caught a panic.
-    crashes: Vec<String>,
+    pub crashes: Vec<String>,
     /// CLIENT UNBLOCK of a LOCK.ACQUIRE waiter accepted on Redis < 7.4.
     unblock_accepted_early: u64,
     keys_migrated: u64,
@@ -51,7 +51,7 @@ struct Ops {
 }
 
 impl Ops {
-    fn done(&mut self, op: &'static str) {
+    pub fn done(&mut self, op: &'static str) {
         *self.done.entry(op).or_insert(0) += 1;
     }
     fn refused(&mut self, op: &'static str) {
@@ -80,11 +80,18 @@ impl Ops {
             .collect();
         parts.join(", ")
     }
+
+    /// The first crash or failed operation fails the row.
+    pub fn verdict(&self, o: &mut Outcome) {
+        if let Some(e) = self.crashes.first().or(self.errors.first()) {
+            o.fail(e.clone());
+        }
+    }
 }
 
 /// The operator: one admin connection per node (made when first needed), the checker's
 /// keys, the register of kills and pauses, and the server's flavor.
-struct Admin {
+pub struct Admin {
     addrs: Vec<SocketAddr>,
     conns: Vec<Option<Conn>>,
     keys: Vec<(String, Kind)>,
@@ -108,7 +115,29 @@ impl Admin {
         }
     }
 
-    fn call(&mut self, node: usize, cmd: &[Vec<u8>]) -> Result<Reply, String> {
+    /// The node that is the pair's primary now.
+    pub fn primary(&self, pair: &ReplicaPair) -> usize {
+        let a = pair.primary.socket_addr();
+        self.addrs.iter().position(|x| *x == a).unwrap_or(0)
+    }
+
+    /// SIGKILLs `node`'s server (recorded first, so that its clients are excused).
+    pub fn kill9(&mut self, node: usize, s: &mut Server) {
+        self.kills.record(node, None);
+        s.kill9();
+        self.conns[node] = None;
+    }
+
+    /// A coordinated `FAILOVER` of the pair whose primary is `node`; its write pause is
+    /// recorded.
+    pub fn failover(&mut self, node: usize, pair: &mut ReplicaPair) -> Result<(), String> {
+        self.kills.pause(node, None);
+        let r = pair.failover(Duration::from_secs(5));
+        self.kills.pause_over(node);
+        r
+    }
+
+    fn call<A: AsRef<[u8]>>(&mut self, node: usize, a: &[A]) -> Result<Reply, String> {
         if self.conns[node].is_none() {
             let c = Conn::open(self.addrs[node], Duration::from_secs(5))
                 .map_err(|e| format!("connect {}: {e}", self.addrs[node]))?;
@@ -117,17 +146,11 @@ impl Admin {
             self.conns[node] = Some(c);
         }
         let c = self.conns[node].as_mut().ok_or("no connection")?;
-        let r = c.call(cmd);
+        let r = cmd(c, a).map_err(|e| format!("{e} (on {})", self.addrs[node]));
         if r.is_err() {
             self.conns[node] = None;
         }
-        r.map_err(|e| {
-            format!(
-                "{} on {}: {e}",
-                String::from_utf8_lossy(&cmd[0]),
-                self.addrs[node]
-            )
-        })
+        r
     }
 }
 
@@ -161,7 +184,7 @@ fn expect_ok(r: &Reply, what: &str, ops: &mut Ops) {
 }
 
 /// The operations every topology gets, on `node`. Returns false for an op not known here.
-fn common_op(
+pub fn common_op(
     op: &'static str,
     admin: &mut Admin,
     node: usize,
@@ -194,19 +217,8 @@ fn common_op(
             } else {
                 *rng.pick(&[1u64, 2, 4, 16, 100])
             };
-            let r = admin.call(
-                node,
-                &args![
-                    "CONFIG",
-                    "SET",
-                    "lock.max-ttl",
-                    max_ttl,
-                    "lock.default-ttl",
-                    default_ttl,
-                    "lock.max-waiters",
-                    waiters
-                ],
-            )?;
+            let set = format!("CONFIG SET lock.max-ttl {max_ttl} lock.default-ttl {default_ttl} lock.max-waiters {waiters}");
+            let r = admin.call(node, &words(&set))?;
             expect_ok(&r, op, ops);
         }
         "CLIENT UNBLOCK" => {
@@ -275,34 +287,6 @@ fn pick(rng: &mut Rng, table: &[(&'static str, u64)]) -> &'static str {
     table[0].0
 }
 
-/// A server is fine when it answers, caught no panic and logged no crash.
-pub fn health(s: &Server, what: &str) -> Result<(), String> {
-    let log = s.log();
-    for mark in [
-        "crashed by signal",
-        "ASSERTION FAILED",
-        "BUG REPORT START",
-        "Guru Meditation",
-    ] {
-        if let Some(at) = log.find(mark) {
-            let start = log[..at].rfind("\n\n").map_or(0, |i| i + 2);
-            let excerpt: String = log[start..].lines().take(25).collect::<Vec<_>>().join("\n");
-            return Err(format!(
-                "{what} crashed ({mark}); log {}:\n{excerpt}",
-                s.log_path().display()
-            ));
-        }
-    }
-    let alive = connect(s).is_ok_and(|mut c| c.call(&args!["PING"]).is_ok());
-    if !alive {
-        return Err(format!("{what} does not answer PING\n{}", s.log_tail()));
-    }
-    match panics(s) {
-        Some(0) => Ok(()),
-        p => Err(format!("{what}: lock_panics = {p:?}")),
-    }
-}
-
 /// Bystanders on dbs 1 and 2 (the SWAPDB pair): blocking acquires and releases on a
 /// few keys, so that the dbs swapped have locks with waiters.
 fn bystander(
@@ -313,7 +297,7 @@ fn bystander(
     kills: &Kills,
     mut rng: Rng,
 ) -> (Vec<Fenced>, LinkLog, Vec<String>) {
-    let mut link = Link::new(&Topo::Single(addr, db));
+    let mut link = Link::new(&Topo::Single(addr, db), READ_TIMEOUT);
     let (mut fences, mut errors) = (Vec::new(), Vec::new());
     while !stop.load(Ordering::Relaxed) && Instant::now() < until {
         let key = format!("rel:by:{}", rng.below(3));
@@ -352,48 +336,46 @@ fn bystander(
 }
 
 /// What a sub-run hands back.
-struct Sub {
-    tally: Tally,
-    ops: Ops,
-    secs: f64,
+pub struct Sub {
+    pub tally: Tally,
+    pub ops: Ops,
+    pub secs: f64,
 }
 
-/// A sub-run under way: the fenced workload's clients on `addrs` (`topo`), and the
+/// A run under way: the fenced workload's clients on the plan's servers, and the
 /// operator's connections to every node.
-struct Load {
+pub struct Load {
     t: Instant,
-    sh: Arc<workload::Shared>,
+    pub sh: Arc<workload::Shared>,
     handles: Vec<std::thread::JoinHandle<workload::ClientLog>>,
     admin: Admin,
     kills: Arc<Kills>,
     ops: Ops,
 }
 
+/// The plan of a chaos sub-run: 24 clients on 6 exclusive, 2 SHARED and 2 LIMIT keys.
+fn plan(env: &Env, topo: Topo, prefix: &str) -> Plan {
+    Plan {
+        group_per_node: matches!(topo, Topo::Cluster(_)),
+        topo,
+        keys: workload::keys(prefix, 6, 2, &[2, 3]),
+        clients: 24,
+        deadline: Instant::now() + env.secs(45.0, 6.0),
+        stop_after: u64::MAX,
+        mix: Mix::FAULTS,
+        confirm: false,
+    }
+}
+
 impl Load {
-    fn start(env: &Env, flavor: Flavor, rng: &mut Rng, topo: Topo, prefix: &str) -> Load {
-        let addrs = match &topo {
-            Topo::Single(a, _) => vec![*a],
-            Topo::Pair(a) => a.to_vec(),
-            Topo::Cluster(a) => a.clone(),
-        };
-        let group_per_node = matches!(topo, Topo::Cluster(_));
+    pub fn start(flavor: Flavor, rng: &mut Rng, plan: Plan) -> Load {
         let kills = Arc::new(Kills::default());
-        let keys = workload::keys(prefix, 6, 2, &[2, 3]);
-        let sh = workload::Shared::new(
-            Plan {
-                topo,
-                keys: keys.clone(),
-                clients: 24,
-                deadline: Instant::now() + env.secs(45.0, 6.0),
-                confirm: false,
-                group_per_node,
-            },
-            &kills,
-        );
+        let admin = Admin::new(plan.topo.nodes(), &plan.keys, &kills, flavor);
+        let sh = workload::Shared::new(plan, &kills);
         Load {
             t: Instant::now(),
             handles: workload::spawn(&sh, rng),
-            admin: Admin::new(addrs, &keys, &kills, flavor),
+            admin,
             sh,
             kills,
             ops: Ops::default(),
@@ -402,7 +384,7 @@ impl Load {
 
     /// Applies operations picked from `table`, `nap` ms apart, until the clients are done
     /// or `apply` fails (the failure is kept as an operation error).
-    fn drive(
+    pub fn drive(
         &mut self,
         rng: &mut Rng,
         table: &[(&'static str, u64)],
@@ -423,9 +405,14 @@ impl Load {
         self.sh.stop.store(true, Ordering::Relaxed);
     }
 
-    /// The sub-run's result, once its clients' history is checked, with the health of
+    /// The clients' history, checked (`fenced`: more fences to order-check).
+    pub fn finish(&mut self, fenced: &[Fenced]) -> Result<Tally, String> {
+        workload::finish(&self.sh, std::mem::take(&mut self.handles), fenced)
+    }
+
+    /// The run's result, once its clients' history is checked, with the health of
     /// `servers` afterwards.
-    fn close(self, tally: Tally, servers: &[(&Server, String)]) -> Sub {
+    pub fn close(self, tally: Tally, servers: &[(&Server, String)]) -> Sub {
         let mut ops = self.ops;
         for (s, what) in servers {
             if let Err(e) = health(s, what) {
@@ -447,7 +434,7 @@ fn running(sh: &workload::Shared) -> bool {
 fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
     let server = env.start(&format!("chaos-{}-single", flavor.version()))?;
     let addr = server.socket_addr();
-    let mut load = Load::start(env, flavor, rng, Topo::Single(addr, 0), "rel:ch");
+    let mut load = Load::start(flavor, rng, plan(env, Topo::Single(addr, 0), "rel:ch"));
     let by_stop = Arc::new(AtomicBool::new(false));
     // Stopped when the clients are done; at the latest a minute after their deadline.
     let until = load.sh.plan.deadline + Duration::from_secs(60);
@@ -510,8 +497,7 @@ fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
     let mut pair =
         ReplicaPair::try_start_with(node(format!("chaos-{v}-p")), node(format!("chaos-{v}-r")))?;
     let addrs = [pair.primary.socket_addr(), pair.replica.socket_addr()];
-    let mut load = Load::start(env, flavor, rng, Topo::Pair(addrs), "rel:cp");
-    let kills = Arc::clone(&load.kills);
+    let mut load = Load::start(flavor, rng, plan(env, Topo::Pair(addrs), "rel:cp"));
     let table = [
         ("FAILOVER", 10),
         ("CLIENT PAUSE WRITE", 8),
@@ -523,21 +509,15 @@ fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
         ("BGREWRITEAOF", 3),
     ];
     load.drive(rng, &table, (50, 300), |op, admin, rng, ops| {
-        let p = addrs
-            .iter()
-            .position(|a| *a == pair.primary.socket_addr())
-            .unwrap_or(0);
+        let p = admin.primary(&pair);
         if op != "FAILOVER" {
             return common_op(op, admin, p, rng, ops).map(|_| ());
         }
-        kills.pause(p, None);
-        let r = pair.failover(Duration::from_secs(5));
-        kills.pause_over(p);
-        r?;
+        admin.failover(p, &mut pair)?;
         ops.done(op);
         Ok(())
     });
-    let tally = workload::finish(&load.sh, std::mem::take(&mut load.handles), &[])?;
+    let tally = load.finish(&[])?;
     Ok(load.close(
         tally,
         &[
@@ -555,7 +535,8 @@ fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
             .start_timeout(Duration::from_secs(20))
     })?;
     let addrs: Vec<SocketAddr> = cluster.nodes.iter().map(Server::socket_addr).collect();
-    let mut load = Load::start(env, flavor, rng, Topo::Cluster(addrs.clone()), "rel:cc");
+    let topo = Topo::Cluster(addrs.clone());
+    let mut load = Load::start(flavor, rng, plan(env, topo, "rel:cc"));
     let keys = load.sh.plan.keys.clone();
     let table = [
         ("slot migration", 30),
@@ -586,7 +567,7 @@ fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
         ops.done(op);
         Ok(())
     });
-    let tally = workload::finish(&load.sh, std::mem::take(&mut load.handles), &[])?;
+    let tally = load.finish(&[])?;
     let nodes: Vec<(&Server, String)> = (cluster.nodes.iter().enumerate())
         .map(|(i, s)| (s, format!("cluster node {i}")))
         .collect();
@@ -609,10 +590,9 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     ];
     for (name, sub) in subs {
         let mut s = sub(env, flavor, &mut rng).map_err(|e| format!("{name}: {e}"))?;
-        s.tally
-            .examples
-            .iter_mut()
-            .for_each(|e| *e = format!("{name}: {e}"));
+        for v in [&mut s.tally.examples, &mut s.ops.errors, &mut s.ops.crashes] {
+            v.iter_mut().for_each(|e| *e = format!("{name}: {e}"));
+        }
         parts.push(format!(
             "{name} {} in {:.0} s",
             thousands(s.tally.grants),
@@ -624,14 +604,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             s.tally.slowest_net_ms.max(0)
         ));
         o.note(format!("{name}: {}.", s.ops.summary()));
-        let mut errs = s.ops;
-        errs.errors
-            .iter_mut()
-            .for_each(|e| *e = format!("{name}: {e}"));
-        errs.crashes
-            .iter_mut()
-            .for_each(|e| *e = format!("{name}: {e}"));
-        ops.absorb(errs);
+        ops.absorb(s.ops);
         tally.absorb(s.tally);
     }
     let count =
@@ -693,9 +666,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     for e in ops.crashes.iter().chain(&ops.errors).take(4) {
         o.note(format!("Operation failed: {e}"));
     }
-    if let Some(e) = ops.crashes.first().or(ops.errors.first()) {
-        o.fail(e.clone());
-    }
+    ops.verdict(o);
     if ops.unblock_accepted_early > 0 {
         o.fail(format!(
             "{} CLIENT UNBLOCK of waiters accepted on {}",

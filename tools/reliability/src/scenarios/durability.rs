@@ -8,12 +8,9 @@
 //! (`save 1 1`), the loss rates are published as facts.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
-use redis_lock_testkit::args;
-use redis_lock_testkit::Rng;
 
 const CLIENTS: usize = 8;
 const KEYS_PER_CLIENT: usize = 32;
@@ -92,82 +89,67 @@ fn client(mut c: Conn, round: u64, cid: usize, mut rng: Rng, stop: &AtomicBool) 
             pending: None,
         })
         .collect();
-    let mut acked = 0u64;
-    let mut errors = Vec::new();
-    let mut n = 0u64;
+    let (mut acked, mut errors, mut n) = (0u64, Vec::new(), 0u64);
     while !stop.load(Ordering::Relaxed) {
         let i = rng.below(KEYS_PER_CLIENT as u64) as usize;
         let m = &mut keys[i];
         n += 1;
-        match m.known.clone() {
+        let (cmd, pending, what) = match &m.known {
+            Known::Held { token, .. } if rng.chance(40) => (
+                args!["LOCK.RELEASE", &m.key, token],
+                Pending::Release,
+                "release of a held key",
+            ),
+            Known::Held { token, .. } => (
+                args!["LOCK.EXTEND", &m.key, token, "PX", TTL],
+                Pending::Extend,
+                "extend of a held key",
+            ),
             Known::Untouched | Known::Free => {
                 let token = format!("tok-{round}-{cid}-{i}-{n}").into_bytes();
-                m.pending = Some(Pending::Acquire(token.clone()));
-                c.queue(&args!["LOCK.ACQUIRE", &m.key, "PX", TTL, "TOKEN", &token]);
-                c.queue(&args!["LOCK.INFO", &m.key]);
-                if c.flush().is_err() {
-                    break;
-                }
-                let Ok(r) = c.read() else { break };
-                match r.grant() {
-                    Some((t, fence)) if t == token => {
-                        m.known = Known::Held {
-                            token,
-                            fence,
-                            exp: None,
-                        };
-                        m.pending = None;
-                        acked += 1;
-                    }
-                    _ => {
-                        errors.push(format!("acquire of a free key answered {r:?}"));
-                        break;
-                    }
-                }
-                let Ok(info) = c.read() else { break };
-                if let (Known::Held { exp, .. }, Some((_, e))) = (&mut m.known, lock_info(&info)) {
-                    *exp = Some(e);
-                }
+                let a = args!["LOCK.ACQUIRE", &m.key, "PX", TTL, "TOKEN", &token];
+                (a, Pending::Acquire(token), "acquire of a free key")
             }
-            Known::Held { token, fence, .. } => {
-                if rng.chance(40) {
-                    m.pending = Some(Pending::Release);
-                    let Ok(r) = c.call(&args!["LOCK.RELEASE", &m.key, &token]) else {
-                        break;
-                    };
-                    if r != Reply::Int(1) {
-                        errors.push(format!("release of a held key answered {r:?}"));
-                        break;
-                    }
-                    m.known = Known::Free;
-                    m.pending = None;
-                    acked += 1;
-                } else {
-                    m.pending = Some(Pending::Extend);
-                    c.queue(&args!["LOCK.EXTEND", &m.key, &token, "PX", TTL]);
-                    c.queue(&args!["LOCK.INFO", &m.key]);
-                    if c.flush().is_err() {
-                        break;
-                    }
-                    let Ok(r) = c.read() else { break };
-                    if r != Reply::Int(1) {
-                        errors.push(format!("extend of a held key answered {r:?}"));
-                        break;
-                    }
-                    m.known = Known::Held {
-                        token: token.clone(),
+        };
+        // Grants and extends are followed by the expiry the server set.
+        let info = pending != Pending::Release;
+        m.pending = Some(pending);
+        c.queue(&cmd);
+        if info {
+            c.queue(&args!["LOCK.INFO", &m.key]);
+        }
+        if c.flush().is_err() {
+            break;
+        }
+        let Ok(r) = c.read() else { break };
+        let next = match (&m.pending, &m.known) {
+            (Some(Pending::Acquire(t)), _) => {
+                (r.grant())
+                    .filter(|g| g.0 == *t)
+                    .map(|(token, fence)| Known::Held {
+                        token,
                         fence,
                         exp: None,
-                    };
-                    m.pending = None;
-                    acked += 1;
-                    let Ok(info) = c.read() else { break };
-                    if let (Known::Held { exp, .. }, Some((_, e))) =
-                        (&mut m.known, lock_info(&info))
-                    {
-                        *exp = Some(e);
-                    }
-                }
+                    })
+            }
+            (Some(Pending::Release), _) => (r == Reply::Int(1)).then_some(Known::Free),
+            (_, Known::Held { token, fence, .. }) => (r == Reply::Int(1)).then(|| Known::Held {
+                token: token.clone(),
+                fence: *fence,
+                exp: None,
+            }),
+            _ => None,
+        };
+        let Some(next) = next else {
+            errors.push(format!("{what} answered {r:?}"));
+            break;
+        };
+        (m.known, m.pending) = (next, None);
+        acked += 1;
+        if info {
+            let Ok(info) = c.read() else { break };
+            if let (Known::Held { exp, .. }, Some((_, e))) = (&mut m.known, lock_info(&info)) {
+                *exp = Some(e);
             }
         }
     }
@@ -185,18 +167,14 @@ fn actual(
     key: &str,
     token: Option<&[u8]>,
 ) -> Result<Option<(u64, i64, bool)>, String> {
-    let info = c
-        .call(&args!["LOCK.INFO", key])
-        .map_err(|e| format!("LOCK.INFO: {e}"))?;
+    let info = cmd(c, &args!["LOCK.INFO", key])?;
     if info == Reply::Nil {
         return Ok(None);
     }
     let (fence, exp) = lock_info(&info).ok_or_else(|| format!("bad LOCK.INFO {info:?}"))?;
     let has_token = match token {
         Some(t) => {
-            let dump = c
-                .call(&args!["DUMP", key])
-                .map_err(|e| format!("DUMP: {e}"))?;
+            let dump = cmd(c, &args!["DUMP", key])?;
             let digest = redis_lock_testkit::lock::token_digest(t);
             dump.as_bytes()
                 .is_some_and(|d| d.windows(digest.len()).any(|w| w == digest))
@@ -276,38 +254,27 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
     let mut st = Stats::default();
     let mut max_acked_fence = 0u64;
     for round in 0..rounds {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut handles = Vec::new();
-        for cid in 0..CLIENTS {
-            let c = connect(&server)?;
-            let r = rng.fork(round * 100 + cid as u64);
-            let stop = Arc::clone(&stop);
-            handles.push(std::thread::spawn(move || client(c, round, cid, r, &stop)));
-        }
+        let inputs = (0..CLIENTS)
+            .map(|cid| Ok((connect(&server)?, rng.fork(round * 100 + cid as u64))))
+            .collect::<Result<Vec<_>, String>>()?;
         // RDB snapshots come at most once a second: give them time to happen.
         let run_ms = if mode == Mode::Rdb {
             rng.range(1000, 4000)
         } else {
             rng.range(200, 1200)
         };
-        if mode != Mode::Rdb && rng.chance(50) {
-            let before = rng.below(run_ms);
-            std::thread::sleep(Duration::from_millis(before));
-            let mut c = connect(&server)?;
-            let r = c.call(&args!["BGREWRITEAOF"]).map_err(|e| e.to_string())?;
-            if !r.is_error() {
-                st.rewrites += 1;
+        let rewrite_at = (mode != Mode::Rdb && rng.chance(50)).then(|| rng.below(run_ms));
+        let client = |cid, (c, r), stop: &AtomicBool| client(c, round, cid, r, stop);
+        let outs = clients(inputs, client, || {
+            if let Some(at) = rewrite_at {
+                std::thread::sleep(Duration::from_millis(at));
+                let r = cmd(&mut connect(&server)?, &args!["BGREWRITEAOF"])?;
+                st.rewrites += u64::from(!r.is_error());
             }
-            std::thread::sleep(Duration::from_millis(run_ms - before));
-        } else {
-            std::thread::sleep(Duration::from_millis(run_ms));
-        }
-        server.kill9();
-        stop.store(true, Ordering::Relaxed);
-        let mut outs = Vec::new();
-        for h in handles {
-            outs.push(h.join().map_err(|_| "client thread panicked".to_string())?);
-        }
+            std::thread::sleep(Duration::from_millis(run_ms - rewrite_at.unwrap_or(0)));
+            server.kill9();
+            Ok(())
+        })?;
         server
             .try_restart()
             .map_err(|e| format!("restart after SIGKILL failed (round {round}): {e}"))?;
@@ -324,22 +291,14 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
             verify(&mut c, &o.keys, &mut st, &mut restored_max)?;
         }
         // The next grant must be above everything acknowledged or restored.
-        let probe = format!("rel:dur:probe:{round}");
-        let r = c
-            .call(&args!["LOCK.ACQUIRE", &probe, "PX", 1000])
-            .map_err(|e| e.to_string())?;
-        let (_, fence) = r
-            .grant()
-            .ok_or_else(|| format!("probe acquire answered {r:?}"))?;
-        if fence <= max_acked_fence.max(restored_max) {
-            st.fence_regressions += 1;
-        }
+        let above = max_acked_fence.max(restored_max);
+        let (bad, fence) = probe_fences(&mut c, &format!("rel:dur:probe:{round}"), 1, above)?;
+        st.fence_regressions += bad;
         max_acked_fence = max_acked_fence.max(fence);
         st.rounds += 1;
     }
-    if panics(&server) != Some(0) {
-        st.errors
-            .push(format!("lock_panics = {:?}", panics(&server)));
+    if let Err(e) = health(&server, "the server") {
+        st.errors.push(e);
     }
     Ok(st)
 }

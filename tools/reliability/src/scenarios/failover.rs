@@ -8,14 +8,11 @@
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use redis_lock_testkit::args;
 use redis_lock_testkit::net::{LinkCut, Netns};
 use redis_lock_testkit::ReplicaPair;
-use redis_lock_testkit::Rng;
 
 const PRIMARY: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 const REPLICA: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
@@ -64,19 +61,28 @@ fn client(mut c: Conn, round: u64, cid: usize, use_wait: bool, stop: &AtomicBool
     out
 }
 
+/// Grants, and how many of them were lost.
+#[derive(Default)]
+struct Tally(u64, u64);
+
+impl Tally {
+    fn add(&mut self, lost: bool) {
+        self.0 += 1;
+        self.1 += u64::from(lost);
+    }
+}
+
 #[derive(Default)]
 struct Stats {
     rounds: u64,
     cuts: u64,
-    plain: u64,
-    plain_lost: u64,
-    /// Grants without WAIT in rounds where the link was not cut before the kill.
-    plain_uncut: u64,
-    plain_uncut_lost: u64,
-    confirmed: u64,
-    confirmed_lost: u64,
-    unconfirmed: u64,
-    unconfirmed_lost: u64,
+    /// Acknowledged grants and how many of them the promoted replica lost: without WAIT,
+    /// without WAIT in rounds where the link was not cut before the kill, with a WAIT
+    /// that counted the replica, with a WAIT that did not.
+    plain: Tally,
+    plain_uncut: Tally,
+    confirmed: Tally,
+    unconfirmed: Tally,
     probes: u64,
     fence_regressions: u64,
 }
@@ -100,16 +106,9 @@ fn round(
     let pair = ReplicaPair::try_start_with(node(&format!("fo-p-{r}"), PRIMARY), replica)?;
     let (mut primary, replica) = (pair.primary, pair.replica);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut handles = Vec::new();
-    for cid in 0..CLIENTS {
-        let c = connect(&primary)?;
-        let stop = Arc::clone(&stop);
-        let use_wait = cid % 2 == 0;
-        handles.push(std::thread::spawn(move || {
-            client(c, r, cid, use_wait, &stop)
-        }));
-    }
+    let inputs = (0..CLIENTS)
+        .map(|_| connect(&primary))
+        .collect::<Result<Vec<_>, String>>()?;
     let run_ms = rng.range(300, 1500);
     let cut_at = if rng.chance(70) {
         Some(rng.below(run_ms))
@@ -117,27 +116,24 @@ fn round(
         None
     };
     let t0 = Instant::now();
-    if let Some(at) = cut_at {
-        std::thread::sleep(Duration::from_millis(at));
-        cut.cut(REPLICA, PRIMARY, PORT)?;
-        st.cuts += 1;
-    }
-    let left = Duration::from_millis(run_ms).saturating_sub(t0.elapsed());
-    std::thread::sleep(left);
-    primary.kill9();
-    stop.store(true, Ordering::Relaxed);
-    let mut acked = Vec::new();
-    for h in handles {
-        acked.extend(h.join().map_err(|_| "client thread panicked".to_string())?);
-    }
+    // Half the clients confirm their grants with WAIT.
+    let client = |cid: usize, c, stop: &AtomicBool| client(c, r, cid, cid.is_multiple_of(2), stop);
+    let acked: Vec<Acked> = clients(inputs, client, || {
+        if let Some(at) = cut_at {
+            std::thread::sleep(Duration::from_millis(at));
+            cut.cut(REPLICA, PRIMARY, PORT)?;
+            st.cuts += 1;
+        }
+        std::thread::sleep(Duration::from_millis(run_ms).saturating_sub(t0.elapsed()));
+        primary.kill9();
+        Ok(())
+    })?
+    .into_iter()
+    .flatten()
+    .collect();
     // Promote while the old primary is dead and the link still cut.
     let mut c = connect(&replica)?;
-    let p = c
-        .call(&args!["REPLICAOF", "NO", "ONE"])
-        .map_err(|e| e.to_string())?;
-    if p.is_error() {
-        return Err(format!("REPLICAOF NO ONE: {p:?}"));
-    }
+    promote(&mut c)?;
     let max_acked = acked.iter().map(|a| a.fence).max().unwrap_or(0);
     let mut infos = Vec::with_capacity(acked.len());
     for chunk in acked.chunks(1000) {
@@ -145,53 +141,23 @@ fn round(
         infos.extend(c.pipeline(&cmds).map_err(|e| e.to_string())?);
     }
     for (a, info) in acked.iter().zip(&infos) {
-        let kept = lock_info(info).is_some_and(|(f, _)| f == a.fence);
+        let lost = lock_info(info).is_none_or(|(f, _)| f != a.fence);
         match a.wait {
             None => {
-                st.plain += 1;
-                st.plain_lost += u64::from(!kept);
+                st.plain.add(lost);
                 if cut_at.is_none() {
-                    st.plain_uncut += 1;
-                    st.plain_uncut_lost += u64::from(!kept);
+                    st.plain_uncut.add(lost);
                 }
             }
-            Some(true) => {
-                st.confirmed += 1;
-                st.confirmed_lost += u64::from(!kept);
-            }
-            Some(false) => {
-                st.unconfirmed += 1;
-                st.unconfirmed_lost += u64::from(!kept);
-            }
+            Some(true) => st.confirmed.add(lost),
+            Some(false) => st.unconfirmed.add(lost),
         }
     }
-    for i in 0..20 {
-        let r = c
-            .call(&args![
-                "LOCK.ACQUIRE",
-                format!("rel:fo:probe:{r}:{i}"),
-                "PX",
-                1000u64
-            ])
-            .map_err(|e| e.to_string())?;
-        let (_, fence) = r
-            .grant()
-            .ok_or_else(|| format!("probe acquire answered {r:?}"))?;
-        st.probes += 1;
-        if fence <= max_acked {
-            st.fence_regressions += 1;
-        }
-    }
-    if panics(&replica) != Some(0) {
-        return Err(format!(
-            "lock_panics on the promoted replica = {:?}",
-            panics(&replica)
-        ));
-    }
+    let (regressions, _) = probe_fences(&mut c, &format!("rel:fo:probe:{r}"), 20, max_acked)?;
+    st.probes += 20;
+    st.fence_regressions += regressions;
+    health(&replica, "the promoted replica")?;
     cut.heal()?;
-    let _ = c
-        .call(&args!["PING"])
-        .map(|r| r == Reply::Simple("PONG".into()));
     st.rounds += 1;
     Ok(())
 }
@@ -246,41 +212,41 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     drop(ns);
     o.figure = format!(
         "WAIT-confirmed lost: {} of {}; without WAIT lost: {} of {} ({}); fence regressions: {}",
-        st.confirmed_lost,
-        thousands(st.confirmed),
-        thousands(st.plain_lost),
-        thousands(st.plain),
-        pct(st.plain_lost, st.plain),
+        st.confirmed.1,
+        thousands(st.confirmed.0),
+        thousands(st.plain.1),
+        thousands(st.plain.0),
+        pct(st.plain.1, st.plain.0),
         st.fence_regressions
     );
     o.trials = format!(
         "{} failovers ({} with the link cut first), {} acknowledged grants, {} probe grants",
         st.rounds,
         st.cuts,
-        thousands(st.plain + st.confirmed + st.unconfirmed),
+        thousands(st.plain.0 + st.confirmed.0 + st.unconfirmed.0),
         st.probes
     );
     o.note(format!(
         "Grants whose `WAIT 1 {WAIT_MS}` returned 0 (the client must treat them as not acquired): {}, of which {} were lost ({}).",
-        thousands(st.unconfirmed),
-        thousands(st.unconfirmed_lost),
-        pct(st.unconfirmed_lost, st.unconfirmed)
+        thousands(st.unconfirmed.0),
+        thousands(st.unconfirmed.1),
+        pct(st.unconfirmed.1, st.unconfirmed.0)
     ));
     o.note(format!(
         "Without WAIT, in failovers where the link was not cut first (SIGKILL only): {} of {} lost ({}).",
-        thousands(st.plain_uncut_lost),
-        thousands(st.plain_uncut),
-        pct(st.plain_uncut_lost, st.plain_uncut)
+        thousands(st.plain_uncut.1),
+        thousands(st.plain_uncut.0),
+        pct(st.plain_uncut.1, st.plain_uncut.0)
     ));
     o.note("Without WAIT a grant acknowledged by the primary can be missing on the promoted replica, so a second client can be granted the same lock: this is the failure the redis.io page describes. With WAIT 1 the client knows; WAIT does not make the write durable on a quorum by itself (a replica that acked can still be the one that dies).");
     o.note("Fences after promotion stay above the old primary's: the replica's counter holds every fence it received, and a promotion makes the next fence jump an hour ahead of the clock (unix_ms << 10), which covers the grants it never received; across machines this needs clocks that are not behind by more than that hour plus the failover time.");
-    if st.confirmed_lost > 0 {
-        o.fail(format!("{} WAIT-confirmed grants lost", st.confirmed_lost));
+    if st.confirmed.1 > 0 {
+        o.fail(format!("{} WAIT-confirmed grants lost", st.confirmed.1));
     }
     if st.fence_regressions > 0 {
         o.fail(format!("{} fence regressions", st.fence_regressions));
     }
-    if st.confirmed == 0 && o.status == Status::Pass {
+    if st.confirmed.0 == 0 && o.status == Status::Pass {
         o.fail("no WAIT-confirmed grant was made (nothing checked)");
     }
     Ok(())

@@ -18,35 +18,16 @@ use redis_lock_testkit::Rng;
 const BATCH: u64 = 100;
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
-const NAMES: &[&str] = &[
-    "LOCK.ACQUIRE",
-    "LOCK.RELEASE",
-    "LOCK.EXTEND",
-    "LOCK.INFO",
-    "LOCK.FORCERELEASE",
-    "LOCK.SYNC",
-    "LOCK.DEBUG",
-    "lock.acquire",
-    "Lock.Extend",
-];
-const OTHERS: &[&str] = &[
-    "GET",
-    "SET",
-    "DEL",
-    "TYPE",
-    "DUMP",
-    "PEXPIRE",
-    "PERSIST",
-    "RENAME",
-    "COPY",
-    "LPUSH",
-    "EXPIRE",
-    "PEXPIREAT",
-    "UNLINK",
-    "GETDEL",
-    "OBJECT",
-    "MEMORY",
-];
+/// The module's command names (some in other cases), and other commands that touch keys.
+const NAMES: &str = "LOCK.ACQUIRE LOCK.RELEASE LOCK.EXTEND LOCK.INFO LOCK.FORCERELEASE LOCK.SYNC
+    LOCK.DEBUG lock.acquire Lock.Extend";
+const OTHERS: &str = "GET SET DEL TYPE DUMP PEXPIRE PERSIST RENAME COPY LPUSH EXPIRE PEXPIREAT
+    UNLINK GETDEL OBJECT MEMORY";
+
+/// One word of a list such as [`NAMES`].
+fn word(rng: &mut Rng, list: &str) -> Vec<u8> {
+    rng.pick(&words(list)).as_bytes().to_vec()
+}
 const OPTIONS: &[&str] = &[
     "PX", "EX", "TOKEN", "OWNER", "BLOCK", "MINFENCE", "px", "Ex", "token", "BLOCK", "NX", "",
 ];
@@ -157,7 +138,7 @@ fn command(rng: &mut Rng) -> Vec<Vec<u8>> {
     match rng.below(100) {
         0..=29 => a = structured(rng),
         30..=79 => {
-            a.push(rng.pick(NAMES).as_bytes().to_vec());
+            a.push(word(rng, NAMES));
             if rng.chance(95) {
                 a.push(key(rng));
             }
@@ -171,7 +152,7 @@ fn command(rng: &mut Rng) -> Vec<Vec<u8>> {
             }
         }
         80..=91 => {
-            a.push(rng.pick(OTHERS).as_bytes().to_vec());
+            a.push(word(rng, OTHERS));
             a.push(key(rng));
             for _ in 0..rng.below(4) {
                 a.push(value(rng));
@@ -398,58 +379,26 @@ fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, St
     // The live fuzzer may have changed the settings. One CONFIG SET for all of them: the
     // module checks default-ttl <= max-ttl after all of a command's values are set, while
     // two separate commands could each be refused against a fuzzed value of the other.
-    let r = c
-        .call(&args![
-            "CONFIG",
-            "SET",
-            "lock.max-ttl",
-            "86400000",
-            "lock.default-ttl",
-            "30000",
-            "lock.max-waiters",
-            "10000"
-        ])
-        .map_err(|e| e.to_string())?;
+    let defaults = "CONFIG SET lock.max-ttl 86400000 lock.default-ttl 30000 lock.max-waiters 10000";
+    let r = cmd(&mut c, &words(defaults))?;
     if r.is_error() {
         return Err(format!("CONFIG SET of the lock.* defaults: {r:?}"));
     }
-    // Real payloads of several shapes.
+    // Real payloads of several shapes: with and without OWNER, 256-byte TOKEN and OWNER.
     let mut bases = Vec::new();
-    let shapes: [Vec<Vec<u8>>; 4] = [
-        args!["LOCK.ACQUIRE", "fz:base:0", "PX", 600_000u64],
-        args![
-            "LOCK.ACQUIRE",
-            "fz:base:1",
-            "PX",
-            600_000u64,
-            "OWNER",
-            "worker-7"
-        ],
-        args![
-            "LOCK.ACQUIRE",
-            "fz:base:2",
-            "PX",
-            600_000u64,
-            "TOKEN",
-            "x".repeat(256)
-        ],
-        args![
-            "LOCK.ACQUIRE",
-            "fz:base:3",
-            "PX",
-            600_000u64,
-            "TOKEN",
-            "t",
-            "OWNER",
-            "o".repeat(256)
-        ],
+    let (token, owner) = ("x".repeat(256), "o".repeat(256));
+    let shapes: [&[&str]; 4] = [
+        &[],
+        &["OWNER", "worker-7"],
+        &["TOKEN", &token],
+        &["TOKEN", "t", "OWNER", &owner],
     ];
-    for (i, a) in shapes.iter().enumerate() {
-        let r = c.call(a).map_err(|e| e.to_string())?;
-        r.grant().ok_or(format!("base acquire answered {r:?}"))?;
-        let d = c
-            .call(&args!["DUMP", format!("fz:base:{i}")])
-            .map_err(|e| e.to_string())?;
+    for (i, extra) in shapes.iter().enumerate() {
+        let key = format!("fz:base:{i}");
+        let mut a = args!["LOCK.ACQUIRE", &key, "PX", 600_000u64];
+        a.extend(extra.iter().map(|x| x.as_bytes().to_vec()));
+        grant(&mut c, &a)?;
+        let d = cmd(&mut c, &args!["DUMP", &key])?;
         let d = d
             .as_bytes()
             .ok_or("DUMP of a lock returned nothing")?

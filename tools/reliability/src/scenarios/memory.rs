@@ -10,39 +10,14 @@
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use redis_lock_testkit::args;
-use redis_lock_testkit::Rng;
 
 /// used_memory may differ from the baseline by this much (allocator rounding, client
 /// buffers of the INFO connection itself).
 const MEMORY_SLACK: i64 = 32 * 1024;
 
-fn cmd(c: &mut Conn, a: &[Vec<u8>]) -> Result<Reply, String> {
-    c.call(a)
-        .map_err(|e| format!("{}: {e}", String::from_utf8_lossy(&a[0])))
-}
-
-fn grant(c: &mut Conn, a: &[Vec<u8>]) -> Result<Vec<u8>, String> {
-    let r = cmd(c, a)?;
-    r.grant()
-        .map(|g| g.0)
-        .ok_or(format!("expected a grant, got {r:?}"))
-}
-
-fn conns(s: &Server, n: usize) -> Result<Vec<Conn>, String> {
-    (0..n)
-        .map(|_| {
-            let c = connect(s).map_err(|e| e.to_string())?;
-            c.try_set_read_timeout(Some(Duration::from_secs(60)))
-                .map_err(|e| e.to_string())?;
-            Ok(c)
-        })
-        .collect()
-}
-
 /// `n` clients blocked in `LOCK.ACQUIRE key PX px BLOCK block` (replies not read).
 fn waiters(s: &Server, n: usize, key: &str, px: u64, block: u64) -> Result<Vec<Conn>, String> {
-    let mut ws = conns(s, n)?;
+    let mut ws = conns(s, n, 60)?;
     for w in &mut ws {
         w.queue(&args!["LOCK.ACQUIRE", key, "PX", px, "BLOCK", block]);
         w.flush().map_err(|e| e.to_string())?;
@@ -51,11 +26,9 @@ fn waiters(s: &Server, n: usize, key: &str, px: u64, block: u64) -> Result<Vec<C
 }
 
 fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
-    let mut a = connect(s).map_err(|e| e.to_string())?;
-    a.try_set_read_timeout(Some(Duration::from_secs(60)))
-        .map_err(|e| e.to_string())?;
+    let mut a = conns(s, 1, 60)?.remove(0);
     // 1. Waits that time out.
-    let t = grant(&mut a, &args!["LOCK.ACQUIRE", "m:t", "PX", 60_000u64])?;
+    let t = acquire(&mut a, "m:t", 60_000)?.0;
     let mut ws = waiters(s, 4, "m:t", 1000, 100)?;
     for w in &mut ws {
         let r = w.read().map_err(|e| e.to_string())?;
@@ -65,7 +38,7 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     }
     cmd(&mut a, &args!["LOCK.RELEASE", "m:t", &t])?;
     // 2. Waiters that disconnect while queued.
-    let t = grant(&mut a, &args!["LOCK.ACQUIRE", "m:d", "PX", 60_000u64])?;
+    let t = acquire(&mut a, "m:d", 60_000)?.0;
     let ws = waiters(s, 4, "m:d", 1000, 30_000)?;
     std::thread::sleep(Duration::from_millis(200));
     drop(ws);
@@ -73,7 +46,7 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     cmd(&mut a, &args!["LOCK.RELEASE", "m:d", &t])?;
     // 3. Hand-offs down a queue, and 4. FORCERELEASE with waiters.
     for (key, force) in [("m:h", false), ("m:f", true)] {
-        let t = grant(&mut a, &args!["LOCK.ACQUIRE", key, "PX", 60_000u64])?;
+        let t = acquire(&mut a, key, 60_000)?.0;
         let mut ws = waiters(s, 4, key, 60_000, 30_000)?;
         std::thread::sleep(Duration::from_millis(200));
         if force {
@@ -88,7 +61,7 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
         }
     }
     // 5. A waiter handed the lock just as it disconnects.
-    let t = grant(&mut a, &args!["LOCK.ACQUIRE", "m:g", "PX", 60_000u64])?;
+    let t = acquire(&mut a, "m:g", 60_000)?.0;
     let w = waiters(s, 1, "m:g", 60_000, 30_000)?;
     std::thread::sleep(Duration::from_millis(100));
     a.queue(&args!["LOCK.RELEASE", "m:g", &t]);
@@ -97,26 +70,23 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     a.read().map_err(|e| e.to_string())?;
     // 6. Expiries: leases that run out, one served to a waiter.
     for i in 0..8 {
-        grant(
-            &mut a,
-            &args!["LOCK.ACQUIRE", format!("m:e:{i}"), "PX", 40u64],
-        )?;
+        acquire(&mut a, &format!("m:e:{i}"), 40)?;
     }
-    let mut w = conns(s, 1)?;
-    let tok = grant(
+    let mut w = conns(s, 1, 60)?;
+    let (tok, _) = grant(
         &mut w[0],
         &args!["LOCK.ACQUIRE", "m:e:0", "PX", 60_000u64, "BLOCK", 5_000u64],
     )?;
     cmd(&mut w[0], &args!["LOCK.RELEASE", "m:e:0", &tok])?;
     // 7. A classic string lock, waited on, then taken over at its expiry.
     cmd(&mut a, &args!["SET", "m:s", "classic", "PX", 80u64])?;
-    let tok = grant(
+    let (tok, _) = grant(
         &mut a,
         &args!["LOCK.ACQUIRE", "m:s", "PX", 60_000u64, "BLOCK", 5_000u64],
     )?;
     cmd(&mut a, &args!["LOCK.RELEASE", "m:s", &tok])?;
     // 8. DUMP / RESTORE, and hostile payloads.
-    let tok = grant(
+    let (tok, _) = grant(
         &mut a,
         &args!["LOCK.ACQUIRE", "m:r", "PX", 60_000u64, "OWNER", "w1"],
     )?;
@@ -148,14 +118,12 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     }
     cmd(&mut a, &args!["DEL", "m:l"])?;
     let tok = format!("renew-{round}");
-    grant(
-        &mut a,
-        &args!["LOCK.ACQUIRE", "m:n", "PX", 1000u64, "TOKEN", &tok],
-    )?;
-    grant(
-        &mut a,
-        &args!["LOCK.ACQUIRE", "m:n", "PX", 1000u64, "TOKEN", &tok],
-    )?;
+    for _ in 0..2 {
+        grant(
+            &mut a,
+            &args!["LOCK.ACQUIRE", "m:n", "PX", 1000u64, "TOKEN", &tok],
+        )?;
+    }
     cmd(&mut a, &args!["LOCK.EXTEND", "m:n", &tok, "PX", 2000u64])?;
     cmd(&mut a, &args!["LOCK.RELEASE", "m:n", &tok])?;
     // Let every short lease end.
@@ -168,23 +136,19 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
 
 fn settled_memory(s: &Server) -> Result<i64, String> {
     // Idle clients, no locks, no waiters; let the server's cron tidy up.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let held = s.info_field("lock", "lock_held");
-        let waiters = s.info_field("lock", "lock_waiters");
-        let clients = s.info_field("clients", "connected_clients");
-        if held.as_deref() == Some("0")
-            && waiters.as_deref() == Some("0")
-            && clients.as_deref() == Some("1")
-        {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "not settled: lock_held {held:?}, lock_waiters {waiters:?}, connected_clients {clients:?}"
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    let field = |section, f| s.info_field(section, f);
+    let settled = || {
+        field("lock", "lock_held").as_deref() == Some("0")
+            && field("lock", "lock_waiters").as_deref() == Some("0")
+            && field("clients", "connected_clients").as_deref() == Some("1")
+    };
+    if !redis_lock_testkit::wait_until(Duration::from_secs(30), settled) {
+        return Err(format!(
+            "not settled: lock_held {:?}, lock_waiters {:?}, connected_clients {:?}",
+            field("lock", "lock_held"),
+            field("lock", "lock_waiters"),
+            field("clients", "connected_clients")
+        ));
     }
     std::thread::sleep(Duration::from_millis(500));
     s.info_field("memory", "used_memory")
@@ -312,22 +276,10 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         workload(&server, r, &mut rng)?;
     }
     let after = settled_memory(&server)?;
-    let stats: Vec<(String, String)> = [
-        "lock_acquired",
-        "lock_handed_off",
-        "lock_wait_timeouts",
-        "lock_expired",
-        "lock_force_released",
-        "lock_panics",
-    ]
-    .iter()
-    .map(|f| {
-        (
-            f.to_string(),
-            server.info_field("lock", f).unwrap_or_default(),
-        )
-    })
-    .collect();
+    let fields = "lock_acquired lock_handed_off lock_wait_timeouts lock_expired lock_force_released lock_panics";
+    let stats: Vec<(&str, String)> = (words(fields).into_iter())
+        .map(|f| (f, server.info_field("lock", f).unwrap_or_default()))
+        .collect();
     let workload_secs = t.elapsed().as_secs_f64();
     let mut c = connect(&server).map_err(|e| e.to_string())?;
     let _ = c.call(&args!["SHUTDOWN", "NOSAVE"]);
@@ -382,7 +334,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             "used_memory {delta:+} bytes from the baseline after everything was released"
         ));
     }
-    if stats.iter().any(|(k, v)| k == "lock_panics" && v != "0") {
+    if stats.iter().any(|(k, v)| *k == "lock_panics" && v != "0") {
         o.fail("lock_panics > 0");
     }
     Ok(())

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 pub use redis_lock_report::reliability::FENCED_STORE_LUA;
-use redis_lock_testkit::args;
 
 /// How long the holder waits between its lease check and its write (the window in
 /// which it is stopped).
@@ -34,10 +33,9 @@ fn store_write(
     value: &str,
 ) -> Result<bool, String> {
     let r = match mode {
-        Mode::Fenced => c.call(&args!["EVALSHA", sha, 1u64, rkey, fence, value]),
-        Mode::Plain => c.call(&args!["HSET", rkey, "value", value, "fence", fence]),
-    }
-    .map_err(|e| e.to_string())?;
+        Mode::Fenced => cmd(c, &args!["EVALSHA", sha, 1u64, rkey, fence, value])?,
+        Mode::Plain => cmd(c, &args!["HSET", rkey, "value", value, "fence", fence])?,
+    };
     match (mode, &r) {
         (Mode::Fenced, Reply::Int(1)) => Ok(true),
         (Mode::Fenced, Reply::Int(0)) => Ok(false),
@@ -73,16 +71,11 @@ fn holder(a: &[String]) -> Result<(), String> {
     let mut lc = Conn::open(lock, t).map_err(|e| e.to_string())?;
     let mut sc = Conn::open(store, t).map_err(|e| e.to_string())?;
     let acquired = Instant::now();
-    let r = lc
-        .call(&args!["LOCK.ACQUIRE", key, "PX", ttl])
-        .map_err(|e| e.to_string())?;
-    let (_, fence) = r.grant().ok_or(format!("acquire answered {r:?}"))?;
+    let (_, fence) = acquire(&mut lc, key, ttl)?;
     let mut out = std::io::stdout();
     let _ = writeln!(out, "GRANTED {fence}");
     // Read-modify-write: read, check the lease, (pause here), write.
-    let _ = sc
-        .call(&args!["HGET", rkey, "value"])
-        .map_err(|e| e.to_string())?;
+    cmd(&mut sc, &args!["HGET", rkey, "value"])?;
     if acquired.elapsed() >= Duration::from_millis(ttl) {
         return Err("lease already over before the pause".into());
     }
@@ -169,14 +162,9 @@ fn trial(
     redis_lock_testkit::signal(pid, libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(2 * ttl));
     // The lease is over: another client takes the lock and writes.
-    let mut lc = connect(lock).map_err(|e| e.to_string())?;
-    let mut sc = connect(store).map_err(|e| e.to_string())?;
-    let r = lc
-        .call(&args!["LOCK.ACQUIRE", &key, "PX", 10_000u64])
-        .map_err(|e| e.to_string())?;
-    let (token, fence) = r.grant().ok_or(format!(
-        "second client could not acquire after 2x TTL: {r:?}"
-    ))?;
+    let (mut lc, mut sc) = (connect(lock)?, connect(store)?);
+    let (token, fence) = acquire(&mut lc, &key, 10_000)
+        .map_err(|e| format!("second client could not acquire after 2x TTL: {e}"))?;
     if fence <= holder_fence {
         return Err(format!(
             "new fence {fence} not above the paused holder's {holder_fence}"
@@ -195,9 +183,7 @@ fn trial(
     }
     let elapsed: u64 = elapsed.and_then(|e| e.parse().ok()).unwrap_or(0);
     let _ = child.0.wait();
-    let value = sc
-        .call(&args!["HGET", &rkey, "value"])
-        .map_err(|e| e.to_string())?
+    let value = cmd(&mut sc, &args!["HGET", &rkey, "value"])?
         .as_text()
         .unwrap_or_default();
     let _ = lc.call(&args!["LOCK.RELEASE", &key, &token]);
@@ -216,11 +202,12 @@ pub const TARGET: &str =
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let lock = env.start("stale-lock")?;
     let store = env.plain("stale-store").try_start()?;
-    let sha = connect(&store)?
-        .call(&args!["SCRIPT", "LOAD", FENCED_STORE_LUA])
-        .map_err(|e| e.to_string())?
-        .as_text()
-        .ok_or("SCRIPT LOAD failed")?;
+    let sha = cmd(
+        &mut connect(&store)?,
+        &args!["SCRIPT", "LOAD", FENCED_STORE_LUA],
+    )?
+    .as_text()
+    .ok_or("SCRIPT LOAD failed")?;
     let trials = env.n(20.0, 3.0);
     let ttl = if env.short { 200 } else { 300 };
     let mut stats = [(0u64, 0u64, 0u64, 0u64); 2]; // valid, stale accepted, corrupted, invalid
@@ -266,8 +253,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     if pv == 0 || pc == 0 {
         o.fail("the control run did not show the corruption (the pause did not take effect)");
     }
-    if panics(&lock) != Some(0) {
-        o.fail("lock_panics > 0");
+    if let Err(e) = health(&lock, "the lock server") {
+        o.fail(e);
     }
     Ok(())
 }
