@@ -136,6 +136,29 @@ pub struct LinkLog {
     pub reconnects: u64,
 }
 
+impl LinkLog {
+    /// Adds another link's figures (its lists of late, hung and broken calls are left
+    /// out: they become violations on their own).
+    pub fn add(&mut self, o: &LinkLog) {
+        macro_rules! sum {
+            ($($f:ident),*) => {$(self.$f += o.$f;)*};
+        }
+        sum!(
+            waits,
+            late_by_pause,
+            killed,
+            moved,
+            ask,
+            tryagain,
+            rerouted,
+            reconnects
+        );
+        let slowest = &mut self.slowest_wait_over_block_ms;
+        *slowest = (*slowest).max(o.slowest_wait_over_block_ms);
+        self.slowest_net_ms = self.slowest_net_ms.max(o.slowest_net_ms);
+    }
+}
+
 /// The outcome of one call (with every retry it needed).
 pub enum Answer {
     /// The replies, with the invoke of the first attempt and the completion of the last.

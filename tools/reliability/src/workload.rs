@@ -530,15 +530,8 @@ pub fn spawn(sh: &Arc<Shared>, rng: &mut Rng) -> Vec<std::thread::JoinHandle<Cli
 pub struct Tally {
     pub grants: u64,
     pub n: Counts,
-    pub killed_calls: u64,
-    pub waits: u64,
-    pub late_by_pause: u64,
-    pub slowest_wait_over_block_ms: i64,
-    pub slowest_net_ms: i64,
-    pub moved: u64,
-    pub ask: u64,
-    pub tryagain: u64,
-    pub rerouted: u64,
+    /// The links' waiter and connection figures.
+    pub link: LinkLog,
     /// Violations by kind (checker, store, lost updates, late waiters, hangs).
     pub violations: std::collections::BTreeMap<String, u64>,
     pub examples: Vec<String>,
@@ -579,28 +572,18 @@ impl Tally {
     /// Adds another run's figures (a sub-run of the same server).
     pub fn absorb(&mut self, o: Tally) {
         self.n.add(&o.n);
+        self.link.add(&o.link);
         macro_rules! sum {
             ($($f:ident),*) => {$(self.$f += o.$f;)*};
         }
         sum!(
             grants,
-            killed_calls,
-            waits,
-            late_by_pause,
-            moved,
-            ask,
-            tryagain,
-            rerouted,
             late_cs,
             late_store_events,
             store_events,
             lost_updates,
             cross_server_refusals
         );
-        self.slowest_wait_over_block_ms = self
-            .slowest_wait_over_block_ms
-            .max(o.slowest_wait_over_block_ms);
-        self.slowest_net_ms = self.slowest_net_ms.max(o.slowest_net_ms);
         for (k, v) in o.violations {
             *self.violations.entry(k).or_insert(0) += v;
         }
@@ -701,17 +684,7 @@ pub fn check(
 
 /// Adds a link's waiter and connection figures (and its late or hung calls).
 pub fn absorb_link(t: &mut Tally, l: LinkLog) {
-    t.killed_calls += l.killed;
-    t.waits += l.waits;
-    t.late_by_pause += l.late_by_pause;
-    t.slowest_wait_over_block_ms = t
-        .slowest_wait_over_block_ms
-        .max(l.slowest_wait_over_block_ms);
-    t.slowest_net_ms = t.slowest_net_ms.max(l.slowest_net_ms);
-    t.moved += l.moved;
-    t.ask += l.ask;
-    t.tryagain += l.tryagain;
-    t.rerouted += l.rerouted;
+    t.link.add(&l);
     t.add_violation(
         "waiter answered later than BLOCK + 1 s",
         l.late.len() as u64,

@@ -600,8 +600,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         ));
         o.note(format!(
             "{name}: slowest waiter answered {} ms after its BLOCK time ({} ms not counting time a write pause of ours held its command).",
-            s.tally.slowest_wait_over_block_ms.max(0),
-            s.tally.slowest_net_ms.max(0)
+            s.tally.link.slowest_wait_over_block_ms.max(0),
+            s.tally.link.slowest_net_ms.max(0)
         ));
         o.note(format!("{name}: {}.", s.ops.summary()));
         ops.absorb(s.ops);
@@ -633,20 +633,20 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         "{} acquisitions ({}); {} blocking calls; {} calls in all",
         thousands(tally.grants),
         parts.join(", "),
-        thousands(tally.waits),
+        thousands(tally.link.waits),
         thousands(tally.n.calls)
     );
     o.note(format!("History: {}.", tally.history()));
     o.note(format!(
         "Waiters: {} blocking calls (every retry counts), the slowest answered {} ms after its BLOCK time; {} answered more than 1 s after it only because a write pause (CLIENT PAUSE, FAILOVER) held the command before it ran, and within BLOCK + 1 s of the pause's end; {} calls lost to CLIENT KILL (excused). Clients followed {} MOVED, {} ASK, {} TRYAGAIN and {} READONLY/UNBLOCKED replies; keys moved by MIGRATE: {}.",
-        thousands(tally.waits),
-        tally.slowest_wait_over_block_ms.max(0),
-        thousands(tally.late_by_pause),
-        thousands(tally.killed_calls),
-        thousands(tally.moved),
-        thousands(tally.ask),
-        thousands(tally.tryagain),
-        thousands(tally.rerouted),
+        thousands(tally.link.waits),
+        tally.link.slowest_wait_over_block_ms.max(0),
+        thousands(tally.link.late_by_pause),
+        thousands(tally.link.killed),
+        thousands(tally.link.moved),
+        thousands(tally.link.ask),
+        thousands(tally.link.tryagain),
+        thousands(tally.link.rerouted),
         thousands(ops.keys_migrated)
     ));
     if tally.cross_server_refusals > 0 {

@@ -318,67 +318,73 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         } else {
             env.n(10.0, 2.0)
         };
-        match run_mode(env, mode, rounds, &mut rng) {
-            Err(e) => o.fail(format!("{}: {e}", mode.name())),
-            Ok(st) => {
-                let bad = st.lost + st.changed + st.resurrected + st.ambiguous_bad;
-                let line = format!(
-                    "{}: {} SIGKILLs ({} during an AOF rewrite), {} acknowledged operations; held locks checked {} -> lost {}, changed {}; released locks checked {} -> back {}; in flight at the kill {} (in neither state afterwards: {}); fence regressions after restart {}",
-                    mode.name(),
-                    st.rounds,
-                    st.rewrites,
-                    thousands(st.acked_ops),
-                    thousands(st.held_checked),
-                    st.lost,
-                    st.changed,
-                    thousands(st.free_checked),
-                    st.resurrected,
-                    st.ambiguous,
-                    st.ambiguous_bad,
+        let st = match run_mode(env, mode, rounds, &mut rng) {
+            Ok(st) => st,
+            Err(e) => {
+                o.fail(format!("{}: {e}", mode.name()));
+                continue;
+            }
+        };
+        let bad = st.lost + st.changed + st.resurrected + st.ambiguous_bad;
+        let line = format!(
+            "{}: {} SIGKILLs ({} during an AOF rewrite), {} acknowledged operations; held locks checked {} -> lost {}, changed {}; released locks checked {} -> back {}; in flight at the kill {} (in neither state afterwards: {}); fence regressions after restart {}",
+            mode.name(),
+            st.rounds,
+            st.rewrites,
+            thousands(st.acked_ops),
+            thousands(st.held_checked),
+            st.lost,
+            st.changed,
+            thousands(st.free_checked),
+            st.resurrected,
+            st.ambiguous,
+            st.ambiguous_bad,
+            st.fence_regressions
+        );
+        o.note(line);
+        let checked = st.held_checked + st.free_checked;
+        match mode {
+            Mode::Always => {
+                figure = format!(
+                    "always: {bad} of {} acknowledged states lost, {} fence regressions",
+                    thousands(checked),
                     st.fence_regressions
                 );
-                o.note(line);
-                let checked = st.held_checked + st.free_checked;
-                match mode {
-                    Mode::Always => {
-                        figure = format!(
-                            "always: {bad} of {} acknowledged states lost, {} fence regressions",
-                            thousands(checked),
-                            st.fence_regressions
-                        );
-                        if bad > 0 {
-                            o.fail(format!(
-                                "{bad} acknowledged states lost or changed with appendfsync always"
-                            ));
-                        }
-                    }
-                    _ => {
-                        if mode == Mode::Everysec {
-                            everysec_bad = Some(bad);
-                        }
-                        figure.push_str(&format!(
-                            "; {}: {} of acknowledged held locks lost ({} of {}), {} of releases undone",
-                            if mode == Mode::Rdb { "RDB (save 1 1)" } else { "everysec" },
-                            pct(st.lost + st.changed, st.held_checked),
-                            thousands(st.lost + st.changed),
-                            thousands(st.held_checked),
-                            pct(st.resurrected, st.free_checked)
-                        ));
-                    }
-                }
-                if st.fence_regressions > 0 {
+                if bad > 0 {
                     o.fail(format!(
-                        "{}: {} fence regressions",
-                        mode.name(),
-                        st.fence_regressions
+                        "{bad} acknowledged states lost or changed with appendfsync always"
                     ));
                 }
-                if !st.errors.is_empty() {
-                    o.fail(format!("{}: {}", mode.name(), st.errors[0]));
+            }
+            _ => {
+                if mode == Mode::Everysec {
+                    everysec_bad = Some(bad);
                 }
-                trials.push(format!("{} kills ({})", st.rounds, mode.name()));
+                figure.push_str(&format!(
+                    "; {}: {} of acknowledged held locks lost ({} of {}), {} of releases undone",
+                    if mode == Mode::Rdb {
+                        "RDB (save 1 1)"
+                    } else {
+                        "everysec"
+                    },
+                    pct(st.lost + st.changed, st.held_checked),
+                    thousands(st.lost + st.changed),
+                    thousands(st.held_checked),
+                    pct(st.resurrected, st.free_checked)
+                ));
             }
         }
+        if st.fence_regressions > 0 {
+            o.fail(format!(
+                "{}: {} fence regressions",
+                mode.name(),
+                st.fence_regressions
+            ));
+        }
+        if !st.errors.is_empty() {
+            o.fail(format!("{}: {}", mode.name(), st.errors[0]));
+        }
+        trials.push(format!("{} kills ({})", st.rounds, mode.name()));
     }
     o.figure = figure;
     o.trials = trials.join(", ");

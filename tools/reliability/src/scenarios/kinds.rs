@@ -93,11 +93,11 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         "Grants the replica did not confirm within `WAIT 1 100` (given back, not used): {}; acquires whose reply was lost (killed connection or server): {}; calls lost to a kill (excused): {}; clients followed {} READONLY/UNBLOCKED replies to the new primary. Waiters: {} blocking calls, the slowest answered {} ms after its BLOCK time ({} more than 1 s after it only because a FAILOVER's write pause held the command before it ran).",
         thousands(t.n.unconfirmed),
         thousands(t.n.lost_acquires),
-        thousands(t.killed_calls),
-        thousands(t.rerouted),
-        thousands(t.waits),
-        t.slowest_wait_over_block_ms.max(0),
-        thousands(t.late_by_pause)
+        thousands(t.link.killed),
+        thousands(t.link.rerouted),
+        thousands(t.link.waits),
+        t.link.slowest_wait_over_block_ms.max(0),
+        thousands(t.link.late_by_pause)
     ));
     sub.ops.verdict(o);
     workload::verdict(o, env, t, target);

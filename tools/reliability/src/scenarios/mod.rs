@@ -31,36 +31,28 @@ pub struct Def {
     pub every_server: bool,
 }
 
-const fn one(key: &'static str, title: &'static str, target: &'static str, run: Scenario) -> Def {
-    Def {
-        key,
-        title,
-        target,
-        run,
-        every_server: false,
-    }
+/// The [`Def`] of scenario module `$m` (its key is the module's name).
+macro_rules! def {
+    ($m:ident, $every_server:expr) => {
+        Def {
+            key: stringify!($m),
+            title: $m::TITLE,
+            target: $m::TARGET,
+            run: $m::run,
+            every_server: $every_server,
+        }
+    };
 }
 
 /// Every scenario, in report order.
 pub const ALL: [Def; 9] = [
-    one("mutex", mutex::TITLE, mutex::TARGET, mutex::run),
-    one(
-        "durability",
-        durability::TITLE,
-        durability::TARGET,
-        durability::run,
-    ),
-    one("failover", failover::TITLE, failover::TARGET, failover::run),
-    one("stale", stale::TITLE, stale::TARGET, stale::run),
-    one("clock", clock::TITLE, clock::TARGET, clock::run),
-    one("fuzz", fuzz::TITLE, fuzz::TARGET, fuzz::run),
-    one("memory", memory::TITLE, memory::TARGET, memory::run),
-    Def {
-        every_server: true,
-        ..one("chaos", chaos::TITLE, chaos::TARGET, chaos::run)
-    },
-    Def {
-        every_server: true,
-        ..one("kinds", kinds::TITLE, kinds::TARGET, kinds::run)
-    },
+    def!(mutex, false),
+    def!(durability, false),
+    def!(failover, false),
+    def!(stale, false),
+    def!(clock, false),
+    def!(fuzz, false),
+    def!(memory, false),
+    def!(chaos, true),
+    def!(kinds, true),
 ];
