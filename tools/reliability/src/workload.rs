@@ -283,6 +283,14 @@ fn confirmed(r: &[Reply]) -> bool {
     r.get(1).and_then(Reply::as_int).unwrap_or(0) >= 1
 }
 
+/// An error reply to a command that answers 0 or 1 is a client error.
+fn no_error(a: &Answer, what: &str) -> Result<(), String> {
+    match a {
+        Answer::Reply(r, ..) if r[0].is_error() => Err(format!("{what} answered {:?}", r[0])),
+        _ => Ok(()),
+    }
+}
+
 /// A call as the checker sees it: its outcome (`ok` of the replies) unknown when the
 /// replies were lost.
 fn as_call(a: Answer, ok: impl FnOnce(&[Reply]) -> Option<bool>) -> Call {
@@ -383,14 +391,16 @@ impl Client<'_> {
     }
 
     /// Releases grant `idx` of the log and records how that went.
-    fn release(&mut self, idx: usize, token: &[u8]) {
+    fn release(&mut self, idx: usize, token: &[u8]) -> Result<(), String> {
         let name = self.sh.plan.keys[self.log.grants[idx].key as usize]
             .0
             .clone();
         let cmd = args!["LOCK.RELEASE", &name, token];
         self.log.n.releases += 1;
         let one = |r: &[Reply]| Some(r[0].as_int() == Some(1));
-        let call = match self.call(&name, std::slice::from_ref(&cmd), None) {
+        let first = self.call(&name, std::slice::from_ref(&cmd), None);
+        no_error(&first, "LOCK.RELEASE")?;
+        let call = match first {
             // Executed or not: ask again on a new connection; a 1 now is certain.
             Answer::Lost(t0) => match as_call(self.call(&name, &[cmd], None), one) {
                 c if c.ok == Some(true) => c,
@@ -403,6 +413,7 @@ impl Client<'_> {
             a => as_call(a, one),
         };
         self.log.grants[idx].release = Some(call);
+        Ok(())
     }
 
     fn run(&mut self, rng: &mut Rng) -> Result<(), String> {
@@ -413,7 +424,7 @@ impl Client<'_> {
         while !sh.stop.load(Ordering::Relaxed) && Instant::now() < sh.plan.deadline {
             while abandoned.front().is_some_and(|a| a.2 <= now_ns()) {
                 if let Some((idx, token, _)) = abandoned.pop_front() {
-                    self.release(idx, &token);
+                    self.release(idx, &token)?;
                 }
             }
             n += 1;
@@ -466,7 +477,9 @@ impl Client<'_> {
                 let name = sh.plan.keys[k].0.clone();
                 let cmds = self.cmds(args!["LOCK.EXTEND", &name, &token, "PX", ext]);
                 self.log.n.extends += 1;
-                let call = as_call(self.call(&name, &cmds, None), |r| {
+                let answer = self.call(&name, &cmds, None);
+                no_error(&answer, "LOCK.EXTEND")?;
+                let call = as_call(answer, |r| {
                     let ok = r[0].as_int() == Some(1);
                     // Acknowledged but perhaps not replicated: unknown.
                     (!sh.plan.confirm || !ok || confirmed(r)).then_some(ok)
@@ -488,13 +501,13 @@ impl Client<'_> {
                 abandoned.push_back((idx, token, last + (final_ttl + 5) * 1_000_000));
                 self.log.n.abandoned += 1;
             } else {
-                self.release(idx, &token);
+                self.release(idx, &token)?;
             }
         }
         // Settle what is left: wait out the leases, then check the release answers 0.
         while let Some((idx, token, due)) = abandoned.pop_front() {
             std::thread::sleep(Duration::from_nanos(due.saturating_sub(now_ns())));
-            self.release(idx, &token);
+            self.release(idx, &token)?;
         }
         Ok(())
     }
