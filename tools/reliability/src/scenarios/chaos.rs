@@ -171,12 +171,6 @@ fn waiters(admin: &mut Admin, node: usize) -> Result<Vec<u64>, String> {
         .collect())
 }
 
-/// The client id of one holder of `key` (LOCK.INFO), if held.
-fn holder(admin: &mut Admin, node: usize, key: &str, rng: &mut Rng) -> Result<Option<u64>, String> {
-    let ids = holder_ids(&admin.call(node, &args!["LOCK.INFO", key])?);
-    Ok((!ids.is_empty()).then(|| *rng.pick(&ids)))
-}
-
 fn expect_ok(r: &Reply, what: &str, ops: &mut Ops) {
     if r.is_error() || matches!(r, Reply::Nil) {
         ops.errors.push(format!("{what} answered {r:?}"));
@@ -248,13 +242,14 @@ pub fn common_op(
             }
         }
         "CLIENT KILL waiter" | "CLIENT KILL holder" => {
-            let id = if op.ends_with("waiter") {
-                let w = waiters(admin, node)?;
-                (!w.is_empty()).then(|| *rng.pick(&w))
+            // A waiter (CLIENT LIST), or a holder of a random key (LOCK.INFO), if any.
+            let ids = if op.ends_with("waiter") {
+                waiters(admin, node)?
             } else {
                 let key = rng.pick(&admin.keys).0.clone();
-                holder(admin, node, &key, rng)?
+                holder_ids(&admin.call(node, &args!["LOCK.INFO", key])?)
             };
+            let id = (!ids.is_empty()).then(|| *rng.pick(&ids));
             let Some(id) = id else { return Ok(true) };
             kills.record(node, Some(id));
             let r = admin.call(node, &args!["CLIENT", "KILL", "ID", id])?;
@@ -415,9 +410,7 @@ impl Load {
     pub fn close(self, tally: Tally, servers: &[(&Server, String)]) -> Sub {
         let mut ops = self.ops;
         for (s, what) in servers {
-            if let Err(e) = health(s, what) {
-                ops.crashes.push(e);
-            }
+            ops.crashes.extend(health(s, what).err());
         }
         Sub {
             tally,

@@ -297,9 +297,7 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
         max_acked_fence = max_acked_fence.max(fence);
         st.rounds += 1;
     }
-    if let Err(e) = health(&server, "the server") {
-        st.errors.push(e);
-    }
+    st.errors.extend(health(&server, "the server").err());
     Ok(st)
 }
 
