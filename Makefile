@@ -92,7 +92,8 @@ check:
 	    REDIS_CLI="$$(command -v redis-cli || echo redis-cli)"
 
 # The measured docs, rendered from docs/data/*.json (written by bench, bench-contention
-# and reliability); prose and layout live in tools/report.
+# and reliability); prose and layout live in docs/templates/*.j2, the figures, goals and
+# charts in tools/report (which builds the templates in, so an edited one needs only this).
 docs:
 	$(CARGO) run --release -q -p redis-lock-report --bin redis-lock-docs -- --root $(CURDIR)
 

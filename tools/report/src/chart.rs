@@ -4,7 +4,6 @@
 
 use std::path::Path;
 
-use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
@@ -18,6 +17,13 @@ const SERVER_COLORS: [RGBColor; 4] = [
     RGBColor(235, 140, 20),
     RGBColor(40, 100, 200),
     RGBColor(120, 60, 160),
+];
+/// The colours of the contention charts' methods (Okabe–Ito).
+pub const PALETTE: [RGBColor; 4] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
 ];
 const GOAL: RGBColor = RGBColor(0, 150, 60);
 const DARK: RGBColor = RGBColor(60, 60, 60);
@@ -65,6 +71,38 @@ pub fn decades(values: impl Iterator<Item = f64>) -> (f64, f64) {
         10f64.powf(lo.log10().floor()),
         10f64.powf(hi.log10().ceil().max(lo.log10().floor() + 1.0)),
     )
+}
+
+/// The distinct items, in the order first seen (the order the run measured them).
+pub fn first_seen<'a>(items: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut v: Vec<&str> = Vec::new();
+    for m in items {
+        if !v.contains(&m) {
+            v.push(m);
+        }
+    }
+    v
+}
+
+/// The distinct critical-section lengths, shortest first.
+pub fn holds(items: impl Iterator<Item = u64>) -> Vec<u64> {
+    let mut v: Vec<u64> = items.collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// A label of a log axis: `2k`, `15`, `0.01`.
+pub fn tick(y: f64) -> String {
+    if y >= 1000.0 {
+        format!("{:.0}k", y / 1000.0)
+    } else if y >= 1.0 {
+        format!("{y:.0}")
+    } else {
+        // 0.001, 0.01, 0.1 without float noise.
+        let digits = (-y.log10().floor()) as usize;
+        format!("{y:.digits$}")
+    }
 }
 
 fn server_color(i: usize) -> RGBColor {
@@ -120,9 +158,6 @@ struct Panel<'a> {
     value_labels: bool,
 }
 
-type Chart<'a, 'b> =
-    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
-
 fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error> {
     let values = p.series.iter().flat_map(|s| s.values.iter().copied());
     let finite = values
@@ -136,11 +171,7 @@ fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error
         .x_label_area_size(30)
         .y_label_area_size(60)
         .build_cartesian_2d(-0.5f64..n - 0.5, 0f64..max)?;
-    let category = |x: &f64| {
-        let g = x.round();
-        let name = (g >= 0.0 && (x - g).abs() < 0.01).then(|| p.xlabels.get(g as usize));
-        name.flatten().cloned().unwrap_or_default()
-    };
+    let category = |x: &f64| category(&p.xlabels, *x).cloned().unwrap_or_default();
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -199,21 +230,29 @@ fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error
         let seg = [(-0.5, v), (n - 0.5, v)];
         chart.draw_series(DashedLineSeries::new(seg, 6, 4, GREY.stroke_width(1)))?;
     }
-    legend(&mut chart)
+    legend(&mut chart, SeriesLabelPosition::UpperLeft, 13)
 }
 
-fn legend<'a>(chart: &mut Chart<'a, 'a>) -> Result<(), Error> {
-    let r: Result<(), String> = {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(200, 200, 200))
-            .label_font((FONT, 13))
-            .draw()
-            .map_err(|e| e.to_string())
-    };
-    Ok(r?)
+/// The legend box of every chart, at `pos`, its labels `size` px.
+pub fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pos: SeriesLabelPosition,
+    size: u32,
+) -> Result<(), Error> {
+    let drawn = chart
+        .configure_series_labels()
+        .position(pos)
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(200, 200, 200))
+        .label_font((FONT, size))
+        .draw();
+    Ok(drawn.map_err(|e| e.to_string())?)
+}
+
+/// The item of `items` whose category axis position `x` is (None between them).
+pub fn category<T>(items: &[T], x: f64) -> Option<&T> {
+    let g = x.round();
+    (g >= 0.0 && (x - g).abs() < 0.01).then(|| items.get(g as usize))?
 }
 
 fn pow10(n: u64) -> String {

@@ -3,16 +3,17 @@
 //! `LIMIT n` locks with `BLOCK` against the client-side recipes people use for the same
 //! job. Rendered from the `kinds` of docs/data/contention.json.
 
-use std::fmt::Write as _;
 use std::path::Path;
 
+use minijinja::context;
+use minijinja::value::{Serde, Value};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::{Deserialize, Serialize};
 
-use crate::chart::{decades, FONT};
-use crate::contention::{ms, per_sec, ContentionRun};
+use crate::chart::{category, decades, first_seen, holds, legend, tick, FONT, PALETTE};
+use crate::contention::ContentionRun;
 use crate::Error;
 
 /// Pause between two attempts of the client-side read-write lock recipes: uniform in
@@ -105,206 +106,53 @@ fn find<'a>(cells: &[&'a KindCell], method: &str, hold_ms: u64) -> Option<&'a Ki
         .find(|c| c.method == method && c.hold_ms == hold_ms)
 }
 
-fn holds(cells: &[&KindCell]) -> Vec<u64> {
-    let mut v: Vec<u64> = cells.iter().map(|c| c.hold_ms).collect();
-    v.dedup(); // sorted by `family`
-    v
-}
-
-fn other(c: &KindCell) -> String {
-    c.other_cores
-        .map_or_else(|| "?".to_string(), |v| format!("{v:.1}"))
-}
-
-/// A longest wait, marked when clients gave up waiting.
-fn longest(g: &RoleStats) -> String {
-    if g.gave_up > 0 {
-        format!("{} ({} gave up)", ms(g.wait_max_ms), g.gave_up)
-    } else {
-        ms(g.wait_max_ms)
-    }
-}
-
-/// The method's name, flagged when a grant broke the lock's rule.
-fn name(c: &KindCell) -> String {
-    if c.summary.violations > 0 && c.family == "rw" {
-        format!("{} **{} VIOLATIONS**", c.label, c.summary.violations)
-    } else {
-        c.label.clone()
-    }
-}
-
-fn rw_table(out: &mut String, cells: &[&KindCell]) {
-    let _ = writeln!(
-        out,
-        "| method | c | reads/s | writes/s | reader wait p99 | writer wait p50 | writer wait p99 | writer's longest wait | readers past a waiting writer: all / most in one wait | holders at once: most / mean | commands/acq. | Jain (readers) | other load |"
-    );
-    let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
-    for c in cells {
-        let s = &c.summary;
-        let (Some(r), Some(w)) = (&s.readers, &s.writers) else {
-            continue;
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {} ms | {} | {} | {} | {} | {} | {} | {} / {} | {} / {:.2} | {:.2} | {:.3} | {} |",
-            name(c),
-            c.hold_ms,
-            per_sec(r.per_second),
-            per_sec(w.per_second),
-            ms(r.wait_p99_ms),
-            ms(w.wait_p50_ms),
-            ms(w.wait_p99_ms),
-            longest(w),
-            s.overtakes,
-            s.overtakes_most,
-            s.peak_holders,
-            s.mean_holders,
-            s.commands_per_acquisition,
-            r.jain,
-            other(c),
-        );
-    }
-}
-
-fn sem_table(out: &mut String, cells: &[&KindCell]) {
-    let _ = writeln!(
-        out,
-        "| method | c | acquisitions/s | permits in use (mean) | holders at once (most) | grants beyond n | wait p50 | wait p99 | longest wait | commands/acq. | round trips/acq. | Jain | other load |"
-    );
-    let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
-    for c in cells {
-        let s = &c.summary;
-        let beyond = if s.violations > 0 {
-            format!("**{}**", s.violations)
-        } else {
-            "0".to_string()
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {} ms | {} | {:.2} of {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {} |",
-            c.label,
-            c.hold_ms,
-            per_sec(s.all.per_second),
-            s.mean_holders,
-            c.limit.unwrap_or(0),
-            s.peak_holders,
-            beyond,
-            ms(s.all.wait_p50_ms),
-            ms(s.all.wait_p99_ms),
-            longest(&s.all),
-            s.commands_per_acquisition,
-            s.round_trips_per_acquisition,
-            s.all.jain,
-            other(c),
-        );
-    }
-}
-
-/// "0 ms: x; 1 ms: y" over the cells of `method`.
-fn per_hold(cells: &[&KindCell], method: &str, f: impl Fn(&KindCell) -> String) -> String {
-    cells
+/// The module's readers/writers goals (None without `shared` cells).
+fn rw_goals(rw: &[&KindCell]) -> Option<Value> {
+    let shared: Vec<&KindCell> = rw
         .iter()
-        .filter(|c| c.method == method)
-        .map(|c| format!("{} at c = {} ms", f(c), c.hold_ms))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn rw_goals(out: &mut String, rw: &[&KindCell]) {
-    let module: Vec<&&KindCell> = rw.iter().filter(|c| c.method == "shared").collect();
-    if module.is_empty() {
-        return;
-    }
+        .copied()
+        .filter(|c| c.method == "shared")
+        .collect();
+    let first = shared.first()?;
     let writers = |c: &KindCell| c.summary.writers.clone();
+    let reads = |c: &KindCell| c.summary.readers.as_ref().map_or(0.0, |r| r.per_second);
     // Bounded bypass, the textbook form of "no starvation": while a writer waits, each
     // reader gets in ahead of it at most once (see the column's definition).
-    let fed = module.iter().all(|c| {
+    let fed = shared.iter().all(|c| {
         c.summary.overtakes_most <= c.readers as u64
             && writers(c).is_some_and(|w| w.gave_up == 0 && w.acquisitions > 0)
     });
-    let reads: u64 = module
-        .iter()
-        .filter_map(|c| c.summary.readers.as_ref().map(|r| r.acquisitions))
-        .sum();
-    let _ = write!(
-        out,
-        "- No writer starves (bounded bypass: while a writer waits, no more readers get in \
-         ahead of it than there are readers, {}): **{}**. The most readers past one waiting \
-         writer: {}; {} of {} reader grants in all; the writer's longest wait was {}",
-        module.first().map_or(0, |c| c.readers),
-        if fed { "met" } else { "not met" },
-        per_hold(rw, "shared", |c| c.summary.overtakes_most.to_string()),
-        module.iter().map(|c| c.summary.overtakes).sum::<u64>(),
-        reads,
-        per_hold(rw, "shared", |c| {
-            writers(c).map_or_else(|| "?".into(), |w| longest(&w))
-        }),
-    );
-    let starved = rw
-        .iter()
-        .filter(|c| c.method == "rw-script")
-        .max_by(|a, b| {
-            let w = |c: &KindCell| writers(c).map_or(0.0, |w| w.wait_max_ms);
-            w(a).total_cmp(&w(b))
-        });
-    match starved.and_then(|c| writers(c).map(|w| (c, w))) {
-        Some((c, w)) => {
-            let _ = writeln!(
-                out,
-                ". The readers-first Lua lock at c = {} ms let up to {} readers past one \
-                 waiting writer ({} in all), which waited up to {} ({} write{} in the {:.2} s \
-                 the cell ran).",
-                c.hold_ms,
-                c.summary.overtakes_most,
-                c.summary.overtakes,
-                longest(&w),
-                w.acquisitions,
-                if w.acquisitions == 1 { "" } else { "s" },
-                c.summary.elapsed_s,
-            );
-        }
-        None => {
-            let _ = writeln!(out, ".");
-        }
-    }
-    let ratio = |other: &'static str| {
-        per_hold(rw, "shared", move |c| {
-            let reads = |m: &KindCell| m.summary.readers.as_ref().map_or(0.0, |r| r.per_second);
-            find(rw, other, c.hold_ms)
-                .map_or_else(|| "?".into(), |m| format!("{:.1}×", reads(c) / reads(m)))
-        })
-    };
-    let _ = write!(
-        out,
-        "- Readers share the lock: up to {} readers at once ({}); reads/s against one module \
-         mutex for everybody: {}",
-        module
-            .iter()
-            .map(|c| c.summary.peak_holders)
-            .max()
-            .unwrap_or(0),
-        per_hold(rw, "shared", |c| format!(
-            "{:.2} on average",
-            c.summary.mean_holders
-        )),
-        ratio("module"),
-    );
-    if rw.iter().any(|c| c.method == "rw-script-wfirst") {
-        let _ = write!(
-            out,
-            "; against the writer-first Lua lock, whose readers poll while the writer \
-             takes the lock again and again: {}",
-            ratio("rw-script-wfirst")
-        );
-    }
-    let _ = writeln!(out, ".");
+    // Reads/s of each `shared` cell against another method's at the same c.
+    let vs = |c: &KindCell, other| find(rw, other, c.hold_ms).map(|m| reads(c) / reads(m));
+    let cells = shared.iter().map(|c| {
+        let (vs_mutex, vs_wfirst) = (vs(c, "module"), vs(c, "rw-script-wfirst"));
+        context! { vs_mutex, vs_wfirst, ..Value::from(Serde(c)) }
+    });
+    let wait = |c: &&&KindCell| writers(c).map_or(0.0, |w| w.wait_max_ms);
+    let lua = rw.iter().filter(|c| c.method == "rw-script");
+    let starved = lua.max_by(|a, b| wait(a).total_cmp(&wait(b)));
+    let reads = shared.iter().filter_map(|c| c.summary.readers.as_ref());
+    Some(context! {
+        readers => first.readers,
+        fed,
+        overtakes => shared.iter().map(|c| c.summary.overtakes).sum::<u64>(),
+        reads => reads.map(|r| r.acquisitions).sum::<u64>(),
+        peak => shared.iter().map(|c| c.summary.peak_holders).max().unwrap_or(0),
+        shared => cells.collect::<Vec<_>>(),
+        starved => Serde(starved.filter(|c| c.summary.writers.is_some())),
+        wfirst => rw.iter().any(|c| c.method == "rw-script-wfirst"),
+    })
 }
 
-fn sem_goals(out: &mut String, sem: &[&KindCell]) {
-    let module: Vec<&&KindCell> = sem.iter().filter(|c| c.method == "limit").collect();
-    if module.is_empty() {
-        return;
+/// The module's semaphore goals (None without `limit` cells).
+fn sem_goals(sem: &[&KindCell]) -> Option<Value> {
+    let limit: Vec<&KindCell> = sem
+        .iter()
+        .copied()
+        .filter(|c| c.method == "limit")
+        .collect();
+    if limit.is_empty() {
+        return None;
     }
     // FIFO's bound: the clients ahead go through the n permits in turns of c, one
     // hand-off each, the overhead budgeted as in the mutex goals (1 ms).
@@ -312,227 +160,49 @@ fn sem_goals(out: &mut String, sem: &[&KindCell]) {
         let n = c.limit.unwrap_or(1).max(1) as usize;
         c.clients.div_ceil(n) as f64 * (c.hold_ms as f64 + 1.0)
     };
-    let over: Vec<&&&KindCell> = module
+    let over = limit
         .iter()
-        .filter(|c| c.summary.all.wait_max_ms > bound(c))
-        .collect();
-    let p99_met = module.iter().all(|c| c.summary.all.wait_p99_ms <= bound(c));
-    let _ = write!(
-        out,
-        "- Semaphore: longest wait within FIFO's bound ⌈N / n⌉ × (c + 1 ms): **{}**",
-        if over.is_empty() { "met" } else { "not met" }
-    );
-    if over.is_empty() {
-        let _ = write!(
-            out,
-            " ({})",
-            per_hold(sem, "limit", |c| ms(c.summary.all.wait_max_ms))
-        );
-    } else {
-        let _ = write!(out, "; over it:");
-        for (i, c) in over.iter().enumerate() {
-            let _ = write!(
-                out,
-                "{} c = {} ms: longest {:.2} ms against {:.2} ms (p99 {:.2} ms)",
-                if i == 0 { "" } else { ";" },
-                c.hold_ms,
-                c.summary.all.wait_max_ms,
-                bound(c),
-                c.summary.all.wait_p99_ms,
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        "; 99th-percentile wait within it: **{}**.",
-        if p99_met {
-            "met in every cell"
-        } else {
-            "not met"
-        }
-    );
-    let _ = write!(
-        out,
-        "- Permits in use on average: {} for the module",
-        per_hold(sem, "limit", |c| format!(
-            "{:.2} of {}",
-            c.summary.mean_holders,
-            c.limit.unwrap_or(0)
-        ))
-    );
-    if sem.iter().any(|c| c.method == "zset") {
-        let _ = write!(
-            out,
-            "; {} for the sorted-set recipe, which gave out {} permits beyond n (up to {} holders at once)",
-            per_hold(sem, "zset", |c| format!("{:.2}", c.summary.mean_holders)),
-            sem.iter()
-                .filter(|c| c.method == "zset")
-                .map(|c| c.summary.violations)
-                .sum::<u64>(),
-            sem.iter()
-                .filter(|c| c.method == "zset")
-                .map(|c| c.summary.peak_holders)
-                .max()
-                .unwrap_or(0),
-        );
-    }
-    let _ = writeln!(out, ".");
+        .filter(|c| c.summary.all.wait_max_ms > bound(c));
+    let over = over.map(|c| context! { bound => bound(c), ..Value::from(Serde(c)) });
+    let zset: Vec<&KindCell> = sem.iter().copied().filter(|c| c.method == "zset").collect();
+    Some(context! {
+        over => over.collect::<Vec<_>>(),
+        p99_met => limit.iter().all(|c| c.summary.all.wait_p99_ms <= bound(c)),
+        limit => Serde(&limit),
+        zset_violations => zset.iter().map(|c| c.summary.violations).sum::<u64>(),
+        zset_peak => zset.iter().map(|c| c.summary.peak_holders).max().unwrap_or(0),
+        zset => Serde(&zset),
+    })
 }
 
-/// Goals both families share: 2 commands per acquisition, no grant against the rule.
-fn common_goals(out: &mut String, module: &[&KindCell]) {
-    if module.is_empty() {
-        return;
-    }
-    let exact = module
-        .iter()
-        .all(|c| (c.summary.commands_per_acquisition - 2.0).abs() < 1e-9);
-    let _ = writeln!(
-        out,
-        "- Exactly 2 commands per acquisition (`SHARED`, exclusive and `LIMIT`): **{}**.",
-        if exact { "met" } else { "not met" }
-    );
-    let bad: u64 = module.iter().map(|c| c.summary.violations).sum();
-    let _ = writeln!(
-        out,
-        "- No grant against the lock's rule (a writer beside another holder, a reader beside \
-         a writer, more than n permits): **{}** ({} violations over {} acquisitions).",
-        if bad == 0 { "met" } else { "not met" },
-        bad,
-        module
-            .iter()
-            .map(|c| c.summary.all.acquisitions)
-            .sum::<u64>()
-    );
-}
-
-/// The readers/writers and semaphore part of the contention section; empty when the run
-/// had no such cells.
-pub fn section(out: &mut String, kinds: &[KindCell]) {
+/// The readers/writers and semaphore cells and their goals, for contention-kinds.md.j2
+/// (included by the contention section; it renders nothing without such cells).
+pub fn context(kinds: &[KindCell]) -> Value {
     let rw = family(kinds, "rw");
     let sem = family(kinds, "sem");
-    if rw.is_empty() && sem.is_empty() {
-        return;
-    }
+    // Goals both families share: 2 commands per acquisition, no grant against the rule.
+    let module = rw.iter().chain(&sem).copied();
+    let module = module.filter(|c| matches!(c.method.as_str(), "shared" | "limit"));
+    let module: Vec<&KindCell> = module.collect();
+    let common = (!module.is_empty()).then(|| {
+        let cpa = |c: &&KindCell| c.summary.commands_per_acquisition;
+        context! {
+            exact => module.iter().all(|c| (cpa(c) - 2.0).abs() < 1e-9),
+            bad => module.iter().map(|c| c.summary.violations).sum::<u64>(),
+            acquisitions => module.iter().map(|c| c.summary.all.acquisitions).sum::<u64>(),
+        }
+    });
     let (lo, hi) = RW_POLL_US;
-    let jitter = format!(
-        "{:.0} ms ± {:.0} ms",
-        (lo + hi + 1) as f64 / 2e3,
-        (hi + 1 - lo) as f64 / 2e3
-    );
-    if let Some(first) = rw.first() {
-        let _ = writeln!(
-            out,
-            "### Readers and writers: {} readers + {} writer{}, one lock\n",
-            first.readers,
-            first.writers,
-            if first.writers == 1 { "" } else { "s" }
-        );
-        let _ = writeln!(
-            out,
-            "The same loop as above (acquire, hold c ms, release, again at once), but the \
-             readers ask for a shared hold and the writer{} for an exclusive one. Methods:\n",
-            if first.writers == 1 { "" } else { "s" }
-        );
-        let _ = writeln!(
-            out,
-            "- **module SHARED BLOCK**: readers `LOCK.ACQUIRE k SHARED PX 10000 BLOCK 10000`, \
-             the writer the same without `SHARED`; `LOCK.RELEASE k token`. One FIFO queue: \
-             readers at its head are granted together, and a waiting writer holds back every \
-             reader that comes after it."
-        );
-        let _ = writeln!(
-            out,
-            "- **(a) one mutex** for everybody, readers included: the module's \
-             `LOCK.ACQUIRE k PX 10000 BLOCK 10000`, and the `SET NX PX` recipe retried after \
-             {jitter} (method (b) of the mutex cells)."
-        );
-        let _ = writeln!(
-            out,
-            "- **(b) Lua read-write lock**, the client-side recipe: one hash per lock holding a \
-             reader count and the writer's token, changed only by Lua scripts (`EVALSHA`), as \
-             Redisson's RReadWriteLock (a hash with the mode and its holders) and Community \
-             Solid Server's RedisLocker (a read counter and a write flag) keep it. A reader gets \
-             in while no writer holds it (`HEXISTS writer`, `HINCRBY readers 1`, `PEXPIRE`); a \
-             writer once there is neither writer nor reader (`HSET writer token`); releases \
-             are `HINCRBY readers -1` and a compare-and-`HDEL`. A refused client sleeps \
-             {jitter} and tries again. *Readers first* is that; in *writer first* (the \
-             \"writer's priority\" of python's redis-rw-lock) a refused writer also writes its \
-             token to a second key (`SET k:writer-waiting token PX {INTENT_MS}`), which keeps \
-             new readers out and lets only that writer in next.\n"
-        );
-        let _ = writeln!(
-            out,
-            "Columns: *reads/s*, *writes/s*: the readers' and the writers' acquisitions ÷ the \
-             cell's time to its last release. *Wait*: from a client's first attempt to its \
-             grant. *Readers past a waiting writer*: reader grants that went, before a waiting \
-             writer got the lock, to a reader that started to ask 1 ms or more after the \
-             writer's request had been written to its socket (so the reader's request reached \
-             the server later); in all, and the most during one writer's wait. A FIFO queue \
-             bounds the most: only a reader whose request the server read first in the same \
-             pass over its sockets (after a stall of the server, say) can get ahead, at most \
-             each reader once. A lock that lets readers in while a writer waits has no bound: \
-             the writer waits for as long as readers keep coming. *Holders at once*: the most, and the average, of clients \
-             whose critical sections overlapped (from the grant reply to the release request, \
-             a span within which the server held the lock for them). *Jain (readers)*: over the \
-             readers' acquisitions (the writer's differ by design).\n"
-        );
-        rw_table(out, &rw);
-        out.push('\n');
+    context! {
+        rw_goals => rw_goals(&rw),
+        sem_goals => sem_goals(&sem),
+        common,
+        rw => Serde(rw),
+        sem => Serde(sem),
+        jitter => Serde([(lo + hi + 1) as f64 / 2e3, (hi + 1 - lo) as f64 / 2e3]),
+        INTENT_MS,
+        SEM_POLL_MS,
     }
-    if let Some(first) = sem.first() {
-        let n = first.limit.unwrap_or(0);
-        let _ = writeln!(
-            out,
-            "### Semaphore: {} clients, {n} permits\n",
-            first.clients
-        );
-        let _ = writeln!(
-            out,
-            "The same loop, each client taking one of the {n} permits. Methods:\n"
-        );
-        let _ = writeln!(
-            out,
-            "- **module LIMIT n BLOCK**: `LOCK.ACQUIRE k LIMIT {n} PX 10000 BLOCK 10000`, \
-             `LOCK.RELEASE k token`; the queue grants its waiters in order while permits are \
-             free."
-        );
-        let _ = writeln!(
-            out,
-            "- **sorted-set semaphore**, the recipe of *Redis in Action* (6.3) and many blog \
-             posts: in one `MULTI`/`EXEC` round trip `ZREMRANGEBYSCORE k -inf (now−10 s` (drop \
-             holders whose lease ended), `ZADD k now id`, `ZRANK k id`; a rank below {n} holds \
-             a permit, otherwise `ZREM k id`, sleep {SEM_POLL_MS} ms (redis-semaphore's default \
-             `retryInterval` for node) and try again. Release: `ZREM k id`. `now` is the \
-             client's clock in µs, read just before the `MULTI`; a client whose request \
-             reaches the server later than one that read its clock after it ranks ahead of \
-             that one, and both may hold a permit: more than {n} holders at once.\n"
-        );
-        let _ = writeln!(
-            out,
-            "Columns as above; *permits in use*: holders on average over the cell, out of \
-             {n}; *grants beyond n*: grants that made more than {n} holders at once; \
-             *round trips/acq.*: the `MULTI` … `EXEC` of one attempt is sent as one write, \
-             five commands.\n"
-        );
-        sem_table(out, &sem);
-        out.push('\n');
-    }
-    let _ = writeln!(out, "### Goals (module: SHARED and LIMIT)\n");
-    rw_goals(out, &rw);
-    sem_goals(out, &sem);
-    let module: Vec<&KindCell> = rw
-        .iter()
-        .chain(&sem)
-        .copied()
-        .filter(|c| matches!(c.method.as_str(), "shared" | "limit"))
-        .collect();
-    common_goals(out, &module);
-    out.push('\n');
-    let _ = writeln!(
-        out,
-        "![Readers/writers and semaphore: throughput and waits per method](contention-kinds.png)\n"
-    );
 }
 
 /// A method's name on the chart's axis.
@@ -559,27 +229,6 @@ struct KindPanel<'a> {
     color: RGBColor,
 }
 
-fn methods_of<'a>(cells: &[&'a KindCell]) -> Vec<&'a str> {
-    let mut v: Vec<&str> = Vec::new();
-    for c in cells {
-        if !v.contains(&c.method.as_str()) {
-            v.push(&c.method);
-        }
-    }
-    v
-}
-
-fn tick(y: f64) -> String {
-    if y >= 1000.0 {
-        format!("{:.0}k", y / 1000.0)
-    } else if y >= 1.0 {
-        format!("{y:.0}")
-    } else {
-        let digits = (-y.log10().floor()) as usize;
-        format!("{y:.digits$}")
-    }
-}
-
 fn bar_label(v: f64) -> String {
     crate::fmt::scaled(
         v,
@@ -593,8 +242,8 @@ fn bar_label(v: f64) -> String {
 }
 
 fn draw_panel(area: &DrawingArea<BitMapBackend, Shift>, p: &KindPanel) -> Result<(), Error> {
-    let methods = methods_of(&p.cells);
-    let holds = holds(&p.cells);
+    let methods = first_seen(p.cells.iter().map(|c| c.method.as_str()));
+    let holds = holds(p.cells.iter().map(|c| c.hold_ms));
     // Bars start at the axis' floor; a 0 (nothing measured) sits on it.
     let (lo, hi) = decades(p.cells.iter().map(|c| (p.value)(c)).filter(|v| *v > 0.0));
     let floor = |v: f64| v.max(lo);
@@ -606,10 +255,9 @@ fn draw_panel(area: &DrawingArea<BitMapBackend, Shift>, p: &KindPanel) -> Result
         .y_label_area_size(70)
         .build_cartesian_2d(-0.5f64..n - 0.5, (lo..hi * 1.8).log_scale())?;
     let category = |x: &f64| {
-        let g = x.round();
-        let name = (g >= 0.0 && (x - g).abs() < 0.01).then(|| methods.get(g as usize));
-        name.flatten()
-            .map_or(String::new(), |m| short_label(m).to_string())
+        category(&methods, *x)
+            .map_or("", |m| short_label(m))
+            .to_string()
     };
     chart
         .configure_mesh()
@@ -653,14 +301,7 @@ fn draw_panel(area: &DrawingArea<BitMapBackend, Shift>, p: &KindPanel) -> Result
             Text::new(bar_label(v), (x + bw * 0.45, floor(v) * 1.04), font.clone())
         }))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(200, 200, 200))
-        .label_font((FONT, 14).into_font())
-        .draw()?;
-    Ok(())
+    legend(&mut chart, SeriesLabelPosition::UpperRight, 14)
 }
 
 /// docs/contention-kinds.png: per method, throughput (top) and waits (bottom) of the
@@ -672,21 +313,20 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
     let mut columns: Vec<[KindPanel; 2]> = Vec::new();
     if let Some(first) = rw.first() {
         let who = format!("{} readers + {} writer", first.readers, first.writers);
-        let blue = RGBColor(0, 114, 178);
         columns.push([
             KindPanel {
                 title: format!("{who}: reads / s (log)"),
                 cells: rw.clone(),
                 value: |c| c.summary.readers.as_ref().map_or(0.0, |r| r.per_second),
                 unit: "reads / s",
-                color: blue,
+                color: PALETTE[0],
             },
             KindPanel {
                 title: format!("{who}: writer's longest wait (ms, log)"),
                 cells: rw.clone(),
                 value: |c| c.summary.writers.as_ref().map_or(0.0, |w| w.wait_max_ms),
                 unit: "ms",
-                color: RGBColor(213, 94, 0),
+                color: PALETTE[1],
             },
         ]);
     }
@@ -696,21 +336,20 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
             first.clients,
             first.limit.unwrap_or(0)
         );
-        let green = RGBColor(0, 158, 115);
         columns.push([
             KindPanel {
                 title: format!("{who}: acquisitions / s (log)"),
                 cells: sem.clone(),
                 value: |c| c.summary.all.per_second,
                 unit: "acquisitions / s",
-                color: green,
+                color: PALETTE[2],
             },
             KindPanel {
                 title: format!("{who}: wait p99 (ms, log)"),
                 cells: sem.clone(),
                 value: |c| c.summary.all.wait_p99_ms,
                 unit: "ms",
-                color: RGBColor(204, 121, 167),
+                color: PALETTE[3],
             },
         ]);
     }
@@ -725,10 +364,7 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
             "Readers/writers and semaphore: the module's queue against client-side recipes",
             26,
         ),
-        format!(
-            "{}, {} s per cell, loopback; {}",
-            run.info.server, run.info.secs_per_cell, run.info.date_utc
-        ),
+        run.info.subtitle(),
     )?;
     let areas = body.split_evenly((2, cols));
     for (col, panels) in columns.iter().enumerate() {
@@ -743,7 +379,7 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contention::{section as whole_section, RunInfo};
+    use crate::contention::{section, RunInfo};
 
     fn group(clients: usize, acquisitions: u64, wait_max_ms: f64) -> RoleStats {
         RoleStats {
@@ -826,10 +462,22 @@ mod tests {
         ]
     }
 
+    fn run(kinds: Vec<KindCell>) -> ContentionRun {
+        let info = RunInfo {
+            date_utc: "2026-01-01 00:00 UTC".into(),
+            command: "test".into(),
+            server: "Redis".into(),
+            machine: "m".into(),
+            secs_per_cell: 3.0,
+            wall_secs: 1.0,
+            signal_expire_ms: 1000,
+        };
+        let cells = Vec::new();
+        ContentionRun { info, cells, kinds }
+    }
+
     fn render(kinds: &[KindCell]) -> String {
-        let mut out = String::new();
-        section(&mut out, kinds);
-        out
+        section(&run(kinds.to_vec())).expect("rendered")
     }
 
     #[test]
@@ -872,27 +520,14 @@ mod tests {
             "secs_per_cell": 3.0, "wall_secs": 1.0, "signal_expire_ms": 1000}, "cells": []}"#;
         let run: ContentionRun = serde_json::from_str(json).expect("old run");
         assert!(run.kinds.is_empty());
-        let text = whole_section(&run.info, &run.cells, &run.kinds);
-        assert!(!text.contains("Readers and writers"));
+        let text = section(&run).expect("rendered");
+        assert!(!text.contains("Readers and writers") && !text.contains("SHARED and LIMIT"));
         assert!(text.contains("Reproduce: `make bench-contention`"));
-        assert!(render(&[]).is_empty());
     }
 
     #[test]
     fn the_chart_is_drawn() {
-        let run = ContentionRun {
-            info: RunInfo {
-                date_utc: "2026-01-01 00:00 UTC".into(),
-                command: "test".into(),
-                server: "Redis".into(),
-                machine: "m".into(),
-                secs_per_cell: 3.0,
-                wall_secs: 1.0,
-                signal_expire_ms: 1000,
-            },
-            cells: Vec::new(),
-            kinds: cells(),
-        };
+        let run = run(cells());
         let path = std::env::temp_dir().join(format!(
             "redis-lock-contention-kinds-{}.png",
             std::process::id()

@@ -68,6 +68,35 @@ pub fn pct(part: u64, whole: u64) -> String {
     format!("{:.2}%", part as f64 * 100.0 / whole as f64)
 }
 
+/// Microseconds: `695 µs`, `1.23 ms`, `12.3 ms`.
+pub fn us(v: f64) -> String {
+    scaled(
+        v,
+        &[
+            (1e4, 1e3, 1, " ms"),
+            (1e3, 1e3, 2, " ms"),
+            (f64::MIN, 1.0, 0, " µs"),
+        ],
+    )
+}
+
+/// Milliseconds: `0.7 ms`, `14 ms`, `3.00 s`.
+pub fn ms(v: f64) -> String {
+    scaled(
+        v,
+        &[
+            (1e3, 1e3, 2, " s"),
+            (10.0, 1.0, 0, " ms"),
+            (f64::MIN, 1.0, 1, " ms"),
+        ],
+    )
+}
+
+/// A rate: `2910`, `7.5`.
+pub fn per_sec(v: f64) -> String {
+    scaled(v, &[(100.0, 1.0, 0, ""), (f64::MIN, 1.0, 1, "")])
+}
+
 pub fn verdict(ok: bool) -> &'static str {
     if ok {
         "met"
@@ -116,6 +145,14 @@ mod tests {
         assert_eq!(rate(153_400.0), "153.4k");
         assert_eq!(x(0.954), "0.95×");
         assert_eq!(pct(1, 3), "33.33%");
+        assert_eq!(
+            (us(695.6), us(1234.0), us(f64::NAN)),
+            ("696 µs".into(), "1.23 ms".into(), "–".into())
+        );
+        assert_eq!(
+            (ms(0.69), ms(14.2), ms(3000.0)),
+            ("0.7 ms".into(), "14 ms".into(), "3.00 s".into())
+        );
         assert_eq!(utc(0), ("1970-01-01".into(), "00:00".into()));
         assert_eq!(utc(951_782_400_000).0, "2000-02-29");
         assert_eq!(

@@ -2,7 +2,9 @@
 //! measurements as JSON in docs/data/, and docs/BENCHMARKS.md (its `perf` and
 //! `contention` sections), docs/RELIABILITY.md, docs/perf.png, docs/contention.png and
 //! docs/contention-kinds.png are rendered from those files, so prose and layout change
-//! without a rerun (`make docs`). The measuring tools call [`render_all`] after saving.
+//! without a rerun (`make docs`). The prose and the tables are the templates in
+//! docs/templates/ (see template.rs); this crate computes what they show (ratios, goals,
+//! verdicts) and draws the charts. The measuring tools call [`render_all`] after saving.
 
 pub mod chart;
 pub mod contention;
@@ -10,6 +12,7 @@ pub mod contention_kinds;
 pub mod fmt;
 pub mod perf;
 pub mod reliability;
+pub mod template;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -77,11 +80,7 @@ pub fn render_all(root: &Path) -> Result<Vec<PathBuf>, Error> {
     let bench_md = root.join("docs/BENCHMARKS.md");
     if root.join(CONTENTION_JSON).is_file() {
         let run: contention::ContentionRun = load(&root.join(CONTENTION_JSON))?;
-        splice_file(
-            &bench_md,
-            "contention",
-            &contention::section(&run.info, &run.cells, &run.kinds),
-        )?;
+        splice_file(&bench_md, "contention", &contention::section(&run)?)?;
         contention::draw(&root.join("docs/contention.png"), &run)?;
         wrote.extend([bench_md.clone(), root.join("docs/contention.png")]);
         if !run.kinds.is_empty() {
@@ -92,14 +91,14 @@ pub fn render_all(root: &Path) -> Result<Vec<PathBuf>, Error> {
     }
     if root.join(PERF_JSON).is_file() {
         let run: perf::PerfRun = load(&root.join(PERF_JSON))?;
-        splice_file(&bench_md, "perf", &perf::perf_section(&run))?;
+        splice_file(&bench_md, "perf", &perf::perf_section(&run)?)?;
         chart::perf(&root.join("docs/perf.png"), &run)?;
         wrote.extend([bench_md, root.join("docs/perf.png")]);
     }
     if root.join(RELIABILITY_JSON).is_file() {
         let run: reliability::ReliabilityRun = load(&root.join(RELIABILITY_JSON))?;
         let out = root.join("docs/RELIABILITY.md");
-        fs::write(&out, reliability::render(&run))?;
+        fs::write(&out, reliability::render(&run)?)?;
         wrote.push(out);
     }
     wrote.sort();
