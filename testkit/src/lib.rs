@@ -10,7 +10,6 @@
 //! - `LOCK_SERVER_BIN`: server binary (default: `redis-server` on `PATH`).
 //! - `LOCK_MODULE`: the module `.so` (default: `target/release/libredis_lock.so` of this
 //!   workspace, or under `$CARGO_TARGET_DIR/release/` when that is set).
-//! - `LOCK_REDIS_CLI`: `redis-cli` used to create clusters (default: on `PATH`).
 //! - `LOCK_KEEP_DIRS=1`: keep every server's directory (normally kept only when the
 //!   thread that owns the server panicked).
 
@@ -27,7 +26,6 @@ pub use server::{key_slot, Cluster, ReplicaPair, Server, ServerBuilder};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,52 +37,26 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a cluster gets to reach `cluster_state:ok` on every node.
 pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
 fn env_path(var: &str) -> Option<PathBuf> {
     std::env::var_os(var)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
 }
 
-/// The workspace root (the directory above this crate).
-pub fn workspace_root() -> PathBuf {
-    let kit = Path::new(env!("CARGO_MANIFEST_DIR"));
-    kit.parent().unwrap_or(kit).to_path_buf()
-}
-
-/// The server binary: `$LOCK_SERVER_BIN`, or `redis-server` found on `PATH`.
+/// The server binary: `$LOCK_SERVER_BIN`, or `redis-server` (looked up on `PATH`).
 pub fn server_bin() -> PathBuf {
-    env_path("LOCK_SERVER_BIN")
-        .or_else(|| find_on_path("redis-server"))
-        .unwrap_or_else(|| PathBuf::from("redis-server"))
+    env_path("LOCK_SERVER_BIN").unwrap_or_else(|| PathBuf::from("redis-server"))
 }
 
-/// `redis-cli`: `$LOCK_REDIS_CLI`, or `redis-cli` found on `PATH`.
-pub fn redis_cli_bin() -> PathBuf {
-    env_path("LOCK_REDIS_CLI")
-        .or_else(|| find_on_path("redis-cli"))
-        .unwrap_or_else(|| PathBuf::from("redis-cli"))
-}
-
-/// Where the module is expected: `$LOCK_MODULE`, or the workspace's release build.
-pub fn default_module_path() -> PathBuf {
-    env_path("LOCK_MODULE").unwrap_or_else(|| {
-        env_path("CARGO_TARGET_DIR")
-            .unwrap_or_else(|| workspace_root().join("target"))
-            .join("release")
-            .join("libredis_lock.so")
-    })
-}
-
-/// The module, made absolute. Panics when it is missing.
+/// The module, made absolute: `$LOCK_MODULE`, or the workspace's release build (under
+/// `$CARGO_TARGET_DIR` when that is set). Panics when it is missing.
 pub fn module_path() -> PathBuf {
-    let path = default_module_path();
+    let path = env_path("LOCK_MODULE").unwrap_or_else(|| {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        env_path("CARGO_TARGET_DIR")
+            .unwrap_or_else(|| workspace.join("target"))
+            .join("release/libredis_lock.so")
+    });
     if !path.is_file() {
         panic!(
             "module not found at {}: build it first with `cargo build --release` \
@@ -108,9 +80,6 @@ pub struct Flavor {
 impl Flavor {
     pub fn is_valkey(&self) -> bool {
         self.name == "valkey"
-    }
-    pub fn is_redis(&self) -> bool {
-        self.name == "redis"
     }
     /// True when the version is `major.minor` or later.
     pub fn at_least(&self, major: u32, minor: u32) -> bool {
@@ -198,21 +167,13 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// A fresh, empty, uniquely named directory under the system temp dir. Nothing removes
 /// it automatically unless a [`Server`] created it itself.
 pub fn temp_dir() -> PathBuf {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
     let base = std::env::temp_dir().join("redis-lock-tests");
     std::fs::create_dir_all(&base).expect("create temp base dir");
-    loop {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = base.join(format!("srv-{}-{n}-{nanos:08x}", std::process::id()));
-        match std::fs::create_dir(&dir) {
-            Ok(()) => return dir,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => panic!("create {}: {e}", dir.display()),
-        }
-    }
+    tempfile::Builder::new()
+        .prefix(&format!("srv-{}-", std::process::id()))
+        .tempdir_in(&base)
+        .unwrap_or_else(|e| panic!("create a directory in {}: {e}", base.display()))
+        .keep()
 }
 
 /// Milliseconds since the Unix epoch, from this machine's clock.

@@ -170,39 +170,27 @@ pub fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
 pub trait Arg {
     fn arg(&self) -> Vec<u8>;
 }
-impl Arg for str {
-    fn arg(&self) -> Vec<u8> {
-        self.as_bytes().to_vec()
-    }
-}
-impl Arg for [u8] {
-    fn arg(&self) -> Vec<u8> {
-        self.to_vec()
-    }
-}
 impl<T: Arg + ?Sized> Arg for &T {
     fn arg(&self) -> Vec<u8> {
         (**self).arg()
     }
 }
-impl Arg for String {
-    fn arg(&self) -> Vec<u8> {
-        self.as_bytes().to_vec()
-    }
+/// Byte strings go as they are, integers as their decimal digits.
+macro_rules! arg_impls {
+    ($($bytes:ty),* ; $($int:ty),*) => {
+        $(impl Arg for $bytes {
+            fn arg(&self) -> Vec<u8> {
+                AsRef::<[u8]>::as_ref(self).to_vec()
+            }
+        })*
+        $(impl Arg for $int {
+            fn arg(&self) -> Vec<u8> {
+                self.to_string().into_bytes()
+            }
+        })*
+    };
 }
-impl Arg for Vec<u8> {
-    fn arg(&self) -> Vec<u8> {
-        self.clone()
-    }
-}
-macro_rules! int_arg {
-    ($($t:ty),*) => {$(impl Arg for $t {
-        fn arg(&self) -> Vec<u8> {
-            self.to_string().into_bytes()
-        }
-    })*};
-}
-int_arg!(u64, i64, u32, i32, usize, u16);
+arg_impls!(str, [u8], String, Vec<u8>; u64, i64, u32, i32, usize, u16);
 
 /// `args![a, b, c]`: one command as a `Vec<Vec<u8>>` from mixed argument types.
 #[macro_export]

@@ -59,44 +59,27 @@ pub fn connect_in(
 
 /// Builder for a throw-away server. Defaults: fresh temp dir, free port on 127.0.0.1,
 /// module loaded, no persistence (`--save "" --appendonly no`), debug commands enabled.
-#[derive(Debug, Clone)]
+/// Unset options mean the defaults.
+#[derive(Debug, Clone, Default)]
 pub struct ServerBuilder {
     bin: Option<PathBuf>,
-    module: Option<Option<PathBuf>>,
+    no_module: bool,
+    module: Option<PathBuf>,
     module_args: Vec<String>,
     args: Vec<(String, Vec<String>)>,
     dir: Option<PathBuf>,
     port: Option<u16>,
-    host: Ipv4Addr,
+    host: Option<Ipv4Addr>,
     netns: Option<String>,
     wrapper: Vec<String>,
     env: Vec<(String, String)>,
     die_with_parent: bool,
-    start_timeout: Duration,
-}
-
-impl Default for ServerBuilder {
-    fn default() -> Self {
-        Self::new()
-    }
+    start_timeout: Option<Duration>,
 }
 
 impl ServerBuilder {
     pub fn new() -> Self {
-        ServerBuilder {
-            bin: None,
-            module: Some(None),
-            module_args: Vec::new(),
-            args: Vec::new(),
-            dir: None,
-            port: None,
-            host: Ipv4Addr::LOCALHOST,
-            netns: None,
-            wrapper: Vec::new(),
-            env: Vec::new(),
-            die_with_parent: false,
-            start_timeout: START_TIMEOUT,
-        }
+        Self::default()
     }
 
     /// Module arguments, appended after the `.so` on `--loadmodule`.
@@ -132,13 +115,13 @@ impl ServerBuilder {
 
     /// Start without the module.
     pub fn no_module(mut self) -> Self {
-        self.module = None;
+        self.no_module = true;
         self
     }
 
     /// Load this module file instead of [`module_path()`].
     pub fn module(mut self, so: &Path) -> Self {
-        self.module = Some(Some(so.to_path_buf()));
+        self.module = Some(so.to_path_buf());
         self
     }
 
@@ -150,7 +133,7 @@ impl ServerBuilder {
 
     /// Listen on this address (inside a namespace: 127.0.0.2, ...).
     pub fn host(mut self, host: Ipv4Addr) -> Self {
-        self.host = host;
+        self.host = Some(host);
         self
     }
 
@@ -181,7 +164,7 @@ impl ServerBuilder {
 
     /// How long to wait for the server to come up (default 10 s).
     pub fn start_timeout(mut self, t: Duration) -> Self {
-        self.start_timeout = t;
+        self.start_timeout = Some(t);
         self
     }
 
@@ -211,11 +194,7 @@ impl ServerBuilder {
     }
 
     fn start_inner(self, keep_dir_on_failure: bool) -> Result<Server, String> {
-        let module = match &self.module {
-            None => None,
-            Some(Some(p)) => Some(p.clone()),
-            Some(None) => Some(module_path()),
-        };
+        let module = (!self.no_module).then(|| self.module.clone().unwrap_or_else(module_path));
         let (dir, owns_dir) = match &self.dir {
             Some(d) => {
                 fs::create_dir_all(d).map_err(|e| format!("create {}: {e}", d.display()))?;
@@ -223,23 +202,20 @@ impl ServerBuilder {
             }
             None => (temp_dir(), true),
         };
+        let host = self.host.unwrap_or(Ipv4Addr::LOCALHOST);
         let attempts = if self.port.is_some() { 1 } else { PORT_RETRIES };
         let mut last_err = String::new();
         for _ in 0..attempts {
             let port = self.port.unwrap_or_else(crate::free_port);
             let mut server = Server {
                 port,
-                host: self.host,
+                host,
                 dir: dir.clone(),
                 bin: self.bin.clone().unwrap_or_else(server_bin),
-                argv: self.argv(port, &dir, module.as_deref()),
-                netns: self.netns.clone(),
-                wrapper: self.wrapper.clone(),
-                env: self.env.clone(),
-                die_with_parent: self.die_with_parent,
+                argv: self.argv(host, port, &dir, module.as_deref()),
+                opts: self.clone(),
                 child: None,
                 owns_dir: false,
-                start_timeout: self.start_timeout,
             };
             match server.launch() {
                 Ok(()) => {
@@ -267,31 +243,33 @@ impl ServerBuilder {
         Err(format!("server did not start{kept}\n{last_err}"))
     }
 
-    fn argv(&self, port: u16, dir: &Path, module: Option<&Path>) -> Vec<String> {
-        let mut a: Vec<String> = Vec::new();
-        let mut opt = |k: &str, vs: &[String]| {
-            a.push(format!("--{k}"));
-            a.extend(vs.iter().cloned());
-        };
-        let one = |v: &str| vec![v.to_string()];
-        opt("bind", &one(&self.host.to_string()));
-        opt("port", &one(&port.to_string()));
-        opt("dir", &one(&dir.to_string_lossy()));
-        opt("logfile", &one(&dir.join("server.log").to_string_lossy()));
-        for (k, v) in [("save", ""), ("appendonly", "no"), ("daemonize", "no")] {
-            opt(k, &one(v));
-        }
-        opt("protected-mode", &one("no"));
-        opt("enable-debug-command", &one("yes"));
-        for (k, vs) in &self.args {
-            opt(k, vs);
-        }
+    fn argv(&self, host: Ipv4Addr, port: u16, dir: &Path, module: Option<&Path>) -> Vec<String> {
+        let mut opts: Vec<(String, Vec<String>)> = [
+            ("bind", host.to_string()),
+            ("port", port.to_string()),
+            ("dir", dir.to_string_lossy().into_owned()),
+            (
+                "logfile",
+                dir.join("server.log").to_string_lossy().into_owned(),
+            ),
+            ("save", String::new()),
+            ("appendonly", "no".into()),
+            ("daemonize", "no".into()),
+            ("protected-mode", "no".into()),
+            ("enable-debug-command", "yes".into()),
+        ]
+        .map(|(k, v)| (k.to_string(), vec![v]))
+        .to_vec();
+        opts.extend(self.args.iter().cloned());
         if let Some(m) = module {
-            let mut vs = vec![m.to_string_lossy().into_owned()];
-            vs.extend(self.module_args.iter().cloned());
-            opt("loadmodule", &vs);
+            let so = m.to_string_lossy().into_owned();
+            opts.push((
+                "loadmodule".into(),
+                [vec![so], self.module_args.clone()].concat(),
+            ));
         }
-        a
+        let flag = |(k, vs): (String, Vec<String>)| std::iter::once(format!("--{k}")).chain(vs);
+        opts.into_iter().flat_map(flag).collect()
     }
 }
 
@@ -304,13 +282,10 @@ pub struct Server {
     pub dir: PathBuf,
     bin: PathBuf,
     argv: Vec<String>,
-    netns: Option<String>,
-    wrapper: Vec<String>,
-    env: Vec<(String, String)>,
-    die_with_parent: bool,
+    /// What it was built with (namespace, wrapper, environment, start timeout).
+    opts: ServerBuilder,
     child: Option<Child>,
     owns_dir: bool,
-    start_timeout: Duration,
 }
 
 impl Server {
@@ -346,7 +321,7 @@ impl Server {
 
     /// A [`RawConn`] (from inside the server's network namespace, if any).
     pub fn try_raw(&self, timeout: Duration) -> io::Result<RawConn> {
-        let s = connect_in(self.netns.as_deref(), self.socket_addr(), timeout)?;
+        let s = connect_in(self.opts.netns.as_deref(), self.socket_addr(), timeout)?;
         RawConn::from_stream(s, timeout)
     }
 
@@ -408,7 +383,7 @@ impl Server {
     /// Waits up to `t` for the process to exit by itself (after SHUTDOWN).
     pub fn wait_exit(&mut self, t: Duration) -> bool {
         let exited = match self.child.as_mut() {
-            Some(c) => wait_child(c, t),
+            Some(c) => wait_until(t, || !matches!(c.try_wait(), Ok(None))),
             None => true,
         };
         if exited {
@@ -485,20 +460,20 @@ impl Server {
             .map_err(|e| format!("open stdout.log: {e}"))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let mut argv: Vec<String> = Vec::new();
-        if let Some(ns) = &self.netns {
+        if let Some(ns) = &self.opts.netns {
             argv.extend(["ip", "netns", "exec", ns].map(String::from));
         }
-        argv.extend(self.wrapper.iter().cloned());
+        argv.extend(self.opts.wrapper.iter().cloned());
         argv.push(self.bin.to_string_lossy().into_owned());
         argv.extend(self.argv.iter().cloned());
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..])
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        if self.die_with_parent {
+        if self.opts.die_with_parent {
             // SAFETY: prctl is async-signal-safe and touches no memory of ours.
             unsafe {
                 cmd.pre_exec(|| {
@@ -509,17 +484,11 @@ impl Server {
         }
         let child = cmd.spawn().map_err(|e| format!("spawn {}: {e}", argv[0]))?;
         self.child = Some(child);
-        self.wait_ready(self.start_timeout).map_err(|why| {
+        self.wait_ready().map_err(|why| {
             self.kill9();
-            let shown: Vec<String> = argv
+            let shown: Vec<&str> = argv
                 .iter()
-                .map(|a| {
-                    if a.is_empty() {
-                        "\"\"".into()
-                    } else {
-                        a.clone()
-                    }
-                })
+                .map(|a| if a.is_empty() { "\"\"" } else { a })
                 .collect();
             format!(
                 "{} on port {}: {why}\ncommand: {}\n{}",
@@ -532,7 +501,8 @@ impl Server {
     }
 
     /// Waits until PING answers PONG and `INFO persistence` no longer says `loading:1`.
-    pub fn wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let timeout = self.opts.start_timeout.unwrap_or(START_TIMEOUT);
         let deadline = Instant::now() + timeout;
         loop {
             match self.child.as_mut().map(Child::try_wait) {
@@ -560,7 +530,8 @@ impl Server {
         if pong.as_text().as_deref() != Some("PONG") {
             return Err(io::Error::other(format!("PING answered {pong:?}")));
         }
-        Ok(self_loading(&mut c)? != Some("1".into()))
+        let info = c.call(&["INFO", "persistence"])?.as_text();
+        Ok(info.and_then(|t| info_field(&t, "loading")).as_deref() != Some("1"))
     }
 
     /// The value of one `INFO <section>` field, `None` when absent or unreachable.
@@ -585,15 +556,6 @@ impl Server {
             .then_some(())
             .ok_or_else(|| format!("replica never synced\n{}", self.log_tail()))
     }
-}
-
-fn self_loading(c: &mut RawConn) -> io::Result<Option<String>> {
-    let info = c.call(&["INFO", "persistence"])?;
-    Ok(info.as_text().and_then(|t| info_field(&t, "loading")))
-}
-
-fn wait_child(child: &mut Child, timeout: Duration) -> bool {
-    wait_until(timeout, || !matches!(child.try_wait(), Ok(None)))
 }
 
 fn keep_dirs() -> bool {
@@ -640,9 +602,7 @@ impl ReplicaPair {
         let replica = replica.try_start_replica_of(&primary, Duration::from_secs(20))?;
         Ok(ReplicaPair { primary, replica })
     }
-}
 
-impl ReplicaPair {
     /// A coordinated `FAILOVER` (Redis 6.2+): the primary pauses writes until the replica
     /// caught up, then they swap roles. Waits until both report their new role and the
     /// new replica is synced, then swaps `primary` and `replica`. An aborted failover
@@ -720,11 +680,26 @@ impl Cluster {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let cluster = Cluster { nodes };
-        if masters >= 3 {
-            cluster.create_with_redis_cli()?;
-        } else {
-            // redis-cli --cluster create wants at least 3 masters: assign slots by hand.
-            cluster.create_by_hand()?;
+        // Every node takes its share of the slots, then node 0 meets the others (what
+        // `redis-cli --cluster create` does, for any number of masters).
+        let n = cluster.nodes.len();
+        let check = |r: io::Result<crate::Resp>, what: String| match r {
+            Ok(r) if !r.is_error() => Ok(()),
+            r => Err(format!("{what}: {r:?}")),
+        };
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            let mut cmd = vec!["CLUSTER".to_string(), "ADDSLOTS".to_string()];
+            cmd.extend((i * 16384 / n..(i + 1) * 16384 / n).map(|s| s.to_string()));
+            check(
+                node.raw().call(&cmd),
+                format!("CLUSTER ADDSLOTS on {}", node.addr()),
+            )?;
+        }
+        let mut c0 = cluster.nodes[0].raw();
+        for node in &cluster.nodes[1..] {
+            let port = node.port.to_string();
+            let meet = c0.call(&["CLUSTER", "MEET", "127.0.0.1", &port]);
+            check(meet, format!("CLUSTER MEET {}", node.addr()))?;
         }
         if !cluster.wait_ok(CLUSTER_TIMEOUT) {
             return Err(format!(
@@ -733,63 +708,6 @@ impl Cluster {
             ));
         }
         Ok(cluster)
-    }
-
-    fn create_with_redis_cli(&self) -> Result<(), String> {
-        let cli = crate::redis_cli_bin();
-        let log = self.nodes[0].dir.join("cluster-create.log");
-        let out = File::create(&log).map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let mut child = Command::new(&cli)
-            .args(["--cluster", "create"])
-            .args(self.nodes.iter().map(Server::addr))
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("spawn {} --cluster create: {e}", cli.display()))?;
-        if !wait_child(&mut child, CLUSTER_TIMEOUT) {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!(
-                "redis-cli --cluster create timed out\n{}",
-                file_tail(&log, 40)
-            ));
-        }
-        match child.wait() {
-            Ok(s) if s.success() => Ok(()),
-            s => Err(format!(
-                "redis-cli --cluster create failed ({s:?})\n{}\n{}",
-                file_tail(&log, 40),
-                self.describe()
-            )),
-        }
-    }
-
-    fn create_by_hand(&self) -> Result<(), String> {
-        let n = self.nodes.len();
-        let check = |r: io::Result<crate::Resp>, what: String| match r {
-            Ok(r) if !r.is_error() => Ok(()),
-            r => Err(format!("{what}: {r:?}")),
-        };
-        for (i, node) in self.nodes.iter().enumerate() {
-            let mut cmd = vec!["CLUSTER".to_string(), "ADDSLOTS".to_string()];
-            cmd.extend((i * 16384 / n..(i + 1) * 16384 / n).map(|s| s.to_string()));
-            check(
-                node.raw().call(&cmd),
-                format!("CLUSTER ADDSLOTS on {}", node.addr()),
-            )?;
-        }
-        let mut c0 = self.nodes[0].raw();
-        for node in &self.nodes[1..] {
-            let port = node.port.to_string();
-            check(
-                c0.call(&["CLUSTER", "MEET", "127.0.0.1", &port]),
-                format!("CLUSTER MEET {}", node.addr()),
-            )?;
-        }
-        Ok(())
     }
 
     /// Waits until every node reports `cluster_state:ok` and knows every other node.
@@ -802,15 +720,6 @@ impl Cluster {
                     && info_field(&info, "cluster_known_nodes").as_deref() == Some(n.as_str())
             })
         })
-    }
-
-    /// `CLUSTER MYID` of node `i`.
-    pub fn node_id(&self, i: usize) -> Result<String, String> {
-        let mut c = self.nodes[i]
-            .try_raw(IO_TIMEOUT)
-            .map_err(|e| e.to_string())?;
-        let r = c.call(&["CLUSTER", "MYID"]).map_err(|e| e.to_string())?;
-        r.as_text().ok_or_else(|| format!("CLUSTER MYID: {r:?}"))
     }
 
     /// The index of the node serving `slot`, from node 0's `CLUSTER SLOTS`.
@@ -840,7 +749,6 @@ impl Cluster {
         if from == to {
             return Ok(0);
         }
-        let (src_id, dst_id) = (self.node_id(from)?, self.node_id(to)?);
         let s = slot.to_string();
         let conn = |i: usize| self.nodes[i].try_raw(IO_TIMEOUT).map_err(|e| e.to_string());
         let ok = |c: &mut RawConn, cmd: &[&str]| match c.call(cmd) {
@@ -848,6 +756,8 @@ impl Cluster {
             r => Err(format!("{} on slot {slot}: {r:?}", cmd.join(" "))),
         };
         let (mut src, mut dst) = (conn(from)?, conn(to)?);
+        let src_id = ok(&mut src, &["CLUSTER", "MYID"])?.text();
+        let dst_id = ok(&mut dst, &["CLUSTER", "MYID"])?.text();
         ok(&mut dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &src_id])?;
         ok(&mut src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst_id])?;
         let (host, port) = (
@@ -908,19 +818,9 @@ impl Cluster {
 
     /// The node serving `key`'s hash slot (asked with `CLUSTER SLOTS`).
     pub fn node_for_key(&self, key: &str) -> &Server {
-        let slot = i64::from(key_slot(key.as_bytes()));
-        let slots = self.nodes[0].raw().cmd(&["CLUSTER", "SLOTS"]);
-        for range in slots.items() {
-            if let [lo, hi, master, ..] = range.items().as_slice() {
-                let port = master.as_items().and_then(|m| m.get(1)?.as_int());
-                if (lo.int()..=hi.int()).contains(&slot) {
-                    if let Some(n) = self.nodes.iter().find(|n| Some(i64::from(n.port)) == port) {
-                        return n;
-                    }
-                }
-            }
-        }
-        panic!("no node serves slot {slot} of key {key:?}")
+        let slot = key_slot(key.as_bytes());
+        let owner = self.slot_owner(slot);
+        &self.nodes[owner.unwrap_or_else(|| panic!("no node serves slot {slot} of key {key:?}"))]
     }
 }
 
