@@ -3,10 +3,11 @@
 //! semaphore. Each one is written from the documented behaviour (commands sent, sleep
 //! between attempts, what the scripts check), not from anyone's code.
 
+use std::collections::HashMap;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redis::{Connection, Value};
+use redis::{Cmd, Connection, ToRedisArgs, Value};
 use redis_lock_report::contention_kinds::{INTENT_MS, RW_POLL_US, SEM_POLL_MS};
 use redis_lock_testkit::Rng;
 
@@ -131,12 +132,15 @@ impl Family {
             .find(|f| f.id() == s)
     }
 
-    /// Its methods, in the order they are measured and shown.
+    /// Its methods, in the order they are measured and shown. The readers/writers cells
+    /// have the module's read-write lock, one mutex for everybody (the module's and the
+    /// SET NX recipe's), then the client-side read-write lock.
     pub fn methods(self) -> &'static [Method] {
+        use Method::*;
         match self {
-            Family::Mutex => &ALL,
-            Family::ReadWrite => &RW,
-            Family::Semaphore => &SEM,
+            Family::Mutex => &[Module, Poll100, PollJitter, Blpop],
+            Family::ReadWrite => &[Shared, Module, PollJitter, RwScript, RwScriptWriterFirst],
+            Family::Semaphore => &[Limit, ZsetPoll],
         }
     }
 }
@@ -169,27 +173,6 @@ pub enum Method {
     /// Release: `ZREM k id`. `now` is the client's clock.
     ZsetPoll,
 }
-
-/// The mutex cells' methods.
-pub const ALL: [Method; 4] = [
-    Method::Module,
-    Method::Poll100,
-    Method::PollJitter,
-    Method::Blpop,
-];
-
-/// The readers/writers cells' methods: the module's read-write lock, one mutex for
-/// everybody (the module's and the SET NX recipe's), the client-side read-write lock.
-pub const RW: [Method; 5] = [
-    Method::Shared,
-    Method::Module,
-    Method::PollJitter,
-    Method::RwScript,
-    Method::RwScriptWriterFirst,
-];
-
-/// The semaphore cells' methods.
-pub const SEM: [Method; 2] = [Method::Limit, Method::ZsetPoll];
 
 impl Method {
     /// Short name, for env selection and the chart legend.
@@ -242,31 +225,29 @@ impl Method {
     }
 }
 
-/// SHA1s of the scripts, loaded once per server (SCRIPT LOAD), as redis-py's
-/// `register_script` and node-redlock do.
+/// SHA1s of the scripts above (by body), loaded once per server (SCRIPT LOAD), as
+/// redis-py's `register_script` and node-redlock do.
 #[derive(Debug, Clone)]
-pub struct Scripts {
-    pub release: String,
-    pub signal_release: String,
-    pub rw_read_acquire: String,
-    pub rw_read_release: String,
-    pub rw_write_acquire: String,
-    pub rw_write_release: String,
-}
+pub struct Scripts(HashMap<&'static str, String>);
 
 impl Scripts {
     pub fn load(c: &mut Connection) -> Result<Scripts, Error> {
-        let load = |c: &mut Connection, body: &str| -> Result<String, Error> {
-            Ok(redis::cmd("SCRIPT").arg("LOAD").arg(body).query(c)?)
+        let bodies = [
+            RELEASE_SCRIPT,
+            SIGNAL_RELEASE_SCRIPT,
+            RW_READ_ACQUIRE,
+            RW_READ_RELEASE,
+            RW_WRITE_ACQUIRE,
+            RW_WRITE_RELEASE,
+        ];
+        let load = |body| -> Result<_, Error> {
+            Ok((body, redis::cmd("SCRIPT").arg("LOAD").arg(body).query(c)?))
         };
-        Ok(Scripts {
-            release: load(c, RELEASE_SCRIPT)?,
-            signal_release: load(c, SIGNAL_RELEASE_SCRIPT)?,
-            rw_read_acquire: load(c, RW_READ_ACQUIRE)?,
-            rw_read_release: load(c, RW_READ_RELEASE)?,
-            rw_write_acquire: load(c, RW_WRITE_ACQUIRE)?,
-            rw_write_release: load(c, RW_WRITE_RELEASE)?,
-        })
+        bodies
+            .into_iter()
+            .map(load)
+            .collect::<Result<_, _>>()
+            .map(Scripts)
     }
 }
 
@@ -305,7 +286,7 @@ impl Client<'_> {
     /// Sends `cmd` and waits for its reply; notes when the request had been written (a
     /// request written earlier reaches the server first, whatever happens to this thread
     /// after the write).
-    fn query(&mut self, cmd: &redis::Cmd) -> Result<Value, Error> {
+    fn query(&mut self, cmd: &Cmd) -> Result<Value, Error> {
         self.commands += 1;
         self.round_trips += 1;
         self.conn.send_packed_command(&cmd.get_packed_command())?;
@@ -313,36 +294,110 @@ impl Client<'_> {
         Ok(self.conn.recv_response()?.extract_error()?)
     }
 
+    /// `EVALSHA sha numkeys keys... args...` of one of the scripts.
+    fn evalsha(&self, body: &str, keys: &[&str], args: impl ToRedisArgs) -> Cmd {
+        cmd("EVALSHA", (&self.scripts.0[body], keys.len(), keys, args))
+    }
+
     fn is_reader(&self) -> bool {
         self.role == Role::Reader
     }
 
-    /// The writer-waiting note of the writer-first recipe.
-    fn note_key(&self) -> String {
-        format!("{}:writer-waiting", self.key)
+    /// Waits for the lock the way `method` does; gives up once `give_up` has passed.
+    pub fn acquire(&mut self, give_up: Instant) -> Result<Acquired, Error> {
+        self.first_sent = None;
+        self.serial += 1;
+        let token = format!("{}:{}", self.name, self.serial).into_bytes();
+        loop {
+            if let Some(token) = self.attempt(&token)? {
+                return Ok(Acquired::Token(token));
+            }
+            if Instant::now() >= give_up {
+                return Ok(Acquired::GaveUp);
+            }
+            self.wait()?;
+        }
+    }
+
+    /// One acquire attempt (the recipes with `token`): the token to release with when
+    /// granted.
+    fn attempt(&mut self, token: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let granted = match self.method {
+            Method::Module | Method::Shared | Method::Limit => return self.module_attempt(),
+            Method::Poll100 | Method::PollJitter => self.set_nx(token, "PX", LEASE_MS)?,
+            Method::Blpop => self.set_nx(token, "EX", LEASE_MS / 1000)?,
+            Method::RwScript | Method::RwScriptWriterFirst => self.rw_script_attempt(token)?,
+            Method::ZsetPoll => self.zset_attempt(token)?,
+        };
+        Ok(granted.then(|| token.to_vec()))
+    }
+
+    /// Between two attempts: the module's BLOCK has waited already, the recipes sleep or
+    /// wait for a signal.
+    fn wait(&mut self) -> Result<(), Error> {
+        let pause_us = match self.method {
+            Method::Module | Method::Shared | Method::Limit => return Ok(()),
+            Method::Blpop => {
+                // Wakes on a release's signal, on a stale signal left in the list, or
+                // after the timeout; in every case: try SET NX again.
+                let blpop = cmd("BLPOP", (&self.signal_key, WAIT_MS / 1000));
+                return self.query(&blpop).map(drop);
+            }
+            Method::Poll100 => 100_000,
+            Method::PollJitter => self.rng.range(5_000, 14_999),
+            Method::RwScript | Method::RwScriptWriterFirst => {
+                self.rng.range(RW_POLL_US.0, RW_POLL_US.1)
+            }
+            Method::ZsetPoll => SEM_POLL_MS * 1000,
+        };
+        sleep(Duration::from_micros(pause_us));
+        Ok(())
+    }
+
+    /// `LOCK.ACQUIRE ... BLOCK`: the token, or `None` when the wait timed out.
+    fn module_attempt(&mut self) -> Result<Option<Vec<u8>>, Error> {
+        let mut cmd = redis::cmd("LOCK.ACQUIRE");
+        cmd.arg(self.key);
+        if self.method == Method::Shared && self.is_reader() {
+            cmd.arg("SHARED");
+        }
+        if self.method == Method::Limit {
+            cmd.arg("LIMIT").arg(self.limit);
+        }
+        cmd.arg("PX").arg(LEASE_MS).arg("BLOCK").arg(WAIT_MS);
+        match self.query(&cmd)? {
+            Value::Nil => Ok(None),
+            Value::Array(items) if matches!(items.first(), Some(Value::BulkString(_))) => {
+                Ok(redis::from_redis_value(&items[0])?)
+            }
+            v => Err(format!("LOCK.ACQUIRE replied {v:?}").into()),
+        }
+    }
+
+    fn set_nx(&mut self, token: &[u8], unit: &str, ttl: u64) -> Result<bool, Error> {
+        match self.query(&cmd("SET", (self.key, token, "NX", unit, ttl)))? {
+            Value::Okay => Ok(true),
+            Value::Nil => Ok(false),
+            other => Err(format!("SET NX replied {other:?}").into()),
+        }
     }
 
     /// One attempt of the client-side read-write lock: true if granted.
     fn rw_script_attempt(&mut self, token: &[u8]) -> Result<bool, Error> {
         let writer_first = self.method == Method::RwScriptWriterFirst;
-        let mut cmd = redis::cmd("EVALSHA");
-        if self.is_reader() {
-            cmd.arg(&self.scripts.rw_read_acquire);
+        let note = format!("{}:writer-waiting", self.key);
+        let keys = if writer_first {
+            vec![self.key, &note]
         } else {
-            cmd.arg(&self.scripts.rw_write_acquire);
-        }
-        cmd.arg(if writer_first { 2 } else { 1 }).arg(self.key);
-        if writer_first {
-            cmd.arg(self.note_key());
-        }
-        if !self.is_reader() {
-            cmd.arg(token);
-        }
-        cmd.arg(LEASE_MS);
-        if writer_first && !self.is_reader() {
-            cmd.arg(INTENT_MS);
-        }
-        match self.query(&cmd)? {
+            vec![self.key]
+        };
+        // A reader sends the lease; a writer its token first, and the note's lease last.
+        let (body, token) = match self.is_reader() {
+            true => (RW_READ_ACQUIRE, None),
+            false => (RW_WRITE_ACQUIRE, Some(token)),
+        };
+        let intent = (writer_first && token.is_some()).then_some(INTENT_MS);
+        match self.query(&self.evalsha(body, &keys, (token, LEASE_MS, intent)))? {
             Value::Int(1) => Ok(true),
             Value::Int(0) => Ok(false),
             other => Err(format!("{} acquire replied {other:?}", self.method.id()).into()),
@@ -376,172 +431,46 @@ impl Client<'_> {
         if rank.is_some_and(|r| r < u64::from(self.limit)) {
             return Ok(true);
         }
-        self.query(redis::cmd("ZREM").arg(self.key).arg(id))?;
+        self.query(&cmd("ZREM", (self.key, id)))?;
         Ok(false)
-    }
-
-    fn fresh_token(&mut self) -> Vec<u8> {
-        self.serial += 1;
-        format!("{}:{}", self.name, self.serial).into_bytes()
-    }
-
-    /// Waits for the lock the way `method` does; gives up once `give_up` has passed.
-    pub fn acquire(&mut self, give_up: Instant) -> Result<Acquired, Error> {
-        self.first_sent = None;
-        match self.method {
-            Method::Module | Method::Shared | Method::Limit => loop {
-                let mut cmd = redis::cmd("LOCK.ACQUIRE");
-                cmd.arg(self.key);
-                if self.method == Method::Shared && self.is_reader() {
-                    cmd.arg("SHARED");
-                }
-                if self.method == Method::Limit {
-                    cmd.arg("LIMIT").arg(self.limit);
-                }
-                cmd.arg("PX").arg(LEASE_MS).arg("BLOCK").arg(WAIT_MS);
-                let v = self.query(&cmd)?;
-                if let Value::Array(items) = &v {
-                    if let Some(Value::BulkString(token)) = items.first() {
-                        return Ok(Acquired::Token(token.clone()));
-                    }
-                }
-                if !matches!(v, Value::Nil) {
-                    return Err(format!("LOCK.ACQUIRE replied {v:?}").into());
-                }
-                if Instant::now() >= give_up {
-                    return Ok(Acquired::GaveUp);
-                }
-            },
-            Method::Poll100 | Method::PollJitter => {
-                let token = self.fresh_token();
-                loop {
-                    if self.set_nx(&token, "PX", LEASE_MS)? {
-                        return Ok(Acquired::Token(token));
-                    }
-                    if Instant::now() >= give_up {
-                        return Ok(Acquired::GaveUp);
-                    }
-                    let pause_us = match self.method {
-                        Method::Poll100 => 100_000,
-                        _ => self.rng.range(5_000, 14_999),
-                    };
-                    sleep(Duration::from_micros(pause_us));
-                }
-            }
-            Method::Blpop => {
-                let token = self.fresh_token();
-                loop {
-                    if self.set_nx(&token, "EX", LEASE_MS / 1000)? {
-                        return Ok(Acquired::Token(token));
-                    }
-                    if Instant::now() >= give_up {
-                        return Ok(Acquired::GaveUp);
-                    }
-                    // Wakes on a release's signal, on a stale signal left in the list,
-                    // or after the timeout; in every case: try SET NX again.
-                    let signal = self.signal_key.clone();
-                    self.query(redis::cmd("BLPOP").arg(signal).arg(WAIT_MS / 1000))?;
-                }
-            }
-            Method::RwScript | Method::RwScriptWriterFirst | Method::ZsetPoll => {
-                let token = self.fresh_token();
-                loop {
-                    let granted = if self.method == Method::ZsetPoll {
-                        self.zset_attempt(&token)?
-                    } else {
-                        self.rw_script_attempt(&token)?
-                    };
-                    if granted {
-                        return Ok(Acquired::Token(token));
-                    }
-                    if Instant::now() >= give_up {
-                        return Ok(Acquired::GaveUp);
-                    }
-                    let pause_us = match self.method {
-                        Method::ZsetPoll => SEM_POLL_MS * 1000,
-                        _ => self.rng.range(RW_POLL_US.0, RW_POLL_US.1),
-                    };
-                    sleep(Duration::from_micros(pause_us));
-                }
-            }
-        }
-    }
-
-    fn set_nx(&mut self, token: &[u8], unit: &str, ttl: u64) -> Result<bool, Error> {
-        let v = self.query(
-            redis::cmd("SET")
-                .arg(self.key)
-                .arg(token)
-                .arg("NX")
-                .arg(unit)
-                .arg(ttl),
-        )?;
-        match v {
-            Value::Okay => Ok(true),
-            Value::Nil => Ok(false),
-            other => Err(format!("SET NX replied {other:?}").into()),
-        }
     }
 
     /// Releases; an error if the lock was no longer ours (it never expires here).
     pub fn release(&mut self, token: &[u8]) -> Result<(), Error> {
-        let (v, ok) = match self.method {
-            Method::Module | Method::Shared | Method::Limit => (
-                self.query(redis::cmd("LOCK.RELEASE").arg(self.key).arg(token))?,
-                Value::Int(1),
-            ),
+        let key = self.key;
+        let (cmd, ok) = match self.method {
+            Method::Module | Method::Shared | Method::Limit => {
+                (cmd("LOCK.RELEASE", (key, token)), 1)
+            }
             Method::Poll100 | Method::PollJitter => {
-                let sha = self.scripts.release.clone();
-                (
-                    self.query(
-                        redis::cmd("EVALSHA")
-                            .arg(sha)
-                            .arg(1)
-                            .arg(self.key)
-                            .arg(token),
-                    )?,
-                    Value::Int(1),
-                )
+                (self.evalsha(RELEASE_SCRIPT, &[key], token), 1)
             }
             Method::Blpop => {
-                let sha = self.scripts.signal_release.clone();
-                let signal = self.signal_key.clone();
-                (
-                    self.query(
-                        redis::cmd("EVALSHA")
-                            .arg(sha)
-                            .arg(2)
-                            .arg(self.key)
-                            .arg(signal)
-                            .arg(token)
-                            .arg(SIGNAL_EXPIRE_MS),
-                    )?,
-                    Value::Int(0),
-                )
+                let keys = [key, &self.signal_key];
+                let args = (token, SIGNAL_EXPIRE_MS);
+                (self.evalsha(SIGNAL_RELEASE_SCRIPT, &keys, args), 0)
             }
             Method::RwScript | Method::RwScriptWriterFirst => {
-                let mut cmd = redis::cmd("EVALSHA");
-                if self.is_reader() {
-                    cmd.arg(&self.scripts.rw_read_release).arg(1).arg(self.key);
-                } else {
-                    cmd.arg(&self.scripts.rw_write_release)
-                        .arg(1)
-                        .arg(self.key)
-                        .arg(token);
-                }
-                (self.query(&cmd)?, Value::Int(1))
+                let (body, token) = match self.is_reader() {
+                    true => (RW_READ_RELEASE, None),
+                    false => (RW_WRITE_RELEASE, Some(token)),
+                };
+                (self.evalsha(body, &[key], token), 1)
             }
-            Method::ZsetPoll => (
-                self.query(redis::cmd("ZREM").arg(self.key).arg(token))?,
-                Value::Int(1),
-            ),
+            Method::ZsetPoll => (cmd("ZREM", (key, token)), 1),
         };
-        if v == ok {
-            Ok(())
-        } else {
-            Err(format!("{} release replied {v:?}", self.method.id()).into())
+        match self.query(&cmd)? {
+            Value::Int(n) if n == ok => Ok(()),
+            v => Err(format!("{} release replied {v:?}", self.method.id()).into()),
         }
     }
+}
+
+/// `name args...` as one command.
+fn cmd(name: &str, args: impl ToRedisArgs) -> Cmd {
+    let mut cmd = redis::cmd(name);
+    cmd.arg(args);
+    cmd
 }
 
 #[cfg(test)]

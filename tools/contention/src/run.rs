@@ -2,7 +2,7 @@
 //! acquire → hold c ms → release until the cell's time is up, then finish the attempt
 //! they are in (so every command sent belongs to an acquisition) and stop.
 
-use std::sync::{Arc, Barrier, OnceLock};
+use std::sync::{Barrier, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -12,8 +12,7 @@ use crate::stats::{summarize, summarize_kind, Acquisition, ClientLog, Role, Rule
 use crate::Error;
 use redis_lock_report::contention::Cell;
 use redis_lock_report::contention_kinds::KindCell;
-use redis_lock_testkit::Rng;
-use redis_lock_testkit::Server;
+use redis_lock_testkit::{info_field, Rng, Server};
 
 /// A client still waiting this long after the cell's end gives up (and its wait is
 /// reported as the cell's longest).
@@ -36,6 +35,27 @@ pub fn print_row(c: &Cell) {
         c.label, c.n, c.hold_ms, s.per_second, s.handoff_p50_us, s.handoff_p99_us, s.handoffs,
         s.same_client_again * 100.0, s.commands_per_acquisition, s.wait_p99_ms, s.max_wait_ms, s.jain,
         s.hold_mean_ms, s.hold_max_ms, c.other_cores.unwrap_or(f64::NAN), s.gave_up, s.overlaps,
+        c.server_commands, c.client_commands,
+    );
+}
+
+pub fn print_kind_row(c: &KindCell) {
+    let s = &c.summary;
+    let group = |name: &str, g: &Option<redis_lock_report::contention_kinds::RoleStats>| {
+        g.as_ref().map_or(String::new(), |g| {
+            format!(
+                "  {name} {:>7.1}/s wait p50 {:.1} p99 {:.1} max {:.1} ms gave up {}",
+                g.per_second, g.wait_p50_ms, g.wait_p99_ms, g.wait_max_ms, g.gave_up
+            )
+        })
+    };
+    println!(
+        "{:<42} {} n={:<2} c={}ms {:>8.1} acq/s{}{}  wait p99 {:.1} max {:.1} ms  cmds/acq {:.2} rt/acq {:.2}  holders peak {} mean {:.2}  jain {:.3}  violations {}  overtakes {} (most {})  other procs {:.2} cores  commands: server {} clients {}",
+        c.label, c.family, c.clients, c.hold_ms, s.all.per_second,
+        group("readers", &s.readers), group("writers", &s.writers),
+        s.all.wait_p99_ms, s.all.wait_max_ms,
+        s.commands_per_acquisition, s.round_trips_per_acquisition, s.peak_holders,
+        s.mean_holders, s.all.jain, s.violations, s.overtakes, s.overtakes_most, c.other_cores.unwrap_or(f64::NAN),
         c.server_commands, c.client_commands,
     );
 }
@@ -151,30 +171,7 @@ impl Bench<'_> {
             other_cores: m.other_cores,
         })
     }
-}
 
-pub fn print_kind_row(c: &KindCell) {
-    let s = &c.summary;
-    let group = |name: &str, g: &Option<redis_lock_report::contention_kinds::RoleStats>| {
-        g.as_ref().map_or(String::new(), |g| {
-            format!(
-                "  {name} {:>7.1}/s wait p50 {:.1} p99 {:.1} max {:.1} ms gave up {}",
-                g.per_second, g.wait_p50_ms, g.wait_p99_ms, g.wait_max_ms, g.gave_up
-            )
-        })
-    };
-    println!(
-        "{:<42} {} n={:<2} c={}ms {:>8.1} acq/s{}{}  wait p99 {:.1} max {:.1} ms  cmds/acq {:.2} rt/acq {:.2}  holders peak {} mean {:.2}  jain {:.3}  violations {}  overtakes {} (most {})  other procs {:.2} cores  commands: server {} clients {}",
-        c.label, c.family, c.clients, c.hold_ms, s.all.per_second,
-        group("readers", &s.readers), group("writers", &s.writers),
-        s.all.wait_p99_ms, s.all.wait_max_ms,
-        s.commands_per_acquisition, s.round_trips_per_acquisition, s.peak_holders,
-        s.mean_holders, s.all.jain, s.violations, s.overtakes, s.overtakes_most, c.other_cores.unwrap_or(f64::NAN),
-        c.server_commands, c.client_commands,
-    );
-}
-
-impl Bench<'_> {
     fn run_clients(&self, method: Method, shape: &Shape, hold_ms: u64) -> Result<Measured, Error> {
         let Bench {
             server,
@@ -197,17 +194,15 @@ impl Bench<'_> {
             conns.push(connect(server)?);
         }
         let cpu_before = cpu::sample(server.pid());
-        let barrier = Arc::new(Barrier::new(n + 1));
-        let start: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
+        let barrier = Barrier::new(n + 1);
+        let start: OnceLock<Instant> = OnceLock::new();
         let logs: Vec<Result<ClientLog, Error>> = thread::scope(|s| {
             let handles: Vec<_> = conns
                 .into_iter()
                 .zip(&shape.roles)
                 .enumerate()
                 .map(|(i, (conn, &role))| {
-                    let barrier = Arc::clone(&barrier);
-                    let start = Arc::clone(&start);
-                    let key = key.as_str();
+                    let (barrier, start, key) = (&barrier, &start, key.as_str());
                     s.spawn(move || {
                         let mut client = Client {
                             conn,
@@ -301,23 +296,13 @@ fn client_loop(
 /// (commands run inside scripts have their own entries and are not counted).
 fn command_calls(admin: &mut redis::Connection, sent: &[&str]) -> Result<u64, Error> {
     let text: String = redis::cmd("INFO").arg("commandstats").query(admin)?;
-    let mut total = 0;
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("cmdstat_") else {
-            continue;
+    let calls = |name: &&str| -> Result<u64, Error> {
+        let Some(stats) = info_field(&text, &format!("cmdstat_{name}")) else {
+            return Ok(0);
         };
-        let Some((name, fields)) = rest.split_once(':') else {
-            continue;
-        };
-        if !sent.contains(&name) {
-            continue;
-        }
-        let calls = fields
-            .split(',')
-            .find_map(|f| f.strip_prefix("calls="))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .ok_or_else(|| format!("no calls= in {line:?}"))?;
-        total += calls;
-    }
-    Ok(total)
+        let calls = stats.split(',').find_map(|f| f.strip_prefix("calls="));
+        let calls = calls.and_then(|v| v.trim().parse().ok());
+        calls.ok_or_else(|| format!("no calls= in cmdstat_{name}:{stats}").into())
+    };
+    sent.iter().map(calls).sum()
 }

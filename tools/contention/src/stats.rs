@@ -55,6 +55,17 @@ pub fn jain(counts: &[u64]) -> f64 {
     }
 }
 
+/// Commands (or round trips) per acquisition; infinite when nothing was acquired.
+fn per_acquisition(total: u64, acquisitions: u64) -> f64 {
+    if acquisitions > 0 {
+        total as f64 / acquisitions as f64
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// The figures of a mutex cell: throughput, waits and fairness as [`role_stats`] of every
+/// client, and the hand-offs between consecutive holders.
 pub fn summarize(logs: &[ClientLog]) -> Summary {
     let mut all: Vec<Acquisition> = logs
         .iter()
@@ -80,26 +91,16 @@ pub fn summarize(logs: &[ClientLog]) -> Summary {
         .count() as u64;
 
     let acquisitions = all.len() as u64;
-    let end = all.iter().map(|a| a.released).max().unwrap_or(0);
-    let elapsed_s = end as f64 / 1e9;
-    let commands: u64 = logs.iter().map(|l| l.commands).sum();
-    let mut waits: Vec<u64> = all
+    let elapsed_s = all.iter().map(|a| a.released).max().unwrap_or(0) as f64 / 1e9;
+    let everyone = role_stats(&logs.iter().collect::<Vec<_>>(), elapsed_s);
+    let holds: Vec<f64> = all
         .iter()
-        .map(|a| a.granted.saturating_sub(a.wanted))
-        .chain(logs.iter().filter_map(|l| l.gave_up_after))
+        .map(|a| a.releasing.saturating_sub(a.granted) as f64)
         .collect();
-    waits.sort_unstable();
-    let max_wait = waits.last().copied().unwrap_or(0);
-    let counts: Vec<u64> = logs.iter().map(|l| l.acquisitions.len() as u64).collect();
-
     Summary {
         acquisitions,
         elapsed_s,
-        per_second: if elapsed_s > 0.0 {
-            acquisitions as f64 / elapsed_s
-        } else {
-            0.0
-        },
+        per_second: everyone.per_second,
         handoff_p50_us: percentile(&handoffs, 50.0) as f64 / 1e3,
         handoff_p99_us: percentile(&handoffs, 99.0) as f64 / 1e3,
         handoffs: handoffs.len() as u64,
@@ -108,31 +109,21 @@ pub fn summarize(logs: &[ClientLog]) -> Summary {
         } else {
             0.0
         },
-        commands_per_acquisition: if acquisitions > 0 {
-            commands as f64 / acquisitions as f64
-        } else {
-            f64::INFINITY
-        },
-        max_wait_ms: max_wait as f64 / 1e6,
-        wait_p99_ms: percentile(&waits, 99.0) as f64 / 1e6,
-        hold_max_ms: all
-            .iter()
-            .map(|a| a.releasing.saturating_sub(a.granted))
-            .max()
-            .unwrap_or(0) as f64
-            / 1e6,
-        hold_mean_ms: if all.is_empty() {
+        commands_per_acquisition: per_acquisition(
+            logs.iter().map(|l| l.commands).sum(),
+            acquisitions,
+        ),
+        max_wait_ms: everyone.wait_max_ms,
+        wait_p99_ms: everyone.wait_p99_ms,
+        hold_max_ms: holds.iter().copied().fold(0.0, f64::max) / 1e6,
+        hold_mean_ms: if holds.is_empty() {
             0.0
         } else {
-            all.iter()
-                .map(|a| a.releasing.saturating_sub(a.granted) as f64)
-                .sum::<f64>()
-                / all.len() as f64
-                / 1e6
+            holds.iter().sum::<f64>() / holds.len() as f64 / 1e6
         },
-        jain: jain(&counts),
+        jain: everyone.jain,
         overlaps,
-        gave_up: logs.iter().filter(|l| l.gave_up_after.is_some()).count() as u64,
+        gave_up: everyone.gave_up,
     }
 }
 
@@ -307,13 +298,7 @@ pub fn summarize_kind(logs: &[ClientLog], roles: &[Role], rule: Rule) -> KindSum
     };
     let all: Vec<&ClientLog> = logs.iter().collect();
     let acquisitions = acqs.len() as u64;
-    let per_acq = |total: u64| {
-        if acquisitions > 0 {
-            total as f64 / acquisitions as f64
-        } else {
-            f64::INFINITY
-        }
-    };
+    let per_acq = |total: u64| per_acquisition(total, acquisitions);
     let c = concurrency(&acqs, rule, end);
     let (overtakes, overtakes_most) = overtakes(&acqs);
     KindSummary {
@@ -349,15 +334,34 @@ mod tests {
         vec![log(acquisitions, 4, None)]
     }
 
-    fn acq(client: usize, wanted: u64, granted: u64, released: u64) -> Acquisition {
+    /// A critical section whose first request was written as soon as it was wanted.
+    fn span(
+        client: usize,
+        wanted: u64,
+        granted: u64,
+        releasing: u64,
+        released: u64,
+    ) -> Acquisition {
+        let asked = wanted;
         Acquisition {
             client,
             wanted,
-            asked: wanted,
+            asked,
             granted,
-            releasing: released.saturating_sub(10),
+            releasing,
             released,
         }
+    }
+
+    /// The release sent 10 ns before its reply.
+    fn acq(client: usize, wanted: u64, granted: u64, released: u64) -> Acquisition {
+        span(
+            client,
+            wanted,
+            granted,
+            released.saturating_sub(10),
+            released,
+        )
     }
 
     #[test]
@@ -428,38 +432,14 @@ mod tests {
 
     #[test]
     fn a_grant_reply_that_beats_the_release_reply_counts_as_zero() {
-        let logs = single(vec![
-            Acquisition {
-                client: 0,
-                wanted: 0,
-                asked: 0,
-                granted: 100,
-                releasing: 200,
-                released: 400,
-            },
-            Acquisition {
-                client: 1,
-                wanted: 0,
-                asked: 0,
-                granted: 300,
-                releasing: 500,
-                released: 600,
-            },
-        ]);
+        let logs = single(vec![span(0, 0, 100, 200, 400), span(1, 0, 300, 500, 600)]);
         let s = summarize(&logs);
         assert_eq!(s.handoff_p99_us, 0.0);
         assert_eq!(s.overlaps, 0);
     }
 
     fn rw(client: usize, granted: u64, releasing: u64) -> Acquisition {
-        Acquisition {
-            client,
-            wanted: 0,
-            asked: 0,
-            granted,
-            releasing,
-            released: releasing + 5,
-        }
+        span(client, 0, granted, releasing, releasing + 5)
     }
 
     #[test]
@@ -498,14 +478,7 @@ mod tests {
     #[test]
     fn readers_that_ask_after_a_waiting_writer_and_get_in_first_overtake_it() {
         const MS: u64 = 1_000_000;
-        let a = |wanted, granted| Acquisition {
-            client: 0,
-            wanted,
-            asked: wanted,
-            granted,
-            releasing: granted + 1,
-            released: granted + 2,
-        };
+        let a = |wanted, granted| span(0, wanted, granted, granted + 1, granted + 2);
         let acqs = [
             // The writer waits from 10 to 50 ms.
             (a(10 * MS, 50 * MS), Role::Writer),
@@ -555,36 +528,27 @@ mod tests {
 
     #[test]
     fn kind_summary_splits_readers_from_writers() {
-        let reader = |client, wanted, granted, releasing| Acquisition {
-            client,
-            wanted,
-            asked: wanted,
-            granted,
-            releasing,
-            released: releasing + 1_000,
+        let reader = |client, wanted, granted, releasing| {
+            span(client, wanted, granted, releasing, releasing + 1_000)
         };
         let logs = vec![
-            ClientLog {
-                acquisitions: vec![
+            log(
+                vec![
                     reader(0, 0, 1_000, 3_000_000),
                     reader(0, 6_000_000, 6_001_000, 9_000_000),
                 ],
-                commands: 4,
-                round_trips: 4,
-                gave_up_after: None,
-            },
+                4,
+                None,
+            ),
             ClientLog {
-                acquisitions: vec![reader(1, 0, 2_000, 3_000_000)],
-                commands: 6,
                 round_trips: 3,
-                gave_up_after: None,
+                ..log(vec![reader(1, 0, 2_000, 3_000_000)], 6, None)
             },
-            ClientLog {
-                acquisitions: vec![reader(2, 1_000, 3_001_000, 6_000_000)],
-                commands: 5,
-                round_trips: 5,
-                gave_up_after: Some(4_000_000),
-            },
+            log(
+                vec![reader(2, 1_000, 3_001_000, 6_000_000)],
+                5,
+                Some(4_000_000),
+            ),
         ];
         let roles = [Role::Reader, Role::Reader, Role::Writer];
         let s = summarize_kind(&logs, &roles, Rule::ReadWrite);
