@@ -108,29 +108,21 @@ fn real_main() -> Result<(), Error> {
         .iter()
         .map(|id| Family::from_id(id).ok_or_else(|| format!("unknown cells {id:?}")))
         .collect::<Result<Vec<_>, _>>()?;
-    // A family's methods: those asked for (all by default), in the family's own order.
+    // A family's methods: those asked for (all by default), in the family's own order
+    // whatever the order asked.
     let pick = |family: Family, ids: &Option<List<String>>| -> Result<Vec<Method>, Error> {
         if !families.contains(&family) {
             return Ok(Vec::new());
         }
-        let Some(ids) = ids else {
-            return Ok(family.methods().to_vec());
-        };
-        let wanted = ids
-            .0
-            .iter()
-            .map(|id| {
-                Method::from_id(family, id)
-                    .ok_or_else(|| format!("unknown {} method {id:?}", family.id()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        // In the family's own order, whatever the order asked.
-        Ok(family
-            .methods()
-            .iter()
-            .copied()
-            .filter(|m| wanted.contains(m))
-            .collect())
+        let asked = ids.iter().flat_map(|l| &l.0);
+        if let Some(id) = asked
+            .clone()
+            .find(|id| Method::from_id(family, id).is_none())
+        {
+            return Err(format!("unknown {} method {id:?}", family.id()).into());
+        }
+        let wanted = |m: &Method| ids.is_none() || asked.clone().any(|id| id == m.id());
+        Ok(family.methods().iter().copied().filter(wanted).collect())
     };
     let methods = pick(Family::Mutex, &cfg.methods)?;
     let rw_methods = pick(Family::ReadWrite, &cfg.rw_methods)?;
