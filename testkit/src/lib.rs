@@ -105,13 +105,9 @@ impl std::fmt::Display for Flavor {
 /// Parses `Redis server v=7.0.15 ...` / `Valkey server v=8.1.8 ...`.
 pub fn parse_flavor(version_output: &str) -> Option<Flavor> {
     let lower = version_output.to_ascii_lowercase();
-    let name = if lower.starts_with("valkey") {
-        "valkey"
-    } else if lower.starts_with("redis") {
-        "redis"
-    } else {
-        return None;
-    };
+    let name = ["valkey", "redis"]
+        .into_iter()
+        .find(|n| lower.starts_with(n))?;
     let v = lower
         .split_whitespace()
         .find_map(|w| w.strip_prefix("v="))?;
