@@ -1,9 +1,99 @@
-//! What tests and tools need to know about the module beyond its commands: its `INFO lock`
-//! counters, the digest it stores instead of a token, its fence clock term.
+//! Typed lock commands over a [`RawConn`], for tests and tools that need the module's
+//! replies as values rather than as RESP.
 
 use std::collections::HashMap;
+use std::io;
 
-use crate::resp::RawConn;
+use crate::resp::{RawConn, Resp};
+
+/// A grant: the token to release with and the fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub token: Vec<u8>,
+    pub fence: u64,
+}
+
+/// `LOCK.INFO` of a held lock: every field by name in `fields`, the common ones typed
+/// (`None` when the reply does not carry them: a string lock has no fence or owner).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LockInfo {
+    pub fields: Vec<(String, Resp)>,
+    pub kind: Option<String>,
+    pub ttl: Option<i64>,
+    pub fence: Option<u64>,
+    pub owner: Option<String>,
+    pub waiters: Option<i64>,
+}
+
+impl LockInfo {
+    fn from_reply(r: &Resp) -> Option<LockInfo> {
+        let fields = r.try_pairs()?;
+        let get = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v);
+        Some(LockInfo {
+            kind: get("kind").and_then(Resp::as_text),
+            ttl: get("ttl").and_then(Resp::as_int),
+            fence: get("fence")
+                .and_then(Resp::as_int)
+                .and_then(|f| u64::try_from(f).ok()),
+            owner: get("owner").and_then(Resp::as_text),
+            waiters: get("waiters").and_then(Resp::as_int),
+            fields: fields.clone(),
+        })
+    }
+}
+
+fn other(what: &str, r: &Resp) -> io::Error {
+    io::Error::other(format!("{what} answered {r:?}"))
+}
+
+/// `LOCK.ACQUIRE key [extra args...]`: `Some(grant)`, or `None` when not acquired.
+pub fn acquire<A: AsRef<[u8]>>(
+    c: &mut RawConn,
+    key: &str,
+    extra: &[A],
+) -> io::Result<Option<Grant>> {
+    let mut cmd: Vec<Vec<u8>> = vec![b"LOCK.ACQUIRE".to_vec(), key.as_bytes().to_vec()];
+    cmd.extend(extra.iter().map(|a| a.as_ref().to_vec()));
+    match c.call(&cmd)? {
+        Resp::Nil => Ok(None),
+        r => r
+            .grant()
+            .map(|(token, fence)| Some(Grant { token, fence }))
+            .ok_or_else(|| other("LOCK.ACQUIRE", &r)),
+    }
+}
+
+/// `LOCK.RELEASE key token`: true when released.
+pub fn release(c: &mut RawConn, key: &str, token: &[u8]) -> io::Result<bool> {
+    let r = c.call(&[b"LOCK.RELEASE", key.as_bytes(), token])?;
+    r.as_int()
+        .map(|n| n == 1)
+        .ok_or_else(|| other("LOCK.RELEASE", &r))
+}
+
+/// `LOCK.EXTEND key token PX ms`: true when the lease was reset.
+pub fn extend(c: &mut RawConn, key: &str, token: &[u8], px: u64) -> io::Result<bool> {
+    let r = c.call(&[
+        b"LOCK.EXTEND",
+        key.as_bytes(),
+        token,
+        b"PX",
+        px.to_string().as_bytes(),
+    ])?;
+    r.as_int()
+        .map(|n| n == 1)
+        .ok_or_else(|| other("LOCK.EXTEND", &r))
+}
+
+/// `LOCK.INFO key`: `None` when free.
+pub fn info(c: &mut RawConn, key: &str) -> io::Result<Option<LockInfo>> {
+    match c.call(&["LOCK.INFO", key])? {
+        Resp::Nil => Ok(None),
+        r => LockInfo::from_reply(&r)
+            .map(Some)
+            .ok_or_else(|| other("LOCK.INFO", &r)),
+    }
+}
 
 /// `INFO <section>` of a server as `field -> value`; panics on an I/O error.
 pub fn info_map(c: &mut RawConn, section: &str) -> HashMap<String, String> {
