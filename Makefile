@@ -16,7 +16,6 @@ SHELL := /bin/bash
 PORT     ?= 6379
 CARGO    ?= cargo
 MODULE   := $(CURDIR)/target/release/libredis_lock.so
-REDIS_CLI ?= /usr/bin/redis-cli
 
 # Servers the integration suite runs against, in this order.
 SERVER_SYSTEM := /usr/bin/redis-server
@@ -51,7 +50,7 @@ unit:
 	$(CARGO) test --release --lib
 
 integration: build
-	export LOCK_MODULE=$(MODULE) LOCK_REDIS_CLI=$(REDIS_CLI); \
+	export LOCK_MODULE=$(MODULE); \
 	for bin in $(TEST_SERVERS); do \
 	    ver=$$($$bin --version); \
 	    echo; \
@@ -88,8 +87,7 @@ check:
 	@command -v redis-server >/dev/null || { echo "make check needs redis-server on PATH"; exit 1; }
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory unit tools-unit
-	$(MAKE) --no-print-directory integration TEST_SERVERS="$$(command -v redis-server)" \
-	    REDIS_CLI="$$(command -v redis-cli || echo redis-cli)"
+	$(MAKE) --no-print-directory integration TEST_SERVERS="$$(command -v redis-server)"
 
 # The measured docs, rendered from docs/data/*.json (written by bench, bench-contention
 # and reliability); prose and layout live in docs/templates/*.j2, the figures, goals and
@@ -190,7 +188,7 @@ perf-guard-baseline: bench-deps build
 CLIENT_TEST_SERVERS ?= $(TEST_SERVERS)
 
 test-client: build
-	export LOCK_MODULE=$(MODULE) LOCK_REDIS_CLI=$(REDIS_CLI); \
+	export LOCK_MODULE=$(MODULE); \
 	for bin in $(CLIENT_TEST_SERVERS); do \
 	    echo; echo "== client tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
 	    LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock-client -- $(TEST_ARGS); \
