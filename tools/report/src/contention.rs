@@ -33,7 +33,26 @@ impl RunInfo {
         let (server, secs, date) = (&self.server, self.secs_per_cell, &self.date_utc);
         format!("{server}, {secs} s per cell, loopback; {date}")
     }
+
+    /// A chart: `title` (text, font size) over the subtitle, then 2 rows of `cols`
+    /// panels of `panel` pixels each. Returns the whole picture and its panels.
+    pub fn grid<'a>(
+        &self,
+        path: &'a Path,
+        panel: (u32, u32),
+        title: (&str, u32),
+        cols: usize,
+    ) -> Result<Grid<'a>, Error> {
+        let size = (panel.0 * cols as u32, panel.1);
+        let body = crate::chart::titled(path, size, title, self.subtitle())?;
+        let panels = body.split_evenly((2, cols));
+        Ok((body, panels))
+    }
 }
+
+/// A chart's whole drawing area and its panels, row by row.
+pub type Grid<'a> = (Area<'a>, Vec<Area<'a>>);
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 
 /// The figures reported for one (method, N, c) cell (see tools/contention/src/stats.rs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -126,16 +145,11 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
     let cells = &run.cells;
     let holds = holds(cells.iter().map(|c| c.hold_ms));
     let cols = holds.len().max(1);
-    let body = crate::chart::titled(
-        path,
-        (700 * cols as u32, 1000),
-        (
-            "Lock contention: N clients, one lock, each holds it c ms",
-            28,
-        ),
-        run.info.subtitle(),
-    )?;
-    let panels = body.split_evenly((2, cols));
+    let title = (
+        "Lock contention: N clients, one lock, each holds it c ms",
+        28,
+    );
+    let (body, panels) = run.info.grid(path, (700, 1000), title, cols)?;
     let max_n = cells.iter().map(|c| c.n).max().unwrap_or(64).max(2) as f64;
     let x_max = max_n.log2();
     // In ms. Latency can be 0 (grant reply before the release reply): plot it at 1 µs.

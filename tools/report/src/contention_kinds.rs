@@ -99,6 +99,15 @@ fn family<'a>(kinds: &'a [KindCell], id: &str) -> Vec<&'a KindCell> {
     v
 }
 
+/// The cells of one method, in their order.
+fn by_method<'a>(cells: &[&'a KindCell], method: &str) -> Vec<&'a KindCell> {
+    cells
+        .iter()
+        .copied()
+        .filter(|c| c.method == method)
+        .collect()
+}
+
 fn find<'a>(cells: &[&'a KindCell], method: &str, hold_ms: u64) -> Option<&'a KindCell> {
     cells
         .iter()
@@ -108,11 +117,7 @@ fn find<'a>(cells: &[&'a KindCell], method: &str, hold_ms: u64) -> Option<&'a Ki
 
 /// The module's readers/writers goals (None without `shared` cells).
 fn rw_goals(rw: &[&KindCell]) -> Option<Value> {
-    let shared: Vec<&KindCell> = rw
-        .iter()
-        .copied()
-        .filter(|c| c.method == "shared")
-        .collect();
+    let shared = by_method(rw, "shared");
     let first = shared.first()?;
     let writers = |c: &KindCell| c.summary.writers.clone();
     let reads = |c: &KindCell| c.summary.readers.as_ref().map_or(0.0, |r| r.per_second);
@@ -146,11 +151,7 @@ fn rw_goals(rw: &[&KindCell]) -> Option<Value> {
 
 /// The module's semaphore goals (None without `limit` cells).
 fn sem_goals(sem: &[&KindCell]) -> Option<Value> {
-    let limit: Vec<&KindCell> = sem
-        .iter()
-        .copied()
-        .filter(|c| c.method == "limit")
-        .collect();
+    let limit = by_method(sem, "limit");
     if limit.is_empty() {
         return None;
     }
@@ -164,7 +165,7 @@ fn sem_goals(sem: &[&KindCell]) -> Option<Value> {
         .iter()
         .filter(|c| c.summary.all.wait_max_ms > bound(c));
     let over = over.map(|c| context! { bound => bound(c), ..Value::from(Serde(c)) });
-    let zset: Vec<&KindCell> = sem.iter().copied().filter(|c| c.method == "zset").collect();
+    let zset = by_method(sem, "zset");
     Some(context! {
         over => over.collect::<Vec<_>>(),
         p99_met => limit.iter().all(|c| c.summary.all.wait_p99_ms <= bound(c)),
@@ -357,16 +358,8 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
         return Ok(());
     }
     let cols = columns.len();
-    let body = crate::chart::titled(
-        path,
-        (760 * cols as u32, 900),
-        (
-            "Readers/writers and semaphore: the module's queue against client-side recipes",
-            26,
-        ),
-        run.info.subtitle(),
-    )?;
-    let areas = body.split_evenly((2, cols));
+    let title = "Readers/writers and semaphore: the module's queue against client-side recipes";
+    let (body, areas) = run.info.grid(path, (760, 900), (title, 26), cols)?;
     for (col, panels) in columns.iter().enumerate() {
         for (row, panel) in panels.iter().enumerate() {
             draw_panel(&areas[row * cols + col], panel)?;
