@@ -66,43 +66,6 @@ impl Env {
     }
 }
 
-/// The notes a fenced check ends with: critical sections that outran their own lease
-/// (`late`: how many, and the store anomalies they explain), each kind of violation, and
-/// the first six examples.
-pub fn note_checks<'a, K: std::fmt::Display + 'a>(
-    o: &mut Outcome,
-    late: (u64, u64),
-    violations: impl IntoIterator<Item = (K, &'a u64)>,
-    examples: &[String],
-) {
-    o.note(format!(
-        "Critical sections that outran their own lease (a client delayed past it, not a lock fault): {}; store anomalies they explain: {}.",
-        late.0, late.1
-    ));
-    for (k, n) in violations {
-        o.note(format!("Violation `{k}`: {n}"));
-    }
-    for e in examples.iter().take(6) {
-        o.note(format!("Example: {e}"));
-    }
-}
-
-/// Fails a full run that made fewer acquisitions than asked for (a short run only says so).
-pub fn short_of(o: &mut Outcome, env: &Env, got: u64, target: u64) {
-    if got < target {
-        let msg = format!(
-            "{} acquisitions, below the {} asked for",
-            thousands(got),
-            thousands(target)
-        );
-        if env.short {
-            o.note(msg);
-        } else {
-            o.fail(msg);
-        }
-    }
-}
-
 /// The client ids of a lock's holders, from a `LOCK.INFO` reply (none when free).
 pub fn holder_ids(info: &Reply) -> Vec<u64> {
     let Some(list) = info.get("holder-list") else {

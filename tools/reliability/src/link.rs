@@ -434,11 +434,8 @@ impl Link {
             match (words.next().unwrap_or(""), &self.topo) {
                 ("MOVED", _) => {
                     self.log.moved += 1;
-                    let addr = words.nth(1).unwrap_or("");
-                    match (
-                        err.split(' ').nth(1).and_then(|s| s.parse::<usize>().ok()),
-                        self.index_of(addr),
-                    ) {
+                    let slot = words.next().and_then(|s| s.parse::<usize>().ok());
+                    match (slot, self.index_of(words.next().unwrap_or(""))) {
                         (Some(slot), Some(i)) if slot < self.slots.len() => self.slots[slot] = i,
                         _ => self.load_slots(),
                     }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
-use crate::common::{note_checks, now_ns, short_of, thousands, Env, Outcome, Reply};
+use crate::common::{now_ns, thousands, Env, Outcome, Reply};
 use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
 use redis_lock_testkit::{args, Rng};
 
@@ -635,15 +635,6 @@ pub fn join(handles: Vec<std::thread::JoinHandle<ClientLog>>) -> Result<Vec<Clie
         .collect()
 }
 
-/// Joins the clients and checks their history (`fenced`: more fences to order-check).
-pub fn finish(
-    sh: &Shared,
-    handles: Vec<std::thread::JoinHandle<ClientLog>>,
-    fenced: &[checker::Fenced],
-) -> Result<Tally, String> {
-    check(sh, join(handles)?, fenced)
-}
-
 /// Checks the clients' history (`fenced`: more fences to order-check).
 pub fn check(
     sh: &Shared,
@@ -656,7 +647,20 @@ pub fn check(
         grants.extend(l.grants);
         t.n.add(&l.n);
         t.errors.extend(l.errors);
-        absorb_link(&mut t, l.link);
+        // The link's waiter and connection figures, and its late or hung calls.
+        t.link.add(&l.link);
+        t.add_violation(
+            "waiter answered later than BLOCK + 1 s",
+            l.link.late.len() as u64,
+            l.link.late,
+        );
+        let hangs = l.link.hangs;
+        t.add_violation("call never answered", hangs.len() as u64, hangs);
+        t.add_violation(
+            "connection lost although nobody killed it",
+            l.link.broken.len() as u64,
+            l.link.broken,
+        );
     }
     for g in &grants {
         t.by_mode[match g.mode {
@@ -695,38 +699,37 @@ pub fn check(
     Ok(t)
 }
 
-/// Adds a link's waiter and connection figures (and its late or hung calls).
-pub fn absorb_link(t: &mut Tally, l: LinkLog) {
-    t.link.add(&l);
-    t.add_violation(
-        "waiter answered later than BLOCK + 1 s",
-        l.late.len() as u64,
-        l.late,
-    );
-    t.add_violation("call never answered", l.hangs.len() as u64, l.hangs);
-    t.add_violation(
-        "connection lost although nobody killed it",
-        l.broken.len() as u64,
-        l.broken,
-    );
-}
-
 /// The end of a fenced-workload scenario's row: what the checker found, and a failure on
 /// any violation, on any client error, or (full runs) on fewer acquisitions than `target`.
 pub fn verdict(o: &mut Outcome, env: &Env, t: &Tally, target: u64) {
-    note_checks(
-        o,
-        (t.late_cs, t.late_store_events),
-        &t.violations,
-        &t.examples,
-    );
+    o.note(format!(
+        "Critical sections that outran their own lease (a client delayed past it, not a lock fault): {}; store anomalies they explain: {}.",
+        t.late_cs, t.late_store_events
+    ));
+    for (k, n) in &t.violations {
+        o.note(format!("Violation `{k}`: {n}"));
+    }
+    for e in t.examples.iter().take(6) {
+        o.note(format!("Example: {e}"));
+    }
     if t.violations() > 0 {
         o.fail(format!("{} violations", t.violations()));
     }
     if let Some(e) = t.errors.first() {
         o.fail(format!("{} client errors, first: {e}", t.errors.len()));
     }
-    short_of(o, env, t.grants, target);
+    if t.grants < target {
+        let msg = format!(
+            "{} acquisitions, below the {} asked for",
+            thousands(t.grants),
+            thousands(target)
+        );
+        if env.short {
+            o.note(msg);
+        } else {
+            o.fail(msg);
+        }
+    }
 }
 
 #[cfg(test)]

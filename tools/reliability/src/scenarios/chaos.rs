@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use crate::checker::Fenced;
 use crate::common::*;
-use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
-use crate::workload::{self, Kind, Mix, Plan, Tally};
+use crate::link::{Answer, Kills, Link, Topo, READ_TIMEOUT};
+use crate::workload::{self, ClientLog, Kind, Mix, Plan, Tally};
 use redis_lock_testkit::{flavor_of, Cluster, Flavor, ReplicaPair};
 
 pub const TITLE: &str = "Server operations under load (chaos)";
@@ -291,7 +291,7 @@ fn bystander(
     until: Instant,
     kills: &Kills,
     mut rng: Rng,
-) -> (Vec<Fenced>, LinkLog, Vec<String>) {
+) -> (Vec<Fenced>, ClientLog) {
     let mut link = Link::new(&Topo::Single(addr, db), READ_TIMEOUT);
     let (mut fences, mut errors) = (Vec::new(), Vec::new());
     while !stop.load(Ordering::Relaxed) && Instant::now() < until {
@@ -327,7 +327,12 @@ fn bystander(
             },
         }
     }
-    (fences, link.log, errors)
+    let log = ClientLog {
+        errors,
+        link: link.log,
+        ..ClientLog::default()
+    };
+    (fences, log)
 }
 
 /// What a sub-run hands back.
@@ -342,7 +347,7 @@ pub struct Sub {
 pub struct Load {
     t: Instant,
     pub sh: Arc<workload::Shared>,
-    handles: Vec<std::thread::JoinHandle<workload::ClientLog>>,
+    handles: Vec<std::thread::JoinHandle<ClientLog>>,
     admin: Admin,
     kills: Arc<Kills>,
     ops: Ops,
@@ -402,7 +407,8 @@ impl Load {
 
     /// The clients' history, checked (`fenced`: more fences to order-check).
     pub fn finish(&mut self, fenced: &[Fenced]) -> Result<Tally, String> {
-        workload::finish(&self.sh, std::mem::take(&mut self.handles), fenced)
+        let logs = workload::join(std::mem::take(&mut self.handles))?;
+        workload::check(&self.sh, logs, fenced)
     }
 
     /// The run's result, once its clients' history is checked, with the health of
@@ -464,49 +470,58 @@ fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
         }
         Ok(())
     });
-    let mut fenced = Vec::new();
-    let mut tally_links = Vec::new();
-    let mut by_errors = Vec::new();
     // The clients first: the bystanders keep the swapped dbs busy until they are done.
     let logs = workload::join(std::mem::take(&mut load.handles));
     by_stop.store(true, Ordering::Relaxed);
+    let (mut logs, mut fenced) = (logs?, Vec::new());
     for b in bystanders {
-        let (f, l, e) = b.join().map_err(|_| "a bystander panicked".to_string())?;
+        let (f, log) = b.join().map_err(|_| "a bystander panicked".to_string())?;
         fenced.extend(f);
-        tally_links.push(l);
-        by_errors.extend(e);
+        logs.push(log);
     }
-    let mut tally = workload::check(&load.sh, logs?, &fenced)?;
-    for l in tally_links {
-        workload::absorb_link(&mut tally, l);
-    }
-    tally.errors.extend(by_errors);
+    let tally = workload::check(&load.sh, logs, &fenced)?;
     Ok(load.close(tally, &[(&server, "the server".into())]))
 }
 
-fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
-    let v = flavor.version();
-    let node = |name: String| env.builder(&name).arg("repl-diskless-sync-delay", "0");
+/// The primary SIGKILLed, its replica promoted, and the killed server back as the new
+/// primary's replica.
+pub const PROMOTE: &str = "primary SIGKILLed and replica promoted";
+
+/// A replica pair (servers `{name}-p`, `{name}-r`) under the clients of `plan(topo)`
+/// while operations from `table` come `nap` ms apart: FAILOVER and [`PROMOTE`] (when the
+/// plan confirms its grants, only once the replica has the data, else nothing was
+/// confirmed), the others on the primary.
+pub fn pair_run(
+    env: &Env,
+    flavor: Flavor,
+    rng: &mut Rng,
+    name: &str,
+    plan: impl FnOnce(Topo) -> Plan,
+    table: &[(&'static str, u64)],
+    nap: (u64, u64),
+) -> Result<Sub, String> {
+    let node = |n: String| env.builder(&n).arg("repl-diskless-sync-delay", "0");
     let mut pair =
-        ReplicaPair::try_start_with(node(format!("chaos-{v}-p")), node(format!("chaos-{v}-r")))?;
+        ReplicaPair::try_start_with(node(format!("{name}-p")), node(format!("{name}-r")))?;
     let addrs = [pair.primary.socket_addr(), pair.replica.socket_addr()];
-    let mut load = Load::start(flavor, rng, plan(env, Topo::Pair(addrs), "rel:cp"));
-    let table = [
-        ("FAILOVER", 10),
-        ("CLIENT PAUSE WRITE", 8),
-        ("CLIENT PAUSE ALL", 4),
-        ("CONFIG SET lock.*", 4),
-        ("CLIENT UNBLOCK", 6),
-        ("CLIENT KILL waiter", 8),
-        ("CLIENT KILL holder", 8),
-        ("BGREWRITEAOF", 3),
-    ];
-    load.drive(rng, &table, (50, 300), |op, admin, rng, ops| {
+    let mut load = Load::start(flavor, rng, plan(Topo::Pair(addrs)));
+    let confirm = load.sh.plan.confirm;
+    load.drive(rng, table, nap, |op, admin, rng, ops| {
         let p = admin.primary(&pair);
-        if op != "FAILOVER" {
+        if op != "FAILOVER" && op != PROMOTE {
             return common_op(op, admin, p, rng, ops).map(|_| ());
         }
-        admin.failover(p, &mut pair)?;
+        if confirm {
+            pair.replica.wait_synced(Duration::from_secs(20))?;
+        }
+        if op == "FAILOVER" {
+            admin.failover(p, &mut pair)?;
+        } else {
+            admin.kill9(p, &mut pair.primary);
+            promote(&mut connect(&pair.replica)?)?;
+            pair.primary.try_restart_as_replica_of(&pair.replica)?;
+            std::mem::swap(&mut pair.primary, &mut pair.replica);
+        }
         ops.done(op);
         Ok(())
     });
@@ -518,6 +533,22 @@ fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
             (&pair.replica, "the replica".into()),
         ],
     ))
+}
+
+fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
+    let table = [
+        ("FAILOVER", 10),
+        ("CLIENT PAUSE WRITE", 8),
+        ("CLIENT PAUSE ALL", 4),
+        ("CONFIG SET lock.*", 4),
+        ("CLIENT UNBLOCK", 6),
+        ("CLIENT KILL waiter", 8),
+        ("CLIENT KILL holder", 8),
+        ("BGREWRITEAOF", 3),
+    ];
+    let name = format!("chaos-{}", flavor.version());
+    let plan = |topo| plan(env, topo, "rel:cp");
+    pair_run(env, flavor, rng, &name, plan, &table, (50, 300))
 }
 
 fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {

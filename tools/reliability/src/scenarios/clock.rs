@@ -29,13 +29,11 @@ fn set_offset(path: &Path, ms: i64) -> Result<(), String> {
 }
 
 fn server_ms(c: &mut Conn) -> Result<i64, String> {
-    match cmd(c, &args!["TIME"])? {
-        Reply::Array(a) if a.len() == 2 => {
-            let s: i64 = a[0].as_text().and_then(|t| t.parse().ok()).ok_or("TIME")?;
-            let us: i64 = a[1].as_text().and_then(|t| t.parse().ok()).ok_or("TIME")?;
-            Ok(s * 1000 + us / 1000)
-        }
-        r => Err(format!("TIME answered {r:?}")),
+    let r = cmd(c, &args!["TIME"])?;
+    let part = |i: usize| r.as_items()?.get(i)?.as_text()?.parse::<i64>().ok();
+    match (part(0), part(1), r.as_items().map(<[Reply]>::len)) {
+        (Some(s), Some(us), Some(2)) => Ok(s * 1000 + us / 1000),
+        _ => Err(format!("TIME answered {r:?}")),
     }
 }
 

@@ -89,7 +89,7 @@ struct Stats {
 
 fn round(
     env: &Env,
-    ns: &Netns,
+    ns: &str,
     cut: &mut LinkCut<'_>,
     r: u64,
     rng: &mut Rng,
@@ -99,7 +99,7 @@ fn round(
         env.builder(name)
             .host(host)
             .port(PORT)
-            .netns(&ns.name)
+            .netns(ns)
             .arg("repl-diskless-sync-delay", "0")
     };
     let replica = node(&format!("fo-r-{r}"), REPLICA).arg("bind-source-addr", &REPLICA.to_string());
@@ -163,39 +163,32 @@ fn round(
 }
 
 /// Why the scenario cannot run here, if it cannot.
-fn unavailable() -> Option<String> {
+fn available() -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root for ip netns and nft".into());
+        return Err("needs root for ip netns and nft".into());
     }
-    if redis_lock_testkit::run_cmd(&["ip", "-V"]).is_err() {
-        return Some("`ip` (iproute2) not found".into());
-    }
-    if redis_lock_testkit::run_cmd(&["nft", "--version"]).is_err() {
-        return Some("`nft` (nftables) not found: bash scripts/deps-reliability.sh".into());
-    }
-    None
+    redis_lock_testkit::run_cmd(&["ip", "-V"]).map_err(|_| "`ip` (iproute2) not found")?;
+    redis_lock_testkit::run_cmd(&["nft", "--version"])
+        .map_err(|_| "`nft` (nftables) not found: bash scripts/deps-reliability.sh")?;
+    Ok(())
 }
 
 pub const TITLE: &str = "Failover (link cut with nft, primary SIGKILLed, replica promoted)";
 pub const TARGET: &str = "0 WAIT-confirmed locks lost, 0 fence regressions after promotion";
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
-    if let Some(why) = unavailable() {
-        o.status = Status::NotRun(why);
-        return Ok(());
-    }
-    let ns = match Netns::create(&format!("rlrel{}", std::process::id())) {
-        Ok(ns) => ns,
-        Err(e) => {
-            o.status = Status::NotRun(format!("cannot create a network namespace: {e}"));
-            return Ok(());
-        }
-    };
-    let mut cut = match LinkCut::install(&ns) {
-        Ok(c) => c,
-        Err(e) => {
-            o.status = Status::NotRun(format!("nft does not work in the namespace: {e}"));
+    let name = format!("rlrel{}", std::process::id());
+    let ns = available().and_then(|()| {
+        Netns::create(&name).map_err(|e| format!("cannot create a network namespace: {e}"))
+    });
+    let cut = ns.as_ref().map_err(String::clone).and_then(|ns| {
+        LinkCut::install(ns).map_err(|e| format!("nft does not work in the namespace: {e}"))
+    });
+    let mut cut = match cut {
+        Ok(cut) => cut,
+        Err(why) => {
+            o.status = Status::NotRun(why);
             return Ok(());
         }
     };
@@ -203,13 +196,12 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6661_696c);
     let mut st = Stats::default();
     for r in 0..rounds {
-        if let Err(e) = round(env, &ns, &mut cut, r, &mut rng, &mut st) {
+        if let Err(e) = round(env, &name, &mut cut, r, &mut rng, &mut st) {
             o.fail(format!("round {r}: {e}"));
             break;
         }
     }
     drop(cut);
-    drop(ns);
     o.figure = format!(
         "WAIT-confirmed lost: {} of {}; without WAIT lost: {} of {} ({}); fence regressions: {}",
         st.confirmed.1,

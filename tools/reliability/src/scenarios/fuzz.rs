@@ -194,14 +194,28 @@ fn malformed(rng: &mut Rng) -> Vec<u8> {
     v
 }
 
+/// What a fuzzing connection (or the RESTORE run) saw. `n`: commands (RESTORE payloads),
+/// `errors`: error replies (refused payloads), `checked`: restored keys that behaved as
+/// locks.
 #[derive(Default)]
-struct Live {
-    commands: u64,
+struct Tally {
+    n: u64,
     malformed: u64,
     errors: u64,
-    batches: u64,
+    checked: u64,
     hangs: u64,
     crash: Option<String>,
+}
+
+impl Tally {
+    fn add(&mut self, o: Tally) {
+        self.n += o.n;
+        self.malformed += o.malformed;
+        self.errors += o.errors;
+        self.checked += o.checked;
+        self.hangs += o.hangs;
+        self.crash = self.crash.take().or(o.crash);
+    }
 }
 
 fn ping(c: &mut Conn) -> bool {
@@ -212,20 +226,41 @@ fn ping(c: &mut Conn) -> bool {
 
 const WORKERS: u64 = 4;
 
-fn alive(pid: Option<u32>) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    pid.is_some_and(|p| unsafe { libc::kill(p as libc::pid_t, 0) } == 0)
+/// The server at `addr` (process `pid`) after a batch whose replies came (`answered`) or
+/// not: it must answer a PING within 5 s. Ok(false): it did; Ok(true): a hang, and `c` is
+/// a new connection that answers PING; Err: a crash (dead, or alive but not answering a
+/// new connection).
+fn watch(
+    c: &mut Conn,
+    answered: bool,
+    addr: std::net::SocketAddr,
+    pid: Option<u32>,
+) -> Result<bool, String> {
+    if answered && ping(c) {
+        return Ok(false);
+    }
+    // Signal 0 only checks that the process exists.
+    if !pid.is_some_and(|p| redis_lock_testkit::signal(p, 0)) {
+        return Err("server died".into());
+    }
+    let mut n = Conn::open(addr, PING_TIMEOUT)
+        .map_err(|_| "server alive but not accepting connections".to_string())?;
+    if !ping(&mut n) {
+        return Err("server alive but not answering PING".into());
+    }
+    *c = n;
+    Ok(true)
 }
 
 /// One fuzzing connection: batches of commands, then a PING.
-fn live_worker(addr: std::net::SocketAddr, pid: Option<u32>, total: u64, mut rng: Rng) -> Live {
-    let mut st = Live::default();
+fn live_worker(addr: std::net::SocketAddr, pid: Option<u32>, total: u64, mut rng: Rng) -> Tally {
+    let mut st = Tally::default();
     let connect = || Conn::open(addr, PING_TIMEOUT);
     let Ok(mut c) = connect() else {
         st.crash = Some("cannot connect".into());
         return st;
     };
-    while st.commands < total && st.crash.is_none() {
+    while st.n < total {
         if rng.chance(30) {
             // Malformed protocol on a throw-away connection (the server closes it).
             if let Ok(mut junk) = connect() {
@@ -235,7 +270,7 @@ fn live_worker(addr: std::net::SocketAddr, pid: Option<u32>, total: u64, mut rng
                 let _ = junk.read();
             }
             st.malformed += 1;
-            st.commands += 1;
+            st.n += 1;
         }
         let cmds: Vec<Vec<Vec<u8>>> = (0..BATCH).map(|_| command(&mut rng)).collect();
         for a in &cmds {
@@ -243,45 +278,27 @@ fn live_worker(addr: std::net::SocketAddr, pid: Option<u32>, total: u64, mut rng
         }
         let sent = c.flush();
         let _ = c.try_set_read_timeout(Some(PING_TIMEOUT));
-        let mut answered = sent.is_ok();
-        if answered {
-            for _ in &cmds {
-                match c.read() {
-                    Ok(r) => st.errors += u64::from(r.is_error()),
-                    Err(_) => {
-                        answered = false;
-                        break;
-                    }
-                }
-            }
+        // Every reply, counting the errors; the first read that fails ends the batch.
+        let answered = sent.is_ok()
+            && cmds.iter().all(|_| {
+                c.read()
+                    .map(|r| st.errors += u64::from(r.is_error()))
+                    .is_ok()
+            });
+        st.n += BATCH;
+        match watch(&mut c, answered, addr, pid) {
+            Ok(hang) => st.hangs += u64::from(hang),
+            Err(e) => st.crash = Some(e),
         }
-        st.commands += BATCH;
-        st.batches += 1;
-        if !answered || !ping(&mut c) {
-            if !alive(pid) {
-                st.crash = Some("server died".into());
-                break;
-            }
-            st.hangs += 1;
-            if st.hangs >= 10 {
-                break; // enough evidence; the rest would only wait
-            }
-            match connect() {
-                Ok(mut n) => {
-                    if ping(&mut n) {
-                        c = n;
-                    } else {
-                        st.crash = Some("server alive but not answering PING".into());
-                    }
-                }
-                Err(_) => st.crash = Some("server alive but not accepting connections".into()),
-            }
+        // A crash ends the run; ten hangs are enough evidence, the rest would only wait.
+        if st.crash.is_some() || st.hangs >= 10 {
+            break;
         }
     }
     st
 }
 
-fn live(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Live, String> {
+fn live(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> {
     let addr = server.socket_addr();
     let pid = server.try_pid();
     let handles: Vec<_> = (0..WORKERS)
@@ -290,32 +307,11 @@ fn live(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Live, String> 
             std::thread::spawn(move || live_worker(addr, pid, total.div_ceil(WORKERS), r))
         })
         .collect();
-    let mut st = Live::default();
+    let mut st = Tally::default();
     for h in handles {
-        let w = h.join().map_err(|_| "fuzz worker panicked".to_string())?;
-        st.commands += w.commands;
-        st.malformed += w.malformed;
-        st.errors += w.errors;
-        st.batches += w.batches;
-        st.hangs += w.hangs;
-        if st.crash.is_none() {
-            st.crash = w.crash;
-        }
-    }
-    if st.crash.is_some() && !server.is_running() {
-        st.crash = Some(format!("server died\n{}", server.log_tail()));
+        st.add(h.join().map_err(|_| "fuzz worker panicked".to_string())?);
     }
     Ok(st)
-}
-
-#[derive(Default)]
-struct Restore {
-    payloads: u64,
-    accepted: u64,
-    refused: u64,
-    accepted_checked: u64,
-    crash: Option<String>,
-    hangs: u64,
 }
 
 fn with_crc(body: &[u8]) -> Vec<u8> {
@@ -373,8 +369,8 @@ pub fn mutate(base: &[u8], rng: &mut Rng) -> Vec<u8> {
     with_crc(&out)
 }
 
-fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, String> {
-    let mut st = Restore::default();
+fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> {
+    let mut st = Tally::default();
     let mut c = connect(server)?;
     // The live fuzzer may have changed the settings. One CONFIG SET for all of them: the
     // module checks default-ttl <= max-ttl after all of a command's values are set, while
@@ -419,11 +415,10 @@ fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, St
         let payload = mutate(base, rng);
         let key = format!("fz:restore:{}", i % 64);
         i += 1;
-        st.payloads += 1;
+        st.n += 1;
         let r = c.call(&args!["RESTORE", &key, 0u64, &payload, "REPLACE"]);
         match r {
             Ok(Reply::Simple(_)) => {
-                st.accepted += 1;
                 // Whatever loaded must behave as a lock.
                 let checks = [
                     args!["LOCK.INFO", &key],
@@ -433,7 +428,7 @@ fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, St
                     args!["DEL", &key],
                 ];
                 match c.pipeline(&checks) {
-                    Ok(replies) if !replies[0].is_error() => st.accepted_checked += 1,
+                    Ok(replies) if !replies[0].is_error() => st.checked += 1,
                     Ok(replies) => {
                         st.crash =
                             Some(format!("a restored lock broke LOCK.INFO: {:?}", replies[0]))
@@ -441,23 +436,20 @@ fn restore(server: &mut Server, total: u64, rng: &mut Rng) -> Result<Restore, St
                     Err(_) => {}
                 }
             }
-            Ok(_) => st.refused += 1,
+            Ok(_) => st.errors += 1,
             Err(_) => {}
         }
         let check = i.is_multiple_of(BATCH)
             || st.crash.is_some()
             || c.try_set_read_timeout(Some(PING_TIMEOUT)).is_err();
-        if check && !ping(&mut c) {
-            if !server.is_running() {
-                st.crash = Some(format!(
-                    "server died on a RESTORE payload ({} bytes)\n{}",
-                    payload.len(),
-                    server.log_tail()
-                ));
-                break;
+        if check {
+            match watch(&mut c, true, server.socket_addr(), server.try_pid()) {
+                Ok(hang) => st.hangs += u64::from(hang),
+                Err(e) => {
+                    let n = payload.len();
+                    st.crash = Some(format!("{e} on a RESTORE payload ({n} bytes)"));
+                }
             }
-            st.hangs += 1;
-            c = connect(server)?;
         }
     }
     Ok(st)
@@ -519,32 +511,39 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6675_7a7a);
     let mut server = env.start("fuzz")?;
     let t = Instant::now();
-    let lv = live(&mut server, env.n(300_000.0, 20_000.0), &mut rng)?;
+    let mut lv = live(&server, env.n(300_000.0, 20_000.0), &mut rng)?;
     let live_secs = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let rs = restore(&mut server, env.n(20_000.0, 3_000.0), &mut rng)?;
+    let mut rs = if lv.crash.is_none() {
+        restore(&server, env.n(20_000.0, 3_000.0), &mut rng)?
+    } else {
+        Tally::default()
+    };
     let restore_secs = t.elapsed().as_secs_f64();
     let caught = if server.is_running() {
         panics(&server)
     } else {
+        for crash in [&mut lv.crash, &mut rs.crash].into_iter().flatten() {
+            crash.push_str(&format!("\n{}", server.log_tail()));
+        }
         None
     };
     let crashes = u64::from(lv.crash.is_some()) + u64::from(rs.crash.is_some());
     let hangs = lv.hangs + rs.hangs;
     o.figure = format!(
         "{crashes} crashes, {hangs} hangs in {} commands; {} hostile RESTORE payloads: {} refused, {} loaded and behaved as locks, 0 crashes",
-        thousands(lv.commands),
-        thousands(rs.payloads),
-        thousands(rs.refused),
-        thousands(rs.accepted_checked)
+        thousands(lv.n),
+        thousands(rs.n),
+        thousands(rs.errors),
+        thousands(rs.checked)
     );
     o.trials = format!(
         "{} commands ({} malformed-protocol, {} error replies) in {:.0} s; {} RESTORE payloads in {:.0} s",
-        thousands(lv.commands),
+        thousands(lv.n),
         thousands(lv.malformed),
         thousands(lv.errors),
         live_secs,
-        thousands(rs.payloads),
+        thousands(rs.n),
         restore_secs
     );
     o.note(format!(

@@ -9,64 +9,34 @@
 //! more than n holders, that fences rose with every grant across both servers, and the
 //! fenced store refused every stale write.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::common::*;
-use crate::link::Topo;
-use crate::scenarios::chaos::{common_op, Load};
+use crate::scenarios::chaos::{pair_run, PROMOTE};
 use crate::workload::{self, Mix, Plan};
-use redis_lock_testkit::{flavor_of, ReplicaPair};
+use redis_lock_testkit::flavor_of;
 
 pub const TITLE: &str = "SHARED and LIMIT keys (fenced checker, kills, failover)";
 pub const TARGET: &str = "0 writers beside a reader or writer, never more than n holders of a LIMIT n key, 0 fence regressions, 0 stale writes accepted, in >= 100,000 acquisitions";
-
-const PROMOTE: &str = "primary SIGKILLed and replica promoted";
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let flavor = flavor_of(&env.server_bin)?;
     let mut rng = Rng::new(env.seed ^ 0x6b69_6e64 ^ u64::from(flavor.major * 100 + flavor.minor));
     let target = env.n(100_000.0, 4_000.0);
-    let v = flavor.version();
-    let node = |name: String| env.builder(&name).arg("repl-diskless-sync-delay", "0");
-    let mut pair =
-        ReplicaPair::try_start_with(node(format!("kinds-{v}-a")), node(format!("kinds-{v}-b")))?;
-    let plan = Plan {
-        topo: Topo::Pair([pair.primary.socket_addr(), pair.replica.socket_addr()]),
-        keys: workload::keys("rel:kd", 2, 4, &[2, 2, 3, 5]),
-        clients: 24,
+    let (clients, keys) = (24, workload::keys("rel:kd", 2, 4, &[2, 2, 3, 5]));
+    let plan = |topo| Plan {
+        topo,
+        keys: keys.clone(),
+        clients,
         deadline: Instant::now() + env.secs(90.0, 10.0),
         stop_after: u64::MAX,
         mix: Mix::FAULTS,
         confirm: true,
         group_per_node: false,
     };
-    let mut load = Load::start(flavor, &mut rng, plan);
     let table = [(PROMOTE, 35), ("FAILOVER", 25), ("CLIENT KILL holder", 40)];
-    load.drive(&mut rng, &table, (800, 2000), |op, admin, rng, ops| {
-        let p = admin.primary(&pair);
-        if op == "CLIENT KILL holder" {
-            return common_op(op, admin, p, rng, ops).map(|_| ());
-        }
-        // Only promote a replica that has the data (else nothing was confirmed).
-        pair.replica.wait_synced(Duration::from_secs(20))?;
-        if op == "FAILOVER" {
-            admin.failover(p, &mut pair)?;
-        } else {
-            admin.kill9(p, &mut pair.primary);
-            promote(&mut connect(&pair.replica)?)?;
-            pair.primary.try_restart_as_replica_of(&pair.replica)?;
-            std::mem::swap(&mut pair.primary, &mut pair.replica);
-        }
-        ops.done(op);
-        Ok(())
-    });
-    let t = load.finish(&[])?;
-    let (clients, keys) = (load.sh.plan.clients, load.sh.plan.keys.clone());
-    let servers = [
-        (&pair.primary, "the primary".to_string()),
-        (&pair.replica, "the replica".to_string()),
-    ];
-    let sub = load.close(t, &servers);
+    let name = format!("kinds-{}", flavor.version());
+    let sub = pair_run(env, flavor, &mut rng, &name, plan, &table, (800, 2000))?;
     let (t, done) = (&sub.tally, |op| sub.ops.done.get(op).copied().unwrap_or(0));
     o.figure = format!(
         "{} violations in {} acquisitions ({} SHARED reads, {} writes, {} LIMIT permits)",

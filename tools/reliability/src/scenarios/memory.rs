@@ -184,18 +184,17 @@ fn parse_vg(log: &str) -> VgReport {
     let mut i = 0;
     while i < lines.len() {
         let l = lines[i].trim();
-        if l.starts_with("Invalid read")
-            || l.starts_with("Invalid write")
-            || l.starts_with("Invalid free")
-            || l.starts_with("Mismatched free")
-        {
-            r.invalid += 1;
-        }
-        if l.starts_with("Conditional jump or move depends on uninitialised")
-            || l.starts_with("Use of uninitialised value")
-        {
-            r.uninit += 1;
-        }
+        let starts = |heads: &[&str]| u64::from(heads.iter().any(|h| l.starts_with(h)));
+        r.invalid += starts(&[
+            "Invalid read",
+            "Invalid write",
+            "Invalid free",
+            "Mismatched free",
+        ]);
+        r.uninit += starts(&[
+            "Conditional jump or move depends on uninitialised",
+            "Use of uninitialised value",
+        ]);
         if let Some(rest) = l.strip_prefix("total heap usage:") {
             r.heap_allocs = num(rest.split_whitespace().next().unwrap_or("0"));
         }

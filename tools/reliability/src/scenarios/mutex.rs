@@ -16,8 +16,9 @@ use crate::workload::{self, Mix, Plan};
 pub const CLIENTS: usize = 64;
 pub const KEYS: usize = 16;
 
-/// What the hangs seen on Redis 7.0 come from (tools/reliability/tests/blocking_timeout_race.rs).
-pub const HANG_DIAGNOSIS: &str = "Diagnosis of the unanswered blocking acquires (reproduced by tools/reliability/tests/blocking_timeout_race.rs; Redis 7.0 only, Redis 8.2 and Valkey 8.1 answer): Redis 7.0 notices blocked-client timeouts only in beforeSleep, so a BLOCK that ends shortly before the holder's lease can be noticed after the module's lease-deadline timer has already handed the lock to that waiter (RM_UnblockClient with the grant). handleBlockedClientsTimeout then skips the module's timeout callback (bc->unblocked is set) but unblockClient() clears bc->client, so moduleHandleBlockedClients never calls the reply callback: the client gets no reply at all, and the lock stays granted to a token nobody has until its lease ends. Fix in the module (src/waiters.rs handoff): remember each waiter's BLOCK deadline and never hand the lock to a waiter whose deadline has passed; leave it queued for the timeout callback, which removes it and answers nil.";
+/// What the hangs seen on Redis 7.0 come from (tests/blocking.rs,
+/// `a_wait_ending_just_before_the_lease_ends_gets_nil_on_time`).
+pub const HANG_DIAGNOSIS: &str = "Diagnosis of the unanswered blocking acquires (reproduced by tests/blocking.rs, a_wait_ending_just_before_the_lease_ends_gets_nil_on_time; Redis 7.0 only, Redis 8.2 and Valkey 8.1 answer): Redis 7.0 notices blocked-client timeouts only in beforeSleep, so a BLOCK that ends shortly before the holder's lease can be noticed after the module's lease-deadline timer has already handed the lock to that waiter (RM_UnblockClient with the grant). handleBlockedClientsTimeout then skips the module's timeout callback (bc->unblocked is set) but unblockClient() clears bc->client, so moduleHandleBlockedClients never calls the reply callback: the client gets no reply at all, and the lock stays granted to a token nobody has until its lease ends. Fix in the module (src/waiting.rs): remember each waiter's BLOCK deadline and never hand the lock to a waiter whose deadline has passed; leave it queued for the timeout callback, which removes it and answers nil.";
 
 pub const TITLE: &str = "Mutual exclusion and fencing (fenced-mutex checker)";
 pub const TARGET: &str = "0 violations in >= 1,000,000 acquisitions";
@@ -38,7 +39,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let sh = workload::Shared::new(plan, &Arc::new(Kills::default()));
     let mut rng = Rng::new(env.seed ^ 0x006d_7574_6578);
     let start = Instant::now();
-    let t = workload::finish(&sh, workload::spawn(&sh, &mut rng), &[])?;
+    let t = workload::check(&sh, workload::join(workload::spawn(&sh, &mut rng))?, &[])?;
     let elapsed = start.elapsed().as_secs_f64();
     let n = t.grants;
     o.figure = format!(
