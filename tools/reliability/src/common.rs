@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use redis_lock_report::fmt::{pct, thousands};
 pub use redis_lock_report::reliability::{Outcome, Status};
@@ -64,18 +64,6 @@ impl Env {
     pub fn start(&self, name: &str) -> Result<Server, String> {
         self.builder(name).try_start()
     }
-}
-
-/// The client ids of a lock's holders, from a `LOCK.INFO` reply (none when free).
-pub fn holder_ids(info: &Reply) -> Vec<u64> {
-    let Some(list) = info.get("holder-list") else {
-        return Vec::new();
-    };
-    list.as_items()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|h| u64::try_from(h.get("client-id")?.as_int()?).ok())
-        .collect()
 }
 
 /// A connection with a 5 s timeout (from inside the server's namespace, if any).
@@ -170,14 +158,18 @@ pub fn health(s: &Server, what: &str) -> Result<(), String> {
     }
 }
 
-/// Runs one client thread per entry of `inputs` (`client(i, input, stop)`) until `work`
-/// returns, then raises `stop` and collects what each client returns.
-pub fn clients<C: Send, T: Send>(
+/// One round of a crash run: one client thread per entry of `inputs`
+/// (`client(i, input, stop)`) works for `run_ms`, with `fault(server)` applied `at` ms in
+/// (when given); then `server` is SIGKILLed, `stop` raised, and what each client returns
+/// collected.
+pub fn kill_under_load<C: Send, T: Send>(
+    server: &mut Server,
+    run_ms: u64,
+    fault: Option<(u64, impl FnOnce(&Server) -> Result<(), String>)>,
     inputs: Vec<C>,
     client: impl Fn(usize, C, &AtomicBool) -> T + Sync,
-    work: impl FnOnce() -> Result<(), String>,
 ) -> Result<Vec<T>, String> {
-    let stop = AtomicBool::new(false);
+    let (t0, stop) = (Instant::now(), AtomicBool::new(false));
     std::thread::scope(|s| {
         let handles: Vec<_> = (inputs.into_iter().enumerate())
             .map(|(i, input)| {
@@ -185,7 +177,12 @@ pub fn clients<C: Send, T: Send>(
                 s.spawn(move || client(i, input, stop))
             })
             .collect();
-        let worked = work();
+        let worked = fault.map_or(Ok(()), |(at, fault)| {
+            std::thread::sleep(Duration::from_millis(at));
+            fault(server)
+        });
+        std::thread::sleep(Duration::from_millis(run_ms).saturating_sub(t0.elapsed()));
+        server.kill9();
         stop.store(true, Ordering::Relaxed);
         let out: Result<Vec<T>, String> = handles
             .into_iter()

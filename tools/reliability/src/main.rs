@@ -182,7 +182,11 @@ fn run(a: RunArgs) -> ExitCode {
                 o.server = Some(ServerId {
                     label: redis_lock_testkit::flavor_of(&env.server_bin)
                         .map_or_else(|_| env.server_bin.display().to_string(), |f| f.label()),
-                    path: shown_path(&env.repo, &env.server_bin),
+                    // Relative to the repository when inside it.
+                    path: (env.server_bin.strip_prefix(&env.repo))
+                        .unwrap_or(&env.server_bin)
+                        .display()
+                        .to_string(),
                 });
             }
             println!("== [{}] {} ...", i + 1, o.full_title());
@@ -232,12 +236,6 @@ fn run(a: RunArgs) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
-}
-
-/// A server binary as the docs show it: relative to the repository when inside it.
-fn shown_path(repo: &Path, p: &Path) -> String {
-    p.strip_prefix(repo)
-        .map_or_else(|_| p.display().to_string(), |r| r.display().to_string())
 }
 
 fn save(

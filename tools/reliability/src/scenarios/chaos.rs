@@ -247,7 +247,14 @@ pub fn common_op(
                 waiters(admin, node)?
             } else {
                 let key = rng.pick(&admin.keys).0.clone();
-                holder_ids(&admin.call(node, &args!["LOCK.INFO", key])?)
+                let info = admin.call(node, &args!["LOCK.INFO", key])?;
+                let list = info.get("holder-list").unwrap_or(Reply::Nil);
+                let id = |h: &Reply| u64::try_from(h.get("client-id")?.as_int()?).ok();
+                list.as_items()
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(id)
+                    .collect()
             };
             let id = (!ids.is_empty()).then(|| *rng.pick(&ids));
             let Some(id) = id else { return Ok(true) };

@@ -8,7 +8,6 @@
 //! (`save 1 1`), the loss rates are published as facts.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use crate::common::*;
 
@@ -264,17 +263,14 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
             rng.range(200, 1200)
         };
         let rewrite_at = (mode != Mode::Rdb && rng.chance(50)).then(|| rng.below(run_ms));
-        let client = |cid, (c, r), stop: &AtomicBool| client(c, round, cid, r, stop);
-        let outs = clients(inputs, client, || {
-            if let Some(at) = rewrite_at {
-                std::thread::sleep(Duration::from_millis(at));
-                let r = cmd(&mut connect(&server)?, &args!["BGREWRITEAOF"])?;
-                st.rewrites += u64::from(!r.is_error());
-            }
-            std::thread::sleep(Duration::from_millis(run_ms - rewrite_at.unwrap_or(0)));
-            server.kill9();
+        let rewrite = |s: &Server| {
+            let r = cmd(&mut connect(s)?, &args!["BGREWRITEAOF"])?;
+            st.rewrites += u64::from(!r.is_error());
             Ok(())
-        })?;
+        };
+        let fault = rewrite_at.map(|at| (at, rewrite));
+        let client = |cid, (c, r), stop: &AtomicBool| client(c, round, cid, r, stop);
+        let outs = kill_under_load(&mut server, run_ms, fault, inputs, client)?;
         server
             .try_restart()
             .map_err(|e| format!("restart after SIGKILL failed (round {round}): {e}"))?;

@@ -8,7 +8,6 @@
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use crate::common::*;
 use redis_lock_testkit::net::{LinkCut, Netns};
@@ -110,27 +109,19 @@ fn round(
         .map(|_| connect(&primary))
         .collect::<Result<Vec<_>, String>>()?;
     let run_ms = rng.range(300, 1500);
-    let cut_at = if rng.chance(70) {
-        Some(rng.below(run_ms))
-    } else {
-        None
+    let cut_at = rng.chance(70).then(|| rng.below(run_ms));
+    let cut_link = |_: &Server| {
+        cut.cut(REPLICA, PRIMARY, PORT)?;
+        st.cuts += 1;
+        Ok(())
     };
-    let t0 = Instant::now();
     // Half the clients confirm their grants with WAIT.
     let client = |cid: usize, c, stop: &AtomicBool| client(c, r, cid, cid.is_multiple_of(2), stop);
-    let acked: Vec<Acked> = clients(inputs, client, || {
-        if let Some(at) = cut_at {
-            std::thread::sleep(Duration::from_millis(at));
-            cut.cut(REPLICA, PRIMARY, PORT)?;
-            st.cuts += 1;
-        }
-        std::thread::sleep(Duration::from_millis(run_ms).saturating_sub(t0.elapsed()));
-        primary.kill9();
-        Ok(())
-    })?
-    .into_iter()
-    .flatten()
-    .collect();
+    let fault = cut_at.map(|at| (at, cut_link));
+    let acked: Vec<Acked> = kill_under_load(&mut primary, run_ms, fault, inputs, client)?
+        .into_iter()
+        .flatten()
+        .collect();
     // Promote while the old primary is dead and the link still cut.
     let mut c = connect(&replica)?;
     promote(&mut c)?;

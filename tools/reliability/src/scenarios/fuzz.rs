@@ -82,20 +82,15 @@ fn value(rng: &mut Rng) -> Vec<u8> {
 /// Keeps the fuzzer from asking for long waits: any BLOCK value a parser might accept
 /// as a wait longer than 50 ms (or 0 = forever) becomes 1..50 or garbage.
 fn tame_block(a: &mut [Vec<u8>], rng: &mut Rng) {
-    for i in 0..a.len().saturating_sub(1) {
-        if a[i].eq_ignore_ascii_case(b"BLOCK") {
-            let v = &a[i + 1];
-            let digits = !v.is_empty() && v.iter().all(|b| b.is_ascii_digit());
-            if digits {
-                let n: Option<u64> = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok());
-                if !matches!(n, Some(1..=50)) {
-                    a[i + 1] = if rng.chance(50) {
-                        rng.range(1, 50).to_string().into_bytes()
-                    } else {
-                        b"-5".to_vec()
-                    };
-                }
-            }
+    for i in 1..a.len() {
+        let digits = !a[i].is_empty() && a[i].iter().all(u8::is_ascii_digit);
+        let n: Option<u64> = std::str::from_utf8(&a[i]).ok().and_then(|s| s.parse().ok());
+        if a[i - 1].eq_ignore_ascii_case(b"BLOCK") && digits && !matches!(n, Some(1..=50)) {
+            a[i] = if rng.chance(50) {
+                rng.range(1, 50).to_string().into_bytes()
+            } else {
+                b"-5".to_vec()
+            };
         }
     }
 }
