@@ -610,19 +610,34 @@ impl Tally {
 
     /// One line of what the clients did.
     pub fn history(&self) -> String {
+        let list = |items: &[(u64, &str)]| {
+            let each = items
+                .iter()
+                .map(|(n, what)| format!("{} {what}", thousands(*n)));
+            each.collect::<Vec<_>>().join(", ")
+        };
+        let modes = list(&[
+            (self.by_mode[0], "exclusive or writer"),
+            (self.by_mode[1], "SHARED readers"),
+            (self.by_mode[2], "LIMIT permits"),
+        ]);
+        let done = list(&[
+            (self.n.releases, "releases"),
+            (self.n.extends, "extends"),
+            (self.n.abandoned, "leases left to expire"),
+        ]);
+        let refused = list(&[
+            (self.n.nil_blocking, "blocking acquires timed out"),
+            (
+                self.n.nil_nonblocking,
+                "non-blocking acquires found the key busy",
+            ),
+            (self.n.maxwaiters, "refused with MAXWAITERS"),
+            (self.n.unblocked, "unblocked with an error"),
+        ]);
         format!(
-            "{} grants ({} exclusive or writer, {} SHARED readers, {} LIMIT permits), {} releases, {} extends, {} leases left to expire; {} blocking acquires timed out, {} non-blocking acquires found the key busy, {} refused with MAXWAITERS, {} unblocked with an error",
-            thousands(self.grants),
-            thousands(self.by_mode[0]),
-            thousands(self.by_mode[1]),
-            thousands(self.by_mode[2]),
-            thousands(self.n.releases),
-            thousands(self.n.extends),
-            thousands(self.n.abandoned),
-            thousands(self.n.nil_blocking),
-            thousands(self.n.nil_nonblocking),
-            thousands(self.n.maxwaiters),
-            thousands(self.n.unblocked),
+            "{} grants ({modes}), {done}; {refused}",
+            thousands(self.grants)
         )
     }
 }
@@ -735,6 +750,24 @@ pub fn verdict(o: &mut Outcome, env: &Env, t: &Tally, target: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn history_names_every_count() {
+        let mut t = Tally {
+            grants: 1234,
+            by_mode: [1, 2, 3],
+            ..Tally::default()
+        };
+        (t.n.releases, t.n.extends, t.n.abandoned) = (4, 5, 6);
+        (t.n.nil_blocking, t.n.nil_nonblocking) = (7, 8);
+        (t.n.maxwaiters, t.n.unblocked) = (9, 10);
+        assert_eq!(
+            t.history(),
+            "1,234 grants (1 exclusive or writer, 2 SHARED readers, 3 LIMIT permits), 4 releases, \
+             5 extends, 6 leases left to expire; 7 blocking acquires timed out, 8 non-blocking \
+             acquires found the key busy, 9 refused with MAXWAITERS, 10 unblocked with an error"
+        );
+    }
 
     fn kinds(s: &Store) -> Vec<(StoreEventKind, Vec<Fence>, Fence)> {
         let e = s.events.lock().unwrap();

@@ -230,6 +230,31 @@ struct KindPanel<'a> {
     color: RGBColor,
 }
 
+/// A panel of the chart: its title after the family's heading, its figure, its unit.
+type PanelSpec = (&'static str, fn(&KindCell) -> f64, &'static str);
+/// The readers/writers column: reads per second, the writer's longest wait.
+const RW_PANELS: [PanelSpec; 2] = [
+    (
+        "reads / s (log)",
+        |c| c.summary.readers.as_ref().map_or(0.0, |r| r.per_second),
+        "reads / s",
+    ),
+    (
+        "writer's longest wait (ms, log)",
+        |c| c.summary.writers.as_ref().map_or(0.0, |w| w.wait_max_ms),
+        "ms",
+    ),
+];
+/// The semaphore column: acquisitions per second, the wait's p99.
+const SEM_PANELS: [PanelSpec; 2] = [
+    (
+        "acquisitions / s (log)",
+        |c| c.summary.all.per_second,
+        "acquisitions / s",
+    ),
+    ("wait p99 (ms, log)", |c| c.summary.all.wait_p99_ms, "ms"),
+];
+
 fn bar_label(v: f64) -> String {
     crate::fmt::scaled(
         v,
@@ -311,48 +336,30 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
     crate::chart::register_fonts()?;
     let rw = family(&run.kinds, "rw");
     let sem = family(&run.kinds, "sem");
+    let rw_who = rw
+        .first()
+        .map(|f| format!("{} readers + {} writer", f.readers, f.writers));
+    let sem_who = sem.first().map(|f| {
+        let permits = f.limit.unwrap_or(0);
+        format!("{} clients, {permits} permits", f.clients)
+    });
     let mut columns: Vec<[KindPanel; 2]> = Vec::new();
-    if let Some(first) = rw.first() {
-        let who = format!("{} readers + {} writer", first.readers, first.writers);
-        columns.push([
+    let families = [(rw_who, &rw, RW_PANELS), (sem_who, &sem, SEM_PANELS)];
+    for (i, (who, cells, specs)) in families.into_iter().enumerate() {
+        let Some(who) = who else { continue };
+        let mut row = 0;
+        columns.push(specs.map(|(title, value, unit)| {
+            row += 1;
+            let (title, cells) = (format!("{who}: {title}"), cells.clone());
+            let color = PALETTE[2 * i + row - 1];
             KindPanel {
-                title: format!("{who}: reads / s (log)"),
-                cells: rw.clone(),
-                value: |c| c.summary.readers.as_ref().map_or(0.0, |r| r.per_second),
-                unit: "reads / s",
-                color: PALETTE[0],
-            },
-            KindPanel {
-                title: format!("{who}: writer's longest wait (ms, log)"),
-                cells: rw.clone(),
-                value: |c| c.summary.writers.as_ref().map_or(0.0, |w| w.wait_max_ms),
-                unit: "ms",
-                color: PALETTE[1],
-            },
-        ]);
-    }
-    if let Some(first) = sem.first() {
-        let who = format!(
-            "{} clients, {} permits",
-            first.clients,
-            first.limit.unwrap_or(0)
-        );
-        columns.push([
-            KindPanel {
-                title: format!("{who}: acquisitions / s (log)"),
-                cells: sem.clone(),
-                value: |c| c.summary.all.per_second,
-                unit: "acquisitions / s",
-                color: PALETTE[2],
-            },
-            KindPanel {
-                title: format!("{who}: wait p99 (ms, log)"),
-                cells: sem.clone(),
-                value: |c| c.summary.all.wait_p99_ms,
-                unit: "ms",
-                color: PALETTE[3],
-            },
-        ]);
+                title,
+                cells,
+                value,
+                unit,
+                color,
+            }
+        }));
     }
     if columns.is_empty() {
         return Ok(());
