@@ -8,7 +8,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::{Cmd, Connection, ToRedisArgs, Value};
-use redis_lock_report::contention_kinds::{INTENT_MS, RW_POLL_US, SEM_POLL_MS};
+use redis_lock_report::contention_kinds::{INTENT_MS, JITTER_US, SEM_POLL_MS};
 use redis_lock_testkit::Rng;
 
 use crate::stats::Role;
@@ -344,9 +344,8 @@ impl Client<'_> {
                 return self.query(&blpop).map(drop);
             }
             Method::Poll100 => 100_000,
-            Method::PollJitter => self.rng.range(5_000, 14_999),
-            Method::RwScript | Method::RwScriptWriterFirst => {
-                self.rng.range(RW_POLL_US.0, RW_POLL_US.1)
+            Method::PollJitter | Method::RwScript | Method::RwScriptWriterFirst => {
+                self.rng.range(JITTER_US.0, JITTER_US.1)
             }
             Method::ZsetPoll => SEM_POLL_MS * 1000,
         };

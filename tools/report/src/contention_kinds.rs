@@ -16,9 +16,10 @@ use crate::chart::{category, decades, first_seen, holds, legend, tick, FONT, PAL
 use crate::contention::ContentionRun;
 use crate::Error;
 
-/// Pause between two attempts of the client-side read-write lock recipes: uniform in
-/// this range of µs (10 ms ± 5 ms, node-redlock's jitter as the mutex cells use it).
-pub const RW_POLL_US: (u64, u64) = (5_000, 14_999);
+/// Pause between two attempts of node-redlock's `SET NX` recipe (the `jitter` method of
+/// the mutex and readers/writers cells) and of the client-side read-write lock recipes:
+/// uniform in this range of µs (10 ms ± 5 ms, node-redlock's jitter).
+pub const JITTER_US: (u64, u64) = (5_000, 14_999);
 /// Pause between two attempts of the sorted-set semaphore (redis-semaphore's default
 /// `retryInterval` for npm).
 pub const SEM_POLL_MS: u64 = 10;
@@ -193,7 +194,7 @@ pub fn context(kinds: &[KindCell]) -> Value {
             acquisitions => module.iter().map(|c| c.summary.all.acquisitions).sum::<u64>(),
         }
     });
-    let (lo, hi) = RW_POLL_US;
+    let (lo, hi) = JITTER_US;
     context! {
         rw_goals => rw_goals(&rw),
         sem_goals => sem_goals(&sem),
