@@ -82,6 +82,11 @@ impl Throughput {
             .iter()
             .find(|r| r.name == name && r.pipeline == pipeline)
     }
+    /// PING against the recipe of `r`, both in commands per second (a cycle is two
+    /// commands): no command can beat PING, so this bounds `r`'s ratio.
+    pub fn ceiling(&self, r: &PairResult) -> f64 {
+        self.ping_median(r.pipeline) / (r.b * r.b_per_op)
+    }
 }
 
 /// Latency percentiles of one command, microseconds.
@@ -328,7 +333,7 @@ fn server_view(s: &ServerResults, names: &[&str]) -> Value {
                 // A cycle is two commands: compare commands per second with PING.
                 context! {
                     met => r.goal.map(|g| r.ratio() >= g),
-                    ceiling => ping / (r.b * r.b_per_op),
+                    ceiling => t.ceiling(r),
                     share => r.a * r.a_per_op / ping * 100.0,
                     ..Value::from(Serde(r))
                 }
@@ -358,9 +363,7 @@ fn gaps(run: &PerfRun) -> Vec<Value> {
                 let Some(goal) = r.goal.filter(|g| r.ratio() < *g) else {
                     continue;
                 };
-                // No command can beat PING: PING / recipe bounds the ratio.
-                let ping = s.throughput.as_ref().map_or(f64::NAN, |t| t.ping_median(p));
-                let ceiling = ping / (r.b * r.b_per_op);
+                let ceiling = s.throughput.as_ref().map_or(f64::NAN, |t| t.ceiling(r));
                 v.push(context! {
                     kind => "ratio", server, name => &name, p, goal,
                     ratio => r.ratio(),
