@@ -135,8 +135,8 @@ fn rw_goals(rw: &[&KindCell]) -> Option<Value> {
         context! { vs_mutex, vs_wfirst, ..Value::from(Serde(c)) }
     });
     let wait = |c: &&&KindCell| writers(c).map_or(0.0, |w| w.wait_max_ms);
-    let lua = rw.iter().filter(|c| c.method == "rw-script");
-    let starved = lua.max_by(|a, b| wait(a).total_cmp(&wait(b)));
+    let lua = by_method(rw, "rw-script");
+    let starved = lua.iter().max_by(|a, b| wait(a).total_cmp(&wait(b)));
     let reads = shared.iter().filter_map(|c| c.summary.readers.as_ref());
     Some(context! {
         readers => first.readers,
@@ -183,9 +183,7 @@ pub fn context(kinds: &[KindCell]) -> Value {
     let rw = family(kinds, "rw");
     let sem = family(kinds, "sem");
     // Goals both families share: 2 commands per acquisition, no grant against the rule.
-    let module = rw.iter().chain(&sem).copied();
-    let module = module.filter(|c| matches!(c.method.as_str(), "shared" | "limit"));
-    let module: Vec<&KindCell> = module.collect();
+    let module = [by_method(&rw, "shared"), by_method(&sem, "limit")].concat();
     let common = (!module.is_empty()).then(|| {
         let cpa = |c: &&KindCell| c.summary.commands_per_acquisition;
         context! {
