@@ -7,6 +7,7 @@ use minijinja::context;
 use minijinja::value::{Serde, Value};
 use serde::{Deserialize, Serialize};
 
+use crate::chart::first_seen;
 use crate::template::render;
 use crate::Error;
 
@@ -387,13 +388,13 @@ fn gaps(run: &PerfRun) -> Vec<Value> {
 
 /// The data and the derived figures every perf template gets.
 fn perf_context(run: &PerfRun) -> Value {
-    let mut names = vec![ACQUIRE, RELEASE, EXTEND, CYCLE];
     let pairs = run.servers.iter().filter_map(|s| s.throughput.as_ref());
-    for p in pairs.flat_map(|t| &t.pairs) {
-        if !names.contains(&p.name.as_str()) {
-            names.push(&p.name);
-        }
-    }
+    let measured = pairs.flat_map(|t| &t.pairs).map(|p| p.name.as_str());
+    // The named comparisons first: the templates look them up, measured or not.
+    let names = [ACQUIRE, RELEASE, EXTEND, CYCLE]
+        .into_iter()
+        .chain(measured);
+    let names = first_seen(names);
     let goals = goal_pairs(run).into_iter().map(|(name, goals)| {
         let met = run.servers.iter().map(|s| {
             let r = PIPELINES.map(|p| pair(s, &name, p).map_or(f64::NAN, PairResult::ratio));
