@@ -107,8 +107,9 @@ fn pairs<'a>(v: &'a Value, what: &str) -> Result<Vec<(&'a Value, &'a Value)>> {
     }
 }
 
-fn int(v: &Option<String>) -> Option<i64> {
-    v.as_deref().and_then(|s| s.parse::<i64>().ok())
+/// A field's value as a number of the type asked for (`None` when nil or not one).
+fn num<T: std::str::FromStr>(v: &Option<String>) -> Option<T> {
+    v.as_deref().and_then(|s| s.parse().ok())
 }
 
 impl HolderInfo {
@@ -119,12 +120,12 @@ impl HolderInfo {
             let key = text(k)?.unwrap_or_default();
             let val = text(v)?;
             match key.as_str() {
-                "fence" => fence = val.as_deref().and_then(|s| s.parse::<u64>().ok()),
+                "fence" => fence = num(&val),
                 "owner" => h.owner = val.clone(),
-                "ttl" => h.ttl_ms = int(&val).unwrap_or(-1),
-                "expires-at" => h.expires_at_ms = int(&val),
-                "acquired-at" => h.acquired_at_ms = int(&val),
-                "client-id" => h.client_id = int(&val),
+                "ttl" => h.ttl_ms = num(&val).unwrap_or(-1),
+                "expires-at" => h.expires_at_ms = num(&val),
+                "acquired-at" => h.acquired_at_ms = num(&val),
+                "client-id" => h.client_id = num(&val),
                 "client-addr" => h.client_addr = val.clone(),
                 _ => {}
             }
@@ -175,16 +176,16 @@ impl LockInfo {
             match key.as_str() {
                 "kind" => info.kind = val.clone().unwrap_or_default(),
                 "mode" => mode = val.clone(),
-                "ttl" => info.ttl_ms = int(&val).unwrap_or(-1),
-                "expires-at" => info.expires_at_ms = int(&val),
-                "fence" => info.fence = val.as_deref().and_then(|s| s.parse::<u64>().ok()),
+                "ttl" => info.ttl_ms = num(&val).unwrap_or(-1),
+                "expires-at" => info.expires_at_ms = num(&val),
+                "fence" => info.fence = num(&val),
                 "owner" => info.owner = val.clone(),
-                "acquired-at" => info.acquired_at_ms = int(&val),
-                "client-id" => info.client_id = int(&val),
+                "acquired-at" => info.acquired_at_ms = num(&val),
+                "client-id" => info.client_id = num(&val),
                 "client-addr" => info.client_addr = val.clone(),
-                "limit" => info.limit = val.as_deref().and_then(|s| s.parse::<u32>().ok()),
-                "holders" => info.holders = val.as_deref().and_then(|s| s.parse::<u64>().ok()),
-                "waiters" => info.waiters = int(&val).unwrap_or(0),
+                "limit" => info.limit = num(&val),
+                "holders" => info.holders = num(&val),
+                "waiters" => info.waiters = num(&val).unwrap_or(0),
                 _ => {}
             }
             info.fields.push((key, val));
