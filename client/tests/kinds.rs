@@ -9,7 +9,7 @@ mod util;
 use std::time::{Duration, Instant};
 
 use redis_lock_client::{AcquireOptions, ClientOptions, Error, LockClient, LockMode, LossReason};
-use redis_lock_testkit::{wait_until, ServerBuilder};
+use redis_lock_testkit::{wait_until, Resp, Server, ServerBuilder};
 use util::{
     client, granted, is_free, lift_fence_counter, lock_stat, lost_within, ms, probe_fence, redlock,
     renewing, server_with_client, servers, setup, urls,
@@ -21,41 +21,17 @@ fn opts(ttl_ms: u64) -> AcquireOptions {
 
 /// The fences of every holder of `key`, from the raw RESP2 `LOCK.INFO` (sorted; empty
 /// when free).
-fn raw_fences(c: &mut redis::Connection, key: &str) -> Vec<u64> {
-    let v: redis::Value = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
-    let items = match v {
-        redis::Value::Nil => return Vec::new(),
-        redis::Value::Array(items) => items,
-        other => panic!("LOCK.INFO {other:?}"),
-    };
-    let list = items
-        .chunks(2)
-        .find_map(|kv| match (&kv[0], &kv[1]) {
-            (redis::Value::BulkString(k), redis::Value::Array(l)) if k == b"holder-list" => {
-                Some(l.clone())
-            }
-            _ => None,
-        })
-        .expect("a holder-list");
-    let mut fences: Vec<u64> = list
-        .iter()
-        .map(|h| {
-            let redis::Value::Array(fields) = h else {
-                panic!("holder {h:?}")
-            };
-            fields
-                .chunks(2)
-                .find_map(|kv| match (&kv[0], &kv[1]) {
-                    (redis::Value::BulkString(k), redis::Value::Int(f)) if k == b"fence" => {
-                        Some(*f as u64)
-                    }
-                    _ => None,
-                })
-                .expect("a fence per holder")
-        })
-        .collect();
-    fences.sort_unstable();
-    fences
+fn raw_fences(server: &Server, key: &str) -> Vec<u64> {
+    let r = server.raw().cmd(&["LOCK.INFO", key]);
+    if r == Resp::Nil {
+        return Vec::new();
+    }
+    let list = r.field("holder-list").expect("a holder-list");
+    let fences = list.items().into_iter().map(|h| {
+        let fence = h.field("fence").and_then(|f| f.as_int());
+        fence.expect("a fence per holder") as u64
+    });
+    sorted(fences.collect())
 }
 
 /// The reason `lost` gives (within `limit`), and how long it took.
@@ -92,7 +68,7 @@ async fn shared_guards_coexist_and_a_writer_waits_for_all() {
     let (f1, f2) = (r1.fence().unwrap(), r2.fence().unwrap());
     assert!(f2 > f1);
     assert_ne!(r1.token(), r2.token(), "each holder has its own token");
-    assert_eq!(raw_fences(&mut c, "lock:rw"), vec![f1, f2]);
+    assert_eq!(raw_fences(&server, "lock:rw"), vec![f1, f2]);
 
     // LOCK.INFO through the client: the mode and both holders, no top-level holder.
     let info = a.info("lock:rw").await.unwrap().expect("held");
@@ -158,7 +134,7 @@ async fn shared_guards_coexist_and_a_writer_waits_for_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counted_guards_take_n_permits_and_the_next_waits_for_one() {
-    let (_server, mut c, locks) = server_with_client(ServerBuilder::new()).await;
+    let (server, mut c, locks) = server_with_client(ServerBuilder::new()).await;
     let o = opts(10_000).limit(3);
     let mut held = Vec::new();
     for _ in 0..3 {
@@ -172,7 +148,7 @@ async fn counted_guards_take_n_permits_and_the_next_waits_for_one() {
     }
     assert!(held.iter().all(|g| g.mode() == LockMode::Counted(3)));
     let fences: Vec<u64> = held.iter().map(|g| g.fence().unwrap()).collect();
-    assert_eq!(raw_fences(&mut c, "lock:sem"), sorted(fences.clone()));
+    assert_eq!(raw_fences(&server, "lock:sem"), sorted(fences.clone()));
     assert!(
         locks.acquire_with("lock:sem", &o).await.unwrap().is_none(),
         "all 3 permits taken"
@@ -195,7 +171,7 @@ async fn counted_guards_take_n_permits_and_the_next_waits_for_one() {
     let g4 = waiter.await.unwrap().expect("handed the free permit");
     assert!(g4.fence().unwrap() > fences[2]);
     assert_eq!(
-        raw_fences(&mut c, "lock:sem"),
+        raw_fences(&server, "lock:sem"),
         sorted(vec![fences[1], fences[2], g4.fence().unwrap()])
     );
     for g in held {
@@ -216,7 +192,7 @@ async fn renewal_keeps_one_holder_while_another_holders_lease_ends() {
         let a = granted(locks.acquire_with(key, &renewing(300).mode(mode))).await;
         let b = granted(locks.acquire_with(key, &opts(300).mode(mode))).await;
         let (fa, fb) = (a.fence().unwrap(), b.fence().unwrap());
-        assert_eq!(raw_fences(&mut c, key), vec![fa, fb]);
+        assert_eq!(raw_fences(&server, key), vec![fa, fb]);
         let a_lost = a.lost();
         tokio::pin!(a_lost);
         let (reason, took) = lost_after(ms(2_000), b.lost()).await;
@@ -229,7 +205,7 @@ async fn renewal_keeps_one_holder_while_another_holders_lease_ends() {
                 r = &mut a_lost => panic!("{mode}: A lost its lease: {r:?}"),
                 _ = tokio::time::sleep(ms(100)) => {}
             }
-            assert_eq!(raw_fences(&mut c, key), vec![fa], "{mode}");
+            assert_eq!(raw_fences(&server, key), vec![fa], "{mode}");
         }
         assert!(a.is_held());
         let info = locks.info(key).await.unwrap().unwrap();
@@ -247,7 +223,7 @@ async fn renewal_keeps_one_holder_while_another_holders_lease_ends() {
 /// (`NotHeld`, at its next renewal); the other holder keeps renewing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loss_signal_when_forcerelease_removes_this_holder() {
-    let (_server, mut c, locks) = server_with_client(ServerBuilder::new()).await;
+    let (server, mut c, locks) = server_with_client(ServerBuilder::new()).await;
     for mode in [LockMode::Shared, LockMode::Counted(5)] {
         let key = &format!("lock:fr-{}", mode.name());
         let o = renewing(600).mode(mode);
@@ -276,7 +252,7 @@ async fn loss_signal_when_forcerelease_removes_this_holder() {
             _ = tokio::time::sleep(ms(1_200)) => {}
         }
         assert!(b.is_held());
-        assert_eq!(raw_fences(&mut c, key), vec![fb], "{mode}");
+        assert_eq!(raw_fences(&server, key), vec![fb], "{mode}");
         assert!(!a.release().await.unwrap());
         assert!(b.release().await.unwrap());
         assert!(is_free(&mut c, key));
@@ -285,7 +261,7 @@ async fn loss_signal_when_forcerelease_removes_this_holder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrongmode_and_limitmismatch_are_errors_not_waits() {
-    let (_server, mut c, locks) = server_with_client(ServerBuilder::new()).await;
+    let (server, _, locks) = server_with_client(ServerBuilder::new()).await;
     let sem = locks
         .acquire_with("lock:m", &opts(10_000).limit(2))
         .await
@@ -344,7 +320,7 @@ async fn wrongmode_and_limitmismatch_are_errors_not_waits() {
         Some("WRONGMODE")
     );
     // Nothing changed on the server; the holders release as usual.
-    assert_eq!(raw_fences(&mut c, "lock:m"), vec![sem.fence().unwrap()]);
+    assert_eq!(raw_fences(&server, "lock:m"), vec![sem.fence().unwrap()]);
     for g in [sem, x, s] {
         assert!(g.release().await.unwrap());
     }
@@ -464,11 +440,7 @@ async fn redlock_shared_works_with_quorum_fencing_and_limit_is_refused() {
     // Round 2 lifted every node's counter above the quorum fence.
     for (i, server) in s.iter().enumerate() {
         assert!(probe_fence(server) > f2, "node {i}");
-        assert_eq!(
-            raw_fences(&mut server.conn(), "lock:rl-rw").len(),
-            2,
-            "node {i}"
-        );
+        assert_eq!(raw_fences(server, "lock:rl-rw").len(), 2, "node {i}");
     }
     // A writer gets no majority while readers hold it.
     assert!(rl2
@@ -480,7 +452,7 @@ async fn redlock_shared_works_with_quorum_fencing_and_limit_is_refused() {
     tokio::time::sleep(ms(1_500)).await;
     assert!(r1.is_held() && r2.is_held());
     for server in &s {
-        assert_eq!(raw_fences(&mut server.conn(), "lock:rl-rw").len(), 2);
+        assert_eq!(raw_fences(server, "lock:rl-rw").len(), 2);
     }
     assert!(r1.release().await.unwrap());
     assert!(r2.release().await.unwrap());
