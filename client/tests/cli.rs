@@ -769,22 +769,6 @@ fn rendezvous(me: &Path, other: &Path, go: &Path) -> String {
     )
 }
 
-/// Every `fence` value in a RESP2 `LOCK.INFO` reply, nested lists included.
-fn fences_in(v: &redis::Value, out: &mut Vec<u64>) {
-    if let redis::Value::Array(items) = v {
-        for kv in items.chunks(2) {
-            if let [redis::Value::BulkString(k), redis::Value::Int(f)] = kv {
-                if k == b"fence" {
-                    out.push(*f as u64);
-                }
-            }
-        }
-        for i in items {
-            fences_in(i, out);
-        }
-    }
-}
-
 #[test]
 fn shared_runs_run_together_and_an_exclusive_run_waits_for_all_of_them() {
     let case = Case::start();
@@ -835,10 +819,11 @@ fn shared_runs_run_together_and_an_exclusive_run_waits_for_all_of_them() {
         })
         .collect();
     fences.sort_unstable();
-    let mut raw = Vec::new();
-    fences_in(&util::lock_info(&mut c, "catalog"), &mut raw);
-    raw.sort_unstable();
-    assert_eq!(fences, raw, "the fences LOCK.INFO reports");
+    assert_eq!(
+        fences,
+        util::raw_fences(server, "catalog"),
+        "the fences LOCK.INFO reports"
+    );
     assert!(holders.iter().all(|h| h["ttl"].as_i64().unwrap() > 0));
 
     // An exclusive run without --wait is busy; with --wait it queues behind the readers,

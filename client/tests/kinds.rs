@@ -9,29 +9,14 @@ mod util;
 use std::time::{Duration, Instant};
 
 use redis_lock_client::{AcquireOptions, ClientOptions, Error, LockClient, LockMode, LossReason};
-use redis_lock_testkit::{wait_until, Resp, Server, ServerBuilder};
+use redis_lock_testkit::{wait_until, ServerBuilder};
 use util::{
-    client, granted, is_free, lift_fence_counter, lock_stat, lost_within, ms, probe_fence, redlock,
-    renewing, server_with_client, servers, setup, urls,
+    client, granted, is_free, lift_fence_counter, lock_stat, lost_within, ms, probe_fence,
+    raw_fences, redlock, renewing, server_with_client, servers, setup, urls,
 };
 
 fn opts(ttl_ms: u64) -> AcquireOptions {
     AcquireOptions::new(ms(ttl_ms))
-}
-
-/// The fences of every holder of `key`, from the raw RESP2 `LOCK.INFO` (sorted; empty
-/// when free).
-fn raw_fences(server: &Server, key: &str) -> Vec<u64> {
-    let r = server.raw().cmd(&["LOCK.INFO", key]);
-    if r == Resp::Nil {
-        return Vec::new();
-    }
-    let list = r.field("holder-list").expect("a holder-list");
-    let fences = list.items().into_iter().map(|h| {
-        let fence = h.field("fence").and_then(|f| f.as_int());
-        fence.expect("a fence per holder") as u64
-    });
-    sorted(fences.collect())
 }
 
 /// The reason `lost` gives (within `limit`), and how long it took.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use redis_lock_client::{LockClient, LossReason, Redlock, RedlockOptions};
-use redis_lock_testkit::{Server, ServerBuilder};
+use redis_lock_testkit::{Resp, Server, ServerBuilder};
 
 pub use redis_lock_testkit::Stopped;
 
@@ -18,6 +18,26 @@ pub fn setup() {
 /// `LOCK.INFO key` on a connection, as the raw value (nil when free).
 pub fn lock_info(c: &mut redis::Connection, key: &str) -> redis::Value {
     redis::cmd("LOCK.INFO").arg(key).query(c).unwrap()
+}
+
+/// The fences of every holder of `key`, from the raw RESP2 `LOCK.INFO` (sorted; empty
+/// when free).
+pub fn raw_fences(server: &Server, key: &str) -> Vec<u64> {
+    let r = server.raw().cmd(&["LOCK.INFO", key]);
+    if r == Resp::Nil {
+        return Vec::new();
+    }
+    let list = r.field("holder-list").expect("a holder-list");
+    let mut fences: Vec<u64> = list
+        .items()
+        .into_iter()
+        .map(|h| {
+            let fence = h.field("fence").and_then(|f| f.as_int());
+            fence.expect("a fence per holder") as u64
+        })
+        .collect();
+    fences.sort_unstable();
+    fences
 }
 
 /// The `fence` field of `LOCK.INFO key`, `None` when free.
