@@ -29,6 +29,11 @@ TEST_ARGS ?=
 
 .PHONY: all deps build run test unit integration lint clean check docs
 
+# `$(APT_INSTALL) pkg...` in a recipe: installs Debian packages (through sudo unless root),
+# for the targets below that install what they need when it is missing.
+APT_INSTALL = SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; $$SUDO apt-get update -qq; \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends
+
 all: build
 
 deps:
@@ -146,9 +151,7 @@ BENCH_RUN = BENCH_ROOT=$(CURDIR) LOCK_MODULE=$(MODULE) \
 bench-deps: deps
 	command -v redis-benchmark >/dev/null
 	if ! command -v valgrind >/dev/null 2>&1 || ! command -v callgrind_control >/dev/null 2>&1; then \
-	    SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
-	    $$SUDO apt-get update -qq; \
-	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends valgrind; \
+	    $(APT_INSTALL) valgrind; \
 	fi
 
 bench: bench-deps build
@@ -259,9 +262,7 @@ NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs
 $(PY_VENV)/.installed: $(PY_SRC)
 	if [ ! -x $(PY_VENV)/bin/python ]; then \
 	    if ! python3 -m venv $(PY_VENV) 2>/dev/null; then \
-	        rm -rf $(PY_VENV); SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
-	        $$SUDO apt-get update -qq; \
-	        DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends python3-venv; \
+	        rm -rf $(PY_VENV); $(APT_INSTALL) python3-venv; \
 	        python3 -m venv $(PY_VENV); \
 	    fi; \
 	fi
@@ -283,9 +284,7 @@ EXTRA_TESTS += test-python
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json $(NODE_DIR)/package.json
 	if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
-	    SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
-	    $$SUDO apt-get update -qq; \
-	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends nodejs npm; \
+	    $(APT_INSTALL) nodejs npm; \
 	fi
 	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
