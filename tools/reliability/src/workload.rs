@@ -344,7 +344,7 @@ impl Client<'_> {
         ttl: u64,
         block: Option<u64>,
         mode: Mode,
-        token: &str,
+        n: u64,
     ) -> Result<Got, String> {
         let (name, kind) = self.sh.plan.keys[k].clone();
         let mut a = args!["LOCK.ACQUIRE", &name];
@@ -355,7 +355,8 @@ impl Client<'_> {
         }
         a.extend(args!["PX", ttl]);
         if !self.sh.plan.mix.server_tokens {
-            a.extend(args!["TOKEN", token]);
+            // The client's own token, unique to this client's `n`th acquire.
+            a.extend(args!["TOKEN", format!("c{}-{n}", self.id)]);
         }
         if let Some(b) = block {
             a.extend(args!["BLOCK", b]);
@@ -444,9 +445,7 @@ impl Client<'_> {
                 88..=99 if rng.chance(50) => Some(rng.range(5, 100)),
                 _ => None,
             };
-            let token = format!("c{}-{n}", self.id);
-            let Got::Grant(token, fence, t0, t1) = self.acquire(k, ttl, block, mode, &token)?
-            else {
+            let Got::Grant(token, fence, t0, t1) = self.acquire(k, ttl, block, mode, n)? else {
                 continue;
             };
             if sh.granted.fetch_add(1, Ordering::Relaxed) + 1 >= sh.plan.stop_after {
