@@ -72,6 +72,12 @@ pub fn connect(s: &Server) -> Result<Conn, String> {
         .map_err(|e| format!("connect to {}: {e}", s.addr()))
 }
 
+/// `$to.f += $from.f` for each field `f` named: one run's counts added to another's.
+macro_rules! add_counts {
+    ($to:expr, $from:expr; $($f:ident),* $(,)?) => {$($to.$f += $from.$f;)*};
+}
+pub(crate) use add_counts;
+
 /// `n` connections whose replies may take up to `secs`.
 pub fn conns(s: &Server, n: usize, secs: u64) -> Result<Vec<Conn>, String> {
     (0..n)

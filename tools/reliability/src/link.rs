@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::{cmd, now_ns, Conn, Reply};
+use crate::common::{add_counts, cmd, now_ns, Conn, Reply};
 use redis_lock_testkit::{args, key_slot};
 
 /// How long a call may wait for its reply before it counts as unanswered. A `BLOCK`
@@ -140,19 +140,8 @@ impl LinkLog {
     /// Adds another link's figures (its lists of late, hung and broken calls are left
     /// out: they become violations on their own).
     pub fn add(&mut self, o: &LinkLog) {
-        macro_rules! sum {
-            ($($f:ident),*) => {$(self.$f += o.$f;)*};
-        }
-        sum!(
-            waits,
-            late_by_pause,
-            killed,
-            moved,
-            ask,
-            tryagain,
-            rerouted,
-            reconnects
-        );
+        add_counts!(self, o; waits, late_by_pause, killed, moved, ask, tryagain, rerouted,
+            reconnects);
         let slowest = &mut self.slowest_wait_over_block_ms;
         *slowest = (*slowest).max(o.slowest_wait_over_block_ms);
         self.slowest_net_ms = self.slowest_net_ms.max(o.slowest_net_ms);

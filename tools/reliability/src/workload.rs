@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
-use crate::common::{now_ns, thousands, Env, Outcome, Reply};
+use crate::common::{add_counts, now_ns, thousands, Env, Outcome, Reply};
 use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
 use redis_lock_testkit::{args, Rng};
 
@@ -253,16 +253,8 @@ pub struct Counts {
 
 impl Counts {
     fn add(&mut self, o: &Counts) {
-        self.calls += o.calls;
-        self.releases += o.releases;
-        self.extends += o.extends;
-        self.abandoned += o.abandoned;
-        self.nil_blocking += o.nil_blocking;
-        self.nil_nonblocking += o.nil_nonblocking;
-        self.maxwaiters += o.maxwaiters;
-        self.unblocked += o.unblocked;
-        self.unconfirmed += o.unconfirmed;
-        self.lost_acquires += o.lost_acquires;
+        add_counts!(self, o; calls, releases, extends, abandoned, nil_blocking, nil_nonblocking,
+            maxwaiters, unblocked, unconfirmed, lost_acquires);
     }
 }
 
@@ -585,17 +577,8 @@ impl Tally {
     pub fn absorb(&mut self, o: Tally) {
         self.n.add(&o.n);
         self.link.add(&o.link);
-        macro_rules! sum {
-            ($($f:ident),*) => {$(self.$f += o.$f;)*};
-        }
-        sum!(
-            grants,
-            late_cs,
-            late_store_events,
-            store_events,
-            lost_updates,
-            cross_server_refusals
-        );
+        add_counts!(self, o; grants, late_cs, late_store_events, store_events, lost_updates,
+            cross_server_refusals);
         for (k, v) in o.violations {
             *self.violations.entry(k).or_insert(0) += v;
         }

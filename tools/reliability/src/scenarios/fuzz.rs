@@ -204,11 +204,7 @@ struct Tally {
 
 impl Tally {
     fn add(&mut self, o: Tally) {
-        self.n += o.n;
-        self.malformed += o.malformed;
-        self.errors += o.errors;
-        self.checked += o.checked;
-        self.hangs += o.hangs;
+        add_counts!(self, o; n, malformed, errors, checked, hangs);
         self.crash = self.crash.take().or(o.crash);
     }
 }
