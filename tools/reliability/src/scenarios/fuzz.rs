@@ -12,8 +12,6 @@ use std::time::{Duration, Instant};
 use crc::{Crc, CRC_64_REDIS};
 
 use crate::common::*;
-use redis_lock_testkit::args;
-use redis_lock_testkit::Rng;
 
 const BATCH: u64 = 100;
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
