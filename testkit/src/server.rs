@@ -680,8 +680,11 @@ impl Cluster {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let cluster = Cluster { nodes };
-        // Every node takes its share of the slots, then node 0 meets the others (what
-        // `redis-cli --cluster create` does, for any number of masters).
+        // Every node takes its share of the slots and its own config epoch, then node 0
+        // meets the others (what `redis-cli --cluster create` does, for any number of
+        // masters). Distinct epochs from the start: with all at 0 the nodes settle their
+        // collisions by gossip, and a slot migration meanwhile can meet a node that does
+        // not yet agree who owns the slot ("I'm not the owner of hash slot").
         let n = cluster.nodes.len();
         let check = |r: io::Result<crate::Resp>, what: String| match r {
             Ok(r) if !r.is_error() => Ok(()),
@@ -693,6 +696,11 @@ impl Cluster {
             check(
                 node.raw().call(&cmd),
                 format!("CLUSTER ADDSLOTS on {}", node.addr()),
+            )?;
+            let epoch = (i + 1).to_string();
+            check(
+                node.raw().call(&["CLUSTER", "SET-CONFIG-EPOCH", &epoch]),
+                format!("CLUSTER SET-CONFIG-EPOCH on {}", node.addr()),
             )?;
         }
         let mut c0 = cluster.nodes[0].raw();
