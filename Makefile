@@ -86,6 +86,12 @@ tools-unit: build
 	LOCK_MODULE=$(MODULE) $(CARGO) test --release $(TOOL_CRATES)
 EXTRA_TESTS += tools-unit
 
+# The test kit's launcher, `redis-lock-testkit serve` (testkit/src/bin/): the Python and
+# Node suites start every server through it (clients/*/test*/servers.*).
+.PHONY: testkit
+testkit:
+	$(CARGO) build --release -p redis-lock-testkit --bin redis-lock-testkit
+
 # For a contributor without root or network (the crates must be in cargo's cache, as
 # after any earlier build): no package installs, no downloads, one server.
 check:
@@ -273,7 +279,7 @@ $(PY_VENV)/.installed: $(PY_SRC)
 
 python-venv: $(PY_VENV)/.installed
 
-test-python: build python-venv
+test-python: build testkit python-venv
 	export LOCK_MODULE=$(MODULE); \
 	for bin in $(TEST_SERVERS); do \
 	    echo; echo "== Python package tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
@@ -291,7 +297,7 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json $(NODE_DIR)/p
 
 node-deps: $(NODE_DIR)/node_modules/.installed
 
-test-node: build node-deps
+test-node: build testkit node-deps
 	cd $(NODE_DIR) && npm run --silent build && npm run --silent typecheck
 	export LOCK_MODULE=$(MODULE); \
 	for bin in $(TEST_SERVERS); do \

@@ -1,12 +1,13 @@
-// Throw-away servers with the module loaded, on free loopback ports; a raw RESP client
+// Throw-away servers with the module loaded, on free loopback ports, from the repository's
+// test kit (`redis-lock-testkit serve`, the launcher every suite uses); a raw RESP client
 // (no library) to read what the server stores; the client libraries under test.
-// LOCK_SERVER_BIN (default /usr/bin/redis-server) and LOCK_MODULE (default the repo's
-// target/release/libredis_lock.so) choose what runs.
+// LOCK_SERVER_BIN (default /usr/bin/redis-server), LOCK_MODULE (default the repo's
+// target/release/libredis_lock.so) and LOCK_TESTKIT (default
+// target/release/redis-lock-testkit) choose what runs.
 
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import net from "node:net";
-import { tmpdir } from "node:os";
 import path from "node:path";
 import { after, before, describe } from "node:test";
 import { fileURLToPath } from "node:url";
@@ -22,6 +23,7 @@ import { LockClient } from "../dist/index.js";
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
 export const SERVER_BIN = process.env.LOCK_SERVER_BIN || "/usr/bin/redis-server";
 export const MODULE = process.env.LOCK_MODULE || path.join(ROOT, "target/release/libredis_lock.so");
+export const TESTKIT = process.env.LOCK_TESTKIT || path.join(ROOT, "target/release/redis-lock-testkit");
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -127,38 +129,65 @@ export async function infoField(port, section, field) {
 
 // ---------------------------------------------------------------- servers
 
-export class Server {
-  static async start(extra = []) {
-    if (!existsSync(MODULE)) throw new Error(`module not built: ${MODULE} (run make build)`);
-    for (let attempt = 0; attempt < 5; attempt++) {
-      const s = new Server();
-      if (await s.#start(await freePort(), extra)) return s;
-      s.close();
+/** One `redis-lock-testkit serve` run (the repository's test kit, `make testkit`): `topology`
+ * is `["single"]`, `["servers", n]`, `["pair"]` or `["cluster", n]`; `extra` are server
+ * options, `moduleArgs` go after the module. `members` are its servers; `close()` ends it,
+ * and the kit then kills them and removes their directories (also if this process dies). */
+export class Kit {
+  static async start(topology, extra = [], moduleArgs = []) {
+    for (const [what, file] of [["module", MODULE], ["test kit", TESTKIT]]) {
+      if (!existsSync(file)) throw new Error(`${what} not built: ${file} (run make build testkit)`);
     }
-    throw new Error("server did not start");
+    const argv = ["serve", "--server", SERVER_BIN, "--module", MODULE];
+    for (const a of moduleArgs) argv.push("--module-arg", a);
+    const kit = new Kit(spawn(TESTKIT, [...argv, ...topology.map(String), "--", ...extra], { stdio: ["pipe", "pipe", "inherit"] }));
+    const first = await kit.#line();
+    if (first === null) throw new Error(`the test kit could not start ${topology.join(" ")} (its stderr above)`);
+    kit.members = JSON.parse(first).servers.map((m, i) => new Server(kit, i, m));
+    return kit;
   }
 
-  async #start(port, extra) {
-    this.port = port;
-    this.dir = mkdtempSync(path.join(tmpdir(), "redis-lock-node-"));
-    this.proc = spawn(
-      SERVER_BIN,
-      ["--bind", "127.0.0.1", "--port", String(port), "--dir", this.dir, "--save", "", "--appendonly", "no",
-        "--logfile", path.join(this.dir, "server.log"), "--loadmodule", MODULE, ...extra],
-      { stdio: "ignore" },
-    );
-    let exited = false;
-    this.proc.on("exit", () => (exited = true));
-    const deadline = Date.now() + 10_000;
-    while (Date.now() < deadline && !exited) {
-      try {
-        if ((await raw(port, "PING")) === "PONG") return true;
-      } catch {
-        /* not up yet */
-      }
-      await sleep(20);
-    }
-    return false;
+  constructor(proc) {
+    this.proc = proc;
+    this.lines = [];
+    this.waiting = [];
+    let buf = "";
+    const deliver = (line) => (this.waiting.length ? this.waiting.shift()(line) : this.lines.push(line));
+    proc.stdout.on("data", (d) => {
+      buf += d;
+      for (let i; (i = buf.indexOf("\n")) >= 0; buf = buf.slice(i + 1)) deliver(buf.slice(0, i));
+    });
+    proc.on("exit", () => this.waiting.splice(0).forEach((w) => w(null)));
+  }
+
+  #line() {
+    if (this.lines.length) return Promise.resolve(this.lines.shift());
+    if (this.proc.exitCode !== null) return Promise.resolve(null);
+    return new Promise((resolve) => this.waiting.push(resolve));
+  }
+
+  /** `stop`, `cont`, `kill` or `restart` of member `i`: the kit's reply ({ ok, pid }). */
+  async send(op, i) {
+    this.proc.stdin.write(`${op} ${i}\n`);
+    const reply = JSON.parse((await this.#line()) ?? '{"error":"the test kit exited"}');
+    if (reply.error) throw new Error(`test kit: ${op} ${i}: ${reply.error}`);
+    return reply;
+  }
+
+  close() {
+    if (this.proc.exitCode === null) this.proc.stdin.end();
+  }
+}
+
+/** One server of a kit. `Server.start(extra)` is a standalone server of its own. stop() and
+ * cont() (SIGSTOP, SIGCONT) act at once; close() ends its kit. */
+export class Server {
+  static async start(extra = [], moduleArgs = []) {
+    return (await Kit.start(["single"], extra, moduleArgs)).members[0];
+  }
+
+  constructor(kit, index, { port, pid, dir }) {
+    Object.assign(this, { kit, index, port, pid, dir });
   }
 
   get url() {
@@ -174,61 +203,38 @@ export class Server {
   }
 
   stop() {
-    process.kill(this.proc.pid, "SIGSTOP");
+    process.kill(this.pid, "SIGSTOP");
   }
 
   cont() {
-    process.kill(this.proc.pid, "SIGCONT");
+    process.kill(this.pid, "SIGCONT");
+  }
+
+  /** SIGKILL, through the kit (the directory stays until close()). */
+  async kill() {
+    await this.kit.send("kill", this.index);
+  }
+
+  /** Starts it again: same port, directory and arguments. */
+  async restart() {
+    this.pid = (await this.kit.send("restart", this.index)).pid;
   }
 
   close() {
-    if (this.proc && this.proc.exitCode === null) {
-      try {
-        process.kill(this.proc.pid, "SIGCONT");
-        this.proc.kill("SIGKILL");
-      } catch {
-        /* gone */
-      }
-    }
-    if (this.dir) rmSync(this.dir, { recursive: true, force: true });
+    this.kit.close();
   }
 }
 
 export class Cluster {
+  /** Masters (three by default), no replicas, every slot served. */
   static async start(masters = 3) {
-    const nodes = [];
-    for (let i = 0; i < masters; i++) {
-      nodes.push(await Server.start(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"]));
-    }
-    const c = new Cluster(nodes);
-    try {
-      const per = Math.floor(16384 / masters);
-      for (let i = 0; i < masters; i++) {
-        const hi = i === masters - 1 ? 16383 : (i + 1) * per - 1;
-        await raw(nodes[i].port, "CLUSTER", "ADDSLOTSRANGE", i * per, hi);
-      }
-      for (const n of nodes.slice(1)) await raw(nodes[0].port, "CLUSTER", "MEET", "127.0.0.1", n.port);
-      const deadline = Date.now() + 30_000;
-      for (;;) {
-        let ok = true;
-        for (const n of nodes) {
-          const info = await raw(n.port, "CLUSTER", "INFO");
-          const slots = await raw(n.port, "CLUSTER", "SLOTS");
-          if (!info.includes("cluster_state:ok") || slots.length !== masters) ok = false;
-        }
-        if (ok) break;
-        if (Date.now() > deadline) throw new Error("cluster did not become ok");
-        await sleep(50);
-      }
-    } catch (e) {
-      c.close();
-      throw e;
-    }
-    return c;
+    const kit = await Kit.start(["cluster", masters]);
+    return new Cluster(kit);
   }
 
-  constructor(nodes) {
-    this.nodes = nodes;
+  constructor(kit) {
+    this.kit = kit;
+    this.nodes = kit.members;
   }
 
   async nodeFor(key) {
@@ -253,7 +259,7 @@ export class Cluster {
   }
 
   close() {
-    for (const n of this.nodes) n.close();
+    this.kit.close();
   }
 }
 

@@ -1,18 +1,19 @@
 """Throw-away servers with the module loaded, on free loopback ports, for the tests.
 
-LOCK_SERVER_BIN (default /usr/bin/redis-server) and LOCK_MODULE (default the repo's
-target/release/libredis_lock.so) choose what runs.
+The servers come from the repository's test kit (`redis-lock-testkit serve`, built by
+`make testkit`), the launcher every suite uses: `Kit` is one run of it, `Server` one
+standalone server, `Cluster` masters with the slots shared out. LOCK_SERVER_BIN (default
+/usr/bin/redis-server), LOCK_MODULE (default the repo's target/release/libredis_lock.so)
+and LOCK_TESTKIT (default target/release/redis-lock-testkit) choose what runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,51 +36,61 @@ def module_path() -> str:
     return p
 
 
+def kit_bin() -> str:
+    p = os.environ.get("LOCK_TESTKIT") or str(ROOT / "target" / "release" / "redis-lock-testkit")
+    if not os.path.isfile(p):
+        raise RuntimeError(f"test kit not built: {p} (run make testkit)")
+    return p
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-class Server:
-    def __init__(self, extra: Optional[List[str]] = None, module_args: Optional[List[str]] = None):
-        self.extra = extra or []
-        self.module_args = module_args or []
-        self.dir = tempfile.mkdtemp(prefix="redis-lock-py-")
-        self.proc: Optional[subprocess.Popen] = None
-        self.port = 0
-        for _ in range(5):
-            self.port = free_port()
-            if self._start():
-                return
-        raise RuntimeError(f"server did not start; log:\n{self.log()}")
+class Kit:
+    """One `redis-lock-testkit serve` run: `topology` is `("servers", n)`, `("pair",)` or
+    `("cluster", n)`; `extra` server options, `module_args` after the module. `members`
+    are its servers; closing the kit kills them and removes their directories."""
 
-    def _start(self) -> bool:
-        args = [
-            server_bin(),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--dir", self.dir,
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--logfile", os.path.join(self.dir, "server.log"),
-            "--loadmodule", module_path(), *self.module_args,
-            *self.extra,
-        ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
+    def __init__(self, *topology: Any, extra: Optional[List[str]] = None,
+                 module_args: Optional[List[str]] = None):
+        argv = [kit_bin(), "serve", "--server", server_bin(), "--module", module_path()]
+        for a in module_args or []:
+            argv += ["--module-arg", a]
+        argv += [str(t) for t in topology] + ["--", *(extra or [])]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=30)
+            raise RuntimeError(f"the test kit could not start {topology} (exit {self.proc.returncode}; its stderr above)")
+        self.members = [Member(self, i, m) for i, m in enumerate(json.loads(line)["servers"])]
+
+    def send(self, op: str, i: int) -> Dict[str, Any]:
+        self.proc.stdin.write(f"{op} {i}\n")
+        self.proc.stdin.flush()
+        reply = json.loads(self.proc.stdout.readline() or '{"error": "the test kit exited"}')
+        if "error" in reply:
+            raise RuntimeError(f"test kit: {op} {i}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
             try:
-                if redis.Redis(port=self.port, socket_timeout=1).ping():
-                    return True
-            except redis.exceptions.RedisError:
-                pass
-            time.sleep(0.02)
-        self.proc.kill()
-        return False
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                self.proc.wait()
+
+
+class Member:
+    """One server of a kit: its port, directory and process id, and what can be done to it."""
+
+    def __init__(self, kit: Kit, index: int, info: Dict[str, Any]):
+        self.kit, self.index = kit, index
+        self.port, self.pid, self.dir = info["port"], info["pid"], info["dir"]
 
     @property
     def url(self) -> str:
@@ -96,63 +107,44 @@ class Server:
             return ""
 
     def stop(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        """SIGSTOP: the server stops answering until cont()."""
+        self.kit.send("stop", self.index)
 
     def cont(self) -> None:
-        os.kill(self.proc.pid, signal.SIGCONT)
+        self.kit.send("cont", self.index)
 
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
+        """SIGKILL (the directory stays until close())."""
+        self.kit.send("kill", self.index)
+
+    def restart(self) -> None:
+        """Starts it again on the same port, with the same directory and arguments."""
+        self.pid = self.kit.send("restart", self.index)["pid"]
+
+
+class Server(Member):
+    """A standalone server of its own; `extra` are server options (`["--appendonly",
+    "yes"]`), `module_args` go after the module's path."""
+
+    def __init__(self, extra: Optional[List[str]] = None, module_args: Optional[List[str]] = None):
+        self.extra, self.module_args = extra or [], module_args or []
+        kit = Kit("single", extra=extra, module_args=module_args)
+        self.proc = kit.proc
+        super().__init__(kit, 0, {"port": kit.members[0].port, "pid": kit.members[0].pid,
+                                  "dir": kit.members[0].dir})
 
     def close(self) -> None:
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.kit.close()
 
 
 class Cluster:
-    """Three masters, no replicas; slots assigned by hand (works with any server)."""
+    """Masters (three by default), no replicas, every slot served."""
 
     def __init__(self, masters: int = 3):
-        self.nodes = [
-            Server(extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                          "--cluster-node-timeout", "5000"])
-            for _ in range(masters)
-        ]
-        try:
-            self._create()
-        except BaseException:
-            self.close()
-            raise
+        self.kit = Kit("cluster", masters)
+        self.nodes = self.kit.members
 
-    def _create(self) -> None:
-        n = len(self.nodes)
-        per = 16384 // n
-        for i, node in enumerate(self.nodes):
-            lo = i * per
-            hi = 16383 if i == n - 1 else (i + 1) * per - 1
-            node.client().execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-        first = self.nodes[0].client()
-        for node in self.nodes[1:]:
-            first.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            ok = True
-            for node in self.nodes:
-                c = node.client()
-                info = c.execute_command("CLUSTER", "INFO")
-                info = info.decode() if isinstance(info, bytes) else info
-                if "cluster_state:ok" not in info or len(c.execute_command("CLUSTER", "SLOTS")) != n:
-                    ok = False
-                    break
-            if ok:
-                return
-            time.sleep(0.05)
-        raise RuntimeError("cluster did not become ok")
-
-    def node_for(self, key: str) -> Server:
+    def node_for(self, key: str) -> Member:
         slot = self.nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
         return [n for n in self.nodes if _owns(n, slot)][0]
 
@@ -167,11 +159,10 @@ class Cluster:
         return total
 
     def close(self) -> None:
-        for node in self.nodes:
-            node.close()
+        self.kit.close()
 
 
-def _owns(node: Server, slot: int) -> bool:
+def _owns(node: Member, slot: int) -> bool:
     c = node.client()
     mine = c.execute_command("CLUSTER", "MYID")
     mine = mine.decode() if isinstance(mine, bytes) else mine
