@@ -27,8 +27,8 @@ pub enum Command {
         #[arg(long)]
         save_baseline: bool,
     },
-    /// The instruction-count check of `make test` (make perf-guard): fails when
-    /// LOCK.ACQUIRE, RELEASE or EXTEND costs more than 10% above bench/callgrind-guard.tsv.
+    /// The instruction-count check of `make test` (make perf-guard): fails when a ratio
+    /// of bench/callgrind-guard.tsv rises above its baseline by more than its tolerance.
     Guard {
         /// Write the measured counts as the new baseline, giving the reason.
         #[arg(long, value_name = "REASON")]
@@ -110,6 +110,13 @@ pub struct Config {
         default_value = "target/release/libredis_lock.so"
     )]
     pub module: PathBuf,
+    /// The floor module (bench/floor), built by `make bench`.
+    #[arg(
+        long,
+        env = "BENCH_FLOOR",
+        default_value = "target/release/libredis_lock_floor.so"
+    )]
+    pub floor: PathBuf,
     /// The repository: docs/ and bench/callgrind-baseline.tsv are under it.
     #[arg(long, env = "BENCH_ROOT", default_value = ".")]
     pub root: PathBuf,

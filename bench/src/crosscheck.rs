@@ -1,5 +1,5 @@
 //! The same comparisons with the stock `redis-benchmark` (from redis-tools), for anyone
-//! who wants to re-run them by hand. It cannot check replies, so the key states are
+//! who wants to re-run them by hand (the recipe on the binary without the module). It cannot check replies, so the key states are
 //! arranged for it: ACQUIRE and SET draw from 10^9 random keys on an empty server (a
 //! repeat, which would be a renew or a failed SET, is about 1 in 10^4 and is checked
 //! through INFO), and EXTEND runs on keys all held beforehand with the right token.
@@ -10,9 +10,9 @@ use redis_lock_report::perf::{self, CrossCheck, RbPair};
 use redis_lock_testkit::run_cmd;
 
 use crate::load;
-use crate::ops::{flushall, Op, TOKEN};
+use crate::ops::{self, flushall, TOKEN};
 use crate::stats::{ab, median, pair_medians};
-use crate::Server;
+use crate::{Rig, Server};
 
 const EXTEND_KEYS: u64 = 100_000;
 
@@ -36,21 +36,21 @@ fn bench(port: u16, opts: &str, cmd: &str) -> io::Result<f64> {
 fn hold_extend_keys(s: &Server, module: bool) -> io::Result<()> {
     let conns = 4usize;
     let per = EXTEND_KEYS / conns as u64;
-    let op = if module { Op::Acquire } else { Op::SetNx };
+    let op = if module { &ops::ACQUIRE } else { &ops::SET_NX };
     let w = |conn: usize, i: u64, out: &mut Vec<u8>| {
         let k = format!("ek:{:012}", conn as u64 * per + i);
-        op.put(k.as_bytes(), &s.scripts, out)
+        op.put(0, k.as_bytes(), &s.scripts, out)
     };
     load::run(s.port, conns, 256, per, "holding the EXTEND keys", &w)?;
     Ok(())
 }
 
-pub fn run(s: &Server) -> io::Result<CrossCheck> {
-    let (cfg, port) = (&s.cfg, s.port);
+pub fn run(rig: &Rig) -> io::Result<CrossCheck> {
+    let (s, cfg) = (&rig.lock, &rig.lock.cfg);
     let tok = String::from_utf8_lossy(TOKEN).into_owned();
-    let ext_sha = String::from_utf8_lossy(&s.scripts.extend).into_owned();
+    let ext_sha = String::from_utf8_lossy(&rig.plain.scripts.extend).into_owned();
     let mut cc = CrossCheck::default();
-    let mut c = s.conn()?;
+    let (mut c, mut plain) = (s.conn()?, rig.plain.conn()?);
     for p in perf::PIPELINES {
         let n = cfg.ops(p);
         let base = format!("-c {} -P {p} -n {n}", cfg.clients);
@@ -66,11 +66,13 @@ pub fn run(s: &Server) -> io::Result<CrossCheck> {
         let (mut pa, mut pe) = (vec![], vec![]);
         for round in 0..cfg.rb_rounds {
             flushall(&mut c)?;
-            pings.push(bench(port, &base, "PING")?);
+            pings.push(bench(s.port, &base, "PING")?);
             let ((a1, e1), (a2, e2)) = ab(round, |module| {
+                let on = if module { &rig.lock } else { &rig.plain };
                 flushall(&mut c)?;
+                flushall(&mut plain)?;
                 let before = c.info_u64("lock", "lock_renewed")?;
-                let a = bench(port, &random, if module { &acq } else { &set })?;
+                let a = bench(on.port, &random, if module { &acq } else { &set })?;
                 let renewed = c.info_u64("lock", "lock_renewed")? - before;
                 if renewed * 100 > n {
                     return Err(io::Error::other(format!(
@@ -78,8 +80,9 @@ pub fn run(s: &Server) -> io::Result<CrossCheck> {
                     )));
                 }
                 flushall(&mut c)?;
-                hold_extend_keys(s, module)?;
-                let e = bench(port, &held, if module { &ext } else { &eval })?;
+                flushall(&mut plain)?;
+                hold_extend_keys(on, module)?;
+                let e = bench(on.port, &held, if module { &ext } else { &eval })?;
                 Ok((a, e))
             })?;
             pa.push((a1, a2));

@@ -1,6 +1,6 @@
 //! Latency of single, unpipelined commands from one client with a monotonic clock:
-//! ACQUIRE then RELEASE of a free key against SET NX PX then EVALSHA release, the two
-//! sides alternated in rounds.
+//! ACQUIRE then RELEASE of a free key against SET NX PX then EVALSHA release (on the same
+//! binary without the module), the two sides alternated in rounds.
 
 use std::io;
 use std::time::Instant;
@@ -9,9 +9,9 @@ use redis_lock_report::perf::{Latency, Pcts};
 use redis_lock_testkit::{RawConn, Resp};
 
 use crate::load::Shape;
-use crate::ops::{key, Op, Scripts};
+use crate::ops::{self, key, Scripts};
 use crate::stats::{ab, median, quantiles};
-use crate::Server;
+use crate::Rig;
 
 /// Latency percentiles of samples in microseconds.
 fn pcts(mut v: Vec<f64>) -> Pcts {
@@ -34,9 +34,9 @@ fn side(
     n: u64,
 ) -> io::Result<[Vec<f64>; 2]> {
     let ops = if module {
-        [Op::Acquire, Op::Release]
+        [&ops::ACQUIRE, &ops::RELEASE]
     } else {
-        [Op::SetNx, Op::EvalRelease]
+        [&ops::SET_NX, &ops::EVAL_RELEASE]
     };
     let mut samples = [
         Vec::with_capacity(n as usize),
@@ -47,7 +47,7 @@ fn side(
         let k = key(b"lat", round, i);
         for (op, out) in ops.into_iter().zip(samples.iter_mut()) {
             buf.clear();
-            let want = op.put(&k, scripts, &mut buf);
+            let want = op.put(0, &k, scripts, &mut buf);
             let t0 = Instant::now();
             c.send_raw(&buf)?;
             let reply = c.read()?;
@@ -69,17 +69,19 @@ fn side(
     Ok(samples)
 }
 
-pub fn run(s: &Server) -> io::Result<Latency> {
-    let (mut c, scripts) = (s.conn()?, &s.scripts);
+pub fn run(rig: &Rig) -> io::Result<Latency> {
+    let (mut lock, mut plain) = (rig.lock.conn()?, rig.plain.conn()?);
     let (mut ma, mut mr, mut sa, mut sr) = (vec![], vec![], vec![], vec![]);
     let (mut acq_ratios, mut rel_ratios) = (vec![], vec![]);
+    let mut side = |module: bool, round, n| match module {
+        true => side(&mut lock, &rig.lock.scripts, true, round, n),
+        false => side(&mut plain, &rig.plain.scripts, false, round, n),
+    };
     // Warm-up (connection, allocator, script cache), not counted.
-    side(&mut c, scripts, true, 999, 200)?;
-    side(&mut c, scripts, false, 998, 200)?;
-    for round in 0..s.cfg.rounds {
-        let ([a, r], [b, e]) = ab(round, |module| {
-            side(&mut c, scripts, module, round, s.cfg.lat_ops)
-        })?;
+    side(true, 999, 200)?;
+    side(false, 998, 200)?;
+    for round in 0..rig.lock.cfg.rounds {
+        let ([a, r], [b, e]) = ab(round, |module| side(module, round, rig.lock.cfg.lat_ops))?;
         acq_ratios.push(median(&a) / median(&b));
         rel_ratios.push(median(&r) / median(&e));
         ma.extend(a);

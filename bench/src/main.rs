@@ -32,8 +32,20 @@ use redis_lock_testkit::{flavor_of, RawConn, ServerBuilder};
 
 use config::{Cli, Command, Config};
 
-/// A server under test with the module, its report label ("Redis 7.0.15"), the recipe's
-/// scripts as loaded on it, and the settings the suites run with.
+/// Which module a server of a comparison has loaded: redis-lock, none (the recipe's
+/// commands and every "without the module" figure), or the floor module (bench/floor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum On {
+    Lock,
+    Plain,
+    Floor,
+}
+
+/// `name value` pairs: server settings, or environment variables.
+pub type Settings<'a> = &'a [(&'a str, &'a str)];
+
+/// A server of a comparison, its report label ("Redis 7.0.15"), the recipe's scripts as
+/// loaded on it, and the settings the suites run with.
 pub struct Server {
     pub kit: redis_lock_testkit::Server,
     pub label: String,
@@ -43,23 +55,32 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `bin` with the module (`wrapper`, e.g. valgrind, in front of it).
+    /// Starts `bin` with `on`'s module (`wrapper`, e.g. valgrind, in front of it), the
+    /// `extra` settings and environment `env`.
     pub fn start(
         bin: &Path,
         cfg: &Config,
+        on: On,
+        (extra, env): (Settings, Settings),
         wrapper: &[String],
         ready: Duration,
     ) -> io::Result<Server> {
         let label = flavor_of(bin).map_err(io::Error::other)?.label();
-        let kit = ServerBuilder::new()
-            .bin(bin.to_path_buf())
-            .module(&cfg.path(&cfg.module))
+        let b = ServerBuilder::new().bin(bin.to_path_buf());
+        let b = match on {
+            On::Lock => b.module(&cfg.path(&cfg.module)),
+            On::Plain => b.no_module(),
+            On::Floor => b.module(&cfg.path(&cfg.floor)),
+        };
+        let b = extra.iter().fold(b, |b, (k, v)| b.arg(k, v));
+        let b = env.iter().fold(b, |b, (k, v)| b.env(k, v));
+        let kit = (b
             .arg("maxclients", "15000")
             .wrapper(wrapper)
-            .die_with_parent()
-            .start_timeout(ready)
-            .try_start()
-            .map_err(io::Error::other)?;
+            .die_with_parent())
+        .start_timeout(ready)
+        .try_start()
+        .map_err(io::Error::other)?;
         let scripts = ops::Scripts::load(&mut kit.try_raw(Duration::from_secs(120))?)?;
         Ok(Server {
             port: kit.port,
@@ -72,6 +93,32 @@ impl Server {
 
     pub fn conn(&self) -> io::Result<RawConn> {
         self.kit.try_raw(Duration::from_secs(120))
+    }
+}
+
+/// One binary three times: with the module, without it, with the floor module.
+pub struct Rig {
+    pub lock: Server,
+    pub plain: Server,
+    pub floor: Server,
+}
+
+impl Rig {
+    fn start(bin: &Path, cfg: &Config) -> io::Result<Rig> {
+        let start = |on| Server::start(bin, cfg, on, (&[], &[]), &[], Duration::from_secs(30));
+        Ok(Rig {
+            lock: start(On::Lock)?,
+            plain: start(On::Plain)?,
+            floor: start(On::Floor)?,
+        })
+    }
+
+    pub fn on(&self, on: On) -> &Server {
+        match on {
+            On::Lock => &self.lock,
+            On::Plain => &self.plain,
+            On::Floor => &self.floor,
+        }
     }
 }
 
@@ -95,7 +142,8 @@ fn machine() -> String {
 }
 
 fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
-    let s = Server::start(bin, cfg, &[], Duration::from_secs(30))?;
+    let rig = Rig::start(bin, cfg)?;
+    let s = &rig.lock;
     eprintln!("== {} ({})", s.label, bin.display());
     let mut r = ServerResults {
         label: s.label.clone(),
@@ -108,20 +156,22 @@ fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
     let t = Instant::now();
     // Each suite that is asked for fills its field and leaves the server empty.
     macro_rules! suite {
-        ($name:literal, $field:ident, $module:ident) => {
+        ($name:literal, $field:ident, $module:ident, $on:expr) => {
             if cfg.has($name) {
-                r.$field = Some($module::run(&s)?);
-                ops::flushall(&mut s.conn()?)?;
+                r.$field = Some($module::run($on)?);
+                for s in [&rig.lock, &rig.plain, &rig.floor] {
+                    ops::flushall(&mut s.conn()?)?;
+                }
                 eprintln!("  {} done at {:.0}s", $name, t.elapsed().as_secs_f64());
             }
         };
     }
-    suite!("throughput", throughput, throughput);
-    suite!("latency", latency, latency);
-    suite!("memory", memory, memory);
-    suite!("scaling", scaling, scaling);
+    suite!("throughput", throughput, throughput, &rig);
+    suite!("latency", latency, latency, &rig);
+    suite!("memory", memory, memory, s);
+    suite!("scaling", scaling, scaling, s);
     if cfg.rb_rounds > 0 {
-        suite!("crosscheck", crosscheck, crosscheck);
+        suite!("crosscheck", crosscheck, crosscheck, &rig);
     }
     Ok(r)
 }
@@ -165,7 +215,7 @@ fn all(cfg: &Config) -> io::Result<()> {
         load_start,
         load_end: loadavg(),
         settings: cfg.settings(),
-        commands: ops::SHOWN.iter().map(|op| op.shown().to_string()).collect(),
+        commands: ops::SHOWN.iter().map(|op| op.shown()).collect(),
         release_lua: ops::RELEASE_LUA.into(),
         extend_lua: ops::EXTEND_LUA.into(),
         servers,

@@ -9,7 +9,7 @@ use redis_lock_report::perf::{Memory, WaiterMemory};
 use redis_lock_testkit::RawConn;
 
 use crate::load;
-use crate::ops::{flushall, Op, Waiters, TOKEN, TTL};
+use crate::ops::{self, flushall, Op, Waiters, TOKEN, TTL};
 use crate::stats::{ab, median};
 use crate::Server;
 
@@ -19,7 +19,7 @@ fn used_memory(c: &mut RawConn) -> io::Result<f64> {
 
 /// Fills `n` keys `mem:ccc:iiiiiiiii` with `op` (pipelined) and returns the growth of
 /// used_memory per key.
-fn fill_delta(s: &Server, op: Op) -> io::Result<f64> {
+fn fill_delta(s: &Server, op: &Op) -> io::Result<f64> {
     let mut c = s.conn()?;
     flushall(&mut c)?;
     let before = used_memory(&mut c)?;
@@ -43,7 +43,7 @@ pub fn run(s: &Server) -> io::Result<Memory> {
     // A B B A: two of each, alternated.
     for round in 0..2 {
         let (a, b) = ab(round, |module| {
-            let op = if module { Op::Acquire } else { Op::SetNx };
+            let op = if module { &ops::ACQUIRE } else { &ops::SET_NX };
             fill_delta(s, op)
         })?;
         module.push(a);

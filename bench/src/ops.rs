@@ -1,6 +1,7 @@
-//! The commands compared: the module's and the recipe it replaces, as load-generator
-//! workloads with the reply each must give when the keys are in the intended state; and
-//! the server states the suites share (empty, blocked waiters).
+//! The commands compared, as data: each is its words and the reply it must get when the
+//! keys are in the intended state (the module's command set and replies change: a change
+//! is an edit of the table below), and the server states the suites share (empty,
+//! blocked waiters).
 
 use std::io::{self, Read, Write as _};
 use std::net::TcpStream;
@@ -15,6 +16,8 @@ use crate::load::Shape;
 pub const TOKEN: &[u8] = b"6f1c1b9e-3a5d-4c2e-9b7a-0d8e2f4a1c3b";
 /// Lease used everywhere: long enough that nothing expires during a run.
 pub const TTL: &[u8] = b"600000";
+/// Holders of the crowded SHARED key (issue 18, row 9).
+pub const CROWD: u64 = 20_000;
 
 /// The usual owner-checked release of the `SET NX PX` recipe.
 pub const RELEASE_LUA: &str =
@@ -42,115 +45,153 @@ impl Scripts {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    Ping,
-    /// `SET k tok NX PX 600000` on a free key.
-    SetNx,
-    /// `LOCK.ACQUIRE k TOKEN tok PX 600000` on a free key.
-    Acquire,
-    /// `LOCK.ACQUIRE k PX 600000`: the server generates the token.
-    AcquireGen,
-    /// `LOCK.RELEASE k tok` on a held key.
-    Release,
-    /// `EVALSHA <release> 1 k tok` on a held string lock.
-    EvalRelease,
-    /// `LOCK.EXTEND k tok PX 600000` on a held key.
-    Extend,
-    /// `EVALSHA <extend> 1 k tok 600000` on a held string lock.
-    EvalExtend,
-    /// ACQUIRE then RELEASE of the same free key (two commands per cycle).
-    CycleModule,
-    /// `SET NX PX` then `EVALSHA` release of the same free key.
-    CycleRecipe,
+/// What must hold an op's keys before it runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Needs {
+    Nothing,
+    /// This op, on the same keys, which the op then takes away (RELEASE, DEL).
+    Held(&'static Op),
+    /// The same, but the op leaves the keys as they were (EXTEND, GET): a run may go over
+    /// a smaller set of keys again and again.
+    Kept(&'static Op),
+    /// The op itself, this many times on other keys first (a crowded lock).
+    Crowd(u64),
 }
 
+/// One command, or a cycle of two on the same key (`a + b`). In `words`, `{k}` is the
+/// op's key (`prefix:ccc:iiiiiiiii`), `{t}` the [`TOKEN`], `{release}` and `{extend}`
+/// the SHA1 of the recipe's scripts; `reply` is what each command must answer.
+#[derive(Debug)]
+pub struct Op {
+    pub words: &'static str,
+    pub reply: &'static [Shape],
+    pub needs: Needs,
+}
+
+const fn op(words: &'static str, reply: &'static [Shape], needs: Needs) -> Op {
+    Op {
+        words,
+        reply,
+        needs,
+    }
+}
+
+use Needs::{Held, Kept, Nothing};
+use Shape::{Array, Bulk, Int, Status};
+pub const PING: Op = op("PING", &[Status(false)], Nothing);
+pub const SET_NX: Op = op("SET {k} {t} NX PX 600000", &[Status(true)], Nothing);
+pub const SET_PX: Op = op("SET {k} {t} PX 600000", &[Status(true)], Nothing);
+pub const SET: Op = op("SET {k} {t}", &[Status(true)], Nothing);
+pub const GET: Op = op("GET {k}", &[Bulk], Kept(&SET));
+pub const EXPIRE: Op = op("EXPIRE {k} 600", &[Int(1)], Kept(&SET));
+pub const DEL: Op = op("DEL {k}", &[Int(1)], Held(&SET));
+pub const EVAL_RELEASE: Op = op("EVALSHA {release} 1 {k} {t}", &[Int(1)], Held(&SET_NX));
+pub const EVAL_EXTEND: Op = op(
+    "EVALSHA {extend} 1 {k} {t} 600000",
+    &[Int(1)],
+    Kept(&SET_NX),
+);
+pub const ACQUIRE: Op = op("LOCK.ACQUIRE {k} TOKEN {t} PX 600000", &[Array(2)], Nothing);
+pub const ACQUIRE_GEN: Op = op("LOCK.ACQUIRE {k} PX 600000", &[Array(2)], Nothing);
+pub const RELEASE: Op = op("LOCK.RELEASE {k} {t}", &[Int(1)], Held(&ACQUIRE));
+pub const EXTEND: Op = op("LOCK.EXTEND {k} {t} PX 600000", &[Int(1)], Kept(&ACQUIRE));
+pub const SHARED: Op = op(
+    "LOCK.ACQUIRE {k} SHARED TOKEN {t} PX 600000",
+    &[Array(2)],
+    Nothing,
+);
+/// A reader more of one key, its own key as its token.
+pub const SHARED_CROWD: Op = op(
+    "LOCK.ACQUIRE crowded SHARED TOKEN {k} PX 600000",
+    &[Array(2)],
+    Needs::Crowd(CROWD),
+);
+pub const CYCLE: Op = op(
+    "LOCK.ACQUIRE {k} TOKEN {t} PX 600000 + LOCK.RELEASE {k} {t}",
+    &[Array(2), Int(1)],
+    Nothing,
+);
+pub const CYCLE_RECIPE: Op = op(
+    "SET {k} {t} NX PX 600000 + EVALSHA {release} 1 {k} {t}",
+    &[Status(true), Int(1)],
+    Nothing,
+);
+/// The floor (bench/floor): a module value, its expiry, `[token, fence]`; and without
+/// the expiry.
+pub const FLOOR: Op = op("FLOOR.ACQUIRE {k} {t} 600000", &[Array(2)], Nothing);
+pub const FLOOR_NOEXP: Op = op("FLOOR.ACQUIRE {k} {t} 0", &[Array(2)], Nothing);
+
 /// The commands listed in the report, in its order.
-pub const SHOWN: [Op; 8] = [
-    Op::Acquire,
-    Op::SetNx,
-    Op::Release,
-    Op::EvalRelease,
-    Op::Extend,
-    Op::EvalExtend,
-    Op::CycleModule,
-    Op::CycleRecipe,
+pub const SHOWN: [&Op; 9] = [
+    &ACQUIRE,
+    &SET_NX,
+    &FLOOR,
+    &RELEASE,
+    &EVAL_RELEASE,
+    &EXTEND,
+    &EVAL_EXTEND,
+    &CYCLE,
+    &CYCLE_RECIPE,
 ];
 
 impl Op {
-    /// The command as a user would type it (sha shortened), for the report.
-    pub fn shown(self) -> &'static str {
-        match self {
-            Op::Ping => "PING",
-            Op::SetNx => "SET k <36-byte token> NX PX 600000",
-            Op::Acquire => "LOCK.ACQUIRE k TOKEN <36-byte token> PX 600000",
-            Op::AcquireGen => "LOCK.ACQUIRE k PX 600000",
-            Op::Release => "LOCK.RELEASE k <token>",
-            Op::EvalRelease => "EVALSHA <release.lua> 1 k <token>",
-            Op::Extend => "LOCK.EXTEND k <token> PX 600000",
-            Op::EvalExtend => "EVALSHA <extend.lua> 1 k <token> 600000",
-            Op::CycleModule => "LOCK.ACQUIRE k TOKEN t PX 600000 + LOCK.RELEASE k t",
-            Op::CycleRecipe => "SET k t NX PX 600000 + EVALSHA <release.lua> 1 k t",
-        }
-    }
-
-    /// The two commands of a cycle, in order.
-    fn cycle(self) -> Option<[Op; 2]> {
-        match self {
-            Op::CycleModule => Some([Op::Acquire, Op::Release]),
-            Op::CycleRecipe => Some([Op::SetNx, Op::EvalRelease]),
+    /// What fills the keys before a run, and whether the run may reuse them.
+    pub fn fill(&self) -> Option<(&'static Op, bool)> {
+        match self.needs {
+            Held(op) => Some((op, false)),
+            Kept(op) => Some((op, true)),
             _ => None,
         }
     }
 
-    /// Commands sent per counted operation.
-    pub fn commands_per_op(self) -> u64 {
-        self.cycle().map_or(1, |c| c.len() as u64)
+    /// The command as a user would type it, for the report.
+    pub fn shown(&self) -> String {
+        (self
+            .words
+            .replace("{k}", "k")
+            .replace("{t}", "<36-byte token>"))
+        .replace("{release}", "<release.lua>")
+        .replace("{extend}", "<extend.lua>")
     }
 
-    /// What must hold the keys before this op runs, if anything.
-    pub fn needs_held(self) -> Option<Op> {
-        match self {
-            Op::Release | Op::Extend => Some(Op::Acquire),
-            Op::EvalRelease | Op::EvalExtend => Some(Op::SetNx),
-            _ => None,
-        }
+    /// Commands sent per counted operation (2 for a cycle).
+    pub fn commands_per_op(&self) -> u64 {
+        self.reply.len() as u64
     }
 
-    /// Appends the single command `self` on `k`; returns the reply it must get.
-    pub fn put(self, k: &[u8], s: &Scripts, out: &mut Vec<u8>) -> Option<Shape> {
-        match self {
-            Op::Ping => encode(out, &[b"PING"]),
-            Op::SetNx => encode(out, &[b"SET", k, TOKEN, b"NX", b"PX", TTL]),
-            Op::Acquire => encode(out, &[b"LOCK.ACQUIRE", k, b"TOKEN", TOKEN, b"PX", TTL]),
-            Op::AcquireGen => encode(out, &[b"LOCK.ACQUIRE", k, b"PX", TTL]),
-            Op::Release => encode(out, &[b"LOCK.RELEASE", k, TOKEN]),
-            Op::EvalRelease => encode(out, &[b"EVALSHA", &s.release, b"1", k, TOKEN]),
-            Op::Extend => encode(out, &[b"LOCK.EXTEND", k, TOKEN, b"PX", TTL]),
-            Op::EvalExtend => encode(out, &[b"EVALSHA", &s.extend, b"1", k, TOKEN, TTL]),
-            Op::CycleModule | Op::CycleRecipe => unreachable!("a cycle is two commands"),
+    /// Appends command `step` of the op on key `k`; returns the reply it must get.
+    pub fn put(&self, step: usize, k: &[u8], s: &Scripts, out: &mut Vec<u8>) -> Option<Shape> {
+        let words = self.words.split(" + ").nth(step).unwrap_or(self.words);
+        // Writing into a Vec cannot fail.
+        let _ = write!(out, "*{}\r\n", words.split(' ').count());
+        for w in words.split(' ') {
+            let a: &[u8] = match w {
+                "{k}" => k,
+                "{t}" => TOKEN,
+                "{release}" => &s.release,
+                "{extend}" => &s.extend,
+                w => w.as_bytes(),
+            };
+            let _ = write!(out, "${}\r\n", a.len());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
         }
-        match self {
-            Op::Ping => None,
-            Op::SetNx => Some(Shape::Status(true)),
-            Op::Acquire | Op::AcquireGen => Some(Shape::Array(2)),
-            _ => Some(Shape::Int(1)),
-        }
+        self.reply.get(step).copied()
     }
 
     /// The op as a workload on keys `prefix:ccc:iiiiiiiii`, each connection on its own
     /// keys; a cycle runs both its commands on one key. `wrap` > 0 makes op `i` use key
     /// `i % wrap` (for commands that leave the key held, like EXTEND).
     pub fn load<'a>(
-        self,
+        &'a self,
         prefix: &'a [u8],
         s: &'a Scripts,
         wrap: u64,
     ) -> impl Fn(usize, u64, &mut Vec<u8>) -> Option<Shape> + 'a {
-        move |conn, i, out| match self.cycle() {
-            Some(steps) => steps[(i % 2) as usize].put(&key(prefix, conn, i / 2), s, out),
-            None if wrap > 0 => self.put(&key(prefix, conn, i % wrap), s, out),
-            None => self.put(&key(prefix, conn, i), s, out),
+        let n = self.commands_per_op();
+        move |conn, i, out| {
+            let j = if wrap > 0 { i / n % wrap } else { i / n };
+            self.put((i % n) as usize, &key(prefix, conn, j), s, out)
         }
     }
 }
@@ -216,7 +257,8 @@ impl Waiters {
     ) -> io::Result<Waiters> {
         for k in 0..locks {
             let key = format!("wl:{k}");
-            if lock::acquire(c, &key, &["TOKEN", "holder", "PX", "3600000"])?.is_none() {
+            let hold = ["TOKEN", "holder-token-0001", "PX", "3600000"];
+            if lock::acquire(c, &key, &hold)?.is_none() {
                 return Err(io::Error::other(format!("could not hold {key}")));
             }
         }
@@ -254,5 +296,33 @@ impl Waiters {
     pub fn release(self, c: &mut RawConn) -> io::Result<()> {
         drop(self.0);
         wait_for(c, "lock", "lock_waiters", 0, Duration::from_secs(60))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops_expand_their_words() {
+        let s = Scripts {
+            release: b"sha1".to_vec(),
+            extend: b"sha2".to_vec(),
+        };
+        let mut out = Vec::new();
+        assert_eq!(CYCLE_RECIPE.put(1, b"k", &s, &mut out), Some(Int(1)));
+        let want = format!(
+            "*5\r\n$7\r\nEVALSHA\r\n$4\r\nsha1\r\n$1\r\n1\r\n$1\r\nk\r\n$36\r\n{}\r\n",
+            String::from_utf8_lossy(TOKEN)
+        );
+        assert_eq!(String::from_utf8_lossy(&out), want);
+        assert_eq!(EXTEND.shown(), "LOCK.EXTEND k <36-byte token> PX 600000");
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let w = CYCLE.load(b"p", &s, 0);
+        assert_eq!(
+            (w(3, 2, &mut a), w(3, 3, &mut b)),
+            (Some(Array(2)), Some(Int(1)))
+        );
+        assert!(a.ends_with(b"$15\r\np:003:000000001\r\n$5\r\nTOKEN\r\n$36\r\n6f1c1b9e-3a5d-4c2e-9b7a-0d8e2f4a1c3b\r\n$2\r\nPX\r\n$6\r\n600000\r\n"));
     }
 }

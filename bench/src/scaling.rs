@@ -10,11 +10,12 @@ use redis_lock_testkit::{encode, lock, RawConn, Resp};
 
 use crate::config::Config;
 use crate::load::{self, Shape};
-use crate::ops::{key, Op, Waiters, TOKEN};
+use crate::ops::{self, key, Waiters, TOKEN};
 use crate::stats::{ab, pair_medians, quantiles};
 use crate::Server;
 
 pub const FILL_CONNS: usize = 4;
+const HOLDER: &str = "holder-token-0001";
 /// Lease of the probe lock in the expiry measurement.
 pub const EXPIRY_TTL_MS: u64 = 25;
 
@@ -63,16 +64,8 @@ pub fn spread_extend(
 
 /// Blocks `b` on `k` (held by `a`) and waits until the server has queued it.
 fn block_on(a: &mut RawConn, b: &mut RawConn, k: &str) -> io::Result<()> {
-    b.queue(&[
-        "LOCK.ACQUIRE",
-        k,
-        "TOKEN",
-        "waiter",
-        "PX",
-        "60000",
-        "BLOCK",
-        "10000",
-    ]);
+    let acquire = "LOCK.ACQUIRE {k} TOKEN waiter-token-0001 PX 60000 BLOCK 10000";
+    b.queue(&acquire.replace("{k}", k).split(' ').collect::<Vec<_>>());
     b.flush()?;
     let start = Instant::now();
     while lock::info(a, k)?.and_then(|i| i.waiters) != Some(1) {
@@ -97,7 +90,7 @@ fn grants(s: &Server, n: usize, expiry: bool) -> io::Result<Vec<f64>> {
     for j in 0..n {
         let k = format!("probe:{}:{j}", if expiry { 'e' } else { 'h' });
         let t0 = Instant::now();
-        let r = a.call(&["LOCK.ACQUIRE", &k, "TOKEN", "holder", "PX", &ttl])?;
+        let r = a.call(&["LOCK.ACQUIRE", &k, "TOKEN", HOLDER, "PX", &ttl])?;
         expect_grant(r, "probe acquire")?;
         block_on(&mut a, &mut b, &k)?;
         if expiry {
@@ -105,14 +98,14 @@ fn grants(s: &Server, n: usize, expiry: bool) -> io::Result<Vec<f64>> {
             v.push(t0.elapsed().as_secs_f64() * 1e3 - EXPIRY_TTL_MS as f64);
         } else {
             let t0 = Instant::now();
-            a.try_send(&[b"LOCK.RELEASE", k.as_bytes(), b"holder"])?;
+            a.try_send(&[b"LOCK.RELEASE", k.as_bytes(), HOLDER.as_bytes()])?;
             expect_grant(b.read()?, "hand-off")?;
             v.push(t0.elapsed().as_secs_f64() * 1e3);
             if a.read()? != Resp::Int(1) {
                 return Err(io::Error::other("probe release failed"));
             }
         }
-        b.ok(&[b"LOCK.RELEASE", k.as_bytes(), b"waiter"])?;
+        b.ok(&[b"LOCK.RELEASE", k.as_bytes(), b"waiter-token-0001"])?;
     }
     Ok(v)
 }
@@ -126,11 +119,11 @@ fn measure_level(s: &Server, held: u64, waiters: u64) -> io::Result<Level> {
         |what: &str, w: &load::Workload| load::run(s.port, cfg.clients, 16, per_conn, what, w);
     let cycle = |module: bool| {
         let op = if module {
-            Op::CycleModule
+            &ops::CYCLE
         } else {
-            Op::CycleRecipe
+            &ops::CYCLE_RECIPE
         };
-        Ok(run(op.shown(), &op.load(b"scale", &s.scripts, 0))? / op.commands_per_op() as f64)
+        Ok(run(&op.shown(), &op.load(b"scale", &s.scripts, 0))? / op.commands_per_op() as f64)
     };
     let extend = |module: bool| run("extend spread", &spread_extend(held, !module));
     let (mut cycles, mut extends) = (vec![], vec![]);

@@ -1,45 +1,61 @@
-//! Throughput of each module command against the recipe command it replaces, 50
-//! clients, pipeline 1 and 16, A and B alternated in every round (ABBA order), with PING
-//! as the ceiling.
+//! Throughput of each module command against the recipe command it replaces (and of the
+//! floor module against `SET NX PX`), 50 clients, pipeline 1 and 16, A and B alternated in
+//! every round (ABBA order), with PING as the ceiling.
 
 use std::io;
 
 use redis_lock_report::perf::{self, PairResult, Throughput};
 
 use crate::load;
-use crate::ops::{flushall, Op};
+use crate::ops::{self, flushall, Op};
 use crate::stats::{ab, median, min_max, pair_medians};
-use crate::Server;
+use crate::{On, Rig};
 
-/// One comparison: the module's way (A) against the recipe (B), and the goal for A/B.
-/// The comparisons, with their goals at pipeline 1 and 16 (issue 11): an ACQUIRE no
-/// dearer than `SET NX PX`, a RELEASE 1.1× / 1.3× the EVALSHA compare-and-delete, a cycle
-/// 1.3× the recipe's at pipeline 16.
-pub const PAIRS: [(&str, Op, Op, [Option<f64>; 2]); 4] = [
+/// A side of a comparison: the op and the server it runs on.
+type Side = (&'static Op, On);
+
+/// The comparisons: the module's way (A) against the recipe (B, on the same binary
+/// without the module), with the goal for A/B at pipeline 1 and 16: an ACQUIRE at
+/// 0.98× / 0.90× `SET NX PX` (issue 21; the floor module's own level), a RELEASE 1.1× /
+/// 1.3× the EVALSHA compare-and-delete, a cycle 1.3× the recipe's at pipeline 16
+/// (issue 11); the floor beside them.
+pub const PAIRS: [(&str, Side, Side, [Option<f64>; 2]); 5] = [
     (
         perf::ACQUIRE,
-        Op::Acquire,
-        Op::SetNx,
-        [Some(1.0), Some(1.0)],
+        (&ops::ACQUIRE, On::Lock),
+        (&ops::SET_NX, On::Plain),
+        [Some(0.98), Some(0.9)],
+    ),
+    (
+        perf::FLOOR,
+        (&ops::FLOOR, On::Floor),
+        (&ops::SET_NX, On::Plain),
+        [None, None],
     ),
     (
         perf::RELEASE,
-        Op::Release,
-        Op::EvalRelease,
+        (&ops::RELEASE, On::Lock),
+        (&ops::EVAL_RELEASE, On::Plain),
         [Some(1.1), Some(1.3)],
     ),
-    (perf::EXTEND, Op::Extend, Op::EvalExtend, [None, None]),
+    (
+        perf::EXTEND,
+        (&ops::EXTEND, On::Lock),
+        (&ops::EVAL_EXTEND, On::Plain),
+        [None, None],
+    ),
     (
         perf::CYCLE,
-        Op::CycleModule,
-        Op::CycleRecipe,
+        (&ops::CYCLE, On::Lock),
+        (&ops::CYCLE_RECIPE, On::Plain),
         [None, Some(1.3)],
     ),
 ];
 
-/// One measured run of `op`: prepares the key space, then times the load. Returns
-/// operations per second (cycles per second for a cycle).
-fn measure(s: &Server, op: Op, pipeline: usize) -> io::Result<f64> {
+/// One measured run of `op` on `on`'s server: prepares the key space, then times the
+/// load. Returns operations per second (cycles per second for a cycle).
+fn measure(rig: &Rig, (op, on): Side, pipeline: usize) -> io::Result<f64> {
+    let s = rig.on(on);
     let (port, conns) = (s.port, s.cfg.clients);
     let per_op = op.commands_per_op();
     let per_conn = (s.cfg.ops(pipeline) / conns as u64).max(per_op);
@@ -49,30 +65,31 @@ fn measure(s: &Server, op: Op, pipeline: usize) -> io::Result<f64> {
     let prefix = b"bench:lock";
     // RELEASE deletes its key: every op gets a freshly held key. EXTEND leaves it held,
     // so a smaller set is reused.
-    let wrap = match op {
-        Op::Extend | Op::EvalExtend => per_conn.min(2000),
+    let fill = op.fill();
+    let wrap = match fill {
+        Some((_, true)) => per_conn.min(2000),
         _ => 0,
     };
-    if let Some(fill) = op.needs_held() {
+    if let Some((fill, _)) = fill {
         // The same connection numbering as the measured run.
         let n = if wrap > 0 { wrap } else { per_conn };
         let w = fill.load(prefix, &s.scripts, 0);
         load::run(port, conns, 64, n, "pre-filling held keys", &w)?;
     }
     let w = op.load(prefix, &s.scripts, wrap);
-    Ok(load::run(port, conns, pipeline, per_conn, op.shown(), &w)? / per_op as f64)
+    Ok(load::run(port, conns, pipeline, per_conn, &op.shown(), &w)? / per_op as f64)
 }
 
-pub fn run(s: &Server) -> io::Result<Throughput> {
-    let (cfg, mut t) = (&s.cfg, Throughput::default());
+pub fn run(rig: &Rig) -> io::Result<Throughput> {
+    let (cfg, mut t) = (&rig.lock.cfg, Throughput::default());
     for p in perf::PIPELINES {
         let mut rounds: Vec<Vec<(f64, f64)>> = vec![vec![]; PAIRS.len()];
         let mut pings = vec![];
         for round in 0..cfg.rounds {
-            pings.push(measure(s, Op::Ping, p)?);
+            pings.push(measure(rig, (&ops::PING, On::Lock), p)?);
             for ((_, a, b, _), got) in PAIRS.iter().zip(rounds.iter_mut()) {
-                let op = |side_a| if side_a { *a } else { *b };
-                got.push(ab(round, |side_a| measure(s, op(side_a), p))?);
+                let side = |side_a| if side_a { *a } else { *b };
+                got.push(ab(round, |side_a| measure(rig, side(side_a), p))?);
             }
             let last: Vec<String> = rounds
                 .iter()
@@ -80,7 +97,7 @@ pub fn run(s: &Server) -> io::Result<Throughput> {
                 .collect();
             eprintln!(
                 "  [{}] throughput P{p} round {}/{}: {}",
-                s.label,
+                rig.lock.label,
                 round + 1,
                 cfg.rounds,
                 last.join(" ")
@@ -100,8 +117,8 @@ pub fn run(s: &Server) -> io::Result<Throughput> {
                 ratio_min,
                 ratio_max,
                 goal: goal[usize::from(p > 1)],
-                a_per_op: a.commands_per_op() as f64,
-                b_per_op: b.commands_per_op() as f64,
+                a_per_op: a.0.commands_per_op() as f64,
+                b_per_op: b.0.commands_per_op() as f64,
                 rounds: got,
             });
         }

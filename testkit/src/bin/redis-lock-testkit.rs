@@ -45,6 +45,10 @@ fn value(it: &mut impl Iterator<Item = String>, flag: &str) -> Result<String, St
         .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
 }
 
+fn path(p: String) -> Result<PathBuf, String> {
+    std::path::absolute(&p).map_err(|e| format!("{p}: {e}"))
+}
+
 fn parse(args: Vec<String>) -> Result<Opts, String> {
     let mut it = args.into_iter();
     if it.next().as_deref() != Some("serve") {
@@ -53,8 +57,10 @@ fn parse(args: Vec<String>) -> Result<Opts, String> {
     let (mut b, mut secs, mut words) = (ServerBuilder::new().die_with_parent(), 3600, vec![]);
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--server" => b = b.bin(PathBuf::from(value(&mut it, &a)?)),
-            "--module" => b = b.module(&PathBuf::from(value(&mut it, &a)?)),
+            // Absolute, as servers run in their own directory (links kept: a server
+            // binary may act on the name it was called by).
+            "--server" => b = b.bin(path(value(&mut it, &a)?)?),
+            "--module" => b = b.module(&path(value(&mut it, &a)?)?),
             "--no-module" => b = b.no_module(),
             "--module-arg" => b = b.module_args(&[&value(&mut it, &a)?]),
             "--secs" => secs = value(&mut it, &a)?.parse().map_err(|_| USAGE)?,
