@@ -549,7 +549,7 @@ fn guard_ops(on: On) -> Vec<&'static Op> {
     let mut v: Vec<&Op> = vec![];
     for (_, a, b, _) in GUARDED {
         for (op, o) in [a, b] {
-            if o == on && !v.iter().any(|x| std::ptr::eq(*x, op)) {
+            if o == on && !v.iter().any(|x| x.words == op.words) {
                 v.push(op);
             }
         }
@@ -600,18 +600,18 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
     let count = |(op, on): (&Op, On), inside| {
         let found = (if on == On::Lock { &lock } else { &plain })
             .iter()
-            .find(|(o, _)| std::ptr::eq(*o, op));
-        found.map_or(f64::NAN, |(_, c)| {
-            if inside == Inside::Call {
-                c.call
-            } else {
-                c.process
-            }
+            .find(|(o, _)| o.words == op.words);
+        found.map_or(f64::NAN, |(_, c)| match inside {
+            Inside::Call => c.call,
+            Inside::Filtered => c.call + c.filters,
         })
     };
-    let now: Vec<(&str, f64)> = GUARDED
-        .iter()
-        .map(|&(name, a, b, inside)| (name, count(a, inside) / count(b, inside)))
+    let now: Vec<(&str, f64)> = (GUARDED.iter())
+        .map(|&(name, a, b, inside)| {
+            let (a, b) = (count(a, inside), count(b, inside));
+            eprintln!("  {name}: {a:.0} / {b:.0} instructions = {:.3}", a / b);
+            (name, a / b)
+        })
         .collect();
     let file = cfg.root.join("bench/callgrind-guard.tsv");
     if let Some(reason) = reason {
