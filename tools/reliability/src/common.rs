@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-pub use redis_lock_report::fmt::{pct, thousands};
+pub use redis_lock_report::fmt::thousands;
 pub use redis_lock_report::reliability::{Outcome, Status};
 pub use redis_lock_testkit::{
     args, now_ns, unix_ms, RawConn as Conn, Resp as Reply, Rng, Server, ServerBuilder,

@@ -109,7 +109,7 @@ impl Kills {
 }
 
 /// What one link saw.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct LinkLog {
     /// Blocking calls sent (every attempt counts).
     pub waits: u64,

@@ -15,7 +15,7 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
-use redis_lock_report::reliability::{ReliabilityRun, RowRun, ServerId};
+use redis_lock_report::reliability::{Cells, ReliabilityRun, RowRun, ServerId};
 
 use common::{unix_ms, Env, Outcome, Status};
 
@@ -200,15 +200,18 @@ fn run(a: RunArgs) -> ExitCode {
                 Status::Fail(w) => format!("FAIL ({w})"),
                 Status::NotRun(w) => format!("NOT RUN ({w})"),
             };
+            let c = o.cells().unwrap_or_else(|e| Cells {
+                figure: format!("(the row's template failed: {e})"),
+                trials: String::new(),
+                notes: o.notes.clone(),
+            });
+            let (title, secs) = (o.full_title(), o.secs);
+            let (figure, trials) = (c.figure, c.trials);
             println!(
-                "== [{}] {}: {verdict} -- {} [{}] in {:.0} s",
-                i + 1,
-                o.full_title(),
-                o.figure,
-                o.trials,
-                o.secs
+                "== [{}] {title}: {verdict} -- {figure} [{trials}] in {secs:.0} s",
+                i + 1
             );
-            for n in &o.notes {
+            for n in &c.notes {
                 println!("     {n}");
             }
             outcomes.push(o);

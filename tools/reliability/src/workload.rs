@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
+
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
 use crate::common::{add_counts, now_ns, thousands, Env, Outcome, Reply};
 use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
@@ -235,7 +237,7 @@ pub fn keys(prefix: &str, exclusive: usize, shared: usize, limits: &[u32]) -> Ve
 }
 
 /// What a client counts as it goes (a [`Tally`] adds them up).
-#[derive(Default, Clone)]
+#[derive(Default, Clone, Serialize)]
 pub struct Counts {
     pub calls: u64,
     pub releases: u64,
@@ -529,8 +531,8 @@ pub fn spawn(sh: &Arc<Shared>, rng: &mut Rng) -> Vec<std::thread::JoinHandle<Cli
         .collect()
 }
 
-/// Everything the clients of one run saw, checked.
-#[derive(Default)]
+/// Everything the clients of one run saw, checked (the row's data).
+#[derive(Default, Serialize)]
 pub struct Tally {
     pub grants: u64,
     pub n: Counts,
@@ -588,39 +590,6 @@ impl Tally {
         self.examples.extend(o.examples);
         self.errors.extend(o.errors);
         self.cross_server_examples.extend(o.cross_server_examples);
-    }
-
-    /// One line of what the clients did.
-    pub fn history(&self) -> String {
-        let list = |items: &[(u64, &str)]| {
-            let each = items
-                .iter()
-                .map(|(n, what)| format!("{} {what}", thousands(*n)));
-            each.collect::<Vec<_>>().join(", ")
-        };
-        let modes = list(&[
-            (self.by_mode[0], "exclusive or writer"),
-            (self.by_mode[1], "SHARED readers"),
-            (self.by_mode[2], "LIMIT permits"),
-        ]);
-        let done = list(&[
-            (self.n.releases, "releases"),
-            (self.n.extends, "extends"),
-            (self.n.abandoned, "leases left to expire"),
-        ]);
-        let refused = list(&[
-            (self.n.nil_blocking, "blocking acquires timed out"),
-            (
-                self.n.nil_nonblocking,
-                "non-blocking acquires found the key busy",
-            ),
-            (self.n.maxwaiters, "refused with MAXWAITERS"),
-            (self.n.unblocked, "unblocked with an error"),
-        ]);
-        format!(
-            "{} grants ({modes}), {done}; {refused}",
-            thousands(self.grants)
-        )
     }
 }
 
@@ -696,60 +665,28 @@ pub fn check(
     Ok(t)
 }
 
-/// The end of a fenced-workload scenario's row: what the checker found, and a failure on
-/// any violation, on any client error, or (full runs) on fewer acquisitions than `target`.
+/// The end of a fenced-workload scenario's row: what the checker found (the row's
+/// `tally`, and the acquisitions asked for, `target`), and a failure on any violation, on
+/// any client error, or (full runs) on fewer acquisitions than `target`.
 pub fn verdict(o: &mut Outcome, env: &Env, t: &Tally, target: u64) {
-    o.note(format!(
-        "Critical sections that outran their own lease (a client delayed past it, not a lock fault): {}; store anomalies they explain: {}.",
-        t.late_cs, t.late_store_events
-    ));
-    for (k, n) in &t.violations {
-        o.note(format!("Violation `{k}`: {n}"));
-    }
-    for e in t.examples.iter().take(6) {
-        o.note(format!("Example: {e}"));
-    }
+    o.put("tally", t);
+    o.put("target", target);
+    o.put("violations", t.violations());
     if t.violations() > 0 {
         o.fail(format!("{} violations", t.violations()));
     }
     if let Some(e) = t.errors.first() {
         o.fail(format!("{} client errors, first: {e}", t.errors.len()));
     }
-    if t.grants < target {
-        let msg = format!(
-            "{} acquisitions, below the {} asked for",
-            thousands(t.grants),
-            thousands(target)
-        );
-        if env.short {
-            o.note(msg);
-        } else {
-            o.fail(msg);
-        }
+    if t.grants < target && !env.short {
+        let (got, want) = (thousands(t.grants), thousands(target));
+        o.fail(format!("{got} acquisitions, below the {want} asked for"));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn history_names_every_count() {
-        let mut t = Tally {
-            grants: 1234,
-            by_mode: [1, 2, 3],
-            ..Tally::default()
-        };
-        (t.n.releases, t.n.extends, t.n.abandoned) = (4, 5, 6);
-        (t.n.nil_blocking, t.n.nil_nonblocking) = (7, 8);
-        (t.n.maxwaiters, t.n.unblocked) = (9, 10);
-        assert_eq!(
-            t.history(),
-            "1,234 grants (1 exclusive or writer, 2 SHARED readers, 3 LIMIT permits), 4 releases, \
-             5 extends, 6 leases left to expire; 7 blocking acquires timed out, 8 non-blocking \
-             acquires found the key busy, 9 refused with MAXWAITERS, 10 unblocked with an error"
-        );
-    }
 
     fn kinds(s: &Store) -> Vec<(StoreEventKind, Vec<Fence>, Fence)> {
         let e = s.events.lock().unwrap();

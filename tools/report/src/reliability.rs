@@ -1,6 +1,8 @@
 //! docs/RELIABILITY.md, rendered from docs/data/reliability.json, which
 //! `make reliability` writes. Every scenario reports one [`Outcome`].
 
+use std::collections::BTreeMap;
+
 use minijinja::context;
 use minijinja::value::{Serde, Value};
 use serde::{Deserialize, Serialize};
@@ -17,16 +19,18 @@ pub enum Status {
     NotRun(String),
 }
 
-/// What one scenario measured: a row of the table and the lines of its section.
+/// What one scenario measured: its numbers (`data`), from which the template
+/// reliability-row.md.j2 makes the row's figure and trials and the lines of its section.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Outcome {
     pub id: u32,
     pub key: String,
     pub title: String,
     pub target: String,
-    pub figure: String,
-    pub trials: String,
+    #[serde(default)]
+    pub data: BTreeMap<String, serde_json::Value>,
     pub status: Status,
+    /// Further failures (the first is the status), as the run reported them.
     pub notes: Vec<String>,
     pub secs: f64,
     /// The server of this row, for a scenario that runs on every server.
@@ -65,8 +69,7 @@ impl Outcome {
             key: key.to_string(),
             title: title.to_string(),
             target: target.to_string(),
-            figure: String::new(),
-            trials: String::new(),
+            data: BTreeMap::new(),
             status: Status::Pass,
             notes: Vec::new(),
             secs: 0.0,
@@ -92,9 +95,33 @@ impl Outcome {
         }
     }
 
-    pub fn note(&mut self, line: impl Into<String>) {
-        self.notes.push(line.into());
+    /// Records `value` as the datum `name` of the row.
+    pub fn put(&mut self, name: &str, value: impl Serialize) {
+        let v = serde_json::to_value(value).unwrap_or_else(|e| e.to_string().into());
+        self.data.insert(name.to_string(), v);
     }
+
+    /// The row's figure, its trials and the lines of its section, from its data.
+    pub fn cells(&self) -> Result<Cells, Error> {
+        let ctx = context! { o => Serde(self), d => Serde(&self.data) };
+        let text = template::render("reliability-row.md.j2", ctx)?;
+        let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+        let (figure, trials) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+        let notes = lines.map(|l| l.trim_start_matches("- ").to_string());
+        Ok(Cells {
+            figure: figure.to_string(),
+            trials: trials.to_string(),
+            notes: notes.chain(self.notes.iter().cloned()).collect(),
+        })
+    }
+}
+
+/// What the template makes of a row's data.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cells {
+    pub figure: String,
+    pub trials: String,
+    pub notes: Vec<String>,
 }
 
 /// docs/data/reliability.json: one `make reliability` run.
@@ -137,14 +164,21 @@ impl ReliabilityRun {
 
 /// docs/RELIABILITY.md.
 pub fn render(run: &ReliabilityRun) -> Result<String, Error> {
-    let row = |o: &Outcome| {
+    let cells: Vec<Cells> = run
+        .outcomes
+        .iter()
+        .map(Outcome::cells)
+        .collect::<Result<_, _>>()?;
+    let row = |(o, c): (&Outcome, &Cells)| {
         let (fail, not_run) = match &o.status {
             Status::Pass => (None, None),
             Status::Fail(w) => (Some(w), None),
             Status::NotRun(w) => (None, Some(w)),
         };
-        context! { full_title => o.full_title(), fail, not_run, ..Value::from(Serde(o)) }
+        let o = context! { full_title => o.full_title(), fail, not_run, ..Value::from(Serde(o)) };
+        context! { ..Value::from(Serde(c)), ..o }
     };
+    let rows: Vec<Value> = run.outcomes.iter().zip(&cells).map(row).collect();
     // The rows of each later run (`--only`), and the servers they name.
     let mut later: Vec<(&RowRun, Vec<&Outcome>, Vec<&ServerId>)> = Vec::new();
     for o in &run.outcomes {
@@ -165,13 +199,13 @@ pub fn render(run: &ReliabilityRun) -> Result<String, Error> {
     let mut groups: Vec<Vec<Value>> = Vec::new();
     for (i, o) in run.outcomes.iter().enumerate() {
         match groups.last_mut() {
-            Some(g) if run.outcomes[i - 1].key == o.key => g.push(row(o)),
-            _ => groups.push(vec![row(o)]),
+            Some(g) if run.outcomes[i - 1].key == o.key => g.push(rows[i].clone()),
+            _ => groups.push(vec![rows[i].clone()]),
         }
     }
     let ctx = context! {
         run => Serde(run),
-        rows => run.outcomes.iter().map(row).collect::<Vec<_>>(),
+        rows,
         passed => run.outcomes.iter().filter(|o| o.status == Status::Pass).count(),
         later => later.collect::<Vec<_>>(),
         groups,
@@ -190,7 +224,6 @@ mod tests {
             label: s.into(),
             path: format!("bin/{s}"),
         });
-        o.figure = format!("figure {key}");
         o
     }
 

@@ -15,13 +15,14 @@ macro_rules! templates {
     };
 }
 
-const TEMPLATES: [(&str, &str); 6] = templates![
+const TEMPLATES: [(&str, &str); 7] = templates![
     "perf.md.j2",
     "headline.md.j2",
     "callgrind.md.j2",
     "contention.md.j2",
     "contention-kinds.md.j2",
-    "RELIABILITY.md.j2"
+    "RELIABILITY.md.j2",
+    "reliability-row.md.j2"
 ];
 
 /// A number filter: a missing value prints as `f` prints NaN (`–`).
@@ -52,6 +53,11 @@ fn environment() -> Result<Environment<'static>, Error> {
     env.add_filter("ms", num(fmt::ms));
     env.add_filter("per_sec", num(fmt::per_sec));
     env.add_filter("verdict", fmt::verdict);
+    // A count with thousands separators; `part` as a percentage of `whole` (`n/a` of 0).
+    env.add_filter("n", num(fmt::ir));
+    env.add_filter("pct", |part: f64, whole: f64| {
+        fmt::pct(part as u64, whole as u64)
+    });
     // `{:.N}`, and Rust's own shortest form (`1`, `0.45`) for goals and settings.
     env.add_filter("f", |v: f64, dec: usize| format!("{v:.dec$}"));
     env.add_filter("signed", |v: f64, dec: usize| format!("{v:+.dec$}"));

@@ -35,7 +35,7 @@ pub const TARGET: &str = "0 crashes, 0 double grants, 0 fence regressions, every
 const PAUSE_RELEASE_MS: u64 = 110;
 
 /// Operations applied, by name; replies that refused them, by name.
-#[derive(Default)]
+#[derive(Default, serde::Serialize)]
 pub struct Ops {
     pub done: BTreeMap<&'static str, u64>,
     refused: BTreeMap<&'static str, u64>,
@@ -47,6 +47,7 @@ pub struct Ops {
     unblock_accepted_early: u64,
     keys_migrated: u64,
     /// Until when each node's clients may be held by a CLIENT PAUSE of ours.
+    #[serde(skip)]
     paused_until: BTreeMap<usize, Instant>,
 }
 
@@ -69,18 +70,6 @@ impl Ops {
         self.unblock_accepted_early += o.unblock_accepted_early;
         self.keys_migrated += o.keys_migrated;
     }
-    fn summary(&self) -> String {
-        let parts: Vec<String> = self
-            .done
-            .iter()
-            .map(|(k, v)| match self.refused.get(k) {
-                Some(r) => format!("{k} {} ({} refused)", thousands(*v), thousands(*r)),
-                None => format!("{k} {}", thousands(*v)),
-            })
-            .collect();
-        parts.join(", ")
-    }
-
     /// The first crash or failed operation fails the row.
     pub fn verdict(&self, o: &mut Outcome) {
         if let Some(e) = self.crashes.first().or(self.errors.first()) {
@@ -340,6 +329,19 @@ fn bystander(
         ..ClientLog::default()
     };
     (fences, log)
+}
+
+/// A sub-run as the row's data shows it.
+#[derive(serde::Serialize)]
+struct SubData {
+    name: &'static str,
+    grants: u64,
+    secs: f64,
+    /// The slowest waiter's answer after its BLOCK time, ms; without pause time.
+    slowest: i64,
+    net: i64,
+    done: BTreeMap<&'static str, u64>,
+    refused: BTreeMap<&'static str, u64>,
 }
 
 /// What a sub-run hands back.
@@ -610,9 +612,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng =
         Rng::new(env.seed ^ 0x0063_6861_6f73 ^ u64::from(flavor.major * 100 + flavor.minor));
     let target = env.n(100_000.0, 6_000.0);
-    let mut tally = Tally::default();
-    let mut ops = Ops::default();
-    let mut parts = Vec::new();
+    let (mut tally, mut ops, mut parts) = (Tally::default(), Ops::default(), vec![]);
     type SubRun = fn(&Env, Flavor, &mut Rng) -> Result<Sub, String>;
     let subs: [(&str, SubRun); 3] = [
         ("standalone", standalone),
@@ -624,17 +624,17 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         for v in [&mut s.tally.examples, &mut s.ops.errors, &mut s.ops.crashes] {
             v.iter_mut().for_each(|e| *e = format!("{name}: {e}"));
         }
-        parts.push(format!(
-            "{name} {} in {:.0} s",
-            thousands(s.tally.grants),
-            s.secs
-        ));
-        o.note(format!(
-            "{name}: slowest waiter answered {} ms after its BLOCK time ({} ms not counting time a write pause of ours held its command).",
-            s.tally.link.slowest_wait_over_block_ms.max(0),
-            s.tally.link.slowest_net_ms.max(0)
-        ));
-        o.note(format!("{name}: {}.", s.ops.summary()));
+        let link = &s.tally.link;
+        let (slowest, net) = (link.slowest_wait_over_block_ms, link.slowest_net_ms);
+        parts.push(SubData {
+            name,
+            grants: s.tally.grants,
+            secs: s.secs,
+            slowest: slowest.max(0),
+            net: net.max(0),
+            done: std::mem::take(&mut s.ops.done),
+            refused: std::mem::take(&mut s.ops.refused),
+        });
         ops.absorb(s.ops);
         tally.absorb(s.tally);
     }
@@ -647,56 +647,14 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     ]);
     let broken = count(&["connection lost although nobody killed it"]);
     let double = tally.violations() - fences - late - broken;
-    o.figure = format!(
-        "{} crashes, {} double grants, {} fence regressions, {} waiters answered late or never{}, in {} acquisitions",
-        ops.crashes.len(),
-        double,
-        fences,
-        late,
-        if broken > 0 {
-            format!(", {broken} connections lost without a kill")
-        } else {
-            String::new()
-        },
-        thousands(tally.grants)
+    o.put("subs", parts);
+    o.put("counts", [double, fences, late, broken]);
+    o.put("ops", &ops);
+    // Servers before Redis 7.4 refuse CLIENT UNBLOCK of a waiter (see docs/commands.md).
+    o.put(
+        "unblock_refused",
+        !(flavor.is_valkey() || flavor.at_least(7, 4)),
     );
-    o.trials = format!(
-        "{} acquisitions ({}); {} blocking calls; {} calls in all",
-        thousands(tally.grants),
-        parts.join(", "),
-        thousands(tally.link.waits),
-        thousands(tally.n.calls)
-    );
-    o.note(format!("History: {}.", tally.history()));
-    o.note(format!(
-        "Waiters: {} blocking calls (every retry counts), the slowest answered {} ms after its BLOCK time; {} answered more than 1 s after it only because a write pause (CLIENT PAUSE, FAILOVER) held the command before it ran, and within BLOCK + 1 s of the pause's end; {} calls lost to CLIENT KILL (excused). Clients followed {} MOVED, {} ASK, {} TRYAGAIN and {} READONLY/UNBLOCKED replies; keys moved by MIGRATE: {}.",
-        thousands(tally.link.waits),
-        tally.link.slowest_wait_over_block_ms.max(0),
-        thousands(tally.link.late_by_pause),
-        thousands(tally.link.killed),
-        thousands(tally.link.moved),
-        thousands(tally.link.ask),
-        thousands(tally.link.tryagain),
-        thousands(tally.link.rerouted),
-        thousands(ops.keys_migrated)
-    ));
-    if tally.cross_server_refusals > 0 {
-        o.note(format!(
-            "Cluster: the fenced store refused {} writes of holders whose fence was below that of the key's previous holder on the node that owned the slot before. Fences rise per node; a key whose slot moves while it is free starts from the new node's counter, which can be lower (each node's counter starts an hour ahead of its own start time). No two holders overlapped; the store's refusal is the safe outcome, but a legitimate holder's writes are refused until the new node's counter passes the old one. First: {}.",
-            thousands(tally.cross_server_refusals),
-            tally.cross_server_examples.first().cloned().unwrap_or_default()
-        ));
-    }
-    if !(flavor.is_valkey() || flavor.at_least(7, 4)) {
-        o.note(format!(
-            "{}: CLIENT UNBLOCK of a LOCK.ACQUIRE waiter is refused by design (it answered 0 every time: {}).",
-            flavor.label(),
-            if ops.unblock_accepted_early == 0 { "yes" } else { "no" }
-        ));
-    }
-    for e in ops.crashes.iter().chain(&ops.errors).take(4) {
-        o.note(format!("Operation failed: {e}"));
-    }
     ops.verdict(o);
     if ops.unblock_accepted_early > 0 {
         o.fail(format!(

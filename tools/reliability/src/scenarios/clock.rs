@@ -132,39 +132,20 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let (_, fe) = acquire(&mut c, "rel:clk:e", 1000)?;
     let rewrite_regression = fe <= fd;
 
-    o.figure = format!(
-        "+{} s jump: a lock with {} s left vanished {} and was granted to another client; fences jumped by {} s worth and never went back while running",
-        JUMP_MS / 1000,
-        ttl_before / 1000,
-        vanished_ms.map_or("only after more than 5 s".into(), |m| format!("at once ({m} ms after the jump)")),
-        fence_jump_ms / 1000
+    o.put("jump_ms", JUMP_MS);
+    o.put("lease_ms", LEASE_MS);
+    o.put("vanished_ms", vanished_ms);
+    o.put("ttls", [ttl_before, b_ttl_after]);
+    o.put("fences", [fa, fb, fc, fd, fe]);
+    o.put("fence_jump_ms", fence_jump_ms);
+    o.put(
+        "first_holder",
+        [format!("{a_extend:?}"), format!("{a_release:?}")],
     );
-    if rewrite_regression {
-        o.figure.push_str("; but after the jump was corrected, a restart from a rewritten AOF (or an RDB file) with no lock left issued a fence lower than one already issued");
-    }
-    o.trials = "1 forward + 1 backward jump of 120 s, 2 restarts".into();
-    o.note(format!(
-        "Forward jump (+{} s): Redis expires keys by the wall clock, so the lock acquired with a {} s lease (LOCK.INFO ttl {} ms) disappeared {} after the jump. A second client was granted it at once (fence {fb}, first holder's fence {fa}). The first holder, whose own timer still says ~{} s are left, got EXTEND -> {:?} and RELEASE -> {:?}: it can only learn it lost the lock by asking, or by having its writes refused by a fenced store.",
-        JUMP_MS / 1000, LEASE_MS / 1000, ttl_before,
-        vanished_ms.map_or("not within 5 s".into(), |m| format!("{m} ms")),
-        LEASE_MS / 1000, a_extend, a_release
-    ));
-    o.note(format!(
-        "Fences on a forward jump: the clock term (unix_ms << 10) jumps too, by {} ms worth ({} -> {}); less when the counter was still ahead of the clock from the start-up jump. Harmless for ordering, and the counter keeps it afterwards.",
-        fence_jump_ms, fa, fb
-    ));
-    o.note(format!(
-        "Backward jump (-{} s, back to true time): leases stretch by the jump. The lock granted during the jump now shows ttl {} ms for a {} s lease; it would be held {} s too long if its holder vanished. Fences keep rising on the running server (next fence {fc} > {fb}: {}).",
-        JUMP_MS / 1000, b_ttl_after, LEASE_MS / 1000, JUMP_MS / 1000,
-        if running_regression { "NO, it went back" } else { "yes" }
-    ));
-    o.note(format!(
-        "Restart after the clock was corrected, all locks released: from the AOF as written (appendfsync always; it holds every grant and release since the last rewrite) the next fence is {} the highest issued ({fd} vs {fc}); after BGREWRITEAOF (the rewritten AOF, like an RDB file, only holds live locks) the next fence is {} ({fe} vs {fd}).{}",
-        if aof_replay_ok { "above" } else { "NOT above" },
-        if rewrite_regression { "LOWER than one already issued: a fence regression" } else { "still above" },
-        if rewrite_regression { " Diagnosis: the fence counter is not persisted by itself: only the fences of locks still stored survive a rewrite or an RDB restart, and the clock term covers the rest only while the clock is not behind a time the server has already used. Persisting the counter (module aux data in RDB, a fence-floor record in the rewritten AOF) would remove this case." } else { "" }
-    ));
-    o.note("Plainly: a lease in this module is wall-clock time on the server. A forward step of the server's clock (NTP step, VM resume, operator) ends leases early and lets a second client in while the first still works; a backward step keeps locks held too long. Fencing tokens stay ordered on the running server, so a fenced store still refuses the first holder's late writes.");
+    o.put(
+        "regressions",
+        [running_regression, !aof_replay_ok, rewrite_regression],
+    );
     if running_regression {
         o.fail("fences went back on a running server after a backward jump");
     }

@@ -57,8 +57,10 @@ impl Mode {
     }
 }
 
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, serde::Serialize)]
 struct Stats {
+    /// The persistence settings.
+    mode: &'static str,
     rounds: u64,
     acked_ops: u64,
     held_checked: u64,
@@ -71,6 +73,7 @@ struct Stats {
     ambiguous_bad: u64,
     fence_regressions: u64,
     rewrites: u64,
+    #[serde(skip)]
     errors: Vec<String>,
 }
 
@@ -250,7 +253,10 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
         Mode::Rdb => b.arg_multi("save", &["1", "1"]),
     }
     .try_start()?;
-    let mut st = Stats::default();
+    let mut st = Stats {
+        mode: mode.name(),
+        ..Stats::default()
+    };
     let mut max_acked_fence = 0u64;
     for round in 0..rounds {
         let inputs = (0..CLIENTS)
@@ -303,9 +309,7 @@ pub const TARGET: &str =
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6475_7261);
-    let mut figure = String::new();
-    let mut trials = Vec::new();
-    let mut everysec_bad = None;
+    let mut modes = vec![];
     for mode in [Mode::Always, Mode::Everysec, Mode::Rdb] {
         let rounds = if mode == Mode::Always {
             env.n(25.0, 4.0)
@@ -320,53 +324,9 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             }
         };
         let bad = st.lost + st.changed + st.resurrected + st.ambiguous_bad;
-        let line = format!(
-            "{}: {} SIGKILLs ({} during an AOF rewrite), {} acknowledged operations; held locks checked {} -> lost {}, changed {}; released locks checked {} -> back {}; in flight at the kill {} (in neither state afterwards: {}); fence regressions after restart {}",
-            mode.name(),
-            st.rounds,
-            st.rewrites,
-            thousands(st.acked_ops),
-            thousands(st.held_checked),
-            st.lost,
-            st.changed,
-            thousands(st.free_checked),
-            st.resurrected,
-            st.ambiguous,
-            st.ambiguous_bad,
-            st.fence_regressions
-        );
-        o.note(line);
-        let checked = st.held_checked + st.free_checked;
-        match mode {
-            Mode::Always => {
-                figure = format!(
-                    "always: {bad} of {} acknowledged states lost, {} fence regressions",
-                    thousands(checked),
-                    st.fence_regressions
-                );
-                if bad > 0 {
-                    o.fail(format!(
-                        "{bad} acknowledged states lost or changed with appendfsync always"
-                    ));
-                }
-            }
-            _ => {
-                if mode == Mode::Everysec {
-                    everysec_bad = Some(bad);
-                }
-                figure.push_str(&format!(
-                    "; {}: {} of acknowledged held locks lost ({} of {}), {} of releases undone",
-                    if mode == Mode::Rdb {
-                        "RDB (save 1 1)"
-                    } else {
-                        "everysec"
-                    },
-                    pct(st.lost + st.changed, st.held_checked),
-                    thousands(st.lost + st.changed),
-                    thousands(st.held_checked),
-                    pct(st.resurrected, st.free_checked)
-                ));
-            }
+        if mode == Mode::Always && bad > 0 {
+            let what = "acknowledged states lost or changed with appendfsync always";
+            o.fail(format!("{bad} {what}"));
         }
         if st.fence_regressions > 0 {
             o.fail(format!(
@@ -375,18 +335,11 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
                 st.fence_regressions
             ));
         }
-        if !st.errors.is_empty() {
-            o.fail(format!("{}: {}", mode.name(), st.errors[0]));
+        if let Some(e) = st.errors.first() {
+            o.fail(format!("{}: {e}", mode.name()));
         }
-        trials.push(format!("{} kills ({})", st.rounds, mode.name()));
+        modes.push(st);
     }
-    o.figure = figure;
-    o.trials = trials.join(", ");
-    match everysec_bad {
-        Some(0) => o.note("everysec: no acknowledged state was lost in these kills. SIGKILL ends the process, not the machine: what Redis has written to the AOF but not yet fsynced stays in the kernel's page cache. That is not a guarantee: while a background fsync is still running Redis postpones the write(2) itself (up to 2 s) and keeps answering clients, so a kill in that window loses acknowledged writes; a power loss or kernel crash can lose about the last 1-2 s."),
-        Some(n) => o.note(format!("everysec: {n} acknowledged states were lost although SIGKILL leaves the kernel's page cache intact (data written to the AOF but not yet fsynced survives a kill -9). The likely cause is Redis's own policy: while a background fsync is still running, it postpones the write(2) of the AOF buffer (for up to 2 s) and keeps answering clients, so a kill in that window loses acknowledged writes. A power loss or kernel crash can lose about the last 1-2 s. Use appendfsync always (row above: nothing lost) when a granted lock must survive a crash.")),
-        None => {}
-    }
-    o.note("RDB only: a restart returns the last snapshot (at best about one second old with `save 1 1`, and none is taken in the first second after a start); every lock acquired, extended or released after it is lost, stale (an older expiry) or comes back. In this workload every lock changes every few milliseconds, so nearly every acknowledged state is newer than any snapshot: read the rate as the share of locks that changed since the last snapshot. The fence counter still rises after the restart: the counter is saved with the snapshot, the fence follows the wall clock (unix_ms << 10), and the first fence after a start jumps an hour ahead of it.");
+    o.put("modes", modes);
     Ok(())
 }

@@ -61,7 +61,7 @@ fn client(mut c: Conn, round: u64, cid: usize, use_wait: bool, stop: &AtomicBool
 }
 
 /// Grants, and how many of them were lost.
-#[derive(Default)]
+#[derive(Default, serde::Serialize)]
 struct Tally(u64, u64);
 
 impl Tally {
@@ -71,7 +71,7 @@ impl Tally {
     }
 }
 
-#[derive(Default)]
+#[derive(Default, serde::Serialize)]
 struct Stats {
     rounds: u64,
     cuts: u64,
@@ -193,36 +193,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         }
     }
     drop(cut);
-    o.figure = format!(
-        "WAIT-confirmed lost: {} of {}; without WAIT lost: {} of {} ({}); fence regressions: {}",
-        st.confirmed.1,
-        thousands(st.confirmed.0),
-        thousands(st.plain.1),
-        thousands(st.plain.0),
-        pct(st.plain.1, st.plain.0),
-        st.fence_regressions
-    );
-    o.trials = format!(
-        "{} failovers ({} with the link cut first), {} acknowledged grants, {} probe grants",
-        st.rounds,
-        st.cuts,
-        thousands(st.plain.0 + st.confirmed.0 + st.unconfirmed.0),
-        st.probes
-    );
-    o.note(format!(
-        "Grants whose `WAIT 1 {WAIT_MS}` returned 0 (the client must treat them as not acquired): {}, of which {} were lost ({}).",
-        thousands(st.unconfirmed.0),
-        thousands(st.unconfirmed.1),
-        pct(st.unconfirmed.1, st.unconfirmed.0)
-    ));
-    o.note(format!(
-        "Without WAIT, in failovers where the link was not cut first (SIGKILL only): {} of {} lost ({}).",
-        thousands(st.plain_uncut.1),
-        thousands(st.plain_uncut.0),
-        pct(st.plain_uncut.1, st.plain_uncut.0)
-    ));
-    o.note("Without WAIT a grant acknowledged by the primary can be missing on the promoted replica, so a second client can be granted the same lock: this is the failure the redis.io page describes. With WAIT 1 the client knows; WAIT does not make the write durable on a quorum by itself (a replica that acked can still be the one that dies).");
-    o.note("Fences after promotion stay above the old primary's: the replica's counter holds every fence it received, and a promotion makes the next fence jump an hour ahead of the clock (unix_ms << 10), which covers the grants it never received; across machines this needs clocks that are not behind by more than that hour plus the failover time.");
+    o.put("wait_ms", WAIT_MS);
+    o.put("stats", &st);
     if st.confirmed.1 > 0 {
         o.fail(format!("{} WAIT-confirmed grants lost", st.confirmed.1));
     }

@@ -190,7 +190,7 @@ fn malformed(rng: &mut Rng) -> Vec<u8> {
 /// What a fuzzing connection (or the RESTORE run) saw. `n`: commands (RESTORE payloads),
 /// `errors`: error replies (refused payloads), `checked`: restored keys that behaved as
 /// locks.
-#[derive(Default)]
+#[derive(Default, serde::Serialize)]
 struct Tally {
     n: u64,
     malformed: u64,
@@ -517,29 +517,11 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         }
         None
     };
-    let crashes = u64::from(lv.crash.is_some()) + u64::from(rs.crash.is_some());
     let hangs = lv.hangs + rs.hangs;
-    o.figure = format!(
-        "{crashes} crashes, {hangs} hangs in {} commands; {} hostile RESTORE payloads: {} refused, {} loaded and behaved as locks, 0 crashes",
-        thousands(lv.n),
-        thousands(rs.n),
-        thousands(rs.errors),
-        thousands(rs.checked)
-    );
-    o.trials = format!(
-        "{} commands ({} malformed-protocol, {} error replies) in {:.0} s; {} RESTORE payloads in {:.0} s",
-        thousands(lv.n),
-        thousands(lv.malformed),
-        thousands(lv.errors),
-        live_secs,
-        thousands(rs.n),
-        restore_secs
-    );
-    o.note(format!(
-        "Live: commands built from the module's command names, option names, edge-case integers, binary and 10-100 KB strings, wrong types, CONFIG SET of lock.* and random names, and well-formed lock commands with random values (so that grants, renewals, waits, hand-offs and releases happen in between); malformed RESP on a throw-away connection before about one batch in three; {WORKERS} connections in parallel, each PINGing (5 s timeout) after every batch of {BATCH}. BLOCK values are kept to 1..50 ms so that a wait cannot pass for a hang. Caught Rust panics reported by INFO lock: {caught:?}."
-    ));
-    o.note("RESTORE: DUMP payloads of real locks (with and without OWNER, 256-byte TOKEN and OWNER), 1-3 mutations each in the module section (bit flips, random bytes, truncation, insertions, duplicated or deleted runs, huge length encodings), CRC64 recomputed with crc::CRC_64_REDIS so the server passes them to the module's rdb_load. Whatever loaded was then used as a lock (LOCK.INFO, DUMP, EXTEND, ACQUIRE, DEL).".to_string());
-    o.note("Parser property tests (proptest, src/args.rs) run in CI with the unit tests (`make unit`).");
+    o.put("live", (&lv, live_secs));
+    o.put("restore", (&rs, restore_secs));
+    o.put("shape", (WORKERS, BATCH));
+    o.put("caught", caught);
     if let Some(c) = &lv.crash {
         o.fail(format!("live fuzzer: {c}"));
     }
@@ -547,7 +529,6 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         o.fail(format!("RESTORE: {c}"));
     }
     if hangs > 0 {
-        o.note(super::mutex::HANG_DIAGNOSIS);
         o.fail(format!(
             "{hangs} batches without a reply within {} s",
             PING_TIMEOUT.as_secs()
@@ -558,23 +539,17 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             "{caught:?} Rust panics caught (each is a bug, though not a crash)"
         ));
     }
-    if env.short {
-        o.note("cargo fuzz: not part of the short run.");
-    } else {
-        match cargo_fuzz(&env.repo, env.secs(90.0, 10.0).as_secs()) {
-            Ok((n, None)) => {
-                o.note(format!(
-                    "cargo fuzz (libFuzzer, RUSTC_BOOTSTRAP=1 on the stable toolchain) on the parser (tools/reliability/fuzz): {} executions, no failure.",
-                    thousands(n)
-                ));
-                o.trials
-                    .push_str(&format!("; cargo fuzz {} execs", thousands(n)));
-            }
-            Ok((n, Some(e))) => {
-                o.fail(format!("cargo fuzz after {} executions: {e}", thousands(n)))
-            }
-            Err(e) => o.note(format!("cargo fuzz: NOT RUN: {e}")),
-        }
+    // cargo fuzz: (executions, failure) or why it did not run; not part of a short run.
+    let fuzzed = match env.short {
+        true => Err("not part of the short run".to_string()),
+        false => cargo_fuzz(&env.repo, env.secs(90.0, 10.0).as_secs()),
+    };
+    if let Ok((n, Some(e))) = &fuzzed {
+        o.fail(format!(
+            "cargo fuzz after {} executions: {e}",
+            thousands(*n)
+        ));
     }
+    o.put("cargo_fuzz", fuzzed);
     Ok(())
 }

@@ -37,39 +37,11 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let table = [(PROMOTE, 35), ("FAILOVER", 25), ("CLIENT KILL holder", 40)];
     let name = format!("kinds-{}", flavor.version());
     let sub = pair_run(env, flavor, &mut rng, &name, plan, &table, (800, 2000))?;
-    let (t, done) = (&sub.tally, |op| sub.ops.done.get(op).copied().unwrap_or(0));
-    o.figure = format!(
-        "{} violations in {} acquisitions ({} SHARED reads, {} writes, {} LIMIT permits)",
-        t.violations(),
-        thousands(t.grants),
-        thousands(t.by_mode[1]),
-        thousands(t.by_mode[0]),
-        thousands(t.by_mode[2])
-    );
-    o.trials = format!(
-        "{} acquisitions in {:.0} s, {} clients, {} keys; faults: primary SIGKILLed and replica promoted {}, FAILOVER {}, CLIENT KILL of a holder {}",
-        thousands(t.grants),
-        sub.secs,
-        clients,
-        keys.len(),
-        done(PROMOTE),
-        done("FAILOVER"),
-        done("CLIENT KILL holder")
-    );
-    let kinds: Vec<String> = keys.iter().map(|k| k.1.name()).collect();
-    o.note(format!("Keys: {}.", kinds.join(", ")));
-    o.note(format!("History: {}.", t.history()));
-    o.note(format!(
-        "Grants the replica did not confirm within `WAIT 1 100` (given back, not used): {}; acquires whose reply was lost (killed connection or server): {}; calls lost to a kill (excused): {}; clients followed {} READONLY/UNBLOCKED replies to the new primary. Waiters: {} blocking calls, the slowest answered {} ms after its BLOCK time ({} more than 1 s after it only because a FAILOVER's write pause held the command before it ran).",
-        thousands(t.n.unconfirmed),
-        thousands(t.n.lost_acquires),
-        thousands(t.link.killed),
-        thousands(t.link.rerouted),
-        thousands(t.link.waits),
-        t.link.slowest_wait_over_block_ms.max(0),
-        thousands(t.link.late_by_pause)
-    ));
+    o.put("secs", sub.secs);
+    o.put("clients", clients);
+    o.put("keys", keys.iter().map(|k| k.1.name()).collect::<Vec<_>>());
+    o.put("ops", &sub.ops.done);
     sub.ops.verdict(o);
-    workload::verdict(o, env, t, target);
+    workload::verdict(o, env, &sub.tally, target);
     Ok(())
 }

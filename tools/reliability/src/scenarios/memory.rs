@@ -159,7 +159,7 @@ fn settled_memory(s: &Server) -> Result<i64, String> {
         .ok_or("no used_memory".into())
 }
 
-#[derive(Default, Debug)]
+#[derive(Default, Debug, serde::Serialize)]
 struct VgReport {
     invalid: u64,
     uninit: u64,
@@ -295,33 +295,16 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         return Err("valgrind log has no heap summary (allocations not intercepted?)".into());
     }
     let delta = after - base;
-    o.figure = format!(
-        "{} bytes definitely lost in module frames ({} of them at module load, {} during the workload), {} invalid reads/writes; used_memory {:+} bytes vs baseline",
-        vg.module_lost_bytes,
-        vg.module_lost_load_bytes,
-        vg.module_lost_bytes - vg.module_lost_load_bytes,
-        vg.invalid,
-        delta
+    o.put("valgrind", &vg);
+    o.put("rounds", (rounds, workload_secs));
+    o.put("memory", [base, after]);
+    o.put(
+        "stats",
+        stats
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>(),
     );
-    o.trials = format!(
-        "{rounds} workload rounds under valgrind ({:.0} s), {} heap allocations tracked",
-        workload_secs,
-        thousands(vg.heap_allocs)
-    );
-    o.note(format!(
-        "Each round: 4 waits timing out, 4 waiters disconnecting, hand-offs down a queue of 4, FORCERELEASE with 4 waiters, a waiter leaving as it is handed the lock, 8 leases expiring (one served to a waiter), a classic SET-NX lock taken over at expiry, DUMP/RESTORE plus 20 hostile payloads, errors, renewals. INFO lock afterwards: {}.",
-        stats.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
-    ));
-    o.note(format!(
-        "valgrind: definitely lost in all frames {} bytes (the server's own included); uninitialised-value reports {} (valgrind flags Redis's own lzf_compress when it compresses a long saved string: LZF reads its hash table uninitialised by design); used_memory baseline {base}, after {after}.",
-        vg.definitely_lost_total, vg.uninit
-    ));
-    for f in vg.module_lost_frames.iter().take(8) {
-        o.note(format!("Lost in a module frame: {f}"));
-    }
-    if vg.module_lost_bytes > 0 && vg.module_lost_bytes == vg.module_lost_load_bytes {
-        o.note("Diagnosis: every lost block comes from src/cmdinfo.rs `register`, which Box::leak()s the RedisModuleCommandInfo it builds for each command (plus its strings, key specs and argument tables, reported as indirectly lost) and keeps no pointer to it. RedisModule_SetCommandInfo copies what it needs, so the module can free these after the call (or keep them in a static so they stay reachable). A fixed cost per module load, not a leak that grows with traffic: the workload itself lost 0 bytes.");
-    }
     if vg.module_lost_bytes > 0 {
         o.fail(format!(
             "{} bytes definitely lost in module frames ({} at load)",
