@@ -475,83 +475,31 @@ pub const TAX_TOLERANCE: f64 = 0.05;
 /// How long a server runs before the guard measures on it (see [`Session::settle`]).
 pub const SETTLE: Duration = Duration::from_secs(3);
 
-/// Where a guarded figure is counted: inside `call()` (the command), or inside `call()`
-/// and the command filters (what a module adds to `processCommand`, which every command
-/// pays: the rest of `processCommand`, the command's lookup by name for one, costs what
-/// the random seed of the server's hash tables makes it and is the same with the module
-/// or without it).
-/// A command and the server it runs on.
-type Side = (&'static Op, On);
-
-#[derive(Clone, Copy, PartialEq)]
-enum Inside {
-    Call,
-    Filtered,
-}
-
-/// The guarded ratios: (name, command and its server, the command it is divided by and
-/// that one's server, where both are counted). Each module command against `SET NX PX`
-/// on the binary without the module; each other command with the module loaded against
-/// the same command without it (the tax of loading the module, issue 21).
-const GUARDED: [(&str, Side, Side, Inside); 8] = [
-    (
-        "LOCK.ACQUIRE / SET NX PX",
-        (&ops::ACQUIRE, On::Lock),
-        (&ops::SET_NX, On::Plain),
-        Inside::Call,
-    ),
-    (
-        "LOCK.EXTEND / SET NX PX",
-        (&ops::EXTEND, On::Lock),
-        (&ops::SET_NX, On::Plain),
-        Inside::Call,
-    ),
-    (
-        "LOCK.RELEASE / SET NX PX",
-        (&ops::RELEASE, On::Lock),
-        (&ops::SET_NX, On::Plain),
-        Inside::Call,
-    ),
-    (
-        "tax on SET PX",
-        (&ops::SET_PX, On::Lock),
-        (&ops::SET_PX, On::Plain),
-        Inside::Filtered,
-    ),
-    (
-        "tax on SET",
-        (&ops::SET, On::Lock),
-        (&ops::SET, On::Plain),
-        Inside::Filtered,
-    ),
-    (
-        "tax on GET",
-        (&ops::GET, On::Lock),
-        (&ops::GET, On::Plain),
-        Inside::Filtered,
-    ),
-    (
-        "tax on EXPIRE",
-        (&ops::EXPIRE, On::Lock),
-        (&ops::EXPIRE, On::Plain),
-        Inside::Filtered,
-    ),
-    (
-        "tax on DEL",
-        (&ops::DEL, On::Lock),
-        (&ops::DEL, On::Plain),
-        Inside::Filtered,
-    ),
+/// The guarded ratios: (name, a command on the server with the module, the command it is
+/// divided by on the same binary without the module). Each module command against
+/// `SET NX PX`, inside `call()`; each other command with the module loaded against the
+/// same command without it (a "tax", the cost of loading the module, issue 21), inside
+/// `call()` and the command filters (what a module adds to `processCommand`, which every
+/// command pays: the rest of `processCommand`, the command's lookup by name for one,
+/// costs what the random seed of the server's hash tables makes it, module or not).
+const GUARDED: [(&str, &Op, &Op); 8] = [
+    ("LOCK.ACQUIRE / SET NX PX", &ops::ACQUIRE, &ops::SET_NX),
+    ("LOCK.EXTEND / SET NX PX", &ops::EXTEND, &ops::SET_NX),
+    ("LOCK.RELEASE / SET NX PX", &ops::RELEASE, &ops::SET_NX),
+    ("tax on SET PX", &ops::SET_PX, &ops::SET_PX),
+    ("tax on SET", &ops::SET, &ops::SET),
+    ("tax on GET", &ops::GET, &ops::GET),
+    ("tax on EXPIRE", &ops::EXPIRE, &ops::EXPIRE),
+    ("tax on DEL", &ops::DEL, &ops::DEL),
 ];
 
 /// The commands the guard measures on `on`'s server, in order (each once).
 fn guard_ops(on: On) -> Vec<&'static Op> {
     let mut v: Vec<&Op> = vec![];
-    for (_, a, b, _) in GUARDED {
-        for (op, o) in [a, b] {
-            if o == on && !v.iter().any(|x| x.words == op.words) {
-                v.push(op);
-            }
+    for (_, a, b) in GUARDED {
+        let op = if on == On::Lock { a } else { b };
+        if !v.iter().any(|x| x.words == op.words) {
+            v.push(op);
         }
     }
     v
@@ -597,18 +545,18 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
         guard_pass(bin, cfg, On::Lock)?,
         guard_pass(bin, cfg, On::Plain)?,
     );
-    let count = |(op, on): (&Op, On), inside| {
+    let count = |op: &Op, on, tax: bool| {
         let found = (if on == On::Lock { &lock } else { &plain })
             .iter()
             .find(|(o, _)| o.words == op.words);
-        found.map_or(f64::NAN, |(_, c)| match inside {
-            Inside::Call => c.call,
-            Inside::Filtered => c.call + c.filters,
+        found.map_or(f64::NAN, |(_, c)| {
+            c.call + if tax { c.filters } else { 0.0 }
         })
     };
     let now: Vec<(&str, f64)> = (GUARDED.iter())
-        .map(|&(name, a, b, inside)| {
-            let (a, b) = (count(a, inside), count(b, inside));
+        .map(|&(name, a, b)| {
+            let tax = name.starts_with("tax");
+            let (a, b) = (count(a, On::Lock, tax), count(b, On::Plain, tax));
             eprintln!("  {name}: {a:.0} / {b:.0} instructions = {:.3}", a / b);
             (name, a / b)
         })

@@ -57,6 +57,17 @@ pub fn connect_in(
     .map_err(|_| io::Error::other("connect thread panicked"))?
 }
 
+/// `name(value) => field value;`: builder methods that set the field of that name.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($($v:ident: $t:ty)?) => $value:expr;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, $($v: $t)?) -> Self {
+            self.$name = $value;
+            self
+        }
+    )*};
+}
+
 /// Builder for a throw-away server. Defaults: fresh temp dir, free port on 127.0.0.1,
 /// module loaded, no persistence (`--save "" --appendonly no`), debug commands enabled.
 /// Unset options mean the defaults.
@@ -100,71 +111,35 @@ impl ServerBuilder {
         self
     }
 
-    /// Reuse a data directory (restart tests). The server does not remove a directory it
-    /// was given; the [`Server`] that created it (or the caller) owns it.
-    pub fn dir(mut self, dir: PathBuf) -> Self {
-        self.dir = Some(dir);
-        self
-    }
-
-    /// A fixed port (e.g. restart on the same port). No retry on "Address already in use".
-    pub fn port(mut self, port: u16) -> Self {
-        self.port = Some(port);
-        self
-    }
-
-    /// Start without the module.
-    pub fn no_module(mut self) -> Self {
-        self.no_module = true;
-        self
-    }
-
-    /// Load this module file instead of [`module_path()`].
-    pub fn module(mut self, so: &Path) -> Self {
-        self.module = Some(so.to_path_buf());
-        self
-    }
-
-    /// Use another server binary than [`server_bin()`].
-    pub fn bin(mut self, bin: PathBuf) -> Self {
-        self.bin = Some(bin);
-        self
-    }
-
-    /// Listen on this address (inside a namespace: 127.0.0.2, ...).
-    pub fn host(mut self, host: Ipv4Addr) -> Self {
-        self.host = Some(host);
-        self
-    }
-
-    /// Run inside network namespace `name` (`ip netns exec`; see [`crate::net::Netns`]).
-    pub fn netns(mut self, name: &str) -> Self {
-        self.netns = Some(name.to_string());
-        self
-    }
-
-    /// Run under a wrapper command (`valgrind --tool=...`).
-    pub fn wrapper(mut self, argv: &[String]) -> Self {
-        self.wrapper = argv.to_vec();
-        self
+    setters! {
+        /// Reuse a data directory (restart tests). The server does not remove a directory
+        /// it was given; the [`Server`] that created it (or the caller) owns it.
+        dir(dir: PathBuf) => Some(dir);
+        /// A fixed port (e.g. restart on the same port). No retry on "Address already in
+        /// use".
+        port(port: u16) => Some(port);
+        /// Start without the module.
+        no_module() => true;
+        /// Load this module file instead of [`module_path()`].
+        module(so: &Path) => Some(so.to_path_buf());
+        /// Use another server binary than [`server_bin()`].
+        bin(bin: PathBuf) => Some(bin);
+        /// Listen on this address (inside a namespace: 127.0.0.2, ...).
+        host(host: Ipv4Addr) => Some(host);
+        /// Run inside network namespace `name` (`ip netns exec`; see [`crate::net::Netns`]).
+        netns(name: &str) => Some(name.to_string());
+        /// Run under a wrapper command (`valgrind --tool=...`).
+        wrapper(argv: &[String]) => argv.to_vec();
+        /// The kernel kills the server when the thread that started it ends (a benchmark
+        /// killed with Ctrl-C leaves nothing behind). Only for single-threaded callers.
+        die_with_parent() => true;
+        /// How long to wait for the server to come up (default 10 s).
+        start_timeout(t: Duration) => Some(t);
     }
 
     /// An environment variable for the server (`LD_PRELOAD`, ...).
     pub fn env(mut self, k: &str, v: &str) -> Self {
         self.env.push((k.to_string(), v.to_string()));
-        self
-    }
-
-    /// The kernel kills the server when the thread that started it ends (a benchmark
-    /// killed with Ctrl-C leaves nothing behind). Only for single-threaded callers.
-    pub fn die_with_parent(mut self) -> Self {
-        self.die_with_parent = true;
-        self
-    }
-
-    /// How long to wait for the server to come up (default 10 s).
-    pub fn start_timeout(mut self, t: Duration) -> Self {
-        self.start_timeout = Some(t);
         self
     }
 

@@ -72,11 +72,32 @@ pub fn connect(s: &Server) -> Result<Conn, String> {
         .map_err(|e| format!("connect to {}: {e}", s.addr()))
 }
 
-/// `$to.f += $from.f` for each field `f` named: one run's counts added to another's.
-macro_rules! add_counts {
-    ($to:expr, $from:expr; $($f:ident),* $(,)?) => {$($to.$f += $from.$f;)*};
+/// Events counted by name (a name never counted is 0); one run's counts add to another's.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+#[serde(transparent)]
+pub struct Counts(std::collections::BTreeMap<&'static str, u64>);
+
+impl Counts {
+    pub fn bump(&mut self, name: &'static str) {
+        self.add_n(name, 1);
+    }
+
+    pub fn add_n(&mut self, name: &'static str, n: u64) {
+        *self.0.entry(name).or_insert(0) += n;
+    }
+
+    pub fn get(&self, name: &str) -> u64 {
+        self.0.get(name).copied().unwrap_or(0)
+    }
+
+    pub fn add(&mut self, o: &Counts) {
+        o.0.iter().for_each(|(k, v)| self.add_n(k, *v));
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
 }
-pub(crate) use add_counts;
 
 /// `n` connections whose replies may take up to `secs`.
 pub fn conns(s: &Server, n: usize, secs: u64) -> Result<Vec<Conn>, String> {

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::{add_counts, cmd, now_ns, Conn, Reply};
+use crate::common::{cmd, now_ns, Conn, Counts, Reply};
 use redis_lock_testkit::{args, key_slot};
 
 /// How long a call may wait for its reply before it counts as unanswered. A `BLOCK`
@@ -108,40 +108,35 @@ impl Kills {
     }
 }
 
-/// What one link saw.
+/// What one link saw. Counted: `waits` (blocking calls sent, every attempt), `killed`
+/// (calls whose connection the run killed: outcome unknown, excused), `late_by_pause`
+/// (blocking calls answered later than BLOCK + 1 s only because the server held them in
+/// a write pause of ours), the redirects followed (`moved`, `ask`, `tryagain`, and
+/// `rerouted`: READONLY or UNBLOCKED from a server that is a replica now, LOADING) and
+/// `reconnects`.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct LinkLog {
-    /// Blocking calls sent (every attempt counts).
-    pub waits: u64,
+    pub n: Counts,
     pub slowest_wait_over_block_ms: i64,
     /// The same, not counting time the server held the command in a pause of ours
     /// before running it.
     pub slowest_net_ms: i64,
-    /// Blocking calls answered later than BLOCK + 1 s, or never.
-    pub late: Vec<String>,
-    /// Blocking calls answered later than BLOCK + 1 s only because the server held them
-    /// in a write pause of ours before running them.
-    pub late_by_pause: u64,
-    /// Calls of any kind that got no reply within the read timeout.
-    pub hangs: Vec<String>,
-    /// Connections that broke although nobody killed them.
-    pub broken: Vec<String>,
-    /// Calls whose connection the run killed (outcome unknown, excused).
-    pub killed: u64,
-    pub moved: u64,
-    pub ask: u64,
-    pub tryagain: u64,
-    /// READONLY / UNBLOCKED from a server that is a replica now, LOADING.
-    pub rerouted: u64,
-    pub reconnects: u64,
+    /// Calls that are violations, each with its kind: [`LATE`], [`HANG`], [`BROKEN`].
+    pub bad: Vec<(&'static str, String)>,
 }
 
+/// A blocking call answered later than BLOCK + 1 s, or never.
+pub const LATE: &str = "waiter answered later than BLOCK + 1 s";
+/// A call of any kind that got no reply within the read timeout.
+pub const HANG: &str = "call never answered";
+/// A connection that broke although nobody killed it.
+pub const BROKEN: &str = "connection lost although nobody killed it";
+
 impl LinkLog {
-    /// Adds another link's figures (its lists of late, hung and broken calls are left
-    /// out: they become violations on their own).
+    /// Adds another link's figures (its bad calls are left out: they become violations
+    /// on their own).
     pub fn add(&mut self, o: &LinkLog) {
-        add_counts!(self, o; waits, late_by_pause, killed, moved, ask, tryagain, rerouted,
-            reconnects);
+        self.n.add(&o.n);
         let slowest = &mut self.slowest_wait_over_block_ms;
         *slowest = (*slowest).max(o.slowest_wait_over_block_ms);
         self.slowest_net_ms = self.slowest_net_ms.max(o.slowest_net_ms);
@@ -228,7 +223,7 @@ impl Link {
             let id = cmd(&mut node.conn, &args!["CLIENT", "ID"])?;
             node.id = id.as_int().unwrap_or(0) as u64;
             self.conns[i] = Some(node);
-            self.log.reconnects += 1;
+            self.log.n.bump("reconnects");
         }
         self.conns[i]
             .as_mut()
@@ -319,10 +314,13 @@ impl Link {
             let t0 = now_ns();
             let first = *first_t0.get_or_insert(t0);
             if started.elapsed() > GIVE_UP {
-                self.log.broken.push(format!(
-                    "`{}` found no server to answer it within {} s",
-                    shown(&cmds[0]),
-                    GIVE_UP.as_secs()
+                self.log.bad.push((
+                    BROKEN,
+                    format!(
+                        "`{}` found no server to answer it within {} s",
+                        shown(&cmds[0]),
+                        GIVE_UP.as_secs()
+                    ),
                 ));
                 return Answer::Lost(first);
             }
@@ -377,7 +375,7 @@ impl Link {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 );
                 if kills.killed(node, id, t1) {
-                    self.log.killed += 1;
+                    self.log.n.bump("killed");
                     // A waiter killed before its deadline is excused; one killed after
                     // it was late already.
                     if let Some(b) = block {
@@ -386,23 +384,26 @@ impl Link {
                         }
                     }
                 } else if hang {
-                    self.log.hangs.push(format!(
-                        "`{}`: no reply within {} s",
-                        shown(&cmds[0]),
-                        self.read_timeout.as_secs()
+                    self.log.bad.push((
+                        HANG,
+                        format!(
+                            "`{}`: no reply within {} s",
+                            shown(&cmds[0]),
+                            self.read_timeout.as_secs()
+                        ),
                     ));
                 } else {
-                    self.log.broken.push(format!(
+                    self.log.bad.push((BROKEN, format!(
                         "`{}` on node {node} (client id {id}), sent at {} ms, lost after {} ms: {e}",
                         shown(&cmds[0]),
                         t0 / 1_000_000,
                         (t1 - t0) / 1_000_000
-                    ));
+                    )));
                 }
                 return Answer::Lost(first);
             }
             if let Some(b) = block {
-                self.log.waits += 1;
+                self.log.n.bump("waits");
                 let over = (t1 - t0) as i64 / 1_000_000 - b as i64;
                 self.log.slowest_wait_over_block_ms = self.log.slowest_wait_over_block_ms.max(over);
                 let budget = b * 1_000_000 + GRACE_NS;
@@ -412,7 +413,7 @@ impl Link {
 
                 if t1 - t0 > budget {
                     if t1 - t0 - paused <= budget {
-                        self.log.late_by_pause += 1;
+                        self.log.n.bump("late_by_pause");
                     } else {
                         self.late(cmds, t0, t1, b, "answered late");
                     }
@@ -422,7 +423,7 @@ impl Link {
             let mut words = err.split(' ');
             match (words.next().unwrap_or(""), &self.topo) {
                 ("MOVED", _) => {
-                    self.log.moved += 1;
+                    self.log.n.bump("moved");
                     let slot = words.next().and_then(|s| s.parse::<usize>().ok());
                     match (slot, self.index_of(words.next().unwrap_or(""))) {
                         (Some(slot), Some(i)) if slot < self.slots.len() => self.slots[slot] = i,
@@ -430,22 +431,22 @@ impl Link {
                     }
                 }
                 ("ASK", _) => {
-                    self.log.ask += 1;
+                    self.log.n.bump("ask");
                     asking = self.index_of(words.nth(1).unwrap_or(""));
                     if asking.is_none() {
                         self.load_slots();
                     }
                 }
                 ("TRYAGAIN", _) => {
-                    self.log.tryagain += 1;
+                    self.log.n.bump("tryagain");
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 ("READONLY" | "UNBLOCKED", Topo::Pair(_)) => {
-                    self.log.rerouted += 1;
+                    self.log.n.bump("rerouted");
                     self.find_primary();
                 }
                 ("LOADING" | "CLUSTERDOWN" | "MASTERDOWN", _) => {
-                    self.log.rerouted += 1;
+                    self.log.n.bump("rerouted");
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 _ => {
@@ -457,10 +458,13 @@ impl Link {
     }
 
     fn late(&mut self, cmds: &[Vec<Vec<u8>>], t0: u64, t1: u64, block: u64, why: &str) {
-        self.log.late.push(format!(
-            "`{}` (BLOCK {block}): {why} after {} ms",
-            shown(&cmds[0]),
-            (t1 - t0) / 1_000_000
+        self.log.bad.push((
+            LATE,
+            format!(
+                "`{}` (BLOCK {block}): {why} after {} ms",
+                shown(&cmds[0]),
+                (t1 - t0) / 1_000_000
+            ),
         ));
     }
 }

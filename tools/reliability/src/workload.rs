@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
-use crate::common::{add_counts, now_ns, thousands, Env, Outcome, Reply};
+use crate::common::{now_ns, thousands, Counts, Env, Outcome, Reply};
 use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
 use redis_lock_testkit::{args, Rng};
 
@@ -236,30 +236,10 @@ pub fn keys(prefix: &str, exclusive: usize, shared: usize, limits: &[u32]) -> Ve
         .collect()
 }
 
-/// What a client counts as it goes (a [`Tally`] adds them up).
-#[derive(Default, Clone, Serialize)]
-pub struct Counts {
-    pub calls: u64,
-    pub releases: u64,
-    pub extends: u64,
-    /// Leases left to run out.
-    pub abandoned: u64,
-    pub nil_blocking: u64,
-    pub nil_nonblocking: u64,
-    pub maxwaiters: u64,
-    pub unblocked: u64,
-    pub unconfirmed: u64,
-    /// Acquires whose reply was lost (never used; the lease runs out by itself).
-    pub lost_acquires: u64,
-}
-
-impl Counts {
-    fn add(&mut self, o: &Counts) {
-        add_counts!(self, o; calls, releases, extends, abandoned, nil_blocking, nil_nonblocking,
-            maxwaiters, unblocked, unconfirmed, lost_acquires);
-    }
-}
-
+/// What a client recorded: its grants, and counts of `calls`, `releases`, `extends`,
+/// `abandoned` (leases left to run out), `nil_blocking`, `nil_nonblocking`,
+/// `maxwaiters`, `unblocked`, `unconfirmed`, `lost_acquires` (acquires whose reply was
+/// lost: never used; the lease runs out by itself).
 #[derive(Default)]
 pub struct ClientLog {
     pub grants: Vec<Grant>,
@@ -319,7 +299,7 @@ impl Client<'_> {
     }
 
     fn call(&mut self, key: &str, cmds: &[Vec<Vec<u8>>], block: Option<u64>) -> Answer {
-        self.log.n.calls += 1;
+        self.log.n.bump("calls");
         self.link.call(key.as_bytes(), cmds, block, &self.sh.kills)
     }
 
@@ -359,22 +339,22 @@ impl Client<'_> {
         let (r, t0, t1) = match self.call(&name, &cmds, block) {
             Answer::Reply(r, t0, t1) => (r, t0, t1),
             Answer::Lost(_) => {
-                self.log.n.lost_acquires += 1;
+                self.log.n.bump("lost_acquires");
                 return Ok(Got::Nothing);
             }
         };
         match &r[0] {
-            Reply::Nil if block.is_some() => self.log.n.nil_blocking += 1,
-            Reply::Nil => self.log.n.nil_nonblocking += 1,
-            Reply::Error(e) if e.starts_with("MAXWAITERS") => self.log.n.maxwaiters += 1,
-            Reply::Error(e) if e.starts_with("UNBLOCKED") => self.log.n.unblocked += 1,
+            Reply::Nil if block.is_some() => self.log.n.bump("nil_blocking"),
+            Reply::Nil => self.log.n.bump("nil_nonblocking"),
+            Reply::Error(e) if e.starts_with("MAXWAITERS") => self.log.n.bump("maxwaiters"),
+            Reply::Error(e) if e.starts_with("UNBLOCKED") => self.log.n.bump("unblocked"),
             other => {
                 let Some((token, fence)) = other.grant() else {
                     return Err(format!("unexpected acquire reply {other:?}"));
                 };
                 if self.sh.plan.confirm && !confirmed(&r) {
                     // Maybe not on the replica: do not use it, give it back.
-                    self.log.n.unconfirmed += 1;
+                    self.log.n.bump("unconfirmed");
                     let rel = args!["LOCK.RELEASE", &name, token];
                     let _ = self.call(&name, &[rel], None);
                     return Ok(Got::Nothing);
@@ -391,7 +371,7 @@ impl Client<'_> {
             .0
             .clone();
         let cmd = args!["LOCK.RELEASE", &name, token];
-        self.log.n.releases += 1;
+        self.log.n.bump("releases");
         let one = |r: &[Reply]| Some(r[0].as_int() == Some(1));
         let first = self.call(&name, std::slice::from_ref(&cmd), None);
         no_error(&first, "LOCK.RELEASE")?;
@@ -469,7 +449,7 @@ impl Client<'_> {
                 let ext = if short { rng.range(20, 100) } else { LONG_TTL };
                 let name = sh.plan.keys[k].0.clone();
                 let cmds = self.cmds(args!["LOCK.EXTEND", &name, &token, "PX", ext]);
-                self.log.n.extends += 1;
+                self.log.n.bump("extends");
                 let answer = self.call(&name, &cmds, None);
                 no_error(&answer, "LOCK.EXTEND")?;
                 let call = as_call(answer, |r| {
@@ -492,7 +472,7 @@ impl Client<'_> {
             let idx = self.log.grants.len() - 1;
             if short && rng.chance(10) {
                 abandoned.push_back((idx, token, last + (final_ttl + 5) * 1_000_000));
-                self.log.n.abandoned += 1;
+                self.log.n.bump("abandoned");
             } else {
                 self.release(idx, &token)?;
             }
@@ -531,43 +511,43 @@ pub fn spawn(sh: &Arc<Shared>, rng: &mut Rng) -> Vec<std::thread::JoinHandle<Cli
         .collect()
 }
 
-/// Everything the clients of one run saw, checked (the row's data).
+/// Everything the clients of one run saw, checked (the row's data). Counted besides the
+/// clients' own counts: `grants` (`exclusive` or writer, `shared` readers, `permits`),
+/// `store_events` (overlapping or stale-fenced critical sections the store saw) and
+/// `lost_updates` (explained by a late holder or not), `late_cs` (critical sections that
+/// outran their lease) and the `late_store_events` they explain, and
+/// `cross_server_refusals`.
 #[derive(Default, Serialize)]
 pub struct Tally {
-    pub grants: u64,
     pub n: Counts,
+    /// Violations by kind (checker, store, lost updates, late waiters, hangs), and
+    /// examples, each `kind: what` (a kind of violation, or `cross-server refusal`).
+    pub violations: Counts,
+    pub examples: Vec<String>,
     /// The links' waiter and connection figures.
     pub link: LinkLog,
-    /// Violations by kind (checker, store, lost updates, late waiters, hangs).
-    pub violations: std::collections::BTreeMap<String, u64>,
-    pub examples: Vec<String>,
     pub errors: Vec<String>,
-    pub late_cs: u64,
-    pub late_store_events: u64,
-    /// Overlapping or stale-fenced critical sections the store saw, and its lost updates
-    /// (explained by a late holder or not).
-    pub store_events: u64,
-    pub lost_updates: u64,
-    pub cross_server_refusals: u64,
-    pub cross_server_examples: Vec<String>,
-    pub by_mode: [u64; 3],
 }
 
 impl Tally {
+    pub fn grants(&self) -> u64 {
+        self.n.get("grants")
+    }
+
     pub fn violations(&self) -> u64 {
-        self.violations.values().sum()
+        self.violations.total()
     }
 
     pub fn add_violation(
         &mut self,
-        kind: &str,
+        kind: &'static str,
         n: u64,
         examples: impl IntoIterator<Item = String>,
     ) {
         if n == 0 {
             return;
         }
-        *self.violations.entry(kind.to_string()).or_insert(0) += n;
+        self.violations.add_n(kind, n);
         for e in examples.into_iter().take(3) {
             if self.examples.len() < 12 {
                 self.examples.push(format!("{kind}: {e}"));
@@ -579,17 +559,9 @@ impl Tally {
     pub fn absorb(&mut self, o: Tally) {
         self.n.add(&o.n);
         self.link.add(&o.link);
-        add_counts!(self, o; grants, late_cs, late_store_events, store_events, lost_updates,
-            cross_server_refusals);
-        for (k, v) in o.violations {
-            *self.violations.entry(k).or_insert(0) += v;
-        }
-        for i in 0..3 {
-            self.by_mode[i] += o.by_mode[i];
-        }
+        self.violations.add(&o.violations);
         self.examples.extend(o.examples);
         self.errors.extend(o.errors);
-        self.cross_server_examples.extend(o.cross_server_examples);
     }
 }
 
@@ -613,31 +585,22 @@ pub fn check(
         grants.extend(l.grants);
         t.n.add(&l.n);
         t.errors.extend(l.errors);
-        // The link's waiter and connection figures, and its late or hung calls.
+        // The link's waiter and connection figures, and its late, hung or broken calls.
         t.link.add(&l.link);
-        t.add_violation(
-            "waiter answered later than BLOCK + 1 s",
-            l.link.late.len() as u64,
-            l.link.late,
-        );
-        let hangs = l.link.hangs;
-        t.add_violation("call never answered", hangs.len() as u64, hangs);
-        t.add_violation(
-            "connection lost although nobody killed it",
-            l.link.broken.len() as u64,
-            l.link.broken,
-        );
+        for (kind, call) in l.link.bad {
+            t.add_violation(kind, 1, Some(call));
+        }
     }
     for g in &grants {
-        t.by_mode[match g.mode {
-            Mode::Exclusive => 0,
-            Mode::Shared => 1,
-            Mode::Permit(_) => 2,
-        }] += 1;
+        t.n.bump(match g.mode {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+            Mode::Permit(_) => "permits",
+        });
     }
     let events = std::mem::take(&mut *sh.store.events.lock().map_err(|e| e.to_string())?);
     let r = checker::check(&mut grants, fenced, &events, SLACK_NS);
-    t.grants = r.grants;
+    t.n.add_n("grants", r.grants);
     for (k, v) in &r.violations {
         let ex: Vec<String> = r
             .examples
@@ -647,15 +610,17 @@ pub fn check(
             .collect();
         t.add_violation(k, *v, ex);
     }
-    t.late_cs = r.late_cs;
-    t.late_store_events = r.late_store_events;
-    t.cross_server_refusals = r.cross_server_refusals;
-    t.cross_server_examples = r.cross_server_examples;
+    t.n.add_n("late_cs", r.late_cs);
+    t.n.add_n("late_store_events", r.late_store_events);
+    t.n.add_n("cross_server_refusals", r.cross_server_refusals);
+    let refusals = r.cross_server_examples.into_iter();
+    t.examples
+        .extend(refusals.map(|e| format!("cross-server refusal: {e}")));
     // Lost updates, unless a late holder (client pause) explains them on that key.
     let excused: std::collections::BTreeSet<u32> = events.iter().map(|e| e.key).collect();
     let mut lost = sh.store.lost_updates();
-    t.store_events = events.len() as u64;
-    t.lost_updates = lost.iter().map(|l| l.1).sum();
+    t.n.add_n("store_events", events.len() as u64);
+    t.n.add_n("lost_updates", lost.iter().map(|l| l.1).sum());
     lost.retain(|(k, _)| !excused.contains(k));
     t.add_violation(
         "lost updates in the store",
@@ -678,8 +643,8 @@ pub fn verdict(o: &mut Outcome, env: &Env, t: &Tally, target: u64) {
     if let Some(e) = t.errors.first() {
         o.fail(format!("{} client errors, first: {e}", t.errors.len()));
     }
-    if t.grants < target && !env.short {
-        let (got, want) = (thousands(t.grants), thousands(target));
+    if t.grants() < target && !env.short {
+        let (got, want) = (thousands(t.grants()), thousands(target));
         o.fail(format!("{got} acquisitions, below the {want} asked for"));
     }
 }

@@ -16,17 +16,6 @@ use crate::chart::{category, decades, first_seen, holds, legend, tick, FONT, PAL
 use crate::contention::ContentionRun;
 use crate::Error;
 
-/// Pause between two attempts of node-redlock's `SET NX` recipe (the `jitter` method of
-/// the mutex and readers/writers cells) and of the client-side read-write lock recipes:
-/// uniform in this range of µs (10 ms ± 5 ms, node-redlock's jitter).
-pub const JITTER_US: (u64, u64) = (5_000, 14_999);
-/// Pause between two attempts of the sorted-set semaphore (redis-semaphore's default
-/// `retryInterval` for npm).
-pub const SEM_POLL_MS: u64 = 10;
-/// Lease of a waiting writer's announcement in the writer-first recipe (refreshed at
-/// every attempt of that writer).
-pub const INTENT_MS: u64 = 1_000;
-
 /// Throughput, waits and fairness of one group of a cell's clients (its readers, its
 /// writers, or all of them). See tools/contention/src/stats.rs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,6 +80,17 @@ pub struct KindCell {
     /// Cores kept busy by other processes during the cell.
     pub other_cores: Option<f64>,
 }
+
+/// Pause between two attempts of node-redlock's `SET NX` recipe (the `jitter` method of
+/// the mutex and readers/writers cells) and of the client-side read-write lock recipes:
+/// uniform in this range of µs (10 ms ± 5 ms, node-redlock's jitter).
+pub const JITTER_US: (u64, u64) = (5_000, 14_999);
+/// Pause between two attempts of the sorted-set semaphore (redis-semaphore's default
+/// `retryInterval` for npm).
+pub const SEM_POLL_MS: u64 = 10;
+/// Lease of a waiting writer's announcement in the writer-first recipe (refreshed at
+/// every attempt of that writer).
+pub const INTENT_MS: u64 = 1_000;
 
 /// The cells of one family (`rw`, `sem`), critical-section length first, then in the
 /// order the run measured them.

@@ -14,14 +14,8 @@ pub fn scaled(v: f64, units: &[Unit]) -> String {
 
 /// `153.4k`, `1.87M`, `999`.
 pub fn rate(v: f64) -> String {
-    scaled(
-        v,
-        &[
-            (1e6, 1e6, 2, "M"),
-            (1e3, 1e3, 1, "k"),
-            (f64::MIN, 1.0, 0, ""),
-        ],
-    )
+    let k = [(1e6, 1e6, 2, "M"), (1e3, 1e3, 1, "k")];
+    scaled(v, &[k[0], k[1], (f64::MIN, 1.0, 0, "")])
 }
 
 /// A ratio: `0.95×`.
@@ -70,26 +64,14 @@ pub fn pct(part: u64, whole: u64) -> String {
 
 /// Microseconds: `695 µs`, `1.23 ms`, `12.3 ms`.
 pub fn us(v: f64) -> String {
-    scaled(
-        v,
-        &[
-            (1e4, 1e3, 1, " ms"),
-            (1e3, 1e3, 2, " ms"),
-            (f64::MIN, 1.0, 0, " µs"),
-        ],
-    )
+    let ms = [(1e4, 1e3, 1, " ms"), (1e3, 1e3, 2, " ms")];
+    scaled(v, &[ms[0], ms[1], (f64::MIN, 1.0, 0, " µs")])
 }
 
 /// Milliseconds: `0.7 ms`, `14 ms`, `3.00 s`.
 pub fn ms(v: f64) -> String {
-    scaled(
-        v,
-        &[
-            (1e3, 1e3, 2, " s"),
-            (10.0, 1.0, 0, " ms"),
-            (f64::MIN, 1.0, 1, " ms"),
-        ],
-    )
+    let s = [(1e3, 1e3, 2, " s"), (10.0, 1.0, 0, " ms")];
+    scaled(v, &[s[0], s[1], (f64::MIN, 1.0, 1, " ms")])
 }
 
 /// A rate: `2910`, `7.5`.

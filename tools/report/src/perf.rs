@@ -123,6 +123,13 @@ pub struct Memory {
     pub waiters: Option<WaiterMemory>,
 }
 
+impl Memory {
+    /// A module lock's bytes against a string lock's.
+    pub fn ratio(&self) -> f64 {
+        self.module_per_lock / self.string_per_lock
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct WaiterMemory {
     pub waiters: u64,
@@ -256,13 +263,6 @@ pub struct PerfRun {
     pub extend_lua: String,
     pub servers: Vec<ServerResults>,
     pub callgrind: Option<Callgrind>,
-}
-
-impl Memory {
-    /// A module lock's bytes against a string lock's.
-    pub fn ratio(&self) -> f64 {
-        self.module_per_lock / self.string_per_lock
-    }
 }
 
 /// Memory per held exclusive lock against a `SET NX PX` string lock with the same token.

@@ -53,8 +53,9 @@ fn environment() -> Result<Environment<'static>, Error> {
     env.add_filter("ms", num(fmt::ms));
     env.add_filter("per_sec", num(fmt::per_sec));
     env.add_filter("verdict", fmt::verdict);
-    // A count with thousands separators; `part` as a percentage of `whole` (`n/a` of 0).
-    env.add_filter("n", num(fmt::ir));
+    // A count with thousands separators (one never counted is 0); `part` as a
+    // percentage of `whole` (`n/a` of 0).
+    env.add_filter("n", |v: Option<f64>| fmt::ir(v.unwrap_or(0.0)));
     env.add_filter("pct", |part: f64, whole: f64| {
         fmt::pct(part as u64, whole as u64)
     });

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::checker::Fenced;
 use crate::common::*;
-use crate::link::{Answer, Kills, Link, Topo, READ_TIMEOUT};
+use crate::link::{self, Answer, Kills, Link, Topo, READ_TIMEOUT};
 use crate::workload::{self, ClientLog, Kind, Mix, Plan, Tally};
 use redis_lock_testkit::{flavor_of, Cluster, Flavor, ReplicaPair};
 
@@ -628,7 +628,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         let (slowest, net) = (link.slowest_wait_over_block_ms, link.slowest_net_ms);
         parts.push(SubData {
             name,
-            grants: s.tally.grants,
+            grants: s.tally.grants(),
             secs: s.secs,
             slowest: slowest.max(0),
             net: net.max(0),
@@ -638,14 +638,9 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         ops.absorb(s.ops);
         tally.absorb(s.tally);
     }
-    let count =
-        |kinds: &[&str]| -> u64 { kinds.iter().filter_map(|k| tally.violations.get(*k)).sum() };
+    let count = |kinds: &[&str]| -> u64 { kinds.iter().map(|k| tally.violations.get(k)).sum() };
     let fences = count(&["duplicate fence", "fence lower than a grant made before it"]);
-    let late = count(&[
-        "waiter answered later than BLOCK + 1 s",
-        "call never answered",
-    ]);
-    let broken = count(&["connection lost although nobody killed it"]);
+    let (late, broken) = (count(&[link::LATE, link::HANG]), count(&[link::BROKEN]));
     let double = tally.violations() - fences - late - broken;
     o.put("subs", parts);
     o.put("counts", [double, fences, late, broken]);

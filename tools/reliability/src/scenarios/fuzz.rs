@@ -202,7 +202,12 @@ struct Tally {
 
 impl Tally {
     fn add(&mut self, o: Tally) {
-        add_counts!(self, o; n, malformed, errors, checked, hangs);
+        (self.n, self.malformed, self.errors) = (
+            self.n + o.n,
+            self.malformed + o.malformed,
+            self.errors + o.errors,
+        );
+        (self.checked, self.hangs) = (self.checked + o.checked, self.hangs + o.hangs);
         self.crash = self.crash.take().or(o.crash);
     }
 }
