@@ -49,7 +49,7 @@ fn levels(s: &str) -> Result<List<u64>, String> {
     Ok(List(levels.0.iter().map(|n| (n / 4).max(1) * 4).collect()))
 }
 
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, serde::Serialize)]
 pub struct Config {
     /// Rounds of A/B alternation (throughput, latency, scaling).
     #[arg(long, env = "BENCH_ROUNDS", default_value_t = 5, value_parser = positive)]
@@ -124,6 +124,9 @@ pub struct Config {
     /// rendered next to it (a scratch directory keeps the published figures intact).
     #[arg(long, env = "BENCH_JSON")]
     pub json: Option<PathBuf>,
+    /// Lease of the probe lock in the expiry measurement (not a setting).
+    #[arg(skip = crate::scaling::EXPIRY_TTL_MS)]
+    pub expiry_ttl_ms: u64,
 }
 
 impl Config {
@@ -153,25 +156,5 @@ impl Config {
 
     pub fn baseline(&self) -> PathBuf {
         self.root.join("bench/callgrind-baseline.tsv")
-    }
-
-    pub fn settings(&self) -> redis_lock_report::perf::Settings {
-        redis_lock_report::perf::Settings {
-            rounds: self.rounds,
-            clients: self.clients,
-            ops_p1: self.ops_p1,
-            ops_p16: self.ops_p16,
-            lat_ops: self.lat_ops,
-            mem_locks: self.mem_locks,
-            waiters: self.waiters,
-            wait_locks: self.wait_locks,
-            levels: self.levels.0.clone(),
-            handoffs: self.handoffs,
-            expiries: self.expiries,
-            cg_ops: self.cg_ops,
-            cg_levels: self.cg_levels.0.clone(),
-            rb_rounds: self.rb_rounds,
-            expiry_ttl_ms: crate::scaling::EXPIRY_TTL_MS,
-        }
     }
 }

@@ -122,25 +122,6 @@ impl Rig {
     }
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{cores} cores, {cpu}")
-}
-
 fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
     let rig = Rig::start(bin, cfg)?;
     let s = &rig.lock;
@@ -198,7 +179,7 @@ fn save_and_render(cfg: &Config, run: &PerfRun) -> io::Result<()> {
 fn all(cfg: &Config) -> io::Result<()> {
     let started = Instant::now();
     let date = redis_lock_report::fmt::now_utc();
-    let load_start = loadavg();
+    let load_start = redis_lock_report::fmt::loadavg();
     let mut servers = vec![];
     for bin in &cfg.servers.0 {
         servers.push(bench_server(&cfg.path(bin), cfg)?);
@@ -211,10 +192,10 @@ fn all(cfg: &Config) -> io::Result<()> {
     let run = PerfRun {
         date,
         minutes: started.elapsed().as_secs_f64() / 60.0,
-        machine: machine(),
+        machine: redis_lock_report::fmt::machine(),
         load_start,
-        load_end: loadavg(),
-        settings: cfg.settings(),
+        load_end: redis_lock_report::fmt::loadavg(),
+        settings: serde_json::to_value(cfg).map_err(io::Error::other)?,
         commands: ops::SHOWN.iter().map(|op| op.shown()).collect(),
         release_lua: ops::RELEASE_LUA.into(),
         extend_lua: ops::EXTEND_LUA.into(),

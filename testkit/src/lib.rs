@@ -218,7 +218,8 @@ impl Drop for Stopped {
 }
 
 /// A comma-separated list on a command line (`--n 1,2,8`, or `CONTENTION_N=1,2,8`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(transparent)]
 pub struct List<T>(pub Vec<T>);
 
 impl<T: std::str::FromStr> std::str::FromStr for List<T> {

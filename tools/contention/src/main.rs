@@ -70,21 +70,12 @@ struct Config {
 }
 
 fn machine() -> String {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines().find_map(|l| {
-                l.strip_prefix("model name")
-                    .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
-            })
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|t| t.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".into());
-    format!("{cores} cores ({model}), Linux, load average {load} when the run started; clients and server share the cores")
+    let load = redis_lock_report::fmt::loadavg();
+    let load = load.split(' ').next().unwrap_or("?");
+    let m = redis_lock_report::fmt::machine();
+    format!(
+        "{m}, Linux, load average {load} when the run started; clients and server share the cores"
+    )
 }
 
 fn main() {

@@ -107,6 +107,23 @@ pub fn utc(unix_ms: i64) -> (String, String) {
     )
 }
 
+/// This machine: `2 cores, <CPU model>`.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        let model = s.lines().find_map(|l| l.strip_prefix("model name"))?;
+        Some(model.trim_start_matches([' ', '\t', ':']).to_string())
+    });
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {}", cpu.as_deref().unwrap_or("unknown CPU"))
+}
+
+/// The machine's load averages over 1, 5 and 15 minutes (`?` when unknown).
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
 /// Now, as `YYYY-MM-DD HH:MM UTC`.
 pub fn now_utc() -> String {
     let ms = std::time::SystemTime::now()

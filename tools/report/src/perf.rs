@@ -19,26 +19,6 @@ pub const EXTEND: &str = "EXTEND vs EVALSHA extend";
 pub const CYCLE: &str = "cycle: ACQUIRE+RELEASE vs SET NX PX+EVALSHA";
 pub const PIPELINES: [usize; 2] = [1, 16];
 
-/// The sizes a run used (the `BENCH_*` settings).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Settings {
-    pub rounds: usize,
-    pub clients: usize,
-    pub ops_p1: u64,
-    pub ops_p16: u64,
-    pub lat_ops: u64,
-    pub mem_locks: u64,
-    pub waiters: u64,
-    pub wait_locks: u64,
-    pub levels: Vec<u64>,
-    pub handoffs: usize,
-    pub expiries: usize,
-    pub cg_ops: u64,
-    pub cg_levels: Vec<u64>,
-    pub rb_rounds: usize,
-    pub expiry_ttl_ms: u64,
-}
-
 /// One comparison at one pipeline depth: module (A) against the recipe (B), operations
 /// per second (medians over rounds) and the median of the per-round ratios.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -256,7 +236,8 @@ pub struct PerfRun {
     pub machine: String,
     pub load_start: String,
     pub load_end: String,
-    pub settings: Settings,
+    /// The sizes it used: the `BENCH_*` settings by name (`rounds`, `clients`, ...).
+    pub settings: serde_json::Value,
     /// The commands compared, as a user would type them (module, recipe, ...).
     pub commands: Vec<String>,
     pub release_lua: String,
