@@ -282,14 +282,14 @@ impl Session {
     }
 
     /// `ops` of `op` on fresh keys `prefix:...` of an emptied server whose keys hold what
-    /// `op` needs; measured (the dump) unless `warm_up`. Before a measured phase the key
-    /// and expiry tables are sized so that the phase neither grows nor shrinks them (a
-    /// table's growth, and when the cron shrinks it, are not the command's cost): 90% of
-    /// the next power of two above 2 × `ops` keys with an expiry, less `ops` of them.
+    /// `op` needs; measured (the dump) unless `warm_up`. Before an exact measured phase
+    /// the key table is sized so that the phase neither grows nor shrinks it (a table's
+    /// growth, and when the cron shrinks it, are not the command's cost): 90% of the
+    /// next power of two above 2 × `ops` keys, less `ops` of them.
     pub fn phase(&mut self, op: &Op, prefix: &str, ops: u64, warm_up: bool) -> io::Result<PathBuf> {
         let (port, s) = (self.server.port, self.server.scripts.clone());
         flushall(&mut self.server.conn()?)?;
-        if !warm_up {
+        if !warm_up && self.pipeline == 1 {
             let room = (2 * ops).next_power_of_two() * 9 / 10;
             load::run(port, 1, 256, room, "sizing", &ops::SET.load(b"bg", &s, 0))?;
             load::run(port, 1, 256, ops, "sizing", &ops::DEL.load(b"bg", &s, 0))?;
@@ -337,7 +337,7 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
         } else {
             cfg.cg_ops
         };
-        s.phase(op, &format!("cg{i}"), n, true)?;
+        s.phase(op, &format!("cg{i}"), n.min(GUARD_OPS), true)?;
         let dump = s.phase(op, &format!("cg{i}"), n, false)?;
         let c = costs(&dump, n)?;
         let module_self = annotate(&dump, n, false)?

@@ -64,22 +64,23 @@ fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         return Err(RedisError::WrongArity);
     };
     let ttl = ttl.parse_integer()?;
-    let key = raw::open_key(ctx.ctx, key.inner, raw::KeyMode::WRITE);
+    let (c, t) = (ctx.ctx, token.as_slice());
+    let key = raw::open_key(c, key.inner, raw::KeyMode::WRITE);
     // SAFETY: module API calls on the main thread, on the key opened above (closed at the
-    // end); the value is a Box<Floor>, the type's `free` frees it.
-    let fence = unsafe {
+    // end); the value is a Box<Floor>, the type's `free` frees it; the reply is written
+    // here, whole, and the handler then answers NoReply.
+    unsafe {
         if raw::RedisModule_KeyType.unwrap()(key) != raw::REDISMODULE_KEYTYPE_EMPTY as i32 {
             raw::close_key(key);
             return Ok(RedisValue::Null);
         }
         let fence = FENCE.with(|f| f.replace(f.get() + 1) + 1);
         let now = raw::RedisModule_Milliseconds.unwrap()();
-        let client = raw::RedisModule_GetClientId.unwrap()(ctx.ctx);
+        let client = raw::RedisModule_GetClientId.unwrap()(c);
         let mut value = Box::new(Floor {
             token: [0; 16],
             words: [fence, (now + ttl) as u64, now as u64, client, 0, 0],
         });
-        let t = token.as_slice();
         let n = t.len().min(16);
         value.token[..n].copy_from_slice(&t[..n]);
         let ty = *FLOOR_TYPE.raw_type.borrow();
@@ -88,12 +89,11 @@ fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             raw::RedisModule_SetAbsExpire.unwrap()(key, now + ttl);
         }
         raw::close_key(key);
-        fence
-    };
-    Ok(RedisValue::Array(vec![
-        RedisValue::StringBuffer(token.as_slice().to_vec()),
-        RedisValue::Integer(fence as i64),
-    ]))
+        raw::RedisModule_ReplyWithArray.unwrap()(c, 2);
+        raw::RedisModule_ReplyWithStringBuffer.unwrap()(c, t.as_ptr().cast(), t.len());
+        raw::RedisModule_ReplyWithLongLong.unwrap()(c, fence as i64);
+    }
+    Ok(RedisValue::NoReply)
 }
 
 redis_module! {
