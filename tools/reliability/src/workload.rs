@@ -330,7 +330,7 @@ impl Client<'_> {
         a.extend(args!["PX", ttl]);
         if !self.sh.plan.mix.server_tokens {
             // The client's own token, unique to this client's `n`th acquire.
-            a.extend(args!["TOKEN", format!("c{}-{n}", self.id)]);
+            a.extend(args!["TOKEN", format!("client-{:03}-{n:09}", self.id)]);
         }
         if let Some(b) = block {
             a.extend(args!["BLOCK", b]);

@@ -108,7 +108,7 @@ fn client(mut c: Conn, round: u64, cid: usize, mut rng: Rng, stop: &AtomicBool) 
                 "extend of a held key",
             ),
             Known::Untouched | Known::Free => {
-                let token = format!("tok-{round}-{cid}-{i}-{n}").into_bytes();
+                let token = format!("tok-{round:03}-{cid:02}-{i:02}-{n:06}").into_bytes();
                 let a = args!["LOCK.ACQUIRE", &m.key, "PX", TTL, "TOKEN", &token];
                 (a, Pending::Acquire(token), "acquire of a free key")
             }

@@ -32,7 +32,7 @@ fn client(mut c: Conn, round: u64, cid: usize, use_wait: bool, stop: &AtomicBool
     while !stop.load(Ordering::Relaxed) {
         n += 1;
         let key = format!("rel:fo:{round}:{cid}:{n}");
-        let token = format!("t{round}-{cid}-{n}");
+        let token = format!("token-{round:03}-{cid:02}-{n:06}");
         c.queue(&args![
             "LOCK.ACQUIRE",
             &key,

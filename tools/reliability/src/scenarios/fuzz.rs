@@ -29,32 +29,11 @@ fn word(rng: &mut Rng, list: &str) -> Vec<u8> {
 const OPTIONS: &[&str] = &[
     "PX", "EX", "TOKEN", "OWNER", "BLOCK", "MINFENCE", "px", "Ex", "token", "BLOCK", "NX", "",
 ];
-const NUMBERS: &[&str] = &[
-    "0",
-    "1",
-    "-1",
-    "2",
-    "50",
-    "1000",
-    "30000",
-    "86400000",
-    "86400001",
-    "9223372036854775807",
-    "9223372036854775806",
-    "-9223372036854775808",
-    "9223372036854775808",
-    "18446744073709551616",
-    "1e3",
-    " 5",
-    "+5",
-    "05",
-    "0x10",
-    "5 ",
-    "1.5",
-    "",
-    "-0",
-    "99999999999999999999999",
-];
+/// Edge-case integers and near-integers; and those with spaces, and the empty one.
+const NUMBERS: &str = "0 1 -1 2 50 1000 30000 86400000 86400001 9223372036854775807
+    9223372036854775806 -9223372036854775808 9223372036854775808 18446744073709551616 1e3
+    +5 05 0x10 1.5 -0 99999999999999999999999";
+const SPACED: [&str; 3] = [" 5", "5 ", ""];
 
 fn key(rng: &mut Rng) -> Vec<u8> {
     match rng.below(20) {
@@ -67,7 +46,8 @@ fn key(rng: &mut Rng) -> Vec<u8> {
 
 fn value(rng: &mut Rng) -> Vec<u8> {
     match rng.below(10) {
-        0..=3 => rng.pick(NUMBERS).as_bytes().to_vec(),
+        0 => rng.pick(&SPACED).as_bytes().to_vec(),
+        1..=3 => word(rng, NUMBERS),
         4 => rng.next_u64().to_string().into_bytes(),
         5 => format!("-{}", rng.below(1 << 40)).into_bytes(),
         6 => rng.bytes_in(0, 300),
@@ -96,7 +76,12 @@ fn tame_block(a: &mut [Vec<u8>], rng: &mut Rng) {
 /// A well-formed lock command with random values, so that grants, renewals, waits,
 /// hand-offs, extends and releases happen between the malformed ones.
 fn structured(rng: &mut Rng) -> Vec<Vec<u8>> {
-    const TOKENS: &[&str] = &["t1", "t2", "t3", "t4"];
+    const TOKENS: &[&str] = &[
+        "t1",
+        "fuzz-token-00002",
+        "fuzz-token-00003",
+        "fuzz-token-00004",
+    ];
     let k = format!("fz:{}", rng.below(8));
     let tok = *rng.pick(TOKENS);
     match rng.below(6) {
@@ -381,7 +366,7 @@ fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> 
         &[],
         &["OWNER", "worker-7"],
         &["TOKEN", &token],
-        &["TOKEN", "t", "OWNER", &owner],
+        &["TOKEN", "a-16-byte-token!", "OWNER", &owner],
     ];
     for (i, extra) in shapes.iter().enumerate() {
         let key = format!("fz:base:{i}");

@@ -120,7 +120,7 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
         cmd(&mut a, &bad)?;
     }
     cmd(&mut a, &args!["DEL", "m:l"])?;
-    let tok = format!("renew-{round}");
+    let tok = format!("renew-token-{round:04}");
     for _ in 0..2 {
         grant(
             &mut a,
