@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::cpu;
 use crate::methods::{Acquired, Client, Family, Method, Scripts};
-use crate::stats::{summarize, summarize_kind, Acquisition, ClientLog, Role, Rule};
+use crate::stats::{summarize, Acquisition, ClientLog, Role, Rule};
 use crate::Error;
-use redis_lock_report::contention::Cell;
-use redis_lock_report::contention_kinds::KindCell;
+use redis_lock_report::contention::{Cell, RoleStats};
 use redis_lock_testkit::{info_field, Rng, Server};
 
 /// A client still waiting this long after the cell's end gives up (and its wait is
@@ -28,20 +27,10 @@ pub fn connect(server: &Server) -> Result<redis::Connection, Error> {
     Ok(c)
 }
 
+/// One line of a cell's figures (the readers' and writers' where it has them).
 pub fn print_row(c: &Cell) {
     let s = &c.summary;
-    println!(
-        "{:<28} N={:<3} c={}ms {:>8.1} cs/s  hand-off p50 {:>7.1} µs p99 {:>8.1} µs (n={:<6}) same {:>3.0}%  cmds/acq {:>6.2}  wait p99 {:>7.1} ms max {:>7.1} ms  jain {:.3}  hold {:.2}/{:.1} ms  other procs {:.2} cores  gave up {}  overlaps {}  commands: server {} clients {}",
-        c.label, c.n, c.hold_ms, s.per_second, s.handoff_p50_us, s.handoff_p99_us, s.handoffs,
-        s.same_client_again * 100.0, s.commands_per_acquisition, s.wait_p99_ms, s.max_wait_ms, s.jain,
-        s.hold_mean_ms, s.hold_max_ms, c.other_cores.unwrap_or(f64::NAN), s.gave_up, s.overlaps,
-        c.server_commands, c.client_commands,
-    );
-}
-
-pub fn print_kind_row(c: &KindCell) {
-    let s = &c.summary;
-    let group = |name: &str, g: &Option<redis_lock_report::contention_kinds::RoleStats>| {
+    let group = |name: &str, g: &Option<RoleStats>| {
         g.as_ref().map_or(String::new(), |g| {
             format!(
                 "  {name} {:>7.1}/s wait p50 {:.1} p99 {:.1} max {:.1} ms gave up {}",
@@ -50,13 +39,14 @@ pub fn print_kind_row(c: &KindCell) {
         })
     };
     println!(
-        "{:<42} {} n={:<2} c={}ms {:>8.1} acq/s{}{}  wait p99 {:.1} max {:.1} ms  cmds/acq {:.2} rt/acq {:.2}  holders peak {} mean {:.2}  jain {:.3}  violations {}  overtakes {} (most {})  other procs {:.2} cores  commands: server {} clients {}",
+        "{:<42} {} n={:<3} c={}ms {:>8.1} acq/s{}{}  hand-off p50 {:>7.1} µs p99 {:>8.1} µs (n={}) same {:>3.0}%  wait p99 {:.1} max {:.1} ms  gave up {}  cmds/acq {:.2} rt/acq {:.2}  holders peak {} mean {:.2}  hold {:.2}/{:.1} ms  jain {:.3}  violations {}  overtakes {} (most {})  other procs {:.2} cores  commands: server {} clients {}",
         c.label, c.family, c.clients, c.hold_ms, s.all.per_second,
         group("readers", &s.readers), group("writers", &s.writers),
-        s.all.wait_p99_ms, s.all.wait_max_ms,
+        s.handoff_p50_us, s.handoff_p99_us, s.handoffs, s.same_client_again * 100.0,
+        s.all.wait_p99_ms, s.all.wait_max_ms, s.all.gave_up,
         s.commands_per_acquisition, s.round_trips_per_acquisition, s.peak_holders,
-        s.mean_holders, s.all.jain, s.violations, s.overtakes, s.overtakes_most, c.other_cores.unwrap_or(f64::NAN),
-        c.server_commands, c.client_commands,
+        s.mean_holders, s.hold_mean_ms, s.hold_max_ms, s.all.jain, s.violations, s.overtakes,
+        s.overtakes_most, c.other_cores.unwrap_or(f64::NAN), c.server_commands, c.client_commands,
     );
 }
 
@@ -132,40 +122,20 @@ pub struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    /// A mutex cell: `n` clients, each holding the lock `hold_ms`.
-    pub fn cell(&self, method: Method, n: usize, hold_ms: u64) -> Result<Cell, Error> {
-        let m = self.run_clients(method, &Shape::mutex(n), hold_ms)?;
-        Ok(Cell {
-            method: method.id().to_string(),
-            label: method.label(Family::Mutex).to_string(),
-            n,
-            hold_ms,
-            summary: summarize(&m.logs),
-            server_commands: m.server_commands,
-            client_commands: m.client_commands,
-            other_cores: m.other_cores,
-        })
-    }
-
-    /// A readers/writers or semaphore cell.
-    pub fn kind_cell(
-        &self,
-        method: Method,
-        shape: &Shape,
-        hold_ms: u64,
-    ) -> Result<KindCell, Error> {
+    /// A cell: `method`'s clients of `shape`, each holding the lock `hold_ms`.
+    pub fn cell(&self, method: Method, shape: &Shape, hold_ms: u64) -> Result<Cell, Error> {
         let m = self.run_clients(method, shape, hold_ms)?;
         let sem = shape.family == Family::Semaphore;
-        Ok(KindCell {
+        Ok(Cell {
             family: shape.family.id().to_string(),
             method: method.id().to_string(),
             label: method.label(shape.family).to_string(),
             readers: shape.count(Role::Reader),
-            writers: shape.count(Role::Writer),
+            writers: shape.count(Role::Writer) * usize::from(shape.family != Family::Mutex),
             clients: shape.roles.len(),
             limit: sem.then_some(shape.limit),
             hold_ms,
-            summary: summarize_kind(&m.logs, &shape.roles, shape.rule(method)),
+            summary: summarize(&m.logs, &shape.roles, shape.rule(method)),
             server_commands: m.server_commands,
             client_commands: m.client_commands,
             other_cores: m.other_cores,

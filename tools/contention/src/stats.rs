@@ -1,8 +1,7 @@
 //! What one cell's clients recorded, and the figures derived from it. Pure: unit-tested
 //! without a server.
 
-pub use redis_lock_report::contention::Summary;
-pub use redis_lock_report::contention_kinds::{KindSummary, RoleStats};
+pub use redis_lock_report::contention::{RoleStats, Summary};
 
 /// One critical section, times in ns since the cell started (one monotonic clock for
 /// every client thread of the process).
@@ -64,69 +63,6 @@ fn per_acquisition(total: u64, acquisitions: u64) -> f64 {
     }
 }
 
-/// The figures of a mutex cell: throughput, waits and fairness as [`role_stats`] of every
-/// client, and the hand-offs between consecutive holders.
-pub fn summarize(logs: &[ClientLog]) -> Summary {
-    let mut all: Vec<Acquisition> = logs
-        .iter()
-        .flat_map(|l| l.acquisitions.iter().copied())
-        .collect();
-    all.sort_by_key(|a| a.granted);
-
-    let single_client = logs.iter().filter(|l| !l.acquisitions.is_empty()).count() <= 1;
-    let mut handoffs: Vec<u64> = all
-        .windows(2)
-        .filter(|w| single_client || w[1].client != w[0].client)
-        .map(|w| w[1].granted.saturating_sub(w[0].released))
-        .collect();
-    handoffs.sort_unstable();
-    let pairs = all.len().saturating_sub(1);
-    let same = all
-        .windows(2)
-        .filter(|w| w[1].client == w[0].client)
-        .count();
-    let overlaps = all
-        .windows(2)
-        .filter(|w| w[1].granted < w[0].releasing)
-        .count() as u64;
-
-    let acquisitions = all.len() as u64;
-    let elapsed_s = all.iter().map(|a| a.released).max().unwrap_or(0) as f64 / 1e9;
-    let everyone = role_stats(&logs.iter().collect::<Vec<_>>(), elapsed_s);
-    let holds: Vec<f64> = all
-        .iter()
-        .map(|a| a.releasing.saturating_sub(a.granted) as f64)
-        .collect();
-    Summary {
-        acquisitions,
-        elapsed_s,
-        per_second: everyone.per_second,
-        handoff_p50_us: percentile(&handoffs, 50.0) as f64 / 1e3,
-        handoff_p99_us: percentile(&handoffs, 99.0) as f64 / 1e3,
-        handoffs: handoffs.len() as u64,
-        same_client_again: if pairs > 0 {
-            same as f64 / pairs as f64
-        } else {
-            0.0
-        },
-        commands_per_acquisition: per_acquisition(
-            logs.iter().map(|l| l.commands).sum(),
-            acquisitions,
-        ),
-        max_wait_ms: everyone.wait_max_ms,
-        wait_p99_ms: everyone.wait_p99_ms,
-        hold_max_ms: holds.iter().copied().fold(0.0, f64::max) / 1e6,
-        hold_mean_ms: if holds.is_empty() {
-            0.0
-        } else {
-            holds.iter().sum::<f64>() / holds.len() as f64 / 1e6
-        },
-        jain: everyone.jain,
-        overlaps,
-        gave_up: everyone.gave_up,
-    }
-}
-
 /// What a client of a readers/writers or semaphore cell asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -162,7 +98,7 @@ pub struct Concurrency {
 /// Sweeps `[granted, releasing]` of every acquisition (the client saw the grant reply
 /// before it and sent the release after it, so the server held the lock for them at
 /// least over that span: two spans that overlap are two holders at once). A grant and a
-/// release at the same instant do not overlap (as in [`summarize`]).
+/// release at the same instant do not overlap.
 pub fn concurrency(acqs: &[(Acquisition, Role)], rule: Rule, elapsed_ns: u64) -> Concurrency {
     // (time, order, role, +1/-1): at one instant releases of real spans first, then
     // grants, then the releases of zero-length spans (which hold for that instant).
@@ -274,15 +210,19 @@ pub fn role_stats(logs: &[&ClientLog], elapsed_s: f64) -> RoleStats {
     }
 }
 
-/// The figures of a readers/writers or semaphore cell: `roles[i]` is what client `i`
-/// (the `client` of its acquisitions, its index in `logs`) asked for.
-pub fn summarize_kind(logs: &[ClientLog], roles: &[Role], rule: Rule) -> KindSummary {
+/// The figures of a cell: `roles[i]` is what client `i` (the `client` of its
+/// acquisitions, its index in `logs`) asked for, `rule` what may hold the lock at once.
+/// Throughput, waits and fairness come from [`role_stats`] of every client (and of the
+/// readers and the writers), holders at once from [`concurrency`], the hand-offs from
+/// consecutive grants.
+pub fn summarize(logs: &[ClientLog], roles: &[Role], rule: Rule) -> Summary {
     let role_of = |i: usize| roles.get(i).copied().unwrap_or(Role::Writer);
-    let acqs: Vec<(Acquisition, Role)> = logs
+    let mut acqs: Vec<(Acquisition, Role)> = logs
         .iter()
         .flat_map(|l| l.acquisitions.iter())
         .map(|&a| (a, role_of(a.client)))
         .collect();
+    acqs.sort_by_key(|(a, _)| a.granted);
     let end = acqs.iter().map(|(a, _)| a.released).max().unwrap_or(0);
     let elapsed_s = end as f64 / 1e9;
     let of = |want: Role| -> Vec<&ClientLog> {
@@ -296,12 +236,29 @@ pub fn summarize_kind(logs: &[ClientLog], roles: &[Role], rule: Rule) -> KindSum
         let group = of(want);
         (!group.is_empty()).then(|| role_stats(&group, elapsed_s))
     };
+    // A hand-off: a release, then the next grant, when that went to another client (at
+    // one client alone, its own next grant).
+    let single_client = logs.iter().filter(|l| !l.acquisitions.is_empty()).count() <= 1;
+    let pairs: Vec<&[(Acquisition, Role)]> = acqs.windows(2).collect();
+    let same = pairs
+        .iter()
+        .filter(|w| w[1].0.client == w[0].0.client)
+        .count();
+    let mut handoffs: Vec<u64> = (pairs.iter())
+        .filter(|w| single_client || w[1].0.client != w[0].0.client)
+        .map(|w| w[1].0.granted.saturating_sub(w[0].0.released))
+        .collect();
+    handoffs.sort_unstable();
+    let holds: Vec<f64> = (acqs.iter())
+        .map(|(a, _)| a.releasing.saturating_sub(a.granted) as f64 / 1e6)
+        .collect();
     let all: Vec<&ClientLog> = logs.iter().collect();
     let acquisitions = acqs.len() as u64;
     let per_acq = |total: u64| per_acquisition(total, acquisitions);
     let c = concurrency(&acqs, rule, end);
     let (overtakes, overtakes_most) = overtakes(&acqs);
-    KindSummary {
+    let us = |p: f64| percentile(&handoffs, p) as f64 / 1e3;
+    Summary {
         elapsed_s,
         all: role_stats(&all, elapsed_s),
         readers: some(Role::Reader),
@@ -313,6 +270,12 @@ pub fn summarize_kind(logs: &[ClientLog], roles: &[Role], rule: Rule) -> KindSum
         violations: c.violations,
         overtakes,
         overtakes_most,
+        handoff_p50_us: us(50.0),
+        handoff_p99_us: us(99.0),
+        handoffs: handoffs.len() as u64,
+        same_client_again: same as f64 / pairs.len().max(1) as f64,
+        hold_mean_ms: holds.iter().sum::<f64>() / holds.len().max(1) as f64,
+        hold_max_ms: holds.iter().copied().fold(0.0, f64::max),
     }
 }
 
@@ -327,6 +290,11 @@ mod tests {
             round_trips: commands,
             gave_up_after,
         }
+    }
+
+    /// A mutex cell's figures (every client a writer, one holder at a time).
+    fn mutex(logs: &[ClientLog]) -> Summary {
+        summarize(logs, &vec![Role::Writer; logs.len()], Rule::Limit(1))
     }
 
     /// One client's log with 4 commands.
@@ -391,17 +359,17 @@ mod tests {
             ),
             log(vec![acq(1, 0, 2_500, 5_000)], 3, Some(9_000_000)),
         ];
-        let s = summarize(&logs);
-        assert_eq!(s.acquisitions, 3);
+        let s = mutex(&logs);
+        assert_eq!(s.all.acquisitions, 3);
         // Grants at 1000, 2500, 5500; releases before them at 2000 and 5000.
         assert_eq!(s.handoff_p50_us, 0.5);
         assert_eq!(s.handoff_p99_us, 0.5);
         assert_eq!(s.commands_per_acquisition, 8.0 / 3.0);
-        assert_eq!(s.max_wait_ms, 9.0, "the given-up wait counts");
+        assert_eq!(s.all.wait_max_ms, 9.0, "the given-up wait counts");
         assert_eq!(s.handoffs, 2);
         assert_eq!(s.same_client_again, 0.0);
-        assert_eq!(s.gave_up, 1);
-        assert_eq!(s.overlaps, 0);
+        assert_eq!(s.all.gave_up, 1);
+        assert_eq!(s.violations, 0);
         assert!((s.elapsed_s - 6e-6).abs() < 1e-12);
     }
 
@@ -409,17 +377,17 @@ mod tests {
     fn a_releaser_that_takes_the_lock_again_is_not_a_handoff() {
         let mut logs = single(vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 2_100, 3_000)]);
         logs.push(log(vec![acq(1, 0, 8_000, 9_000)], 9, None));
-        let s = summarize(&logs);
+        let s = mutex(&logs);
         assert_eq!(s.handoffs, 1);
         assert_eq!(s.handoff_p99_us, 5.0);
         assert_eq!(s.same_client_again, 0.5);
-        assert_eq!(s.max_wait_ms, 0.008);
+        assert_eq!(s.all.wait_max_ms, 0.008);
     }
 
     #[test]
     fn one_client_counts_its_own_reacquires() {
         let logs = single(vec![acq(0, 0, 1_000, 2_000), acq(0, 2_000, 2_300, 3_000)]);
-        let s = summarize(&logs);
+        let s = mutex(&logs);
         assert_eq!(s.handoffs, 1);
         assert_eq!(s.handoff_p50_us, 0.3);
     }
@@ -427,15 +395,15 @@ mod tests {
     #[test]
     fn a_grant_before_the_previous_holder_released_is_an_overlap() {
         let logs = single(vec![acq(0, 0, 1_000, 3_000), acq(1, 0, 2_000, 4_000)]);
-        assert_eq!(summarize(&logs).overlaps, 1);
+        assert_eq!(mutex(&logs).violations, 1);
     }
 
     #[test]
     fn a_grant_reply_that_beats_the_release_reply_counts_as_zero() {
         let logs = single(vec![span(0, 0, 100, 200, 400), span(1, 0, 300, 500, 600)]);
-        let s = summarize(&logs);
+        let s = mutex(&logs);
         assert_eq!(s.handoff_p99_us, 0.0);
-        assert_eq!(s.overlaps, 0);
+        assert_eq!(s.violations, 0);
     }
 
     fn rw(client: usize, granted: u64, releasing: u64) -> Acquisition {
@@ -551,7 +519,7 @@ mod tests {
             ),
         ];
         let roles = [Role::Reader, Role::Reader, Role::Writer];
-        let s = summarize_kind(&logs, &roles, Rule::ReadWrite);
+        let s = summarize(&logs, &roles, Rule::ReadWrite);
         assert!((s.elapsed_s - 0.009_001).abs() < 1e-12);
         assert_eq!(s.all.acquisitions, 4);
         let r = s.readers.expect("readers");
@@ -577,7 +545,7 @@ mod tests {
         );
         // A semaphore cell has no readers and no writers, only clients.
         let permits = [Role::Permit; 3];
-        let s = summarize_kind(&logs, &permits, Rule::Limit(1));
+        let s = summarize(&logs, &permits, Rule::Limit(1));
         assert!(s.readers.is_none() && s.writers.is_none());
         assert_eq!(s.all.clients, 3);
         assert_eq!(s.violations, 1, "the two first readers overlapped");

@@ -8,7 +8,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use crate::perf::{PerfRun, ACQUIRE, CYCLE, EXTEND, RELEASE};
+use crate::perf::{PerfRun, ACQUIRE, CYCLE, EXTEND, FLOOR, RELEASE};
 use crate::Error;
 
 pub const FONT: &str = "sans-serif";
@@ -297,7 +297,7 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
     let grey = |v: u8| RGBColor(v, v, v);
 
     // 1. Throughput ratios: a pale (pipeline 1) and a full (pipeline 16) bar per server.
-    let names = [ACQUIRE, RELEASE, EXTEND, CYCLE];
+    let names = [ACQUIRE, FLOOR, RELEASE, EXTEND, CYCLE];
     let mut series = Vec::new();
     for (i, s) in servers.iter().enumerate() {
         for p in crate::perf::PIPELINES {
@@ -328,7 +328,7 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
     let throughput = Panel {
         title: "1. Throughput, module / recipe (pale: pipeline 1, full: 16)",
         ylabel: "ratio, 1.0 = same speed",
-        xlabels: ["ACQUIRE", "RELEASE", "EXTEND", "CYCLE"]
+        xlabels: ["ACQUIRE", "floor", "RELEASE", "EXTEND", "CYCLE"]
             .map(String::from)
             .to_vec(),
         series,

@@ -10,7 +10,6 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::chart::{decades, first_seen, holds, legend, tick, FONT, PALETTE};
-use crate::contention_kinds::KindCell;
 use crate::template::render;
 use crate::Error;
 
@@ -54,32 +53,71 @@ impl RunInfo {
 pub type Grid<'a> = (Area<'a>, Vec<Area<'a>>);
 type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 
-/// The figures reported for one (method, N, c) cell (see tools/contention/src/stats.rs).
+/// Throughput, waits and fairness of one group of a cell's clients (its readers, its
+/// writers, or all of them). See tools/contention/src/stats.rs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoleStats {
+    pub clients: usize,
+    pub acquisitions: u64,
+    /// Acquisitions ÷ the cell's time to its last release.
+    pub per_second: f64,
+    /// From a client's first attempt to its grant (a wait that never ended counts with
+    /// its length when the client gave up).
+    pub wait_p50_ms: f64,
+    pub wait_p99_ms: f64,
+    pub wait_max_ms: f64,
+    /// Jain's index over acquisitions per client of the group.
+    pub jain: f64,
+    /// Clients of the group still waiting when they gave up.
+    pub gave_up: u64,
+}
+
+/// The figures of one cell (see tools/contention/src/stats.rs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
-    pub acquisitions: u64,
     pub elapsed_s: f64,
-    pub per_second: f64,
+    pub all: RoleStats,
+    /// A readers/writers cell's readers and writers (none in other cells).
+    pub readers: Option<RoleStats>,
+    pub writers: Option<RoleStats>,
+    pub commands_per_acquisition: f64,
+    pub round_trips_per_acquisition: f64,
+    /// The most clients that held the lock at one instant, and holders on average.
+    pub peak_holders: u64,
+    pub mean_holders: f64,
+    /// Grants that broke the lock's rule (a second holder of a mutex, a writer next to
+    /// another holder, a reader next to a writer, more than `limit` holders).
+    pub violations: u64,
+    /// Reader grants that overtook a waiting writer (asked after it, granted before it),
+    /// in all and the most during one writer's wait.
+    pub overtakes: u64,
+    pub overtakes_most: u64,
+    /// From a release to the next grant when that went to another client (at one client
+    /// alone, its own next grant), µs, and how many; the share of grants that went
+    /// straight back to the client that had just released.
     pub handoff_p50_us: f64,
     pub handoff_p99_us: f64,
     pub handoffs: u64,
     pub same_client_again: f64,
-    pub commands_per_acquisition: f64,
-    pub max_wait_ms: f64,
-    pub wait_p99_ms: f64,
+    /// Critical sections, grant to release, ms.
     pub hold_mean_ms: f64,
     pub hold_max_ms: f64,
-    pub jain: f64,
-    pub overlaps: u64,
-    pub gave_up: u64,
 }
 
+/// One cell: a method's clients (`family` `mutex`: N clients on one mutex; `rw`: readers
+/// and writers; `sem`: a semaphore), each holding the lock `hold_ms`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Cell {
-    /// `module`, `poll100`, `jitter`, `blpop`.
+    pub family: String,
+    /// `module`, `poll100`, `jitter`, `blpop` (mutex); `shared`, `module`, `jitter`,
+    /// `rw-script`, `rw-script-wfirst` (rw); `limit`, `zset` (sem).
     pub method: String,
     pub label: String,
-    pub n: usize,
+    pub clients: usize,
+    /// Readers and writers of an rw cell (0 elsewhere), permits of a sem cell.
+    pub readers: usize,
+    pub writers: usize,
+    pub limit: Option<u32>,
     pub hold_ms: u64,
     pub summary: Summary,
     /// Calls of the clients' commands from INFO commandstats, and the clients' own count.
@@ -94,21 +132,34 @@ pub struct Cell {
 pub struct ContentionRun {
     pub info: RunInfo,
     pub cells: Vec<Cell>,
-    /// The readers/writers and semaphore cells (absent from runs before they existed).
-    #[serde(default)]
-    pub kinds: Vec<KindCell>,
+}
+
+impl ContentionRun {
+    /// The cells of one family (`mutex`, `rw`, `sem`), critical-section length first,
+    /// then in the order the run measured them.
+    pub fn family(&self, id: &str) -> Vec<&Cell> {
+        let mut v: Vec<&Cell> = self.cells.iter().filter(|c| c.family == id).collect();
+        v.sort_by_key(|c| c.hold_ms); // stable: the run's order within one c
+        v
+    }
 }
 
 /// The goals of the issue, checked against the module's cells (None without them).
-fn goals(cells: &[Cell]) -> Option<Value> {
-    let module: Vec<&Cell> = cells.iter().filter(|c| c.method == "module").collect();
+fn goals(cells: &[&Cell]) -> Option<Value> {
+    let module: Vec<&Cell> = cells
+        .iter()
+        .copied()
+        .filter(|c| c.method == "module")
+        .collect();
     let p99 = |c: &&&Cell| c.summary.handoff_p99_us;
     let worst = module.iter().max_by(|a, b| p99(a).total_cmp(&p99(b)))?;
     let cpa = module.iter().map(|c| c.summary.commands_per_acquisition);
     // FIFO's bound: every client ahead holds once before you, plus one hand-off each,
     // the overhead budgeted at the p99 goal (1 ms).
-    let bound = |c: &Cell| c.n as f64 * (c.hold_ms as f64 + 1.0);
-    let over = module.iter().filter(|c| c.summary.max_wait_ms > bound(c));
+    let bound = |c: &Cell| c.clients as f64 * (c.hold_ms as f64 + 1.0);
+    let over = module
+        .iter()
+        .filter(|c| c.summary.all.wait_max_ms > bound(c));
     let over: Vec<Value> = over
         .map(|c| context! { bound => bound(c), ..Value::from(Serde(c)) })
         .collect();
@@ -119,21 +170,22 @@ fn goals(cells: &[Cell]) -> Option<Value> {
         exact => module.iter().all(|c| (c.summary.commands_per_acquisition - 2.0).abs() < 1e-9),
         range => Serde(cpa.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)))),
         over,
-        wait_p99_met => module.iter().all(|c| c.summary.wait_p99_ms <= bound(c)),
+        wait_p99_met => module.iter().all(|c| c.summary.all.wait_p99_ms <= bound(c)),
     })
 }
 
 /// The contention section of docs/BENCHMARKS.md, its readers/writers and semaphore part
 /// included.
 pub fn section(run: &ContentionRun) -> Result<String, Error> {
-    let holds = holds(run.cells.iter().map(|c| c.hold_ms));
+    let cells = run.family("mutex");
+    let holds = holds(cells.iter().map(|c| c.hold_ms));
     let ctx = context! {
         info => Serde(&run.info),
-        cells => Serde(&run.cells),
-        methods => Serde(first_seen(run.cells.iter().map(|c| c.method.as_str()))),
+        methods => Serde(first_seen(cells.iter().map(|c| c.method.as_str()))),
         holds,
-        goals => goals(&run.cells),
-        ..crate::contention_kinds::context(&run.kinds)
+        goals => goals(&cells),
+        cells => Serde(cells),
+        ..crate::contention_kinds::context(run)
     };
     render("contention.md.j2", ctx)
 }
@@ -142,7 +194,7 @@ pub fn section(run: &ContentionRun) -> Result<String, Error> {
 /// one panel per critical-section length, one line per method.
 pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
     crate::chart::register_fonts()?;
-    let cells = &run.cells;
+    let cells = &run.family("mutex");
     let holds = holds(cells.iter().map(|c| c.hold_ms));
     let cols = holds.len().max(1);
     let title = (
@@ -150,11 +202,11 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
         28,
     );
     let (body, panels) = run.info.grid(path, (700, 1000), title, cols)?;
-    let max_n = cells.iter().map(|c| c.n).max().unwrap_or(64).max(2) as f64;
+    let max_n = cells.iter().map(|c| c.clients).max().unwrap_or(64).max(2) as f64;
     let x_max = max_n.log2();
     // In ms. Latency can be 0 (grant reply before the release reply): plot it at 1 µs.
     let lat = |c: &Cell| c.summary.handoff_p99_us.max(1.0) / 1000.0;
-    let thr = |c: &Cell| c.summary.per_second.max(0.1);
+    let thr = |c: &Cell| c.summary.all.per_second.max(0.1);
 
     let rows = [
         (
@@ -168,7 +220,7 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
     ];
     for (row, (metric, pos)) in rows.into_iter().enumerate() {
         let value = |c: &Cell| if row == 0 { lat(c) } else { thr(c) };
-        let (y_lo, y_hi) = decades(cells.iter().map(value));
+        let (y_lo, y_hi) = decades(cells.iter().map(|c| value(c)));
         for (col, &hold) in holds.iter().enumerate() {
             let area = &panels[row * cols + col];
             let mut chart = ChartBuilder::on(area)
@@ -206,7 +258,7 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
                 let mut pts: Vec<(f64, f64)> = cells
                     .iter()
                     .filter(|c| c.method == m && c.hold_ms == hold)
-                    .map(|c| ((c.n as f64).log2(), value(c)))
+                    .map(|c| ((c.clients as f64).log2(), value(c)))
                     .collect();
                 if pts.is_empty() {
                     continue;

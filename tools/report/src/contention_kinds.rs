@@ -10,76 +10,10 @@ use minijinja::value::{Serde, Value};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
-use serde::{Deserialize, Serialize};
 
 use crate::chart::{category, decades, first_seen, holds, legend, tick, FONT, PALETTE};
-use crate::contention::ContentionRun;
+use crate::contention::{Cell, ContentionRun};
 use crate::Error;
-
-/// Throughput, waits and fairness of one group of a cell's clients (its readers, its
-/// writers, or all of them). See tools/contention/src/stats.rs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RoleStats {
-    pub clients: usize,
-    pub acquisitions: u64,
-    /// Acquisitions ÷ the cell's time to its last release.
-    pub per_second: f64,
-    /// From a client's first attempt to its grant (a wait that never ended counts with
-    /// its length when the client gave up).
-    pub wait_p50_ms: f64,
-    pub wait_p99_ms: f64,
-    pub wait_max_ms: f64,
-    /// Jain's index over acquisitions per client of the group.
-    pub jain: f64,
-    /// Clients of the group still waiting when they gave up.
-    pub gave_up: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KindSummary {
-    pub elapsed_s: f64,
-    pub all: RoleStats,
-    /// A readers/writers cell's readers and writers (none in a semaphore cell).
-    pub readers: Option<RoleStats>,
-    pub writers: Option<RoleStats>,
-    pub commands_per_acquisition: f64,
-    pub round_trips_per_acquisition: f64,
-    /// The most clients that held the lock at one instant.
-    pub peak_holders: u64,
-    /// Holders on average over the cell.
-    pub mean_holders: f64,
-    /// Grants that broke the lock's rule (a writer next to another holder, a reader
-    /// next to a writer, more than `limit` holders).
-    pub violations: u64,
-    /// Reader grants that overtook a waiting writer (asked after it, granted before it),
-    /// in all and the most during one writer's wait.
-    pub overtakes: u64,
-    pub overtakes_most: u64,
-}
-
-/// One readers/writers (`family` `rw`) or semaphore (`sem`) cell.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct KindCell {
-    pub family: String,
-    /// `shared`, `module`, `jitter`, `rw-script`, `rw-script-wfirst` (rw);
-    /// `limit`, `zset` (sem).
-    pub method: String,
-    pub label: String,
-    /// Readers and writers of an rw cell (0 in a semaphore cell).
-    pub readers: usize,
-    pub writers: usize,
-    /// Every client of the cell.
-    pub clients: usize,
-    /// Permits of a semaphore cell.
-    pub limit: Option<u32>,
-    pub hold_ms: u64,
-    pub summary: KindSummary,
-    /// Calls of the clients' commands from INFO commandstats, and the clients' own count.
-    pub server_commands: u64,
-    pub client_commands: u64,
-    /// Cores kept busy by other processes during the cell.
-    pub other_cores: Option<f64>,
-}
 
 /// Pause between two attempts of node-redlock's `SET NX` recipe (the `jitter` method of
 /// the mutex and readers/writers cells) and of the client-side read-write lock recipes:
@@ -92,16 +26,8 @@ pub const SEM_POLL_MS: u64 = 10;
 /// every attempt of that writer).
 pub const INTENT_MS: u64 = 1_000;
 
-/// The cells of one family (`rw`, `sem`), critical-section length first, then in the
-/// order the run measured them.
-fn family<'a>(kinds: &'a [KindCell], id: &str) -> Vec<&'a KindCell> {
-    let mut v: Vec<&KindCell> = kinds.iter().filter(|c| c.family == id).collect();
-    v.sort_by_key(|c| c.hold_ms); // stable: the run's order within one c
-    v
-}
-
 /// The cells of one method, in their order.
-fn by_method<'a>(cells: &[&'a KindCell], method: &str) -> Vec<&'a KindCell> {
+fn by_method<'a>(cells: &[&'a Cell], method: &str) -> Vec<&'a Cell> {
     cells
         .iter()
         .copied()
@@ -109,7 +35,7 @@ fn by_method<'a>(cells: &[&'a KindCell], method: &str) -> Vec<&'a KindCell> {
         .collect()
 }
 
-fn find<'a>(cells: &[&'a KindCell], method: &str, hold_ms: u64) -> Option<&'a KindCell> {
+fn find<'a>(cells: &[&'a Cell], method: &str, hold_ms: u64) -> Option<&'a Cell> {
     cells
         .iter()
         .copied()
@@ -117,11 +43,11 @@ fn find<'a>(cells: &[&'a KindCell], method: &str, hold_ms: u64) -> Option<&'a Ki
 }
 
 /// The module's readers/writers goals (None without `shared` cells).
-fn rw_goals(rw: &[&KindCell]) -> Option<Value> {
+fn rw_goals(rw: &[&Cell]) -> Option<Value> {
     let shared = by_method(rw, "shared");
     let first = shared.first()?;
-    let writers = |c: &KindCell| c.summary.writers.clone();
-    let reads = |c: &KindCell| c.summary.readers.as_ref().map_or(0.0, |r| r.per_second);
+    let writers = |c: &Cell| c.summary.writers.clone();
+    let reads = |c: &Cell| c.summary.readers.as_ref().map_or(0.0, |r| r.per_second);
     // Bounded bypass, the textbook form of "no starvation": while a writer waits, each
     // reader gets in ahead of it at most once (see the column's definition).
     let fed = shared.iter().all(|c| {
@@ -129,12 +55,12 @@ fn rw_goals(rw: &[&KindCell]) -> Option<Value> {
             && writers(c).is_some_and(|w| w.gave_up == 0 && w.acquisitions > 0)
     });
     // Reads/s of each `shared` cell against another method's at the same c.
-    let vs = |c: &KindCell, other| find(rw, other, c.hold_ms).map(|m| reads(c) / reads(m));
+    let vs = |c: &Cell, other| find(rw, other, c.hold_ms).map(|m| reads(c) / reads(m));
     let cells = shared.iter().map(|c| {
         let (vs_mutex, vs_wfirst) = (vs(c, "module"), vs(c, "rw-script-wfirst"));
         context! { vs_mutex, vs_wfirst, ..Value::from(Serde(c)) }
     });
-    let wait = |c: &&&KindCell| writers(c).map_or(0.0, |w| w.wait_max_ms);
+    let wait = |c: &&&Cell| writers(c).map_or(0.0, |w| w.wait_max_ms);
     let lua = by_method(rw, "rw-script");
     let starved = lua.iter().max_by(|a, b| wait(a).total_cmp(&wait(b)));
     let reads = shared.iter().filter_map(|c| c.summary.readers.as_ref());
@@ -151,14 +77,14 @@ fn rw_goals(rw: &[&KindCell]) -> Option<Value> {
 }
 
 /// The module's semaphore goals (None without `limit` cells).
-fn sem_goals(sem: &[&KindCell]) -> Option<Value> {
+fn sem_goals(sem: &[&Cell]) -> Option<Value> {
     let limit = by_method(sem, "limit");
     if limit.is_empty() {
         return None;
     }
     // FIFO's bound: the clients ahead go through the n permits in turns of c, one
     // hand-off each, the overhead budgeted as in the mutex goals (1 ms).
-    let bound = |c: &KindCell| {
+    let bound = |c: &Cell| {
         let n = c.limit.unwrap_or(1).max(1) as usize;
         c.clients.div_ceil(n) as f64 * (c.hold_ms as f64 + 1.0)
     };
@@ -179,13 +105,12 @@ fn sem_goals(sem: &[&KindCell]) -> Option<Value> {
 
 /// The readers/writers and semaphore cells and their goals, for contention-kinds.md.j2
 /// (included by the contention section; it renders nothing without such cells).
-pub fn context(kinds: &[KindCell]) -> Value {
-    let rw = family(kinds, "rw");
-    let sem = family(kinds, "sem");
+pub fn context(run: &ContentionRun) -> Value {
+    let (rw, sem) = (run.family("rw"), run.family("sem"));
     // Goals both families share: 2 commands per acquisition, no grant against the rule.
     let module = [by_method(&rw, "shared"), by_method(&sem, "limit")].concat();
     let common = (!module.is_empty()).then(|| {
-        let cpa = |c: &&KindCell| c.summary.commands_per_acquisition;
+        let cpa = |c: &&Cell| c.summary.commands_per_acquisition;
         context! {
             exact => module.iter().all(|c| (cpa(c) - 2.0).abs() < 1e-9),
             bad => module.iter().map(|c| c.summary.violations).sum::<u64>(),
@@ -223,14 +148,14 @@ fn short_label(method: &str) -> &str {
 /// critical-section length, on a log axis.
 struct KindPanel<'a> {
     title: String,
-    cells: Vec<&'a KindCell>,
-    value: fn(&KindCell) -> f64,
+    cells: Vec<&'a Cell>,
+    value: fn(&Cell) -> f64,
     unit: &'static str,
     color: RGBColor,
 }
 
 /// A panel of the chart: its title after the family's heading, its figure, its unit.
-type PanelSpec = (&'static str, fn(&KindCell) -> f64, &'static str);
+type PanelSpec = (&'static str, fn(&Cell) -> f64, &'static str);
 /// The readers/writers column: reads per second, the writer's longest wait.
 const RW_PANELS: [PanelSpec; 2] = [
     (
@@ -333,8 +258,7 @@ fn draw_panel(area: &DrawingArea<BitMapBackend, Shift>, p: &KindPanel) -> Result
 /// readers/writers cells (left) and the semaphore cells (right).
 pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
     crate::chart::register_fonts()?;
-    let rw = family(&run.kinds, "rw");
-    let sem = family(&run.kinds, "sem");
+    let (rw, sem) = (run.family("rw"), run.family("sem"));
     let rw_who = rw
         .first()
         .map(|f| format!("{} readers + {} writer", f.readers, f.writers));
@@ -378,7 +302,7 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contention::{section, RunInfo};
+    use crate::contention::{section, RoleStats, RunInfo, Summary};
 
     fn group(clients: usize, acquisitions: u64, wait_max_ms: f64) -> RoleStats {
         RoleStats {
@@ -393,28 +317,36 @@ mod tests {
         }
     }
 
-    fn rw_cell(method: &str, reads: u64, writes: u64, writer_wait_ms: f64) -> KindCell {
-        KindCell {
-            family: "rw".into(),
+    /// A cell of `family` whose `all` group made `acquisitions` and waited at most
+    /// `wait_max_ms`; the rest of its figures plain.
+    fn cell(family: &str, method: &str, all: RoleStats) -> Cell {
+        Cell {
+            family: family.into(),
             method: method.into(),
             label: format!("label of {method}"),
-            readers: 8,
-            writers: 1,
-            clients: 9,
+            clients: all.clients,
+            readers: 0,
+            writers: 0,
             limit: None,
             hold_ms: 1,
-            summary: KindSummary {
+            summary: Summary {
                 elapsed_s: 3.0,
-                all: group(9, reads + writes, writer_wait_ms),
-                readers: Some(group(8, reads, 2.0)),
-                writers: Some(group(1, writes, writer_wait_ms)),
+                all,
+                readers: None,
+                writers: None,
                 commands_per_acquisition: 2.0,
                 round_trips_per_acquisition: 2.0,
-                peak_holders: 8,
+                peak_holders: 4,
                 mean_holders: 3.5,
                 violations: 0,
                 overtakes: 0,
                 overtakes_most: 0,
+                handoff_p50_us: 10.0,
+                handoff_p99_us: 20.0,
+                handoffs: 100,
+                same_client_again: 0.0,
+                hold_mean_ms: 1.0,
+                hold_max_ms: 2.0,
             },
             server_commands: 0,
             client_commands: 0,
@@ -422,36 +354,23 @@ mod tests {
         }
     }
 
-    fn sem_cell(method: &str, wait_max_ms: f64, violations: u64) -> KindCell {
-        KindCell {
-            family: "sem".into(),
-            method: method.into(),
-            label: format!("label of {method}"),
-            readers: 0,
-            writers: 0,
-            clients: 16,
-            limit: Some(4),
-            hold_ms: 1,
-            summary: KindSummary {
-                elapsed_s: 3.0,
-                all: group(16, 9000, wait_max_ms),
-                readers: None,
-                writers: None,
-                commands_per_acquisition: 2.0,
-                round_trips_per_acquisition: 2.0,
-                peak_holders: 4 + violations.min(1),
-                mean_holders: 3.5,
-                violations,
-                overtakes: 0,
-                overtakes_most: 0,
-            },
-            server_commands: 0,
-            client_commands: 0,
-            other_cores: None,
-        }
+    fn rw_cell(method: &str, reads: u64, writes: u64, writer_wait_ms: f64) -> Cell {
+        let mut c = cell("rw", method, group(9, reads + writes, writer_wait_ms));
+        (c.readers, c.writers, c.summary.peak_holders) = (8, 1, 8);
+        c.summary.readers = Some(group(8, reads, 2.0));
+        c.summary.writers = Some(group(1, writes, writer_wait_ms));
+        c
     }
 
-    fn cells() -> Vec<KindCell> {
+    fn sem_cell(method: &str, wait_max_ms: f64, violations: u64) -> Cell {
+        let mut c = cell("sem", method, group(16, 9000, wait_max_ms));
+        c.limit = Some(4);
+        c.summary.peak_holders = 4 + violations.min(1);
+        c.summary.violations = violations;
+        c
+    }
+
+    fn cells() -> Vec<Cell> {
         vec![
             rw_cell("shared", 9000, 1000, 1.7),
             rw_cell("module", 2000, 250, 14.0),
@@ -461,7 +380,7 @@ mod tests {
         ]
     }
 
-    fn run(kinds: Vec<KindCell>) -> ContentionRun {
+    fn run(kinds: Vec<Cell>) -> ContentionRun {
         let info = RunInfo {
             date_utc: "2026-01-01 00:00 UTC".into(),
             command: "test".into(),
@@ -471,11 +390,10 @@ mod tests {
             wall_secs: 1.0,
             signal_expire_ms: 1000,
         };
-        let cells = Vec::new();
-        ContentionRun { info, cells, kinds }
+        ContentionRun { info, cells: kinds }
     }
 
-    fn render(kinds: &[KindCell]) -> String {
+    fn render(kinds: &[Cell]) -> String {
         section(&run(kinds.to_vec())).expect("rendered")
     }
 
@@ -514,11 +432,10 @@ mod tests {
     }
 
     #[test]
-    fn runs_saved_before_these_cells_still_load_and_render() {
+    fn a_run_without_these_cells_renders_without_their_part() {
         let json = r#"{"info": {"date_utc": "d", "command": "c", "server": "s", "machine": "m",
             "secs_per_cell": 3.0, "wall_secs": 1.0, "signal_expire_ms": 1000}, "cells": []}"#;
-        let run: ContentionRun = serde_json::from_str(json).expect("old run");
-        assert!(run.kinds.is_empty());
+        let run: ContentionRun = serde_json::from_str(json).expect("a run");
         let text = section(&run).expect("rendered");
         assert!(!text.contains("Readers and writers") && !text.contains("SHARED and LIMIT"));
         assert!(text.contains("Reproduce: `make bench-contention`"));

@@ -83,7 +83,7 @@ pub fn render_all(root: &Path) -> Result<Vec<PathBuf>, Error> {
         splice_file(&bench_md, "contention", &contention::section(&run)?)?;
         contention::draw(&root.join("docs/contention.png"), &run)?;
         wrote.extend([bench_md.clone(), root.join("docs/contention.png")]);
-        if !run.kinds.is_empty() {
+        if run.cells.iter().any(|c| c.family != "mutex") {
             let png = root.join("docs/contention-kinds.png");
             contention_kinds::draw(&png, &run)?;
             wrote.push(png);

@@ -34,42 +34,32 @@ pub const TARGET: &str = "0 crashes, 0 double grants, 0 fence regressions, every
 /// How long after a CLIENT PAUSE's nominal end the server may still hold commands.
 const PAUSE_RELEASE_MS: u64 = 110;
 
-/// Operations applied, by name; replies that refused them, by name.
+/// Operations applied, by name; replies that refused them, by name; and counted in `n`:
+/// `keys_migrated`, `unblock_accepted_early` (CLIENT UNBLOCK of a LOCK.ACQUIRE waiter
+/// accepted on Redis < 7.4).
 #[derive(Default, serde::Serialize)]
 pub struct Ops {
-    pub done: BTreeMap<&'static str, u64>,
-    refused: BTreeMap<&'static str, u64>,
+    pub done: Counts,
+    refused: Counts,
+    n: Counts,
     /// Operations that failed where they must not (a bug, or a run that cannot go on).
     pub errors: Vec<String>,
     /// Servers that crashed, stopped answering or caught a panic.
     pub crashes: Vec<String>,
-    /// CLIENT UNBLOCK of a LOCK.ACQUIRE waiter accepted on Redis < 7.4.
-    unblock_accepted_early: u64,
-    keys_migrated: u64,
     /// Until when each node's clients may be held by a CLIENT PAUSE of ours.
     #[serde(skip)]
     paused_until: BTreeMap<usize, Instant>,
 }
 
 impl Ops {
-    pub fn done(&mut self, op: &'static str) {
-        *self.done.entry(op).or_insert(0) += 1;
-    }
-    fn refused(&mut self, op: &'static str) {
-        *self.refused.entry(op).or_insert(0) += 1;
-    }
     fn absorb(&mut self, o: Ops) {
-        for (k, v) in o.done {
-            *self.done.entry(k).or_insert(0) += v;
-        }
-        for (k, v) in o.refused {
-            *self.refused.entry(k).or_insert(0) += v;
-        }
+        self.done.add(&o.done);
+        self.refused.add(&o.refused);
+        self.n.add(&o.n);
         self.errors.extend(o.errors);
         self.crashes.extend(o.crashes);
-        self.unblock_accepted_early += o.unblock_accepted_early;
-        self.keys_migrated += o.keys_migrated;
     }
+
     /// The first crash or failed operation fails the row.
     pub fn verdict(&self, o: &mut Outcome) {
         if let Some(e) = self.crashes.first().or(self.errors.first()) {
@@ -223,10 +213,10 @@ pub fn common_op(
             let r = admin.call(node, &args!["CLIENT", "UNBLOCK", *rng.pick(&w), reason])?;
             match r.as_int() {
                 Some(1) if !(flavor.is_valkey() || flavor.at_least(7, 4)) => {
-                    ops.unblock_accepted_early += 1
+                    ops.n.bump("unblock_accepted_early")
                 }
                 Some(1) => {}
-                Some(_) => ops.refused(op),
+                Some(_) => ops.refused.bump(op),
                 None => ops.errors.push(format!("CLIENT UNBLOCK answered {r:?}")),
             }
         }
@@ -250,18 +240,18 @@ pub fn common_op(
             kills.record(node, Some(id));
             let r = admin.call(node, &args!["CLIENT", "KILL", "ID", id])?;
             if r.as_int() != Some(1) {
-                ops.refused(op);
+                ops.refused.bump(op);
             }
         }
         "BGREWRITEAOF" => {
             let r = admin.call(node, &args!["BGREWRITEAOF"])?;
             if r.is_error() {
-                ops.refused(op);
+                ops.refused.bump(op);
             }
         }
         _ => return Ok(false),
     }
-    ops.done(op);
+    ops.done.bump(op);
     Ok(true)
 }
 
@@ -340,8 +330,8 @@ struct SubData {
     /// The slowest waiter's answer after its BLOCK time, ms; without pause time.
     slowest: i64,
     net: i64,
-    done: BTreeMap<&'static str, u64>,
-    refused: BTreeMap<&'static str, u64>,
+    done: Counts,
+    refused: Counts,
 }
 
 /// What a sub-run hands back.
@@ -475,7 +465,7 @@ fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
             };
             let r = admin.call(0, &cmd)?;
             expect_ok(&r, op, ops);
-            ops.done(op);
+            ops.done.bump(op);
         }
         Ok(())
     });
@@ -531,7 +521,7 @@ pub fn pair_run(
             pair.primary.try_restart_as_replica_of(&pair.replica)?;
             std::mem::swap(&mut pair.primary, &mut pair.replica);
         }
-        ops.done(op);
+        ops.done.bump(op);
         Ok(())
     });
     let tally = load.finish(&[])?;
@@ -596,8 +586,9 @@ fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
         }
         let to = (from + 1 + rng.below(2) as usize) % 3;
         let pause = Duration::from_millis(rng.below(60));
-        ops.keys_migrated += cluster.migrate_slot(slot, to, pause)?;
-        ops.done(op);
+        ops.n
+            .add_n("keys_migrated", cluster.migrate_slot(slot, to, pause)?);
+        ops.done.bump(op);
         Ok(())
     });
     let tally = load.finish(&[])?;
@@ -651,10 +642,10 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         !(flavor.is_valkey() || flavor.at_least(7, 4)),
     );
     ops.verdict(o);
-    if ops.unblock_accepted_early > 0 {
+    if ops.n.get("unblock_accepted_early") > 0 {
         o.fail(format!(
             "{} CLIENT UNBLOCK of waiters accepted on {}",
-            ops.unblock_accepted_early,
+            ops.n.get("unblock_accepted_early"),
             flavor.label()
         ));
     }
