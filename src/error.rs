@@ -15,8 +15,22 @@ pub enum LockError {
     InvalidExpire(&'static str),
     /// BLOCK negative or not an integer.
     InvalidTimeout(&'static str),
-    /// TOKEN or OWNER empty or too long.
-    BadLength { what: &'static str, max: usize },
+    /// TOKEN or OWNER too short or too long.
+    BadLength {
+        what: &'static str,
+        min: usize,
+        max: usize,
+    },
+    /// COUNT of LOCK.INFO out of range.
+    InvalidCount,
+    /// A write command on a replica (also a writable one): locks change only where the
+    /// server is the primary for the key.
+    ReadOnly,
+    /// The module's state is in use by an outer call (a module command reached from
+    /// inside one of the module's own callbacks).
+    Busy,
+    /// Storing the key failed (the server refused the value).
+    StoreFailed,
     /// MINFENCE out of range.
     InvalidFence,
     /// The key holds a value that is neither a lock nor a string.
@@ -63,9 +77,29 @@ impl fmt::Display for LockError {
                 write!(f, "ERR invalid expire time in '{cmd}' command")
             }
             LockError::InvalidTimeout(why) => write!(f, "ERR timeout {why}"),
-            LockError::BadLength { what, max } => {
-                write!(f, "ERR {what} must be 1 to {max} bytes long")
+            LockError::BadLength { what, min, max } if *what == "TOKEN" && *min > 1 => write!(
+                f,
+                "ERR TOKEN must be {min} to {max} bytes long (lock.min-token-length is {min}; \
+                 a short token is easy to guess: put labels in OWNER)"
+            ),
+            LockError::BadLength { what, min, max } => {
+                write!(f, "ERR {what} must be {min} to {max} bytes long")
             }
+            LockError::InvalidCount => write!(
+                f,
+                "ERR COUNT must be an integer from 1 to {}",
+                crate::args::INFO_MAX_COUNT
+            ),
+            LockError::ReadOnly => write!(
+                f,
+                "READONLY this server is a replica: locks are granted, released and extended \
+                 by its primary"
+            ),
+            LockError::Busy => write!(
+                f,
+                "ERR the lock module is busy with an outer call; retry the command on its own"
+            ),
+            LockError::StoreFailed => write!(f, "ERR the server refused to store the lock"),
             LockError::InvalidFence => {
                 write!(
                     f,
@@ -105,7 +139,7 @@ impl fmt::Display for LockError {
             LockError::InvalidLimit => write!(
                 f,
                 "ERR LIMIT must be an integer from 1 to {}",
-                crate::args::MAX_LIMIT
+                crate::lock::value::MAX_LIMIT
             ),
             LockError::InvalidFenceArg => {
                 write!(
@@ -144,8 +178,18 @@ mod tests {
             LockError::InvalidTimeout("is negative"),
             LockError::BadLength {
                 what: "TOKEN",
+                min: 16,
                 max: 256,
             },
+            LockError::BadLength {
+                what: "OWNER",
+                min: 1,
+                max: 256,
+            },
+            LockError::InvalidCount,
+            LockError::ReadOnly,
+            LockError::Busy,
+            LockError::StoreFailed,
             LockError::InvalidFence,
             LockError::WrongType,
             LockError::TooManyWaiters(3),

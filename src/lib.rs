@@ -10,6 +10,8 @@
 pub mod args;
 pub mod engine;
 pub mod error;
+pub mod lock;
+pub mod reply;
 
 mod commands;
 mod config;
@@ -17,10 +19,9 @@ mod datatype;
 mod events;
 mod ffi;
 mod keyspace;
-mod replication;
+mod sched;
+mod state;
 mod stats;
-mod unlinked;
-mod waiting;
 
 use std::sync::atomic::Ordering;
 
@@ -47,6 +48,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
         (
             Cmd {
                 name: "lock.acquire",
+                acl: "write blocking slow",
                 flags: "write deny-oom blocking",
                 key_flags: KEY_RW | ACCESS | INSERT,
                 arity: -2,
@@ -68,6 +70,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
         (
             Cmd {
                 name: "lock.release",
+                acl: "write fast",
                 flags: "write fast",
                 key_flags: KEY_RW | ACCESS | DELETE,
                 arity: 3,
@@ -80,6 +83,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
         (
             Cmd {
                 name: "lock.extend",
+                acl: "write fast",
                 flags: "write fast",
                 key_flags: KEY_RW | ACCESS | UPDATE,
                 arity: -3,
@@ -92,18 +96,24 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
         (
             Cmd {
                 name: "lock.info",
+                acl: "read fast",
                 flags: "readonly fast",
                 key_flags: KEY_RO | ACCESS,
-                arity: 2,
-                summary: "Shows who holds a lock (never the token), its fence, TTL and waiters; nil if free.",
-                complexity: "O(1)",
-                args: &[Arg::Key("key")],
+                arity: -2,
+                summary: "Shows who holds a lock (never the token), its fence, lease and waiters, a page of its holders; nil if free.",
+                complexity: "O(log N + COUNT) where N is the number of holders",
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Opt("COUNT", "count", INTEGER),
+                    Arg::Opt("AFTER", "fence", INTEGER),
+                ],
             },
             Some(commands::info),
         ),
         (
             Cmd {
                 name: "lock.forcerelease",
+                acl: "write dangerous slow",
                 flags: "write",
                 key_flags: KEY_RW | DELETE,
                 arity: -2,
@@ -116,6 +126,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
         (
             Cmd {
                 name: "lock.repl",
+                acl: "write dangerous slow",
                 flags: "write",
                 key_flags: KEY_RW | UPDATE,
                 arity: -4,
@@ -134,6 +145,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
         (
             Cmd {
                 name: "lock.sync",
+                acl: "write dangerous slow",
                 flags: "write",
                 key_flags: KEY_OW | UPDATE,
                 arity: -8,
@@ -172,18 +184,27 @@ fn init(ctx: &redis_module::Context, args: &[RedisString]) -> Status {
 
 fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
     ffi::guard::install_panic_hook();
-    ffi::handle_io_errors(ctx);
-    if !datatype::create(ctx) {
+    ffi::set_module_options(ctx);
+    ffi::keep_module_ctx(ctx);
+    if !ffi::datatype::create::<datatype::LockType>(ctx, &datatype::LOCK_TYPE) {
         return Err("creating the redislock data type failed".into());
     }
     let raw_args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
     let overrides = config::parse_module_args(&raw_args)?;
     config::register(ctx, &overrides)?;
+    // `@lock`: every command of the module, where the server lets a module add one.
+    if cmdinfo::has_acl_categories() && !cmdinfo::add_acl_category(ctx, "lock") {
+        ctx.log(
+            "warning",
+            "redis-lock: could not add the ACL category 'lock'",
+        );
+    }
     for (cmd, handler) in commands() {
         cmdinfo::register(ctx, &cmd, handler)?;
     }
     let debug = Cmd {
         name: "lock.debug",
+        acl: "admin dangerous slow",
         flags: "admin",
         key_flags: 0,
         arity: -2,
@@ -192,21 +213,26 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
         args: &[Arg::Str("subcommand")],
     };
     cmdinfo::register(ctx, &debug, Some(commands::debug))?;
-    ffi::events::subscribe_keyspace(ctx, events::SUBSCRIBED, events::on_keyspace)?;
+    ffi::events::subscribe_keyspace(ctx, events::EVICTIONS, events::on_keyspace)?;
     ffi::events::subscribe_server(ctx, events::on_server)?;
-    ffi::events::register_filter(ctx, events::on_command)?;
     ffi::events::register_info(ctx, stats::info)?;
-    // CLIENT UNBLOCK of a waiter races its hand-off on servers before Redis 7.4 (the
-    // client can be left without any reply): there, waiters refuse CLIENT UNBLOCK.
-    waiting::UNBLOCK_ALLOWED.store(ffi::server_version() >= 0x0007_0400, Ordering::Relaxed);
-    replication::start_stream_check(ctx);
-    let now = ffi::now_ms();
-    waiting::with_engine(|e| {
-        e.fence
+    let wall = ffi::wall_ms();
+    state::with(|st| {
+        // CLIENT UNBLOCK of a waiter races its hand-off on servers before Redis 7.4 (the
+        // client can be left without any reply): there, waiters refuse CLIENT UNBLOCK.
+        st.unblock_allowed = ffi::server_version() >= 0x0007_0400;
+        st.replica = ctx.flags() & ffi::FLAG_SLAVE != 0;
+        // Settled before the first command: nothing is built for replicas or the AOF
+        // unless something can receive it (re-checked at every fork, replica change,
+        // end of loading, and every second).
+        st.listening = events::listening_now(ctx);
+        st.engine
+            .fence
             .set_min_shift(config::FENCE_SHIFT.load(Ordering::Relaxed));
-        // A start: the first fence jumps ahead of the clock (see engine::fence).
-        e.fence.start(now);
-    });
+        // A start: the first fence jumps ahead of the clock (see lock::fence).
+        st.engine.fence.start(wall);
+    })
+    .ok_or("the module state is busy at load")?;
     Ok(())
 }
 

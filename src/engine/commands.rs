@@ -1,0 +1,455 @@
+//! The commands, decided whole: each takes the open key and answers with a reply (or
+//! blocks the caller through [`Sched::block`]).
+
+use super::queue::Wait;
+use super::{mismatch, Engine, Event, Keyspace, NewHolder, Sched, Slot, Which};
+use crate::args::Info;
+use crate::error::LockError;
+use crate::lock::codec::repl::ReplCmd;
+use crate::lock::fence::FENCE_LEAD_MS;
+use crate::lock::value::{self, check_family, Addr, LockValue, Mode};
+use crate::reply::{Bytes, Reply};
+
+/// A LOCK.ACQUIRE as the engine needs it.
+#[derive(Debug, Clone)]
+pub struct AcquireReq<'a> {
+    pub mode: Mode,
+    pub ttl: u64,
+    pub token: Option<&'a [u8]>,
+    pub owner: Option<&'a [u8]>,
+    /// BLOCK: `Some(0)` waits without limit.
+    pub block: Option<u64>,
+    pub min_fence: u64,
+    pub client_id: u64,
+    pub addr: Addr,
+}
+
+/// One command on one key.
+#[derive(Debug, Clone)]
+pub enum Command<'a> {
+    Acquire(AcquireReq<'a>),
+    Release(&'a [u8]),
+    Extend {
+        token: &'a [u8],
+        ttl: u64,
+    },
+    ForceRelease(Option<u64>),
+    Info(Info),
+    /// A change from the primary's stream or the AOF, with the fence ceiling that applies.
+    Apply {
+        cmd: ReplCmd,
+        ceiling: u64,
+    },
+}
+
+/// What an acquire can do now.
+enum Step {
+    Grant,
+    Renew(value::Digest),
+    Busy(Option<i64>),
+}
+
+/// What a command comes to: a reply now, or none because the caller waits.
+#[derive(Debug)]
+pub enum Outcome<'a> {
+    Reply(Reply<'a>),
+    Blocked,
+}
+
+impl<W> Engine<W> {
+    /// Decides one command on the open key `ks`.
+    pub fn handle<'a, S: Sched<Waiter = W>>(
+        &mut self,
+        cmd: Command<'a>,
+        ks: &mut impl Keyspace,
+        sched: &mut S,
+    ) -> Outcome<'a> {
+        let reply = match cmd {
+            Command::Acquire(req) => return self.acquire(ks, sched, req),
+            Command::Release(token) => self
+                .release_and_serve(ks, sched, Which::Token(token), false)
+                .map(Reply::bool),
+            Command::Extend { token, ttl } => self.extend(ks, token, ttl).map(Reply::bool),
+            Command::ForceRelease(fence) => self
+                .release_and_serve(ks, sched, fence.map_or(Which::All, Which::Fence), true)
+                .map(Reply::bool),
+            Command::Info(page) => self.info(ks, page),
+            Command::Apply { cmd, ceiling } => self.apply(ks, cmd, ceiling).map(|()| Reply::Ok),
+        };
+        self.request_wake(sched);
+        Outcome::Reply(reply.unwrap_or_else(Reply::Error))
+    }
+
+    fn acquire<'a, S: Sched<Waiter = W>>(
+        &mut self,
+        ks: &mut impl Keyspace,
+        sched: &mut S,
+        req: AcquireReq<'a>,
+    ) -> Outcome<'a> {
+        let out = self.try_acquire(ks, sched, req);
+        self.request_wake(sched);
+        match out {
+            Ok(Some(r)) => Outcome::Reply(r),
+            Ok(None) => Outcome::Blocked,
+            Err(e) => Outcome::Reply(Reply::Error(e)),
+        }
+    }
+
+    /// Grant, renew, wait or nil. `Ok(None)`: the caller was blocked.
+    fn try_acquire<'a, S: Sched<Waiter = W>>(
+        &mut self,
+        ks: &mut impl Keyspace,
+        sched: &mut S,
+        req: AcquireReq<'a>,
+    ) -> Result<Option<Reply<'a>>, LockError> {
+        let clock = ks.clock();
+        if req.min_fence > self.fence.ceiling(clock.wall, FENCE_LEAD_MS) {
+            return Err(LockError::FenceTooFarAhead);
+        }
+        let digest = req.token.map(value::digest);
+        let (db, name) = (ks.db(), ks.name().to_vec());
+        if self.has_waiters(db, &name) {
+            // A key may still have waiters whose hand-off was deferred: they go first.
+            self.serve(ks, sched);
+        }
+        self.reap(ks)?;
+        let queued = self.queue_family(db, &name);
+        let step = match ks.read()? {
+            Slot::Classic(_) if matches!(req.mode, Mode::Counted(_)) => {
+                return Err(LockError::WrongMode)
+            }
+            Slot::Classic(expiry) => {
+                Step::Busy(expiry.map(|t| clock.from_wall(t).saturating_add(1000)))
+            }
+            Slot::Lock(v) => match digest.filter(|d| v.find(d).is_some()) {
+                Some(d) => Step::Renew(d),
+                None => {
+                    check_family(v.mode().family(), req.mode).map_err(mismatch)?;
+                    if queued.is_none() && v.admits(req.mode, clock.mono) {
+                        Step::Grant
+                    } else {
+                        Step::Busy(None)
+                    }
+                }
+            },
+            Slot::Free => match queued {
+                Some(f) => {
+                    check_family(f, req.mode).map_err(mismatch)?;
+                    Step::Busy(Some(clock.mono))
+                }
+                None => Step::Grant,
+            },
+        };
+        let serve_at = match step {
+            Step::Grant => return self.grant_to_caller(ks, &req, digest).map(Some),
+            Step::Renew(d) => {
+                let fence = self.renew(ks, &d, req.mode, req.ttl, req.min_fence)?;
+                self.stats.renewed += 1;
+                ks.changed(Event::Acquire);
+                let token = req.token.unwrap_or_default();
+                return Ok(fence.map(|f| Reply::Grant(Bytes::Ref(token), f)));
+            }
+            Step::Busy(at) => at,
+        };
+        self.stats.contended += 1;
+        let Some(block) = req.block else {
+            return Ok(Some(Reply::Nil));
+        };
+        let deadline = crate::args::block_deadline(clock.mono, block)?;
+        if self.queued(db, &name) as u64 >= self.settings.max_waiters {
+            return Err(LockError::TooManyWaiters(self.settings.max_waiters));
+        }
+        let Some((id, handle)) = sched.block() else {
+            return Ok(Some(Reply::Nil));
+        };
+        if matches!(ks.read(), Ok(Slot::Classic(_))) {
+            ks.waits_on_classic();
+        }
+        let token = match req.token {
+            Some(t) => t.to_vec(),
+            None => ks.new_token().to_vec(),
+        };
+        let wait = Wait {
+            id,
+            mode: req.mode,
+            digest: digest.unwrap_or_else(|| value::digest(&token)),
+            token,
+            ttl: req.ttl,
+            min_fence: req.min_fence,
+            owner: req.owner.map(Into::into),
+            client_id: req.client_id,
+            addr: req.addr,
+            deadline,
+            moved: false,
+            handle,
+        };
+        self.enqueue(db, &name, wait, serve_at);
+        Ok(None)
+    }
+
+    fn grant_to_caller<'a>(
+        &mut self,
+        ks: &mut impl Keyspace,
+        req: &AcquireReq<'a>,
+        digest: Option<value::Digest>,
+    ) -> Result<Reply<'a>, LockError> {
+        let (token, digest) = match (req.token, digest) {
+            (Some(t), Some(d)) => (Bytes::Ref(t), d),
+            _ => {
+                let t = ks.new_token();
+                (Bytes::Uuid(t), value::digest(&t))
+            }
+        };
+        let fence = self.grant(
+            ks,
+            NewHolder {
+                mode: req.mode,
+                digest,
+                ttl: req.ttl,
+                min_fence: req.min_fence,
+                owner: req.owner,
+                client_id: req.client_id,
+                addr: &req.addr,
+            },
+        )?;
+        ks.changed(Event::Acquire);
+        Ok(Reply::Grant(token, fence))
+    }
+
+    /// LOCK.EXTEND: a new lease for the holder `token` names.
+    fn extend(
+        &mut self,
+        ks: &mut impl Keyspace,
+        token: &[u8],
+        ttl: u64,
+    ) -> Result<bool, LockError> {
+        let clock = ks.clock();
+        self.reap(ks)?;
+        let (d, mode) = match ks.read()? {
+            Slot::Free => return Ok(false),
+            Slot::Classic(_) => {
+                if !ks.classic_matches(token) {
+                    return Ok(false);
+                }
+                let at = clock
+                    .wall
+                    .saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX));
+                ks.set_classic_expiry(at);
+                ks.replicate(crate::lock::codec::repl::Change::ClassicExpireAt(at));
+                ks.changed(Event::Extend);
+                self.stats.extended += 1;
+                return Ok(true);
+            }
+            Slot::Lock(v) => {
+                let d = value::digest(token);
+                if v.find(&d).is_none() {
+                    return Ok(false);
+                }
+                (d, v.mode())
+            }
+        };
+        self.renew(ks, &d, mode, ttl, 0)?;
+        ks.changed(Event::Extend);
+        self.stats.extended += 1;
+        Ok(true)
+    }
+
+    /// LOCK.INFO: read-only (a lease that is over shows as free; nothing is removed).
+    fn info<'a>(&self, ks: &mut impl Keyspace, page: Info) -> Result<Reply<'a>, LockError> {
+        let clock = ks.clock();
+        let waiters = self.queued(ks.db(), ks.name());
+        let v = match ks.read()? {
+            Slot::Free => return Ok(Reply::Nil),
+            Slot::Classic(expiry) => return Ok(info_classic(clock.wall, expiry, waiters)),
+            Slot::Lock(v) => v,
+        };
+        let now = clock.mono;
+        let holders = v.live_count(now);
+        if holders == 0 {
+            return Ok(Reply::Nil);
+        }
+        let last = v
+            .iter()
+            .filter(|h| h.live(now))
+            .map(|h| h.deadline)
+            .max()
+            .unwrap_or(now);
+        let mut m: Vec<(&'static str, Reply<'a>)> = vec![
+            ("state", Reply::text("held")),
+            ("kind", Reply::text("module")),
+            ("mode", Reply::text(v.mode().name())),
+            ("ttl", Reply::Int(clock.remaining_ms(last).max(0))),
+            ("expires-at", Reply::Int(clock.to_wall(last))),
+        ];
+        if let (Mode::Exclusive, Some(h)) = (v.mode(), v.iter().next()) {
+            m.push(("fence", Reply::Int(h.fence as i64)));
+            m.push(("owner", owned(h.owner())));
+            m.push(("acquired-at", Reply::Int(h.acquired_at)));
+            m.push(("client-id", Reply::Int(h.client_id as i64)));
+            m.push((
+                "client-addr",
+                Reply::Bulk(Bytes::Own(h.addr().to_string().into_bytes())),
+            ));
+        }
+        if let Mode::Counted(n) = v.mode() {
+            m.push(("limit", Reply::Int(i64::from(n))));
+        }
+        let mut live = v.iter().filter(|h| h.live(now) && h.fence > page.after);
+        let list: Vec<Reply<'a>> = live
+            .by_ref()
+            .take(page.count)
+            .map(|h| holder_map(h, clock))
+            .collect();
+        let cursor = match (live.next(), list.last()) {
+            (Some(_), Some(Reply::Map(fields))) => match fields.first() {
+                Some((_, Reply::Int(f))) => *f,
+                _ => 0,
+            },
+            _ => 0,
+        };
+        m.push(("holders", Reply::Int(holders as i64)));
+        m.push(("waiters", Reply::Int(waiters as i64)));
+        m.push(("holder-list", Reply::Array(list)));
+        m.push(("cursor", Reply::Int(cursor)));
+        Ok(Reply::Map(m))
+    }
+
+    /// Applies a change from the primary's stream or the AOF. The fence counter learns
+    /// every fence and floor; the value stays valid whatever arrives (a holder with a
+    /// token already present replaces that holder).
+    fn apply(
+        &mut self,
+        ks: &mut impl Keyspace,
+        cmd: ReplCmd,
+        ceiling: u64,
+    ) -> Result<(), LockError> {
+        let (db, name) = (ks.db(), ks.name().to_vec());
+        match cmd {
+            ReplCmd::Add {
+                mode,
+                holder,
+                floor,
+            } => {
+                holder
+                    .check(ceiling)
+                    .map_err(|_| LockError::FenceTooFarAhead)?;
+                if floor > ceiling {
+                    return Err(LockError::FenceTooFarAhead);
+                }
+                self.fence.observe(holder.fence.max(floor));
+                let joined = match ks.read() {
+                    Ok(Slot::Lock(v)) if v.mode() == mode && mode != Mode::Exclusive => {
+                        let before = v.next_lease_end();
+                        let old = [v.find(&holder.digest), v.find_fence(holder.fence)]
+                            .into_iter()
+                            .flatten()
+                            .map(|h| h.fence)
+                            .collect::<Vec<_>>();
+                        for f in old {
+                            v.remove_fence(f);
+                        }
+                        let ok = v.insert(holder.clone(), ceiling).is_ok();
+                        let after = v.next_lease_end();
+                        self.reindex(db, &name, before, after);
+                        ok
+                    }
+                    _ => false,
+                };
+                if !joined {
+                    self.drop_value(ks);
+                    let at = holder.deadline;
+                    ks.put(LockValue::new(mode, holder))?;
+                    self.reindex(db, &name, None, Some(at));
+                }
+            }
+            ReplCmd::Renew {
+                fence,
+                deadline,
+                floor,
+            } => {
+                if floor > ceiling {
+                    return Err(LockError::FenceTooFarAhead);
+                }
+                self.fence.observe(floor);
+                if let Ok(Slot::Lock(v)) = ks.read() {
+                    let before = v.next_lease_end();
+                    v.set_deadline(fence, deadline);
+                    let after = v.next_lease_end();
+                    self.reindex(db, &name, before, after);
+                }
+            }
+            ReplCmd::Drop { fence } => {
+                let emptied = match ks.read() {
+                    Ok(Slot::Lock(v)) if v.find_fence(fence).is_some() => {
+                        let before = v.next_lease_end();
+                        if v.mode() == Mode::Exclusive || v.len() == 1 {
+                            true
+                        } else {
+                            v.remove_fence(fence);
+                            let after = v.next_lease_end();
+                            self.reindex(db, &name, before, after);
+                            false
+                        }
+                    }
+                    _ => false,
+                };
+                if emptied {
+                    self.drop_value(ks);
+                }
+            }
+        }
+        ks.changed(Event::Applied);
+        Ok(())
+    }
+
+    /// Removes whatever lock value the key holds (and its lease entry).
+    fn drop_value(&mut self, ks: &mut impl Keyspace) {
+        let (db, name) = (ks.db(), ks.name().to_vec());
+        let before = match ks.read() {
+            Ok(Slot::Lock(v)) => Some(v.next_lease_end()),
+            Ok(Slot::Free) => None,
+            _ => Some(None),
+        };
+        if let Some(b) = before {
+            self.reindex(db, &name, b, None);
+            ks.remove();
+        }
+    }
+}
+
+fn owned<'a>(b: Option<&[u8]>) -> Reply<'a> {
+    b.map_or(Reply::Nil, |b| Reply::Bulk(Bytes::Own(b.to_vec())))
+}
+
+/// One holder's fields (never its token); `fence` first (the page cursor reads it).
+fn holder_map<'a>(h: &value::Holder, clock: crate::lock::codec::Clock) -> Reply<'a> {
+    Reply::Map(vec![
+        ("fence", Reply::Int(h.fence as i64)),
+        ("owner", owned(h.owner())),
+        ("ttl", Reply::Int(clock.remaining_ms(h.deadline).max(0))),
+        ("expires-at", Reply::Int(clock.to_wall(h.deadline))),
+        ("acquired-at", Reply::Int(h.acquired_at)),
+        ("client-id", Reply::Int(h.client_id as i64)),
+        (
+            "client-addr",
+            Reply::Bulk(Bytes::Own(h.addr().to_string().into_bytes())),
+        ),
+    ])
+}
+
+fn info_classic<'a>(wall: i64, expiry: Option<i64>, waiters: usize) -> Reply<'a> {
+    let mut m = vec![
+        ("state", Reply::text("held")),
+        ("kind", Reply::text("string")),
+        (
+            "ttl",
+            Reply::Int(expiry.map_or(-1, |at| at.saturating_sub(wall).max(0))),
+        ),
+        ("expires-at", expiry.map_or(Reply::Nil, Reply::Int)),
+    ];
+    for f in ["fence", "owner", "acquired-at", "client-id", "client-addr"] {
+        m.push((f, Reply::Nil));
+    }
+    m.push(("waiters", Reply::Int(waiters as i64)));
+    Reply::Map(m)
+}

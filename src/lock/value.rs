@@ -1,0 +1,921 @@
+//! What a lock key holds: its mode and its holders, and the one validity rule for them.
+//!
+//! Every way a value comes to exist goes through [`LockValue::insert`] (a grant, a
+//! replicated change, a value decoded from RDB, DUMP or the AOF), and that is where the
+//! rule lives: one holder per token digest, one holder per fence, fields in range, at most
+//! one holder of an exclusive lock and at most `n` of a counted one. So the engine cannot
+//! make a value its own loader would refuse.
+//!
+//! Leases are deadlines on the server's monotonic clock, in microseconds: no wall-clock
+//! step shortens or stretches them. Shared and counted locks with many holders keep them
+//! indexed, so that every operation costs O(log holders).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::IpAddr;
+
+use super::fence::MAX_FENCE;
+
+/// Longest TOKEN and OWNER accepted, in bytes.
+pub const MAX_TOKEN_LEN: usize = 256;
+pub const MAX_OWNER_LEN: usize = 256;
+/// The largest `LIMIT` (permits of a counted lock), and so the most holders of any lock.
+pub const MAX_LIMIT: u32 = 1_000_000;
+/// Longest client address kept from a replicated or loaded value.
+pub const MAX_ADDR_LEN: usize = 128;
+/// Shared and counted locks keep up to this many holders in a plain list.
+const SMALL_MAX: usize = 16;
+
+/// A token is never stored: only this keyed BLAKE3 digest of it is (in the key, RDB,
+/// AOF and the replication stream). 128 bits keep a second preimage out of reach; a
+/// server-generated token (UUID v4, 122 random bits) cannot be recovered from it.
+pub type Digest = [u8; 16];
+
+/// Domain separation for the digest: a fixed key, so that every server (a replica, a
+/// restarted primary, another node after a slot migration) computes the same digest.
+const DIGEST_KEY: [u8; 32] = *b"redis-lock token digest, v1.....";
+
+pub fn digest(token: &[u8]) -> Digest {
+    let full = blake3::keyed_hash(&DIGEST_KEY, token);
+    let mut d = [0u8; 16];
+    d.copy_from_slice(&full.as_bytes()[..16]);
+    d
+}
+
+/// The three kinds of lock. The first acquire of a free key (with no waiters) picks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// One holder (the default).
+    Exclusive,
+    /// A reader of a read-write lock: any number at once, never beside an exclusive one.
+    Shared,
+    /// A semaphore with this many permits (>= 1).
+    Counted(u32),
+}
+
+/// Exclusive and shared holders can meet on one key (a read-write lock); a counted key
+/// is a semaphore and takes only counted requests with the same limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    ReadWrite,
+    Semaphore(u32),
+}
+
+impl Mode {
+    pub fn family(self) -> Family {
+        match self {
+            Mode::Exclusive | Mode::Shared => Family::ReadWrite,
+            Mode::Counted(n) => Family::Semaphore(n),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+            Mode::Counted(_) => "counted",
+        }
+    }
+
+    /// The most holders a lock of this mode may have.
+    pub fn capacity(self) -> usize {
+        match self {
+            Mode::Exclusive => 1,
+            Mode::Shared => MAX_LIMIT as usize,
+            Mode::Counted(n) => n as usize,
+        }
+    }
+}
+
+/// A request whose family does not match the key's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mismatch {
+    /// Exclusive/SHARED on a semaphore, or LIMIT on a read-write lock.
+    Mode,
+    /// LIMIT n on a semaphore of another size.
+    Limit(u32),
+}
+
+pub fn check_family(have: Family, want: Mode) -> Result<(), Mismatch> {
+    match (have, want.family()) {
+        (Family::ReadWrite, Family::ReadWrite) => Ok(()),
+        (Family::Semaphore(a), Family::Semaphore(b)) if a == b => Ok(()),
+        (Family::Semaphore(a), Family::Semaphore(_)) => Err(Mismatch::Limit(a)),
+        _ => Err(Mismatch::Mode),
+    }
+}
+
+/// Why a holder cannot be part of a value (the validity rule's verdicts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Problem {
+    /// Another holder has this token's digest.
+    SameToken,
+    /// Another holder has this fence.
+    SameFence,
+    /// The lock has as many holders as its mode allows.
+    Full,
+    /// A fence of 0, or above the ceiling the caller gave.
+    FenceOutOfRange,
+    /// An owner label of 0 or more than `MAX_OWNER_LEN` bytes.
+    OwnerLength,
+    /// A client address of more than `MAX_ADDR_LEN` bytes.
+    AddrLength,
+    /// A client id above `i64::MAX` (it is replied as a signed integer).
+    ClientId,
+    /// A mode that cannot exist (LIMIT 0 or above `MAX_LIMIT`).
+    BadMode,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Problem::SameToken => "two holders with one token",
+            Problem::SameFence => "two holders with one fence",
+            Problem::Full => "more holders than the mode allows",
+            Problem::FenceOutOfRange => "a fence out of range",
+            Problem::OwnerLength => "an owner label of bad length",
+            Problem::AddrLength => "a client address too long",
+            Problem::ClientId => "a client id out of range",
+            Problem::BadMode => "an impossible mode",
+        })
+    }
+}
+
+pub fn check_mode(m: Mode) -> Result<(), Problem> {
+    match m {
+        Mode::Counted(n) if !(1..=MAX_LIMIT).contains(&n) => Err(Problem::BadMode),
+        _ => Ok(()),
+    }
+}
+
+/// The acquiring client's address, packed (an IP and a port take 24 bytes instead of a
+/// heap string). Shown as `ip:port`, like `CLIENT LIST`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Addr {
+    /// Unknown (AOF replay, a timer, a value from an older file without one).
+    #[default]
+    None,
+    V4([u8; 4], u16),
+    V6([u8; 16], u16),
+    /// Anything else (a unix socket path), kept as text.
+    Text(Box<[u8]>),
+}
+
+impl Addr {
+    /// From the `ip` text and port the server reports for a client.
+    pub fn from_ip_port(ip: &str, port: u16) -> Addr {
+        match ip.parse::<IpAddr>() {
+            Ok(IpAddr::V4(a)) => Addr::V4(a.octets(), port),
+            Ok(IpAddr::V6(a)) => Addr::V6(a.octets(), port),
+            Err(_) if ip.is_empty() => Addr::None,
+            Err(_) => Addr::Text(format!("{ip}:{port}").into_bytes().into_boxed_slice()),
+        }
+    }
+
+    /// Parses the text form (`ip:port`, `[v6]:port` or `v6:port` as the server writes
+    /// it); anything else is kept as text. Used for replicated and loaded values.
+    pub fn parse(text: &[u8]) -> Addr {
+        if text.is_empty() {
+            return Addr::None;
+        }
+        let parsed = std::str::from_utf8(text).ok().and_then(|s| {
+            let (ip, port) = s.rsplit_once(':')?;
+            let port: u16 = port.parse().ok()?;
+            let ip = ip.trim_start_matches('[').trim_end_matches(']');
+            let a = Addr::from_ip_port(ip, port);
+            // Only accept what prints back the same, so nothing is lost.
+            (a.to_string().as_bytes() == text).then_some(a)
+        });
+        parsed.unwrap_or_else(|| Addr::Text(text.to_vec().into_boxed_slice()))
+    }
+
+    pub fn text_len(&self) -> usize {
+        match self {
+            Addr::Text(t) => t.len(),
+            _ => self.to_string().len(),
+        }
+    }
+}
+
+impl fmt::Display for Addr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Addr::None => Ok(()),
+            Addr::V4(ip, port) => write!(f, "{}:{port}", std::net::Ipv4Addr::from(*ip)),
+            Addr::V6(ip, port) => write!(f, "{}:{port}", std::net::Ipv6Addr::from(*ip)),
+            Addr::Text(t) => f.write_str(&String::from_utf8_lossy(t)),
+        }
+    }
+}
+
+/// One grant of a lock: its own digest, fence, lease, owner and client.
+///
+/// Laid out to keep an exclusive lock in one 64-byte heap block: the common case (an
+/// IPv4 client, no owner label) is inline; an owner label or another kind of address
+/// goes to a second block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub digest: Digest,
+    pub fence: u64,
+    /// The lease's end on the server's monotonic clock, in microseconds. The lease is
+    /// over once the clock reaches it.
+    pub deadline: i64,
+    /// When it was granted, unix ms (shown by LOCK.INFO; no rule depends on it).
+    pub acquired_at: i64,
+    pub client_id: u64,
+    v4: PackedV4,
+    extra: Option<Box<Extra>>,
+}
+
+/// An IPv4 address and port, or a note that the address is elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PackedV4 {
+    kind: AddrKind,
+    ip: [u8; 4],
+    port: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum AddrKind {
+    /// None, or kept in `Extra`.
+    NotV4,
+    V4,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Extra {
+    owner: Option<Box<[u8]>>,
+    addr: Addr,
+}
+
+impl Holder {
+    pub fn new(
+        digest: Digest,
+        fence: u64,
+        deadline: i64,
+        acquired_at: i64,
+        client_id: u64,
+        addr: Addr,
+        owner: Option<Box<[u8]>>,
+    ) -> Holder {
+        let (v4, rest) = match addr {
+            Addr::V4(ip, port) => (
+                PackedV4 {
+                    kind: AddrKind::V4,
+                    ip,
+                    port,
+                },
+                Addr::None,
+            ),
+            other => (
+                PackedV4 {
+                    kind: AddrKind::NotV4,
+                    ip: [0; 4],
+                    port: 0,
+                },
+                other,
+            ),
+        };
+        let extra =
+            (owner.is_some() || rest != Addr::None).then(|| Box::new(Extra { owner, addr: rest }));
+        Holder {
+            digest,
+            fence,
+            deadline,
+            acquired_at,
+            client_id,
+            v4,
+            extra,
+        }
+    }
+
+    pub fn addr(&self) -> Addr {
+        match (self.v4.kind, &self.extra) {
+            (AddrKind::V4, _) => Addr::V4(self.v4.ip, self.v4.port),
+            (AddrKind::NotV4, Some(e)) => e.addr.clone(),
+            (AddrKind::NotV4, None) => Addr::None,
+        }
+    }
+
+    pub fn owner(&self) -> Option<&[u8]> {
+        self.extra.as_ref().and_then(|e| e.owner.as_deref())
+    }
+
+    /// Heap bytes beyond the holder itself (for MEMORY USAGE).
+    pub fn extra_bytes(&self) -> usize {
+        self.extra.as_ref().map_or(0, |e| {
+            let addr = match &e.addr {
+                Addr::Text(t) => t.len(),
+                _ => 0,
+            };
+            std::mem::size_of::<Extra>() + e.owner.as_ref().map_or(0, |o| o.len()) + addr
+        })
+    }
+
+    pub fn live(&self, now: i64) -> bool {
+        now < self.deadline
+    }
+
+    /// The field half of the validity rule: what a holder must satisfy on its own.
+    /// `ceiling` is the largest fence acceptable where it comes from.
+    pub fn check(&self, ceiling: u64) -> Result<(), Problem> {
+        if self.fence == 0 || self.fence > ceiling.min(MAX_FENCE) {
+            return Err(Problem::FenceOutOfRange);
+        }
+        if self
+            .owner()
+            .is_some_and(|o| !(1..=MAX_OWNER_LEN).contains(&o.len()))
+        {
+            return Err(Problem::OwnerLength);
+        }
+        if self.addr().text_len() > MAX_ADDR_LEN {
+            return Err(Problem::AddrLength);
+        }
+        if self.client_id > i64::MAX as u64 {
+            return Err(Problem::ClientId);
+        }
+        Ok(())
+    }
+}
+
+/// A lock as stored in a key. The exclusive case, by far the most common, keeps its one
+/// holder inline (one heap block per lock); shared and counted locks keep a set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockValue {
+    Exclusive(Holder),
+    Many(Box<ManyHolders>),
+}
+
+/// The holders of a shared or counted lock, in fence order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManyHolders {
+    mode: Mode,
+    set: HolderSet,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HolderSet {
+    /// Few holders: a list in fence order, searched linearly.
+    Small(Vec<Holder>),
+    /// Many: by fence, by digest and by deadline.
+    Large(Box<Indexed>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Indexed {
+    by_fence: BTreeMap<u64, Holder>,
+    by_digest: HashMap<Digest, u64>,
+    by_deadline: BTreeSet<(i64, u64)>,
+}
+
+impl Indexed {
+    fn from_list(list: Vec<Holder>) -> Indexed {
+        let mut x = Indexed::default();
+        for h in list {
+            x.by_digest.insert(h.digest, h.fence);
+            x.by_deadline.insert((h.deadline, h.fence));
+            x.by_fence.insert(h.fence, h);
+        }
+        x
+    }
+
+    fn remove(&mut self, fence: u64) -> Option<Holder> {
+        let h = self.by_fence.remove(&fence)?;
+        self.by_digest.remove(&h.digest);
+        self.by_deadline.remove(&(h.deadline, h.fence));
+        Some(h)
+    }
+}
+
+impl ManyHolders {
+    fn len(&self) -> usize {
+        match &self.set {
+            HolderSet::Small(v) => v.len(),
+            HolderSet::Large(x) => x.by_fence.len(),
+        }
+    }
+}
+
+impl LockValue {
+    /// A value with its first holder (which the caller checked with [`Holder::check`]).
+    pub fn new(mode: Mode, first: Holder) -> LockValue {
+        match mode {
+            Mode::Exclusive => LockValue::Exclusive(first),
+            m => LockValue::Many(Box::new(ManyHolders {
+                mode: m,
+                set: HolderSet::Small(vec![first]),
+            })),
+        }
+    }
+
+    /// A shared or counted value with no holder yet (what a loader fills, and what is
+    /// left when a loader dropped every holder of a value it could read).
+    pub fn empty(mode: Mode) -> LockValue {
+        LockValue::Many(Box::new(ManyHolders {
+            mode,
+            set: HolderSet::Small(Vec::new()),
+        }))
+    }
+
+    pub fn mode(&self) -> Mode {
+        match self {
+            LockValue::Exclusive(_) => Mode::Exclusive,
+            LockValue::Many(m) => m.mode,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            LockValue::Exclusive(_) => 1,
+            LockValue::Many(m) => m.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every holder, in fence order.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = &Holder> + '_> {
+        match self {
+            LockValue::Exclusive(h) => Box::new(std::iter::once(h)),
+            LockValue::Many(m) => match &m.set {
+                HolderSet::Small(v) => Box::new(v.iter()),
+                HolderSet::Large(x) => Box::new(x.by_fence.values()),
+            },
+        }
+    }
+
+    /// Up to `count` holders with a fence above `after`, in fence order, and whether more
+    /// follow.
+    pub fn page(&self, after: u64, count: usize) -> (Vec<&Holder>, bool) {
+        let mut it: Box<dyn Iterator<Item = &Holder>> = match self {
+            LockValue::Many(m) => match &m.set {
+                HolderSet::Large(x) => {
+                    Box::new(x.by_fence.range(after.saturating_add(1)..).map(|(_, h)| h))
+                }
+                HolderSet::Small(_) => Box::new(self.iter().filter(move |h| h.fence > after)),
+            },
+            LockValue::Exclusive(_) => Box::new(self.iter().filter(move |h| h.fence > after)),
+        };
+        let page: Vec<&Holder> = it.by_ref().take(count).collect();
+        let more = it.next().is_some();
+        (page, more)
+    }
+
+    pub fn find(&self, d: &Digest) -> Option<&Holder> {
+        match self {
+            LockValue::Exclusive(h) => (h.digest == *d).then_some(h),
+            LockValue::Many(m) => match &m.set {
+                HolderSet::Small(v) => v.iter().find(|h| h.digest == *d),
+                HolderSet::Large(x) => x.by_digest.get(d).and_then(|f| x.by_fence.get(f)),
+            },
+        }
+    }
+
+    pub fn find_fence(&self, fence: u64) -> Option<&Holder> {
+        match self {
+            LockValue::Exclusive(h) => (h.fence == fence).then_some(h),
+            LockValue::Many(m) => match &m.set {
+                HolderSet::Small(v) => v.iter().find(|h| h.fence == fence),
+                HolderSet::Large(x) => x.by_fence.get(&fence),
+            },
+        }
+    }
+
+    /// The structural half of the validity rule: whether `h` may join this value. A
+    /// value's holders are always ones this accepted.
+    pub fn admissible(&self, h: &Holder) -> Result<(), Problem> {
+        if self.find(&h.digest).is_some() {
+            return Err(Problem::SameToken);
+        }
+        if self.find_fence(h.fence).is_some() {
+            return Err(Problem::SameFence);
+        }
+        if self.len() >= self.mode().capacity() {
+            return Err(Problem::Full);
+        }
+        Ok(())
+    }
+
+    /// Adds a holder to a shared or counted lock, if the validity rule allows it (for an
+    /// exclusive lock the rule always says `Full`: a new holder means a new value).
+    pub fn insert(&mut self, h: Holder, ceiling: u64) -> Result<(), Problem> {
+        h.check(ceiling)?;
+        self.admissible(&h)?;
+        let LockValue::Many(m) = self else {
+            return Err(Problem::Full);
+        };
+        match &mut m.set {
+            HolderSet::Small(v) => {
+                let at = v.partition_point(|x| x.fence < h.fence);
+                v.insert(at, h);
+                if v.len() > SMALL_MAX {
+                    let list = std::mem::take(v);
+                    m.set = HolderSet::Large(Box::new(Indexed::from_list(list)));
+                }
+            }
+            HolderSet::Large(x) => {
+                x.by_digest.insert(h.digest, h.fence);
+                x.by_deadline.insert((h.deadline, h.fence));
+                x.by_fence.insert(h.fence, h);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the holder with this fence; returns it. An exclusive value is left as it
+    /// is (its one holder is the value: the caller deletes the key).
+    pub fn remove_fence(&mut self, fence: u64) -> Option<Holder> {
+        match self {
+            LockValue::Exclusive(h) => (h.fence == fence).then(|| h.clone()),
+            LockValue::Many(m) => match &mut m.set {
+                HolderSet::Small(v) => {
+                    let at = v.iter().position(|h| h.fence == fence)?;
+                    Some(v.remove(at))
+                }
+                HolderSet::Large(x) => x.remove(fence),
+            },
+        }
+    }
+
+    /// Sets the lease of the holder with this fence; false if there is none.
+    pub fn set_deadline(&mut self, fence: u64, deadline: i64) -> bool {
+        match self {
+            LockValue::Exclusive(h) if h.fence == fence => {
+                h.deadline = deadline;
+                true
+            }
+            LockValue::Exclusive(_) => false,
+            LockValue::Many(m) => match &mut m.set {
+                HolderSet::Small(v) => match v.iter_mut().find(|h| h.fence == fence) {
+                    Some(h) => {
+                        h.deadline = deadline;
+                        true
+                    }
+                    None => false,
+                },
+                HolderSet::Large(x) => match x.by_fence.get_mut(&fence) {
+                    Some(h) => {
+                        x.by_deadline.remove(&(h.deadline, fence));
+                        h.deadline = deadline;
+                        x.by_deadline.insert((deadline, fence));
+                        true
+                    }
+                    None => false,
+                },
+            },
+        }
+    }
+
+    /// The first instant at which a lease ends (None for an empty value).
+    pub fn next_lease_end(&self) -> Option<i64> {
+        match self {
+            LockValue::Exclusive(h) => Some(h.deadline),
+            LockValue::Many(m) => match &m.set {
+                HolderSet::Small(v) => v.iter().map(|h| h.deadline).min(),
+                HolderSet::Large(x) => x.by_deadline.first().map(|(d, _)| *d),
+            },
+        }
+    }
+
+    /// The latest lease deadline (the lock is held until then, if nobody releases).
+    pub fn last_lease_end(&self) -> Option<i64> {
+        match self {
+            LockValue::Exclusive(h) => Some(h.deadline),
+            LockValue::Many(m) => match &m.set {
+                HolderSet::Small(v) => v.iter().map(|h| h.deadline).max(),
+                HolderSet::Large(x) => x.by_deadline.last().map(|(d, _)| *d),
+            },
+        }
+    }
+
+    /// Fences of the holders whose lease is over at `now`, earliest lease first.
+    pub fn ended(&self, now: i64) -> Vec<u64> {
+        match self {
+            LockValue::Exclusive(h) => {
+                if h.live(now) {
+                    Vec::new()
+                } else {
+                    vec![h.fence]
+                }
+            }
+            LockValue::Many(m) => match &m.set {
+                HolderSet::Small(v) => v.iter().filter(|h| !h.live(now)).map(|h| h.fence).collect(),
+                HolderSet::Large(x) => x
+                    .by_deadline
+                    .iter()
+                    .take_while(|(d, _)| *d <= now)
+                    .map(|(_, f)| *f)
+                    .collect(),
+            },
+        }
+    }
+
+    /// How many holders are live at `now`.
+    pub fn live_count(&self, now: i64) -> usize {
+        match self {
+            LockValue::Exclusive(h) => usize::from(h.live(now)),
+            LockValue::Many(m) => match &m.set {
+                HolderSet::Small(v) => v.iter().filter(|h| h.live(now)).count(),
+                HolderSet::Large(x) => {
+                    let ended = x.by_deadline.range(..(now, u64::MAX)).count();
+                    x.by_fence.len() - ended.min(x.by_fence.len())
+                }
+            },
+        }
+    }
+
+    /// Whether a new holder of `want` fits beside the live holders at `now` (the family
+    /// was checked before).
+    pub fn admits(&self, want: Mode, now: i64) -> bool {
+        let live = self.live_count(now);
+        if live == 0 {
+            return true;
+        }
+        match (self.mode(), want) {
+            (Mode::Shared, Mode::Shared) => true,
+            (Mode::Counted(n), Mode::Counted(_)) => live < n as usize,
+            _ => false,
+        }
+    }
+
+    /// Heap bytes of the value (for MEMORY USAGE).
+    pub fn heap_bytes(&self) -> usize {
+        let holder = std::mem::size_of::<Holder>();
+        let set = match self {
+            LockValue::Exclusive(_) => 0,
+            LockValue::Many(m) => {
+                std::mem::size_of::<ManyHolders>()
+                    + match &m.set {
+                        HolderSet::Small(v) => v.capacity() * holder,
+                        // B-tree nodes run about two thirds full; the digest map and the
+                        // deadline index add their entries.
+                        HolderSet::Large(x) => {
+                            x.by_fence.len() * (holder + 8) * 3 / 2
+                                + x.by_fence.len() * (24 + 16) * 3 / 2
+                        }
+                    }
+            }
+        };
+        std::mem::size_of::<LockValue>() + set + self.iter().map(Holder::extra_bytes).sum::<usize>()
+    }
+}
+
+impl LockValue {
+    /// A value made without the validity rule: only `LOCK.DEBUG INJECT` makes one, to
+    /// test that the loader repairs what it refuses.
+    pub fn unchecked(mode: Mode, mut holders: Vec<Holder>) -> LockValue {
+        if mode == Mode::Exclusive && holders.len() == 1 {
+            if let Some(h) = holders.pop() {
+                return LockValue::Exclusive(h);
+            }
+        }
+        LockValue::Many(Box::new(ManyHolders {
+            mode,
+            set: HolderSet::Small(holders),
+        }))
+    }
+}
+
+/// Builds a value from loaded holders with the validity rule: in `repair` mode a holder
+/// the rule refuses is dropped (its problem reported), otherwise the first refusal fails
+/// the whole value. An exclusive value keeps its first acceptable holder.
+pub fn build(
+    mode: Mode,
+    holders: Vec<Holder>,
+    ceiling: u64,
+    repair: bool,
+) -> Result<(LockValue, Vec<Problem>), Problem> {
+    check_mode(mode)?;
+    let mut problems = Vec::new();
+    let mut value = match mode {
+        Mode::Exclusive => None,
+        m => Some(LockValue::empty(m)),
+    };
+    for h in holders {
+        let verdict = match &mut value {
+            None => h
+                .check(ceiling)
+                .map(|()| value = Some(LockValue::Exclusive(h))),
+            Some(v) => v.insert(h, ceiling),
+        };
+        if let Err(p) = verdict {
+            if !repair {
+                return Err(p);
+            }
+            problems.push(p);
+        }
+    }
+    let value = value.unwrap_or_else(|| LockValue::empty(Mode::Shared));
+    if value.is_empty() && !repair {
+        return Err(Problem::Full);
+    }
+    Ok((value, problems))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub fn holder(fence: u64, deadline: i64) -> Holder {
+        Holder::new(
+            digest(&fence.to_le_bytes()),
+            fence,
+            deadline,
+            0,
+            1,
+            Addr::None,
+            None,
+        )
+    }
+
+    const CEIL: u64 = u64::MAX;
+
+    #[test]
+    fn digests_are_stable_and_distinct() {
+        assert_eq!(digest(b"abc"), digest(b"abc"));
+        assert_ne!(digest(b"abc"), digest(b"abd"));
+        // Pinned: the digest is part of the RDB/AOF/replication format (cross-checked
+        // with the reference implementation: Python's `blake3` package, keyed mode).
+        assert_eq!(
+            digest(b"token"),
+            [227, 227, 21, 212, 75, 13, 78, 245, 149, 30, 189, 29, 58, 80, 77, 46]
+        );
+    }
+
+    #[test]
+    fn addresses_pack_and_print_back() {
+        for text in [
+            "127.0.0.1:6379",
+            "10.1.2.3:1",
+            "::1:50000",
+            "fe80::1:2",
+            "/tmp/redis.sock:0",
+            "weird",
+        ] {
+            let a = Addr::parse(text.as_bytes());
+            assert_eq!(a.to_string(), text, "{a:?}");
+        }
+        assert!(matches!(Addr::parse(b"127.0.0.1:6379"), Addr::V4(..)));
+        assert!(matches!(Addr::parse(b"::1:5"), Addr::V6(..)));
+        assert_eq!(Addr::parse(b""), Addr::None);
+        assert!(std::mem::size_of::<Addr>() <= 24);
+    }
+
+    #[test]
+    fn an_exclusive_lock_is_one_64_byte_block() {
+        assert_eq!(std::mem::size_of::<Holder>(), 64);
+        assert_eq!(std::mem::size_of::<LockValue>(), 64);
+    }
+
+    #[test]
+    fn addresses_and_owners_round_trip_through_a_holder() {
+        for (addr, owner) in [
+            (Addr::V4([1, 2, 3, 4], 5), None),
+            (
+                Addr::V4([1, 2, 3, 4], 5),
+                Some(b"o".to_vec().into_boxed_slice()),
+            ),
+            (Addr::V6([9; 16], 7), None),
+            (
+                Addr::Text(b"/s:0".to_vec().into()),
+                Some(b"x".to_vec().into()),
+            ),
+            (Addr::None, None),
+        ] {
+            let h = Holder::new([1; 16], 2, 3, 4, 5, addr.clone(), owner.clone());
+            assert_eq!(h.addr(), addr);
+            assert_eq!(h.owner(), owner.as_deref());
+        }
+        assert_eq!(
+            holder(1, 1).extra_bytes(),
+            0,
+            "no second block without owner"
+        );
+    }
+
+    #[test]
+    fn families() {
+        use Mode::*;
+        assert_eq!(check_family(Family::ReadWrite, Shared), Ok(()));
+        assert_eq!(check_family(Family::ReadWrite, Exclusive), Ok(()));
+        assert_eq!(
+            check_family(Family::ReadWrite, Counted(2)),
+            Err(Mismatch::Mode)
+        );
+        assert_eq!(
+            check_family(Family::Semaphore(2), Shared),
+            Err(Mismatch::Mode)
+        );
+        assert_eq!(
+            check_family(Family::Semaphore(2), Counted(3)),
+            Err(Mismatch::Limit(2))
+        );
+        assert_eq!(check_family(Family::Semaphore(2), Counted(2)), Ok(()));
+    }
+
+    #[test]
+    fn the_rule_refuses_duplicates_and_overflow() {
+        let mut s = LockValue::new(Mode::Shared, holder(1, 100));
+        let mut twin = holder(2, 100);
+        twin.digest = holder(1, 0).digest;
+        assert_eq!(s.insert(twin, CEIL), Err(Problem::SameToken));
+        let mut same_fence = holder(1, 100);
+        same_fence.digest = [7; 16];
+        assert_eq!(s.insert(same_fence, CEIL), Err(Problem::SameFence));
+        assert_eq!(s.insert(holder(0, 1), CEIL), Err(Problem::FenceOutOfRange));
+        assert_eq!(s.insert(holder(9, 1), 8), Err(Problem::FenceOutOfRange));
+        let mut c = LockValue::new(Mode::Counted(2), holder(1, 100));
+        c.insert(holder(2, 100), CEIL).unwrap();
+        assert_eq!(c.insert(holder(3, 100), CEIL), Err(Problem::Full));
+        let mut x = LockValue::new(Mode::Exclusive, holder(1, 100));
+        assert_eq!(x.insert(holder(2, 100), CEIL), Err(Problem::Full));
+        let mut long_owner = holder(5, 1);
+        long_owner = Holder::new(
+            long_owner.digest,
+            5,
+            1,
+            0,
+            1,
+            Addr::None,
+            Some(vec![b'o'; MAX_OWNER_LEN + 1].into()),
+        );
+        assert_eq!(s.insert(long_owner, CEIL), Err(Problem::OwnerLength));
+    }
+
+    #[test]
+    fn admission_and_leases() {
+        let x = LockValue::new(Mode::Exclusive, holder(1, 100));
+        assert!(!x.admits(Mode::Shared, 50));
+        assert!(x.admits(Mode::Shared, 100), "an ended lease admits anyone");
+        let mut s = LockValue::new(Mode::Shared, holder(1, 100));
+        assert!(s.admits(Mode::Shared, 50));
+        assert!(!s.admits(Mode::Exclusive, 50));
+        s.insert(holder(2, 200), CEIL).unwrap();
+        assert_eq!(s.last_lease_end(), Some(200));
+        assert_eq!(s.next_lease_end(), Some(100));
+        assert_eq!(s.ended(150), vec![1]);
+        assert!(s.set_deadline(1, 300));
+        assert_eq!(s.next_lease_end(), Some(200));
+        assert_eq!(s.remove_fence(2).map(|h| h.fence), Some(2));
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn many_holders_are_indexed_and_paged() {
+        let mut s = LockValue::new(Mode::Shared, holder(1, 1000));
+        for f in 2..=100u64 {
+            s.insert(holder(f, 1000 + f as i64), CEIL).unwrap();
+        }
+        assert!(matches!(&s, LockValue::Many(m) if matches!(m.set, HolderSet::Large(_))));
+        assert_eq!(s.len(), 100);
+        assert_eq!(s.find(&holder(50, 0).digest).map(|h| h.fence), Some(50));
+        assert_eq!(s.next_lease_end(), Some(1000));
+        assert_eq!(s.live_count(1050), 50);
+        assert_eq!(s.ended(1002), vec![1, 2]);
+        let (p, more) = s.page(0, 10);
+        assert_eq!(
+            p.iter().map(|h| h.fence).collect::<Vec<_>>(),
+            (1..=10).collect::<Vec<_>>()
+        );
+        assert!(more);
+        let (p, more) = s.page(95, 10);
+        assert_eq!(p.len(), 5);
+        assert!(!more);
+        assert!(s.set_deadline(1, 5000));
+        assert_eq!(s.next_lease_end(), Some(1002));
+        assert_eq!(s.remove_fence(1).map(|h| h.fence), Some(1));
+        assert!(s.find_fence(1).is_none());
+        let mut twin = holder(500, 1);
+        twin.digest = holder(7, 0).digest;
+        assert_eq!(s.insert(twin, CEIL), Err(Problem::SameToken));
+    }
+
+    #[test]
+    fn build_repairs_or_refuses() {
+        let mut dup = holder(2, 1);
+        dup.digest = holder(1, 1).digest;
+        let hs = vec![holder(1, 1), dup.clone(), holder(3, 1)];
+        assert_eq!(
+            build(Mode::Shared, hs.clone(), CEIL, false),
+            Err(Problem::SameToken)
+        );
+        let (v, problems) = build(Mode::Shared, hs, CEIL, true).unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(problems, vec![Problem::SameToken]);
+        let (v, problems) = build(
+            Mode::Exclusive,
+            vec![holder(1, 1), holder(2, 1)],
+            CEIL,
+            true,
+        )
+        .unwrap();
+        assert_eq!((v.len(), v.mode()), (1, Mode::Exclusive));
+        assert_eq!(problems, vec![Problem::Full]);
+        let (v, _) = build(Mode::Exclusive, vec![holder(0, 1)], CEIL, true).unwrap();
+        assert!(v.is_empty());
+        assert!(build(Mode::Counted(0), vec![], CEIL, true).is_err());
+    }
+}

@@ -1,0 +1,203 @@
+//! The engine's [`Sched`] and [`Store`] over the server: blocking and answering clients,
+//! the one timer that wakes the engine, and opening keys for the work it does on its own.
+//!
+//! Server timers (`RM_CreateTimer`) count on the wall clock, so they are only a hint:
+//! a timer that fires early finds nothing due and is armed again, and one that a
+//! backward step delays is overtaken by the server's cron, which runs on the monotonic
+//! clock `hz` times a second (see `events::cron`). Nothing here decides when a lease ends.
+
+use crate::engine::{Answer, Engine, Sched, Store, WaiterId};
+use crate::ffi::blocked::{BlockHandler, BlockedClient, Timer};
+use crate::ffi::{self, Ctx};
+use crate::keyspace::RedisKey;
+use crate::lock::codec::Clock;
+use crate::state::{self, State};
+
+/// A blocked LOCK.ACQUIRE.
+pub type Waiter = BlockedClient<Waiting>;
+
+/// The engine's wake-up timer: at most one armed, for the earliest instant asked for.
+#[derive(Default)]
+pub struct WakeTimer {
+    armed: Option<(Timer<()>, i64)>,
+}
+
+impl WakeTimer {
+    /// Makes sure the engine is woken no later than `at` (monotonic µs).
+    pub fn arm(&mut self, ctx: Ctx<'_>, at: i64) {
+        if let Some((_, due)) = &self.armed {
+            if *due <= at {
+                return;
+            }
+        }
+        self.rearm(ctx, at);
+    }
+
+    /// Arms the timer for `at` whatever was armed (after the wall clock stepped).
+    pub fn rearm(&mut self, ctx: Ctx<'_>, at: i64) {
+        if let Some((t, _)) = self.armed.take() {
+            t.stop(ctx);
+        }
+        let left_us = at.saturating_sub(ffi::mono_us()).max(0);
+        let delay_ms = left_us.saturating_add(999) / 1000;
+        self.armed = Some((Timer::start(ctx, delay_ms, fired, ()), at));
+    }
+
+    /// The armed timer fired (its handle is spent).
+    fn spent(&mut self) {
+        self.armed = None;
+    }
+}
+
+fn fired(ctx: Ctx<'_>, (): ()) {
+    state::with(|st| {
+        st.wake.spent();
+        tick(ctx, st);
+    });
+}
+
+/// Runs what is due, then arms the timer for what comes next.
+pub fn tick(ctx: Ctx<'_>, st: &mut State) {
+    let State {
+        engine,
+        wake,
+        listening,
+        ..
+    } = st;
+    let mut store = RedisStore {
+        ctx,
+        listening: *listening,
+    };
+    let mut sched = RedisSched {
+        ctx,
+        wake,
+        may_block: false,
+        unblock_allowed: false,
+    };
+    engine.tick(&mut store, &mut sched);
+}
+
+/// The scheduler for one command or callback.
+pub struct RedisSched<'a> {
+    pub ctx: Ctx<'a>,
+    pub wake: &'a mut WakeTimer,
+    /// Whether the running command may block its client (not in MULTI, a script, the
+    /// replication stream or while loading).
+    pub may_block: bool,
+    pub unblock_allowed: bool,
+}
+
+impl Sched for RedisSched<'_> {
+    type Waiter = Waiter;
+
+    fn block(&mut self) -> Option<(WaiterId, Waiter)> {
+        if !self.may_block {
+            return None;
+        }
+        let bc = BlockedClient::block(self.ctx, self.unblock_allowed);
+        Some((bc.id(), bc))
+    }
+
+    fn answer(&mut self, w: Waiter, a: Answer) {
+        w.unblock(Some(Box::new(a)));
+    }
+
+    fn wake_at(&mut self, at: i64) {
+        self.wake.arm(self.ctx, at);
+    }
+}
+
+/// Whether a command running in `ctx` may block its client.
+pub fn may_block(ctx: Ctx<'_>) -> bool {
+    ctx.flags()
+        & (ffi::FLAG_DENY_BLOCKING
+            | ffi::FLAG_MULTI
+            | ffi::FLAG_LUA
+            | ffi::FLAG_REPLICATED
+            | ffi::FLAG_LOADING)
+        == 0
+}
+
+/// Opens keys for a timer or an event.
+pub struct RedisStore<'a> {
+    pub ctx: Ctx<'a>,
+    pub listening: bool,
+}
+
+impl Store for RedisStore<'_> {
+    type Key<'k>
+        = RedisKey<'k>
+    where
+        Self: 'k;
+
+    fn open(&mut self, db: i32, name: &[u8]) -> Option<RedisKey<'_>> {
+        if !self.ctx.select_db(db) {
+            return None;
+        }
+        Some(RedisKey::owned(self.ctx, name, self.listening))
+    }
+
+    fn clock(&self) -> Clock {
+        now()
+    }
+}
+
+/// Both clocks, now.
+pub fn now() -> Clock {
+    Clock {
+        mono: ffi::mono_us(),
+        wall: ffi::wall_ms(),
+    }
+}
+
+/// The blocked-client callbacks of LOCK.ACQUIRE.
+pub struct Waiting;
+
+/// Runs `f` on the engine, then makes sure it is woken for what `f` put on its agenda.
+pub fn with_engine<R>(ctx: Ctx<'_>, f: impl FnOnce(&mut Engine<Waiter>) -> R) -> Option<R> {
+    state::with(|st| {
+        let r = f(&mut st.engine);
+        if let Some(at) = st.engine.next_due() {
+            st.wake.arm(ctx, at);
+        }
+        r
+    })
+}
+
+impl BlockHandler for Waiting {
+    type Reply = Answer;
+
+    fn reply(ctx: Ctx<'_>, reply: Option<&Answer>) {
+        match reply {
+            Some(Answer::Granted { token, fence, .. }) => {
+                ctx.reply_array(2);
+                ctx.reply_bytes(token);
+                ctx.reply_int(i64::try_from(*fence).unwrap_or(i64::MAX));
+            }
+            Some(Answer::Failed(e)) => ctx.reply_error(&e.to_string()),
+            Some(Answer::Nil) | None => ctx.reply_null(),
+        }
+    }
+
+    /// `CLIENT UNBLOCK id TIMEOUT` (the module times BLOCK out itself).
+    fn timeout(ctx: Ctx<'_>, id: usize) {
+        if let Some(Some(w)) = with_engine(ctx, |e| e.timed_out(id, ffi::mono_us())) {
+            w.unblock(None);
+        }
+        ctx.reply_null();
+    }
+
+    fn disconnected(ctx: Ctx<'_>, id: usize) {
+        if let Some(Some(w)) = with_engine(ctx, |e| e.abandon(id, ffi::mono_us())) {
+            w.unblock(None);
+        }
+    }
+
+    fn free(ctx: Ctx<'_>, reply: Box<Answer>, client_gone: bool) {
+        if let (true, Answer::Granted { key, digest, .. }) = (client_gone, *reply) {
+            // A write the module makes on its own: given back on the next tick, through
+            // the gate like a hand-off.
+            with_engine(ctx, |e| e.revoke_later(key, digest, ffi::mono_us()));
+        }
+    }
+}

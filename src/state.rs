@@ -1,0 +1,148 @@
+//! The module's one state: the engine (with its counters), the wake-up timer, what the
+//! shell remembers about the server (whether anything receives the replication stream,
+//! the role, client addresses), and the values a MIGRATE may be moving. Owned here, in one
+//! static, and borrowed once per entry point (command, timer, server event, data-type
+//! callback) through [`with`].
+//!
+//! A data-type callback can fire while the state is borrowed: the module's own delete
+//! or overwrite of a key unlinks its old value. Those are the module's own changes and
+//! are marked [`ours`]; anything else that arrives while the state is busy (another
+//! module's command run from inside one of ours, say) waits in a small queue that the
+//! next borrow takes first.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
+
+use crate::engine::Engine;
+use crate::ffi::MainThread;
+use crate::lock::value::{Addr, LockValue};
+use crate::sched::{Waiter, WakeTimer};
+
+pub struct State {
+    pub engine: Engine<Waiter>,
+    pub wake: WakeTimer,
+    /// Whether anything can receive the replication stream (an AOF, a replica, a
+    /// replication backlog): when nothing can, no change is built or sent.
+    pub listening: bool,
+    /// This server is a replica (cached from the role-change events).
+    pub replica: bool,
+    /// Whether `CLIENT UNBLOCK` may end a wait (not before Redis 7.4, where it can race a
+    /// hand-off and leave the client with no reply at all).
+    pub unblock_allowed: bool,
+    /// Lock values serialized by the running command (a MIGRATE among them) and not yet
+    /// seen again: their unlink in the same command is a move, not a release.
+    pub serialized: HashSet<usize>,
+    /// A synchronous save (SAVE, DEBUG RELOAD) is running: it serializes every value.
+    pub saving: bool,
+    /// Whether the module listens to keyspace events (only once a client waited for a
+    /// classic string lock: they cost every other command a call into the module).
+    pub key_events: bool,
+    /// The wall clock minus the monotonic one at the last cron (µs), to see it step.
+    pub clock_offset: Option<i64>,
+    /// When `listening` was last asked of the server (monotonic µs).
+    pub listen_checked: i64,
+    /// The lock key the server unlinked last, until its `evicted` notification (if any).
+    pub last_unlinked: Option<(i32, Vec<u8>)>,
+    addrs: Vec<(u64, Addr)>,
+}
+
+/// Something that happened while the state was busy.
+pub enum Pending {
+    Unlinked {
+        db: i32,
+        name: Vec<u8>,
+        value: LockValue,
+        moved: bool,
+    },
+}
+
+static STATE: MainThread<RefCell<Option<State>>> = MainThread(RefCell::new(None));
+static PENDING: MainThread<RefCell<Vec<Pending>>> = MainThread(RefCell::new(Vec::new()));
+static OURS: MainThread<Cell<bool>> = MainThread(Cell::new(false));
+
+/// Client addresses kept (by client id modulo this): a connection's peer address never
+/// changes and ids are never reused while the server runs, so an entry is never stale.
+const ADDR_SLOTS: usize = 512;
+
+impl State {
+    fn new() -> State {
+        State {
+            engine: Engine::new(),
+            wake: WakeTimer::default(),
+            listening: true,
+            replica: false,
+            unblock_allowed: false,
+            serialized: HashSet::new(),
+            saving: false,
+            key_events: false,
+            clock_offset: None,
+            listen_checked: 0,
+            last_unlinked: None,
+            addrs: Vec::new(),
+        }
+    }
+
+    /// A client's address, from the cache or the server.
+    pub fn addr(&mut self, id: u64) -> Addr {
+        if id == 0 {
+            return Addr::None;
+        }
+        let slot = (id % ADDR_SLOTS as u64) as usize;
+        if let Some((cid, addr)) = self.addrs.get(slot) {
+            if *cid == id {
+                return addr.clone();
+            }
+        }
+        let addr = crate::ffi::client_addr(id)
+            .map_or(Addr::None, |(ip, port)| Addr::from_ip_port(&ip, port));
+        if addr != Addr::None {
+            if self.addrs.is_empty() {
+                self.addrs.resize(ADDR_SLOTS, (0, Addr::None));
+            }
+            self.addrs[slot] = (id, addr.clone());
+        }
+        addr
+    }
+}
+
+/// Runs `f` on the state; None when it is busy (an outer call holds it).
+pub fn with<R>(f: impl FnOnce(&mut State) -> R) -> Option<R> {
+    let mut g = STATE.try_borrow_mut().ok()?;
+    let st = g.get_or_insert_with(State::new);
+    let pending = PENDING
+        .try_borrow_mut()
+        .map(|mut p| std::mem::take(&mut *p));
+    for p in pending.unwrap_or_default() {
+        match p {
+            Pending::Unlinked {
+                db,
+                name,
+                value,
+                moved,
+            } => {
+                let now = crate::ffi::mono_us();
+                st.engine.unlinked(db, &name, &value, moved, now);
+            }
+        }
+    }
+    Some(f(st))
+}
+
+/// Keeps what happened while the state was busy for the next borrow.
+pub fn defer(p: Pending) {
+    if let Ok(mut q) = PENDING.try_borrow_mut() {
+        q.push(p);
+    }
+}
+
+/// Runs one of the module's own deletes or overwrites (their unlinks are not news).
+pub fn ours<R>(f: impl FnOnce() -> R) -> R {
+    let prev = OURS.replace(true);
+    let r = f();
+    OURS.set(prev);
+    r
+}
+
+pub fn is_ours() -> bool {
+    OURS.get()
+}
