@@ -1,7 +1,7 @@
 //! Shared helpers of the regression tests written first for issues 18, 19 and 20
 //! (`tests/holes.rs`, `tests/clock.rs`, `tests/cluster_fences.rs`, `tests/paths.rs`,
 //! `tests/upgrade_v02.rs`). Each file uses `mod regress;` and only some of this.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub use redis_lock_testkit::paths;
 pub use redis_lock_testkit::{
@@ -86,7 +86,7 @@ pub fn info(c: &mut RawConn, key: &str) -> Resp {
 /// An integer field of `LOCK.INFO key`; panics when the lock is free or lacks it.
 pub fn info_int(c: &mut RawConn, key: &str, field: &str) -> i64 {
     let i = info(c, key);
-    match i.field(field) {
+    match i.get(field) {
         Some(Resp::Int(v)) => v,
         other => panic!("LOCK.INFO {key} {field}: {other:?} in {i:?}"),
     }
@@ -94,11 +94,11 @@ pub fn info_int(c: &mut RawConn, key: &str, field: &str) -> i64 {
 
 /// The fences of `LOCK.INFO key`'s `holder-list`.
 pub fn holder_fences(r: &Resp) -> Vec<i64> {
-    match r.field("holder-list") {
+    match r.get("holder-list") {
         Some(list) => list
             .items()
             .iter()
-            .filter_map(|h| h.field("fence").and_then(|f| f.as_int()))
+            .filter_map(|h| h.get("fence").and_then(|f| f.as_int()))
             .collect(),
         None => Vec::new(),
     }
@@ -180,7 +180,7 @@ impl Pending {
 /// Waits until `n` clients are queued on `key` (`LOCK.INFO` waiters).
 pub fn wait_waiters(c: &mut RawConn, key: &str, n: i64) {
     let ok = wait_until(SETTLE, || {
-        info(c, key).field("waiters").and_then(|w| w.as_int()) == Some(n)
+        info(c, key).get("waiters").and_then(|w| w.as_int()) == Some(n)
     });
     assert!(ok, "expected {n} waiters on {key}: {:?}", info(c, key));
 }
@@ -189,4 +189,69 @@ pub fn wait_waiters(c: &mut RawConn, key: &str, n: i64) {
 pub fn has_module_acl_categories() -> bool {
     let f = server_flavor();
     f.is_valkey() || f.at_least(7, 2)
+}
+
+/// Collects failed expectations so that one run reports every one of them (a test that
+/// stops at its first failure would hide, e.g., the data loss behind a holder count).
+#[derive(Default)]
+pub struct Checks {
+    failed: Vec<String>,
+}
+
+impl Checks {
+    pub fn new() -> Checks {
+        Checks::default()
+    }
+
+    /// Records `what` as failed unless `ok`.
+    pub fn check(&mut self, ok: bool, what: impl Into<String>) -> bool {
+        if !ok {
+            let what = readable(&what.into());
+            eprintln!("FAILED: {what}");
+            self.failed.push(what);
+        }
+        ok
+    }
+
+    /// Records `what` with both values unless they are equal.
+    pub fn eq<T: PartialEq + std::fmt::Debug>(&mut self, got: T, want: T, what: &str) -> bool {
+        let ok = got == want;
+        self.check(ok, format!("{what}: got {got:?}, want {want:?}"))
+    }
+
+    /// Panics listing every failed expectation.
+    pub fn finish(self) {
+        assert!(
+            self.failed.is_empty(),
+            "{} expectation(s) failed:\n- {}",
+            self.failed.len(),
+            self.failed.join("\n- ")
+        );
+    }
+}
+
+/// A `Debug` text with every `Bulk([104, 105])` / `[104, 105]` byte list of printable
+/// ASCII shown as `"hi"`, so that failure messages can be read.
+pub fn readable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('[') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let end = after.find(']').unwrap_or(0);
+        let inner = &after[..end];
+        let bytes: Option<Vec<u8>> = inner.split(", ").map(|n| n.trim().parse::<u8>().ok()).collect();
+        match bytes {
+            Some(b) if end > 0 && b.iter().all(|c| (0x20..0x7f).contains(c)) => {
+                out.push_str(&format!("{:?}", String::from_utf8_lossy(&b)));
+                rest = &after[end + 1..];
+            }
+            _ => {
+                out.push('[');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
