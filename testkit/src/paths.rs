@@ -407,3 +407,82 @@ mod tests {
         assert!(ModuleDump::parse(&bad).is_err());
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// One server's wall clock, stepped (scripts/reliability/clockshift.c as an LD_PRELOAD
+// shim; monotonic clocks are not touched, as a real NTP step does not touch them).
+
+/// The shim's `.so`: `target/reliability/libclockshift.so`, compiled with `gcc` from
+/// `scripts/reliability/clockshift.c` when missing or older than the source (as
+/// `scripts/deps-reliability.sh` does). Panics when it cannot be built.
+pub fn clock_shim_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let root = FsPath::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let src = root.join("scripts/reliability/clockshift.c");
+        let dir = std::env::var_os("CARGO_TARGET_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"))
+            .join("reliability");
+        let lib = dir.join("libclockshift.so");
+        let mtime = |p: &FsPath| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        if mtime(&lib).is_none() || mtime(&lib) < mtime(&src) {
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            let part = dir.join(format!("libclockshift.so.{}", std::process::id()));
+            let out = Command::new("gcc")
+                .args(["-O2", "-Wall", "-shared", "-fPIC", "-o"])
+                .arg(&part)
+                .arg(&src)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run gcc for the clock shim: {e}"));
+            assert!(
+                out.status.success(),
+                "building the clock shim failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::rename(&part, &lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
+        }
+        lib.canonicalize().unwrap_or(lib)
+    })
+    .clone()
+}
+
+/// The wall-clock offset of the servers started with [`ClockShift::apply`]: a file the
+/// shim maps, rewritten in place (same length) to step the clock at once.
+#[derive(Debug)]
+pub struct ClockShift {
+    file: PathBuf,
+}
+
+impl ClockShift {
+    /// A new offset file (offset 0) in `dir`.
+    pub fn new(dir: &FsPath) -> ClockShift {
+        let file = dir.join("clock-offset");
+        let s = ClockShift { file };
+        s.set_ms(0);
+        s
+    }
+
+    /// `b` with the shim preloaded, reading this offset.
+    pub fn apply(&self, b: ServerBuilder) -> ServerBuilder {
+        b.env("LD_PRELOAD", &clock_shim_path().to_string_lossy())
+            .env("CLOCKSHIFT_FILE", &self.file.to_string_lossy())
+    }
+
+    /// Steps the clock to `ms` milliseconds from the real one (either sign).
+    pub fn set_ms(&self, ms: i64) {
+        use std::io::Write;
+        use std::os::unix::fs::FileExt;
+        let text = format!("{ms:<40}\n");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&self.file)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.file.display()));
+        f.write_all_at(text.as_bytes(), 0)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.file.display()));
+        let _ = (&f).flush();
+    }
+}
