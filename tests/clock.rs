@@ -71,7 +71,10 @@ fn a_backward_step_does_not_stretch_a_lease() {
         after <= Duration::from_secs(3) + SLACK,
         "-120 s step: the waiter of a 3 s lease was granted {after:?} after the first grant"
     );
-    assert!(after + LATENCY >= Duration::from_secs(3), "granted early: {after:?}");
+    assert!(
+        after + LATENCY >= Duration::from_secs(3),
+        "granted early: {after:?}"
+    );
 }
 
 /// `BLOCK 2000` on a lock held by another; the clock stepped by `step_ms` right after the
@@ -190,7 +193,10 @@ fn a_promoted_replica_keeps_at_least_the_remaining_lease() {
     let remaining = info_int(&mut pc, "lock:f", "ttl");
     let read_at = Instant::now();
     let mut rc = conn(&r);
-    assert_eq!(rc.cmd(&["REPLICAOF", "NO", "ONE"]), Resp::Simple("OK".into()));
+    assert_eq!(
+        rc.cmd(&["REPLICAOF", "NO", "ONE"]),
+        Resp::Simple("OK".into())
+    );
     let i = info(&mut rc, "lock:f");
     assert_ne!(i, Resp::Nil, "the lease is gone on the promoted replica");
     let ttl = info_int(&mut rc, "lock:f", "ttl");

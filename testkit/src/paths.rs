@@ -118,7 +118,11 @@ pub fn send<A: AsRef<[u8]>>(c: &mut RawConn, path: Path, argv: &[A]) -> Resp {
         }
         Path::Multi => {
             let replies = c
-                .pipeline(&[vec![b"MULTI".to_vec()], argv.clone(), vec![b"EXEC".to_vec()]])
+                .pipeline(&[
+                    vec![b"MULTI".to_vec()],
+                    argv.clone(),
+                    vec![b"EXEC".to_vec()],
+                ])
                 .unwrap_or_else(|e| panic!("MULTI/EXEC: {e}"));
             assert_eq!(replies[0], Resp::Simple("OK".into()), "MULTI");
             match &replies[1] {
@@ -484,5 +488,88 @@ impl ClockShift {
         f.write_all_at(text.as_bytes(), 0)
             .unwrap_or_else(|e| panic!("{}: {e}", self.file.display()));
         let _ = (&f).flush();
+    }
+}
+
+/// How much later than the original a carried lease may end (the time a restart or a
+/// replay took; leases are carried as remaining time, never shorter).
+pub const LATER_SLACK_MS: i64 = 10_000;
+/// How much earlier a carried `expires-at` may read (it is a wall-clock estimate of a
+/// monotonic deadline, rounded per server).
+pub const EARLIER_SLACK_MS: i64 = 200;
+
+fn expires_of(info: &[(String, Resp)]) -> Vec<i64> {
+    let mut out = Vec::new();
+    for (k, v) in info {
+        if k == "expires-at" {
+            out.extend(v.as_int());
+        }
+        if k == "holder-list" {
+            for h in v.as_items().unwrap_or_default() {
+                if let Some(e) = h.get("expires-at").and_then(|e| e.as_int()) {
+                    out.push(e);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn without_expires(info: &[(String, Resp)]) -> Vec<(String, Resp)> {
+    info.iter()
+        .filter(|(k, _)| k != "expires-at")
+        .map(|(k, v)| {
+            let v = if k == "holder-list" {
+                Resp::Array(
+                    v.as_items()
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|h| match h.try_pairs() {
+                            Some(p) => Resp::Array(
+                                p.into_iter()
+                                    .filter(|(k, _)| k != "expires-at")
+                                    .flat_map(|(k, v)| [Resp::Bulk(k.into_bytes()), v])
+                                    .collect(),
+                            ),
+                            None => h.clone(),
+                        })
+                        .collect(),
+                )
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect()
+}
+
+/// Compares two [`durable_info`]s: equal in every field, each `expires-at` of `got`
+/// within [-`EARLIER_SLACK_MS`, +`LATER_SLACK_MS`] of `want`'s (a carried lease is never
+/// shorter). Err describes the difference.
+pub fn same_state(
+    want: &Option<Vec<(String, Resp)>>,
+    got: &Option<Vec<(String, Resp)>>,
+) -> Result<(), String> {
+    match (want, got) {
+        (None, None) => Ok(()),
+        (Some(w), Some(g)) => {
+            if without_expires(w) != without_expires(g) {
+                return Err(format!("fields differ:\n  want {w:?}\n  got  {g:?}"));
+            }
+            let (we, ge) = (expires_of(w), expires_of(g));
+            let ok = we.len() == ge.len()
+                && we
+                    .iter()
+                    .zip(&ge)
+                    .all(|(w, g)| *g >= *w - EARLIER_SLACK_MS && *g <= *w + LATER_SLACK_MS);
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "expires-at {ge:?}, want {we:?} (-{EARLIER_SLACK_MS}/+{LATER_SLACK_MS} ms)"
+                ))
+            }
+        }
+        _ => Err(format!("want {want:?}, got {got:?}")),
     }
 }

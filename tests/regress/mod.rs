@@ -110,12 +110,7 @@ pub fn ordinary_keys(c: &mut RawConn, n: usize) -> i64 {
     for i in 0..n {
         cmds.push(vec!["SET".into(), format!("ord:s{i}"), format!("v{i}")]);
     }
-    cmds.push(vec![
-        "HSET".into(),
-        "ord:h".into(),
-        "f".into(),
-        "v".into(),
-    ]);
+    cmds.push(vec!["HSET".into(), "ord:h".into(), "f".into(), "v".into()]);
     cmds.push(vec!["RPUSH".into(), "ord:l".into(), "a".into(), "b".into()]);
     let replies = c.pipeline(&cmds).unwrap();
     assert!(replies.iter().all(|r| !r.is_error()), "{replies:?}");
@@ -124,7 +119,8 @@ pub fn ordinary_keys(c: &mut RawConn, n: usize) -> i64 {
 
 /// True when the ordinary keys are all there with their values.
 pub fn ordinary_keys_intact(c: &mut RawConn, n: usize) -> bool {
-    (0..n).all(|i| c.cmd(&["GET", &format!("ord:s{i}")]) == Resp::Bulk(format!("v{i}").into_bytes()))
+    (0..n)
+        .all(|i| c.cmd(&["GET", &format!("ord:s{i}")]) == Resp::Bulk(format!("v{i}").into_bytes()))
         && c.cmd(&["HGET", "ord:h", "f"]) == Resp::Bulk(b"v".to_vec())
         && c.cmd(&["LLEN", "ord:l"]) == Resp::Int(2)
 }
@@ -240,7 +236,10 @@ pub fn readable(text: &str) -> String {
         let after = &rest[i + 1..];
         let end = after.find(']').unwrap_or(0);
         let inner = &after[..end];
-        let bytes: Option<Vec<u8>> = inner.split(", ").map(|n| n.trim().parse::<u8>().ok()).collect();
+        let bytes: Option<Vec<u8>> = inner
+            .split(", ")
+            .map(|n| n.trim().parse::<u8>().ok())
+            .collect();
         match bytes {
             Some(b) if end > 0 && b.iter().all(|c| (0x20..0x7f).contains(c)) => {
                 out.push_str(&format!("{:?}", String::from_utf8_lossy(&b)));

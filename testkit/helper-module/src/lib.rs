@@ -14,8 +14,8 @@
 use std::cell::RefCell;
 
 use redis_module::{
-    redis_module, CallOptionsBuilder, CallResult, Context, NotifyEvent, RedisError, RedisResult,
-    RedisString, RedisValue,
+    redis_module, CallOptionsBuilder, CallReply, CallResult, Context, NotifyEvent, RedisError,
+    RedisResult, RedisString, RedisValue,
 };
 
 thread_local! {
@@ -33,9 +33,26 @@ fn run(ctx: &Context, argv: &[Vec<u8>]) -> RedisValue {
     let args: Vec<&[u8]> = rest.iter().map(Vec::as_slice).collect();
     let opts = CallOptionsBuilder::new().replicate().build();
     let res: CallResult = ctx.call_ext(&cmd, &opts, args.as_slice());
-    match res {
-        Ok(reply) => (&reply).into(),
-        Err(e) => RedisValue::StaticError(leak(e.to_utf8_string().unwrap_or_default())),
+    value_of(&res)
+}
+
+/// The reply as a value to send back. `RedisModule_Call` tells a status reply from a
+/// bulk string only by its text: "OK", "QUEUED" and "PONG" go back as status replies,
+/// every other string as a bulk string (what the lock commands send).
+fn value_of(res: &CallResult) -> RedisValue {
+    let reply = match res {
+        Ok(reply) => reply,
+        Err(e) => return RedisValue::StaticError(leak(e.to_utf8_string().unwrap_or_default())),
+    };
+    match reply {
+        CallReply::String(s) => match s.as_bytes() {
+            b"OK" => RedisValue::SimpleStringStatic("OK"),
+            b"QUEUED" => RedisValue::SimpleStringStatic("QUEUED"),
+            b"PONG" => RedisValue::SimpleStringStatic("PONG"),
+            b => RedisValue::StringBuffer(b.to_vec()),
+        },
+        CallReply::Array(a) => RedisValue::Array(a.iter().map(|x| value_of(&x)).collect()),
+        other => other.into(),
     }
 }
 
