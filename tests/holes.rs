@@ -889,7 +889,8 @@ fn row7_acl_categories_keep_forcerelease_from_non_dangerous_users() {
         );
         lock_commands_work(&mut ck, &mut u, "+@all -@dangerous");
         let names = |r: Resp| -> Vec<String> {
-            r.items()
+            r.as_items()
+                .unwrap_or_default()
                 .iter()
                 .filter_map(|x| x.as_text())
                 .map(|s| s.to_lowercase())

@@ -253,8 +253,15 @@ fn normalize(r: &Resp, ranks: &BTreeMap<i64, usize>) -> Resp {
     match r {
         Resp::Int(v) if *v > FENCE_FLOOR => Resp::Simple(format!("fence#{}", ranks[v])),
         Resp::Error(e) => Resp::Error(e.split_whitespace().next().unwrap_or("").to_string()),
-        Resp::Bulk(b) if b.len() == 36 && b.iter().filter(|&&c| c == b'-').count() == 4 => {
-            Resp::Simple("<generated>".into())
+        // A grant of a token the server made (no TOKEN given): whatever its format.
+        Resp::Array(a)
+            if matches!(a.as_slice(), [Resp::Bulk(t), Resp::Int(f)]
+                if *f > FENCE_FLOOR && !t.starts_with(b"paths-token-") && !t.starts_with(b"classic-token-")) =>
+        {
+            Resp::Array(vec![
+                Resp::Simple("<generated>".into()),
+                normalize(&a[1], ranks),
+            ])
         }
         Resp::Array(a) => {
             let is_fields = r
