@@ -210,12 +210,14 @@ fn check_repaired(
                 !fences.contains(&0),
                 format!("{how} {kind}: a holder with fence 0 is kept: {i:?}"),
             );
-            if i == Resp::Nil {
-                ck.eq(
-                    c.cmd(&["EXISTS", key]).int(),
-                    0,
-                    &format!("{how} {kind}: empty key kept"),
-                );
+            // A primary removes what is left empty; a replica keeps the key (no live
+            // holder, LOCK.INFO nil) until its primary removes it, as it mirrors the
+            // primary's keys.
+            if i == Resp::Nil && !how.contains("full sync") {
+                let gone = wait_until(Duration::from_secs(5), || {
+                    c.cmd(&["EXISTS", key]).int() == 0
+                });
+                ck.check(gone, format!("{how} {kind}: empty key kept"));
             }
         }
         ("empty-owner", _) => {
@@ -452,11 +454,10 @@ fn row3_a_writable_replica_refuses_lock_writes() {
         0,
         "the replica created lock:new",
     );
-    ck.eq(
-        paths::durable_info(&mut rc, "lock:held"),
-        held,
-        "lock:held on the replica",
-    );
+    let there = paths::durable_info(&mut rc, "lock:held");
+    if let Err(e) = paths::same_state(&held, &there) {
+        ck.check(false, format!("lock:held on the replica: {e}"));
+    }
     // LOCK.INFO works on it, and a grant on the primary then shows there.
     ck.eq(
         info(&mut rc, "lock:held")
@@ -492,18 +493,22 @@ fn row4_restore_refuses_a_fence_past_2_pow_53_in_both_encodings() {
         &["PX", "60000", "TOKEN", &t, "OWNER", "own"],
     )));
     let real = paths::ModuleDump::parse(&sc.cmd(&["DUMP", "lock:src"]).bytes()).unwrap();
-    assert_eq!(real.encver(), 2, "the current encoding");
-    // Encoding 2: [mode, holders, digest, fence, expires-at, acquired-at, client-id,
-    // client-addr, owner-flag, owner].
-    let mut v2 = real.clone();
+    assert!(real.encver() >= 2, "the current encoding");
+    // Encodings 2 and 3: [mode, holders, digest, fence, lease, acquired-at, client-id,
+    // client-addr, owner-flag, owner] (the lease is absolute in 2, the time left in 3).
+    let mut v3 = real.clone();
+    v3.ops[3] = paths::Op::Uint(TWO_53 + 1);
+    let mut v2 = real.with_encver(2);
     v2.ops[3] = paths::Op::Uint(TWO_53 + 1);
+    let at = paths::Op::Uint((redis_lock_testkit::unix_ms() + 60_000) as u64);
+    v2.ops[4] = at.clone();
     // Encoding 1 (release 0.1): [token, fence, expires-at, acquired-at, owner-flag,
     // owner, client-id, client-addr].
     let v1 = paths::ModuleDump {
         ops: vec![
             paths::Op::Str(t.as_bytes().to_vec()),
             paths::Op::Uint(TWO_53 + 1),
-            real.ops[4].clone(),
+            at,
             real.ops[5].clone(),
             paths::Op::Uint(1),
             paths::Op::Str(b"own".to_vec()),
@@ -513,7 +518,11 @@ fn row4_restore_refuses_a_fence_past_2_pow_53_in_both_encodings() {
         ..real.with_encver(1)
     };
     let mut ck = Checks::new();
-    for (name, payload) in [("encoding 2", v2.encode()), ("encoding 1", v1.encode())] {
+    for (name, payload) in [
+        ("encoding 3", v3.encode()),
+        ("encoding 2", v2.encode()),
+        ("encoding 1", v1.encode()),
+    ] {
         let s = ServerBuilder::new().start();
         let mut c = conn(&s);
         let r = c.cmd(&[b"RESTORE".as_slice(), b"lock:hostile", b"0", &payload]);

@@ -139,7 +139,15 @@ pub fn conn(s: &Server) -> RawConn {
 /// when the server does not come back (e.g. it refuses its own RDB file).
 pub fn save_and_restart(s: &mut Server) -> Result<(), String> {
     let mut c = conn(s);
-    assert_eq!(c.cmd(&["SAVE"]), Resp::Simple("OK".into()), "SAVE");
+    // A replica's full sync may still be saving in the background: SAVE waits for it.
+    let mut saved = c.cmd(&["SAVE"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while matches!(&saved, Resp::Error(e) if e.contains("in progress")) && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+        saved = c.cmd(&["SAVE"]);
+    }
+    assert_eq!(saved, Resp::Simple("OK".into()), "SAVE");
     drop(c);
     s.kill9();
     s.try_restart()
