@@ -4,6 +4,11 @@
 use crate::error::LockError;
 use crate::lock::fence::MAX_FENCE;
 use crate::lock::value::{Mode, MAX_LIMIT, MAX_OWNER_LEN, MAX_TOKEN_LEN};
+use crate::syntax::{options, options_at, parse_i64, positive};
+
+fn positive_fence(v: &[u8], err: LockError) -> Result<u64, LockError> {
+    positive(v, MAX_FENCE, err)
+}
 
 /// The configuration values the parser needs to resolve defaults and bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,38 +51,6 @@ pub struct Info {
 pub const INFO_COUNT: usize = 10;
 pub const INFO_MAX_COUNT: usize = 1000;
 
-/// Parses a base-10 signed 64-bit integer the way Redis does: no sign other than a
-/// leading `-`, no spaces, no leading zeros, no overflow.
-pub fn parse_i64(s: &[u8]) -> Option<i64> {
-    let (neg, digits) = match s.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, s),
-    };
-    if digits.is_empty() || digits.len() > 19 {
-        return None;
-    }
-    if digits.len() > 1 && digits[0] == b'0' {
-        return None;
-    }
-    if neg && digits == b"0" {
-        return None;
-    }
-    let mut v: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        let digit = i64::from(d - b'0');
-        v = v.checked_mul(10)?;
-        v = if neg {
-            v.checked_sub(digit)?
-        } else {
-            v.checked_add(digit)?
-        };
-    }
-    Some(v)
-}
-
 fn ttl_ms(value: &[u8], unit_ms: i64, max_ttl: u64, cmd: &'static str) -> Result<u64, LockError> {
     let n = parse_i64(value).ok_or(LockError::NotInteger)?;
     if n <= 0 {
@@ -105,76 +78,6 @@ fn bounded<'a>(
         });
     }
     Ok(value)
-}
-
-fn show(opt: &[u8]) -> String {
-    let shown: String = String::from_utf8_lossy(opt).chars().take(32).collect();
-    shown.replace(['\r', '\n'], " ")
-}
-
-/// Walks options: `NAME value` pairs, and bare flags (names listed in `flags`),
-/// rejecting unknown and repeated options. PX and EX are one setting. `handle` gets the
-/// option's name, its value and the value's index in `args`.
-pub fn options<'a>(
-    args: &[&'a [u8]],
-    known: &[&'static str],
-    flags: &[&'static str],
-    mut handle: impl FnMut(&'static str, &'a [u8]) -> Result<(), LockError>,
-) -> Result<(), LockError> {
-    options_at(args, known, flags, |name, v, _| handle(name, v))
-}
-
-fn options_at<'a>(
-    args: &[&'a [u8]],
-    known: &[&'static str],
-    flags: &[&'static str],
-    mut handle: impl FnMut(&'static str, &'a [u8], usize) -> Result<(), LockError>,
-) -> Result<(), LockError> {
-    let mut seen = 0u32;
-    let mut expiry_seen: Option<&'static str> = None;
-    let mut i = 0;
-    while i < args.len() {
-        let opt = args[i];
-        let idx = known
-            .iter()
-            .position(|k| k.as_bytes().eq_ignore_ascii_case(opt))
-            .ok_or_else(|| LockError::Syntax(format!("unknown option '{}'", show(opt))))?;
-        let name = known[idx];
-        let expiry = name == "EX" || name == "PX";
-        let slot = if expiry {
-            known.iter().position(|k| *k == "PX").unwrap_or(idx)
-        } else {
-            idx
-        };
-        if seen & (1 << slot) != 0 {
-            return Err(LockError::Syntax(match expiry_seen {
-                Some(first) if expiry && first != name => "PX and EX exclude each other".into(),
-                _ => format!("option '{name}' given twice"),
-            }));
-        }
-        if expiry {
-            expiry_seen = Some(name);
-        }
-        seen |= 1 << slot;
-        if flags.contains(&name) {
-            handle(name, b"", i)?;
-            i += 1;
-            continue;
-        }
-        let value = args
-            .get(i + 1)
-            .ok_or_else(|| LockError::Syntax(format!("option '{name}' needs a value")))?;
-        handle(name, value, i + 1)?;
-        i += 2;
-    }
-    Ok(())
-}
-
-pub fn positive_fence(v: &[u8], err: LockError) -> Result<u64, LockError> {
-    match parse_i64(v) {
-        Some(n) if n >= 1 && n as u64 <= MAX_FENCE => Ok(n as u64),
-        _ => Err(err),
-    }
 }
 
 /// The BLOCK deadline on the monotonic clock, in µs (None: wait without limit). A wait
@@ -242,7 +145,7 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
                     let n = parse_i64(v)
                         .and_then(|n| u32::try_from(n).ok())
                         .filter(|n| (1..=MAX_LIMIT).contains(n))
-                        .ok_or(LockError::InvalidLimit)?;
+                        .ok_or(LockError::InvalidLimit(MAX_LIMIT))?;
                     req.mode = Mode::Counted(n);
                 }
                 _ => req.min_fence = positive_fence(v, LockError::InvalidFence)?,
@@ -318,7 +221,7 @@ pub fn parse_info(args: &[&[u8]]) -> Result<Info, LockError> {
             info.count = usize::try_from(n)
                 .ok()
                 .filter(|n| (1..=INFO_MAX_COUNT).contains(n))
-                .ok_or(LockError::InvalidCount)?;
+                .ok_or(LockError::InvalidCount(INFO_MAX_COUNT))?;
         } else {
             info.after = u64::try_from(n).map_err(|_| LockError::InvalidFenceArg)?;
         }
@@ -494,10 +397,13 @@ mod tests {
                 after: 99
             })
         );
-        assert_eq!(parse_info(&[b"COUNT", b"0"]), Err(LockError::InvalidCount));
+        assert_eq!(
+            parse_info(&[b"COUNT", b"0"]),
+            Err(LockError::InvalidCount(INFO_MAX_COUNT))
+        );
         assert_eq!(
             parse_info(&[b"COUNT", b"1001"]),
-            Err(LockError::InvalidCount)
+            Err(LockError::InvalidCount(INFO_MAX_COUNT))
         );
         assert!(parse_info(&[b"AFTER", b"-1"]).is_err());
     }
@@ -512,7 +418,7 @@ mod tests {
             &["LIMIT", "-2"],
             &["LIMIT", "x"],
         ] {
-            assert_eq!(acq(bad), Err(LockError::InvalidLimit), "{bad:?}");
+            assert_eq!(acq(bad), Err(LockError::InvalidLimit(MAX_LIMIT)), "{bad:?}");
         }
     }
 

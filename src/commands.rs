@@ -8,7 +8,7 @@ use crate::config;
 use crate::engine::{AcquireReq, Command, Outcome};
 use crate::error::LockError;
 use crate::events;
-use crate::ffi::{self, command_entry, Args, Ctx, Str};
+use crate::ffi::{self, Args, Ctx, Handler, Str};
 use crate::keyspace::RedisKey;
 use crate::lock::codec::repl::{self, Change, ReplCmd};
 use crate::lock::value::{self, Addr, Holder, LockValue, Mode};
@@ -21,14 +21,27 @@ const MAX_ARGS: usize = 24;
 
 type Answer<'a> = Result<Option<Reply<'a>>, LockError>;
 
-command_entry!(acquire, "lock.acquire", acquire_cmd);
-command_entry!(release, "lock.release", release_cmd);
-command_entry!(extend, "lock.extend", extend_cmd);
-command_entry!(info, "lock.info", info_cmd);
-command_entry!(forcerelease, "lock.forcerelease", forcerelease_cmd);
-command_entry!(repl, "lock.repl", repl_cmd);
-command_entry!(sync, "lock.sync", sync_cmd);
-command_entry!(debug, "lock.debug", debug_cmd);
+/// One command: its type (registered as `ffi::entry::<Type>`), name and handler.
+macro_rules! handler {
+    ($ty:ident, $name:literal, $f:path) => {
+        pub struct $ty;
+        impl Handler for $ty {
+            const NAME: &'static str = $name;
+            fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
+                $f(ctx, args)
+            }
+        }
+    };
+}
+
+handler!(Acquire, "lock.acquire", acquire_cmd);
+handler!(Release, "lock.release", release_cmd);
+handler!(Extend, "lock.extend", extend_cmd);
+handler!(Info, "lock.info", info_cmd);
+handler!(ForceRelease, "lock.forcerelease", forcerelease_cmd);
+handler!(Repl, "lock.repl", repl_cmd);
+handler!(Sync, "lock.sync", sync_cmd);
+handler!(Debug, "lock.debug", debug_cmd);
 
 /// The key (first argument) and the rest as byte slices.
 fn split<'a, 'b>(
@@ -155,7 +168,7 @@ fn repl_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     replicated_only(ctx, "lock.repl")?;
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.repl", &mut buf)?;
-    let cmd = repl::decode(rest, sched::now())?;
+    let cmd = repl::decode(rest, state::now())?;
     let reply = run(
         ctx,
         name,
@@ -178,7 +191,7 @@ fn sync_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     replicated_only(ctx, "lock.sync")?;
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.sync", &mut buf)?;
-    let cmd = repl::decode_sync(rest, sched::now())?;
+    let cmd = repl::decode_sync(rest, state::now())?;
     let sent = cmd.clone();
     let reply = run(
         ctx,
@@ -236,12 +249,12 @@ fn debug_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
             let v = injected(kind.bytes()).ok_or_else(|| {
                 LockError::Syntax("INJECT kind: dup-digest | dup-fence | exclusive-many | fence-zero | too-many | empty-owner".into())
             })?;
-            let mut k = ctx.open_key(key, true, &crate::datatype::LOCK_TYPE);
+            let mut k = ctx.open_key(key, true, &state::LOCK_TYPE);
             state::ours(|| k.delete());
             if !k.put(Box::new(v)) {
                 return Err(LockError::StoreFailed);
             }
-            crate::datatype::count_created();
+            state::count_created();
             Ok(Some(Reply::Ok))
         }
         _ => Err(LockError::Syntax(
@@ -252,7 +265,7 @@ fn debug_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
 
 /// A value of the given broken kind, made without the validity rule.
 fn injected(kind: &[u8]) -> Option<LockValue> {
-    let deadline = sched::now().after_ms(60_000);
+    let deadline = state::now().after_ms(60_000);
     let wall = ffi::wall_ms();
     let fence = (wall as u64) << 10;
     let h = |token: &[u8], f: u64, owner: Option<&[u8]>| {

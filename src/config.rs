@@ -4,11 +4,12 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 
-use crate::args::{parse_i64, Limits};
+use crate::args::Limits;
 use crate::ffi::config::{load_configs, register_numeric};
 use crate::ffi::Ctx;
 use crate::lock::fence::{LEGACY_SHIFT, SHIFT};
 use crate::lock::value::MAX_TOKEN_LEN;
+use crate::syntax::parse_i64;
 
 pub struct Setting {
     pub name: &'static str,

@@ -7,30 +7,13 @@
 //! refused whole.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicI64, Ordering};
 
 use crate::engine::Engine;
-use crate::ffi::datatype::{AofOut, DataType, DigestOut, RdbIn, RdbOut, TypeHandle};
+use crate::ffi::datatype::{AofOut, DataType, DigestOut, RdbIn, RdbOut};
 use crate::ffi::{self, Str};
 use crate::lock::codec::{self, repl, Policy, Sink, Source};
 use crate::lock::value::LockValue;
-use crate::sched::{now, Waiter};
-use crate::state::{self, Pending};
-
-/// The registered type; `TYPE key` shows its name.
-pub static LOCK_TYPE: TypeHandle<LockValue> = TypeHandle::new();
-
-/// Lock values the server owns (created minus freed): `lock_held` in INFO. Atomic
-/// because a value's `free` may run on a lazy-free thread.
-static LIVE: AtomicI64 = AtomicI64::new(0);
-
-pub fn count_created() {
-    LIVE.fetch_add(1, Ordering::Relaxed);
-}
-
-pub fn live() -> u64 {
-    LIVE.load(Ordering::Relaxed).max(0) as u64
-}
+use crate::state::{self, count_created, now, Waiter};
 
 pub struct LockType;
 
@@ -171,7 +154,7 @@ impl DataType for LockType {
     }
 
     fn freed(v: Box<LockValue>) {
-        LIVE.fetch_sub(1, Ordering::Relaxed);
+        state::count_freed();
         drop(v);
     }
 
@@ -210,14 +193,4 @@ impl DataType for LockType {
         }
         true
     }
-}
-
-/// Pending work for a value unlinked while the state was busy.
-pub fn defer_unlinked(db: i32, key: &[u8], v: &LockValue, moved: bool) {
-    state::defer(Pending::Unlinked {
-        db,
-        name: key.to_vec(),
-        value: v.clone(),
-        moved,
-    });
 }

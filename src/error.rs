@@ -21,8 +21,8 @@ pub enum LockError {
         min: usize,
         max: usize,
     },
-    /// COUNT of LOCK.INFO out of range.
-    InvalidCount,
+    /// COUNT of LOCK.INFO out of range (the largest allowed).
+    InvalidCount(usize),
     /// A write command on a replica (also a writable one): locks change only where the
     /// server is the primary for the key.
     ReadOnly,
@@ -53,8 +53,8 @@ pub enum LockError {
     WrongMode,
     /// LIMIT n on a counted key with another limit (the key's is given).
     LimitMismatch(u32),
-    /// LIMIT 0, or above the largest limit.
-    InvalidLimit,
+    /// LIMIT 0, or above the largest limit (given).
+    InvalidLimit(u32),
     /// FENCE of FORCERELEASE not a positive integer.
     InvalidFenceArg,
     /// A waiter's lock moved to another cluster node (slot migration).
@@ -85,11 +85,9 @@ impl fmt::Display for LockError {
             LockError::BadLength { what, min, max } => {
                 write!(f, "ERR {what} must be {min} to {max} bytes long")
             }
-            LockError::InvalidCount => write!(
-                f,
-                "ERR COUNT must be an integer from 1 to {}",
-                crate::args::INFO_MAX_COUNT
-            ),
+            LockError::InvalidCount(max) => {
+                write!(f, "ERR COUNT must be an integer from 1 to {max}")
+            }
             LockError::ReadOnly => write!(
                 f,
                 "READONLY this server is a replica: locks are granted, released and extended \
@@ -136,11 +134,9 @@ impl fmt::Display for LockError {
             LockError::LimitMismatch(n) => {
                 write!(f, "LIMITMISMATCH this key is a semaphore with LIMIT {n}")
             }
-            LockError::InvalidLimit => write!(
-                f,
-                "ERR LIMIT must be an integer from 1 to {}",
-                crate::lock::value::MAX_LIMIT
-            ),
+            LockError::InvalidLimit(max) => {
+                write!(f, "ERR LIMIT must be an integer from 1 to {max}")
+            }
             LockError::InvalidFenceArg => {
                 write!(
                     f,
@@ -186,7 +182,7 @@ mod tests {
                 min: 1,
                 max: 256,
             },
-            LockError::InvalidCount,
+            LockError::InvalidCount(1000),
             LockError::ReadOnly,
             LockError::Busy,
             LockError::StoreFailed,
@@ -201,7 +197,7 @@ mod tests {
             LockError::BlockOutOfRange,
             LockError::WrongMode,
             LockError::LimitMismatch(3),
-            LockError::InvalidLimit,
+            LockError::InvalidLimit(1_000_000),
             LockError::InvalidFenceArg,
             LockError::TryAgain,
             LockError::Moved,

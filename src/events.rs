@@ -26,7 +26,7 @@ use crate::ffi::events::{self as fev, ServerEvent};
 use crate::ffi::{self, Ctx, Str};
 use crate::lock::value::LockValue;
 use crate::sched::{self, with_engine};
-use crate::state::{self, State};
+use crate::state::{self, Pending, State};
 
 /// Keyspace events a waiter on a classic string lock needs.
 /// (Evictions are subscribed at load, to count evicted locks.)
@@ -51,7 +51,12 @@ pub fn unlinked(db: i32, key: &[u8], v: &LockValue) {
         arm(st);
     });
     if done.is_none() {
-        crate::datatype::defer_unlinked(db, key, v, false);
+        state::defer(Pending::Unlinked {
+            db,
+            name: key.to_vec(),
+            value: v.clone(),
+            moved: false,
+        });
     }
 }
 

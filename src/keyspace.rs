@@ -6,13 +6,12 @@ use std::ffi::c_int;
 
 use redis_module::raw;
 
-use crate::datatype::{self, LOCK_TYPE};
 use crate::engine::{Event, Gate, Keyspace, Slot};
 use crate::error::LockError;
 use crate::ffi::{self, Ctx, Key, KeyKind, OwnedStr, Route, Str};
 use crate::lock::codec::{repl, Clock};
 use crate::lock::value::LockValue;
-use crate::state;
+use crate::state::{self, LOCK_TYPE};
 
 enum Name<'a> {
     Arg(Str<'a>),
@@ -46,7 +45,7 @@ impl<'a> RedisKey<'a> {
             write,
             key: None,
             db: ctx.db(),
-            clock: crate::sched::now(),
+            clock: state::now(),
             listening,
             in_command: true,
             classic_waiter: false,
@@ -61,7 +60,7 @@ impl<'a> RedisKey<'a> {
             write: true,
             key: None,
             db: ctx.db(),
-            clock: crate::sched::now(),
+            clock: state::now(),
             listening,
             in_command: false,
             classic_waiter: false,
@@ -121,7 +120,7 @@ impl Keyspace for RedisKey<'_> {
         if !stored {
             return Err(LockError::StoreFailed);
         }
-        datatype::count_created();
+        state::count_created();
         Ok(())
     }
 

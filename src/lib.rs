@@ -6,17 +6,21 @@
 #![cfg_attr(test, allow(dead_code))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+// Every `unsafe` block is under src/ffi/, which allows it; nothing else may.
+#![deny(unsafe_code)]
 
 pub mod args;
 pub mod engine;
 pub mod error;
 pub mod lock;
 pub mod reply;
+pub mod syntax;
 
 mod commands;
 mod config;
 mod datatype;
 mod events;
+#[allow(unsafe_code)]
 mod ffi;
 mod keyspace;
 mod sched;
@@ -65,7 +69,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                     Arg::Opt("MINFENCE", "fence", INTEGER),
                 ],
             },
-            Some(commands::acquire),
+            Some(ffi::entry::<commands::Acquire>),
         ),
         (
             Cmd {
@@ -78,7 +82,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                 complexity: "O(1)",
                 args: &[Arg::Key("key"), Arg::Str("token")],
             },
-            Some(commands::release),
+            Some(ffi::entry::<commands::Release>),
         ),
         (
             Cmd {
@@ -91,7 +95,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                 complexity: "O(1)",
                 args: &[Arg::Key("key"), Arg::Str("token"), Arg::Expiry],
             },
-            Some(commands::extend),
+            Some(ffi::entry::<commands::Extend>),
         ),
         (
             Cmd {
@@ -108,7 +112,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                     Arg::Opt("AFTER", "fence", INTEGER),
                 ],
             },
-            Some(commands::info),
+            Some(ffi::entry::<commands::Info>),
         ),
         (
             Cmd {
@@ -121,7 +125,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                 complexity: "O(1)",
                 args: &[Arg::Key("key"), Arg::Opt("FENCE", "fence", INTEGER)],
             },
-            Some(commands::forcerelease),
+            Some(ffi::entry::<commands::ForceRelease>),
         ),
         (
             Cmd {
@@ -140,7 +144,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                     Arg::Opt("FLOOR", "fence", INTEGER),
                 ],
             },
-            Some(commands::repl),
+            Some(ffi::entry::<commands::Repl>),
         ),
         (
             Cmd {
@@ -163,7 +167,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                     Arg::Opt("FLOOR", "fence", INTEGER),
                 ],
             },
-            Some(commands::sync),
+            Some(ffi::entry::<commands::Sync>),
         ),
     ]
 }
@@ -174,8 +178,7 @@ fn fail(ctx: Ctx<'_>, msg: &str) -> Status {
 }
 
 fn init(ctx: &redis_module::Context, args: &[RedisString]) -> Status {
-    // SAFETY: the context the server passed to the module's load function.
-    let ctx = unsafe { Ctx::from_raw(ctx.ctx) };
+    let ctx = Ctx::of_load(ctx);
     match setup(ctx, args) {
         Ok(()) => Status::Ok,
         Err(e) => fail(ctx, &e),
@@ -186,7 +189,7 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
     ffi::guard::install_panic_hook();
     ffi::set_module_options(ctx);
     ffi::keep_module_ctx(ctx);
-    if !ffi::datatype::create::<datatype::LockType>(ctx, &datatype::LOCK_TYPE) {
+    if !ffi::datatype::create::<datatype::LockType>(ctx, &state::LOCK_TYPE) {
         return Err("creating the redislock data type failed".into());
     }
     let raw_args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
@@ -212,7 +215,7 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
         complexity: "O(1)",
         args: &[Arg::Str("subcommand")],
     };
-    cmdinfo::register(ctx, &debug, Some(commands::debug))?;
+    cmdinfo::register(ctx, &debug, Some(ffi::entry::<commands::Debug>))?;
     ffi::events::subscribe_keyspace(ctx, events::EVICTIONS, events::on_keyspace)?;
     ffi::events::subscribe_server(ctx, events::on_server)?;
     ffi::events::register_info(ctx, stats::info)?;
@@ -221,6 +224,7 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
         // CLIENT UNBLOCK of a waiter races its hand-off on servers before Redis 7.4 (the
         // client can be left without any reply): there, waiters refuse CLIENT UNBLOCK.
         st.unblock_allowed = ffi::server_version() >= 0x0007_0400;
+        st.wake.fire = sched::fired;
         st.replica = ctx.flags() & ffi::FLAG_SLAVE != 0;
         // Settled before the first command: nothing is built for replicas or the AOF
         // unless something can receive it (re-checked at every fork, replica change,

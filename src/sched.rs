@@ -7,49 +7,14 @@
 //! clock `hz` times a second (see `events::cron`). Nothing here decides when a lease ends.
 
 use crate::engine::{Answer, Engine, Sched, Store, WaiterId};
-use crate::ffi::blocked::{BlockHandler, BlockedClient, Timer};
+use crate::ffi::blocked::{BlockHandler, BlockedClient};
 use crate::ffi::{self, Ctx};
 use crate::keyspace::RedisKey;
 use crate::lock::codec::Clock;
-use crate::state::{self, State};
+use crate::state::{self, now, State, Waiter, Waiting, WakeTimer};
 
-/// A blocked LOCK.ACQUIRE.
-pub type Waiter = BlockedClient<Waiting>;
-
-/// The engine's wake-up timer: at most one armed, for the earliest instant asked for.
-#[derive(Default)]
-pub struct WakeTimer {
-    armed: Option<(Timer<()>, i64)>,
-}
-
-impl WakeTimer {
-    /// Makes sure the engine is woken no later than `at` (monotonic µs).
-    pub fn arm(&mut self, ctx: Ctx<'_>, at: i64) {
-        if let Some((_, due)) = &self.armed {
-            if *due <= at {
-                return;
-            }
-        }
-        self.rearm(ctx, at);
-    }
-
-    /// Arms the timer for `at` whatever was armed (after the wall clock stepped).
-    pub fn rearm(&mut self, ctx: Ctx<'_>, at: i64) {
-        if let Some((t, _)) = self.armed.take() {
-            t.stop(ctx);
-        }
-        let left_us = at.saturating_sub(ffi::mono_us()).max(0);
-        let delay_ms = left_us.saturating_add(999) / 1000;
-        self.armed = Some((Timer::start(ctx, delay_ms, fired, ()), at));
-    }
-
-    /// The armed timer fired (its handle is spent).
-    fn spent(&mut self) {
-        self.armed = None;
-    }
-}
-
-fn fired(ctx: Ctx<'_>, (): ()) {
+/// The wake-up timer's callback (installed into the state's [`WakeTimer`] at load).
+pub fn fired(ctx: Ctx<'_>, (): ()) {
     state::with(|st| {
         st.wake.spent();
         tick(ctx, st);
@@ -142,17 +107,7 @@ impl Store for RedisStore<'_> {
     }
 }
 
-/// Both clocks, now.
-pub fn now() -> Clock {
-    Clock {
-        mono: ffi::mono_us(),
-        wall: ffi::wall_ms(),
-    }
-}
-
-/// The blocked-client callbacks of LOCK.ACQUIRE.
-pub struct Waiting;
-
+// The blocked-client callbacks of LOCK.ACQUIRE (the marker type lives in the state).
 /// Runs `f` on the engine, then makes sure it is woken for what `f` put on its agenda.
 pub fn with_engine<R>(ctx: Ctx<'_>, f: impl FnOnce(&mut Engine<Waiter>) -> R) -> Option<R> {
     state::with(|st| {

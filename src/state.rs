@@ -13,10 +13,88 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 
+use std::sync::atomic::{AtomicI64, Ordering};
+
 use crate::engine::Engine;
-use crate::ffi::MainThread;
+use crate::ffi::blocked::{BlockedClient, Timer};
+use crate::ffi::datatype::TypeHandle;
+use crate::ffi::{self, Ctx, MainThread};
+use crate::lock::codec::Clock;
 use crate::lock::value::{Addr, LockValue};
-use crate::sched::{Waiter, WakeTimer};
+
+/// A blocked LOCK.ACQUIRE (its callbacks are in `sched`).
+pub struct Waiting;
+pub type Waiter = BlockedClient<Waiting>;
+
+/// The registered data type; `TYPE key` shows its name.
+pub static LOCK_TYPE: TypeHandle<LockValue> = TypeHandle::new();
+
+/// Lock values the server owns (created minus freed): `lock_held` in INFO. Atomic
+/// because a value's `free` may run on a lazy-free thread.
+static LIVE: AtomicI64 = AtomicI64::new(0);
+
+pub fn count_created() {
+    LIVE.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn count_freed() {
+    LIVE.fetch_sub(1, Ordering::Relaxed);
+}
+
+pub fn live() -> u64 {
+    LIVE.load(Ordering::Relaxed).max(0) as u64
+}
+
+/// Both clocks, now.
+pub fn now() -> Clock {
+    Clock {
+        mono: ffi::mono_us(),
+        wall: ffi::wall_ms(),
+    }
+}
+
+/// The engine's wake-up timer: at most one armed, for the earliest instant asked for.
+pub struct WakeTimer {
+    armed: Option<(Timer<()>, i64)>,
+    /// What the timer runs (`sched::fired`, installed at load).
+    pub fire: fn(Ctx<'_>, ()),
+}
+
+impl Default for WakeTimer {
+    fn default() -> Self {
+        WakeTimer {
+            armed: None,
+            fire: |_, ()| {},
+        }
+    }
+}
+
+impl WakeTimer {
+    /// Makes sure the engine is woken no later than `at` (monotonic µs).
+    pub fn arm(&mut self, ctx: Ctx<'_>, at: i64) {
+        if let Some((_, due)) = &self.armed {
+            if *due <= at {
+                return;
+            }
+        }
+        self.rearm(ctx, at);
+    }
+
+    /// Arms the timer for `at` whatever was armed (after the wall clock stepped).
+    pub fn rearm(&mut self, ctx: Ctx<'_>, at: i64) {
+        if let Some((t, _)) = self.armed.take() {
+            t.stop(ctx);
+        }
+        let left_us = at.saturating_sub(ffi::mono_us()).max(0);
+        let delay_ms = left_us.saturating_add(999) / 1000;
+        self.armed = Some((Timer::start(ctx, delay_ms, self.fire, ()), at));
+    }
+
+    /// The armed timer fired (its handle is spent).
+    pub fn spent(&mut self) {
+        self.armed = None;
+    }
+}
 
 pub struct State {
     pub engine: Engine<Waiter>,

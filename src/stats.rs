@@ -14,7 +14,7 @@ pub fn info(out: &mut InfoSink) {
         return;
     };
     let fields = [
-        ("held", crate::datatype::live()),
+        ("held", crate::state::live()),
         ("waiters", waiters as u64),
         ("acquired", s.acquired),
         ("renewed", s.renewed),

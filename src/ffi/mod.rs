@@ -14,11 +14,16 @@
 
 pub mod blocked;
 pub mod cmdinfo;
+mod command;
 pub mod config;
 pub mod datatype;
 pub mod events;
 pub mod guard;
+mod key;
 pub mod reply;
+
+pub use command::{entry, Args, Handler};
+pub use key::{Key, KeyKind};
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::marker::PhantomData;
@@ -175,6 +180,13 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// The context of the module's load function, as the crate's macro passes it.
+    pub fn of_load(ctx: &'a redis_module::Context) -> Ctx<'a> {
+        // SAFETY: the crate's context wraps the live context the server passed to the
+        // load function, valid while it is borrowed.
+        unsafe { Ctx::from_raw(ctx.ctx) }
+    }
+
     pub(crate) fn raw(self) -> *mut raw::RedisModuleCtx {
         self.raw
     }
@@ -259,12 +271,7 @@ impl<'a> Ctx<'a> {
         };
         // SAFETY: valid context and key name; the handle is closed by `Key::drop`.
         let raw = unsafe { api!(RedisModule_OpenKey)(self.raw, name.raw, mode as c_int) };
-        Key {
-            raw: raw.cast(),
-            kind: std::cell::Cell::new(None),
-            ty,
-            _ctx: PhantomData,
-        }
+        Key::new(raw.cast(), ty)
     }
 
     /// Integer fields of an INFO section (missing fields read as 0).
@@ -499,212 +506,6 @@ pub fn client_addr(id: u64) -> Option<(String, u16)> {
 }
 
 // ---- keys ---------------------------------------------------------------------------
-
-/// What an open key holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyKind {
-    Empty,
-    String,
-    /// A value of the given module type.
-    Ours,
-    Other,
-}
-
-/// An open key, closed on drop. What it holds is looked up once and remembered until
-/// the module changes the key through this handle.
-pub struct Key<'a, T: 'static> {
-    raw: *mut raw::RedisModuleKey,
-    kind: std::cell::Cell<Option<KeyKind>>,
-    ty: &'static TypeHandle<T>,
-    _ctx: PhantomData<&'a ()>,
-}
-
-impl<T: 'static> Key<'_, T> {
-    pub fn kind(&self) -> KeyKind {
-        if let Some(k) = self.kind.get() {
-            return k;
-        }
-        let k = self.lookup_kind();
-        self.kind.set(Some(k));
-        k
-    }
-
-    fn lookup_kind(&self) -> KeyKind {
-        if self.raw.is_null() {
-            return KeyKind::Empty;
-        }
-        // SAFETY: an open key handle.
-        let t = unsafe { api!(RedisModule_KeyType)(self.raw) };
-        const EMPTY: c_int = raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
-        const STRING: c_int = raw::REDISMODULE_KEYTYPE_STRING as c_int;
-        const MODULE: c_int = raw::REDISMODULE_KEYTYPE_MODULE as c_int;
-        match t {
-            EMPTY => KeyKind::Empty,
-            STRING => KeyKind::String,
-            MODULE => {
-                // SAFETY: an open key holding a module value.
-                let mt = unsafe { api!(RedisModule_ModuleTypeGetType)(self.raw) };
-                if mt == self.ty.raw() && !mt.is_null() {
-                    KeyKind::Ours
-                } else {
-                    KeyKind::Other
-                }
-            }
-            _ => KeyKind::Other,
-        }
-    }
-
-    /// The module value, if the key holds one of the type; borrowed as long as the key is.
-    pub fn value(&mut self) -> Option<&mut T> {
-        if self.kind() != KeyKind::Ours {
-            return None;
-        }
-        // SAFETY: the key holds a value of our type, which is always a `Box<T>` given to
-        // the server by `put` or the type's load callback; the server keeps it while the
-        // key is open and unchanged, and `&mut self` keeps anyone else from changing it.
-        unsafe {
-            let v = api!(RedisModule_ModuleTypeGetValue)(self.raw);
-            v.cast::<T>().as_mut()
-        }
-    }
-
-    /// Stores a module value (replacing what the key holds); false if the server refused.
-    pub fn put(&mut self, v: Box<T>) -> bool {
-        let p = Box::into_raw(v);
-        // SAFETY: a key opened for writing; on success the server owns `p`.
-        let ok = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, self.ty.raw(), p.cast()) }
-            == OK;
-        self.kind.set(None);
-        if !ok {
-            // SAFETY: the server refused it, so `p` is still ours alone.
-            drop(unsafe { Box::from_raw(p) });
-        }
-        ok
-    }
-
-    /// Whether the string value equals `b`. Write paths only: the server's direct access
-    /// turns a shared or integer encoding into a plain one.
-    pub fn string_eq(&mut self, b: &[u8]) -> bool {
-        let mut len = 0usize;
-        // SAFETY: an open key holding a string (callers check `kind()`).
-        let p = unsafe {
-            api!(RedisModule_StringDMA)(self.raw, &mut len, raw::REDISMODULE_READ as c_int)
-        };
-        if p.is_null() {
-            return false;
-        }
-        // SAFETY: `p` points at the `len` bytes of the value while the key is open.
-        unsafe { slice::from_raw_parts(p.cast::<u8>(), len) == b }
-    }
-
-    pub fn delete(&mut self) {
-        // SAFETY: an open key (a no-op if opened read-only or empty).
-        unsafe { api!(RedisModule_DeleteKey)(self.raw) };
-        self.kind.set(None);
-    }
-
-    /// Sets the key's expiry (nothing for an empty key: Redis 8 does not check).
-    pub fn set_abs_expire(&mut self, at_ms: i64) {
-        if self.kind() == KeyKind::Empty {
-            return;
-        }
-        // SAFETY: an open key holding a value.
-        unsafe { api!(RedisModule_SetAbsExpire)(self.raw, at_ms) };
-    }
-
-    /// Absolute expiry in unix ms, or None without one (or for an empty key, which
-    /// Redis 8 does not check for).
-    pub fn abs_expire(&self) -> Option<i64> {
-        if self.kind() == KeyKind::Empty {
-            return None;
-        }
-        // SAFETY: an open key holding a value.
-        let v = unsafe { api!(RedisModule_GetAbsExpire)(self.raw) };
-        (v >= 0).then_some(v)
-    }
-}
-
-impl<T: 'static> Drop for Key<'_, T> {
-    fn drop(&mut self) {
-        if !self.raw.is_null() {
-            // SAFETY: opened by `Ctx::open_key`, closed exactly once here.
-            unsafe { api!(RedisModule_CloseKey)(self.raw) };
-        }
-    }
-}
-
-/// Defines `extern "C" fn $name(ctx, argv, argc)` for a command implemented by
-/// `$body(Ctx, Args) -> Result<(), LockError>`: errors and panics become error replies.
-macro_rules! command_entry {
-    ($name:ident, $cmd:literal, $body:path) => {
-        pub extern "C" fn $name(
-            ctx: *mut redis_module::raw::RedisModuleCtx,
-            argv: *mut *mut redis_module::raw::RedisModuleString,
-            argc: std::ffi::c_int,
-        ) -> std::ffi::c_int {
-            // SAFETY: the server calls a command handler with its context and `argc`
-            // live argument strings, valid until the handler returns.
-            let (ctx, args) = unsafe { $crate::ffi::command_args(ctx, argv, argc) };
-            $crate::ffi::guard::command(ctx, $cmd, || $body(ctx, args))
-        }
-    };
-}
-pub(crate) use command_entry;
-
-/// The arguments of a command, borrowed from the server for the handler's duration.
-#[derive(Clone, Copy)]
-pub struct Args<'a> {
-    raw: &'a [*mut raw::RedisModuleString],
-}
-
-impl<'a> Args<'a> {
-    pub fn len(self) -> usize {
-        self.raw.len()
-    }
-
-    pub fn get(self, i: usize) -> Option<Str<'a>> {
-        // SAFETY: every pointer is a live argument string for 'a (see `command_args`).
-        self.raw.get(i).map(|&p| unsafe { Str::from_raw(p) })
-    }
-
-    /// The arguments from `from` on, as byte slices in `buf` (no allocation); None when
-    /// there are more than `buf` holds.
-    pub fn bytes_from<'b, const N: usize>(
-        self,
-        from: usize,
-        buf: &'b mut [&'a [u8]; N],
-    ) -> Option<&'b [&'a [u8]]> {
-        let rest = self.raw.get(from..).unwrap_or(&[]);
-        if rest.len() > N {
-            return None;
-        }
-        for (slot, i) in buf.iter_mut().zip(from..) {
-            if let Some(s) = self.get(i) {
-                *slot = s.bytes();
-            }
-        }
-        Some(&buf[..rest.len()])
-    }
-}
-
-/// # Safety
-/// Only for `command_entry!`: `ctx`, `argv` and `argc` as the server passes them to a
-/// command handler, all valid until the handler returns (`'a`).
-pub unsafe fn command_args<'a>(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> (Ctx<'a>, Args<'a>) {
-    let n = usize::try_from(argc).unwrap_or(0);
-    let raw = if argv.is_null() || n == 0 {
-        &[][..]
-    } else {
-        // SAFETY: `argc` live pointers (caller's contract).
-        unsafe { slice::from_raw_parts(argv, n) }
-    };
-    // SAFETY: the context lives until the handler returns (caller's contract).
-    (unsafe { Ctx::from_raw(ctx) }, Args { raw })
-}
 
 /// Module options set at load: I/O errors of RDB loading are reported to the module
 /// (a truncated value fails cleanly), and a key opened for writing is not signalled as

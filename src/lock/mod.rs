@@ -4,4 +4,5 @@
 
 pub mod codec;
 pub mod fence;
+pub mod holder;
 pub mod value;

@@ -23,11 +23,12 @@
 use std::ffi::CStr;
 
 use super::Clock;
-use crate::args::{options, parse_i64, positive_fence};
 use crate::error::LockError;
+use crate::lock::fence::MAX_FENCE;
 use crate::lock::value::{
     digest, Addr, Digest, Holder, Mode, MAX_ADDR_LEN, MAX_LIMIT, MAX_OWNER_LEN, MAX_TOKEN_LEN,
 };
+use crate::syntax::{options, parse_i64, positive};
 
 /// One change of a lock key, as the engine makes it.
 #[derive(Debug, Clone, Copy)]
@@ -271,6 +272,10 @@ pub fn encode(change: &Change<'_>, clock: Clock, out: &mut dyn FnMut(&CStr, &[&[
 }
 
 // ---- decoding ------------------------------------------------------------------------------
+
+fn positive_fence(v: &[u8], err: LockError) -> Result<u64, LockError> {
+    positive(v, MAX_FENCE, err)
+}
 
 fn bad() -> LockError {
     LockError::Syntax("malformed LOCK.REPL".into())
