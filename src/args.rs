@@ -32,6 +32,8 @@ pub struct Acquire<'a> {
     pub block: Option<u64>,
     /// Lowest fence this grant may carry (0: no floor). Used by quorum clients.
     pub min_fence: u64,
+    /// LOCKDELAY ms (None: the `lock.lock-delay` setting).
+    pub lock_delay: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +100,7 @@ pub fn block_deadline(now_us: i64, block_ms: u64) -> Result<Option<i64>, LockErr
     Ok(Some(at))
 }
 
-/// `LOCK.ACQUIRE key [SHARED | LIMIT n] [PX ms | EX s] [TOKEN t] [OWNER o] [BLOCK ms] [MINFENCE n]`
+/// `LOCK.ACQUIRE key [SHARED | LIMIT n] [PX ms | EX s] [TOKEN t] [OWNER o] [BLOCK ms] [MINFENCE n] [LOCKDELAY ms]`
 pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>, LockError> {
     const CMD: &str = "lock.acquire";
     let mut req = Acquire {
@@ -109,13 +111,22 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
         owner: None,
         block: None,
         min_fence: 0,
+        lock_delay: None,
     };
     let mut ttl = None;
     let mut kinds = 0;
     options_at(
         args,
         &[
-            "PX", "EX", "TOKEN", "OWNER", "BLOCK", "MINFENCE", "SHARED", "LIMIT",
+            "PX",
+            "EX",
+            "TOKEN",
+            "OWNER",
+            "BLOCK",
+            "MINFENCE",
+            "SHARED",
+            "LIMIT",
+            "LOCKDELAY",
         ],
         &["SHARED"],
         |name, v, at| {
@@ -147,6 +158,14 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
                         .filter(|n| (1..=MAX_LIMIT).contains(n))
                         .ok_or(LockError::InvalidLimit(MAX_LIMIT))?;
                     req.mode = Mode::Counted(n);
+                }
+                "LOCKDELAY" => {
+                    let n = parse_i64(v).ok_or(LockError::NotInteger)?;
+                    let ms = u32::try_from(n)
+                        .ok()
+                        .filter(|ms| u64::from(*ms) <= lim.max_ttl)
+                        .ok_or(LockError::InvalidLockDelay)?;
+                    req.lock_delay = Some(ms);
                 }
                 _ => req.min_fence = positive_fence(v, LockError::InvalidFence)?,
             }
@@ -292,6 +311,13 @@ mod tests {
         assert_eq!(r.owner, Some(&b"srv"[..]));
         assert_eq!(r.block, Some(0));
         assert_eq!(r.min_fence, 7);
+        assert_eq!(acq(&["LOCKDELAY", "500"]).unwrap().lock_delay, Some(500));
+        assert_eq!(acq(&["LOCKDELAY", "0"]).unwrap().lock_delay, Some(0));
+        assert_eq!(acq(&["LOCKDELAY", "-1"]), Err(LockError::InvalidLockDelay));
+        assert_eq!(
+            acq(&["LOCKDELAY", "86400001"]),
+            Err(LockError::InvalidLockDelay)
+        );
     }
 
     #[test]

@@ -73,9 +73,26 @@ fn run<'a>(ctx: Ctx<'a>, name: Str<'a>, mut cmd: Command<'a>, block: bool) -> An
             wake,
             listening,
             unblock_allowed,
+            cluster,
             ..
         } = st;
+        // In a cluster, a slot this node only began to serve is confirmed with the other
+        // nodes first: no grant (and no hand-off) on it until then.
+        let slot_pending = match cluster {
+            Some(c) if write && !matches!(cmd, Command::Apply { .. }) => {
+                let slot = crate::cluster::key_slot(name.bytes());
+                if c.pending(slot) {
+                    c.refresh(ctx, &engine.fence, ffi::mono_us());
+                }
+                c.pending(slot)
+            }
+            _ => false,
+        };
+        if slot_pending && matches!(cmd, Command::Acquire(_)) {
+            return (Outcome::Reply(Reply::Error(LockError::SlotArriving)), false);
+        }
         let mut ks = RedisKey::command(ctx, name, write, *listening);
+        ks.slot_pending = slot_pending;
         let mut sched = RedisSched {
             ctx,
             wake,
@@ -83,7 +100,13 @@ fn run<'a>(ctx: Ctx<'a>, name: Str<'a>, mut cmd: Command<'a>, block: bool) -> An
             unblock_allowed: *unblock_allowed,
         };
         let out = engine.handle(cmd, &mut ks, &mut sched);
-        (out, ks.classic_waiter)
+        let classic = ks.classic_waiter;
+        drop(ks);
+        // A MINFENCE lift reaches the other nodes at once.
+        if let Some(c) = cluster {
+            c.maybe_broadcast(ctx, engine.fence.last(), ffi::mono_us());
+        }
+        (out, classic)
     })
     .ok_or(LockError::Busy)?;
     if classic {
@@ -110,6 +133,7 @@ fn acquire_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
         owner: req.owner,
         block: req.block,
         min_fence: req.min_fence,
+        lock_delay: req.lock_delay.unwrap_or_else(config::lock_delay),
         client_id: ctx.client_id(),
         addr: Addr::None,
     });

@@ -43,11 +43,19 @@ pub static MAX_WAITERS: Setting = Setting::new("max-waiters", 10_000, 1, 10_000_
 /// The shortest TOKEN LOCK.ACQUIRE takes: a short token is a guessable secret (a 4-byte
 /// one falls to pipelined RELEASE guesses in well under a second).
 pub static MIN_TOKEN_LEN: Setting = Setting::new("min-token-length", 16, 1, MAX_TOKEN_LEN as i64);
+/// The lock-delay of a grant that does not give LOCKDELAY (ms; 0: none).
+pub static LOCK_DELAY: Setting = Setting::new("lock-delay", 0, 0, TEN_YEARS_MS);
 pub static DEBUG_COMMANDS: AtomicBool = AtomicBool::new(false);
 /// `fence-shift` (a `loadmodule` argument only): 10, or 20 to keep the 0.1 release's
 /// fence scale on a server that restarts without its data.
 pub static FENCE_SHIFT: AtomicU32 = AtomicU32::new(SHIFT);
-const SETTINGS: [&Setting; 4] = [&DEFAULT_TTL, &MAX_TTL, &MAX_WAITERS, &MIN_TOKEN_LEN];
+const SETTINGS: [&Setting; 5] = [
+    &DEFAULT_TTL,
+    &MAX_TTL,
+    &MAX_WAITERS,
+    &MIN_TOKEN_LEN,
+    &LOCK_DELAY,
+];
 
 pub fn limits() -> Limits {
     Limits {
@@ -55,6 +63,10 @@ pub fn limits() -> Limits {
         max_ttl: MAX_TTL.get().max(0) as u64,
         min_token_len: MIN_TOKEN_LEN.get().max(1) as usize,
     }
+}
+
+pub fn lock_delay() -> u32 {
+    u32::try_from(LOCK_DELAY.get().max(0)).unwrap_or(u32::MAX)
 }
 
 pub fn debug_commands() -> bool {

@@ -21,6 +21,8 @@ pub enum LockError {
         min: usize,
         max: usize,
     },
+    /// LOCKDELAY negative or above lock.max-ttl.
+    InvalidLockDelay,
     /// COUNT of LOCK.INFO out of range (the largest allowed).
     InvalidCount(usize),
     /// A write command on a replica (also a writable one): locks change only where the
@@ -61,6 +63,9 @@ pub enum LockError {
     TryAgain,
     /// A waiter's lock was moved to another server by MIGRATE.
     Moved,
+    /// This node began serving the key's hash slot a moment ago and has not yet heard
+    /// every other node's fence counter.
+    SlotArriving,
     /// A waiter on a server that became a replica.
     Unblocked,
 }
@@ -85,6 +90,10 @@ impl fmt::Display for LockError {
             LockError::BadLength { what, min, max } => {
                 write!(f, "ERR {what} must be {min} to {max} bytes long")
             }
+            LockError::InvalidLockDelay => write!(
+                f,
+                "ERR LOCKDELAY must be an integer from 0 to lock.max-ttl (ms)"
+            ),
             LockError::InvalidCount(max) => {
                 write!(f, "ERR COUNT must be an integer from 1 to {max}")
             }
@@ -148,6 +157,11 @@ impl fmt::Display for LockError {
                 "TRYAGAIN the lock's hash slot moved to another node while you waited; retry \
                  and the cluster will redirect you"
             ),
+            LockError::SlotArriving => write!(
+                f,
+                "TRYAGAIN this node began serving the lock's hash slot a moment ago and is \
+                 confirming its fences with the other nodes; retry"
+            ),
             LockError::Moved => write!(
                 f,
                 "LOCKMOVED the lock was moved to another server (MIGRATE) while you waited"
@@ -183,6 +197,7 @@ mod tests {
                 max: 256,
             },
             LockError::InvalidCount(1000),
+            LockError::InvalidLockDelay,
             LockError::ReadOnly,
             LockError::Busy,
             LockError::StoreFailed,
@@ -201,6 +216,7 @@ mod tests {
             LockError::InvalidFenceArg,
             LockError::TryAgain,
             LockError::Moved,
+            LockError::SlotArriving,
             LockError::Unblocked,
         ];
         for e in all {

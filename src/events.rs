@@ -182,8 +182,24 @@ fn cron(ctx: Ctx<'_>, st: &mut State, now: i64) {
             st.wake.rearm(ctx, at);
         }
     }
+    if let Some(c) = &mut st.cluster {
+        c.cron(ctx, &st.engine.fence, now);
+    }
     if now.saturating_sub(st.listen_checked) >= LISTEN_CHECK_US {
         st.listen_checked = now;
         st.listening = listening_now(ctx);
     }
+}
+
+/// A message from the module on another node of the cluster.
+pub fn on_bus(ctx: Ctx<'_>, from: &crate::ffi::cluster::NodeId, kind: u8, data: &[u8]) {
+    let now = ffi::mono_us();
+    state::with(|st| {
+        let counter = st.engine.fence.last();
+        if let Some(c) = &mut st.cluster {
+            if let Some(heard) = c.received(ctx, from, kind, data, counter, now) {
+                st.engine.fence.observe(heard);
+            }
+        }
+    });
 }

@@ -34,6 +34,8 @@ pub struct RedisKey<'a> {
     in_command: bool,
     /// A client now waits for this classic string lock.
     pub classic_waiter: bool,
+    /// In a cluster: this node is still confirming the key's slot (no grant on it yet).
+    pub slot_pending: bool,
 }
 
 impl<'a> RedisKey<'a> {
@@ -49,6 +51,7 @@ impl<'a> RedisKey<'a> {
             listening,
             in_command: true,
             classic_waiter: false,
+            slot_pending: false,
         }
     }
 
@@ -64,6 +67,7 @@ impl<'a> RedisKey<'a> {
             listening,
             in_command: false,
             classic_waiter: false,
+            slot_pending: false,
         }
     }
 
@@ -168,6 +172,9 @@ impl Keyspace for RedisKey<'_> {
     }
 
     fn gate(&mut self) -> Gate {
+        if self.slot_pending {
+            return Gate::Later;
+        }
         if self.in_command {
             return Gate::Now;
         }

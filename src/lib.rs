@@ -16,6 +16,7 @@ pub mod lock;
 pub mod reply;
 pub mod syntax;
 
+mod cluster;
 mod commands;
 mod config;
 mod datatype;
@@ -67,6 +68,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                     Arg::Opt("OWNER", "label", STRING),
                     Arg::Opt("BLOCK", "timeout", INTEGER),
                     Arg::Opt("MINFENCE", "fence", INTEGER),
+                    Arg::Opt("LOCKDELAY", "milliseconds", INTEGER),
                 ],
             },
             Some(ffi::entry::<commands::Acquire>),
@@ -219,6 +221,7 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
     ffi::events::subscribe_keyspace(ctx, events::EVICTIONS, events::on_keyspace)?;
     ffi::events::subscribe_server(ctx, events::on_server)?;
     ffi::events::register_info(ctx, stats::info)?;
+    ffi::cluster::register(ctx, &[cluster::STATE, cluster::REQUEST], events::on_bus);
     let wall = ffi::wall_ms();
     state::with(|st| {
         // CLIENT UNBLOCK of a waiter races its hand-off on servers before Redis 7.4 (the
@@ -235,6 +238,9 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
             .set_min_shift(config::FENCE_SHIFT.load(Ordering::Relaxed));
         // A start: the first fence jumps ahead of the clock (see lock::fence).
         st.engine.fence.start(wall);
+        if cluster::enabled(ctx) {
+            st.cluster = ffi::cluster::my_id().map(cluster::Cluster::new);
+        }
     })
     .ok_or("the module state is busy at load")?;
     Ok(())

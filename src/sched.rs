@@ -27,11 +27,13 @@ pub fn tick(ctx: Ctx<'_>, st: &mut State) {
         engine,
         wake,
         listening,
+        cluster,
         ..
     } = st;
     let mut store = RedisStore {
         ctx,
         listening: *listening,
+        cluster: cluster.as_ref(),
     };
     let mut sched = RedisSched {
         ctx,
@@ -87,6 +89,7 @@ pub fn may_block(ctx: Ctx<'_>) -> bool {
 pub struct RedisStore<'a> {
     pub ctx: Ctx<'a>,
     pub listening: bool,
+    pub cluster: Option<&'a crate::cluster::Cluster>,
 }
 
 impl Store for RedisStore<'_> {
@@ -99,7 +102,11 @@ impl Store for RedisStore<'_> {
         if !self.ctx.select_db(db) {
             return None;
         }
-        Some(RedisKey::owned(self.ctx, name, self.listening))
+        let mut k = RedisKey::owned(self.ctx, name, self.listening);
+        k.slot_pending = self
+            .cluster
+            .is_some_and(|c| c.confirming(crate::cluster::key_slot(name)));
+        Some(k)
     }
 
     fn clock(&self) -> Clock {

@@ -119,6 +119,8 @@ pub struct State {
     pub clock_offset: Option<i64>,
     /// When `listening` was last asked of the server (monotonic µs).
     pub listen_checked: i64,
+    /// In a cluster: the slots this node serves and what the other nodes said.
+    pub cluster: Option<crate::cluster::Cluster>,
     /// The lock key the server unlinked last, until its `evicted` notification (if any).
     pub last_unlinked: Option<(i32, Vec<u8>)>,
     addrs: Vec<(u64, Addr)>,
@@ -156,6 +158,7 @@ impl State {
             clock_offset: None,
             listen_checked: 0,
             last_unlinked: None,
+            cluster: None,
             addrs: Vec::new(),
         }
     }

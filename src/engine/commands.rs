@@ -20,6 +20,8 @@ pub struct AcquireReq<'a> {
     /// BLOCK: `Some(0)` waits without limit.
     pub block: Option<u64>,
     pub min_fence: u64,
+    /// The grant's lock-delay (ms; 0: none).
+    pub lock_delay: u32,
     pub client_id: u64,
     pub addr: Addr,
 }
@@ -124,7 +126,15 @@ impl<W> Engine<W> {
             Slot::Lock(v) => match digest.filter(|d| v.find(d).is_some()) {
                 Some(d) => Step::Renew(d),
                 None => {
-                    check_family(v.mode().family(), req.mode).map_err(mismatch)?;
+                    // An emptied key whose lock-delay runs takes any kind of lock after.
+                    let family = if v.is_empty() {
+                        queued
+                    } else {
+                        Some(v.mode().family())
+                    };
+                    if let Some(f) = family {
+                        check_family(f, req.mode).map_err(mismatch)?;
+                    }
                     if queued.is_none() && v.admits(req.mode, clock.mono) {
                         Step::Grant
                     } else {
@@ -177,6 +187,7 @@ impl<W> Engine<W> {
             ttl: req.ttl,
             min_fence: req.min_fence,
             owner: req.owner.map(Into::into),
+            lock_delay: req.lock_delay,
             client_id: req.client_id,
             addr: req.addr,
             deadline,
@@ -208,6 +219,7 @@ impl<W> Engine<W> {
                 ttl: req.ttl,
                 min_fence: req.min_fence,
                 owner: req.owner,
+                lock_delay: req.lock_delay,
                 client_id: req.client_id,
                 addr: &req.addr,
             },
@@ -265,15 +277,25 @@ impl<W> Engine<W> {
         };
         let now = clock.mono;
         let holders = v.live_count(now);
+        let delay = v.delay_until().map_or(0, |t| clock.remaining_ms(t).max(0));
         if holders == 0 {
-            return Ok(Reply::Nil);
+            if delay == 0 {
+                return Ok(Reply::Nil);
+            }
+            // A lock-delay runs: nobody holds it, nobody gets it before it ends.
+            return Ok(Reply::Map(vec![
+                ("state", Reply::text("delayed")),
+                ("kind", Reply::text("module")),
+                ("mode", Reply::text(v.mode().name())),
+                ("lock-delay", Reply::Int(delay)),
+                ("holders", Reply::Int(0)),
+                ("waiters", Reply::Int(waiters as i64)),
+                ("holder-list", Reply::Array(Vec::new())),
+                ("cursor", Reply::Int(0)),
+            ]));
         }
-        let last = v
-            .iter()
-            .filter(|h| h.live(now))
-            .map(|h| h.deadline)
-            .max()
-            .unwrap_or(now);
+        // Some holder is live, so the latest lease is.
+        let last = v.last_lease_end().unwrap_or(now);
         let mut m: Vec<(&'static str, Reply<'a>)> = vec![
             ("state", Reply::text("held")),
             ("kind", Reply::text("module")),
@@ -294,7 +316,7 @@ impl<W> Engine<W> {
         if let Mode::Counted(n) = v.mode() {
             m.push(("limit", Reply::Int(i64::from(n))));
         }
-        let mut live = v.iter().filter(|h| h.live(now) && h.fence > page.after);
+        let mut live = v.iter_after(page.after).filter(|h| h.live(now));
         let list: Vec<Reply<'a>> = live
             .by_ref()
             .take(page.count)
@@ -307,6 +329,7 @@ impl<W> Engine<W> {
             },
             _ => 0,
         };
+        m.push(("lock-delay", Reply::Int(delay)));
         m.push(("holders", Reply::Int(holders as i64)));
         m.push(("waiters", Reply::Int(waiters as i64)));
         m.push(("holder-list", Reply::Array(list)));
@@ -376,6 +399,25 @@ impl<W> Engine<W> {
                     v.set_deadline(fence, deadline);
                     let after = v.next_lease_end();
                     self.reindex(db, &name, before, after);
+                }
+            }
+            ReplCmd::Delay { until } => {
+                let (mode, kept) = match ks.read() {
+                    Ok(Slot::Lock(v)) => {
+                        let before = v.next_lease_end();
+                        let kept = v.set_delay(until);
+                        if kept {
+                            let after = v.next_lease_end();
+                            self.reindex(db, &name, before, after);
+                        }
+                        (v.mode(), kept)
+                    }
+                    _ => (Mode::Exclusive, false),
+                };
+                if !kept {
+                    self.drop_value(ks);
+                    ks.put(LockValue::delayed(mode, until))?;
+                    self.reindex(db, &name, None, Some(until));
                 }
             }
             ReplCmd::Drop { fence } => {

@@ -199,6 +199,7 @@ struct NewHolder<'a> {
     ttl: u64,
     min_fence: u64,
     owner: Option<&'a [u8]>,
+    lock_delay: u32,
     client_id: u64,
     addr: &'a Addr,
 }
@@ -268,7 +269,8 @@ impl<W> Engine<W> {
             g.client_id,
             g.addr.clone(),
             g.owner.map(Into::into),
-        );
+        )
+        .with_lock_delay(g.lock_delay);
         let (db, name) = (ks.db(), ks.name().to_vec());
         let sent = holder.clone();
         match ks.read()? {
@@ -339,7 +341,8 @@ impl<W> Engine<W> {
     }
 
     /// Removes holders whose lease is over, as an expiry would: replicated, counted,
-    /// notified (the key is deleted when none is left).
+    /// notified. A holder with a lock-delay leaves it running behind it (the key stays,
+    /// empty, until the delay ends); the key is deleted when nothing is left.
     fn reap(&mut self, ks: &mut impl Keyspace) -> Result<(), LockError> {
         let now = ks.clock().mono;
         let (db, name) = (ks.db(), ks.name().to_vec());
@@ -347,27 +350,60 @@ impl<W> Engine<W> {
             return Ok(());
         };
         let ended = v.ended(now);
-        if ended.is_empty() && !v.is_empty() {
+        let delay_running = v.delaying(now);
+        if ended.is_empty() && (!v.is_empty() || delay_running) {
+            let before = v.next_lease_end();
+            if !v.is_empty() && v.clear_ended_delay(now) {
+                let after = v.next_lease_end();
+                self.reindex(db, &name, before, after);
+            }
             return Ok(());
         }
         let before = v.next_lease_end();
-        let whole = v.mode() == Mode::Exclusive || ended.len() == v.len();
-        if !whole {
+        let mode = v.mode();
+        let left_behind = ended
+            .iter()
+            .filter_map(|f| v.find_fence(*f).and_then(|h| h.delay_end()))
+            .chain(v.delay_until())
+            .max()
+            .filter(|t| *t > now);
+        let whole = mode == Mode::Exclusive || ended.len() == v.len();
+        if !(whole && mode == Mode::Exclusive) {
             for f in &ended {
                 v.remove_fence(*f);
             }
+            if let Some(t) = left_behind {
+                v.set_delay(t);
+            }
         }
-        let after = if whole { None } else { v.next_lease_end() };
+        let after = if whole {
+            left_behind
+        } else {
+            v.next_lease_end()
+        };
         self.stats.expired += ended.len() as u64;
         self.reindex(db, &name, before, after);
-        if whole {
-            ks.remove();
-            ks.replicate(Change::Delete);
-            ks.changed(Event::Expired);
-        } else {
-            for fence in ended {
-                ks.replicate(Change::Drop { fence });
+        match (whole, left_behind) {
+            (true, None) => {
+                ks.remove();
+                ks.replicate(Change::Delete);
             }
+            (true, Some(t)) if mode == Mode::Exclusive => {
+                ks.remove();
+                ks.put(LockValue::delayed(mode, t))?;
+                ks.replicate(Change::Delay { until: t });
+            }
+            _ => {
+                for fence in &ended {
+                    ks.replicate(Change::Drop { fence: *fence });
+                }
+                if let Some(t) = left_behind {
+                    ks.replicate(Change::Delay { until: t });
+                }
+            }
+        }
+        if !ended.is_empty() {
+            ks.changed(Event::Expired);
         }
         Ok(())
     }
@@ -380,6 +416,7 @@ impl<W> Engine<W> {
     ) -> Result<bool, LockError> {
         self.reap(ks)?;
         let (db, name) = (ks.db(), ks.name().to_vec());
+        let now = ks.clock().mono;
         let left = match ks.read()? {
             Slot::Free => return Ok(false),
             Slot::Classic(_) => match which {
@@ -401,7 +438,8 @@ impl<W> Engine<W> {
                         None
                     }
                     (_, None) => return Ok(false),
-                    (_, Some(_)) if v.len() == 1 => {
+                    // The last holder goes; a lock-delay another one left still runs.
+                    (_, Some(_)) if v.len() == 1 && !v.delaying(now) => {
                         self.reindex(db, &name, before, None);
                         None
                     }

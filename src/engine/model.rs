@@ -169,6 +169,8 @@ struct Grant {
     fence: u64,
     /// Monotonic ms.
     deadline: i64,
+    /// ms the key stays closed after this lease ends without a release.
+    lock_delay: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -179,6 +181,7 @@ struct Waiting {
     mode: Mode,
     /// The lease it asked for (ms).
     ttl: i64,
+    lock_delay: i64,
 }
 
 #[derive(Default)]
@@ -190,6 +193,9 @@ struct Model {
     gone: HashSet<WaiterId>,
     blocked: HashMap<u8, WaiterId>,
     last_fence: u64,
+    /// Per key: nothing is granted before this instant (a lock-delay left by a lease
+    /// that ended without a release).
+    delays: HashMap<u8, i64>,
 }
 
 /// Clients 0..8; clients 6 and 7 share one token (as two connections of one service).
@@ -224,8 +230,23 @@ impl Model {
 
     fn live(&mut self, key: u8, now: i64) -> &mut Vec<Grant> {
         let hs = self.holders.entry(key).or_default();
+        let delay = hs
+            .iter()
+            .filter(|h| now >= h.deadline && h.lock_delay > 0)
+            .map(|h| h.deadline + h.lock_delay)
+            .max();
+        if let Some(t) = delay {
+            let d = self.delays.entry(key).or_insert(t);
+            *d = (*d).max(t);
+        }
         hs.retain(|h| now < h.deadline);
         hs
+    }
+
+    /// Whether a lock-delay keeps `key` closed at `now`.
+    fn delayed(&mut self, key: u8, now: i64) -> bool {
+        self.live(key, now);
+        self.delays.get(&key).is_some_and(|t| now < *t)
     }
 
     fn holder_of(&mut self, key: u8, tok: &[u8], now: i64) -> Option<Grant> {
@@ -241,6 +262,10 @@ impl Model {
             self.last_fence
         );
         self.last_fence = g.fence;
+        assert!(
+            !self.delayed(key, now),
+            "grant {g:?} on key {key} during its lock-delay"
+        );
         let hs = self.live(key, now);
         assert!(fits(hs, g.mode), "grant {g:?} on key {key} beside {hs:?}");
         assert!(
@@ -290,6 +315,7 @@ impl Model {
                         mode: w.mode,
                         fence: *fence,
                         deadline,
+                        lock_delay: w.lock_delay,
                     };
                     self.record_grant(w.key, g, now);
                 }
@@ -313,6 +339,7 @@ enum Op {
         block: Option<u16>,
         wrong_limit: bool,
         in_multi: bool,
+        delay: bool,
     },
     Release {
         key: u8,
@@ -340,6 +367,8 @@ enum Op {
 }
 
 const KEYS: u8 = 4;
+/// The lock-delay some grants ask for (ms).
+const LOCK_DELAY: u32 = 25;
 /// Key 3 is a semaphore with this many permits; keys 0..3 are read-write locks.
 const LIMIT: u32 = 2;
 
@@ -355,9 +384,9 @@ fn mode_for(key: u8, shared: bool, wrong_limit: bool) -> Mode {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0..KEYS, 0u8..8, any::<bool>(), 1u16..60, prop::option::of(0u16..80),
-              prop::bool::weighted(0.05), prop::bool::weighted(0.1))
-            .prop_map(|(key, client, shared, ttl, block, wrong_limit, in_multi)| Op::Acquire {
-                key, client, shared, ttl, block, wrong_limit, in_multi
+              prop::bool::weighted(0.05), prop::bool::weighted(0.1), prop::bool::weighted(0.2))
+            .prop_map(|(key, client, shared, ttl, block, wrong_limit, in_multi, delay)| Op::Acquire {
+                key, client, shared, ttl, block, wrong_limit, in_multi, delay
             }),
         3 => (0..KEYS, 0u8..8).prop_map(|(key, client)| Op::Release { key, client }),
         1 => (0..KEYS, 0u8..8, 1u16..60).prop_map(|(key, client, ttl)| Op::Extend { key, client, ttl }),
@@ -450,6 +479,7 @@ impl Harness {
         self.m.holder_of(key, &token(client), now).is_some()
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn acquire(
         &mut self,
         key: u8,
@@ -458,6 +488,7 @@ impl Harness {
         ttl: u16,
         block: Option<u16>,
         in_multi: bool,
+        delay: bool,
     ) {
         let now = self.w.now;
         let tok = token(client);
@@ -478,6 +509,7 @@ impl Harness {
             owner: None,
             block: block.map(u64::from),
             min_fence: 0,
+            lock_delay: if delay { LOCK_DELAY } else { 0 },
             client_id: u64::from(client),
             addr: Addr::None,
         };
@@ -511,6 +543,7 @@ impl Harness {
                             mode,
                             fence,
                             deadline,
+                            lock_delay: if delay { i64::from(LOCK_DELAY) } else { 0 },
                         },
                         now,
                     );
@@ -534,6 +567,7 @@ impl Harness {
                         token: tok,
                         mode,
                         ttl,
+                        lock_delay: if delay { i64::from(LOCK_DELAY) } else { 0 },
                     },
                 );
                 self.m.queues.entry(key).or_default().push_back(id);
@@ -567,9 +601,10 @@ impl Harness {
                 block,
                 wrong_limit,
                 in_multi,
+                delay,
             } if !blocked(&self.m, client) => {
                 let mode = mode_for(key, shared, wrong_limit);
-                self.acquire(key, client, mode, ttl, block, in_multi);
+                self.acquire(key, client, mode, ttl, block, in_multi, delay);
             }
             Op::Release { key, client } if !blocked(&self.m, client) => {
                 let expected = self.held_by(key, client);
@@ -609,13 +644,19 @@ impl Harness {
                 let target = one
                     .then(|| self.m.live(key, now).first().map(|g| g.fence))
                     .flatten();
-                let expected = !self.m.live(key, now).is_empty() && (!one || target.is_some());
+                let held = !self.m.live(key, now).is_empty();
+                // FORCERELEASE of every holder also ends a running lock-delay.
+                let delayed = !one && self.m.delayed(key, now);
+                let expected = (held && (!one || target.is_some())) || delayed;
                 let fence = one.then(|| target.unwrap_or(1));
                 let r = self.cmd(key, Command::ForceRelease(fence));
                 assert_eq!(r, Some(Reply::bool(expected)), "force release of key {key}");
                 match fence {
                     Some(f) => self.m.live(key, now).retain(|g| g.fence != f),
-                    None => self.m.live(key, now).clear(),
+                    None => {
+                        self.m.live(key, now).clear();
+                        self.m.delays.remove(&key);
+                    }
                 }
                 self.settle();
             }
@@ -627,6 +668,7 @@ impl Harness {
                     self.w.repl.push((name, args, cmd));
                 }
                 self.m.holders.remove(&key);
+                self.m.delays.remove(&key);
             }
             Op::Disconnect { client } => {
                 if let Some(id) = self.m.blocked.remove(&client) {
@@ -688,8 +730,9 @@ impl Harness {
                 let w = self.m.waiting[head].clone();
                 let hs = self.m.live(key, now).clone();
                 let mine = hs.iter().any(|h| h.token == w.token);
+                let closed = self.m.delayed(key, now);
                 assert!(
-                    !mine && !fits(&hs, w.mode),
+                    closed || !mine && !fits(&hs, w.mode),
                     "waiter {head} ({:?}) starves on key {key} beside {hs:?}",
                     w.mode
                 );
@@ -775,14 +818,28 @@ fn check_codec(name: &[u8], v: &LockValue, clock: Clock) {
         repair: false,
     };
     let holders: Vec<value::Holder> = v.iter().cloned().collect();
-    assert!(
-        value::build(v.mode(), holders, u64::MAX, false).is_ok(),
-        "key {name:?}: the rule refuses {v:?}"
-    );
+    if v.is_empty() {
+        // Only a running lock-delay keeps an emptied key (until the engine reaps it).
+        assert!(
+            v.delay_until().is_some(),
+            "key {name:?}: empty without a lock-delay"
+        );
+        if !v.delaying(clock.mono) {
+            return;
+        }
+    } else {
+        assert!(
+            value::build(v.mode(), holders, u64::MAX, false).is_ok(),
+            "key {name:?}: the rule refuses {v:?}"
+        );
+    }
     let mut f = Fields::default();
     codec::encode(v, &mut f, clock);
     let back = codec::decode(&mut f.reader(), codec::ENCODING, clock, strict).expect("decodes");
-    assert_eq!(&back.value, v, "key {name:?} did not round-trip");
+    // A lock-delay that ended (while writes were paused, say) is not carried.
+    let mut want = v.clone();
+    want.clear_ended_delay(clock.mono);
+    assert_eq!(back.value, want, "key {name:?} did not round-trip");
 }
 
 proptest! {

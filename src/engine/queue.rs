@@ -19,6 +19,7 @@ pub struct Wait<W> {
     pub ttl: u64,
     pub min_fence: u64,
     pub owner: Option<Box<[u8]>>,
+    pub lock_delay: u32,
     pub client_id: u64,
     pub addr: Addr,
     /// The BLOCK deadline on the monotonic clock (None: waits without limit).
@@ -238,6 +239,14 @@ impl<W> Engine<W> {
                 if v.find(digest).is_some() {
                     return Verdict::Renew;
                 }
+                if v.is_empty() {
+                    // A lock-delay runs (the waiters share one family already).
+                    return if v.admits(want, now) {
+                        Verdict::Grant
+                    } else {
+                        Verdict::Wait
+                    };
+                }
                 match check_family(v.mode().family(), want) {
                     Err(m) => Verdict::Fail(mismatch(m)),
                     Ok(()) if v.admits(want, now) => Verdict::Grant,
@@ -295,6 +304,7 @@ impl<W> Engine<W> {
                         ttl: w.ttl,
                         min_fence: w.min_fence,
                         owner: w.owner.as_deref(),
+                        lock_delay: w.lock_delay,
                         client_id: w.client_id,
                         addr: &w.addr,
                     },

@@ -164,6 +164,9 @@ enum AddrKind {
 struct Extra {
     owner: Option<Box<[u8]>>,
     addr: Addr,
+    /// Lock-delay (ms): if this holder's lease ends without a release, the key is not
+    /// granted for this long after (its writes may still be in flight).
+    lock_delay: u32,
 }
 
 impl Holder {
@@ -194,8 +197,13 @@ impl Holder {
                 other,
             ),
         };
-        let extra =
-            (owner.is_some() || rest != Addr::None).then(|| Box::new(Extra { owner, addr: rest }));
+        let extra = (owner.is_some() || rest != Addr::None).then(|| {
+            Box::new(Extra {
+                owner,
+                addr: rest,
+                lock_delay: 0,
+            })
+        });
         Holder {
             digest,
             fence,
@@ -217,6 +225,32 @@ impl Holder {
 
     pub fn owner(&self) -> Option<&[u8]> {
         self.extra.as_ref().and_then(|e| e.owner.as_deref())
+    }
+
+    /// The lock-delay of this holder (ms; 0: none).
+    pub fn lock_delay(&self) -> u32 {
+        self.extra.as_ref().map_or(0, |e| e.lock_delay)
+    }
+
+    /// This holder with a lock-delay of `ms`.
+    pub fn with_lock_delay(mut self, ms: u32) -> Holder {
+        if ms > 0 || self.extra.is_some() {
+            let e = self.extra.get_or_insert_with(|| {
+                Box::new(Extra {
+                    owner: None,
+                    addr: Addr::None,
+                    lock_delay: 0,
+                })
+            });
+            e.lock_delay = ms;
+        }
+        self
+    }
+
+    /// When the lock-delay of this holder, ended now by its lease, ends (µs).
+    pub fn delay_end(&self) -> Option<i64> {
+        let ms = self.lock_delay();
+        (ms > 0).then(|| self.deadline.saturating_add(i64::from(ms) * 1000))
     }
 
     /// Heap bytes beyond the holder itself (for MEMORY USAGE).

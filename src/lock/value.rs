@@ -102,6 +102,8 @@ pub enum LockValue {
 pub struct ManyHolders {
     mode: Mode,
     set: HolderSet,
+    /// A running lock-delay: nothing is granted before this instant (µs; 0: none).
+    delay_until: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,6 +157,7 @@ impl LockValue {
             m => LockValue::Many(Box::new(ManyHolders {
                 mode: m,
                 set: HolderSet::Small(vec![first]),
+                delay_until: 0,
             })),
         }
     }
@@ -165,7 +168,51 @@ impl LockValue {
         LockValue::Many(Box::new(ManyHolders {
             mode,
             set: HolderSet::Small(Vec::new()),
+            delay_until: 0,
         }))
+    }
+
+    /// A key whose holders are gone while a lock-delay runs until `until` (µs).
+    pub fn delayed(mode: Mode, until: i64) -> LockValue {
+        let mut v = LockValue::empty(mode);
+        v.set_delay(until);
+        v
+    }
+
+    /// The end of a running lock-delay, if one was set.
+    pub fn delay_until(&self) -> Option<i64> {
+        match self {
+            LockValue::Many(m) if m.delay_until != 0 => Some(m.delay_until),
+            _ => None,
+        }
+    }
+
+    /// Sets (or lengthens) the lock-delay of a shared, counted or emptied value; an
+    /// exclusive value with its holder cannot carry one (the caller makes it `delayed`).
+    pub fn set_delay(&mut self, until: i64) -> bool {
+        match self {
+            LockValue::Many(m) => {
+                m.delay_until = m.delay_until.max(until);
+                true
+            }
+            LockValue::Exclusive(_) => false,
+        }
+    }
+
+    /// Forgets a lock-delay that has ended by `now`; true if there was one.
+    pub fn clear_ended_delay(&mut self, now: i64) -> bool {
+        match self {
+            LockValue::Many(m) if m.delay_until != 0 && m.delay_until <= now => {
+                m.delay_until = 0;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether a lock-delay still runs at `now`.
+    pub fn delaying(&self, now: i64) -> bool {
+        self.delay_until().is_some_and(|t| now < t)
     }
 
     pub fn mode(&self) -> Mode {
@@ -197,21 +244,19 @@ impl LockValue {
         }
     }
 
-    /// Up to `count` holders with a fence above `after`, in fence order, and whether more
-    /// follow.
-    pub fn page(&self, after: u64, count: usize) -> (Vec<&Holder>, bool) {
-        let mut it: Box<dyn Iterator<Item = &Holder>> = match self {
+    /// The holders with a fence above `after`, in fence order (O(log n) to the first).
+    pub fn iter_after(&self, after: u64) -> Box<dyn Iterator<Item = &Holder> + '_> {
+        match self {
             LockValue::Many(m) => match &m.set {
                 HolderSet::Large(x) => {
                     Box::new(x.by_fence.range(after.saturating_add(1)..).map(|(_, h)| h))
                 }
-                HolderSet::Small(_) => Box::new(self.iter().filter(move |h| h.fence > after)),
+                HolderSet::Small(v) => Box::new(v.iter().filter(move |h| h.fence > after)),
             },
-            LockValue::Exclusive(_) => Box::new(self.iter().filter(move |h| h.fence > after)),
-        };
-        let page: Vec<&Holder> = it.by_ref().take(count).collect();
-        let more = it.next().is_some();
-        (page, more)
+            LockValue::Exclusive(h) => {
+                Box::new(std::iter::once(h).filter(move |h| h.fence > after))
+            }
+        }
     }
 
     pub fn find(&self, d: &Digest) -> Option<&Holder> {
@@ -319,14 +364,19 @@ impl LockValue {
         }
     }
 
-    /// The first instant at which a lease ends (None for an empty value).
+    /// The first instant at which a lease or the lock-delay ends (None for an empty
+    /// value without a delay).
     pub fn next_lease_end(&self) -> Option<i64> {
         match self {
             LockValue::Exclusive(h) => Some(h.deadline),
-            LockValue::Many(m) => match &m.set {
-                HolderSet::Small(v) => v.iter().map(|h| h.deadline).min(),
-                HolderSet::Large(x) => x.by_deadline.first().map(|(d, _)| *d),
-            },
+            LockValue::Many(m) => {
+                let lease = match &m.set {
+                    HolderSet::Small(v) => v.iter().map(|h| h.deadline).min(),
+                    HolderSet::Large(x) => x.by_deadline.first().map(|(d, _)| *d),
+                };
+                let delay = (m.delay_until != 0).then_some(m.delay_until);
+                [lease, delay].into_iter().flatten().min()
+            }
         }
     }
 
@@ -380,6 +430,9 @@ impl LockValue {
     /// Whether a new holder of `want` fits beside the live holders at `now` (the family
     /// was checked before).
     pub fn admits(&self, want: Mode, now: i64) -> bool {
+        if self.delaying(now) {
+            return false;
+        }
         let live = self.live_count(now);
         if live == 0 {
             return true;
@@ -425,6 +478,7 @@ impl LockValue {
         LockValue::Many(Box::new(ManyHolders {
             mode,
             set: HolderSet::Small(holders),
+            delay_until: 0,
         }))
     }
 }
@@ -625,15 +679,9 @@ mod tests {
         assert_eq!(s.next_lease_end(), Some(1000));
         assert_eq!(s.live_count(1050), 50);
         assert_eq!(s.ended(1002), vec![1, 2]);
-        let (p, more) = s.page(0, 10);
-        assert_eq!(
-            p.iter().map(|h| h.fence).collect::<Vec<_>>(),
-            (1..=10).collect::<Vec<_>>()
-        );
-        assert!(more);
-        let (p, more) = s.page(95, 10);
-        assert_eq!(p.len(), 5);
-        assert!(!more);
+        let page: Vec<u64> = s.iter_after(0).take(10).map(|h| h.fence).collect();
+        assert_eq!(page, (1..=10).collect::<Vec<_>>());
+        assert_eq!(s.iter_after(95).count(), 5);
         assert!(s.set_deadline(1, 5000));
         assert_eq!(s.next_lease_end(), Some(1002));
         assert_eq!(s.remove_fence(1).map(|h| h.fence), Some(1));

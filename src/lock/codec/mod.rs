@@ -6,14 +6,15 @@
 //! ```text
 //! v1 (release 0.1): token fence expires-at acquired-at has-owner [owner] client-id addr
 //! v2 (0.2):         mode [limit] n, n x (digest fence expires-at acquired-at client-id addr has-owner [owner])
-//! v3 (this one):    mode [limit] n, n x (digest fence remaining acquired-at client-id addr has-owner [owner])
+//! v3 (this one):    mode [limit] n, n x (digest fence remaining acquired-at client-id addr has-owner [owner] lock-delay), delay-left
 //! ```
 //!
 //! `mode` is 0 exclusive, 1 shared, 2 counted. v1 and v2 carry the lease as an absolute
 //! unix-ms deadline; v3 carries the time left, in ms rounded up, so that a value moved to
 //! another server (a replica, a restarted server, another node) never needs two clocks to
-//! agree and never comes back with a shorter lease. The commands of the replication
-//! stream and the AOF are in [`repl`].
+//! agree and never comes back with a shorter lease. v3 also carries each holder's
+//! lock-delay (ms, 0 for none) and the time left of a running lock-delay (ms, 0 for
+//! none). The commands of the replication stream and the AOF are in [`repl`].
 
 pub mod repl;
 
@@ -93,8 +94,8 @@ pub trait Sink {
 /// Decodes a value of encoding `encver`. None: the payload cannot be parsed (or, without
 /// repair, breaks the validity rule).
 pub fn decode(src: &mut dyn Source, encver: i32, clock: Clock, policy: Policy) -> Option<Decoded> {
-    let (mode, holders) = match encver {
-        1 => (Mode::Exclusive, vec![holder_v1(src, clock)?]),
+    let (mode, holders, delay) = match encver {
+        1 => (Mode::Exclusive, vec![holder_v1(src, clock)?], 0),
         2 | 3 => {
             let mode = load_mode(src)?;
             let n = src.u64()?;
@@ -102,11 +103,25 @@ pub fn decode(src: &mut dyn Source, encver: i32, clock: Clock, policy: Policy) -
             for _ in 0..n {
                 holders.push(load_holder(src, encver, clock)?);
             }
-            (mode, holders)
+            let delay = if encver == 3 { src.i64()? } else { 0 };
+            (mode, holders, delay)
         }
         _ => return None,
     };
-    let (value, repaired) = value::build(mode, holders, policy.ceiling, policy.repair).ok()?;
+    if holders.is_empty() && delay > 0 {
+        let value = LockValue::delayed(mode, clock.after_ms(delay));
+        return Some(Decoded {
+            value,
+            repaired: Vec::new(),
+        });
+    }
+    let (mut value, repaired) = value::build(mode, holders, policy.ceiling, policy.repair).ok()?;
+    if delay > 0 && !value.set_delay(clock.after_ms(delay)) {
+        // An exclusive holder and a delay: the holder wins (the delay follows its lease).
+        value = value::build(mode, value.iter().cloned().collect(), policy.ceiling, true)
+            .ok()?
+            .0;
+    }
     Some(Decoded { value, repaired })
 }
 
@@ -119,7 +134,9 @@ pub fn encode(v: &LockValue, out: &mut dyn Sink, clock: Clock) {
         out.u64(h.fence);
         out.i64(clock.remaining_ms(h.deadline));
         save_rest(out, h);
+        out.u64(u64::from(h.lock_delay()));
     }
+    out.i64(v.delay_until().map_or(0, |t| clock.remaining_ms(t).max(0)));
 }
 
 /// Encodes a value as release 0.2 did (v2); for tests of the upgrade path.
@@ -204,15 +221,13 @@ fn load_holder(src: &mut dyn Source, encver: i32, clock: Clock) -> Option<Holder
     let client_id = src.u64()?;
     let addr = Addr::parse(&src.bytes()?);
     let owner = load_owner(src)?;
-    Some(Holder::new(
-        d,
-        fence,
-        deadline,
-        acquired_at,
-        client_id,
-        addr,
-        owner,
-    ))
+    let lock_delay = if encver == 3 {
+        u32::try_from(src.u64()?).unwrap_or(u32::MAX)
+    } else {
+        0
+    };
+    let h = Holder::new(d, fence, deadline, acquired_at, client_id, addr, owner);
+    Some(h.with_lock_delay(lock_delay))
 }
 
 fn holder_v1(src: &mut dyn Source, clock: Clock) -> Option<Holder> {
@@ -368,6 +383,17 @@ mod tests {
     }
 
     #[test]
+    fn lock_delays_round_trip() {
+        let h = h(1, 100, None, Addr::None).with_lock_delay(5000);
+        let x = LockValue::new(Mode::Exclusive, h);
+        assert_eq!(round_trip(&x, NOW), x);
+        let d = LockValue::delayed(Mode::Shared, NOW.after_ms(700));
+        let back = round_trip(&d, NOW);
+        assert_eq!(back.delay_until(), Some(NOW.after_ms(700)));
+        assert!(back.is_empty());
+    }
+
+    #[test]
     fn older_encodings_still_load() {
         let x = LockValue::new(Mode::Counted(3), h(7, 5000, None, Addr::V6([1; 16], 2)));
         let mut f = Fields::default();
@@ -403,7 +429,9 @@ mod tests {
             out.u64(x.fence);
             out.i64(100);
             save_rest(out, x);
+            out.u64(0);
         }
+        out.i64(0);
         assert!(decode(&mut f.reader(), 3, NOW, STRICT).is_none());
         let d = decode(&mut f.reader(), 3, NOW, REPAIR).unwrap();
         assert_eq!(d.value.len(), 1);

@@ -5,9 +5,10 @@
 //!
 //! ```text
 //! this release:
-//!   LOCK.REPL key ADD <mode>;<digest>;<fence>;<ttl-ms>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n]
+//!   LOCK.REPL key ADD <mode>;<digest>;<fence>;<ttl-ms>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n] [LOCKDELAY ms]
 //!   LOCK.REPL key RENEW <fence>;<ttl-ms> [FLOOR n]
 //!   LOCK.REPL key DROP <fence>
+//!   LOCK.REPL key DELAY <ms>                  (a lock-delay runs; an exclusive holder is gone)
 //!   DEL key                                   (the last holder is gone)
 //!   PEXPIREAT key <unix-ms>                   (a classic string lock extended)
 //! release 0.2 (absolute unix-ms deadlines):
@@ -48,6 +49,8 @@ pub enum Change<'a> {
     },
     /// One holder of a shared or counted lock is gone (the others stay).
     Drop { fence: u64 },
+    /// A lock-delay runs until `until` (an exclusive lock's holder is gone with it).
+    Delay { until: i64 },
     /// The key is gone.
     Delete,
     /// A classic string lock's new absolute deadline (unix ms).
@@ -69,6 +72,9 @@ pub enum ReplCmd {
     },
     Drop {
         fence: u64,
+    },
+    Delay {
+        until: i64,
     },
 }
 
@@ -234,8 +240,8 @@ pub fn encode(change: &Change<'_>, clock: Clock, out: &mut dyn FnMut(&CStr, &[&[
                 .u64(h.client_id)
                 .sep()
                 .addr(&h.addr());
-            let fl = number(floor);
-            let mut args: [&[u8]; 6] = [b"ADD", p.bytes(), &[], &[], &[], &[]];
+            let (fl, delay) = (number(floor), number(u64::from(h.lock_delay())));
+            let mut args: [&[u8]; 8] = [b"ADD", p.bytes(), &[], &[], &[], &[], &[], &[]];
             let mut n = 2;
             if let Some(o) = h.owner() {
                 (args[n], args[n + 1]) = (b"OWNER", o);
@@ -243,6 +249,10 @@ pub fn encode(change: &Change<'_>, clock: Clock, out: &mut dyn FnMut(&CStr, &[&[
             }
             if floor > h.fence {
                 (args[n], args[n + 1]) = (b"FLOOR", fl.bytes());
+                n += 2;
+            }
+            if h.lock_delay() > 0 {
+                (args[n], args[n + 1]) = (b"LOCKDELAY", delay.bytes());
                 n += 2;
             }
             out(c"LOCK.REPL", &args[..n]);
@@ -262,6 +272,10 @@ pub fn encode(change: &Change<'_>, clock: Clock, out: &mut dyn FnMut(&CStr, &[&[
             }
         }
         Change::Drop { fence } => out(c"LOCK.REPL", &[b"DROP", number(fence).bytes()]),
+        Change::Delay { until } => {
+            let ms = u64::try_from(clock.remaining_ms(until).max(0)).unwrap_or(0);
+            out(c"LOCK.REPL", &[b"DELAY", number(ms).bytes()]);
+        }
         Change::Delete => out(c"DEL", &[]),
         Change::ClassicExpireAt(at) => {
             let mut p = Packed::new();
@@ -307,18 +321,22 @@ pub fn decode(args: &[&[u8]], clock: Clock) -> Result<ReplCmd, LockError> {
     let [op, packed, opts @ ..] = args else {
         return Err(LockError::WrongArity("lock.repl"));
     };
-    let mut floor = 0;
-    let mut owner = None;
+    let (mut floor, mut owner, mut lock_delay) = (0, None, 0);
     let allowed: &[&str] = match *op {
-        b"ADD" | b"GRANT" => &["OWNER", "FLOOR"],
+        b"ADD" => &["OWNER", "FLOOR", "LOCKDELAY"],
+        b"GRANT" => &["OWNER", "FLOOR"],
         b"RENEW" | b"LEASE" => &["FLOOR"],
         _ => &[],
     };
     options(opts, allowed, &[], |name, v| {
-        if name == "OWNER" {
-            owner = Some(bounded(v, MAX_OWNER_LEN)?);
-        } else {
-            floor = positive_fence(v, LockError::InvalidFence)?;
+        match name {
+            "OWNER" => owner = Some(bounded(v, MAX_OWNER_LEN)?),
+            "LOCKDELAY" => {
+                lock_delay = parse_i64(v)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(bad)?
+            }
+            _ => floor = positive_fence(v, LockError::InvalidFence)?,
         }
         Ok(())
     })?;
@@ -354,7 +372,8 @@ pub fn decode(args: &[&[u8]], clock: Clock) -> Result<ReplCmd, LockError> {
                 client_id,
                 Addr::parse(addr),
                 owner.map(Into::into),
-            );
+            )
+            .with_lock_delay(lock_delay);
             Ok(ReplCmd::Add {
                 mode,
                 holder,
@@ -371,6 +390,9 @@ pub fn decode(args: &[&[u8]], clock: Clock) -> Result<ReplCmd, LockError> {
         }
         b"DROP" => Ok(ReplCmd::Drop {
             fence: fence(packed)?,
+        }),
+        b"DELAY" => Ok(ReplCmd::Delay {
+            until: clock.after_ms(int(packed)?.max(0)),
         }),
         _ => Err(bad()),
     }
