@@ -4,7 +4,7 @@
 use crate::error::LockError;
 use crate::lock::fence::MAX_FENCE;
 use crate::lock::value::{Mode, MAX_LIMIT, MAX_OWNER_LEN, MAX_TOKEN_LEN};
-use crate::syntax::{options, options_at, parse_i64, positive};
+use crate::syntax::{options, parse_i64, positive, walk};
 
 fn positive_fence(v: &[u8], err: LockError) -> Result<u64, LockError> {
     positive(v, MAX_FENCE, err)
@@ -100,6 +100,19 @@ pub fn block_deadline(now_us: i64, block_ms: u64) -> Result<Option<i64>, LockErr
     Ok(Some(at))
 }
 
+/// The options of LOCK.ACQUIRE, most used first (the walk looks them up in order).
+const ACQUIRE_OPTIONS: &[&str] = &[
+    "PX",
+    "EX",
+    "TOKEN",
+    "OWNER",
+    "BLOCK",
+    "MINFENCE",
+    "SHARED",
+    "LIMIT",
+    "LOCKDELAY",
+];
+
 /// `LOCK.ACQUIRE key [SHARED | LIMIT n] [PX ms | EX s] [TOKEN t] [OWNER o] [BLOCK ms] [MINFENCE n] [LOCKDELAY ms]`
 pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>, LockError> {
     const CMD: &str = "lock.acquire";
@@ -115,63 +128,57 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
     };
     let mut ttl = None;
     let mut kinds = 0;
-    options_at(
-        args,
-        &[
-            "PX",
-            "EX",
-            "TOKEN",
-            "OWNER",
-            "BLOCK",
-            "MINFENCE",
-            "SHARED",
-            "LIMIT",
-            "LOCKDELAY",
-        ],
-        &["SHARED"],
-        |name, v, at| {
-            match name {
-                "PX" => ttl = Some(ttl_ms(v, 1, lim.max_ttl, CMD)?),
-                "EX" => ttl = Some(ttl_ms(v, 1000, lim.max_ttl, CMD)?),
-                "TOKEN" => {
-                    req.token = Some(bounded(v, "TOKEN", lim.min_token_len, MAX_TOKEN_LEN)?);
-                    req.token_at = Some(at);
-                }
-                "OWNER" => req.owner = Some(bounded(v, "OWNER", 1, MAX_OWNER_LEN)?),
-                "BLOCK" => {
-                    let n = parse_i64(v).ok_or(LockError::InvalidTimeout(
-                        "is not an integer or out of range",
-                    ))?;
-                    if n < 0 {
-                        return Err(LockError::InvalidTimeout("is negative"));
-                    }
-                    req.block = Some(n as u64);
-                }
-                "SHARED" => {
-                    kinds += 1;
-                    req.mode = Mode::Shared;
-                }
-                "LIMIT" => {
-                    kinds += 1;
-                    let n = parse_i64(v)
-                        .and_then(|n| u32::try_from(n).ok())
-                        .filter(|n| (1..=MAX_LIMIT).contains(n))
-                        .ok_or(LockError::InvalidLimit(MAX_LIMIT))?;
-                    req.mode = Mode::Counted(n);
-                }
-                "LOCKDELAY" => {
-                    let n = parse_i64(v).ok_or(LockError::NotInteger)?;
-                    let ms = u32::try_from(n)
-                        .ok()
-                        .filter(|ms| u64::from(*ms) <= lim.max_ttl)
-                        .ok_or(LockError::InvalidLockDelay)?;
-                    req.lock_delay = Some(ms);
-                }
-                _ => req.min_fence = positive_fence(v, LockError::InvalidFence)?,
+    // The option indices of ACQUIRE_OPTIONS.
+    const PX: usize = 0;
+    const EX: usize = 1;
+    const TOKEN: usize = 2;
+    const OWNER: usize = 3;
+    const BLOCK: usize = 4;
+    const SHARED: usize = 6;
+    const LIMIT: usize = 7;
+    const LOCKDELAY: usize = 8;
+    walk(args, ACQUIRE_OPTIONS, 1 << SHARED, |opt, v, at| {
+        match opt {
+            PX => ttl = Some(ttl_ms(v, 1, lim.max_ttl, CMD)?),
+            EX => ttl = Some(ttl_ms(v, 1000, lim.max_ttl, CMD)?),
+            TOKEN => {
+                req.token = Some(bounded(v, "TOKEN", lim.min_token_len, MAX_TOKEN_LEN)?);
+                req.token_at = Some(at);
             }
-            Ok(())
-        },
-    )?;
+            OWNER => req.owner = Some(bounded(v, "OWNER", 1, MAX_OWNER_LEN)?),
+            BLOCK => {
+                let n = parse_i64(v).ok_or(LockError::InvalidTimeout(
+                    "is not an integer or out of range",
+                ))?;
+                if n < 0 {
+                    return Err(LockError::InvalidTimeout("is negative"));
+                }
+                req.block = Some(n as u64);
+            }
+            SHARED => {
+                kinds += 1;
+                req.mode = Mode::Shared;
+            }
+            LIMIT => {
+                kinds += 1;
+                let n = parse_i64(v)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| (1..=MAX_LIMIT).contains(n))
+                    .ok_or(LockError::InvalidLimit(MAX_LIMIT))?;
+                req.mode = Mode::Counted(n);
+            }
+            LOCKDELAY => {
+                let n = parse_i64(v).ok_or(LockError::NotInteger)?;
+                let ms = u32::try_from(n)
+                    .ok()
+                    .filter(|ms| u64::from(*ms) <= lim.max_ttl)
+                    .ok_or(LockError::InvalidLockDelay)?;
+                req.lock_delay = Some(ms);
+            }
+            _ => req.min_fence = positive_fence(v, LockError::InvalidFence)?,
+        }
+        Ok(())
+    })?;
     if kinds > 1 {
         return Err(LockError::Syntax(
             "SHARED and LIMIT exclude each other".into(),

@@ -96,7 +96,7 @@ impl DataType for LockType {
                 e.stats.repaired += 1;
             }
             if let Some((db, name)) = &key {
-                e.loaded(*db, name, &d.value);
+                e.loaded(*db, name, &d.value, clock.mono);
             }
         });
         count_created();

@@ -50,50 +50,63 @@ pub fn options<'a>(
     flags: &[&'static str],
     mut handle: impl FnMut(&'static str, &'a [u8]) -> Result<(), LockError>,
 ) -> Result<(), LockError> {
-    options_at(args, known, flags, |name, v, _| handle(name, v))
+    let flag_bits = known
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| flags.contains(k))
+        .fold(0u32, |bits, (i, _)| bits | 1 << i);
+    walk(args, known, flag_bits, |i, v, _| handle(known[i], v))
 }
 
-pub fn options_at<'a>(
+/// The walk under [`options`], by index: `handle(option index, value, value's index in
+/// args)`; `flags` has a bit per bare flag of `known`. No allocation on success.
+pub fn walk<'a>(
     args: &[&'a [u8]],
     known: &[&'static str],
-    flags: &[&'static str],
-    mut handle: impl FnMut(&'static str, &'a [u8], usize) -> Result<(), LockError>,
+    flags: u32,
+    mut handle: impl FnMut(usize, &'a [u8], usize) -> Result<(), LockError>,
 ) -> Result<(), LockError> {
+    // Which options are PX or EX (one setting), decided once per walk.
+    let expiries = known
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| matches!(**k, "PX" | "EX"))
+        .fold(0u32, |bits, (i, _)| bits | 1 << i);
+    let expiry = |i: usize| expiries & (1 << i) != 0;
     let mut seen = 0u32;
-    let mut expiry_seen: Option<&'static str> = None;
+    let mut expiry_seen = None;
     let mut i = 0;
     while i < args.len() {
         let opt = args[i];
         let idx = known
             .iter()
-            .position(|k| k.as_bytes().eq_ignore_ascii_case(opt))
+            .position(|k| k.len() == opt.len() && k.as_bytes().eq_ignore_ascii_case(opt))
             .ok_or_else(|| LockError::Syntax(format!("unknown option '{}'", show(opt))))?;
-        let name = known[idx];
-        let expiry = name == "EX" || name == "PX";
-        let slot = if expiry {
-            known.iter().position(|k| *k == "PX").unwrap_or(idx)
+        // PX and EX are one setting: both take the bit of the first of them.
+        let slot = if expiry(idx) {
+            expiries.trailing_zeros() as usize
         } else {
             idx
         };
         if seen & (1 << slot) != 0 {
             return Err(LockError::Syntax(match expiry_seen {
-                Some(first) if expiry && first != name => "PX and EX exclude each other".into(),
-                _ => format!("option '{name}' given twice"),
+                Some(first) if expiry(idx) && first != idx => "PX and EX exclude each other".into(),
+                _ => format!("option '{}' given twice", known[idx]),
             }));
         }
-        if expiry {
-            expiry_seen = Some(name);
+        if expiry(idx) {
+            expiry_seen = Some(idx);
         }
         seen |= 1 << slot;
-        if flags.contains(&name) {
-            handle(name, b"", i)?;
+        if flags & (1 << idx) != 0 {
+            handle(idx, b"", i)?;
             i += 1;
             continue;
         }
         let value = args
             .get(i + 1)
-            .ok_or_else(|| LockError::Syntax(format!("option '{name}' needs a value")))?;
-        handle(name, value, i + 1)?;
+            .ok_or_else(|| LockError::Syntax(format!("option '{}' needs a value", known[idx])))?;
+        handle(idx, value, i + 1)?;
         i += 2;
     }
     Ok(())

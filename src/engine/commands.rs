@@ -66,6 +66,7 @@ impl<W> Engine<W> {
         ks: &mut impl Keyspace,
         sched: &mut S,
     ) -> Outcome<'a> {
+        self.now = self.now.max(ks.clock().mono);
         let reply = match cmd {
             Command::Acquire(req) => return self.acquire(ks, sched, req),
             Command::Release(token) => self
@@ -108,8 +109,8 @@ impl<W> Engine<W> {
         if req.min_fence > self.fence.ceiling(clock.wall, FENCE_LEAD_MS) {
             return Err(LockError::FenceTooFarAhead);
         }
-        let digest = req.token.map(value::digest);
-        let (db, name) = (ks.db(), ks.name().to_vec());
+        let digest = req.token.map(|t| self.tokens.digest(t));
+        let (db, name) = (ks.db(), super::Name::of(ks.name()));
         if self.has_waiters(db, &name) {
             // A key may still have waiters whose hand-off was deferred: they go first.
             self.serve(ks, sched);
@@ -253,7 +254,7 @@ impl<W> Engine<W> {
                 return Ok(true);
             }
             Slot::Lock(v) => {
-                let d = value::digest(token);
+                let d = self.tokens.digest(token);
                 if v.find(&d).is_none() {
                     return Ok(false);
                 }
@@ -346,7 +347,7 @@ impl<W> Engine<W> {
         cmd: ReplCmd,
         ceiling: u64,
     ) -> Result<(), LockError> {
-        let (db, name) = (ks.db(), ks.name().to_vec());
+        let (db, name) = (ks.db(), super::Name::of(ks.name()));
         match cmd {
             ReplCmd::Add {
                 mode,
@@ -446,7 +447,7 @@ impl<W> Engine<W> {
 
     /// Removes whatever lock value the key holds (and its lease entry).
     fn drop_value(&mut self, ks: &mut impl Keyspace) {
-        let (db, name) = (ks.db(), ks.name().to_vec());
+        let (db, name) = (ks.db(), super::Name::of(ks.name()));
         let before = match ks.read() {
             Ok(Slot::Lock(v)) => Some(v.next_lease_end()),
             Ok(Slot::Free) => None,

@@ -12,6 +12,7 @@
 //! (`remove_holders`). Every change is stored first, then replicated.
 
 mod commands;
+mod leases;
 mod queue;
 
 mod timeline;
@@ -161,15 +162,102 @@ pub struct Engine<W> {
     agenda: BTreeSet<(i64, Task)>,
     /// Every lock key by the end of its earliest lease: what the engine reaps, and when
     /// it serves the key's waiters.
-    leases: BTreeSet<(i64, i32, Box<[u8]>)>,
+    leases: leases::Leases,
     /// A replica does not end leases (its primary does); set when the gate says so,
     /// cleared at promotion.
     leases_paused: bool,
+    /// The monotonic clock as of the latest command or tick.
+    now: i64,
+    tokens: TokenCache,
+}
+
+/// The digests of tokens seen lately, by the token: an acquire computes one, and the
+/// extends and the release that follow with the same token find it here (the digest is a
+/// tenth of an acquire). In memory only, like the arguments the token arrives in.
+#[derive(Default)]
+struct TokenCache(Vec<Cached>);
+
+struct Cached {
+    len: u8,
+    token: [u8; 48],
+    digest: Digest,
+}
+
+impl TokenCache {
+    const SLOTS: usize = 4096;
+
+    fn slot(token: &[u8]) -> usize {
+        // FxHash over 8-byte words: cheap, and spreads random and patterned tokens.
+        let mut h: u64 = token.len() as u64;
+        for chunk in token.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+        (h >> 52) as usize % Self::SLOTS
+    }
+
+    fn digest(&mut self, token: &[u8]) -> Digest {
+        if token.len() > 48 {
+            return crate::lock::value::digest(token);
+        }
+        if self.0.is_empty() {
+            self.0 = (0..Self::SLOTS)
+                .map(|_| Cached {
+                    len: 0,
+                    token: [0; 48],
+                    digest: [0; 16],
+                })
+                .collect();
+        }
+        let e = &mut self.0[Self::slot(token)];
+        if usize::from(e.len) == token.len() && e.len > 0 && e.token[..token.len()] == *token {
+            return e.digest;
+        }
+        let d = crate::lock::value::digest(token);
+        e.len = token.len() as u8;
+        e.token[..token.len()].copy_from_slice(token);
+        e.digest = d;
+        d
+    }
 }
 
 impl<W> Default for Engine<W> {
     fn default() -> Self {
         Engine::new()
+    }
+}
+
+/// A copy of a key's name, on the stack up to 64 bytes (the engine keeps one while it
+/// changes the key; most names fit, so no allocation).
+pub(crate) struct Name {
+    inline: [u8; 64],
+    len: usize,
+    heap: Option<Box<[u8]>>,
+}
+
+impl Name {
+    pub(crate) fn of(b: &[u8]) -> Name {
+        let mut n = Name {
+            inline: [0; 64],
+            len: b.len(),
+            heap: None,
+        };
+        match n.inline.get_mut(..b.len()) {
+            Some(dst) => dst.copy_from_slice(b),
+            None => n.heap = Some(b.into()),
+        }
+        n
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.heap {
+            Some(h) => h,
+            None => &self.inline[..self.len],
+        }
     }
 }
 
@@ -215,8 +303,10 @@ impl<W> Engine<W> {
             queues: HashMap::new(),
             by_id: HashMap::new(),
             agenda: BTreeSet::new(),
-            leases: BTreeSet::new(),
+            leases: leases::Leases::default(),
             leases_paused: false,
+            now: 0,
+            tokens: TokenCache::default(),
         }
     }
 
@@ -233,24 +323,32 @@ impl<W> Engine<W> {
     // ---- the lease index -----------------------------------------------------------------
 
     /// Keeps the lease index in step with a change of one key's value: `before` and
-    /// `after` are its earliest lease end before and after (None: no value).
+    /// `after` are its earliest lease end before and after (None: no value). A later end
+    /// keeps the earlier entry (the sweep files the key again when it finds the lease
+    /// running), so lengthening a lease costs nothing here.
     fn reindex(&mut self, db: i32, name: &[u8], before: Option<i64>, after: Option<i64>) {
         if before == after {
             return;
         }
+        if let (Some(b), Some(a)) = (before, after) {
+            if a > b {
+                return;
+            }
+        }
         if let Some(b) = before {
-            self.leases.remove(&(b, db, Box::from(name)));
+            self.leases.remove(b, db, name);
         }
         if let Some(a) = after {
-            self.leases.insert((a, db, name.into()));
+            self.leases.insert(a, db, name, self.now);
         }
     }
 
     /// A lock value came into the keyspace without the engine (loaded from an RDB file
     /// or a RESTORE payload): track its leases.
-    pub fn loaded(&mut self, db: i32, name: &[u8], v: &LockValue) {
-        let at = v.next_lease_end().unwrap_or(i64::MIN);
-        self.leases.insert((at, db, name.into()));
+    pub fn loaded(&mut self, db: i32, name: &[u8], v: &LockValue, now: i64) {
+        self.now = self.now.max(now);
+        let at = v.next_lease_end().unwrap_or(now);
+        self.leases.insert(at, db, name, self.now);
     }
 
     // ---- the grant --------------------------------------------------------------------------
@@ -271,7 +369,7 @@ impl<W> Engine<W> {
             g.owner.map(Into::into),
         )
         .with_lock_delay(g.lock_delay);
-        let (db, name) = (ks.db(), ks.name().to_vec());
+        let (db, name) = (ks.db(), Name::of(ks.name()));
         let sent = holder.clone();
         match ks.read()? {
             Slot::Lock(v) if v.mode() == g.mode && g.mode != Mode::Exclusive => {
@@ -309,7 +407,7 @@ impl<W> Engine<W> {
     ) -> Result<Option<u64>, LockError> {
         let clock = ks.clock();
         let deadline = clock.after_ms(i64::try_from(ttl).unwrap_or(i64::MAX));
-        let (db, name) = (ks.db(), ks.name().to_vec());
+        let (db, name) = (ks.db(), Name::of(ks.name()));
         let Slot::Lock(v) = ks.read()? else {
             return Ok(None);
         };
@@ -345,7 +443,7 @@ impl<W> Engine<W> {
     /// empty, until the delay ends); the key is deleted when nothing is left.
     fn reap(&mut self, ks: &mut impl Keyspace) -> Result<(), LockError> {
         let now = ks.clock().mono;
-        let (db, name) = (ks.db(), ks.name().to_vec());
+        let (db, name) = (ks.db(), Name::of(ks.name()));
         let Slot::Lock(v) = ks.read()? else {
             return Ok(());
         };
@@ -415,8 +513,12 @@ impl<W> Engine<W> {
         which: Which<'_>,
     ) -> Result<bool, LockError> {
         self.reap(ks)?;
-        let (db, name) = (ks.db(), ks.name().to_vec());
+        let (db, name) = (ks.db(), Name::of(ks.name()));
         let now = ks.clock().mono;
+        let token_digest = match which {
+            Which::Token(t) => self.tokens.digest(t),
+            _ => [0; 16],
+        };
         let left = match ks.read()? {
             Slot::Free => return Ok(false),
             Slot::Classic(_) => match which {
@@ -426,7 +528,7 @@ impl<W> Engine<W> {
             },
             Slot::Lock(v) => {
                 let fence = match which {
-                    Which::Token(t) => v.find(&crate::lock::value::digest(t)).map(|h| h.fence),
+                    Which::Token(_) => v.find(&token_digest).map(|h| h.fence),
                     Which::Digest(d) => v.find(d).map(|h| h.fence),
                     Which::Fence(f) => v.find_fence(f).map(|h| h.fence),
                     Which::All => None,

@@ -261,7 +261,7 @@ impl<W> Engine<W> {
     /// waiter whose token already holds the key is answered with that holder's grant,
     /// renewed. Only writes when the gate is open; otherwise the key is served later.
     pub fn serve<S: Sched<Waiter = W>>(&mut self, ks: &mut impl Keyspace, sched: &mut S) {
-        let (db, name) = (ks.db(), ks.name().to_vec());
+        let (db, name) = (ks.db(), super::Name::of(ks.name()));
         if !self.has_waiters(db, &name) {
             return;
         }
@@ -317,7 +317,7 @@ impl<W> Engine<W> {
                     let answer = Answer::Granted {
                         token: w.token,
                         fence,
-                        key: (db, name.clone().into()),
+                        key: (db, Box::from(&*name)),
                         digest: w.digest,
                     };
                     sched.answer(w.handle, answer);

@@ -34,7 +34,7 @@ impl<W> Engine<W> {
         let leases = if self.leases_paused {
             None
         } else {
-            self.leases.first().map(|(t, _, _)| *t)
+            self.leases.first_at()
         };
         [agenda, leases].into_iter().flatten().min()
     }
@@ -48,6 +48,7 @@ impl<W> Engine<W> {
     /// Does everything due by now: agenda tasks first, then ending leases.
     pub fn tick<St: Store, S: Sched<Waiter = W>>(&mut self, store: &mut St, sched: &mut S) {
         let now = store.clock().mono;
+        self.now = self.now.max(now);
         while let Some((at, _)) = self.agenda.first() {
             if *at > now {
                 break;
@@ -58,6 +59,7 @@ impl<W> Engine<W> {
             self.run(task, store, sched, now);
         }
         self.sweep(store, sched, now);
+        self.leases.settle_hint();
         self.request_wake(sched);
     }
 
@@ -106,29 +108,26 @@ impl<W> Engine<W> {
     /// Ends the leases that are over: reaps their keys and serves their queues.
     fn sweep<St: Store, S: Sched<Waiter = W>>(&mut self, store: &mut St, sched: &mut S, now: i64) {
         for _ in 0..LEASES_PER_TICK {
-            let Some((at, _, _)) = self.leases.first() else {
-                return;
-            };
-            if *at > now || self.leases_paused {
+            if self.leases_paused {
                 return;
             }
-            let Some(entry) = self.leases.pop_first() else {
+            let Some(entry) = self.leases.pop_due(now) else {
                 return;
             };
-            let (_, db, name) = &entry;
+            let (db, name) = (&entry.db, &entry.name);
             let Some(mut ks) = store.open(*db, name) else {
                 continue;
             };
             match ks.gate() {
                 Gate::Now => {}
                 Gate::Later => {
-                    self.leases.insert(entry);
+                    self.leases.put_back(entry);
                     self.agenda
                         .insert((now.saturating_add(RETRY_US), Task::Wake));
                     return;
                 }
                 Gate::Replica => {
-                    self.leases.insert(entry);
+                    self.leases.put_back(entry);
                     self.leases_paused = true;
                     return;
                 }
@@ -146,12 +145,12 @@ impl<W> Engine<W> {
             // see it, say RENAMEd here): track what the key holds now.
             if let Ok(Slot::Lock(v)) = ks.read() {
                 if let Some(at) = v.next_lease_end() {
-                    self.leases.insert((at, *db, name.clone()));
+                    self.leases.insert(at, *db, name, now);
                 }
             }
         }
         // More are due than one tick handles: the next tick comes at once.
-        if self.leases.first().is_some_and(|(at, _, _)| *at <= now) {
+        if self.leases.first_at().is_some_and(|at| at <= now) {
             self.agenda.insert((now, Task::Wake));
         }
     }
@@ -167,7 +166,7 @@ impl<W> Engine<W> {
     /// overwrite, RENAME or MOVE away, MIGRATE when `moved`). `value` is what it held.
     pub fn unlinked(&mut self, db: i32, name: &[u8], value: &LockValue, moved: bool, now: i64) {
         if let Some(at) = value.next_lease_end() {
-            self.leases.remove(&(at, db, Box::from(name)));
+            self.leases.remove(at, db, name);
         }
         self.stats.removed += 1;
         if moved {
@@ -178,7 +177,7 @@ impl<W> Engine<W> {
 
     /// FLUSHDB / FLUSHALL (`None`): every lock of those dbs is gone.
     pub fn flushed(&mut self, db: Option<i32>, now: i64) {
-        self.leases.retain(|(_, d, _)| db.is_some_and(|x| x != *d));
+        self.leases.forget_db(db);
         for (d, name) in self.keys_with_waiters(db) {
             self.serve_by(d, &name, now);
         }
@@ -186,23 +185,7 @@ impl<W> Engine<W> {
 
     /// SWAPDB a b: the leases change dbs with their keys; both dbs' queues are served.
     pub fn swapped(&mut self, a: i32, b: i32, now: i64) {
-        let leases = std::mem::take(&mut self.leases);
-        self.leases = leases
-            .into_iter()
-            .map(|(t, d, n)| {
-                (
-                    t,
-                    if d == a {
-                        b
-                    } else if d == b {
-                        a
-                    } else {
-                        d
-                    },
-                    n,
-                )
-            })
-            .collect();
+        self.leases.swap_dbs(a, b);
         for db in [a, b] {
             for (d, name) in self.keys_with_waiters(Some(db)) {
                 self.serve_by(d, &name, now);
