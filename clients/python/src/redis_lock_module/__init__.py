@@ -9,7 +9,14 @@ server's FIFO wait instead of polling.
 
 from redis.exceptions import LockError, LockNotOwnedError
 
-from ._common import LOST_CAP, LOST_EXPIRED, LOST_FAILED, LOST_NOT_HELD
+from ._common import (
+    LOST_CAP,
+    LOST_EXPIRED,
+    LOST_FAILED,
+    LOST_NOT_HELD,
+    LockNotConfirmedError,
+    ModuleNotLoadedError,
+)
 from .lock import Lock, lock
 
 __version__ = "0.1.0"
@@ -19,6 +26,8 @@ __all__ = [
     "lock",
     "LockError",
     "LockNotOwnedError",
+    "LockNotConfirmedError",
+    "ModuleNotLoadedError",
     "LOST_CAP",
     "LOST_EXPIRED",
     "LOST_FAILED",
