@@ -99,3 +99,21 @@ def python_env() -> dict:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     return env
+
+
+def with_async_client(port: int, main: Any, **kwargs: Any) -> None:
+    """servers.with_async_client for every declared redis-py: it closes the client
+    with ``aclose()`` where it exists (5.0.1+), else ``close()`` (4.5-5.0.0)."""
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    async def run() -> None:
+        r = aredis.Redis(port=port, **kwargs)
+        try:
+            await main(r)
+        finally:
+            closing = getattr(r, "aclose", None) or r.close
+            await closing()
+
+    asyncio.run(run())

@@ -10,7 +10,8 @@ from redis.exceptions import LockError, LockNotOwnedError
 from redis_lock_module import LOST_CAP, LOST_NOT_HELD
 from redis_lock_module.asyncio import Lock
 from helpers import lease_ms
-from servers import raw_fence, with_async_client
+from helpers import with_async_client
+from servers import raw_fence
 
 
 def test_api_and_exact_fences(server, key):

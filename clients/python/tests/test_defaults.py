@@ -25,7 +25,8 @@ from redis_lock_module import (
     ModuleNotLoadedError,
 )
 from redis_lock_module.asyncio import Lock as AsyncLock
-from servers import Server, raw_fence, with_async_client
+from helpers import with_async_client
+from servers import Server, raw_fence
 
 SECRET_TOKEN = "secret-token-4f1c2a9e7d"
 PASSWORD = "hunter2-pass-8c1e"

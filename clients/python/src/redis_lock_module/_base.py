@@ -447,13 +447,20 @@ class LockBase:
         error before anything is acquired."""
         cached = node.cached_replicas()
         if cached is None:
-            yield (self._send, conn, ["INFO", "replication"])
-            yield (self._send, conn, ["CONFIG", "GET", "min-replicas-to-write"])
-            info = yield (self._read, conn, self.network_timeout)
             try:
-                to_write = config_value((yield (self._read, conn, self.network_timeout))) or 0
-            except ResponseError:  # CONFIG refused (ACL, renamed): not a setting we know
-                to_write = 0
+                yield (self._send, conn, ["INFO", "replication"])
+                yield (self._send, conn, ["CONFIG", "GET", "min-replicas-to-write"])
+                info = yield (self._read, conn, self.network_timeout)
+                try:
+                    to_write = config_value((yield (self._read, conn, self.network_timeout))) or 0
+                except ResponseError:  # CONFIG refused (ACL, renamed): no setting we know
+                    to_write = 0
+            except NoReply:
+                # Nothing was acquired yet: a plain timeout.
+                raise TimeoutError(
+                    f"INFO replication: no reply from {node.where} within "
+                    f"{self.network_timeout:.3g} s"
+                ) from None
             connected = info_field(info, "connected_slaves") or 0
             node.remember_replicas(connected, to_write)
         else:
