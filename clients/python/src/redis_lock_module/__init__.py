@@ -18,12 +18,15 @@ from ._common import (
     ModuleNotLoadedError,
 )
 from .lock import Lock, lock
+from .redlock import Redlock, RedlockGrant
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Lock",
     "lock",
+    "Redlock",
+    "RedlockGrant",
     "LockError",
     "LockNotOwnedError",
     "LockNotConfirmedError",
