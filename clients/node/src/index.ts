@@ -685,3 +685,6 @@ function configValue(reply: unknown): number {
 }
 
 export default LockClient;
+
+export { Redlock, RedlockGrant, drift } from "./redlock.js";
+export type { RedlockOptions, RedlockAcquireOptions } from "./redlock.js";
