@@ -270,7 +270,7 @@ PY_TEST_ARGS ?=
 DIST := $(CURDIR)/target/dist
 NODE_DIR := $(CURDIR)/clients/node
 NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs test/defaults.test.mjs \
-              test/redlock.test.mjs test/quickstart.test.mjs
+              test/redlock.test.mjs
 
 # $(call py_venv,dir,redis requirement): a venv with the package, pytest and that redis-py.
 define py_venv
@@ -342,5 +342,5 @@ test-node: build node-deps dist-node
 	    ( cd $(NODE_DIR) && LOCK_SERVER_BIN=$$bin node --test --test-concurrency=1 $(NODE_TESTS) ); \
 	done; \
 	echo; echo "== the npm tarball of $(DIST), installed into a fresh npm project"; \
-	cd $(NODE_DIR) && LOCK_SERVER_BIN=$(SERVER_SYSTEM) REDIS_LOCK_DIST=$(DIST) node --test test/dist/dist.test.mjs
+	cd $(NODE_DIR) && LOCK_SERVER_BIN=$(SERVER_SYSTEM) REDIS_LOCK_DIST=$(DIST) node --test --test-concurrency=1 test/dist/dist.test.mjs test/dist/quickstart.test.mjs
 EXTRA_TESTS += test-node
