@@ -223,7 +223,7 @@ test("nothing keeps the process alive after the user's client quits (no locks.cl
 // ---------------------------------------------------------------- 3. once per period
 
 async function cron(server, key, keep) {
-  const start = Date.now() + 1500; // every process has started by then
+  const start = Date.now() + 3000; // every process has started by then (2 cores, five Node starts)
   const skews = [0, 300, 900, 1400, 2000]; // cron on five servers, 0-2 s apart
   const runs = await Promise.all(skews.map((s) => runNode("cron-child.mjs", [String(server.port), String(start + s), key, keep])));
   for (const r of runs) assert.equal(r.code, 0, r.out);
