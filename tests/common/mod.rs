@@ -21,6 +21,16 @@ use std::time::Duration;
 /// How long a test waits for a queue count, a counter, a reply or a replica to show up.
 pub const SETTLE: Duration = Duration::from_secs(10);
 
+/// The shortest TOKEN `LOCK.ACQUIRE` takes by default (`lock.min-token-length`).
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// A token unique to `name`, padded to at least [`MIN_TOKEN_LEN`] bytes (24 for a short
+/// name: `name`, dashes up to 20 bytes, then `-tok`). Tests that check the refusal of a
+/// short token use a short one on purpose.
+pub fn tok(name: &str) -> String {
+    format!("{name:-<20}-tok")
+}
+
 /// True when `needle` occurs in `hay`.
 pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
@@ -259,13 +269,14 @@ pub mod conn {
     /// `px` ms), then the idempotent renew with a MINFENCE floor far above the clock
     /// term ([`far_fence`]), which must keep the token and the fence. The floor.
     pub fn renew_with_floor(c: &mut impl redis::ConnectionLike, key: &str, px: &str) -> u64 {
-        let (t, f) = acquire(c, key, &["PX", px, "TOKEN", "tq"]).unwrap();
+        let tq = tok("tq");
+        let (t, f) = acquire(c, key, &["PX", px, "TOKEN", &tq]).unwrap();
         let floor = far_fence();
-        let renew = ["PX", px, "TOKEN", "tq", "MINFENCE", &floor.to_string()];
+        let renew = ["PX", px, "TOKEN", &tq, "MINFENCE", &floor.to_string()];
         let (t2, f2) = acquire(c, key, &renew).unwrap();
         assert_eq!(
             (t, t2, f2),
-            (b"tq".to_vec(), b"tq".to_vec(), f),
+            (tq.as_bytes().to_vec(), tq.as_bytes().to_vec(), f),
             "a renew keeps its fence"
         );
         floor
