@@ -220,18 +220,29 @@ pub mod conn {
         }
     }
 
+    /// The fields of LOCK.INFO that tell when a lease ends: the time left and the
+    /// server's wall-clock estimate of the end (`expires-at`: wall now + time left, so it
+    /// moves by a few ms between two calls, and a replica's or a restarted server's is
+    /// later, never earlier). [`assert_deadlines`] compares them.
+    const CLOCKED: [&str; 2] = ["ttl", "expires-at"];
+
     /// The fields that must survive a restart or reach a replica unchanged: everything
-    /// but the time left (`ttl`, also inside each holder of `holder-list`) and the
-    /// queue (per server).
+    /// but the deadlines (`ttl` and `expires-at`, also inside each holder of
+    /// `holder-list`) and the queue (per server).
     pub fn durable(info: &Info) -> Info {
         info.iter()
-            .filter(|(k, _)| k.as_str() != "ttl" && k.as_str() != "waiters")
-            .map(|(k, v)| (k.clone(), without_ttl(v)))
+            .filter(|(k, _)| !CLOCKED.contains(&k.as_str()) && k.as_str() != "waiters")
+            .map(|(k, v)| (k.clone(), without_clocked(v)))
             .collect()
     }
 
-    /// A holder list with each holder's `ttl` pair left out.
-    fn without_ttl(v: &Value) -> Value {
+    /// A holder list with each holder's `ttl` and `expires-at` pairs left out.
+    fn without_clocked(v: &Value) -> Value {
+        let clocked = |k: &Value| {
+            CLOCKED
+                .iter()
+                .any(|c| *k == Value::BulkString(c.as_bytes().to_vec()))
+        };
         match v {
             Value::Array(holders) => Value::Array(
                 holders
@@ -239,7 +250,7 @@ pub mod conn {
                     .map(|h| match h {
                         Value::Array(kv) => Value::Array(
                             kv.chunks(2)
-                                .filter(|p| p[0] != Value::BulkString(b"ttl".to_vec()))
+                                .filter(|p| !clocked(&p[0]))
                                 .flatten()
                                 .cloned()
                                 .collect(),
@@ -249,6 +260,44 @@ pub mod conn {
                     .collect(),
             ),
             other => other.clone(),
+        }
+    }
+
+    /// `expires-at` of the lock and of each holder in `holder-list`, in order.
+    pub fn expiries(info: &Info) -> Vec<i64> {
+        let mut v = vec![int_field(info, "expires-at")];
+        if let Some(Value::Array(holders)) = info.get("holder-list") {
+            for h in holders {
+                let Value::Array(kv) = h else {
+                    panic!("holder {h:?}")
+                };
+                let at = kv
+                    .chunks(2)
+                    .find(|p| p[0] == Value::BulkString(b"expires-at".to_vec()))
+                    .unwrap_or_else(|| panic!("no expires-at in {h:?}"));
+                match at[1] {
+                    Value::Int(i) => v.push(i),
+                    ref other => panic!("expires-at {other:?}"),
+                }
+            }
+        }
+        v
+    }
+
+    /// Each deadline of `got` (a copy: a replica's, after a restart, a RESTORE) is no
+    /// earlier than the same one in `want` (the original) less 5 ms of rounding, and at
+    /// most `later` ms after it. A copy carries each lease's time left, so it ends no
+    /// earlier; it may end later by the time the lease took to reach it whole (callers
+    /// pass the time since the grant, or since the save).
+    #[track_caller]
+    pub fn assert_deadlines(want: &Info, got: &Info, later: i64, what: &str) {
+        let (w, g) = (expiries(want), expiries(got));
+        assert_eq!(w.len(), g.len(), "{what}: holders {w:?} / {g:?}");
+        for (w, g) in w.iter().zip(&g) {
+            assert!(
+                *g >= w - 5 && *g <= w + later,
+                "{what}: expires-at {g}, expected {w} (-5 ms, +{later} ms)"
+            );
         }
     }
 
