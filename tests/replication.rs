@@ -450,7 +450,8 @@ fn replica_refuses_lock_writes_and_answers_lock_info() {
     // Nothing changed: the replica still mirrors the primary, with the same lease.
     let info2 = lock_info(&mut rc, "repl:ro").unwrap();
     assert_eq!(durable(&info), durable(&info2));
-    assert_deadlines(&info, &info2, 0, "repl:ro");
+    // (expires-at is an estimate: two LOCK.INFO calls may differ by a few ms.)
+    assert_deadlines(&info, &info2, 5, "repl:ro");
     let pong: String = redis::cmd("PING").query(&mut rc).unwrap();
     assert_eq!(pong, "PONG");
 }
