@@ -346,6 +346,66 @@ fn a_semaphore_grants_its_permits_in_order() {
     assert_eq!(info(&mut c, "sem"), Resp::Nil);
 }
 
+/// LOCK.INFO pages the holder list: at most COUNT holders (default 10) by fence, after
+/// AFTER; `holders` is always the total and `cursor` the fence to pass as AFTER next, 0
+/// once the page reaches the end.
+#[test]
+fn lock_info_pages_the_holder_list() {
+    let srv = ServerBuilder::new().start();
+    let mut c = RawConn::connect(srv.port);
+    let fences: Vec<i64> = (0..12)
+        .map(|i| {
+            take(
+                &mut c,
+                "pg",
+                &["SHARED", "TOKEN", &common::tok(&format!("r{i}"))],
+            )
+        })
+        .collect();
+    // One page of `count` (None: the default) after `after`: (fences, cursor).
+    let mut page = |count: Option<&str>, after: i64| {
+        let mut cmd = vec!["LOCK.INFO", "pg"];
+        if let Some(n) = count {
+            cmd.extend(["COUNT", n]);
+        }
+        let after = after.to_string();
+        cmd.extend(["AFTER", &after]);
+        let r = c.cmd(&cmd);
+        assert_eq!(int(&r, "holders"), 12, "{cmd:?}");
+        let list = r.field("holder-list").expect("holder-list");
+        let got: Vec<i64> = list.items().iter().map(|h| int(h, "fence")).collect();
+        (got, int(&r, "cursor"))
+    };
+    // The default page: the first 10, and where to go on.
+    assert_eq!(page(None, 0), (fences[..10].to_vec(), fences[9]));
+    assert_eq!(page(None, fences[9]), (fences[10..].to_vec(), 0));
+    // Pages of 5 walk the whole list once, in fence order.
+    let (mut walked, mut cursor, mut pages) = (Vec::new(), 0, 0);
+    loop {
+        let (got, next) = page(Some("5"), cursor);
+        walked.extend(got);
+        pages += 1;
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!((walked, pages), (fences.clone(), 3));
+    // A page that ends exactly at the last holder is complete; past it, an empty page.
+    assert_eq!(page(Some("12"), 0), (fences.clone(), 0));
+    assert_eq!(page(Some("2"), fences[11]), (vec![], 0));
+    assert_eq!(page(Some("1"), fences[3]).0, vec![fences[4]]);
+    // AFTER a fence that is no holder's any more starts at the next one above it.
+    let r4 = common::tok("r4");
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "pg", &r4]).int(), 1);
+    let after = fences[4].to_string();
+    let r = c.cmd(&["LOCK.INFO", "pg", "COUNT", "1", "AFTER", &after]);
+    assert_eq!(int(&r, "holders"), 11);
+    let list = r.field("holder-list").expect("holder-list");
+    assert_eq!(int(&list.items()[0], "fence"), fences[5]);
+    assert_eq!(int(&r, "cursor"), fences[5]);
+}
+
 #[test]
 fn wrong_mode_is_an_error_never_a_silent_wait() {
     let srv = ServerBuilder::new().start();
