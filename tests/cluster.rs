@@ -5,7 +5,7 @@
 mod common;
 
 use common::conn::release;
-use common::{key_slot, wait_until, Cluster, Server};
+use common::{key_slot, tok, wait_until, Cluster, Server};
 use redis::{Connection, Value};
 use std::collections::HashSet;
 use std::time::Duration;
@@ -63,7 +63,7 @@ fn lock_commands_work_on_every_master_through_a_cluster_client() {
 
     for (i, (key, port)) in keys.iter().enumerate() {
         let owner = format!("owner-{i}");
-        let token = format!("tok-{i}");
+        let token = tok(&format!("tok-{i}"));
         let (t, fence): (String, i64) = redis::cmd("LOCK.ACQUIRE")
             .arg(key)
             .arg("PX")
@@ -108,8 +108,12 @@ fn lock_commands_work_on_every_master_through_a_cluster_client() {
             .query(&mut cc)
             .unwrap();
         assert_eq!(n, 1);
+        let info: Value = redis::cmd("LOCK.INFO").arg(key).query(&mut cc).unwrap();
+        let ttl = info_int(&info, "ttl");
+        assert!(ttl > 60000, "{key}: lease {ttl} after EXTEND PX 120000");
+        // The lease is the module's: the key has no Redis expiry.
         let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut cc).unwrap();
-        assert!(pttl > 60000, "{key}: PTTL {pttl} after EXTEND PX 120000");
+        assert_eq!(pttl, -1, "{key}");
 
         // RELEASE.
         let n = release(&mut cc, key, token.as_bytes());
@@ -149,11 +153,12 @@ fn lock_commands_work_on_every_master_through_a_cluster_client() {
             .unwrap();
         let mut wc = client.get_connection().unwrap();
         let wkey = key.clone();
+        let wtok = tok("tok-waiter");
         let waiter = std::thread::spawn(move || -> Option<(String, i64)> {
             redis::cmd("LOCK.ACQUIRE")
                 .arg(&wkey)
                 .arg("TOKEN")
-                .arg("tok-waiter")
+                .arg(&wtok)
                 .arg("PX")
                 .arg(60000)
                 .arg("BLOCK")
@@ -173,13 +178,13 @@ fn lock_commands_work_on_every_master_through_a_cluster_client() {
             .join()
             .unwrap()
             .unwrap_or_else(|| panic!("{key}: the waiter was not handed the lock"));
-        assert_eq!(tb, "tok-waiter");
+        assert_eq!(tb, tok("tok-waiter"));
         assert!(fb > fa, "{key}: hand-off fence {fb} <= {fa}");
         let info: Value = redis::cmd("LOCK.INFO").arg(key).query(&mut cc).unwrap();
         assert_eq!(info_int(&info, "fence"), fb);
         let n: i64 = redis::cmd("LOCK.RELEASE")
             .arg(key)
-            .arg("tok-waiter")
+            .arg(tok("tok-waiter"))
             .query(&mut cc)
             .unwrap();
         assert_eq!(n, 1);
@@ -208,6 +213,13 @@ fn wrong_node_answers_moved_and_getkeys_names_the_key() {
                 redis::cmd("LOCK.RELEASE").arg(key).arg("t").clone(),
                 redis::cmd("LOCK.EXTEND").arg(key).arg("t").clone(),
                 redis::cmd("LOCK.INFO").arg(key).clone(),
+                redis::cmd("LOCK.INFO")
+                    .arg(key)
+                    .arg("COUNT")
+                    .arg(5)
+                    .arg("AFTER")
+                    .arg(1)
+                    .clone(),
                 redis::cmd("LOCK.FORCERELEASE").arg(key).clone(),
             ];
             for (i, cmd) in cmds.iter().enumerate() {
@@ -268,5 +280,13 @@ fn wrong_node_answers_moved_and_getkeys_names_the_key() {
         vec!["ek"]
     );
     assert_eq!(getkeys(&mut c, &["LOCK.INFO", "ik"]), vec!["ik"]);
+    assert_eq!(
+        getkeys(&mut c, &["LOCK.INFO", "ik", "COUNT", "5", "AFTER", "ak"]),
+        vec!["ik"]
+    );
     assert_eq!(getkeys(&mut c, &["LOCK.FORCERELEASE", "fk"]), vec!["fk"]);
+    assert_eq!(
+        getkeys(&mut c, &["LOCK.FORCERELEASE", "fk", "FENCE", "1"]),
+        vec!["fk"]
+    );
 }
