@@ -40,6 +40,19 @@ pub struct Acquire<'a> {
 pub struct Extend<'a> {
     pub token: &'a [u8],
     pub ttl: u64,
+    /// OWNER: a new label for the holder (the term is kept).
+    pub owner: Option<&'a [u8]>,
+}
+
+/// `LOCK.WATCH key [FENCE f [OWNER label]] [BLOCK ms]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watch<'a> {
+    /// Wait until this fence no longer holds the key (None: until anyone holds it).
+    pub fence: Option<u64>,
+    /// With FENCE: also answer when that holder's label is no longer this one.
+    pub owner: Option<&'a [u8]>,
+    /// BLOCK ms (None or `Some(0)`: wait without limit).
+    pub block: Option<u64>,
 }
 
 /// `LOCK.INFO key [COUNT n] [AFTER fence]`: a page of the holder list.
@@ -146,15 +159,7 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
                 req.token_at = Some(at);
             }
             OWNER => req.owner = Some(bounded(v, "OWNER", 1, MAX_OWNER_LEN)?),
-            BLOCK => {
-                let n = parse_i64(v).ok_or(LockError::InvalidTimeout(
-                    "is not an integer or out of range",
-                ))?;
-                if n < 0 {
-                    return Err(LockError::InvalidTimeout("is negative"));
-                }
-                req.block = Some(n as u64);
-            }
+            BLOCK => req.block = Some(block_ms(v)?),
             SHARED => {
                 kinds += 1;
                 req.mode = Mode::Shared;
@@ -213,16 +218,61 @@ pub fn parse_extend<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Extend<'a>, L
     const CMD: &str = "lock.extend";
     let (token, rest) = args.split_first().ok_or(LockError::WrongArity(CMD))?;
     let mut ttl = None;
-    options(rest, &["PX", "EX"], &[], |name, v| {
-        let unit = if name == "PX" { 1 } else { 1000 };
-        ttl = Some(ttl_ms(v, unit, lim.max_ttl, CMD)?);
+    let mut owner = None;
+    options(rest, &["PX", "EX", "OWNER"], &[], |name, v| {
+        match name {
+            "OWNER" => owner = Some(bounded(v, "OWNER", 1, MAX_OWNER_LEN)?),
+            "PX" => ttl = Some(ttl_ms(v, 1, lim.max_ttl, CMD)?),
+            _ => ttl = Some(ttl_ms(v, 1000, lim.max_ttl, CMD)?),
+        }
         Ok(())
     })?;
     let ttl = match ttl {
         Some(t) => t,
         None => default_ttl(lim, CMD)?,
     };
-    Ok(Extend { token, ttl })
+    Ok(Extend { token, ttl, owner })
+}
+
+fn block_ms(v: &[u8]) -> Result<u64, LockError> {
+    let n = parse_i64(v).ok_or(LockError::InvalidTimeout(
+        "is not an integer or out of range",
+    ))?;
+    if n < 0 {
+        return Err(LockError::InvalidTimeout("is negative"));
+    }
+    Ok(n as u64)
+}
+
+/// `LOCK.CHECK key fence`
+pub fn parse_check(args: &[&[u8]]) -> Result<u64, LockError> {
+    match args {
+        [fence] => positive_fence(fence, LockError::InvalidFenceArg),
+        _ => Err(LockError::WrongArity("lock.check")),
+    }
+}
+
+/// `LOCK.WATCH key [FENCE f [OWNER label]] [BLOCK ms]`
+pub fn parse_watch<'a>(args: &[&'a [u8]]) -> Result<Watch<'a>, LockError> {
+    let mut w = Watch {
+        fence: None,
+        owner: None,
+        block: None,
+    };
+    options(args, &["FENCE", "OWNER", "BLOCK"], &[], |name, v| {
+        match name {
+            "FENCE" => w.fence = Some(positive_fence(v, LockError::InvalidFenceArg)?),
+            "OWNER" => w.owner = Some(bounded(v, "OWNER", 1, MAX_OWNER_LEN)?),
+            _ => w.block = Some(block_ms(v)?),
+        }
+        Ok(())
+    })?;
+    if w.owner.is_some() && w.fence.is_none() {
+        return Err(LockError::Syntax(
+            "OWNER needs FENCE (it names the label of the holder with that fence)".into(),
+        ));
+    }
+    Ok(w)
 }
 
 /// `LOCK.FORCERELEASE key [FENCE f]`: None removes every holder.
@@ -249,7 +299,10 @@ pub fn parse_info(args: &[&[u8]]) -> Result<Info, LockError> {
                 .filter(|n| (1..=INFO_MAX_COUNT).contains(n))
                 .ok_or(LockError::InvalidCount(INFO_MAX_COUNT))?;
         } else {
-            info.after = u64::try_from(n).map_err(|_| LockError::InvalidFenceArg)?;
+            info.after = u64::try_from(n)
+                .ok()
+                .filter(|f| *f <= MAX_FENCE)
+                .ok_or(LockError::InvalidAfter)?;
         }
         Ok(())
     })?;

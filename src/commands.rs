@@ -5,7 +5,7 @@
 
 use crate::args;
 use crate::config;
-use crate::engine::{AcquireReq, Command, Outcome};
+use crate::engine::{AcquireReq, Command, Outcome, Want, WatchReq};
 use crate::error::LockError;
 use crate::events;
 use crate::ffi::{self, Args, Ctx, Handler, Str};
@@ -42,6 +42,8 @@ handler!(ForceRelease, "lock.forcerelease", forcerelease_cmd);
 handler!(Repl, "lock.repl", repl_cmd);
 handler!(Sync, "lock.sync", sync_cmd);
 handler!(Debug, "lock.debug", debug_cmd);
+handler!(Check, "lock.check", check_cmd);
+handler!(Watch, "lock.watch", watch_cmd);
 
 /// The key (first argument) and the rest as byte slices.
 fn split<'a, 'b>(
@@ -58,16 +60,21 @@ fn split<'a, 'b>(
 
 /// Runs `cmd` on the key `name` with the state borrowed once; `block`: whether the
 /// command asked to wait (its client may then be blocked).
-fn run<'a>(ctx: Ctx<'a>, name: Str<'a>, mut cmd: Command<'a>, block: bool) -> Answer<'a> {
+pub(crate) fn run<'a>(
+    ctx: Ctx<'a>,
+    name: Str<'a>,
+    mut cmd: Command<'a>,
+    block: bool,
+) -> Answer<'a> {
     let (outcome, classic) = state::with(|st| {
         if let Command::Acquire(req) = &mut cmd {
             req.addr = st.addr(req.client_id);
         }
-        if st.replica && !matches!(cmd, Command::Info(_) | Command::Apply { .. }) {
+        if st.replica && !cmd.reads_only() && !matches!(cmd, Command::Apply { .. }) {
             return (Outcome::Reply(Reply::Error(LockError::ReadOnly)), false);
         }
         st.engine.settings.max_waiters = config::max_waiters();
-        let write = !matches!(cmd, Command::Info(_));
+        let write = cmd.changes();
         let State {
             engine,
             wake,
@@ -156,6 +163,7 @@ fn extend_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let cmd = Command::Extend {
         token: req.token,
         ttl: req.ttl,
+        owner: req.owner,
     };
     run(ctx, name, cmd, false)
 }
@@ -165,6 +173,31 @@ fn forcerelease_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let (name, rest) = split(args, "lock.forcerelease", &mut buf)?;
     let fence = args::parse_forcerelease(rest)?;
     run(ctx, name, Command::ForceRelease(fence), false)
+}
+
+fn check_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.check", &mut buf)?;
+    let fence = args::parse_check(rest)?;
+    run(ctx, name, Command::Check(fence), false)
+}
+
+fn watch_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.watch", &mut buf)?;
+    let w = args::parse_watch(rest)?;
+    let want = match w.fence {
+        None => Want::Held,
+        Some(fence) => Want::Gone {
+            fence,
+            owner: w.owner.map(Into::into),
+        },
+    };
+    let cmd = Command::Watch(WatchReq {
+        want,
+        block: w.block,
+    });
+    run(ctx, name, cmd, true)
 }
 
 fn info_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {

@@ -68,6 +68,19 @@ pub enum LockError {
     SlotArriving,
     /// A waiter on a server that became a replica.
     Unblocked,
+    /// AFTER of LOCK.INFO not a fence (0 or more).
+    InvalidAfter,
+    /// OWNER on EXTEND of a classic string lock (it has no label).
+    NoLabel,
+    /// LOCK.IFHELD / LOCK.IFFENCE: the token (or fence) does not hold the lock now, so
+    /// nothing ran.
+    NotHeld { fence: bool },
+    /// LOCK.IFHELD / LOCK.IFFENCE: a wrapped command that may not run inside them.
+    NotGuardable(String),
+    /// Keys of one command in different hash slots of a cluster.
+    CrossSlot,
+    /// The ACL user may not run the wrapped command or touch its keys.
+    NoPerm,
 }
 
 impl fmt::Display for LockError {
@@ -170,6 +183,32 @@ impl fmt::Display for LockError {
                 f,
                 "UNBLOCKED this server is a replica now; locks are granted by its primary"
             ),
+            LockError::InvalidAfter => write!(
+                f,
+                "ERR AFTER must be an integer from 0 to 9223372036854775806 (a fence)"
+            ),
+            LockError::NoLabel => write!(
+                f,
+                "ERR OWNER needs a module lock: this key holds a string lock (SET NX), which \
+                 has no label"
+            ),
+            LockError::NotHeld { fence: false } => write!(
+                f,
+                "NOTHELD the token does not hold this lock now; the command did not run"
+            ),
+            LockError::NotHeld { fence: true } => write!(
+                f,
+                "NOTHELD that fence does not hold this lock now; the command did not run"
+            ),
+            LockError::NotGuardable(why) => write!(f, "ERR {why}"),
+            LockError::NoPerm => write!(
+                f,
+                "NOPERM this user has no permissions to run the wrapped command or to use its \
+                 keys (it runs as the caller)"
+            ),
+            LockError::CrossSlot => {
+                write!(f, "CROSSSLOT Keys in request don't hash to the same slot")
+            }
         }
     }
 }
@@ -218,6 +257,13 @@ mod tests {
             LockError::Moved,
             LockError::SlotArriving,
             LockError::Unblocked,
+            LockError::InvalidAfter,
+            LockError::NoLabel,
+            LockError::NotHeld { fence: false },
+            LockError::NotHeld { fence: true },
+            LockError::NotGuardable("x".into()),
+            LockError::CrossSlot,
+            LockError::NoPerm,
         ];
         for e in all {
             let text = e.to_string();

@@ -160,6 +160,7 @@ pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
                 st.serialized.clear();
             }
             ServerEvent::Cron => return cron(ctx, st, now),
+            ServerEvent::ModulesChanged => st.command_flags.clear(),
         }
         arm(st);
     });

@@ -23,6 +23,7 @@ mod datatype;
 mod events;
 #[allow(unsafe_code)]
 mod ffi;
+mod guard;
 mod keyspace;
 mod sched;
 mod state;
@@ -42,6 +43,8 @@ const ACCESS: u64 = raw::REDISMODULE_CMD_KEY_ACCESS as u64;
 const UPDATE: u64 = raw::REDISMODULE_CMD_KEY_UPDATE as u64;
 const INSERT: u64 = raw::REDISMODULE_CMD_KEY_INSERT as u64;
 const DELETE: u64 = raw::REDISMODULE_CMD_KEY_DELETE as u64;
+/// The wrapped command's keys have their own flags (reported by the getkeys callback).
+const VARIABLE: u64 = raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS as u64;
 
 const INTEGER: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER;
@@ -93,9 +96,14 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                 flags: "write fast",
                 key_flags: KEY_RW | ACCESS | UPDATE,
                 arity: -3,
-                summary: "Resets the remaining lease of a lock the token holds; replies 1 or 0.",
+                summary: "Resets the remaining lease of a lock the token holds (and with OWNER its label, keeping its fence); replies 1 or 0.",
                 complexity: "O(1)",
-                args: &[Arg::Key("key"), Arg::Str("token"), Arg::Expiry],
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Str("token"),
+                    Arg::Expiry,
+                    Arg::Opt("OWNER", "label", STRING),
+                ],
             },
             Some(ffi::entry::<commands::Extend>),
         ),
@@ -115,6 +123,73 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                 ],
             },
             Some(ffi::entry::<commands::Info>),
+        ),
+        (
+            Cmd {
+                name: "lock.check",
+                acl: "read fast",
+                flags: "readonly fast",
+                key_flags: KEY_RO | ACCESS,
+                arity: 3,
+                summary: "Whether a fence is that of a current holder of the lock: 1 or 0 (a sequencer check for whoever was handed a fence).",
+                complexity: "O(log N) where N is the number of holders",
+                args: &[Arg::Key("key"), Arg::Int("fence")],
+            },
+            Some(ffi::entry::<commands::Check>),
+        ),
+        (
+            Cmd {
+                name: "lock.watch",
+                acl: "read blocking slow",
+                flags: "readonly blocking",
+                key_flags: KEY_RO | ACCESS,
+                arity: -2,
+                summary: "Waits until the lock is held (or, with FENCE, until that fence no longer holds it) and replies who holds it: mode, holders and their fences and labels (never a token); nil when free.",
+                complexity: "O(1) to wait; O(W) for the W watchers of a key when it changes",
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Opt("FENCE", "fence", INTEGER),
+                    Arg::Opt("OWNER", "label", STRING),
+                    Arg::Opt("BLOCK", "timeout", INTEGER),
+                ],
+            },
+            Some(ffi::entry::<commands::Watch>),
+        ),
+        (
+            Cmd {
+                name: "lock.ifheld",
+                acl: "write slow",
+                flags: "write getkeys-api",
+                key_flags: KEY_RO | ACCESS | VARIABLE,
+                arity: -4,
+                summary: "Runs a command (on keys in the lock key's slot) only if the token holds the lock now, atomically, and replies what it replies; NOTHELD and nothing runs otherwise.",
+                complexity: "O(1) plus the wrapped command's",
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Str("token"),
+                    Arg::Str("command"),
+                    Arg::Rest("arg"),
+                ],
+            },
+            Some(ffi::entry::<guard::IfHeld>),
+        ),
+        (
+            Cmd {
+                name: "lock.iffence",
+                acl: "write slow",
+                flags: "write getkeys-api",
+                key_flags: KEY_RO | ACCESS | VARIABLE,
+                arity: -4,
+                summary: "Runs a command only if the fence is that of a current holder of the lock, atomically (for whoever was handed the fence, not the token); NOTHELD and nothing runs otherwise.",
+                complexity: "O(log N) plus the wrapped command's",
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Int("fence"),
+                    Arg::Str("command"),
+                    Arg::Rest("arg"),
+                ],
+            },
+            Some(ffi::entry::<guard::IfFence>),
         ),
         (
             Cmd {

@@ -60,6 +60,22 @@ impl<'a> Reply<'a> {
     }
 }
 
+impl Reply<'_> {
+    /// The same reply owning all its bytes.
+    pub fn into_static(self) -> Reply<'static> {
+        match self {
+            Reply::Nil => Reply::Nil,
+            Reply::Int(i) => Reply::Int(i),
+            Reply::Ok => Reply::Ok,
+            Reply::Bulk(b) => Reply::Bulk(Bytes::Own(b.into_owned())),
+            Reply::Grant(b, f) => Reply::Grant(Bytes::Own(b.into_owned()), f),
+            Reply::Array(v) => Reply::Array(v.into_iter().map(Reply::into_static).collect()),
+            Reply::Map(v) => Reply::Map(v.into_iter().map(|(k, r)| (k, r.into_static())).collect()),
+            Reply::Error(e) => Reply::Error(e),
+        }
+    }
+}
+
 impl From<LockError> for Reply<'_> {
     fn from(e: LockError) -> Self {
         Reply::Error(e)

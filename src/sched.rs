@@ -11,6 +11,7 @@ use crate::ffi::blocked::{BlockHandler, BlockedClient};
 use crate::ffi::{self, Ctx};
 use crate::keyspace::RedisKey;
 use crate::lock::codec::Clock;
+use crate::reply::Reply;
 use crate::state::{self, now, State, Waiter, Waiting, WakeTimer};
 
 /// The wake-up timer's callback (installed into the state's [`WakeTimer`] at load).
@@ -136,17 +137,45 @@ impl BlockHandler for Waiting {
                 ctx.reply_bytes(token);
                 ctx.reply_int(i64::try_from(*fence).unwrap_or(i64::MAX));
             }
+            Some(Answer::State(r)) => ffi::reply::send(ctx, r),
             Some(Answer::Failed(e)) => ctx.reply_error(&e.to_string()),
             Some(Answer::Nil) | None => ctx.reply_null(),
         }
     }
 
-    /// `CLIENT UNBLOCK id TIMEOUT` (the module times BLOCK out itself).
+    /// `CLIENT UNBLOCK id TIMEOUT` (the module times BLOCK out itself). A watcher is
+    /// answered with the key as it is, as when its BLOCK time is up.
     fn timeout(ctx: Ctx<'_>, id: usize) {
-        if let Some(Some(w)) = with_engine(ctx, |e| e.timed_out(id, ffi::mono_us())) {
-            w.unblock(None);
-        }
-        ctx.reply_null();
+        let now = ffi::mono_us();
+        let found = state::with(|st| {
+            if let Some(w) = st.engine.timed_out(id, now) {
+                return Some((w, Reply::Nil));
+            }
+            let (w, (db, name)) = st.engine.unwatch(id)?;
+            // This context is the watcher's own client: its selected db is put back.
+            let mine = ctx.db();
+            let r = if ctx.select_db(db) {
+                let mut ks = RedisKey::owned(ctx, &name, false);
+                st.engine.summary_of(&mut ks)
+            } else {
+                Reply::Nil
+            };
+            ctx.select_db(mine);
+            Some((w, r))
+        });
+        let reply = match found.flatten() {
+            Some((w, r)) => {
+                w.unblock(None);
+                r
+            }
+            None => Reply::Nil,
+        };
+        ffi::reply::send(ctx, &reply);
+        state::with(|st| {
+            if let Some(at) = st.engine.next_due() {
+                st.wake.arm(ctx, at);
+            }
+        });
     }
 
     fn disconnected(ctx: Ctx<'_>, id: usize) {

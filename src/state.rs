@@ -11,7 +11,7 @@
 //! next borrow takes first.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -123,6 +123,9 @@ pub struct State {
     pub cluster: Option<crate::cluster::Cluster>,
     /// The lock key the server unlinked last, until its `evicted` notification (if any).
     pub last_unlinked: Option<(i32, Vec<u8>)>,
+    /// What LOCK.IFHELD learned of the commands it was asked to run (by lower-case
+    /// name), until a module is loaded or unloaded.
+    pub command_flags: HashMap<Vec<u8>, crate::ffi::call::Flags>,
     addrs: Vec<(u64, Addr)>,
 }
 
@@ -159,6 +162,7 @@ impl State {
             listen_checked: 0,
             last_unlinked: None,
             cluster: None,
+            command_flags: HashMap::new(),
             addrs: Vec::new(),
         }
     }

@@ -8,14 +8,20 @@ use crate::state;
 
 /// Registered with the server; field names get the `lock_` prefix.
 pub fn info(out: &mut InfoSink) {
-    let Some((s, waiters, last_fence)) =
-        state::with(|st| (st.engine.stats, st.engine.waiting(), st.engine.fence.last()))
-    else {
+    let Some((s, waiters, watchers, last_fence)) = state::with(|st| {
+        (
+            st.engine.stats,
+            st.engine.waiting(),
+            st.engine.watching(),
+            st.engine.fence.last(),
+        )
+    }) else {
         return;
     };
     let fields = [
         ("held", crate::state::live()),
         ("waiters", waiters as u64),
+        ("watchers", watchers as u64),
         ("acquired", s.acquired),
         ("renewed", s.renewed),
         ("contended", s.contended),

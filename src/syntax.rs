@@ -36,7 +36,7 @@ pub fn parse_i64(s: &[u8]) -> Option<i64> {
     Some(v)
 }
 
-fn show(opt: &[u8]) -> String {
+pub fn show(opt: &[u8]) -> String {
     let shown: String = String::from_utf8_lossy(opt).chars().take(32).collect();
     shown.replace(['\r', '\n'], " ")
 }

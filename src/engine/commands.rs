@@ -2,7 +2,8 @@
 //! blocks the caller through [`Sched::block`]).
 
 use super::queue::Wait;
-use super::{mismatch, Engine, Event, Keyspace, NewHolder, Sched, Slot, Which};
+use super::watch::WatchReq;
+use super::{mismatch, Engine, Event, Keyspace, Name, NewHolder, Sched, Slot, Which};
 use crate::args::Info;
 use crate::error::LockError;
 use crate::lock::codec::repl::ReplCmd;
@@ -34,14 +35,46 @@ pub enum Command<'a> {
     Extend {
         token: &'a [u8],
         ttl: u64,
+        /// A new label for the holder (its fence, the term, is kept).
+        owner: Option<&'a [u8]>,
     },
     ForceRelease(Option<u64>),
     Info(Info),
+    /// LOCK.CHECK: whether this fence is a current holder's.
+    Check(u64),
+    /// Whether this token holds the key now (LOCK.IFHELD asks before it runs anything).
+    Holds(&'a [u8]),
+    /// Whether this fence holds the key now (LOCK.IFFENCE).
+    HoldsFence(u64),
+    /// LOCK.WATCH.
+    Watch(WatchReq),
     /// A change from the primary's stream or the AOF, with the fence ceiling that applies.
     Apply {
         cmd: ReplCmd,
         ceiling: u64,
     },
+}
+
+impl Command<'_> {
+    /// Whether the command may change the key (its watchers look at it after).
+    pub fn changes(&self) -> bool {
+        !matches!(
+            self,
+            Command::Info(_)
+                | Command::Check(_)
+                | Command::Holds(_)
+                | Command::HoldsFence(_)
+                | Command::Watch(_)
+        )
+    }
+
+    /// Whether the command only reads (a replica answers it; no write checks apply).
+    pub fn reads_only(&self) -> bool {
+        matches!(
+            self,
+            Command::Info(_) | Command::Check(_) | Command::Watch(_)
+        )
+    }
 }
 
 /// What an acquire can do now.
@@ -67,31 +100,38 @@ impl<W> Engine<W> {
         sched: &mut S,
     ) -> Outcome<'a> {
         self.now = self.now.max(ks.clock().mono);
+        let changes = cmd.changes();
         let reply = match cmd {
-            Command::Acquire(req) => return self.acquire(ks, sched, req),
+            Command::Acquire(req) => self.try_acquire(ks, sched, req),
+            Command::Watch(req) => self.watch(ks, sched, req),
             Command::Release(token) => self
                 .release_and_serve(ks, sched, Which::Token(token), false)
-                .map(Reply::bool),
-            Command::Extend { token, ttl } => self.extend(ks, token, ttl).map(Reply::bool),
+                .map(|b| Some(Reply::bool(b))),
+            Command::Extend { token, ttl, owner } => self
+                .extend(ks, token, ttl, owner)
+                .map(|b| Some(Reply::bool(b))),
             Command::ForceRelease(fence) => self
                 .release_and_serve(ks, sched, fence.map_or(Which::All, Which::Fence), true)
-                .map(Reply::bool),
-            Command::Info(page) => self.info(ks, page),
-            Command::Apply { cmd, ceiling } => self.apply(ks, cmd, ceiling).map(|()| Reply::Ok),
+                .map(|b| Some(Reply::bool(b))),
+            Command::Info(page) => self.info(ks, page).map(Some),
+            Command::Check(fence) | Command::HoldsFence(fence) => self
+                .holds(ks, Which::Fence(fence))
+                .map(|b| Some(Reply::bool(b))),
+            Command::Holds(token) => self
+                .holds(ks, Which::Token(token))
+                .map(|b| Some(Reply::bool(b))),
+            Command::Apply { cmd, ceiling } => {
+                self.apply(ks, cmd, ceiling).map(|()| Some(Reply::Ok))
+            }
         };
+        // Whoever watches the key looks at it after this command (on the agenda: the
+        // command itself pays nothing more for its watchers).
+        if changes && self.watched_any() {
+            let name = Name::of(ks.name());
+            self.note(ks.db(), &name, self.now);
+        }
         self.request_wake(sched);
-        Outcome::Reply(reply.unwrap_or_else(Reply::Error))
-    }
-
-    fn acquire<'a, S: Sched<Waiter = W>>(
-        &mut self,
-        ks: &mut impl Keyspace,
-        sched: &mut S,
-        req: AcquireReq<'a>,
-    ) -> Outcome<'a> {
-        let out = self.try_acquire(ks, sched, req);
-        self.request_wake(sched);
-        match out {
+        match reply {
             Ok(Some(r)) => Outcome::Reply(r),
             Ok(None) => Outcome::Blocked,
             Err(e) => Outcome::Reply(Reply::Error(e)),
@@ -235,6 +275,7 @@ impl<W> Engine<W> {
         ks: &mut impl Keyspace,
         token: &[u8],
         ttl: u64,
+        owner: Option<&[u8]>,
     ) -> Result<bool, LockError> {
         let clock = ks.clock();
         self.reap(ks)?;
@@ -243,6 +284,9 @@ impl<W> Engine<W> {
             Slot::Classic(_) => {
                 if !ks.classic_matches(token) {
                     return Ok(false);
+                }
+                if owner.is_some() {
+                    return Err(LockError::NoLabel);
                 }
                 let at = clock
                     .wall
@@ -262,9 +306,67 @@ impl<W> Engine<W> {
             }
         };
         self.renew(ks, &d, mode, ttl, 0)?;
+        if let Some(label) = owner {
+            self.relabel(ks, &d, label)?;
+        }
         ks.changed(Event::Extend);
         self.stats.extended += 1;
         Ok(true)
+    }
+
+    /// The holder `digest` names takes a new owner label (its fence stays: the same term,
+    /// published anew); replicated as the whole holder.
+    fn relabel(
+        &mut self,
+        ks: &mut impl Keyspace,
+        digest: &value::Digest,
+        label: &[u8],
+    ) -> Result<(), LockError> {
+        let Slot::Lock(v) = ks.read()? else {
+            return Ok(());
+        };
+        let mode = v.mode();
+        let Some(h) = v.find(digest) else {
+            return Ok(());
+        };
+        if h.owner() == Some(label) {
+            return Ok(());
+        }
+        let fence = h.fence;
+        let Some(holder) = v.set_owner(fence, Some(label.into())).cloned() else {
+            return Ok(());
+        };
+        ks.replicate(crate::lock::codec::repl::Change::Add {
+            mode,
+            holder: &holder,
+            floor: 0,
+        });
+        Ok(())
+    }
+
+    /// Whether the holder the token (or fence) names holds the key now. Read-only: a
+    /// lease that is over does not hold, whether or not it was removed yet.
+    fn holds(&mut self, ks: &mut impl Keyspace, which: Which<'_>) -> Result<bool, LockError> {
+        let now = ks.clock().mono;
+        let digest = match which {
+            Which::Token(t) => Some(self.tokens.digest(t)),
+            _ => None,
+        };
+        match ks.read()? {
+            Slot::Free => Ok(false),
+            Slot::Classic(_) => Ok(match which {
+                Which::Token(t) => ks.classic_matches(t),
+                _ => false,
+            }),
+            Slot::Lock(v) => {
+                let h = match (which, digest) {
+                    (Which::Fence(f), _) => v.find_fence(f),
+                    (_, Some(d)) => v.find(&d),
+                    _ => None,
+                };
+                Ok(h.is_some_and(|h| h.live(now)))
+            }
+        }
     }
 
     /// LOCK.INFO: read-only (a lease that is over shows as free; nothing is removed).

@@ -16,6 +16,7 @@ mod leases;
 mod queue;
 
 mod timeline;
+mod watch;
 
 #[cfg(test)]
 mod model;
@@ -32,6 +33,7 @@ pub use crate::reply::{Bytes, Reply};
 pub use commands::{AcquireReq, Command, Outcome};
 pub use queue::{Answer, Wait};
 pub use timeline::Task;
+pub use watch::{Want, WatchReq};
 
 /// A queue's identity: the db and the key name.
 pub type QueueKey = (i32, Box<[u8]>);
@@ -158,6 +160,9 @@ pub struct Engine<W> {
     pub settings: Settings,
     queues: HashMap<i32, queue::DbQueues<W>>,
     by_id: HashMap<WaiterId, QueueKey>,
+    /// Clients in LOCK.WATCH, by key, and the key each one watches.
+    watches: HashMap<i32, watch::DbWatches<W>>,
+    watch_ids: HashMap<WaiterId, QueueKey>,
     /// Work due at a monotonic instant.
     agenda: BTreeSet<(i64, Task)>,
     /// Every lock key by the end of its earliest lease: what the engine reaps, and when
@@ -302,6 +307,8 @@ impl<W> Engine<W> {
             },
             queues: HashMap::new(),
             by_id: HashMap::new(),
+            watches: HashMap::new(),
+            watch_ids: HashMap::new(),
             agenda: BTreeSet::new(),
             leases: leases::Leases::default(),
             leases_paused: false,
@@ -349,6 +356,7 @@ impl<W> Engine<W> {
         self.now = self.now.max(now);
         let at = v.next_lease_end().unwrap_or(now);
         self.leases.insert(at, db, name, self.now);
+        self.note(db, name, self.now);
     }
 
     // ---- the grant --------------------------------------------------------------------------

@@ -15,7 +15,11 @@
 //! - every waiter is answered exactly once (or left by disconnecting), and at the end
 //!   every waiter has been answered;
 //! - every value passes the validity rule and comes back equal from its RDB encoding;
-//! - a replica fed with the encoded replication stream holds the same keyspace.
+//! - a replica fed with the encoded replication stream holds the same keyspace;
+//! - watchers (LOCK.WATCH, with and without FENCE and OWNER, with BLOCK limits, in
+//!   MULTI) are answered only once their wait is over or their time is up, each with who
+//!   holds the key at that moment; none stays blocked once its wait is over, and none
+//!   past its BLOCK time; a relabel (EXTEND ... OWNER) keeps the fence.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -171,6 +175,19 @@ struct Grant {
     deadline: i64,
     /// ms the key stays closed after this lease ends without a release.
     lock_delay: i64,
+    owner: Option<Vec<u8>>,
+}
+
+/// A watcher, as the model sees it.
+#[derive(Debug, Clone)]
+struct Watching {
+    key: u8,
+    client: u8,
+    /// None: waits until the key is held; Some((fence, label)): until that fence no longer
+    /// holds it (or, with a label, is labelled otherwise).
+    gone: Option<(u64, Option<Vec<u8>>)>,
+    /// Monotonic ms (None: no limit).
+    deadline: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -182,10 +199,13 @@ struct Waiting {
     /// The lease it asked for (ms).
     ttl: i64,
     lock_delay: i64,
+    owner: Option<Vec<u8>>,
 }
 
 #[derive(Default)]
 struct Model {
+    watchers: HashMap<WaiterId, Watching>,
+    watch_blocked: HashMap<u8, WaiterId>,
     holders: HashMap<u8, Vec<Grant>>,
     queues: HashMap<u8, VecDeque<WaiterId>>,
     waiting: HashMap<WaiterId, Waiting>,
@@ -275,7 +295,78 @@ impl Model {
         hs.push(g);
     }
 
+    /// Whether a watcher's wait is over at `now`.
+    fn watch_met(&mut self, w: &Watching, now: i64) -> bool {
+        let hs = self.live(w.key, now);
+        match &w.gone {
+            None => !hs.is_empty(),
+            Some((fence, label)) => match hs.iter().find(|g| g.fence == *fence) {
+                Some(g) => label.as_ref().is_some_and(|l| g.owner.as_ref() != Some(l)),
+                None => true,
+            },
+        }
+    }
+
+    /// Who holds the key, as LOCK.WATCH answers it (from the model's own grants).
+    fn summary(&mut self, key: u8, now: i64) -> Reply<'static> {
+        let mut hs = self.live(key, now).clone();
+        if hs.is_empty() {
+            return Reply::Nil;
+        }
+        hs.sort_by_key(|g| g.fence);
+        let label =
+            |o: &Option<Vec<u8>>| o.clone().map_or(Reply::Nil, |o| Reply::Bulk(Bytes::Own(o)));
+        let mode = hs[0].mode;
+        let mut m: Vec<(&'static str, Reply<'static>)> = vec![
+            ("state", Reply::text("held")),
+            ("kind", Reply::text("module")),
+            ("mode", Reply::text(mode.name())),
+        ];
+        if mode == Mode::Exclusive {
+            m.push(("fence", Reply::Int(hs[0].fence as i64)));
+            m.push(("owner", label(&hs[0].owner)));
+        }
+        m.push(("holders", Reply::Int(hs.len() as i64)));
+        let list = hs
+            .iter()
+            .take(watch::SUMMARY_HOLDERS)
+            .map(|g| {
+                Reply::Map(vec![
+                    ("fence", Reply::Int(g.fence as i64)),
+                    ("owner", label(&g.owner)),
+                ])
+            })
+            .collect();
+        m.push(("holder-list", Reply::Array(list)));
+        Reply::Map(m).into_static()
+    }
+
+    /// A watcher's answer: once, only when its wait is over or its time is up, with the
+    /// key as it is.
+    fn watch_answer(&mut self, id: WaiterId, a: &Answer, now: i64) {
+        assert!(
+            !self.gone.contains(&id),
+            "watcher {id} answered after it left"
+        );
+        assert!(self.answered.insert(id), "watcher {id} answered twice");
+        let w = self.watchers[&id].clone();
+        let Answer::State(r) = a else {
+            panic!("watcher {id} answered {a:?}");
+        };
+        let timed_out = w.deadline.is_some_and(|d| now >= d);
+        assert!(
+            timed_out || self.watch_met(&w, now),
+            "watcher {id} ({w:?}) answered before its wait was over: {r:?}"
+        );
+        let want = self.summary(w.key, now);
+        assert_eq!(r.clone().into_static(), want, "watcher {id} told {r:?}");
+        self.watch_blocked.remove(&w.client);
+    }
+
     fn answer(&mut self, id: WaiterId, a: &Answer, now: i64) {
+        if self.watchers.contains_key(&id) {
+            return self.watch_answer(id, a, now);
+        }
         assert!(
             !self.gone.contains(&id),
             "waiter {id} answered after it left"
@@ -316,6 +407,7 @@ impl Model {
                         fence: *fence,
                         deadline,
                         lock_delay: w.lock_delay,
+                        owner: w.owner.clone(),
                     };
                     self.record_grant(w.key, g, now);
                 }
@@ -349,6 +441,17 @@ enum Op {
         key: u8,
         client: u8,
         ttl: u16,
+        /// OWNER: relabel the holder ("L0".."L2").
+        label: Option<u8>,
+    },
+    /// LOCK.WATCH by clients 8..11: `fence` 0 none, 1 the first holder's, 2 that with its
+    /// label as OWNER, 3 an old fence.
+    Watch {
+        key: u8,
+        client: u8,
+        fence: u8,
+        block: Option<u16>,
+        in_multi: bool,
     },
     Force {
         key: u8,
@@ -389,10 +492,13 @@ fn op() -> impl Strategy<Value = Op> {
                 key, client, shared, ttl, block, wrong_limit, in_multi, delay
             }),
         3 => (0..KEYS, 0u8..8).prop_map(|(key, client)| Op::Release { key, client }),
-        1 => (0..KEYS, 0u8..8, 1u16..60).prop_map(|(key, client, ttl)| Op::Extend { key, client, ttl }),
+        1 => (0..KEYS, 0u8..8, 1u16..60, prop::option::weighted(0.3, 0u8..3))
+            .prop_map(|(key, client, ttl, label)| Op::Extend { key, client, ttl, label }),
+        3 => (0..KEYS, 8u8..11, 0u8..4, prop::option::of(1u16..80), prop::bool::weighted(0.1))
+            .prop_map(|(key, client, fence, block, in_multi)| Op::Watch { key, client, fence, block, in_multi }),
         1 => (0..KEYS, any::<bool>()).prop_map(|(key, one)| Op::Force { key, one }),
         1 => (0..KEYS).prop_map(|key| Op::Del { key }),
-        1 => (0u8..8).prop_map(|client| Op::Disconnect { client }),
+        1 => (0u8..11).prop_map(|client| Op::Disconnect { client }),
         1 => any::<bool>().prop_map(Op::Pause),
         4 => (0u16..40).prop_map(Op::Tick),
         1 => (-600i16..600).prop_map(Op::WallStep),
@@ -447,6 +553,7 @@ impl Harness {
                 Reply::Int(i) => Reply::Int(i),
                 Reply::Nil => Reply::Nil,
                 Reply::Error(e) => Reply::Error(e),
+                Reply::Map(m) => Reply::Map(m).into_static(),
                 other => panic!("unexpected reply {other:?}"),
             }),
             Outcome::Blocked => None,
@@ -502,11 +609,12 @@ impl Harness {
         self.next_waiter += 1;
         let id = self.next_waiter;
         self.s.next_block = (!in_multi).then_some(id);
+        let label = (client % 2 == 1).then(|| format!("c{client}").into_bytes());
         let req = AcquireReq {
             mode,
             ttl: u64::from(ttl),
             token: Some(&tok),
-            owner: None,
+            owner: label.as_deref(),
             block: block.map(u64::from),
             min_fence: 0,
             lock_delay: if delay { LOCK_DELAY } else { 0 },
@@ -544,6 +652,7 @@ impl Harness {
                             fence,
                             deadline,
                             lock_delay: if delay { i64::from(LOCK_DELAY) } else { 0 },
+                            owner: label,
                         },
                         now,
                     );
@@ -568,12 +677,62 @@ impl Harness {
                         mode,
                         ttl,
                         lock_delay: if delay { i64::from(LOCK_DELAY) } else { 0 },
+                        owner: label,
                     },
                 );
                 self.m.queues.entry(key).or_default().push_back(id);
                 self.m.blocked.insert(client, id);
             }
             Some(other) => panic!("acquire answered {other:?}"),
+        }
+    }
+
+    fn watch(&mut self, key: u8, client: u8, fence: u8, block: Option<u16>, in_multi: bool) {
+        let now = self.w.now;
+        let mut hs = self.m.live(key, now).clone();
+        hs.sort_by_key(|g| g.fence);
+        let first = hs.first().cloned();
+        let gone = match (fence, &first) {
+            (0, _) => None,
+            (1, Some(g)) => Some((g.fence, None)),
+            (2, Some(g)) => Some((g.fence, Some(g.owner.clone().unwrap_or(b"none".to_vec())))),
+            _ => Some((self.m.last_fence.saturating_sub(1).max(1), None)),
+        };
+        self.next_waiter += 1;
+        let id = self.next_waiter;
+        self.s.next_block = (!in_multi).then_some(id);
+        let want = match &gone {
+            None => Want::Held,
+            Some((f, l)) => Want::Gone {
+                fence: *f,
+                owner: l.clone().map(Into::into),
+            },
+        };
+        let req = WatchReq {
+            want,
+            block: block.map(u64::from),
+        };
+        let w = Watching {
+            key,
+            client,
+            gone,
+            deadline: block.map(|b| now + i64::from(b)),
+        };
+        let met = self.m.watch_met(&w, now);
+        let r = self.cmd(key, Command::Watch(req));
+        self.s.next_block = None;
+        self.settle();
+        match r {
+            Some(r) => {
+                assert!(met || in_multi, "watch of {w:?} answered at once: {r:?}");
+                let want = self.m.summary(key, now);
+                assert_eq!(r.into_static(), want, "watch of key {key} at once");
+            }
+            None => {
+                assert!(!met && !in_multi, "watch of {w:?} blocked when it may not");
+                self.m.watchers.insert(id, w);
+                self.m.watch_blocked.insert(client, id);
+            }
         }
     }
 
@@ -620,14 +779,22 @@ impl Harness {
                 }
                 self.settle();
             }
-            Op::Extend { key, client, ttl } if !blocked(&self.m, client) => {
+            Op::Extend {
+                key,
+                client,
+                ttl,
+                label,
+            } if !blocked(&self.m, client) => {
                 let expected = self.held_by(key, client);
                 let t = token(client);
+                let label = label.map(|l| format!("L{l}").into_bytes());
+                let fence_before = self.m.holder_of(key, &t, now).map(|g| g.fence);
                 let r = self.cmd(
                     key,
                     Command::Extend {
                         token: &t,
                         ttl: u64::from(ttl),
+                        owner: label.as_deref(),
                     },
                 );
                 assert_eq!(
@@ -637,8 +804,29 @@ impl Harness {
                 );
                 if let Some(g) = self.m.live(key, now).iter_mut().find(|g| g.token == t) {
                     g.deadline = now + i64::from(ttl);
+                    if label.is_some() {
+                        g.owner = label;
+                    }
+                }
+                if let Some(f) = fence_before {
+                    let h = self.w.keys[&key_name(key)].find_fence(f).cloned();
+                    let want = self.m.holder_of(key, &t, now).and_then(|g| g.owner);
+                    assert_eq!(
+                        h.and_then(|h| h.owner().map(<[u8]>::to_vec)),
+                        want,
+                        "a relabel keeps the fence and sets the label"
+                    );
                 }
                 self.settle();
+            }
+            Op::Watch {
+                key,
+                client,
+                fence,
+                block,
+                in_multi,
+            } if !self.m.watch_blocked.contains_key(&client) => {
+                self.watch(key, client, fence, block, in_multi);
             }
             Op::Force { key, one } => {
                 let target = one
@@ -669,6 +857,15 @@ impl Harness {
                 }
                 self.m.holders.remove(&key);
                 self.m.delays.remove(&key);
+            }
+            Op::Disconnect { client } if client >= 8 => {
+                if let Some(id) = self.m.watch_blocked.remove(&client) {
+                    assert!(
+                        self.e.abandon(id, now * 1000).is_some(),
+                        "watcher {id} lost"
+                    );
+                    self.m.gone.insert(id);
+                }
             }
             Op::Disconnect { client } => {
                 if let Some(id) = self.m.blocked.remove(&client) {
@@ -738,6 +935,24 @@ impl Harness {
                 );
             }
         }
+        for (id, w) in self.m.watchers.clone() {
+            if self.m.answered.contains(&id) || self.m.gone.contains(&id) {
+                continue;
+            }
+            assert!(
+                !self.m.watch_met(&w, now),
+                "watcher {id} ({w:?}) still waits though its wait is over"
+            );
+            assert!(
+                w.deadline.is_none_or(|d| now < d),
+                "watcher {id} ({w:?}) still waits past its BLOCK time"
+            );
+        }
+        assert_eq!(
+            self.e.watching(),
+            self.m.watch_blocked.len(),
+            "watchers the engine keeps"
+        );
         for (name, v) in &self.w.keys {
             check_codec(name, v, clock);
         }
@@ -803,6 +1018,13 @@ impl Harness {
                 "waiter {id} never answered"
             );
         }
+        // Watchers of a key nobody takes any more wait on (checked above: their wait is
+        // not over); they leave.
+        for (_, id) in std::mem::take(&mut self.m.watch_blocked) {
+            assert!(self.e.abandon(id, self.w.now * 1000).is_some());
+        }
+        assert_eq!(self.e.watching(), 0);
+        assert!(self.e.next_due().is_none_or(|t| t > self.w.now * 1000));
         assert_eq!(
             self.e.tracked(),
             0,

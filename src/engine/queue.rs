@@ -42,6 +42,8 @@ pub enum Answer {
     },
     /// The wait ended without the lock (BLOCK timeout, CLIENT UNBLOCK TIMEOUT).
     Nil,
+    /// A watcher's answer: who holds the key now (nil: nobody).
+    State(crate::reply::Reply<'static>),
     Failed(LockError),
 }
 
@@ -149,7 +151,9 @@ impl<W> Engine<W> {
     /// Takes a waiter out of its queue (BLOCK timeout, disconnect, CLIENT UNBLOCK). If
     /// it was first in line, the next ones may be grantable now: the key is served soon.
     pub fn abandon(&mut self, id: WaiterId, now: i64) -> Option<W> {
-        let (db, name) = self.by_id.get(&id).cloned()?;
+        let Some((db, name)) = self.by_id.get(&id).cloned() else {
+            return self.unwatch(id).map(|(w, _)| w);
+        };
         let q = self.queue_mut(db, &name)?;
         let at = q.waiters.iter().position(|w| w.id == id)?;
         let w = q.waiters.remove(at)?;
@@ -165,6 +169,9 @@ impl<W> Engine<W> {
 
     /// A BLOCK deadline passed (or CLIENT UNBLOCK TIMEOUT): the waiter leaves with nil.
     pub fn timed_out(&mut self, id: WaiterId, now: i64) -> Option<W> {
+        if !self.by_id.contains_key(&id) {
+            return None;
+        }
         let w = self.abandon(id, now)?;
         self.stats.wait_timeouts += 1;
         Some(w)

@@ -18,6 +18,8 @@ pub enum Task {
     Timeout(WaiterId),
     /// Give back a grant whose client left before it heard of it.
     Revoke(QueueKey, Digest),
+    /// Look at a key's watchers.
+    Look(QueueKey),
     /// Nothing: only a wake-up (more leases are due than one tick handles, or a write
     /// waits for the gate).
     Wake,
@@ -78,10 +80,28 @@ impl<W> Engine<W> {
                 if let Some(mut ks) = store.open(db, &name) {
                     self.serve(&mut ks, sched);
                 }
+                self.note(db, &name, now);
             }
+            Task::Look((db, name)) => match store.open(db, &name) {
+                Some(mut ks) => self.look(&mut ks, sched),
+                None => {
+                    for w in self.take_watchers(db, &name) {
+                        sched.answer(w, Answer::Nil);
+                    }
+                }
+            },
             Task::Timeout(id) => {
                 if let Some(w) = self.timed_out(id, now) {
                     sched.answer(w, Answer::Nil);
+                } else if let Some((db, name)) = self.watch_key(id) {
+                    match store.open(db, &name) {
+                        Some(mut ks) => self.watch_timed_out(&mut ks, id, sched),
+                        None => {
+                            if let Some((w, _)) = self.unwatch(id) {
+                                sched.answer(w, Answer::Nil);
+                            }
+                        }
+                    }
                 }
             }
             Task::Wake => {}
@@ -93,6 +113,7 @@ impl<W> Engine<W> {
                     Gate::Now => {
                         let _ =
                             self.release_and_serve(&mut ks, sched, super::Which::Digest(&d), false);
+                        self.note(db, &name, now);
                     }
                     Gate::Later => {
                         self.agenda
@@ -141,6 +162,7 @@ impl<W> Engine<W> {
             } else {
                 let _ = self.reap(&mut ks);
             }
+            self.note(*db, name, now);
             // The entry may have been stale (the value changed where the engine could not
             // see it, say RENAMEd here): track what the key holds now.
             if let Ok(Slot::Lock(v)) = ks.read() {
@@ -160,6 +182,7 @@ impl<W> Engine<W> {
     /// A key changed behind the engine's back: its queue is served soon.
     pub fn touched(&mut self, db: i32, name: &[u8], now: i64) {
         self.serve_by(db, name, now);
+        self.note(db, name, now);
     }
 
     /// A lock value left the keyspace by the server's hand (DEL, UNLINK, eviction, an
@@ -171,8 +194,10 @@ impl<W> Engine<W> {
         self.stats.removed += 1;
         if moved {
             self.mark_moved(db, name);
+            self.mark_watch_moved(db, name);
         }
         self.serve_by(db, name, now);
+        self.note(db, name, now);
     }
 
     /// FLUSHDB / FLUSHALL (`None`): every lock of those dbs is gone.
@@ -180,6 +205,9 @@ impl<W> Engine<W> {
         self.leases.forget_db(db);
         for (d, name) in self.keys_with_waiters(db) {
             self.serve_by(d, &name, now);
+        }
+        for (d, name) in self.watched_keys(db) {
+            self.note(d, &name, now);
         }
     }
 
@@ -189,6 +217,9 @@ impl<W> Engine<W> {
         for db in [a, b] {
             for (d, name) in self.keys_with_waiters(Some(db)) {
                 self.serve_by(d, &name, now);
+            }
+            for (d, name) in self.watched_keys(Some(db)) {
+                self.note(d, &name, now);
             }
         }
     }

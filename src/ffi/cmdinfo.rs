@@ -17,6 +17,9 @@ type ArgType = raw::RedisModuleCommandArgType;
 pub enum Arg {
     Key(&'static str),
     Str(&'static str),
+    Int(&'static str),
+    /// Any number of further arguments (optional, repeated).
+    Rest(&'static str),
     /// An optional `TOKEN value` pair.
     Opt(&'static str, &'static str, ArgType),
     /// An optional choice of `PX ms` or `EX s`.
@@ -78,6 +81,13 @@ fn build_args(args: &[Arg]) -> *mut raw::RedisModuleCommandArg {
         .map(|a| match *a {
             Arg::Key(n) => arg(n, KEY, None, 0),
             Arg::Str(n) => arg(n, STRING, None, 0),
+            Arg::Int(n) => arg(n, INTEGER, None, 0),
+            Arg::Rest(n) => arg(
+                n,
+                STRING,
+                None,
+                OPTIONAL | raw::REDISMODULE_CMD_ARG_MULTIPLE,
+            ),
             Arg::Opt(tok, n, t) => arg(n, t, Some(tok), OPTIONAL),
             Arg::Flag(tok, n) => arg(n, PURE_TOKEN, Some(tok), OPTIONAL),
             Arg::Expiry => {

@@ -13,8 +13,14 @@ use crate::reply::Reply;
 /// A command of the module: its name and what it does with its arguments.
 pub trait Handler {
     const NAME: &'static str;
-    /// Answers with a reply value (None: the client was blocked and is answered later).
+    /// Registered with `getkeys-api`: the server may call it only to learn where its keys
+    /// are ([`Handler::keys`]).
+    const GETKEYS: bool = false;
+    /// Answers with a reply value (None: answered already, or the client was blocked and
+    /// is answered later).
     fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Option<Reply<'a>>, LockError>;
+    /// Reports the command's keys (`super::call::key_at`) for a keys request.
+    fn keys(_ctx: Ctx<'_>, _args: Args<'_>) {}
 }
 
 /// The server's entry point of command `H`: errors and panics become error replies.
@@ -26,6 +32,10 @@ pub extern "C" fn entry<H: Handler>(
     // SAFETY: the server calls a command handler with its context and `argc` live
     // argument strings, valid until the handler returns.
     let (ctx, args) = unsafe { command_args(ctx, argv, argc) };
+    if H::GETKEYS && super::call::is_keys_request(ctx) {
+        guard::catch(|| H::keys(ctx, args));
+        return super::OK;
+    }
     guard::command(ctx, H::NAME, || H::run(ctx, args))
 }
 
@@ -38,6 +48,11 @@ pub struct Args<'a> {
 impl<'a> Args<'a> {
     pub fn len(self) -> usize {
         self.raw.len()
+    }
+
+    /// The raw argument strings from `from` on (for calls that pass them to the server).
+    pub(super) fn raw_from(self, from: usize) -> &'a [*mut raw::RedisModuleString] {
+        self.raw.get(from..).unwrap_or(&[])
     }
 
     pub fn get(self, i: usize) -> Option<Str<'a>> {

@@ -72,6 +72,8 @@ pub enum ServerEvent {
     SaveEnded,
     /// The server's periodic cron (`hz` times a second, on the monotonic clock).
     Cron,
+    /// A module was loaded or unloaded (the commands the server knows changed).
+    ModulesChanged,
 }
 
 pub type ServerFn = fn(Ctx<'_>, ServerEvent);
@@ -110,6 +112,7 @@ extern "C" fn server_cb(
         }
         raw::REDISMODULE_EVENT_REPLICA_CHANGE => ServerEvent::ReplicaChanged,
         raw::REDISMODULE_EVENT_CRON_LOOP => ServerEvent::Cron,
+        raw::REDISMODULE_EVENT_MODULE_CHANGE => ServerEvent::ModulesChanged,
         raw::REDISMODULE_EVENT_LOADING
             if sub == raw::REDISMODULE_SUBEVENT_LOADING_ENDED
                 || sub == raw::REDISMODULE_SUBEVENT_LOADING_FAILED =>
@@ -152,6 +155,7 @@ pub fn subscribe_server(ctx: Ctx<'_>, f: ServerFn) -> Result<(), String> {
         raw::REDISMODULE_EVENT_CRON_LOOP,
         raw::REDISMODULE_EVENT_LOADING,
         raw::REDISMODULE_EVENT_PERSISTENCE,
+        raw::REDISMODULE_EVENT_MODULE_CHANGE,
     ] {
         let ev = raw::RedisModuleEvent { id, dataver: 1 };
         // SAFETY: a load-time context and a callback matching the server's signature.

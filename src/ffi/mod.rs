@@ -13,6 +13,7 @@
 //! entry point runs under [`guard::catch`].
 
 pub mod blocked;
+pub mod call;
 pub mod cluster;
 pub mod cmdinfo;
 mod command;

@@ -232,6 +232,21 @@ impl Holder {
         self.extra.as_ref().map_or(0, |e| e.lock_delay)
     }
 
+    /// Sets (or clears) the owner label.
+    pub fn set_owner(&mut self, owner: Option<Box<[u8]>>) {
+        match (&mut self.extra, owner) {
+            (Some(e), o) => e.owner = o,
+            (None, None) => {}
+            (None, Some(o)) => {
+                self.extra = Some(Box::new(Extra {
+                    owner: Some(o),
+                    addr: Addr::None,
+                    lock_delay: 0,
+                }))
+            }
+        }
+    }
+
     /// This holder with a lock-delay of `ms`.
     pub fn with_lock_delay(mut self, ms: u32) -> Holder {
         if ms > 0 || self.extra.is_some() {

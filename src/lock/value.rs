@@ -335,6 +335,20 @@ impl LockValue {
         }
     }
 
+    /// Sets the owner label of the holder with this fence; returns it (None: no such
+    /// holder).
+    pub fn set_owner(&mut self, fence: u64, owner: Option<Box<[u8]>>) -> Option<&Holder> {
+        let h = match self {
+            LockValue::Exclusive(h) => Some(h).filter(|h| h.fence == fence),
+            LockValue::Many(m) => match &mut m.set {
+                HolderSet::Small(v) => v.iter_mut().find(|h| h.fence == fence),
+                HolderSet::Large(x) => x.by_fence.get_mut(&fence),
+            },
+        }?;
+        h.set_owner(owner);
+        Some(h)
+    }
+
     /// Sets the lease of the holder with this fence; false if there is none.
     pub fn set_deadline(&mut self, fence: u64, deadline: i64) -> bool {
         match self {

@@ -1,0 +1,197 @@
+//! LOCK.IFHELD and LOCK.IFFENCE: a command of the server run only if a token (or a
+//! fence) holds a lock now, in the same atomic step, and answered as it answers.
+//!
+//! The wrapped command runs through `RedisModule_Call` as the caller would run it: its
+//! ACL user (commands and keys), its protocol, refused over `maxmemory` if it is a
+//! deny-oom command, refused if a script could not run it; it is replicated and written
+//! to the AOF as it ran (the guard itself never is, so no token travels). The checks
+//! before it runs:
+//!
+//! - it exists, does not block (BLPOP, XREAD, ...) and is not one scripts may not run
+//!   (MULTI/EXEC, EVAL, FCALL, WATCH, ...);
+//! - it names at least one key (a guard protects writes to data) and never the lock key
+//!   itself (the lock changes through its own commands);
+//! - in a cluster, its keys share the lock key's slot (the server checks this too, from
+//!   the keys the guard reports for routing);
+//! - the token (fence) holds the lock now; else NOTHELD and nothing runs.
+
+use std::ffi::c_int;
+
+use redis_module::raw;
+
+use crate::commands;
+use crate::engine::Command;
+use crate::error::LockError;
+use crate::ffi::call::{self, Flags, Keys, Refused};
+use crate::ffi::{self, Args, Ctx, Handler, Str};
+use crate::reply::Reply;
+use crate::state;
+use crate::syntax::{positive, show};
+
+/// Where the wrapped command starts among the arguments.
+const INNER: usize = 3;
+/// Cached command names up to this length, this many at most.
+const CACHE_NAME: usize = 64;
+const CACHE_SIZE: usize = 1024;
+
+fn name_of(by_fence: bool) -> &'static str {
+    if by_fence {
+        "lock.iffence"
+    } else {
+        "lock.ifheld"
+    }
+}
+
+/// LOCK.IFHELD key token command [arg ...]
+pub struct IfHeld;
+impl Handler for IfHeld {
+    const NAME: &'static str = "lock.ifheld";
+    const GETKEYS: bool = true;
+    fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Option<Reply<'a>>, LockError> {
+        run(ctx, args, false)
+    }
+    fn keys(ctx: Ctx<'_>, args: Args<'_>) {
+        keys(ctx, args);
+    }
+}
+
+/// LOCK.IFFENCE key fence command [arg ...]
+pub struct IfFence;
+impl Handler for IfFence {
+    const NAME: &'static str = "lock.iffence";
+    const GETKEYS: bool = true;
+    fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Option<Reply<'a>>, LockError> {
+        run(ctx, args, true)
+    }
+    fn keys(ctx: Ctx<'_>, args: Args<'_>) {
+        keys(ctx, args);
+    }
+}
+
+/// Runs the guard; `by_fence`: LOCK.IFFENCE.
+fn run<'a>(ctx: Ctx<'a>, args: Args<'a>, by_fence: bool) -> Result<Option<Reply<'a>>, LockError> {
+    let cmd = name_of(by_fence);
+    if !by_fence {
+        // Before anything can fail: the token never shows in SLOWLOG or MONITOR.
+        ctx.redact(2);
+    }
+    let (Some(key), Some(cred), Some(_)) = (args.get(1), args.get(2), args.get(INNER)) else {
+        return Err(LockError::WrongArity(cmd));
+    };
+    let check = if by_fence {
+        Command::HoldsFence(positive(
+            cred.bytes(),
+            crate::lock::fence::MAX_FENCE,
+            LockError::InvalidFenceArg,
+        )?)
+    } else {
+        Command::Holds(cred.bytes())
+    };
+    wrapped_ok(ctx, args, key, cmd)?;
+    match commands::run(ctx, key, check, false)? {
+        Some(Reply::Int(1)) => {}
+        Some(Reply::Error(e)) => return Err(e),
+        _ => return Err(LockError::NotHeld { fence: by_fence }),
+    }
+    match call::run(ctx, args, INNER) {
+        Ok(reply) => {
+            reply.send(ctx);
+            Ok(None)
+        }
+        Err(Refused::Acl) => Err(LockError::NoPerm),
+        Err(Refused::Failed) => Err(LockError::Internal(cmd)),
+    }
+}
+
+/// The keys a guard touches, for COMMAND GETKEYS, cluster routing and ACL key checks:
+/// the lock key (read), then the wrapped command's keys with its own flags.
+fn keys(ctx: Ctx<'_>, args: Args<'_>) {
+    const LOCK_KEY: c_int =
+        (raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS) as c_int;
+    if args.len() < 2 {
+        return;
+    }
+    call::key_at(ctx, 1, LOCK_KEY);
+    if args.len() <= INNER {
+        return;
+    }
+    if let Keys::At(list) = call::command_keys(ctx, args, INNER) {
+        for (pos, flags) in list {
+            call::key_at(ctx, INNER + pos, flags);
+        }
+    }
+}
+
+/// What the server knows of the command named `name` (cached by name).
+fn flags_of(ctx: Ctx<'_>, name: &[u8]) -> Option<Flags> {
+    let lower = name.to_ascii_lowercase();
+    if let Some(Some(f)) = state::with(|st| st.command_flags.get(&lower).copied()) {
+        return Some(f);
+    }
+    let f = call::command_flags(ctx, name)?;
+    if lower.len() <= CACHE_NAME {
+        state::with(|st| {
+            if st.command_flags.len() >= CACHE_SIZE {
+                st.command_flags.clear();
+            }
+            st.command_flags.insert(lower, f);
+        });
+    }
+    Some(f)
+}
+
+fn refuse(msg: String) -> LockError {
+    LockError::NotGuardable(msg)
+}
+
+/// Whether the wrapped command may run inside the guard of `key`.
+fn wrapped_ok(ctx: Ctx<'_>, args: Args<'_>, key: Str<'_>, cmd: &str) -> Result<(), LockError> {
+    let inner = args.get(INNER).map(|s| s.bytes()).unwrap_or_default();
+    let shown = show(inner);
+    let unknown = || {
+        refuse(format!(
+            "unknown command '{shown}' (the command {cmd} would run)"
+        ))
+    };
+    let flags = flags_of(ctx, inner).ok_or_else(unknown)?;
+    if flags.blocking {
+        return Err(refuse(format!(
+            "{cmd} cannot run '{shown}': it may block (use the non-blocking form)"
+        )));
+    }
+    if flags.noscript {
+        return Err(refuse(format!(
+            "{cmd} cannot run '{shown}': transactions, scripts, functions and other \
+             commands a script may not run are refused"
+        )));
+    }
+    let list = match call::command_keys(ctx, args, INNER) {
+        Keys::Unknown => return Err(unknown()),
+        Keys::Arity => {
+            return Err(refuse(format!(
+                "wrong number of arguments for '{shown}' command (the command {cmd} would run)"
+            )))
+        }
+        Keys::At(list) => list,
+    };
+    if list.is_empty() {
+        return Err(refuse(format!(
+            "{cmd} guards data: '{shown}' must name at least one key"
+        )));
+    }
+    let lock = key.bytes();
+    let cluster = ctx.flags() & ffi::FLAG_CLUSTER != 0;
+    let slot = crate::cluster::key_slot(lock);
+    for (pos, _) in list {
+        let k = args.get(INNER + pos).map(|s| s.bytes()).unwrap_or_default();
+        if k == lock {
+            return Err(refuse(format!(
+                "{cmd} cannot run a command on the lock key itself (use the LOCK.* commands)"
+            )));
+        }
+        if cluster && crate::cluster::key_slot(k) != slot {
+            return Err(LockError::CrossSlot);
+        }
+    }
+    Ok(())
+}
