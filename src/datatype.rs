@@ -90,6 +90,12 @@ impl DataType for LockType {
             );
         }
         let top = d.value.iter().map(|h| h.fence).max().unwrap_or(0);
+        if let (true, Some(k)) = (loading && encver < 3, &key) {
+            // 0.1 and 0.2 set the key's Redis expiry to the lease: it comes back with the
+            // key, and is taken off once loading ends (see events::clear_legacy_expiry).
+            let k = k.clone();
+            state::with(|st| st.legacy_expiry.push(k));
+        }
         on_engine(|e| {
             e.fence.observe(top);
             if !d.repaired.is_empty() {

@@ -153,6 +153,7 @@ pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
                 st.listening = listening_now(ctx);
                 st.replica = ctx.flags() & ffi::FLAG_SLAVE != 0;
                 st.wake.arm(ctx, now);
+                clear_legacy_expiry(ctx, st);
             }
             ServerEvent::SyncSaveStarted => st.saving = true,
             ServerEvent::SaveEnded => {
@@ -164,6 +165,37 @@ pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
         }
         arm(st);
     });
+}
+
+/// Locks loaded from files of the 0.1 and 0.2 releases also carry the lease as their
+/// key's Redis expiry, which would remove them at the old deadline whatever EXTEND says
+/// (and early after a forward step of the wall clock): taken off once loading ends. A
+/// replica leaves its keys as its primary sends them.
+fn clear_legacy_expiry(ctx: Ctx<'_>, st: &mut State) {
+    let keys = std::mem::take(&mut st.legacy_expiry);
+    if st.replica || keys.is_empty() {
+        return;
+    }
+    let db0 = ctx.db();
+    let mut cleared = 0usize;
+    for (db, name) in keys {
+        if !ctx.select_db(db) {
+            continue;
+        }
+        let key = crate::ffi::OwnedStr::new(&name);
+        let mut k = ctx.open_key(key.as_str(), true, &state::LOCK_TYPE);
+        if k.kind() == crate::ffi::KeyKind::Ours && k.abs_expire().is_some() {
+            k.set_abs_expire(-1);
+            cleared += 1;
+        }
+    }
+    ctx.select_db(db0);
+    if cleared > 0 {
+        ctx.log(
+            "notice",
+            &format!("redis-lock: {cleared} lock(s) loaded from an older release's file no longer carry their lease as a key expiry"),
+        );
+    }
 }
 
 /// The server's cron, on the monotonic clock: does what a wall-clock-delayed timer has

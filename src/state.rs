@@ -126,6 +126,9 @@ pub struct State {
     /// What LOCK.IFHELD learned of the commands it was asked to run (by lower-case
     /// name), until a module is loaded or unloaded.
     pub command_flags: HashMap<Vec<u8>, crate::ffi::call::Flags>,
+    /// Lock keys loaded from an encoding older than 3, until loading ends: those releases
+    /// kept the lease as the key's Redis expiry too, which the server loads with the key.
+    pub legacy_expiry: Vec<(i32, Vec<u8>)>,
     addrs: Vec<(u64, Addr)>,
 }
 
@@ -163,6 +166,7 @@ impl State {
             last_unlinked: None,
             cluster: None,
             command_flags: HashMap::new(),
+            legacy_expiry: Vec::new(),
             addrs: Vec::new(),
         }
     }

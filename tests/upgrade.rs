@@ -170,8 +170,8 @@ fn an_aof_written_by_0_1_loads() {
         .module_args(&["debug-commands", "yes", "max-ttl", "315360000000"])
         .start();
     let pttl = check_upgraded(&s, &expected("aof.expected"));
-    // Loaded from LOCK.SYNC, a lock key has no Redis expiry (from an RDB it has one:
-    // the known_bug test below).
+    // Loaded from LOCK.SYNC, a lock key has no Redis expiry (from an RDB neither: the
+    // module takes the old one off, see the test below).
     for key in ["lock:owner", "lock:plain"] {
         assert_eq!(pttl[key], -1, "{key} has a Redis expiry");
     }
@@ -241,17 +241,16 @@ fn fence_shift_20_keeps_the_0_1_scale() {
     assert!(err.contains("fence-shift must be 10 or 20"), "{err}");
 }
 
-/// KNOWN MODULE BUG (fails on every server; see the suite report): a lock loaded from an
-/// RDB that 0.1 or 0.2 wrote keeps the Redis expiry those releases gave its key (the
-/// lease's end on the wall clock). The module does not use that expiry but Redis does:
-/// after an EXTEND the key is still removed at the old deadline (and a forward step of
-/// the wall clock removes it early, what issue 20 set out to stop), so a holder that
-/// extended its lease loses the lock without knowing. The contract: a module lock key has
-/// no Redis expiry (PTTL -1). Here 0.1's RDB is patched so that lock:owner's lease and
-/// its key's expiry end 3 s from now (both are 8-byte fields, patched in place; the
-/// checksum is zeroed, which Redis reads as "not checked").
+/// A lock loaded from an RDB that 0.1 or 0.2 wrote comes with the Redis expiry those
+/// releases gave its key (the lease's end on the wall clock). Were it kept, Redis would
+/// remove the key at the old deadline whatever EXTEND says (and early after a forward step
+/// of the wall clock). The module takes it off once loading ends: a module lock key has no
+/// Redis expiry (PTTL -1). Here 0.1's RDB is patched so that lock:owner's lease and its
+/// key's expiry end 3 s from now (both are 8-byte fields, patched in place; the checksum
+/// is zeroed, which Redis reads as "not checked"); before the fix the extended lock was
+/// gone 3.5 s later.
 #[test]
-fn known_bug_a_lock_loaded_from_a_0_1_rdb_keeps_its_key_expiry_and_is_lost_after_extend() {
+fn a_lock_loaded_from_a_0_1_rdb_loses_its_old_key_expiry_and_survives_an_extend() {
     let mut rdb = std::fs::read(fixtures().join("dump.rdb")).unwrap();
     let want = expected("rdb.expected");
     let old = want["lock:owner expires-at"] as u64;
