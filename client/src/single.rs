@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::info::LockInfo;
 use crate::lease::{Backend, LockGuard};
-use crate::node::{new_token, Acquire, Node};
+use crate::node::{new_token, Acquire, ConfirmBudget, Node};
 use crate::options::{check_ttl, drift, AcquireOptions, ClientOptions};
 
 /// A client for locks on one Redis / Valkey server with the module loaded, or on a Redis
@@ -91,9 +91,16 @@ impl LockClient {
         };
         let wait = opts.wait.filter(|w| !w.is_zero());
         let start = Instant::now();
+        let budget = ConfirmBudget {
+            wait: node.opts.confirm_timeout,
+            limit: node.opts.confirm_timeout + node.opts.io_timeout,
+        };
         let outcome = match wait {
-            None => node.try_acquire(&req, None, node.opts.io_timeout).await,
-            Some(w) => node.acquire_blocking(&req, w).await,
+            None => {
+                node.try_acquire(&req, None, node.opts.io_timeout, budget)
+                    .await
+            }
+            Some(w) => node.acquire_blocking(&req, w, budget).await,
         };
         let grant = match outcome {
             Ok(Some(g)) => g,
