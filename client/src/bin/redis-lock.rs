@@ -319,7 +319,7 @@ fn with_credentials(
 /// when it might hold a password.
 fn not_a_url(url: &str) -> String {
     let shown = if url.contains('@') {
-        "the server address".to_string()
+        "the server address given (not shown: it may hold a password)".to_string()
     } else {
         format!("{url:?}")
     };
@@ -1190,6 +1190,54 @@ mod tests {
             r#"{"held":true,"holder-list":[{"fence":"1839191190761476","owner":null,"ttl":59000}],"holders":1,"mode":"shared"}"#
         );
         assert_eq!(info_json(None).to_string(), r#"{"held":false}"#);
+    }
+
+    #[test]
+    fn urls_are_checked_without_echoing_passwords() {
+        let e = p(&["--url", "127.0.0.1:6379", "info", "k"]);
+        assert!(
+            matches!(e, Err((EXIT_USAGE, ref t)) if t.contains("write redis://127.0.0.1:6379")),
+            "{e:?}"
+        );
+        let e = p(&["--url", ":hunter2@10.0.0.1:6379", "info", "k"]);
+        assert!(
+            matches!(e, Err((EXIT_USAGE, ref t)) if !t.contains("hunter2")),
+            "{e:?}"
+        );
+        let e = p(&["--nodes", "redis://a:1,b:2", "info", "k"]);
+        assert!(matches!(e, Err((EXIT_USAGE, _))), "{e:?}");
+        assert!(p(&["--url", "rediss://h:1/#insecure", "info", "k"]).is_ok());
+        assert!(p(&["--url", "unix:///run/redis.sock", "info", "k"]).is_ok());
+    }
+
+    #[test]
+    fn hold_and_confirmation() {
+        let a = args(&["run", "--hold", "1h", "j", "x"]);
+        assert_eq!(a.hold, Some(Duration::from_secs(3600)));
+        assert_eq!(args(&["run", "j", "x"]).hold, None);
+        assert!(p(&["run", "--hold", "0", "j", "x"]).is_err());
+        assert!(p(&["acquire", "--hold", "1h", "j"]).is_err(), "run only");
+        assert_eq!(args(&["run", "j", "x"]).confirm, Confirm::Auto);
+        assert_eq!(
+            args(&["run", "--no-confirm", "j", "x"]).confirm,
+            Confirm::Off
+        );
+        assert_eq!(
+            args(&["--replicas", "2", "run", "j", "x"]).confirm,
+            Confirm::Replicas(2)
+        );
+        assert!(p(&["run", "--replicas", "1", "--no-confirm", "j", "x"]).is_err());
+        let a = args(&["run", "--confirm-timeout", "250ms", "j", "x"]);
+        assert_eq!(a.confirm_timeout, ms(250));
+        assert!(p(&["run", "--confirm-timeout", "0", "j", "x"]).is_err());
+    }
+
+    #[test]
+    fn run_help_fits_80_columns() {
+        for line in RUN_HELP.lines() {
+            assert!(line.chars().count() <= 78, "{line:?}");
+        }
+        assert!(RUN_HELP.contains("--hold 1h"));
     }
 
     #[test]
