@@ -160,11 +160,12 @@ async fn library_errors_show_neither_password_nor_token() {
         ..ClientOptions::default()
     };
     let locks = LockClient::connect_with(&url, opts).await.unwrap();
-    let e = locks
+    let Err(e) = locks
         .acquire_with("k", &AcquireOptions::new(ms(1_000)).token(TOKEN))
         .await
-        .err()
-        .expect("authentication fails");
+    else {
+        panic!("authentication must fail");
+    };
     for text in [e.to_string(), format!("{e:?}")] {
         assert!(text.starts_with(&format!("{}: ", server.addr())) || text.starts_with("Redis("));
         assert!(!text.contains("hunter2") && !text.contains(TOKEN), "{text}");
