@@ -1053,3 +1053,31 @@ fn url_without_scheme_tls_on_a_plain_port_and_run_help_at_80_columns() {
         }
     }
 }
+
+#[test]
+fn a_closed_stdout_is_not_a_crash() {
+    // `redis-lock info NAME | head -2` closes the pipe early. Here the reader closes it
+    // at once, so the CLI's writes (after its round trips) all meet a pipe without a
+    // reader (EPIPE: Rust ignores SIGPIPE, and println! panics on the error).
+    let case = Case::start();
+    let held = case.cli(&["acquire", "--url", &case.url, "k"]);
+    assert_eq!(held.code, Some(0));
+    for args in [
+        format!("info --url {} k", case.url),
+        format!("info --json --url {} k", case.url),
+        format!("acquire --url {} other", case.url),
+        "completions bash".to_string(),
+        "--help".to_string(),
+    ] {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "{BIN} {args} | (exec <&-; sleep 0.3); exit ${{PIPESTATUS[0]}}"
+            ))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{args}: {stderr}");
+    }
+}

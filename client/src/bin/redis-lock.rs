@@ -13,6 +13,15 @@ use redis_lock_client::{
 };
 use tokio::signal::unix::{signal, SignalKind};
 
+/// `println!` that does not panic when stdout is closed early (`redis-lock info | head`):
+/// what no reader wants is dropped, and the exit code stays what it would have been.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 const EXIT_NOT_HELD: i32 = 1;
 const EXIT_USAGE: i32 = 64; // EX_USAGE
 const EXIT_UNAVAILABLE: i32 = 69; // EX_UNAVAILABLE
@@ -666,10 +675,10 @@ async fn cmd_acquire(a: &Args, locker: &Locker) -> i32 {
             let fence = fence.map(|f| f.to_string());
             if a.json {
                 let v = serde_json::json!({ "name": a.name, "token": token, "fence": fence });
-                println!("{v}");
+                out!("{v}");
             } else {
-                println!("REDIS_LOCK_TOKEN={}", shell_quote(&token));
-                println!("REDIS_LOCK_FENCE={}", fence.unwrap_or_default());
+                out!("REDIS_LOCK_TOKEN={}", shell_quote(&token));
+                out!("REDIS_LOCK_FENCE={}", fence.unwrap_or_default());
             }
             0
         }
@@ -709,17 +718,17 @@ fn print_info(info: &redis_lock_client::LockInfo, indent: &str) {
     for (k, v) in &info.fields {
         if k == "holder-list" {
             // One block per holder instead of the one-line rendering.
-            println!("{indent}{k}:");
+            out!("{indent}{k}:");
             for h in &info.holder_list {
                 let mut dash = "- ";
                 for (hk, hv) in &h.fields {
-                    println!("{indent}  {dash}{hk}: {}", hv.as_deref().unwrap_or("(nil)"));
+                    out!("{indent}  {dash}{hk}: {}", hv.as_deref().unwrap_or("(nil)"));
                     dash = "  ";
                 }
             }
             continue;
         }
-        println!("{indent}{k}: {}", v.as_deref().unwrap_or("(nil)"));
+        out!("{indent}{k}: {}", v.as_deref().unwrap_or("(nil)"));
     }
 }
 
@@ -768,11 +777,11 @@ async fn cmd_info(a: &Args, locker: &Locker) -> i32 {
                 if a.json {
                     let mut v = info_json(info.as_ref());
                     v["name"] = a.name.clone().into();
-                    println!("{v}");
+                    out!("{v}");
                 } else if let Some(info) = &info {
                     print_info(info, "");
                 } else {
-                    println!("free");
+                    out!("free");
                 }
                 if info.is_some() {
                     0
@@ -797,21 +806,21 @@ async fn cmd_info(a: &Args, locker: &Locker) -> i32 {
                             v["url"] = url.into();
                             nodes.push(v);
                         } else {
-                            println!("{url}:");
+                            out!("{url}:");
                             match &info {
                                 Some(info) => print_info(info, "  "),
-                                None => println!("  free"),
+                                None => out!("  free"),
                             }
                         }
                     }
                     Err(e) if a.json => {
                         nodes.push(serde_json::json!({ "url": url, "error": e.to_string() }))
                     }
-                    Err(e) => println!("{url}:\n  error: {e}"),
+                    Err(e) => out!("{url}:\n  error: {e}"),
                 }
             }
             if a.json {
-                println!("{}", serde_json::json!({ "name": a.name, "nodes": nodes }));
+                out!("{}", serde_json::json!({ "name": a.name, "nodes": nodes }));
             }
             if held > 0 {
                 0
@@ -876,7 +885,11 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
             return EXIT_UNAVAILABLE;
         }
     };
-    log::debug!("acquired {} (fence {:?})", a.name, guard.fence());
+    log::debug!(
+        "acquired {} (fence {})",
+        a.name,
+        guard.fence().map_or("none".to_string(), |f| f.to_string())
+    );
     let mut cmd = tokio::process::Command::new(&a.rest[0]);
     cmd.args(&a.rest[1..])
         .env("REDIS_LOCK_NAME", &a.name)
@@ -974,17 +987,16 @@ fn main() {
     let args = match parse(std::env::args_os().collect()) {
         Ok(Parsed::Args(a)) => a,
         Ok(Parsed::Completions(shell)) => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "redis-lock",
-                &mut std::io::stdout(),
-            );
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "redis-lock", &mut script);
+            use std::io::Write;
+            let _ = std::io::stdout().write_all(&script);
             std::process::exit(0);
         }
         Err((code, text)) => {
             if code == 0 {
-                print!("{text}");
+                use std::io::Write;
+                let _ = std::io::stdout().write_all(text.as_bytes());
             } else {
                 eprint!("{text}");
             }
