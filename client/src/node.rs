@@ -797,6 +797,7 @@ impl Node {
             (_, None) => (0, false),
         };
         if needed == 0 {
+            log::debug!("{}: no replica online: nothing to confirm", self.label);
             return Ok(());
         }
         let mut online = known.map(|r| r.online);
@@ -818,6 +819,7 @@ impl Node {
         let acked: i64 = self.query(s, &cmd, Some(key)).await?;
         let confirmed = u32::try_from(acked.max(0)).unwrap_or(u32::MAX);
         if confirmed >= needed {
+            log::debug!("{}: {key}: confirmed by {confirmed} replica(s)", self.label);
             return Ok(());
         }
         Err(Error::Unconfirmed {

@@ -50,8 +50,10 @@ impl Default for ClientOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Confirm {
     /// `n` = the server's `min-replicas-to-write` when it is set (the deployment expects
-    /// that many), else the replicas online now (`INFO replication`, cached for a
-    /// second). No replica: nothing to confirm.
+    /// that many), else the replicas online now (`state=online` in `INFO replication`,
+    /// cached for a second; a replica still in its first sync is not counted: it
+    /// receives the grant with the sync, and cannot acknowledge before it ends). No
+    /// replica: nothing to confirm.
     #[default]
     Auto,
     /// The deployment has `n` replicas: every grant must reach all `n`; fewer connected
