@@ -142,7 +142,12 @@ fn the_deb_installs_the_module_the_snippet_and_the_cli_and_they_work() {
         .no_module()
         .arg("include", &conf.display().to_string())
         .start();
-    assert_eq!(modules(&server), ["lock"]);
+    // (Redis 8 loads modules of its own too, e.g. vectorset.)
+    assert!(
+        modules(&server).iter().any(|m| m == "lock"),
+        "{:?}",
+        modules(&server)
+    );
     let cli = root.join("usr/bin/redis-lock");
     let url = server.url();
     let out = run(Command::new(&cli).args(["acquire", "--json", "--url", &url, "k"]));
@@ -272,7 +277,13 @@ fn run_steps(env: &Env<'_>, steps: &[Step], first: usize, adapt: &dyn Fn(&str) -
         if s.cmd.starts_with("sudo ") {
             continue;
         }
-        let got: Vec<String> = outputs[i].iter().map(|l| normalize(l)).collect();
+        // A server's warnings about this machine (`# WARNING Memory overcommit ...`,
+        // printed before it daemonizes) are not the doc's to show either.
+        let got: Vec<String> = outputs[i]
+            .iter()
+            .filter(|l| !l.contains(" # WARNING "))
+            .map(|l| normalize(l))
+            .collect();
         let shown: Vec<String> = s.shown.iter().map(|l| normalize(l)).collect();
         assert_eq!(
             got,
@@ -376,9 +387,8 @@ fn the_cli_quickstart_runs_as_written() {
         .no_module()
         .arg("include", &snippet)
         .start();
-    assert_eq!(
-        modules(&server),
-        ["lock"],
+    assert!(
+        modules(&server).iter().any(|m| m == "lock"),
         "the include line of the conf block"
     );
     drop(server);
