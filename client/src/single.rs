@@ -40,12 +40,15 @@ pub struct LockClient {
 }
 
 impl LockClient {
-    /// Connects with default options (2 s connect and I/O timeouts, cluster detection).
+    /// Connects with default options (2 s connect and I/O timeouts, cluster detection,
+    /// grants confirmed on the replicas: [`Confirm::Auto`](crate::Confirm)).
     pub async fn connect(url: &str) -> Result<LockClient> {
         Self::connect_with(url, ClientOptions::default()).await
     }
 
-    /// Connects (and, unless told, asks the server whether it is a cluster node).
+    /// Connects (and, unless told, asks the server whether it is a cluster node), within
+    /// `connect_timeout` + `io_timeout`. A URL that does not parse is
+    /// [`Error::Invalid`] (without the URL, which may hold a password).
     pub async fn connect_with(url: &str, opts: ClientOptions) -> Result<LockClient> {
         let cluster = match opts.cluster {
             Some(c) => c,
