@@ -204,6 +204,41 @@ test-examples: build node-deps
 	LOCK_MODULE=$(MODULE) EXAMPLE_SERVER=$(SERVER_SYSTEM) bash examples/run.sh
 EXTRA_TESTS += test-examples
 
+# ---- packages (issue 22) ------------------------------------------------------------------
+#   make dist       every package: the Python wheel and sdist (dist-python), the npm tarball
+#                   (dist-node), each when this Makefile has that target, and the Debian
+#                   package of the module and the CLI (dist-deb)
+#   make dist-deb   target/dist/redis-lock_<version>_<arch>.deb (scripts/build-deb.sh, with
+#                   dpkg-deb): /usr/lib/redis/modules/redis-lock.so, the snippet
+#                   /etc/redis/modules/redis-lock.conf (a `loadmodule` line) and
+#                   /usr/bin/redis-lock; installing it needs no Rust toolchain
+#   make test-deb   docs/quickstart-cli.md against that package, unpacked; as root also
+#                   with a real `apt install ./redis-lock_*.deb`, purged at the end, and a
+#                   check that nothing is left (scripts/test-deb.sh)
+.PHONY: dist dist-deb test-deb
+DIST_DIR := $(CURDIR)/target/dist
+CLI_BIN  := $(CURDIR)/target/release/redis-lock
+
+dist:
+	for t in dist-python dist-node; do \
+	    if grep -qE "^$$t:" $(firstword $(MAKEFILE_LIST)); then \
+	        $(MAKE) --no-print-directory $$t; \
+	    else \
+	        echo "== make dist: this Makefile has no $$t target; skipped"; \
+	    fi; \
+	done
+	$(MAKE) --no-print-directory dist-deb
+	ls -l $(DIST_DIR)
+
+dist-deb: build
+	$(CARGO) build --release -p redis-lock-client --bin redis-lock
+	rm -f $(DIST_DIR)/redis-lock_*.deb
+	bash scripts/build-deb.sh --so $(MODULE) --cli $(CLI_BIN) --out $(DIST_DIR)
+
+test-deb: dist-deb
+	bash scripts/test-deb.sh $(DIST_DIR)/redis-lock_*.deb
+EXTRA_TESTS += test-deb
+
 # ---- reliability under faults (issue 4) --------------------------------------------------
 #   make reliability        every scenario at full size (about 20 min at SCALE=1), saves
 #                           docs/data/reliability.json and renders docs/RELIABILITY.md from
