@@ -87,7 +87,7 @@ fn run<'a>(ctx: Ctx<'a>, args: Args<'a>, by_fence: bool) -> Result<Option<Reply<
     } else {
         Command::Holds(cred.bytes())
     };
-    wrapped_ok(ctx, args, key, cmd)?;
+    wrapped_ok(ctx, args, key, &cmd.to_ascii_uppercase())?;
     match commands::run(ctx, key, check, false)? {
         Some(Reply::Int(1)) => {}
         Some(Reply::Error(e)) => return Err(e),
