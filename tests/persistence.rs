@@ -650,7 +650,8 @@ fn dump_payload_layout_is_the_documented_field_stream() {
         assert_eq!(d.type_name(), "redislock");
         assert_eq!(d.encver(), 3);
         // mode (0: exclusive), holders, then the holder: digest, fence, the lease's time
-        // left (ms, rounded up), acquired-at, client-id, client-addr, owner flag [owner].
+        // left (ms, rounded up), acquired-at, client-id, client-addr, owner flag [owner],
+        // lock-delay (ms); then the time left of a running lock-delay (0: none).
         let Op::Str(digest) = &d.ops[2] else {
             panic!("{key}: no digest in {:?}", d.ops)
         };
@@ -687,6 +688,8 @@ fn dump_payload_layout_is_the_documented_field_stream() {
             }
             None => want.push(Op::Uint(0)),
         }
+        want.push(Op::Uint(0));
+        want.push(Op::Uint(0));
         assert_eq!(d.ops, want, "{key}");
         // Our encoder reproduces the server's bytes exactly.
         assert_eq!(d.encode(), payload, "{key}: re-encoding differs");
@@ -716,12 +719,14 @@ fn v1_of(real: &ModuleDump, token: &[u8], owner: &[u8], expires_at: u64) -> Modu
     }
 }
 
-/// The same value in release 0.2's encoding (version 2: the v3 fields, with the lease's
-/// end as an absolute unix-ms `expires_at` where v3 has the time left).
+/// The same value in release 0.2's encoding (version 2: the v3 fields of one holder
+/// without its lock-delay and the trailing delay, with the lease's end as an absolute
+/// unix-ms `expires_at` where v3 has the time left).
 fn v2_of(real: &ModuleDump, expires_at: u64) -> ModuleDump {
     let mut ops = real.ops.clone();
     assert!(matches!(ops[2], Op::Str(_)), "unexpected v3 layout {ops:?}");
     ops[4] = Op::Uint(expires_at);
+    ops.truncate(ops.len() - 2);
     ModuleDump {
         module_id: (real.module_id & !1023) | 2,
         ops,
@@ -759,8 +764,8 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
     let (s, mut c, real) = dumped("dump:src", &src);
     let real = ModuleDump::parse(&real);
     // [mode, holders, digest, fence, time left, acquired-at, client-id, client-addr,
-    //  owner-flag, owner]
-    assert_eq!(real.ops.len(), 10);
+    //  owner-flag, owner, lock-delay, delay left]
+    assert_eq!(real.ops.len(), 12);
     let ops = real.ops.clone();
     let set = |i: usize, op: Op| {
         let mut o = ops.clone();
@@ -777,12 +782,14 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
         ..real.clone()
     };
     // A second holder: the first one again (same digest and fence), or with its own.
-    let holder = ops[2..].to_vec();
+    let holder = ops[2..ops.len() - 1].to_vec();
+    let tail = ops[ops.len() - 1].clone();
     let two = |mode: Vec<Op>, second: Vec<Op>| {
         let mut o = mode;
         o.push(Op::Uint(2));
         o.extend(holder.clone());
         o.extend(second);
+        o.push(tail.clone());
         real.with_ops(o)
     };
     let mut other = holder.clone();
