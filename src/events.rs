@@ -217,6 +217,18 @@ fn cron(ctx: Ctx<'_>, st: &mut State, now: i64) {
     }
     if let Some(c) = &mut st.cluster {
         c.cron(ctx, &st.engine.fence, now);
+        if c.take_lost() {
+            // Watchers of keys whose slot moved away are told so (TRYAGAIN) at their
+            // next look, whether or not a key moved with the slot.
+            for (db, name) in st.engine.watched_keys(None) {
+                if !c.serves(crate::cluster::key_slot(&name)) {
+                    st.engine.touched(db, &name, now);
+                }
+            }
+            if let Some(at) = st.engine.next_due() {
+                st.wake.arm(ctx, at);
+            }
+        }
     }
     if now.saturating_sub(st.listen_checked) >= LISTEN_CHECK_US {
         st.listen_checked = now;
