@@ -29,12 +29,12 @@ use crate::sched::{self, with_engine};
 use crate::state::{self, Pending, State};
 
 /// Keyspace events a waiter on a classic string lock needs.
-/// (Evictions are subscribed at load, to count evicted locks.)
 const KEY_EVENTS: c_int = (raw::REDISMODULE_NOTIFY_GENERIC
     | raw::REDISMODULE_NOTIFY_EXPIRED
     | raw::REDISMODULE_NOTIFY_STRING) as c_int;
-/// Evictions: rare, and only under maxmemory pressure.
-pub const EVICTIONS: c_int = raw::REDISMODULE_NOTIFY_EVICTED as c_int;
+/// Evictions, to count evicted locks: listened to from the first time the server itself
+/// removes a lock key (an eviction's `evicted` notification comes after the unlink).
+const EVICTIONS: c_int = raw::REDISMODULE_NOTIFY_EVICTED as c_int;
 
 /// How often the module asks whether anything receives the replication stream.
 const LISTEN_CHECK_US: i64 = 1_000_000;
@@ -49,6 +49,13 @@ pub fn unlinked(db: i32, key: &[u8], v: &LockValue) {
         st.engine.unlinked(db, key, v, moved, ffi::mono_us());
         st.last_unlinked = Some((db, key.to_vec()));
         arm(st);
+        if !std::mem::replace(&mut st.eviction_events, true) {
+            if let Some(ctx) = ffi::module_ctx() {
+                if let Err(e) = fev::subscribe_keyspace(ctx, EVICTIONS, on_keyspace) {
+                    ctx.log("warning", &format!("redis-lock: {e}"));
+                }
+            }
+        }
     });
     if done.is_none() {
         state::defer(Pending::Unlinked {

@@ -293,7 +293,6 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
         args: &[Arg::Str("subcommand")],
     };
     cmdinfo::register(ctx, &debug, Some(ffi::entry::<commands::Debug>))?;
-    ffi::events::subscribe_keyspace(ctx, events::EVICTIONS, events::on_keyspace)?;
     ffi::events::subscribe_server(ctx, events::on_server)?;
     ffi::events::register_info(ctx, stats::info)?;
     ffi::cluster::register(ctx, &[cluster::STATE, cluster::REQUEST], events::on_bus);

@@ -115,6 +115,10 @@ pub struct State {
     /// Whether the module listens to keyspace events (only once a client waited for a
     /// classic string lock: they cost every other command a call into the module).
     pub key_events: bool,
+    /// Whether the module listens to `evicted` notifications (from the first time the
+    /// server removed a lock key itself: every notification of the server would cost a
+    /// call into the module's subscriber list otherwise).
+    pub eviction_events: bool,
     /// The wall clock minus the monotonic one at the last cron (µs), to see it step.
     pub clock_offset: Option<i64>,
     /// When `listening` was last asked of the server (monotonic µs).
@@ -161,6 +165,7 @@ impl State {
             serialized: HashSet::new(),
             saving: false,
             key_events: false,
+            eviction_events: false,
             clock_offset: None,
             listen_checked: 0,
             last_unlinked: None,
