@@ -46,6 +46,11 @@ pub fn unlinked(db: i32, key: &[u8], v: &LockValue) {
     let ptr = v as *const LockValue as usize;
     let done = state::with(|st| {
         let moved = st.serialized.remove(&ptr);
+        if !moved {
+            // RENAME and MOVE put this same value under another name: unless it is freed
+            // now (DEL, an overwrite), the cron looks for where it went.
+            state::orphan(ptr);
+        }
         st.engine.unlinked(db, key, v, moved, ffi::mono_us());
         st.last_unlinked = Some((db, key.to_vec()));
         arm(st);
@@ -237,9 +242,78 @@ fn cron(ctx: Ctx<'_>, st: &mut State, now: i64) {
             }
         }
     }
+    adopt(ctx, st, now);
     if now.saturating_sub(st.listen_checked) >= LISTEN_CHECK_US {
         st.listen_checked = now;
         st.listening = listening_now(ctx);
+    }
+}
+
+/// Keys the walk looks at per cron (a million keys take about five seconds at `hz 10`).
+const ADOPT_KEYS_PER_CRON: usize = 50_000;
+
+/// Finds the new names of lock values the server moved without telling the module
+/// (RENAME, MOVE): the engine tracks their leases there from then on, so they end, are
+/// reclaimed and hand over like any lock (waiters queued on the new name were safe
+/// already: a waiter files its key's lease itself).
+fn adopt(ctx: Ctx<'_>, st: &mut State, now: i64) {
+    let fresh = state::take_orphans();
+    if st.adopting.is_none() && fresh.is_empty() {
+        return;
+    }
+    let a = st.adopting.get_or_insert_with(|| state::Adopting {
+        wanted: Vec::new(),
+        db: 0,
+        scan: crate::ffi::scan::Scan::new(),
+    });
+    if !fresh.is_empty() && !a.wanted.is_empty() {
+        // Newcomers may be behind the walk: it starts over for all of them.
+        a.db = 0;
+        a.scan = crate::ffi::scan::Scan::new();
+    }
+    a.wanted.extend(fresh);
+    let mine = ctx.db();
+    let mut found: Vec<(i32, Vec<u8>)> = Vec::new();
+    let mut budget = ADOPT_KEYS_PER_CRON;
+    while !a.wanted.is_empty() && budget > 0 {
+        if !ctx.select_db(a.db) {
+            a.wanted.clear(); // every db walked: the rest were freed after all
+            break;
+        }
+        let db = a.db;
+        let wanted = &mut a.wanted;
+        let (more, seen) = a
+            .scan
+            .step(ctx, &state::LOCK_TYPE, budget, &mut |name, ptr| {
+                if let Some(i) = wanted.iter().position(|p| *p == ptr) {
+                    wanted.swap_remove(i);
+                    found.push((db, name.to_vec()));
+                }
+            });
+        budget = budget.saturating_sub(seen.max(1));
+        if !more {
+            a.db += 1;
+            a.scan = crate::ffi::scan::Scan::new();
+        }
+    }
+    if a.wanted.is_empty() {
+        st.adopting = None;
+    }
+    for (db, name) in found {
+        if !ctx.select_db(db) {
+            continue;
+        }
+        let key = crate::ffi::OwnedStr::new(&name);
+        let mut k = ctx.open_key(key.as_str(), false, &state::LOCK_TYPE);
+        if let Some(v) = k.value() {
+            st.engine.loaded(db, &name, v, now);
+        }
+        drop(k);
+        st.engine.touched(db, &name, now);
+    }
+    ctx.select_db(mine);
+    if let Some(at) = st.engine.next_due() {
+        st.wake.arm(ctx, at);
     }
 }
 

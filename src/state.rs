@@ -133,6 +133,8 @@ pub struct State {
     /// Lock keys loaded from an encoding older than 3, until loading ends: those releases
     /// kept the lease as the key's Redis expiry too, which the server loads with the key.
     pub legacy_expiry: Vec<(i32, Vec<u8>)>,
+    /// The walk for unlinked values that live on under another name, while one runs.
+    pub adopting: Option<Adopting>,
     addrs: Vec<(u64, Addr)>,
 }
 
@@ -144,6 +146,51 @@ pub enum Pending {
         value: LockValue,
         moved: bool,
     },
+}
+
+/// Lock values the server unlinked that may live on under another name (RENAME, MOVE
+/// put the same value there), by address, until they are freed: the free callback may run
+/// on a lazy-free thread, hence the lock (and the count, to skip it when there are none).
+static ORPHANS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+static ORPHAN_COUNT: AtomicI64 = AtomicI64::new(0);
+
+pub fn orphan(ptr: usize) {
+    if let Ok(mut o) = ORPHANS.lock() {
+        o.push(ptr);
+        ORPHAN_COUNT.store(o.len() as i64, Ordering::Relaxed);
+    }
+}
+
+/// A value is freed: it lives on nowhere.
+pub fn forget_orphan(ptr: usize) {
+    if ORPHAN_COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    if let Ok(mut o) = ORPHANS.lock() {
+        o.retain(|p| *p != ptr);
+        ORPHAN_COUNT.store(o.len() as i64, Ordering::Relaxed);
+    }
+}
+
+/// The unlinked values still alive (each is somewhere in the keyspace).
+pub fn take_orphans() -> Vec<usize> {
+    if ORPHAN_COUNT.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    match ORPHANS.lock() {
+        Ok(mut o) => {
+            ORPHAN_COUNT.store(0, Ordering::Relaxed);
+            std::mem::take(&mut *o)
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// A walk of the keyspace looking for values the engine no longer knows the names of.
+pub struct Adopting {
+    pub wanted: Vec<usize>,
+    pub db: i32,
+    pub scan: crate::ffi::scan::Scan,
 }
 
 static STATE: MainThread<RefCell<Option<State>>> = MainThread(RefCell::new(None));
@@ -172,6 +219,7 @@ impl State {
             cluster: None,
             command_flags: HashMap::new(),
             legacy_expiry: Vec::new(),
+            adopting: None,
             addrs: Vec::new(),
         }
     }

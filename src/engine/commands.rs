@@ -235,6 +235,13 @@ impl<W> Engine<W> {
             moved: false,
             handle,
         };
+        // The key's lease end must be filed for the hand-off: it is, unless the value came
+        // here behind the engine's back (RENAMEd or MOVEd onto this name).
+        if let Ok(Slot::Lock(v)) = ks.read() {
+            if let Some(at) = v.next_lease_end() {
+                self.leases.insert(at, db, &name, self.now);
+            }
+        }
         self.enqueue(db, &name, wait, serve_at);
         Ok(None)
     }
