@@ -55,9 +55,8 @@ extern "C" fn visit_cb(
 impl Scan {
     pub fn new() -> Scan {
         // SAFETY: no arguments; the cursor is destroyed on drop.
-        Scan {
-            cursor: unsafe { api!(RedisModule_ScanCursorCreate)() },
-        }
+        let cursor = unsafe { api!(RedisModule_ScanCursorCreate)() };
+        Scan { cursor }
     }
 
     /// Visits keys of `ctx`'s selected db until about `budget` were seen or the db is
