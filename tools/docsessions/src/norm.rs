@@ -1,6 +1,7 @@
 //! What may differ between two runs of a session, taken out before they are compared:
 //!
-//! - numbers of 6 or more digits (fences, unix-ms times) and UUIDs (generated tokens)
+//! - numbers of 6 or more digits standing alone (fences, unix-ms times) and UUIDs
+//!   (generated tokens)
 //!   become `<n1>`, `<n2>`, ... and `<uuid1>`, ... numbered by first appearance in the
 //!   block, so that a value repeated (a retry's fence, a fence passed to LOCK.CHECK) must
 //!   still be repeated, and two different values must still differ;
@@ -31,7 +32,6 @@ pub struct Line {
 
 struct Res {
     uuid: Regex,
-    big: Regex,
     addr: Regex,
     int: Regex,
 }
@@ -41,7 +41,6 @@ fn res() -> &'static Res {
     R.get_or_init(|| Res {
         uuid: Regex::new(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
             .expect("uuid regex"),
-        big: Regex::new(r"[0-9]{6,}").expect("number regex"),
         addr: Regex::new(r#""127\.0\.0\.1:[0-9]+""#).expect("address regex"),
         int: Regex::new(r"\(integer\) (-?[0-9]+)$").expect("integer regex"),
     })
@@ -56,6 +55,37 @@ impl Numbering {
         let next = self.0.len() + 1;
         *self.0.entry(v.to_string()).or_insert(next)
     }
+}
+
+/// Replaces every number of 6+ digits that stands alone (not part of a word such as
+/// `wrong-token-0000000000` or a hex token) with its `<nK>`.
+fn numbers(line: &str, nums: &mut Numbering) -> String {
+    let b = line.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
+    let mut out = String::with_capacity(line.len());
+    let (mut i, mut copied) = (0, 0);
+    while i < b.len() {
+        if !b[i].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        let alone = (start == 0 || !word(b[start - 1])) && (i == b.len() || !word(b[i]));
+        if alone && i - start >= 6 {
+            out.push_str(&line[copied..start]);
+            out.push_str(&format!("<n{}>", nums.of(&line[start..i])));
+            copied = i;
+        }
+        // A digit run inside a word: skip the rest of the word.
+        while i < b.len() && word(b[i]) {
+            i += 1;
+        }
+    }
+    out.push_str(&line[copied..]);
+    out
 }
 
 /// Normalizes a transcript (see the module's documentation).
@@ -87,13 +117,8 @@ pub fn normalize(text: &str) -> Vec<Line> {
         let line = r
             .uuid
             .replace_all(&line, |c: &Captures| format!("<uuid{}>", uuids.of(&c[0])));
-        let line = r
-            .big
-            .replace_all(&line, |c: &Captures| format!("<n{}>", nums.of(&c[0])));
-        out.push(Line {
-            text: line.into_owned(),
-            ttl,
-        });
+        let line = numbers(&line, &mut nums);
+        out.push(Line { text: line, ttl });
     }
     out
 }
@@ -167,6 +192,17 @@ mod tests {
             "51234",
         );
         assert_eq!(compare(DOC, &run), Ok(()));
+    }
+
+    #[test]
+    fn only_numbers_standing_alone_are_numbered() {
+        let n =
+            normalize("A 1234567 wrong-token-0000000000 x1234567 1234567-a (integer) 7654321\n");
+        assert_eq!(
+            n[0].text,
+            "A <n1> wrong-token-0000000000 x1234567 1234567-a (integer) <n2>"
+        );
+        assert_eq!(normalize("12345 123456\n")[0].text, "12345 <n1>");
     }
 
     #[test]
