@@ -660,9 +660,35 @@ fn no_ops() -> Vec<Vec<String>> {
             "LOCK.ACQUIRE".into(),
             "lock:k".into(),
             "TOKEN".into(),
+            wrong.clone(),
+        ],
+        // A guard whose check fails (nothing runs).
+        vec![
+            "LOCK.IFHELD".into(),
+            "lock:k".into(),
             wrong,
+            "SET".into(),
+            "row6:data".into(),
+            "v".into(),
+        ],
+        vec![
+            "LOCK.IFFENCE".into(),
+            "lock:k".into(),
+            "1".into(),
+            "SET".into(),
+            "row6:data".into(),
+            "v".into(),
         ],
     ]
+}
+
+/// What a no-op answers: 0, nil, or NOTHELD (a guard whose check failed).
+fn is_no_op_reply(r: &Resp) -> bool {
+    match r {
+        Resp::Int(0) | Resp::Nil => true,
+        Resp::Error(e) => e.starts_with("NOTHELD "),
+        _ => false,
+    }
 }
 
 #[test]
@@ -684,7 +710,7 @@ fn row6_a_no_op_does_not_abort_watch_but_a_real_change_does() {
     for cmd in no_ops() {
         let (r, exec) = exec_after(&mut a, &mut b, &cmd);
         ck.check(
-            matches!(r, Resp::Int(0) | Resp::Nil),
+            is_no_op_reply(&r),
             format!("{cmd:?} should be a no-op: {r:?}"),
         );
         ck.eq(
@@ -693,6 +719,11 @@ fn row6_a_no_op_does_not_abort_watch_but_a_real_change_does() {
             &format!("EXEC after the no-op {}", cmd[0]),
         );
     }
+    ck.eq(
+        b.cmd(&["EXISTS", "row6:data"]),
+        Resp::Int(0),
+        "a refused guard ran its command",
+    );
     // A real change aborts it: extend, release, acquire.
     let real: Vec<Vec<String>> = vec![
         vec![
@@ -763,10 +794,7 @@ fn row6_a_no_op_sends_no_keyspace_event_and_no_invalidation() {
     let mut ck = Checks::new();
     for cmd in no_ops() {
         let r = b.cmd(&cmd);
-        ck.check(
-            matches!(r, Resp::Int(0) | Resp::Nil),
-            format!("{cmd:?}: {r:?}"),
-        );
+        ck.check(is_no_op_reply(&r), format!("{cmd:?}: {r:?}"));
         sub.set_read_timeout(Some(quiet));
         let ev = sub.read();
         ck.check(
