@@ -445,6 +445,8 @@ fn a_guarded_write_travels_as_the_command_it_ran_and_never_with_the_token() {
     let (_, f) = acquire(&mut c, "lock:t", &["PX", "60000", "TOKEN", &t]);
     let fs = f.to_string();
     assert_eq!(c.cmd(&["SLOWLOG", "RESET"]), ok());
+    let mut mon = RawConn::connect(p.port);
+    assert_eq!(mon.cmd(&["MONITOR"]), ok());
     assert_eq!(
         c.cmd(&["LOCK.IFHELD", "lock:t", &t, "SET", "data:t", "written"]),
         ok()
@@ -487,6 +489,27 @@ fn a_guarded_write_travels_as_the_command_it_ran_and_never_with_the_token() {
             String::from_utf8_lossy(needle)
         );
     }
+    // MONITOR saw the guard (up to the PING), never its token.
+    assert_eq!(c.cmd(&["PING"]), Resp::Simple("PONG".into()));
+    mon.set_read_timeout(Some(SETTLE));
+    let mut seen = Vec::new();
+    while let Ok(line) = mon.read() {
+        let line = texts(&line).join(" ");
+        let end = line.contains("\"PING\"");
+        seen.push(line);
+        if end {
+            break;
+        }
+    }
+    assert!(
+        seen.iter()
+            .any(|l| l.to_ascii_lowercase().contains("lock.ifheld")),
+        "MONITOR did not show the guard: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|l| !l.contains(&t)),
+        "MONITOR shows the token: {seen:?}"
+    );
     // SLOWLOG shows the guard with its token redacted.
     let text = texts(&c.cmd(&["SLOWLOG", "GET", "100"])).join(" ");
     assert!(

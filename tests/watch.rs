@@ -425,4 +425,18 @@ fn watchers_on_a_replica_are_woken_by_what_the_primary_sends() {
     assert!(still_waiting(&mut w, 200));
     assert_eq!(pc.cmd(&["LOCK.RELEASE", "lock:r", &t]).int(), 1);
     assert_eq!(answer(&mut w), Resp::Nil);
+    // The primary removes nothing (its writes are paused): the replica's watcher of a
+    // fence is still answered when that lease ends, and its LOCK.INFO treats the lease
+    // as over although the key is still there.
+    let (_, f) = acquire(&mut pc, "lock:q", &["PX", "600"]);
+    assert_eq!(pc.cmd(&["WAIT", "1", "5000"]).int(), 1);
+    let mut w = watcher(r.port, &mut rc, "lock:q", &["FENCE", &f.to_string()]);
+    assert_eq!(pc.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]), ok());
+    let t0 = Instant::now();
+    assert_eq!(answer(&mut w), Resp::Nil);
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    assert_eq!(rc.cmd(&["EXISTS", "lock:q"]).int(), 1);
+    assert_eq!(rc.cmd(&["LOCK.INFO", "lock:q"]), Resp::Nil);
+    assert_eq!(rc.cmd(&["LOCK.CHECK", "lock:q", &f.to_string()]).int(), 0);
+    assert_eq!(pc.cmd(&["CLIENT", "UNPAUSE"]), ok());
 }
