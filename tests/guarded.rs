@@ -96,9 +96,9 @@ fn check_answers_whether_a_fence_holds_the_lock_now() {
     );
     // A lease that is over does not hold, although nothing removed the key yet: while
     // writes are paused the module leaves the key alone, and LOCK.CHECK (read-only) runs.
-    let (_, fp) = acquire(&mut c, "lock:p", &["PX", "200"]);
+    let (_, fp) = acquire(&mut c, "lock:p", &["PX", "1000"]);
     assert_eq!(c.cmd(&["CLIENT", "PAUSE", "10000", "WRITE"]), ok());
-    sleep(Duration::from_millis(400));
+    sleep(Duration::from_millis(1300));
     assert_eq!(
         c.cmd(&["EXISTS", "lock:p"]).int(),
         1,

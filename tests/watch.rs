@@ -394,7 +394,7 @@ fn watchers_are_bounded_counted_and_leave_when_they_go() {
 fn a_fence_watcher_is_answered_when_the_lease_ends_while_writes_are_paused() {
     let s = ServerBuilder::new().start();
     let mut c = RawConn::connect(s.port);
-    let (_, f) = acquire(&mut c, "lock:p", &["PX", "500"]);
+    let (_, f) = acquire(&mut c, "lock:p", &["PX", "1500"]);
     let mut w = watcher(s.port, &mut c, "lock:p", &["FENCE", &f.to_string()]);
     assert_eq!(c.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]), ok());
     let t0 = Instant::now();
@@ -428,7 +428,7 @@ fn watchers_on_a_replica_are_woken_by_what_the_primary_sends() {
     // The primary removes nothing (its writes are paused): the replica's watcher of a
     // fence is still answered when that lease ends, and its LOCK.INFO treats the lease
     // as over although the key is still there.
-    let (_, f) = acquire(&mut pc, "lock:q", &["PX", "600"]);
+    let (_, f) = acquire(&mut pc, "lock:q", &["PX", "1500"]);
     assert_eq!(pc.cmd(&["WAIT", "1", "5000"]).int(), 1);
     let mut w = watcher(r.port, &mut rc, "lock:q", &["FENCE", &f.to_string()]);
     assert_eq!(pc.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]), ok());
