@@ -33,6 +33,25 @@ fn a_lease_that_ends_leaves_the_delay_and_a_release_does_not() {
         .and_then(|r| r.as_int())
         .unwrap_or(0);
     assert!(left > 0 && left <= 1000, "lock-delay left {left}");
+    // Nobody holds it: no lease fields, no holder, an empty page.
+    let delayed = info(&mut c, "lock:d");
+    let names: Vec<String> = delayed.pairs().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        names,
+        [
+            "state",
+            "kind",
+            "mode",
+            "lock-delay",
+            "holders",
+            "waiters",
+            "holder-list",
+            "cursor"
+        ],
+        "{delayed:?}"
+    );
+    assert_eq!(delayed.get("holders"), Some(Resp::Int(0)));
+    assert_eq!(delayed.get("holder-list"), Some(Resp::Array(Vec::new())));
     // A waiter is granted when the delay ends, not before.
     let (_, _) = granted(&c.cmd(&acq("lock:d", &["PX", "1000", "BLOCK", "5000"])));
     let waited = ended.elapsed();

@@ -261,13 +261,17 @@ fn cluster_slot_migration_never_grants_on_the_old_node() {
 /// Standalone MIGRATE of a lock with waiters: the lock now lives on the other server, so
 /// the waiters here get an error (LOCKMOVED), never a grant.
 #[test]
-fn standalone_migrate_fails_the_waiters_instead_of_granting() {
+fn standalone_migrate_fails_the_waiters_and_watchers_instead_of_granting() {
     let a = server();
     let b = server();
     let mut ca = RawConn::connect(a.port);
     let (_, fence) = acquire(&mut ca, "lk", &["PX", "60000"]).unwrap();
     let mut w = Waiter::send(a.port, 0, "lk", &["BLOCK", "20000"]);
     wait_queued(&mut ca, "lk", 1);
+    // A watcher of the holder's fence too.
+    let mut watcher = RawConn::connect(a.port);
+    watcher.send(&["LOCK.WATCH", "lk", "FENCE", &fence.to_string()]);
+    assert!(wait_until(SETTLE, || lock_stat(&mut ca, "watchers") == 1));
     let r = ca.cmd(&[
         "MIGRATE",
         "127.0.0.1",
@@ -280,6 +284,11 @@ fn standalone_migrate_fails_the_waiters_instead_of_granting() {
     match w.reply_within(Duration::from_secs(5)) {
         Ok(Resp::Error(e)) => assert!(e.starts_with("LOCKMOVED"), "{e}"),
         other => panic!("expected a LOCKMOVED error, got {other:?}"),
+    }
+    watcher.set_read_timeout(Some(Duration::from_secs(5)));
+    match watcher.read() {
+        Ok(Resp::Error(e)) => assert!(e.starts_with("LOCKMOVED"), "watcher: {e}"),
+        other => panic!("expected a LOCKMOVED error for the watcher, got {other:?}"),
     }
     assert_eq!(ca.cmd(&["EXISTS", "lk"]).int(), 0);
     let mut cb = RawConn::connect(b.port);
