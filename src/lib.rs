@@ -288,7 +288,7 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
         flags: "admin",
         key_flags: 0,
         arity: -2,
-        summary: "Testing aid, off unless loaded with 'debug-commands yes': PANIC | FENCE.",
+        summary: "Testing aid, off unless loaded with 'debug-commands yes': PANIC | FENCE | INJECT key kind.",
         complexity: "O(1)",
         args: &[Arg::Str("subcommand")],
     };

@@ -115,3 +115,25 @@ fn the_setting_applies_forcerelease_ends_it_and_replicas_and_restarts_keep_it() 
     );
     assert_eq!(c.cmd(&acq("lock:s", &[])), Resp::Nil);
 }
+
+/// `lock.lock-delay` may not exceed `lock.max-ttl` (as `LOCKDELAY` may not), and neither
+/// may `lock.max-ttl` be set below it; a `loadmodule` argument past it stops the start.
+#[test]
+fn the_lock_delay_setting_stays_within_max_ttl() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    let r = c.cmd(&["CONFIG", "SET", "lock.lock-delay", "100000000"]);
+    assert!(r.is_error(), "{r:?}");
+    assert_eq!(
+        c.cmd(&["CONFIG", "SET", "lock.lock-delay", "5000"]),
+        Resp::Simple("OK".into())
+    );
+    let r = c.cmd(&["CONFIG", "SET", "lock.max-ttl", "4000"]);
+    assert!(r.is_error(), "{r:?}");
+    let err = ServerBuilder::new()
+        .module_args(&["lock-delay", "100000000"])
+        .try_start()
+        .err()
+        .unwrap_or_default();
+    assert!(err.contains("lock-delay"), "{err}");
+}

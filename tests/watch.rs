@@ -406,6 +406,31 @@ fn a_fence_watcher_is_answered_when_the_lease_ends_while_writes_are_paused() {
     assert!(wait_until(SETTLE, || c.cmd(&["EXISTS", "lock:p"]).int() == 0));
 }
 
+/// A watcher of a free key sees a classic `SET NX` string lock appear once the module
+/// listens to keyspace events (after a client waited for a string lock); before, only the
+/// keys with acquire waiters were looked at on those events.
+#[test]
+fn a_watcher_of_a_free_key_sees_a_string_lock_appear_once_key_events_are_on() {
+    let s = ServerBuilder::new().start();
+    let mut c = RawConn::connect(s.port);
+    // Someone waits for a string lock: the module starts listening to key events.
+    assert_eq!(
+        c.cmd(&["SET", "lock:s1", "classic-token", "NX", "PX", "200"]),
+        ok()
+    );
+    assert!(matches!(
+        c.cmd(&["LOCK.ACQUIRE", "lock:s1", "BLOCK", "3000"]),
+        Resp::Array(_)
+    ));
+    let mut w = watcher(s.port, &mut c, "lock:s2", &["BLOCK", "10000"]);
+    assert_eq!(
+        c.cmd(&["SET", "lock:s2", "classic-token", "NX", "PX", "60000"]),
+        ok()
+    );
+    let r = answer(&mut w);
+    assert_eq!(r.get("kind"), Some(bulk("string")), "{r:?}");
+}
+
 #[test]
 fn watchers_on_a_replica_are_woken_by_what_the_primary_sends() {
     let p = primary().start();
