@@ -68,24 +68,43 @@ impl Handler for IfFence {
     }
 }
 
+/// Redacts the guard's token from what the server shows of the running command (SLOWLOG,
+/// MONITOR) when dropped: after the guard read its arguments for the last time (on Valkey
+/// 8.1 a redacted argument reads `(redacted)` from then on), and on every way out of it,
+/// a caught panic included.
+struct Redact<'a> {
+    ctx: Ctx<'a>,
+    token: bool,
+}
+
+impl Drop for Redact<'_> {
+    fn drop(&mut self) {
+        if self.token {
+            self.ctx.redact(2);
+        }
+    }
+}
+
 /// Runs the guard; `by_fence`: LOCK.IFFENCE.
 fn run<'a>(ctx: Ctx<'a>, args: Args<'a>, by_fence: bool) -> Result<Option<Reply<'a>>, LockError> {
+    let _redact = Redact {
+        ctx,
+        token: !by_fence,
+    };
     let cmd = name_of(by_fence);
-    if !by_fence {
-        // Before anything can fail: the token never shows in SLOWLOG or MONITOR.
-        ctx.redact(2);
-    }
     let (Some(key), Some(cred), Some(_)) = (args.get(1), args.get(2), args.get(INNER)) else {
         return Err(LockError::WrongArity(cmd));
     };
+    // The token's own copy: the check must not read the argument the server redacts.
+    let token = cred.bytes().to_vec();
     let check = if by_fence {
         Command::HoldsFence(positive(
-            cred.bytes(),
+            &token,
             crate::lock::fence::MAX_FENCE,
             LockError::InvalidFenceArg,
         )?)
     } else {
-        Command::Holds(cred.bytes())
+        Command::Holds(&token)
     };
     wrapped_ok(ctx, args, key, &cmd.to_ascii_uppercase())?;
     match commands::run(ctx, key, check, false)? {
