@@ -30,6 +30,11 @@ use crate::syntax::{positive, show};
 
 /// Where the wrapped command starts among the arguments.
 const INNER: usize = 3;
+/// The most guards one command line may nest (a guard wrapping a guard on another lock,
+/// and so on, the first included): each level is a call into the server and, for keys
+/// requests, a recursion through its key extraction, so a chain thousands deep would
+/// overflow the server's stack.
+const MAX_NESTED: usize = 8;
 /// Cached command names up to this length, this many at most.
 const CACHE_NAME: usize = 64;
 const CACHE_SIZE: usize = 1024;
@@ -131,7 +136,9 @@ fn keys(ctx: Ctx<'_>, args: Args<'_>) {
         return;
     }
     call::key_at(ctx, 1, LOCK_KEY);
-    if args.len() <= INNER {
+    // A chain of guards too deep to run is not followed either (each level would recurse
+    // through the server's key extraction).
+    if args.len() <= INNER || too_deep(args) {
         return;
     }
     if let Keys::At(list) = call::command_keys(ctx, args, INNER) {
@@ -163,8 +170,32 @@ fn refuse(msg: String) -> LockError {
     LockError::NotGuardable(msg)
 }
 
+fn is_guard(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"lock.ifheld") || name.eq_ignore_ascii_case(b"lock.iffence")
+}
+
+/// Whether the guards of this command line (it and the guards it wraps) nest deeper than
+/// [`MAX_NESTED`]. Counts without recursion and stops at the first level too many.
+fn too_deep(args: Args<'_>) -> bool {
+    let mut depth = 1;
+    let mut at = INNER;
+    while args.get(at).is_some_and(|s| is_guard(s.bytes())) {
+        depth += 1;
+        if depth > MAX_NESTED {
+            return true;
+        }
+        at += INNER;
+    }
+    false
+}
+
 /// Whether the wrapped command may run inside the guard of `key`.
 fn wrapped_ok(ctx: Ctx<'_>, args: Args<'_>, key: Str<'_>, cmd: &str) -> Result<(), LockError> {
+    if too_deep(args) {
+        return Err(refuse(format!(
+            "{cmd} nests at most {MAX_NESTED} guards (LOCK.IFHELD, LOCK.IFFENCE) in one command"
+        )));
+    }
     let inner = args.get(INNER).map(|s| s.bytes()).unwrap_or_default();
     let shown = show(inner);
     let unknown = || {
