@@ -167,6 +167,20 @@ impl Tap {
         Tap { bytes }
     }
 
+    /// Waits until the stream (after the RDB) carries writes: a marker written after the
+    /// snapshot was taken arrives as a command.
+    fn wait_streaming(&self, c: &mut RawConn) {
+        for i in 0..100 {
+            let key = format!("tap:ready:{i}");
+            c.cmd(&["SET", &key, "1"]);
+            let cmd = resp_of(&[b"SET", key.as_bytes(), b"1"]);
+            if wait_until(Duration::from_millis(200), || has(&self.snapshot(), &cmd)) {
+                return;
+            }
+        }
+        panic!("the tap never received the replication stream");
+    }
+
     fn snapshot(&self) -> Vec<u8> {
         self.bytes.lock().unwrap().clone()
     }
@@ -863,6 +877,7 @@ fn only_the_wrapped_write_travels_and_the_token_never_does() {
     let t = tok("propagated-secret");
     let f = take(&mut c, "lock:p", &t, &[]);
     let tap = Tap::attach(&p);
+    tap.wait_streaming(&mut c);
     let mut mon = conn(&p);
     k.eq(mon.cmd(&["MONITOR"]), Resp::Simple("OK".into()), "MONITOR");
     caught_up(&p, &r);
