@@ -73,29 +73,75 @@ impl Handler for IfFence {
     }
 }
 
-/// Redacts the guard's token from what the server shows of the running command (SLOWLOG,
-/// MONITOR) when dropped: after the guard read its arguments for the last time (on Valkey
-/// 8.1 a redacted argument reads `(redacted)` from then on), and on every way out of it,
-/// a caught panic included.
+/// Redacts secrets from what the server shows of the running command (SLOWLOG, MONITOR)
+/// when dropped: after the guard read its arguments for the last time (on Valkey 8.1 a
+/// redacted argument reads `(redacted)` from then on), and on every way out of it, a
+/// caught panic included.
 struct Redact<'a> {
     ctx: Ctx<'a>,
-    token: bool,
+    at: Vec<usize>,
 }
 
 impl Drop for Redact<'_> {
     fn drop(&mut self) {
-        if self.token {
-            self.ctx.redact(2);
+        for &pos in &self.at {
+            self.ctx.redact(pos);
         }
+    }
+}
+
+/// The positions of the secrets in the command line the guard wraps (from `at` on): the
+/// tokens of the lock commands, of nested guards included, and the passwords of AUTH,
+/// HELLO and MIGRATE. The wrapped command hides them from its own entry when it runs; the
+/// guard's entry shows its whole line, refused or not, so it hides them as well. (An
+/// argument that only looks like an option name costs the next one its display.)
+fn secrets(args: Args<'_>, mut at: usize, out: &mut Vec<usize>) {
+    let after = |word: &[u8], n: usize, from: usize, out: &mut Vec<usize>| {
+        for i in from + 1..args.len() {
+            if args
+                .get(i)
+                .is_some_and(|s| s.bytes().eq_ignore_ascii_case(word))
+            {
+                out.extend(i + 1..(i + 1 + n).min(args.len()));
+            }
+        }
+    };
+    while let Some(name) = args.get(at) {
+        let name = name.bytes().to_ascii_lowercase();
+        match name.as_slice() {
+            b"lock.ifheld" => {
+                out.push(at + 2);
+                at += INNER;
+                continue;
+            }
+            b"lock.iffence" => {
+                at += INNER;
+                continue;
+            }
+            b"lock.release" | b"lock.extend" | b"lock.sync" => out.push(at + 2),
+            b"lock.acquire" => after(b"token", 1, at, out),
+            b"auth" => out.extend(at + 1..args.len()),
+            b"hello" => after(b"auth", 2, at, out),
+            b"migrate" => {
+                after(b"auth", 1, at, out);
+                after(b"auth2", 2, at, out);
+            }
+            _ => {}
+        }
+        return;
     }
 }
 
 /// Runs the guard; `by_fence`: LOCK.IFFENCE.
 fn run<'a>(ctx: Ctx<'a>, args: Args<'a>, by_fence: bool) -> Result<Option<Reply<'a>>, LockError> {
-    let _redact = Redact {
+    let mut redact = Redact {
         ctx,
-        token: !by_fence,
+        at: Vec::new(),
     };
+    if !by_fence {
+        redact.at.push(2);
+    }
+    secrets(args, INNER, &mut redact.at);
     let cmd = name_of(by_fence);
     let (Some(key), Some(cred), Some(_)) = (args.get(1), args.get(2), args.get(INNER)) else {
         return Err(LockError::WrongArity(cmd));
