@@ -118,7 +118,7 @@ pub fn on_keyspace(ctx: Ctx<'_>, event: &[u8], key: Str<'_>) {
     }
     let (db, name) = (ctx.db(), key.bytes());
     with_engine(ctx, |e| {
-        if e.has_waiters(db, name) {
+        if e.has_waiters(db, name) || e.is_watched(db, name) {
             e.touched(db, name, ffi::mono_us());
         }
     });
