@@ -217,6 +217,21 @@ fn cron(ctx: Ctx<'_>, st: &mut State, now: i64) {
     }
     if let Some(c) = &mut st.cluster {
         c.cron(ctx, &st.engine.fence, now);
+        // A watched key whose slot this node no longer serves (or is only confirming) is
+        // looked at: no MIGRATE tells of a free key, and its watchers must follow the slot
+        // (TRYAGAIN) rather than wait here for a lock this node can no longer have.
+        if st.engine.watching() > 0 {
+            let mut noted = false;
+            for (db, name) in st.engine.watched_keys(None) {
+                if c.pending(crate::cluster::key_slot(&name)) {
+                    st.engine.recheck(db, &name, now);
+                    noted = true;
+                }
+            }
+            if let (true, Some(at)) = (noted, st.engine.next_due()) {
+                st.wake.arm(ctx, at);
+            }
+        }
     }
     if now.saturating_sub(st.listen_checked) >= LISTEN_CHECK_US {
         st.listen_checked = now;

@@ -248,6 +248,12 @@ impl<W> Engine<W> {
         self.agenda.insert((at, Task::Look(key)));
     }
 
+    /// A watched key may have changed where nothing tells the engine (its cluster slot
+    /// moved away while it was free): its watchers are looked at now.
+    pub fn recheck(&mut self, db: i32, name: &[u8], now: i64) {
+        self.note(db, name, now);
+    }
+
     /// Whether anyone watches this key.
     pub fn is_watched(&self, db: i32, name: &[u8]) -> bool {
         self.watched(db, name).is_some()
