@@ -781,6 +781,7 @@ fn a_thousand_watchers_are_each_woken_once_and_leave_nothing() {
     let mut k = Checks::new();
     let t = tok("thousand");
     let mut mem = Vec::new();
+        eprintln!("DEBUG0 {:?}", info_field(&c.cmd(&["INFO", "memory"]).text(), "used_memory"));
     for round in 0..2 {
         let f = take(&mut c, "lock:many", &t, &[]).to_string();
         let mut ws: Vec<RawConn> = (0..1000)
@@ -827,9 +828,11 @@ fn a_thousand_watchers_are_each_woken_once_and_leave_nothing() {
                 .text()
                 .contains("connected_clients:1\r")
         });
+        eprintln!("DEBUG {}", c.cmd(&["INFO", "clients"]).text().replace("\r\n", " "));
         let used: i64 = info_field(&c.cmd(&["INFO", "memory"]).text(), "used_memory")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
+        eprintln!("DEBUGM {used} {:?}", c.cmd(&["MEMORY", "STATS"]));
         mem.push(used);
     }
     k.check(
