@@ -8,6 +8,8 @@
 #                tests, the integration suite against the redis-server on PATH
 #   make docs    render docs/BENCHMARKS.md, docs/RELIABILITY.md and the charts from the
 #                measurements saved in docs/data/ (seconds; no measurement is rerun)
+#   make docs-sessions   rerun the redis-cli sessions of docs/sessions/ and rewrite their
+#                blocks in docs/commands.md and README.md (docs/sessions/README.md)
 #   make clean   remove build output
 
 SHELL := /bin/bash
@@ -27,7 +29,7 @@ RUN_SERVER    ?= $(SERVER_SYSTEM)
 # Extra arguments for the test binaries, e.g. make test TEST_ARGS='some_test_name'
 TEST_ARGS ?=
 
-.PHONY: all deps build run test unit integration lint clean check docs
+.PHONY: all deps build run test unit integration lint clean check docs docs-sessions docs-sessions-check
 
 # `$(APT_INSTALL) pkg...` in a recipe: installs Debian packages (through sudo unless root),
 # for the targets below that install what they need when it is missing.
@@ -81,7 +83,7 @@ test: deps
 # The unit tests of the test kit, the renderer and the tools (no server), and the kit's
 # own checks against a server.
 TOOL_CRATES := -p redis-lock-testkit -p redis-lock-report -p redis-lock-bench \
-	-p redis-lock-contention -p redis-lock-reliability
+	-p redis-lock-contention -p redis-lock-reliability -p redis-lock-docsessions
 tools-unit: build
 	LOCK_MODULE=$(MODULE) $(CARGO) test --release $(TOOL_CRATES)
 EXTRA_TESTS += tools-unit
@@ -105,6 +107,19 @@ check:
 # charts in tools/report (which builds the templates in, so an edited one needs only this).
 docs:
 	$(CARGO) run --release -q -p redis-lock-report --bin redis-lock-docs -- --root $(CURDIR)
+
+# The redis-cli transcripts of docs/commands.md and README.md, from docs/sessions/*.txt:
+# one fresh $(RUN_SERVER) with the module per doc, every command run by redis-cli --no-raw
+# (about 10 s). tests/docs_sessions.rs compares the same runs with the docs on every server;
+# docs-sessions-check does it here and writes nothing.
+DOCS_SESSIONS = LOCK_MODULE=$(MODULE) LOCK_SERVER_BIN=$(RUN_SERVER) \
+	$(CARGO) run --release -q -p redis-lock-docsessions --
+
+docs-sessions: build
+	$(DOCS_SESSIONS) --root $(CURDIR) $(DOCS_SESSIONS_ARGS)
+
+docs-sessions-check: build
+	$(DOCS_SESSIONS) --root $(CURDIR) --check
 
 clean:
 	$(CARGO) clean
@@ -219,6 +234,41 @@ test-examples: build node-deps
 	LOCK_MODULE=$(MODULE) EXAMPLE_SERVER=$(SERVER_SYSTEM) bash examples/run.sh
 EXTRA_TESTS += test-examples
 
+# ---- packages (issue 22) ------------------------------------------------------------------
+#   make dist       every package: the Python wheel and sdist (dist-python), the npm tarball
+#                   (dist-node), each when this Makefile has that target, and the Debian
+#                   package of the module and the CLI (dist-deb)
+#   make dist-deb   target/dist/redis-lock_<version>_<arch>.deb (scripts/build-deb.sh, with
+#                   dpkg-deb): /usr/lib/redis/modules/redis-lock.so, the snippet
+#                   /etc/redis/modules/redis-lock.conf (a `loadmodule` line) and
+#                   /usr/bin/redis-lock; installing it needs no Rust toolchain
+#   make test-deb   docs/quickstart-cli.md against that package, unpacked; as root also
+#                   with a real `apt install ./redis-lock_*.deb`, purged at the end, and a
+#                   check that nothing is left (scripts/test-deb.sh)
+.PHONY: dist dist-deb test-deb
+DIST_DIR := $(CURDIR)/target/dist
+CLI_BIN  := $(CURDIR)/target/release/redis-lock
+
+dist:
+	for t in dist-python dist-node; do \
+	    if grep -qE "^$$t:" $(firstword $(MAKEFILE_LIST)); then \
+	        $(MAKE) --no-print-directory $$t; \
+	    else \
+	        echo "== make dist: this Makefile has no $$t target; skipped"; \
+	    fi; \
+	done
+	$(MAKE) --no-print-directory dist-deb
+	ls -l $(DIST_DIR)
+
+dist-deb: build
+	$(CARGO) build --release -p redis-lock-client --bin redis-lock
+	rm -f $(DIST_DIR)/redis-lock_*.deb
+	bash scripts/build-deb.sh --so $(MODULE) --cli $(CLI_BIN) --out $(DIST_DIR)
+
+test-deb: dist-deb
+	bash scripts/test-deb.sh $(DIST_DIR)/redis-lock_*.deb
+EXTRA_TESTS += test-deb
+
 # ---- reliability under faults (issue 4) --------------------------------------------------
 #   make reliability        every scenario at full size (about 20 min at SCALE=1), saves
 #                           docs/data/reliability.json and renders docs/RELIABILITY.md from
@@ -260,41 +310,86 @@ reliability-short: deps reliability-build
 	$(RELIABILITY_BIN) run --short $(RELIABILITY_ARGS)
 EXTRA_TESTS += reliability-short
 
-# ---- Python and Node packages (issue 12) -------------------------------------------------
-#   make test-python   clients/python (redis-py Lock on the module): a venv under
-#                      target/venv-python with the package and pytest, then its suite
-#                      (sync, asyncio, 3-master cluster) once per server in TEST_SERVERS
-#   make test-node     clients/node (node-redis 4/5/6, ioredis 5/6): npm ci + tsc, then
-#                      node --test (standalone and cluster) once per server
-.PHONY: test-python test-node python-venv node-deps
+# ---- Python and Node packages (issues 12, 22) -------------------------------------------
+#   make test-python   clients/python (redis-py Lock on the module), once per server in
+#                      TEST_SERVERS: the package's suite (sync, asyncio, defaults, Redlock,
+#                      3-master cluster) and redis-py's own Lock tests on the newest redis-py
+#                      (target/venv-python), the API tests (PY_TESTS_OLDEST) and redis-py's
+#                      Lock tests on the oldest declared (target/venv-python-oldest); then,
+#                      once, the built wheel and sdist installed into fresh venvs and used
+#   make test-node     clients/node (node-redis 4/5/6, ioredis 5/6): npm ci, the ESM and
+#                      CommonJS builds, tsc on the types of both, node --test (standalone,
+#                      cluster, defaults, Redlock) once per server; then, once, the npm
+#                      tarball installed into a fresh npm project and used (ESM, CJS, tsc)
+#   make dist-python   wheel + sdist into target/dist
+#   make dist-node     the npm tarball into target/dist
+.PHONY: test-python test-node python-venv python-venv-oldest node-deps dist-python dist-node
 PY_VENV := $(CURDIR)/target/venv-python
+PY_VENV_OLDEST := $(CURDIR)/target/venv-python-oldest
+# The oldest redis-py the package declares (pyproject.toml: redis>=4.5.0); the newest is
+# pinned in clients/python/requirements-test.txt.
+PY_REDIS_OLDEST := 4.5.0
 PY_SRC  := $(wildcard $(CURDIR)/clients/python/src/redis_lock_module/*.py) \
            $(CURDIR)/clients/python/pyproject.toml $(CURDIR)/clients/python/requirements-test.txt
 PY_TEST_ARGS ?=
+# The smaller set on the oldest redis-py: the API and its error paths (sync, asyncio,
+# shared and counted). Not the cluster file: the test launcher's Cluster reads replies
+# the way redis-py 5+ parses them.
+PY_TESTS_OLDEST := tests/test_lock.py tests/test_asyncio.py tests/test_kinds.py tests/test_args.py
+DIST := $(CURDIR)/target/dist
 NODE_DIR := $(CURDIR)/clients/node
-NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs
+# A hung test fails after 2 min instead of holding CI; a handle a test itself leaves open
+# does not keep its file's process alive (that the package keeps none is checked in child
+# processes: test/exit-child.mjs).
+NODE_TEST_FLAGS := --test-timeout=120000 --test-force-exit
+NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs test/defaults.test.mjs \
+              test/redlock.test.mjs
 
-$(PY_VENV)/.installed: $(PY_SRC)
-	if [ ! -x $(PY_VENV)/bin/python ]; then \
-	    if ! python3 -m venv $(PY_VENV) 2>/dev/null; then \
-	        rm -rf $(PY_VENV); $(APT_INSTALL) python3-venv; \
-	        python3 -m venv $(PY_VENV); \
+# $(call py_venv,dir,redis requirement): a venv with the package, pytest and that redis-py.
+define py_venv
+	if [ ! -x $(1)/bin/python ]; then \
+	    if ! python3 -m venv $(1) 2>/dev/null; then \
+	        rm -rf $(1); $(APT_INSTALL) python3-venv; \
+	        python3 -m venv $(1); \
 	    fi; \
 	fi
-	$(PY_VENV)/bin/python -m pip install -q --disable-pip-version-check \
-	    -r clients/python/requirements-test.txt ./clients/python
+	$(1)/bin/python -m pip install -q --disable-pip-version-check \
+	    $$(grep -v '^redis==' clients/python/requirements-test.txt | grep -v '^#') "$(2)" ./clients/python
 	rm -rf clients/python/build
-	touch $@
+	touch $(1)/.installed
+endef
+
+$(PY_VENV)/.installed: $(PY_SRC)
+	$(call py_venv,$(PY_VENV),$$(grep '^redis==' clients/python/requirements-test.txt))
+
+$(PY_VENV_OLDEST)/.installed: $(PY_SRC)
+	$(call py_venv,$(PY_VENV_OLDEST),redis==$(PY_REDIS_OLDEST))
 
 python-venv: $(PY_VENV)/.installed
+python-venv-oldest: $(PY_VENV_OLDEST)/.installed
 
-test-python: build testkit python-venv
+dist-python: python-venv
+	mkdir -p $(DIST)
+	rm -f $(DIST)/redis_lock_module-*
+	$(PY_VENV)/bin/python -m build -q --sdist --wheel --outdir $(DIST) clients/python
+	rm -rf clients/python/build clients/python/src/*.egg-info
+
+test-python: build testkit python-venv python-venv-oldest dist-python
 	export LOCK_MODULE=$(MODULE); \
 	for bin in $(TEST_SERVERS); do \
-	    echo; echo "== Python package tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
+	    v=$$($$bin --version | cut -d' ' -f1-3); \
+	    echo; echo "== Python package tests against $$bin ($$v), redis-py $$($(PY_VENV)/bin/python -c 'import redis; print(redis.__version__)')"; \
 	    ( cd clients/python && LOCK_SERVER_BIN=$$bin $(PY_VENV)/bin/python -m pytest -q \
-	        tests $(PY_TEST_ARGS) ); \
-	done
+	        tests $(PY_TEST_ARGS) && \
+	      LOCK_SERVER_BIN=$$bin $(PY_VENV)/bin/python tests/redis_py/run.py ); \
+	    echo; echo "== Python package tests against $$bin ($$v), redis-py $(PY_REDIS_OLDEST)"; \
+	    ( cd clients/python && LOCK_SERVER_BIN=$$bin $(PY_VENV_OLDEST)/bin/python -m pytest -q \
+	        $(PY_TESTS_OLDEST) $(PY_TEST_ARGS) && \
+	      LOCK_SERVER_BIN=$$bin $(PY_VENV_OLDEST)/bin/python tests/redis_py/run.py ); \
+	done; \
+	echo; echo "== the wheel and the sdist of $(DIST), installed into fresh venvs"; \
+	cd clients/python && LOCK_SERVER_BIN=$(SERVER_SYSTEM) REDIS_LOCK_DIST=$(DIST) \
+	    $(PY_VENV)/bin/python -m pytest -q tests/dist
 EXTRA_TESTS += test-python
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json $(NODE_DIR)/package.json
@@ -306,11 +401,19 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json $(NODE_DIR)/p
 
 node-deps: $(NODE_DIR)/node_modules/.installed
 
-test-node: build testkit node-deps
+dist-node: node-deps
+	mkdir -p $(DIST)
+	rm -f $(DIST)/redis-lock-module-*.tgz
+	cd $(NODE_DIR) && npm pack --silent --pack-destination $(DIST) >/dev/null
+	ls $(DIST)/redis-lock-module-*.tgz
+
+test-node: build testkit node-deps dist-node
 	cd $(NODE_DIR) && npm run --silent build && npm run --silent typecheck
 	export LOCK_MODULE=$(MODULE); \
 	for bin in $(TEST_SERVERS); do \
 	    echo; echo "== Node package tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
-	    ( cd $(NODE_DIR) && LOCK_SERVER_BIN=$$bin node --test --test-concurrency=1 $(NODE_TESTS) ); \
-	done
+	    ( cd $(NODE_DIR) && LOCK_SERVER_BIN=$$bin node --test --test-concurrency=1 $(NODE_TEST_FLAGS) $(NODE_TESTS) ); \
+	done; \
+	echo; echo "== the npm tarball of $(DIST), installed into a fresh npm project"; \
+	cd $(NODE_DIR) && LOCK_SERVER_BIN=$(SERVER_SYSTEM) REDIS_LOCK_DIST=$(DIST) node --test --test-concurrency=1 test/dist/dist.test.mjs test/dist/quickstart.test.mjs
 EXTRA_TESTS += test-node

@@ -1,30 +1,49 @@
-//! The command handlers. Each reads top to bottom: parse, open the key, ask the engine,
-//! reply. Replication and notifications happen inside the engine's calls, through the
-//! key ([`RedisKey`]); blocking through [`crate::waiting`].
+//! The command handlers: a table of parse-and-dispatch entries. Each reads top to
+//! bottom: split the arguments, parse them (`args`), redact the token from the server's
+//! command logs, borrow the module state once, open the key, let the engine decide, and
+//! hand its reply value back to be written (`ffi::guard::command`).
 
-use std::sync::atomic::Ordering;
-
-use crate::args::{self, block_deadline};
+use crate::args;
 use crate::config;
-use crate::engine::value::{digest, Holder, Mode};
-use crate::engine::{AcquireReq, Acquired, InfoView, Repl, Wait};
+use crate::engine::{AcquireReq, Command, Outcome, Want, WatchReq};
 use crate::error::LockError;
-use crate::ffi::blocked::BlockedClient;
-use crate::ffi::{self, command_entry, Args, Ctx, Str};
-use crate::keyspace::{caller, new_token, RedisKey};
-use crate::waiting::{self, with_engine, LockEngine, RedisSched, WaiterRec, UNBLOCK_ALLOWED};
+use crate::events;
+use crate::ffi::{self, Args, Ctx, Handler, Str};
+use crate::keyspace::RedisKey;
+use crate::lock::codec::repl::{self, Change, ReplCmd};
+use crate::lock::value::{self, Addr, Holder, LockValue, Mode};
+use crate::reply::Reply;
+use crate::sched::{self, RedisSched};
+use crate::state::{self, State};
 
 /// Enough for the longest valid command (LOCK.ACQUIRE with every option).
 const MAX_ARGS: usize = 24;
 
-command_entry!(acquire, "lock.acquire", acquire_impl);
-command_entry!(release, "lock.release", release_impl);
-command_entry!(extend, "lock.extend", extend_impl);
-command_entry!(info, "lock.info", info_impl);
-command_entry!(forcerelease, "lock.forcerelease", forcerelease_impl);
-command_entry!(repl, "lock.repl", repl_impl);
-command_entry!(sync, "lock.sync", sync_impl);
-command_entry!(debug, "lock.debug", debug_impl);
+type Answer<'a> = Result<Option<Reply<'a>>, LockError>;
+
+/// One command: its type (registered as `ffi::entry::<Type>`), name and handler.
+macro_rules! handler {
+    ($ty:ident, $name:literal, $f:path) => {
+        pub struct $ty;
+        impl Handler for $ty {
+            const NAME: &'static str = $name;
+            fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
+                $f(ctx, args)
+            }
+        }
+    };
+}
+
+handler!(Acquire, "lock.acquire", acquire_cmd);
+handler!(Release, "lock.release", release_cmd);
+handler!(Extend, "lock.extend", extend_cmd);
+handler!(Info, "lock.info", info_cmd);
+handler!(ForceRelease, "lock.forcerelease", forcerelease_cmd);
+handler!(Repl, "lock.repl", repl_cmd);
+handler!(Sync, "lock.sync", sync_cmd);
+handler!(Debug, "lock.debug", debug_cmd);
+handler!(Check, "lock.check", check_cmd);
+handler!(Watch, "lock.watch", watch_cmd);
 
 /// The key (first argument) and the rest as byte slices.
 fn split<'a, 'b>(
@@ -39,239 +58,153 @@ fn split<'a, 'b>(
     Ok((key, rest))
 }
 
-fn engine_busy() -> LockError {
-    LockError::Internal("lock engine re-entered")
+/// Runs `cmd` on the key `name` with the state borrowed once; `block`: whether the
+/// command asked to wait (its client may then be blocked).
+pub(crate) fn run<'a>(
+    ctx: Ctx<'a>,
+    name: Str<'a>,
+    mut cmd: Command<'a>,
+    block: bool,
+) -> Answer<'a> {
+    let (outcome, classic) = state::with(|st| {
+        if let Command::Acquire(req) = &mut cmd {
+            req.addr = st.addr(req.client_id);
+        }
+        if st.replica && !cmd.reads_only() && !matches!(cmd, Command::Apply { .. }) {
+            return (Outcome::Reply(Reply::Error(LockError::ReadOnly)), false);
+        }
+        st.engine.settings.max_waiters = config::max_waiters();
+        let write = cmd.changes();
+        let State {
+            engine,
+            wake,
+            listening,
+            unblock_allowed,
+            cluster,
+            ..
+        } = st;
+        // In a cluster, a slot this node only began to serve is confirmed with the other
+        // nodes first: no grant (and no hand-off) on it until then.
+        let slot_pending = match cluster {
+            Some(c) if write && !matches!(cmd, Command::Apply { .. }) => {
+                let slot = crate::cluster::key_slot(name.bytes());
+                if c.pending(slot) {
+                    c.refresh(ctx, &engine.fence, ffi::mono_us());
+                }
+                c.pending(slot)
+            }
+            _ => false,
+        };
+        if slot_pending && matches!(cmd, Command::Acquire(_)) {
+            return (Outcome::Reply(Reply::Error(LockError::SlotArriving)), false);
+        }
+        let mut ks = RedisKey::command(ctx, name, write, *listening);
+        ks.slot_pending = slot_pending;
+        let mut sched = RedisSched {
+            ctx,
+            wake,
+            may_block: block && sched::may_block(ctx),
+            unblock_allowed: *unblock_allowed,
+        };
+        let out = engine.handle(cmd, &mut ks, &mut sched);
+        let classic = ks.classic_waiter;
+        drop(ks);
+        // A MINFENCE lift reaches the other nodes at once.
+        if let Some(c) = cluster {
+            c.maybe_broadcast(ctx, engine.fence.last(), ffi::mono_us());
+        }
+        (out, classic)
+    })
+    .ok_or(LockError::Busy)?;
+    if classic {
+        events::need_key_events(ctx);
+    }
+    Ok(match outcome {
+        Outcome::Reply(r) => Some(r),
+        Outcome::Blocked => None,
+    })
 }
 
-/// Inside MULTI/EXEC, scripts and replicated streams BLOCK acts as non-blocking.
-fn may_block(ctx: Ctx<'_>) -> bool {
-    ctx.flags()
-        & (ffi::FLAG_DENY_BLOCKING
-            | ffi::FLAG_MULTI
-            | ffi::FLAG_LUA
-            | ffi::FLAG_REPLICATED
-            | ffi::FLAG_LOADING)
-        == 0
-}
-
-fn reply_grant(ctx: Ctx<'_>, token: &[u8], fence: u64) {
-    ctx.reply_array(2);
-    ctx.reply_bytes(token);
-    ctx.reply_int(fence as i64);
-}
-
-fn acquire_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+fn acquire_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.acquire", &mut buf)?;
     let req = args::parse_acquire(rest, &config::limits())?;
-    let now = ffi::now_ms();
-    // A BLOCK time that cannot be scheduled is refused before anything happens.
-    let wait_until = req.block.map(|ms| block_deadline(now, ms)).transpose()?;
-    let (client_id, addr) = caller(ctx);
-    let mut ks = RedisKey::new(ctx, name, now, true);
-    let mut sched = RedisSched::new(ctx);
-    let ar = AcquireReq {
+    if let Some(i) = req.token_at {
+        ctx.redact(2 + i);
+    }
+    let block = req.block.is_some();
+    let cmd = Command::Acquire(AcquireReq {
         mode: req.mode,
         ttl: req.ttl,
         token: req.token,
         owner: req.owner,
+        block: req.block,
         min_fence: req.min_fence,
-        client_id,
-        addr,
-    };
-    let outcome =
-        with_engine(|e| e.acquire(&mut ks, &mut sched, &ar)).ok_or_else(engine_busy)??;
-    let serve_at = match outcome {
-        Acquired::Granted { token, fence } => {
-            reply_grant(ctx, &token, fence);
-            return Ok(());
-        }
-        Acquired::Busy { serve_at } => serve_at,
-    };
-    let Some(wait_until) = wait_until.filter(|_| may_block(ctx)) else {
-        ctx.reply_null();
-        return Ok(());
-    };
-    let db = ctx.db();
-    let key = name.bytes();
-    let max = config::max_waiters();
-    if with_engine(|e| e.queued(db, key)).unwrap_or(0) as u64 >= max {
-        return Err(LockError::TooManyWaiters(max));
-    }
-    let token = req.token.map_or_else(new_token, <[u8]>::to_vec);
-    let bc = BlockedClient::block(ctx, UNBLOCK_ALLOWED.load(Ordering::Relaxed));
-    let id = bc.id();
-    // The timer counts the BLOCK time from now, in the server's microseconds, so that a
-    // wait never ends early by the rounding of a millisecond deadline.
-    let deadline = wait_until
-        .and(req.block)
-        .map(|ms| waiting::deadline_timer(ctx, id, ms));
-    let w = Wait {
-        id,
-        mode: req.mode,
-        digest: digest(&token),
-        token,
-        ttl: req.ttl,
-        min_fence: req.min_fence,
-        owner: req.owner.map(Into::into),
-        client_id: ar.client_id,
-        addr: ar.addr,
-        moved: false,
-        handle: WaiterRec { bc, deadline },
-    };
-    with_engine(|e| e.enqueue(&mut sched, (db, key.into()), w, serve_at));
-    Ok(())
+        lock_delay: req.lock_delay.unwrap_or_else(config::lock_delay),
+        client_id: ctx.client_id(),
+        addr: Addr::None,
+    });
+    run(ctx, name, cmd, block)
 }
 
-/// RELEASE, EXTEND and FORCERELEASE: open the key, ask the engine, reply 1 or 0.
-fn yes_or_no(
-    ctx: Ctx<'_>,
-    name: Str<'_>,
-    f: impl FnOnce(&mut LockEngine, &mut RedisKey<'_>, &mut RedisSched<'_>) -> Result<bool, LockError>,
-) -> Result<(), LockError> {
-    let mut ks = RedisKey::new(ctx, name, ffi::now_ms(), true);
-    let mut sched = RedisSched::new(ctx);
-    let done = with_engine(|e| f(e, &mut ks, &mut sched)).ok_or_else(engine_busy)??;
-    ctx.reply_int(i64::from(done));
-    Ok(())
-}
-
-fn release_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+fn release_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.release", &mut buf)?;
     let token = args::parse_release(rest)?;
-    yes_or_no(ctx, name, |e, ks, s| e.release(ks, s, token))
+    ctx.redact(2);
+    run(ctx, name, Command::Release(token), false)
 }
 
-fn extend_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+fn extend_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.extend", &mut buf)?;
     let req = args::parse_extend(rest, &config::limits())?;
-    yes_or_no(ctx, name, |e, ks, s| e.extend(ks, s, req.token, req.ttl))
+    ctx.redact(2);
+    let cmd = Command::Extend {
+        token: req.token,
+        ttl: req.ttl,
+        owner: req.owner,
+    };
+    run(ctx, name, cmd, false)
 }
 
-fn forcerelease_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+fn forcerelease_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.forcerelease", &mut buf)?;
     let fence = args::parse_forcerelease(rest)?;
-    yes_or_no(ctx, name, |e, ks, s| e.force_release(ks, s, fence))
+    run(ctx, name, Command::ForceRelease(fence), false)
 }
 
-/// One holder's fields (never its token).
-fn reply_holder(ctx: Ctx<'_>, h: &Holder, now: i64) {
-    ctx.reply_map(7);
-    ctx.reply_bytes(b"fence");
-    ctx.reply_int(h.fence as i64);
-    ctx.reply_bytes(b"owner");
-    match h.owner() {
-        Some(o) => ctx.reply_bytes(o),
-        None => ctx.reply_null(),
-    }
-    ctx.reply_bytes(b"ttl");
-    ctx.reply_int(h.expires_at.saturating_sub(now).max(0));
-    ctx.reply_bytes(b"expires-at");
-    ctx.reply_int(h.expires_at);
-    ctx.reply_bytes(b"acquired-at");
-    ctx.reply_int(h.acquired_at);
-    ctx.reply_bytes(b"client-id");
-    ctx.reply_int(h.client_id as i64);
-    ctx.reply_bytes(b"client-addr");
-    ctx.reply_bytes(h.addr().to_string().as_bytes());
+fn check_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.check", &mut buf)?;
+    let fence = args::parse_check(rest)?;
+    run(ctx, name, Command::Check(fence), false)
 }
 
-fn info_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+fn watch_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
+    let mut buf = [&[][..]; MAX_ARGS];
+    let (name, rest) = split(args, "lock.watch", &mut buf)?;
+    let w = args::parse_watch(rest)?;
+    let want = match w.fence {
+        None => Want::Held,
+        Some(fence) => Want::Gone {
+            fence,
+            owner: w.owner.map(Into::into),
+        },
+    };
+    let cmd = Command::Watch(WatchReq {
+        want,
+        block: w.block,
+    });
+    run(ctx, name, cmd, true)
+}
+
+fn info_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.info", &mut buf)?;
-    if !rest.is_empty() {
-        return Err(LockError::WrongArity("lock.info"));
-    }
-    let now = ffi::now_ms();
-    // Read-only: the key is opened for reading and nothing is removed or converted.
-    let mut ks = RedisKey::new(ctx, name, now, false);
-    let view = with_engine(|e| e.info(&mut ks)).ok_or_else(engine_busy)??;
-    let field = |k: &[u8]| ctx.reply_bytes(k);
-    match view {
-        InfoView::Free => ctx.reply_null(),
-        InfoView::Lock {
-            mode,
-            holders,
-            waiters,
-        } => {
-            let deadline = holders.iter().map(|h| h.expires_at).max().unwrap_or(now);
-            let exclusive = mode == Mode::Exclusive;
-            let limit = match mode {
-                Mode::Counted(n) => Some(n),
-                _ => None,
-            };
-            let pairs = 8 + if exclusive { 5 } else { 0 } + usize::from(limit.is_some());
-            ctx.reply_map(pairs);
-            field(b"state");
-            field(b"held");
-            field(b"kind");
-            field(b"module");
-            field(b"mode");
-            field(mode.name().as_bytes());
-            field(b"ttl");
-            ctx.reply_int(deadline.saturating_sub(now).max(0));
-            field(b"expires-at");
-            ctx.reply_int(deadline);
-            if let (true, Some(h)) = (exclusive, holders.first()) {
-                field(b"fence");
-                ctx.reply_int(h.fence as i64);
-                field(b"owner");
-                match h.owner() {
-                    Some(o) => ctx.reply_bytes(o),
-                    None => ctx.reply_null(),
-                }
-                field(b"acquired-at");
-                ctx.reply_int(h.acquired_at);
-                field(b"client-id");
-                ctx.reply_int(h.client_id as i64);
-                field(b"client-addr");
-                ctx.reply_bytes(h.addr().to_string().as_bytes());
-            }
-            if let Some(n) = limit {
-                field(b"limit");
-                ctx.reply_int(i64::from(n));
-            }
-            field(b"holders");
-            ctx.reply_int(holders.len() as i64);
-            field(b"waiters");
-            ctx.reply_int(waiters as i64);
-            field(b"holder-list");
-            ctx.reply_array(holders.len());
-            for h in &holders {
-                reply_holder(ctx, h, now);
-            }
-        }
-        InfoView::Classic { expiry, waiters } => {
-            ctx.reply_map(10);
-            field(b"state");
-            field(b"held");
-            field(b"kind");
-            field(b"string");
-            field(b"ttl");
-            ctx.reply_int(expiry.map_or(-1, |at| at.saturating_sub(now).max(0)));
-            field(b"expires-at");
-            match expiry {
-                Some(at) => ctx.reply_int(at),
-                None => ctx.reply_null(),
-            }
-            for f in [
-                &b"fence"[..],
-                b"owner",
-                b"acquired-at",
-                b"client-id",
-                b"client-addr",
-            ] {
-                field(f);
-                ctx.reply_null();
-            }
-            field(b"waiters");
-            ctx.reply_int(waiters as i64);
-        }
-    }
-    Ok(())
+    let page = args::parse_info(rest)?;
+    run(ctx, name, Command::Info(page), false)
 }
 
 fn replicated_only(ctx: Ctx<'_>, cmd: &'static str) -> Result<(), LockError> {
@@ -281,89 +214,80 @@ fn replicated_only(ctx: Ctx<'_>, cmd: &'static str) -> Result<(), LockError> {
     Ok(())
 }
 
-fn apply(ctx: Ctx<'_>, name: Str<'_>, op: Repl<'_>) -> Result<(), LockError> {
-    let mut ks = RedisKey::new(ctx, name, ffi::now_ms(), true);
-    with_engine(|e| e.apply(&mut ks, op)).ok_or_else(engine_busy)?
+/// The fence ceiling of what arrives from the primary or the AOF.
+fn ceiling() -> u64 {
+    let (wall, loading) = (ffi::wall_ms(), ffi::loading());
+    state::with(|st| st.engine.fence.loaded_ceiling(wall, loading)).unwrap_or(0)
 }
 
-/// A change sent by the primary (or replayed from the AOF).
-fn repl_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+/// A change sent by the primary (or replayed from the AOF), passed on as received.
+fn repl_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     replicated_only(ctx, "lock.repl")?;
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.repl", &mut buf)?;
-    let ceiling = crate::datatype::loaded_fence_ceiling();
-    match args::parse_repl(rest)? {
-        args::ReplCmd::Grant {
-            mode,
-            holder,
-            floor,
-        } => {
-            if holder.fence > ceiling || floor > ceiling {
-                return Err(LockError::FenceTooFarAhead);
-            }
-            apply(
-                ctx,
-                name,
-                Repl::Grant {
-                    mode,
-                    holder: &holder,
-                    floor,
-                },
-            )?;
-        }
-        args::ReplCmd::Lease {
-            fence,
-            expires_at,
-            floor,
-        } => {
-            if floor > ceiling {
-                return Err(LockError::FenceTooFarAhead);
-            }
-            apply(
-                ctx,
-                name,
-                Repl::Lease {
-                    fence,
-                    expires_at,
-                    floor,
-                },
-            )?;
-        }
-        args::ReplCmd::Drop { fence } => apply(ctx, name, Repl::Drop { fence })?,
+    let cmd = repl::decode(rest, state::now())?;
+    let reply = run(
+        ctx,
+        name,
+        Command::Apply {
+            cmd,
+            ceiling: ceiling(),
+        },
+        false,
+    )?;
+    if matches!(reply, Some(Reply::Ok)) {
+        // A replica's own AOF and replicas record it as received.
+        ctx.replicate_verbatim();
     }
-    // A replica's own AOF and replicas record it as received.
-    ctx.replicate_verbatim();
-    ctx.reply_simple(c"OK");
-    Ok(())
+    Ok(reply)
 }
 
 /// The 0.1 release's replication command (token in clear), still accepted from an older
 /// primary and from AOF files it wrote. It is stored, and passed on, as a digest.
-fn sync_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
+fn sync_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     replicated_only(ctx, "lock.sync")?;
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.sync", &mut buf)?;
-    let s = args::parse_sync(rest)?;
-    let ceiling = crate::datatype::loaded_fence_ceiling();
-    if s.fence > ceiling || s.floor > ceiling {
-        return Err(LockError::FenceTooFarAhead);
+    let cmd = repl::decode_sync(rest, state::now())?;
+    let sent = cmd.clone();
+    let reply = run(
+        ctx,
+        name,
+        Command::Apply {
+            cmd,
+            ceiling: ceiling(),
+        },
+        false,
+    )?;
+    if let (
+        Some(Reply::Ok),
+        ReplCmd::Add {
+            mode,
+            holder,
+            floor,
+        },
+    ) = (&reply, &sent)
+    {
+        let listening = state::with(|st| st.listening).unwrap_or(true);
+        let mut ks = RedisKey::command(ctx, name, true, listening);
+        crate::engine::Keyspace::replicate(
+            &mut ks,
+            Change::Add {
+                mode: *mode,
+                holder,
+                floor: *floor,
+            },
+        );
     }
-    let holder = s.holder();
-    let op = Repl::Grant {
-        mode: Mode::Exclusive,
-        holder: &holder,
-        floor: s.floor,
-    };
-    apply(ctx, name, op)?;
-    crate::replication::send(ctx, name, op);
-    ctx.reply_simple(c"OK");
-    Ok(())
+    Ok(reply)
 }
 
-/// `LOCK.DEBUG PANIC | FENCE`: proves that a panic becomes an error reply, and reads the
-/// fence counter. Off unless the module is loaded with `debug-commands yes`.
-fn debug_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
-    if !config::DEBUG_COMMANDS.load(Ordering::Relaxed) {
+/// `LOCK.DEBUG PANIC | FENCE | INJECT key kind`: proves that a panic becomes an error
+/// reply, reads the fence counter, and stores a value the validity rule would refuse
+/// (for the tests of the loader's repair). Off unless the module is loaded with
+/// `debug-commands yes`.
+fn debug_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
+    if !config::debug_commands() {
         return Err(LockError::Disabled(
             "LOCK.DEBUG (load the module with 'debug-commands yes')",
         ));
@@ -372,10 +296,82 @@ fn debug_impl(ctx: Ctx<'_>, args: Args<'_>) -> Result<(), LockError> {
     match (sub.as_deref(), args.len()) {
         (Some(b"PANIC"), 2) => panic!("LOCK.DEBUG PANIC was called"),
         (Some(b"FENCE"), 2) => {
-            let last = with_engine(|e| e.fence.last()).ok_or_else(engine_busy)?;
-            ctx.reply_int(last as i64);
-            Ok(())
+            let last = state::with(|st| st.engine.fence.last()).ok_or(LockError::Busy)?;
+            Ok(Some(Reply::Int(last as i64)))
         }
-        _ => Err(LockError::Syntax("LOCK.DEBUG PANIC | FENCE".into())),
+        (Some(b"INJECT"), 4) => {
+            let (Some(key), Some(kind)) = (args.get(2), args.get(3)) else {
+                return Err(LockError::WrongArity("lock.debug"));
+            };
+            let v = injected(kind.bytes()).ok_or_else(|| {
+                LockError::Syntax("INJECT kind: dup-digest | dup-fence | exclusive-many | fence-zero | too-many | empty-owner".into())
+            })?;
+            let mut k = ctx.open_key(key, true, &state::LOCK_TYPE);
+            state::ours(|| k.delete());
+            if !k.put(Box::new(v)) {
+                return Err(LockError::StoreFailed);
+            }
+            state::count_created();
+            Ok(Some(Reply::Ok))
+        }
+        _ => Err(LockError::Syntax(
+            "LOCK.DEBUG PANIC | FENCE | INJECT key kind".into(),
+        )),
     }
+}
+
+/// A value of the given broken kind, made without the validity rule.
+fn injected(kind: &[u8]) -> Option<LockValue> {
+    let deadline = state::now().after_ms(60_000);
+    let wall = ffi::wall_ms();
+    let fence = (wall as u64) << 10;
+    let h = |token: &[u8], f: u64, owner: Option<&[u8]>| {
+        Holder::new(
+            value::digest(token),
+            f,
+            deadline,
+            wall,
+            0,
+            Addr::None,
+            owner.map(Into::into),
+        )
+    };
+    let (mode, holders) = match kind {
+        b"dup-digest" => (
+            Mode::Shared,
+            vec![
+                h(b"same-token", fence, None),
+                h(b"same-token", fence + 1, None),
+            ],
+        ),
+        b"dup-fence" => (
+            Mode::Shared,
+            vec![h(b"token-one", fence, None), h(b"token-two", fence, None)],
+        ),
+        b"exclusive-many" => (
+            Mode::Exclusive,
+            vec![
+                h(b"token-one", fence, None),
+                h(b"token-two", fence + 1, None),
+            ],
+        ),
+        b"fence-zero" => (Mode::Shared, vec![h(b"token-one", 0, None)]),
+        b"too-many" => (
+            Mode::Counted(2),
+            vec![
+                h(b"token-one", fence, None),
+                h(b"token-two", fence + 1, None),
+                h(b"token-three", fence + 2, None),
+            ],
+        ),
+        b"empty-owner" => (
+            Mode::Shared,
+            vec![
+                h(b"token-one", fence, Some(b"")),
+                h(b"token-two", fence + 1, None),
+            ],
+        ),
+        _ => return None,
+    };
+    Some(LockValue::unchecked(mode, holders))
 }

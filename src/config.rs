@@ -1,13 +1,15 @@
-//! The module's settings: `lock.default-ttl`, `lock.max-ttl`, `lock.max-waiters`, and the
-//! `debug-commands` load-time switch. Settable with CONFIG SET, in redis.conf, and as
+//! The module's settings: `lock.default-ttl`, `lock.max-ttl`, `lock.max-waiters`,
+//! `lock.min-token-length`, and the `debug-commands` load-time switch. Settable with CONFIG SET, in redis.conf, and as
 //! `loadmodule` arguments (`default-ttl 5000` or `lock.default-ttl 5000`).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 
-use crate::args::{parse_i64, Limits};
-use crate::engine::fence::{LEGACY_SHIFT, SHIFT};
+use crate::args::Limits;
 use crate::ffi::config::{load_configs, register_numeric};
 use crate::ffi::Ctx;
+use crate::lock::fence::{LEGACY_SHIFT, SHIFT};
+use crate::lock::value::MAX_TOKEN_LEN;
+use crate::syntax::parse_i64;
 
 pub struct Setting {
     pub name: &'static str,
@@ -38,30 +40,59 @@ const TEN_YEARS_MS: i64 = 10 * 365 * 24 * 3600 * 1000;
 pub static DEFAULT_TTL: Setting = Setting::new("default-ttl", 30_000, 1, TEN_YEARS_MS);
 pub static MAX_TTL: Setting = Setting::new("max-ttl", 86_400_000, 1, TEN_YEARS_MS);
 pub static MAX_WAITERS: Setting = Setting::new("max-waiters", 10_000, 1, 10_000_000);
+/// The shortest TOKEN LOCK.ACQUIRE takes: a short token is a guessable secret (a 4-byte
+/// one falls to pipelined RELEASE guesses in well under a second).
+pub static MIN_TOKEN_LEN: Setting = Setting::new("min-token-length", 16, 1, MAX_TOKEN_LEN as i64);
+/// The lock-delay of a grant that does not give LOCKDELAY (ms; 0: none).
+pub static LOCK_DELAY: Setting = Setting::new("lock-delay", 0, 0, TEN_YEARS_MS);
 pub static DEBUG_COMMANDS: AtomicBool = AtomicBool::new(false);
 /// `fence-shift` (a `loadmodule` argument only): 10, or 20 to keep the 0.1 release's
 /// fence scale on a server that restarts without its data.
 pub static FENCE_SHIFT: AtomicU32 = AtomicU32::new(SHIFT);
-const SETTINGS: [&Setting; 3] = [&DEFAULT_TTL, &MAX_TTL, &MAX_WAITERS];
+const SETTINGS: [&Setting; 5] = [
+    &DEFAULT_TTL,
+    &MAX_TTL,
+    &MAX_WAITERS,
+    &MIN_TOKEN_LEN,
+    &LOCK_DELAY,
+];
 
 pub fn limits() -> Limits {
     Limits {
         default_ttl: DEFAULT_TTL.get().max(0) as u64,
         max_ttl: MAX_TTL.get().max(0) as u64,
+        min_token_len: MIN_TOKEN_LEN.get().max(1) as usize,
     }
+}
+
+pub fn lock_delay() -> u32 {
+    u32::try_from(LOCK_DELAY.get().max(0)).unwrap_or(u32::MAX)
+}
+
+pub fn debug_commands() -> bool {
+    DEBUG_COMMANDS.load(Ordering::Relaxed)
 }
 
 pub fn max_waiters() -> u64 {
     MAX_WAITERS.get().max(0) as u64
 }
 
-fn cross_check(default_ttl: i64, max_ttl: i64) -> Result<(), String> {
+fn cross_check(default_ttl: i64, max_ttl: i64, lock_delay: i64) -> Result<(), String> {
     if default_ttl > max_ttl {
         return Err(format!(
             "lock.default-ttl ({default_ttl}) must not exceed lock.max-ttl ({max_ttl})"
         ));
     }
+    if lock_delay > max_ttl {
+        return Err(format!(
+            "lock.lock-delay ({lock_delay}) must not exceed lock.max-ttl ({max_ttl})"
+        ));
+    }
     Ok(())
+}
+
+fn check_all() -> Result<(), String> {
+    cross_check(DEFAULT_TTL.get(), MAX_TTL.get(), LOCK_DELAY.get())
 }
 
 fn setting(name: &[u8]) -> Option<&'static Setting> {
@@ -119,12 +150,10 @@ pub fn register(ctx: Ctx<'_>, overrides: &[(&'static Setting, i64)]) -> Result<(
             .rev()
             .find(|(o, _)| std::ptr::eq(*o, s))
             .map_or(s.default, |(_, v)| *v);
-        register_numeric(ctx, s.name, default, s.min, s.max, &s.value, || {
-            cross_check(DEFAULT_TTL.get(), MAX_TTL.get())
-        })?;
+        register_numeric(ctx, s.name, default, s.min, s.max, &s.value, check_all)?;
     }
     load_configs(ctx)?;
-    cross_check(DEFAULT_TTL.get(), MAX_TTL.get())
+    check_all()
 }
 
 #[cfg(test)]
@@ -135,6 +164,10 @@ mod tests {
     fn module_args() {
         let ok = parse_module_args(&[b"default-ttl", b"5000", b"lock.max-waiters", b"3"]).unwrap();
         assert_eq!(ok.len(), 2);
+        let m = parse_module_args(&[b"min-token-length", b"8"]).unwrap();
+        assert_eq!((m[0].0.name, m[0].1), ("min-token-length", 8));
+        assert!(parse_module_args(&[b"min-token-length", b"0"]).is_err());
+        assert!(parse_module_args(&[b"min-token-length", b"257"]).is_err());
         assert_eq!(ok[0].0.name, "default-ttl");
         assert_eq!(ok[0].1, 5000);
         assert_eq!(ok[1].1, 3);
@@ -149,7 +182,9 @@ mod tests {
 
     #[test]
     fn cross_check_rule() {
-        assert!(cross_check(5, 5).is_ok());
-        assert!(cross_check(6, 5).is_err());
+        assert!(cross_check(5, 5, 0).is_ok());
+        assert!(cross_check(6, 5, 0).is_err());
+        assert!(cross_check(5, 5, 5).is_ok());
+        assert!(cross_check(5, 5, 6).is_err());
     }
 }

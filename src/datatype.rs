@@ -1,369 +1,203 @@
 //! The `redislock` data type: how a lock is saved in RDB files (and DUMP payloads),
-//! rewritten into an AOF, digested, measured and freed. Values read from an RDB file or a
-//! RESTORE payload are untrusted: they are validated and a bad one fails the load
-//! cleanly.
-//!
-//! Encoding version 2 (this release) stores the token's digest, never the token:
-//! ```text
-//! mode (0 exclusive, 1 shared, 2 counted) [limit] holders
-//! per holder: digest(16) fence expires-at acquired-at client-id client-addr has-owner [owner]
-//! ```
-//! Version 1 (release 0.1: one exclusive holder, its token in clear) still loads; the
-//! token is turned into its digest on the way in.
+//! rewritten into an AOF, digested, measured and freed, through the codec. A value read
+//! while the server loads its own data (its RDB or AOF, a full sync, DEBUG RELOAD) is
+//! repaired when the validity rule refuses part of it, never refused: the server empties
+//! the dataset before such a load and a refused value fails the whole file, so every other
+//! key would be lost with it. A RESTORE payload (nothing is lost by refusing it) is
+//! refused whole.
 
-use std::collections::HashSet;
-use std::ffi::{c_int, c_void, CString};
+use std::ffi::c_int;
 
-use redis_module::raw;
+use crate::engine::Engine;
+use crate::ffi::datatype::{AofOut, DataType, DigestOut, RdbIn, RdbOut};
+use crate::ffi::{self, Str};
+use crate::lock::codec::{self, repl, Policy, Sink, Source};
+use crate::lock::value::LockValue;
+use crate::state::{self, count_created, now, Waiter};
 
-use crate::args::{MAX_ADDR_LEN, MAX_FENCE, MAX_LIMIT, MAX_OWNER_LEN, MAX_TOKEN_LEN};
-use crate::engine::fence::{clock_term, LEGACY_SHIFT, LOADED_FENCE_MAX_LEAD_MS};
-use crate::engine::value::{digest, Addr, Holder, LockValue, ManyHolders, Mode};
-use crate::ffi::guard::catch;
-use crate::ffi::{self, api, Ctx, Str};
-use crate::waiting::{observe_fence, with_engine};
+pub struct LockType;
 
-/// Exactly nine characters, as the server requires. `TYPE key` shows it.
-pub const TYPE_NAME: &str = "redislock";
-pub const ENCODING_VERSION: c_int = 2;
-/// Holders of one shared lock at most (a counted lock has at most its limit).
-pub const MAX_HOLDERS: usize = MAX_LIMIT as usize;
+struct In<'a>(&'a mut RdbIn);
+struct Out<'a>(&'a mut RdbOut);
 
-pub fn create(ctx: Ctx<'_>) -> bool {
-    let mut methods = raw::RedisModuleTypeMethods {
-        // Version 4 is what Redis 7.0 knows (unlink2 and friends).
-        version: 4,
-        rdb_load: Some(rdb_load),
-        rdb_save: Some(rdb_save),
-        aof_rewrite: Some(aof_rewrite),
-        mem_usage: Some(mem_usage),
-        digest: Some(digest_cb),
-        free: Some(free),
-        aux_load: Some(aux_load),
-        aux_save: Some(aux_save),
-        aux_save_triggers: raw::REDISMODULE_AUX_AFTER_RDB as c_int,
-        free_effort: None,
-        unlink: None,
-        copy: None,
-        defrag: None,
-        mem_usage2: None,
-        free_effort2: None,
-        unlink2: Some(unlink2),
-        copy2: None,
-        aux_save2: None,
-    };
-    let Ok(name) = CString::new(TYPE_NAME) else {
-        return false;
-    };
-    // SAFETY: a load-time context; the methods struct is copied by the server and the
-    // callbacks below match its signatures.
-    let t = unsafe {
-        api!(RedisModule_CreateDataType)(ctx.raw(), name.as_ptr(), ENCODING_VERSION, &mut methods)
-    };
-    ffi::set_lock_type(t);
-    !t.is_null()
-}
-
-/// The value behind a pointer the server hands to a type callback.
-///
-/// # Safety
-/// `v` must be a live value of this type (made by `ffi::lock_into_raw` or `rdb_load`).
-unsafe fn value<'a>(v: *const c_void) -> &'a LockValue {
-    // SAFETY: caller's contract.
-    unsafe { &*v.cast::<LockValue>() }
-}
-
-/// The highest fence a loaded value may carry (keeps a hostile value from exhausting the
-/// counter; the 0.1 release's fences use the larger shift).
-pub fn loaded_fence_ceiling() -> u64 {
-    clock_term(
-        ffi::now_ms().saturating_add(LOADED_FENCE_MAX_LEAD_MS),
-        LEGACY_SHIFT,
-    )
-}
-
-fn valid_holder(h: &Holder, ceiling: u64) -> bool {
-    (1..=MAX_FENCE.min(ceiling)).contains(&h.fence)
-        && h.owner()
-            .is_none_or(|o| (1..=MAX_OWNER_LEN).contains(&o.len()))
-        && h.addr().text_len() <= MAX_ADDR_LEN
-        && h.client_id <= i64::MAX as u64
-}
-
-/// Checks a decoded value: the same rules as the command parser, consistent holders.
-pub fn valid(v: &LockValue) -> bool {
-    let ceiling = loaded_fence_ceiling();
-    let hs = v.holders();
-    if hs.is_empty() || !hs.iter().all(|h| valid_holder(h, ceiling)) {
-        return false;
+impl Source for In<'_> {
+    fn u64(&mut self) -> Option<u64> {
+        self.0.u64()
     }
-    let fences: HashSet<u64> = hs.iter().map(|h| h.fence).collect();
-    let digests: HashSet<_> = hs.iter().map(|h| h.digest).collect();
-    if fences.len() != hs.len() || digests.len() != hs.len() {
-        return false;
+    fn i64(&mut self) -> Option<i64> {
+        self.0.i64()
     }
-    match v.mode() {
-        Mode::Exclusive => hs.len() == 1,
-        Mode::Shared => hs.len() <= MAX_HOLDERS,
-        Mode::Counted(n) => (1..=MAX_LIMIT).contains(&n) && hs.len() <= n as usize,
+    fn bytes(&mut self) -> Option<Vec<u8>> {
+        self.0.bytes()
     }
 }
 
-fn buf(rdb: *mut raw::RedisModuleIO, max: usize) -> Option<Vec<u8>> {
-    let b = raw::load_string_buffer(rdb).ok()?;
-    let b = b.as_ref();
-    (b.len() <= max).then(|| b.to_vec())
-}
-
-fn load_owner(rdb: *mut raw::RedisModuleIO) -> Option<Option<Box<[u8]>>> {
-    match raw::load_unsigned(rdb).ok()? {
-        0 => Some(None),
-        1 => Some(Some(buf(rdb, MAX_OWNER_LEN)?.into_boxed_slice())),
-        _ => None,
+impl Sink for Out<'_> {
+    fn u64(&mut self, v: u64) {
+        self.0.u64(v)
+    }
+    fn i64(&mut self, v: i64) {
+        self.0.i64(v)
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.0.bytes(b)
     }
 }
 
-/// Fence, lease deadline and grant time: the same three fields in both encodings.
-fn load_times(rdb: *mut raw::RedisModuleIO) -> Option<(u64, i64, i64)> {
-    Some((
-        raw::load_unsigned(rdb).ok()?,
-        raw::load_signed(rdb).ok()?,
-        raw::load_signed(rdb).ok()?,
-    ))
+fn counter() -> u64 {
+    state::with(|st| st.engine.fence.last()).unwrap_or(0)
 }
 
-/// Release 0.1: `token fence expires-at acquired-at has-owner [owner] client-id addr`.
-fn load_v1(rdb: *mut raw::RedisModuleIO) -> Option<LockValue> {
-    let token = buf(rdb, MAX_TOKEN_LEN)?;
-    if token.is_empty() {
-        return None;
-    }
-    let (fence, expires_at, acquired_at) = load_times(rdb)?;
-    let owner = load_owner(rdb)?;
-    let client_id = raw::load_unsigned(rdb).ok()?;
-    let addr = Addr::parse(&buf(rdb, MAX_ADDR_LEN)?);
-    let h = Holder::new(
-        digest(&token),
-        fence,
-        expires_at,
-        acquired_at,
-        client_id,
-        addr,
-        owner,
-    );
-    Some(LockValue::Exclusive(h))
-}
-
-/// Version 2: `digest fence expires-at acquired-at client-id addr has-owner [owner]`.
-fn load_holder(rdb: *mut raw::RedisModuleIO) -> Option<Holder> {
-    let d = buf(rdb, 16)?;
-    let digest: [u8; 16] = d.as_slice().try_into().ok()?;
-    let (fence, expires_at, acquired_at) = load_times(rdb)?;
-    let client_id = raw::load_unsigned(rdb).ok()?;
-    let addr = Addr::parse(&buf(rdb, MAX_ADDR_LEN)?);
-    let owner = load_owner(rdb)?;
-    Some(Holder::new(
-        digest,
-        fence,
-        expires_at,
-        acquired_at,
-        client_id,
-        addr,
-        owner,
-    ))
-}
-
-fn load_v2(rdb: *mut raw::RedisModuleIO) -> Option<LockValue> {
-    let mode = match raw::load_unsigned(rdb).ok()? {
-        0 => Mode::Exclusive,
-        1 => Mode::Shared,
-        2 => {
-            let n = u32::try_from(raw::load_unsigned(rdb).ok()?).ok()?;
-            Mode::Counted(n)
+fn on_engine<R>(f: impl FnOnce(&mut Engine<Waiter>) -> R) -> Option<R> {
+    state::with(|st| {
+        let r = f(&mut st.engine);
+        if let (Some(at), Some(ctx)) = (st.engine.next_due(), ffi::module_ctx()) {
+            st.wake.arm(ctx, at);
         }
-        _ => return None,
-    };
-    let n = usize::try_from(raw::load_unsigned(rdb).ok()?).ok()?;
-    if n == 0 || n > MAX_HOLDERS {
-        return None;
-    }
-    let first = load_holder(rdb)?;
-    if mode == Mode::Exclusive {
-        return (n == 1).then_some(LockValue::Exclusive(first));
-    }
-    let mut holders = Vec::with_capacity(n.min(1024));
-    holders.push(first);
-    for _ in 1..n {
-        holders.push(load_holder(rdb)?);
-    }
-    Some(LockValue::Many(Box::new(ManyHolders { mode, holders })))
-}
-
-extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
-    catch(|| {
-        let v = match encver {
-            1 => load_v1(rdb),
-            2 => load_v2(rdb),
-            _ => None,
-        };
-        match v {
-            Some(v) if !raw::is_io_error(rdb) && valid(&v) => {
-                let top = v.holders().iter().map(|h| h.fence).max().unwrap_or(0);
-                observe_fence(top);
-                ffi::lock_into_raw(v)
-            }
-            _ => std::ptr::null_mut(),
-        }
+        r
     })
-    .unwrap_or(std::ptr::null_mut())
 }
 
-fn save_holder(rdb: *mut raw::RedisModuleIO, h: &Holder) {
-    raw::save_slice(rdb, &h.digest);
-    raw::save_unsigned(rdb, h.fence);
-    raw::save_signed(rdb, h.expires_at);
-    raw::save_signed(rdb, h.acquired_at);
-    raw::save_unsigned(rdb, h.client_id);
-    raw::save_slice(rdb, h.addr().to_string().as_bytes());
-    match h.owner() {
-        Some(o) => {
-            raw::save_unsigned(rdb, 1);
-            raw::save_slice(rdb, o);
+impl DataType for LockType {
+    type Value = LockValue;
+    /// Exactly nine characters, as the server requires.
+    const NAME: &'static str = "redislock";
+    const ENCODING: c_int = codec::ENCODING;
+
+    fn load(io: &mut RdbIn, encver: c_int) -> Option<Box<LockValue>> {
+        let clock = now();
+        let loading = ffi::loading();
+        let ceiling = state::with(|st| st.engine.fence.loaded_ceiling(clock.wall, loading))?;
+        let policy = Policy {
+            ceiling,
+            repair: loading,
+        };
+        let d = codec::decode(&mut In(io), encver, clock, policy)?;
+        let key = io.key();
+        if !d.repaired.is_empty() {
+            let what: Vec<String> = d.repaired.iter().map(ToString::to_string).collect();
+            let name = key.as_ref().map_or(String::new(), |(_, k)| {
+                String::from_utf8_lossy(k).into_owned()
+            });
+            ffi::log_raw(
+                std::ptr::null_mut(),
+                "warning",
+                &format!(
+                    "redis-lock: repaired the lock '{name}' while loading: dropped {} holder(s) ({})",
+                    d.repaired.len(),
+                    what.join(", ")
+                ),
+            );
         }
-        None => raw::save_unsigned(rdb, 0),
+        let top = d.value.iter().map(|h| h.fence).max().unwrap_or(0);
+        if let (true, Some(k)) = (loading && encver < 3, &key) {
+            // 0.1 and 0.2 set the key's Redis expiry to the lease: it comes back with the
+            // key, and is taken off once loading ends (see events::clear_legacy_expiry).
+            let k = k.clone();
+            state::with(|st| st.legacy_expiry.push(k));
+        }
+        on_engine(|e| {
+            e.fence.observe(top);
+            if !d.repaired.is_empty() {
+                e.stats.repaired += 1;
+            }
+            if let Some((db, name)) = &key {
+                e.loaded(*db, name, &d.value, clock.mono);
+            }
+        });
+        count_created();
+        Some(Box::new(d.value))
     }
-}
 
-extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, v: *mut c_void) {
-    catch(|| {
-        // SAFETY: the server passes a live value of this type.
-        let v = unsafe { value(v) };
-        match v.mode() {
-            Mode::Exclusive => raw::save_unsigned(rdb, 0),
-            Mode::Shared => raw::save_unsigned(rdb, 1),
-            Mode::Counted(n) => {
-                raw::save_unsigned(rdb, 2);
-                raw::save_unsigned(rdb, u64::from(n));
+    fn save(v: &LockValue, io: &mut RdbOut) {
+        codec::encode(v, &mut Out(io), now());
+        if !ffi::in_child() {
+            crate::events::serialized(v);
+        }
+    }
+
+    /// A held lock, as the LOCK.REPL commands the primary replicates: one ADD per holder,
+    /// the first carrying the fence counter when it is above the lock's own fences.
+    fn rewrite(v: &LockValue, key: Str<'_>, aof: &mut AofOut) {
+        let (clock, floor) = (now(), counter());
+        for (i, h) in v.iter().enumerate() {
+            let c = repl::Change::Add {
+                mode: v.mode(),
+                holder: h,
+                floor: if i == 0 { floor } else { 0 },
+            };
+            repl::encode(&c, clock, &mut |cmd, args| aof.emit(cmd, key, args));
+        }
+    }
+
+    fn mem_usage(v: &LockValue) -> usize {
+        v.heap_bytes()
+    }
+
+    /// DEBUG DIGEST: what a replica must hold alike (not the lease: each server keeps it
+    /// on its own monotonic clock).
+    fn digest(v: &LockValue, d: &mut DigestOut) {
+        d.bytes(v.mode().name().as_bytes());
+        if let crate::lock::value::Mode::Counted(n) = v.mode() {
+            d.int(i64::from(n));
+        }
+        for h in v.iter() {
+            d.bytes(&h.digest);
+            d.int(h.fence as i64);
+            d.int(h.acquired_at);
+            if let Some(o) = h.owner() {
+                d.bytes(o);
             }
         }
-        raw::save_unsigned(rdb, v.holders().len() as u64);
-        for h in v.holders() {
-            save_holder(rdb, h);
+        d.end();
+    }
+
+    fn unlinked(db: i32, key: &[u8], v: &LockValue) {
+        if state::is_ours() {
+            return;
         }
-    });
-}
+        crate::events::unlinked(db, key, v);
+    }
 
-/// Rewrites a lock as the LOCK.REPL commands the primary replicates.
-extern "C" fn aof_rewrite(
-    aof: *mut raw::RedisModuleIO,
-    key: *mut raw::RedisModuleString,
-    v: *mut c_void,
-) {
-    catch(|| {
-        let counter = with_engine(|e| e.fence.last()).unwrap_or(0);
-        // SAFETY: the server passes the key's name and its live value of this type.
-        let (key, v) = unsafe { (Str::from_raw(key), value(v)) };
-        crate::replication::rewrite(aof, key, v, counter);
-    });
-}
+    fn freed(v: Box<LockValue>) {
+        state::count_freed();
+        state::forget_orphan(&*v as *const LockValue as usize);
+        drop(v);
+    }
 
-/// The fence counter goes into every RDB file (and AOF base and full-sync payload) as
-/// the module's aux data, so that a restart from a snapshot taken after every lock was
-/// released still continues above the last fence.
-extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
-    catch(|| {
-        if when == raw::REDISMODULE_AUX_AFTER_RDB as c_int {
-            let last = with_engine(|e| e.fence.last()).unwrap_or(0);
-            raw::save_unsigned(rdb, last);
-        }
-    });
-}
+    /// The fence counter goes into every RDB file (and AOF base and full-sync payload), so
+    /// that a restart from a snapshot taken after every lock was released still continues
+    /// above the last fence.
+    fn aux_save(io: &mut RdbOut) {
+        io.u64(counter());
+    }
 
-extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
-    let ok = catch(|| {
-        if !(1..=ENCODING_VERSION).contains(&encver)
-            || when != raw::REDISMODULE_AUX_AFTER_RDB as c_int
-        {
+    fn aux_load(io: &mut RdbIn, encver: c_int) -> bool {
+        if !(1..=codec::ENCODING).contains(&encver) {
             return false;
         }
-        let Ok(last) = raw::load_unsigned(rdb) else {
+        let Some(last) = io.u64() else {
             return false;
         };
-        if raw::is_io_error(rdb) || last > loaded_fence_ceiling().min(MAX_FENCE) {
-            return false;
+        let wall = ffi::wall_ms();
+        let kept = on_engine(|e| {
+            let ok = last <= e.fence.loaded_ceiling(wall, true);
+            if ok {
+                e.fence.observe(last);
+            } else {
+                e.stats.repaired += 1;
+            }
+            ok
+        });
+        if kept == Some(false) {
+            // Refusing it would fail the whole load (and lose every key): the values
+            // carry their own fences, and the counter starts above those.
+            ffi::log_raw(
+                std::ptr::null_mut(),
+                "warning",
+                &format!("redis-lock: ignored a fence counter too far ahead of the clock ({last}) while loading"),
+            );
         }
-        observe_fence(last);
         true
-    });
-    if ok == Some(true) {
-        ffi::OK
-    } else {
-        raw::REDISMODULE_ERR as c_int
     }
-}
-
-extern "C" fn mem_usage(v: *const c_void) -> usize {
-    catch(|| {
-        // SAFETY: the server passes a live value of this type.
-        let v = unsafe { value(v) };
-        let many = match v {
-            LockValue::Exclusive(_) => 0,
-            LockValue::Many(m) => {
-                std::mem::size_of::<ManyHolders>()
-                    + m.holders.capacity() * std::mem::size_of::<Holder>()
-            }
-        };
-        std::mem::size_of::<LockValue>()
-            + many
-            + v.holders().iter().map(Holder::extra_bytes).sum::<usize>()
-    })
-    .unwrap_or(0)
-}
-
-extern "C" fn digest_cb(md: *mut raw::RedisModuleDigest, v: *mut c_void) {
-    catch(|| {
-        // SAFETY: the server passes a live value of this type.
-        let v = unsafe { value(v) };
-        let add = api!(RedisModule_DigestAddStringBuffer);
-        let add_ll = api!(RedisModule_DigestAddLongLong);
-        let mode = crate::args::mode_text(v.mode());
-        // SAFETY: a live digest context; the buffers outlive each call.
-        unsafe {
-            add(md, mode.as_ptr().cast(), mode.len());
-            for h in v.holders() {
-                add(md, h.digest.as_ptr().cast(), h.digest.len());
-                add_ll(md, h.fence as i64);
-                add_ll(md, h.expires_at);
-                add_ll(md, h.acquired_at);
-                if let Some(o) = h.owner() {
-                    add(md, o.as_ptr().cast(), o.len());
-                }
-            }
-            api!(RedisModule_DigestEndSequence)(md);
-        }
-    });
-}
-
-extern "C" fn free(v: *mut c_void) {
-    catch(|| {
-        if !v.is_null() {
-            // SAFETY: the server gives up a value of this type, exactly once.
-            drop(unsafe { ffi::lock_from_raw(v) });
-        }
-    });
-}
-
-/// Called when a lock key leaves the keyspace for any reason. Remembers which one, so
-/// that the `expired`/`evicted` notification that follows can be counted as a lock's.
-extern "C" fn unlink2(ctx: *mut raw::RedisModuleKeyOptCtx, _v: *const c_void) {
-    catch(|| {
-        // SAFETY: a live key-operation context; the name lives as long as it does.
-        let (name, db) = unsafe {
-            (
-                Str::from_raw(api!(RedisModule_GetKeyNameFromOptCtx)(ctx).cast_mut()),
-                api!(RedisModule_GetDbIdFromOptCtx)(ctx),
-            )
-        };
-        crate::unlinked::note(db, name.bytes());
-    });
 }

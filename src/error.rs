@@ -15,8 +15,24 @@ pub enum LockError {
     InvalidExpire(&'static str),
     /// BLOCK negative or not an integer.
     InvalidTimeout(&'static str),
-    /// TOKEN or OWNER empty or too long.
-    BadLength { what: &'static str, max: usize },
+    /// TOKEN or OWNER too short or too long.
+    BadLength {
+        what: &'static str,
+        min: usize,
+        max: usize,
+    },
+    /// LOCKDELAY negative or above lock.max-ttl.
+    InvalidLockDelay,
+    /// COUNT of LOCK.INFO out of range (the largest allowed).
+    InvalidCount(usize),
+    /// A write command on a replica (also a writable one): locks change only where the
+    /// server is the primary for the key.
+    ReadOnly,
+    /// The module's state is in use by an outer call (a module command reached from
+    /// inside one of the module's own callbacks).
+    Busy,
+    /// Storing the key failed (the server refused the value).
+    StoreFailed,
     /// MINFENCE out of range.
     InvalidFence,
     /// The key holds a value that is neither a lock nor a string.
@@ -39,16 +55,32 @@ pub enum LockError {
     WrongMode,
     /// LIMIT n on a counted key with another limit (the key's is given).
     LimitMismatch(u32),
-    /// LIMIT 0, or above the largest limit.
-    InvalidLimit,
+    /// LIMIT 0, or above the largest limit (given).
+    InvalidLimit(u32),
     /// FENCE of FORCERELEASE not a positive integer.
     InvalidFenceArg,
     /// A waiter's lock moved to another cluster node (slot migration).
     TryAgain,
     /// A waiter's lock was moved to another server by MIGRATE.
     Moved,
+    /// This node began serving the key's hash slot a moment ago and has not yet heard
+    /// every other node's fence counter.
+    SlotArriving,
     /// A waiter on a server that became a replica.
     Unblocked,
+    /// AFTER of LOCK.INFO not a fence (0 or more).
+    InvalidAfter,
+    /// OWNER on EXTEND of a classic string lock (it has no label).
+    NoLabel,
+    /// LOCK.IFHELD / LOCK.IFFENCE: the token (or fence) does not hold the lock now, so
+    /// nothing ran.
+    NotHeld { fence: bool },
+    /// LOCK.IFHELD / LOCK.IFFENCE: a wrapped command that may not run inside them.
+    NotGuardable(String),
+    /// Keys of one command in different hash slots of a cluster.
+    CrossSlot,
+    /// The ACL user may not run the wrapped command or touch its keys.
+    NoPerm,
 }
 
 impl fmt::Display for LockError {
@@ -63,9 +95,31 @@ impl fmt::Display for LockError {
                 write!(f, "ERR invalid expire time in '{cmd}' command")
             }
             LockError::InvalidTimeout(why) => write!(f, "ERR timeout {why}"),
-            LockError::BadLength { what, max } => {
-                write!(f, "ERR {what} must be 1 to {max} bytes long")
+            LockError::BadLength { what, min, max } if *what == "TOKEN" && *min > 1 => write!(
+                f,
+                "ERR TOKEN must be {min} to {max} bytes long (lock.min-token-length is {min}; \
+                 a short token is easy to guess: put labels in OWNER)"
+            ),
+            LockError::BadLength { what, min, max } => {
+                write!(f, "ERR {what} must be {min} to {max} bytes long")
             }
+            LockError::InvalidLockDelay => write!(
+                f,
+                "ERR LOCKDELAY must be an integer from 0 to lock.max-ttl (ms)"
+            ),
+            LockError::InvalidCount(max) => {
+                write!(f, "ERR COUNT must be an integer from 1 to {max}")
+            }
+            LockError::ReadOnly => write!(
+                f,
+                "READONLY this server is a replica: locks are granted, released and extended \
+                 by its primary"
+            ),
+            LockError::Busy => write!(
+                f,
+                "ERR the lock module is busy with an outer call; retry the command on its own"
+            ),
+            LockError::StoreFailed => write!(f, "ERR the server refused to store the lock"),
             LockError::InvalidFence => {
                 write!(
                     f,
@@ -102,11 +156,9 @@ impl fmt::Display for LockError {
             LockError::LimitMismatch(n) => {
                 write!(f, "LIMITMISMATCH this key is a semaphore with LIMIT {n}")
             }
-            LockError::InvalidLimit => write!(
-                f,
-                "ERR LIMIT must be an integer from 1 to {}",
-                crate::args::MAX_LIMIT
-            ),
+            LockError::InvalidLimit(max) => {
+                write!(f, "ERR LIMIT must be an integer from 1 to {max}")
+            }
             LockError::InvalidFenceArg => {
                 write!(
                     f,
@@ -118,6 +170,11 @@ impl fmt::Display for LockError {
                 "TRYAGAIN the lock's hash slot moved to another node while you waited; retry \
                  and the cluster will redirect you"
             ),
+            LockError::SlotArriving => write!(
+                f,
+                "TRYAGAIN this node began serving the lock's hash slot a moment ago and is \
+                 confirming its fences with the other nodes; retry"
+            ),
             LockError::Moved => write!(
                 f,
                 "LOCKMOVED the lock was moved to another server (MIGRATE) while you waited"
@@ -126,6 +183,32 @@ impl fmt::Display for LockError {
                 f,
                 "UNBLOCKED this server is a replica now; locks are granted by its primary"
             ),
+            LockError::InvalidAfter => write!(
+                f,
+                "ERR AFTER must be an integer from 0 to 9223372036854775806 (a fence)"
+            ),
+            LockError::NoLabel => write!(
+                f,
+                "ERR OWNER needs a module lock: this key holds a string lock (SET NX), which \
+                 has no label"
+            ),
+            LockError::NotHeld { fence: false } => write!(
+                f,
+                "NOTHELD the token does not hold this lock now; the command did not run"
+            ),
+            LockError::NotHeld { fence: true } => write!(
+                f,
+                "NOTHELD that fence does not hold this lock now; the command did not run"
+            ),
+            LockError::NotGuardable(why) => write!(f, "ERR {why}"),
+            LockError::NoPerm => write!(
+                f,
+                "NOPERM this user has no permissions to run the wrapped command or to use its \
+                 keys (it runs as the caller)"
+            ),
+            LockError::CrossSlot => {
+                write!(f, "CROSSSLOT Keys in request don't hash to the same slot")
+            }
         }
     }
 }
@@ -144,8 +227,19 @@ mod tests {
             LockError::InvalidTimeout("is negative"),
             LockError::BadLength {
                 what: "TOKEN",
+                min: 16,
                 max: 256,
             },
+            LockError::BadLength {
+                what: "OWNER",
+                min: 1,
+                max: 256,
+            },
+            LockError::InvalidCount(1000),
+            LockError::InvalidLockDelay,
+            LockError::ReadOnly,
+            LockError::Busy,
+            LockError::StoreFailed,
             LockError::InvalidFence,
             LockError::WrongType,
             LockError::TooManyWaiters(3),
@@ -157,11 +251,19 @@ mod tests {
             LockError::BlockOutOfRange,
             LockError::WrongMode,
             LockError::LimitMismatch(3),
-            LockError::InvalidLimit,
+            LockError::InvalidLimit(1_000_000),
             LockError::InvalidFenceArg,
             LockError::TryAgain,
             LockError::Moved,
+            LockError::SlotArriving,
             LockError::Unblocked,
+            LockError::InvalidAfter,
+            LockError::NoLabel,
+            LockError::NotHeld { fence: false },
+            LockError::NotHeld { fence: true },
+            LockError::NotGuardable("x".into()),
+            LockError::CrossSlot,
+            LockError::NoPerm,
         ];
         for e in all {
             let text = e.to_string();

@@ -1,46 +1,92 @@
 //! The engine's [`Keyspace`] over a real key: type checks (WRONGTYPE), classic string
-//! locks, absolute expiries, replication, notifications, and the gate that decides
+//! locks, replication, notifications and modification signals, and the gate that decides
 //! whether the module may write this key on its own right now.
 
-use std::cell::RefCell;
 use std::ffi::c_int;
 
 use redis_module::raw;
 
-use crate::engine::value::{Addr, LockValue};
-use crate::engine::{Event, Gate, Keyspace, Repl, Slot};
+use crate::engine::{Event, Gate, Keyspace, Slot};
 use crate::error::LockError;
-use crate::ffi::{self, Ctx, Key, KeyKind, MainThread, Route, Str};
-use crate::replication;
-use crate::unlinked;
+use crate::ffi::{self, Ctx, Key, KeyKind, OwnedStr, Route, Str};
+use crate::lock::codec::{repl, Clock};
+use crate::lock::value::LockValue;
+use crate::state::{self, LOCK_TYPE};
+
+enum Name<'a> {
+    Arg(Str<'a>),
+    Own(OwnedStr),
+}
 
 /// One lock key for the duration of a command or callback.
 pub struct RedisKey<'a> {
     ctx: Ctx<'a>,
-    name: Str<'a>,
+    name: Name<'a>,
     write: bool,
     /// Opened on first use, and closed around anything that may delete the key behind
     /// the handle's back (the cluster routing check can expire it).
-    key: Option<Key<'a>>,
+    key: Option<Key<'a, LockValue>>,
     db: i32,
-    now: i64,
+    clock: Clock,
+    listening: bool,
+    /// Opened by a client's command for the key it names: the server already checked that
+    /// it may write it here (routing, paused writes, the replica role).
+    in_command: bool,
+    /// A client now waits for this classic string lock.
+    pub classic_waiter: bool,
+    /// In a cluster: this node is still confirming the key's slot (no grant on it yet).
+    pub slot_pending: bool,
 }
 
 impl<'a> RedisKey<'a> {
-    pub fn new(ctx: Ctx<'a>, name: Str<'a>, now: i64, write: bool) -> Self {
+    /// The key a command names (`write`: opened for writing).
+    pub fn command(ctx: Ctx<'a>, name: Str<'a>, write: bool, listening: bool) -> Self {
         RedisKey {
             ctx,
-            name,
+            name: Name::Arg(name),
             write,
             key: None,
             db: ctx.db(),
-            now,
+            clock: state::now(),
+            listening,
+            in_command: true,
+            classic_waiter: false,
+            slot_pending: false,
         }
     }
 
-    fn key(&mut self) -> &mut Key<'a> {
-        let (ctx, name, write) = (self.ctx, self.name, self.write);
-        self.key.get_or_insert_with(|| ctx.open_key(name, write))
+    /// A key the module opens on its own (a timer, an event).
+    pub fn owned(ctx: Ctx<'a>, name: &[u8], listening: bool) -> Self {
+        RedisKey {
+            ctx,
+            name: Name::Own(OwnedStr::new(name)),
+            write: true,
+            key: None,
+            db: ctx.db(),
+            clock: state::now(),
+            listening,
+            in_command: false,
+            classic_waiter: false,
+            slot_pending: false,
+        }
+    }
+
+    fn name_str(&self) -> Str<'_> {
+        name_of(&self.name)
+    }
+
+    fn key(&mut self) -> &mut Key<'a, LockValue> {
+        let (ctx, write, name) = (self.ctx, self.write, name_of(&self.name));
+        // The server keeps its own reference to the name while the key is open.
+        self.key
+            .get_or_insert_with(|| ctx.open_key(name, write, &LOCK_TYPE))
+    }
+}
+
+fn name_of<'b>(n: &'b Name<'_>) -> Str<'b> {
+    match n {
+        Name::Arg(s) => *s,
+        Name::Own(o) => o.as_str(),
     }
 }
 
@@ -50,11 +96,11 @@ impl Keyspace for RedisKey<'_> {
     }
 
     fn name(&self) -> &[u8] {
-        self.name.bytes()
+        self.name_str().bytes()
     }
 
-    fn now(&self) -> i64 {
-        self.now
+    fn clock(&self) -> Clock {
+        self.clock
     }
 
     fn read(&mut self) -> Result<Slot<'_>, LockError> {
@@ -62,35 +108,29 @@ impl Keyspace for RedisKey<'_> {
         match key.kind() {
             KeyKind::Empty => Ok(Slot::Free),
             KeyKind::String => Ok(Slot::Classic(key.abs_expire())),
-            KeyKind::Lock => key.lock().map(Slot::Lock).ok_or(LockError::WrongType),
+            KeyKind::Ours => key.value().map(Slot::Lock).ok_or(LockError::WrongType),
             KeyKind::Other => Err(LockError::WrongType),
         }
     }
 
-    fn put(&mut self, v: LockValue) {
-        let at = v.deadline();
+    fn put(&mut self, v: LockValue) -> Result<(), LockError> {
         let key = self.key();
-        // Replacing a value is not an expiry or an eviction of the old one.
-        unlinked::ours(|| {
+        let stored = state::ours(|| {
             if key.kind() != KeyKind::Empty {
                 key.delete();
             }
-            key.put_lock(v);
+            key.put(Box::new(v))
         });
-        key.set_abs_expire(at);
+        if !stored {
+            return Err(LockError::StoreFailed);
+        }
+        state::count_created();
+        Ok(())
     }
 
     fn remove(&mut self) {
         let key = self.key();
-        unlinked::ours(|| key.delete());
-    }
-
-    fn set_expiry(&mut self, at: i64) {
-        self.key().set_abs_expire(at);
-    }
-
-    fn expiry(&mut self) -> Option<i64> {
-        self.key().abs_expire()
+        state::ours(|| key.delete());
     }
 
     fn classic_matches(&mut self, token: &[u8]) -> bool {
@@ -98,29 +138,46 @@ impl Keyspace for RedisKey<'_> {
         key.kind() == KeyKind::String && key.string_eq(token)
     }
 
-    fn replicate(&mut self, op: Repl<'_>) {
-        replication::send(self.ctx, self.name, op);
+    fn set_classic_expiry(&mut self, at: i64) {
+        self.key().set_abs_expire(at);
     }
 
-    fn notify(&mut self, ev: Event) {
+    fn replicate(&mut self, c: repl::Change<'_>) {
+        if !self.listening {
+            return;
+        }
+        let (ctx, clock) = (self.ctx, self.clock);
+        let name = self.name_str();
+        repl::encode(&c, clock, &mut |cmd, args| ctx.replicate(cmd, name, args));
+    }
+
+    fn changed(&mut self, ev: Event) {
         const GENERIC: c_int = raw::REDISMODULE_NOTIFY_GENERIC as c_int;
         const EXPIRED: c_int = raw::REDISMODULE_NOTIFY_EXPIRED as c_int;
-        let (class, name) = match ev {
-            Event::Acquire => (GENERIC, c"lock.acquire"),
-            Event::Release => (GENERIC, c"lock.release"),
-            Event::Extend => (GENERIC, c"lock.extend"),
-            Event::Handoff => (GENERIC, c"lock.handoff"),
-            Event::ForceRelease => (GENERIC, c"lock.forcerelease"),
-            Event::Expired => (EXPIRED, c"expired"),
+        let note = match ev {
+            Event::Acquire => Some((GENERIC, c"lock.acquire")),
+            Event::Release => Some((GENERIC, c"lock.release")),
+            Event::Extend => Some((GENERIC, c"lock.extend")),
+            Event::Handoff => Some((GENERIC, c"lock.handoff")),
+            Event::ForceRelease => Some((GENERIC, c"lock.forcerelease")),
+            Event::Expired => Some((EXPIRED, c"expired")),
+            Event::Applied => None,
         };
-        // Nobody can hear a class the server does not publish; a module that wants the
-        // module's events enables the class like any subscriber would.
-        if ffi::notify_classes() & class != 0 {
-            self.ctx.notify(class, name, self.name);
+        let name = self.name_str();
+        // Nobody can hear a class the server does not publish.
+        if let Some((class, event)) = note.filter(|(c, _)| ffi::notify_classes() & c != 0) {
+            self.ctx.notify(class, event, name);
         }
+        self.ctx.signal_modified(name);
     }
 
     fn gate(&mut self) -> Gate {
+        if self.slot_pending {
+            return Gate::Later;
+        }
+        if self.in_command {
+            return Gate::Now;
+        }
         let flags = self.ctx.flags();
         if flags & ffi::FLAG_SLAVE != 0 {
             return Gate::Replica;
@@ -134,56 +191,27 @@ impl Keyspace for RedisKey<'_> {
         // The routing check runs a command that may expire the key: no handle may be
         // open across it.
         self.key = None;
-        match self.ctx.route(self.name) {
+        match self.ctx.route(self.name_str()) {
             Route::Here => Gate::Now,
             Route::Elsewhere => Gate::NotHere,
             Route::Down => Gate::Later,
         }
     }
 
-    fn new_token(&mut self) -> Vec<u8> {
-        new_token()
+    fn waits_on_classic(&mut self) {
+        self.classic_waiter = true;
+    }
+
+    fn new_token(&mut self) -> [u8; 36] {
+        let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
+        buf
     }
 }
 
-/// A fresh random UUID v4 in its text form.
-pub fn new_token() -> Vec<u8> {
-    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    uuid::Uuid::new_v4()
-        .hyphenated()
-        .encode_lower(&mut buf)
-        .as_bytes()
-        .to_vec()
-}
-
-/// Addresses of recent clients by id. Client ids are never reused while the server runs
-/// and a connection's peer address never changes, so an entry is never stale; the cache
-/// spares a lookup and a getpeername() syscall per grant.
-const ADDR_SLOTS: usize = 512;
-static ADDRS: MainThread<RefCell<Vec<(u64, Addr)>>> = MainThread(RefCell::new(Vec::new()));
-
-/// The calling client's id and address.
-pub fn caller(ctx: Ctx<'_>) -> (u64, Addr) {
-    let id = ctx.client_id();
-    if id == 0 {
-        return (0, Addr::None);
+impl Drop for RedisKey<'_> {
+    fn drop(&mut self) {
+        // The key handle goes before the name it was opened with.
+        self.key = None;
     }
-    let slot = (id % ADDR_SLOTS as u64) as usize;
-    if let Ok(cache) = ADDRS.try_borrow() {
-        if let Some((cid, addr)) = cache.get(slot) {
-            if *cid == id {
-                return (id, addr.clone());
-            }
-        }
-    }
-    let addr = ffi::client_addr(id);
-    if addr != Addr::None {
-        if let Ok(mut cache) = ADDRS.try_borrow_mut() {
-            if cache.is_empty() {
-                cache.resize(ADDR_SLOTS, (0, Addr::None));
-            }
-            cache[slot] = (id, addr.clone());
-        }
-    }
-    (id, addr)
 }

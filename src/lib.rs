@@ -6,21 +6,28 @@
 #![cfg_attr(test, allow(dead_code))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+// Every `unsafe` block is under src/ffi/, which allows it; nothing else may.
+#![deny(unsafe_code)]
 
 pub mod args;
 pub mod engine;
 pub mod error;
+pub mod lock;
+pub mod reply;
+pub mod syntax;
 
+mod cluster;
 mod commands;
 mod config;
 mod datatype;
 mod events;
+#[allow(unsafe_code)]
 mod ffi;
+mod guard;
 mod keyspace;
-mod replication;
+mod sched;
+mod state;
 mod stats;
-mod unlinked;
-mod waiting;
 
 use std::sync::atomic::Ordering;
 
@@ -36,6 +43,8 @@ const ACCESS: u64 = raw::REDISMODULE_CMD_KEY_ACCESS as u64;
 const UPDATE: u64 = raw::REDISMODULE_CMD_KEY_UPDATE as u64;
 const INSERT: u64 = raw::REDISMODULE_CMD_KEY_INSERT as u64;
 const DELETE: u64 = raw::REDISMODULE_CMD_KEY_DELETE as u64;
+/// The wrapped command's keys have their own flags (reported by the getkeys callback).
+const VARIABLE: u64 = raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS as u64;
 
 const INTEGER: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER;
@@ -47,6 +56,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
         (
             Cmd {
                 name: "lock.acquire",
+                acl: "write blocking slow",
                 flags: "write deny-oom blocking",
                 key_flags: KEY_RW | ACCESS | INSERT,
                 arity: -2,
@@ -61,13 +71,15 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                     Arg::Opt("OWNER", "label", STRING),
                     Arg::Opt("BLOCK", "timeout", INTEGER),
                     Arg::Opt("MINFENCE", "fence", INTEGER),
+                    Arg::Opt("LOCKDELAY", "milliseconds", INTEGER),
                 ],
             },
-            Some(commands::acquire),
+            Some(ffi::entry::<commands::Acquire>),
         ),
         (
             Cmd {
                 name: "lock.release",
+                acl: "write fast",
                 flags: "write fast",
                 key_flags: KEY_RW | ACCESS | DELETE,
                 arity: 3,
@@ -75,35 +87,114 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                 complexity: "O(1)",
                 args: &[Arg::Key("key"), Arg::Str("token")],
             },
-            Some(commands::release),
+            Some(ffi::entry::<commands::Release>),
         ),
         (
             Cmd {
                 name: "lock.extend",
+                acl: "write fast",
                 flags: "write fast",
                 key_flags: KEY_RW | ACCESS | UPDATE,
                 arity: -3,
-                summary: "Resets the remaining lease of a lock the token holds; replies 1 or 0.",
+                summary: "Resets the remaining lease of a lock the token holds (and with OWNER its label, keeping its fence); replies 1 or 0.",
                 complexity: "O(1)",
-                args: &[Arg::Key("key"), Arg::Str("token"), Arg::Expiry],
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Str("token"),
+                    Arg::Expiry,
+                    Arg::Opt("OWNER", "label", STRING),
+                ],
             },
-            Some(commands::extend),
+            Some(ffi::entry::<commands::Extend>),
         ),
         (
             Cmd {
                 name: "lock.info",
+                acl: "read fast",
                 flags: "readonly fast",
                 key_flags: KEY_RO | ACCESS,
-                arity: 2,
-                summary: "Shows who holds a lock (never the token), its fence, TTL and waiters; nil if free.",
-                complexity: "O(1)",
-                args: &[Arg::Key("key")],
+                arity: -2,
+                summary: "Shows who holds a lock (never the token), its fence, lease and waiters, a page of its holders; nil if free.",
+                complexity: "O(log N + COUNT) where N is the number of holders",
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Opt("COUNT", "count", INTEGER),
+                    Arg::Opt("AFTER", "fence", INTEGER),
+                ],
             },
-            Some(commands::info),
+            Some(ffi::entry::<commands::Info>),
+        ),
+        (
+            Cmd {
+                name: "lock.check",
+                acl: "read fast",
+                flags: "readonly fast",
+                key_flags: KEY_RO | ACCESS,
+                arity: 3,
+                summary: "Whether a fence is that of a current holder of the lock: 1 or 0 (a sequencer check for whoever was handed a fence).",
+                complexity: "O(log N) where N is the number of holders",
+                args: &[Arg::Key("key"), Arg::Int("fence")],
+            },
+            Some(ffi::entry::<commands::Check>),
+        ),
+        (
+            Cmd {
+                name: "lock.watch",
+                acl: "read blocking slow",
+                flags: "readonly blocking",
+                key_flags: KEY_RO | ACCESS,
+                arity: -2,
+                summary: "Waits until the lock is held (or, with FENCE, until that fence no longer holds it) and replies who holds it: mode, holders and their fences and labels (never a token); nil when free.",
+                complexity: "O(1) to wait; O(W) for the W watchers of a key when it changes",
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Opt("FENCE", "fence", INTEGER),
+                    Arg::Opt("OWNER", "label", STRING),
+                    Arg::Opt("BLOCK", "timeout", INTEGER),
+                ],
+            },
+            Some(ffi::entry::<commands::Watch>),
+        ),
+        (
+            Cmd {
+                name: "lock.ifheld",
+                acl: "write slow",
+                flags: "write getkeys-api",
+                key_flags: KEY_RO | ACCESS | VARIABLE,
+                arity: -4,
+                summary: "Runs a command (on keys in the lock key's slot) only if the token holds the lock now, atomically, and replies what it replies; NOTHELD and nothing runs otherwise.",
+                complexity: "O(1) plus the wrapped command's",
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Str("token"),
+                    Arg::Str("command"),
+                    Arg::Rest("arg"),
+                ],
+            },
+            Some(ffi::entry::<guard::IfHeld>),
+        ),
+        (
+            Cmd {
+                name: "lock.iffence",
+                acl: "write slow",
+                flags: "write getkeys-api",
+                key_flags: KEY_RO | ACCESS | VARIABLE,
+                arity: -4,
+                summary: "Runs a command only if the fence is that of a current holder of the lock, atomically (for whoever was handed the fence, not the token); NOTHELD and nothing runs otherwise.",
+                complexity: "O(log N) plus the wrapped command's",
+                args: &[
+                    Arg::Key("key"),
+                    Arg::Int("fence"),
+                    Arg::Str("command"),
+                    Arg::Rest("arg"),
+                ],
+            },
+            Some(ffi::entry::<guard::IfFence>),
         ),
         (
             Cmd {
                 name: "lock.forcerelease",
+                acl: "write dangerous slow",
                 flags: "write",
                 key_flags: KEY_RW | DELETE,
                 arity: -2,
@@ -111,11 +202,12 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                 complexity: "O(1)",
                 args: &[Arg::Key("key"), Arg::Opt("FENCE", "fence", INTEGER)],
             },
-            Some(commands::forcerelease),
+            Some(ffi::entry::<commands::ForceRelease>),
         ),
         (
             Cmd {
                 name: "lock.repl",
+                acl: "write dangerous slow",
                 flags: "write",
                 key_flags: KEY_RW | UPDATE,
                 arity: -4,
@@ -129,11 +221,12 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                     Arg::Opt("FLOOR", "fence", INTEGER),
                 ],
             },
-            Some(commands::repl),
+            Some(ffi::entry::<commands::Repl>),
         ),
         (
             Cmd {
                 name: "lock.sync",
+                acl: "write dangerous slow",
                 flags: "write",
                 key_flags: KEY_OW | UPDATE,
                 arity: -8,
@@ -151,7 +244,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
                     Arg::Opt("FLOOR", "fence", INTEGER),
                 ],
             },
-            Some(commands::sync),
+            Some(ffi::entry::<commands::Sync>),
         ),
     ]
 }
@@ -162,8 +255,7 @@ fn fail(ctx: Ctx<'_>, msg: &str) -> Status {
 }
 
 fn init(ctx: &redis_module::Context, args: &[RedisString]) -> Status {
-    // SAFETY: the context the server passed to the module's load function.
-    let ctx = unsafe { Ctx::from_raw(ctx.ctx) };
+    let ctx = Ctx::of_load(ctx);
     match setup(ctx, args) {
         Ok(()) => Status::Ok,
         Err(e) => fail(ctx, &e),
@@ -172,41 +264,59 @@ fn init(ctx: &redis_module::Context, args: &[RedisString]) -> Status {
 
 fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
     ffi::guard::install_panic_hook();
-    ffi::handle_io_errors(ctx);
-    if !datatype::create(ctx) {
+    ffi::set_module_options(ctx);
+    ffi::keep_module_ctx(ctx);
+    if !ffi::datatype::create::<datatype::LockType>(ctx, &state::LOCK_TYPE) {
         return Err("creating the redislock data type failed".into());
     }
     let raw_args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
     let overrides = config::parse_module_args(&raw_args)?;
     config::register(ctx, &overrides)?;
+    // `@lock`: every command of the module, where the server lets a module add one.
+    if cmdinfo::has_acl_categories() && !cmdinfo::add_acl_category(ctx, "lock") {
+        ctx.log(
+            "warning",
+            "redis-lock: could not add the ACL category 'lock'",
+        );
+    }
     for (cmd, handler) in commands() {
         cmdinfo::register(ctx, &cmd, handler)?;
     }
     let debug = Cmd {
         name: "lock.debug",
+        acl: "admin dangerous slow",
         flags: "admin",
         key_flags: 0,
         arity: -2,
-        summary: "Testing aid, off unless loaded with 'debug-commands yes': PANIC | FENCE.",
+        summary: "Testing aid, off unless loaded with 'debug-commands yes': PANIC | FENCE | INJECT key kind.",
         complexity: "O(1)",
         args: &[Arg::Str("subcommand")],
     };
-    cmdinfo::register(ctx, &debug, Some(commands::debug))?;
-    ffi::events::subscribe_keyspace(ctx, events::SUBSCRIBED, events::on_keyspace)?;
+    cmdinfo::register(ctx, &debug, Some(ffi::entry::<commands::Debug>))?;
     ffi::events::subscribe_server(ctx, events::on_server)?;
-    ffi::events::register_filter(ctx, events::on_command)?;
     ffi::events::register_info(ctx, stats::info)?;
-    // CLIENT UNBLOCK of a waiter races its hand-off on servers before Redis 7.4 (the
-    // client can be left without any reply): there, waiters refuse CLIENT UNBLOCK.
-    waiting::UNBLOCK_ALLOWED.store(ffi::server_version() >= 0x0007_0400, Ordering::Relaxed);
-    replication::start_stream_check(ctx);
-    let now = ffi::now_ms();
-    waiting::with_engine(|e| {
-        e.fence
+    ffi::cluster::register(ctx, &[cluster::STATE, cluster::REQUEST], events::on_bus);
+    let wall = ffi::wall_ms();
+    state::with(|st| {
+        // CLIENT UNBLOCK of a waiter races its hand-off on servers before Redis 7.4 (the
+        // client can be left without any reply): there, waiters refuse CLIENT UNBLOCK.
+        st.unblock_allowed = ffi::server_version() >= 0x0007_0400;
+        st.wake.fire = sched::fired;
+        st.replica = ctx.flags() & ffi::FLAG_SLAVE != 0;
+        // Settled before the first command: nothing is built for replicas or the AOF
+        // unless something can receive it (re-checked at every fork, replica change,
+        // end of loading, and every second).
+        st.listening = events::listening_now(ctx);
+        st.engine
+            .fence
             .set_min_shift(config::FENCE_SHIFT.load(Ordering::Relaxed));
-        // A start: the first fence jumps ahead of the clock (see engine::fence).
-        e.fence.start(now);
-    });
+        // A start: the first fence jumps ahead of the clock (see lock::fence).
+        st.engine.fence.start(wall);
+        if cluster::enabled(ctx) {
+            st.cluster = ffi::cluster::my_id().map(cluster::Cluster::new);
+        }
+    })
+    .ok_or("the module state is busy at load")?;
     Ok(())
 }
 

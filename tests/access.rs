@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{debug_server, lock_stat, starts_with_error_code, RawConn, Resp, ServerBuilder};
+use common::{debug_server, lock_stat, starts_with_error_code, tok, RawConn, Resp, ServerBuilder};
 
 #[track_caller]
 fn assert_code(r: &Resp, code: &str, what: &str) {
@@ -33,14 +33,17 @@ fn grant(r: &Resp) -> (String, i64) {
     }
 }
 
-/// Every lock command on `key`, with plausible arguments.
+/// Every lock command on `key`, with plausible arguments (RELEASE and EXTEND with the
+/// token `tok("t")`, the one `other:a` is held with: were the ACL not applied, they would
+/// change it).
 fn all_commands(key: &str) -> Vec<Vec<String>> {
     let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let t = tok("t");
     vec![
         v(&["LOCK.ACQUIRE", key, "PX", "10000"]),
         v(&["LOCK.ACQUIRE", key, "BLOCK", "0"]),
-        v(&["LOCK.RELEASE", key, "t"]),
-        v(&["LOCK.EXTEND", key, "t", "PX", "1000"]),
+        v(&["LOCK.RELEASE", key, &t]),
+        v(&["LOCK.EXTEND", key, &t, "PX", "1000"]),
         v(&["LOCK.INFO", key]),
         v(&["LOCK.FORCERELEASE", key]),
     ]
@@ -50,7 +53,8 @@ fn all_commands(key: &str) -> Vec<Vec<String>> {
 fn acl_key_patterns_and_command_rules_apply() {
     let server = ServerBuilder::new().start();
     let mut admin = RawConn::connect(server.port);
-    // Module commands are in no ACL category on 7.0: +@all (or naming them) grants them.
+    // +@all (or naming them) grants the module's commands on every server: on 7.0 they are
+    // in no ACL category, on 8.2 and Valkey 8.1 in categories (tests/holes.rs row 7).
     ok(admin.cmd(&["ACL", "SETUSER", "app", "on", ">pw", "~lock:*", "+@all"]));
     ok(admin.cmd(&[
         "ACL",
@@ -68,26 +72,35 @@ fn acl_key_patterns_and_command_rules_apply() {
 
     // `app`: everything on lock:*, nothing elsewhere (a BLOCK does not wait first).
     let mut app = login(server.port, "app");
-    let (tok, fence) = grant(&app.cmd(&["LOCK.ACQUIRE", "lock:a", "PX", "60000"]));
+    let (token, fence) = grant(&app.cmd(&["LOCK.ACQUIRE", "lock:a", "PX", "60000"]));
     assert_eq!(
-        app.cmd(&["LOCK.EXTEND", "lock:a", &tok, "PX", "60000"]),
+        app.cmd(&["LOCK.EXTEND", "lock:a", &token, "PX", "60000"]),
         Resp::Int(1)
     );
     assert_eq!(
         app.cmd(&["LOCK.INFO", "lock:a"]).field("fence"),
         Some(Resp::Int(fence))
     );
-    admin.cmd(&["LOCK.ACQUIRE", "other:a", "TOKEN", "t"]);
+    let t = tok("t");
+    let (_, other_fence) = grant(&admin.cmd(&["LOCK.ACQUIRE", "other:a", "TOKEN", &t]));
     for cmd in all_commands("other:a") {
         assert_code(&app.cmd(&cmd), "NOPERM", &cmd.join(" "));
     }
     assert_eq!(app.cmd(&["PING"]), Resp::Simple("PONG".into()));
-    // other:a is untouched by the refused commands.
+    // other:a is untouched by the refused commands: still held by `t` with its fence
+    // (the renew answers the same grant) and its 30 s default lease, not EXTEND's 1 s.
+    let ttl = admin
+        .cmd(&["LOCK.INFO", "other:a"])
+        .field("ttl")
+        .unwrap()
+        .int();
+    assert!(
+        ttl > 20_000,
+        "a refused EXTEND changed the lease: ttl {ttl}"
+    );
     assert_eq!(
-        admin
-            .cmd(&["LOCK.ACQUIRE", "other:a", "TOKEN", "t"])
-            .items()[0],
-        Resp::Bulk(b"t".to_vec())
+        grant(&admin.cmd(&["LOCK.ACQUIRE", "other:a", "TOKEN", &t])),
+        (t.clone(), other_fence)
     );
 
     // `narrow`: only the commands it was given.
@@ -129,7 +142,7 @@ fn acl_key_patterns_and_command_rules_apply() {
         }
     }
     assert_code(
-        &ro.cmd(&["LOCK.RELEASE", "lock:a", &tok]),
+        &ro.cmd(&["LOCK.RELEASE", "lock:a", &token]),
         "NOPERM",
         "ro with the right token",
     );
@@ -145,7 +158,7 @@ fn acl_key_patterns_and_command_rules_apply() {
         admin.cmd(&["LOCK.INFO", "lock:a"]).field("fence"),
         Some(Resp::Int(fence))
     );
-    assert_eq!(app.cmd(&["LOCK.RELEASE", "lock:a", &tok]), Resp::Int(1));
+    assert_eq!(app.cmd(&["LOCK.RELEASE", "lock:a", &token]), Resp::Int(1));
     // The refusals are in the ACL log, naming the key.
     let log = admin.cmd(&["ACL", "LOG"]);
     let objects: Vec<String> = log

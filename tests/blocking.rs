@@ -393,14 +393,22 @@ fn expiry_hands_off_at_the_deadline(holder: Holder) {
     let server = module_server();
     let mut admin = server.conn();
     // 20,000 other keys with a TTL: Redis's own expiry samples 20 of them per cycle and
-    // would find the lock late, so only the module's timer at the deadline is prompt.
+    // would find a classic lock late, so only the module's timer at its PEXPIRETIME is
+    // prompt. (A module lock's key has no Redis expiry at all: its lease ends on the
+    // module's monotonic clock.)
     volatile_keys(&mut admin, "filler:", 20_000, 3_600_000);
     let key = "lease";
     let lease = 300u64;
     let t0 = Instant::now();
     take(&mut admin, key, holder, lease);
+    // A module lock's `expires-at` is the server's wall-clock estimate of the deadline
+    // (wall now + the lease left, rounded up to the ms), hence the 5 ms slack below.
     let deadline_unix = match holder {
-        Holder::Module => int_field(&lock_info(&mut admin, key).unwrap(), "expires-at"),
+        Holder::Module => {
+            let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut admin).unwrap();
+            assert_eq!(pttl, -1, "a module lock has no Redis expiry");
+            int_field(&lock_info(&mut admin, key).unwrap(), "expires-at") - 5
+        }
         Holder::Classic => {
             let v: i64 = redis::cmd("PEXPIRETIME")
                 .arg(key)
@@ -444,8 +452,9 @@ fn classic_string_lock_expiry_hands_off_at_the_deadline() {
 }
 
 /// Eviction. `allkeys-random` cannot be made to pick the lock on cue, so the test uses
-/// `volatile-ttl` with the lock as the only key that has a TTL: the first eviction must
-/// take it. Redis evicts before running each command: with `maxmemory` 1 MB above the
+/// `volatile-ttl` with the lock as the only key that has a TTL (a module lock has none of
+/// its own: a `PEXPIRE` far beyond its lease gives it one, which the module does not
+/// use): the first eviction must take it. Redis evicts before running each command: with `maxmemory` 1 MB above the
 /// current use, `SETRANGE ballast 2MiB x` (a tiny command, so the query buffer does not
 /// count) runs and leaves memory over the limit; the next command, `DEL ballast`, first
 /// evicts (the lock, and nothing else can go), then runs and brings memory back under
@@ -454,6 +463,8 @@ fn classic_string_lock_expiry_hands_off_at_the_deadline() {
 fn eviction_hands_off_to_exactly_one_waiter() {
     let key = "evictme";
     let (_server, mut admin, _, mut w1, mut w2) = held_with_two_waiters(key);
+    assert_eq!(run(&mut admin, &["PTTL", key]), Value::Int(-1));
+    assert_eq!(run(&mut admin, &["PEXPIRE", key, "3600000"]), Value::Int(1));
     let before = stats(&mut admin);
     let evicted_before = info_section(&mut admin, "stats")["evicted_keys"];
     let used = info_section(&mut admin, "memory")["used_memory"];
@@ -731,6 +742,7 @@ fn a_replica_shows_the_new_holders_fence_after_a_handoff() {
     let mut p = primary.conn();
     let mut r = replica.conn();
     let key = "repl";
+    let t0 = common::unix_ms();
     let tok = take(&mut p, key, Holder::Module, 60_000);
     let mut w = Waiter::queue(&primary, &mut p, 0, key, &WAIT_10S, 1);
     assert_eq!(release(&mut p, key, &tok), 1);
@@ -741,18 +753,30 @@ fn a_replica_shows_the_new_holders_fence_after_a_handoff() {
     });
     assert!(synced, "replica shows {:?}", lock_info(&mut r, key));
     let on_replica = lock_info(&mut r, key).unwrap();
-    for f in ["client-id", "expires-at", "acquired-at"] {
+    for f in ["client-id", "acquired-at"] {
         assert_eq!(
             int_field(&on_replica, f),
             int_field(&on_primary, f),
             "{f} differs on the replica"
         );
     }
+    // The replica keeps the lease on its own clock from when it applied the grant, a
+    // little later than the primary: its deadline is no earlier (5 ms of rounding), and
+    // later by no more than the time since the lock was first taken.
+    let (pe, re) = (
+        int_field(&on_primary, "expires-at"),
+        int_field(&on_replica, "expires-at"),
+    );
+    let later = common::unix_ms() - t0;
+    assert!(
+        re >= pe - 5 && re <= pe + later,
+        "expires-at on the replica {re}, on the primary {pe} (+{later} ms at most)"
+    );
     assert_eq!(int_field(&on_replica, "client-id"), w.id);
 }
 
 #[test]
-fn becoming_a_replica_fails_the_waiters() {
+fn becoming_a_replica_fails_the_waiters_and_watchers() {
     let server = module_server();
     let other = module_server();
     let mut admin = server.conn();
@@ -761,6 +785,10 @@ fn becoming_a_replica_fails_the_waiters() {
     let mut w1 = Waiter::queue(&server, &mut admin, 0, key, &["BLOCK", "0"], 1);
     let mut w2 = Waiter::queue(&server, &mut admin, 0, key, &["BLOCK", "20000"], 2);
     assert_eq!(stat(&mut admin, "lock_waiters"), 2);
+    // And a watcher, waiting for a key to be held.
+    let mut watcher = common::RawConn::connect(server.port);
+    watcher.send(&["LOCK.WATCH", "demoted:free"]);
+    assert!(wait_until(SETTLE, || stat(&mut admin, "lock_watchers") == 1));
     let t0 = Instant::now();
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
@@ -772,6 +800,12 @@ fn becoming_a_replica_fails_the_waiters() {
         assert!(t0.elapsed() < PROMPT, "took {:?}", t0.elapsed());
         assert_eq!(err.code(), Some("UNBLOCKED"), "{err}");
     }
+    watcher.set_read_timeout(Some(SETTLE));
+    match watcher.read() {
+        Ok(common::Resp::Error(e)) => assert!(e.starts_with("UNBLOCKED"), "watcher: {e}"),
+        other => panic!("expected UNBLOCKED for the watcher, got {other:?}"),
+    }
+    assert_eq!(stat(&mut admin, "lock_watchers"), 0);
     assert!(wait_until(SETTLE, || stat(&mut admin, "lock_waiters") == 0));
     assert_eq!(stat(&mut admin, "lock_handed_off"), 0);
 }

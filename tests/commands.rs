@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{unix_ms, wait_until, RawConn, Resp, ServerBuilder};
+use common::{tok, unix_ms, wait_until, RawConn, Resp, ServerBuilder};
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -57,13 +57,31 @@ fn is_uuid_v4(t: &[u8]) -> bool {
         && matches!(groups[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b')
 }
 
-fn assert_ttl_near(c: &mut RawConn, key: &str, ttl: i64) {
+/// A classic string lock's Redis expiry is just under `ttl`.
+fn assert_pttl_near(c: &mut RawConn, key: &str, ttl: i64) {
     let p = pttl(c, key);
     // The command ran a moment ago; allow generous slack for a loaded machine.
     assert!(
         p <= ttl && p > ttl - 2000,
         "PTTL {key} = {p}, expected just under {ttl}"
     );
+}
+
+/// A module lock's lease (LOCK.INFO `ttl`, on the server's monotonic clock) is just under
+/// `ttl`, and the key has no Redis expiry (PTTL and PEXPIRETIME -1): the lease is not the
+/// key's expiry.
+fn assert_lease_near(c: &mut RawConn, key: &str, ttl: i64) {
+    let info = c.cmd(&["LOCK.INFO", key]);
+    let lease = info
+        .field("ttl")
+        .unwrap_or_else(|| panic!("LOCK.INFO {key}: {info:?}"))
+        .int();
+    assert!(
+        lease <= ttl && lease > ttl - 2000,
+        "LOCK.INFO {key} ttl = {lease}, expected just under {ttl}"
+    );
+    assert_eq!(pttl(c, key), -1, "PTTL {key}: a module lock has no expiry");
+    assert_eq!(c.cmd(&["PEXPIRETIME", key]), Resp::Int(-1), "{key}");
 }
 
 #[test]
@@ -73,11 +91,11 @@ fn acquire_release_extend_forcerelease_happy_path() {
 
     // ACQUIRE: [token, fence] with a server-made UUID v4 and a clock-based fence.
     let before = unix_ms();
-    let (tok, fence) = acquire(&mut c, &["lock:a", "PX", "10000"]);
+    let (token, fence) = acquire(&mut c, &["lock:a", "PX", "10000"]);
     assert!(
-        is_uuid_v4(&tok),
+        is_uuid_v4(&token),
         "token {:?} is not a UUID v4",
-        String::from_utf8_lossy(&tok)
+        String::from_utf8_lossy(&token)
     );
     assert!(
         fence >= clock_floor(before),
@@ -85,13 +103,13 @@ fn acquire_release_extend_forcerelease_happy_path() {
     );
     assert!(fence <= MAX_EXACT, "fence {fence} does not fit in a double");
     assert_eq!(c.cmd(&["TYPE", "lock:a"]), Resp::Simple("redislock".into()));
-    assert_ttl_near(&mut c, "lock:a", 10_000);
+    assert_lease_near(&mut c, "lock:a", 10_000);
     // Held: a second acquire without the token gets nil.
     assert_eq!(c.cmd(&["LOCK.ACQUIRE", "lock:a"]), Resp::Nil);
 
     // Tokens differ between grants (and are all v4).
     let mut seen = HashSet::new();
-    seen.insert(tok.clone());
+    seen.insert(token.clone());
     for i in 0..20 {
         let k = format!("lock:uuid:{i}");
         let (t, _) = acquire(&mut c, &[&k]);
@@ -99,21 +117,22 @@ fn acquire_release_extend_forcerelease_happy_path() {
         assert!(seen.insert(t), "a server-generated token repeated");
     }
 
-    // EXTEND 1 with a PTTL to match; the fence does not change.
-    let tok_s = String::from_utf8(tok.clone()).unwrap();
+    // EXTEND 1 with a lease to match (shorter as well as longer); the fence does not
+    // change.
+    let tok_s = String::from_utf8(token.clone()).unwrap();
     assert_eq!(
         c.cmd(&["LOCK.EXTEND", "lock:a", &tok_s, "PX", "60000"]),
         Resp::Int(1)
     );
-    assert_ttl_near(&mut c, "lock:a", 60_000);
+    assert_lease_near(&mut c, "lock:a", 60_000);
     assert_eq!(
         c.cmd(&["LOCK.EXTEND", "lock:a", &tok_s, "EX", "120"]),
         Resp::Int(1)
     );
-    assert_ttl_near(&mut c, "lock:a", 120_000);
+    assert_lease_near(&mut c, "lock:a", 120_000);
     // Without PX/EX the lease becomes lock.default-ttl (30000).
     assert_eq!(c.cmd(&["LOCK.EXTEND", "lock:a", &tok_s]), Resp::Int(1));
-    assert_ttl_near(&mut c, "lock:a", 30_000);
+    assert_lease_near(&mut c, "lock:a", 30_000);
     let info = c.cmd(&["LOCK.INFO", "lock:a"]);
     assert_eq!(info.field("fence"), Some(Resp::Int(fence)));
 
@@ -147,7 +166,7 @@ fn non_owner_release_and_extend_leave_the_lock_intact() {
     let server = ServerBuilder::new().start();
     let mut owner = RawConn::connect(server.port);
     let mut thief = RawConn::connect(server.port);
-    let (tok, fence) = acquire(&mut owner, &["lock:b", "PX", "20000", "OWNER", "svc-1"]);
+    let (token, fence) = acquire(&mut owner, &["lock:b", "PX", "20000", "OWNER", "svc-1"]);
     let before = owner.cmd(&["LOCK.INFO", "lock:b"]);
 
     for wrong in ["wrong", "", "x".repeat(300).as_str()] {
@@ -158,33 +177,31 @@ fn non_owner_release_and_extend_leave_the_lock_intact() {
         );
     }
     // A prefix or an extension of the real token is not the token.
-    let mut longer = tok.clone();
+    let mut longer = token.clone();
     longer.push(b'0');
-    for t in [&tok[..tok.len() - 1], &longer[..]] {
+    for t in [&token[..token.len() - 1], &longer[..]] {
         assert_eq!(
             thief.cmd(&[&b"LOCK.RELEASE"[..], b"lock:b", t]),
             Resp::Int(0)
         );
     }
 
-    assert!(
-        pttl(&mut owner, "lock:b") <= 20_000,
-        "a wrong EXTEND changed the TTL"
-    );
     let after = owner.cmd(&["LOCK.INFO", "lock:b"]);
-    for f in [
-        "fence",
-        "owner",
-        "acquired-at",
-        "client-id",
-        "expires-at",
-        "kind",
-    ] {
+    let ttl = after.field("ttl").unwrap().int();
+    assert!(ttl <= 20_000, "a wrong EXTEND changed the lease: ttl {ttl}");
+    for f in ["fence", "owner", "acquired-at", "client-id", "kind"] {
         assert_eq!(before.field(f), after.field(f), "field {f} changed");
     }
+    // `expires-at` is the server's wall-clock estimate of the deadline (wall now plus the
+    // lease left): two LOCK.INFO calls may differ by a few ms, a 90 s EXTEND by 70 s.
+    let (e0, e1) = (
+        before.field("expires-at").unwrap().int(),
+        after.field("expires-at").unwrap().int(),
+    );
+    assert!((e1 - e0).abs() <= 5, "expires-at moved from {e0} to {e1}");
     assert_eq!(after.field("fence"), Some(Resp::Int(fence)));
     assert_eq!(
-        owner.cmd(&[&b"LOCK.RELEASE"[..], b"lock:b", &tok]),
+        owner.cmd(&[&b"LOCK.RELEASE"[..], b"lock:b", &token]),
         Resp::Int(1)
     );
 }
@@ -202,7 +219,7 @@ fn info_fields_in_resp2_and_resp3() {
         .to_string();
 
     let t0 = unix_ms();
-    let (tok, fence) = acquire(&mut c, &["lock:i", "PX", "10000", "OWNER", "worker-7"]);
+    let (token, fence) = acquire(&mut c, &["lock:i", "PX", "10000", "OWNER", "worker-7"]);
     let t1 = unix_ms();
 
     // RESP2: a flat field/value array, every value with the right type.
@@ -226,6 +243,9 @@ fn info_fields_in_resp2_and_resp3() {
         "client-id",
         "client-addr",
         "waiters",
+        "holders",
+        "holder-list",
+        "cursor",
     ] {
         assert!(
             names.iter().any(|n| n == f),
@@ -236,7 +256,7 @@ fn info_fields_in_resp2_and_resp3() {
     // The token (the capability) is never shown.
     for (_, v) in info.pairs() {
         if let Resp::Bulk(b) = v {
-            assert_ne!(b, tok, "LOCK.INFO revealed the token");
+            assert_ne!(b, token, "LOCK.INFO revealed the token");
         }
     }
 
@@ -268,7 +288,7 @@ fn info_fields_in_resp2_and_resp3() {
         Resp::Int(1)
     );
     assert_eq!(
-        c3.cmd(&[&b"LOCK.EXTEND"[..], b"lock:i", &tok, b"PX", b"5000"]),
+        c3.cmd(&[&b"LOCK.EXTEND"[..], b"lock:i", &token, b"PX", b"5000"]),
         Resp::Int(1)
     );
     assert_eq!(c3.cmd(&["LOCK.FORCERELEASE", "lock:i"]), Resp::Int(1));
@@ -306,39 +326,46 @@ fn check_module_info(
     assert_eq!(f("client-id"), Resp::Int(client_id));
     assert_eq!(f("client-addr").text(), addr);
     assert_eq!(f("waiters"), Resp::Int(0));
+    // One holder, all of it in the list: the list is complete (cursor 0).
+    assert_eq!(f("holders"), Resp::Int(1));
+    assert_eq!(f("holder-list").items().len(), 1);
+    assert_eq!(
+        f("holder-list").items()[0].field("fence"),
+        Some(Resp::Int(fence))
+    );
+    assert_eq!(f("cursor"), Resp::Int(0));
 }
 
 #[test]
 fn idempotent_token_retry_keeps_the_fence_and_resets_the_ttl() {
     let server = ServerBuilder::new().start();
     let mut c = RawConn::connect(server.port);
-    let (tok, fence) = acquire(&mut c, &["lock:r", "PX", "3000", "TOKEN", "my-token-1"]);
-    assert_eq!(tok, b"my-token-1");
-    assert_ttl_near(&mut c, "lock:r", 3000);
+    let (t1, t2) = (tok("my-token-1"), tok("my-token-2"));
+    let (token, fence) = acquire(&mut c, &["lock:r", "PX", "3000", "TOKEN", &t1]);
+    assert_eq!(token, t1.as_bytes());
+    assert_lease_near(&mut c, "lock:r", 3000);
     std::thread::sleep(Duration::from_millis(20));
 
     // The retry (e.g. after a lost reply) gets the same grant and a fresh lease.
-    let (tok2, fence2) = acquire(&mut c, &["lock:r", "PX", "60000", "TOKEN", "my-token-1"]);
-    assert_eq!((tok2.as_slice(), fence2), (&b"my-token-1"[..], fence));
-    assert_ttl_near(&mut c, "lock:r", 60_000);
+    let (tok2, fence2) = acquire(&mut c, &["lock:r", "PX", "60000", "TOKEN", &t1]);
+    assert_eq!((tok2.as_slice(), fence2), (t1.as_bytes(), fence));
+    assert_lease_near(&mut c, "lock:r", 60_000);
     // Also from another connection, and with the default TTL.
     let mut c2 = RawConn::connect(server.port);
-    let (_, fence3) = acquire(&mut c2, &["lock:r", "TOKEN", "my-token-1"]);
+    let (_, fence3) = acquire(&mut c2, &["lock:r", "TOKEN", &t1]);
     assert_eq!(fence3, fence);
-    assert_ttl_near(&mut c, "lock:r", 30_000);
+    assert_lease_near(&mut c, "lock:r", 30_000);
     // A different token still gets nil.
-    assert_eq!(
-        c2.cmd(&["LOCK.ACQUIRE", "lock:r", "TOKEN", "my-token-2"]),
-        Resp::Nil
-    );
-    let renewed = common::lock_stat(&mut c, "renewed");
-    assert_eq!(renewed, 2);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "lock:r", "my-token-1"]),
-        Resp::Int(1)
-    );
+    assert_eq!(c2.cmd(&["LOCK.ACQUIRE", "lock:r", "TOKEN", &t2]), Resp::Nil);
+    // The two retries count as renews; an EXTEND is not a renew (it counts as extended).
+    assert_eq!(common::lock_stat(&mut c, "renewed"), 2);
+    assert_eq!(common::lock_stat(&mut c, "extended"), 0);
+    assert_eq!(c.cmd(&["LOCK.EXTEND", "lock:r", &t1]), Resp::Int(1));
+    assert_eq!(common::lock_stat(&mut c, "renewed"), 2);
+    assert_eq!(common::lock_stat(&mut c, "extended"), 1);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:r", &t1]), Resp::Int(1));
     // After release the same token is a fresh grant with a new fence.
-    let (_, fence4) = acquire(&mut c, &["lock:r", "TOKEN", "my-token-1"]);
+    let (_, fence4) = acquire(&mut c, &["lock:r", "TOKEN", &t1]);
     assert!(fence4 > fence);
 }
 
@@ -347,22 +374,25 @@ fn ttl_options_expiry_and_reacquire() {
     let server = ServerBuilder::new().start();
     let mut c = RawConn::connect(server.port);
 
+    let t0 = unix_ms();
     acquire(&mut c, &["lock:px", "PX", "5000"]);
-    assert_ttl_near(&mut c, "lock:px", 5000);
+    assert_lease_near(&mut c, "lock:px", 5000);
     acquire(&mut c, &["lock:ex", "EX", "7"]);
-    assert_ttl_near(&mut c, "lock:ex", 7000);
+    assert_lease_near(&mut c, "lock:ex", 7000);
     acquire(&mut c, &["lock:default"]);
-    assert_ttl_near(&mut c, "lock:default", 30_000);
+    assert_lease_near(&mut c, "lock:default", 30_000);
     // Lower-case option names work too.
     acquire(&mut c, &["lock:lower", "px", "4000", "owner", "o"]);
-    assert_ttl_near(&mut c, "lock:lower", 4000);
-    // PEXPIRETIME agrees with LOCK.INFO expires-at.
-    let exp = c
-        .cmd(&["LOCK.INFO", "lock:px"])
-        .field("expires-at")
-        .unwrap()
-        .int();
-    assert_eq!(c.cmd(&["PEXPIRETIME", "lock:px"]).int(), exp);
+    assert_lease_near(&mut c, "lock:lower", 4000);
+    // LOCK.INFO expires-at is the wall-clock estimate of the deadline: wall now plus the
+    // lease left, so between the grant's wall time and now, plus the lease.
+    let info = c.cmd(&["LOCK.INFO", "lock:px"]);
+    let t1 = unix_ms();
+    let exp = info.field("expires-at").unwrap().int();
+    assert!(
+        exp >= t0 + 5000 - 5 && exp <= t1 + 5000 + 5,
+        "expires-at {exp} not in [{t0}, {t1}] + 5000"
+    );
 
     // Expiry: a short lease ends, the key is gone, the next grant has a higher fence.
     let (_, f1) = acquire(&mut c, &["lock:exp", "PX", "100"]);
@@ -373,10 +403,11 @@ fn ttl_options_expiry_and_reacquire() {
     assert_eq!(c.cmd(&["LOCK.INFO", "lock:exp"]), Resp::Nil);
     let (_, f2) = acquire(&mut c, &["lock:exp", "PX", "100"]);
     assert!(f2 > f1, "{f2} <= {f1}");
-    // Redis's active expiry removes it without anyone touching the key.
+    // The module removes the key at the lease's end without anyone touching it (the key
+    // has no Redis expiry that could).
     assert!(
         wait_until(Duration::from_secs(5), || c.cmd(&["DBSIZE"]).int() == 4),
-        "lock:exp was not actively expired"
+        "lock:exp was not removed when its lease ended"
     );
 }
 
@@ -470,11 +501,12 @@ fn minfence_raises_grants_and_renewals_raise_later_grants() {
     let (_, f0) = acquire(&mut c, &["lock:start"]);
     std::thread::sleep(Duration::from_millis(2200));
     let ms = 1 << 10;
+    let (t, tn) = (tok("t"), tok("tn"));
     // A floor above the counter: the grant gets exactly that fence.
     let floor = f0 + 500 * ms;
     let (_, f) = acquire(
         &mut c,
-        &["lock:m", "MINFENCE", &floor.to_string(), "TOKEN", "t"],
+        &["lock:m", "MINFENCE", &floor.to_string(), "TOKEN", &t],
     );
     assert_eq!(f, floor);
     // A floor below the counter changes nothing: the next fence is still higher.
@@ -482,13 +514,13 @@ fn minfence_raises_grants_and_renewals_raise_later_grants() {
     assert!(g > f, "{g} <= {f}");
 
     // The brief's case: renew with MINFENCE f+1000, release, acquire -> fence > f+1000.
-    let (_, h) = acquire(&mut c, &["lock:n", "TOKEN", "tn"]);
+    let (_, h) = acquire(&mut c, &["lock:n", "TOKEN", &tn]);
     let (_, h_renew) = acquire(
         &mut c,
-        &["lock:n", "TOKEN", "tn", "MINFENCE", &(h + 1000).to_string()],
+        &["lock:n", "TOKEN", &tn, "MINFENCE", &(h + 1000).to_string()],
     );
     assert_eq!(h_renew, h, "a renew keeps its fence");
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:n", "tn"]), Resp::Int(1));
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:n", &tn]), Resp::Int(1));
     let (_, k) = acquire(&mut c, &["lock:n"]);
     assert!(k > h + 1000, "{k} <= {h} + 1000");
 
@@ -497,7 +529,7 @@ fn minfence_raises_grants_and_renewals_raise_later_grants() {
     let far = f0 + 1500 * ms;
     let (_, r) = acquire(
         &mut c,
-        &["lock:m", "TOKEN", "t", "MINFENCE", &far.to_string()],
+        &["lock:m", "TOKEN", &t, "MINFENCE", &far.to_string()],
     );
     assert_eq!(r, f, "a renew keeps its fence");
     assert_eq!(
@@ -514,7 +546,7 @@ fn minfence_raises_grants_and_renewals_raise_later_grants() {
     let too_far = too_far.to_string();
     for args in [
         &["LOCK.ACQUIRE", "lock:far", "MINFENCE", &too_far][..],
-        &["LOCK.ACQUIRE", "lock:m", "TOKEN", "t", "MINFENCE", &too_far],
+        &["LOCK.ACQUIRE", "lock:m", "TOKEN", &t, "MINFENCE", &too_far],
     ] {
         let r = c.cmd(args);
         assert!(
@@ -535,13 +567,30 @@ fn classic_string_locks_interoperate() {
         c.cmd(&["SET", "lock:s", "tok", "NX", "PX", "5000"]),
         Resp::Simple("OK".into())
     );
-    // Held for ACQUIRE (also with the same token: it is not a module grant to renew).
+    // Held for ACQUIRE. Its value "tok" is shorter than lock.min-token-length: a TOKEN
+    // ACQUIRE refuses, while RELEASE and EXTEND below take it.
     assert_eq!(c.cmd(&["LOCK.ACQUIRE", "lock:s"]), Resp::Nil);
-    assert_eq!(
-        c.cmd(&["LOCK.ACQUIRE", "lock:s", "TOKEN", "tok"]),
-        Resp::Nil
+    let r = c.cmd(&["LOCK.ACQUIRE", "lock:s", "TOKEN", "tok"]);
+    assert!(
+        matches!(&r, Resp::Error(e) if e.starts_with("ERR TOKEN must be 16 to 256 bytes")),
+        "{r:?}"
     );
     assert_eq!(c.cmd(&["LOCK.ACQUIRE", "lock:s", "BLOCK", "50"]), Resp::Nil);
+    // Held also for ACQUIRE with the same token: a string is not a module grant to renew.
+    let long = tok("classic");
+    assert_eq!(
+        c.cmd(&["SET", "lock:s2", &long, "NX", "PX", "5000"]),
+        Resp::Simple("OK".into())
+    );
+    assert_eq!(
+        c.cmd(&["LOCK.ACQUIRE", "lock:s2", "TOKEN", &long]),
+        Resp::Nil
+    );
+    assert_eq!(
+        c.cmd(&["GET", "lock:s2"]),
+        Resp::Bulk(long.clone().into_bytes())
+    );
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:s2", &long]), Resp::Int(1));
 
     let info = c.cmd(&["LOCK.INFO", "lock:s"]);
     assert_eq!(info.field("state").unwrap().text(), "held");
@@ -551,12 +600,31 @@ fn classic_string_locks_interoperate() {
     assert_eq!(info.field("waiters"), Some(Resp::Int(0)));
     let ttl = info.field("ttl").unwrap().int();
     assert!(ttl > 0 && ttl <= 5000, "ttl {ttl}");
+    // Exactly these fields: the holder's nil, and nothing a string lock cannot have
+    // (no mode, lock-delay, holders, holder-list or cursor).
+    let names: Vec<String> = info.pairs().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        names,
+        [
+            "state",
+            "kind",
+            "ttl",
+            "expires-at",
+            "fence",
+            "owner",
+            "acquired-at",
+            "client-id",
+            "client-addr",
+            "waiters"
+        ]
+    );
     let mut c3 = RawConn::connect_resp3(server.port);
     let info3 = c3.cmd(&["LOCK.INFO", "lock:s"]);
     assert_eq!(info3.field("kind").unwrap().text(), "string");
     assert_eq!(info3.field("fence"), Some(Resp::Nil));
 
-    // EXTEND: wrong token 0, right token sets its PTTL and keeps it a string.
+    // EXTEND: wrong token 0, right token sets its PTTL (a classic lock keeps its Redis
+    // expiry) and keeps it a string.
     assert_eq!(
         c.cmd(&["LOCK.EXTEND", "lock:s", "nope", "PX", "20000"]),
         Resp::Int(0)
@@ -566,7 +634,9 @@ fn classic_string_locks_interoperate() {
         c.cmd(&["LOCK.EXTEND", "lock:s", "tok", "PX", "20000"]),
         Resp::Int(1)
     );
-    assert_ttl_near(&mut c, "lock:s", 20_000);
+    assert_pttl_near(&mut c, "lock:s", 20_000);
+    let ttl = c.cmd(&["LOCK.INFO", "lock:s"]).field("ttl").unwrap().int();
+    assert!(ttl > 18_000 && ttl <= 20_000, "LOCK.INFO ttl {ttl}");
     assert_eq!(c.cmd(&["TYPE", "lock:s"]), Resp::Simple("string".into()));
     assert_eq!(c.cmd(&["GET", "lock:s"]), Resp::Bulk(b"tok".to_vec()));
 
@@ -595,7 +665,10 @@ fn classic_string_locks_interoperate() {
 fn binary_tokens_round_trip() {
     let server = ServerBuilder::new().start();
     let mut c = RawConn::connect(server.port);
-    let tok: &[u8] = b"a\0b\r\nc\xff\xfe end";
+    // 16 bytes before the NUL (so the part a C string would keep is itself a token
+    // ACQUIRE takes), then CR LF and bytes that are not UTF-8.
+    let tok: &[u8] = b"binary-token-16b\0b\r\nc\xff\xfe end";
+    let cut: &[u8] = b"binary-token-16b";
     let r = c.cmd(&[
         &b"LOCK.ACQUIRE"[..],
         b"lock:bin",
@@ -610,18 +683,20 @@ fn binary_tokens_round_trip() {
     let r2 = c.cmd(&[&b"LOCK.ACQUIRE"[..], b"lock:bin", b"TOKEN", tok]);
     assert_eq!(grant(&r2), (tok.to_vec(), fence));
     assert_eq!(
-        c.cmd(&[&b"LOCK.ACQUIRE"[..], b"lock:bin", b"TOKEN", b"a"]),
+        c.cmd(&[&b"LOCK.ACQUIRE"[..], b"lock:bin", b"TOKEN", cut]),
         Resp::Nil
     );
-    assert_eq!(
-        c.cmd(&[&b"LOCK.RELEASE"[..], b"lock:bin", b"a"]),
-        Resp::Int(0)
-    );
+    for wrong in [cut, b"binary"] {
+        assert_eq!(
+            c.cmd(&[&b"LOCK.RELEASE"[..], b"lock:bin", wrong]),
+            Resp::Int(0)
+        );
+    }
     assert_eq!(
         c.cmd(&[&b"LOCK.EXTEND"[..], b"lock:bin", tok, b"PX", b"50000"]),
         Resp::Int(1)
     );
-    assert_ttl_near(&mut c, "lock:bin", 50_000);
+    assert_lease_near(&mut c, "lock:bin", 50_000);
     // A binary key and a 256-byte token of every byte value.
     let all: Vec<u8> = (0..=255u8).collect();
     let key: &[u8] = b"lock:\0\xff\r\n";
@@ -647,42 +722,48 @@ fn main_thread_switches(pid: u32) -> i64 {
         .expect("voluntary_ctxt_switches in /proc status")
 }
 
-/// The lease stored in the lock decides, not the key's expiry: a generic PEXPIRE or
-/// PERSIST that keeps the key past the lease does not keep the lock held.
+/// The lease stored in the lock decides, not the key's expiry: a generic PEXPIRE that
+/// keeps the key past the lease does not keep the lock held, and PERSIST (there is no
+/// expiry to remove from a lock key) never extends a lease.
 #[test]
 fn a_lease_ends_even_if_pexpire_or_persist_keeps_the_key() {
     let server = ServerBuilder::new().start();
     let mut c = RawConn::connect(server.port);
-    let (_, f1) = acquire(&mut c, &["lock:g", "PX", "200", "TOKEN", "a"]);
+    let (a, b, w) = (tok("a"), tok("b"), tok("w"));
+    let (_, f1) = acquire(&mut c, &["lock:g", "PX", "200", "TOKEN", &a]);
     assert_eq!(c.cmd(&["PEXPIRE", "lock:g", "60000"]), Resp::Int(1));
     assert!(
         wait_until(Duration::from_secs(5), || c.cmd(&["LOCK.INFO", "lock:g"])
             == Resp::Nil),
         "the lease of lock:g did not end"
     );
-    // The old holder has lost it; someone else gets it with a higher fence.
+    // The old holder has lost it; someone else gets it with a higher fence, and the
+    // expiry PEXPIRE gave the old lock's key does not carry over to the new lock.
     assert_eq!(
-        c.cmd(&["LOCK.EXTEND", "lock:g", "a", "PX", "1000"]),
+        c.cmd(&["LOCK.EXTEND", "lock:g", &a, "PX", "1000"]),
         Resp::Int(0)
     );
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:g", "a"]), Resp::Int(0));
-    let (_, f2) = acquire(&mut c, &["lock:g", "PX", "10000", "TOKEN", "b"]);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:g", &a]), Resp::Int(0));
+    let (_, f2) = acquire(&mut c, &["lock:g", "PX", "10000", "TOKEN", &b]);
     assert!(f2 > f1);
-    assert_ttl_near(&mut c, "lock:g", 10_000);
+    assert_lease_near(&mut c, "lock:g", 10_000);
 
-    // PERSIST with a waiter: the waiter gets the lock when the lease ends.
-    let (_, f3) = acquire(&mut c, &["lock:p", "PX", "100", "TOKEN", "a"]);
+    // PERSIST with a waiter: 0 on a lock key (no expiry), 1 after a PEXPIRE gave it one;
+    // neither keeps the lease: the waiter gets the lock when the lease ends.
+    let (_, f3) = acquire(&mut c, &["lock:p", "PX", "300", "TOKEN", &a]);
+    assert_eq!(c.cmd(&["PERSIST", "lock:p"]), Resp::Int(0));
+    assert_eq!(c.cmd(&["PEXPIRE", "lock:p", "60000"]), Resp::Int(1));
     assert_eq!(c.cmd(&["PERSIST", "lock:p"]), Resp::Int(1));
     let t = std::time::Instant::now();
-    let (tok, f4) = grant(&c.cmd(&["LOCK.ACQUIRE", "lock:p", "BLOCK", "5000", "TOKEN", "w"]));
-    assert_eq!(tok, b"w");
+    let (got, f4) = grant(&c.cmd(&["LOCK.ACQUIRE", "lock:p", "BLOCK", "5000", "TOKEN", &w]));
+    assert_eq!(got, w.as_bytes());
     assert!(f4 > f3);
     assert!(
         t.elapsed() < Duration::from_secs(4),
         "the waiter got the lock only after {:?}",
         t.elapsed()
     );
-    assert_ttl_near(&mut c, "lock:p", 30_000);
+    assert_lease_near(&mut c, "lock:p", 30_000);
 
     // And nothing keeps the event loop busy afterwards (it once spun a 1 ms timer).
     let pid = server.pid();
@@ -693,4 +774,89 @@ fn a_lease_ends_even_if_pexpire_or_persist_keeps_the_key() {
         per_sec < 300,
         "the server's event loop woke {per_sec} times in 1 s while idle (~10 with hz 10)"
     );
+}
+
+/// `LOCK.EXTEND key token ... OWNER label`: the holder takes the new label and keeps its
+/// fence (a leader publishes a new value without giving up its term); another token
+/// changes nothing; a classic string lock has no label.
+#[test]
+fn extend_owner_relabels_the_holder_and_keeps_its_fence() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let t = tok("relabel-leader");
+    let (_, f) = acquire(
+        &mut c,
+        &["lock:l", "PX", "10000", "TOKEN", &t, "OWNER", "node-a"],
+    );
+    let r = c.cmd(&[
+        "LOCK.EXTEND",
+        "lock:l",
+        &t,
+        "PX",
+        "30000",
+        "OWNER",
+        "node-a:8080",
+    ]);
+    assert_eq!(r, Resp::Int(1));
+    let info = c.cmd(&["LOCK.INFO", "lock:l"]);
+    assert_eq!(
+        info.field("owner"),
+        Some(Resp::Bulk(b"node-a:8080".to_vec()))
+    );
+    assert_eq!(info.field("fence"), Some(Resp::Int(f)));
+    let ttl = info.field("ttl").expect("ttl").int();
+    assert!(
+        ttl > 20_000 && ttl <= 30_000,
+        "ttl {ttl} after EXTEND PX 30000"
+    );
+    // Another token: 0, and the label stays.
+    let other = tok("relabel-other");
+    let r = c.cmd(&["LOCK.EXTEND", "lock:l", &other, "OWNER", "intruder"]);
+    assert_eq!(r, Resp::Int(0));
+    let info = c.cmd(&["LOCK.INFO", "lock:l"]);
+    assert_eq!(
+        info.field("owner"),
+        Some(Resp::Bulk(b"node-a:8080".to_vec()))
+    );
+    // One reader of a shared lock takes a new label; the other keeps its own.
+    let (r1, g1) = acquire(&mut c, &["lock:s", "SHARED", "PX", "60000", "OWNER", "x"]);
+    let (_, g2) = acquire(&mut c, &["lock:s", "SHARED", "PX", "60000", "OWNER", "y"]);
+    let r1 = String::from_utf8(r1).unwrap();
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:s", &r1, "OWNER", "z"]),
+        Resp::Int(1)
+    );
+    let list = c
+        .cmd(&["LOCK.INFO", "lock:s"])
+        .field("holder-list")
+        .unwrap();
+    let labels: Vec<(Resp, Resp)> = list
+        .items()
+        .iter()
+        .map(|h| (h.field("fence").unwrap(), h.field("owner").unwrap()))
+        .collect();
+    assert_eq!(
+        labels,
+        vec![
+            (Resp::Int(g1), Resp::Bulk(b"z".to_vec())),
+            (Resp::Int(g2), Resp::Bulk(b"y".to_vec()))
+        ]
+    );
+    // A string lock: EXTEND works, EXTEND ... OWNER is an error.
+    let classic = tok("relabel-classic");
+    let set = c.cmd(&["SET", "lock:c", &classic, "NX", "PX", "10000"]);
+    assert_eq!(set, Resp::Simple("OK".into()));
+    match c.cmd(&["LOCK.EXTEND", "lock:c", &classic, "OWNER", "x"]) {
+        Resp::Error(e) => assert!(e.starts_with("ERR OWNER needs a module lock"), "{e}"),
+        other => panic!("EXTEND OWNER of a string lock: {other:?}"),
+    }
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:c", &classic, "PX", "20000"]),
+        Resp::Int(1)
+    );
+    // An empty label is refused.
+    match c.cmd(&["LOCK.EXTEND", "lock:l", &t, "OWNER", ""]) {
+        Resp::Error(e) => assert!(e.starts_with("ERR OWNER must be 1 to 256 bytes"), "{e}"),
+        other => panic!("EXTEND OWNER '': {other:?}"),
+    }
 }

@@ -44,9 +44,19 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
     let r1 = take(
         &mut c,
         "rw",
-        &["SHARED", "TOKEN", "r1", "OWNER", "reader-1"],
+        &[
+            "SHARED",
+            "TOKEN",
+            "r1-------------------tok",
+            "OWNER",
+            "reader-1",
+        ],
     );
-    let r2 = take(&mut c, "rw", &["SHARED", "TOKEN", "r2"]);
+    let r2 = take(
+        &mut c,
+        "rw",
+        &["SHARED", "TOKEN", "r2-------------------tok"],
+    );
     assert!(r2 > r1, "each holder gets its own, larger fence");
     // An exclusive acquire is the writer: it needs no holder at all.
     assert_eq!(acquire_reply(&mut c, "rw", &[]), Resp::Nil);
@@ -61,22 +71,38 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
     for h in i.field("holder-list").unwrap().items() {
         for (k, v) in h.pairs() {
             assert!(
-                k != "token" && v != Resp::Bulk(b"r1".to_vec()) && v != Resp::Bulk(b"r2".to_vec()),
+                k != "token"
+                    && v != Resp::Bulk(b"r1-------------------tok".to_vec())
+                    && v != Resp::Bulk(b"r2-------------------tok".to_vec()),
                 "LOCK.INFO shows a token: {h:?}"
             );
         }
     }
     // Per-holder RELEASE: the writer waits until the last reader is gone.
-    let mut writer = Waiter::send(srv.port, 0, "rw", &["BLOCK", "10000", "TOKEN", "w"]);
+    let mut writer = Waiter::send(
+        srv.port,
+        0,
+        "rw",
+        &["BLOCK", "10000", "TOKEN", "w--------------------tok"],
+    );
     wait_queued(&mut c, "rw", 1);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "rw", "r1"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "rw", "r1-------------------tok"])
+            .int(),
+        1
+    );
     assert!(writer.waiting());
     assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "rw", "r1"]).int(),
+        c.cmd(&["LOCK.RELEASE", "rw", "r1-------------------tok"])
+            .int(),
         0,
         "already released"
     );
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "rw", "r2"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "rw", "r2-------------------tok"])
+            .int(),
+        1
+    );
     let w = writer.granted();
     assert!(w > r2);
     let i = info(&mut c, "rw");
@@ -91,8 +117,17 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
 fn fifo_with_shared_batching_and_no_writer_starvation() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    take(&mut c, "q", &["SHARED", "TOKEN", "r0"]);
-    let mut w1 = Waiter::send(srv.port, 0, "q", &["BLOCK", "10000", "TOKEN", "w1"]);
+    take(
+        &mut c,
+        "q",
+        &["SHARED", "TOKEN", "r0-------------------tok"],
+    );
+    let mut w1 = Waiter::send(
+        srv.port,
+        0,
+        "q",
+        &["BLOCK", "10000", "TOKEN", "w1-------------------tok"],
+    );
     wait_queued(&mut c, "q", 1);
     // A reader arriving after the writer waits, although readers hold the key.
     assert_eq!(acquire_reply(&mut c, "q", &["SHARED"]), Resp::Nil);
@@ -100,38 +135,81 @@ fn fifo_with_shared_batching_and_no_writer_starvation() {
         srv.port,
         0,
         "q",
-        &["SHARED", "BLOCK", "10000", "TOKEN", "ra"],
+        &[
+            "SHARED",
+            "BLOCK",
+            "10000",
+            "TOKEN",
+            "ra-------------------tok",
+        ],
     );
     let mut rb = Waiter::send(
         srv.port,
         0,
         "q",
-        &["SHARED", "BLOCK", "10000", "TOKEN", "rb"],
+        &[
+            "SHARED",
+            "BLOCK",
+            "10000",
+            "TOKEN",
+            "rb-------------------tok",
+        ],
     );
     wait_queued(&mut c, "q", 3);
-    let mut w2 = Waiter::send(srv.port, 0, "q", &["BLOCK", "10000", "TOKEN", "w2"]);
+    let mut w2 = Waiter::send(
+        srv.port,
+        0,
+        "q",
+        &["BLOCK", "10000", "TOKEN", "w2-------------------tok"],
+    );
     let mut rc = Waiter::send(
         srv.port,
         0,
         "q",
-        &["SHARED", "BLOCK", "10000", "TOKEN", "rc"],
+        &[
+            "SHARED",
+            "BLOCK",
+            "10000",
+            "TOKEN",
+            "rc-------------------tok",
+        ],
     );
     wait_queued(&mut c, "q", 5);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "q", "r0"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "q", "r0-------------------tok"])
+            .int(),
+        1
+    );
     let f1 = w1.granted();
     assert!(ra.waiting() && rb.waiting());
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "q", "w1"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "q", "w1-------------------tok"])
+            .int(),
+        1
+    );
     // Both readers behind w1 at once, and not the reader behind w2.
     let (fa, fb) = (ra.granted(), rb.granted());
     assert!(fa > f1 && fb > fa, "FIFO order of fences: {f1} {fa} {fb}");
     assert_eq!(holder_fences(&mut c, "q"), vec![fa, fb]);
     assert!(w2.waiting() && rc.waiting());
     assert_eq!(queued(&mut c, "q"), 2);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "q", "ra"]).int(), 1);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "q", "rb"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "q", "ra-------------------tok"])
+            .int(),
+        1
+    );
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "q", "rb-------------------tok"])
+            .int(),
+        1
+    );
     let f2 = w2.granted();
     assert!(rc.waiting());
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "q", "w2"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "q", "w2-------------------tok"])
+            .int(),
+        1
+    );
     assert!(rc.granted() > f2);
 }
 
@@ -139,8 +217,30 @@ fn fifo_with_shared_batching_and_no_writer_starvation() {
 fn a_semaphore_grants_its_permits_in_order() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    let a = take(&mut c, "sem", &["LIMIT", "2", "TOKEN", "a", "PX", "60000"]);
-    let b = take(&mut c, "sem", &["LIMIT", "2", "TOKEN", "b", "PX", "60000"]);
+    let a = take(
+        &mut c,
+        "sem",
+        &[
+            "LIMIT",
+            "2",
+            "TOKEN",
+            "a--------------------tok",
+            "PX",
+            "60000",
+        ],
+    );
+    let b = take(
+        &mut c,
+        "sem",
+        &[
+            "LIMIT",
+            "2",
+            "TOKEN",
+            "b--------------------tok",
+            "PX",
+            "60000",
+        ],
+    );
     assert_eq!(acquire_reply(&mut c, "sem", &["LIMIT", "2"]), Resp::Nil);
     let i = info(&mut c, "sem");
     assert_eq!(i.field("mode").unwrap().text(), "counted");
@@ -163,33 +263,70 @@ fn a_semaphore_grants_its_permits_in_order() {
         grant(&acquire_reply(
             &mut c,
             "sem",
-            &["LIMIT", "2", "TOKEN", "a", "PX", "5000"]
+            &[
+                "LIMIT",
+                "2",
+                "TOKEN",
+                "a--------------------tok",
+                "PX",
+                "5000"
+            ]
         )),
-        Some((b"a".to_vec(), a))
+        Some((b"a--------------------tok".to_vec(), a))
     );
-    assert_eq!(c.cmd(&["LOCK.EXTEND", "sem", "b", "PX", "90000"]).int(), 1);
+    assert_eq!(
+        c.cmd(&[
+            "LOCK.EXTEND",
+            "sem",
+            "b--------------------tok",
+            "PX",
+            "90000"
+        ])
+        .int(),
+        1
+    );
     let list = info(&mut c, "sem").field("holder-list").unwrap();
     let ttls: Vec<i64> = list.items().iter().map(|h| int(h, "ttl")).collect();
     assert!(ttls[0] <= 5000 && ttls[1] > 80000, "{ttls:?}");
+    // The lock's `ttl` is its latest lease; the key itself has no Redis expiry.
     assert!(
-        c.cmd(&["PTTL", "sem"]).int() > 80000,
-        "the key lives as long as its latest lease"
+        int(&info(&mut c, "sem"), "ttl") > 80000,
+        "the lock lasts as long as its latest lease"
     );
+    assert_eq!(c.cmd(&["PTTL", "sem"]).int(), -1);
     // Waiters take permits in order as they free.
     let mut w1 = Waiter::send(
         srv.port,
         0,
         "sem",
-        &["LIMIT", "2", "BLOCK", "10000", "TOKEN", "c"],
+        &[
+            "LIMIT",
+            "2",
+            "BLOCK",
+            "10000",
+            "TOKEN",
+            "c--------------------tok",
+        ],
     );
     let mut w2 = Waiter::send(
         srv.port,
         0,
         "sem",
-        &["LIMIT", "2", "BLOCK", "10000", "TOKEN", "d"],
+        &[
+            "LIMIT",
+            "2",
+            "BLOCK",
+            "10000",
+            "TOKEN",
+            "d--------------------tok",
+        ],
     );
     wait_queued(&mut c, "sem", 2);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "sem", "b"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "sem", "b--------------------tok"])
+            .int(),
+        1
+    );
     let cf = w1.granted();
     assert!(cf > b && w2.waiting());
     // FORCERELEASE FENCE removes exactly that holder.
@@ -209,18 +346,86 @@ fn a_semaphore_grants_its_permits_in_order() {
     assert_eq!(info(&mut c, "sem"), Resp::Nil);
 }
 
+/// LOCK.INFO pages the holder list: at most COUNT holders (default 10) by fence, after
+/// AFTER; `holders` is always the total and `cursor` the fence to pass as AFTER next, 0
+/// once the page reaches the end.
+#[test]
+fn lock_info_pages_the_holder_list() {
+    let srv = ServerBuilder::new().start();
+    let mut c = RawConn::connect(srv.port);
+    let fences: Vec<i64> = (0..12)
+        .map(|i| {
+            take(
+                &mut c,
+                "pg",
+                &["SHARED", "TOKEN", &common::tok(&format!("r{i}"))],
+            )
+        })
+        .collect();
+    // One page of `count` (None: the default) after `after`: (fences, cursor).
+    let mut page = |count: Option<&str>, after: i64| {
+        let mut cmd = vec!["LOCK.INFO", "pg"];
+        if let Some(n) = count {
+            cmd.extend(["COUNT", n]);
+        }
+        let after = after.to_string();
+        cmd.extend(["AFTER", &after]);
+        let r = c.cmd(&cmd);
+        assert_eq!(int(&r, "holders"), 12, "{cmd:?}");
+        let list = r.field("holder-list").expect("holder-list");
+        let got: Vec<i64> = list.items().iter().map(|h| int(h, "fence")).collect();
+        (got, int(&r, "cursor"))
+    };
+    // The default page: the first 10, and where to go on.
+    assert_eq!(page(None, 0), (fences[..10].to_vec(), fences[9]));
+    assert_eq!(page(None, fences[9]), (fences[10..].to_vec(), 0));
+    // Pages of 5 walk the whole list once, in fence order.
+    let (mut walked, mut cursor, mut pages) = (Vec::new(), 0, 0);
+    loop {
+        let (got, next) = page(Some("5"), cursor);
+        walked.extend(got);
+        pages += 1;
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!((walked, pages), (fences.clone(), 3));
+    // A page that ends exactly at the last holder is complete; past it, an empty page.
+    assert_eq!(page(Some("12"), 0), (fences.clone(), 0));
+    assert_eq!(page(Some("2"), fences[11]), (vec![], 0));
+    assert_eq!(page(Some("1"), fences[3]).0, vec![fences[4]]);
+    // AFTER a fence that is no holder's any more starts at the next one above it.
+    let r4 = common::tok("r4");
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "pg", &r4]).int(), 1);
+    let after = fences[4].to_string();
+    let r = c.cmd(&["LOCK.INFO", "pg", "COUNT", "1", "AFTER", &after]);
+    assert_eq!(int(&r, "holders"), 11);
+    let list = r.field("holder-list").expect("holder-list");
+    assert_eq!(int(&list.items()[0], "fence"), fences[5]);
+    assert_eq!(int(&r, "cursor"), fences[5]);
+}
+
 #[test]
 fn wrong_mode_is_an_error_never_a_silent_wait() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    take(&mut c, "x", &["TOKEN", "t"]);
-    take(&mut c, "s", &["SHARED", "TOKEN", "t"]);
+    take(&mut c, "x", &["TOKEN", "t--------------------tok"]);
+    take(
+        &mut c,
+        "s",
+        &["SHARED", "TOKEN", "t--------------------tok"],
+    );
     for (key, args, code) in [
         ("x", &["LIMIT", "2", "BLOCK", "1000"][..], "WRONGMODE"),
         ("s", &["LIMIT", "1"][..], "WRONGMODE"),
         // The holder's own token in another mode.
-        ("x", &["SHARED", "TOKEN", "t"][..], "WRONGMODE"),
-        ("s", &["TOKEN", "t"][..], "WRONGMODE"),
+        (
+            "x",
+            &["SHARED", "TOKEN", "t--------------------tok"][..],
+            "WRONGMODE",
+        ),
+        ("s", &["TOKEN", "t--------------------tok"][..], "WRONGMODE"),
     ] {
         match acquire_reply(&mut c, key, args) {
             Resp::Error(e) => assert!(e.starts_with(code), "{key} {args:?}: {e}"),
@@ -250,13 +455,30 @@ fn wrong_mode_is_an_error_never_a_silent_wait() {
 fn each_shared_lease_ends_on_its_own() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    take(&mut c, "l", &["SHARED", "TOKEN", "short", "PX", "200"]);
-    let long = take(&mut c, "l", &["SHARED", "TOKEN", "long", "PX", "60000"]);
-    let mut writer = Waiter::send(srv.port, 0, "l", &["BLOCK", "10000", "TOKEN", "w"]);
+    take(
+        &mut c,
+        "l",
+        &["SHARED", "TOKEN", "short----------------tok", "PX", "200"],
+    );
+    let long = take(
+        &mut c,
+        "l",
+        &["SHARED", "TOKEN", "long-----------------tok", "PX", "60000"],
+    );
+    let mut writer = Waiter::send(
+        srv.port,
+        0,
+        "l",
+        &["BLOCK", "10000", "TOKEN", "w--------------------tok"],
+    );
     wait_queued(&mut c, "l", 1);
     assert!(wait_until(SETTLE, || holder_fences(&mut c, "l") == vec![long]));
     assert!(writer.waiting(), "the writer got in beside a live reader");
-    assert_eq!(c.cmd(&["LOCK.EXTEND", "l", "long", "PX", "100"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "l", "long-----------------tok", "PX", "100"])
+            .int(),
+        1
+    );
     assert!(
         writer.granted() > long,
         "a shorter lease brings the writer forward"
@@ -268,16 +490,34 @@ fn two_readers(c: &mut RawConn, key: &str) {
     take(
         c,
         key,
-        &["SHARED", "TOKEN", "a", "OWNER", "o1", "PX", "60000"],
+        &[
+            "SHARED",
+            "TOKEN",
+            "a--------------------tok",
+            "OWNER",
+            "o1",
+            "PX",
+            "60000",
+        ],
     );
-    take(c, key, &["SHARED", "TOKEN", "b", "PX", "50000"]);
+    take(
+        c,
+        key,
+        &["SHARED", "TOKEN", "b--------------------tok", "PX", "50000"],
+    );
 }
 
-/// What LOCK.INFO shows that must be the same everywhere (the time left aside).
+/// The fields of a lease's deadline: the time left, and the server's wall-clock estimate
+/// of the end (`expires-at`, wall now + time left: it moves by a few ms between calls,
+/// and is later on a replica or after a restart, never earlier). [`deadlines`] checks
+/// them.
+const CLOCKED: [&str; 2] = ["ttl", "expires-at"];
+
+/// What LOCK.INFO shows that must be the same everywhere (the deadlines aside).
 fn durable(r: &Resp) -> Vec<(String, String)> {
     r.pairs()
         .into_iter()
-        .filter(|(k, _)| k != "ttl")
+        .filter(|(k, _)| !CLOCKED.contains(&k.as_str()))
         .map(|(k, v)| {
             let v = if k == "holder-list" {
                 v.items()
@@ -285,7 +525,7 @@ fn durable(r: &Resp) -> Vec<(String, String)> {
                     .map(|h| {
                         h.pairs()
                             .into_iter()
-                            .filter(|(k, _)| k != "ttl")
+                            .filter(|(k, _)| !CLOCKED.contains(&k.as_str()))
                             .map(|(k, v)| format!("{k}={v:?}"))
                             .collect::<Vec<_>>()
                             .join(",")
@@ -300,20 +540,73 @@ fn durable(r: &Resp) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `expires-at` of the lock and of each holder, in holder-list order.
+fn expiries(r: &Resp) -> Vec<i64> {
+    let mut v = vec![int(r, "expires-at")];
+    if let Some(list) = r.field("holder-list") {
+        v.extend(list.items().iter().map(|h| int(h, "expires-at")));
+    }
+    v
+}
+
+/// Every deadline of `got` (a replica's, or after a restart) is no earlier than the one
+/// in `want` (the primary's, or before) less 5 ms of rounding, and at most `later` ms
+/// after it: callers pass the time from the first grant to when `got` was read, the most
+/// a lease that reached its copy whole, late, can have moved.
+#[track_caller]
+fn deadlines(want: &Resp, got: &Resp, later: i64, what: &str) {
+    let (w, g) = (expiries(want), expiries(got));
+    assert_eq!(w.len(), g.len(), "{what}: {want:?} / {got:?}");
+    for (w, g) in w.iter().zip(&g) {
+        assert!(
+            *g >= w - 5 && *g <= w + later,
+            "{what}: expires-at {g}, expected {w} (-5 ms, +{later} ms)"
+        );
+    }
+}
+
 #[test]
 fn replicas_mirror_shared_and_counted_locks() {
     let p = primary().start();
     let r = start_replica_of(&p, ServerBuilder::new());
     let mut pc = RawConn::connect(p.port);
     let mut rc = RawConn::connect(r.port);
+    let t0 = common::unix_ms();
     two_readers(&mut pc, "s");
-    take(&mut pc, "n", &["LIMIT", "3", "TOKEN", "a"]);
-    take(&mut pc, "n", &["LIMIT", "3", "TOKEN", "b"]);
-    take(&mut pc, "n", &["LIMIT", "3", "TOKEN", "c"]);
-    assert_eq!(pc.cmd(&["LOCK.RELEASE", "n", "b"]).int(), 1);
-    assert_eq!(pc.cmd(&["LOCK.EXTEND", "s", "b", "PX", "70000"]).int(), 1);
+    take(
+        &mut pc,
+        "n",
+        &["LIMIT", "3", "TOKEN", "a--------------------tok"],
+    );
+    take(
+        &mut pc,
+        "n",
+        &["LIMIT", "3", "TOKEN", "b--------------------tok"],
+    );
+    take(
+        &mut pc,
+        "n",
+        &["LIMIT", "3", "TOKEN", "c--------------------tok"],
+    );
+    assert_eq!(
+        pc.cmd(&["LOCK.RELEASE", "n", "b--------------------tok"])
+            .int(),
+        1
+    );
+    assert_eq!(
+        pc.cmd(&[
+            "LOCK.EXTEND",
+            "s",
+            "b--------------------tok",
+            "PX",
+            "70000"
+        ])
+        .int(),
+        1
+    );
     for key in ["s", "n"] {
-        let want = durable(&info(&mut pc, key));
+        let primary_info = info(&mut pc, key);
+        let want = durable(&primary_info);
         assert!(
             wait_until(SETTLE, || {
                 let got = info(&mut rc, key);
@@ -322,19 +615,30 @@ fn replicas_mirror_shared_and_counted_locks() {
             "{key}: the replica differs\nprimary {want:?}\nreplica {:?}",
             durable(&info(&mut rc, key))
         );
-        assert_eq!(
-            pc.cmd(&["PEXPIRETIME", key]),
-            rc.cmd(&["PEXPIRETIME", key]),
-            "{key}"
-        );
+        // The replica applied each grant a little later (a primary streams to a replica
+        // fresh from a diskless sync only after its first ACK, up to a second): its
+        // deadlines are no earlier, and later by no more than that.
+        let later = common::unix_ms() - t0 + 5;
+        deadlines(&primary_info, &info(&mut rc, key), later, key);
+        // Neither copy of the key has a Redis expiry.
+        assert_eq!(pc.cmd(&["PEXPIRETIME", key]), Resp::Int(-1), "{key}");
+        assert_eq!(rc.cmd(&["PEXPIRETIME", key]), Resp::Int(-1), "{key}");
     }
     // Promoted, the replica knows every holder's token.
     assert_eq!(
         rc.cmd(&["REPLICAOF", "NO", "ONE"]),
         Resp::Simple("OK".into())
     );
-    assert_eq!(rc.cmd(&["LOCK.RELEASE", "n", "c"]).int(), 1);
-    assert_eq!(rc.cmd(&["LOCK.RELEASE", "s", "a"]).int(), 1);
+    assert_eq!(
+        rc.cmd(&["LOCK.RELEASE", "n", "c--------------------tok"])
+            .int(),
+        1
+    );
+    assert_eq!(
+        rc.cmd(&["LOCK.RELEASE", "s", "a--------------------tok"])
+            .int(),
+        1
+    );
     assert_eq!(int(&info(&mut rc, "n"), "holders"), 1);
 }
 
@@ -350,9 +654,25 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
             .arg("aof-use-rdb-preamble", preamble)
             .start();
         let mut c = RawConn::connect(s.port);
+        let t0 = common::unix_ms();
         two_readers(&mut c, "s");
-        take(&mut c, "n", &["LIMIT", "2", "TOKEN", "a", "PX", "60000"]);
-        take(&mut c, "x", &["TOKEN", "x", "PX", "60000"]);
+        take(
+            &mut c,
+            "n",
+            &[
+                "LIMIT",
+                "2",
+                "TOKEN",
+                "a--------------------tok",
+                "PX",
+                "60000",
+            ],
+        );
+        take(
+            &mut c,
+            "x",
+            &["TOKEN", "x--------------------tok", "PX", "60000"],
+        );
         if preamble == "no" {
             c.cmd(&["BGREWRITEAOF"]);
             wait_persistence_idle(&s, SETTLE);
@@ -360,25 +680,37 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
         if persistence == "rdb" {
             assert_eq!(c.cmd(&["SAVE"]), Resp::Simple("OK".into()));
         }
-        let before: Vec<_> = ["s", "n", "x"]
-            .iter()
-            .map(|k| durable(&info(&mut c, k)))
-            .collect();
+        let before_info: Vec<_> = ["s", "n", "x"].iter().map(|k| info(&mut c, k)).collect();
+        let before: Vec<_> = before_info.iter().map(durable).collect();
         let counter = c.cmd(&["LOCK.DEBUG", "FENCE"]).int();
         drop(c);
         s.kill9();
         s.restart();
         let mut c = RawConn::connect(s.port);
-        let after: Vec<_> = ["s", "n", "x"]
-            .iter()
-            .map(|k| durable(&info(&mut c, k)))
-            .collect();
-        assert_eq!(before, after, "{persistence} preamble {preamble}");
+        let after_info: Vec<_> = ["s", "n", "x"].iter().map(|k| info(&mut c, k)).collect();
+        let after: Vec<_> = after_info.iter().map(durable).collect();
+        let what = format!("{persistence} preamble {preamble}");
+        assert_eq!(before, after, "{what}");
+        // Each lease carried its time left (RDB, a rewritten AOF) or its whole length (a
+        // grant in the AOF after its base): it ends no earlier than before the restart,
+        // and later by at most the time since the grant.
+        let later = common::unix_ms() - t0 + 5;
+        for (b, a) in before_info.iter().zip(&after_info) {
+            deadlines(b, a, later, &what);
+        }
         assert!(c.cmd(&["LOCK.DEBUG", "FENCE"]).int() >= counter);
         // The tokens still work: one more permit, a reader releases.
-        take(&mut c, "n", &["LIMIT", "2", "TOKEN", "b"]);
+        take(
+            &mut c,
+            "n",
+            &["LIMIT", "2", "TOKEN", "b--------------------tok"],
+        );
         assert_eq!(acquire_reply(&mut c, "n", &["LIMIT", "2"]), Resp::Nil);
-        assert_eq!(c.cmd(&["LOCK.RELEASE", "s", "b"]).int(), 1);
+        assert_eq!(
+            c.cmd(&["LOCK.RELEASE", "s", "b--------------------tok"])
+                .int(),
+            1
+        );
     }
 }
 
@@ -386,16 +718,31 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
 fn dump_and_restore_of_a_shared_lock() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    take(&mut c, "s", &["SHARED", "TOKEN", "tok-a", "PX", "60000"]);
-    take(&mut c, "s", &["SHARED", "TOKEN", "tok-b", "PX", "60000"]);
-    let dump = c.cmd(&["DUMP", "s"]).bytes();
-    assert!(
-        !dump.windows(5).any(|w| w == b"tok-a"),
-        "a token is in DUMP"
+    take(
+        &mut c,
+        "s",
+        &["SHARED", "TOKEN", "tok-a----------------tok", "PX", "60000"],
     );
+    take(
+        &mut c,
+        "s",
+        &["SHARED", "TOKEN", "tok-b----------------tok", "PX", "60000"],
+    );
+    let dump = c.cmd(&["DUMP", "s"]).bytes();
+    for t in [b"tok-a----------------tok", b"tok-b----------------tok"] {
+        assert!(!common::contains(&dump, t), "a token is in DUMP");
+    }
     let argv: Vec<&[u8]> = vec![b"RESTORE", b"copy", b"0", &dump];
     assert_eq!(c.cmd(&argv), Resp::Simple("OK".into()));
-    assert_eq!(durable(&info(&mut c, "copy")), durable(&info(&mut c, "s")));
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "copy", "tok-b"]).int(), 1);
+    let (copy, orig) = (info(&mut c, "copy"), info(&mut c, "s"));
+    assert_eq!(durable(&copy), durable(&orig));
+    // The payload carries each holder's time left: the copy's leases end with the
+    // original's (it was restored a moment later).
+    deadlines(&orig, &copy, 1000, "RESTORE");
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "copy", "tok-b----------------tok"])
+            .int(),
+        1
+    );
     assert_eq!(int(&info(&mut c, "copy"), "holders"), 1);
 }

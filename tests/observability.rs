@@ -3,23 +3,28 @@
 
 mod common;
 
-use common::{starts_with_error_code, wait_until, RawConn, Resp, ServerBuilder};
+use common::{server_flavor, starts_with_error_code, wait_until, RawConn, Resp, ServerBuilder};
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+/// Every counter of `INFO lock`, in the order the section lists them (`last_fence` is
+/// last).
 const COUNTERS: &[&str] = &[
     "held",
     "waiters",
+    "watchers",
     "acquired",
     "renewed",
     "contended",
     "released",
     "extended",
     "expired",
+    "removed",
     "evicted",
     "handed_off",
     "wait_timeouts",
     "force_released",
+    "repaired",
     "panics",
 ];
 
@@ -76,19 +81,44 @@ fn info_lock_counters_follow_every_outcome() {
     assert!(s0.values().all(|v| *v == 0), "fresh server: {s0:?}");
     let m = common::info_map(&mut c, "lock");
     assert_eq!(m.get("lock_last_fence").map(String::as_str), Some("0"));
+    // The section holds exactly these fields, in this order.
+    let text = c.cmd(&["INFO", "lock"]).text();
+    let fields: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(k, _)| k))
+        .collect();
+    let want: Vec<String> = COUNTERS
+        .iter()
+        .chain(&["last_fence"])
+        .map(|f| format!("lock_{f}"))
+        .collect();
+    assert_eq!(fields, want, "INFO lock fields");
 
     // acquire, renew, contended, extend (and no-ops that must not count).
-    c.cmd(&["LOCK.ACQUIRE", "c:a", "TOKEN", "a", "PX", "60000"]);
+    c.cmd(&[
+        "LOCK.ACQUIRE",
+        "c:a",
+        "TOKEN",
+        "a--------------------tok",
+        "PX",
+        "60000",
+    ]);
     let s = expect_moved(&mut c, &s0, &[("acquired", 1), ("held", 1)], "acquire");
-    c.cmd(&["LOCK.ACQUIRE", "c:a", "TOKEN", "a"]);
+    c.cmd(&["LOCK.ACQUIRE", "c:a", "TOKEN", "a--------------------tok"]);
     let s = expect_moved(&mut c, &s, &[("renewed", 1)], "renew");
     assert_eq!(c.cmd(&["LOCK.ACQUIRE", "c:a"]), Resp::Nil);
     let s = expect_moved(&mut c, &s, &[("contended", 1)], "contended acquire");
     assert_eq!(
-        c.cmd(&["LOCK.EXTEND", "c:a", "a", "PX", "60000"]),
+        c.cmd(&[
+            "LOCK.EXTEND",
+            "c:a",
+            "a--------------------tok",
+            "PX",
+            "60000"
+        ]),
         Resp::Int(1)
     );
-    let s = expect_moved(&mut c, &s, &[("extended", 1)], "extend");
+    let s = expect_moved(&mut c, &s, &[("extended", 1)], "extend (not a renew)");
     assert_eq!(c.cmd(&["LOCK.EXTEND", "c:a", "zz"]), Resp::Int(0));
     assert_eq!(c.cmd(&["LOCK.RELEASE", "c:a", "zz"]), Resp::Int(0));
     assert_eq!(c.cmd(&["LOCK.FORCERELEASE", "c:none"]), Resp::Int(0));
@@ -99,7 +129,10 @@ fn info_lock_counters_follow_every_outcome() {
         &[],
         "failed extend/release/forcerelease/acquire",
     );
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "c:a", "a"]), Resp::Int(1));
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "c:a", "a--------------------tok"]),
+        Resp::Int(1)
+    );
     let s = expect_moved(&mut c, &s, &[("released", 1), ("held", -1)], "release");
 
     // A module lock that expires by itself (active expiry, nobody touches the key).
@@ -123,16 +156,26 @@ fn info_lock_counters_follow_every_outcome() {
     );
 
     // A waiter, then a hand-off on release.
-    c.cmd(&["LOCK.ACQUIRE", "c:h", "TOKEN", "h"]);
-    w.send(&["LOCK.ACQUIRE", "c:h", "BLOCK", "10000", "TOKEN", "w"]);
+    c.cmd(&["LOCK.ACQUIRE", "c:h", "TOKEN", "h--------------------tok"]);
+    w.send(&[
+        "LOCK.ACQUIRE",
+        "c:h",
+        "BLOCK",
+        "10000",
+        "TOKEN",
+        "w--------------------tok",
+    ]);
     assert!(wait_until(Duration::from_secs(5), || stats(&mut c)
         ["waiters"]
         == 1));
     let waiting = [&CONTENDED[..], &[("waiters", 1)]].concat();
     let s = expect_moved(&mut c, &s, &waiting, "a client waiting");
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "c:h", "h"]), Resp::Int(1));
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "c:h", "h--------------------tok"]),
+        Resp::Int(1)
+    );
     let (tok, _) = grant(&w.read().unwrap());
-    assert_eq!(tok, b"w");
+    assert_eq!(tok, b"w--------------------tok");
     let s = expect_moved(
         &mut c,
         &s,
@@ -144,11 +187,14 @@ fn info_lock_counters_follow_every_outcome() {
         ],
         "hand-off",
     );
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "c:h", "w"]), Resp::Int(1));
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "c:h", "w--------------------tok"]),
+        Resp::Int(1)
+    );
     let s = expect_moved(&mut c, &s, &[("released", 1), ("held", -1)], "release");
 
     // A wait that times out.
-    c.cmd(&["LOCK.ACQUIRE", "c:t", "TOKEN", "t"]);
+    c.cmd(&["LOCK.ACQUIRE", "c:t", "TOKEN", "t--------------------tok"]);
     assert_eq!(
         w.cmd(&["LOCK.ACQUIRE", "c:t", "BLOCK", "50"]),
         Resp::Nil,
@@ -159,9 +205,16 @@ fn info_lock_counters_follow_every_outcome() {
 
     // A hand-off when the holder's lease ends: an expiry and a hand-off.
     c.cmd(&["LOCK.ACQUIRE", "c:x", "PX", "100"]);
-    w.send(&["LOCK.ACQUIRE", "c:x", "BLOCK", "10000", "TOKEN", "wx"]);
+    w.send(&[
+        "LOCK.ACQUIRE",
+        "c:x",
+        "BLOCK",
+        "10000",
+        "TOKEN",
+        "wx-------------------tok",
+    ]);
     let (tok, _) = grant(&w.read().unwrap());
-    assert_eq!(tok, b"wx");
+    assert_eq!(tok, b"wx-------------------tok");
     // The holder's acquisition and the waiter's contended one.
     let handed = [
         &CONTENDED[..],
@@ -170,7 +223,32 @@ fn info_lock_counters_follow_every_outcome() {
     .concat();
     let s = expect_moved(&mut c, &s, &handed, "hand-off at lease end");
 
-    // held counts every lock in memory; FLUSHALL frees them without counting expiries.
+    // A lock key the server removes by hand counts as removed, not released or expired:
+    // DEL (held goes down), RENAME away (the lock lives on under the new name: still
+    // held), an overwrite by SET (gone).
+    c.cmd(&["LOCK.ACQUIRE", "c:d"]);
+    assert_eq!(c.cmd(&["DEL", "c:d"]), Resp::Int(1));
+    let s = expect_moved(&mut c, &s, &[("acquired", 1), ("removed", 1)], "DEL");
+    c.cmd(&["LOCK.ACQUIRE", "c:r"]);
+    assert_eq!(c.cmd(&["RENAME", "c:r", "c:r2"]), Resp::Simple("OK".into()));
+    let s = expect_moved(
+        &mut c,
+        &s,
+        &[("acquired", 1), ("held", 1), ("removed", 1)],
+        "RENAME",
+    );
+    assert_eq!(c.cmd(&["SET", "c:r2", "x"]), Resp::Simple("OK".into()));
+    let s = expect_moved(
+        &mut c,
+        &s,
+        &[("held", -1), ("removed", 1)],
+        "SET over a lock",
+    );
+    assert_eq!(c.cmd(&["DEL", "c:r2"]), Resp::Int(1));
+    let s = expect_moved(&mut c, &s, &[], "DEL of a string");
+
+    // held counts every lock in memory; FLUSHALL frees them without counting expiries
+    // or removals.
     for i in 0..5 {
         c.cmd(&["LOCK.ACQUIRE", &format!("c:many:{i}")]);
     }
@@ -199,8 +277,15 @@ fn a_lease_ending_under_a_waiter_counts_as_expired() {
     ps.subscribe("__keyevent@0__:expired").unwrap();
     let rounds = 20;
     for i in 0..rounds {
-        c.cmd(&["LOCK.ACQUIRE", "lock:le", "PX", "30", "TOKEN", "holder"]);
-        let tok = format!("w{i}");
+        c.cmd(&[
+            "LOCK.ACQUIRE",
+            "lock:le",
+            "PX",
+            "30",
+            "TOKEN",
+            "holder---------------tok",
+        ]);
+        let tok = common::tok(&format!("w{i}"));
         let r = w.cmd(&["LOCK.ACQUIRE", "lock:le", "BLOCK", "5000", "TOKEN", &tok]);
         assert_eq!(grant(&r).0, tok.as_bytes());
         assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:le", &tok]), Resp::Int(1));
@@ -258,12 +343,30 @@ fn keyspace_notifications_for_every_change() {
         assert_eq!(next_msg(ps), (ks.to_string(), m));
     };
 
-    c.cmd(&["LOCK.ACQUIRE", "lock:n", "TOKEN", "a", "PX", "60000"]);
+    c.cmd(&[
+        "LOCK.ACQUIRE",
+        "lock:n",
+        "TOKEN",
+        "a--------------------tok",
+        "PX",
+        "60000",
+    ]);
     assert_eq!(next_msg(&mut ps), ev("lock.acquire"));
-    c.cmd(&["LOCK.ACQUIRE", "lock:n", "TOKEN", "a"]);
+    c.cmd(&[
+        "LOCK.ACQUIRE",
+        "lock:n",
+        "TOKEN",
+        "a--------------------tok",
+    ]);
     assert_eq!(next_msg(&mut ps), ev("lock.acquire"), "idempotent renew");
     assert_eq!(
-        c.cmd(&["LOCK.EXTEND", "lock:n", "a", "PX", "60000"]),
+        c.cmd(&[
+            "LOCK.EXTEND",
+            "lock:n",
+            "a--------------------tok",
+            "PX",
+            "60000"
+        ]),
         Resp::Int(1)
     );
     assert_eq!(next_msg(&mut ps), ev("lock.extend"));
@@ -274,7 +377,10 @@ fn keyspace_notifications_for_every_change() {
     assert!(c.cmd(&["LOCK.ACQUIRE", "lock:n", "PX", "x"]).is_error());
     c.cmd(&["LOCK.INFO", "lock:n"]);
     marker(&mut c, &mut ps);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:n", "a"]), Resp::Int(1));
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "lock:n", "a--------------------tok"]),
+        Resp::Int(1)
+    );
     assert_eq!(next_msg(&mut ps), ev("lock.release"));
     assert_eq!(c.cmd(&["LOCK.FORCERELEASE", "lock:n"]), Resp::Int(0));
     marker(&mut c, &mut ps);
@@ -285,22 +391,37 @@ fn keyspace_notifications_for_every_change() {
     assert_eq!(next_msg(&mut ps), ev("lock.forcerelease"));
 
     // A blocked waiter gets the lock: release, then handoff (keyspace and keyevent).
-    c.cmd(&["LOCK.ACQUIRE", "lock:n", "TOKEN", "a"]);
+    c.cmd(&[
+        "LOCK.ACQUIRE",
+        "lock:n",
+        "TOKEN",
+        "a--------------------tok",
+    ]);
     assert_eq!(next_msg(&mut ps), ev("lock.acquire"));
-    w.send(&["LOCK.ACQUIRE", "lock:n", "BLOCK", "10000", "TOKEN", "w"]);
+    w.send(&[
+        "LOCK.ACQUIRE",
+        "lock:n",
+        "BLOCK",
+        "10000",
+        "TOKEN",
+        "w--------------------tok",
+    ]);
     assert!(wait_until(Duration::from_secs(5), || c
         .cmd(&["LOCK.INFO", "lock:n"])
         .field("waiters")
         == Some(Resp::Int(1))));
     marker(&mut c, &mut ps); // queueing is not a change of the key
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:n", "a"]), Resp::Int(1));
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "lock:n", "a--------------------tok"]),
+        Resp::Int(1)
+    );
     assert_eq!(next_msg(&mut ps), ev("lock.release"));
     assert_eq!(next_msg(&mut ps), ev("lock.handoff"));
     assert_eq!(
         next_msg(&mut ps),
         (handoff_ev.to_string(), "lock:n".to_string())
     );
-    assert_eq!(grant(&w.read().unwrap()).0, b"w");
+    assert_eq!(grant(&w.read().unwrap()).0, b"w--------------------tok");
     assert_eq!(c.cmd(&["LOCK.FORCERELEASE", "lock:n"]), Resp::Int(1));
     assert_eq!(next_msg(&mut ps), ev("lock.forcerelease"));
 
@@ -314,8 +435,13 @@ fn keyspace_notifications_for_every_change() {
         c.cmd(&["CONFIG", "SET", "notify-keyspace-events", "Kx"]),
         Resp::Simple("OK".into())
     );
-    c.cmd(&["LOCK.ACQUIRE", "lock:n", "TOKEN", "q"]);
-    c.cmd(&["LOCK.RELEASE", "lock:n", "q"]);
+    c.cmd(&[
+        "LOCK.ACQUIRE",
+        "lock:n",
+        "TOKEN",
+        "q--------------------tok",
+    ]);
+    c.cmd(&["LOCK.RELEASE", "lock:n", "q--------------------tok"]);
     marker(&mut c, &mut ps);
 }
 
@@ -345,10 +471,13 @@ fn config_set_ok(c: &mut RawConn, name: &str, value: &str) {
     assert_eq!(config_get(c, name), value);
 }
 
+/// The lease of the module lock `key` (LOCK.INFO `ttl`) is in `(lo, hi]`; the key has no
+/// Redis expiry.
 #[track_caller]
-fn pttl_in(c: &mut RawConn, key: &str, lo: i64, hi: i64) {
-    let p = c.cmd(&["PTTL", key]).int();
-    assert!(p > lo && p <= hi, "PTTL {key} = {p}, expected ({lo}, {hi}]");
+fn lease_in(c: &mut RawConn, key: &str, lo: i64, hi: i64) {
+    let p = c.cmd(&["LOCK.INFO", key]).field("ttl").expect("ttl").int();
+    assert!(p > lo && p <= hi, "{key}: lease {p}, expected ({lo}, {hi}]");
+    assert_eq!(c.cmd(&["PTTL", key]), Resp::Int(-1), "PTTL {key}");
 }
 
 #[test]
@@ -358,20 +487,36 @@ fn config_get_set_bounds_cross_check_and_effect() {
     assert_eq!(config_get(&mut c, "lock.default-ttl"), "30000");
     assert_eq!(config_get(&mut c, "lock.max-ttl"), "86400000");
     assert_eq!(config_get(&mut c, "lock.max-waiters"), "10000");
+    assert_eq!(config_get(&mut c, "lock.min-token-length"), "16");
     let all = c.cmd(&["CONFIG", "GET", "lock.*"]).pairs();
     let names: HashSet<String> = all.into_iter().map(|(k, _)| k).collect();
-    for n in ["lock.default-ttl", "lock.max-ttl", "lock.max-waiters"] {
+    for n in [
+        "lock.default-ttl",
+        "lock.max-ttl",
+        "lock.max-waiters",
+        "lock.min-token-length",
+    ] {
         assert!(names.contains(n), "CONFIG GET lock.* lacks {n}: {names:?}");
     }
 
     // Out of bounds / not numbers: refused, value unchanged.
-    for name in ["lock.default-ttl", "lock.max-ttl", "lock.max-waiters"] {
+    for name in [
+        "lock.default-ttl",
+        "lock.max-ttl",
+        "lock.max-waiters",
+        "lock.min-token-length",
+    ] {
         let before = config_get(&mut c, name);
         for bad in ["0", "-5", "abc", ""] {
             config_set_err(&mut c, name, bad);
         }
         assert_eq!(config_get(&mut c, name), before);
     }
+    // lock.min-token-length is 1..=256 (tests/holes.rs row 10 checks what it does).
+    config_set_err(&mut c, "lock.min-token-length", "257");
+    config_set_ok(&mut c, "lock.min-token-length", "256");
+    config_set_ok(&mut c, "lock.min-token-length", "1");
+    config_set_ok(&mut c, "lock.min-token-length", "16");
     // default-ttl > max-ttl is refused from either side.
     let e = config_set_err(&mut c, "lock.default-ttl", "86400001");
     assert!(e.contains("max-ttl"), "{e}");
@@ -383,21 +528,21 @@ fn config_get_set_bounds_cross_check_and_effect() {
     // New values take effect at once.
     config_set_ok(&mut c, "lock.default-ttl", "1500");
     c.cmd(&["LOCK.ACQUIRE", "lock:d"]);
-    pttl_in(&mut c, "lock:d", 500, 1500);
+    lease_in(&mut c, "lock:d", 500, 1500);
     config_set_ok(&mut c, "lock.max-ttl", "2000");
     let e = c.cmd(&["LOCK.ACQUIRE", "lock:big", "PX", "2001"]).err();
     assert!(e.starts_with("ERR invalid expire time"), "{e}");
     let e = c.cmd(&["LOCK.ACQUIRE", "lock:big", "EX", "3"]).err();
     assert!(e.starts_with("ERR invalid expire time"), "{e}");
     let (tok, _) = grant(&c.cmd(&["LOCK.ACQUIRE", "lock:big", "PX", "2000"]));
-    pttl_in(&mut c, "lock:big", 1000, 2000);
+    lease_in(&mut c, "lock:big", 1000, 2000);
     let tok = String::from_utf8(tok).unwrap();
     let e = c
         .cmd(&["LOCK.EXTEND", "lock:big", &tok, "PX", "2001"])
         .err();
     assert!(e.starts_with("ERR invalid expire time"), "{e}");
     assert_eq!(c.cmd(&["LOCK.EXTEND", "lock:big", &tok]), Resp::Int(1));
-    pttl_in(&mut c, "lock:big", 500, 1500);
+    lease_in(&mut c, "lock:big", 500, 1500);
     // Both ways again at the new values.
     config_set_err(&mut c, "lock.max-ttl", "1499");
     config_set_err(&mut c, "lock.default-ttl", "2001");
@@ -407,7 +552,14 @@ fn config_get_set_bounds_cross_check_and_effect() {
     // max-waiters 1: one waiter queues, the second is refused.
     config_set_ok(&mut c, "lock.max-waiters", "1");
     config_set_ok(&mut c, "lock.max-ttl", "86400000");
-    c.cmd(&["LOCK.ACQUIRE", "lock:q", "TOKEN", "h", "PX", "60000"]);
+    c.cmd(&[
+        "LOCK.ACQUIRE",
+        "lock:q",
+        "TOKEN",
+        "h--------------------tok",
+        "PX",
+        "60000",
+    ]);
     let mut w1 = RawConn::connect(server.port);
     w1.send(&["LOCK.ACQUIRE", "lock:q", "BLOCK", "10000"]);
     assert!(wait_until(Duration::from_secs(5), || c
@@ -478,11 +630,11 @@ fn loadmodule_arguments_set_the_configs() {
     assert_eq!(config_get(&mut c, "lock.max-ttl"), "5000");
     assert_eq!(config_get(&mut c, "lock.max-waiters"), "3");
     c.cmd(&["LOCK.ACQUIRE", "lock:a"]);
-    pttl_in(&mut c, "lock:a", 234, 1234);
+    lease_in(&mut c, "lock:a", 234, 1234);
     let e = c.cmd(&["LOCK.ACQUIRE", "lock:b", "PX", "5001"]).err();
     assert!(e.starts_with("ERR invalid expire time"), "{e}");
     c.cmd(&["LOCK.ACQUIRE", "lock:b", "PX", "5000"]);
-    pttl_in(&mut c, "lock:b", 4000, 5000);
+    lease_in(&mut c, "lock:b", 4000, 5000);
     drop(server);
 
     // A config-file / command-line value overrides the loadmodule argument.
@@ -559,14 +711,20 @@ fn names(r: &Resp) -> HashSet<String> {
 }
 
 /// What COMMAND INFO / DOCS must say about one command: name, arity, flags, key-spec
-/// flags, argument tokens.
+/// flags, argument tokens, ACL categories (where the server lets a module set them).
 type CmdSpec = (
     &'static str,
     i64,
     &'static [&'static str],
     &'static [&'static str],
     &'static [&'static str],
+    &'static [&'static str],
 );
+
+/// The ACL categories COMMAND INFO shows for `entry` (its 7th element).
+fn acl_categories(entry: &[Resp]) -> HashSet<String> {
+    names(&entry[6])
+}
 
 #[test]
 fn command_info_and_docs() {
@@ -579,8 +737,17 @@ fn command_info_and_docs() {
             &["write", "denyoom", "blocking"],
             &["RW", "ACCESS", "INSERT"],
             &[
-                "SHARED", "LIMIT", "PX", "EX", "TOKEN", "OWNER", "BLOCK", "MINFENCE",
+                "SHARED",
+                "LIMIT",
+                "PX",
+                "EX",
+                "TOKEN",
+                "OWNER",
+                "BLOCK",
+                "MINFENCE",
+                "LOCKDELAY",
             ],
+            &["@write", "@blocking", "@slow", "@lock"],
         ),
         (
             "lock.release",
@@ -588,20 +755,39 @@ fn command_info_and_docs() {
             &["write", "fast"],
             &["RW", "ACCESS", "DELETE"],
             &[],
+            &["@write", "@fast", "@lock"],
         ),
         (
             "lock.extend",
             -3,
             &["write", "fast"],
             &["RW", "ACCESS", "UPDATE"],
-            &["PX", "EX"],
+            &["PX", "EX", "OWNER"],
+            &["@write", "@fast", "@lock"],
         ),
         (
-            "lock.info",
-            2,
+            "lock.check",
+            3,
             &["readonly", "fast"],
             &["RO", "ACCESS"],
             &[],
+            &["@read", "@fast", "@lock"],
+        ),
+        (
+            "lock.watch",
+            -2,
+            &["readonly", "blocking"],
+            &["RO", "ACCESS"],
+            &["FENCE", "OWNER", "BLOCK"],
+            &["@read", "@blocking", "@slow", "@lock"],
+        ),
+        (
+            "lock.info",
+            -2,
+            &["readonly", "fast"],
+            &["RO", "ACCESS"],
+            &["COUNT", "AFTER"],
+            &["@read", "@fast", "@lock"],
         ),
         (
             "lock.forcerelease",
@@ -609,9 +795,13 @@ fn command_info_and_docs() {
             &["write"],
             &["RW", "DELETE"],
             &["FENCE"],
+            &["@write", "@dangerous", "@slow", "@lock"],
         ),
     ];
-    for &(name, arity, flags, ks_flags, toks) in table {
+    // Redis 7.2+ and Valkey let a module put its commands in ACL categories; on 7.0
+    // they are in none (users grant them by name or with +@all).
+    let categorised = server_flavor().at_least(7, 2);
+    for &(name, arity, flags, ks_flags, toks, cats) in table {
         let r = c.cmd(&["COMMAND", "INFO", name]);
         let entry = r.items()[0].items();
         assert_eq!(entry[0].text(), name);
@@ -621,6 +811,12 @@ fn command_info_and_docs() {
             assert!(f.contains(*want), "{name} flags {f:?} lack {want}");
         }
         assert!(f.contains("module"), "{name} flags {f:?}");
+        let want: HashSet<String> = if categorised {
+            cats.iter().map(|s| s.to_string()).collect()
+        } else {
+            HashSet::new()
+        };
+        assert_eq!(acl_categories(&entry), want, "{name} ACL categories");
         // Legacy key range: first key 1, last 1, step 1.
         assert_eq!(
             &entry[3..6],
@@ -693,5 +889,22 @@ fn command_info_and_docs() {
     let listed = names(&c.cmd(&["COMMAND", "LIST", "FILTERBY", "MODULE", "lock"]));
     for (name, ..) in table {
         assert!(listed.contains(*name), "{name} not in {listed:?}");
+    }
+    // The internal commands: replication (write, dangerous) and debugging (admin).
+    for (name, cats) in [
+        ("lock.repl", &["@write", "@dangerous", "@slow", "@lock"][..]),
+        ("lock.sync", &["@write", "@dangerous", "@slow", "@lock"]),
+        ("lock.debug", &["@admin", "@dangerous", "@slow", "@lock"]),
+    ] {
+        let r = c.cmd(&["COMMAND", "INFO", name]);
+        let entry = r.items()[0].items();
+        assert_eq!(entry[0].text(), name);
+        let want: HashSet<String> = if categorised {
+            cats.iter().map(|s| s.to_string()).collect()
+        } else {
+            HashSet::new()
+        };
+        assert_eq!(acl_categories(&entry), want, "{name} ACL categories");
+        assert!(listed.contains(name), "{name} not in {listed:?}");
     }
 }

@@ -1,13 +1,14 @@
 //! Persistence: locks survive a SIGKILL and restart through the AOF (fsync always, with
-//! and without an AOF rewrite) and RDB, with the same token, fence, owner and absolute
-//! expiry; fences keep rising across restarts; DUMP/RESTORE copies a lock, and RESTORE
-//! refuses corrupted payloads and hostile payloads that carry a valid checksum.
+//! and without an AOF rewrite) and RDB, with the same token, fence and owner, and leases
+//! that end no earlier than before; fences keep rising across restarts; DUMP/RESTORE
+//! copies a lock, and RESTORE refuses corrupted payloads and hostile payloads that carry
+//! a valid checksum.
 
 mod common;
 
 use common::conn::{
-    acquire, acquire_far, bytes_field, counter, durable, exists, int, int_field, lock_info,
-    pexpiretime, release, renew_with_floor, Info,
+    acquire, acquire_far, assert_deadlines, bytes_field, counter, durable, exists, int, int_field,
+    lock_info, pexpiretime, release, renew_with_floor, Info,
 };
 use common::{contains, debug_server, far_fence, unix_ms, wait_persistence_idle, wait_until};
 use common::{Server, ServerBuilder};
@@ -46,13 +47,15 @@ struct Held {
     key: &'static str,
     token: Vec<u8>,
     info: Info,
-    pexpiretime: i64,
 }
 
 struct Snapshot {
     locks: Vec<Held>,
     classic_pexpiretime: i64,
     max_fence: i64,
+    /// When the first lock was taken (unix ms): no lease can end later after the
+    /// restart than this plus its length.
+    started: i64,
 }
 
 const CLASSIC_KEY: &str = "persist:classic";
@@ -62,16 +65,30 @@ const CLASSIC_TOKEN: &str = "classic-token";
 /// classic string lock, and one lock released before the restart. With `far`, the first
 /// lock carries a fence an hour ahead of the clock.
 fn make_locks(c: &mut Connection, far: bool) -> Snapshot {
+    let started = unix_ms();
     let far_s = far_fence().to_string();
-    let mut first: Vec<&str> = vec!["PX", "120000", "TOKEN", "tok-owner", "OWNER", "svc-1"];
+    let mut first: Vec<&str> = vec![
+        "PX",
+        "120000",
+        "TOKEN",
+        "tok-owner------------tok",
+        "OWNER",
+        "svc-1",
+    ];
     if far {
         first.extend(["MINFENCE", far_s.as_str()]);
     }
     let specs: [(&str, Vec<&str>); 4] = [
         ("persist:owner", first),
-        ("persist:plain", vec!["PX", "120000", "TOKEN", "tok-plain"]),
+        (
+            "persist:plain",
+            vec!["PX", "120000", "TOKEN", "tok-plain------------tok"],
+        ),
         ("persist:generated", vec!["PX", "100000", "OWNER", "gen"]),
-        ("persist:extended", vec!["PX", "5000", "TOKEN", "tok-ext"]),
+        (
+            "persist:extended",
+            vec!["PX", "5000", "TOKEN", "tok-ext--------------tok"],
+        ),
     ];
     let mut tokens = Vec::new();
     for (key, opts) in &specs {
@@ -80,14 +97,19 @@ fn make_locks(c: &mut Connection, far: bool) -> Snapshot {
     }
     let n: i64 = redis::cmd("LOCK.EXTEND")
         .arg("persist:extended")
-        .arg("tok-ext")
+        .arg("tok-ext--------------tok")
         .arg("PX")
         .arg(110000)
         .query(c)
         .unwrap();
     assert_eq!(n, 1);
     // Idempotent renew with a new TTL.
-    acquire(c, "persist:plain", &["PX", "115000", "TOKEN", "tok-plain"]).unwrap();
+    acquire(
+        c,
+        "persist:plain",
+        &["PX", "115000", "TOKEN", "tok-plain------------tok"],
+    )
+    .unwrap();
     // Gone before the restart: must not come back.
     let (t, _) = acquire(c, "persist:released", &["PX", "120000"]).unwrap();
     assert_eq!(release(c, "persist:released", &t), 1);
@@ -107,35 +129,31 @@ fn make_locks(c: &mut Connection, far: bool) -> Snapshot {
     for ((key, _), token) in specs.iter().zip(tokens) {
         let info = lock_info(c, key).unwrap();
         max_fence = max_fence.max(int_field(&info, "fence"));
-        locks.push(Held {
-            key,
-            token,
-            pexpiretime: pexpiretime(c, key),
-            info,
-        });
+        // A module lock's key has no Redis expiry: its lease is the module's.
+        assert_eq!(pexpiretime(c, key), -1, "{key}");
+        locks.push(Held { key, token, info });
     }
     Snapshot {
         locks,
         classic_pexpiretime: pexpiretime(c, CLASSIC_KEY),
         max_fence,
+        started,
     }
 }
 
-/// After a restart: every lock as before, tokens still release, and the next fence is
-/// above every earlier one.
+/// After a restart: every lock as before (each lease ending no earlier than before, and
+/// later by at most the time since the locks were taken: RDB and a rewritten AOF carry
+/// the time left, an AOF replay each grant's whole lease), tokens still release, and the
+/// next fence is above every earlier one.
 fn check_locks(s: &Server, snap: &Snapshot) {
     let mut c = s.conn();
+    let later = unix_ms() - snap.started + 5;
     for h in &snap.locks {
         let after = lock_info(&mut c, h.key)
             .unwrap_or_else(|| panic!("{} lost across the restart\n{}", h.key, s.log_tail()));
         assert_eq!(durable(&h.info), durable(&after), "{}", h.key);
-        assert_eq!(pexpiretime(&mut c, h.key), h.pexpiretime, "{}", h.key);
-        assert_eq!(
-            int_field(&after, "expires-at"),
-            h.pexpiretime,
-            "{}: expires-at differs from the key's expiry",
-            h.key
-        );
+        assert_deadlines(&h.info, &after, later, h.key);
+        assert_eq!(pexpiretime(&mut c, h.key), -1, "{}: a Redis expiry", h.key);
         let t: String = redis::cmd("TYPE").arg(h.key).query(&mut c).unwrap();
         assert_eq!(t, "redislock");
     }
@@ -198,8 +216,12 @@ fn aof_fsync_always_keeps_locks_across_kill9() {
         "no LOCK.REPL in the AOF"
     );
     assert!(
+        files.iter().any(|(_, b)| contains(b, b"ADD")),
+        "no LOCK.REPL ADD (a grant) in the AOF"
+    );
+    assert!(
         !files.iter().any(|(_, b)| contains(b, b"LOCK.ACQUIRE")),
-        "LOCK.ACQUIRE (relative TTL, random token) was written to the AOF"
+        "LOCK.ACQUIRE (random token, live state) was written to the AOF"
     );
     s.kill9();
     s.restart();
@@ -368,24 +390,44 @@ fn dump_restore_copies_a_lock_to_another_key_and_another_server() {
     let a = ServerBuilder::new().start();
     let b = ServerBuilder::new().start();
     let (mut ac, mut bc) = (a.conn(), b.conn());
-    let src_args = ["PX", "60000", "TOKEN", "tok-dump", "OWNER", "dumper"];
+    let src_args = [
+        "PX",
+        "60000",
+        "TOKEN",
+        "tok-dump-------------tok",
+        "OWNER",
+        "dumper",
+    ];
     let ((token, fence), _) = acquire_far(&mut ac, "dump:src", &src_args);
+    let t0 = unix_ms();
     let src = lock_info(&mut ac, "dump:src").unwrap();
-    let deadline = pexpiretime(&mut ac, "dump:src");
     let payload = dump(&mut ac, "dump:src");
 
-    for (c, key) in [(&mut ac, "dump:copy"), (&mut bc, "dump:src")] {
-        restore(c, key, deadline, &payload, true).unwrap();
+    // The payload carries the lease (its time left); the key's Redis expiry is whatever
+    // RESTORE gives it: none here, an absolute one far past the lease on the other
+    // server (the module does not use it; Redis would end the lock when it removes the
+    // key).
+    let far_at = unix_ms() + 3_600_000;
+    for (c, key, ttl, abs) in [
+        (&mut ac, "dump:copy", 0, false),
+        (&mut bc, "dump:src", far_at, true),
+    ] {
+        restore(c, key, ttl, &payload, abs).unwrap();
         let info = lock_info(c, key).unwrap();
         assert_eq!(durable(&src), durable(&info), "{key}");
         assert_eq!(int_field(&info, "fence"), fence);
-        assert_eq!(pexpiretime(c, key), deadline);
+        assert_deadlines(&src, &info, unix_ms() - t0 + 5, key);
+        assert_eq!(pexpiretime(c, key), if abs { far_at } else { -1 }, "{key}");
         let t: String = redis::cmd("TYPE").arg(key).query(c).unwrap();
         assert_eq!(t, "redislock");
         // Held: someone else cannot take it, the original token renews and releases.
         assert!(acquire(c, key, &["PX", "1000"]).is_none());
         assert_eq!(
-            acquire(c, key, &["PX", "60000", "TOKEN", "tok-dump"]),
+            acquire(
+                c,
+                key,
+                &["PX", "60000", "TOKEN", "tok-dump-------------tok"]
+            ),
             Some((token.clone(), fence))
         );
         assert_eq!(release(c, key, &token), 1);
@@ -596,24 +638,37 @@ fn dump_payload_layout_is_the_documented_field_stream() {
     let s = ServerBuilder::new().start();
     let mut c = s.conn();
     for (key, owner) in [("dump:o", Some("svc-owner")), ("dump:n", None)] {
-        let mut opts = vec!["PX", "60000", "TOKEN", "tok-layout"];
+        let mut opts = vec!["PX", "60000", "TOKEN", "tok-layout-----------tok"];
         if let Some(o) = owner {
             opts.extend(["OWNER", o]);
         }
         let (_, fence) = acquire(&mut c, key, &opts).unwrap();
         let info = lock_info(&mut c, key).unwrap();
         let payload = dump(&mut c, key);
+        let left_after = int_field(&lock_info(&mut c, key).unwrap(), "ttl");
         let d = ModuleDump::parse(&payload);
         assert_eq!(d.type_name(), "redislock");
-        assert_eq!(d.encver(), 2);
-        // mode (0: exclusive), holders, then the holder: digest, fence, expires-at,
-        // acquired-at, client-id, client-addr, owner flag [owner].
+        assert_eq!(d.encver(), 3);
+        // mode (0: exclusive), holders, then the holder: digest, fence, the lease's time
+        // left (ms, rounded up), acquired-at, client-id, client-addr, owner flag [owner],
+        // lock-delay (ms); then the time left of a running lock-delay (0: none).
         let Op::Str(digest) = &d.ops[2] else {
             panic!("{key}: no digest in {:?}", d.ops)
         };
+        // The time left when DUMP ran: between what LOCK.INFO showed just before and
+        // just after it.
+        let left = match d.ops[4] {
+            Op::Uint(v) => v as i64,
+            ref other => panic!("{key}: time left {other:?}"),
+        };
+        let left_before = int_field(&info, "ttl");
+        assert!(
+            left <= left_before && left >= left_after,
+            "{key}: DUMP carries {left} ms left, LOCK.INFO showed {left_before} then {left_after}"
+        );
         assert_eq!(digest.len(), DIGEST_LEN);
         assert!(
-            !contains(&payload, b"tok-layout"),
+            !contains(&payload, b"tok-layout-----------tok"),
             "{key}: the token is in DUMP"
         );
         let mut want = vec![
@@ -621,7 +676,7 @@ fn dump_payload_layout_is_the_documented_field_stream() {
             Op::Uint(1),
             Op::Str(digest.clone()),
             Op::Uint(fence as u64),
-            Op::Uint(int_field(&info, "expires-at") as u64),
+            Op::Uint(left as u64),
             Op::Uint(int_field(&info, "acquired-at") as u64),
             Op::Uint(int_field(&info, "client-id") as u64),
             Op::Str(bytes_field(&info, "client-addr").unwrap()),
@@ -633,33 +688,48 @@ fn dump_payload_layout_is_the_documented_field_stream() {
             }
             None => want.push(Op::Uint(0)),
         }
+        want.push(Op::Uint(0));
+        want.push(Op::Uint(0));
         assert_eq!(d.ops, want, "{key}");
         // Our encoder reproduces the server's bytes exactly.
         assert_eq!(d.encode(), payload, "{key}: re-encoding differs");
     }
 }
 
-/// The same lock in the 0.1 release's encoding (version 1, token in clear), built by
-/// hand from a current payload.
-fn v1_of(real: &ModuleDump, token: &[u8], owner: &[u8]) -> ModuleDump {
-    let (fence, exp, acq, cid, addr) = match real.ops.as_slice() {
-        [_, _, _, f, e, a, c, Op::Str(addr), ..] => {
-            (f.clone(), e.clone(), a.clone(), c.clone(), addr.clone())
-        }
-        other => panic!("unexpected v2 layout {other:?}"),
+/// The same lock in the 0.1 release's encoding (version 1, token in clear, the lease's
+/// end as an absolute unix-ms `expires_at`), built by hand from a current payload.
+fn v1_of(real: &ModuleDump, token: &[u8], owner: &[u8], expires_at: u64) -> ModuleDump {
+    let (fence, acq, cid, addr) = match real.ops.as_slice() {
+        [_, _, _, f, _, a, c, Op::Str(addr), ..] => (f.clone(), a.clone(), c.clone(), addr.clone()),
+        other => panic!("unexpected v3 layout {other:?}"),
     };
     ModuleDump {
         module_id: (real.module_id & !1023) | 1,
         ops: vec![
             Op::Str(token.to_vec()),
             fence,
-            exp,
+            Op::Uint(expires_at),
             acq,
             Op::Uint(1),
             Op::Str(owner.to_vec()),
             cid,
             Op::Str(addr),
         ],
+        rdb_version: real.rdb_version,
+    }
+}
+
+/// The same value in release 0.2's encoding (version 2: the v3 fields of one holder
+/// without its lock-delay and the trailing delay, with the lease's end as an absolute
+/// unix-ms `expires_at` where v3 has the time left).
+fn v2_of(real: &ModuleDump, expires_at: u64) -> ModuleDump {
+    let mut ops = real.ops.clone();
+    assert!(matches!(ops[2], Op::Str(_)), "unexpected v3 layout {ops:?}");
+    ops[4] = Op::Uint(expires_at);
+    ops.truncate(ops.len() - 2);
+    ModuleDump {
+        module_id: (real.module_id & !1023) | 2,
+        ops,
         rdb_version: real.rdb_version,
     }
 }
@@ -683,12 +753,19 @@ fn assert_refused(c: &mut Connection, what: &str, payload: &[u8]) {
 
 #[test]
 fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
-    let src = ["PX", "60000", "TOKEN", "tok-hostile", "OWNER", "own"];
+    let src = [
+        "PX",
+        "60000",
+        "TOKEN",
+        "tok-hostile----------tok",
+        "OWNER",
+        "own",
+    ];
     let (s, mut c, real) = dumped("dump:src", &src);
     let real = ModuleDump::parse(&real);
-    // [mode, holders, digest, fence, expires-at, acquired-at, client-id, client-addr,
-    //  owner-flag, owner]
-    assert_eq!(real.ops.len(), 10);
+    // [mode, holders, digest, fence, time left, acquired-at, client-id, client-addr,
+    //  owner-flag, owner, lock-delay, delay left]
+    assert_eq!(real.ops.len(), 12);
     let ops = real.ops.clone();
     let set = |i: usize, op: Op| {
         let mut o = ops.clone();
@@ -705,12 +782,14 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
         ..real.clone()
     };
     // A second holder: the first one again (same digest and fence), or with its own.
-    let holder = ops[2..].to_vec();
+    let holder = ops[2..ops.len() - 1].to_vec();
+    let tail = ops[ops.len() - 1].clone();
     let two = |mode: Vec<Op>, second: Vec<Op>| {
         let mut o = mode;
         o.push(Op::Uint(2));
         o.extend(holder.clone());
         o.extend(second);
+        o.push(tail.clone());
         real.with_ops(o)
     };
     let mut other = holder.clone();
@@ -782,8 +861,8 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
         }),
         ("no EOF marker", real.encode_with(false)),
         (
-            "encoding version 3",
-            id_with((real.module_id & !1023) | 3).encode(),
+            "encoding version 4",
+            id_with((real.module_id & !1023) | 4).encode(),
         ),
         (
             "encoding version 0",
@@ -798,8 +877,10 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
             id_with(real.module_id ^ (1 << 20)).encode(),
         ),
     ];
-    // The 0.1 release's encoding (version 1) still loads; hostile versions of it do not.
-    let v1 = v1_of(&real, b"tok-v1", b"own");
+    // The 0.1 release's encoding (version 1) still loads (its tokens were not held to a
+    // minimum length); hostile versions of it do not.
+    let in_a_minute = (unix_ms() + 60_000) as u64;
+    let v1 = v1_of(&real, b"tok-v1", b"own", in_a_minute);
     let v1_set = |i: usize, op: Op| {
         let mut o = v1.ops.clone();
         o[i] = op;
@@ -829,13 +910,27 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
     huge.extend_from_slice(&crc.to_le_bytes());
     hostile.push(("digest length 1 GiB with no bytes", huge));
 
-    // The unmodified fields re-encoded restore fine, in both encodings: the encoder is
-    // not the reason for the refusals below.
+    // The unmodified fields re-encoded restore fine, in all three encodings: the encoder
+    // is not the reason for the refusals below. v1 and v2 carry the lease's end as a
+    // unix-ms deadline, a minute from now: the restored lease ends then.
     restore(&mut c, "dump:control", 60000, &real.encode(), false).unwrap();
     assert!(lock_info(&mut c, "dump:control").is_some());
-    restore(&mut c, "dump:v1", 60000, &v1.encode(), false).unwrap();
-    assert!(lock_info(&mut c, "dump:v1").is_some());
-    assert_eq!(release(&mut c, "dump:v1", b"tok-hostile"), 0);
+    let v2 = v2_of(&real, in_a_minute);
+    for (key, payload) in [("dump:v1", v1.encode()), ("dump:v2", v2.encode())] {
+        restore(&mut c, key, 60000, &payload, false).unwrap();
+        let info = lock_info(&mut c, key).unwrap_or_else(|| panic!("{key} not restored"));
+        let at = int_field(&info, "expires-at");
+        assert!(
+            (at - in_a_minute as i64).abs() <= 5,
+            "{key}: expires-at {at}, the payload says {in_a_minute}"
+        );
+        assert_eq!(
+            int_field(&info, "fence"),
+            int_field(&lock_info(&mut c, "dump:control").unwrap(), "fence")
+        );
+    }
+    assert_eq!(release(&mut c, "dump:v2", b"tok-hostile----------tok"), 1);
+    assert_eq!(release(&mut c, "dump:v1", b"tok-hostile----------tok"), 0);
     assert_eq!(
         release(&mut c, "dump:v1", b"tok-v1"),
         1,
@@ -851,23 +946,53 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
     assert!(s.log().contains("Ready to accept connections"));
 }
 
-/// A RESTORE without a TTL (or with a longer one than the lease), or a PERSIST, leaves a
-/// lock key whose key expiry no longer matches its lease deadline. Once the lease has
-/// ended the lock must be free, as LOCK.INFO's `ttl 0` already claims, not held forever.
-/// (Fails until the module treats a lease past `expires-at` as free; see the report.)
+/// A lease ends on its own, whatever Redis expiry the key has: none (RESTORE without a
+/// TTL), a longer one (RESTORE with a TTL, PEXPIRE), or one removed again (PERSIST, which
+/// on a lock key without one removes nothing). Once the lease has ended the lock is free,
+/// and the next lock on that key does not inherit the old key's expiry.
 #[test]
 fn restored_lock_is_free_once_its_lease_ends_even_without_key_expiry() {
-    let (_s, mut c, payload) = dumped("dump:short", &["PX", "300", "TOKEN", "tok-short"]);
+    let (_s, mut c, payload) = dumped(
+        "dump:short",
+        &["PX", "300", "TOKEN", "tok-short------------tok"],
+    );
     restore(&mut c, "dump:forever", 0, &payload, false).unwrap();
     restore(&mut c, "dump:longer", 600_000, &payload, false).unwrap();
     // The same through plain key commands on a live lock.
-    acquire(&mut c, "dump:persisted", &["PX", "300", "TOKEN", "tok-p"]).unwrap();
-    let n = int(&mut c, &["PERSIST", "dump:persisted"]);
-    assert_eq!(n, 1);
+    acquire(
+        &mut c,
+        "dump:persisted",
+        &["PX", "300", "TOKEN", "tok-p----------------tok"],
+    )
+    .unwrap();
+    assert_eq!(
+        int(&mut c, &["PERSIST", "dump:persisted"]),
+        0,
+        "no expiry to remove"
+    );
+    assert_eq!(int(&mut c, &["PEXPIRE", "dump:persisted", "600000"]), 1);
+    assert_eq!(int(&mut c, &["PERSIST", "dump:persisted"]), 1);
+    acquire(
+        &mut c,
+        "dump:pexpired",
+        &["PX", "300", "TOKEN", "tok-p----------------tok"],
+    )
+    .unwrap();
+    assert_eq!(int(&mut c, &["PEXPIRE", "dump:pexpired", "600000"]), 1);
     std::thread::sleep(Duration::from_millis(400));
-    for key in ["dump:forever", "dump:longer", "dump:persisted"] {
+    for key in [
+        "dump:forever",
+        "dump:longer",
+        "dump:persisted",
+        "dump:pexpired",
+    ] {
         let got = wait_until(Duration::from_secs(3), || {
-            acquire(&mut c, key, &["PX", "1000", "TOKEN", "tok-new"]).is_some()
+            acquire(
+                &mut c,
+                key,
+                &["PX", "1000", "TOKEN", "tok-new--------------tok"],
+            )
+            .is_some()
         });
         let info = lock_info(&mut c, key);
         assert!(
@@ -875,6 +1000,11 @@ fn restored_lock_is_free_once_its_lease_ends_even_without_key_expiry() {
             "{key}: the lease ended but LOCK.ACQUIRE still finds it held \
              (PTTL {}, LOCK.INFO {info:?})",
             redis::cmd("PTTL").arg(key).query::<i64>(&mut c).unwrap()
+        );
+        assert_eq!(
+            int(&mut c, &["PTTL", key]),
+            -1,
+            "{key}: the new lock has an expiry"
         );
     }
 }

@@ -1,13 +1,13 @@
 //! Replication: a primary and a replica, both with the module. The replica must hold
-//! exactly the primary's lock state (same fence, owner, absolute expiry, acquired-at),
-//! refuse lock writes from clients, keep issuing greater fences once promoted, and write
-//! what its primary sent into its own AOF.
+//! exactly the primary's lock state (same fence, owner, acquired-at, and leases that end
+//! no earlier than the primary's), refuse lock writes from clients, keep issuing greater
+//! fences once promoted, and write what its primary sent into its own AOF.
 
 mod common;
 
 use common::conn::{
-    acquire, acquire_far, counter, durable, exists, int, int_field, key_type, lock_info,
-    pexpiretime, renew_with_floor, Info,
+    acquire, acquire_far, assert_deadlines, counter, durable, exists, int, int_field, key_type,
+    lock_info, pexpiretime, renew_with_floor, Info,
 };
 use common::{debug_server, primary, unix_ms, wait_until, Server, ServerBuilder};
 use redis::{Connection, Value};
@@ -64,15 +64,24 @@ fn wait_synced(primary: &Server, replica: &Server) {
     );
 }
 
-/// Asserts that the replica's copy of `key` equals the primary's: LOCK.INFO (but ttl
-/// and waiters), PEXPIRETIME and TYPE.
-fn assert_same_lock(p: &mut Connection, r: &mut Connection, key: &str) -> Info {
+/// Asserts that the replica's copy of `key` equals the primary's: LOCK.INFO but the
+/// deadlines and waiters ([`durable`]), TYPE, and neither copy with a Redis expiry. Each
+/// lease on the replica ends no earlier than on the primary, and later by at most the
+/// time since `since` (unix ms before the key's last change): the replica keeps the
+/// lease it was sent on its own clock, from when it applied it (a primary streams to a
+/// replica fresh from a diskless sync only after its first ACK, up to a second later).
+/// Returns the primary's LOCK.INFO.
+fn assert_same_lock(p: &mut Connection, r: &mut Connection, key: &str, since: i64) -> Info {
     let pi = lock_info(p, key).unwrap_or_else(|| panic!("{key} not held on the primary"));
     let ri = lock_info(r, key).unwrap_or_else(|| panic!("{key} not held on the replica"));
     assert_eq!(durable(&pi), durable(&ri), "LOCK.INFO {key} differs");
+    assert_deadlines(&pi, &ri, unix_ms() - since + 5, key);
     let (pe, re) = (pexpiretime(p, key), pexpiretime(r, key));
-    assert!(pe > 0, "no expiry on the primary for {key}: {pe}");
-    assert_eq!(pe, re, "PEXPIRETIME {key} differs");
+    assert_eq!(
+        (pe, re),
+        (-1, -1),
+        "PEXPIRETIME {key}: a module lock has no expiry"
+    );
     assert_eq!(key_type(p, key), key_type(r, key), "TYPE {key} differs");
     pi
 }
@@ -85,11 +94,17 @@ fn assert_replicated(
     rc: &mut Connection,
     key: &str,
     fence: i64,
+    since: i64,
 ) -> Info {
     wait_synced(p, r);
-    let info = assert_same_lock(pc, rc, key);
+    let info = assert_same_lock(pc, rc, key, since);
     assert_eq!(int_field(&info, "fence"), fence, "{key}");
     info
+}
+
+/// The replica's `expires-at` of `key`.
+fn expires_at(r: &mut Connection, key: &str) -> i64 {
+    int_field(&lock_info(r, key).expect("held"), "expires-at")
 }
 
 /// The `owner` of a LOCK.INFO is `owner`.
@@ -108,54 +123,104 @@ fn err_code(r: redis::RedisResult<Value>) -> String {
 // Tests
 
 #[test]
-fn replica_mirrors_acquire_extend_renew_release_and_forcerelease() {
+fn replica_mirrors_acquire_extend_relabel_renew_release_and_forcerelease() {
     let (p, r) = pair();
     let (mut pc, mut rc) = (p.conn(), r.conn());
 
-    // ACQUIRE with an owner: every durable field, the expiry and the type match.
+    // ACQUIRE with an owner: every durable field, the lease and the type match.
+    let t0 = unix_ms();
     let (tok, fence) = acquire(
         &mut pc,
         "repl:a",
-        &["PX", "60000", "TOKEN", "tok-a", "OWNER", "svc-1"],
+        &[
+            "PX",
+            "60000",
+            "TOKEN",
+            "tok-a----------------tok",
+            "OWNER",
+            "svc-1",
+        ],
     )
     .unwrap();
-    assert_eq!(tok, b"tok-a");
-    let info = assert_replicated((&p, &r), &mut pc, &mut rc, "repl:a", fence);
+    assert_eq!(tok, b"tok-a----------------tok");
+    let info = assert_replicated((&p, &r), &mut pc, &mut rc, "repl:a", fence, t0);
     assert_owner(&info, b"svc-1");
     assert_eq!(key_type(&mut rc, "repl:a"), "redislock");
-    let first_deadline = pexpiretime(&mut rc, "repl:a");
+    let first_deadline = expires_at(&mut rc, "repl:a");
 
-    // EXTEND: the replica gets the new absolute deadline.
+    // EXTEND: the replica gets the new lease.
     std::thread::sleep(Duration::from_millis(5));
-    let ext = int(&mut pc, &["LOCK.EXTEND", "repl:a", "tok-a", "PX", "120000"]);
+    let t1 = unix_ms();
+    let ext = int(
+        &mut pc,
+        &[
+            "LOCK.EXTEND",
+            "repl:a",
+            "tok-a----------------tok",
+            "PX",
+            "120000",
+        ],
+    );
     assert_eq!(ext, 1);
     wait_synced(&p, &r);
-    let info = assert_same_lock(&mut pc, &mut rc, "repl:a");
+    let info = assert_same_lock(&mut pc, &mut rc, "repl:a", t1);
     assert_eq!(int_field(&info, "fence"), fence, "EXTEND changed the fence");
-    let extended = pexpiretime(&mut rc, "repl:a");
+    let extended = expires_at(&mut rc, "repl:a");
     assert!(
         extended > first_deadline + 50_000,
         "replica deadline {extended} not extended from {first_deadline}"
     );
-    assert_eq!(int_field(&info, "expires-at"), extended);
 
     // Idempotent renew: same fence, new deadline, identical on the replica.
     let renewed = acquire(
         &mut pc,
         "repl:a",
-        &["PX", "90000", "TOKEN", "tok-a", "OWNER", "svc-1"],
+        &[
+            "PX",
+            "90000",
+            "TOKEN",
+            "tok-a----------------tok",
+            "OWNER",
+            "svc-1",
+        ],
     )
     .unwrap();
-    assert_eq!(renewed, (b"tok-a".to_vec(), fence));
-    assert_replicated((&p, &r), &mut pc, &mut rc, "repl:a", fence);
-    let renewed_deadline = pexpiretime(&mut rc, "repl:a");
+    assert_eq!(renewed, (b"tok-a----------------tok".to_vec(), fence));
+    assert_replicated((&p, &r), &mut pc, &mut rc, "repl:a", fence, t1);
+    let renewed_deadline = expires_at(&mut rc, "repl:a");
     assert!(
         renewed_deadline < extended,
         "renew to 90 s should shorten the 120 s lease: {renewed_deadline} vs {extended}"
     );
 
+    // EXTEND ... OWNER: the replica gets the new label; the fence stays.
+    let ext = int(
+        &mut pc,
+        &[
+            "LOCK.EXTEND",
+            "repl:a",
+            "tok-a----------------tok",
+            "PX",
+            "90000",
+            "OWNER",
+            "svc-2",
+        ],
+    );
+    assert_eq!(ext, 1);
+    wait_synced(&p, &r);
+    let info = lock_info(&mut rc, "repl:a").expect("the relabelled lock on the replica");
+    assert_owner(&info, b"svc-2");
+    assert_eq!(
+        int_field(&info, "fence"),
+        fence,
+        "EXTEND OWNER changed the fence"
+    );
+
     // RELEASE: gone on the replica.
-    let rel = int(&mut pc, &["LOCK.RELEASE", "repl:a", "tok-a"]);
+    let rel = int(
+        &mut pc,
+        &["LOCK.RELEASE", "repl:a", "tok-a----------------tok"],
+    );
     assert_eq!(rel, 1);
     wait_synced(&p, &r);
     assert!(
@@ -165,10 +230,11 @@ fn replica_mirrors_acquire_extend_renew_release_and_forcerelease() {
     assert!(lock_info(&mut rc, "repl:a").is_none());
 
     // FORCERELEASE: gone on the replica.
+    let t2 = unix_ms();
     let (_, f2) = acquire(&mut pc, "repl:b", &["PX", "60000"]).unwrap();
     assert!(f2 > fence);
     wait_synced(&p, &r);
-    let info = assert_same_lock(&mut pc, &mut rc, "repl:b");
+    let info = assert_same_lock(&mut pc, &mut rc, "repl:b", t2);
     assert_eq!(info.get("owner"), Some(&Value::Nil));
     let fr = int(&mut pc, &["LOCK.FORCERELEASE", "repl:b"]);
     assert_eq!(fr, 1);
@@ -241,9 +307,22 @@ fn handoff_to_blocked_waiter_reaches_replica() {
     let mut rc = r.conn();
 
     // 1. Hand-off on RELEASE.
-    let (_, fa) = acquire(&mut pc, "repl:h", &["PX", "60000", "TOKEN", "tok-a"]).unwrap();
+    let t0 = unix_ms();
+    let (_, fa) = acquire(
+        &mut pc,
+        "repl:h",
+        &["PX", "60000", "TOKEN", "tok-a----------------tok"],
+    )
+    .unwrap();
     let b_args = [
-        "TOKEN", "tok-b", "OWNER", "waiter-b", "PX", "60000", "BLOCK", "5000",
+        "TOKEN",
+        "tok-b----------------tok",
+        "OWNER",
+        "waiter-b",
+        "PX",
+        "60000",
+        "BLOCK",
+        "5000",
     ];
     let waiter = spawn_waiter(&p, "repl:h", b_args.to_vec());
     assert!(
@@ -253,25 +332,41 @@ fn handoff_to_blocked_waiter_reaches_replica() {
             == Some("1")),
         "waiter B never queued"
     );
-    let rel = int(&mut pc, &["LOCK.RELEASE", "repl:h", "tok-a"]);
+    let rel = int(
+        &mut pc,
+        &["LOCK.RELEASE", "repl:h", "tok-a----------------tok"],
+    );
     assert_eq!(rel, 1);
     let (tb, fb) = waiter.join().unwrap().expect("B was not handed the lock");
-    assert_eq!(tb, b"tok-b");
+    assert_eq!(tb, b"tok-b----------------tok");
     assert!(fb > fa, "hand-off fence {fb} <= {fa}");
-    let info = assert_replicated((&p, &r), &mut pc, &mut rc, "repl:h", fb);
+    let info = assert_replicated((&p, &r), &mut pc, &mut rc, "repl:h", fb, t0);
     assert_owner(&info, b"waiter-b");
 
     // 2. Hand-off when the holder's lease ends (granted from a timer, not a command).
-    let (_, fc) = acquire(&mut pc, "repl:h2", &["PX", "300", "TOKEN", "tok-c"]).unwrap();
-    let d_args = ["TOKEN", "tok-d", "PX", "60000", "BLOCK", "5000"];
+    let t1 = unix_ms();
+    let (_, fc) = acquire(
+        &mut pc,
+        "repl:h2",
+        &["PX", "300", "TOKEN", "tok-c----------------tok"],
+    )
+    .unwrap();
+    let d_args = [
+        "TOKEN",
+        "tok-d----------------tok",
+        "PX",
+        "60000",
+        "BLOCK",
+        "5000",
+    ];
     let waiter = spawn_waiter(&p, "repl:h2", d_args.to_vec());
     let (td, fd) = waiter
         .join()
         .unwrap()
         .expect("D was not handed the expired lock");
-    assert_eq!(td, b"tok-d");
+    assert_eq!(td, b"tok-d----------------tok");
     assert!(fd > fc);
-    assert_replicated((&p, &r), &mut pc, &mut rc, "repl:h2", fd);
+    assert_replicated((&p, &r), &mut pc, &mut rc, "repl:h2", fd, t1);
 }
 
 #[test]
@@ -375,9 +470,11 @@ fn replica_refuses_lock_writes_and_answers_lock_info() {
         .query(&mut rc);
     assert!(r_sync.is_err(), "LOCK.SYNC accepted from a client");
     assert!(!exists(&mut rc, "repl:other"));
-    // Nothing changed: the replica still mirrors the primary.
+    // Nothing changed: the replica still mirrors the primary, with the same lease.
     let info2 = lock_info(&mut rc, "repl:ro").unwrap();
     assert_eq!(durable(&info), durable(&info2));
+    // (expires-at is an estimate: two LOCK.INFO calls may differ by a few ms.)
+    assert_deadlines(&info, &info2, 5, "repl:ro");
     let pong: String = redis::cmd("PING").query(&mut rc).unwrap();
     assert_eq!(pong, "PONG");
 }
@@ -442,20 +539,40 @@ fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
     );
 
     let mut pc = p.conn();
-    let aof1_args = ["PX", "120000", "TOKEN", "tok-1", "OWNER", "svc-aof"];
+    let t0 = unix_ms();
+    let aof1_args = [
+        "PX",
+        "120000",
+        "TOKEN",
+        "tok-1----------------tok",
+        "OWNER",
+        "svc-aof",
+    ];
     let ((_, f1), _) = acquire_far(&mut pc, "repl:aof1", &aof1_args);
-    let (_, f2) = acquire(&mut pc, "repl:aof2", &["PX", "120000", "TOKEN", "tok-2"]).unwrap();
+    let (_, f2) = acquire(
+        &mut pc,
+        "repl:aof2",
+        &["PX", "120000", "TOKEN", "tok-2----------------tok"],
+    )
+    .unwrap();
     let ext = int(
         &mut pc,
-        &["LOCK.EXTEND", "repl:aof2", "tok-2", "PX", "150000"],
+        &[
+            "LOCK.EXTEND",
+            "repl:aof2",
+            "tok-2----------------tok",
+            "PX",
+            "150000",
+        ],
     );
     assert_eq!(ext, 1);
     wait_synced(&p, &r);
     let mut rc = r.conn();
-    let before1 = assert_same_lock(&mut pc, &mut rc, "repl:aof1");
-    let before2 = assert_same_lock(&mut pc, &mut rc, "repl:aof2");
-    let exp1 = pexpiretime(&mut rc, "repl:aof1");
-    let exp2 = pexpiretime(&mut rc, "repl:aof2");
+    assert_same_lock(&mut pc, &mut rc, "repl:aof1", t0);
+    assert_same_lock(&mut pc, &mut rc, "repl:aof2", t0);
+    // What the replica holds is what its AOF must bring back.
+    let before1 = lock_info(&mut rc, "repl:aof1").unwrap();
+    let before2 = lock_info(&mut rc, "repl:aof2").unwrap();
     drop(rc);
     drop(pc);
     // The replica wrote what its primary sent (LOCK.REPL) into its own AOF.
@@ -477,19 +594,23 @@ fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
         Some("master"),
         "restarted replica should be standalone"
     );
-    for (key, before, exp, fence) in [
-        ("repl:aof1", &before1, exp1, f1),
-        ("repl:aof2", &before2, exp2, f2),
-    ] {
+    // Replayed from the AOF, each lease ends no earlier than before the restart, and
+    // later by at most the time since the grant (the AOF has each grant's whole lease).
+    let later = unix_ms() - t0 + 5;
+    for (key, before, fence) in [("repl:aof1", &before1, f1), ("repl:aof2", &before2, f2)] {
         let after = lock_info(&mut rc, key)
             .unwrap_or_else(|| panic!("{key} lost by the replica's AOF\n{}", r.log_tail()));
         assert_eq!(durable(before), durable(&after), "{key}");
+        assert_deadlines(before, &after, later, key);
         assert_eq!(int_field(&after, "fence"), fence);
-        assert_eq!(pexpiretime(&mut rc, key), exp, "{key}");
+        assert_eq!(pexpiretime(&mut rc, key), -1, "{key}");
         assert_eq!(key_type(&mut rc, key), "redislock");
     }
     // The tokens came along: they still release.
-    let n = int(&mut rc, &["LOCK.RELEASE", "repl:aof2", "tok-2"]);
+    let n = int(
+        &mut rc,
+        &["LOCK.RELEASE", "repl:aof2", "tok-2----------------tok"],
+    );
     assert_eq!(n, 1);
     // The fence counter was rebuilt from the AOF: above the far-future fence.
     let (_, f3) = acquire(&mut rc, "repl:aof3", &["PX", "1000"]).unwrap();
@@ -525,10 +646,12 @@ fn a_renew_with_minfence_raises_the_promoted_replicas_counter() {
 }
 
 // ------------------------------------------------------------------------------------
-// The stream is skipped while nothing can receive it (see src/replication.rs): a replica
-// that starts listening later must still end up with every lock.
+// The stream is skipped while nothing can receive it (no replica, no backlog, no AOF): a
+// replica that starts listening later must still end up with every lock.
 
-/// The module looks at its replicas and backlog once a second.
+/// Longer than the module's once-a-second re-check of whether anything listens (it
+/// decides from the first command on; a replica connecting or a fork turns it on at
+/// once).
 const STREAM_CHECK: Duration = Duration::from_millis(1300);
 
 fn sync_partial_ok(s: &Server) -> i64 {
@@ -542,6 +665,7 @@ fn a_replica_that_connects_later_gets_the_locks_granted_while_nothing_listened()
     let p = primary().start();
     let mut pc = p.conn();
     std::thread::sleep(STREAM_CHECK);
+    let t0 = unix_ms();
     let (t, f) = acquire(&mut pc, "later:a", &["PX", "60000", "OWNER", "before"]).unwrap();
     let r = ServerBuilder::new().start();
     replicate_from(&r, &p);
@@ -549,9 +673,9 @@ fn a_replica_that_connects_later_gets_the_locks_granted_while_nothing_listened()
     assert!(g > f);
     wait_synced(&p, &r);
     let mut rc = r.conn();
-    let a = assert_same_lock(&mut pc, &mut rc, "later:a");
+    let a = assert_same_lock(&mut pc, &mut rc, "later:a", t0);
     assert_eq!(int_field(&a, "fence"), f);
-    assert_same_lock(&mut pc, &mut rc, "later:b");
+    assert_same_lock(&mut pc, &mut rc, "later:b", t0);
     // Promoted, the replica accepts the token granted before it ever connected.
     let _: () = redis::cmd("REPLICAOF")
         .arg("NO")
@@ -579,7 +703,13 @@ fn a_replica_resuming_from_the_backlog_gets_what_was_granted_while_it_was_away()
     assert_eq!(killed, 1);
     std::thread::sleep(STREAM_CHECK);
     let before = sync_partial_ok(&p);
-    let (_, f) = acquire(&mut pc, "away:1", &["PX", "60000", "TOKEN", "away"]).unwrap();
+    let t0 = unix_ms();
+    let (_, f) = acquire(
+        &mut pc,
+        "away:1",
+        &["PX", "60000", "TOKEN", "away-----------------tok"],
+    )
+    .unwrap();
     unsafe { libc::kill(r.pid() as i32, libc::SIGCONT) };
     assert!(
         wait_until(SYNC_TIMEOUT, || sync_partial_ok(&p) > before),
@@ -588,7 +718,7 @@ fn a_replica_resuming_from_the_backlog_gets_what_was_granted_while_it_was_away()
     );
     wait_synced(&p, &r);
     let mut rc = r.conn();
-    let info = assert_same_lock(&mut pc, &mut rc, "away:1");
+    let info = assert_same_lock(&mut pc, &mut rc, "away:1", t0);
     assert_eq!(int_field(&info, "fence"), f);
 }
 

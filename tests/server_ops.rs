@@ -89,8 +89,18 @@ fn lift_ahead(fence: i64) -> i64 {
 fn pause_while_a_lease_with_a_waiter_ends(mode: &str) {
     let srv = server();
     let mut admin = RawConn::connect(srv.port);
-    let (tok, fence) = acquire(&mut admin, "lk", &["PX", "300", "TOKEN", "holder"]).unwrap();
-    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "10000", "TOKEN", "waiter"]);
+    let (tok, fence) = acquire(
+        &mut admin,
+        "lk",
+        &["PX", "300", "TOKEN", "holder---------------tok"],
+    )
+    .unwrap();
+    let mut w = Waiter::send(
+        srv.port,
+        0,
+        "lk",
+        &["BLOCK", "10000", "TOKEN", "waiter---------------tok"],
+    );
     wait_queued(&mut admin, "lk", 1);
     assert_eq!(admin.cmd(&["CLIENT", "PAUSE", "1500", mode]), ok());
     let paused_at = Instant::now();
@@ -108,7 +118,7 @@ fn pause_while_a_lease_with_a_waiter_ends(mode: &str) {
     );
     assert_eq!(
         wtok,
-        b"waiter".to_vec(),
+        b"waiter---------------tok".to_vec(),
         "the waiter got someone else's token"
     );
     assert_ne!(wtok, tok);
@@ -140,7 +150,12 @@ fn failover_waiting_for_a_stalled_replica_while_a_lease_with_a_waiter_ends() {
     let mut replica = start_replica_of(&primary, ServerBuilder::new());
     let mut p = RawConn::connect(primary.port);
     let (_, fence) = acquire(&mut p, "lk", &["PX", "400"]).unwrap();
-    let mut w = Waiter::send(primary.port, 0, "lk", &["BLOCK", "15000", "TOKEN", "w"]);
+    let mut w = Waiter::send(
+        primary.port,
+        0,
+        "lk",
+        &["BLOCK", "15000", "TOKEN", "w--------------------tok"],
+    );
     wait_queued(&mut p, "lk", 1);
     // The primary must see the replica online before FAILOVER accepts it.
     assert!(
@@ -169,7 +184,7 @@ fn failover_waiting_for_a_stalled_replica_while_a_lease_with_a_waiter_ends() {
     unsafe { libc::kill(replica.pid() as i32, libc::SIGCONT) };
     assert_alive(&primary, "the aborted FAILOVER");
     let (wtok, wfence) = grant(&reply.expect("the waiter got no reply")).expect("nil");
-    assert_eq!(wtok, b"w".to_vec());
+    assert_eq!(wtok, b"w--------------------tok".to_vec());
     assert!(wfence > fence);
     let mut p2 = RawConn::connect(primary.port);
     assert_eq!(holder_fence(&mut p2, "lk"), Some(wfence));
@@ -246,13 +261,17 @@ fn cluster_slot_migration_never_grants_on_the_old_node() {
 /// Standalone MIGRATE of a lock with waiters: the lock now lives on the other server, so
 /// the waiters here get an error (LOCKMOVED), never a grant.
 #[test]
-fn standalone_migrate_fails_the_waiters_instead_of_granting() {
+fn standalone_migrate_fails_the_waiters_and_watchers_instead_of_granting() {
     let a = server();
     let b = server();
     let mut ca = RawConn::connect(a.port);
     let (_, fence) = acquire(&mut ca, "lk", &["PX", "60000"]).unwrap();
     let mut w = Waiter::send(a.port, 0, "lk", &["BLOCK", "20000"]);
     wait_queued(&mut ca, "lk", 1);
+    // A watcher of the holder's fence too.
+    let mut watcher = RawConn::connect(a.port);
+    watcher.send(&["LOCK.WATCH", "lk", "FENCE", &fence.to_string()]);
+    assert!(wait_until(SETTLE, || lock_stat(&mut ca, "watchers") == 1));
     let r = ca.cmd(&[
         "MIGRATE",
         "127.0.0.1",
@@ -265,6 +284,11 @@ fn standalone_migrate_fails_the_waiters_instead_of_granting() {
     match w.reply_within(Duration::from_secs(5)) {
         Ok(Resp::Error(e)) => assert!(e.starts_with("LOCKMOVED"), "{e}"),
         other => panic!("expected a LOCKMOVED error, got {other:?}"),
+    }
+    watcher.set_read_timeout(Some(Duration::from_secs(5)));
+    match watcher.read() {
+        Ok(Resp::Error(e)) => assert!(e.starts_with("LOCKMOVED"), "watcher: {e}"),
+        other => panic!("expected a LOCKMOVED error for the watcher, got {other:?}"),
     }
     assert_eq!(ca.cmd(&["EXISTS", "lk"]).int(), 0);
     let mut cb = RawConn::connect(b.port);
@@ -339,7 +363,12 @@ fn unblock_racing_a_handoff(reason: &str) {
     let srv = server();
     let mut admin = RawConn::connect(srv.port);
     let (tok, _) = acquire(&mut admin, "lk", &["PX", "60000"]).unwrap();
-    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "0", "TOKEN", "w"]);
+    let mut w = Waiter::send(
+        srv.port,
+        0,
+        "lk",
+        &["BLOCK", "0", "TOKEN", "w--------------------tok"],
+    );
     wait_queued(&mut admin, "lk", 1);
     let tok = String::from_utf8(tok).unwrap();
     let wid = w.id.to_string();
@@ -357,11 +386,11 @@ fn unblock_racing_a_handoff(reason: &str) {
     match reply {
         Resp::Array(_) => {
             let (t, f) = grant(&reply).unwrap();
-            assert_eq!(t, b"w".to_vec());
+            assert_eq!(t, b"w--------------------tok".to_vec());
             assert_eq!(holder_fence(&mut c, "lk"), Some(f), "the grant was revoked");
         }
         Resp::Nil | Resp::Error(_) => {
-            let r = c.cmd(&["LOCK.RELEASE", "lk", "w"]);
+            let r = c.cmd(&["LOCK.RELEASE", "lk", "w--------------------tok"]);
             assert_eq!(r.int(), 0, "the waiter was refused but holds the lock");
         }
         other => panic!("unexpected reply {other:?}"),
@@ -386,13 +415,18 @@ fn with_volatile_keys(srv: &Server, n: usize) {
 }
 
 /// `change` shortens the lease of `lk` (held for 8 s, one waiter) to about 100 ms; the
-/// waiter must be served about then, not when the 8 s are over or when Redis's sampled
-/// expiry gets to the key among 50,000 other volatile keys.
+/// waiter must be served about then, not when the 8 s are over (the lease is the
+/// module's, on its own timer: 50,000 volatile keys beside it change nothing).
 fn shortened_lease_hands_off_early(change: &[&str]) {
     let srv = server();
     with_volatile_keys(&srv, 50_000);
     let mut c = RawConn::connect(srv.port);
-    acquire(&mut c, "lk", &["PX", "8000", "TOKEN", "t"]).unwrap();
+    acquire(
+        &mut c,
+        "lk",
+        &["PX", "8000", "TOKEN", "t--------------------tok"],
+    )
+    .unwrap();
     let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "20000"]);
     wait_queued(&mut c, "lk", 1);
     let t0 = Instant::now();
@@ -409,16 +443,70 @@ fn shortened_lease_hands_off_early(change: &[&str]) {
 
 #[test]
 fn extend_to_a_shorter_lease_brings_the_handoff_forward() {
-    shortened_lease_hands_off_early(&["LOCK.EXTEND", "lk", "t", "PX", "100"]);
+    shortened_lease_hands_off_early(&[
+        "LOCK.EXTEND",
+        "lk",
+        "t--------------------tok",
+        "PX",
+        "100",
+    ]);
 }
 
+/// `PEXPIRE` on a lock key gives the key a Redis expiry, which the module does not use:
+/// the lock ends when Redis removes the key. Redis's expiry is lazy and sampled (among
+/// 50,000 other volatile keys it may take minutes to find this one), but any lookup of a
+/// key past its expiry removes it: the waiter is served at once then, with a grant of its
+/// own on a key with no Redis expiry. The lease itself did not end (not an expiry): the
+/// key was removed (`lock_removed`).
 #[test]
-fn pexpire_to_a_shorter_ttl_brings_the_handoff_forward() {
-    shortened_lease_hands_off_early(&["PEXPIRE", "lk", "100"]);
+fn pexpire_to_a_shorter_ttl_ends_the_lock_when_redis_removes_the_key() {
+    let srv = server();
+    with_volatile_keys(&srv, 50_000);
+    let mut c = RawConn::connect(srv.port);
+    let t = "t--------------------tok";
+    let (_, fence) = acquire(&mut c, "lk", &["PX", "8000", "TOKEN", t]).unwrap();
+    let w_tok = "w--------------------tok";
+    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "20000", "TOKEN", w_tok]);
+    wait_queued(&mut c, "lk", 1);
+    let (expired, removed) = (lock_stat(&mut c, "expired"), lock_stat(&mut c, "removed"));
+    assert_eq!(
+        c.cmd(&["PTTL", "lk"]).int(),
+        -1,
+        "a module lock has no expiry"
+    );
+    assert_eq!(c.cmd(&["PEXPIRE", "lk", "100"]).int(), 1);
+    sleep(Duration::from_millis(200));
+    // A lookup finds the key past its expiry and removes it.
+    let t0 = Instant::now();
+    assert_eq!(c.cmd(&["EXISTS", "lk"]).int(), 0);
+    let (got, f) = grant(&w.reply_within(Duration::from_secs(5)).expect("no reply"))
+        .expect("the waiter got nil");
+    let waited = t0.elapsed();
+    assert!(
+        waited < Duration::from_secs(2),
+        "the waiter was served {waited:?} after Redis removed the key"
+    );
+    assert_eq!(got, w_tok.as_bytes());
+    assert!(f > fence);
+    assert_eq!(holder_fence(&mut c, "lk"), Some(f));
+    assert_eq!(
+        c.cmd(&["PTTL", "lk"]).int(),
+        -1,
+        "the new lock has an expiry"
+    );
+    assert_eq!(
+        lock_stat(&mut c, "expired"),
+        expired,
+        "counted as a lease's end"
+    );
+    assert_eq!(lock_stat(&mut c, "removed"), removed + 1);
+    // The old holder lost it.
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk", t]).int(), 0);
 }
 
-/// PERSIST removes the key's expiry, not the lease: the waiter is served at the lease
-/// deadline all the same.
+/// PERSIST on a lock key removes nothing (it has no Redis expiry: 0), and after a
+/// PEXPIRE it removes that expiry (1), never the lease: the waiter is served at the
+/// lease deadline all the same.
 #[test]
 fn persist_does_not_extend_the_lease() {
     let srv = server();
@@ -426,6 +514,8 @@ fn persist_does_not_extend_the_lease() {
     acquire(&mut c, "lk", &["PX", "500"]).unwrap();
     let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "10000"]);
     wait_queued(&mut c, "lk", 1);
+    assert_eq!(c.cmd(&["PERSIST", "lk"]).int(), 0);
+    assert_eq!(c.cmd(&["PEXPIRE", "lk", "600000"]).int(), 1);
     assert_eq!(c.cmd(&["PERSIST", "lk"]).int(), 1);
     let t0 = Instant::now();
     assert!(grant(&w.reply()).is_some());
@@ -582,10 +672,21 @@ fn the_replication_stream_does_not_reveal_the_token() {
         rdb_len > 0 && seen.len() > rdb_len,
         "no stream after the RDB"
     );
+    // The grant as LOCK.REPL ADD, the EXTEND as RENEW (the lease's time left), and no
+    // PEXPIREAT: a module lock's key has no Redis expiry to replicate.
+    let stream = &seen[rdb_len..];
+    for want in [&b"LOCK.REPL"[..], b"ADD", b"exclusive;", b"RENEW"] {
+        assert!(
+            contains(stream, want),
+            "no {:?} in the stream: {:?}",
+            String::from_utf8_lossy(want),
+            String::from_utf8_lossy(stream)
+        );
+    }
     assert!(
-        contains(&seen, b"LOCK."),
-        "the stream never arrived: {} bytes",
-        seen.len()
+        !contains(stream, b"PEXPIREAT") && !contains(stream, b"pexpireat"),
+        "a module lock's expiry in the stream: {:?}",
+        String::from_utf8_lossy(stream)
     );
     assert!(
         !contains(&seen, SECRET.as_bytes()),
@@ -636,8 +737,18 @@ fn lock_acquire_carries_the_blocking_flag() {
 
 /// A lock `key` held for `ms` with one waiter queued (BLOCK 20 s, token `w`).
 fn held_with_waiter(srv: &Server, c: &mut RawConn, key: &str, ms: u64) -> (i64, Waiter) {
-    let (_, fence) = acquire(c, key, &["PX", &ms.to_string(), "TOKEN", "holder"]).unwrap();
-    let w = Waiter::send(srv.port, 0, key, &["BLOCK", "20000", "TOKEN", "w"]);
+    let (_, fence) = acquire(
+        c,
+        key,
+        &["PX", &ms.to_string(), "TOKEN", "holder---------------tok"],
+    )
+    .unwrap();
+    let w = Waiter::send(
+        srv.port,
+        0,
+        key,
+        &["BLOCK", "20000", "TOKEN", "w--------------------tok"],
+    );
     wait_queued(c, key, 1);
     (fence, w)
 }
@@ -668,18 +779,90 @@ fn still_waiting(w: &mut Waiter) {
 fn rename_frees_the_old_name_and_takes_the_lock_along() {
     let (srv, mut c, fence, mut w) = server_held_with_waiter("src", 60_000);
     // A waiter on the destination name, queued behind a lock held there.
-    acquire(&mut c, "dst", &["PX", "60000", "TOKEN", "d"]).unwrap();
+    acquire(
+        &mut c,
+        "dst",
+        &["PX", "60000", "TOKEN", "d--------------------tok"],
+    )
+    .unwrap();
     let mut wd = Waiter::send(srv.port, 0, "dst", &["BLOCK", "20000"]);
     wait_queued(&mut c, "dst", 1);
     assert_eq!(c.cmd(&["RENAME", "src", "dst"]), ok());
     // The old name is free: its waiter gets it.
     let (t, _) = granted_within(&mut w, Duration::from_secs(3));
-    assert_eq!(t, b"w".to_vec());
+    assert_eq!(t, b"w--------------------tok".to_vec());
     // The renamed lock keeps its holder under the new name; the waiter there waits on.
     assert_eq!(holder_fence(&mut c, "dst"), Some(fence));
     still_waiting(&mut wd);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "dst", "holder"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "dst", "holder---------------tok"])
+            .int(),
+        1
+    );
     assert!(grant(&wd.reply()).is_some());
+}
+
+/// A lock RENAMEd or MOVEd keeps its lease under the new name: it ends there, the key is
+/// reclaimed (counted as expired), and a waiter queued on the new name is handed the lock
+/// at the lease's end. Before, the engine lost track of the value: the key stayed in memory
+/// for good and such a waiter waited out its BLOCK.
+#[test]
+fn a_renamed_or_moved_lock_still_ends_is_reclaimed_and_hands_over() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let expired = lock_stat(&mut c, "expired");
+    for (key, to) in [("ren:a", "ren:b"), ("mv:a", "mv:a")] {
+        acquire(
+            &mut c,
+            key,
+            &["PX", "400", "TOKEN", "renamed--------------tok"],
+        )
+        .unwrap();
+        if key == to {
+            assert_eq!(c.cmd(&["MOVE", key, "4"]).int(), 1);
+        } else {
+            assert_eq!(c.cmd(&["RENAME", key, to]), ok());
+        }
+    }
+    let mut c4 = RawConn::connect(srv.port);
+    assert_eq!(c4.cmd(&["SELECT", "4"]), ok());
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            c.cmd(&["EXISTS", "ren:b"]).int() == 0 && c4.cmd(&["EXISTS", "mv:a"]).int() == 0
+        }),
+        "a renamed or moved lock was never reclaimed"
+    );
+    assert_eq!(lock_stat(&mut c, "expired") - expired, 2);
+    assert_eq!(lock_stat(&mut c, "held"), 0);
+    // A waiter on the new name gets the lock when the renamed lease ends.
+    acquire(
+        &mut c,
+        "ren:c",
+        &["PX", "800", "TOKEN", "renamed--------------tok"],
+    )
+    .unwrap();
+    assert_eq!(c.cmd(&["RENAME", "ren:c", "ren:d"]), ok());
+    let started = Instant::now();
+    let mut w = Waiter::send(
+        srv.port,
+        0,
+        "ren:d",
+        &[
+            "PX",
+            "5000",
+            "TOKEN",
+            "waiter---------------tok",
+            "BLOCK",
+            "10000",
+        ],
+    );
+    let (t, _) = granted_within(&mut w, Duration::from_secs(5));
+    assert_eq!(t, b"waiter---------------tok".to_vec());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -729,8 +912,18 @@ fn restore_replace_onto_a_queued_key_keeps_or_frees_by_the_lease() {
     let srv = server();
     let mut c = RawConn::connect(srv.port);
     // A payload of a lock held for a minute, and one whose lease is already over.
-    acquire(&mut c, "long", &["PX", "60000", "TOKEN", "l"]).unwrap();
-    acquire(&mut c, "short", &["PX", "50", "TOKEN", "s"]).unwrap();
+    acquire(
+        &mut c,
+        "long",
+        &["PX", "60000", "TOKEN", "l--------------------tok"],
+    )
+    .unwrap();
+    acquire(
+        &mut c,
+        "short",
+        &["PX", "50", "TOKEN", "s--------------------tok"],
+    )
+    .unwrap();
     let long = c.cmd(&["DUMP", "long"]).bytes();
     let short = c.cmd(&["DUMP", "short"]).bytes();
     sleep(Duration::from_millis(100));
@@ -742,7 +935,8 @@ fn restore_replace_onto_a_queued_key_keeps_or_frees_by_the_lease() {
     assert_eq!(restore(&mut c, &long), ok());
     still_waiting(&mut w);
     assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "lk", "holder"]).int(),
+        c.cmd(&["LOCK.RELEASE", "lk", "holder---------------tok"])
+            .int(),
         0,
         "replaced"
     );
@@ -780,7 +974,11 @@ fn debug_reload_keeps_the_lock_and_its_waiters() {
     still_waiting(&mut w);
     assert_eq!(holder_fence(&mut c, "lk"), Some(fence));
     assert_eq!(queued(&mut c, "lk"), 1);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk", "holder"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "lk", "holder---------------tok"])
+            .int(),
+        1
+    );
     let (_, f) = granted_within(&mut w, Duration::from_secs(3));
     assert!(f > fence);
 }
@@ -819,13 +1017,22 @@ fn client_unblock_of_a_queued_waiter() {
 #[test]
 fn client_kill_takes_a_waiter_out_of_the_queue() {
     let (srv, mut c, _, w) = server_held_with_waiter("lk", 60_000);
-    let mut w2 = Waiter::send(srv.port, 0, "lk", &["BLOCK", "20000", "TOKEN", "w2"]);
+    let mut w2 = Waiter::send(
+        srv.port,
+        0,
+        "lk",
+        &["BLOCK", "20000", "TOKEN", "w2-------------------tok"],
+    );
     wait_queued(&mut c, "lk", 2);
     assert_eq!(c.cmd(&["CLIENT", "KILL", "ID", &w.id.to_string()]).int(), 1);
     wait_queued(&mut c, "lk", 1);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk", "holder"]).int(), 1);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", "lk", "holder---------------tok"])
+            .int(),
+        1
+    );
     let (t, _) = granted_within(&mut w2, Duration::from_secs(3));
-    assert_eq!(t, b"w2".to_vec());
+    assert_eq!(t, b"w2-------------------tok".to_vec());
 }
 
 /// SHUTDOWN waits for a lagging replica with writes paused (shutdown-timeout); a lease

@@ -113,25 +113,13 @@ impl Backend {
     ) -> Result<Option<Instant>> {
         match self {
             Backend::Single(node) => {
-                let deadline = Instant::now() + limit;
-                let mut retried = false;
-                loop {
-                    let start = Instant::now();
-                    let left = deadline.saturating_duration_since(start);
-                    match node.extend(key, token, millis(ttl), left).await {
-                        Ok(true) => return Ok(Some(start + ttl.saturating_sub(drift(ttl)))),
-                        Ok(false) => return Ok(None),
-                        // One retry on a fresh connection: an idle connection closed by
-                        // the server or a proxy is not a lost lease.
-                        Err(e)
-                            if e.is_connection_error() && !retried && Instant::now() < deadline =>
-                        {
-                            retried = true;
-                            log::debug!("{}: extend failed ({e}); retrying once", node.label);
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
+                // Node::extend retries once on a fresh connection itself: an idle
+                // connection closed by the server or a proxy is not a lost lease.
+                let start = Instant::now();
+                Ok(node
+                    .extend(key, token, millis(ttl), limit)
+                    .await?
+                    .then(|| start + ttl.saturating_sub(drift(ttl))))
             }
             Backend::Quorum(q) => q.extend(key, token, ttl).await,
         }
@@ -141,6 +129,43 @@ impl Backend {
         match self {
             Backend::Single(node) => node.release(key, token, node.opts.io_timeout).await,
             Backend::Quorum(q) => Ok(q.release(key, token).await >= q.quorum()),
+        }
+    }
+
+    /// Sets the lease to `left` from now and confirms it on the replicas (the end of a
+    /// once-per-period hold). `Ok(false)`: not held by this token any more.
+    pub async fn keep(&self, key: &str, token: &str, left: Duration) -> Result<bool> {
+        match self {
+            Backend::Single(node) => {
+                node.extend_confirmed(key, token, millis(left), node.opts.io_timeout)
+                    .await
+            }
+            Backend::Quorum(q) => Ok(q.keep(key, token, left).await?.is_some()),
+        }
+    }
+
+    /// The end of a guard: with `hold`, keep the lock until `hold` after `acquired_at`
+    /// (release it when that has passed); without, release it.
+    async fn finish(
+        &self,
+        key: &str,
+        token: &str,
+        acquired_at: Instant,
+        hold: Option<Duration>,
+    ) -> Result<bool> {
+        let left = hold.map(|h| (acquired_at + h).saturating_duration_since(Instant::now()));
+        match left {
+            Some(left) if left >= Duration::from_millis(1) => {
+                let kept = self.keep(key, token, left).await?;
+                if kept {
+                    log::debug!(
+                        "{key}: kept for the rest of its hold ({} ms)",
+                        left.as_millis()
+                    );
+                }
+                Ok(kept)
+            }
+            _ => self.release(key, token).await,
         }
     }
 
@@ -168,6 +193,8 @@ pub struct LockGuard {
     mode: LockMode,
     ttl: Duration,
     acquired_at: Instant,
+    /// Once per period: keep the lock until this long after `acquired_at`.
+    hold: Option<Duration>,
     status: Arc<watch::Sender<LeaseStatus>>,
     task: Option<JoinHandle<()>>,
     done: bool,
@@ -224,6 +251,7 @@ impl LockGuard {
             mode,
             ttl,
             acquired_at,
+            hold: opts.hold,
             status,
             task: Some(task),
             done: false,
@@ -329,11 +357,43 @@ impl LockGuard {
     }
 
     /// Stops renewal and releases the lock. `Ok(true)`: it was still held (Redlock: by
-    /// a majority of nodes) and is now free.
+    /// a majority of nodes) and is now free. With [`AcquireOptions::hold`] it does what
+    /// [`release_after`](Self::release_after) does with that hold.
     pub async fn release(mut self) -> Result<bool> {
         self.stop();
         self.done = true;
+        self.backend
+            .finish(&self.name, &self.token, self.acquired_at, self.hold)
+            .await
+    }
+
+    /// Once per period: stops renewal and keeps the lock until `hold` after the
+    /// acquisition. The lease is set to what is left of `hold` (`LOCK.EXTEND`, confirmed
+    /// on the replicas like a grant), so that a job that took the lock at the start of
+    /// its period is not run again in that period by another machine whose clock or
+    /// scheduler is a little late; nobody needs to release it. When `hold` has already
+    /// passed the lock is released. `Ok(true)`: it was still held (and is now kept, or
+    /// free); `Ok(false)`: it was not held by this guard any more.
+    pub async fn release_after(mut self, hold: Duration) -> Result<bool> {
+        crate::options::check_ttl(hold)?;
+        self.stop();
+        self.done = true;
+        self.backend
+            .finish(&self.name, &self.token, self.acquired_at, Some(hold))
+            .await
+    }
+
+    /// Releases the lock now, whatever [`AcquireOptions::hold`] says (e.g. when the
+    /// work could not even start).
+    pub async fn release_now(mut self) -> Result<bool> {
+        self.stop();
+        self.done = true;
         self.backend.release(&self.name, &self.token).await
+    }
+
+    /// The once-per-period hold (see [`AcquireOptions::hold`]).
+    pub fn hold(&self) -> Option<Duration> {
+        self.hold
     }
 
     /// Stops watching and renewing, and keeps the lock: it stays held until its lease
@@ -364,10 +424,11 @@ impl Drop for LockGuard {
         let backend = self.backend.clone();
         let name = std::mem::take(&mut self.name);
         let token = std::mem::take(&mut self.token);
+        let (acquired_at, hold) = (self.acquired_at, self.hold);
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {
                 h.spawn(async move {
-                    if let Err(e) = backend.release(&name, &token).await {
+                    if let Err(e) = backend.finish(&name, &token, acquired_at, hold).await {
                         log::warn!("release of {name:?} on drop failed: {e}");
                     }
                 });

@@ -9,6 +9,13 @@
 //!   [`AcquireOptions::shared`]) and counted (a semaphore: [`AcquireOptions::limit`]).
 //! - [`Redlock`]: the same guard over a majority of N independent servers, with quorum
 //!   fencing (fences strictly increase across Redlock grants, see [`redlock`]).
+//! - Grants confirmed on the server's replicas by default ([`Confirm`]): a grant that a
+//!   failover could lose is given back and reported, never returned.
+//! - Once per period ([`AcquireOptions::hold`], [`LockGuard::release_after`]): keep the
+//!   lock after the work until its period ends.
+//! - Bounded calls: every network call has a time limit ([`ClientOptions`]); errors name
+//!   the server by `host:port` and never show a password, a token or a command's
+//!   arguments.
 //! - Where the module is not loaded, a node falls back to `SET NX PX` + Lua
 //!   compare-and-delete (and a warning is logged through the `log` crate).
 //!
@@ -55,6 +62,7 @@ mod single;
 pub use error::{Error, Result};
 pub use info::{HolderInfo, LockInfo};
 pub use lease::{LeaseStatus, LeaseWatch, LockGuard, LossReason};
-pub use options::{drift, AcquireOptions, ClientOptions, LockMode, Renewal, MAX_LIMIT};
+pub use node::redact_url;
+pub use options::{drift, AcquireOptions, ClientOptions, Confirm, LockMode, Renewal, MAX_LIMIT};
 pub use redlock::{Redlock, RedlockOptions};
 pub use single::LockClient;

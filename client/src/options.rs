@@ -6,9 +6,14 @@ use crate::error::{Error, Result};
 
 /// How a [`LockClient`](crate::LockClient) or [`Redlock`](crate::Redlock) talks to its
 /// servers.
+///
+/// Every call is bounded (docs/CLIENT.md, "Time limits"): opening a connection by
+/// `connect_timeout`; a command by `io_timeout`, connecting included; a `BLOCK` wait by
+/// the wait plus `connect_timeout` plus `io_timeout`; the confirmation of a grant by
+/// `confirm_timeout` plus `io_timeout`.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// Limit for opening a TCP connection (and the RESP handshake).
+    /// Limit for opening a TCP connection (and the RESP and TLS handshakes).
     pub connect_timeout: Duration,
     /// Limit for one command's round trip (a `BLOCK` wait is added on top of it).
     pub io_timeout: Duration,
@@ -16,6 +21,11 @@ pub struct ClientOptions {
     /// standalone server; `None` (default): ask the server (`INFO cluster`) on connect.
     /// Only [`LockClient`](crate::LockClient) uses it; Redlock nodes are standalone.
     pub cluster: Option<bool>,
+    /// Whether and on how many replicas a grant is confirmed before it is returned
+    /// (default [`Confirm::Auto`]).
+    pub confirm: Confirm,
+    /// How long a grant may wait for its replicas (`WAIT n <ms>`); default 1 s.
+    pub confirm_timeout: Duration,
 }
 
 impl Default for ClientOptions {
@@ -24,8 +34,33 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(2),
             io_timeout: Duration::from_secs(2),
             cluster: None,
+            confirm: Confirm::Auto,
+            confirm_timeout: Duration::from_secs(1),
         }
     }
+}
+
+/// Confirmation of grants on the server's replicas, so that a grant survives a failover.
+///
+/// After every grant (and every hand-off a waiting acquire receives) the client sends
+/// `WAIT n <confirm_timeout>` on the connection that carried it. If fewer than `n`
+/// replicas acknowledge in time, or fewer than `n` are connected where the deployment
+/// expects `n`, it gives the grant back (`LOCK.RELEASE`) and returns
+/// [`Error::Unconfirmed`]: never a grant that a failover could lose without a word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Confirm {
+    /// `n` = the server's `min-replicas-to-write` when it is set (the deployment expects
+    /// that many), else the replicas online now (`state=online` in `INFO replication`,
+    /// cached for a second; a replica still in its first sync is not counted: it
+    /// receives the grant with the sync, and cannot acknowledge before it ends). No
+    /// replica: nothing to confirm.
+    #[default]
+    Auto,
+    /// The deployment has `n` replicas: every grant must reach all `n`; fewer connected
+    /// is an error. `Replicas(0)` confirms nothing.
+    Replicas(u32),
+    /// Grants are returned unconfirmed (a failover right after a grant may lose it).
+    Off,
 }
 
 /// Automatic renewal of a held lock (`LOCK.EXTEND`) while the guard lives.
@@ -91,8 +126,8 @@ impl std::fmt::Display for LockMode {
 }
 
 /// Everything an acquisition can be told. Build with [`AcquireOptions::new`] and the
-/// chained setters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// chained setters. (`Debug` does not show the token.)
+#[derive(Clone, PartialEq, Eq)]
 pub struct AcquireOptions {
     /// Lease length (`PX`).
     pub ttl: Duration,
@@ -108,6 +143,25 @@ pub struct AcquireOptions {
     pub renew: Option<Renewal>,
     /// Exclusive (default), shared, or one permit of a counted lock.
     pub mode: LockMode,
+    /// Once per period: [`LockGuard::release`](crate::LockGuard::release) and dropping
+    /// the guard keep the lock until this long after the acquisition (the lease is set
+    /// to what is left of it), so that the work runs once per period across machines.
+    /// See [`LockGuard::release_after`](crate::LockGuard::release_after).
+    pub hold: Option<Duration>,
+}
+
+impl std::fmt::Debug for AcquireOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AcquireOptions")
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("owner", &self.owner)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("renew", &self.renew)
+            .field("mode", &self.mode)
+            .field("hold", &self.hold)
+            .finish()
+    }
 }
 
 impl AcquireOptions {
@@ -119,7 +173,15 @@ impl AcquireOptions {
             token: None,
             renew: None,
             mode: LockMode::Exclusive,
+            hold: None,
         }
+    }
+
+    /// Once per period: keep the lock until `hold` after the acquisition even when the
+    /// guard is released or dropped earlier (see [`AcquireOptions::hold`](Self#structfield.hold)).
+    pub fn hold(mut self, hold: Duration) -> Self {
+        self.hold = Some(hold);
+        self
     }
 
     /// Take a shared (reader) place in a read-write lock (`SHARED`).
@@ -180,6 +242,9 @@ impl AcquireOptions {
                     "the limit of a counted lock must be 1 to {MAX_LIMIT} (got {n})"
                 )));
             }
+        }
+        if let Some(h) = self.hold {
+            check_ttl(h).map_err(|_| Error::Invalid("hold must be at least 1 ms".into()))?;
         }
         if let Some(r) = &self.renew {
             if r.max_hold.is_zero() {
@@ -277,10 +342,20 @@ mod tests {
         assert_eq!(o.clone().shared().mode, LockMode::Shared);
         assert_eq!(o.clone().limit(3).mode, LockMode::Counted(3));
         assert_eq!(
-            o.limit(3).shared().mode,
+            o.clone().limit(3).shared().mode,
             LockMode::Shared,
             "the last setter wins"
         );
+        assert!(o.clone().hold(Duration::ZERO).validate().is_err());
+        assert!(o.hold(Duration::from_secs(3600)).validate().is_ok());
+    }
+
+    #[test]
+    fn debug_does_not_show_the_token() {
+        let o = AcquireOptions::new(Duration::from_secs(1)).token("s3cret-token-0123456789");
+        let d = format!("{o:?}");
+        assert!(!d.contains("s3cret"), "{d}");
+        assert!(d.contains("token: Some(\"<set>\")"), "{d}");
     }
 
     #[test]

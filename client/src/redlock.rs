@@ -48,8 +48,7 @@ use futures_util::future::join_all;
 use crate::error::{Error, Result};
 use crate::info::LockInfo;
 use crate::lease::{Backend, LockGuard};
-use crate::node::Acquire;
-use crate::node::{jitter, new_token, Node};
+use crate::node::{jitter, new_token, Acquire, ConfirmBudget, Node};
 use crate::options::{check_ttl, drift, millis, AcquireOptions, ClientOptions, LockMode};
 
 /// Redlock settings.
@@ -106,6 +105,16 @@ impl Quorum {
             .unwrap_or_else(|| (ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1)))
     }
 
+    /// A node's confirmation may wait at most the confirm timeout, and never past the
+    /// validity left; on the client it is bounded by that plus the node's limit.
+    fn confirm_budget(&self, limit: Duration, left: Duration) -> ConfirmBudget {
+        let wait = self.opts.client.confirm_timeout.min(left);
+        ConfirmBudget {
+            wait,
+            limit: wait + limit,
+        }
+    }
+
     fn release_timeout(&self) -> Duration {
         self.opts.node_timeout.unwrap_or(Duration::from_millis(250))
     }
@@ -129,13 +138,36 @@ impl Quorum {
     /// new validity; `Ok(None)` when a majority answered but not enough still held it;
     /// `Err(NoQuorum)` when fewer than a majority answered at all.
     pub async fn extend(&self, key: &str, token: &str, ttl: Duration) -> Result<Option<Instant>> {
+        self.extend_on_all(key, token, ttl, false).await
+    }
+
+    /// [`extend`](Self::extend) for the end of a once-per-period hold: each node's new
+    /// lease counts only once that node's replicas confirmed it.
+    pub async fn keep(&self, key: &str, token: &str, ttl: Duration) -> Result<Option<Instant>> {
+        self.extend_on_all(key, token, ttl, true).await
+    }
+
+    async fn extend_on_all(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        confirmed: bool,
+    ) -> Result<Option<Instant>> {
         let start = Instant::now();
         let valid_until = start + ttl.saturating_sub(drift(ttl));
         let limit = self
             .node_timeout(ttl)
             .min(valid_until.saturating_duration_since(start));
         let ms = millis(ttl);
-        let results = join_all(self.nodes.iter().map(|n| n.extend(key, token, ms, limit))).await;
+        let results = join_all(self.nodes.iter().map(|n| async move {
+            if confirmed {
+                n.extend_confirmed(key, token, ms, limit).await
+            } else {
+                n.extend(key, token, ms, limit).await
+            }
+        }))
+        .await;
         let (mut ok, mut answered, mut error) = (0, 0, String::new());
         for (n, r) in self.nodes.iter().zip(results) {
             match r {
@@ -184,8 +216,15 @@ impl Quorum {
             mode,
         };
 
-        // Round 1: every node at once.
-        let results = join_all(self.nodes.iter().map(|n| n.try_acquire(&req, None, limit))).await;
+        // Round 1: every node at once. A node's grant counts once its replicas confirmed
+        // it (if it has any; see `Confirm`): a node that fails over keeps it.
+        let budget = self.confirm_budget(limit, left());
+        let results = join_all(
+            self.nodes
+                .iter()
+                .map(|n| n.try_acquire(&req, None, limit, budget)),
+        )
+        .await;
         let mut granted: Vec<(usize, Option<u64>)> = Vec::new();
         let mut usage = None;
         for (i, r) in results.into_iter().enumerate() {
@@ -238,9 +277,10 @@ impl Quorum {
                 ttl_ms: millis(node_lease),
                 ..req
             };
+            let budget = self.confirm_budget(limit, left());
             let results = join_all(
                 lift.iter()
-                    .map(|&i| self.nodes[i].try_acquire(&renew, Some(top), limit)),
+                    .map(|&i| self.nodes[i].try_acquire(&renew, Some(top), limit, budget)),
             )
             .await;
             for (&i, r) in lift.iter().zip(results) {
@@ -396,13 +436,13 @@ impl Redlock {
         Ok(self.q.extend(name, token, ttl).await?.is_some())
     }
 
-    /// `LOCK.INFO` on every node, with the node's URL.
+    /// `LOCK.INFO` on every node, with the node's URL (without its user and password).
     pub async fn info(&self, name: &str) -> Vec<(String, Result<Option<LockInfo>>)> {
         let results = join_all(self.q.nodes.iter().map(|n| n.info(name))).await;
         self.q
             .nodes
             .iter()
-            .map(|n| n.label.clone())
+            .map(|n| n.shown_url.clone())
             .zip(results)
             .collect()
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::info::LockInfo;
 use crate::lease::{Backend, LockGuard};
-use crate::node::{new_token, Acquire, Node};
+use crate::node::{new_token, Acquire, ConfirmBudget, Node};
 use crate::options::{check_ttl, drift, AcquireOptions, ClientOptions};
 
 /// A client for locks on one Redis / Valkey server with the module loaded, or on a Redis
@@ -40,12 +40,15 @@ pub struct LockClient {
 }
 
 impl LockClient {
-    /// Connects with default options (2 s connect and I/O timeouts, cluster detection).
+    /// Connects with default options (2 s connect and I/O timeouts, cluster detection,
+    /// grants confirmed on the replicas: [`Confirm::Auto`](crate::Confirm)).
     pub async fn connect(url: &str) -> Result<LockClient> {
         Self::connect_with(url, ClientOptions::default()).await
     }
 
-    /// Connects (and, unless told, asks the server whether it is a cluster node).
+    /// Connects (and, unless told, asks the server whether it is a cluster node), within
+    /// `connect_timeout` + `io_timeout`. A URL that does not parse is
+    /// [`Error::Invalid`] (without the URL, which may hold a password).
     pub async fn connect_with(url: &str, opts: ClientOptions) -> Result<LockClient> {
         let cluster = match opts.cluster {
             Some(c) => c,
@@ -91,9 +94,16 @@ impl LockClient {
         };
         let wait = opts.wait.filter(|w| !w.is_zero());
         let start = Instant::now();
+        let budget = ConfirmBudget {
+            wait: node.opts.confirm_timeout,
+            limit: node.opts.confirm_timeout + node.opts.io_timeout,
+        };
         let outcome = match wait {
-            None => node.try_acquire(&req, None, node.opts.io_timeout).await,
-            Some(w) => node.acquire_blocking(&req, w).await,
+            None => {
+                node.try_acquire(&req, None, node.opts.io_timeout, budget)
+                    .await
+            }
+            Some(w) => node.acquire_blocking(&req, w, budget).await,
         };
         let grant = match outcome {
             Ok(Some(g)) => g,

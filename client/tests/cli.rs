@@ -441,8 +441,11 @@ fn acquire_extend_info_release_subcommands() {
             .code,
         Some(0)
     );
-    let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
-    assert!(pttl > 50_000, "extended: {pttl}");
+    // The lease as LOCK.INFO tells it (a module lock has no Redis expiry to read).
+    let info = case.cli(&["info", "--url", url, "--json", "k"]);
+    let v: serde_json::Value = serde_json::from_str(info.stdout.trim()).unwrap();
+    let ttl = v["ttl"].as_i64().unwrap();
+    assert!(ttl > 50_000, "extended: {ttl}");
     assert_eq!(
         case.cli(&["extend", "--url", url, "k", "wrong-token"]).code,
         Some(1)
@@ -949,4 +952,146 @@ fn limit_runs_n_at_once_the_next_is_busy_or_waits() {
         "{}",
         d.stderr
     );
+}
+
+// ---- once per period: --hold -----------------------------------------------------
+
+/// The cron case of five servers whose clocks and cron runs are 0 to 2 s apart: five
+/// `redis-lock run -q [EXTRA] report -- <0.5 s job>` started 0, 0.5, 1, 1.5 and 2 s
+/// after the first (with `one_after_another`, each also not before the one before it
+/// ended: a machine too loaded to start them on time cannot make them overlap); returns
+/// how many ran the job and the exit codes.
+fn five_cron_runs(
+    case: &Case,
+    extra: &[&str],
+    name: &str,
+    one_after_another: bool,
+) -> (usize, Vec<Option<i32>>) {
+    let log = case.dir.join(format!("{name}.runs"));
+    let job = format!("echo ran >> {}; sleep 0.5", log.display());
+    let t0 = Instant::now();
+    let (mut runs, mut codes) = (Vec::new(), Vec::new());
+    for i in 0..5u64 {
+        let start = t0 + ms(500 * i);
+        std::thread::sleep(start.saturating_duration_since(Instant::now()));
+        let mut args = vec!["-q"];
+        args.extend_from_slice(extra);
+        let run = case.spawn_run(&args, name, &job);
+        if one_after_another {
+            codes.push(run.done().code);
+        } else {
+            runs.push(run);
+        }
+    }
+    codes.extend(runs.into_iter().map(|r| r.done().code));
+    let ran = fs::read_to_string(&log).unwrap_or_default().lines().count();
+    (ran, codes)
+}
+
+#[test]
+fn cron_on_five_servers_with_skew_runs_once_with_hold() {
+    let case = Case::start();
+    let (ran, mut codes) = five_cron_runs(&case, &["--hold", "1h"], "report", false);
+    codes.sort();
+    assert_eq!(ran, 1, "exactly one run of the job ({codes:?})");
+    assert_eq!(codes, [Some(0), Some(75), Some(75), Some(75), Some(75)]);
+    // The lock stays taken for the rest of the hour, nobody holding a connection.
+    let d = case.cli(&["info", "--url", &case.url, "--json", "report"]);
+    let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
+    let ttl = v["ttl"].as_i64().unwrap();
+    assert!(
+        ttl > 3_590_000 && ttl <= 3_600_000,
+        "kept until the hold ends: {ttl} ms"
+    );
+    // The control: a lock released when the job ends lets every later start run it
+    // again (here each starts once the one before has ended, so that this does not
+    // depend on how fast the machine starts processes).
+    let (ran, codes) = five_cron_runs(&case, &[], "report-released", true);
+    assert_eq!(
+        ran, 5,
+        "without --hold the job ran {ran} time(s) ({codes:?})"
+    );
+    assert!(is_free(&mut case.server.conn(), "report-released"));
+}
+
+// ---- small things: a URL without a scheme, rediss:// on a plain port, help width ------
+
+#[test]
+fn url_without_scheme_tls_on_a_plain_port_and_run_help_at_80_columns() {
+    let case = Case::start();
+    let addr = case.server.addr();
+    let d = case.cli(&["run", "--url", &addr, "job", "--", "true"]);
+    assert_eq!(d.code, Some(64), "a usage error, not 69");
+    assert!(
+        d.stderr.contains(&format!("write redis://{addr}")),
+        "{}",
+        d.stderr
+    );
+
+    let d = case.cli(&[
+        "info",
+        "--timeout",
+        "500ms",
+        "--url",
+        &format!("rediss://{addr}"),
+        "k",
+    ]);
+    assert_eq!(d.code, Some(69));
+    assert!(
+        d.stderr
+            .contains("looks like a TLS handshake against a server without TLS"),
+        "{}",
+        d.stderr
+    );
+
+    for columns in ["80", "200"] {
+        let out = Command::new(BIN)
+            .args(["run", "--help"])
+            .env("COLUMNS", columns)
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        for line in [
+            "  REDIS_LOCK_URL=redis://lock-host:6379",
+            "  0 3 * * * redis-lock run -q --hold 1h report -- /usr/local/bin/report",
+            "  redis-lock run -w 10s deploy -c 'make deploy && make smoke-test'",
+        ] {
+            assert!(
+                help.lines().any(|l| l == line),
+                "{line:?} whole at {columns} columns:\n{help}"
+            );
+        }
+        if columns == "80" {
+            let wide: Vec<&str> = help.lines().filter(|l| l.chars().count() > 80).collect();
+            assert!(wide.is_empty(), "{wide:?}");
+        }
+    }
+}
+
+#[test]
+fn a_closed_stdout_is_not_a_crash() {
+    // `redis-lock info NAME | head -2` closes the pipe early. Here the reader closes it
+    // at once, so the CLI's writes (after its round trips) all meet a pipe without a
+    // reader (EPIPE: Rust ignores SIGPIPE, and println! panics on the error).
+    let case = Case::start();
+    let held = case.cli(&["acquire", "--url", &case.url, "k"]);
+    assert_eq!(held.code, Some(0));
+    for args in [
+        format!("info --url {} k", case.url),
+        format!("info --json --url {} k", case.url),
+        format!("acquire --url {} other", case.url),
+        "completions bash".to_string(),
+        "--help".to_string(),
+    ] {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "{BIN} {args} | (exec <&-; sleep 0.3); exit ${{PIPESTATUS[0]}}"
+            ))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{args}: {stderr}");
+    }
 }

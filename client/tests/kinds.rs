@@ -318,7 +318,7 @@ async fn wrongmode_and_limitmismatch_are_errors_not_waits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_module_shared_and_counted_are_refused() {
-    let (_server, mut c, locks) = server_with_client(ServerBuilder::new().no_module()).await;
+    let (server, mut c, locks) = server_with_client(ServerBuilder::new().no_module()).await;
     for o in [
         opts(1_000).shared(),
         opts(1_000).limit(2),
@@ -326,11 +326,24 @@ async fn without_the_module_shared_and_counted_are_refused() {
         opts(1_000).limit(2).wait(ms(2_000)),
     ] {
         let t = Instant::now();
-        match locks.acquire_with("lock:plain", &o).await {
-            Err(Error::Invalid(m)) => {
-                assert!(m.contains("needs the redis-lock module"), "{m}")
+        let token = "kinds-token-0123456789abcdef";
+        match locks
+            .acquire_with("lock:plain", &o.clone().token(token))
+            .await
+        {
+            Err(e @ Error::ModuleMissing { .. }) => {
+                let m = e.to_string();
+                assert!(
+                    m.starts_with(&format!(
+                        "the redis-lock module is not loaded on {}; see ",
+                        server.addr()
+                    )),
+                    "{m}"
+                );
+                assert!(!m.contains(token), "{m}");
+                assert!(e.is_usage_error());
             }
-            other => panic!("{:?}: expected Error::Invalid, got {other:?}", o.mode),
+            other => panic!("{:?}: expected Error::ModuleMissing, got {other:?}", o.mode),
         }
         assert!(t.elapsed() < ms(1_000), "no polling: {:?}", t.elapsed());
         assert!(locks.module_missing());

@@ -288,3 +288,60 @@ async fn falls_back_to_set_nx_and_lua_without_the_module() {
         .unwrap();
     assert_eq!(exists, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_keeps_the_lock_after_release_until_its_period_ends() {
+    let (server, mut c, a) = server_with_client(ServerBuilder::new()).await;
+    let b = client(&server.url()).await;
+    let hold = ms(1_500);
+    let t = Instant::now();
+    let g =
+        granted(a.acquire_with("lock:daily", &AcquireOptions::new(ms(10_000)).hold(hold))).await;
+    assert_eq!(g.hold(), Some(hold));
+    tokio::time::sleep(ms(200)).await; // the work
+    assert!(
+        g.release().await.unwrap(),
+        "still held at the end of the work"
+    );
+    // Kept, with a lease of what is left of the hold, and busy for everyone else.
+    let info = b
+        .info("lock:daily")
+        .await
+        .unwrap()
+        .expect("kept after release");
+    assert!(
+        info.ttl_ms > 1_000 && info.ttl_ms <= 1_300,
+        "lease left: {}",
+        info.ttl_ms
+    );
+    assert!(busy(&b, "lock:daily", ms(1_000), None).await);
+    // Free by itself once the hold has passed, not before.
+    assert!(wait_until(Duration::from_secs(3), || is_free(
+        &mut c,
+        "lock:daily"
+    )));
+    let free_at = t.elapsed();
+    assert!(
+        free_at >= ms(1_400) && free_at < ms(2_500),
+        "free at {free_at:?}"
+    );
+
+    // release_after on a guard without the option; a hold already over releases now;
+    // release_now ignores the option.
+    let g = granted(a.acquire("lock:daily", ms(10_000), None)).await;
+    assert!(g.release_after(Duration::from_secs(60)).await.unwrap());
+    let info = b.info("lock:daily").await.unwrap().expect("kept");
+    assert!(info.ttl_ms > 55_000, "{}", info.ttl_ms);
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("lock:daily")
+        .query(&mut c)
+        .unwrap();
+    let g = granted(a.acquire("lock:daily", ms(10_000), None)).await;
+    tokio::time::sleep(ms(50)).await;
+    assert!(g.release_after(ms(10)).await.unwrap());
+    assert!(is_free(&mut c, "lock:daily"), "the hold was over: released");
+    let g =
+        granted(a.acquire_with("lock:daily", &AcquireOptions::new(ms(10_000)).hold(hold))).await;
+    assert!(g.release_now().await.unwrap());
+    assert!(is_free(&mut c, "lock:daily"));
+}

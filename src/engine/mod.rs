@@ -1,24 +1,40 @@
-//! The lock engine: holders, leases, the FIFO wait queues, the grant rule for all three
-//! kinds of lock, and the fence counter. Pure Rust: it reaches the server only through
-//! two small traits, [`Keyspace`] (one open lock key, plus replication and events) and
-//! [`Sched`] (answering blocked clients, timers). The module shell implements them over
-//! the Redis module API; the model tests implement them in memory.
+//! The lock engine: it decides whole commands. [`Engine::handle`] takes a parsed command
+//! and answers with a reply, or blocks the caller in a FIFO queue; [`Engine::tick`] does
+//! what falls due on the monotonic clock (a lease ending, a BLOCK deadline, a hand-off that
+//! waited for the server to allow writes). Pure Rust: it reaches the server only through
+//! three small traits, [`Keyspace`] (one open lock key, with replication and events),
+//! [`Sched`] (blocking and answering clients, asking to be woken) and [`Store`] (opening
+//! keys for the work it does on its own). The module shell implements them over the Redis
+//! module API; the model test implements them in memory.
 //!
-//! One place makes a grant ([`Engine::grant`]); one place hands a lock over to waiters
-//! ([`Engine::serve`]), and it only writes when the keyspace says it may ([`Gate`]).
-//! Commands call the engine; timers and events only ask it to serve a key.
+//! One place makes a grant ([`Engine::grant`]), one hands a lock over ([`Engine::serve`],
+//! which writes only when the keyspace says it may, [`Gate`]), one removes holders
+//! (`remove_holders`). Every change is stored first, then replicated.
 
-pub mod fence;
-pub mod value;
+mod commands;
+mod info;
+mod leases;
+mod queue;
+
+mod timeline;
+mod watch;
 
 #[cfg(test)]
 mod model;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 
 use crate::error::LockError;
-use fence::{FenceClock, FENCE_LEAD_MS};
-use value::{check_family, Addr, Digest, Family, Holder, LockValue, Mismatch, Mode};
+use crate::lock::codec::repl::Change;
+use crate::lock::codec::Clock;
+use crate::lock::fence::FenceClock;
+use crate::lock::value::{Addr, Digest, LockValue, Mode};
+
+pub use crate::reply::{Bytes, Reply};
+pub use commands::{AcquireReq, Command, Outcome};
+pub use queue::{Answer, Wait};
+pub use timeline::Task;
+pub use watch::{Want, WatchReq};
 
 /// A queue's identity: the db and the key name.
 pub type QueueKey = (i32, Box<[u8]>);
@@ -30,7 +46,7 @@ pub type WaiterId = usize;
 pub enum Slot<'a> {
     Free,
     Lock(&'a mut LockValue),
-    /// A classic `SET key token NX PX` lock and its key's expiry (None: no expiry).
+    /// A classic `SET key token NX PX` lock and its key's expiry, unix ms (None: none).
     Classic(Option<i64>),
 }
 
@@ -47,32 +63,9 @@ pub enum Gate {
     Replica,
 }
 
-/// What the primary sends to replicas and the AOF. Deterministic: absolute deadlines,
-/// the fence as issued, the token's digest.
-#[derive(Debug, Clone, Copy)]
-pub enum Repl<'a> {
-    /// A new holder (for an exclusive lock: the whole value).
-    Grant {
-        mode: Mode,
-        holder: &'a Holder,
-        /// The counter, when it is above this fence (0: not sent).
-        floor: u64,
-    },
-    /// A holder's new lease (renew, extend).
-    Lease {
-        fence: u64,
-        expires_at: i64,
-        floor: u64,
-    },
-    /// One holder of a shared or counted lock is gone (the others stay).
-    Drop { fence: u64 },
-    /// The key is gone.
-    Delete,
-    /// A classic string lock's new absolute deadline.
-    ExpireAt(i64),
-}
-
-/// Keyspace notifications the engine emits (class `g`, or `x` for expiry).
+/// A real change of a key: a keyspace notification (class `g`, or `x` for an expiry) and
+/// a modification signal (WATCH, client-side caching). Commands that change nothing
+/// emit none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
     Acquire,
@@ -80,89 +73,62 @@ pub enum Event {
     Extend,
     Handoff,
     ForceRelease,
-    /// A lease ended and the engine removed the key (the lease outlived the key's own
-    /// expiry, e.g. after PERSIST).
+    /// A lease ended and the engine removed the key.
     Expired,
+    /// A replicated change was applied.
+    Applied,
 }
 
 /// One open lock key, and what goes with writing it.
 pub trait Keyspace {
     fn db(&self) -> i32;
     fn name(&self) -> &[u8];
-    fn now(&self) -> i64;
+    /// The clocks, read once when the key was opened.
+    fn clock(&self) -> Clock;
     /// What the key holds; `Err(WrongType)` for another type.
     fn read(&mut self) -> Result<Slot<'_>, LockError>;
-    /// Stores a new value (replacing whatever is there); the key's expiry becomes the
-    /// value's deadline.
-    fn put(&mut self, v: LockValue);
+    /// Stores a new value (the key must be empty: the engine removes first).
+    fn put(&mut self, v: LockValue) -> Result<(), LockError>;
     /// Deletes the key.
     fn remove(&mut self);
-    /// Sets the key's own expiry (absolute, unix ms).
-    fn set_expiry(&mut self, at: i64);
-    /// The key's own expiry, if it has one.
-    fn expiry(&mut self) -> Option<i64>;
     /// Whether a classic string lock's value equals `token`.
     fn classic_matches(&mut self, token: &[u8]) -> bool;
-    fn replicate(&mut self, op: Repl<'_>);
-    fn notify(&mut self, ev: Event);
+    /// Sets a classic string lock's expiry (unix ms).
+    fn set_classic_expiry(&mut self, at: i64);
+    /// Sends a change to replicas and the AOF (after it was stored).
+    fn replicate(&mut self, c: Change<'_>);
+    fn changed(&mut self, ev: Event);
     fn gate(&mut self) -> Gate;
     /// A fresh random token (UUID v4 text).
-    fn new_token(&mut self) -> Vec<u8>;
+    fn new_token(&mut self) -> [u8; 36];
+    /// A client starts waiting for this classic string lock (the shell may need to
+    /// listen for what happens to it).
+    fn waits_on_classic(&mut self);
 }
 
-/// The answer a blocked client gets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    Granted {
-        token: Vec<u8>,
-        fence: u64,
-        /// Where and what, so that the shell can give the grant back if the client turns
-        /// out to be gone before it hears of it.
-        key: QueueKey,
-        digest: Digest,
-    },
-    /// The wait ended without the lock (BLOCK timeout, CLIENT UNBLOCK TIMEOUT).
-    Nil,
-    Failed(LockError),
-}
-
-/// Blocked clients and timers, as the shell provides them.
+/// Blocked clients and wake-ups, as the shell provides them.
 pub trait Sched {
-    /// The shell's record of a blocked client (owns its handle and BLOCK timer).
+    /// The shell's handle of a blocked client.
     type Waiter;
-    type Timer;
+    /// Blocks the client of the running command; None where it cannot block (MULTI, a
+    /// script, the replication stream).
+    fn block(&mut self) -> Option<(WaiterId, Self::Waiter)>;
     fn answer(&mut self, w: Self::Waiter, a: Answer);
-    /// Calls back `Engine::timer_fired` for `key`, then serve, at `at` (unix ms).
-    fn arm(&mut self, key: &QueueKey, at: i64) -> Self::Timer;
-    fn cancel(&mut self, t: Self::Timer);
-    /// The gate was closed: call `Engine::take_deferred` and serve those keys soon.
-    fn retry_later(&mut self);
+    /// Asks for [`Engine::tick`] no later than `at` (monotonic µs).
+    fn wake_at(&mut self, at: i64);
 }
 
-/// A queued request.
-#[derive(Debug)]
-pub struct Wait<W> {
-    pub id: WaiterId,
-    pub mode: Mode,
-    pub token: Vec<u8>,
-    pub digest: Digest,
-    pub ttl: u64,
-    pub min_fence: u64,
-    pub owner: Option<Box<[u8]>>,
-    pub client_id: u64,
-    pub addr: Addr,
-    /// The lock moved to another server while this client waited (MIGRATE).
-    pub moved: bool,
-    pub handle: W,
+/// Opens keys for the work the engine does on its own.
+pub trait Store {
+    type Key<'a>: Keyspace
+    where
+        Self: 'a;
+    /// Opens `name` in `db` for writing (None: no such db).
+    fn open(&mut self, db: i32, name: &[u8]) -> Option<Self::Key<'_>>;
+    fn clock(&self) -> Clock;
 }
 
-struct Queue<W, T> {
-    waiters: VecDeque<Wait<W>>,
-    /// The pending service timer and when it fires.
-    timer: Option<(T, i64)>,
-}
-
-/// Counters for `INFO lock`.
+/// Counters for `INFO lock`; the engine counts its own events.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Stats {
     pub acquired: u64,
@@ -174,644 +140,442 @@ pub struct Stats {
     pub handed_off: u64,
     pub wait_timeouts: u64,
     pub force_released: u64,
-    pub waiters: u64,
+    /// Lock keys that left the keyspace by the server's hand (DEL, RENAME, ...).
+    pub removed: u64,
+    /// Lock keys the server evicted (maxmemory).
+    pub evicted: u64,
+    /// Values a loader repaired (a holder dropped by the validity rule).
+    pub repaired: u64,
 }
 
-/// A LOCK.ACQUIRE as the engine needs it.
-#[derive(Debug, Clone)]
-pub struct AcquireReq<'a> {
-    pub mode: Mode,
-    pub ttl: u64,
-    pub token: Option<&'a [u8]>,
-    pub owner: Option<&'a [u8]>,
-    pub min_fence: u64,
-    pub client_id: u64,
-    pub addr: Addr,
+/// Settings the engine decides with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    pub max_waiters: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Acquired {
-    /// A new grant (or the caller's own lock renewed): reply `[token, fence]`.
-    Granted { token: Vec<u8>, fence: u64 },
-    /// Not now. `serve_at`: when the queue should be looked at again if the caller
-    /// waits (None: only an event can free it, e.g. a string lock without TTL).
-    Busy { serve_at: Option<i64> },
-}
-
-/// What LOCK.INFO shows (never a token or digest).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InfoView {
-    Free,
-    Lock {
-        mode: Mode,
-        holders: Vec<Holder>,
-        waiters: usize,
-    },
-    Classic {
-        expiry: Option<i64>,
-        waiters: usize,
-    },
-}
-
-/// The queues of one db, by key name.
-type DbQueues<W, T> = HashMap<Box<[u8]>, Queue<W, T>>;
-
-/// `W`: the shell's record of a blocked client; `T`: its timer handle.
-pub struct Engine<W, T> {
+/// `W`: the shell's handle of a blocked client.
+pub struct Engine<W> {
     pub fence: FenceClock,
-    queues: HashMap<i32, DbQueues<W, T>>,
-    by_id: HashMap<WaiterId, QueueKey>,
-    deferred: HashSet<QueueKey>,
     pub stats: Stats,
+    pub settings: Settings,
+    queues: HashMap<i32, queue::DbQueues<W>>,
+    by_id: HashMap<WaiterId, QueueKey>,
+    /// Clients in LOCK.WATCH, by key, and the key each one watches.
+    watches: HashMap<i32, watch::DbWatches<W>>,
+    watch_ids: HashMap<WaiterId, QueueKey>,
+    /// Work due at a monotonic instant.
+    agenda: BTreeSet<(i64, Task)>,
+    /// Every lock key by the end of its earliest lease: what the engine reaps, and when
+    /// it serves the key's waiters.
+    leases: leases::Leases,
+    /// A replica does not end leases (its primary does); set when the gate says so,
+    /// cleared at promotion.
+    leases_paused: bool,
+    /// The monotonic clock as of the latest command or tick.
+    now: i64,
+    tokens: TokenCache,
 }
 
-impl<W, T> Default for Engine<W, T> {
+/// The digests of tokens seen lately, by the token: an acquire computes one, and the
+/// extends and the release that follow with the same token find it here (the digest is a
+/// tenth of an acquire). In memory only, like the arguments the token arrives in.
+#[derive(Default)]
+struct TokenCache(Vec<Cached>);
+
+struct Cached {
+    len: u8,
+    token: [u8; 48],
+    digest: Digest,
+}
+
+impl TokenCache {
+    const SLOTS: usize = 4096;
+
+    fn slot(token: &[u8]) -> usize {
+        // FxHash over 8-byte words: cheap, and spreads random and patterned tokens.
+        let mut h: u64 = token.len() as u64;
+        for chunk in token.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+        (h >> 52) as usize % Self::SLOTS
+    }
+
+    fn digest(&mut self, token: &[u8]) -> Digest {
+        if token.len() > 48 {
+            return crate::lock::value::digest(token);
+        }
+        if self.0.is_empty() {
+            self.0 = (0..Self::SLOTS)
+                .map(|_| Cached {
+                    len: 0,
+                    token: [0; 48],
+                    digest: [0; 16],
+                })
+                .collect();
+        }
+        let e = &mut self.0[Self::slot(token)];
+        if usize::from(e.len) == token.len() && e.len > 0 && e.token[..token.len()] == *token {
+            return e.digest;
+        }
+        let d = crate::lock::value::digest(token);
+        e.len = token.len() as u8;
+        e.token[..token.len()].copy_from_slice(token);
+        e.digest = d;
+        d
+    }
+}
+
+impl<W> Default for Engine<W> {
     fn default() -> Self {
         Engine::new()
     }
 }
 
-/// The fence of a new holder, and its deadline: the two things that can fail.
-fn lease(now: i64, ttl: u64) -> Result<i64, LockError> {
-    i64::try_from(ttl)
-        .ok()
-        .and_then(|t| now.checked_add(t))
-        .ok_or(LockError::InvalidExpire("lock.acquire"))
+/// A copy of a key's name, on the stack up to 64 bytes (the engine keeps one while it
+/// changes the key; most names fit, so no allocation).
+pub(crate) struct Name {
+    inline: [u8; 64],
+    len: usize,
+    heap: Option<Box<[u8]>>,
 }
 
-fn mismatch(m: Mismatch) -> LockError {
-    match m {
-        Mismatch::Mode => LockError::WrongMode,
-        Mismatch::Limit(n) => LockError::LimitMismatch(n),
+impl Name {
+    pub(crate) fn of(b: &[u8]) -> Name {
+        let mut n = Name {
+            inline: [0; 64],
+            len: b.len(),
+            heap: None,
+        };
+        match n.inline.get_mut(..b.len()) {
+            Some(dst) => dst.copy_from_slice(b),
+            None => n.heap = Some(b.into()),
+        }
+        n
     }
 }
 
-impl<W, T> Engine<W, T> {
+impl std::ops::Deref for Name {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.heap {
+            Some(h) => h,
+            None => &self.inline[..self.len],
+        }
+    }
+}
+
+/// How soon a write that waited for the gate (paused writes, loading) is tried again.
+pub const RETRY_US: i64 = 10_000;
+
+fn mismatch(m: crate::lock::value::Mismatch) -> LockError {
+    match m {
+        crate::lock::value::Mismatch::Mode => LockError::WrongMode,
+        crate::lock::value::Mismatch::Limit(n) => LockError::LimitMismatch(n),
+    }
+}
+
+/// Who is removed by `remove_holders`.
+#[derive(Debug, Clone, Copy)]
+enum Which<'a> {
+    Token(&'a [u8]),
+    Fence(u64),
+    Digest(&'a Digest),
+    All,
+}
+
+/// A grant to make: everything but the fence.
+struct NewHolder<'a> {
+    mode: Mode,
+    digest: Digest,
+    ttl: u64,
+    min_fence: u64,
+    owner: Option<&'a [u8]>,
+    lock_delay: u32,
+    client_id: u64,
+    addr: &'a Addr,
+}
+
+impl<W> Engine<W> {
     pub fn new() -> Self {
         Engine {
             fence: FenceClock::new(),
+            stats: Stats::default(),
+            settings: Settings {
+                max_waiters: 10_000,
+            },
             queues: HashMap::new(),
             by_id: HashMap::new(),
-            deferred: HashSet::new(),
-            stats: Stats::default(),
+            watches: HashMap::new(),
+            watch_ids: HashMap::new(),
+            agenda: BTreeSet::new(),
+            leases: leases::Leases::default(),
+            leases_paused: false,
+            now: 0,
+            tokens: TokenCache::default(),
         }
     }
 
-    // ---- queues ------------------------------------------------------------------
-
-    fn queue(&self, db: i32, name: &[u8]) -> Option<&Queue<W, T>> {
-        if self.stats.waiters == 0 {
-            return None;
-        }
-        self.queues.get(&db)?.get(name)
+    /// Clients waiting now.
+    pub fn waiting(&self) -> usize {
+        self.by_id.len()
     }
 
-    fn queue_mut(&mut self, db: i32, name: &[u8]) -> Option<&mut Queue<W, T>> {
-        self.queues.get_mut(&db)?.get_mut(name)
+    /// Lock keys the engine tracks leases of.
+    pub fn tracked(&self) -> usize {
+        self.leases.len()
     }
 
-    /// Clients queued on a key.
-    pub fn queued(&self, db: i32, name: &[u8]) -> usize {
-        self.queue(db, name).map_or(0, |q| q.waiters.len())
-    }
+    // ---- the lease index -----------------------------------------------------------------
 
-    pub fn has_waiters(&self, db: i32, name: &[u8]) -> bool {
-        self.queued(db, name) > 0
-    }
-
-    /// Every key of `db` (or of every db) that has waiters.
-    pub fn keys_with_waiters(&self, db: Option<i32>) -> Vec<QueueKey> {
-        self.queues
-            .iter()
-            .filter(|(d, _)| db.is_none_or(|x| x == **d))
-            .flat_map(|(d, m)| m.keys().map(move |k| (*d, k.clone())))
-            .collect()
-    }
-
-    /// The family the waiters of a key ask for (all of them share it).
-    fn queue_family(&self, db: i32, name: &[u8]) -> Option<Family> {
-        self.queue(db, name)
-            .and_then(|q| q.waiters.front())
-            .map(|w| w.mode.family())
-    }
-
-    /// Drops an empty queue and its timer.
-    fn gc<S: Sched<Waiter = W, Timer = T>>(&mut self, sched: &mut S, db: i32, name: &[u8]) {
-        let Some(m) = self.queues.get_mut(&db) else {
+    /// Keeps the lease index in step with a change of one key's value: `before` and
+    /// `after` are its earliest lease end before and after (None: no value). A later end
+    /// keeps the earlier entry (the sweep files the key again when it finds the lease
+    /// running), so lengthening a lease costs nothing here.
+    fn reindex(&mut self, db: i32, name: &[u8], before: Option<i64>, after: Option<i64>) {
+        if before == after {
             return;
-        };
-        if m.get(name).is_some_and(|q| q.waiters.is_empty()) {
-            if let Some(q) = m.remove(name) {
-                if let Some((t, _)) = q.timer {
-                    sched.cancel(t);
-                }
-            }
-            if m.is_empty() {
-                self.queues.remove(&db);
-            }
         }
-    }
-
-    /// Makes sure the key's queue is served no later than `at`.
-    pub fn arm<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        sched: &mut S,
-        db: i32,
-        name: &[u8],
-        at: i64,
-    ) {
-        let Some(q) = self.queue_mut(db, name) else {
-            return;
-        };
-        if let Some((_, when)) = &q.timer {
-            if *when <= at {
+        if let (Some(b), Some(a)) = (before, after) {
+            if a > b {
                 return;
             }
         }
-        if let Some((t, _)) = q.timer.take() {
-            sched.cancel(t);
+        if let Some(b) = before {
+            self.leases.remove(b, db, name);
         }
-        let t = sched.arm(&(db, name.into()), at);
-        if let Some(q) = self.queue_mut(db, name) {
-            q.timer = Some((t, at));
-        }
-    }
-
-    /// The service timer of `key` fired (its handle is spent).
-    pub fn timer_fired(&mut self, key: &QueueKey) {
-        if let Some(q) = self.queue_mut(key.0, &key.1) {
-            q.timer = None;
+        if let Some(a) = after {
+            self.leases.insert(a, db, name, self.now);
         }
     }
 
-    /// Keys whose service waited for the gate to open.
-    pub fn take_deferred(&mut self) -> Vec<QueueKey> {
-        self.deferred.drain().collect()
+    /// A lock value came into the keyspace without the engine (loaded from an RDB file
+    /// or a RESTORE payload): track its leases.
+    pub fn loaded(&mut self, db: i32, name: &[u8], v: &LockValue, now: i64) {
+        self.now = self.now.max(now);
+        let at = v.next_lease_end().unwrap_or(now);
+        self.leases.insert(at, db, name, self.now);
+        self.note(db, name, self.now);
     }
 
-    /// Queues a blocked client. `serve_at` comes from [`Acquired::Busy`].
-    pub fn enqueue<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        sched: &mut S,
-        key: QueueKey,
-        w: Wait<W>,
-        serve_at: Option<i64>,
-    ) {
-        self.by_id.insert(w.id, key.clone());
-        let (db, name) = key;
-        let q = self
-            .queues
-            .entry(db)
-            .or_default()
-            .entry(name.clone())
-            .or_insert_with(|| Queue {
-                waiters: VecDeque::new(),
-                timer: None,
-            });
-        q.waiters.push_back(w);
-        self.stats.waiters += 1;
-        if let Some(at) = serve_at {
-            self.arm(sched, db, &name, at);
+    // ---- the grant --------------------------------------------------------------------------
+
+    /// The one place that makes a grant: a fresh fence, the holder stored (a new value
+    /// or one more holder of a shared/counted lock), then replicated.
+    fn grant(&mut self, ks: &mut impl Keyspace, g: NewHolder<'_>) -> Result<u64, LockError> {
+        let clock = ks.clock();
+        let deadline = clock.after_ms(i64::try_from(g.ttl).unwrap_or(i64::MAX));
+        let fence = self.fence.next(clock.wall, g.min_fence)?;
+        let holder = crate::lock::value::Holder::new(
+            g.digest,
+            fence,
+            deadline,
+            clock.wall,
+            g.client_id,
+            g.addr.clone(),
+            g.owner.map(Into::into),
+        )
+        .with_lock_delay(g.lock_delay);
+        let (db, name) = (ks.db(), Name::of(ks.name()));
+        let sent = holder.clone();
+        match ks.read()? {
+            Slot::Lock(v) if v.mode() == g.mode && g.mode != Mode::Exclusive => {
+                let before = v.next_lease_end();
+                v.insert(holder, crate::lock::fence::MAX_FENCE)
+                    .map_err(|_| LockError::Internal("lock.acquire"))?;
+                let after = v.next_lease_end();
+                self.reindex(db, &name, before, after);
+            }
+            Slot::Free => {
+                ks.put(LockValue::new(g.mode, holder))?;
+                self.reindex(db, &name, None, Some(deadline));
+            }
+            _ => return Err(LockError::Internal("lock.acquire")),
         }
-    }
-
-    /// Takes a waiter out of its queue (BLOCK timeout, disconnect, CLIENT UNBLOCK). If
-    /// it was first in line, the next ones may be grantable now: the key is served soon.
-    pub fn abandon<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        sched: &mut S,
-        id: WaiterId,
-        now: i64,
-    ) -> Option<W> {
-        let (db, name) = self.by_id.remove(&id)?;
-        let q = self.queue_mut(db, &name)?;
-        let at = q.waiters.iter().position(|w| w.id == id)?;
-        let w = q.waiters.remove(at)?;
-        let more = !q.waiters.is_empty();
-        self.stats.waiters = self.stats.waiters.saturating_sub(1);
-        if at == 0 && more {
-            // The next in line may fit now (a writer gave up ahead of readers).
-            self.arm(sched, db, &name, now);
-        }
-        self.gc(sched, db, &name);
-        Some(w.handle)
-    }
-
-    /// MIGRATE moved the lock of this key to another server: its current waiters will be
-    /// told so instead of being granted here.
-    pub fn mark_moved<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        sched: &mut S,
-        db: i32,
-        name: &[u8],
-        now: i64,
-    ) {
-        if let Some(q) = self.queue_mut(db, name) {
-            q.waiters.iter_mut().for_each(|w| w.moved = true);
-            self.arm(sched, db, name, now);
-        }
-    }
-
-    fn pop_front(&mut self, db: i32, name: &[u8]) -> Option<Wait<W>> {
-        let w = self.queue_mut(db, name)?.waiters.pop_front()?;
-        self.by_id.remove(&w.id);
-        self.stats.waiters = self.stats.waiters.saturating_sub(1);
-        Some(w)
-    }
-
-    /// Fails every waiter of a key with `err` (or those marked moved, with `moved_only`).
-    fn fail_waiters<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        sched: &mut S,
-        db: i32,
-        name: &[u8],
-        err: &LockError,
-        moved_only: bool,
-    ) {
-        let Some(q) = self.queue_mut(db, name) else {
-            return;
-        };
-        let (out, keep): (VecDeque<_>, VecDeque<_>) =
-            q.waiters.drain(..).partition(|w| !moved_only || w.moved);
-        q.waiters = keep;
-        for w in out {
-            self.by_id.remove(&w.id);
-            self.stats.waiters = self.stats.waiters.saturating_sub(1);
-            sched.answer(w.handle, Answer::Failed(err.clone()));
-        }
-        self.gc(sched, db, name);
-    }
-
-    // ---- the grant and the hand-off ---------------------------------------------------
-
-    /// The one place that makes a grant: a fresh fence, the holder written (a new value
-    /// or one more holder of a shared/counted lock) and replicated.
-    #[allow(clippy::too_many_arguments)]
-    fn grant(
-        &mut self,
-        ks: &mut impl Keyspace,
-        mode: Mode,
-        digest: Digest,
-        ttl: u64,
-        min_fence: u64,
-        owner: Option<Box<[u8]>>,
-        client_id: u64,
-        addr: Addr,
-    ) -> Result<u64, LockError> {
-        let now = ks.now();
-        let expires_at = lease(now, ttl)?;
-        // Everything that can fail comes before the fence is taken and the grant sent.
-        let joins =
-            matches!(ks.read()?, Slot::Lock(v) if v.mode() == mode && mode != Mode::Exclusive);
-        let fence = self.fence.next(now, min_fence)?;
-        let holder = Holder::new(digest, fence, expires_at, now, client_id, addr, owner);
-        ks.replicate(Repl::Grant {
-            mode,
-            holder: &holder,
+        ks.replicate(Change::Add {
+            mode: g.mode,
+            holder: &sent,
             floor: 0,
         });
-        let joined = match ks.read() {
-            Ok(Slot::Lock(v)) if joins => {
-                v.push(holder);
-                Some(v.deadline())
-            }
-            _ => {
-                ks.put(LockValue::new(mode, holder));
-                None
-            }
-        };
-        if let Some(deadline) = joined {
-            ks.set_expiry(deadline);
-        }
         self.stats.acquired += 1;
         Ok(fence)
     }
 
-    /// Removes holders whose lease is over (the key's own expiry may outlive the lease,
-    /// e.g. after PERSIST), as an expiry would: replicated, counted, notified.
-    fn reap(&mut self, ks: &mut impl Keyspace) -> Result<(), LockError> {
-        let now = ks.now();
-        let (gone, left) = match ks.read()? {
-            Slot::Lock(v) => {
-                let (gone, emptied) = v.reap(now);
-                if gone.is_empty() {
-                    return Ok(());
-                }
-                (gone, (!emptied).then(|| v.deadline()))
-            }
-            _ => return Ok(()),
+    /// The holder `digest` names gets a new lease of `ttl` ms (a same-token retry, or a
+    /// same-token waiter reaching the head of the queue). MINFENCE only lifts the counter.
+    /// Returns its fence, or WRONGMODE when it holds in another mode.
+    fn renew(
+        &mut self,
+        ks: &mut impl Keyspace,
+        digest: &Digest,
+        mode: Mode,
+        ttl: u64,
+        min_fence: u64,
+    ) -> Result<Option<u64>, LockError> {
+        let clock = ks.clock();
+        let deadline = clock.after_ms(i64::try_from(ttl).unwrap_or(i64::MAX));
+        let (db, name) = (ks.db(), Name::of(ks.name()));
+        let Slot::Lock(v) = ks.read()? else {
+            return Ok(None);
         };
-        self.stats.expired += gone.len() as u64;
-        match left {
-            None => {
-                ks.remove();
-                ks.replicate(Repl::Delete);
-                ks.notify(Event::Expired);
+        let Some(fence) = v.find(digest).map(|h| h.fence) else {
+            return Ok(None);
+        };
+        if v.mode() != mode {
+            return Err(match (v.mode(), mode) {
+                (Mode::Counted(n), Mode::Counted(_)) => LockError::LimitMismatch(n),
+                _ => LockError::WrongMode,
+            });
+        }
+        let before = v.next_lease_end();
+        v.set_deadline(fence, deadline);
+        let after = v.next_lease_end();
+        self.reindex(db, &name, before, after);
+        let floor = if min_fence > 0 {
+            self.fence.observe(min_fence);
+            Some(self.fence.last()).filter(|f| *f > fence).unwrap_or(0)
+        } else {
+            0
+        };
+        ks.replicate(Change::Renew {
+            fence,
+            deadline,
+            floor,
+        });
+        Ok(Some(fence))
+    }
+
+    /// Removes holders whose lease is over, as an expiry would: replicated, counted,
+    /// notified. A holder with a lock-delay leaves it running behind it (the key stays,
+    /// empty, until the delay ends); the key is deleted when nothing is left.
+    fn reap(&mut self, ks: &mut impl Keyspace) -> Result<(), LockError> {
+        let now = ks.clock().mono;
+        let (db, name) = (ks.db(), Name::of(ks.name()));
+        let Slot::Lock(v) = ks.read()? else {
+            return Ok(());
+        };
+        let ended = v.ended(now);
+        let delay_running = v.delaying(now);
+        if ended.is_empty() && (!v.is_empty() || delay_running) {
+            let before = v.next_lease_end();
+            if !v.is_empty() && v.clear_ended_delay(now) {
+                let after = v.next_lease_end();
+                self.reindex(db, &name, before, after);
             }
-            Some(deadline) => {
-                ks.set_expiry(deadline);
-                for fence in gone {
-                    ks.replicate(Repl::Drop { fence });
+            return Ok(());
+        }
+        let before = v.next_lease_end();
+        let mode = v.mode();
+        let left_behind = ended
+            .iter()
+            .filter_map(|f| v.find_fence(*f).and_then(|h| h.delay_end()))
+            .chain(v.delay_until())
+            .max()
+            .filter(|t| *t > now);
+        let whole = mode == Mode::Exclusive || ended.len() == v.len();
+        if !(whole && mode == Mode::Exclusive) {
+            for f in &ended {
+                v.remove_fence(*f);
+            }
+            if let Some(t) = left_behind {
+                v.set_delay(t);
+            }
+        }
+        let after = if whole {
+            left_behind
+        } else {
+            v.next_lease_end()
+        };
+        self.stats.expired += ended.len() as u64;
+        self.reindex(db, &name, before, after);
+        match (whole, left_behind) {
+            (true, None) => {
+                ks.remove();
+                ks.replicate(Change::Delete);
+            }
+            (true, Some(t)) if mode == Mode::Exclusive => {
+                ks.remove();
+                ks.put(LockValue::delayed(mode, t))?;
+                ks.replicate(Change::Delay { until: t });
+            }
+            _ => {
+                for fence in &ended {
+                    ks.replicate(Change::Drop { fence: *fence });
+                }
+                if let Some(t) = left_behind {
+                    ks.replicate(Change::Delay { until: t });
                 }
             }
+        }
+        if !ended.is_empty() {
+            ks.changed(Event::Expired);
         }
         Ok(())
     }
 
-    /// The one place that hands a lock over: grants it to the head of the queue, and to
-    /// as many after it as fit (readers after readers, permits while free), in order.
-    /// Only writes when the gate is open; otherwise the key is served again later.
-    pub fn serve<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        ks: &mut impl Keyspace,
-        sched: &mut S,
-    ) {
-        let db = ks.db();
-        let name: Box<[u8]> = ks.name().into();
-        if !self.has_waiters(db, &name) {
-            return;
-        }
-        match ks.gate() {
-            Gate::Now => {}
-            Gate::Later => {
-                self.deferred.insert((db, name));
-                sched.retry_later();
-                return;
-            }
-            Gate::NotHere => {
-                self.fail_waiters(sched, db, &name, &LockError::TryAgain, false);
-                return;
-            }
-            Gate::Replica => {
-                self.fail_waiters(sched, db, &name, &LockError::Unblocked, false);
-                return;
-            }
-        }
-        self.fail_waiters(sched, db, &name, &LockError::Moved, true);
-        if let Err(e) = self.reap(ks) {
-            self.fail_waiters(sched, db, &name, &e, false);
-            return;
-        }
-        let now = ks.now();
-        while let Some(head) = self.queue(db, &name).and_then(|q| q.waiters.front()) {
-            let want = head.mode;
-            let verdict = match ks.read() {
-                Err(e) => Err(e),
-                Ok(Slot::Classic(_)) if matches!(want, Mode::Counted(_)) => {
-                    Err(LockError::WrongMode)
-                }
-                Ok(Slot::Classic(_)) => Ok(false),
-                Ok(Slot::Free) => Ok(true),
-                Ok(Slot::Lock(v)) => match check_family(v.mode().family(), want) {
-                    Err(m) => Err(mismatch(m)),
-                    Ok(()) => Ok(v.admits(want, now)),
-                },
-            };
-            match verdict {
-                Ok(false) => break,
-                Err(LockError::WrongType) => {
-                    self.fail_waiters(sched, db, &name, &LockError::WrongType, false);
-                    return;
-                }
-                Err(e) => {
-                    if let Some(w) = self.pop_front(db, &name) {
-                        sched.answer(w.handle, Answer::Failed(e));
-                    }
-                }
-                Ok(true) => {
-                    let Some(w) = self.pop_front(db, &name) else {
-                        break;
-                    };
-                    let granted = self.grant(
-                        ks,
-                        w.mode,
-                        w.digest,
-                        w.ttl,
-                        w.min_fence,
-                        w.owner,
-                        w.client_id,
-                        w.addr,
-                    );
-                    match granted {
-                        Ok(fence) => {
-                            self.stats.handed_off += 1;
-                            ks.notify(Event::Handoff);
-                            let key = (db, name.clone());
-                            sched.answer(
-                                w.handle,
-                                Answer::Granted {
-                                    token: w.token,
-                                    fence,
-                                    key,
-                                    digest: w.digest,
-                                },
-                            );
-                        }
-                        Err(e) => sched.answer(w.handle, Answer::Failed(e)),
-                    }
-                }
-            }
-        }
-        if let Some(at) = self.next_service(ks) {
-            self.arm(sched, db, &name, at);
-        }
-        self.gc(sched, db, &name);
-    }
-
-    /// When a held key should be looked at again for its waiters: the first millisecond
-    /// after the earliest lease or the key's own expiry ends.
-    fn next_service(&mut self, ks: &mut impl Keyspace) -> Option<i64> {
-        let expiry = ks.expiry();
-        let lease_end = match ks.read() {
-            Ok(Slot::Lock(v)) => Some(v.next_lease_end()),
-            Ok(Slot::Free) => Some(ks.now()),
-            _ => None,
-        };
-        [lease_end, expiry]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|t| t.saturating_add(1))
-    }
-
-    /// After a lease changed: the key's waiters are served when the new one ends.
-    fn rearm<S: Sched<Waiter = W, Timer = T>>(&mut self, ks: &mut impl Keyspace, sched: &mut S) {
-        if self.has_waiters(ks.db(), ks.name()) {
-            if let Some(at) = self.next_service(ks) {
-                let (db, name) = (ks.db(), ks.name().to_vec());
-                self.arm(sched, db, &name, at);
-            }
-        }
-    }
-
-    // ---- commands ----------------------------------------------------------------------
-
-    /// LOCK.ACQUIRE without its waiting part: grant, renew, or Busy (the shell then
-    /// answers nil or blocks the client and calls [`Engine::enqueue`]).
-    pub fn acquire<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        ks: &mut impl Keyspace,
-        sched: &mut S,
-        req: &AcquireReq<'_>,
-    ) -> Result<Acquired, LockError> {
-        let now = ks.now();
-        if req.min_fence > self.fence.ceiling(now, FENCE_LEAD_MS) {
-            return Err(LockError::FenceTooFarAhead);
-        }
-        let deadline = lease(now, req.ttl)?;
-        let digest = req.token.map(value::digest);
-        let (db, waiting) = (ks.db(), self.has_waiters(ks.db(), ks.name()));
-        if waiting {
-            // A free key may still have waiters whose hand-off was deferred: they go first.
-            self.serve(ks, sched);
-        }
-        self.reap(ks)?;
-        let queue_family = self.queue_family(db, ks.name());
-        let queued = queue_family.is_some();
-        match ks.read()? {
-            Slot::Classic(expiry) => {
-                if matches!(req.mode, Mode::Counted(_)) {
-                    return Err(LockError::WrongMode);
-                }
-                self.stats.contended += 1;
-                Ok(Acquired::Busy {
-                    serve_at: expiry.map(|t| t.saturating_add(1)),
-                })
-            }
-            Slot::Lock(v) => {
-                if let Some(i) = digest.and_then(|d| v.find(&d)) {
-                    if v.mode() != req.mode {
-                        return Err(match (v.mode(), req.mode) {
-                            (Mode::Counted(n), Mode::Counted(_)) => LockError::LimitMismatch(n),
-                            _ => LockError::WrongMode,
-                        });
-                    }
-                    // The caller's own lock: a retry after a lost reply. Same fence, new
-                    // lease; MINFENCE only lifts the counter (for quorum clients).
-                    let h = &mut v.holders_mut()[i];
-                    h.expires_at = deadline;
-                    let fence = h.fence;
-                    let key_deadline = v.deadline();
-                    ks.set_expiry(key_deadline);
-                    let floor = if req.min_fence > 0 {
-                        self.fence.observe(req.min_fence);
-                        self.fence.last()
-                    } else {
-                        0
-                    };
-                    ks.replicate(Repl::Lease {
-                        fence,
-                        expires_at: deadline,
-                        floor: if floor > fence { floor } else { 0 },
-                    });
-                    ks.notify(Event::Acquire);
-                    self.stats.renewed += 1;
-                    // A shorter lease brings the hand-off forward.
-                    self.rearm(ks, sched);
-                    let token = req.token.map(<[u8]>::to_vec).unwrap_or_default();
-                    return Ok(Acquired::Granted { token, fence });
-                }
-                check_family(v.mode().family(), req.mode).map_err(mismatch)?;
-                if !queued && v.admits(req.mode, now) {
-                    return self.grant_to_caller(ks, req, digest);
-                }
-                let at = v.next_lease_end().saturating_add(1);
-                self.stats.contended += 1;
-                Ok(Acquired::Busy { serve_at: Some(at) })
-            }
-            Slot::Free => {
-                if let Some(f) = queue_family {
-                    check_family(f, req.mode).map_err(mismatch)?;
-                    self.stats.contended += 1;
-                    return Ok(Acquired::Busy {
-                        serve_at: Some(now),
-                    });
-                }
-                self.grant_to_caller(ks, req, digest)
-            }
-        }
-    }
-
-    fn grant_to_caller(
-        &mut self,
-        ks: &mut impl Keyspace,
-        req: &AcquireReq<'_>,
-        digest: Option<Digest>,
-    ) -> Result<Acquired, LockError> {
-        let token = match req.token {
-            Some(t) => t.to_vec(),
-            None => ks.new_token(),
-        };
-        let digest = digest.unwrap_or_else(|| value::digest(&token));
-        let fence = self.grant(
-            ks,
-            req.mode,
-            digest,
-            req.ttl,
-            req.min_fence,
-            req.owner.map(Into::into),
-            req.client_id,
-            req.addr.clone(),
-        )?;
-        ks.notify(Event::Acquire);
-        Ok(Acquired::Granted { token, fence })
-    }
-
-    /// Removes one holder (by digest or fence) or every holder; true if one was removed.
+    /// Removes one holder (by token, fence or digest) or every holder; true if one was.
     fn remove_holders(
         &mut self,
         ks: &mut impl Keyspace,
         which: Which<'_>,
     ) -> Result<bool, LockError> {
         self.reap(ks)?;
-        let outcome = match ks.read()? {
+        let (db, name) = (ks.db(), Name::of(ks.name()));
+        let now = ks.clock().mono;
+        let token_digest = match which {
+            Which::Token(t) => self.tokens.digest(t),
+            _ => [0; 16],
+        };
+        let left = match ks.read()? {
             Slot::Free => return Ok(false),
             Slot::Classic(_) => match which {
-                Which::Token(t) => {
-                    if !ks.classic_matches(t) {
-                        return Ok(false);
-                    }
-                    None
-                }
-                Which::Fence(_) => return Ok(false),
+                Which::Token(t) if ks.classic_matches(t) => None,
                 Which::All => None,
+                _ => return Ok(false),
             },
             Slot::Lock(v) => {
-                let i = match which {
-                    Which::Token(t) => v.find(&value::digest(t)),
-                    Which::Fence(f) => v.find_fence(f),
+                let fence = match which {
+                    Which::Token(_) => v.find(&token_digest).map(|h| h.fence),
+                    Which::Digest(d) => v.find(d).map(|h| h.fence),
+                    Which::Fence(f) => v.find_fence(f).map(|h| h.fence),
                     Which::All => None,
                 };
-                match (which, i) {
-                    (Which::All, _) => None,
+                let before = v.next_lease_end();
+                match (which, fence) {
+                    (Which::All, _) => {
+                        self.reindex(db, &name, before, None);
+                        None
+                    }
                     (_, None) => return Ok(false),
-                    (_, Some(i)) => {
-                        let fence = v.holders()[i].fence;
-                        if v.remove(i) {
-                            Some((fence, v.deadline()))
-                        } else {
-                            None
-                        }
+                    // The last holder goes; a lock-delay another one left still runs.
+                    (_, Some(_)) if v.len() == 1 && !v.delaying(now) => {
+                        self.reindex(db, &name, before, None);
+                        None
+                    }
+                    (_, Some(f)) => {
+                        v.remove_fence(f);
+                        let after = v.next_lease_end();
+                        self.reindex(db, &name, before, after);
+                        Some(f)
                     }
                 }
             }
         };
-        match outcome {
+        match left {
             None => {
                 ks.remove();
-                ks.replicate(Repl::Delete);
+                ks.replicate(Change::Delete);
             }
-            Some((fence, deadline)) => {
-                ks.set_expiry(deadline);
-                ks.replicate(Repl::Drop { fence });
-            }
+            Some(fence) => ks.replicate(Change::Drop { fence }),
         }
         Ok(true)
     }
 
     /// Removes holders, then (when one was removed) notifies, counts and hands over: the
     /// one place a release, a revocation and a forced release end.
-    fn release_and_serve<S: Sched<Waiter = W, Timer = T>>(
+    fn release_and_serve<S: Sched<Waiter = W>>(
         &mut self,
         ks: &mut impl Keyspace,
         sched: &mut S,
@@ -821,195 +585,14 @@ impl<W, T> Engine<W, T> {
         let removed = self.remove_holders(ks, which)?;
         if removed {
             if forced {
-                ks.notify(Event::ForceRelease);
+                ks.changed(Event::ForceRelease);
                 self.stats.force_released += 1;
             } else {
-                ks.notify(Event::Release);
+                ks.changed(Event::Release);
                 self.stats.released += 1;
             }
             self.serve(ks, sched);
         }
         Ok(removed)
     }
-
-    /// LOCK.RELEASE: removes the holder `token` names, then hands the lock over.
-    pub fn release<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        ks: &mut impl Keyspace,
-        sched: &mut S,
-        token: &[u8],
-    ) -> Result<bool, LockError> {
-        self.release_and_serve(ks, sched, Which::Token(token), false)
-    }
-
-    /// Gives back a grant whose waiter left before it heard of it.
-    pub fn revoke<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        ks: &mut impl Keyspace,
-        sched: &mut S,
-        d: &Digest,
-    ) -> bool {
-        let found = match ks.read() {
-            Ok(Slot::Lock(v)) => v.find(d).map(|i| v.holders()[i].fence),
-            _ => None,
-        };
-        found.is_some_and(|fence| {
-            self.release_and_serve(ks, sched, Which::Fence(fence), false)
-                .unwrap_or(false)
-        })
-    }
-
-    /// LOCK.FORCERELEASE [FENCE f].
-    pub fn force_release<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        ks: &mut impl Keyspace,
-        sched: &mut S,
-        fence: Option<u64>,
-    ) -> Result<bool, LockError> {
-        self.release_and_serve(ks, sched, fence.map_or(Which::All, Which::Fence), true)
-    }
-
-    /// LOCK.EXTEND: a new lease for the holder `token` names.
-    pub fn extend<S: Sched<Waiter = W, Timer = T>>(
-        &mut self,
-        ks: &mut impl Keyspace,
-        sched: &mut S,
-        token: &[u8],
-        ttl: u64,
-    ) -> Result<bool, LockError> {
-        let now = ks.now();
-        let deadline = i64::try_from(ttl)
-            .ok()
-            .and_then(|t| now.checked_add(t))
-            .ok_or(LockError::InvalidExpire("lock.extend"))?;
-        self.reap(ks)?;
-        let changed = match ks.read()? {
-            Slot::Free => return Ok(false),
-            Slot::Classic(_) => {
-                if !ks.classic_matches(token) {
-                    return Ok(false);
-                }
-                ks.set_expiry(deadline);
-                ks.replicate(Repl::ExpireAt(deadline));
-                None
-            }
-            Slot::Lock(v) => {
-                let Some(i) = v.find(&value::digest(token)) else {
-                    return Ok(false);
-                };
-                let h = &mut v.holders_mut()[i];
-                h.expires_at = deadline;
-                Some((h.fence, v.deadline()))
-            }
-        };
-        if let Some((fence, key_deadline)) = changed {
-            ks.set_expiry(key_deadline);
-            ks.replicate(Repl::Lease {
-                fence,
-                expires_at: deadline,
-                floor: 0,
-            });
-        }
-        ks.notify(Event::Extend);
-        self.stats.extended += 1;
-        // A shorter lease brings the hand-off forward.
-        self.rearm(ks, sched);
-        Ok(true)
-    }
-
-    /// LOCK.INFO: read-only (a lease that is over shows as free; nothing is removed).
-    pub fn info(&self, ks: &mut impl Keyspace) -> Result<InfoView, LockError> {
-        let now = ks.now();
-        let waiters = self.queued(ks.db(), ks.name());
-        Ok(match ks.read()? {
-            Slot::Free => InfoView::Free,
-            Slot::Classic(expiry) => InfoView::Classic { expiry, waiters },
-            Slot::Lock(v) => {
-                let holders: Vec<Holder> = v
-                    .holders()
-                    .iter()
-                    .filter(|h| h.live(now))
-                    .cloned()
-                    .collect();
-                if holders.is_empty() {
-                    InfoView::Free
-                } else {
-                    InfoView::Lock {
-                        mode: v.mode(),
-                        holders,
-                        waiters,
-                    }
-                }
-            }
-        })
-    }
-
-    // ---- what arrives from the primary or the AOF -------------------------------------
-
-    /// Applies a replicated change. The fence counter learns every fence and floor.
-    pub fn apply(&mut self, ks: &mut impl Keyspace, op: Repl<'_>) -> Result<(), LockError> {
-        match op {
-            Repl::Grant {
-                mode,
-                holder,
-                floor,
-            } => {
-                self.fence.observe(holder.fence.max(floor));
-                let deadline = match ks.read() {
-                    Ok(Slot::Lock(v)) if v.mode() == mode && mode != Mode::Exclusive => {
-                        match v.find(&holder.digest) {
-                            Some(i) => v.holders_mut()[i] = holder.clone(),
-                            None => v.push(holder.clone()),
-                        }
-                        Some(v.deadline())
-                    }
-                    _ => None,
-                };
-                match deadline {
-                    Some(d) => ks.set_expiry(d),
-                    None => ks.put(LockValue::new(mode, holder.clone())),
-                }
-            }
-            Repl::Lease {
-                fence,
-                expires_at,
-                floor,
-            } => {
-                self.fence.observe(floor);
-                let deadline = match ks.read()? {
-                    Slot::Lock(v) => v.find_fence(fence).map(|i| {
-                        v.holders_mut()[i].expires_at = expires_at;
-                        v.deadline()
-                    }),
-                    _ => None,
-                };
-                if let Some(d) = deadline {
-                    ks.set_expiry(d);
-                }
-            }
-            Repl::Drop { fence } => {
-                let left = match ks.read()? {
-                    Slot::Lock(v) => v
-                        .find_fence(fence)
-                        .map(|i| v.remove(i).then(|| v.deadline())),
-                    _ => None,
-                };
-                match left {
-                    Some(Some(d)) => ks.set_expiry(d),
-                    Some(None) => ks.remove(),
-                    None => {}
-                }
-            }
-            Repl::Delete => ks.remove(),
-            Repl::ExpireAt(at) => ks.set_expiry(at),
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Which<'a> {
-    Token(&'a [u8]),
-    Fence(u64),
-    All,
 }

@@ -9,7 +9,7 @@ use redis_module::raw;
 
 use std::cell::RefCell;
 
-use super::{api, leak_cstr, Ctx, MainThread, OK};
+use super::{api, api_opt, leak_cstr, Ctx, MainThread, OK};
 
 type ArgType = raw::RedisModuleCommandArgType;
 
@@ -17,6 +17,9 @@ type ArgType = raw::RedisModuleCommandArgType;
 pub enum Arg {
     Key(&'static str),
     Str(&'static str),
+    Int(&'static str),
+    /// Any number of further arguments (optional, repeated).
+    Rest(&'static str),
     /// An optional `TOKEN value` pair.
     Opt(&'static str, &'static str, ArgType),
     /// An optional choice of `PX ms` or `EX s`.
@@ -28,6 +31,8 @@ pub enum Arg {
 pub struct Cmd {
     pub name: &'static str,
     pub flags: &'static str,
+    /// ACL categories, where the server lets a module set them (Redis 7.2+, Valkey).
+    pub acl: &'static str,
     pub key_flags: u64,
     pub arity: c_int,
     pub summary: &'static str,
@@ -76,6 +81,13 @@ fn build_args(args: &[Arg]) -> *mut raw::RedisModuleCommandArg {
         .map(|a| match *a {
             Arg::Key(n) => arg(n, KEY, None, 0),
             Arg::Str(n) => arg(n, STRING, None, 0),
+            Arg::Int(n) => arg(n, INTEGER, None, 0),
+            Arg::Rest(n) => arg(
+                n,
+                STRING,
+                None,
+                OPTIONAL | raw::REDISMODULE_CMD_ARG_MULTIPLE,
+            ),
             Arg::Opt(tok, n, t) => arg(n, t, Some(tok), OPTIONAL),
             Arg::Flag(tok, n) => arg(n, PURE_TOKEN, Some(tok), OPTIONAL),
             Arg::Expiry => {
@@ -129,12 +141,7 @@ pub fn register(ctx: Ctx<'_>, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Resu
     if ok != OK {
         return Err(format!("creating {} failed", c.name));
     }
-    if c.key_flags == 0 {
-        return Ok(()); // a command without a key gets no key spec
-    }
-    // SAFETY: reading optional API pointers (set at load).
-    let (get, set_info) = unsafe { (raw::RedisModule_GetCommand, raw::RedisModule_SetCommandInfo) };
-    let (Some(get), Some(set_info)) = (get, set_info) else {
+    let Some(get) = api_opt!(RedisModule_GetCommand) else {
         return Ok(()); // a server without command info: the legacy key range still routes
     };
     // SAFETY: the command was just created under this name.
@@ -142,6 +149,22 @@ pub fn register(ctx: Ctx<'_>, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Resu
     if cmd.is_null() {
         return Err(format!("looking up {} failed", c.name));
     }
+    if let Some(set_acl) = api_opt!(RedisModule_SetCommandACLCategories) {
+        let own = MODULE_CATEGORY
+            .get()
+            .map_or(String::new(), |c| format!(" {c}"));
+        let acl = CString::new(format!("{}{own}", c.acl)).map_err(|e| e.to_string())?;
+        // SAFETY: our command, at load time; the server parses and copies the names.
+        if unsafe { set_acl(cmd, acl.as_ptr()) } != OK {
+            return Err(format!("setting the ACL categories of {} failed", c.name));
+        }
+    }
+    if c.key_flags == 0 {
+        return Ok(()); // a command without a key gets no key spec
+    }
+    let Some(set_info) = api_opt!(RedisModule_SetCommandInfo) else {
+        return Ok(());
+    };
     let version = Box::leak(Box::new(raw::RedisModuleCommandInfoVersion {
         version: 1,
         sizeof_historyentry: size_of::<raw::RedisModuleCommandHistoryEntry>(),
@@ -168,4 +191,26 @@ pub fn register(ctx: Ctx<'_>, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Resu
         return Err(format!("setting command info of {} failed", c.name));
     }
     Ok(())
+}
+
+/// Adds the module's own ACL category (`@name`), where the server allows it. True when
+/// the category exists afterwards.
+pub fn add_acl_category(ctx: Ctx<'_>, name: &str) -> bool {
+    let (Some(f), Ok(n)) = (api_opt!(RedisModule_AddACLCategory), CString::new(name)) else {
+        return false;
+    };
+    // SAFETY: a load-time context; the name is copied.
+    let added = unsafe { f(ctx.raw(), n.as_ptr()) == OK };
+    if added {
+        let _ = MODULE_CATEGORY.set(name.to_string());
+    }
+    added
+}
+
+/// The module's own category, once added: every command registered after gets it.
+static MODULE_CATEGORY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Whether this server lets a module put its commands in ACL categories.
+pub fn has_acl_categories() -> bool {
+    api_opt!(RedisModule_SetCommandACLCategories).is_some()
 }

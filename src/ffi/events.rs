@@ -1,8 +1,10 @@
 //! Subscriptions: keyspace notifications, the server events the module needs (flush,
-//! SWAPDB, a change of replication role), and the `INFO lock` section. The server's C
-//! callbacks are turned into plain Rust functions registered once at load.
+//! SWAPDB, a change of replication role, forks, loading, synchronous saves, the server's
+//! cron), a command filter the module installs only while it needs one, and the
+//! `INFO lock` section. The server's C callbacks are turned into plain Rust functions.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
 use redis_module::raw;
@@ -35,7 +37,9 @@ extern "C" fn keyspace_cb(
     OK
 }
 
-/// Calls `f(ctx, event, key)` for every keyspace event of the classes in `mask`.
+/// Calls `f(ctx, event, key)` for every keyspace event of the classes in `mask`. Every
+/// notification of those classes, for any key of the server, then costs a call into the
+/// module: subscribe only when something needs it (there is no unsubscribing).
 pub fn subscribe_keyspace(ctx: Ctx<'_>, mask: c_int, f: KeyspaceFn) -> Result<(), String> {
     let _ = KEYSPACE.set(f);
     // SAFETY: a load-time context and a callback matching the server's signature.
@@ -60,6 +64,16 @@ pub enum ServerEvent {
     Forked,
     /// A replica came online or went offline.
     ReplicaChanged,
+    /// Loading (RDB, AOF, a full sync, DEBUG RELOAD) finished or failed.
+    Loaded,
+    /// A synchronous save (SAVE, DEBUG RELOAD, SHUTDOWN) starts in this process.
+    SyncSaveStarted,
+    /// A save ended or failed.
+    SaveEnded,
+    /// The server's periodic cron (`hz` times a second, on the monotonic clock).
+    Cron,
+    /// A module was loaded or unloaded (the commands the server knows changed).
+    ModulesChanged,
 }
 
 pub type ServerFn = fn(Ctx<'_>, ServerEvent);
@@ -97,6 +111,26 @@ extern "C" fn server_cb(
             ServerEvent::Forked
         }
         raw::REDISMODULE_EVENT_REPLICA_CHANGE => ServerEvent::ReplicaChanged,
+        raw::REDISMODULE_EVENT_CRON_LOOP => ServerEvent::Cron,
+        raw::REDISMODULE_EVENT_MODULE_CHANGE => ServerEvent::ModulesChanged,
+        raw::REDISMODULE_EVENT_LOADING
+            if sub == raw::REDISMODULE_SUBEVENT_LOADING_ENDED
+                || sub == raw::REDISMODULE_SUBEVENT_LOADING_FAILED =>
+        {
+            ServerEvent::Loaded
+        }
+        raw::REDISMODULE_EVENT_PERSISTENCE
+            if sub == raw::REDISMODULE_SUBEVENT_PERSISTENCE_SYNC_RDB_START
+                || sub == raw::REDISMODULE_SUBEVENT_PERSISTENCE_SYNC_AOF_START =>
+        {
+            ServerEvent::SyncSaveStarted
+        }
+        raw::REDISMODULE_EVENT_PERSISTENCE
+            if sub == raw::REDISMODULE_SUBEVENT_PERSISTENCE_ENDED
+                || sub == raw::REDISMODULE_SUBEVENT_PERSISTENCE_FAILED =>
+        {
+            ServerEvent::SaveEnded
+        }
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
             if sub == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
                 ServerEvent::BecamePrimary
@@ -118,6 +152,10 @@ pub fn subscribe_server(ctx: Ctx<'_>, f: ServerFn) -> Result<(), String> {
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
         raw::REDISMODULE_EVENT_FORK_CHILD,
         raw::REDISMODULE_EVENT_REPLICA_CHANGE,
+        raw::REDISMODULE_EVENT_CRON_LOOP,
+        raw::REDISMODULE_EVENT_LOADING,
+        raw::REDISMODULE_EVENT_PERSISTENCE,
+        raw::REDISMODULE_EVENT_MODULE_CHANGE,
     ] {
         let ev = raw::RedisModuleEvent { id, dataver: 1 };
         // SAFETY: a load-time context and a callback matching the server's signature.
@@ -166,41 +204,27 @@ pub fn register_info(ctx: Ctx<'_>, f: InfoFn) -> Result<(), String> {
     Ok(())
 }
 
-/// The arguments of a command about to run, as a command filter sees them.
-pub struct FilterArgs(*mut raw::RedisModuleCommandFilterCtx);
-
-impl FilterArgs {
-    pub fn len(&self) -> usize {
-        // SAFETY: a live filter context (only handed out inside `filter_cb`).
-        usize::try_from(unsafe { api!(RedisModule_CommandFilterArgsCount)(self.0) }).unwrap_or(0)
-    }
-
-    pub fn get(&self, i: usize) -> Option<&[u8]> {
-        let i = c_int::try_from(i).ok()?;
-        // SAFETY: a live filter context; NULL for an index out of range.
-        let s = unsafe { api!(RedisModule_CommandFilterArgGet)(self.0, i) };
-        if s.is_null() {
-            return None;
-        }
-        // SAFETY: the argument string lives while the filter runs, as `&self` does.
-        Some(unsafe { Str::from_raw(s) }.bytes())
-    }
-}
-
-pub type FilterFn = fn(&FilterArgs);
+/// What the filter does before the next command (it sees no arguments).
+pub type FilterFn = fn();
 static FILTER: OnceLock<FilterFn> = OnceLock::new();
+/// The installed filter, while one is (main thread only).
+static INSTALLED: AtomicPtr<raw::RedisModuleCommandFilter> = AtomicPtr::new(std::ptr::null_mut());
 
-extern "C" fn filter_cb(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+extern "C" fn filter_cb(_fctx: *mut raw::RedisModuleCommandFilterCtx) {
     if let Some(f) = FILTER.get() {
-        catch(|| f(&FilterArgs(fctx)));
+        catch(f);
     }
 }
 
 /// Calls `f` with the arguments of every command before it runs (the module's own
-/// commands excepted). Keep `f` cheap: it runs for every command of the server.
-pub fn register_filter(ctx: Ctx<'_>, f: FilterFn) -> Result<(), String> {
+/// commands excepted) until [`remove_filter`]. Every command of the server pays for it
+/// while it is installed.
+pub fn install_filter(ctx: Ctx<'_>, f: FilterFn) -> bool {
     let _ = FILTER.set(f);
-    // SAFETY: a load-time context and a callback matching the server's signature.
+    if !INSTALLED.load(Ordering::Relaxed).is_null() {
+        return true;
+    }
+    // SAFETY: a valid context and a callback matching the server's signature.
     let filter = unsafe {
         api!(RedisModule_RegisterCommandFilter)(
             ctx.raw(),
@@ -208,8 +232,14 @@ pub fn register_filter(ctx: Ctx<'_>, f: FilterFn) -> Result<(), String> {
             raw::REDISMODULE_CMDFILTER_NOSELF as c_int,
         )
     };
-    if filter.is_null() {
-        return Err("registering the command filter failed".into());
+    INSTALLED.store(filter, Ordering::Relaxed);
+    !filter.is_null()
+}
+
+pub fn remove_filter(ctx: Ctx<'_>) {
+    let filter = INSTALLED.swap(std::ptr::null_mut(), Ordering::Relaxed);
+    if !filter.is_null() {
+        // SAFETY: a filter this module registered and has not unregistered.
+        unsafe { api!(RedisModule_UnregisterCommandFilter)(ctx.raw(), filter) };
     }
-    Ok(())
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{log_raw, Ctx, OK};
 use crate::error::LockError;
+use crate::reply::Reply;
 
 /// Panics caught so far (`lock_panics` in INFO).
 pub static PANICS: AtomicU64 = AtomicU64::new(0);
@@ -29,17 +30,21 @@ pub fn catch<R>(f: impl FnOnce() -> R) -> Option<R> {
     }
 }
 
-/// The body of every command: the handler replies on success; errors and panics are
-/// replied here, each with an error code.
-pub fn command(
+/// The body of every command: it answers with a reply value (None: the client was
+/// blocked and is answered later), written here in one piece; errors and panics are
+/// replied here too, each with an error code. Nothing is written before the value is
+/// whole, so a panic cannot leave half a reply on the connection.
+pub fn command<'a>(
     ctx: Ctx<'_>,
     name: &'static str,
-    f: impl FnOnce() -> Result<(), LockError>,
+    f: impl FnOnce() -> Result<Option<Reply<'a>>, LockError>,
 ) -> c_int {
-    match catch(f) {
-        Some(Ok(())) => {}
-        Some(Err(e)) => ctx.reply_error(&e.to_string()),
-        None => ctx.reply_error(&LockError::Internal(name).to_string()),
-    }
+    let reply = match catch(f) {
+        Some(Ok(Some(r))) => r,
+        Some(Ok(None)) => return OK,
+        Some(Err(e)) => Reply::Error(e),
+        None => Reply::Error(LockError::Internal(name)),
+    };
+    super::reply::send(ctx, &reply);
     OK
 }

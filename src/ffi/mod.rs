@@ -1,6 +1,6 @@
-//! The boundary to the server. Every call of the Redis module API is made here (and in
-//! `datatype.rs`, the type's own callbacks); everything outside works with these typed,
-//! safe handles:
+//! The boundary to the server. Every call of the Redis module API is made here, and
+//! every `unsafe` block of the module is under this folder; everything outside works
+//! with these typed, safe handles, and none of it names what the module stores:
 //!
 //! - [`Ctx`]: the context of one callback; lives as long as the callback (`'a`).
 //! - [`Str`]: a server string borrowed for `'a`; [`OwnedStr`] one the module owns.
@@ -13,20 +13,30 @@
 //! entry point runs under [`guard::catch`].
 
 pub mod blocked;
+pub mod call;
+pub mod cluster;
 pub mod cmdinfo;
+mod command;
 pub mod config;
+pub mod datatype;
 pub mod events;
 pub mod guard;
+mod key;
+pub mod reply;
+pub mod scan;
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+pub use command::{entry, Args, Handler};
+pub use key::{Key, KeyKind};
+
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::marker::PhantomData;
 use std::ptr;
 use std::slice;
-use std::sync::atomic::{AtomicI64, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::raw;
 
-use crate::engine::value::{Addr, LockValue};
+use datatype::TypeHandle;
 
 /// The function pointer the server filled in at load time, or a panic (caught at the
 /// entry point) when this server lacks it.
@@ -53,12 +63,21 @@ macro_rules! api_opt {
         f
     }};
 }
+pub(crate) use api_opt;
 
 pub const OK: c_int = raw::REDISMODULE_OK as c_int;
 
-pub fn now_ms() -> i64 {
+/// The server's wall clock, unix ms.
+pub fn wall_ms() -> i64 {
     // SAFETY: no arguments; reads the server's clock.
     unsafe { api!(RedisModule_Milliseconds)() }
+}
+
+/// The server's monotonic clock, µs (no wall-clock step moves it).
+pub fn mono_us() -> i64 {
+    // SAFETY: no arguments; reads the server's monotonic clock.
+    let us = unsafe { api!(RedisModule_MonotonicMicroseconds)() };
+    i64::try_from(us).unwrap_or(i64::MAX)
 }
 
 /// `0x00MMmmpp`, e.g. 0x00070000 for Redis 7.0.0 (Valkey reports its own version).
@@ -104,6 +123,44 @@ pub const FLAG_MULTI: u32 = raw::REDISMODULE_CTX_FLAGS_MULTI;
 pub const FLAG_LUA: u32 = raw::REDISMODULE_CTX_FLAGS_LUA;
 pub const FLAG_CLUSTER: u32 = raw::REDISMODULE_CTX_FLAGS_CLUSTER;
 pub const FLAG_AOF: u32 = raw::REDISMODULE_CTX_FLAGS_AOF;
+pub const FLAG_IS_CHILD: u32 = raw::REDISMODULE_CTX_FLAGS_IS_CHILD;
+pub const FLAG_ASYNC_LOADING: u32 = raw::REDISMODULE_CTX_FLAGS_ASYNC_LOADING;
+
+/// The server-wide context flags (loading, in a fork child, cluster, ...).
+pub fn server_flags() -> u32 {
+    // SAFETY: a NULL context is allowed: only the server-wide flags are reported.
+    unsafe { api!(RedisModule_GetContextFlags)(ptr::null_mut()) as u32 }
+}
+
+/// True while the server loads data (RDB, AOF, a full sync, DEBUG RELOAD).
+pub fn loading() -> bool {
+    server_flags() & (FLAG_LOADING | FLAG_ASYNC_LOADING) != 0
+}
+
+/// True inside a fork child (a background save, an AOF rewrite, a full sync).
+pub fn in_child() -> bool {
+    server_flags() & FLAG_IS_CHILD != 0
+}
+
+/// A context of the module that lives as long as the process: for the few calls that
+/// need one where the server gives none (a timer armed from a data-type callback).
+static MODULE_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(ptr::null_mut());
+
+/// Keeps a detached context of the module (at load).
+pub fn keep_module_ctx(ctx: Ctx<'_>) {
+    if let Some(f) = api_opt!(RedisModule_GetDetachedThreadSafeContext) {
+        // SAFETY: a load-time context; the detached context is never freed.
+        let d = unsafe { f(ctx.raw) };
+        MODULE_CTX.store(d, Ordering::Relaxed);
+    }
+}
+
+/// The module's own long-lived context (main thread only).
+pub fn module_ctx() -> Option<Ctx<'static>> {
+    let p = MODULE_CTX.load(Ordering::Relaxed);
+    // SAFETY: a detached context kept for the life of the process.
+    (!p.is_null()).then(|| unsafe { Ctx::from_raw(p) })
+}
 
 /// Where a cluster node stands on a key, from the server's own routing check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +181,13 @@ impl<'a> Ctx<'a> {
             raw,
             _life: PhantomData,
         }
+    }
+
+    /// The context of the module's load function, as the crate's macro passes it.
+    pub fn of_load(ctx: &'a redis_module::Context) -> Ctx<'a> {
+        // SAFETY: the crate's context wraps the live context the server passed to the
+        // load function, valid while it is borrowed.
+        unsafe { Ctx::from_raw(ctx.ctx) }
     }
 
     pub(crate) fn raw(self) -> *mut raw::RedisModuleCtx {
@@ -155,6 +219,25 @@ impl<'a> Ctx<'a> {
         log_raw(self.raw, level, msg);
     }
 
+    /// Replaces argument `pos` of the running command with "(redacted)" wherever the
+    /// server shows commands (SLOWLOG, MONITOR, the commandlog).
+    pub fn redact(self, pos: usize) {
+        if let (Some(f), Ok(pos)) = (
+            api_opt!(RedisModule_RedactClientCommandArgument),
+            c_int::try_from(pos),
+        ) {
+            // SAFETY: a command context; the server checks the position.
+            unsafe { f(self.raw, pos) };
+        }
+    }
+
+    /// Tells WATCH and client-side caching that `key` changed (the module signals real
+    /// changes only: it runs with implicit signals off).
+    pub fn signal_modified(self, key: Str<'_>) {
+        // SAFETY: a valid context and a live key string.
+        unsafe { api!(RedisModule_SignalModifiedKey)(self.raw, key.raw) };
+    }
+
     pub fn notify(self, class: c_int, event: &CStr, key: Str<'_>) {
         // SAFETY: valid context, a NUL-terminated event name and a live key string.
         unsafe { api!(RedisModule_NotifyKeyspaceEvent)(self.raw, class, event.as_ptr(), key.raw) };
@@ -178,7 +261,12 @@ impl<'a> Ctx<'a> {
         Route::Here
     }
 
-    pub fn open_key(self, name: Str<'_>, write: bool) -> Key<'a> {
+    pub fn open_key<T: 'static>(
+        self,
+        name: Str<'_>,
+        write: bool,
+        ty: &'static TypeHandle<T>,
+    ) -> Key<'a, T> {
         let mode = if write {
             raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
         } else {
@@ -186,11 +274,7 @@ impl<'a> Ctx<'a> {
         };
         // SAFETY: valid context and key name; the handle is closed by `Key::drop`.
         let raw = unsafe { api!(RedisModule_OpenKey)(self.raw, name.raw, mode as c_int) };
-        Key {
-            raw: raw.cast(),
-            kind: std::cell::Cell::new(None),
-            _ctx: PhantomData,
-        }
+        Key::new(raw.cast(), ty)
     }
 
     /// Integer fields of an INFO section (missing fields read as 0).
@@ -397,10 +481,10 @@ impl Drop for OwnedStr {
 
 // ---- clients ------------------------------------------------------------------------
 
-/// The address of a connected client, or `Addr::None` (AOF loading, timers, gone).
-pub fn client_addr(id: u64) -> Addr {
+/// The IP text and port of a connected client (None: AOF loading, timers, gone).
+pub fn client_addr(id: u64) -> Option<(String, u16)> {
     if id == 0 {
-        return Addr::None;
+        return None;
     }
     // SAFETY: an all-zero RedisModuleClientInfo is valid (plain integers and arrays).
     let mut info: raw::RedisModuleClientInfo = unsafe { std::mem::zeroed() };
@@ -413,7 +497,7 @@ pub fn client_addr(id: u64) -> Addr {
         )
     };
     if ok != OK {
-        return Addr::None;
+        return None;
     }
     let ip: String = info
         .addr
@@ -421,249 +505,21 @@ pub fn client_addr(id: u64) -> Addr {
         .take_while(|&&c| c != 0)
         .map(|&c| c as u8 as char)
         .collect();
-    Addr::from_ip_port(&ip, info.port)
+    Some((ip, info.port))
 }
 
 // ---- keys ---------------------------------------------------------------------------
 
-/// The module's data type, set once at load.
-static LOCK_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
-/// Lock values the server owns (created minus freed): `lock_held` in INFO. Atomic
-/// because a value's `free` may run on a lazy-free thread.
-pub static LIVE_LOCKS: AtomicI64 = AtomicI64::new(0);
-
-pub fn set_lock_type(t: *mut raw::RedisModuleType) {
-    LOCK_TYPE.store(t, Ordering::Relaxed);
-}
-
-pub fn lock_type() -> *mut raw::RedisModuleType {
-    LOCK_TYPE.load(Ordering::Relaxed)
-}
-
-/// Moves a lock value to the heap for the server to own.
-pub fn lock_into_raw(v: LockValue) -> *mut c_void {
-    LIVE_LOCKS.fetch_add(1, Ordering::Relaxed);
-    Box::into_raw(Box::new(v)).cast()
-}
-
-/// Takes back a value the server owned (its `free` callback) or refused.
-///
-/// # Safety
-/// `p` must come from [`lock_into_raw`] and nobody may use it afterwards.
-pub unsafe fn lock_from_raw(p: *mut c_void) -> Box<LockValue> {
-    LIVE_LOCKS.fetch_sub(1, Ordering::Relaxed);
-    // SAFETY: made by `Box::into_raw` in `lock_into_raw` (caller's contract).
-    unsafe { Box::from_raw(p.cast::<LockValue>()) }
-}
-
-/// What an open key holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyKind {
-    Empty,
-    String,
-    Lock,
-    Other,
-}
-
-/// An open key, closed on drop. What it holds is looked up once and remembered until
-/// the module changes the key through this handle.
-pub struct Key<'a> {
-    raw: *mut raw::RedisModuleKey,
-    kind: std::cell::Cell<Option<KeyKind>>,
-    _ctx: PhantomData<&'a ()>,
-}
-
-impl Key<'_> {
-    pub fn kind(&self) -> KeyKind {
-        if let Some(k) = self.kind.get() {
-            return k;
-        }
-        let k = self.lookup_kind();
-        self.kind.set(Some(k));
-        k
-    }
-
-    fn lookup_kind(&self) -> KeyKind {
-        if self.raw.is_null() {
-            return KeyKind::Empty;
-        }
-        // SAFETY: an open key handle.
-        let t = unsafe { api!(RedisModule_KeyType)(self.raw) };
-        const EMPTY: c_int = raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
-        const STRING: c_int = raw::REDISMODULE_KEYTYPE_STRING as c_int;
-        const MODULE: c_int = raw::REDISMODULE_KEYTYPE_MODULE as c_int;
-        match t {
-            EMPTY => KeyKind::Empty,
-            STRING => KeyKind::String,
-            MODULE => {
-                // SAFETY: an open key holding a module value.
-                let mt = unsafe { api!(RedisModule_ModuleTypeGetType)(self.raw) };
-                if mt == lock_type() && !mt.is_null() {
-                    KeyKind::Lock
-                } else {
-                    KeyKind::Other
-                }
-            }
-            _ => KeyKind::Other,
-        }
-    }
-
-    /// The lock value, if the key holds one; borrowed as long as the key is.
-    pub fn lock(&mut self) -> Option<&mut LockValue> {
-        if self.kind() != KeyKind::Lock {
-            return None;
-        }
-        // SAFETY: the key holds a value of our type, which is always a pointer made by
-        // `lock_into_raw` (or our rdb_load); the server keeps it while the key is open
-        // and unchanged, and `&mut self` keeps anyone else from changing the key.
-        unsafe {
-            let v = api!(RedisModule_ModuleTypeGetValue)(self.raw);
-            v.cast::<LockValue>().as_mut()
-        }
-    }
-
-    /// Stores a lock value (replacing what the key holds).
-    pub fn put_lock(&mut self, v: LockValue) -> bool {
-        let p = lock_into_raw(v);
-        // SAFETY: a key opened for writing; on success the server owns `p`.
-        let ok = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, lock_type(), p) } == OK;
-        self.kind.set(None);
-        if !ok {
-            // SAFETY: the server refused it, so `p` is still ours alone.
-            drop(unsafe { lock_from_raw(p) });
-        }
-        ok
-    }
-
-    /// Whether the string value equals `b`. Write paths only: the server's direct access
-    /// turns a shared or integer encoding into a plain one.
-    pub fn string_eq(&mut self, b: &[u8]) -> bool {
-        let mut len = 0usize;
-        // SAFETY: an open key holding a string (callers check `kind()`).
-        let p = unsafe {
-            api!(RedisModule_StringDMA)(self.raw, &mut len, raw::REDISMODULE_READ as c_int)
-        };
-        if p.is_null() {
-            return false;
-        }
-        // SAFETY: `p` points at the `len` bytes of the value while the key is open.
-        unsafe { slice::from_raw_parts(p.cast::<u8>(), len) == b }
-    }
-
-    pub fn delete(&mut self) {
-        // SAFETY: an open key (a no-op if opened read-only or empty).
-        unsafe { api!(RedisModule_DeleteKey)(self.raw) };
-        self.kind.set(None);
-    }
-
-    /// Sets the key's expiry (nothing for an empty key: Redis 8 does not check).
-    pub fn set_abs_expire(&mut self, at_ms: i64) {
-        if self.kind() == KeyKind::Empty {
-            return;
-        }
-        // SAFETY: an open key holding a value.
-        unsafe { api!(RedisModule_SetAbsExpire)(self.raw, at_ms) };
-    }
-
-    /// Absolute expiry in unix ms, or None without one (or for an empty key, which
-    /// Redis 8 does not check for).
-    pub fn abs_expire(&self) -> Option<i64> {
-        if self.kind() == KeyKind::Empty {
-            return None;
-        }
-        // SAFETY: an open key holding a value.
-        let v = unsafe { api!(RedisModule_GetAbsExpire)(self.raw) };
-        (v >= 0).then_some(v)
-    }
-}
-
-impl Drop for Key<'_> {
-    fn drop(&mut self) {
-        if !self.raw.is_null() {
-            // SAFETY: opened by `Ctx::open_key`, closed exactly once here.
-            unsafe { api!(RedisModule_CloseKey)(self.raw) };
-        }
-    }
-}
-
-/// Defines `extern "C" fn $name(ctx, argv, argc)` for a command implemented by
-/// `$body(Ctx, Args) -> Result<(), LockError>`: errors and panics become error replies.
-macro_rules! command_entry {
-    ($name:ident, $cmd:literal, $body:path) => {
-        pub extern "C" fn $name(
-            ctx: *mut redis_module::raw::RedisModuleCtx,
-            argv: *mut *mut redis_module::raw::RedisModuleString,
-            argc: std::ffi::c_int,
-        ) -> std::ffi::c_int {
-            // SAFETY: the server calls a command handler with its context and `argc`
-            // live argument strings, valid until the handler returns.
-            let (ctx, args) = unsafe { $crate::ffi::command_args(ctx, argv, argc) };
-            $crate::ffi::guard::command(ctx, $cmd, || $body(ctx, args))
-        }
-    };
-}
-pub(crate) use command_entry;
-
-/// The arguments of a command, borrowed from the server for the handler's duration.
-#[derive(Clone, Copy)]
-pub struct Args<'a> {
-    raw: &'a [*mut raw::RedisModuleString],
-}
-
-impl<'a> Args<'a> {
-    pub fn len(self) -> usize {
-        self.raw.len()
-    }
-
-    pub fn get(self, i: usize) -> Option<Str<'a>> {
-        // SAFETY: every pointer is a live argument string for 'a (see `command_args`).
-        self.raw.get(i).map(|&p| unsafe { Str::from_raw(p) })
-    }
-
-    /// The arguments from `from` on, as byte slices in `buf` (no allocation); None when
-    /// there are more than `buf` holds.
-    pub fn bytes_from<'b, const N: usize>(
-        self,
-        from: usize,
-        buf: &'b mut [&'a [u8]; N],
-    ) -> Option<&'b [&'a [u8]]> {
-        let rest = self.raw.get(from..).unwrap_or(&[]);
-        if rest.len() > N {
-            return None;
-        }
-        for (slot, i) in buf.iter_mut().zip(from..) {
-            if let Some(s) = self.get(i) {
-                *slot = s.bytes();
-            }
-        }
-        Some(&buf[..rest.len()])
-    }
-}
-
-/// # Safety
-/// Only for `command_entry!`: `ctx`, `argv` and `argc` as the server passes them to a
-/// command handler, all valid until the handler returns (`'a`).
-pub unsafe fn command_args<'a>(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> (Ctx<'a>, Args<'a>) {
-    let n = usize::try_from(argc).unwrap_or(0);
-    let raw = if argv.is_null() || n == 0 {
-        &[][..]
-    } else {
-        // SAFETY: `argc` live pointers (caller's contract).
-        unsafe { slice::from_raw_parts(argv, n) }
-    };
-    // SAFETY: the context lives until the handler returns (caller's contract).
-    (unsafe { Ctx::from_raw(ctx) }, Args { raw })
-}
-
-/// Module options set at load.
-pub fn handle_io_errors(ctx: Ctx<'_>) {
+/// Module options set at load: I/O errors of RDB loading are reported to the module
+/// (a truncated value fails cleanly), and a key opened for writing is not signalled as
+/// modified when it closes (the module signals real changes itself, so that a command
+/// that changes nothing does not abort a WATCH).
+pub fn set_module_options(ctx: Ctx<'_>) {
     if let Some(f) = api_opt!(RedisModule_SetModuleOptions) {
-        // SAFETY: valid context; a plain flag.
-        unsafe { f(ctx.raw, raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS as c_int) };
+        let opts = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+            | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+        // SAFETY: valid context; plain flags.
+        unsafe { f(ctx.raw, opts as c_int) };
     }
 }
 

@@ -15,6 +15,7 @@
 
 pub mod lock;
 pub mod net;
+pub mod paths;
 pub mod resp;
 pub mod rng;
 pub mod server;

@@ -21,6 +21,16 @@ use std::time::Duration;
 /// How long a test waits for a queue count, a counter, a reply or a replica to show up.
 pub const SETTLE: Duration = Duration::from_secs(10);
 
+/// The shortest TOKEN `LOCK.ACQUIRE` takes by default (`lock.min-token-length`).
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// A token unique to `name`, padded to at least [`MIN_TOKEN_LEN`] bytes (24 for a short
+/// name: `name`, dashes up to 20 bytes, then `-tok`). Tests that check the refusal of a
+/// short token use a short one on purpose.
+pub fn tok(name: &str) -> String {
+    format!("{name:-<20}-tok")
+}
+
 /// True when `needle` occurs in `hay`.
 pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
@@ -210,18 +220,29 @@ pub mod conn {
         }
     }
 
+    /// The fields of LOCK.INFO that tell when a lease ends: the time left and the
+    /// server's wall-clock estimate of the end (`expires-at`: wall now + time left, so it
+    /// moves by a few ms between two calls, and a replica's or a restarted server's is
+    /// later, never earlier). [`assert_deadlines`] compares them.
+    const CLOCKED: [&str; 2] = ["ttl", "expires-at"];
+
     /// The fields that must survive a restart or reach a replica unchanged: everything
-    /// but the time left (`ttl`, also inside each holder of `holder-list`) and the
-    /// queue (per server).
+    /// but the deadlines (`ttl` and `expires-at`, also inside each holder of
+    /// `holder-list`) and the queue (per server).
     pub fn durable(info: &Info) -> Info {
         info.iter()
-            .filter(|(k, _)| k.as_str() != "ttl" && k.as_str() != "waiters")
-            .map(|(k, v)| (k.clone(), without_ttl(v)))
+            .filter(|(k, _)| !CLOCKED.contains(&k.as_str()) && k.as_str() != "waiters")
+            .map(|(k, v)| (k.clone(), without_clocked(v)))
             .collect()
     }
 
-    /// A holder list with each holder's `ttl` pair left out.
-    fn without_ttl(v: &Value) -> Value {
+    /// A holder list with each holder's `ttl` and `expires-at` pairs left out.
+    fn without_clocked(v: &Value) -> Value {
+        let clocked = |k: &Value| {
+            CLOCKED
+                .iter()
+                .any(|c| *k == Value::BulkString(c.as_bytes().to_vec()))
+        };
         match v {
             Value::Array(holders) => Value::Array(
                 holders
@@ -229,7 +250,7 @@ pub mod conn {
                     .map(|h| match h {
                         Value::Array(kv) => Value::Array(
                             kv.chunks(2)
-                                .filter(|p| p[0] != Value::BulkString(b"ttl".to_vec()))
+                                .filter(|p| !clocked(&p[0]))
                                 .flatten()
                                 .cloned()
                                 .collect(),
@@ -239,6 +260,44 @@ pub mod conn {
                     .collect(),
             ),
             other => other.clone(),
+        }
+    }
+
+    /// `expires-at` of the lock and of each holder in `holder-list`, in order.
+    pub fn expiries(info: &Info) -> Vec<i64> {
+        let mut v = vec![int_field(info, "expires-at")];
+        if let Some(Value::Array(holders)) = info.get("holder-list") {
+            for h in holders {
+                let Value::Array(kv) = h else {
+                    panic!("holder {h:?}")
+                };
+                let at = kv
+                    .chunks(2)
+                    .find(|p| p[0] == Value::BulkString(b"expires-at".to_vec()))
+                    .unwrap_or_else(|| panic!("no expires-at in {h:?}"));
+                match at[1] {
+                    Value::Int(i) => v.push(i),
+                    ref other => panic!("expires-at {other:?}"),
+                }
+            }
+        }
+        v
+    }
+
+    /// Each deadline of `got` (a copy: a replica's, after a restart, a RESTORE) is no
+    /// earlier than the same one in `want` (the original) less 5 ms of rounding, and at
+    /// most `later` ms after it. A copy carries each lease's time left, so it ends no
+    /// earlier; it may end later by the time the lease took to reach it whole (callers
+    /// pass the time since the grant, or since the save).
+    #[track_caller]
+    pub fn assert_deadlines(want: &Info, got: &Info, later: i64, what: &str) {
+        let (w, g) = (expiries(want), expiries(got));
+        assert_eq!(w.len(), g.len(), "{what}: holders {w:?} / {g:?}");
+        for (w, g) in w.iter().zip(&g) {
+            assert!(
+                *g >= w - 5 && *g <= w + later,
+                "{what}: expires-at {g}, expected {w} (-5 ms, +{later} ms)"
+            );
         }
     }
 
@@ -259,13 +318,14 @@ pub mod conn {
     /// `px` ms), then the idempotent renew with a MINFENCE floor far above the clock
     /// term ([`far_fence`]), which must keep the token and the fence. The floor.
     pub fn renew_with_floor(c: &mut impl redis::ConnectionLike, key: &str, px: &str) -> u64 {
-        let (t, f) = acquire(c, key, &["PX", px, "TOKEN", "tq"]).unwrap();
+        let tq = tok("tq");
+        let (t, f) = acquire(c, key, &["PX", px, "TOKEN", &tq]).unwrap();
         let floor = far_fence();
-        let renew = ["PX", px, "TOKEN", "tq", "MINFENCE", &floor.to_string()];
+        let renew = ["PX", px, "TOKEN", &tq, "MINFENCE", &floor.to_string()];
         let (t2, f2) = acquire(c, key, &renew).unwrap();
         assert_eq!(
             (t, t2, f2),
-            (b"tq".to_vec(), b"tq".to_vec(), f),
+            (tq.as_bytes().to_vec(), tq.as_bytes().to_vec(), f),
             "a renew keeps its fence"
         );
         floor

@@ -8,10 +8,19 @@ use std::time::Duration;
 
 use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
 use redis_lock_client::{
-    AcquireOptions, ClientOptions, LockClient, LockGuard, LockMode, Redlock, RedlockOptions,
-    Renewal, MAX_LIMIT,
+    AcquireOptions, ClientOptions, Confirm, LockClient, LockGuard, LockMode, Redlock,
+    RedlockOptions, Renewal, MAX_LIMIT,
 };
 use tokio::signal::unix::{signal, SignalKind};
+
+/// `println!` that does not panic when stdout is closed early (`redis-lock info | head`):
+/// what no reader wants is dropped, and the exit code stays what it would have been.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
 
 const EXIT_NOT_HELD: i32 = 1;
 const EXIT_USAGE: i32 = 64; // EX_USAGE
@@ -32,8 +41,9 @@ Exit codes:
   n    run: CMD's own exit code; 128+N when CMD died of signal N
   1    release/extend: not held by this token; info: the lock is free
   64   usage error (EX_USAGE)
-  69   server unreachable, TLS or authentication failure, or an error reply such as
-       WRONGMODE / LIMITMISMATCH (EX_UNAVAILABLE)
+  69   server unreachable or not answering in time, TLS or authentication failure,
+       a grant its replicas did not confirm (given back), or an error reply such
+       as WRONGMODE / LIMITMISMATCH (EX_UNAVAILABLE)
   75   busy: not acquired within --wait (EX_TEMPFAIL); -E/--conflict-exit-code changes it
   79   run: the lease was lost while CMD ran; --lost-exit-code changes it
   126  run: CMD is not executable     127  run: CMD not found
@@ -42,24 +52,33 @@ Environment:
   REDIS_LOCK_URL, REDIS_URL            server URL when --url is not given (in this order)
   REDIS_LOCK_PASSWORD, REDISCLI_AUTH   password (kept out of the URL, where ps shows it)
   REDIS_LOCK_USER                      ACL user name (--user)
+  REDIS_LOCK_REPLICAS                  replicas every grant must reach (--replicas)
   REDIS_LOCK_TOKEN                     release/extend: the token when none is given
 
 Durations: 500ms, 10s, 1.5 (seconds), 2m, 1h.";
 
+// Kept under 80 columns a line: clap wraps longer lines at the terminal's width, which
+// would break the examples apart (a test renders this at 80 columns).
 const RUN_HELP: &str = "\
 Examples:
   redis-lock run daily-report -- /usr/local/bin/daily-report
   redis-lock run -w 10s deploy -c 'make deploy && make smoke-test'
   redis-lock run job --ttl 5s -- sh -c 'echo fence $REDIS_LOCK_FENCE'
-  redis-lock run --shared -w 1m catalog -- ./read-catalog     (readers at once; a plain run waits)
-  redis-lock run --limit 4 -w 10m exports -- ./export          (at most 4 at once)
-  0 3 * * * redis-lock run -q --url redis://lock-host:6379 --ttl 60s daily-report -- /usr/local/bin/daily-report
+  redis-lock run --shared -w 1m catalog -- ./read-catalog
+  redis-lock run --limit 4 -w 10m exports -- ./export
 
-CMD gets REDIS_LOCK_NAME, REDIS_LOCK_TOKEN and REDIS_LOCK_FENCE (empty when there is no
-fence) in its environment and runs in a process group of its own. The lease is renewed
-every third of --ttl. If it is lost (a renewal answered 0 or failed, the lease ran out,
-or --max-hold was reached), CMD's group gets SIGTERM, SIGKILL after --grace, and
-redis-lock exits 79. SIGTERM, SIGINT and SIGHUP sent to redis-lock are passed to CMD.";
+Once a day on every server, run by one of them (a crontab):
+  REDIS_LOCK_URL=redis://lock-host:6379
+  0 3 * * * redis-lock run -q --hold 1h report -- /usr/local/bin/report
+
+CMD gets REDIS_LOCK_NAME, REDIS_LOCK_TOKEN and REDIS_LOCK_FENCE (empty when
+there is no fence) in its environment and runs in a process group of its own.
+The lease is renewed every third of --ttl. If it is lost (a renewal answered 0
+or failed, the lease ran out, or --max-hold was reached), CMD's group gets
+SIGTERM, SIGKILL after --grace, and redis-lock exits 79. SIGTERM, SIGINT and
+SIGHUP sent to redis-lock are passed to CMD. With --hold the lock stays taken
+after CMD ends until --hold after it was taken, so that servers whose clocks
+or cron runs are a little late find it busy (once per period).";
 
 /// Distributed locks from the shell, on the redis-lock module (flock(1) across machines).
 #[derive(Parser, Debug)]
@@ -88,9 +107,26 @@ struct Global {
     /// PEM file of the CA certificate(s) to trust for rediss:// (default: the system's)
     #[arg(long, global = true, value_name = "FILE")]
     cacert: Option<PathBuf>,
-    /// Limit for one network call
+    /// Limit for one network call (connecting included)
     #[arg(long, global = true, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     timeout: Duration,
+    /// Replicas every grant must reach before it counts (WAIT); fewer connected is an
+    /// error. Default: the server's min-replicas-to-write, else every replica online
+    #[arg(
+        long,
+        global = true,
+        value_name = "N",
+        env = "REDIS_LOCK_REPLICAS",
+        conflicts_with = "no_confirm"
+    )]
+    replicas: Option<u32>,
+    /// Return grants without confirming them on the replicas (a failover right after a
+    /// grant may then lose it)
+    #[arg(long, global = true)]
+    no_confirm: bool,
+    /// How long a grant may wait for its replicas' confirmation
+    #[arg(long, global = true, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    confirm_timeout: Duration,
     /// Print errors only
     #[arg(short, long, global = true)]
     quiet: bool,
@@ -160,6 +196,11 @@ struct RunArgs {
     /// Cap on the total hold time: renewal stops there and the lease runs out
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
     max_hold: Duration,
+    /// Once per period: when CMD ends, keep the lock until DURATION after it was taken
+    /// (instead of releasing it), so that the same job started a little later elsewhere
+    /// finds it busy
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    hold: Option<Duration>,
     /// Time between SIGTERM and SIGKILL when the lease is lost
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     grace: Duration,
@@ -268,18 +309,46 @@ fn with_credentials(
     if user.is_none() && password.is_none() {
         return Ok(url.to_string());
     }
-    let mut u = url::Url::parse(url).map_err(|e| format!("{url}: {e}"))?;
+    let shown = redis_lock_client::redact_url(url);
+    let mut u = url::Url::parse(url).map_err(|_| not_a_url(url))?;
     if let Some(user) = user {
         u.set_username(user)
-            .map_err(|_| format!("{url}: cannot carry a user name"))?;
+            .map_err(|_| format!("{shown}: cannot carry a user name"))?;
     }
     if let Some(pw) = password {
         if u.password().is_none() {
             u.set_password(Some(pw))
-                .map_err(|_| format!("{url}: cannot carry a password"))?;
+                .map_err(|_| format!("{shown}: cannot carry a password"))?;
         }
     }
     Ok(u.to_string())
+}
+
+/// The usage error for a server address that is not a URL. The value is not echoed
+/// when it might hold a password.
+fn not_a_url(url: &str) -> String {
+    let shown = if url.contains('@') {
+        "the server address given (not shown: it may hold a password)".to_string()
+    } else {
+        format!("{url:?}")
+    };
+    let example = if url.contains("://") || url.contains('@') {
+        "redis://HOST:PORT".to_string()
+    } else {
+        format!("redis://{url}")
+    };
+    format!(
+        "{shown} is not a server URL: write {example} (rediss://... for TLS, \
+         unix:///path for a socket)"
+    )
+}
+
+/// A usage error unless `url` is a URL the client can connect to.
+fn check_url(url: &str) -> Result<(), String> {
+    match redis::Client::open(url) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(not_a_url(url)),
+    }
 }
 
 fn env_nonempty(name: &str) -> Option<String> {
@@ -331,8 +400,11 @@ struct Args {
     mode: LockMode,
     token: Option<String>,
     max_hold: Duration,
+    hold: Option<Duration>,
     grace: Duration,
     timeout: Duration,
+    confirm: Confirm,
+    confirm_timeout: Duration,
     verbosity: log::LevelFilter,
     name: String,
     rest: Vec<OsString>,
@@ -355,7 +427,10 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         .iter()
         .map(|n| n.trim())
         .filter(|n| !n.is_empty())
-        .map(|n| with_credentials(n, g.user.as_deref(), password.as_deref()))
+        .map(|n| {
+            check_url(n)?;
+            with_credentials(n, g.user.as_deref(), password.as_deref())
+        })
         .collect::<Result<_, _>>()?;
     if !g.nodes.is_empty() && nodes.is_empty() {
         return Err("--nodes needs at least one URL".into());
@@ -368,9 +443,10 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         .or_else(|| env_nonempty("REDIS_LOCK_URL"))
         .or_else(|| env_nonempty("REDIS_URL"))
         .unwrap_or_else(|| DEFAULT_URL.into());
+    check_url(&url)?;
     let url = with_credentials(&url, g.user.as_deref(), password.as_deref())?;
-    if g.timeout.is_zero() {
-        return Err("--timeout must be positive".into());
+    if g.timeout.is_zero() || g.confirm_timeout.is_zero() {
+        return Err("--timeout and --confirm-timeout must be positive".into());
     }
     let mut a = Args {
         sub: Sub::Info,
@@ -383,8 +459,15 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         mode: LockMode::Exclusive,
         token: None,
         max_hold: Duration::from_secs(86_400),
+        hold: None,
         grace: Duration::from_secs(10),
         timeout: g.timeout,
+        confirm: match (g.no_confirm, g.replicas) {
+            (true, _) => Confirm::Off,
+            (false, Some(n)) => Confirm::Replicas(n),
+            (false, None) => Confirm::Auto,
+        },
+        confirm_timeout: g.confirm_timeout,
         verbosity: if g.quiet {
             log::LevelFilter::Error
         } else if g.verbose {
@@ -417,6 +500,7 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         Cmd::Run(r) => {
             lock(&mut a, r.lock);
             a.max_hold = r.max_hold;
+            a.hold = r.hold;
             a.grace = r.grace;
             a.lost_code = r.lost_code;
             a.rest = match r.shell {
@@ -449,8 +533,11 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         }
         Cmd::Completions { shell } => return Ok(Parsed::Completions(shell)),
     };
-    if a.ttl < Duration::from_millis(1) || a.max_hold < Duration::from_millis(1) {
-        return Err("--ttl and --max-hold must be at least 1ms".into());
+    if a.ttl < Duration::from_millis(1)
+        || a.max_hold < Duration::from_millis(1)
+        || a.hold.is_some_and(|h| h < Duration::from_millis(1))
+    {
+        return Err("--ttl, --max-hold and --hold must be at least 1ms".into());
     }
     if a.token.as_deref() == Some("") {
         return Err("the token is empty".into());
@@ -513,6 +600,8 @@ impl Locker {
             connect_timeout: a.timeout,
             io_timeout: a.timeout,
             cluster: None,
+            confirm: a.confirm,
+            confirm_timeout: a.confirm_timeout,
         };
         match &a.nodes {
             Some(nodes) => {
@@ -527,10 +616,11 @@ impl Locker {
                     .map(Locker::Quorum)
                     .map_err(|e| e.to_string())
             }
+            // The errors name the server as host:port: the URL may hold a password.
             None => LockClient::connect_with(&a.url, client)
                 .await
                 .map(Locker::Single)
-                .map_err(|e| format!("{}: {e}", a.url)),
+                .map_err(|e| e.to_string()),
         }
     }
 
@@ -585,10 +675,10 @@ async fn cmd_acquire(a: &Args, locker: &Locker) -> i32 {
             let fence = fence.map(|f| f.to_string());
             if a.json {
                 let v = serde_json::json!({ "name": a.name, "token": token, "fence": fence });
-                println!("{v}");
+                out!("{v}");
             } else {
-                println!("REDIS_LOCK_TOKEN={}", shell_quote(&token));
-                println!("REDIS_LOCK_FENCE={}", fence.unwrap_or_default());
+                out!("REDIS_LOCK_TOKEN={}", shell_quote(&token));
+                out!("REDIS_LOCK_FENCE={}", fence.unwrap_or_default());
             }
             0
         }
@@ -628,17 +718,17 @@ fn print_info(info: &redis_lock_client::LockInfo, indent: &str) {
     for (k, v) in &info.fields {
         if k == "holder-list" {
             // One block per holder instead of the one-line rendering.
-            println!("{indent}{k}:");
+            out!("{indent}{k}:");
             for h in &info.holder_list {
                 let mut dash = "- ";
                 for (hk, hv) in &h.fields {
-                    println!("{indent}  {dash}{hk}: {}", hv.as_deref().unwrap_or("(nil)"));
+                    out!("{indent}  {dash}{hk}: {}", hv.as_deref().unwrap_or("(nil)"));
                     dash = "  ";
                 }
             }
             continue;
         }
-        println!("{indent}{k}: {}", v.as_deref().unwrap_or("(nil)"));
+        out!("{indent}{k}: {}", v.as_deref().unwrap_or("(nil)"));
     }
 }
 
@@ -687,11 +777,11 @@ async fn cmd_info(a: &Args, locker: &Locker) -> i32 {
                 if a.json {
                     let mut v = info_json(info.as_ref());
                     v["name"] = a.name.clone().into();
-                    println!("{v}");
+                    out!("{v}");
                 } else if let Some(info) = &info {
                     print_info(info, "");
                 } else {
-                    println!("free");
+                    out!("free");
                 }
                 if info.is_some() {
                     0
@@ -716,21 +806,21 @@ async fn cmd_info(a: &Args, locker: &Locker) -> i32 {
                             v["url"] = url.into();
                             nodes.push(v);
                         } else {
-                            println!("{url}:");
+                            out!("{url}:");
                             match &info {
                                 Some(info) => print_info(info, "  "),
-                                None => println!("  free"),
+                                None => out!("  free"),
                             }
                         }
                     }
                     Err(e) if a.json => {
                         nodes.push(serde_json::json!({ "url": url, "error": e.to_string() }))
                     }
-                    Err(e) => println!("{url}:\n  error: {e}"),
+                    Err(e) => out!("{url}:\n  error: {e}"),
                 }
             }
             if a.json {
-                println!("{}", serde_json::json!({ "name": a.name, "nodes": nodes }));
+                out!("{}", serde_json::json!({ "name": a.name, "nodes": nodes }));
             }
             if held > 0 {
                 0
@@ -760,10 +850,23 @@ fn signal_group(pgid: i32, sig: i32) {
 }
 
 async fn release_quietly(guard: LockGuard, name: &str) {
-    match guard.release().await {
+    match guard.release_now().await {
         Ok(true) => log::debug!("released {name}"),
         Ok(false) => log::debug!("{name} was no longer held at release"),
         Err(e) => log::warn!("release of {name} failed: {e}"),
+    }
+}
+
+/// The end of a run whose CMD ran: release, or with --hold keep the lock until the
+/// hold ends.
+async fn finish_run(guard: LockGuard, a: &Args) {
+    let Some(hold) = a.hold else {
+        return release_quietly(guard, &a.name).await;
+    };
+    match guard.release_after(hold).await {
+        Ok(true) => log::debug!("{} stays taken until --hold ends", a.name),
+        Ok(false) => log::debug!("{} was no longer held when CMD ended", a.name),
+        Err(e) => log::warn!("keeping {} for --hold failed: {e}", a.name),
     }
 }
 
@@ -782,7 +885,11 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
             return EXIT_UNAVAILABLE;
         }
     };
-    log::debug!("acquired {} (fence {:?})", a.name, guard.fence());
+    log::debug!(
+        "acquired {} (fence {})",
+        a.name,
+        guard.fence().map_or("none".to_string(), |f| f.to_string())
+    );
     let mut cmd = tokio::process::Command::new(&a.rest[0]);
     cmd.args(&a.rest[1..])
         .env("REDIS_LOCK_NAME", &a.name)
@@ -830,7 +937,7 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
                         EXIT_UNAVAILABLE
                     }
                 };
-                release_quietly(guard, &a.name).await;
+                finish_run(guard, a).await;
                 return code;
             }
             reason = &mut lost => {
@@ -880,17 +987,16 @@ fn main() {
     let args = match parse(std::env::args_os().collect()) {
         Ok(Parsed::Args(a)) => a,
         Ok(Parsed::Completions(shell)) => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "redis-lock",
-                &mut std::io::stdout(),
-            );
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "redis-lock", &mut script);
+            use std::io::Write;
+            let _ = std::io::stdout().write_all(&script);
             std::process::exit(0);
         }
         Err((code, text)) => {
             if code == 0 {
-                print!("{text}");
+                use std::io::Write;
+                let _ = std::io::stdout().write_all(text.as_bytes());
             } else {
                 eprint!("{text}");
             }
@@ -1096,6 +1202,54 @@ mod tests {
             r#"{"held":true,"holder-list":[{"fence":"1839191190761476","owner":null,"ttl":59000}],"holders":1,"mode":"shared"}"#
         );
         assert_eq!(info_json(None).to_string(), r#"{"held":false}"#);
+    }
+
+    #[test]
+    fn urls_are_checked_without_echoing_passwords() {
+        let e = p(&["--url", "127.0.0.1:6379", "info", "k"]);
+        assert!(
+            matches!(e, Err((EXIT_USAGE, ref t)) if t.contains("write redis://127.0.0.1:6379")),
+            "{e:?}"
+        );
+        let e = p(&["--url", ":hunter2@10.0.0.1:6379", "info", "k"]);
+        assert!(
+            matches!(e, Err((EXIT_USAGE, ref t)) if !t.contains("hunter2")),
+            "{e:?}"
+        );
+        let e = p(&["--nodes", "redis://a:1,b:2", "info", "k"]);
+        assert!(matches!(e, Err((EXIT_USAGE, _))), "{e:?}");
+        assert!(p(&["--url", "rediss://h:1/#insecure", "info", "k"]).is_ok());
+        assert!(p(&["--url", "unix:///run/redis.sock", "info", "k"]).is_ok());
+    }
+
+    #[test]
+    fn hold_and_confirmation() {
+        let a = args(&["run", "--hold", "1h", "j", "x"]);
+        assert_eq!(a.hold, Some(Duration::from_secs(3600)));
+        assert_eq!(args(&["run", "j", "x"]).hold, None);
+        assert!(p(&["run", "--hold", "0", "j", "x"]).is_err());
+        assert!(p(&["acquire", "--hold", "1h", "j"]).is_err(), "run only");
+        assert_eq!(args(&["run", "j", "x"]).confirm, Confirm::Auto);
+        assert_eq!(
+            args(&["run", "--no-confirm", "j", "x"]).confirm,
+            Confirm::Off
+        );
+        assert_eq!(
+            args(&["--replicas", "2", "run", "j", "x"]).confirm,
+            Confirm::Replicas(2)
+        );
+        assert!(p(&["run", "--replicas", "1", "--no-confirm", "j", "x"]).is_err());
+        let a = args(&["run", "--confirm-timeout", "250ms", "j", "x"]);
+        assert_eq!(a.confirm_timeout, ms(250));
+        assert!(p(&["run", "--confirm-timeout", "0", "j", "x"]).is_err());
+    }
+
+    #[test]
+    fn run_help_fits_80_columns() {
+        for line in RUN_HELP.lines() {
+            assert!(line.chars().count() <= 78, "{line:?}");
+        }
+        assert!(RUN_HELP.contains("--hold 1h"));
     }
 
     #[test]

@@ -7,6 +7,8 @@ use std::time::Duration;
 use redis_lock_client::{LockClient, LossReason, Redlock, RedlockOptions};
 use redis_lock_testkit::{Resp, Server, ServerBuilder};
 
+pub mod proxy;
+
 pub use redis_lock_testkit::Stopped;
 
 /// Fails early, with the build command in the message, when the module is not built

@@ -23,8 +23,63 @@ export interface Driver {
   readonly exactIntegers: boolean;
   /** Runs one command on the node owning `key` (the full key, prefix included). */
   call(key: string, args: Arg[]): Promise<unknown>;
-  dedicated(key: string): Promise<Dedicated>;
+  /** Resolves once the connection that `call` uses for `key` is ready to send (never
+   * queueing a command offline); rejects at `deadline` (Date.now() ms). */
+  ready(key: string, deadline: number): Promise<void>;
+  /** host:port of the node owning `key`, for messages (never a credential). */
+  where(key: string): string;
+  /** A connection of our own to the node owning `key`, connected within `limit` ms. */
+  dedicated(key: string, limit: number): Promise<Dedicated>;
   close(): Promise<void>;
+}
+
+/** The connection could not be made, or was not ready, in time: nothing was sent. */
+export class LockConnectionError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "LockConnectionError";
+  }
+}
+
+const pause = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Waits (polling every 10 ms) until `isReady()`, or rejects at `deadline`. */
+async function until(isReady: () => boolean, deadline: number, what: () => string): Promise<void> {
+  while (!isReady()) {
+    if (Date.now() >= deadline) throw new LockConnectionError(`redis-lock: not connected to ${what()}`);
+    await pause(Math.min(10, Math.max(1, deadline - Date.now())));
+  }
+}
+
+/** Settles with `p`, or rejects with LockConnectionError after `ms` (and runs `onLate`). */
+function bounded<T>(p: Promise<T>, ms: number, what: () => string, onLate: () => void): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const t = setTimeout(() => {
+      onLate();
+      reject(new LockConnectionError(`redis-lock: connecting to ${what()}: no answer within ${ms} ms`));
+    }, Math.max(1, ms));
+    p.then(
+      (v) => {
+        clearTimeout(t);
+        resolve(v);
+      },
+      (e) => {
+        clearTimeout(t);
+        reject(e);
+      },
+    );
+  });
+}
+
+/** host:port out of a redis:// URL, dropping any user and password. */
+function hostOfUrl(url: unknown): string | undefined {
+  if (typeof url !== "string") return undefined;
+  try {
+    const u = new URL(url);
+    return `${u.hostname || "localhost"}:${u.port || "6379"}`;
+  } catch {
+    return undefined;
+  }
 }
 
 // RESP type bytes of node-redis 5+'s typeMapping: ':' integers and '(' big numbers as
@@ -61,24 +116,36 @@ function nodeRedisModern(c: Any): boolean {
   return typeof c?.withTypeMapping === "function";
 }
 
-async function nodeRedisDedicated(base: Any): Promise<Dedicated> {
+function nodeRedisWhere(c: Any): string {
+  const o = c?.options ?? {};
+  const s = o.socket ?? {};
+  if (typeof s.path === "string") return s.path;
+  if (s.host !== undefined || s.port !== undefined) return `${s.host ?? "localhost"}:${s.port ?? 6379}`;
+  return hostOfUrl(o.url) ?? "localhost:6379";
+}
+
+async function nodeRedisDedicated(base: Any, limit: number): Promise<Dedicated> {
   const socket = { ...(base.options?.socket ?? {}) };
-  // An idle-socket limit would cut a long BLOCK short.
+  // An idle-socket limit would cut a long BLOCK short; a reconnect would send nothing
+  // we want (the pending command fails instead); the connect has our limit.
   delete socket.socketTimeout;
-  const dup = base.duplicate({ socket });
+  socket.connectTimeout = Math.max(1, Math.min(limit, socket.connectTimeout ?? limit));
+  socket.reconnectStrategy = false;
+  const dup = base.duplicate({ socket, disableOfflineQueue: true });
   dup.on("error", () => {}); // errors reach the pending command's promise
-  await dup.connect();
+  const closeDup = () => {
+    try {
+      if (typeof dup.destroy === "function") dup.destroy();
+      else void dup.disconnect().catch(() => {});
+    } catch {
+      /* already closed */
+    }
+  };
+  await bounded(dup.connect(), limit, () => nodeRedisWhere(base), closeDup);
   const modern = nodeRedisModern(dup);
   return {
     send: (args) => dup.sendCommand(args, modern ? { typeMapping: EXACT_TYPE_MAPPING } : undefined),
-    close: () => {
-      try {
-        if (typeof dup.destroy === "function") dup.destroy();
-        else void dup.disconnect().catch(() => {});
-      } catch {
-        /* already closed */
-      }
-    },
+    close: closeDup,
   };
 }
 
@@ -108,8 +175,16 @@ class NodeRedisDriver extends NodeRedisBase implements Driver {
   call(_key: string, args: Arg[]): Promise<unknown> {
     return this.c.sendCommand(args, this.commandOptions);
   }
-  dedicated(): Promise<Dedicated> {
-    return nodeRedisDedicated(this.c);
+  /** node-redis queues commands while it reconnects (its offline queue): a lock
+   * command is sent only on a ready connection, so nothing is granted later to nobody. */
+  ready(_key: string, deadline: number): Promise<void> {
+    return until(() => this.c.isReady !== false, deadline, () => this.where());
+  }
+  where(): string {
+    return nodeRedisWhere(this.c);
+  }
+  dedicated(_key: string, limit: number): Promise<Dedicated> {
+    return nodeRedisDedicated(this.c, limit);
   }
 }
 
@@ -122,10 +197,22 @@ class NodeRedisClusterDriver extends NodeRedisBase implements Driver {
     // of a module command by itself).
     return this.c.sendCommand(key, false, args, this.commandOptions);
   }
-  async dedicated(key: string): Promise<Dedicated> {
-    const master = this.c.slots?.[slotOf(key)]?.master;
+  private master(key: string): Any {
+    return this.c.slots?.[slotOf(key)]?.master;
+  }
+  async ready(key: string, deadline: number): Promise<void> {
+    await until(() => this.c.isReady !== false, deadline, () => this.where(key));
+    const m = this.master(key);
+    if (m?.client) await until(() => m.client.isReady !== false, deadline, () => this.where(key));
+  }
+  where(key: string): string {
+    const m = this.master(key);
+    return m ? `${m.host}:${m.port}` : "the cluster";
+  }
+  async dedicated(key: string, limit: number): Promise<Dedicated> {
+    const master = this.master(key);
     if (!master) throw new Error(`redis-lock-module: no master known for slot ${slotOf(key)}`);
-    return nodeRedisDedicated(await this.c.nodeClient(master));
+    return nodeRedisDedicated(await this.c.nodeClient(master), limit);
   }
 }
 
@@ -134,7 +221,7 @@ class NodeRedisClusterDriver extends NodeRedisBase implements Driver {
 // Options for the connections we make from the user's: integers as strings, and no
 // retry or resend on our dedicated connections (a resent BLOCK acquire would queue a
 // second waiter); commandTimeout is ours to handle.
-const IOREDIS_EXACT = { stringNumbers: true, lazyConnect: false };
+const IOREDIS_EXACT = { stringNumbers: true, lazyConnect: false, enableOfflineQueue: false };
 const IOREDIS_DEDICATED = {
   ...IOREDIS_EXACT,
   commandTimeout: undefined,
@@ -148,19 +235,43 @@ function ioredisPrefix(c: Any): string {
   return c.options?.keyPrefix ?? c.options?.redisOptions?.keyPrefix ?? "";
 }
 
-/** Resolves once an ioredis connection (or cluster) is ready; rejects if it ends first. */
-async function ioredisReady(conn: Any, what: string): Promise<void> {
+function ioredisWhere(c: Any): string {
+  const o = c?.options ?? {};
+  if (typeof o.path === "string") return o.path;
+  return `${o.host ?? "localhost"}:${o.port ?? 6379}`;
+}
+
+/** Resolves once an ioredis connection (or cluster) is ready; rejects if it ends first
+ * or `deadline` (Date.now() ms) passes. */
+async function ioredisReady(conn: Any, deadline: number, where: () => string): Promise<void> {
   if (conn.status === "ready") return;
+  if (conn.status === "end") throw new LockConnectionError(`redis-lock: the connection to ${where()} is closed`);
   await new Promise<void>((resolve, reject) => {
-    conn.once("ready", () => resolve());
-    conn.once("end", () => reject(new Error(`redis-lock-module: ${what} closed`)));
+    const done = (e?: Error) => {
+      clearTimeout(t);
+      conn.off?.("ready", onReady);
+      conn.off?.("end", onEnd);
+      if (e) reject(e);
+      else resolve();
+    };
+    const onReady = () => done();
+    const onEnd = () => done(new LockConnectionError(`redis-lock: the connection to ${where()} is closed`));
+    const t = setTimeout(() => done(new LockConnectionError(`redis-lock: not connected to ${where()}`)), Math.max(1, deadline - Date.now()));
+    conn.once("ready", onReady);
+    conn.once("end", onEnd);
   });
 }
 
-async function ioredisDedicated(base: Any): Promise<Dedicated> {
-  const dup = base.duplicate({ ...IOREDIS_DEDICATED, keyPrefix: undefined });
+async function ioredisDedicated(base: Any, limit: number): Promise<Dedicated> {
+  const connectTimeout = Math.max(1, Math.min(limit, base.options?.connectTimeout ?? limit));
+  const dup = base.duplicate({ ...IOREDIS_DEDICATED, keyPrefix: undefined, connectTimeout });
   dup.on("error", () => {});
-  await ioredisReady(dup, "dedicated connection");
+  try {
+    await ioredisReady(dup, Date.now() + limit, () => ioredisWhere(base));
+  } catch (e) {
+    dup.disconnect(false);
+    throw e;
+  }
   return {
     send: (args) => dup.call(...(args as [string, ...Arg[]])),
     close: () => dup.disconnect(false),
@@ -168,32 +279,56 @@ async function ioredisDedicated(base: Any): Promise<Dedicated> {
 }
 
 /** What both ioredis drivers share: LOCK.* go through `exact`, a twin of the user's
- * connection with integers as strings (ioredis decides integer parsing per connection). */
+ * connection with integers as strings (ioredis decides integer parsing per connection),
+ * made on first use and closed when the user's client ends (after its `quit()`), so it
+ * never keeps the process alive by itself. */
 abstract class IoredisBase {
   readonly prefix: string;
   readonly exactIntegers = true;
+  private twin: Any;
+  private ended = false;
   constructor(
     readonly kind: string,
     protected readonly c: Any,
-    protected readonly exact: Any,
+    private readonly makeTwin: () => Any,
   ) {
     this.prefix = ioredisPrefix(c);
-    this.exact.on("error", () => {});
+    c.once?.("end", () => {
+      this.ended = true;
+      this.twin?.disconnect(false);
+    });
+  }
+  protected get exact(): Any {
+    if (this.ended || this.c.status === "end") {
+      throw new LockConnectionError(`redis-lock: the client is closed (${this.kind})`);
+    }
+    if (!this.twin) {
+      this.twin = this.makeTwin();
+      this.twin.on("error", () => {});
+    }
+    return this.twin;
   }
   async close(): Promise<void> {
-    this.exact.disconnect(false);
+    this.twin?.disconnect(false);
+    this.twin = undefined;
   }
 }
 
 class IoredisDriver extends IoredisBase implements Driver {
   constructor(c: Any) {
-    super("ioredis", c, c.duplicate({ ...IOREDIS_EXACT }));
+    super("ioredis", c, () => c.duplicate({ ...IOREDIS_EXACT }));
   }
   call(_key: string, args: Arg[]): Promise<unknown> {
     return this.exact.call(...(args as [string, ...Arg[]]));
   }
-  dedicated(): Promise<Dedicated> {
-    return ioredisDedicated(this.c);
+  ready(_key: string, deadline: number): Promise<void> {
+    return ioredisReady(this.exact, deadline, () => this.where());
+  }
+  where(): string {
+    return ioredisWhere(this.c);
+  }
+  dedicated(_key: string, limit: number): Promise<Dedicated> {
+    return ioredisDedicated(this.c, limit);
   }
 }
 
@@ -204,19 +339,32 @@ function isRedirect(e: unknown): boolean {
 
 class IoredisClusterDriver extends IoredisBase implements Driver {
   constructor(c: Any) {
-    super(
-      "ioredis cluster",
-      c,
+    super("ioredis cluster", c, () =>
       c.duplicate(undefined, {
         redisOptions: { ...(c.options?.redisOptions ?? {}), ...IOREDIS_EXACT },
       }),
     );
   }
 
+  ready(key: string, deadline: number): Promise<void> {
+    return ioredisReady(this.exact, deadline, () => this.where(key));
+  }
+
+  where(key: string): string {
+    const slot = slotOf(key);
+    let addr: string | undefined;
+    try {
+      addr = this.exact.slots?.[slot]?.[0];
+    } catch {
+      /* closed */
+    }
+    return addr ?? this.c.slots?.[slot]?.[0] ?? "the cluster";
+  }
+
   /** ioredis Cluster finds keys in a built-in command table that has no LOCK.*: route
    * by the key's slot ourselves, to the master the cluster's slot map names. */
   private async nodeFor(key: string): Promise<Any> {
-    await ioredisReady(this.exact, "cluster connection");
+    await ioredisReady(this.exact, Date.now() + 10_000, () => this.where(key));
     const slot = slotOf(key);
     for (let attempt = 0; ; attempt++) {
       // A cluster can report "ready" before its slot map is complete: fall back to the
@@ -255,7 +403,7 @@ class IoredisClusterDriver extends IoredisBase implements Driver {
     }
   }
 
-  async dedicated(key: string): Promise<Dedicated> {
-    return ioredisDedicated(await this.nodeFor(key));
+  async dedicated(key: string, limit: number): Promise<Dedicated> {
+    return ioredisDedicated(await this.nodeFor(key), limit);
   }
 }

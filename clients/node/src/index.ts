@@ -7,9 +7,10 @@
 
 import { randomUUID } from "node:crypto";
 
-import { Arg, Dedicated, Driver, driverFor } from "./drivers.js";
+import { Arg, Dedicated, Driver, LockConnectionError, driverFor } from "./drivers.js";
 
 export { slotOf } from "./slot.js";
+export { LockConnectionError } from "./drivers.js";
 
 /** Why a held lock was lost (the `reason` of a {@link LockLostError}). */
 export type LostReason = "not-held" | "failed" | "expired" | "cap-reached";
@@ -29,6 +30,11 @@ export interface AcquireOptions {
   shared?: boolean;
   /** A counted lock (semaphore) with `limit` permits. */
   limit?: number;
+  /** Confirm the grant on the server's replicas (`WAIT`) before returning it (default:
+   * the client's `confirm`, true). */
+  confirm?: boolean;
+  /** How many replicas must confirm (default: the client's `replicas`). */
+  replicas?: number;
 }
 
 export interface UsingOptions extends AcquireOptions {
@@ -36,13 +42,48 @@ export interface UsingOptions extends AcquireOptions {
   autoRenew?: boolean;
   /** Cap on the total hold, in ms: renewal stops there and the signal aborts. */
   maxHold?: number;
+  /** false: keep the lock when the routine ends, until its lease runs out (renewal
+   * stops), so a job runs once per lease period across servers. Default true. */
+  releaseOnExit?: boolean;
 }
 
 export interface ClientOptions {
-  /** Time allowed for the network on top of a wait, and for each renewal, in ms
-   * (default 2000). */
+  /** The bound of every command (and of connecting), and the time allowed on top of a
+   * wait, in ms (default 2000). */
   networkTimeout?: number;
+  /** Confirm every grant, and every hand-off a waiting acquire receives, on the
+   * server's replicas with `WAIT` before returning it; if fewer confirm within
+   * `networkTimeout`, the grant is given back and the acquire rejects with
+   * {@link LockNotConfirmedError}. Default true; false only if you accept that a
+   * failover can lose a grant. */
+  confirm?: boolean;
+  /** Replicas that must confirm. Default: the server's `min-replicas-to-write` when
+   * set, else the replicas connected now (INFO, reused for a second). Fewer connected
+   * than expected is an error, not an unconfirmed grant. */
+  replicas?: number;
 }
+
+/** A node-redis client (`createClient`, v4-6). */
+export interface NodeRedisClientLike {
+  sendCommand(...args: any[]): Promise<unknown>; // eslint-disable-line @typescript-eslint/no-explicit-any
+  duplicate(...args: any[]): unknown; // eslint-disable-line @typescript-eslint/no-explicit-any
+}
+
+/** A node-redis cluster (`createCluster`, v4-6). */
+export interface NodeRedisClusterLike {
+  sendCommand(...args: any[]): Promise<unknown>; // eslint-disable-line @typescript-eslint/no-explicit-any
+  nodeClient(...args: any[]): unknown; // eslint-disable-line @typescript-eslint/no-explicit-any
+}
+
+/** An ioredis `Redis` or `Cluster` (v5-6). */
+export interface IoredisLike {
+  call(...args: any[]): Promise<unknown>; // eslint-disable-line @typescript-eslint/no-explicit-any
+  duplicate(...args: any[]): unknown; // eslint-disable-line @typescript-eslint/no-explicit-any
+  readonly isCluster: boolean;
+}
+
+/** What a {@link LockClient} takes: a connected client of a supported library. */
+export type SupportedClient = NodeRedisClientLike | NodeRedisClusterLike | IoredisLike;
 
 export interface LockInfo {
   [field: string]: unknown;
@@ -74,21 +115,61 @@ export class LockTimeoutError extends Error {
   }
 }
 
+/** `lock.release()` of a lock this grant no longer holds (expired, released, taken
+ * away): as node-redlock's release, it rejects. */
+export class LockNotHeldError extends Error {
+  constructor(readonly key: string) {
+    super(`redis-lock: lock ${key} is not held by this grant`);
+    this.name = "LockNotHeldError";
+  }
+}
+
+/** The server's replicas did not confirm a grant in time (it was given back), or fewer
+ * replicas are connected than the deployment expects (nothing was acquired). */
+export class LockNotConfirmedError extends Error {
+  constructor(
+    readonly key: string,
+    message: string,
+  ) {
+    super(`redis-lock: lock ${key}: ${message}`);
+    this.name = "LockNotConfirmedError";
+  }
+}
+
+/** The server answered that LOCK.* is an unknown command. The message names the server,
+ * never the command's arguments (the server's own message echoes them, tokens too). */
+export class ModuleNotLoadedError extends Error {
+  readonly code = "ERR";
+  constructor(readonly where: string) {
+    super(
+      `redis-lock: the redis-lock module is not loaded on ${where}; load it at start-up ` +
+        "(loadmodule /path/to/libredis_lock.so), see docs/quickstart-node.md in the redis-lock repository",
+    );
+    this.name = "ModuleNotLoadedError";
+  }
+}
+
 /** An error reply from the server (node-redis ErrorReply, ioredis ReplyError): the
  * command ran and granted nothing. Anything else (a timeout, a closed connection) may
  * hide a grant. */
 function isServerReply(e: unknown): boolean {
+  if (e instanceof ModuleNotLoadedError) return true;
   const n = (e as { constructor?: { name?: string } })?.constructor?.name;
   return n === "ErrorReply" || n === "ReplyError" || n === "SimpleError" || n === "BlobError";
 }
 
-/** The error code of a server error reply (`NOTOWNER`, `WRONGMODE`, ...). */
+function isUnknownLockCommand(e: unknown): boolean {
+  const m = (e as Error)?.message;
+  return typeof m === "string" && /^(ERR )?unknown command ['`"]?lock\./i.test(m);
+}
+
+/** The error code of a server error reply (`WRONGTYPE`, `WRONGMODE`, `LIMITMISMATCH`,
+ * `NOREPLICAS`, ...): the first word of its message. */
 export function errorCode(e: unknown): string | undefined {
   const m = (e as Error)?.message;
   return typeof m === "string" ? m.split(" ", 1)[0] : undefined;
 }
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** Settles with the promise's outcome, or with `undefined` once `ms` passed. */
 function within<T>(p: Promise<T>, ms: number): Promise<{ ok: true; value: T } | { ok: false; error: unknown } | undefined> {
@@ -165,28 +246,44 @@ function holderTtl(info: LockInfo | null, fence: bigint | undefined): number | u
   return h ? Number(h.ttl) : undefined;
 }
 
+/** What a {@link Lock} needs of its {@link LockClient}. */
+interface LockOwner {
+  readonly networkTimeout: number;
+  release(name: string, token: string): Promise<boolean>;
+  extend(name: string, token: string, ttl?: number): Promise<boolean>;
+  info(name: string): Promise<LockInfo | null>;
+  leaseOf(name: string, fence: bigint | undefined): Promise<number | undefined>;
+}
+
 /** A granted lock. */
 export class Lock {
-  /** Aborted (with a {@link LockLostError} as its reason) when the lock is lost. */
+  /** Aborted (with a {@link LockLostError} as its reason) when the lock is lost: taken
+   * away (seen by renewal), renewal failed, the cap was reached, or the lease ended
+   * without a renewal (the client's own conservative view of it). */
   readonly signal: AbortSignal;
   private readonly abort = new AbortController();
   private renewTimer: NodeJS.Timeout | undefined;
+  private expiryTimer: NodeJS.Timeout | undefined;
   private released = false;
+  private renewing = false;
   private ttl: number | undefined;
-  private grantedAt: number;
+  private readonly grantedAt: number;
 
   constructor(
-    private readonly client: LockClient,
+    private readonly client: LockOwner,
     /** The name as given (without a client key prefix). */
     readonly name: string,
     readonly token: string,
     /** The fencing token, exact; undefined only on node-redis 4 above 2^53. */
     readonly fence: bigint | undefined,
     ttl: number | undefined,
+    grantedAt: number = Date.now(),
   ) {
     this.signal = this.abort.signal;
     this.ttl = ttl;
-    this.grantedAt = Date.now();
+    this.grantedAt = grantedAt;
+    if (ttl !== undefined) this.expireAt(grantedAt + ttl - ttl / 100);
+    else void this.learnLease();
   }
 
   /** The fence as a decimal string (exact), or undefined. */
@@ -199,30 +296,35 @@ export class Lock {
     return this.signal.aborted ? (this.signal.reason as LockLostError).reason : undefined;
   }
 
-  /** LOCK.RELEASE: true if this grant still held the lock. */
-  async release(): Promise<boolean> {
-    this.stopRenewal();
+  /** LOCK.RELEASE. Rejects with {@link LockNotHeldError} if this grant no longer held
+   * the lock (expired, taken away, or released already). */
+  async release(): Promise<void> {
+    this.stop();
+    if (this.released) throw new LockNotHeldError(this.name);
     this.released = true;
-    return this.client.release(this.name, this.token);
+    if (!(await this.client.release(this.name, this.token))) throw new LockNotHeldError(this.name);
   }
 
-  /** LOCK.EXTEND to `ttl` ms from now (default: the acquire's TTL). */
+  /** LOCK.EXTEND to `ttl` ms from now (default: the acquire's TTL): true if still held. */
   async extend(ttl?: number): Promise<boolean> {
-    return this.client.extend(this.name, this.token, ttl ?? this.ttl);
+    const sent = Date.now();
+    const ok = await this.client.extend(this.name, this.token, ttl ?? this.ttl);
+    const lease = ttl ?? this.ttl;
+    if (ok && lease !== undefined && !this.released) this.expireAt(sent + lease - lease / 100);
+    return ok;
   }
 
   /** True if LOCK.INFO shows this grant (by its fence) as a holder. */
   async owned(): Promise<boolean> {
-    return holderTtl(await this.client.info(this.name), this.fence) !== undefined;
+    return (await this.client.leaseOf(this.name, this.fence)) !== undefined;
   }
 
   /** Renews the lease every third of the TTL until release, loss, or `maxHold` ms. */
   async startRenewal(maxHold?: number): Promise<void> {
-    if (this.renewTimer || this.released) return;
-    if (this.ttl === undefined) {
-      const pttl = Number(await this.client.command(this.name, (k) => ["PTTL", k]));
-      this.ttl = Math.max(3, pttl);
-    }
+    if (this.renewing || this.released || this.signal.aborted) return;
+    this.renewing = true;
+    if (this.ttl === undefined) await this.learnLease();
+    if (this.ttl === undefined || this.released || this.signal.aborted) return;
     const ttl = this.ttl;
     const capAt = maxHold === undefined ? undefined : this.grantedAt + maxHold;
     let deadline = this.grantedAt + ttl - ttl / 100;
@@ -234,7 +336,8 @@ export class Lock {
       if (now >= deadline) return this.lose("expired");
       const ask = capAt === undefined ? ttl : Math.min(ttl, capAt - now);
       if (ask < 1) {
-        this.schedule(() => this.lose("cap-reached"), deadline - now);
+        // The cap: no more renewals; the expiry timer aborts the signal at the deadline.
+        this.expireAt(deadline, "cap-reached");
         return;
       }
       const sent = Date.now();
@@ -252,17 +355,44 @@ export class Lock {
       deadline = sent + ask - ttl / 100;
       if (ask < ttl) {
         // The cap: that was the last renewal; the lease runs out on the server.
-        this.schedule(() => this.lose("cap-reached"), sent + ask - Date.now());
+        this.expireAt(sent + ask, "cap-reached");
         return;
       }
+      this.expireAt(deadline);
       this.schedule(step, Math.min(interval, deadline - Date.now()));
     };
     this.schedule(step, Math.min(interval, deadline - Date.now()));
   }
 
+  /** Stops renewal (the lease then runs out on the server, and the signal aborts then). */
   stopRenewal(): void {
     if (this.renewTimer) clearTimeout(this.renewTimer);
     this.renewTimer = undefined;
+  }
+
+  /** @internal keep the lock until its lease ends, without this grant's timers. */
+  keep(): void {
+    this.stop();
+    this.released = true;
+  }
+
+  private stop(): void {
+    this.stopRenewal();
+    if (this.expiryTimer) clearTimeout(this.expiryTimer);
+    this.expiryTimer = undefined;
+  }
+
+  /** Without a TTL the lease is the server's lock.default-ttl: LOCK.INFO tells it. */
+  private async learnLease(): Promise<void> {
+    try {
+      const left = await this.client.leaseOf(this.name, this.fence);
+      if (this.ttl !== undefined || this.released) return;
+      if (left === undefined) return this.lose("not-held");
+      this.ttl = Math.max(3, left);
+      this.expireAt(Date.now() + this.ttl - this.ttl / 100);
+    } catch {
+      /* unknown for now: renewal (if any) or the next extend sets it */
+    }
   }
 
   private schedule(fn: () => unknown, ms: number): void {
@@ -270,21 +400,43 @@ export class Lock {
     this.renewTimer.unref?.();
   }
 
+  /** The signal aborts at `at` (Date.now() ms) unless a renewal moves it. */
+  private expireAt(at: number, reason: LostReason = "expired"): void {
+    if (this.expiryTimer) clearTimeout(this.expiryTimer);
+    this.expiryTimer = setTimeout(() => this.lose(reason), Math.max(0, at - Date.now()));
+    this.expiryTimer.unref?.();
+  }
+
   private lose(reason: LostReason): void {
     if (this.released || this.signal.aborted) return;
-    this.stopRenewal();
+    this.stop();
     this.abort.abort(new LockLostError(this.name, reason));
   }
 }
 
-/** Locks over one node-redis or ioredis client (standalone or cluster). */
-export class LockClient {
-  readonly networkTimeout: number;
-  private readonly driver: Driver;
+interface Replicas {
+  at: number;
+  connected: number;
+  toWrite: number;
+}
 
-  constructor(client: unknown, options: ClientOptions = {}) {
+/** Locks over one node-redis or ioredis client (standalone or cluster). */
+export class LockClient implements LockOwner {
+  readonly networkTimeout: number;
+  readonly confirm: boolean;
+  readonly replicas: number | undefined;
+  private readonly driver: Driver;
+  private readonly replicaCache = new Map<string, Replicas>();
+
+  constructor(client: SupportedClient, options: ClientOptions = {}) {
     this.driver = driverFor(client);
     this.networkTimeout = options.networkTimeout ?? 2000;
+    this.confirm = options.confirm ?? true;
+    this.replicas = options.replicas;
+    if (!(this.networkTimeout > 0)) throw new TypeError("networkTimeout must be positive");
+    if (this.replicas !== undefined && !(Number.isInteger(this.replicas) && this.replicas >= 0)) {
+      throw new TypeError("replicas must be an integer >= 0");
+    }
   }
 
   /** Which library the client is, as detected ("node-redis", "ioredis cluster", ...). */
@@ -292,10 +444,27 @@ export class LockClient {
     return this.driver.kind;
   }
 
-  /** @internal runs a command on the node of `name`; `build` gets the full key. */
-  command(name: string, build: (key: string) => Arg[]): Promise<unknown> {
+  /** @internal runs a command on the node of `name` (`build` gets the full key), within
+   * `limit` ms (default networkTimeout), only once its connection is ready. */
+  async command(name: string, build: (key: string) => Arg[], limit = this.networkTimeout): Promise<unknown> {
     const key = this.driver.prefix + name;
-    return this.driver.call(key, build(key));
+    return this.run(key, build(key), limit);
+  }
+
+  private async run(key: string, args: Arg[], limit = this.networkTimeout): Promise<unknown> {
+    const deadline = Date.now() + limit;
+    await this.driver.ready(key, deadline);
+    const r = await within(this.driver.call(key, args), deadline - Date.now());
+    if (!r) {
+      throw new LockTimeoutError(`redis-lock: ${String(args[0])}: no reply from ${this.driver.where(key)} within ${limit} ms`);
+    }
+    if (!r.ok) throw this.mapped(r.error, key);
+    return r.value;
+  }
+
+  /** A missing module is named, without the server's message (it echoes the token). */
+  private mapped(e: unknown, key: string): unknown {
+    return isUnknownLockCommand(e) ? new ModuleNotLoadedError(this.driver.where(key)) : e;
   }
 
   /** Takes the lock: a {@link Lock}, or null when it is held (after `wait`, if given). */
@@ -312,50 +481,125 @@ export class LockClient {
     if (options.ttl !== undefined) args.push("PX", String(Math.round(options.ttl)));
     args.push("TOKEN", token);
     if (options.owner !== undefined) args.push("OWNER", options.owner);
+    const confirm = options.confirm ?? this.confirm;
+    const need = confirm ? await this.replicasNeeded(name, key, options.replicas ?? this.replicas) : 0;
     let reply: unknown;
+    let sent = Date.now();
     if (!(wait > 0)) {
       try {
-        reply = await this.driver.call(key, args);
+        reply = await this.run(key, args);
       } catch (e) {
-        // A timeout may hide a grant: give it back (the token is ours).
-        if (!isServerReply(e)) await this.releaseQuietly(name, token);
+        // A timeout may hide a grant: give it back (the token is ours; on the same
+        // connection the release runs after the acquire, whenever that is).
+        if (!isServerReply(e) && !(e instanceof LockConnectionError)) await this.releaseQuietly(name, token);
         throw e;
       }
-    } else {
-      const blockMs = wait === Infinity ? 0 : Math.max(1, Math.round(wait));
-      args.push("BLOCK", String(blockMs));
-      reply = await this.acquireBlocking(name, key, token, args, wait === Infinity ? Infinity : blockMs + this.networkTimeout);
+      const fence = this.grantOf(reply, token);
+      if (fence === null) return null;
+      if (need > 0) await this.confirmGrant(name, token, need, (a, limit) => this.run(key, a, limit));
+      return new Lock(this, name, token, fence, options.ttl, sent);
     }
+    const blockMs = wait === Infinity ? 0 : Math.max(1, Math.round(wait));
+    args.push("BLOCK", String(blockMs));
+    const conn: Dedicated = await this.driver.dedicated(key, this.networkTimeout);
+    try {
+      reply = await this.acquireBlocking(conn, name, key, token, args, wait === Infinity ? Infinity : blockMs + this.networkTimeout);
+      sent = Date.now();
+      const fence = this.grantOf(reply, token);
+      if (fence === null) return null;
+      if (need > 0) {
+        await this.confirmGrant(name, token, need, async (a, limit) => {
+          const r = await within(conn.send(a), limit);
+          if (!r) throw new LockTimeoutError(`redis-lock: ${String(a[0])}: no reply within ${limit} ms`);
+          if (!r.ok) throw r.error;
+          return r.value;
+        });
+      }
+      return new Lock(this, name, token, fence, options.ttl, sent);
+    } finally {
+      conn.close();
+    }
+  }
+
+  private grantOf(reply: unknown, token: string): bigint | undefined | null {
     if (reply === null || reply === undefined) return null;
-    if (!Array.isArray(reply) || reply.length !== 2) throw new Error(`redis-lock: unexpected LOCK.ACQUIRE reply ${String(reply)}`);
+    // Never the reply itself in a message: it holds the token.
+    if (!Array.isArray(reply) || reply.length !== 2) throw new Error(`redis-lock: unexpected LOCK.ACQUIRE reply (${typeof reply})`);
     if (asString(reply[0]) !== token) throw new Error("redis-lock: LOCK.ACQUIRE granted a token other than the one sent");
-    return new Lock(this, name, token, exactInt(reply[1]), options.ttl);
+    return exactInt(reply[1]);
+  }
+
+  /** How many replicas must confirm a grant on the node of `key`: `replicas`, else the
+   * server's min-replicas-to-write when set, else the replicas connected now (cached for
+   * a second). Fewer connected than expected: an error before anything is acquired. */
+  private async replicasNeeded(name: string, key: string, replicas: number | undefined): Promise<number> {
+    const where = this.driver.where(key);
+    let r = this.replicaCache.get(where);
+    if (!r || Date.now() - r.at > 1000) {
+      const info = asString(await this.run(key, ["INFO", "replication"])) ?? "";
+      const m = /^connected_slaves:(\d+)/m.exec(info);
+      let toWrite = 0;
+      try {
+        toWrite = configValue(await this.run(key, ["CONFIG", "GET", "min-replicas-to-write"]));
+      } catch (e) {
+        if (!isServerReply(e)) throw e; // CONFIG refused (ACL, renamed): no setting we know
+      }
+      r = { at: Date.now(), connected: m ? Number(m[1]) : 0, toWrite };
+      this.replicaCache.set(where, r);
+    }
+    let expected: number;
+    let source: string;
+    if (replicas !== undefined) [expected, source] = [replicas, "replicas"];
+    else if (r.toWrite > 0) [expected, source] = [r.toWrite, "min-replicas-to-write"];
+    else return r.connected;
+    if (r.connected < expected) {
+      throw new LockNotConfirmedError(name, `${expected} replica(s) expected (${source}) but ${r.connected} connected to ${where}; not acquired`);
+    }
+    return expected;
+  }
+
+  /** WAIT on the grant's connection; fewer than `need` within networkTimeout: the grant
+   * is given back and the acquire rejects. */
+  private async confirmGrant(name: string, token: string, need: number, send: (args: Arg[], limit: number) => Promise<unknown>): Promise<void> {
+    const waitMs = Math.round(this.networkTimeout);
+    let acks: number;
+    try {
+      acks = Number(await send(["WAIT", String(need), String(waitMs)], 2 * this.networkTimeout));
+    } catch (e) {
+      await this.releaseQuietly(name, token);
+      throw new LockNotConfirmedError(name, `WAIT for ${need} replica(s) failed (${(e as Error)?.name ?? "error"}); the grant was released`);
+    }
+    if (acks >= need) return;
+    let released = false;
+    try {
+      released = Number(await send(["LOCK.RELEASE", this.driver.prefix + name, token], this.networkTimeout)) === 1;
+    } catch {
+      await this.releaseQuietly(name, token);
+    }
+    throw new LockNotConfirmedError(name, `${acks} of ${need} replica(s) confirmed the grant within ${waitMs} ms; ${released ? "released it" : "sent LOCK.RELEASE"}`);
   }
 
   /** The blocking acquire on a connection of its own. If the server has not answered
    * within the wait plus networkTimeout, LOCK.RELEASE goes out on the same connection:
    * the server runs it right after the wait ends, so a grant made after we gave up is
    * given back at once instead of staying held with nobody listening. */
-  private async acquireBlocking(name: string, key: string, token: string, args: Arg[], limit: number): Promise<unknown> {
-    const conn: Dedicated = await this.driver.dedicated(key);
+  private async acquireBlocking(conn: Dedicated, name: string, key: string, token: string, args: Arg[], limit: number): Promise<unknown> {
     try {
       const reply = conn.send(args);
       const r = await within(reply, limit);
       if (r) {
         if (r.ok) return r.value;
-        throw r.error;
+        throw this.mapped(r.error, key);
       }
       const released = conn.send(["LOCK.RELEASE", key, token]);
       const late = await within(reply, this.networkTimeout);
       const rel = late ? await within(released, this.networkTimeout) : undefined;
       if (rel?.ok) return null; // answered late; any late grant is released
       await this.releaseQuietly(name, token);
-      throw new LockTimeoutError(`redis-lock: LOCK.ACQUIRE ${name}: no reply within the wait plus ${this.networkTimeout} ms; sent LOCK.RELEASE for the token`);
+      throw new LockTimeoutError(`redis-lock: LOCK.ACQUIRE ${name}: no reply from ${this.driver.where(key)} within the wait plus ${this.networkTimeout} ms; sent LOCK.RELEASE for the token`);
     } catch (e) {
       if (!(e instanceof LockTimeoutError) && !isServerReply(e)) await this.releaseQuietly(name, token);
       throw e;
-    } finally {
-      conn.close();
     }
   }
 
@@ -365,26 +609,35 @@ export class LockClient {
 
   /**
    * Runs `routine` while holding the lock, renewing it (unless `autoRenew: false`), and
-   * releases it afterwards. `signal` aborts when the lock is lost. Throws
-   * {@link LockBusyError} when the lock could not be taken within `wait`.
+   * releases it afterwards (unless `releaseOnExit: false`). `signal` aborts when the lock
+   * is lost; then `using` rejects with that {@link LockLostError} even if the routine
+   * resolved. Rejects with {@link LockBusyError} when the lock could not be taken within
+   * `wait`.
    */
   async using<T>(name: string, options: UsingOptions, routine: (signal: AbortSignal, lock: Lock) => Promise<T>): Promise<T> {
     const lock = await this.acquire(name, options);
     if (!lock) throw new LockBusyError(name);
     let failed = false;
+    let result: T;
     try {
       if (options.autoRenew !== false) await lock.startRenewal(options.maxHold);
-      return await routine(lock.signal, lock);
+      result = await routine(lock.signal, lock);
     } catch (e) {
       failed = true;
       throw e;
     } finally {
-      try {
-        await lock.release();
-      } catch (e) {
-        if (!failed && !lock.signal.aborted) throw e;
+      if (options.releaseOnExit === false) {
+        lock.keep();
+      } else {
+        try {
+          await lock.release();
+        } catch (e) {
+          if (!failed && !lock.signal.aborted) throw e;
+        }
       }
     }
+    if (lock.signal.aborted) throw lock.signal.reason;
+    return result;
   }
 
   /** LOCK.RELEASE by name and token: true if the token held it. */
@@ -402,10 +655,36 @@ export class LockClient {
     return parseInfo(await this.command(name, (k) => ["LOCK.INFO", k]));
   }
 
+  /** @internal the lease left (ms) of the holder with `fence`, undefined if none;
+   * pages through LOCK.INFO's holder list (`cursor`). */
+  async leaseOf(name: string, fence: bigint | undefined): Promise<number | undefined> {
+    if (fence === undefined) return undefined;
+    let args = (k: string): Arg[] => ["LOCK.INFO", k];
+    for (let page = 0; page < 10_000; page++) {
+      const info = parseInfo(await this.command(name, args));
+      if (!info) return undefined;
+      const ttl = holderTtl(info, fence);
+      if (ttl !== undefined) return ttl;
+      const cursor = exactInt(info.cursor);
+      if (!Array.isArray(info["holder-list"]) || cursor === undefined || cursor <= 0n || cursor >= fence) return undefined;
+      args = (k) => ["LOCK.INFO", k, "COUNT", "100", "AFTER", cursor.toString()];
+    }
+    return undefined;
+  }
+
   /** Closes the connections this LockClient opened (not the client it was given). */
   async close(): Promise<void> {
     await this.driver.close();
   }
 }
 
+function configValue(reply: unknown): number {
+  const values = reply instanceof Map ? [...reply.values()] : Array.isArray(reply) ? reply.filter((_, i) => i % 2 === 1) : reply && typeof reply === "object" ? Object.values(reply) : [];
+  const n = Number(asString(values[0]));
+  return Number.isFinite(n) ? n : 0;
+}
+
 export default LockClient;
+
+export { Redlock, RedlockGrant, drift } from "./redlock.js";
+export type { RedlockOptions, RedlockAcquireOptions } from "./redlock.js";

@@ -4,8 +4,9 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { randomUUID } from "node:crypto";
 
-import { LockBusyError, LockLostError, errorCode } from "../dist/index.js";
-import { CLIENTS, Server, abandonedBlock, describeEachClient, infoField, raw, rawFence, sleep, withLocks } from "./servers.mjs";
+import { LockBusyError, LockLostError, LockNotHeldError, errorCode } from "../dist/index.js";
+import { abandonedBlock, leaseMs } from "./helpers.mjs";
+import { CLIENTS, Server, describeEachClient, infoField, raw, rawFence, sleep, withLocks } from "./servers.mjs";
 
 const SAFE = BigInt(Number.MAX_SAFE_INTEGER);
 const name = () => `lock:${randomUUID().slice(0, 12)}`;
@@ -34,7 +35,7 @@ describeEachClient(server, (lib, ctx) => {
       expectFence(lib.name, lock, f);
       stored.push(f);
       assert.equal(lock.fenceString, lock.fence?.toString());
-      assert.equal(await lock.release(), true);
+      await lock.release();
     }
     for (let i = 1; i < stored.length; i++) assert.ok(stored[i - 1] < stored[i]);
     const info = await ctx.locks.info(key);
@@ -43,7 +44,7 @@ describeEachClient(server, (lib, ctx) => {
 
   test("busy, owner, info, extend, a retry with the same token", async () => {
     const key = name();
-    const lock = await ctx.locks.acquire(key, { ttl: 5000, owner: "worker-7", token: "tok-1" });
+    const lock = await ctx.locks.acquire(key, { ttl: 5000, owner: "worker-7", token: "tok-1-000000000000" });
     assert.ok(lock);
     assert.equal(await ctx.locks.acquire(key, { ttl: 5000 }), null);
     const info = await ctx.locks.info(key);
@@ -51,13 +52,17 @@ describeEachClient(server, (lib, ctx) => {
     expectFence(lib.name, { fence: info.fence }, await rawFence(server.port, key));
     assert.equal(await lock.owned(), lib.name !== "node-redis 4" || (await rawFence(server.port, key)) <= SAFE);
     assert.equal(await lock.extend(60_000), true);
-    assert.ok(Number((await raw(server.port, "PTTL", key)).int) > 50_000);
-    const again = await ctx.locks.acquire(key, { ttl: 5000, token: "tok-1" });
+    assert.ok((await leaseMs(server.port, key)) > 50_000);
+    const again = await ctx.locks.acquire(key, { ttl: 5000, token: "tok-1-000000000000" });
     assert.ok(again, "the same token renews");
     assert.equal(again.fence, lock.fence);
-    assert.equal(await ctx.locks.release(key, "wrong"), false);
-    assert.equal(await lock.release(), true);
-    assert.equal(await lock.release(), false);
+    assert.equal(await ctx.locks.release(key, "wrong-token-00000000"), false);
+    await lock.release();
+    // As node-redlock's: releasing a lock this grant no longer holds rejects.
+    await assert.rejects(lock.release(), LockNotHeldError);
+    const other = await ctx.locks.acquire(key, { ttl: 5000 });
+    await raw(server.port, "LOCK.FORCERELEASE", key);
+    await assert.rejects(other.release(), (e) => e instanceof LockNotHeldError && !e.message.includes(other.token));
   });
 
   test("BLOCK hand-off in arrival order, on connections of their own", async () => {
@@ -126,11 +131,17 @@ describeEachClient(server, (lib, ctx) => {
   test("the cap on the total hold", async () => {
     const key = name();
     const t0 = Date.now();
-    const reason = await ctx.locks.using(key, { ttl: 300, maxHold: 800 }, async (signal) => {
-      await new Promise((resolve) => signal.addEventListener("abort", resolve));
-      return signal.reason.reason;
-    });
-    assert.equal(reason, "cap-reached");
+    let seen;
+    // The signal aborts at the cap, and using() rejects with that loss.
+    await assert.rejects(
+      ctx.locks.using(key, { ttl: 300, maxHold: 800 }, async (signal) => {
+        await new Promise((resolve) => signal.addEventListener("abort", resolve));
+        seen = signal.reason.reason;
+        return "done";
+      }),
+      (e) => e instanceof LockLostError && e.reason === "cap-reached",
+    );
+    assert.equal(seen, "cap-reached");
     const took = Date.now() - t0;
     assert.ok(took > 700 && took < 1500, `took ${took}`);
     assert.equal(await rawFence(server.port, key), undefined);
@@ -138,7 +149,7 @@ describeEachClient(server, (lib, ctx) => {
 
   test("server errors keep their code", async () => {
     const key = name();
-    await raw(server.port, "SET", key, "x");
+    await raw(server.port, "SET", key, "x-token-0000000000");
     await raw(server.port, "LPUSH", key + ":list", "x");
     await assert.rejects(ctx.locks.acquire(key + ":list", { ttl: 1000 }), (e) => errorCode(e) === "WRONGTYPE");
     assert.equal(await ctx.locks.acquire(key, { ttl: 1000 }), null, "a string lock counts as held");
@@ -153,7 +164,7 @@ describeEachClient(server, (lib, ctx) => {
         assert.ok(await rawFence(server.port, "app:" + key), "the prefix is applied");
         assert.equal(await rawFence(server.port, key), undefined);
         // The control: the plain command gives up after commandTimeout.
-        await assert.rejects(c.call("LOCK.ACQUIRE", "app:" + key, "TOKEN", "t", "BLOCK", "1000"), /timed out/i);
+        await assert.rejects(c.call("LOCK.ACQUIRE", "app:" + key, "TOKEN", "plain-token-000001", "BLOCK", "1000"), /timed out/i);
         await raw(server.port, "LOCK.FORCERELEASE", "app:" + key);
         await sleep(100); // the plain call's waiter gets the lock nobody listens to
         assert.equal(Number((await raw(server.port, "LOCK.FORCERELEASE", "app:" + key)).int), 1, "orphaned by commandTimeout");
@@ -180,15 +191,15 @@ describe("no orphan after a client-side timeout", () => {
 
   test("control: an abandoned waiter is left holding the lock", async () => {
     const key = name();
-    await raw(own.port, "LOCK.ACQUIRE", key, "PX", "300", "TOKEN", "holder");
+    await raw(own.port, "LOCK.ACQUIRE", key, "PX", "300", "TOKEN", "holder-token-0001");
     const s = abandonedBlock(own.port, key, 1000);
     await sleep(100);
     own.stop();
     await sleep(1300);
     own.cont();
     await sleep(200);
-    const ttl = Number((await raw(own.port, "PTTL", key)).int);
-    assert.ok(ttl > 20_000, `expected an orphaned grant, PTTL ${ttl}`);
+    const ttl = await leaseMs(own.port, key);
+    assert.ok(ttl > 20_000, `expected an orphaned grant, lease ${ttl}`);
     s.destroy();
     await raw(own.port, "LOCK.FORCERELEASE", key);
   });
@@ -197,7 +208,7 @@ describe("no orphan after a client-side timeout", () => {
     test(lib.name, async () => {
       await withLocks(lib, await lib.connect(own), { networkTimeout: 1000 }, async (locks) => {
         const key = name();
-        await raw(own.port, "LOCK.ACQUIRE", key, "PX", "300", "TOKEN", "holder");
+        await raw(own.port, "LOCK.ACQUIRE", key, "PX", "300", "TOKEN", "holder-token-0001");
         const before = Number(await infoField(own.port, "lock", "lock_handed_off"));
         const pending = locks.acquire(key, { ttl: 30_000, wait: 1000 });
         await sleep(100);

@@ -2,11 +2,15 @@
 // user writes against node-redis and ioredis must type-check without casts.
 import { createClient, createCluster } from "redis";
 import { Redis, Cluster } from "ioredis";
-import { Lock, LockClient, LockLostError, LostReason, errorCode } from "../dist/index.js";
+import { Lock, LockClient, LockLostError, LockNotConfirmedError, LostReason, errorCode } from "redis-lock-module";
 
 export async function usage(): Promise<bigint | undefined> {
   const client = await createClient().connect();
-  const locks = new LockClient(client, { networkTimeout: 1000 });
+  const locks = new LockClient(client, { networkTimeout: 1000, confirm: true, replicas: 1 });
+  // @ts-expect-error: not a client (the parameter is typed)
+  new LockClient("not a client");
+  // @ts-expect-error: not a client either
+  new LockClient({ get: async () => 1 });
   const lock: Lock | null = await locks.acquire("k", { ttl: 1000, wait: 500, owner: "me", shared: false });
   const fence: bigint | undefined = lock?.fence;
   const text: string | undefined = lock?.fenceString;
@@ -19,6 +23,11 @@ export async function usage(): Promise<bigint | undefined> {
     await l.extend(2000);
     return 1;
   });
+  await locks.using("cron", { ttl: 60_000, releaseOnExit: false }, async () => undefined);
+  const released: void = await (await locks.acquire("k", { confirm: false }))!.release();
+  void released;
+  const e: unknown = undefined;
+  if (e instanceof LockNotConfirmedError) void e.key;
   void n;
   new LockClient(createCluster({ rootNodes: [{ url: "redis://127.0.0.1:7000" }] }));
   new LockClient(new Redis({ keyPrefix: "app:" }));

@@ -82,6 +82,6 @@ def test_asyncio_cluster(cluster):
             assert await lock.acquire(blocking=False)
             await lock.release()
         assert cluster.moved_count() == before
-        await rc.aclose()
+        await (getattr(rc, "aclose", None) or rc.close)()
 
     asyncio.run(main())

@@ -8,7 +8,8 @@ from redis.exceptions import ResponseError
 
 from redis_lock_module import Lock
 from redis_lock_module.asyncio import Lock as AsyncLock
-from servers import acquire_in_thread, raw_fences, with_async_client
+from helpers import with_async_client
+from servers import acquire_in_thread, raw_fences
 
 
 def test_readers_share_and_a_writer_waits_for_all(server, key):

@@ -9,16 +9,28 @@ server's FIFO wait instead of polling.
 
 from redis.exceptions import LockError, LockNotOwnedError
 
-from ._common import LOST_CAP, LOST_EXPIRED, LOST_FAILED, LOST_NOT_HELD
+from ._common import (
+    LOST_CAP,
+    LOST_EXPIRED,
+    LOST_FAILED,
+    LOST_NOT_HELD,
+    LockNotConfirmedError,
+    ModuleNotLoadedError,
+)
 from .lock import Lock, lock
+from .redlock import Redlock, RedlockGrant
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Lock",
     "lock",
+    "Redlock",
+    "RedlockGrant",
     "LockError",
     "LockNotOwnedError",
+    "LockNotConfirmedError",
+    "ModuleNotLoadedError",
     "LOST_CAP",
     "LOST_EXPIRED",
     "LOST_FAILED",

@@ -14,20 +14,26 @@ import importlib
 import logging
 import time
 from types import SimpleNamespace
-from typing import Any, Callable, Generator, Optional, Tuple
+from typing import Any, Callable, Generator, List, Optional, Tuple
 
-from redis.exceptions import LockError, LockNotOwnedError, ResponseError, TimeoutError
+from redis.exceptions import ConnectionError, LockError, LockNotOwnedError, ResponseError
+from redis.exceptions import TimeoutError
 
 from ._common import (
     LOST_CAP,
     LOST_EXPIRED,
     LOST_FAILED,
     LOST_NOT_HELD,
+    LockNotConfirmedError,
     Number,
     acquire_args,
     check_options,
-    holder_ttl,
+    config_value,
+    info_field,
     is_moved,
+    is_unknown_lock_command,
+    lock_error,
+    module_missing,
     ms,
     new_token,
     parse_grant,
@@ -38,6 +44,14 @@ logger = logging.getLogger("redis_lock_module")
 
 Step = Tuple[Any, ...]
 Steps = Generator[Step, Any, Any]
+
+# What a connection of the package's own can fail with, short of an error reply.
+NET_ERRORS: Tuple[type, ...] = (ConnectionError, TimeoutError, OSError)
+
+
+class NoReply(Exception):
+    """Nothing arrived on a connection within the time allowed (the connection may still
+    get the reply later: it is read again, or closed, never reused)."""
 
 
 class _Run:
@@ -66,7 +80,7 @@ def run_sync(steps: Steps) -> Any:
     while (step := run.next()) is not None:
         try:
             run.reply = step[0](*step[1:])
-        except Exception as e:
+        except BaseException as e:  # KeyboardInterrupt too: the steps clean up first
             run.error = e
     return run.result
 
@@ -76,7 +90,7 @@ async def run_async(steps: Steps) -> Any:
     while (step := run.next()) is not None:
         try:
             run.reply = await step[0](*step[1:])
-        except Exception as e:
+        except BaseException as e:  # a cancellation too: the steps close what they opened
             run.error = e
     return run.result
 
@@ -88,6 +102,15 @@ def is_cluster(client: Any, module: str) -> bool:
     except (ImportError, AttributeError):  # pragma: no cover - redis-py without cluster
         return False
     return isinstance(client, cls)
+
+
+class Conn:
+    """A connection of the package's own: the redis-py connection, and (asyncio) a read
+    that is still pending after a call gave up waiting for it."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.pending: Any = None
 
 
 class Hold:
@@ -103,29 +126,25 @@ class Hold:
         self.lost = event()
         self.lost_reason: Optional[str] = None
         self.renewal: Any = None  # the thread or task that renews
-        self.conn: Any = None  # the renewal's own connection, where it has one
 
 
 class LockBase:
-    """What the sync and the asyncio lock share; the subclasses supply the I/O:
+    """What the sync and the asyncio lock share; the subclasses supply the I/O, each a
+    step (a plain function, or a coroutine function for asyncio):
 
-    - ``_run(steps)``: run an operation's steps (plain calls, or awaited);
-    - ``_event()``: a new event (threading or asyncio);
-    - ``_wait(event, seconds)``: wait for it, True when set;
-    - ``_acquire_blocking_once(token, block_ms)``: LOCK.ACQUIRE ... BLOCK on a connection
-      of the lock's own, the fence or None;
+    - ``_node()``: the :class:`~redis_lock_module._conns.Node` that owns the key;
+    - ``_open(node)``: a :class:`Conn` to it (an idle one, or a new one connected
+      within ``network_timeout``);
+    - ``_close(node, conn, reuse)``: keep it for reuse, or close it;
+    - ``_send(conn, args)``; ``_read(conn, seconds)``: the next reply, or
+      :class:`NoReply` when none came within `seconds` (None: no limit);
     - ``_refresh_cluster()``: learn the slots again after a redirection;
-    - ``_release_now(token)``: LOCK.RELEASE for a failed acquire;
+    - ``_event()``, ``_wait(event, seconds)``: an event and a wait for it (True if set);
     - ``_start_renewal(hold)``: run ``_renewal(hold)`` in the background;
-    - ``_renew_call(hold, args, limit)``: a renewal's command, within `limit` seconds;
     - ``_callback(reason)``: call ``on_lost``;
-    - ``_NET_ERRORS``: what a failed non-blocking acquire releases its token after;
-    - ``_RENEW_ERRORS``: what a renewal retries after;
     - ``_CLUSTER_MODULE``: where the client's ``RedisCluster`` class is.
     """
 
-    _NET_ERRORS: Tuple[type, ...] = ()
-    _RENEW_ERRORS: Tuple[type, ...] = ()
     _CLUSTER_MODULE = ""
 
     def __init__(
@@ -146,8 +165,11 @@ class LockBase:
         max_hold: Optional[Number] = None,
         on_lost: Optional[Callable[..., Any]] = None,
         network_timeout: Number = 2.0,
+        release_on_exit: bool = True,
+        confirm: bool = True,
+        replicas: Optional[int] = None,
     ) -> None:
-        check_options(timeout, shared, limit, auto_renew, max_hold, network_timeout)
+        check_options(timeout, shared, limit, auto_renew, max_hold, network_timeout, replicas)
         self.redis = redis
         self.name = name
         self.timeout = timeout
@@ -159,10 +181,14 @@ class LockBase:
         self.owner = owner
         self.shared = shared
         self.limit = limit
-        self.auto_renew = auto_renew
+        # timeout=None is redis-py's "until released": a lease the lock keeps renewing.
+        self.auto_renew = auto_renew or timeout is None
         self.max_hold = max_hold
         self.on_lost = on_lost
-        self.network_timeout = network_timeout
+        self.network_timeout = float(network_timeout)
+        self.release_on_exit = release_on_exit
+        self.confirm = confirm
+        self.replicas = replicas
         self.local: Any = self._new_local()
 
     def _new_local(self) -> Any:
@@ -188,28 +214,73 @@ class LockBase:
         hold = self.local.hold
         return hold.lost_reason if hold is not None else None
 
-    def _command(self, *args: Any) -> Step:
-        return (self.redis.execute_command, *args)
+    def _error(self, message: str) -> LockError:
+        return lock_error(LockError, message, self.name)
 
     def _held(self, verb: str) -> Hold:
         hold = self.local.hold
         if hold is None:
-            raise LockError(f"Cannot {verb} an unlocked lock", lock_name=self.name)
+            raise self._error(f"Cannot {verb} an unlocked lock")
+        if self.timeout is None:
+            # As redis-py's: a lock without a timeout has no lease to extend (this one
+            # renews its own while held).
+            raise self._error(f"Cannot {verb} a lock with no timeout")
         return hold
 
     def _not_owned(self, verb: str) -> LockNotOwnedError:
-        return LockNotOwnedError(
-            f"Cannot {verb} a lock that's no longer owned", lock_name=self.name
+        return lock_error(
+            LockNotOwnedError, f"Cannot {verb} a lock that's no longer owned", self.name
         )
+
+    # ------------------------------------------------------------------ commands
+
+    def _call(self, *args: Any, limit: Optional[float] = None) -> Steps:
+        """One command on a connection of the lock's own, its reply within `limit`
+        seconds (default ``network_timeout``). A connection that was idle and turns out
+        closed (a server restart) is replaced once."""
+        limit = self.network_timeout if limit is None else max(0.001, limit)
+        node = yield (self._node,)
+        for attempt in range(2):
+            conn = yield (self._open, node)
+            reuse = False
+            try:
+                yield (self._send, conn, args)
+                reply = yield (self._read, conn, limit)
+                reuse = True
+                return reply
+            except ResponseError as e:
+                reuse = True
+                if is_unknown_lock_command(e):
+                    raise module_missing(node.where) from None
+                raise
+            except NoReply:
+                raise TimeoutError(
+                    f"{args[0]} {self.name!r}: no reply from {node.where} within {limit:.3g} s"
+                ) from None
+            except ConnectionError:
+                if attempt == 0 and getattr(conn, "reused", False):
+                    continue
+                raise
+            finally:
+                yield (self._close, node, conn, reuse)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------------ redis-py API
 
     def _enter(self) -> Steps:
         if (yield (self.acquire,)):
             return self
-        raise LockError("Unable to acquire lock within the time specified", lock_name=self.name)
+        raise self._error("Unable to acquire lock within the time specified")
 
     def _exit(self) -> Steps:
+        if not self.release_on_exit:
+            # Once per period: the work is done, the lock stays until its lease ends.
+            hold = self.local.hold
+            if hold is not None:
+                hold.stop.set()
+                self.local.token = None
+                self.local.hold = None
+            return
         try:
             yield (self.release,)
         except LockError:
@@ -225,12 +296,21 @@ class LockBase:
         if blocking_timeout is None:
             blocking_timeout = self.blocking_timeout
         tok = new_token() if token is None else self.redis.get_encoder().encode(token)
-        sent = time.monotonic()
-        if not blocking or (blocking_timeout is not None and blocking_timeout <= 0):
-            fence = yield from self._acquire_now(tok)
-        else:
+        block_ms: Optional[int] = None
+        if blocking and not (blocking_timeout is not None and blocking_timeout <= 0):
             block_ms = 0 if blocking_timeout is None else ms(blocking_timeout)
-            fence = yield from self._acquire_blocking(tok, block_ms)
+        sent = time.monotonic()
+        fence = None
+        for attempt in range(2):
+            try:
+                fence = yield from self._acquire_once(tok, block_ms)
+                break
+            except ResponseError as e:
+                if attempt == 0 and self._is_cluster() and is_moved(e):
+                    yield (self._refresh_cluster,)
+                    continue
+                raise
+        if block_ms is not None:
             # When in the wait the grant happened is unknown: count from the reply.
             sent = time.monotonic()
         if fence is None:
@@ -243,25 +323,22 @@ class LockBase:
         return True
 
     def _locked(self) -> Steps:
-        return bool((yield self._command("EXISTS", self.name)))
+        return bool((yield from self._call("EXISTS", self.name)))
 
     def _owned(self) -> Steps:
         hold = self.local.hold
         if hold is None:
             return False
-        return holder_ttl((yield from self._info()), hold.fence) is not None
+        return (yield from self._holder_ttl(hold.fence)) is not None
 
     def _release(self) -> Steps:
         hold = self.local.hold
         if hold is None:
-            raise LockError(
-                "Cannot release a lock that's not owned or is already unlocked.",
-                lock_name=self.name,
-            )
+            raise self._error("Cannot release a lock that's not owned or is already unlocked.")
         hold.stop.set()
         self.local.token = None
         self.local.hold = None
-        if not (yield self._command("LOCK.RELEASE", self.name, hold.token)):
+        if not (yield from self._call("LOCK.RELEASE", self.name, hold.token)):
             raise self._not_owned("release")
 
     def _extend(self, additional_time: Number, replace_ttl: bool) -> Steps:
@@ -269,25 +346,45 @@ class LockBase:
         if replace_ttl:
             px = ms(additional_time)
         else:
-            left = holder_ttl((yield from self._info()), hold.fence)
+            left = yield from self._holder_ttl(hold.fence)
             if left is None:
                 raise self._not_owned("extend")
             px = max(1, left) + ms(additional_time)
-        if not (yield self._command("LOCK.EXTEND", self.name, hold.token, "PX", px)):
+        if not (yield from self._call("LOCK.EXTEND", self.name, hold.token, "PX", px)):
             raise self._not_owned("extend")
         return True
 
     def _reacquire(self) -> Steps:
         hold = self._held("reacquire")
-        args: list = ["LOCK.EXTEND", self.name, hold.token]
-        if self.timeout is not None:
-            args += ["PX", ms(self.timeout)]
-        if not (yield self._command(*args)):
+        assert self.timeout is not None  # _held refused a lock without one
+        px = ms(self.timeout)
+        if not (yield from self._call("LOCK.EXTEND", self.name, hold.token, "PX", px)):
             raise self._not_owned("reacquire")
         return True
 
     def _info(self) -> Steps:
-        return parse_info((yield self._command("LOCK.INFO", self.name)))
+        return parse_info((yield from self._call("LOCK.INFO", self.name)))
+
+    def _holder_ttl(self, fence: int) -> Steps:
+        """The remaining lease (ms) of the holder with `fence`, None if not a holder.
+        LOCK.INFO lists a page of holders (sorted by fence) with a `cursor` for the next
+        one; an exclusive lock names its holder at the top level."""
+        args: List[Any] = ["LOCK.INFO", self.name]
+        for _ in range(10_000):
+            info = parse_info((yield from self._call(*args)))
+            if info is None:
+                return None
+            holders = info.get("holder-list")
+            if not isinstance(holders, list):
+                return _int(info.get("ttl")) if _int(info.get("fence")) == fence else None
+            for h in holders:
+                if isinstance(h, dict) and _int(h.get("fence")) == fence:
+                    return _int(h.get("ttl"))
+            cursor = _int(info.get("cursor")) or 0
+            if cursor <= 0 or cursor >= fence:
+                return None
+            args = ["LOCK.INFO", self.name, "COUNT", 100, "AFTER", cursor]
+        return None
 
     def _wait_lost(self, timeout: Optional[Number]) -> Steps:
         hold = self.local.hold
@@ -306,51 +403,166 @@ class LockBase:
     def _is_cluster(self) -> bool:
         return is_cluster(self.redis, self._CLUSTER_MODULE)
 
-    def _acquire_now(self, token: bytes) -> Steps:
-        # redis-py may retry this after a timeout: with our TOKEN a retry is a renew.
+    def _acquire_once(self, token: bytes, block_ms: Optional[int]) -> Steps:
+        """LOCK.ACQUIRE (with BLOCK when `block_ms` is not None) on a connection of our
+        own, then the replicas' confirmation on the same one: the fence, or None."""
+        node = yield (self._node,)
+        # A connect that fails has sent nothing: there is nothing to give back.
+        conn = yield (self._open, node)
+        reuse = False
         try:
-            reply = yield self._command(*self._args(token, None))
-        except self._NET_ERRORS:
-            yield from self._release_quietly(token)
-            raise
-        return parse_grant(reply, token)
-
-    def _acquire_blocking(self, token: bytes, block_ms: int) -> Steps:
-        for attempt in range(2):
+            need = (yield from self._replicas_needed(node, conn)) if self.confirm else 0
+            yield (self._send, conn, self._args(token, block_ms))
+            if block_ms is None:
+                limit: Optional[float] = self.network_timeout
+            elif block_ms == 0:
+                limit = None
+            else:
+                limit = block_ms / 1000 + self.network_timeout
             try:
-                return (yield (self._acquire_blocking_once, token, block_ms))
+                reply = yield (self._read, conn, limit)
+            except NoReply:
+                return (yield from self._no_reply(node, conn, token, block_ms, limit))
             except ResponseError as e:
-                if attempt == 0 and self._is_cluster() and is_moved(e):
-                    yield (self._refresh_cluster,)
-                    continue
+                reuse = True
+                if is_unknown_lock_command(e):
+                    raise module_missing(node.where) from None
                 raise
-        return None  # pragma: no cover - the loop returns or raises
+            except NET_ERRORS:
+                # The command may have run: give the token's grant back (bounded).
+                yield from self._release_quietly(token)
+                raise
+            fence = parse_grant(reply, token)
+            if fence is not None and need > 0:
+                yield from self._confirm(node, conn, token, need)
+            reuse = True
+            return fence
+        finally:
+            yield (self._close, node, conn, reuse)
 
-    def _late_grant(self, token: bytes, late: Any, released: Any) -> Steps:
-        """After a waiting acquire had no reply in time, LOCK.RELEASE was queued behind
-        it on the same connection (the server runs it right after the wait ends, so a
-        grant made after we gave up is given back at once instead of sitting with nobody
-        listening until its lease ends). `late` and `released` are the two replies, None
-        where none came."""
+    def _replicas_needed(self, node: Any, conn: Conn) -> Steps:
+        """How many replicas must confirm a grant: ``replicas=``, else the server's
+        ``min-replicas-to-write`` when set, else the replicas connected now (INFO,
+        reused for a second). A deployment that expects more than are connected is an
+        error before anything is acquired."""
+        cached = node.cached_replicas()
+        if cached is None:
+            try:
+                yield (self._send, conn, ["INFO", "replication"])
+                yield (self._send, conn, ["CONFIG", "GET", "min-replicas-to-write"])
+                info = yield (self._read, conn, self.network_timeout)
+                try:
+                    to_write = config_value((yield (self._read, conn, self.network_timeout))) or 0
+                except ResponseError:  # CONFIG refused (ACL, renamed): no setting we know
+                    to_write = 0
+            except NoReply:
+                # Nothing was acquired yet: a plain timeout.
+                raise TimeoutError(
+                    f"INFO replication: no reply from {node.where} within "
+                    f"{self.network_timeout:.3g} s"
+                ) from None
+            connected = info_field(info, "connected_slaves") or 0
+            node.remember_replicas(connected, to_write)
+        else:
+            connected, to_write = cached
+        if self.replicas is not None:
+            expected, source = self.replicas, "replicas="
+        elif to_write > 0:
+            expected, source = to_write, "min-replicas-to-write"
+        else:
+            return connected
+        if connected < expected:
+            raise lock_error(
+                LockNotConfirmedError,
+                f"lock {self.name!r}: {expected} replica(s) expected ({source}) but "
+                f"{connected} connected to {node.where}; not acquired",
+                self.name,
+            )
+        return expected
+
+    def _confirm(self, node: Any, conn: Conn, token: bytes, need: int) -> Steps:
+        """WAIT for `need` replicas on the grant's connection; fewer within the bound:
+        the grant is given back and LockNotConfirmedError raised."""
+        wait_ms = ms(self.network_timeout)
+        acks: Optional[int] = None
+        try:
+            yield (self._send, conn, ["WAIT", need, wait_ms])
+            acks = _int((yield (self._read, conn, 2 * self.network_timeout)))
+        except (NoReply, ResponseError) + NET_ERRORS as e:
+            yield from self._release_quietly(token)
+            raise lock_error(
+                LockNotConfirmedError,
+                f"lock {self.name!r}: WAIT for {need} replica(s) of {node.where} failed "
+                f"({type(e).__name__}); the grant was released",
+                self.name,
+            ) from None
+        if acks is None or acks < need:
+            released = False
+            try:
+                yield (self._send, conn, ["LOCK.RELEASE", self.name, token])
+                released = bool((yield (self._read, conn, self.network_timeout)))
+            except (NoReply, ResponseError) + NET_ERRORS:
+                yield from self._release_quietly(token)
+                raise lock_error(
+                    LockNotConfirmedError,
+                    f"lock {self.name!r}: {acks or 0} of {need} replica(s) of {node.where} "
+                    f"confirmed the grant within {wait_ms} ms; sent LOCK.RELEASE",
+                    self.name,
+                ) from None
+            raise lock_error(
+                LockNotConfirmedError,
+                f"lock {self.name!r}: {acks or 0} of {need} replica(s) of {node.where} "
+                f"confirmed the grant within {wait_ms} ms; "
+                + ("released it" if released else "it was no longer held"),
+                self.name,
+            )
+
+    def _no_reply(
+        self, node: Any, conn: Conn, token: bytes, block_ms: Optional[int], limit: Optional[float]
+    ) -> Steps:
+        """No reply to LOCK.ACQUIRE in time: LOCK.RELEASE goes out on the same connection
+        (the server runs it right after the acquire, so a grant made after we gave up is
+        given back at once instead of sitting with nobody listening until its lease
+        ends); then both replies are read, network_timeout each."""
+        released: Any = None
+        late: Any = None
+        try:
+            yield (self._send, conn, ["LOCK.RELEASE", self.name, token])
+            try:
+                late = yield (self._read, conn, self.network_timeout)
+            except ResponseError as e:
+                late = e
+            released = yield (self._read, conn, self.network_timeout)
+        except (NoReply, ResponseError) + NET_ERRORS:
+            released = None
+        waited = "the wait plus " if block_ms is not None else ""
         if released is None:
             yield from self._release_quietly(token)
             raise TimeoutError(
-                f"LOCK.ACQUIRE {self.name!r}: no reply within the wait plus "
-                f"{self.network_timeout} s; sent LOCK.RELEASE for the token"
+                f"LOCK.ACQUIRE {self.name!r}: no reply from {node.where} within "
+                f"{waited}{self.network_timeout:.3g} s; sent LOCK.RELEASE for the token"
             )
+        granted = isinstance(late, (list, tuple))
         logger.info(
-            "LOCK.ACQUIRE %r answered after the client gave up (%r); released (%r)",
+            "LOCK.ACQUIRE %r answered after the client gave up (%s); released (%r)",
             self.name,
-            late,
+            "granted" if granted else type(late).__name__,
             released,
         )
+        if block_ms is None:
+            raise TimeoutError(
+                f"LOCK.ACQUIRE {self.name!r}: no reply from {node.where} within "
+                f"{self.network_timeout:.3g} s (answered late; released)"
+            )
         return None
 
     def _release_quietly(self, token: bytes) -> Steps:
         try:
-            yield (self._release_now, token)
+            yield from self._call("LOCK.RELEASE", self.name, token)
         except Exception as e:  # best effort: the lease ends by itself anyway
-            logger.warning("LOCK.RELEASE %r after a failed acquire failed: %s", self.name, e)
+            logger.warning(
+                "LOCK.RELEASE %r after a failed acquire failed: %s", self.name, type(e).__name__
+            )
 
     # ------------------------------------------------------------------ renewal
 
@@ -363,8 +575,12 @@ class LockBase:
             if self.timeout is not None:
                 ttl = float(self.timeout)
             else:
-                pttl = yield (self._renew_call, hold, ["PTTL", self.name], self.network_timeout)
-                ttl = max(0.003, int(pttl) / 1000)
+                # The server's lock.default-ttl: what LOCK.INFO says is left of it.
+                left = yield from self._holder_ttl(hold.fence)
+                if left is None:
+                    yield from self._lost(hold, LOST_NOT_HELD)
+                    return
+                ttl = max(0.003, left / 1000)
             deadline = started + ttl - ttl / 100  # the client's conservative view
             interval = ttl / 3
             while True:
@@ -384,14 +600,16 @@ class LockBase:
                 n = None
                 for attempt in range(2):
                     try:
-                        n = yield (
-                            self._renew_call,
-                            hold,
-                            ["LOCK.EXTEND", self.name, hold.token, "PX", ms(ask)],
-                            min(self.network_timeout, deadline - time.monotonic()),
+                        n = yield from self._call(
+                            "LOCK.EXTEND",
+                            self.name,
+                            hold.token,
+                            "PX",
+                            ms(ask),
+                            limit=min(self.network_timeout, deadline - time.monotonic()),
                         )
                         break
-                    except self._RENEW_ERRORS as e:
+                    except (ResponseError,) + NET_ERRORS as e:
                         if attempt == 1 or hold.stop.is_set() or time.monotonic() >= deadline:
                             logger.warning("renewal of %r failed: %s", self.name, e)
                             yield from self._lost(hold, LOST_FAILED)
@@ -427,3 +645,12 @@ class LockBase:
             yield (self._callback, reason)
         except Exception:
             logger.exception("on_lost callback of %r raised", self.name)
+
+
+def _int(v: Any) -> Optional[int]:
+    if isinstance(v, bytes):
+        v = v.decode(errors="replace")
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None

@@ -3,17 +3,59 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Type, TypeVar, Union
 
-from redis.exceptions import LockError, ResponseError
+from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
 Number = Union[int, float]
+E = TypeVar("E", bound=LockError)
+
+# Where a user who met ModuleNotLoadedError finds how to load the module.
+SETUP_DOC = "docs/quickstart-python.md in the redis-lock repository"
 
 # Reasons given to an `on_lost` callback (and kept in `Lock.lost_reason`).
 LOST_NOT_HELD = "not-held"  # a renewal was answered 0: expired, or LOCK.FORCERELEASE
 LOST_FAILED = "failed"  # renewals failed (connection errors, error replies) until the lease ran out
 LOST_EXPIRED = "expired"  # the lease deadline passed with no successful renewal
 LOST_CAP = "cap-reached"  # max_hold reached: renewal stopped and the lease ran out
+
+
+def lock_error(cls: Type[E], message: str, name: Any) -> E:
+    """``cls(message, lock_name=name)`` where redis-py's LockError takes ``lock_name``
+    (5.1 and later); older releases (4.5-5.0) take the message only, so the name is set
+    as an attribute there: every error path works on each redis-py the package declares."""
+    try:
+        return cls(message, lock_name=name)  # type: ignore[call-arg]
+    except TypeError:
+        e = cls(message)
+        e.lock_name = name  # type: ignore[attr-defined]
+        return e
+
+
+class LockNotConfirmedError(LockError):
+    """A grant that the server's replicas did not confirm (``WAIT``) within the bound,
+    or a deployment that expects more replicas than are connected. The grant, if there
+    was one, was given back (LOCK.RELEASE) before this was raised."""
+
+
+class ModuleNotLoadedError(ResponseError):
+    """The server answered that LOCK.* is an unknown command: the redis-lock module is
+    not loaded there. The message names the server, never the command's arguments (the
+    server's own message echoes them, the lock's token included)."""
+
+
+def is_unknown_lock_command(e: BaseException) -> bool:
+    text = str(e)
+    if text.startswith("ERR "):
+        text = text[4:]
+    return text.lower().startswith("unknown command") and "lock." in text.lower()[:40]
+
+
+def module_missing(where: str) -> ModuleNotLoadedError:
+    return ModuleNotLoadedError(
+        f"the redis-lock module is not loaded on {where}; load it at start-up "
+        f"(loadmodule /path/to/libredis_lock.so), see {SETUP_DOC}"
+    )
 
 
 def new_token() -> bytes:
@@ -73,7 +115,8 @@ def parse_grant(reply: Any, token: bytes) -> Optional[int]:
             fence = int(fence)
         if isinstance(fence, int) and not isinstance(fence, bool) and fence > 0:
             return fence
-    raise LockError(f"unexpected LOCK.ACQUIRE reply {reply!r}")
+    # Not the reply itself: it holds the token.
+    raise LockError(f"unexpected LOCK.ACQUIRE reply (a {type(reply).__name__})")
 
 
 def parse_info(reply: Any) -> Optional[Dict[str, Any]]:
@@ -120,12 +163,40 @@ def _int(v: Any) -> Optional[int]:
 
 
 def is_moved(e: BaseException) -> bool:
-    """A cluster redirection (redis-py parses MOVED/ASK into their own classes)."""
+    """A cluster redirection: redis-py's MovedError/AskError, or the plain reply text
+    (a connection of the package's own may parse it as a plain ResponseError)."""
     try:
         from redis.exceptions import AskError, MovedError
+
+        if isinstance(e, (MovedError, AskError)):
+            return True
     except ImportError:  # pragma: no cover - very old redis-py
-        return isinstance(e, ResponseError) and str(e).startswith(("MOVED ", "ASK "))
-    return isinstance(e, (MovedError, AskError))
+        pass
+    return isinstance(e, ResponseError) and str(e).startswith(("MOVED ", "ASK "))
+
+
+def info_field(text: Any, field: str) -> Optional[int]:
+    """An integer field of an INFO reply (``connected_slaves``), None when absent."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    if isinstance(text, dict):  # a client that parsed INFO already
+        v = text.get(field)
+        return _int(v)
+    for line in str(text).splitlines():
+        if line.startswith(field + ":"):
+            return _int(line.split(":", 1)[1].strip())
+    return None
+
+
+def config_value(reply: Any) -> Optional[int]:
+    """The value of a one-parameter CONFIG GET reply (RESP2 pair or RESP3 map)."""
+    if isinstance(reply, dict):
+        values = list(reply.values())
+    elif isinstance(reply, (list, tuple)):
+        values = list(reply[1::2])
+    else:
+        return None
+    return _int(to_str(values[0])) if values else None
 
 
 def check_options(
@@ -135,16 +206,19 @@ def check_options(
     auto_renew: bool,
     max_hold: Optional[Number],
     network_timeout: Number,
+    replicas: Optional[int] = None,
 ) -> None:
     if timeout is not None and timeout <= 0:
-        raise ValueError("timeout must be positive (or None for the server's lock.default-ttl)")
+        raise ValueError("timeout must be positive (or None: held until released)")
     if shared and limit is not None:
         raise ValueError("a lock is either shared or counted (limit=), not both")
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ValueError("limit must be an integer >= 1")
     if max_hold is not None and max_hold <= 0:
         raise ValueError("max_hold must be positive")
-    if max_hold is not None and not auto_renew:
+    if max_hold is not None and not auto_renew and timeout is not None:
         raise ValueError("max_hold caps auto-renewal: pass auto_renew=True with it")
     if network_timeout <= 0:
         raise ValueError("network_timeout must be positive")
+    if replicas is not None and (not isinstance(replicas, int) or replicas < 0):
+        raise ValueError("replicas must be an integer >= 0")

@@ -9,16 +9,12 @@ import inspect
 from types import TracebackType
 from typing import Any, Awaitable, Callable, Dict, Optional, Type, Union
 
-from redis.exceptions import (
-    ConnectionError,
-    LockError,
-    LockNotOwnedError,
-    ResponseError,
-    TimeoutError,
-)
+from redis.exceptions import LockError, LockNotOwnedError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._base import Hold, LockBase, logger, run_async
-from ._common import Number, parse_grant
+from ._base import Conn, Hold, LockBase, NoReply, run_async
+from ._common import LockNotConfirmedError, ModuleNotLoadedError, Number
+from ._conns import Node, Registry
 
 OnLost = Callable[["Lock", str], Union[Any, Awaitable[Any]]]
 
@@ -31,8 +27,6 @@ class Lock(LockBase):
     Tasks share a thread: like redis-py's asyncio lock, the token lives on the lock.
     """
 
-    _NET_ERRORS = (ConnectionError, TimeoutError, asyncio.TimeoutError)
-    _RENEW_ERRORS = (ConnectionError, TimeoutError, OSError, ResponseError, asyncio.TimeoutError)
     _CLUSTER_MODULE = "redis.asyncio.cluster"
     _run = staticmethod(run_async)
     _event = staticmethod(asyncio.Event)
@@ -91,67 +85,87 @@ class Lock(LockBase):
     async def _refresh_cluster(self) -> None:
         await self.redis.initialize()
 
-    async def _release_now(self, token: bytes) -> Any:
-        return await asyncio.wait_for(
-            self.redis.execute_command("LOCK.RELEASE", self.name, token),
-            self.network_timeout,
-        )
-
-    async def _connection(self) -> Any:
-        """A connection of our own to the lock's node, with no read timeout of its own
-        (each read below has its limit)."""
+    async def _node(self) -> Node:
+        loop = asyncio.get_running_loop()
         if self._is_cluster():
             if getattr(self.redis, "_initialize", False):
                 await self.redis.initialize()  # not connected yet: learn the slots
             node = self.redis.get_node_from_key(self.name)
-            cls, kwargs = node.connection_class, dict(node.connection_kwargs)
-        else:
-            pool = self.redis.connection_pool
-            cls, kwargs = pool.connection_class, dict(pool.connection_kwargs)
-        kwargs["socket_timeout"] = None
-        kwargs["socket_keepalive"] = True
-        conn = cls(**kwargs)
-        await asyncio.wait_for(conn.connect(), self.network_timeout)
-        return conn
+            key: Any = (node.host, node.port, id(loop))
 
-    async def _acquire_blocking_once(self, token: bytes, block_ms: int) -> Optional[int]:
-        conn = await self._connection()
-        reading: Optional[asyncio.Future] = None
+            def make() -> Any:
+                return node.connection_class, dict(node.connection_kwargs)
+
+        else:
+            key = ("default", id(loop))
+
+            def make() -> Any:
+                pool = self.redis.connection_pool
+                return pool.connection_class, dict(pool.connection_kwargs)
+
+        n = _NODES.node(self.redis, key, make)
+        if getattr(n, "loop", None) is not loop:
+            # Connections belong to one event loop; a new loop (with a reused id) starts
+            # with none.
+            n.idle.clear()
+            n.loop = loop  # type: ignore[attr-defined]
+        return n
+
+    async def _open(self, node: Node) -> Conn:
+        raw = node.take()
+        if raw is not None:
+            try:
+                probe = getattr(raw, "can_read", None) or raw.can_read_destructive
+                if not await probe():
+                    conn = Conn(raw)
+                    conn.reused = True  # type: ignore[attr-defined]
+                    return conn
+            except Exception:
+                pass
+            await _disconnect(raw)
+        # No socket timeout: every read here has its own limit (asyncio.wait), and a
+        # BLOCK may wait longer than any socket timeout.
+        raw = node.new_connection(self.network_timeout, read_timeout=None)
         try:
-            await conn.send_command(*self._args(token, block_ms))
-            reading = asyncio.ensure_future(conn.read_response())
-            wait = None if block_ms == 0 else block_ms / 1000 + self.network_timeout
-            done, _ = await asyncio.wait({reading}, timeout=wait)
-            if done:
-                return parse_grant(reading.result(), token)
-            # No reply in time: queue LOCK.RELEASE behind the waiting acquire on the
-            # same connection (``_late_grant``), keep reading the acquire's reply.
-            await conn.send_command("LOCK.RELEASE", self.name, token)
-            done, _ = await asyncio.wait({reading}, timeout=self.network_timeout)
-            late: Any = None
-            released: Any = None
-            if done:
-                late = reading.exception() or reading.result()
-                try:
-                    released = await asyncio.wait_for(conn.read_response(), self.network_timeout)
-                except asyncio.TimeoutError:
-                    released = None
-            return await self._run(self._late_grant(token, late, released))
-        except (ConnectionError, OSError, asyncio.TimeoutError):
-            await self._run(self._release_quietly(token))
+            await asyncio.wait_for(raw.connect(), self.network_timeout)
+        except asyncio.TimeoutError:
+            await _disconnect(raw)
+            raise RedisTimeoutError(
+                f"connecting to {node.where}: no answer within {self.network_timeout:.3g} s"
+            ) from None
+        except BaseException:
+            await _disconnect(raw)
             raise
-        finally:
-            if reading is not None and not reading.done():
-                reading.cancel()
-            await conn.disconnect()
+        return Conn(raw)
+
+    @staticmethod
+    async def _close(node: Node, conn: Conn, reuse: bool) -> None:
+        if reuse and conn.pending is None and node.give_back(conn.raw):
+            return
+        if conn.pending is not None and not conn.pending.done():
+            conn.pending.cancel()
+        await _disconnect(conn.raw)
+
+    @staticmethod
+    async def _send(conn: Conn, args: Any) -> None:
+        await conn.raw.send_command(*args)
+
+    @staticmethod
+    async def _read(conn: Conn, seconds: Optional[float]) -> Any:
+        # A read that timed out stays pending (never cancelled: a cancelled read can
+        # leave half a reply in the buffer); the next read of this call takes it up.
+        reading = conn.pending or asyncio.ensure_future(conn.raw.read_response())
+        conn.pending = None
+        done, _ = await asyncio.wait({reading}, timeout=seconds)
+        if not done:
+            conn.pending = reading
+            raise NoReply()
+        return reading.result()
 
     # ------------------------------------------------------------------ renewal
 
     def _start_renewal(self, hold: Hold) -> None:
         hold.renewal = asyncio.ensure_future(self._run(self._renewal(hold)))
-
-    async def _renew_call(self, hold: Hold, args: list, limit: float) -> Any:
-        return await asyncio.wait_for(self.redis.execute_command(*args), max(0.001, limit))
 
     async def _callback(self, reason: str) -> None:
         r = self.on_lost(self, reason)  # type: ignore[misc]
@@ -159,8 +173,25 @@ class Lock(LockBase):
             await r
 
 
+async def _disconnect(raw: Any) -> None:
+    try:
+        await raw.disconnect()
+    except Exception:  # closing a broken connection: nothing to report
+        pass
+
+
+_NODES = Registry()
+
+
 def lock(redis: Any, name: Any, timeout: Optional[Number] = None, **kwargs: Any) -> Lock:
     return Lock(redis, name, timeout=timeout, **kwargs)
 
 
-__all__ = ["Lock", "lock", "LockError", "LockNotOwnedError"]
+__all__ = [
+    "Lock",
+    "lock",
+    "LockError",
+    "LockNotOwnedError",
+    "LockNotConfirmedError",
+    "ModuleNotLoadedError",
+]

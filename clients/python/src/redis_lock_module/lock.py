@@ -7,16 +7,11 @@ import threading
 from types import TracebackType
 from typing import Any, Callable, Dict, Optional, Type
 
-from redis.exceptions import (
-    ConnectionError,
-    LockError,
-    LockNotOwnedError,
-    ResponseError,
-    TimeoutError,
-)
+from redis.exceptions import LockError, LockNotOwnedError
 
-from ._base import Hold, LockBase, logger, run_sync
-from ._common import Number, parse_grant, to_bytes
+from ._base import Conn, Hold, LockBase, NoReply, logger, run_sync
+from ._common import LockNotConfirmedError, ModuleNotLoadedError, Number, to_bytes
+from ._conns import Node, Registry
 
 OnLost = Callable[["Lock", str], Any]
 
@@ -32,14 +27,15 @@ class Lock(LockBase):
     """A lock on the redis-lock module with the API of ``redis.lock.Lock``.
 
     ``Lock(r, "name", timeout=10)`` or ``r.lock("name", timeout=10, lock_class=Lock)``.
-    Differences from redis-py's lock: waiting is the module's FIFO ``BLOCK`` on a
-    connection of its own (``sleep`` is accepted and ignored); every grant has a
-    ``fence``; ``timeout=None`` means the server's ``lock.default-ttl`` (the module has
-    no lock without a lease), so ``extend``/``reacquire`` work without a timeout too.
+    Differences from redis-py's lock: waiting is the module's FIFO ``BLOCK`` (``sleep``
+    is accepted and ignored); every grant has a ``fence``; commands go over connections
+    of the lock's own, each bounded by ``network_timeout``; a grant is confirmed on the
+    server's replicas (``WAIT``) before ``acquire`` returns (``confirm=False`` turns that
+    off). ``timeout=None`` holds until released, as redis-py's: the module has no lease
+    without an end, so the lock renews the server's ``lock.default-ttl`` while held and
+    reports a loss (``on_lost``, ``wait_lost``).
     """
 
-    _NET_ERRORS = (ConnectionError, TimeoutError)
-    _RENEW_ERRORS = (ConnectionError, TimeoutError, OSError, ResponseError)
     _CLUSTER_MODULE = "redis.cluster"
     _run = staticmethod(run_sync)
     _event = staticmethod(threading.Event)
@@ -85,11 +81,12 @@ class Lock(LockBase):
         self._run(self._release())
 
     def extend(self, additional_time: Number, replace_ttl: bool = False) -> bool:
-        """Add ``additional_time`` seconds to the lease (or set it, ``replace_ttl``)."""
+        """Add ``additional_time`` seconds to the lease (or set it, ``replace_ttl``).
+        LockError for a lock with ``timeout=None`` (as redis-py's: it renews itself)."""
         return self._run(self._extend(additional_time, replace_ttl))
 
     def reacquire(self) -> bool:
-        """Reset the lease to ``timeout`` (the server's default TTL when None)."""
+        """Reset the lease to ``timeout``; LockError for a lock with ``timeout=None``."""
         return self._run(self._reacquire())
 
     # ------------------------------------------------------------------ additions
@@ -112,85 +109,79 @@ class Lock(LockBase):
         try:
             self.redis.nodes_manager.initialize()
         except Exception as e:  # the retry reports what matters
-            logger.debug("cluster refresh failed: %s", e)
+            logger.debug("cluster refresh failed: %s", type(e).__name__)
 
-    def _release_now(self, token: bytes) -> Any:
-        return self.redis.execute_command("LOCK.RELEASE", self.name, token)
-
-    def _connection(self) -> Any:
-        """A connection of our own to the node of the lock, with a bounded read timeout."""
+    def _node(self) -> Node:
         if self._is_cluster():
             node = self.redis.get_node_from_key(self.name)
-            pool = self.redis.get_redis_connection(node).connection_pool
+            key: Any = (node.host, node.port)
+
+            def make() -> Any:
+                pool = self.redis.get_redis_connection(node).connection_pool
+                return pool.connection_class, dict(pool.connection_kwargs)
+
         else:
-            pool = self.redis.connection_pool
-        kwargs = dict(pool.connection_kwargs)
-        kwargs["socket_timeout"] = self.network_timeout
-        kwargs["socket_keepalive"] = True
-        return pool.connection_class(**kwargs)
+            key = "default"
 
-    def _acquire_blocking_once(self, token: bytes, block_ms: int) -> Optional[int]:
-        conn = self._connection()
-        try:
-            conn.send_command(*self._args(token, block_ms))
-            # The server answers by the BLOCK deadline; allow network_timeout on top.
-            wait = None if block_ms == 0 else block_ms / 1000 + self.network_timeout
-            if conn.can_read(timeout=wait):
-                return parse_grant(conn.read_response(), token)
-            return self._undo_late_grant(conn, token)
-        except (ConnectionError, TimeoutError, OSError):
-            self._run(self._release_quietly(token))
-            raise
-        finally:
-            conn.disconnect()
+            def make() -> Any:
+                pool = self.redis.connection_pool
+                return pool.connection_class, dict(pool.connection_kwargs)
 
-    def _undo_late_grant(self, conn: Any, token: bytes) -> None:
-        """No reply in time: queue LOCK.RELEASE behind the waiting acquire on the same
-        connection and read both replies (``_late_grant``)."""
-        conn.send_command("LOCK.RELEASE", self.name, token)
-        late: Any = None
-        released: Any = None
-        if conn.can_read(timeout=self.network_timeout):
+        return _NODES.node(self.redis, key, make)
+
+    def _open(self, node: Node) -> Conn:
+        raw = node.take()
+        if raw is not None:
             try:
-                late = conn.read_response()
-            except ResponseError as e:
-                late = e
-            if conn.can_read(timeout=self.network_timeout):
-                released = conn.read_response()
-        return self._run(self._late_grant(token, late, released))
+                # Readable while idle means closed by the server (or out of step).
+                if not raw.can_read(timeout=0):
+                    conn = Conn(raw)
+                    conn.reused = True  # type: ignore[attr-defined]
+                    return conn
+            except Exception:
+                pass
+            raw.disconnect()
+        raw = node.new_connection(self.network_timeout)
+        try:
+            raw.connect()
+        except BaseException:
+            raw.disconnect()
+            raise
+        return Conn(raw)
+
+    @staticmethod
+    def _close(node: Node, conn: Conn, reuse: bool) -> None:
+        if reuse and node.give_back(conn.raw):
+            return
+        conn.raw.disconnect()
+
+    @staticmethod
+    def _send(conn: Conn, args: Any) -> None:
+        conn.raw.send_command(*args)
+
+    @staticmethod
+    def _read(conn: Conn, seconds: Optional[float]) -> Any:
+        if not conn.raw.can_read(timeout=seconds):
+            raise NoReply()
+        return conn.raw.read_response()
 
     # ------------------------------------------------------------------ renewal
 
     def _start_renewal(self, hold: Hold) -> None:
         t = threading.Thread(
-            target=self._renew_in_thread,
-            args=(hold,),
+            target=self._run,
+            args=(self._renewal(hold),),
             name=f"redis-lock-renew:{self.name!r}",
             daemon=True,
         )
         hold.renewal = t
         t.start()
 
-    def _renew_in_thread(self, hold: Hold) -> None:
-        hold.conn = self._connection()
-        try:
-            self._run(self._renewal(hold))
-        finally:
-            hold.conn.disconnect()
-
-    def _renew_call(self, hold: Hold, args: list, limit: float) -> Any:
-        conn = hold.conn
-        try:
-            conn.send_command(*args)
-            if not conn.can_read(timeout=max(0.001, limit)):
-                raise TimeoutError(f"{args[0]}: no reply within {limit:.3f} s")
-            return conn.read_response()
-        except Exception:
-            conn.disconnect()  # a fresh connection for the retry
-            raise
-
     def _callback(self, reason: str) -> Any:
         return self.on_lost(self, reason)  # type: ignore[misc]
+
+
+_NODES = Registry()
 
 
 def lock(redis: Any, name: Any, timeout: Optional[Number] = None, **kwargs: Any) -> Lock:
@@ -198,4 +189,12 @@ def lock(redis: Any, name: Any, timeout: Optional[Number] = None, **kwargs: Any)
     return Lock(redis, name, timeout=timeout, **kwargs)
 
 
-__all__ = ["Lock", "lock", "LockError", "LockNotOwnedError", "to_bytes"]
+__all__ = [
+    "Lock",
+    "lock",
+    "LockError",
+    "LockNotOwnedError",
+    "LockNotConfirmedError",
+    "ModuleNotLoadedError",
+    "to_bytes",
+]

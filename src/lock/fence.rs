@@ -14,8 +14,10 @@
 //! covers what it issued; `fence-shift 20` at load time keeps the old scale for a server
 //! that restarts without its data.
 
-use crate::args::MAX_FENCE;
 use crate::error::LockError;
+
+/// Fences are replied as signed 64-bit integers; keep one value of head-room for `+1`.
+pub const MAX_FENCE: u64 = i64::MAX as u64 - 1;
 
 /// The shift of a new deployment.
 pub const SHIFT: u32 = 10;
@@ -27,8 +29,9 @@ pub const MAX_EXACT: u64 = (1 << 53) - 1;
 /// How far ahead of this server's clock MINFENCE may push the counter, and how far the
 /// counter jumps ahead at start-up and promotion.
 pub const FENCE_LEAD_MS: i64 = 3600 * 1000;
-/// How far ahead fences arriving from RESTORE, RDB files or the replication stream may
-/// be. It only keeps a hostile value from exhausting the counter for good.
+/// How far ahead of the clock term a fence arriving from elsewhere (RESTORE, RDB and AOF
+/// files, the replication stream) may be. It only keeps a hostile value from exhausting
+/// the counter for good.
 pub const LOADED_FENCE_MAX_LEAD_MS: i64 = 10 * 365 * 24 * 3600 * 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +91,20 @@ impl FenceClock {
     /// The largest fence acceptable at `now_ms` with the given lead.
     pub fn ceiling(&self, now_ms: i64, lead_ms: i64) -> u64 {
         clock_term(now_ms.saturating_add(lead_ms), self.shift())
+    }
+
+    /// The largest fence a value or change from elsewhere may carry. On the scale in use
+    /// (RESTORE, the live replication stream), so that no payload moves a server from
+    /// exact fences to the 0.1 release's scale; while the server loads its own files or
+    /// its primary's snapshot (`loading`), on the 0.1 scale, so that a server upgraded
+    /// from 0.1 keeps loading what it wrote.
+    pub fn loaded_ceiling(&self, now_ms: i64, loading: bool) -> u64 {
+        let shift = if loading {
+            self.shift().max(LEGACY_SHIFT)
+        } else {
+            self.shift()
+        };
+        clock_term(now_ms.saturating_add(LOADED_FENCE_MAX_LEAD_MS), shift)
     }
 
     /// The lowest fence the next grant may carry, before the caller's floor.

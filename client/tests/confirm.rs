@@ -1,0 +1,257 @@
+//! Grants confirmed on the replicas by default (`WAIT` after the grant, on the same
+//! connection): the only replica stopped makes an acquire (and a hand-off) fail closed
+//! with the lock released; confirmation off succeeds; a confirmed grant survives a
+//! SIGKILL of the primary and the promotion of its replica, where an unconfirmed one
+//! can be lost; Redlock counts a node only once its replicas confirmed.
+
+mod util;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis_lock_client::{
+    AcquireOptions, ClientOptions, Confirm, Error, LockClient, Redlock, RedlockOptions,
+};
+use redis_lock_testkit::{temp_dir, wait_until, ReplicaPair, ServerBuilder};
+use util::proxy::DelayProxy;
+use util::{held_fence, is_free, ms, setup, Stopped};
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
+
+/// A primary that starts a replica's full sync at once (not after the default 5 s).
+fn fast_sync() -> ServerBuilder {
+    ServerBuilder::new().arg("repl-diskless-sync-delay", "0")
+}
+
+fn replica_pair() -> ReplicaPair {
+    ReplicaPair::try_start_with(fast_sync(), ServerBuilder::new()).unwrap()
+}
+
+fn opts(confirm: Confirm) -> ClientOptions {
+    ClientOptions {
+        cluster: Some(false),
+        confirm,
+        confirm_timeout: ms(500),
+        ..ClientOptions::default()
+    }
+}
+
+async fn client(url: &str, confirm: Confirm) -> LockClient {
+    LockClient::connect_with(url, opts(confirm)).await.unwrap()
+}
+
+/// The acquisition failed as unconfirmed (with `confirmed` of `needed` replicas).
+fn unconfirmed(
+    r: redis_lock_client::Result<Option<redis_lock_client::LockGuard>>,
+    confirmed: u32,
+    needed: u32,
+) -> Error {
+    match r {
+        Err(e @ Error::Unconfirmed { .. }) => {
+            let Error::Unconfirmed {
+                confirmed: c,
+                needed: n,
+                ..
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert_eq!((*c, *n), (confirmed, needed), "{e}");
+            e
+        }
+        Err(e) => panic!("expected Unconfirmed, got {e:?}"),
+        Ok(g) => panic!("expected Unconfirmed, got a grant: {g:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_replica_makes_grants_and_hand_offs_fail_closed() {
+    setup();
+    let pair = replica_pair();
+    let (url, addr) = (pair.primary.url(), pair.primary.addr());
+    let mut c = pair.primary.conn();
+    let auto = client(&url, Confirm::Auto).await;
+    let off = client(&url, Confirm::Off).await;
+
+    // Replica running: confirmed, and on the replica when acquire returns.
+    let g = auto
+        .acquire("k1", ms(10_000), None)
+        .await
+        .unwrap()
+        .expect("granted");
+    assert_eq!(
+        held_fence(&mut pair.replica.conn(), "k1"),
+        g.fence(),
+        "on the replica"
+    );
+    assert!(g.release().await.unwrap());
+
+    let stopped = Stopped::new(pair.replica.pid());
+    // Non-blocking: WAIT 1 times out, the grant is given back before the error returns.
+    let t = Instant::now();
+    let e = unconfirmed(auto.acquire("k2", ms(10_000), None).await, 0, 1);
+    let took = t.elapsed();
+    assert!(took >= ms(450) && took < ms(2_000), "{took:?}");
+    assert!(
+        e.to_string()
+            .starts_with(&format!("{addr}: the grant was confirmed by 0 of 1")),
+        "{e}"
+    );
+    assert!(is_free(&mut c, "k2"), "given back");
+
+    // A hand-off received by a waiting acquire: the same.
+    let holder = off
+        .acquire("k3", ms(10_000), None)
+        .await
+        .unwrap()
+        .expect("off: granted");
+    let waiter = {
+        let auto = auto.clone();
+        tokio::spawn(async move { auto.acquire("k3", ms(10_000), Some(ms(5_000))).await })
+    };
+    assert!(wait_until(Duration::from_secs(5), || pair
+        .primary
+        .info_field("lock", "lock_waiters")
+        .is_some_and(|n| n == "1")));
+    assert!(holder.release().await.unwrap());
+    unconfirmed(waiter.await.unwrap(), 0, 1);
+    assert!(is_free(&mut c, "k3"), "the hand-off was given back");
+
+    // Confirmation off: the same acquire succeeds.
+    let g = off
+        .acquire("k4", ms(10_000), None)
+        .await
+        .unwrap()
+        .expect("off: granted");
+    assert!(g.release().await.unwrap());
+
+    // The deployment expects two replicas and has one: refused before any WAIT.
+    let two = client(&url, Confirm::Replicas(2)).await;
+    let t = Instant::now();
+    let e = unconfirmed(two.acquire("k5", ms(10_000), None).await, 0, 2);
+    assert!(t.elapsed() < ms(450), "no WAIT: {:?}", t.elapsed());
+    assert!(
+        e.to_string()
+            .contains("only 1 replica(s) connected, 2 expected"),
+        "{e}"
+    );
+    assert!(is_free(&mut c, "k5"));
+
+    // The CLI: exit 69 without running CMD; --no-confirm runs it.
+    let dir = temp_dir();
+    let ran = dir.join("ran");
+    let touch = format!("touch {}", ran.display());
+    let cli = |extra: &[&str]| {
+        let mut args = vec!["run", "--confirm-timeout", "500ms", "--url", &url];
+        args.extend_from_slice(extra);
+        args.extend(["job", "--", "sh", "-c", &touch]);
+        let out = Command::new(BIN)
+            .args(&args)
+            .env_remove("REDIS_LOCK_URL")
+            .env_remove("REDIS_LOCK_REPLICAS")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = cli(&[]);
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(
+        stderr.contains("confirmed by 0 of 1 replica(s)"),
+        "{stderr}"
+    );
+    assert!(!ran.exists() && is_free(&mut c, "job"));
+    let (code, stderr) = cli(&["--no-confirm"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(ran.exists());
+    drop(stopped);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_grant_survives_sigkill_of_the_primary_and_promotion() {
+    setup();
+    let mut primary = fast_sync().start();
+    // The replication stream reaches the replica 300 ms late, and what is in flight when
+    // the primary dies never arrives.
+    let proxy = DelayProxy::start(primary.socket_addr(), ms(300));
+    let replica = ServerBuilder::new()
+        .arg_multi("replicaof", &["127.0.0.1", &proxy.port.to_string()])
+        .start();
+    replica.wait_synced(Duration::from_secs(20)).unwrap();
+    let auto = client(&primary.url(), Confirm::Auto).await;
+    let off = client(&primary.url(), Confirm::Off).await;
+
+    let t = Instant::now();
+    let confirmed = auto
+        .acquire("confirmed", ms(60_000), None)
+        .await
+        .unwrap()
+        .expect("granted");
+    assert!(
+        t.elapsed() >= ms(250),
+        "WAIT waited for the late replica: {:?}",
+        t.elapsed()
+    );
+    let unconfirmed = off
+        .acquire("unconfirmed", ms(60_000), None)
+        .await
+        .unwrap()
+        .expect("granted");
+    // The primary's machine dies: what is on the way to the replica is lost with it.
+    proxy.cut();
+    primary.kill9();
+
+    let mut r = replica.conn();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(
+        held_fence(&mut r, "confirmed"),
+        confirmed.fence(),
+        "the confirmed grant survived"
+    );
+    assert!(
+        is_free(&mut r, "unconfirmed"),
+        "the control: an unconfirmed grant in flight is lost"
+    );
+    let (_, _) = (confirmed.detach(), unconfirmed.detach());
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_counts_a_node_only_once_its_replicas_confirmed() {
+    setup();
+    let pair = replica_pair();
+    let others = [ServerBuilder::new().start(), ServerBuilder::new().start()];
+    let urls = [pair.primary.url(), others[0].url(), others[1].url()];
+    let rl = Redlock::with_options(
+        &urls,
+        RedlockOptions {
+            client: opts(Confirm::Auto),
+            ..RedlockOptions::default()
+        },
+    )
+    .unwrap();
+    let stopped = Stopped::new(pair.replica.pid());
+    let g = rl
+        .acquire_with("nightly", &AcquireOptions::new(ms(10_000)))
+        .await
+        .unwrap()
+        .expect("a majority of the other two");
+    assert!(g.fence().is_some());
+    assert!(
+        is_free(&mut pair.primary.conn(), "nightly"),
+        "the unconfirmed node gave it back"
+    );
+    for s in &others {
+        assert!(held_fence(&mut s.conn(), "nightly").is_some());
+    }
+    assert!(g.release().await.unwrap());
+    drop(stopped);
+}

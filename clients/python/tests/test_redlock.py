@@ -1,0 +1,108 @@
+"""Redlock on 5 real servers: a majority survives 2 nodes down, 3 down grants nothing
+and leaves nothing held, quorum fences strictly increase (with one node's counter
+lifted ahead by MINFENCE), shared locks allowed, counted ones refused, extend needs a
+majority (the Rust client's semantics, client/src/redlock.rs)."""
+
+import time
+
+import pytest
+import redis
+
+from redis_lock_module import Redlock
+from servers import Server, raw_fence
+
+
+@pytest.fixture
+def five():
+    nodes = [Server() for _ in range(5)]
+    yield nodes
+    for n in nodes:
+        n.close()
+
+
+def clients(nodes):
+    return [redis.Redis(port=n.port, socket_timeout=5) for n in nodes]
+
+
+def held_on(nodes, key):
+    return sum(1 for n in nodes if raw_fence(n.port, key) is not None)
+
+
+def test_a_majority_survives_two_nodes_down(five, key):
+    rl = Redlock(clients(five))
+    assert rl.quorum == 3
+    five[0].kill()
+    five[1].stop()
+    try:
+        t0 = time.monotonic()
+        grant = rl.acquire(key, 2.0)
+        assert grant is not None and grant.fence > 0
+        assert time.monotonic() - t0 < 1.5, "the stopped node costs one node limit at most"
+        assert held_on(five[2:], key) == 3
+        assert 0 < grant.validity <= 2.0
+        assert grant.extend(3.0) and grant.validity > 2.0
+        assert grant.release()
+        assert held_on(five[2:], key) == 0
+    finally:
+        five[1].cont()
+
+
+def test_three_nodes_down_grants_nothing_and_holds_nothing(five, key):
+    rl = Redlock(clients(five))
+    five[0].kill()
+    five[1].kill()
+    five[2].stop()
+    try:
+        assert rl.acquire(key, 1.0, wait=0.6) is None
+        assert held_on(five[3:], key) == 0, "partial grants were released"
+    finally:
+        five[2].cont()
+
+
+def test_quorum_fences_strictly_increase_with_a_node_lifted_ahead(five, key):
+    rl = Redlock(clients(five))
+    # Node 0's counter far ahead of the others (as MINFENCE allows).
+    r0 = five[0].client()
+    base = r0.execute_command("LOCK.ACQUIRE", key + ":lift", "PX", 100, "TOKEN", "lift-token-00000001")[1]
+    r0.execute_command("LOCK.ACQUIRE", key + ":lift2", "PX", 100, "TOKEN", "lift-token-00000002", "MINFENCE", base + 1000)
+    fences = []
+    for i in range(8):
+        if i == 4:
+            five[0].stop()  # the lifted node away: the others were raised past it
+        grant = rl.acquire(key, 2.0)
+        assert grant is not None
+        fences.append(grant.fence)
+        # Every node holding the lock has a counter >= the quorum fence.
+        assert grant.release()
+    five[0].cont()
+    assert fences[0] > base + 1000
+    assert all(a < b for a, b in zip(fences, fences[1:])), fences
+
+
+def test_shared_is_allowed_and_counted_refused(five, key):
+    rl = Redlock(clients(five))
+    a = rl.acquire(key, 5.0, shared=True)
+    b = rl.acquire(key, 5.0, shared=True)
+    assert a is not None and b is not None and a.fence != b.fence
+    assert rl.acquire(key, 5.0) is None, "a writer needs a majority without readers"
+    assert held_on(five, key) == 5
+    with pytest.raises(ValueError, match="counted lock"):
+        rl.acquire(key + ":n", 5.0, limit=2)
+    # A usage error from the nodes (a counted key asked for as shared) ends the attempt
+    # with that error, and nothing stays held.
+    for n in five:
+        n.client().execute_command("LOCK.ACQUIRE", key + ":c", "LIMIT", 2, "PX", 5000, "TOKEN", "counted-token-00001")
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGMODE"):
+        rl.acquire(key + ":c", 5.0, shared=True, wait=1.0)
+    a.release()
+    b.release()
+    assert held_on(five, key) == 0
+
+
+def test_extend_needs_a_majority(five, key):
+    rl = Redlock(clients(five))
+    grant = rl.acquire(key, 3.0)
+    assert grant is not None
+    for n in five[:3]:
+        n.kill()
+    assert not grant.extend(3.0)

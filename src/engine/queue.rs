@@ -1,0 +1,343 @@
+//! The FIFO wait queues and the hand-off: one queue per key, for every kind of lock; the
+//! head is granted as soon as it fits, consecutive SHARED waiters together, permits of a
+//! counted key in order, and nobody barges past the queue.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::timeline::Task;
+use super::{mismatch, Engine, Event, Gate, Keyspace, NewHolder, QueueKey, Sched, Slot, WaiterId};
+use crate::error::LockError;
+use crate::lock::value::{check_family, Addr, Digest, Family, Mode};
+
+/// A queued request.
+#[derive(Debug)]
+pub struct Wait<W> {
+    pub id: WaiterId,
+    pub mode: Mode,
+    pub token: Vec<u8>,
+    pub digest: Digest,
+    pub ttl: u64,
+    pub min_fence: u64,
+    pub owner: Option<Box<[u8]>>,
+    pub lock_delay: u32,
+    pub client_id: u64,
+    pub addr: Addr,
+    /// The BLOCK deadline on the monotonic clock (None: waits without limit).
+    pub deadline: Option<i64>,
+    /// The lock moved to another server while this client waited (MIGRATE).
+    pub moved: bool,
+    pub handle: W,
+}
+
+/// The answer a blocked client gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Granted {
+        token: Vec<u8>,
+        fence: u64,
+        /// Where and what, so that the shell can give the grant back if the client turns
+        /// out to be gone before it hears of it.
+        key: QueueKey,
+        digest: Digest,
+    },
+    /// The wait ended without the lock (BLOCK timeout, CLIENT UNBLOCK TIMEOUT).
+    Nil,
+    /// A watcher's answer: who holds the key now (nil: nobody).
+    State(crate::reply::Reply<'static>),
+    Failed(LockError),
+}
+
+pub(super) struct Queue<W> {
+    pub waiters: VecDeque<Wait<W>>,
+    /// When a service of this key is on the agenda.
+    pub serve_at: Option<i64>,
+}
+
+/// The queues of one db, by key name.
+pub(super) type DbQueues<W> = HashMap<Box<[u8]>, Queue<W>>;
+
+/// What the head of a queue can have now.
+enum Verdict {
+    Grant,
+    Renew,
+    Wait,
+    Fail(LockError),
+    FailAll(LockError),
+}
+
+impl<W> Engine<W> {
+    pub(super) fn queue(&self, db: i32, name: &[u8]) -> Option<&Queue<W>> {
+        if self.by_id.is_empty() {
+            return None;
+        }
+        self.queues.get(&db)?.get(name)
+    }
+
+    pub(super) fn queue_mut(&mut self, db: i32, name: &[u8]) -> Option<&mut Queue<W>> {
+        self.queues.get_mut(&db)?.get_mut(name)
+    }
+
+    /// Clients queued on a key.
+    pub fn queued(&self, db: i32, name: &[u8]) -> usize {
+        self.queue(db, name).map_or(0, |q| q.waiters.len())
+    }
+
+    pub fn has_waiters(&self, db: i32, name: &[u8]) -> bool {
+        self.queued(db, name) > 0
+    }
+
+    /// Every key of `db` (or of every db) that has waiters.
+    pub fn keys_with_waiters(&self, db: Option<i32>) -> Vec<QueueKey> {
+        self.queues
+            .iter()
+            .filter(|(d, _)| db.is_none_or(|x| x == **d))
+            .flat_map(|(d, m)| m.keys().map(move |k| (*d, k.clone())))
+            .collect()
+    }
+
+    /// The family the waiters of a key ask for (all of them share it).
+    pub(super) fn queue_family(&self, db: i32, name: &[u8]) -> Option<Family> {
+        self.queue(db, name)
+            .and_then(|q| q.waiters.front())
+            .map(|w| w.mode.family())
+    }
+
+    /// Puts the key's service on the agenda no later than `at`.
+    pub(super) fn serve_by(&mut self, db: i32, name: &[u8], at: i64) {
+        let Some(q) = self.queue_mut(db, name) else {
+            return;
+        };
+        if q.serve_at.is_some_and(|t| t <= at) {
+            return;
+        }
+        let old = q.serve_at.replace(at);
+        let key: QueueKey = (db, name.into());
+        if let Some(t) = old {
+            self.agenda.remove(&(t, Task::Serve(key.clone())));
+        }
+        self.agenda.insert((at, Task::Serve(key)));
+    }
+
+    /// Queues a blocked client; `serve_at`: when the key must be looked at again (a
+    /// classic lock's expiry; a module lock's lease ends are in the lease index).
+    pub(super) fn enqueue(&mut self, db: i32, name: &[u8], w: Wait<W>, serve_at: Option<i64>) {
+        self.by_id.insert(w.id, (db, name.into()));
+        if let Some(at) = w.deadline {
+            self.agenda.insert((at, Task::Timeout(w.id)));
+        }
+        let q = self
+            .queues
+            .entry(db)
+            .or_default()
+            .entry(name.into())
+            .or_insert_with(|| Queue {
+                waiters: VecDeque::new(),
+                serve_at: None,
+            });
+        q.waiters.push_back(w);
+        if let Some(at) = serve_at {
+            self.serve_by(db, name, at);
+        }
+    }
+
+    /// Forgets a waiter that leaves its queue (answered, timed out, gone).
+    fn forget(&mut self, w: &Wait<W>) {
+        self.by_id.remove(&w.id);
+        if let Some(at) = w.deadline {
+            self.agenda.remove(&(at, Task::Timeout(w.id)));
+        }
+    }
+
+    /// Takes a waiter out of its queue (BLOCK timeout, disconnect, CLIENT UNBLOCK). If
+    /// it was first in line, the next ones may be grantable now: the key is served soon.
+    pub fn abandon(&mut self, id: WaiterId, now: i64) -> Option<W> {
+        let Some((db, name)) = self.by_id.get(&id).cloned() else {
+            return self.unwatch(id).map(|(w, _)| w);
+        };
+        let q = self.queue_mut(db, &name)?;
+        let at = q.waiters.iter().position(|w| w.id == id)?;
+        let w = q.waiters.remove(at)?;
+        let more = !q.waiters.is_empty();
+        self.forget(&w);
+        if at == 0 && more {
+            // The next in line may fit now (a writer gave up ahead of readers).
+            self.serve_by(db, &name, now);
+        }
+        self.gc(db, &name);
+        Some(w.handle)
+    }
+
+    /// A BLOCK deadline passed (or CLIENT UNBLOCK TIMEOUT): the waiter leaves with nil.
+    pub fn timed_out(&mut self, id: WaiterId, now: i64) -> Option<W> {
+        if !self.by_id.contains_key(&id) {
+            return None;
+        }
+        let w = self.abandon(id, now)?;
+        self.stats.wait_timeouts += 1;
+        Some(w)
+    }
+
+    /// MIGRATE moved the lock of this key to another server: its current waiters will be
+    /// told so instead of being granted here.
+    pub(super) fn mark_moved(&mut self, db: i32, name: &[u8]) {
+        if let Some(q) = self.queue_mut(db, name) {
+            q.waiters.iter_mut().for_each(|w| w.moved = true);
+        }
+    }
+
+    fn pop_front(&mut self, db: i32, name: &[u8]) -> Option<Wait<W>> {
+        let w = self.queue_mut(db, name)?.waiters.pop_front()?;
+        self.forget(&w);
+        Some(w)
+    }
+
+    /// Drops an empty queue and its pending service.
+    fn gc(&mut self, db: i32, name: &[u8]) {
+        let Some(m) = self.queues.get_mut(&db) else {
+            return;
+        };
+        if m.get(name).is_some_and(|q| q.waiters.is_empty()) {
+            if let Some(Queue {
+                serve_at: Some(t), ..
+            }) = m.remove(name)
+            {
+                self.agenda.remove(&(t, Task::Serve((db, name.into()))));
+            }
+            if m.is_empty() {
+                self.queues.remove(&db);
+            }
+        }
+    }
+
+    /// Fails every waiter of a key with `err` (or those marked moved, with `moved_only`).
+    fn fail_waiters<S: Sched<Waiter = W>>(
+        &mut self,
+        sched: &mut S,
+        db: i32,
+        name: &[u8],
+        err: &LockError,
+        moved_only: bool,
+    ) {
+        let Some(q) = self.queue_mut(db, name) else {
+            return;
+        };
+        let (out, keep): (VecDeque<_>, VecDeque<_>) =
+            q.waiters.drain(..).partition(|w| !moved_only || w.moved);
+        q.waiters = keep;
+        for w in out {
+            self.forget(&w);
+            sched.answer(w.handle, Answer::Failed(err.clone()));
+        }
+        self.gc(db, name);
+    }
+
+    fn verdict(&self, ks: &mut impl Keyspace, head: (Mode, &Digest)) -> Verdict {
+        let now = ks.clock().mono;
+        let (want, digest) = head;
+        match ks.read() {
+            Err(e @ LockError::WrongType) => Verdict::FailAll(e),
+            Err(e) => Verdict::Fail(e),
+            Ok(Slot::Classic(_)) if matches!(want, Mode::Counted(_)) => {
+                Verdict::Fail(LockError::WrongMode)
+            }
+            Ok(Slot::Classic(_)) => Verdict::Wait,
+            Ok(Slot::Free) => Verdict::Grant,
+            Ok(Slot::Lock(v)) => {
+                if v.find(digest).is_some() {
+                    return Verdict::Renew;
+                }
+                if v.is_empty() {
+                    // A lock-delay runs (the waiters share one family already).
+                    return if v.admits(want, now) {
+                        Verdict::Grant
+                    } else {
+                        Verdict::Wait
+                    };
+                }
+                match check_family(v.mode().family(), want) {
+                    Err(m) => Verdict::Fail(mismatch(m)),
+                    Ok(()) if v.admits(want, now) => Verdict::Grant,
+                    Ok(()) => Verdict::Wait,
+                }
+            }
+        }
+    }
+
+    /// The one place that hands a lock over: grants it to the head of the queue, and to
+    /// as many after it as fit (readers after readers, permits while free), in order. A
+    /// waiter whose token already holds the key is answered with that holder's grant,
+    /// renewed. Only writes when the gate is open; otherwise the key is served later.
+    pub fn serve<S: Sched<Waiter = W>>(&mut self, ks: &mut impl Keyspace, sched: &mut S) {
+        let (db, name) = (ks.db(), super::Name::of(ks.name()));
+        if !self.has_waiters(db, &name) {
+            return;
+        }
+        let now = ks.clock().mono;
+        match ks.gate() {
+            Gate::Now => {}
+            Gate::Later => return self.serve_by(db, &name, now.saturating_add(super::RETRY_US)),
+            Gate::NotHere => {
+                return self.fail_waiters(sched, db, &name, &LockError::TryAgain, false)
+            }
+            Gate::Replica => {
+                return self.fail_waiters(sched, db, &name, &LockError::Unblocked, false)
+            }
+        }
+        self.fail_waiters(sched, db, &name, &LockError::Moved, true);
+        if let Err(e) = self.reap(ks) {
+            return self.fail_waiters(sched, db, &name, &e, false);
+        }
+        while let Some(head) = self.queue(db, &name).and_then(|q| q.waiters.front()) {
+            let verdict = self.verdict(ks, (head.mode, &head.digest));
+            let w = match verdict {
+                Verdict::Wait => break,
+                Verdict::FailAll(e) => return self.fail_waiters(sched, db, &name, &e, false),
+                _ => match self.pop_front(db, &name) {
+                    Some(w) => w,
+                    None => break,
+                },
+            };
+            let granted = match verdict {
+                Verdict::Fail(e) => Err(e),
+                Verdict::Renew => self
+                    .renew(ks, &w.digest, w.mode, w.ttl, w.min_fence)
+                    .and_then(|f| f.ok_or(LockError::Internal("lock.acquire")))
+                    .inspect(|_| self.stats.renewed += 1),
+                _ => self.grant(
+                    ks,
+                    NewHolder {
+                        mode: w.mode,
+                        digest: w.digest,
+                        ttl: w.ttl,
+                        min_fence: w.min_fence,
+                        owner: w.owner.as_deref(),
+                        lock_delay: w.lock_delay,
+                        client_id: w.client_id,
+                        addr: &w.addr,
+                    },
+                ),
+            };
+            match granted {
+                Ok(fence) => {
+                    self.stats.handed_off += 1;
+                    ks.changed(Event::Handoff);
+                    let answer = Answer::Granted {
+                        token: w.token,
+                        fence,
+                        key: (db, Box::from(&*name)),
+                        digest: w.digest,
+                    };
+                    sched.answer(w.handle, answer);
+                }
+                Err(e) => sched.answer(w.handle, Answer::Failed(e)),
+            }
+        }
+        // A classic string lock is looked at again when its own expiry passes (the
+        // leases of module locks are in the lease index).
+        if let Ok(Slot::Classic(Some(at))) = ks.read() {
+            let at = ks.clock().from_wall(at).saturating_add(1000);
+            self.serve_by(db, &name, at);
+        }
+        self.gc(db, &name);
+    }
+}

@@ -1,0 +1,241 @@
+//! Time: what falls due on the monotonic clock, and what the server tells the engine.
+//!
+//! The engine keeps its own agenda (services of a queue, BLOCK deadlines, grants to give
+//! back) and its lease index (every lock key by its earliest lease end). The shell only
+//! wakes it ([`Sched::wake_at`]) and calls [`Engine::tick`]; neither a timer nor a wall
+//! clock decides when a lease ends.
+
+use super::{Answer, Gate};
+use super::{Engine, Keyspace, QueueKey, Sched, Slot, Store, WaiterId, RETRY_US};
+use crate::lock::value::{Digest, LockValue};
+
+/// Work on the agenda.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Task {
+    /// Look at a key's queue.
+    Serve(QueueKey),
+    /// A waiter's BLOCK deadline.
+    Timeout(WaiterId),
+    /// Give back a grant whose client left before it heard of it.
+    Revoke(QueueKey, Digest),
+    /// Look at a key's watchers.
+    Look(QueueKey),
+    /// Nothing: only a wake-up (more leases are due than one tick handles, or a write
+    /// waits for the gate).
+    Wake,
+}
+
+/// How many due leases one tick handles at most (the rest go to the next tick, so that a
+/// burst of ending leases never stalls the server).
+const LEASES_PER_TICK: usize = 1000;
+
+impl<W> Engine<W> {
+    /// The earliest instant the engine has work for.
+    pub fn next_due(&self) -> Option<i64> {
+        let agenda = self.agenda.first().map(|(t, _)| *t);
+        let leases = if self.leases_paused {
+            None
+        } else {
+            self.leases.first_at()
+        };
+        [agenda, leases].into_iter().flatten().min()
+    }
+
+    pub(super) fn request_wake<S: Sched<Waiter = W>>(&self, sched: &mut S) {
+        if let Some(at) = self.next_due() {
+            sched.wake_at(at);
+        }
+    }
+
+    /// Does everything due by now: agenda tasks first, then ending leases.
+    pub fn tick<St: Store, S: Sched<Waiter = W>>(&mut self, store: &mut St, sched: &mut S) {
+        let now = store.clock().mono;
+        self.now = self.now.max(now);
+        while let Some((at, _)) = self.agenda.first() {
+            if *at > now {
+                break;
+            }
+            let Some((_, task)) = self.agenda.pop_first() else {
+                break;
+            };
+            self.run(task, store, sched, now);
+        }
+        self.sweep(store, sched, now);
+        self.leases.settle_hint();
+        self.request_wake(sched);
+    }
+
+    fn run<St: Store, S: Sched<Waiter = W>>(
+        &mut self,
+        task: Task,
+        store: &mut St,
+        sched: &mut S,
+        now: i64,
+    ) {
+        match task {
+            Task::Serve((db, name)) => {
+                if let Some(q) = self.queue_mut(db, &name) {
+                    q.serve_at = None;
+                }
+                if let Some(mut ks) = store.open(db, &name) {
+                    self.serve(&mut ks, sched);
+                }
+                self.note(db, &name, now);
+            }
+            Task::Look((db, name)) => match store.open(db, &name) {
+                Some(mut ks) => self.look(&mut ks, sched),
+                None => {
+                    for w in self.take_watchers(db, &name) {
+                        sched.answer(w, Answer::Nil);
+                    }
+                }
+            },
+            Task::Timeout(id) => {
+                if let Some(w) = self.timed_out(id, now) {
+                    sched.answer(w, Answer::Nil);
+                } else if let Some((db, name)) = self.watch_key(id) {
+                    match store.open(db, &name) {
+                        Some(mut ks) => self.watch_timed_out(&mut ks, id, sched),
+                        None => {
+                            if let Some((w, _)) = self.unwatch(id) {
+                                sched.answer(w, Answer::Nil);
+                            }
+                        }
+                    }
+                }
+            }
+            Task::Wake => {}
+            Task::Revoke((db, name), d) => {
+                let Some(mut ks) = store.open(db, &name) else {
+                    return;
+                };
+                match ks.gate() {
+                    Gate::Now => {
+                        let _ =
+                            self.release_and_serve(&mut ks, sched, super::Which::Digest(&d), false);
+                        self.note(db, &name, now);
+                    }
+                    Gate::Later => {
+                        self.agenda
+                            .insert((now.saturating_add(RETRY_US), Task::Revoke((db, name), d)));
+                    }
+                    // A replica or a node that lost the slot: the new owner decides.
+                    Gate::Replica | Gate::NotHere => {}
+                }
+            }
+        }
+    }
+
+    /// Ends the leases that are over: reaps their keys and serves their queues.
+    fn sweep<St: Store, S: Sched<Waiter = W>>(&mut self, store: &mut St, sched: &mut S, now: i64) {
+        for _ in 0..LEASES_PER_TICK {
+            if self.leases_paused {
+                return;
+            }
+            let Some(entry) = self.leases.pop_due(now) else {
+                return;
+            };
+            let (db, name) = (&entry.db, &entry.name);
+            let Some(mut ks) = store.open(*db, name) else {
+                continue;
+            };
+            match ks.gate() {
+                Gate::Now => {}
+                Gate::Later => {
+                    self.leases.put_back(entry);
+                    self.agenda
+                        .insert((now.saturating_add(RETRY_US), Task::Wake));
+                    return;
+                }
+                Gate::Replica => {
+                    self.leases.put_back(entry);
+                    self.leases_paused = true;
+                    return;
+                }
+                Gate::NotHere => {
+                    self.serve(&mut ks, sched);
+                    continue;
+                }
+            }
+            if self.has_waiters(*db, name) {
+                self.serve(&mut ks, sched);
+            } else {
+                let _ = self.reap(&mut ks);
+            }
+            self.note(*db, name, now);
+            // The entry may have been stale (the value changed where the engine could not
+            // see it, say RENAMEd here): track what the key holds now.
+            if let Ok(Slot::Lock(v)) = ks.read() {
+                if let Some(at) = v.next_lease_end() {
+                    self.leases.insert(at, *db, name, now);
+                }
+            }
+        }
+        // More are due than one tick handles: the next tick comes at once.
+        if self.leases.first_at().is_some_and(|at| at <= now) {
+            self.agenda.insert((now, Task::Wake));
+        }
+    }
+
+    // ---- what the server tells the engine -------------------------------------------------
+
+    /// A key changed behind the engine's back: its queue is served soon.
+    pub fn touched(&mut self, db: i32, name: &[u8], now: i64) {
+        self.serve_by(db, name, now);
+        self.note(db, name, now);
+    }
+
+    /// A lock value left the keyspace by the server's hand (DEL, UNLINK, eviction, an
+    /// overwrite, RENAME or MOVE away, MIGRATE when `moved`). `value` is what it held.
+    pub fn unlinked(&mut self, db: i32, name: &[u8], value: &LockValue, moved: bool, now: i64) {
+        if let Some(at) = value.next_lease_end() {
+            self.leases.remove(at, db, name);
+        }
+        self.stats.removed += 1;
+        if moved {
+            self.mark_moved(db, name);
+            self.mark_watch_moved(db, name);
+        }
+        self.serve_by(db, name, now);
+        self.note(db, name, now);
+        // RENAME and MOVE unlink the value here after adding it under its new name.
+        self.note_held(now);
+    }
+
+    /// FLUSHDB / FLUSHALL (`None`): every lock of those dbs is gone.
+    pub fn flushed(&mut self, db: Option<i32>, now: i64) {
+        self.leases.forget_db(db);
+        for (d, name) in self.keys_with_waiters(db) {
+            self.serve_by(d, &name, now);
+        }
+        for (d, name) in self.watched_keys(db) {
+            self.note(d, &name, now);
+        }
+    }
+
+    /// SWAPDB a b: the leases change dbs with their keys; both dbs' queues are served.
+    pub fn swapped(&mut self, a: i32, b: i32, now: i64) {
+        self.leases.swap_dbs(a, b);
+        for db in [a, b] {
+            for (d, name) in self.keys_with_waiters(Some(db)) {
+                self.serve_by(d, &name, now);
+            }
+            for (d, name) in self.watched_keys(Some(db)) {
+                self.note(d, &name, now);
+            }
+        }
+    }
+
+    /// This server became a primary: its first fence jumps ahead of the clock (above
+    /// anything the old primary may have issued that never arrived), and it ends leases
+    /// from now on.
+    pub fn promoted(&mut self, wall_ms: i64) {
+        self.fence.start(wall_ms);
+        self.leases_paused = false;
+    }
+
+    /// A grant whose waiter left before it heard of it: given back on the next tick.
+    pub fn revoke_later(&mut self, key: QueueKey, digest: Digest, now: i64) {
+        self.agenda.insert((now, Task::Revoke(key, digest)));
+    }
+}

@@ -1,0 +1,674 @@
+//! The commands a primary sends to its replicas and writes to the AOF, one change of one
+//! lock key each, and those older releases sent (still read from their AOF files and from
+//! a primary not yet upgraded). Deterministic: the token's digest (never the token), the
+//! fence as issued, and the lease as the time left when it was written.
+//!
+//! ```text
+//! this release:
+//!   LOCK.REPL key ADD <mode>;<digest>;<fence>;<ttl-ms>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n] [LOCKDELAY ms]
+//!   LOCK.REPL key RENEW <fence>;<ttl-ms> [FLOOR n]
+//!   LOCK.REPL key DROP <fence>
+//!   LOCK.REPL key DELAY <ms>                  (a lock-delay runs; an exclusive holder is gone)
+//!   DEL key                                   (the last holder is gone)
+//!   PEXPIREAT key <unix-ms>                   (a classic string lock extended)
+//! release 0.2 (absolute unix-ms deadlines):
+//!   LOCK.REPL key GRANT <mode>;<digest>;<fence>;<expires-at>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n]
+//!   LOCK.REPL key LEASE <fence>;<expires-at> [FLOOR n]
+//! release 0.1 (token in clear; turned into its digest on the way in):
+//!   LOCK.SYNC key token fence expires-at acquired-at client-id client-addr [OWNER o] [FLOOR n]
+//! ```
+//!
+//! `mode` is `exclusive`, `shared` or `limit=<n>`; `digest` is 32 lowercase hex digits.
+//! One packed argument per change keeps the stream cheap to build and readable in an AOF.
+
+use std::ffi::CStr;
+
+use super::Clock;
+use crate::error::LockError;
+use crate::lock::fence::MAX_FENCE;
+use crate::lock::value::{
+    digest, Addr, Digest, Holder, Mode, MAX_ADDR_LEN, MAX_LIMIT, MAX_OWNER_LEN, MAX_TOKEN_LEN,
+};
+use crate::syntax::{options, parse_i64, positive};
+
+/// One change of a lock key, as the engine makes it.
+#[derive(Debug, Clone, Copy)]
+pub enum Change<'a> {
+    /// A new holder (for an exclusive lock: the whole value).
+    Add {
+        mode: Mode,
+        holder: &'a Holder,
+        /// The fence counter, when it is above this holder's fence (0: not sent).
+        floor: u64,
+    },
+    /// A holder's new lease (a renew, an extend).
+    Renew {
+        fence: u64,
+        deadline: i64,
+        floor: u64,
+    },
+    /// One holder of a shared or counted lock is gone (the others stay).
+    Drop { fence: u64 },
+    /// A lock-delay runs until `until` (an exclusive lock's holder is gone with it).
+    Delay { until: i64 },
+    /// The key is gone.
+    Delete,
+    /// A classic string lock's new absolute deadline (unix ms).
+    ClassicExpireAt(i64),
+}
+
+/// A change read back from the stream or an AOF, in this server's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplCmd {
+    Add {
+        mode: Mode,
+        holder: Holder,
+        floor: u64,
+    },
+    Renew {
+        fence: u64,
+        deadline: i64,
+        floor: u64,
+    },
+    Drop {
+        fence: u64,
+    },
+    Delay {
+        until: i64,
+    },
+}
+
+// ---- encoding ----------------------------------------------------------------------------
+
+/// A command argument formatted on the stack, digit by digit.
+pub struct Packed {
+    buf: [u8; 160],
+    len: usize,
+    /// What did not fit (a long text address or owner).
+    spill: Vec<u8>,
+}
+
+const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+impl Packed {
+    fn new() -> Packed {
+        Packed {
+            buf: [0; 160],
+            len: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    fn put(&mut self, b: &[u8]) -> &mut Self {
+        if self.spill.is_empty() && self.len + b.len() <= self.buf.len() {
+            self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+            self.len += b.len();
+        } else {
+            if self.spill.is_empty() {
+                self.spill.extend_from_slice(&self.buf[..self.len]);
+            }
+            self.spill.extend_from_slice(b);
+        }
+        self
+    }
+
+    fn u64(&mut self, mut v: u64) -> &mut Self {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        while v >= 100 {
+            let pair = (v % 100) as usize * 2;
+            v /= 100;
+            i -= 2;
+            digits[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        }
+        if v >= 10 {
+            let pair = v as usize * 2;
+            i -= 2;
+            digits[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        } else {
+            i -= 1;
+            digits[i] = b'0' + v as u8;
+        }
+        self.put(&digits[i..])
+    }
+
+    fn i64(&mut self, v: i64) -> &mut Self {
+        if v < 0 {
+            self.put(b"-");
+        }
+        self.u64(v.unsigned_abs())
+    }
+
+    fn sep(&mut self) -> &mut Self {
+        self.put(b";")
+    }
+
+    fn addr(&mut self, a: &Addr) -> &mut Self {
+        match a {
+            Addr::None => self,
+            Addr::V4(ip, port) => {
+                for (i, octet) in ip.iter().enumerate() {
+                    if i > 0 {
+                        self.put(b".");
+                    }
+                    self.u64(u64::from(*octet));
+                }
+                self.put(b":").u64(u64::from(*port))
+            }
+            Addr::Text(t) => self.put(t),
+            v6 => self.put(v6.to_string().as_bytes()),
+        }
+    }
+
+    fn mode(&mut self, m: Mode) -> &mut Self {
+        match m {
+            Mode::Exclusive => self.put(b"exclusive"),
+            Mode::Shared => self.put(b"shared"),
+            Mode::Counted(n) => self.put(b"limit=").u64(u64::from(n)),
+        }
+    }
+
+    fn hex(&mut self, d: &Digest) -> &mut Self {
+        self.put(&hex(d))
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        if self.spill.is_empty() {
+            &self.buf[..self.len]
+        } else {
+            &self.spill
+        }
+    }
+}
+
+pub fn hex(d: &Digest) -> [u8; 32] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, b) in d.iter().enumerate() {
+        out[2 * i] = DIGITS[usize::from(b >> 4)];
+        out[2 * i + 1] = DIGITS[usize::from(b & 15)];
+    }
+    out
+}
+
+fn unhex(v: &[u8]) -> Option<Digest> {
+    if v.len() != 32 {
+        return None;
+    }
+    let nib = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut d = [0u8; 16];
+    for (i, pair) in v.chunks(2).enumerate() {
+        d[i] = nib(pair[0])? << 4 | nib(pair[1])?;
+    }
+    Some(d)
+}
+
+fn number(v: u64) -> Packed {
+    let mut p = Packed::new();
+    p.u64(v);
+    p
+}
+
+/// Builds the command for `change` (its time left counted from `clock`) and hands it to
+/// `out(command, args-after-the-key)`.
+pub fn encode(change: &Change<'_>, clock: Clock, out: &mut dyn FnMut(&CStr, &[&[u8]])) {
+    match *change {
+        Change::Add {
+            mode,
+            holder: h,
+            floor,
+        } => {
+            let mut p = Packed::new();
+            p.mode(mode)
+                .sep()
+                .hex(&h.digest)
+                .sep()
+                .u64(h.fence)
+                .sep()
+                .i64(clock.remaining_ms(h.deadline))
+                .sep()
+                .i64(h.acquired_at)
+                .sep()
+                .u64(h.client_id)
+                .sep()
+                .addr(&h.addr());
+            let (fl, delay) = (number(floor), number(u64::from(h.lock_delay())));
+            let mut args: [&[u8]; 8] = [b"ADD", p.bytes(), &[], &[], &[], &[], &[], &[]];
+            let mut n = 2;
+            if let Some(o) = h.owner() {
+                (args[n], args[n + 1]) = (b"OWNER", o);
+                n += 2;
+            }
+            if floor > h.fence {
+                (args[n], args[n + 1]) = (b"FLOOR", fl.bytes());
+                n += 2;
+            }
+            if h.lock_delay() > 0 {
+                (args[n], args[n + 1]) = (b"LOCKDELAY", delay.bytes());
+                n += 2;
+            }
+            out(c"LOCK.REPL", &args[..n]);
+        }
+        Change::Renew {
+            fence,
+            deadline,
+            floor,
+        } => {
+            let mut p = Packed::new();
+            p.u64(fence).sep().i64(clock.remaining_ms(deadline));
+            let fl = number(floor);
+            if floor > 0 {
+                out(c"LOCK.REPL", &[b"RENEW", p.bytes(), b"FLOOR", fl.bytes()]);
+            } else {
+                out(c"LOCK.REPL", &[b"RENEW", p.bytes()]);
+            }
+        }
+        Change::Drop { fence } => out(c"LOCK.REPL", &[b"DROP", number(fence).bytes()]),
+        Change::Delay { until } => {
+            let ms = u64::try_from(clock.remaining_ms(until).max(0)).unwrap_or(0);
+            out(c"LOCK.REPL", &[b"DELAY", number(ms).bytes()]);
+        }
+        Change::Delete => out(c"DEL", &[]),
+        Change::ClassicExpireAt(at) => {
+            let mut p = Packed::new();
+            p.i64(at);
+            out(c"PEXPIREAT", &[p.bytes()]);
+        }
+    }
+}
+
+// ---- decoding ------------------------------------------------------------------------------
+
+fn positive_fence(v: &[u8], err: LockError) -> Result<u64, LockError> {
+    positive(v, MAX_FENCE, err)
+}
+
+fn bad() -> LockError {
+    LockError::Syntax("malformed LOCK.REPL".into())
+}
+
+fn mode_of(v: &[u8]) -> Option<Mode> {
+    match v {
+        b"exclusive" => Some(Mode::Exclusive),
+        b"shared" => Some(Mode::Shared),
+        _ => {
+            let n = parse_i64(v.strip_prefix(b"limit=")?)?;
+            let n = u32::try_from(n)
+                .ok()
+                .filter(|n| (1..=MAX_LIMIT).contains(n))?;
+            Some(Mode::Counted(n))
+        }
+    }
+}
+
+fn bounded(v: &[u8], max: usize) -> Result<&[u8], LockError> {
+    if v.is_empty() || v.len() > max {
+        return Err(bad());
+    }
+    Ok(v)
+}
+
+/// `LOCK.REPL` (everything after the key), of this release or 0.2, in `clock`.
+pub fn decode(args: &[&[u8]], clock: Clock) -> Result<ReplCmd, LockError> {
+    let [op, packed, opts @ ..] = args else {
+        return Err(LockError::WrongArity("lock.repl"));
+    };
+    let (mut floor, mut owner, mut lock_delay) = (0, None, 0);
+    let allowed: &[&str] = match *op {
+        b"ADD" => &["OWNER", "FLOOR", "LOCKDELAY"],
+        b"GRANT" => &["OWNER", "FLOOR"],
+        b"RENEW" | b"LEASE" => &["FLOOR"],
+        _ => &[],
+    };
+    options(opts, allowed, &[], |name, v| {
+        match name {
+            "OWNER" => owner = Some(bounded(v, MAX_OWNER_LEN)?),
+            "LOCKDELAY" => {
+                lock_delay = parse_i64(v)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(bad)?
+            }
+            _ => floor = positive_fence(v, LockError::InvalidFence)?,
+        }
+        Ok(())
+    })?;
+    let int = |v: &[u8]| parse_i64(v).ok_or_else(bad);
+    let fence = |v: &[u8]| positive_fence(v, LockError::InvalidFence);
+    // 0.2 sent absolute deadlines; this release sends the time left.
+    let lease = |v: &[u8]| -> Result<i64, LockError> {
+        let n = int(v)?;
+        Ok(match *op {
+            b"GRANT" | b"LEASE" => clock.from_wall(n),
+            _ => clock.after_ms(n),
+        })
+    };
+    match *op {
+        b"ADD" | b"GRANT" => {
+            let mut f = packed.splitn(7, |&b| b == b';');
+            let mut next = || f.next().ok_or_else(bad);
+            let mode = mode_of(next()?).ok_or_else(bad)?;
+            let d = unhex(next()?).ok_or_else(bad)?;
+            let fence = fence(next()?)?;
+            let deadline = lease(next()?)?;
+            let acquired_at = int(next()?)?;
+            let client_id = u64::try_from(int(next()?)?).map_err(|_| bad())?;
+            let addr = next()?;
+            if addr.len() > MAX_ADDR_LEN {
+                return Err(bad());
+            }
+            let holder = Holder::new(
+                d,
+                fence,
+                deadline,
+                acquired_at,
+                client_id,
+                Addr::parse(addr),
+                owner.map(Into::into),
+            )
+            .with_lock_delay(lock_delay);
+            Ok(ReplCmd::Add {
+                mode,
+                holder,
+                floor,
+            })
+        }
+        b"RENEW" | b"LEASE" => {
+            let (f, e) = split_once(packed, b';').ok_or_else(bad)?;
+            Ok(ReplCmd::Renew {
+                fence: fence(f)?,
+                deadline: lease(e)?,
+                floor,
+            })
+        }
+        b"DROP" => Ok(ReplCmd::Drop {
+            fence: fence(packed)?,
+        }),
+        b"DELAY" => Ok(ReplCmd::Delay {
+            until: clock.after_ms(int(packed)?.max(0)),
+        }),
+        _ => Err(bad()),
+    }
+}
+
+fn split_once(v: &[u8], sep: u8) -> Option<(&[u8], &[u8])> {
+    let i = v.iter().position(|&b| b == sep)?;
+    Some((&v[..i], &v[i + 1..]))
+}
+
+/// `LOCK.SYNC` of release 0.1 (everything after the key): an exclusive grant, its token
+/// kept only as its digest.
+pub fn decode_sync(args: &[&[u8]], clock: Clock) -> Result<ReplCmd, LockError> {
+    if args.len() < 6 {
+        return Err(LockError::WrongArity("lock.sync"));
+    }
+    let int = |i: usize| parse_i64(args[i]).ok_or(LockError::NotInteger);
+    let token = args[0];
+    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+        return Err(LockError::BadLength {
+            what: "TOKEN",
+            min: 1,
+            max: MAX_TOKEN_LEN,
+        });
+    }
+    let fence = positive_fence(args[1], LockError::InvalidFence)?;
+    let client_id = u64::try_from(int(4)?).map_err(|_| LockError::NotInteger)?;
+    let (expires_at, acquired_at) = (int(2)?, int(3)?);
+    let (mut owner, mut floor) = (None, 0);
+    options(&args[6..], &["OWNER", "FLOOR"], &[], |name, v| {
+        if name == "OWNER" {
+            owner = Some(bounded(v, MAX_OWNER_LEN)?);
+        } else {
+            floor = positive_fence(v, LockError::InvalidFence)?;
+        }
+        Ok(())
+    })?;
+    let holder = Holder::new(
+        digest(token),
+        fence,
+        clock.from_wall(expires_at),
+        acquired_at,
+        client_id,
+        Addr::parse(args[5]),
+        owner.map(Into::into),
+    );
+    Ok(ReplCmd::Add {
+        mode: Mode::Exclusive,
+        holder,
+        floor,
+    })
+}
+
+/// The 0.1 `LOCK.SYNC` command for a holder and its token (the upgrade tests write it).
+pub fn encode_sync(token: &[u8], h: &Holder, clock: Clock) -> Vec<Vec<u8>> {
+    let mut args = vec![
+        token.to_vec(),
+        h.fence.to_string().into_bytes(),
+        clock.to_wall(h.deadline).to_string().into_bytes(),
+        h.acquired_at.to_string().into_bytes(),
+        h.client_id.to_string().into_bytes(),
+        h.addr().to_string().into_bytes(),
+    ];
+    if let Some(o) = h.owner() {
+        args.push(b"OWNER".to_vec());
+        args.push(o.to_vec());
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: Clock = Clock {
+        mono: 9_000_000_000,
+        wall: 1_800_000_000_000,
+    };
+
+    fn collect(c: Change<'_>, clock: Clock) -> (String, Vec<Vec<u8>>) {
+        let mut got = None;
+        encode(&c, clock, &mut |cmd, args| {
+            got = Some((
+                cmd.to_string_lossy().into_owned(),
+                args.iter().map(|a| a.to_vec()).collect(),
+            ))
+        });
+        got.unwrap()
+    }
+
+    fn slices(v: &[Vec<u8>]) -> Vec<&[u8]> {
+        v.iter().map(|a| a.as_slice()).collect()
+    }
+
+    #[test]
+    fn adds_round_trip_with_their_time_left() {
+        for (mode, owner, addr) in [
+            (Mode::Exclusive, None, Addr::V4([127, 0, 0, 1], 5000)),
+            (Mode::Shared, Some(b"o;w n\0er".to_vec()), Addr::None),
+            (
+                Mode::Counted(7),
+                None,
+                Addr::Text(b"/tmp/a;b.sock:0".to_vec().into()),
+            ),
+            (Mode::Exclusive, None, Addr::V6([0xfe; 16], 1)),
+        ] {
+            let h = Holder::new(
+                digest(b"tok"),
+                1_883_234_272_951_664,
+                NOW.after_ms(30_000),
+                1_795_992_157_904,
+                42,
+                addr,
+                owner.map(Into::into),
+            );
+            let (cmd, args) = collect(
+                Change::Add {
+                    mode,
+                    holder: &h,
+                    floor: h.fence + 5,
+                },
+                NOW,
+            );
+            assert_eq!(cmd, "LOCK.REPL");
+            assert!(!args.iter().any(|a| a.windows(3).any(|w| w == b"tok")));
+            // Applied later on another server: the same 30 s from its own now.
+            let there = Clock {
+                mono: 17,
+                wall: NOW.wall + 999_999,
+            };
+            let back = decode(&slices(&args), there).unwrap();
+            let mut want = h.clone();
+            want.deadline = there.after_ms(30_000);
+            assert_eq!(
+                back,
+                ReplCmd::Add {
+                    mode,
+                    holder: want,
+                    floor: h.fence + 5
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn numbers_format_like_std() {
+        for v in [
+            0i64,
+            7,
+            -7,
+            10,
+            99,
+            100,
+            101,
+            1_883_234_272_951_664_640,
+            i64::MAX,
+            i64::MIN,
+            -1,
+        ] {
+            let mut p = Packed::new();
+            p.i64(v);
+            assert_eq!(p.bytes(), v.to_string().as_bytes());
+        }
+        for a in [
+            Addr::V4([10, 0, 255, 1], 65535),
+            Addr::V6([0; 16], 1),
+            Addr::Text(vec![b'x'; 300].into()),
+            Addr::None,
+        ] {
+            let mut p = Packed::new();
+            p.put(b"prefix;").addr(&a);
+            assert_eq!(p.bytes(), format!("prefix;{a}").as_bytes());
+        }
+    }
+
+    #[test]
+    fn renews_drops_and_the_old_forms() {
+        let (_, args) = collect(
+            Change::Renew {
+                fence: 9,
+                deadline: NOW.after_ms(100),
+                floor: 50,
+            },
+            NOW,
+        );
+        assert_eq!(
+            decode(&slices(&args), NOW).unwrap(),
+            ReplCmd::Renew {
+                fence: 9,
+                deadline: NOW.after_ms(100),
+                floor: 50
+            }
+        );
+        let (_, args) = collect(Change::Drop { fence: 77 }, NOW);
+        assert_eq!(
+            decode(&slices(&args), NOW).unwrap(),
+            ReplCmd::Drop { fence: 77 }
+        );
+        assert_eq!(collect(Change::Delete, NOW).0, "DEL");
+        assert_eq!(
+            collect(Change::ClassicExpireAt(5), NOW).1,
+            vec![b"5".to_vec()]
+        );
+        // 0.2's absolute forms.
+        let at = (NOW.wall + 2000).to_string();
+        let grant = format!("shared;00112233445566778899aabbccddeeff;5;{at};9;1;127.0.0.1:1");
+        match decode(&[b"GRANT", grant.as_bytes()], NOW).unwrap() {
+            ReplCmd::Add { mode, holder, .. } => {
+                assert_eq!(mode, Mode::Shared);
+                assert_eq!(holder.deadline, NOW.after_ms(2000));
+            }
+            other => panic!("{other:?}"),
+        }
+        let lease = format!("5;{at}");
+        assert!(matches!(
+            decode(&[b"LEASE", lease.as_bytes()], NOW).unwrap(),
+            ReplCmd::Renew { fence: 5, .. }
+        ));
+        // 0.1's LOCK.SYNC.
+        let h = Holder::new(
+            digest(b"t"),
+            3,
+            NOW.after_ms(5000),
+            1,
+            2,
+            Addr::None,
+            Some(b"o".to_vec().into()),
+        );
+        let args = encode_sync(b"t", &h, NOW);
+        match decode_sync(&slices(&args), NOW).unwrap() {
+            ReplCmd::Add { holder, .. } => {
+                assert_eq!(
+                    (holder.digest, holder.fence, holder.owner()),
+                    (h.digest, 3, h.owner())
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_changes_are_refused() {
+        for bad in [
+            &[&b"ADD"[..], b"shared;0011;5;10;9;1;a"][..],
+            &[b"ADD", b"nope;00112233445566778899aabbccddeeff;5;10;9;1;a"],
+            &[
+                b"ADD",
+                b"limit=0;00112233445566778899aabbccddeeff;5;10;9;1;a",
+            ],
+            &[
+                b"ADD",
+                b"exclusive;00112233445566778899aabbccddeeff;0;10;9;1;a",
+            ],
+            &[b"ADD", b"exclusive;00112233445566778899aabbccddeeff;5;10;9"],
+            &[
+                b"ADD",
+                b"exclusive;00112233445566778899AABBCCDDEEFF;5;10;9;1;a",
+            ],
+            &[b"RENEW", b"5"],
+            &[b"RENEW", b"5;x"],
+            &[b"DROP", b"0"],
+            &[b"DROP"],
+            &[b"FOO", b"1"],
+            &[b"RENEW", b"5;10", b"OWNER", b"o"],
+        ] {
+            assert!(decode(bad, NOW).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decoding_never_panics(args in proptest::collection::vec(
+            proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40), 0..6)) {
+            let s: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+            let _ = decode(&s, NOW);
+            let _ = decode_sync(&s, NOW);
+        }
+    }
+}

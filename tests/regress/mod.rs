@@ -1,0 +1,264 @@
+//! Shared helpers of the regression tests written first for issues 18, 19 and 20
+//! (`tests/holes.rs`, `tests/clock.rs`, `tests/cluster_fences.rs`, `tests/paths.rs`,
+//! `tests/upgrade_v02.rs`). Each file uses `mod regress;` and only some of this.
+#![allow(dead_code, unused_imports)]
+
+pub use redis_lock_testkit::paths;
+pub use redis_lock_testkit::{
+    info_field, server_flavor, temp_dir, wait_until, RawConn, Resp, Server, ServerBuilder,
+};
+
+use std::time::{Duration, Instant};
+
+/// How long a test waits for something that must happen.
+pub const SETTLE: Duration = Duration::from_secs(10);
+
+/// A 24-byte token unique to `name` (at least `lock.min-token-length`, 16, long).
+pub fn tok(name: &str) -> String {
+    format!("{name:-<20}-tok")
+}
+
+/// A server that starts a replica's full sync at once.
+pub fn primary() -> ServerBuilder {
+    ServerBuilder::new().arg("repl-diskless-sync-delay", "0")
+}
+
+/// A server with `LOCK.DEBUG` on.
+pub fn debug_server() -> ServerBuilder {
+    ServerBuilder::new()
+        .arg("repl-diskless-sync-delay", "0")
+        .module_args(&["debug-commands", "yes"])
+}
+
+/// A replica of `primary`, synced.
+pub fn replica_of(primary: &Server, b: ServerBuilder) -> Server {
+    b.try_start_replica_of(primary, SETTLE)
+        .unwrap_or_else(|e| panic!("replica of {}: {e}", primary.port))
+}
+
+/// Waits until `replica` processed all `primary` sent; panics after [`SETTLE`].
+pub fn caught_up(primary: &Server, replica: &Server) {
+    assert!(
+        paths::wait_replica_caught_up(primary, replica, SETTLE),
+        "replica {} did not catch up with {}",
+        replica.port,
+        primary.port
+    );
+}
+
+/// The command line `LOCK.ACQUIRE key args...`.
+pub fn acq<'a>(key: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["LOCK.ACQUIRE", key];
+    v.extend_from_slice(args);
+    v
+}
+
+/// `[token, fence]` of a grant, None for nil; panics on anything else.
+pub fn grant(r: &Resp) -> Option<(Vec<u8>, i64)> {
+    match r {
+        Resp::Nil => None,
+        Resp::Array(items) => match items.as_slice() {
+            [Resp::Bulk(t), Resp::Int(f)] => Some((t.clone(), *f)),
+            _ => panic!("not a grant: {r:?}"),
+        },
+        _ => panic!("not a grant: {r:?}"),
+    }
+}
+
+/// A grant that must be there.
+pub fn granted(r: &Resp) -> (Vec<u8>, i64) {
+    grant(r).unwrap_or_else(|| panic!("expected a grant, got nil"))
+}
+
+/// The text of an error reply; panics on anything else.
+pub fn error_text(r: &Resp, what: &str) -> String {
+    match r {
+        Resp::Error(e) => e.clone(),
+        other => panic!("{what}: expected an error, got {other:?}"),
+    }
+}
+
+/// `LOCK.INFO key` (Nil when free).
+pub fn info(c: &mut RawConn, key: &str) -> Resp {
+    c.cmd(&["LOCK.INFO", key])
+}
+
+/// An integer field of `LOCK.INFO key`; panics when the lock is free or lacks it.
+pub fn info_int(c: &mut RawConn, key: &str, field: &str) -> i64 {
+    let i = info(c, key);
+    match i.get(field) {
+        Some(Resp::Int(v)) => v,
+        other => panic!("LOCK.INFO {key} {field}: {other:?} in {i:?}"),
+    }
+}
+
+/// The fences of `LOCK.INFO key`'s `holder-list`.
+pub fn holder_fences(r: &Resp) -> Vec<i64> {
+    match r.get("holder-list") {
+        Some(list) => list
+            .items()
+            .iter()
+            .filter_map(|h| h.get("fence").and_then(|f| f.as_int()))
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+/// `n` ordinary keys of several types, `ord:*`; the count of keys made.
+pub fn ordinary_keys(c: &mut RawConn, n: usize) -> i64 {
+    let mut cmds: Vec<Vec<String>> = Vec::new();
+    for i in 0..n {
+        cmds.push(vec!["SET".into(), format!("ord:s{i}"), format!("v{i}")]);
+    }
+    cmds.push(vec!["HSET".into(), "ord:h".into(), "f".into(), "v".into()]);
+    cmds.push(vec!["RPUSH".into(), "ord:l".into(), "a".into(), "b".into()]);
+    let replies = c.pipeline(&cmds).unwrap();
+    assert!(replies.iter().all(|r| !r.is_error()), "{replies:?}");
+    n as i64 + 2
+}
+
+/// True when the ordinary keys are all there with their values.
+pub fn ordinary_keys_intact(c: &mut RawConn, n: usize) -> bool {
+    (0..n)
+        .all(|i| c.cmd(&["GET", &format!("ord:s{i}")]) == Resp::Bulk(format!("v{i}").into_bytes()))
+        && c.cmd(&["HGET", "ord:h", "f"]) == Resp::Bulk(b"v".to_vec())
+        && c.cmd(&["LLEN", "ord:l"]) == Resp::Int(2)
+}
+
+pub fn dbsize(c: &mut RawConn) -> i64 {
+    c.cmd(&["DBSIZE"]).int()
+}
+
+/// Connects to `s`, or panics with its log tail.
+pub fn conn(s: &Server) -> RawConn {
+    s.try_raw(Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("connect to {}: {e}\n{}", s.port, s.log_tail()))
+}
+
+/// `SAVE`, kill, start again on the same port and directory; Err with the log tail
+/// when the server does not come back (e.g. it refuses its own RDB file).
+pub fn save_and_restart(s: &mut Server) -> Result<(), String> {
+    let mut c = conn(s);
+    // A replica's full sync may still be saving in the background: SAVE waits for it.
+    let mut saved = c.cmd(&["SAVE"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while matches!(&saved, Resp::Error(e) if e.contains("in progress")) && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+        saved = c.cmd(&["SAVE"]);
+    }
+    assert_eq!(saved, Resp::Simple("OK".into()), "SAVE");
+    drop(c);
+    s.kill9();
+    s.try_restart()
+}
+
+/// `DEBUG RELOAD` (save the dataset, empty it, load it back): the reply.
+pub fn debug_reload(c: &mut RawConn) -> Resp {
+    c.cmd(&["DEBUG", "RELOAD"])
+}
+
+/// A client that sent a command and has not read the reply.
+pub struct Pending {
+    pub conn: RawConn,
+    pub sent: Instant,
+}
+
+impl Pending {
+    pub fn send(port: u16, argv: &[&str]) -> Pending {
+        let mut conn = RawConn::connect(port);
+        conn.send(argv);
+        Pending {
+            conn,
+            sent: Instant::now(),
+        }
+    }
+
+    /// The reply, waiting at most `within`.
+    pub fn reply_within(&mut self, within: Duration) -> std::io::Result<Resp> {
+        self.conn.set_read_timeout(Some(within));
+        self.conn.read()
+    }
+}
+
+/// Waits until `n` clients are queued on `key` (`LOCK.INFO` waiters).
+pub fn wait_waiters(c: &mut RawConn, key: &str, n: i64) {
+    let ok = wait_until(SETTLE, || {
+        info(c, key).get("waiters").and_then(|w| w.as_int()) == Some(n)
+    });
+    assert!(ok, "expected {n} waiters on {key}: {:?}", info(c, key));
+}
+
+/// True when the server binary has module ACL categories (Redis 7.2+, Valkey 8).
+pub fn has_module_acl_categories() -> bool {
+    let f = server_flavor();
+    f.is_valkey() || f.at_least(7, 2)
+}
+
+/// Collects failed expectations so that one run reports every one of them (a test that
+/// stops at its first failure would hide, e.g., the data loss behind a holder count).
+#[derive(Default)]
+pub struct Checks {
+    failed: Vec<String>,
+}
+
+impl Checks {
+    pub fn new() -> Checks {
+        Checks::default()
+    }
+
+    /// Records `what` as failed unless `ok`.
+    pub fn check(&mut self, ok: bool, what: impl Into<String>) -> bool {
+        if !ok {
+            let what = readable(&what.into());
+            eprintln!("FAILED: {what}");
+            self.failed.push(what);
+        }
+        ok
+    }
+
+    /// Records `what` with both values unless they are equal.
+    pub fn eq<T: PartialEq + std::fmt::Debug>(&mut self, got: T, want: T, what: &str) -> bool {
+        let ok = got == want;
+        self.check(ok, format!("{what}: got {got:?}, want {want:?}"))
+    }
+
+    /// Panics listing every failed expectation.
+    pub fn finish(self) {
+        assert!(
+            self.failed.is_empty(),
+            "{} expectation(s) failed:\n- {}",
+            self.failed.len(),
+            self.failed.join("\n- ")
+        );
+    }
+}
+
+/// A `Debug` text with every `Bulk([104, 105])` / `[104, 105]` byte list of printable
+/// ASCII shown as `"hi"`, so that failure messages can be read.
+pub fn readable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('[') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let end = after.find(']').unwrap_or(0);
+        let inner = &after[..end];
+        let bytes: Option<Vec<u8>> = inner
+            .split(", ")
+            .map(|n| n.trim().parse::<u8>().ok())
+            .collect();
+        match bytes {
+            Some(b) if end > 0 && b.iter().all(|c| (0x20..0x7f).contains(c)) => {
+                out.push_str(&format!("{:?}", String::from_utf8_lossy(&b)));
+                rest = &after[end + 1..];
+            }
+            _ => {
+                out.push('[');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
