@@ -305,7 +305,8 @@ PY_TEST_ARGS ?=
 # The smaller set on the oldest redis-py: the API and its error paths (sync, asyncio,
 # shared and counted). Not the cluster file: the test launcher's Cluster reads replies
 # the way redis-py 5+ parses them.
-PY_TESTS_OLDEST := tests/test_lock.py tests/test_asyncio.py tests/test_kinds.py tests/test_args.py
+PY_TESTS_OLDEST := tests/test_lock.py tests/test_asyncio.py tests/test_kinds.py tests/test_args.py \
+                   tests/test_election.py
 DIST := $(CURDIR)/target/dist
 NODE_DIR := $(CURDIR)/clients/node
 # A hung test fails after 2 min instead of holding CI; a handle a test itself leaves open
@@ -313,7 +314,7 @@ NODE_DIR := $(CURDIR)/clients/node
 # processes: test/exit-child.mjs).
 NODE_TEST_FLAGS := --test-timeout=120000 --test-force-exit
 NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs test/defaults.test.mjs \
-              test/redlock.test.mjs
+              test/redlock.test.mjs test/election.test.mjs
 
 # $(call py_venv,dir,redis requirement): a venv with the package, pytest and that redis-py.
 define py_venv
