@@ -183,10 +183,11 @@ perf-guard-baseline: bench-deps build
 # ---- client crate, CLI and any-client examples (issue 5) --------------------------------
 #   make test-client     the client crate's tests (single server, Redlock on 5 servers,
 #                        the redis-lock CLI, a 3-master cluster) once per server
-#   make test-examples   examples/run.sh: examples/python/inventory.py (redis-py, in a venv
-#                        under target/venv-examples) and examples/node/daily-report.mjs
-#                        (node-redis, under target/node-examples; skipped without node/npm)
-#                        against a freshly spawned server
+#   make test-examples   examples/run.sh: examples/python/{inventory,election}.py (redis-py,
+#                        in a venv under target/venv-examples), examples/node/{daily-report,
+#                        inventory,election}.mjs (node-redis, under target/node-examples;
+#                        skipped without node/npm) and examples/rust/election.rs against a
+#                        freshly spawned server
 .PHONY: test-client test-examples
 CLIENT_TEST_SERVERS ?= $(TEST_SERVERS)
 
@@ -200,6 +201,7 @@ test-client: build
 EXTRA_TESTS += test-client
 
 test-examples: build node-deps
+	$(CARGO) build --release -p redis-lock-client --example election
 	cd $(NODE_DIR) && npm run --silent build
 	LOCK_MODULE=$(MODULE) EXAMPLE_SERVER=$(SERVER_SYSTEM) bash examples/run.sh
 EXTRA_TESTS += test-examples
