@@ -8,6 +8,8 @@
 #                tests, the integration suite against the redis-server on PATH
 #   make docs    render docs/BENCHMARKS.md, docs/RELIABILITY.md and the charts from the
 #                measurements saved in docs/data/ (seconds; no measurement is rerun)
+#   make docs-sessions   rerun the redis-cli sessions of docs/sessions/ and rewrite their
+#                blocks in docs/commands.md and README.md (docs/sessions/README.md)
 #   make clean   remove build output
 
 SHELL := /bin/bash
@@ -27,7 +29,7 @@ RUN_SERVER    ?= $(SERVER_SYSTEM)
 # Extra arguments for the test binaries, e.g. make test TEST_ARGS='some_test_name'
 TEST_ARGS ?=
 
-.PHONY: all deps build run test unit integration lint clean check docs
+.PHONY: all deps build run test unit integration lint clean check docs docs-sessions docs-sessions-check
 
 # `$(APT_INSTALL) pkg...` in a recipe: installs Debian packages (through sudo unless root),
 # for the targets below that install what they need when it is missing.
@@ -81,7 +83,7 @@ test: deps
 # The unit tests of the test kit, the renderer and the tools (no server), and the kit's
 # own checks against a server.
 TOOL_CRATES := -p redis-lock-testkit -p redis-lock-report -p redis-lock-bench \
-	-p redis-lock-contention -p redis-lock-reliability
+	-p redis-lock-contention -p redis-lock-reliability -p redis-lock-docsessions
 tools-unit: build
 	LOCK_MODULE=$(MODULE) $(CARGO) test --release $(TOOL_CRATES)
 EXTRA_TESTS += tools-unit
@@ -99,6 +101,19 @@ check:
 # charts in tools/report (which builds the templates in, so an edited one needs only this).
 docs:
 	$(CARGO) run --release -q -p redis-lock-report --bin redis-lock-docs -- --root $(CURDIR)
+
+# The redis-cli transcripts of docs/commands.md and README.md, from docs/sessions/*.txt:
+# one fresh $(RUN_SERVER) with the module per doc, every command run by redis-cli --no-raw
+# (about 10 s). tests/docs_sessions.rs compares the same runs with the docs on every server;
+# docs-sessions-check does it here and writes nothing.
+DOCS_SESSIONS = LOCK_MODULE=$(MODULE) LOCK_SERVER_BIN=$(RUN_SERVER) \
+	$(CARGO) run --release -q -p redis-lock-docsessions --
+
+docs-sessions: build
+	$(DOCS_SESSIONS) --root $(CURDIR) $(DOCS_SESSIONS_ARGS)
+
+docs-sessions-check: build
+	$(DOCS_SESSIONS) --root $(CURDIR) --check
 
 clean:
 	$(CARGO) clean

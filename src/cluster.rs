@@ -95,6 +95,8 @@ pub struct Cluster {
     /// Whether the slots served now went out in a broadcast (they do once after each
     /// change, so that a node confirming a slot hears that this one let go of it).
     slots_sent: bool,
+    /// This node stopped serving some slot since [`Cluster::take_lost`] was last asked.
+    lost: bool,
 }
 
 /// The hash slot of a key (CRC16/XMODEM of the key or its `{hash tag}`, mod 16384).
@@ -161,7 +163,19 @@ impl Cluster {
             broadcast_counter: 0,
             view: String::new(),
             slots_sent: false,
+            lost: false,
         }
+    }
+
+    /// Whether this node stopped serving some slot since the last call (the watchers of
+    /// keys there are told to follow them).
+    pub fn take_lost(&mut self) -> bool {
+        std::mem::take(&mut self.lost)
+    }
+
+    /// Whether this node serves `slot` now (owned and not migrating away, or importing).
+    pub fn serves(&self, slot: usize) -> bool {
+        self.serving.get(slot)
     }
 
     /// Whether grants on `slot` must wait (this node does not serve it yet, or is still
@@ -247,6 +261,9 @@ impl Cluster {
                 new = true;
             } else if !is && self.pending.get(s) {
                 self.pending.set(s, false);
+            }
+            if was && !is {
+                self.lost = true;
             }
         }
         if self.serving != serving {

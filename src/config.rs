@@ -77,13 +77,22 @@ pub fn max_waiters() -> u64 {
     MAX_WAITERS.get().max(0) as u64
 }
 
-fn cross_check(default_ttl: i64, max_ttl: i64) -> Result<(), String> {
+fn cross_check(default_ttl: i64, max_ttl: i64, lock_delay: i64) -> Result<(), String> {
     if default_ttl > max_ttl {
         return Err(format!(
             "lock.default-ttl ({default_ttl}) must not exceed lock.max-ttl ({max_ttl})"
         ));
     }
+    if lock_delay > max_ttl {
+        return Err(format!(
+            "lock.lock-delay ({lock_delay}) must not exceed lock.max-ttl ({max_ttl})"
+        ));
+    }
     Ok(())
+}
+
+fn check_all() -> Result<(), String> {
+    cross_check(DEFAULT_TTL.get(), MAX_TTL.get(), LOCK_DELAY.get())
 }
 
 fn setting(name: &[u8]) -> Option<&'static Setting> {
@@ -141,12 +150,10 @@ pub fn register(ctx: Ctx<'_>, overrides: &[(&'static Setting, i64)]) -> Result<(
             .rev()
             .find(|(o, _)| std::ptr::eq(*o, s))
             .map_or(s.default, |(_, v)| *v);
-        register_numeric(ctx, s.name, default, s.min, s.max, &s.value, || {
-            cross_check(DEFAULT_TTL.get(), MAX_TTL.get())
-        })?;
+        register_numeric(ctx, s.name, default, s.min, s.max, &s.value, check_all)?;
     }
     load_configs(ctx)?;
-    cross_check(DEFAULT_TTL.get(), MAX_TTL.get())
+    check_all()
 }
 
 #[cfg(test)]
@@ -175,7 +182,9 @@ mod tests {
 
     #[test]
     fn cross_check_rule() {
-        assert!(cross_check(5, 5).is_ok());
-        assert!(cross_check(6, 5).is_err());
+        assert!(cross_check(5, 5, 0).is_ok());
+        assert!(cross_check(6, 5, 0).is_err());
+        assert!(cross_check(5, 5, 5).is_ok());
+        assert!(cross_check(5, 5, 6).is_err());
     }
 }

@@ -161,6 +161,7 @@ impl DataType for LockType {
 
     fn freed(v: Box<LockValue>) {
         state::count_freed();
+        state::forget_orphan(&*v as *const LockValue as usize);
         drop(v);
     }
 

@@ -29,12 +29,12 @@ use crate::sched::{self, with_engine};
 use crate::state::{self, Pending, State};
 
 /// Keyspace events a waiter on a classic string lock needs.
-/// (Evictions are subscribed at load, to count evicted locks.)
 const KEY_EVENTS: c_int = (raw::REDISMODULE_NOTIFY_GENERIC
     | raw::REDISMODULE_NOTIFY_EXPIRED
     | raw::REDISMODULE_NOTIFY_STRING) as c_int;
-/// Evictions: rare, and only under maxmemory pressure.
-pub const EVICTIONS: c_int = raw::REDISMODULE_NOTIFY_EVICTED as c_int;
+/// Evictions, to count evicted locks: listened to from the first time the server itself
+/// removes a lock key (an eviction's `evicted` notification comes after the unlink).
+const EVICTIONS: c_int = raw::REDISMODULE_NOTIFY_EVICTED as c_int;
 
 /// How often the module asks whether anything receives the replication stream.
 const LISTEN_CHECK_US: i64 = 1_000_000;
@@ -46,9 +46,21 @@ pub fn unlinked(db: i32, key: &[u8], v: &LockValue) {
     let ptr = v as *const LockValue as usize;
     let done = state::with(|st| {
         let moved = st.serialized.remove(&ptr);
+        if !moved {
+            // RENAME and MOVE put this same value under another name: unless it is freed
+            // now (DEL, an overwrite), the cron looks for where it went.
+            state::orphan(ptr);
+        }
         st.engine.unlinked(db, key, v, moved, ffi::mono_us());
         st.last_unlinked = Some((db, key.to_vec()));
         arm(st);
+        if !std::mem::replace(&mut st.eviction_events, true) {
+            if let Some(ctx) = ffi::module_ctx() {
+                if let Err(e) = fev::subscribe_keyspace(ctx, EVICTIONS, on_keyspace) {
+                    ctx.log("warning", &format!("redis-lock: {e}"));
+                }
+            }
+        }
     });
     if done.is_none() {
         state::defer(Pending::Unlinked {
@@ -118,7 +130,7 @@ pub fn on_keyspace(ctx: Ctx<'_>, event: &[u8], key: Str<'_>) {
     }
     let (db, name) = (ctx.db(), key.bytes());
     with_engine(ctx, |e| {
-        if e.has_waiters(db, name) {
+        if e.has_waiters(db, name) || e.is_watched(db, name) {
             e.touched(db, name, ffi::mono_us());
         }
     });
@@ -217,10 +229,91 @@ fn cron(ctx: Ctx<'_>, st: &mut State, now: i64) {
     }
     if let Some(c) = &mut st.cluster {
         c.cron(ctx, &st.engine.fence, now);
+        if c.take_lost() {
+            // Watchers of keys whose slot moved away are told so (TRYAGAIN) at their
+            // next look, whether or not a key moved with the slot.
+            for (db, name) in st.engine.watched_keys(None) {
+                if !c.serves(crate::cluster::key_slot(&name)) {
+                    st.engine.touched(db, &name, now);
+                }
+            }
+            if let Some(at) = st.engine.next_due() {
+                st.wake.arm(ctx, at);
+            }
+        }
     }
+    adopt(ctx, st, now);
     if now.saturating_sub(st.listen_checked) >= LISTEN_CHECK_US {
         st.listen_checked = now;
         st.listening = listening_now(ctx);
+    }
+}
+
+/// Keys the walk looks at per cron (a million keys take about five seconds at `hz 10`).
+const ADOPT_KEYS_PER_CRON: usize = 50_000;
+
+/// Finds the new names of lock values the server moved without telling the module
+/// (RENAME, MOVE): the engine tracks their leases there from then on, so they end, are
+/// reclaimed and hand over like any lock (waiters queued on the new name were safe
+/// already: a waiter files its key's lease itself).
+fn adopt(ctx: Ctx<'_>, st: &mut State, now: i64) {
+    let fresh = state::take_orphans();
+    if st.adopting.is_none() && fresh.is_empty() {
+        return;
+    }
+    let a = st.adopting.get_or_insert_with(|| state::Adopting {
+        wanted: Vec::new(),
+        db: 0,
+        scan: crate::ffi::scan::Scan::new(),
+    });
+    if !fresh.is_empty() && !a.wanted.is_empty() {
+        // Newcomers may be behind the walk: it starts over for all of them.
+        a.db = 0;
+        a.scan = crate::ffi::scan::Scan::new();
+    }
+    a.wanted.extend(fresh);
+    let mine = ctx.db();
+    let mut found: Vec<(i32, Vec<u8>)> = Vec::new();
+    let mut budget = ADOPT_KEYS_PER_CRON;
+    while !a.wanted.is_empty() && budget > 0 {
+        if !ctx.select_db(a.db) {
+            a.wanted.clear(); // every db walked: the rest were freed after all
+            break;
+        }
+        let db = a.db;
+        let wanted = &mut a.wanted;
+        let (more, seen) = a
+            .scan
+            .step(ctx, &state::LOCK_TYPE, budget, &mut |name, ptr| {
+                if let Some(i) = wanted.iter().position(|p| *p == ptr) {
+                    wanted.swap_remove(i);
+                    found.push((db, name.to_vec()));
+                }
+            });
+        budget = budget.saturating_sub(seen.max(1));
+        if !more {
+            a.db += 1;
+            a.scan = crate::ffi::scan::Scan::new();
+        }
+    }
+    if a.wanted.is_empty() {
+        st.adopting = None;
+    }
+    for (db, name) in found {
+        if !ctx.select_db(db) {
+            continue;
+        }
+        let key = crate::ffi::OwnedStr::new(&name);
+        let mut k = ctx.open_key(key.as_str(), false, &state::LOCK_TYPE);
+        if let Some(v) = k.value() {
+            st.engine.loaded(db, &name, v, now);
+        }
+        drop(k);
+        st.engine.touched(db, &name, now);
+    }
+    ctx.select_db(mine);
+    if let Some(at) = st.engine.next_due() {
+        st.wake.arm(ctx, at);
     }
 }
 

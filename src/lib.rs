@@ -288,12 +288,11 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
         flags: "admin",
         key_flags: 0,
         arity: -2,
-        summary: "Testing aid, off unless loaded with 'debug-commands yes': PANIC | FENCE.",
+        summary: "Testing aid, off unless loaded with 'debug-commands yes': PANIC | FENCE | INJECT key kind.",
         complexity: "O(1)",
         args: &[Arg::Str("subcommand")],
     };
     cmdinfo::register(ctx, &debug, Some(ffi::entry::<commands::Debug>))?;
-    ffi::events::subscribe_keyspace(ctx, events::EVICTIONS, events::on_keyspace)?;
     ffi::events::subscribe_server(ctx, events::on_server)?;
     ffi::events::register_info(ctx, stats::info)?;
     ffi::cluster::register(ctx, &[cluster::STATE, cluster::REQUEST], events::on_bus);

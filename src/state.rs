@@ -115,6 +115,10 @@ pub struct State {
     /// Whether the module listens to keyspace events (only once a client waited for a
     /// classic string lock: they cost every other command a call into the module).
     pub key_events: bool,
+    /// Whether the module listens to `evicted` notifications (from the first time the
+    /// server removed a lock key itself: every notification of the server would cost a
+    /// call into the module's subscriber list otherwise).
+    pub eviction_events: bool,
     /// The wall clock minus the monotonic one at the last cron (µs), to see it step.
     pub clock_offset: Option<i64>,
     /// When `listening` was last asked of the server (monotonic µs).
@@ -129,6 +133,8 @@ pub struct State {
     /// Lock keys loaded from an encoding older than 3, until loading ends: those releases
     /// kept the lease as the key's Redis expiry too, which the server loads with the key.
     pub legacy_expiry: Vec<(i32, Vec<u8>)>,
+    /// The walk for unlinked values that live on under another name, while one runs.
+    pub adopting: Option<Adopting>,
     addrs: Vec<(u64, Addr)>,
 }
 
@@ -140,6 +146,51 @@ pub enum Pending {
         value: LockValue,
         moved: bool,
     },
+}
+
+/// Lock values the server unlinked that may live on under another name (RENAME, MOVE
+/// put the same value there), by address, until they are freed: the free callback may run
+/// on a lazy-free thread, hence the lock (and the count, to skip it when there are none).
+static ORPHANS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+static ORPHAN_COUNT: AtomicI64 = AtomicI64::new(0);
+
+pub fn orphan(ptr: usize) {
+    if let Ok(mut o) = ORPHANS.lock() {
+        o.push(ptr);
+        ORPHAN_COUNT.store(o.len() as i64, Ordering::Relaxed);
+    }
+}
+
+/// A value is freed: it lives on nowhere.
+pub fn forget_orphan(ptr: usize) {
+    if ORPHAN_COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    if let Ok(mut o) = ORPHANS.lock() {
+        o.retain(|p| *p != ptr);
+        ORPHAN_COUNT.store(o.len() as i64, Ordering::Relaxed);
+    }
+}
+
+/// The unlinked values still alive (each is somewhere in the keyspace).
+pub fn take_orphans() -> Vec<usize> {
+    if ORPHAN_COUNT.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    match ORPHANS.lock() {
+        Ok(mut o) => {
+            ORPHAN_COUNT.store(0, Ordering::Relaxed);
+            std::mem::take(&mut *o)
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// A walk of the keyspace looking for values the engine no longer knows the names of.
+pub struct Adopting {
+    pub wanted: Vec<usize>,
+    pub db: i32,
+    pub scan: crate::ffi::scan::Scan,
 }
 
 static STATE: MainThread<RefCell<Option<State>>> = MainThread(RefCell::new(None));
@@ -161,12 +212,14 @@ impl State {
             serialized: HashSet::new(),
             saving: false,
             key_events: false,
+            eviction_events: false,
             clock_offset: None,
             listen_checked: 0,
             last_unlinked: None,
             cluster: None,
             command_flags: HashMap::new(),
             legacy_expiry: Vec::new(),
+            adopting: None,
             addrs: Vec::new(),
         }
     }

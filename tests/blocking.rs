@@ -776,7 +776,7 @@ fn a_replica_shows_the_new_holders_fence_after_a_handoff() {
 }
 
 #[test]
-fn becoming_a_replica_fails_the_waiters() {
+fn becoming_a_replica_fails_the_waiters_and_watchers() {
     let server = module_server();
     let other = module_server();
     let mut admin = server.conn();
@@ -785,6 +785,10 @@ fn becoming_a_replica_fails_the_waiters() {
     let mut w1 = Waiter::queue(&server, &mut admin, 0, key, &["BLOCK", "0"], 1);
     let mut w2 = Waiter::queue(&server, &mut admin, 0, key, &["BLOCK", "20000"], 2);
     assert_eq!(stat(&mut admin, "lock_waiters"), 2);
+    // And a watcher, waiting for a key to be held.
+    let mut watcher = common::RawConn::connect(server.port);
+    watcher.send(&["LOCK.WATCH", "demoted:free"]);
+    assert!(wait_until(SETTLE, || stat(&mut admin, "lock_watchers") == 1));
     let t0 = Instant::now();
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
@@ -796,6 +800,12 @@ fn becoming_a_replica_fails_the_waiters() {
         assert!(t0.elapsed() < PROMPT, "took {:?}", t0.elapsed());
         assert_eq!(err.code(), Some("UNBLOCKED"), "{err}");
     }
+    watcher.set_read_timeout(Some(SETTLE));
+    match watcher.read() {
+        Ok(common::Resp::Error(e)) => assert!(e.starts_with("UNBLOCKED"), "watcher: {e}"),
+        other => panic!("expected UNBLOCKED for the watcher, got {other:?}"),
+    }
+    assert_eq!(stat(&mut admin, "lock_watchers"), 0);
     assert!(wait_until(SETTLE, || stat(&mut admin, "lock_waiters") == 0));
     assert_eq!(stat(&mut admin, "lock_handed_off"), 0);
 }

@@ -1,6 +1,7 @@
 //! Redis Cluster: every lock command routes by its key (key specs), works on every
 //! master through a cluster-aware client, blocking hand-off works there, a node that does
-//! not own the key's slot answers MOVED, and COMMAND GETKEYS names the key.
+//! not own the key's slot answers MOVED, and COMMAND GETKEYS names the key (a guard's:
+//! the lock key and the wrapped command's keys, which must share its slot).
 
 mod common;
 
@@ -189,6 +190,77 @@ fn lock_commands_work_on_every_master_through_a_cluster_client() {
             .unwrap();
         assert_eq!(n, 1);
     }
+
+    // The guards, LOCK.CHECK and LOCK.WATCH route by the lock key; a guard's keys must
+    // share its slot (a hash tag), else CROSSSLOT and nothing runs.
+    let gtok = tok("tok-guard");
+    let (_, gf): (String, i64) = redis::cmd("LOCK.ACQUIRE")
+        .arg("{order:9001}:lock")
+        .arg("PX")
+        .arg(60000)
+        .arg("TOKEN")
+        .arg(&gtok)
+        .query(&mut cc)
+        .unwrap();
+    let v: String = redis::cmd("LOCK.IFHELD")
+        .arg("{order:9001}:lock")
+        .arg(&gtok)
+        .arg("SET")
+        .arg("{order:9001}:stock")
+        .arg("9")
+        .query(&mut cc)
+        .unwrap();
+    assert_eq!(v, "OK");
+    let v: i64 = redis::cmd("LOCK.IFFENCE")
+        .arg("{order:9001}:lock")
+        .arg(gf)
+        .arg("INCR")
+        .arg("{order:9001}:stock")
+        .query(&mut cc)
+        .unwrap();
+    assert_eq!(v, 10);
+    let other = (0..1000)
+        .map(|i| format!("stock:{i}"))
+        .find(|k| key_slot(k.as_bytes()) != key_slot(b"{order:9001}:lock"))
+        .unwrap();
+    for cmd in [
+        redis::cmd("LOCK.IFHELD")
+            .arg("{order:9001}:lock")
+            .arg(&gtok)
+            .arg("SET")
+            .arg(&other)
+            .arg("1")
+            .clone(),
+        redis::cmd("LOCK.IFFENCE")
+            .arg("{order:9001}:lock")
+            .arg(gf)
+            .arg("MSET")
+            .arg("{order:9001}:stock")
+            .arg("1")
+            .arg(&other)
+            .arg("1")
+            .clone(),
+    ] {
+        let r: redis::RedisResult<Value> = cmd.query(&mut cc);
+        let e = r.expect_err("a guard on keys of two slots");
+        assert_eq!(e.code(), Some("CROSSSLOT"), "{e}");
+    }
+    let stock: i64 = redis::cmd("GET")
+        .arg("{order:9001}:stock")
+        .query(&mut cc)
+        .unwrap();
+    assert_eq!(stock, 10, "a refused guard ran");
+    let n: i64 = redis::cmd("LOCK.CHECK")
+        .arg("{order:9001}:lock")
+        .arg(gf)
+        .query(&mut cc)
+        .unwrap();
+    assert_eq!(n, 1);
+    let w: Value = redis::cmd("LOCK.WATCH")
+        .arg("{order:9001}:lock")
+        .query(&mut cc)
+        .unwrap();
+    assert_eq!(info_int(&w, "fence"), gf);
 }
 
 #[test]
@@ -221,6 +293,22 @@ fn wrong_node_answers_moved_and_getkeys_names_the_key() {
                     .arg(1)
                     .clone(),
                 redis::cmd("LOCK.FORCERELEASE").arg(key).clone(),
+                redis::cmd("LOCK.CHECK").arg(key).arg(1).clone(),
+                redis::cmd("LOCK.WATCH")
+                    .arg(key)
+                    .arg("BLOCK")
+                    .arg(10)
+                    .clone(),
+                redis::cmd("LOCK.IFHELD")
+                    .arg(key)
+                    .arg("t")
+                    .arg("PING")
+                    .clone(),
+                redis::cmd("LOCK.IFFENCE")
+                    .arg(key)
+                    .arg(1)
+                    .arg("PING")
+                    .clone(),
             ];
             for (i, cmd) in cmds.iter().enumerate() {
                 let r: redis::RedisResult<Value> = cmd.query(&mut c);
@@ -288,5 +376,22 @@ fn wrong_node_answers_moved_and_getkeys_names_the_key() {
     assert_eq!(
         getkeys(&mut c, &["LOCK.FORCERELEASE", "fk", "FENCE", "1"]),
         vec!["fk"]
+    );
+    assert_eq!(getkeys(&mut c, &["LOCK.CHECK", "ck", "1"]), vec!["ck"]);
+    assert_eq!(
+        getkeys(&mut c, &["LOCK.WATCH", "wk", "FENCE", "1", "OWNER", "o"]),
+        vec!["wk"]
+    );
+    // A guard reports the lock key, then the keys of the command it wraps.
+    assert_eq!(
+        getkeys(
+            &mut c,
+            &["LOCK.IFHELD", "lk", "tok", "MSET", "a", "1", "b", "2"]
+        ),
+        vec!["lk", "a", "b"]
+    );
+    assert_eq!(
+        getkeys(&mut c, &["LOCK.IFFENCE", "lk", "1", "GET", "g"]),
+        vec!["lk", "g"]
     );
 }

@@ -600,6 +600,24 @@ fn classic_string_locks_interoperate() {
     assert_eq!(info.field("waiters"), Some(Resp::Int(0)));
     let ttl = info.field("ttl").unwrap().int();
     assert!(ttl > 0 && ttl <= 5000, "ttl {ttl}");
+    // Exactly these fields: the holder's nil, and nothing a string lock cannot have
+    // (no mode, lock-delay, holders, holder-list or cursor).
+    let names: Vec<String> = info.pairs().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        names,
+        [
+            "state",
+            "kind",
+            "ttl",
+            "expires-at",
+            "fence",
+            "owner",
+            "acquired-at",
+            "client-id",
+            "client-addr",
+            "waiters"
+        ]
+    );
     let mut c3 = RawConn::connect_resp3(server.port);
     let info3 = c3.cmd(&["LOCK.INFO", "lock:s"]);
     assert_eq!(info3.field("kind").unwrap().text(), "string");
@@ -756,4 +774,89 @@ fn a_lease_ends_even_if_pexpire_or_persist_keeps_the_key() {
         per_sec < 300,
         "the server's event loop woke {per_sec} times in 1 s while idle (~10 with hz 10)"
     );
+}
+
+/// `LOCK.EXTEND key token ... OWNER label`: the holder takes the new label and keeps its
+/// fence (a leader publishes a new value without giving up its term); another token
+/// changes nothing; a classic string lock has no label.
+#[test]
+fn extend_owner_relabels_the_holder_and_keeps_its_fence() {
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let t = tok("relabel-leader");
+    let (_, f) = acquire(
+        &mut c,
+        &["lock:l", "PX", "10000", "TOKEN", &t, "OWNER", "node-a"],
+    );
+    let r = c.cmd(&[
+        "LOCK.EXTEND",
+        "lock:l",
+        &t,
+        "PX",
+        "30000",
+        "OWNER",
+        "node-a:8080",
+    ]);
+    assert_eq!(r, Resp::Int(1));
+    let info = c.cmd(&["LOCK.INFO", "lock:l"]);
+    assert_eq!(
+        info.field("owner"),
+        Some(Resp::Bulk(b"node-a:8080".to_vec()))
+    );
+    assert_eq!(info.field("fence"), Some(Resp::Int(f)));
+    let ttl = info.field("ttl").expect("ttl").int();
+    assert!(
+        ttl > 20_000 && ttl <= 30_000,
+        "ttl {ttl} after EXTEND PX 30000"
+    );
+    // Another token: 0, and the label stays.
+    let other = tok("relabel-other");
+    let r = c.cmd(&["LOCK.EXTEND", "lock:l", &other, "OWNER", "intruder"]);
+    assert_eq!(r, Resp::Int(0));
+    let info = c.cmd(&["LOCK.INFO", "lock:l"]);
+    assert_eq!(
+        info.field("owner"),
+        Some(Resp::Bulk(b"node-a:8080".to_vec()))
+    );
+    // One reader of a shared lock takes a new label; the other keeps its own.
+    let (r1, g1) = acquire(&mut c, &["lock:s", "SHARED", "PX", "60000", "OWNER", "x"]);
+    let (_, g2) = acquire(&mut c, &["lock:s", "SHARED", "PX", "60000", "OWNER", "y"]);
+    let r1 = String::from_utf8(r1).unwrap();
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:s", &r1, "OWNER", "z"]),
+        Resp::Int(1)
+    );
+    let list = c
+        .cmd(&["LOCK.INFO", "lock:s"])
+        .field("holder-list")
+        .unwrap();
+    let labels: Vec<(Resp, Resp)> = list
+        .items()
+        .iter()
+        .map(|h| (h.field("fence").unwrap(), h.field("owner").unwrap()))
+        .collect();
+    assert_eq!(
+        labels,
+        vec![
+            (Resp::Int(g1), Resp::Bulk(b"z".to_vec())),
+            (Resp::Int(g2), Resp::Bulk(b"y".to_vec()))
+        ]
+    );
+    // A string lock: EXTEND works, EXTEND ... OWNER is an error.
+    let classic = tok("relabel-classic");
+    let set = c.cmd(&["SET", "lock:c", &classic, "NX", "PX", "10000"]);
+    assert_eq!(set, Resp::Simple("OK".into()));
+    match c.cmd(&["LOCK.EXTEND", "lock:c", &classic, "OWNER", "x"]) {
+        Resp::Error(e) => assert!(e.starts_with("ERR OWNER needs a module lock"), "{e}"),
+        other => panic!("EXTEND OWNER of a string lock: {other:?}"),
+    }
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "lock:c", &classic, "PX", "20000"]),
+        Resp::Int(1)
+    );
+    // An empty label is refused.
+    match c.cmd(&["LOCK.EXTEND", "lock:l", &t, "OWNER", ""]) {
+        Resp::Error(e) => assert!(e.starts_with("ERR OWNER must be 1 to 256 bytes"), "{e}"),
+        other => panic!("EXTEND OWNER '': {other:?}"),
+    }
 }

@@ -4,7 +4,10 @@
 
 mod common;
 
-use common::{lock_stat, starts_with_error_code, tok, wait_until, RawConn, Resp, ServerBuilder};
+use common::{
+    far_fence, lock_stat, starts_with_error_code, tok, unix_ms, wait_until, RawConn, Resp,
+    ServerBuilder,
+};
 use std::time::{Duration, Instant};
 
 /// Asserts an error reply whose code is `code` (and that the text has a code at all).
@@ -362,6 +365,44 @@ fn bad_ttl_token_owner_block_and_minfence_values() {
             "MINFENCE",
         );
     }
+    // LOCKDELAY and AFTER: a value that is not an integer is the generic integer error;
+    // an integer out of range names the option.
+    for (args, needle) in [
+        (
+            &["LOCK.ACQUIRE", "lock:x", "LOCKDELAY", "x"][..],
+            "value is not an integer",
+        ),
+        (
+            &["LOCK.ACQUIRE", "lock:x", "LOCKDELAY", "1.5"],
+            "value is not an integer",
+        ),
+        (
+            &["LOCK.ACQUIRE", "lock:x", "LOCKDELAY", "-1"],
+            "LOCKDELAY must be",
+        ),
+        (
+            &["LOCK.ACQUIRE", "lock:x", "LOCKDELAY", "86400001"],
+            "LOCKDELAY must be",
+        ),
+        (
+            &["LOCK.INFO", "lock:e", "AFTER", "x"],
+            "value is not an integer",
+        ),
+        (&["LOCK.INFO", "lock:e", "AFTER", "-1"], "AFTER must be"),
+    ] {
+        expect_err_s(&mut c, args, "ERR", needle);
+    }
+    // MINFENCE may lead this server's clock term by an hour, not more.
+    let ahead = far_fence().to_string();
+    let r = c.cmd(&["LOCK.ACQUIRE", "lock:far", "PX", "1000", "MINFENCE", &ahead]);
+    assert!(matches!(r, Resp::Array(_)), "MINFENCE 59 min ahead: {r:?}");
+    let too_far = (((unix_ms() + 2 * 3_600_000) as u64) << 10).to_string();
+    expect_err_s(
+        &mut c,
+        &["LOCK.ACQUIRE", "lock:x", "MINFENCE", &too_far],
+        "ERR",
+        "fence is too far ahead of this server's clock",
+    );
     assert_lock_unchanged(&mut c, "lock:e", t1, fence);
     assert_eq!(c.cmd(&["EXISTS", "lock:x"]), Resp::Int(0));
     assert_eq!(lock_stat(&mut c, "panics"), 0);

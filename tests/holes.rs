@@ -549,6 +549,52 @@ fn row4_restore_refuses_a_fence_past_2_pow_53_in_both_encodings() {
 // ---------------------------------------------------------------------------------------
 // Row 5: tokens never in SLOWLOG or MONITOR.
 
+/// Valkey 8.1+ keeps a command log (COMMANDLOG: slow commands, large requests and
+/// replies): the token is redacted there too. Redis has none (the command is unknown).
+#[test]
+fn row5_tokens_are_redacted_from_the_command_log() {
+    let valkey = server_flavor().is_valkey();
+    let b = ServerBuilder::new();
+    let b = if valkey {
+        b.arg("commandlog-execution-slower-than", "0")
+            .arg("commandlog-request-larger-than", "0")
+    } else {
+        b
+    };
+    let s = b.start();
+    let mut c = conn(&s);
+    if !valkey {
+        let r = c.cmd(&["COMMANDLOG", "GET", "10", "slow"]);
+        assert!(r.is_error(), "COMMANDLOG on Redis: {r:?}");
+        return;
+    }
+    let t = "row5-commandlog-token-0123456789";
+    granted(&c.cmd(&acq("lock:cl", &["PX", "60000", "TOKEN", t])));
+    let r = c.cmd(&["LOCK.EXTEND", "lock:cl", t, "PX", "60000"]);
+    assert_eq!(r, Resp::Int(1));
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:cl", t]), Resp::Int(1));
+    for kind in ["slow", "large-request", "large-reply"] {
+        let log = c.cmd(&["COMMANDLOG", "GET", "100", kind]);
+        let flat: Vec<String> = log
+            .items()
+            .iter()
+            .flat_map(|e| e.items())
+            .flat_map(|f| f.as_items().map(|a| a.to_vec()).unwrap_or_default())
+            .filter_map(|a| a.as_text())
+            .collect();
+        assert!(
+            flat.iter().all(|a| !a.contains(t)),
+            "COMMANDLOG {kind} shows the token: {flat:?}"
+        );
+        if kind != "large-reply" {
+            assert!(
+                flat.iter().any(|a| a.eq_ignore_ascii_case("lock.acquire")),
+                "COMMANDLOG {kind} did not log LOCK.ACQUIRE: {flat:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn row5_tokens_are_redacted_from_slowlog_and_monitor() {
     let s = ServerBuilder::new()
@@ -660,9 +706,35 @@ fn no_ops() -> Vec<Vec<String>> {
             "LOCK.ACQUIRE".into(),
             "lock:k".into(),
             "TOKEN".into(),
+            wrong.clone(),
+        ],
+        // A guard whose check fails (nothing runs).
+        vec![
+            "LOCK.IFHELD".into(),
+            "lock:k".into(),
             wrong,
+            "SET".into(),
+            "row6:data".into(),
+            "v".into(),
+        ],
+        vec![
+            "LOCK.IFFENCE".into(),
+            "lock:k".into(),
+            "1".into(),
+            "SET".into(),
+            "row6:data".into(),
+            "v".into(),
         ],
     ]
+}
+
+/// What a no-op answers: 0, nil, or NOTHELD (a guard whose check failed).
+fn is_no_op_reply(r: &Resp) -> bool {
+    match r {
+        Resp::Int(0) | Resp::Nil => true,
+        Resp::Error(e) => e.starts_with("NOTHELD "),
+        _ => false,
+    }
 }
 
 #[test]
@@ -684,7 +756,7 @@ fn row6_a_no_op_does_not_abort_watch_but_a_real_change_does() {
     for cmd in no_ops() {
         let (r, exec) = exec_after(&mut a, &mut b, &cmd);
         ck.check(
-            matches!(r, Resp::Int(0) | Resp::Nil),
+            is_no_op_reply(&r),
             format!("{cmd:?} should be a no-op: {r:?}"),
         );
         ck.eq(
@@ -693,6 +765,11 @@ fn row6_a_no_op_does_not_abort_watch_but_a_real_change_does() {
             &format!("EXEC after the no-op {}", cmd[0]),
         );
     }
+    ck.eq(
+        b.cmd(&["EXISTS", "row6:data"]),
+        Resp::Int(0),
+        "a refused guard ran its command",
+    );
     // A real change aborts it: extend, release, acquire.
     let real: Vec<Vec<String>> = vec![
         vec![
@@ -763,10 +840,7 @@ fn row6_a_no_op_sends_no_keyspace_event_and_no_invalidation() {
     let mut ck = Checks::new();
     for cmd in no_ops() {
         let r = b.cmd(&cmd);
-        ck.check(
-            matches!(r, Resp::Int(0) | Resp::Nil),
-            format!("{cmd:?}: {r:?}"),
-        );
+        ck.check(is_no_op_reply(&r), format!("{cmd:?}: {r:?}"));
         sub.set_read_timeout(Some(quiet));
         let ev = sub.read();
         ck.check(

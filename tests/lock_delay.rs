@@ -33,6 +33,25 @@ fn a_lease_that_ends_leaves_the_delay_and_a_release_does_not() {
         .and_then(|r| r.as_int())
         .unwrap_or(0);
     assert!(left > 0 && left <= 1000, "lock-delay left {left}");
+    // Nobody holds it: no lease fields, no holder, an empty page.
+    let delayed = info(&mut c, "lock:d");
+    let names: Vec<String> = delayed.pairs().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        names,
+        [
+            "state",
+            "kind",
+            "mode",
+            "lock-delay",
+            "holders",
+            "waiters",
+            "holder-list",
+            "cursor"
+        ],
+        "{delayed:?}"
+    );
+    assert_eq!(delayed.get("holders"), Some(Resp::Int(0)));
+    assert_eq!(delayed.get("holder-list"), Some(Resp::Array(Vec::new())));
     // A waiter is granted when the delay ends, not before.
     let (_, _) = granted(&c.cmd(&acq("lock:d", &["PX", "1000", "BLOCK", "5000"])));
     let waited = ended.elapsed();
@@ -95,4 +114,26 @@ fn the_setting_applies_forcerelease_ends_it_and_replicas_and_restarts_keep_it() 
         info(&mut c, "lock:s")
     );
     assert_eq!(c.cmd(&acq("lock:s", &[])), Resp::Nil);
+}
+
+/// `lock.lock-delay` may not exceed `lock.max-ttl` (as `LOCKDELAY` may not), and neither
+/// may `lock.max-ttl` be set below it; a `loadmodule` argument past it stops the start.
+#[test]
+fn the_lock_delay_setting_stays_within_max_ttl() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    let r = c.cmd(&["CONFIG", "SET", "lock.lock-delay", "100000000"]);
+    assert!(r.is_error(), "{r:?}");
+    assert_eq!(
+        c.cmd(&["CONFIG", "SET", "lock.lock-delay", "5000"]),
+        Resp::Simple("OK".into())
+    );
+    let r = c.cmd(&["CONFIG", "SET", "lock.max-ttl", "4000"]);
+    assert!(r.is_error(), "{r:?}");
+    let err = ServerBuilder::new()
+        .module_args(&["lock-delay", "100000000"])
+        .try_start()
+        .err()
+        .unwrap_or_default();
+    assert!(err.contains("lock-delay"), "{err}");
 }

@@ -123,7 +123,7 @@ fn err_code(r: redis::RedisResult<Value>) -> String {
 // Tests
 
 #[test]
-fn replica_mirrors_acquire_extend_renew_release_and_forcerelease() {
+fn replica_mirrors_acquire_extend_relabel_renew_release_and_forcerelease() {
     let (p, r) = pair();
     let (mut pc, mut rc) = (p.conn(), r.conn());
 
@@ -191,6 +191,29 @@ fn replica_mirrors_acquire_extend_renew_release_and_forcerelease() {
     assert!(
         renewed_deadline < extended,
         "renew to 90 s should shorten the 120 s lease: {renewed_deadline} vs {extended}"
+    );
+
+    // EXTEND ... OWNER: the replica gets the new label; the fence stays.
+    let ext = int(
+        &mut pc,
+        &[
+            "LOCK.EXTEND",
+            "repl:a",
+            "tok-a----------------tok",
+            "PX",
+            "90000",
+            "OWNER",
+            "svc-2",
+        ],
+    );
+    assert_eq!(ext, 1);
+    wait_synced(&p, &r);
+    let info = lock_info(&mut rc, "repl:a").expect("the relabelled lock on the replica");
+    assert_owner(&info, b"svc-2");
+    assert_eq!(
+        int_field(&info, "fence"),
+        fence,
+        "EXTEND OWNER changed the fence"
     );
 
     // RELEASE: gone on the replica.

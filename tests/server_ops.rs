@@ -261,13 +261,17 @@ fn cluster_slot_migration_never_grants_on_the_old_node() {
 /// Standalone MIGRATE of a lock with waiters: the lock now lives on the other server, so
 /// the waiters here get an error (LOCKMOVED), never a grant.
 #[test]
-fn standalone_migrate_fails_the_waiters_instead_of_granting() {
+fn standalone_migrate_fails_the_waiters_and_watchers_instead_of_granting() {
     let a = server();
     let b = server();
     let mut ca = RawConn::connect(a.port);
     let (_, fence) = acquire(&mut ca, "lk", &["PX", "60000"]).unwrap();
     let mut w = Waiter::send(a.port, 0, "lk", &["BLOCK", "20000"]);
     wait_queued(&mut ca, "lk", 1);
+    // A watcher of the holder's fence too.
+    let mut watcher = RawConn::connect(a.port);
+    watcher.send(&["LOCK.WATCH", "lk", "FENCE", &fence.to_string()]);
+    assert!(wait_until(SETTLE, || lock_stat(&mut ca, "watchers") == 1));
     let r = ca.cmd(&[
         "MIGRATE",
         "127.0.0.1",
@@ -280,6 +284,11 @@ fn standalone_migrate_fails_the_waiters_instead_of_granting() {
     match w.reply_within(Duration::from_secs(5)) {
         Ok(Resp::Error(e)) => assert!(e.starts_with("LOCKMOVED"), "{e}"),
         other => panic!("expected a LOCKMOVED error, got {other:?}"),
+    }
+    watcher.set_read_timeout(Some(Duration::from_secs(5)));
+    match watcher.read() {
+        Ok(Resp::Error(e)) => assert!(e.starts_with("LOCKMOVED"), "watcher: {e}"),
+        other => panic!("expected a LOCKMOVED error for the watcher, got {other:?}"),
     }
     assert_eq!(ca.cmd(&["EXISTS", "lk"]).int(), 0);
     let mut cb = RawConn::connect(b.port);
@@ -791,6 +800,69 @@ fn rename_frees_the_old_name_and_takes_the_lock_along() {
         1
     );
     assert!(grant(&wd.reply()).is_some());
+}
+
+/// A lock RENAMEd or MOVEd keeps its lease under the new name: it ends there, the key is
+/// reclaimed (counted as expired), and a waiter queued on the new name is handed the lock
+/// at the lease's end. Before, the engine lost track of the value: the key stayed in memory
+/// for good and such a waiter waited out its BLOCK.
+#[test]
+fn a_renamed_or_moved_lock_still_ends_is_reclaimed_and_hands_over() {
+    let srv = server();
+    let mut c = RawConn::connect(srv.port);
+    let expired = lock_stat(&mut c, "expired");
+    for (key, to) in [("ren:a", "ren:b"), ("mv:a", "mv:a")] {
+        acquire(
+            &mut c,
+            key,
+            &["PX", "400", "TOKEN", "renamed--------------tok"],
+        )
+        .unwrap();
+        if key == to {
+            assert_eq!(c.cmd(&["MOVE", key, "4"]).int(), 1);
+        } else {
+            assert_eq!(c.cmd(&["RENAME", key, to]), ok());
+        }
+    }
+    let mut c4 = RawConn::connect(srv.port);
+    assert_eq!(c4.cmd(&["SELECT", "4"]), ok());
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            c.cmd(&["EXISTS", "ren:b"]).int() == 0 && c4.cmd(&["EXISTS", "mv:a"]).int() == 0
+        }),
+        "a renamed or moved lock was never reclaimed"
+    );
+    assert_eq!(lock_stat(&mut c, "expired") - expired, 2);
+    assert_eq!(lock_stat(&mut c, "held"), 0);
+    // A waiter on the new name gets the lock when the renamed lease ends.
+    acquire(
+        &mut c,
+        "ren:c",
+        &["PX", "800", "TOKEN", "renamed--------------tok"],
+    )
+    .unwrap();
+    assert_eq!(c.cmd(&["RENAME", "ren:c", "ren:d"]), ok());
+    let started = Instant::now();
+    let mut w = Waiter::send(
+        srv.port,
+        0,
+        "ren:d",
+        &[
+            "PX",
+            "5000",
+            "TOKEN",
+            "waiter---------------tok",
+            "BLOCK",
+            "10000",
+        ],
+    );
+    let (t, _) = granted_within(&mut w, Duration::from_secs(5));
+    assert_eq!(t, b"waiter---------------tok".to_vec());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

@@ -12,6 +12,7 @@
 //! (`remove_holders`). Every change is stored first, then replicated.
 
 mod commands;
+mod info;
 mod leases;
 mod queue;
 

@@ -151,6 +151,11 @@ impl<W> Engine<W> {
         !self.watch_ids.is_empty()
     }
 
+    /// Whether clients watch this key.
+    pub fn is_watched(&self, db: i32, name: &[u8]) -> bool {
+        self.watched(db, name).is_some()
+    }
+
     fn watched(&self, db: i32, name: &[u8]) -> Option<&Watched<W>> {
         if self.watch_ids.is_empty() {
             return None;

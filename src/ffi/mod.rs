@@ -23,6 +23,7 @@ pub mod events;
 pub mod guard;
 mod key;
 pub mod reply;
+pub mod scan;
 
 pub use command::{entry, Args, Handler};
 pub use key::{Key, KeyKind};

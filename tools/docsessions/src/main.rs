@@ -1,0 +1,95 @@
+//! `make docs-sessions`: runs the sessions of docs/sessions/ (one fresh server per doc,
+//! `$LOCK_SERVER_BIN` with `$LOCK_MODULE`) and writes their transcripts into the marked
+//! blocks of docs/commands.md and README.md.
+//!
+//! A doc is rewritten, every block of it from the same run (so that the fences and
+//! tokens of one block agree with those of the next), when one of its blocks differs
+//! from the run after the normalization the test applies (tests/docs_sessions.rs); a doc
+//! whose blocks all match is left alone, so a rerun changes no file.
+//!
+//! Usage: redis-lock-docsessions [--root DIR] [--check | --force]
+//!   --check   write nothing; exit 1 when a block differs from the fresh run
+//!   --force   rewrite every doc, even where its blocks match
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use redis_lock_docsessions::{doc, load_all, norm, repo_root, run_doc};
+use redis_lock_testkit::{server_bin, ServerBuilder};
+
+fn main() -> ExitCode {
+    let mut root = repo_root();
+    let mut check = false;
+    let mut force = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--root" => match args.next() {
+                Some(d) => root = PathBuf::from(d),
+                None => return usage(),
+            },
+            "--check" => check = true,
+            "--force" => force = true,
+            _ => return usage(),
+        }
+    }
+    if check && force {
+        return usage();
+    }
+    match run(&root, check, force) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("docs-sessions: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn usage() -> ExitCode {
+    eprintln!("usage: redis-lock-docsessions [--root DIR] [--check | --force]");
+    ExitCode::from(2)
+}
+
+fn run(root: &std::path::Path, check: bool, force: bool) -> Result<bool, String> {
+    let docs = load_all(root)?;
+    let mut all_same = true;
+    for d in &docs {
+        let t0 = Instant::now();
+        let server = ServerBuilder::new().die_with_parent().try_start()?;
+        let transcripts = run_doc(d, server.port)?;
+        drop(server);
+        let mut changed = Vec::new();
+        for (b, (_, t)) in d.blocks.iter().zip(&transcripts) {
+            if let Err(diff) = norm::compare(&b.text, t) {
+                changed.push(b.name.clone());
+                eprintln!("{}:{} ({}) differs:\n{diff}", d.path, b.line, b.name);
+            }
+        }
+        all_same &= changed.is_empty();
+        let write = !check && (force || !changed.is_empty());
+        if write {
+            let new = doc::splice(&d.path, &d.text, &transcripts)?;
+            std::fs::write(root.join(&d.path), new).map_err(|e| format!("{}: {e}", d.path))?;
+        }
+        println!(
+            "{}: {} sessions against {} in {:.1} s; {}{}",
+            d.path,
+            transcripts.len(),
+            server_bin().display(),
+            t0.elapsed().as_secs_f64(),
+            if changed.is_empty() {
+                "every block matches".to_string()
+            } else {
+                format!("differ: {}", changed.join(", "))
+            },
+            if write {
+                "; rewritten from this run"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(!check || all_same)
+}
