@@ -363,8 +363,8 @@ async fn guarded_writes_run_while_held_and_are_refused_after_the_lease() {
         .query(&mut conn)
         .unwrap();
 
-    // A: a 300 ms lease, no renewal.
-    let a = granted(locks.acquire(key, ms(300), None)).await;
+    // A: a 1 s lease, no renewal.
+    let a = granted(locks.acquire(key, ms(1_000), None)).await;
     let fence_a = a.fence().unwrap();
     let left: i64 = a
         .if_held(redis::cmd("DECRBY").arg("stock:9001").arg(1))
@@ -390,7 +390,7 @@ async fn guarded_writes_run_while_held_and_are_refused_after_the_lease() {
         .is_err_and(|e| e.is_usage_error()));
 
     // A "pauses" past its lease; B takes the lock and sells one.
-    tokio::time::sleep(ms(500)).await;
+    tokio::time::sleep(ms(1_200)).await;
     let b = granted(locks.acquire(key, ms(5_000), None)).await;
     let left: i64 = b
         .if_held(redis::cmd("DECRBY").arg("stock:9001").arg(1))

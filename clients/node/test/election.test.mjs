@@ -67,7 +67,7 @@ describeEachClient(server, (lib, ctx) => {
     const key = `lock:product:${randomUUID().slice(0, 8)}`;
     const stock = `stock:${key}`;
     await raw(server.port, "SET", stock, "10");
-    const a = await ctx.locks.acquire(key, { ttl: 300 });
+    const a = await ctx.locks.acquire(key, { ttl: 800 });
     assert.equal(Number(await a.ifHeld("DECRBY", stock, "1")), 9);
     assert.equal(String(await ctx.locks.ifFence(key, a.fence, "SET", `price:${key}`, "1999")), "OK");
     assert.equal(await a.check(), true);
@@ -75,7 +75,7 @@ describeEachClient(server, (lib, ctx) => {
     await assert.rejects(a.ifHeld("LPUSH", stock, "x"), (e) => /^WRONGTYPE/.test(e.message));
     await assert.rejects(a.ifHeld(), TypeError);
 
-    await sleep(500); // A "pauses" past its lease; B takes the lock and sells one
+    await sleep(1000); // A "pauses" past its lease; B takes the lock and sells one
     const b = await ctx.locks.acquire(key, { ttl: 5000 });
     assert.equal(Number(await b.ifHeld("DECRBY", stock, "1")), 8);
     await assert.rejects(a.ifHeld("DECRBY", stock, "1"), (e) => {

@@ -50,7 +50,7 @@ def observe_in_thread(election, block):
 def test_guarded_writes_run_while_held_and_are_refused_after_the_lease(server, key):
     r = server.client()
     r.set("stock:9001", 10)
-    a = Lock(r, key, timeout=0.3)
+    a = Lock(r, key, timeout=1)
     assert a.acquire(blocking=False)
     fence_a = a.fence
     assert a.if_held("DECRBY", "stock:9001", 1) == 9
@@ -62,7 +62,7 @@ def test_guarded_writes_run_while_held_and_are_refused_after_the_lease(server, k
         a.if_held()
 
     # A pauses past its lease; B takes the lock and sells one unit.
-    time.sleep(0.5)
+    time.sleep(1.2)
     b = Lock(r, key, timeout=5)
     assert b.acquire(blocking=False)
     assert b.if_held("DECRBY", "stock:9001", 1) == 8
