@@ -30,6 +30,11 @@ use crate::syntax::{positive, show};
 
 /// Where the wrapped command starts among the arguments.
 const INNER: usize = 3;
+/// The most guards one command line may nest (a guard wrapping a guard on another lock,
+/// and so on, the first included): each level is a call into the server and, for keys
+/// requests, a recursion through its key extraction, so a chain thousands deep would
+/// overflow the server's stack.
+const MAX_NESTED: usize = 8;
 /// Cached command names up to this length, this many at most.
 const CACHE_NAME: usize = 64;
 const CACHE_SIZE: usize = 1024;
@@ -68,24 +73,89 @@ impl Handler for IfFence {
     }
 }
 
+/// Redacts secrets from what the server shows of the running command (SLOWLOG, MONITOR)
+/// when dropped: after the guard read its arguments for the last time (on Valkey 8.1 a
+/// redacted argument reads `(redacted)` from then on), and on every way out of it, a
+/// caught panic included.
+struct Redact<'a> {
+    ctx: Ctx<'a>,
+    at: Vec<usize>,
+}
+
+impl Drop for Redact<'_> {
+    fn drop(&mut self) {
+        for &pos in &self.at {
+            self.ctx.redact(pos);
+        }
+    }
+}
+
+/// The positions of the secrets in the command line the guard wraps (from `at` on): the
+/// tokens of the lock commands, of nested guards included, and the passwords of AUTH,
+/// HELLO and MIGRATE. The wrapped command hides them from its own entry when it runs; the
+/// guard's entry shows its whole line, refused or not, so it hides them as well. (An
+/// argument that only looks like an option name costs the next one its display.)
+fn secrets(args: Args<'_>, mut at: usize, out: &mut Vec<usize>) {
+    let after = |word: &[u8], n: usize, from: usize, out: &mut Vec<usize>| {
+        for i in from + 1..args.len() {
+            if args
+                .get(i)
+                .is_some_and(|s| s.bytes().eq_ignore_ascii_case(word))
+            {
+                out.extend(i + 1..(i + 1 + n).min(args.len()));
+            }
+        }
+    };
+    while let Some(name) = args.get(at) {
+        let name = name.bytes().to_ascii_lowercase();
+        match name.as_slice() {
+            b"lock.ifheld" => {
+                out.push(at + 2);
+                at += INNER;
+                continue;
+            }
+            b"lock.iffence" => {
+                at += INNER;
+                continue;
+            }
+            b"lock.release" | b"lock.extend" | b"lock.sync" => out.push(at + 2),
+            b"lock.acquire" => after(b"token", 1, at, out),
+            b"auth" => out.extend(at + 1..args.len()),
+            b"hello" => after(b"auth", 2, at, out),
+            b"migrate" => {
+                after(b"auth", 1, at, out);
+                after(b"auth2", 2, at, out);
+            }
+            _ => {}
+        }
+        return;
+    }
+}
+
 /// Runs the guard; `by_fence`: LOCK.IFFENCE.
 fn run<'a>(ctx: Ctx<'a>, args: Args<'a>, by_fence: bool) -> Result<Option<Reply<'a>>, LockError> {
-    let cmd = name_of(by_fence);
+    let mut redact = Redact {
+        ctx,
+        at: Vec::new(),
+    };
     if !by_fence {
-        // Before anything can fail: the token never shows in SLOWLOG or MONITOR.
-        ctx.redact(2);
+        redact.at.push(2);
     }
+    secrets(args, INNER, &mut redact.at);
+    let cmd = name_of(by_fence);
     let (Some(key), Some(cred), Some(_)) = (args.get(1), args.get(2), args.get(INNER)) else {
         return Err(LockError::WrongArity(cmd));
     };
+    // The token's own copy: the check must not read the argument the server redacts.
+    let token = cred.bytes().to_vec();
     let check = if by_fence {
         Command::HoldsFence(positive(
-            cred.bytes(),
+            &token,
             crate::lock::fence::MAX_FENCE,
             LockError::InvalidFenceArg,
         )?)
     } else {
-        Command::Holds(cred.bytes())
+        Command::Holds(&token)
     };
     wrapped_ok(ctx, args, key, &cmd.to_ascii_uppercase())?;
     match commands::run(ctx, key, check, false)? {
@@ -112,7 +182,9 @@ fn keys(ctx: Ctx<'_>, args: Args<'_>) {
         return;
     }
     call::key_at(ctx, 1, LOCK_KEY);
-    if args.len() <= INNER {
+    // A chain of guards too deep to run is not followed either (each level would recurse
+    // through the server's key extraction).
+    if args.len() <= INNER || too_deep(args) {
         return;
     }
     if let Keys::At(list) = call::command_keys(ctx, args, INNER) {
@@ -144,8 +216,32 @@ fn refuse(msg: String) -> LockError {
     LockError::NotGuardable(msg)
 }
 
+fn is_guard(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"lock.ifheld") || name.eq_ignore_ascii_case(b"lock.iffence")
+}
+
+/// Whether the guards of this command line (it and the guards it wraps) nest deeper than
+/// [`MAX_NESTED`]. Counts without recursion and stops at the first level too many.
+fn too_deep(args: Args<'_>) -> bool {
+    let mut depth = 1;
+    let mut at = INNER;
+    while args.get(at).is_some_and(|s| is_guard(s.bytes())) {
+        depth += 1;
+        if depth > MAX_NESTED {
+            return true;
+        }
+        at += INNER;
+    }
+    false
+}
+
 /// Whether the wrapped command may run inside the guard of `key`.
 fn wrapped_ok(ctx: Ctx<'_>, args: Args<'_>, key: Str<'_>, cmd: &str) -> Result<(), LockError> {
+    if too_deep(args) {
+        return Err(refuse(format!(
+            "{cmd} nests at most {MAX_NESTED} guards (LOCK.IFHELD, LOCK.IFFENCE) in one command"
+        )));
+    }
     let inner = args.get(INNER).map(|s| s.bytes()).unwrap_or_default();
     let shown = show(inner);
     let unknown = || {

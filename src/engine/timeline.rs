@@ -198,6 +198,8 @@ impl<W> Engine<W> {
         }
         self.serve_by(db, name, now);
         self.note(db, name, now);
+        // RENAME and MOVE unlink the value here after adding it under its new name.
+        self.note_held(now);
     }
 
     /// FLUSHDB / FLUSHALL (`None`): every lock of those dbs is gone.

@@ -49,6 +49,8 @@ pub(super) struct Watcher<W> {
 
 pub(super) struct Watched<W> {
     list: Vec<Watcher<W>>,
+    /// How many of them wait for a holder (no FENCE).
+    held: usize,
     /// When a look at this key is on the agenda.
     look_at: Option<i64>,
 }
@@ -210,22 +212,24 @@ impl<W> Engine<W> {
         if let Some(at) = deadline {
             self.agenda.insert((at, Task::Timeout(id)));
         }
-        self.watches
+        let w = self
+            .watches
             .entry(db)
             .or_default()
             .entry(Box::from(&*name))
             .or_insert_with(|| Watched {
                 list: Vec::new(),
+                held: 0,
                 look_at: None,
-            })
-            .list
-            .push(Watcher {
-                id,
-                want: req.want,
-                deadline,
-                moved: false,
-                handle,
             });
+        w.held += usize::from(req.want == Want::Held);
+        w.list.push(Watcher {
+            id,
+            want: req.want,
+            deadline,
+            moved: false,
+            handle,
+        });
         if let Some(at) = due {
             self.note(db, &name, at);
         }
@@ -249,6 +253,28 @@ impl<W> Engine<W> {
         self.agenda.insert((at, Task::Look(key)));
     }
 
+    /// A lock value left a key by the server's hand: it may have arrived under another
+    /// name or in another db (RENAME, MOVE), which the server tells no module. Every key
+    /// watched for a holder is looked at (one agenda entry per such key; keys watched only
+    /// with FENCE are not).
+    pub(super) fn note_held(&mut self, now: i64) {
+        if !self.watched_any() {
+            return;
+        }
+        let keys: Vec<QueueKey> = self
+            .watches
+            .iter()
+            .flat_map(|(d, m)| {
+                m.iter()
+                    .filter(|(_, w)| w.held > 0)
+                    .map(move |(k, _)| (*d, k.clone()))
+            })
+            .collect();
+        for (db, name) in keys {
+            self.note(db, &name, now);
+        }
+    }
+
     /// MIGRATE moved the key away: its watchers are told so at the next look.
     pub(super) fn mark_watch_moved(&mut self, db: i32, name: &[u8]) {
         if let Some(w) = self.watched_mut(db, name) {
@@ -263,6 +289,7 @@ impl<W> Engine<W> {
         let w = self.watched_mut(key.0, &key.1)?;
         let at = w.list.iter().position(|x| x.id == id)?;
         let x = w.list.swap_remove(at);
+        w.held -= usize::from(x.want == Want::Held);
         if let Some(t) = x.deadline {
             self.agenda.remove(&(t, Task::Timeout(id)));
         }
@@ -372,6 +399,7 @@ impl<W> Engine<W> {
             }
         }
         if let Some(w) = self.watched_mut(db, &name) {
+            w.held = keep.iter().filter(|x| x.want == Want::Held).count();
             w.list = keep;
         }
         for (x, answer) in done {
