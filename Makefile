@@ -213,10 +213,11 @@ perf-guard-baseline: bench-deps build
 # ---- client crate, CLI and any-client examples (issue 5) --------------------------------
 #   make test-client     the client crate's tests (single server, Redlock on 5 servers,
 #                        the redis-lock CLI, a 3-master cluster) once per server
-#   make test-examples   examples/run.sh: examples/python/inventory.py (redis-py, in a venv
-#                        under target/venv-examples) and examples/node/daily-report.mjs
-#                        (node-redis, under target/node-examples; skipped without node/npm)
-#                        against a freshly spawned server
+#   make test-examples   examples/run.sh: examples/python/{inventory,election}.py (redis-py,
+#                        in a venv under target/venv-examples), examples/node/{daily-report,
+#                        inventory,election}.mjs (node-redis, under target/node-examples;
+#                        skipped without node/npm) and examples/rust/election.rs against a
+#                        freshly spawned server
 .PHONY: test-client test-examples
 CLIENT_TEST_SERVERS ?= $(TEST_SERVERS)
 
@@ -230,6 +231,7 @@ test-client: build
 EXTRA_TESTS += test-client
 
 test-examples: build node-deps
+	$(CARGO) build --release -p redis-lock-client --example election
 	cd $(NODE_DIR) && npm run --silent build
 	LOCK_MODULE=$(MODULE) EXAMPLE_SERVER=$(SERVER_SYSTEM) bash examples/run.sh
 EXTRA_TESTS += test-examples
@@ -335,7 +337,8 @@ PY_TEST_ARGS ?=
 # The smaller set on the oldest redis-py: the API and its error paths (sync, asyncio,
 # shared and counted). Not the cluster file: the test launcher's Cluster reads replies
 # the way redis-py 5+ parses them.
-PY_TESTS_OLDEST := tests/test_lock.py tests/test_asyncio.py tests/test_kinds.py tests/test_args.py
+PY_TESTS_OLDEST := tests/test_lock.py tests/test_asyncio.py tests/test_kinds.py tests/test_args.py \
+                   tests/test_election.py
 DIST := $(CURDIR)/target/dist
 NODE_DIR := $(CURDIR)/clients/node
 # A hung test fails after 2 min instead of holding CI; a handle a test itself leaves open
@@ -343,7 +346,7 @@ NODE_DIR := $(CURDIR)/clients/node
 # processes: test/exit-child.mjs).
 NODE_TEST_FLAGS := --test-timeout=120000 --test-force-exit
 NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs test/defaults.test.mjs \
-              test/redlock.test.mjs
+              test/redlock.test.mjs test/election.test.mjs
 
 # $(call py_venv,dir,redis requirement): a venv with the package, pytest and that redis-py.
 define py_venv

@@ -8,8 +8,11 @@
 #   EXAMPLE_SERVER   server binary (default /usr/bin/redis-server)
 #   LOCK_MODULE      module .so (default target/release/libredis_lock.so)
 #   EXAMPLES_VENV    venv directory (default target/venv-examples)
-#   EXAMPLES_NODE    where the Node example's npm packages go (default target/node-examples)
-# The Node example (node-redis from the npm registry) runs when `node` and `npm` exist.
+#   EXAMPLES_NODE    where the Node examples' npm packages go (default target/node-examples)
+#   RUST_EXAMPLE     the Rust election example's binary (default
+#                    target/release/examples/election: cargo build --release -p
+#                    redis-lock-client --example election, which make test-examples runs)
+# The Node examples (node-redis from the npm registry) run when `node` and `npm` exist.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,12 +20,14 @@ SERVER="${EXAMPLE_SERVER:-/usr/bin/redis-server}"
 MODULE="${LOCK_MODULE:-$ROOT/target/release/libredis_lock.so}"
 VENV="${EXAMPLES_VENV:-$ROOT/target/venv-examples}"
 NODE_DIR="${EXAMPLES_NODE:-$ROOT/target/node-examples}"
+RUST_EXAMPLE="${RUST_EXAMPLE:-$ROOT/target/release/examples/election}"
 REDIS_PY="redis==5.2.1"
 
 log() { printf '[examples] %s\n' "$*"; }
 
 [ -f "$MODULE" ] || { log "module not built: $MODULE (run make build)"; exit 1; }
 [ -x "$SERVER" ] || { log "server not found: $SERVER (run make deps)"; exit 1; }
+[ -x "$RUST_EXAMPLE" ] || { log "Rust example not built: $RUST_EXAMPLE (cargo build --release -p redis-lock-client --example election)"; exit 1; }
 
 # ---------------------------------------------------------------- Python venv
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import redis, redis_lock_module' 2>/dev/null; then
@@ -56,7 +61,7 @@ if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
         (cd "$NODE_DIR" && npm install --silent --no-audit --no-fund --no-package-lock >/dev/null)
     fi
     rm -f "$NODE_DIR/package.json.new"
-    cp "$ROOT/examples/node/daily-report.mjs" "$NODE_DIR/daily-report.mjs"
+    cp "$ROOT/examples/node/"*.mjs "$NODE_DIR/"
 else
     log "node/npm not found: skipping the Node example"
 fi
@@ -90,10 +95,17 @@ fi
 log "server $("$SERVER" --version | cut -d' ' -f1-3) on port $PORT"
 
 # ---------------------------------------------------------------- examples
-log "python: examples/python/inventory.py"
-REDIS_URL="redis://127.0.0.1:$PORT" timeout 120 "$VENV/bin/python" "$ROOT/examples/python/inventory.py"
+export REDIS_URL="redis://127.0.0.1:$PORT"
+for py in inventory election; do
+    log "python: examples/python/$py.py"
+    timeout 120 "$VENV/bin/python" "$ROOT/examples/python/$py.py"
+done
 if [ "$have_node" -eq 1 ]; then
-    log "node: examples/node/daily-report.mjs"
-    REDIS_URL="redis://127.0.0.1:$PORT" timeout 120 node "$NODE_DIR/daily-report.mjs"
+    for js in daily-report inventory election; do
+        log "node: examples/node/$js.mjs"
+        timeout 120 node "$NODE_DIR/$js.mjs"
+    done
 fi
+log "rust: examples/rust/election.rs"
+timeout 120 "$RUST_EXAMPLE"
 log "all examples passed"

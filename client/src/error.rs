@@ -56,6 +56,18 @@ pub enum Error {
         /// too few replicas were connected).
         after: Duration,
     },
+    /// The lock is not held by this holder any more (its lease ended, it was released
+    /// or force-released), so what needed it did not happen: a guarded command
+    /// (`LOCK.IFHELD` / `LOCK.IFFENCE` answered `NOTHELD`; nothing ran), or a leader's
+    /// [`proclaim`](crate::Leadership::proclaim) after its leadership was lost. Never
+    /// carries the token.
+    NotHeld {
+        node: String,
+        /// The lock's name (its key).
+        key: String,
+        /// What did not happen (e.g. `"the guarded command did not run"`).
+        what: &'static str,
+    },
     /// Redlock: fewer than a majority of the nodes answered (down, stopped, or too slow).
     NoQuorum {
         /// Nodes that answered.
@@ -125,6 +137,18 @@ impl Error {
             || matches!(self.server_code(), Some("WRONGMODE" | "LIMITMISMATCH"))
     }
 
+    /// True for [`Error::NotHeld`]: the lock was not held by this holder, so the guarded
+    /// command did not run (or the leader's value was not published).
+    pub fn is_not_held(&self) -> bool {
+        matches!(self, Error::NotHeld { .. })
+    }
+
+    /// An error reply `NOTHELD ...` (`LOCK.IFHELD` / `LOCK.IFFENCE` refused to run the
+    /// command).
+    pub(crate) fn is_notheld_reply(&self) -> bool {
+        self.server_code() == Some("NOTHELD")
+    }
+
     /// True when the server answered `ERR unknown command` (the module is not loaded).
     pub(crate) fn is_unknown_command(&self) -> bool {
         match self {
@@ -144,7 +168,8 @@ impl Error {
             Error::Redis { node, .. }
             | Error::Timeout { node, .. }
             | Error::ModuleMissing { node, .. }
-            | Error::Unconfirmed { node, .. } => Some(node),
+            | Error::Unconfirmed { node, .. }
+            | Error::NotHeld { node, .. } => Some(node),
             _ => None,
         }
     }
@@ -218,6 +243,11 @@ impl fmt::Display for Error {
                     )
                 }
             }
+            Error::NotHeld { node, key, what } => write!(
+                f,
+                "{node}: {key} is not held by this holder any more (its lease ended, or it \
+                 was released): {what}"
+            ),
             Error::NoQuorum {
                 answered,
                 needed,
@@ -241,6 +271,7 @@ impl fmt::Debug for Error {
             Error::Invalid(_) => "Invalid",
             Error::ModuleMissing { .. } => "ModuleMissing",
             Error::Unconfirmed { .. } => "Unconfirmed",
+            Error::NotHeld { .. } => "NotHeld",
             Error::NoQuorum { .. } => "NoQuorum",
         };
         write!(f, "{variant}({self})")

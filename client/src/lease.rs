@@ -356,6 +356,102 @@ impl LockGuard {
         }
     }
 
+    /// A guarded command: runs `cmd` only while this guard's token holds the lock, in
+    /// one atomic step on the server (`LOCK.IFHELD name token cmd ...`), and returns its
+    /// reply. When the token does not hold the lock any more (the lease ended, it was
+    /// released or force-released) nothing runs, the status turns
+    /// `Lost(NotHeld)` (the loss signal fires) and the error is [`Error::NotHeld`].
+    /// A write that carries no risk of landing after the next holder's: use it for the
+    /// data the lock protects when that data lives on the lock's server (in a cluster,
+    /// in the lock key's slot: `lock:{order:7}` and `stock:{order:7}`).
+    ///
+    /// The command is sent once (it may not be idempotent). Its own errors
+    /// (`WRONGTYPE`, ...) come back as [`Error::Redis`]; blocking commands, transactions
+    /// and scripts are refused by the server. Only for a lock on one server (or
+    /// cluster): a Redlock guard is [`Error::Invalid`].
+    ///
+    /// ```no_run
+    /// # async fn demo(guard: &redis_lock_client::LockGuard) -> redis_lock_client::Result<()> {
+    /// let left: i64 = guard
+    ///     .if_held(redis::cmd("DECRBY").arg("stock:9001").arg(1))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn if_held<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        let Backend::Single(node) = &self.backend else {
+            return Err(Error::Invalid(
+                "guarded commands need a lock on one server (LockClient), not a Redlock quorum"
+                    .into(),
+            ));
+        };
+        let c = crate::node::guarded_cmd("LOCK.IFHELD", &self.name, self.token.as_bytes(), cmd)?;
+        match node.guarded::<T>("LOCK.IFHELD", &c, &self.name).await {
+            Err(e) if e.is_not_held() => {
+                mark_lost(&self.status, LossReason::NotHeld);
+                Err(e)
+            }
+            r => r,
+        }
+    }
+
+    /// `LOCK.CHECK name fence` with this guard's fence: `true` while the server counts
+    /// this grant as a holder. A check followed by a separate write is still a race;
+    /// [`if_held`](Self::if_held) checks and writes in one step.
+    pub async fn check(&self) -> Result<bool> {
+        let (Backend::Single(node), Some(fence)) = (&self.backend, self.fence) else {
+            return Err(Error::Invalid(
+                "LOCK.CHECK needs a module lock on one server (LockClient) with a fence".into(),
+            ));
+        };
+        node.check(&self.name, fence).await
+    }
+
+    /// `LOCK.EXTEND name token PX ttl OWNER owner` (a leader's proclaim): the lease to
+    /// `ttl` from now and a new label, the fence kept. `Ok(false)`, without I/O, when
+    /// the guard is no longer `Held`; a `0` from the server turns it `Lost(NotHeld)`.
+    pub(crate) async fn extend_labelled(&self, ttl: Duration, owner: &str) -> Result<bool> {
+        let Backend::Single(node) = &self.backend else {
+            return Err(Error::Invalid(
+                "a new label needs a lock on one server (LockClient)".into(),
+            ));
+        };
+        if !matches!(*self.status.borrow(), LeaseStatus::Held { .. }) {
+            return Ok(false);
+        }
+        let start = Instant::now();
+        if node
+            .extend_owner(
+                &self.name,
+                &self.token,
+                millis(ttl),
+                owner,
+                node.opts.io_timeout,
+            )
+            .await?
+        {
+            let d = start + ttl.saturating_sub(drift(ttl));
+            self.status.send_if_modified(|s| match s {
+                LeaseStatus::Held { valid_until } if d > *valid_until => {
+                    *valid_until = d;
+                    true
+                }
+                _ => false,
+            });
+            Ok(true)
+        } else {
+            mark_lost(&self.status, LossReason::NotHeld);
+            Ok(false)
+        }
+    }
+
+    /// The server of a lock on one server (`None` for Redlock).
+    pub(crate) fn node(&self) -> Option<&Arc<Node>> {
+        match &self.backend {
+            Backend::Single(n) => Some(n),
+            Backend::Quorum(_) => None,
+        }
+    }
+
     /// Stops renewal and releases the lock. `Ok(true)`: it was still held (Redlock: by
     /// a majority of nodes) and is now free. With [`AcquireOptions::hold`] it does what
     /// [`release_after`](Self::release_after) does with that hold.

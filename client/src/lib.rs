@@ -16,6 +16,13 @@
 //! - Bounded calls: every network call has a time limit ([`ClientOptions`]); errors name
 //!   the server by `host:port` and never show a password, a token or a command's
 //!   arguments.
+//! - Guarded writes: [`LockGuard::if_held`] runs a command only while the guard's token
+//!   holds the lock, atomically on the server (`LOCK.IFHELD`); [`LockClient::if_fence`]
+//!   does it for code handed only a fence (`LOCK.IFFENCE`); [`LockClient::check`] is
+//!   `LOCK.CHECK`. A refusal is [`Error::NotHeld`].
+//! - Leader election ([`LockClient::campaign`], [`Leadership::proclaim`],
+//!   [`Leadership::resign`], [`LockClient::leader`], [`LockClient::observe`]), with the
+//!   semantics of etcd's election API, observed through `LOCK.WATCH` without polling.
 //! - Where the module is not loaded, a node falls back to `SET NX PX` + Lua
 //!   compare-and-delete (and a warning is logged through the `log` crate).
 //!
@@ -51,6 +58,7 @@ macro_rules! acquire_methods {
     };
 }
 
+mod election;
 mod error;
 mod info;
 mod lease;
@@ -59,6 +67,7 @@ mod options;
 pub mod redlock;
 mod single;
 
+pub use election::{CampaignOptions, Leader, Leadership, ObserveOptions, Observer};
 pub use error::{Error, Result};
 pub use info::{HolderInfo, LockInfo};
 pub use lease::{LeaseStatus, LeaseWatch, LockGuard, LossReason};

@@ -113,6 +113,23 @@ struct Session {
     fresh: bool,
 }
 
+/// A connection of its own to the server (or cluster) of a node, for a command that
+/// blocks it (see [`Node::dedicated`]).
+pub(crate) struct Dedicated {
+    conn: Conn,
+    label: String,
+}
+
+impl Dedicated {
+    /// One command; errors name the server as `host:port`, as every other call's do.
+    pub async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T> {
+        self.conn
+            .query(cmd)
+            .await
+            .map_err(|e| Error::redis(&self.label, e))
+    }
+}
+
 /// What `INFO replication` (and `CONFIG GET min-replicas-to-write`) said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Replicas {
@@ -182,6 +199,32 @@ pub(crate) fn new_token() -> String {
 
 fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
+}
+
+/// `head key credential` followed by the arguments of `cmd` (`LOCK.IFHELD key token
+/// SET k v`). A command without arguments, or with a cursor argument, is
+/// [`Error::Invalid`] (checked before any I/O).
+pub(crate) fn guarded_cmd(head: &str, key: &str, credential: &[u8], cmd: &Cmd) -> Result<Cmd> {
+    if cmd.args_iter().len() == 0 {
+        return Err(Error::Invalid(format!(
+            "{head} needs a command to run (e.g. redis::cmd(\"SET\").arg(\"k\").arg(\"v\"))"
+        )));
+    }
+    let mut c = redis::cmd(head);
+    c.arg(key).arg(credential);
+    for a in cmd.args_iter() {
+        match a {
+            redis::Arg::Simple(b) => {
+                c.arg(b);
+            }
+            redis::Arg::Cursor => {
+                return Err(Error::Invalid(format!(
+                    "{head} cannot wrap a command with a cursor argument"
+                )))
+            }
+        }
+    }
+    Ok(c)
 }
 
 /// `INFO replication`: how many replicas are online.
@@ -971,6 +1014,91 @@ impl Node {
             }
         };
         Ok(n == 1)
+    }
+
+    /// A command the module alone has (`LOCK.WATCH`, `LOCK.IFHELD`, ...): its reply, or
+    /// [`Error::ModuleMissing`] where the server does not know it. `retry` as in `run`:
+    /// only for commands that may run twice.
+    pub async fn module_only<T: FromRedisValue>(
+        &self,
+        what: &'static str,
+        cmd: &Cmd,
+        limit: Duration,
+        retry: bool,
+    ) -> Result<T> {
+        match self.module_run::<T>(what, cmd, limit, retry).await? {
+            Some(v) => Ok(v),
+            None => Err(Error::ModuleMissing {
+                node: self.label.clone(),
+                needs: what.to_string(),
+            }),
+        }
+    }
+
+    /// `LOCK.EXTEND key token PX ttl OWNER owner`: a new lease and a new label, the
+    /// fence kept. `true` when this token held the lock. Needs the module.
+    pub async fn extend_owner(
+        &self,
+        key: &str,
+        token: &str,
+        ttl_ms: u64,
+        owner: &str,
+        limit: Duration,
+    ) -> Result<bool> {
+        let mut cmd = redis::cmd("LOCK.EXTEND");
+        cmd.arg(key)
+            .arg(token)
+            .arg("PX")
+            .arg(ttl_ms)
+            .arg("OWNER")
+            .arg(owner);
+        // Sent twice it sets the same lease and label: safe to retry.
+        let n: i64 = self
+            .module_only("LOCK.EXTEND ... OWNER", &cmd, limit, true)
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// `LOCK.IFHELD key token ...` / `LOCK.IFFENCE key fence ...` (built by
+    /// [`guarded_cmd`]): the wrapped command's reply; `NOTHELD` as [`Error::NotHeld`].
+    /// Sent once: the wrapped command may not be idempotent.
+    pub async fn guarded<T: FromRedisValue>(
+        &self,
+        what: &'static str,
+        cmd: &Cmd,
+        key: &str,
+    ) -> Result<T> {
+        match self
+            .module_only::<T>(what, cmd, self.opts.io_timeout, false)
+            .await
+        {
+            Err(e) if e.is_notheld_reply() => Err(Error::NotHeld {
+                node: self.label.clone(),
+                key: key.to_string(),
+                what: "the guarded command did not run",
+            }),
+            r => r,
+        }
+    }
+
+    /// `LOCK.CHECK key fence`: is `fence` a current holder's?
+    pub async fn check(&self, key: &str, fence: u64) -> Result<bool> {
+        let mut cmd = redis::cmd("LOCK.CHECK");
+        cmd.arg(key).arg(fence);
+        let n: i64 = self
+            .module_only("LOCK.CHECK", &cmd, self.opts.io_timeout, true)
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// A connection of its own (for a command that blocks, such as `LOCK.WATCH`), each
+    /// reply on it limited to `response`, connected within the connect timeout.
+    pub async fn dedicated(&self, response: Duration) -> Result<Dedicated> {
+        let conn = self.open(self.opts.connect_timeout, Some(response)).await?;
+        Ok(Dedicated {
+            conn,
+            label: self.label.clone(),
+        })
     }
 
     /// `LOCK.INFO`; without the module, what `PTTL` tells of a string lock.

@@ -35,7 +35,7 @@ use crate::options::{check_ttl, drift, AcquireOptions, ClientOptions};
 /// ```
 #[derive(Clone)]
 pub struct LockClient {
-    node: Arc<Node>,
+    pub(crate) node: Arc<Node>,
     cluster: bool,
 }
 
@@ -80,7 +80,11 @@ impl LockClient {
         acquire_with;
     }
 
-    async fn take(&self, name: &str, opts: &AcquireOptions) -> Result<Option<LockGuard>> {
+    pub(crate) async fn take(
+        &self,
+        name: &str,
+        opts: &AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
         let node = &self.node;
         let token = opts.token.clone().unwrap_or_else(new_token);
         let ttl = opts.ttl;
@@ -168,6 +172,28 @@ impl LockClient {
         self.node
             .extend(name, token, ms, self.node.opts.io_timeout)
             .await
+    }
+
+    /// A guarded command for code that was handed only a fence (a worker the holder
+    /// delegates to): runs `cmd` only while the holder with fence `fence` holds `name`,
+    /// in one atomic step (`LOCK.IFFENCE name fence cmd ...`), and returns its reply;
+    /// [`Error::NotHeld`] (nothing ran) otherwise. A fence is not a secret: this refuses
+    /// stale writes, it does not authorize them (that is the ACL's job). Sent once.
+    pub async fn if_fence<T: redis::FromRedisValue>(
+        &self,
+        name: &str,
+        fence: u64,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        let c = crate::node::guarded_cmd("LOCK.IFFENCE", name, fence.to_string().as_bytes(), cmd)?;
+        self.node.guarded("LOCK.IFFENCE", &c, name).await
+    }
+
+    /// `LOCK.CHECK name fence`: `true` if `fence` is the fence of a current holder of
+    /// `name` (Chubby's sequencer check). A check and a separate write are still a
+    /// race: [`if_fence`](Self::if_fence) does both in one step.
+    pub async fn check(&self, name: &str, fence: u64) -> Result<bool> {
+        self.node.check(name, fence).await
     }
 
     /// `LOCK.INFO name`: `None` when free.

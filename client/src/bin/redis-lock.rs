@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
 use redis_lock_client::{
-    AcquireOptions, ClientOptions, Confirm, LockClient, LockGuard, LockMode, Redlock,
-    RedlockOptions, Renewal, MAX_LIMIT,
+    AcquireOptions, CampaignOptions, ClientOptions, Confirm, Leader, LockClient, LockGuard,
+    LockMode, ObserveOptions, Redlock, RedlockOptions, Renewal, MAX_LIMIT,
 };
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -37,16 +37,19 @@ const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
 const EXIT_HELP: &str = "\
 Exit codes:
-  0    success (run: CMD exited 0)
-  n    run: CMD's own exit code; 128+N when CMD died of signal N
-  1    release/extend: not held by this token; info: the lock is free
+  0    success (run, elect: CMD exited 0)
+  n    run, elect: CMD's own exit code; 128+N when CMD died of signal N
+  1    release/extend: not held by this token; info: the lock is free;
+       observe: --for passed before --count changes
   64   usage error (EX_USAGE)
   69   server unreachable or not answering in time, TLS or authentication failure,
        a grant its replicas did not confirm (given back), or an error reply such
        as WRONGMODE / LIMITMISMATCH (EX_UNAVAILABLE)
-  75   busy: not acquired within --wait (EX_TEMPFAIL); -E/--conflict-exit-code changes it
-  79   run: the lease was lost while CMD ran; --lost-exit-code changes it
-  126  run: CMD is not executable     127  run: CMD not found
+  75   busy: not acquired (elect: not elected) within --wait (EX_TEMPFAIL);
+       -E/--conflict-exit-code changes it
+  79   run, elect: the lease was lost while CMD ran; --lost-exit-code changes it
+  126  CMD is not executable     127  CMD not found
+  128+N  elect: signal N arrived while campaigning (CMD was not started)
 
 Environment:
   REDIS_LOCK_URL, REDIS_URL            server URL when --url is not given (in this order)
@@ -79,6 +82,33 @@ SIGTERM, SIGKILL after --grace, and redis-lock exits 79. SIGTERM, SIGINT and
 SIGHUP sent to redis-lock are passed to CMD. With --hold the lock stays taken
 after CMD ends until --hold after it was taken, so that servers whose clocks
 or cron runs are a little late find it busy (once per period).";
+
+const ELECT_HELP: &str = "\
+Examples:
+  redis-lock elect scheduler --value \"$(hostname)\" -- ./scheduler
+  redis-lock elect -t 5s -w 1m primary -c 'exec ./serve --primary'
+
+Candidates wait in NAME's FIFO queue: the first to campaign leads, the next
+one is elected the moment the leader resigns (CMD ended) or its lease ends
+(it crashed: within --ttl). CMD runs only while this process leads, with
+REDIS_LOCK_NAME, REDIS_LOCK_VALUE, REDIS_LOCK_TERM (the fence, which grows
+from one leader to the next), REDIS_LOCK_FENCE (the same) and
+REDIS_LOCK_TOKEN in its environment. Losing the lease works as in run:
+SIGTERM to CMD's group, SIGKILL after --grace, exit 79. A leader learns of
+a lost lease only when a renewal fails: guard its writes with
+LOCK.IFHELD NAME $REDIS_LOCK_TOKEN ... or pass the term as a fence.";
+
+const OBSERVE_HELP: &str = "\
+Output, one line per change (the first: who leads when observe starts):
+  leader TERM VALUE       a leader, or a new value it proclaimed
+  none                    nobody leads
+With --json: {\"name\":..,\"leader\":true,\"value\":..,\"term\":\"..\"} (the term
+as a decimal string) or {\"name\":..,\"leader\":false}.
+
+Each line comes from one LOCK.WATCH that waits on the server for the change
+(no polling); changes closer together than a round trip may show as one.
+Stops after --count lines, after --for (exit 1 if --count was not reached),
+or at SIGINT/SIGTERM/SIGHUP (exit 0). Reconnects by itself.";
 
 /// Distributed locks from the shell, on the redis-lock module (flock(1) across machines).
 #[derive(Parser, Debug)]
@@ -180,6 +210,14 @@ enum Cmd {
     Extend(ExtendArgs),
     /// Show LOCK.INFO of NAME; exit 1 if the lock is free
     Info(InfoArgs),
+    /// Campaign for leadership of NAME, run CMD while leader, resign when CMD exits;
+    /// exit with CMD's exit code (lost leadership: 79)
+    #[command(after_help = ELECT_HELP)]
+    Elect(ElectArgs),
+    /// Print who leads NAME, then one line per change (a new leader, a new value, no
+    /// leader), until interrupted, --count lines or --for
+    #[command(after_help = OBSERVE_HELP)]
+    Observe(ObserveArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
     Completions {
         #[arg(value_enum)]
@@ -223,6 +261,66 @@ struct RunArgs {
         required_unless_present = "shell"
     )]
     cmd: Vec<OsString>,
+}
+
+#[derive(ClapArgs, Debug)]
+struct ElectArgs {
+    /// Election name (the lock's Redis key)
+    name: String,
+    /// The value this candidate publishes while it leads (its OWNER label)
+    /// [default: <hostname>:<pid>]
+    #[arg(long, value_name = "VALUE")]
+    value: Option<String>,
+    /// Lease length: how long a crashed leader keeps the others waiting
+    #[arg(short = 't', long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Give up campaigning after DURATION (exit 75) [default: wait until elected]
+    #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_duration)]
+    wait: Option<Duration>,
+    /// Exit code when not elected within --wait
+    #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_BUSY,
+          value_parser = clap::value_parser!(i32).range(0..=255))]
+    busy_code: i32,
+    /// Time between SIGTERM and SIGKILL when leadership is lost
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    grace: Duration,
+    /// Exit code when leadership is lost while CMD runs
+    #[arg(long = "lost-exit-code", value_name = "N", default_value_t = EXIT_LOST,
+          value_parser = clap::value_parser!(i32).range(0..=255))]
+    lost_code: i32,
+    /// Run this string with /bin/sh -c instead of CMD
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "SHELL_COMMAND",
+        conflicts_with = "cmd"
+    )]
+    shell: Option<OsString>,
+    /// The command and its arguments (after --, or after NAME)
+    #[arg(
+        value_name = "CMD",
+        trailing_var_arg = true,
+        required_unless_present = "shell"
+    )]
+    cmd: Vec<OsString>,
+}
+
+#[derive(ClapArgs, Debug)]
+struct ObserveArgs {
+    /// Election name (the lock's Redis key)
+    name: String,
+    /// Print each change as JSON (the term as a decimal string)
+    #[arg(long)]
+    json: bool,
+    /// Stop after N lines (the first one included)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    count: Option<u64>,
+    /// Stop after DURATION (--timeout is the limit of one network call)
+    #[arg(long = "for", visible_alias = "duration", value_name = "DURATION", value_parser = parse_duration)]
+    for_: Option<Duration>,
+    /// Longest wait of one LOCK.WATCH on the server
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    block: Duration,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -386,6 +484,8 @@ enum Sub {
     Release,
     Extend,
     Info,
+    Elect,
+    Observe,
 }
 
 #[derive(Debug)]
@@ -411,6 +511,10 @@ struct Args {
     busy_code: i32,
     lost_code: i32,
     json: bool,
+    /// observe: stop after this many lines / after this long; the WATCH bound.
+    count: Option<u64>,
+    observe_for: Option<Duration>,
+    block: Duration,
 }
 
 #[derive(Debug)]
@@ -480,6 +584,9 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         busy_code: EXIT_BUSY,
         lost_code: EXIT_LOST,
         json: false,
+        count: None,
+        observe_for: None,
+        block: Duration::from_secs(10),
     };
     let lock = |a: &mut Args, l: LockArgs| {
         a.ttl = l.ttl;
@@ -531,6 +638,32 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
             a.json = i.json;
             (Sub::Info, i.name)
         }
+        Cmd::Elect(e) => {
+            a.ttl = e.ttl;
+            a.wait = e.wait.filter(|w| !w.is_zero());
+            a.owner = e.value;
+            a.busy_code = e.busy_code;
+            a.grace = e.grace;
+            a.lost_code = e.lost_code;
+            a.rest = match e.shell {
+                Some(s) => vec!["/bin/sh".into(), "-c".into(), s],
+                None => e.cmd,
+            };
+            if a.rest.is_empty() {
+                return Err("elect needs a command: redis-lock elect NAME -- CMD [ARGS...]".into());
+            }
+            (Sub::Elect, e.name)
+        }
+        Cmd::Observe(o) => {
+            a.json = o.json;
+            a.count = o.count;
+            a.observe_for = o.for_;
+            if o.block < Duration::from_millis(1) {
+                return Err("--block must be at least 1ms".into());
+            }
+            a.block = o.block;
+            (Sub::Observe, o.name)
+        }
         Cmd::Completions { shell } => return Ok(Parsed::Completions(shell)),
     };
     if a.ttl < Duration::from_millis(1)
@@ -541,6 +674,21 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
     }
     if a.token.as_deref() == Some("") {
         return Err("the token is empty".into());
+    }
+    if matches!(a.sub, Sub::Elect | Sub::Observe) {
+        if a.nodes.is_some() {
+            return Err(
+                "elect and observe need one server (--url): an election lives on the \
+                        lock's server, and --nodes is a Redlock quorum"
+                    .into(),
+            );
+        }
+        if a.owner
+            .as_deref()
+            .is_some_and(|v| v.is_empty() || v.len() > 256)
+        {
+            return Err("--value must be 1 to 256 bytes long".into());
+        }
     }
     if let (LockMode::Counted(_), Some(_)) = (a.mode, &a.nodes) {
         return Err(
@@ -890,8 +1038,26 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
         a.name,
         guard.fence().map_or("none".to_string(), |f| f.to_string())
     );
+    supervise(guard, a, &[]).await
+}
+
+/// How CMD's run ends when it exits by itself: `run` releases (or keeps the lock for
+/// --hold), `elect` resigns.
+async fn finish(guard: LockGuard, a: &Args) {
+    if a.sub == Sub::Elect {
+        return release_quietly(guard, &a.name).await;
+    }
+    finish_run(guard, a).await
+}
+
+/// Runs CMD while `guard` holds the lock (the lease renewed by the guard): CMD's exit
+/// code when it ends by itself, --lost-exit-code when the lease is lost first (CMD's
+/// group gets SIGTERM, then SIGKILL after --grace). `env` is added to CMD's
+/// environment.
+async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
     let mut cmd = tokio::process::Command::new(&a.rest[0]);
     cmd.args(&a.rest[1..])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("REDIS_LOCK_NAME", &a.name)
         .env("REDIS_LOCK_TOKEN", guard.token())
         .env(
@@ -937,7 +1103,7 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
                         EXIT_UNAVAILABLE
                     }
                 };
-                finish_run(guard, a).await;
+                finish(guard, a).await;
                 return code;
             }
             reason = &mut lost => {
@@ -965,6 +1131,127 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
     }
 }
 
+/// The signal an `elect` got while campaigning, as its exit code (128 + N).
+async fn any_signal() -> i32 {
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => 128 + libc::SIGTERM,
+        _ = int.recv() => 128 + libc::SIGINT,
+        _ = hup.recv() => 128 + libc::SIGHUP,
+    }
+}
+
+async fn cmd_elect(a: &Args, locks: &LockClient) -> i32 {
+    let value = a
+        .owner
+        .clone()
+        .unwrap_or_else(|| format!("{}:{}", hostname(), std::process::id()));
+    let token = uuid_token();
+    let mut opts = CampaignOptions::default().ttl(a.ttl).token(token.clone());
+    opts.wait = a.wait;
+    // Signal handlers first: a signal while waiting cancels the campaign cleanly (the
+    // candidate leaves the queue, a grant that raced it is released).
+    let signals = any_signal();
+    tokio::pin!(signals);
+    let outcome = tokio::select! {
+        r = locks.campaign(&a.name, &value, &opts) => r,
+        code = &mut signals => {
+            let _ = locks.release(&a.name, &token).await;
+            log::info!("{}: campaign cancelled by a signal", a.name);
+            return code;
+        }
+    };
+    let leadership = match outcome {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            log::info!(
+                "{}: not elected within --wait; not running the command",
+                a.name
+            );
+            return a.busy_code;
+        }
+        Err(e) => {
+            log::error!("{e}");
+            return EXIT_UNAVAILABLE;
+        }
+    };
+    let term = leadership.term().to_string();
+    log::debug!("{}: elected as {value:?} (term {term})", a.name);
+    let env = [("REDIS_LOCK_VALUE", value), ("REDIS_LOCK_TERM", term)];
+    supervise(leadership.into_guard(), a, &env).await
+}
+
+/// A random token for a campaign the CLI may have to give up (the library makes the
+/// same kind).
+fn uuid_token() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// One observed state as the line `observe` prints.
+fn observe_line(name: &str, leader: Option<&Leader>, json: bool) -> String {
+    match (leader, json) {
+        (Some(l), false) => format!("leader {} {}", l.term, l.value),
+        (None, false) => "none".into(),
+        (Some(l), true) => serde_json::json!({
+            "name": name,
+            "leader": true,
+            "value": l.value,
+            "term": l.term.to_string(),
+        })
+        .to_string(),
+        (None, true) => serde_json::json!({ "name": name, "leader": false }).to_string(),
+    }
+}
+
+async fn cmd_observe(a: &Args, locks: &LockClient) -> i32 {
+    let mut observer = locks.observe(&a.name, ObserveOptions { block: a.block });
+    let deadline = a.observe_for.map(|d| tokio::time::Instant::now() + d);
+    let until = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(until);
+    let signals = any_signal();
+    tokio::pin!(signals);
+    let mut printed = 0u64;
+    loop {
+        let item = tokio::select! {
+            item = observer.next() => item,
+            _ = &mut until => {
+                return if a.count.is_some() { EXIT_NOT_HELD } else { 0 };
+            }
+            _ = &mut signals => return 0,
+        };
+        match item {
+            Some(Ok(leader)) => {
+                let line = observe_line(&a.name, leader.as_ref(), a.json);
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+                    return 0; // the reader has gone (observe | head -1)
+                }
+                printed += 1;
+                if a.count.is_some_and(|n| printed >= n) {
+                    return 0;
+                }
+            }
+            Some(Err(e)) => {
+                log::error!("{e}");
+                return EXIT_UNAVAILABLE;
+            }
+            None => return EXIT_UNAVAILABLE,
+        }
+    }
+}
+
 async fn main_async(a: Args) -> i32 {
     let locker = match Locker::new(&a).await {
         Ok(l) => l,
@@ -978,6 +1265,17 @@ async fn main_async(a: Args) -> i32 {
         Sub::Acquire => cmd_acquire(&a, &locker).await,
         Sub::Release | Sub::Extend => cmd_release_extend(&a, &locker).await,
         Sub::Info => cmd_info(&a, &locker).await,
+        Sub::Elect | Sub::Observe => {
+            let Locker::Single(c) = &locker else {
+                log::error!("elect and observe need one server (--url)");
+                return EXIT_USAGE;
+            };
+            if a.sub == Sub::Elect {
+                cmd_elect(&a, c).await
+            } else {
+                cmd_observe(&a, c).await
+            }
+        }
     }
 }
 
@@ -1250,6 +1548,57 @@ mod tests {
             assert!(line.chars().count() <= 78, "{line:?}");
         }
         assert!(RUN_HELP.contains("--hold 1h"));
+    }
+
+    #[test]
+    fn elect_and_observe() {
+        let a = args(&["elect", "leader", "--value", "node-a", "--", "sleep", "1"]);
+        assert_eq!(a.sub, Sub::Elect);
+        assert_eq!(a.owner.as_deref(), Some("node-a"));
+        assert_eq!((a.wait, a.ttl), (None, Duration::from_secs(30)));
+        assert_eq!(a.rest, vec!["sleep", "1"]);
+        let a = args(&["elect", "-t", "5s", "-w", "1m", "j", "-c", "exit 3"]);
+        assert_eq!(a.ttl, ms(5000));
+        assert_eq!(a.wait, Some(Duration::from_secs(60)));
+        assert_eq!(a.rest, vec!["/bin/sh", "-c", "exit 3"]);
+        assert_eq!(a.owner, None);
+        assert!(p(&["elect", "j"]).is_err(), "needs a command");
+        assert!(p(&["elect", "--value", "", "j", "x"]).is_err());
+        assert!(p(&["elect", "--nodes", "redis://a,redis://b", "j", "x"]).is_err());
+        assert!(p(&["elect", "--shared", "j", "x"]).is_err());
+        let a = args(&["observe", "j", "--json", "--count", "3", "--for", "20s"]);
+        assert_eq!(a.sub, Sub::Observe);
+        assert!(a.json);
+        assert_eq!(a.count, Some(3));
+        assert_eq!(a.observe_for, Some(Duration::from_secs(20)));
+        assert_eq!(a.block, Duration::from_secs(10));
+        let a = args(&["observe", "j", "--duration", "1s", "--timeout", "3s"]);
+        assert_eq!((a.observe_for, a.timeout), (Some(ms(1000)), ms(3000)));
+        assert!(p(&["observe", "j", "--count", "0"]).is_err());
+        let l = Leader {
+            value: "node a".into(),
+            term: 1_839_275_968_752_640,
+        };
+        assert_eq!(
+            observe_line("j", Some(&l), false),
+            "leader 1839275968752640 node a"
+        );
+        assert_eq!(observe_line("j", None, false), "none");
+        assert_eq!(
+            observe_line("j", Some(&l), true),
+            r#"{"leader":true,"name":"j","term":"1839275968752640","value":"node a"}"#
+        );
+        assert_eq!(
+            observe_line("j", None, true),
+            r#"{"leader":false,"name":"j"}"#
+        );
+        for help in [ELECT_HELP, OBSERVE_HELP] {
+            for line in help.lines() {
+                assert!(line.chars().count() <= 78, "{line:?}");
+            }
+        }
+        assert_eq!(uuid_token().len(), 36);
+        assert_ne!(uuid_token(), uuid_token());
     }
 
     #[test]

@@ -35,6 +35,10 @@ export interface AcquireOptions {
   confirm?: boolean;
   /** How many replicas must confirm (default: the client's `replicas`). */
   replicas?: number;
+  /** Cancels a wait in the queue: the acquire rejects with the signal's reason, the
+   * waiting connection is closed (the server drops the waiter) and a grant that raced
+   * the abort is released. */
+  signal?: AbortSignal;
 }
 
 export interface UsingOptions extends AcquireOptions {
@@ -118,8 +122,11 @@ export class LockTimeoutError extends Error {
 /** `lock.release()` of a lock this grant no longer holds (expired, released, taken
  * away): as node-redlock's release, it rejects. */
 export class LockNotHeldError extends Error {
-  constructor(readonly key: string) {
-    super(`redis-lock: lock ${key} is not held by this grant`);
+  constructor(
+    readonly key: string,
+    detail?: string,
+  ) {
+    super(`redis-lock: lock ${key} is not held by this grant${detail ? ` (${detail})` : ""}`);
     this.name = "LockNotHeldError";
   }
 }
@@ -249,6 +256,7 @@ function holderTtl(info: LockInfo | null, fence: bigint | undefined): number | u
 /** What a {@link Lock} needs of its {@link LockClient}. */
 interface LockOwner {
   readonly networkTimeout: number;
+  command(name: string, build: (key: string) => Arg[], limit?: number): Promise<unknown>;
   release(name: string, token: string): Promise<boolean>;
   extend(name: string, token: string, ttl?: number): Promise<boolean>;
   info(name: string): Promise<LockInfo | null>;
@@ -312,6 +320,57 @@ export class Lock {
     const lease = ttl ?? this.ttl;
     if (ok && lease !== undefined && !this.released) this.expireAt(sent + lease - lease / 100);
     return ok;
+  }
+
+  /**
+   * Runs one command only while this grant holds the lock, in one atomic step on the
+   * server (`LOCK.IFHELD name token ...args`), and resolves with its reply
+   * (`await lock.ifHeld("DECRBY", "stock:9001", "1")`). When the grant no longer holds
+   * the lock (its lease ended: a pause longer than the lease, a lost renewal) nothing
+   * runs, the lock counts as lost (`signal` aborts with `not-held`) and it rejects with
+   * {@link LockNotHeldError}. Sent once. The arguments go as given: an ioredis
+   * `keyPrefix` is not applied to the wrapped command's keys. In a cluster they must
+   * share the lock's slot (a hash tag: `lock:{order:7}` and `stock:{order:7}`).
+   */
+  async ifHeld(...args: Arg[]): Promise<unknown> {
+    if (args.length === 0) throw new TypeError("ifHeld needs a command, e.g. lock.ifHeld(\"SET\", \"k\", \"v\")");
+    try {
+      return await this.client.command(this.name, (k) => ["LOCK.IFHELD", k, this.token, ...args]);
+    } catch (e) {
+      if (errorCode(e) !== "NOTHELD") throw e;
+      this.lose("not-held");
+      throw new LockNotHeldError(this.name, "LOCK.IFHELD: the command did not run");
+    }
+  }
+
+  /** `LOCK.CHECK name fence` with this grant's fence: true while the server counts it
+   * as a holder. A check and a later write are still a race: write with {@link ifHeld}. */
+  async check(): Promise<boolean> {
+    if (this.fence === undefined) return false;
+    return Number(await this.client.command(this.name, (k) => ["LOCK.CHECK", k, this.fence!.toString()])) === 1;
+  }
+
+  /** @internal `LOCK.EXTEND name token [PX ttl] OWNER owner`: a new label and lease, the
+   * fence kept (a leader's proclaim). Rejects with {@link LockNotHeldError} when lost. */
+  async relabel(owner: string): Promise<void> {
+    if (this.released || this.signal.aborted) throw new LockNotHeldError(this.name, "leadership lost; the value was not published");
+    const sent = Date.now();
+    const ttl = this.ttl;
+    const n = Number(
+      await this.client.command(this.name, (k) =>
+        ttl === undefined ? ["LOCK.EXTEND", k, this.token, "OWNER", owner] : ["LOCK.EXTEND", k, this.token, "PX", String(Math.round(ttl)), "OWNER", owner],
+      ),
+    );
+    if (n !== 1) {
+      this.lose("not-held");
+      throw new LockNotHeldError(this.name, "leadership lost; the value was not published");
+    }
+    if (ttl !== undefined && !this.released && !this.signal.aborted) this.expireAt(sent + ttl - ttl / 100);
+  }
+
+  /** True while this grant is neither released nor lost (as far as this client knows). */
+  get held(): boolean {
+    return !this.released && !this.signal.aborted;
   }
 
   /** True if LOCK.INFO shows this grant (by its fence) as a holder. */
@@ -427,6 +486,7 @@ export class LockClient implements LockOwner {
   readonly replicas: number | undefined;
   private readonly driver: Driver;
   private readonly replicaCache = new Map<string, Replicas>();
+  private readonly observations = new Set<Observation>();
 
   constructor(client: SupportedClient, options: ClientOptions = {}) {
     this.driver = driverFor(client);
@@ -501,9 +561,10 @@ export class LockClient implements LockOwner {
     }
     const blockMs = wait === Infinity ? 0 : Math.max(1, Math.round(wait));
     args.push("BLOCK", String(blockMs));
+    if (options.signal?.aborted) throw abortReason(options.signal);
     const conn: Dedicated = await this.driver.dedicated(key, this.networkTimeout);
     try {
-      reply = await this.acquireBlocking(conn, name, key, token, args, wait === Infinity ? Infinity : blockMs + this.networkTimeout);
+      reply = await this.acquireBlocking(conn, name, key, token, args, wait === Infinity ? Infinity : blockMs + this.networkTimeout, options.signal);
       sent = Date.now();
       const fence = this.grantOf(reply, token);
       if (fence === null) return null;
@@ -583,10 +644,27 @@ export class LockClient implements LockOwner {
    * within the wait plus networkTimeout, LOCK.RELEASE goes out on the same connection:
    * the server runs it right after the wait ends, so a grant made after we gave up is
    * given back at once instead of staying held with nobody listening. */
-  private async acquireBlocking(conn: Dedicated, name: string, key: string, token: string, args: Arg[], limit: number): Promise<unknown> {
+  private async acquireBlocking(conn: Dedicated, name: string, key: string, token: string, args: Arg[], limit: number, signal?: AbortSignal): Promise<unknown> {
+    let onAbort: (() => void) | undefined;
+    const aborted = signal
+      ? new Promise<"aborted">((resolve) => {
+          onAbort = () => resolve("aborted");
+          signal.addEventListener("abort", onAbort, { once: true });
+        })
+      : undefined;
     try {
       const reply = conn.send(args);
-      const r = await within(reply, limit);
+      const r = aborted ? await Promise.race([within(reply, limit), aborted]) : await within(reply, limit);
+      if (r === "aborted") {
+        // The waiting connection closes (the server drops the waiter); a grant that
+        // raced the abort is released now, and again a moment later in case the server
+        // granted before it saw the connection close.
+        conn.close();
+        reply.catch(() => undefined);
+        await this.releaseQuietly(name, token);
+        setTimeout(() => void this.releaseQuietly(name, token), 250).unref?.();
+        throw new AbortedWait(abortReason(signal!));
+      }
       if (r) {
         if (r.ok) return r.value;
         throw this.mapped(r.error, key);
@@ -598,8 +676,11 @@ export class LockClient implements LockOwner {
       await this.releaseQuietly(name, token);
       throw new LockTimeoutError(`redis-lock: LOCK.ACQUIRE ${name}: no reply from ${this.driver.where(key)} within the wait plus ${this.networkTimeout} ms; sent LOCK.RELEASE for the token`);
     } catch (e) {
+      if (e instanceof AbortedWait) throw e.reason;
       if (!(e instanceof LockTimeoutError) && !isServerReply(e)) await this.releaseQuietly(name, token);
       throw e;
+    } finally {
+      if (onAbort) signal?.removeEventListener("abort", onAbort);
     }
   }
 
@@ -650,6 +731,90 @@ export class LockClient implements LockOwner {
     return Number(await this.command(name, (k) => (ttl === undefined ? ["LOCK.EXTEND", k, token] : ["LOCK.EXTEND", k, token, "PX", String(Math.round(ttl))]))) === 1;
   }
 
+  /**
+   * A guarded command for code that was handed only a fence (a worker the holder
+   * delegates to): runs the command only while the holder with fence `fence` holds
+   * `name`, in one atomic step (`LOCK.IFFENCE name fence ...args`), and resolves with
+   * its reply; rejects with {@link LockNotHeldError} (nothing ran) otherwise. A fence is
+   * not a secret: this refuses stale writes, it does not authorize them. Sent once.
+   */
+  async ifFence(name: string, fence: bigint | number | string, ...args: Arg[]): Promise<unknown> {
+    if (args.length === 0) throw new TypeError("ifFence needs a command");
+    try {
+      return await this.command(name, (k) => ["LOCK.IFFENCE", k, String(fence), ...args]);
+    } catch (e) {
+      if (errorCode(e) !== "NOTHELD") throw e;
+      throw new LockNotHeldError(name, "LOCK.IFFENCE: the command did not run");
+    }
+  }
+
+  /** `LOCK.CHECK name fence`: true if `fence` is the fence of a current holder. */
+  async check(name: string, fence: bigint | number | string): Promise<boolean> {
+    return Number(await this.command(name, (k) => ["LOCK.CHECK", k, String(fence)])) === 1;
+  }
+
+  /**
+   * Campaigns for leadership of `key` with `value` (1..256 bytes): waits in the lock's
+   * FIFO queue (`LOCK.ACQUIRE key ... OWNER value BLOCK ...`) until elected, or until
+   * `wait` ms passed (null) or `signal` aborted (rejects with its reason; the candidate
+   * leaves the queue). The {@link Leadership} renews its lease every third of `ttl`
+   * (default: the server's lock.default-ttl) until resigned or lost; its `signal`
+   * aborts on loss. Candidates are elected in the order they started campaigning.
+   */
+  async campaign(key: string, value: string, options: CampaignOptions = {}): Promise<Leadership | null> {
+    checkValue(value);
+    const lock = await this.acquire(key, {
+      ttl: options.ttl,
+      wait: options.wait ?? Infinity,
+      owner: value,
+      token: options.token,
+      confirm: options.confirm,
+      replicas: options.replicas,
+      signal: options.signal,
+    });
+    if (!lock) return null;
+    await lock.startRenewal();
+    return new Leadership(lock, value);
+  }
+
+  /** Who leads `key` now, or null: one round trip, `LOCK.INFO key COUNT 1` (it answers
+   * at once whether or not the key is held). */
+  async leader(key: string): Promise<Leader | null> {
+    const seen = parseHolder(await this.command(key, (k) => ["LOCK.INFO", k, "COUNT", "1"]));
+    return seen ? toLeader(seen) : null;
+  }
+
+  /**
+   * Observes the election of `key`: an async iterator of who leads, first who leads
+   * now, then every change (a new leader, a new value proclaimed, `null` when nobody
+   * leads), each from one `LOCK.WATCH` that waits on the server (no polling) on a
+   * connection of its own. It survives time-outs, reconnects, TRYAGAIN and LOCKMOVED
+   * (it reads the state again). `return()` (leaving a `for await` loop) or `signal`
+   * ends it at once and closes its connection. Changes closer together than a round
+   * trip may be seen as one; the latest state is always seen.
+   */
+  observe(key: string, options: ObserveOptions = {}): Observation {
+    const block = options.block ?? 10_000;
+    if (!(block >= 1)) throw new TypeError("block must be at least 1 ms");
+    const fullKey = this.driver.prefix + key;
+    const observation = new Observation(
+      {
+        networkTimeout: this.networkTimeout,
+        dedicated: () => this.driver.dedicated(fullKey, this.networkTimeout),
+        where: () => this.driver.where(fullKey),
+        refresh: async () => {
+          await this.command(key, (k) => ["EXISTS", k]).catch(() => undefined);
+        },
+      },
+      fullKey,
+      Math.round(block),
+      options.signal,
+      () => this.observations.delete(observation),
+    );
+    if (!observation.isClosed) this.observations.add(observation);
+    return observation;
+  }
+
   /** LOCK.INFO as an object (fence as bigint), null when the lock is free. */
   async info(name: string): Promise<LockInfo | null> {
     return parseInfo(await this.command(name, (k) => ["LOCK.INFO", k]));
@@ -672,9 +837,317 @@ export class LockClient implements LockOwner {
     return undefined;
   }
 
-  /** Closes the connections this LockClient opened (not the client it was given). */
+  /** Closes the connections this LockClient opened (not the client it was given),
+   * observations included. */
   async close(): Promise<void> {
+    for (const o of [...this.observations]) o.close();
     await this.driver.close();
+  }
+}
+
+/** An acquire's wait aborted by its signal (carries the signal's reason). */
+class AbortedWait {
+  constructor(readonly reason: unknown) {}
+}
+
+function abortReason(signal: AbortSignal): unknown {
+  return signal.reason ?? new Error("redis-lock: aborted");
+}
+
+// ---------------------------------------------------------------- leader election
+
+/** Who leads an election: the value it campaigned with (or proclaimed since) and its
+ * term, the fence of its grant (terms strictly increase from one leader to the next). */
+export interface Leader {
+  value: string;
+  term: bigint;
+}
+
+export interface CampaignOptions {
+  /** The leader's lease in ms, renewed every third of it; also how long a crashed
+   * leader keeps the others waiting. Default: the server's lock.default-ttl (30 s). */
+  ttl?: number;
+  /** How long to wait in the queue, in ms (default Infinity: until elected). */
+  wait?: number;
+  /** Cancels the campaign (see {@link AcquireOptions.signal}). */
+  signal?: AbortSignal;
+  /** Hold the lock with this token (default: a random UUID). */
+  token?: string;
+  confirm?: boolean;
+  replicas?: number;
+}
+
+export interface ObserveOptions {
+  /** The longest one LOCK.WATCH waits on the server before it answers anyway, in ms
+   * (default 10 000); it also bounds how long a dead connection goes unnoticed. */
+  block?: number;
+  /** Ends the observation (as `return()` does). */
+  signal?: AbortSignal;
+}
+
+function checkValue(value: string): void {
+  if (typeof value !== "string" || Buffer.byteLength(value) < 1 || Buffer.byteLength(value) > 256) {
+    throw new TypeError("an election value must be a string of 1 to 256 bytes");
+  }
+}
+
+/** A won election: the leader's lock, renewed until it is resigned or lost. */
+export class Leadership {
+  private current: string;
+
+  constructor(
+    /** The lock underneath (token, fence, signal). */
+    readonly lock: Lock,
+    value: string,
+  ) {
+    this.current = value;
+  }
+
+  /** The election's key. */
+  get key(): string {
+    return this.lock.name;
+  }
+
+  /** The value published now: the campaign's, or the last one proclaimed. */
+  get value(): string {
+    return this.current;
+  }
+
+  /** The fence of the leader's grant (exact; undefined only on node-redis 4 above 2^53). */
+  get term(): bigint | undefined {
+    return this.lock.fence;
+  }
+
+  /** Aborts (with a {@link LockLostError}) when the leadership is lost. */
+  get signal(): AbortSignal {
+    return this.lock.signal;
+  }
+
+  /** True until the leadership is resigned or known to be lost. */
+  get isLeader(): boolean {
+    return this.lock.held;
+  }
+
+  /** Publishes `value` in place of the current one, keeping the term (`LOCK.EXTEND key
+   * token PX ttl OWNER value`); observers see the change. Rejects with
+   * {@link LockNotHeldError} when the leadership was lost (nothing is published). */
+  async proclaim(value: string): Promise<void> {
+    checkValue(value);
+    await this.lock.relabel(value);
+    this.current = value;
+  }
+
+  /** A write guarded by the leadership: see {@link Lock.ifHeld}. */
+  ifHeld(...args: Arg[]): Promise<unknown> {
+    return this.lock.ifHeld(...args);
+  }
+
+  /** Gives the leadership up at once (LOCK.RELEASE): the server hands the lock to the
+   * next candidate in the same step. True if it was still held. */
+  async resign(): Promise<boolean> {
+    try {
+      await this.lock.release();
+      return true;
+    } catch (e) {
+      if (e instanceof LockNotHeldError) return false;
+      throw e;
+    }
+  }
+}
+
+/** A holder as LOCK.WATCH / LOCK.INFO show it: its fence and its label as sent. */
+interface Seen {
+  term: bigint | undefined;
+  label: unknown;
+}
+
+/** The leader in a LOCK.WATCH summary or a LOCK.INFO reply: null when nobody holds the
+ * key (nil, or a lock-delay running); the exclusive holder, else the first holder. */
+function parseHolder(reply: unknown): Seen | null {
+  if (reply === null || reply === undefined) return null;
+  let fence: unknown;
+  let label: unknown;
+  let hasFence = false;
+  let first: Seen | undefined;
+  for (const [k, v] of pairs(reply)) {
+    if (k === "state" && asString(v) !== "held") return null;
+    if (k === "kind" && asString(v) === "string") throw new Error("redis-lock: the key holds a classic SET NX lock (a string), not an election");
+    if (k === "fence") {
+      fence = v;
+      hasFence = true;
+    } else if (k === "owner") label = v;
+    else if (k === "holder-list" && Array.isArray(v) && v.length > 0) {
+      let f: unknown;
+      let l: unknown;
+      for (const [hk, hv] of pairs(v[0])) {
+        if (hk === "fence") f = hv;
+        else if (hk === "owner") l = hv;
+      }
+      if (f !== undefined) first = { term: exactInt(f), label: l };
+    }
+  }
+  if (hasFence && fence !== null && fence !== undefined) return { term: exactInt(fence), label };
+  return first ?? null;
+}
+
+function sameSeen(a: Seen | null, b: Seen | null): boolean {
+  if (a === null || b === null) return a === b;
+  return a.term === b.term && asString(a.label) === asString(b.label);
+}
+
+function toLeader(s: Seen): Leader {
+  if (s.term === undefined) throw new Error("redis-lock: this client returned a term above 2^53 inexactly (node-redis 4); use node-redis 5+ or ioredis");
+  return { value: asString(s.label) ?? "", term: s.term };
+}
+
+/** What an {@link Observation} needs of its LockClient. */
+interface ObserveHost {
+  readonly networkTimeout: number;
+  dedicated(): Promise<Dedicated>;
+  where(): string;
+  refresh(): Promise<void>;
+}
+
+const UNSEEN = Symbol("unseen");
+const TRANSIENT = new Set(["TRYAGAIN", "LOCKMOVED", "UNBLOCKED", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "BUSY", "MAXWAITERS", "MOVED", "ASK"]);
+
+/** The changes of an election (see {@link LockClient.observe}): an async iterator whose
+ * `return()` ends it at once, closing its connection. */
+export class Observation implements AsyncIterableIterator<Leader | null> {
+  private conn: Dedicated | undefined;
+  private last: Seen | null | typeof UNSEEN = UNSEEN;
+  private closed = false;
+  private backoff = 50;
+  private chain: Promise<unknown> = Promise.resolve();
+  private readonly stopped: Promise<"closed">;
+  private stop!: () => void;
+
+  constructor(
+    private readonly host: ObserveHost,
+    private readonly key: string,
+    private readonly block: number,
+    signal?: AbortSignal,
+    private readonly onClose: () => void = () => undefined,
+  ) {
+    this.stopped = new Promise((resolve) => (this.stop = () => resolve("closed")));
+    if (signal) {
+      if (signal.aborted) this.close();
+      else signal.addEventListener("abort", () => this.close(), { once: true });
+    }
+  }
+
+  [Symbol.asyncIterator](): Observation {
+    return this;
+  }
+
+  /** The next state: who leads (`{ value, term }`) or null when nobody does. */
+  next(): Promise<IteratorResult<Leader | null>> {
+    const p = this.chain.then(() => this.step());
+    this.chain = p.catch(() => undefined);
+    return p;
+  }
+
+  /** Ends the observation at once (a pending `next()` resolves as done). */
+  async return(): Promise<IteratorResult<Leader | null>> {
+    this.close();
+    return { done: true, value: undefined };
+  }
+
+  /** The same as `return()`. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.conn?.close();
+    this.conn = undefined;
+    this.stop();
+    this.onClose();
+  }
+
+  /** True once ended (`return()`, `close()`, its signal, or an error it cannot get
+   * past). */
+  get isClosed(): boolean {
+    return this.closed;
+  }
+
+  private args(): Arg[] {
+    if (this.last === UNSEEN) return ["LOCK.INFO", this.key, "COUNT", "1"];
+    if (this.last === null) return ["LOCK.WATCH", this.key, "BLOCK", String(this.block)];
+    const term = this.last.term;
+    if (term === undefined) throw new Error("redis-lock: cannot observe a term above 2^53 with node-redis 4 (no exact integers); use node-redis 5+ or ioredis");
+    const args: Arg[] = ["LOCK.WATCH", this.key, "FENCE", term.toString()];
+    const label = this.last.label;
+    if ((typeof label === "string" && label.length > 0) || (Buffer.isBuffer(label) && label.length > 0)) args.push("OWNER", label as Arg);
+    return [...args, "BLOCK", String(this.block)];
+  }
+
+  private drop(): void {
+    this.conn?.close();
+    this.conn = undefined;
+  }
+
+  private async pause(): Promise<void> {
+    const ms = this.backoff;
+    this.backoff = Math.min(1000, this.backoff * 2);
+    let t: NodeJS.Timeout | undefined;
+    await Promise.race([new Promise((r) => (t = setTimeout(r, ms))), this.stopped]);
+    if (t) clearTimeout(t);
+  }
+
+  private done(): IteratorResult<Leader | null> {
+    return { done: true, value: undefined };
+  }
+
+  private async step(): Promise<IteratorResult<Leader | null>> {
+    for (;;) {
+      if (this.closed) return this.done();
+      const args = this.args();
+      let reply: unknown;
+      let started = Date.now();
+      try {
+        if (!this.conn) {
+          const c = await Promise.race([this.host.dedicated(), this.stopped]);
+          if (c === "closed") return this.done();
+          if (this.closed) {
+            c.close();
+            return this.done();
+          }
+          this.conn = c;
+        }
+        started = Date.now();
+        const r = await Promise.race([within(this.conn.send(args), this.block + this.host.networkTimeout), this.stopped]);
+        if (r === "closed") return this.done();
+        if (!r) {
+          this.drop(); // no answer in time: a dead connection; read the state again
+          continue;
+        }
+        if (!r.ok) throw r.error;
+        reply = r.value;
+      } catch (e) {
+        if (this.closed) return this.done();
+        this.drop();
+        if (isUnknownLockCommand(e)) {
+          this.close();
+          throw new ModuleNotLoadedError(this.host.where());
+        }
+        const code = errorCode(e) ?? "";
+        if (isServerReply(e) && !TRANSIENT.has(code)) {
+          this.close();
+          throw e;
+        }
+        if (code === "MOVED" || code === "ASK") await this.host.refresh();
+        await this.pause();
+        continue;
+      }
+      const seen = parseHolder(reply);
+      if (this.last === UNSEEN || !sameSeen(seen, this.last)) {
+        this.last = seen;
+        this.backoff = 50;
+        return { done: false, value: seen ? toLeader(seen) : null };
+      }
+      // Answered early with nothing new: do not spin.
+      if (Date.now() - started < this.block / 2) await this.pause();
+      else this.backoff = 50;
+    }
   }
 }
 

@@ -2,7 +2,7 @@
 // user writes against node-redis and ioredis must type-check without casts.
 import { createClient, createCluster } from "redis";
 import { Redis, Cluster } from "ioredis";
-import { Lock, LockClient, LockLostError, LockNotConfirmedError, LostReason, errorCode } from "redis-lock-module";
+import { Leader, Leadership, Lock, LockClient, LockLostError, LockNotConfirmedError, LockNotHeldError, LostReason, Observation, errorCode } from "redis-lock-module";
 
 export async function usage(): Promise<bigint | undefined> {
   const client = await createClient().connect();
@@ -41,5 +41,29 @@ export async function usage(): Promise<bigint | undefined> {
     const code: string | undefined = errorCode(e);
     void code;
   }
+  // Guarded writes and leader election.
+  const left: unknown = await lock?.ifHeld("DECRBY", "stock:9001", "1");
+  void left;
+  const ok: boolean = await locks.check("k", 1n);
+  await locks.ifFence("k", 1n, "SET", "price", Buffer.from("1999"));
+  void ok;
+  const ac = new AbortController();
+  const leadership: Leadership | null = await locks.campaign("election:jobs", "node-a", { ttl: 10_000, wait: 5000, signal: ac.signal });
+  if (leadership) {
+    const term: bigint | undefined = leadership.term;
+    void term;
+    await leadership.proclaim("node-a:8080");
+    const resigned: boolean = await leadership.resign();
+    void resigned;
+  }
+  const now: Leader | null = await locks.leader("election:jobs");
+  void now;
+  const changes: Observation = locks.observe("election:jobs", { block: 5000, signal: ac.signal });
+  for await (const who of changes) {
+    const value: string | undefined = who?.value;
+    void value;
+    break;
+  }
+  if (e instanceof LockNotHeldError) void e.key;
   return fence;
 }

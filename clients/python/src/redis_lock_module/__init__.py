@@ -4,7 +4,9 @@
 ``redis_lock_module.asyncio.Lock`` for ``redis.asyncio``): same constructor, same
 methods, same exceptions (redis-py's own ``LockError`` / ``LockNotOwnedError``), plus
 ``fence``, ``owner=``, auto-renewal with a loss callback and a cap on the hold, and the
-server's FIFO wait instead of polling.
+server's FIFO wait instead of polling; guarded writes (``lock.if_held(...)``:
+LOCK.IFHELD) and leader election (``Election``: campaign, proclaim, resign, leader,
+observe).
 """
 
 from redis.exceptions import LockError, LockNotOwnedError
@@ -17,12 +19,17 @@ from ._common import (
     LockNotConfirmedError,
     ModuleNotLoadedError,
 )
+from ._common import Leader
+from .election import Election, Leadership
 from .lock import Lock, lock
 from .redlock import Redlock, RedlockGrant
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Election",
+    "Leader",
+    "Leadership",
     "Lock",
     "lock",
     "Redlock",

@@ -31,6 +31,7 @@ from ._common import (
     config_value,
     info_field,
     is_moved,
+    is_not_held_reply,
     is_unknown_lock_command,
     lock_error,
     module_missing,
@@ -234,10 +235,11 @@ class LockBase:
 
     # ------------------------------------------------------------------ commands
 
-    def _call(self, *args: Any, limit: Optional[float] = None) -> Steps:
+    def _call(self, *args: Any, limit: Optional[float] = None, retry: bool = True) -> Steps:
         """One command on a connection of the lock's own, its reply within `limit`
         seconds (default ``network_timeout``). A connection that was idle and turns out
-        closed (a server restart) is replaced once."""
+        closed (a server restart) is replaced once, unless ``retry=False`` (a command that
+        must not run twice: a guarded write)."""
         limit = self.network_timeout if limit is None else max(0.001, limit)
         node = yield (self._node,)
         for attempt in range(2):
@@ -258,7 +260,7 @@ class LockBase:
                     f"{args[0]} {self.name!r}: no reply from {node.where} within {limit:.3g} s"
                 ) from None
             except ConnectionError:
-                if attempt == 0 and getattr(conn, "reused", False):
+                if retry and attempt == 0 and getattr(conn, "reused", False):
                     continue
                 raise
             finally:
@@ -361,6 +363,69 @@ class LockBase:
         if not (yield from self._call("LOCK.EXTEND", self.name, hold.token, "PX", px)):
             raise self._not_owned("reacquire")
         return True
+
+    # ------------------------------------------------------------------ guarded writes
+
+    def _guard_refused(self, what: str) -> LockNotOwnedError:
+        return lock_error(
+            LockNotOwnedError,
+            f"{what} of {self.name!r}: the lock is no longer held by this grant (its lease "
+            "ended, or it was released); the command did not run",
+            self.name,
+        )
+
+    def _if_held(self, args: Tuple[Any, ...]) -> Steps:
+        """LOCK.IFHELD name token args...: the wrapped command's reply; NOTHELD (nothing
+        ran) marks the lock lost and raises LockNotOwnedError."""
+        if not args:
+            raise ValueError("if_held needs a command, e.g. lock.if_held('SET', 'k', 'v')")
+        hold = self.local.hold
+        if hold is None:
+            raise self._guard_refused("LOCK.IFHELD")
+        try:
+            return (
+                yield from self._call("LOCK.IFHELD", self.name, hold.token, *args, retry=False)
+            )
+        except ResponseError as e:
+            if not is_not_held_reply(e):
+                raise
+        yield from self._lost(hold, LOST_NOT_HELD)
+        raise self._guard_refused("LOCK.IFHELD")
+
+    def _if_fence(self, fence: int, args: Tuple[Any, ...]) -> Steps:
+        if not args:
+            raise ValueError("if_fence needs a command, e.g. lock.if_fence(f, 'SET', 'k', 'v')")
+        try:
+            return (
+                yield from self._call("LOCK.IFFENCE", self.name, int(fence), *args, retry=False)
+            )
+        except ResponseError as e:
+            if not is_not_held_reply(e):
+                raise
+        raise self._guard_refused("LOCK.IFFENCE")
+
+    def _check(self, fence: Optional[int]) -> Steps:
+        if fence is None:
+            fence = self.fence
+            if fence is None:
+                raise self._error("Cannot check an unlocked lock (give a fence)")
+        return bool((yield from self._call("LOCK.CHECK", self.name, int(fence))))
+
+    def _relabel(self, owner: Any) -> Steps:
+        """LOCK.EXTEND name token [PX timeout] OWNER owner: a new label (and a fresh
+        lease), the fence kept. LockNotOwnedError when the lock was lost (without asking
+        the server once the loss is known)."""
+        hold = self.local.hold
+        if hold is None or hold.lost.is_set() or hold.stop.is_set():
+            raise self._not_owned("relabel")
+        args: List[Any] = ["LOCK.EXTEND", self.name, hold.token]
+        if self.timeout is not None:
+            args += ["PX", ms(self.timeout)]
+        args += ["OWNER", owner]
+        if (yield from self._call(*args)) != 1:
+            yield from self._lost(hold, LOST_NOT_HELD)
+            raise self._not_owned("relabel")
+        self.owner = owner
 
     def _info(self) -> Steps:
         return parse_info((yield from self._call("LOCK.INFO", self.name)))
@@ -634,7 +699,7 @@ class LockBase:
         return (yield (self._wait, hold.stop, max(0.0, seconds)))
 
     def _lost(self, hold: Hold, reason: str) -> Steps:
-        if hold.stop.is_set():
+        if hold.stop.is_set() or hold.lost.is_set():
             return
         hold.lost_reason = reason
         hold.lost.set()

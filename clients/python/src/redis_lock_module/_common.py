@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, Dict, List, Optional, Type, TypeVar, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, TypeVar, Union
 
 from redis.exceptions import LockError, LockNotOwnedError, ResponseError
 
@@ -222,3 +222,128 @@ def check_options(
         raise ValueError("network_timeout must be positive")
     if replicas is not None and (not isinstance(replicas, int) or replicas < 0):
         raise ValueError("replicas must be an integer >= 0")
+
+
+# ---------------------------------------------------------------------- election
+
+
+class Leader(NamedTuple):
+    """Who leads an election: the value it campaigned with (or proclaimed since) and
+    its term, the fence of its grant (terms strictly increase from one leader to the
+    next)."""
+
+    value: str
+    term: int
+
+
+# What an observer has seen before its first answer.
+UNSEEN: Any = object()
+
+# Error codes after which an observer reconnects and reads the state again.
+TRANSIENT_CODES = (
+    "TRYAGAIN",
+    "LOCKMOVED",
+    "UNBLOCKED",
+    "LOADING",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "BUSY",
+    "MAXWAITERS",
+)
+# redis-py's classes for some of them (its parsers turn the code into the class).
+TRANSIENT_CLASSES = (
+    "TryAgainError",
+    "ClusterDownError",
+    "MasterDownError",
+    "BusyLoadingError",
+)
+
+
+def is_transient_reply(e: BaseException) -> bool:
+    return type(e).__name__ in TRANSIENT_CLASSES or str(e).startswith(TRANSIENT_CODES)
+
+
+def is_not_held_reply(e: BaseException) -> bool:
+    """LOCK.IFHELD / LOCK.IFFENCE refused: the token (fence) does not hold the lock."""
+    return isinstance(e, ResponseError) and str(e).startswith("NOTHELD")
+
+
+def check_value(value: Any) -> None:
+    if not isinstance(value, (str, bytes)) or not 1 <= len(to_bytes(value)) <= 256:
+        raise ValueError("an election value must be a str of 1 to 256 bytes")
+
+
+def parse_holder(reply: Any) -> Optional[Tuple[int, Any]]:
+    """The leader in a LOCK.WATCH summary or a LOCK.INFO reply: ``(term, label as
+    sent)``, None when nobody holds the key (nil, or a lock-delay running). The exclusive
+    holder's fence and label; for a shared or counted key the first holder's."""
+    if reply is None:
+        return None
+    if isinstance(reply, dict):
+        items = list(reply.items())
+    elif isinstance(reply, (list, tuple)) and len(reply) % 2 == 0:
+        items = [(reply[i], reply[i + 1]) for i in range(0, len(reply), 2)]
+    else:
+        raise LockError(f"unexpected LOCK.WATCH / LOCK.INFO reply (a {type(reply).__name__})")
+    fence: Optional[int] = None
+    label: Any = None
+    first: Optional[Tuple[Optional[int], Any]] = None
+    for k, v in items:
+        k = to_str(k)
+        if k == "state" and to_str(v) != "held":
+            return None
+        if k == "kind" and to_str(v) == "string":
+            raise LockError("the key holds a classic SET NX lock (a string), not an election")
+        if k == "fence":
+            fence = _int(to_str(v))
+        elif k == "owner":
+            label = v
+        elif k == "holder-list" and isinstance(v, (list, tuple)) and v:
+            h = parse_holder_entry(v[0])
+            if h is not None:
+                first = h
+    if fence is None and first is not None:
+        fence, label = first
+    return None if fence is None else (fence, label)
+
+
+def parse_holder_entry(entry: Any) -> Optional[Tuple[Optional[int], Any]]:
+    if isinstance(entry, dict):
+        items = list(entry.items())
+    elif isinstance(entry, (list, tuple)):
+        items = [(entry[i], entry[i + 1]) for i in range(0, len(entry) - 1, 2)]
+    else:
+        return None
+    fence, label = None, None
+    for k, v in items:
+        k = to_str(k)
+        if k == "fence":
+            fence = _int(to_str(v))
+        elif k == "owner":
+            label = v
+    return fence, label
+
+
+def leader_of(seen: Optional[Tuple[int, Any]]) -> Optional[Leader]:
+    if seen is None:
+        return None
+    term, label = seen
+    if isinstance(label, bytes):
+        value = label.decode(errors="replace")
+    else:
+        value = "" if label is None else str(label)
+    return Leader(value, term)
+
+
+def watch_args(name: Any, last: Any, block_ms: int) -> List[Any]:
+    """The next command of an observer: LOCK.INFO before the first answer (who leads
+    now, at once), then LOCK.WATCH for the next change of what it saw last."""
+    if last is UNSEEN:
+        return ["LOCK.INFO", name, "COUNT", 1]
+    if last is None:
+        return ["LOCK.WATCH", name, "BLOCK", block_ms]
+    term, label = last
+    args: List[Any] = ["LOCK.WATCH", name, "FENCE", term]
+    if label is not None and len(to_bytes(label)) > 0:
+        args += ["OWNER", label]
+    return args + ["BLOCK", block_ms]

@@ -72,6 +72,18 @@ class Lock(LockBase):
     async def wait_lost(self, timeout: Optional[Number] = None) -> Optional[str]:
         return await self._run(self._wait_lost(timeout))
 
+    async def if_held(self, *args: Any) -> Any:
+        """See :meth:`redis_lock_module.Lock.if_held`."""
+        return await self._run(self._if_held(args))
+
+    async def if_fence(self, fence: int, *args: Any) -> Any:
+        """See :meth:`redis_lock_module.Lock.if_fence`."""
+        return await self._run(self._if_fence(fence, args))
+
+    async def check(self, fence: Optional[int] = None) -> bool:
+        """See :meth:`redis_lock_module.Lock.check`."""
+        return await self._run(self._check(fence))
+
     # ------------------------------------------------------------------ I/O
 
     @staticmethod
@@ -187,7 +199,13 @@ def lock(redis: Any, name: Any, timeout: Optional[Number] = None, **kwargs: Any)
     return Lock(redis, name, timeout=timeout, **kwargs)
 
 
+from ._common import Leader  # noqa: E402
+from ._election_async import Election, Leadership  # noqa: E402
+
 __all__ = [
+    "Election",
+    "Leader",
+    "Leadership",
     "Lock",
     "lock",
     "LockError",

@@ -99,6 +99,29 @@ class Lock(LockBase):
         """Block until auto-renewal loses the lock (or ``timeout``); the reason or None."""
         return self._run(self._wait_lost(timeout))
 
+    def if_held(self, *args: Any) -> Any:
+        """Run one command only while this grant holds the lock, in one atomic step on
+        the server (``LOCK.IFHELD name token *args``), and return its reply as the
+        server sent it (``lock.if_held("DECRBY", "stock:9001", 1)``). When the grant no
+        longer holds the lock (its lease ended: a pause longer than the lease, a lost
+        renewal) nothing runs, the lock counts as lost (``lost_reason`` ``not-held``,
+        ``on_lost`` is called) and LockNotOwnedError is raised. The command is sent
+        once. In a cluster its keys must share the lock's slot (a hash tag)."""
+        return self._run(self._if_held(args))
+
+    def if_fence(self, fence: int, *args: Any) -> Any:
+        """``LOCK.IFFENCE name fence *args``: the same for code that was handed only a
+        fence (no token): runs the command only while the holder with that fence holds
+        the lock; LockNotOwnedError (nothing ran) otherwise. Works on a Lock that was
+        never acquired: ``Lock(r, name).if_fence(fence, "SET", "k", "v")``."""
+        return self._run(self._if_fence(fence, args))
+
+    def check(self, fence: Optional[int] = None) -> bool:
+        """``LOCK.CHECK name fence`` (default: this grant's fence): True while that
+        fence is a current holder's. A check and a later write are still a race: use
+        ``if_held`` / ``if_fence`` for writes."""
+        return self._run(self._check(fence))
+
     # ------------------------------------------------------------------ I/O
 
     @staticmethod

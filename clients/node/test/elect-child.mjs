@@ -1,0 +1,12 @@
+// Run by election.test.mjs: a leader that campaigns with a 1 s lease, prints its term
+// and stays leader until it is killed (SIGKILL: no resign, no more renewals).
+import { createClient } from "redis";
+
+import { LockClient } from "../dist/index.js";
+
+const [port, key] = process.argv.slice(2);
+const client = await createClient({ url: `redis://127.0.0.1:${port}` }).connect();
+const locks = new LockClient(client);
+const leadership = await locks.campaign(key, "doomed", { ttl: 1000 });
+console.log(String(leadership.term));
+setInterval(() => {}, 1000); // stay alive until killed

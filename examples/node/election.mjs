@@ -1,0 +1,82 @@
+// Leader election with the redis-lock module and its Node package on node-redis.
+//
+// Three schedulers campaign for "election:{scheduler}"; exactly one leads at a time, in
+// the order they started campaigning. The leader publishes where it can be reached
+// (proclaim), runs its jobs with writes guarded by its leadership (ifHeld: a leader
+// whose lease ended cannot write any more), then resigns, and the next candidate is
+// elected in the same step. An observer prints every change, from LOCK.WATCH, without
+// polling.
+//
+//   REDIS_URL=redis://127.0.0.1:6379 node examples/node/election.mjs
+// Exits non-zero if a check fails (`make test-examples` runs it).
+import { createClient } from 'redis';
+import { LockClient } from 'redis-lock-module';
+
+const URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
+const KEY = 'election:{scheduler}';
+const RUNS = 'scheduler:{scheduler}:runs';
+let failures = 0;
+
+function check(ok, what) {
+  console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`);
+  if (!ok) failures += 1;
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const connect = () => createClient({ url: URL, socket: { connectTimeout: 5000 } }).connect();
+
+const client = await connect();
+const locks = new LockClient(client);
+await client.del([KEY, RUNS]);
+
+// The observer: who leads now, then every change.
+const seen = [];
+const changes = locks.observe(KEY, { block: 5000 });
+const observing = (async () => {
+  for await (const leader of changes) {
+    console.log('   observer:', leader ? `${leader.value} (term ${leader.term})` : 'nobody leads');
+    seen.push(leader?.value ?? null);
+  }
+})();
+await sleep(200);
+
+async function scheduler(name) {
+  const c = await connect();
+  const mine = new LockClient(c);
+  const leadership = await mine.campaign(KEY, name, { ttl: 5000 }); // waits until elected
+  const term = leadership.term;
+  await leadership.proclaim(`${name}:8080`); // where followers find the leader
+  for (let i = 0; i < 3; i++) {
+    await leadership.ifHeld('INCR', RUNS); // a job, written only while it leads
+    await sleep(50);
+  }
+  await leadership.resign(); // the next candidate leads at once
+  await mine.close();
+  await c.quit();
+  return { name, term };
+}
+
+const runs = [];
+for (const name of ['scheduler-a', 'scheduler-b', 'scheduler-c']) {
+  runs.push(scheduler(name));
+  await sleep(100); // they start campaigning in this order
+}
+const results = await Promise.all(runs);
+const elected = [...results].sort((x, y) => (x.term < y.term ? -1 : 1)).map((r) => r.name);
+await sleep(300);
+await changes.return(); // ends the observation at once
+await observing;
+
+check(elected.join() === 'scheduler-a,scheduler-b,scheduler-c', `elected in FIFO order (${elected})`);
+check(Number(await client.get(RUNS)) === 9, `9 guarded job runs (${await client.get(RUNS)})`);
+const expected = [null, ...elected.flatMap((n) => [n, `${n}:8080`]), null];
+check(JSON.stringify(seen) === JSON.stringify(expected), `the observer saw every change (${JSON.stringify(seen)})`);
+check((await locks.leader(KEY)) === null, 'nobody leads at the end');
+
+await locks.close();
+await client.quit();
+if (failures) {
+  console.error(`${failures} check(s) failed`);
+  process.exit(1);
+}
+console.log('all checks passed');
