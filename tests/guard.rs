@@ -17,10 +17,6 @@ use std::time::{Duration, Instant};
 
 // ---- helpers ----------------------------------------------------------------------------
 
-fn b(s: &str) -> Vec<u8> {
-    s.as_bytes().to_vec()
-}
-
 /// `LOCK.ACQUIRE key PX 60000 TOKEN token extra...`: the fence (panics unless granted).
 fn take(c: &mut RawConn, key: &str, token: &str, extra: &[&str]) -> i64 {
     let mut cmd = vec!["LOCK.ACQUIRE", key, "PX", "60000", "TOKEN", token];
@@ -42,10 +38,6 @@ fn iffence(c: &mut RawConn, key: &str, fence: &str, cmd: &[&str]) -> Resp {
     let mut v = vec!["LOCK.IFFENCE", key, fence];
     v.extend_from_slice(cmd);
     c.cmd(&v)
-}
-
-fn is_err_with(r: &Resp, prefix: &str) -> bool {
-    matches!(r, Resp::Error(e) if e.starts_with(prefix))
 }
 
 fn notheld(r: &Resp) -> bool {
@@ -99,27 +91,6 @@ fn normalized(r: &Resp) -> Resp {
         }
         other => other.clone(),
     }
-}
-
-/// Every byte string anywhere in a reply (for "never the token" checks).
-fn all_bytes(r: &Resp, out: &mut Vec<u8>) {
-    match r {
-        Resp::Bulk(v) | Resp::Verbatim(_, v) => out.extend_from_slice(v),
-        Resp::Simple(s) | Resp::Error(s) | Resp::Double(s) | Resp::BigNum(s) => {
-            out.extend_from_slice(s.as_bytes())
-        }
-        Resp::Array(v) | Resp::Set(v) | Resp::Push(v) => v.iter().for_each(|x| all_bytes(x, out)),
-        Resp::Map(m) => m.iter().for_each(|(k, v)| {
-            all_bytes(k, out);
-            all_bytes(v, out);
-        }),
-        Resp::Int(i) => out.extend_from_slice(i.to_string().as_bytes()),
-        Resp::Nil | Resp::Bool(_) => {}
-    }
-}
-
-fn has(hay: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
 }
 
 fn count(hay: &[u8], needle: &[u8]) -> usize {

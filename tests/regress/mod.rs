@@ -262,3 +262,32 @@ pub fn readable(text: &str) -> String {
     out.push_str(rest);
     out
 }
+
+/// Every byte string anywhere in a reply (for "never the token" checks).
+pub fn all_bytes(r: &Resp, out: &mut Vec<u8>) {
+    match r {
+        Resp::Bulk(v) | Resp::Verbatim(_, v) => out.extend_from_slice(v),
+        Resp::Simple(s) | Resp::Error(s) | Resp::Double(s) | Resp::BigNum(s) => {
+            out.extend_from_slice(s.as_bytes())
+        }
+        Resp::Array(v) | Resp::Set(v) | Resp::Push(v) => v.iter().for_each(|x| all_bytes(x, out)),
+        Resp::Map(m) => m.iter().for_each(|(k, v)| {
+            all_bytes(k, out);
+            all_bytes(v, out);
+        }),
+        Resp::Int(i) => out.extend_from_slice(i.to_string().as_bytes()),
+        Resp::Nil | Resp::Bool(_) => {}
+    }
+}
+
+pub fn b(s: &str) -> Vec<u8> {
+    s.as_bytes().to_vec()
+}
+
+pub fn has(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+pub fn is_err_with(r: &Resp, prefix: &str) -> bool {
+    matches!(r, Resp::Error(e) if e.starts_with(prefix))
+}
