@@ -40,6 +40,15 @@ async fn client(url: &str, confirm: Confirm) -> LockClient {
     LockClient::connect_with(url, opts(confirm)).await.unwrap()
 }
 
+/// Options for grants a test expects to be confirmed: time for a replica on a loaded
+/// machine to acknowledge (500 ms was seen to be too short).
+fn patient(confirm: Confirm) -> ClientOptions {
+    ClientOptions {
+        confirm_timeout: ms(10_000),
+        ..opts(confirm)
+    }
+}
+
 /// The acquisition failed as unconfirmed (with `confirmed` of `needed` replicas).
 fn unconfirmed(
     r: redis_lock_client::Result<Option<redis_lock_client::LockGuard>>,
@@ -74,7 +83,10 @@ async fn a_stopped_replica_makes_grants_and_hand_offs_fail_closed() {
     let off = client(&url, Confirm::Off).await;
 
     // Replica running: confirmed, and on the replica when acquire returns.
-    let g = auto
+    let patient = LockClient::connect_with(&url, patient(Confirm::Auto))
+        .await
+        .unwrap();
+    let g = patient
         .acquire("k1", ms(10_000), None)
         .await
         .unwrap()
@@ -182,7 +194,9 @@ async fn a_confirmed_grant_survives_sigkill_of_the_primary_and_promotion() {
         .arg_multi("replicaof", &["127.0.0.1", &proxy.port.to_string()])
         .start();
     replica.wait_synced(Duration::from_secs(20)).unwrap();
-    let auto = client(&primary.url(), Confirm::Auto).await;
+    let auto = LockClient::connect_with(&primary.url(), patient(Confirm::Auto))
+        .await
+        .unwrap();
     let off = client(&primary.url(), Confirm::Off).await;
 
     let t = Instant::now();

@@ -165,6 +165,21 @@ impl ServerBuilder {
         let (host, port) = (primary.host.to_string(), primary.port.to_string());
         let replica = self.arg_multi("replicaof", &[&host, &port]).try_start()?;
         replica.wait_synced(timeout)?;
+        // The primary's side too: a replica can say its link is up while the primary still
+        // holds it in a sync (state=wait_bgsave, seen on Redis 7.0.15 under load), and the
+        // primary does not count such a replica for WAIT or as connected and online.
+        let online = format!("port={},state=online", replica.port);
+        let seen = wait_until(timeout, || {
+            primary
+                .info_section("replication")
+                .is_some_and(|t| t.contains(&online))
+        });
+        if !seen {
+            return Err(format!(
+                "the primary never saw its replica online\n{}",
+                primary.log_tail()
+            ));
+        }
         Ok(replica)
     }
 
@@ -511,9 +526,13 @@ impl Server {
 
     /// The value of one `INFO <section>` field, `None` when absent or unreachable.
     pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
+        info_field(&self.info_section(section)?, field)
+    }
+
+    /// The text of `INFO <section>`, `None` when unreachable.
+    pub fn info_section(&self, section: &str) -> Option<String> {
         let mut c = self.try_raw(IO_TIMEOUT).ok()?;
-        let text = c.call(&["INFO", section]).ok()?.as_text()?;
-        info_field(&text, field)
+        c.call(&["INFO", section]).ok()?.as_text()
     }
 
     /// Waits until this replica's link to its primary is up and no sync is running.
