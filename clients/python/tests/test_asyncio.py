@@ -79,8 +79,9 @@ def test_no_orphan_after_a_client_side_timeout(own_server, key):
         await asyncio.sleep(2.4)  # past BLOCK + network_timeout, within the grace after it
         own_server.cont()
         assert await task is False
-        assert int((await r.info("lock"))["lock_handed_off"]) == before + 1
-        assert await lock.info() is None, "the late grant was released at once"
+        # No grant to a waiter whose BLOCK ended in the stall (see test_lock.py).
+        assert int((await r.info("lock"))["lock_handed_off"]) == before
+        assert await lock.info() is None, "the lock is free"
         second = Lock(r, key, timeout=5)
         assert await second.acquire(blocking=False)
         await second.release()
