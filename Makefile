@@ -159,7 +159,7 @@ contention-unit:
 #   make bench-callgrind            only the instructions per command (table 5 of that section)
 #   make bench-callgrind-baseline   same, and record the counts as the "before" column
 #   make bench-guarded              only section 7 (issue 23: LOCK.IFHELD against WATCH/MULTI,
-#                                   observe hand-off latency; ~6 min), replaced in perf.json
+#                                   observe hand-off latency; ~8 min here), replaced in perf.json
 #                                   and rendered; `make bench` measures it with the rest
 # Sizes and durations: BENCH_ROUNDS, BENCH_OPS_P1, BENCH_OPS_P16, BENCH_LAT_OPS,
 # BENCH_MEM_LOCKS, BENCH_WAITERS, BENCH_LEVELS, BENCH_CG_OPS, BENCH_RB_ROUNDS, BENCH_SUITES,

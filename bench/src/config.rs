@@ -24,6 +24,8 @@ pub enum Command {
     /// Only the guarded writes and observe hand-offs of issue 23 (make bench-guarded),
     /// on every server, and their instruction counts; replaces them in the saved run.
     Guarded,
+    /// Renders the saved perf.json into the docs again, measuring nothing.
+    Render,
     /// Instructions per command only (make bench-callgrind).
     Callgrind {
         /// Also record the counts as the "before" column.

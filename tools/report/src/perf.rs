@@ -520,7 +520,24 @@ fn guarded_view(g: &Guarded) -> Value {
     let none = g.observe.iter().find(|l| l.watchers == 0);
     let observe = g.observe.iter().map(|l| {
         let vs_none = none.map_or(f64::NAN, |z| l.release.p50 / z.release.p50);
-        context! { vs_none, ..Value::from(Serde(l)) }
+        // What each watcher adds to the releaser's round trip (p50), µs.
+        let per_watcher = match (none, l.watchers) {
+            (Some(z), n) if n > 0 => (l.release.p50 - z.release.p50) / n as f64,
+            _ => f64::NAN,
+        };
+        context! { vs_none, per_watcher, ..Value::from(Serde(l)) }
+    });
+    let most = g
+        .observe
+        .iter()
+        .filter(|l| l.watchers > 0)
+        .max_by_key(|l| l.watchers);
+    let most = most.map(|l| {
+        let vs_none = none.map_or(f64::NAN, |z| l.release.p50 / z.release.p50);
+        let per_watcher = none.map_or(f64::NAN, |z| {
+            (l.release.p50 - z.release.p50) / l.watchers as f64
+        });
+        context! { vs_none, per_watcher, ..Value::from(Serde(l)) }
     });
     let watch = g.observe.iter().find(|l| l.watchers == 1);
     let watch_p50 = watch.map_or(f64::NAN, |l| l.watch.p50);
@@ -538,6 +555,7 @@ fn guarded_view(g: &Guarded) -> Value {
         poll => poll.collect::<Vec<_>>(),
         watch_p50,
         watch_handoffs,
+        most,
         ifheld_vs_set => ratio(G_IFHELD, G_SET),
         ifheld_vs_watch => ratio(G_IFHELD, G_WATCH_CHECK),
         ifheld_vs_watch_get => ratio(G_IFHELD, G_WATCH_GET),
