@@ -158,11 +158,15 @@ contention-unit:
 #                                   docs/BENCHMARKS.md and docs/perf.png from it
 #   make bench-callgrind            only the instructions per command (table 5 of that section)
 #   make bench-callgrind-baseline   same, and record the counts as the "before" column
+#   make bench-guarded              only section 7 (issue 23: LOCK.IFHELD against WATCH/MULTI,
+#                                   observe hand-off latency; ~8 min here), replaced in perf.json
+#                                   and rendered; `make bench` measures it with the rest
 # Sizes and durations: BENCH_ROUNDS, BENCH_OPS_P1, BENCH_OPS_P16, BENCH_LAT_OPS,
-# BENCH_MEM_LOCKS, BENCH_WAITERS, BENCH_LEVELS, BENCH_CG_OPS, BENCH_RB_ROUNDS, BENCH_SUITES
+# BENCH_MEM_LOCKS, BENCH_WAITERS, BENCH_LEVELS, BENCH_CG_OPS, BENCH_RB_ROUNDS, BENCH_SUITES,
+# BENCH_OBS_HANDOFFS, BENCH_OBS_WATCHERS, BENCH_POLL_HANDOFFS, BENCH_POLL_MS
 # (`target/release/redis-lock-bench --help`), e.g. `BENCH_ROUNDS=3 make bench`;
 # BENCH_JSON=/tmp/x/docs/data/perf.json measures into a scratch dir and renders there.
-.PHONY: bench bench-deps bench-callgrind bench-callgrind-baseline bench-floor
+.PHONY: bench bench-deps bench-callgrind bench-callgrind-baseline bench-floor bench-guarded
 
 BENCH_RUN = BENCH_ROOT=$(CURDIR) LOCK_MODULE=$(MODULE) \
 	BENCH_SERVERS="$${BENCH_SERVERS:-$(SERVER_SYSTEM),$(SERVER_REDIS8),$(SERVER_VALKEY)}" \
@@ -185,6 +189,9 @@ bench: bench-deps build bench-floor
 
 bench-callgrind: bench-deps build bench-floor
 	$(BENCH_RUN) callgrind
+
+bench-guarded: bench-deps build bench-floor
+	$(BENCH_RUN) guarded
 
 bench-callgrind-baseline: bench-deps build bench-floor
 	$(BENCH_RUN) callgrind --save-baseline

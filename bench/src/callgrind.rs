@@ -269,8 +269,30 @@ impl Session {
 
     /// Zero, run, dump; returns the dump.
     pub fn measure(&mut self, w: &Workload, ops: u64, what: &str) -> io::Result<PathBuf> {
-        control("-z", &self.pid)?;
-        load::run(self.server.port, 1, self.pipeline, ops, what, w)?;
+        let batch = load::Batch::Pipeline(self.pipeline as u64);
+        self.measure_batched(w, ops, &batch, what)
+    }
+
+    /// [`measure`](Self::measure) with the commands grouped as `batch` says.
+    pub fn measure_batched(
+        &mut self,
+        w: &Workload,
+        ops: u64,
+        batch: &load::Batch,
+        what: &str,
+    ) -> io::Result<PathBuf> {
+        self.zero()?;
+        load::run_batched(self.server.port, 1, batch, ops, what, w)?;
+        self.dump()
+    }
+
+    /// Zeroes the counters: what runs from here until [`dump`](Self::dump) is counted.
+    pub fn zero(&self) -> io::Result<()> {
+        control("-z", &self.pid)
+    }
+
+    /// Dumps the counters since [`zero`](Self::zero); returns the dump once written.
+    pub fn dump(&mut self) -> io::Result<PathBuf> {
         control("-d", &self.pid)?;
         self.dumps += 1;
         let dump = PathBuf::from(format!("{}.{}", self.out.display(), self.dumps));
@@ -312,7 +334,7 @@ impl Session {
     /// Waits until the server has run for `settle`: every periodic check the server and
     /// the module start with (whether anything listens to the replication stream, for
     /// one) has run at least once.
-    fn settle(&self, settle: Duration) {
+    pub fn settle(&self, settle: Duration) {
         sleep(settle.saturating_sub(self.started.elapsed()));
     }
 }

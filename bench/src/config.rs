@@ -21,6 +21,11 @@ pub struct Cli {
 pub enum Command {
     /// Every suite on every server (make bench).
     All,
+    /// Only the guarded writes and observe hand-offs of issue 23 (make bench-guarded),
+    /// on every server, and their instruction counts; replaces them in the saved run.
+    Guarded,
+    /// Renders the saved perf.json into the docs again, measuring nothing.
+    Render,
     /// Instructions per command only (make bench-callgrind).
     Callgrind {
         /// Also record the counts as the "before" column.
@@ -84,14 +89,26 @@ pub struct Config {
     pub cg_ops: u64,
     #[arg(long, env = "BENCH_CG_LEVELS", default_value = "1000,10000,100000", value_parser = levels)]
     pub cg_levels: List<u64>,
+    /// Hand-offs per watcher count of the observe measurement (fewer above 100 watchers:
+    /// this many times 100 / watchers), the watcher counts, and the hand-offs per polling
+    /// interval of the polling alternative (intervals in ms).
+    #[arg(long, env = "BENCH_OBS_HANDOFFS", default_value_t = 2000, value_parser = positive)]
+    pub obs_handoffs: usize,
+    #[arg(long, env = "BENCH_OBS_WATCHERS", default_value = "0,1,100,1000")]
+    pub obs_watchers: List<u64>,
+    #[arg(long, env = "BENCH_POLL_HANDOFFS", default_value_t = 60)]
+    pub poll_handoffs: usize,
+    #[arg(long, env = "BENCH_POLL_MS", default_value = "10,100")]
+    pub poll_ms: List<u64>,
     /// Rounds of the redis-benchmark cross-check (0 skips it).
     #[arg(long, env = "BENCH_RB_ROUNDS", default_value_t = 3)]
     pub rb_rounds: usize,
-    /// Suites to run: throughput, latency, memory, scaling, crosscheck, callgrind.
+    /// Suites to run: throughput, latency, memory, scaling, crosscheck, guarded, callgrind
+    /// (with guarded: also its instruction counts).
     #[arg(
         long,
         env = "BENCH_SUITES",
-        default_value = "throughput,latency,memory,scaling,crosscheck,callgrind"
+        default_value = "throughput,latency,memory,scaling,crosscheck,guarded,callgrind"
     )]
     pub suites: List<String>,
     /// Server binaries, in report order.

@@ -99,10 +99,10 @@ impl Client {
     }
 
     /// Encodes the next batch and starts sending it.
-    fn next_batch(&mut self, id: usize, pipeline: u64, total: u64, w: &Workload) -> io::Result<()> {
+    fn next_batch(&mut self, id: usize, batch: &Batch, total: u64, w: &Workload) -> io::Result<()> {
         self.out.clear();
         self.out_pos = 0;
-        for _ in 0..pipeline.min(total - self.sent) {
+        for _ in 0..batch.len(self.sent).min(total - self.sent) {
             self.expect.push_back(w(id, self.sent, &mut self.out));
             self.sent += 1;
         }
@@ -149,6 +149,36 @@ fn nonblocking(mut f: impl FnMut() -> io::Result<usize>) -> io::Result<Option<us
 /// Longest time without a single reply before the run is declared stuck.
 const STALL: Duration = Duration::from_secs(60);
 
+/// How a connection groups its commands into round trips.
+pub enum Batch<'a> {
+    /// `n` commands at a time.
+    Pipeline(u64),
+    /// Operations of `trips.iter().sum()` commands, sent as the round trips listed: `[1,
+    /// 1, 3]` is one command, its reply, another, its reply, then three in one write (a
+    /// `WATCH`, a `GET`, then `MULTI` + `SET` + `EXEC`, as a client library sends them).
+    Trips(&'a [u64]),
+}
+
+impl Batch<'_> {
+    /// Commands in the batch that starts with command number `sent` of the connection.
+    fn len(&self, sent: u64) -> u64 {
+        match self {
+            Batch::Pipeline(n) => (*n).max(1),
+            Batch::Trips(trips) => {
+                let per_op: u64 = trips.iter().sum();
+                let mut at = sent % per_op.max(1);
+                for &t in trips.iter() {
+                    if at < t {
+                        return t - at;
+                    }
+                    at -= t;
+                }
+                1
+            }
+        }
+    }
+}
+
 /// Runs `per_conn` operations on each of `conns` connections, `pipeline` at a time, and
 /// returns the operations per second; an error (naming `what`) unless every reply was
 /// the expected one.
@@ -160,7 +190,25 @@ pub fn run(
     what: &str,
     w: &Workload,
 ) -> io::Result<f64> {
-    let pipeline = pipeline.max(1) as u64;
+    run_batched(
+        port,
+        conns,
+        &Batch::Pipeline(pipeline as u64),
+        per_conn,
+        what,
+        w,
+    )
+}
+
+/// [`run`] with the commands grouped as `batch` says; commands per second.
+pub fn run_batched(
+    port: u16,
+    conns: usize,
+    batch: &Batch,
+    per_conn: u64,
+    what: &str,
+    w: &Workload,
+) -> io::Result<f64> {
     let mut clients = (0..conns)
         .map(|_| Client::connect(port))
         .collect::<io::Result<Vec<_>>>()?;
@@ -170,7 +218,7 @@ pub fn run(
     let start = Instant::now();
     let mut last_progress = start;
     for (id, c) in clients.iter_mut().enumerate() {
-        c.next_batch(id, pipeline, per_conn, w)?;
+        c.next_batch(id, batch, per_conn, w)?;
     }
     // One pollfd per connection, in the same order; a finished one gets fd -1 (ignored).
     let mut fds: Vec<libc::pollfd> = clients
@@ -227,7 +275,7 @@ pub fn run(
             }
             c.inbuf.drain(..pos);
             if c.replied == c.sent && c.sent < per_conn {
-                c.next_batch(id, pipeline, per_conn, w)?;
+                c.next_batch(id, batch, per_conn, w)?;
             }
         }
     }
@@ -259,5 +307,13 @@ mod tests {
         assert_eq!(scan(&grant[..grant.len() - 1]).unwrap(), None);
         assert_eq!(scan(b"-ERR x\r\n").unwrap(), Some((Shape::Error, 8)));
         assert!(scan(b"?\r\n").is_err());
+    }
+
+    #[test]
+    fn trips_split_each_operation() {
+        let b = Batch::Trips(&[1, 1, 3]);
+        let lens: Vec<u64> = [0, 1, 2, 5, 6, 7].iter().map(|&s| b.len(s)).collect();
+        assert_eq!(lens, [1, 1, 3, 1, 1, 3]);
+        assert_eq!(Batch::Pipeline(16).len(3), 16);
     }
 }

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! redis-lock-bench all                        every suite on every server (make bench)
+//! redis-lock-bench guarded                    issue 23's guarded writes and observe hand-offs only (make bench-guarded)
 //! redis-lock-bench callgrind                  instructions per command only (make bench-callgrind)
 //! redis-lock-bench callgrind --save-baseline  ... and record them as the "before" column
 //! redis-lock-bench guard                      the instruction-count check of make test
@@ -13,6 +14,7 @@
 mod callgrind;
 mod config;
 mod crosscheck;
+mod guarded;
 mod latency;
 mod load;
 mod memory;
@@ -122,7 +124,7 @@ impl Rig {
     }
 }
 
-fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
+fn bench_server(bin: &Path, cfg: &Config, first: bool, date: &str) -> io::Result<ServerResults> {
     let rig = Rig::start(bin, cfg)?;
     let s = &rig.lock;
     eprintln!("== {} ({})", s.label, bin.display());
@@ -133,6 +135,7 @@ fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
         memory: None,
         scaling: None,
         crosscheck: None,
+        guarded: None,
     };
     let t = Instant::now();
     // Each suite that is asked for fills its field and leaves the server empty.
@@ -154,6 +157,13 @@ fn bench_server(bin: &Path, cfg: &Config) -> io::Result<ServerResults> {
     if cfg.rb_rounds > 0 {
         suite!("crosscheck", crosscheck, crosscheck, &rig);
     }
+    if cfg.has("guarded") {
+        r.guarded = Some(guarded::run(&rig, first, date)?);
+        for s in [&rig.lock, &rig.plain, &rig.floor] {
+            ops::flushall(&mut s.conn()?)?;
+        }
+        eprintln!("  guarded done at {:.0}s", t.elapsed().as_secs_f64());
+    }
     Ok(r)
 }
 
@@ -170,10 +180,36 @@ fn callgrind_bin(cfg: &Config) -> io::Result<PathBuf> {
 fn save_and_render(cfg: &Config, run: &PerfRun) -> io::Result<()> {
     let json = cfg.json();
     redis_lock_report::save(&json, run).map_err(io::Error::other)?;
+    eprintln!("saved {}", json.display());
+    render(&json, run)
+}
+
+/// Renders every document under the JSON's repository; when another document's data
+/// cannot be rendered (not this benchmark's), at least the perf section and its chart.
+fn render(json: &Path, run: &PerfRun) -> io::Result<()> {
     let root = json.ancestors().nth(3).unwrap_or(Path::new("."));
-    let wrote = redis_lock_report::render_all(root).map_err(io::Error::other)?;
-    eprintln!("saved {}; rendered {wrote:?}", json.display());
+    match redis_lock_report::render_all(root) {
+        Ok(wrote) => eprintln!("rendered {wrote:?}"),
+        Err(e) => {
+            eprintln!("rendering every document failed ({e}); rendering the perf section only");
+            let md = root.join("docs/BENCHMARKS.md");
+            let text = std::fs::read_to_string(&md).unwrap_or_else(|_| "# Benchmarks\n".into());
+            let section = redis_lock_report::perf::perf_section(run).map_err(io::Error::other)?;
+            let text =
+                redis_lock_report::splice(&text, "perf", &section).map_err(io::Error::other)?;
+            std::fs::write(&md, text)?;
+            let png = root.join("docs/perf.png");
+            redis_lock_report::chart::perf(&png, run).map_err(io::Error::other)?;
+            eprintln!("rendered {} and {}", md.display(), png.display());
+        }
+    }
     Ok(())
+}
+
+/// Renders the saved run again, measuring nothing.
+fn render_only(cfg: &Config) -> io::Result<()> {
+    let run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
+    render(&cfg.json(), &run)
 }
 
 fn all(cfg: &Config) -> io::Result<()> {
@@ -181,11 +217,16 @@ fn all(cfg: &Config) -> io::Result<()> {
     let date = redis_lock_report::fmt::now_utc();
     let load_start = redis_lock_report::fmt::loadavg();
     let mut servers = vec![];
-    for bin in &cfg.servers.0 {
-        servers.push(bench_server(&cfg.path(bin), cfg)?);
+    for (i, bin) in cfg.servers.0.iter().enumerate() {
+        servers.push(bench_server(&cfg.path(bin), cfg, i == 0, &date)?);
     }
     let callgrind = if cfg.has("callgrind") {
         Some(callgrind::run(&callgrind_bin(cfg)?, cfg, &date)?)
+    } else {
+        None
+    };
+    let guarded_callgrind = if cfg.has("guarded") {
+        Some(guarded::callgrind(&callgrind_bin(cfg)?, cfg, &date)?)
     } else {
         None
     };
@@ -201,6 +242,7 @@ fn all(cfg: &Config) -> io::Result<()> {
         extend_lua: ops::EXTEND_LUA.into(),
         servers,
         callgrind,
+        guarded_callgrind,
     };
     eprintln!("{}", redis_lock_report::perf::headline(&run));
     save_and_render(cfg, &run)
@@ -217,6 +259,42 @@ fn callgrind_only(cfg: &Config, save_baseline: bool) -> io::Result<()> {
     let mut run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
     eprintln!("{}", redis_lock_report::perf::callgrind_block(&cg));
     run.callgrind = Some(cg);
+    save_and_render(cfg, &run)
+}
+
+/// Only issue 23's guarded writes and observe hand-offs, on every server, and their
+/// instruction counts: replaces them in the saved run (the other figures stay as they
+/// were measured; the section says when each was).
+fn guarded_only(cfg: &Config) -> io::Result<()> {
+    let date = redis_lock_report::fmt::now_utc();
+    let mut run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
+    for (i, bin) in cfg.servers.0.iter().enumerate() {
+        let rig = Rig::start(&cfg.path(bin), cfg)?;
+        eprintln!("== {} ({})", rig.lock.label, bin.display());
+        let g = guarded::run(&rig, i == 0, &date)?;
+        match run.servers.iter_mut().find(|s| s.label == rig.lock.label) {
+            Some(s) => s.guarded = Some(g),
+            None => run.servers.push(ServerResults {
+                label: rig.lock.label.clone(),
+                throughput: None,
+                latency: None,
+                memory: None,
+                scaling: None,
+                crosscheck: None,
+                guarded: Some(g),
+            }),
+        }
+    }
+    run.guarded_callgrind = Some(guarded::callgrind(&callgrind_bin(cfg)?, cfg, &date)?);
+    // The settings this part ran with, beside those of the run it joins.
+    let now = serde_json::to_value(cfg).map_err(io::Error::other)?;
+    if let (Some(saved), Some(now)) = (run.settings.as_object_mut(), now.as_object()) {
+        for k in ["obs_handoffs", "obs_watchers", "poll_handoffs", "poll_ms"] {
+            if let Some(v) = now.get(k) {
+                saved.insert(k.into(), v.clone());
+            }
+        }
+    }
     save_and_render(cfg, &run)
 }
 
@@ -252,6 +330,8 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         None | Some(Command::All) => all(&cfg),
+        Some(Command::Guarded) => guarded_only(&cfg),
+        Some(Command::Render) => render_only(&cfg),
         Some(Command::Callgrind { save_baseline }) => callgrind_only(&cfg, save_baseline),
         Some(Command::Guard { save_baseline }) => callgrind_bin(&cfg)
             .and_then(|bin| callgrind::guard(&bin, &cfg, save_baseline.as_deref())),

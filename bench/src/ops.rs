@@ -58,14 +58,19 @@ pub enum Needs {
     Crowd(u64),
 }
 
-/// One command, or a cycle of two on the same key (`a + b`). In `words`, `{k}` is the
-/// op's key (`prefix:ccc:iiiiiiiii`), `{t}` the [`TOKEN`], `{release}` and `{extend}`
-/// the SHA1 of the recipe's scripts; `reply` is what each command must answer.
+/// One command, or a cycle of several on the same key (`a + b`). In `words`, `{k}` is
+/// the op's key (`prefix:ccc:iiiiiiiii`), `{d}` the data key that goes with it (`{k}`
+/// and `:data`), `{t}` the [`TOKEN`], `{f}` the fence of the lock on `{k}` (see
+/// [`Vars`]), `{release}` and `{extend}` the SHA1 of the recipe's scripts; `reply` is
+/// what each command must answer.
 #[derive(Debug)]
 pub struct Op {
     pub words: &'static str,
     pub reply: &'static [Shape],
     pub needs: Needs,
+    /// How a client sends the commands of one op as round trips (commands per trip);
+    /// empty: as the pipeline depth of the run says.
+    pub trips: &'static [u64],
 }
 
 const fn op(words: &'static str, reply: &'static [Shape], needs: Needs) -> Op {
@@ -73,7 +78,27 @@ const fn op(words: &'static str, reply: &'static [Shape], needs: Needs) -> Op {
         words,
         reply,
         needs,
+        trips: &[],
     }
+}
+
+/// An op whose commands go as the round trips `trips` (commands per trip), on a lock
+/// held beforehand.
+const fn txn(words: &'static str, reply: &'static [Shape], trips: &'static [u64]) -> Op {
+    Op {
+        words,
+        reply,
+        needs: Nothing,
+        trips,
+    }
+}
+
+/// What the placeholders of an op's words stand for besides its key.
+#[derive(Debug, Clone, Copy)]
+pub struct Vars<'a> {
+    pub scripts: &'a Scripts,
+    /// The fence of the lock on the op's key (`{f}`).
+    pub fence: &'a [u8],
 }
 
 use Needs::{Held, Kept, Nothing};
@@ -121,6 +146,49 @@ pub const CYCLE_RECIPE: Op = op(
 pub const FLOOR: Op = op("FLOOR.ACQUIRE {k} {t} 600000", &[Array(2)], Nothing);
 pub const FLOOR_NOEXP: Op = op("FLOOR.ACQUIRE {k} {t} 0", &[Array(2)], Nothing);
 
+/// The data key `{d}` of a guarded write is the lock key and this.
+pub const DATA_SUFFIX: &[u8] = b":data";
+
+/// Guarded writes (issue 23): a holder writes `{d}` only while its lock on `{k}` is
+/// held. The plain write is the floor; the classic form without the module's guard is
+/// `WATCH` the lock, read it and compare (the token of a `SET NX PX` lock, or
+/// `LOCK.CHECK` of the fence for a module lock), then `MULTI` + the write + `EXEC`,
+/// which `EXEC` refuses (nil) if the lock changed after the `WATCH`. Client libraries
+/// (redis-py, node-redis, go-redis) send that as three round trips: `WATCH`, the read
+/// (whose answer decides whether to go on), then `MULTI`..`EXEC` in one write; sending
+/// `WATCH` and the read together saves one.
+pub const GUARD_SET: Op = op("SET {d} value-0001", &[Status(true)], Nothing);
+pub const IFHELD: Op = op(
+    "LOCK.IFHELD {k} {t} SET {d} value-0001",
+    &[Status(true)],
+    Nothing,
+);
+pub const IFFENCE: Op = op(
+    "LOCK.IFFENCE {k} {f} SET {d} value-0001",
+    &[Status(true)],
+    Nothing,
+);
+pub const CHECK: Op = op("LOCK.CHECK {k} {f}", &[Int(1)], Nothing);
+/// `+QUEUED` is a status that is not `OK`; `EXEC` answers one reply per queued command
+/// (nil when the transaction was aborted, which the run counts as a failure).
+const WATCHED: [Shape; 5] = [Status(true), Bulk, Status(true), Status(false), Array(1)];
+const WATCHED_CHECK: [Shape; 5] = [Status(true), Int(1), Status(true), Status(false), Array(1)];
+pub const WATCH_GET: Op = txn(
+    "WATCH {k} + GET {k} + MULTI + SET {d} value-0001 + EXEC",
+    &WATCHED,
+    &[1, 1, 3],
+);
+pub const WATCH_GET_2RT: Op = txn(
+    "WATCH {k} + GET {k} + MULTI + SET {d} value-0001 + EXEC",
+    &WATCHED,
+    &[2, 3],
+);
+pub const WATCH_CHECK: Op = txn(
+    "WATCH {k} + LOCK.CHECK {k} {f} + MULTI + SET {d} value-0001 + EXEC",
+    &WATCHED_CHECK,
+    &[1, 1, 3],
+);
+
 /// The commands listed in the report, in its order.
 pub const SHOWN: [&Op; 9] = [
     &ACQUIRE,
@@ -149,7 +217,9 @@ impl Op {
         (self
             .words
             .replace("{k}", "k")
-            .replace("{t}", "<36-byte token>"))
+            .replace("{t}", "<36-byte token>")
+            .replace("{d}", "k:data")
+            .replace("{f}", "<fence>"))
         .replace("{release}", "<release.lua>")
         .replace("{extend}", "<extend.lua>")
     }
@@ -161,19 +231,31 @@ impl Op {
 
     /// Appends command `step` of the op on key `k`; returns the reply it must get.
     pub fn put(&self, step: usize, k: &[u8], s: &Scripts, out: &mut Vec<u8>) -> Option<Shape> {
+        let vars = Vars {
+            scripts: s,
+            fence: b"",
+        };
+        self.put_with(step, k, vars, out)
+    }
+
+    /// [`put`](Self::put) with the fence of `{f}` too.
+    pub fn put_with(&self, step: usize, k: &[u8], v: Vars, out: &mut Vec<u8>) -> Option<Shape> {
         let words = self.words.split(" + ").nth(step).unwrap_or(self.words);
         // Writing into a Vec cannot fail.
         let _ = write!(out, "*{}\r\n", words.split(' ').count());
         for w in words.split(' ') {
             let a: &[u8] = match w {
-                "{k}" => k,
+                "{k}" | "{d}" => k,
                 "{t}" => TOKEN,
-                "{release}" => &s.release,
-                "{extend}" => &s.extend,
+                "{f}" => v.fence,
+                "{release}" => &v.scripts.release,
+                "{extend}" => &v.scripts.extend,
                 w => w.as_bytes(),
             };
-            let _ = write!(out, "${}\r\n", a.len());
+            let data: &[u8] = if w == "{d}" { DATA_SUFFIX } else { b"" };
+            let _ = write!(out, "${}\r\n", a.len() + data.len());
             out.extend_from_slice(a);
+            out.extend_from_slice(data);
             out.extend_from_slice(b"\r\n");
         }
         self.reply.get(step).copied()
@@ -322,6 +404,24 @@ mod tests {
         assert_eq!(
             (w(3, 2, &mut a), w(3, 3, &mut b)),
             (Some(Array(2)), Some(Int(1)))
+        );
+        let mut g = Vec::new();
+        let vars = Vars {
+            scripts: &s,
+            fence: b"42",
+        };
+        assert_eq!(IFFENCE.put_with(0, b"k", vars, &mut g), Some(Status(true)));
+        assert_eq!(
+            String::from_utf8_lossy(&g),
+            "*6\r\n$12\r\nLOCK.IFFENCE\r\n$1\r\nk\r\n$2\r\n42\r\n$3\r\nSET\r\n$6\r\nk:data\r\n$10\r\nvalue-0001\r\n"
+        );
+        assert_eq!(
+            WATCH_CHECK.shown(),
+            "WATCH k + LOCK.CHECK k <fence> + MULTI + SET k:data value-0001 + EXEC"
+        );
+        assert_eq!(
+            WATCH_GET.trips.iter().sum::<u64>(),
+            WATCH_GET.commands_per_op()
         );
         assert!(a.ends_with(b"$15\r\np:003:000000001\r\n$5\r\nTOKEN\r\n$36\r\n6f1c1b9e-3a5d-4c2e-9b7a-0d8e2f4a1c3b\r\n$2\r\nPX\r\n$6\r\n600000\r\n"));
     }

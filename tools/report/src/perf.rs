@@ -216,6 +216,111 @@ pub struct Callgrind {
     pub baseline: Option<(String, Vec<(String, f64)>)>,
 }
 
+/// The guarded writes of issue 23, as the benchmark names them: the plain write (the
+/// floor), the module's guards, and the classic forms without them.
+pub const G_SET: &str = "SET (unguarded)";
+pub const G_IFHELD: &str = "LOCK.IFHELD + SET";
+pub const G_IFFENCE: &str = "LOCK.IFFENCE + SET";
+pub const G_CHECK: &str = "LOCK.CHECK alone";
+pub const G_WATCH_CHECK: &str = "WATCH + LOCK.CHECK + MULTI/SET/EXEC";
+pub const G_WATCH_GET: &str = "WATCH + GET + MULTI/SET/EXEC";
+pub const G_WATCH_GET_2RT: &str = "WATCH+GET pipelined, MULTI/SET/EXEC";
+/// The forms each row is set against, in the report's column order.
+pub const G_REFERENCES: [&str; 3] = [G_SET, G_WATCH_CHECK, G_WATCH_GET];
+
+/// One guarded-write form: writes per second (median over rounds, and each round's).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GuardedRate {
+    pub name: String,
+    /// The commands of one write, as a user would type them.
+    pub command: String,
+    /// "with the module" or "without the module".
+    pub server: String,
+    pub commands: u64,
+    pub round_trips: u64,
+    pub rate: f64,
+    pub rounds: Vec<f64>,
+}
+
+/// Percentiles of a delay, microseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Spread {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+/// Hand-offs of one lock with `watchers` clients in `LOCK.WATCH key FENCE f` and one
+/// FIFO waiter: the releasing command's round trip, and the time from its reply to the
+/// waiter's grant, to each watcher's answer and to the last watcher's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ObserveLevel {
+    pub watchers: u64,
+    pub handoffs: usize,
+    pub release: Spread,
+    pub grant: Spread,
+    pub watch: Spread,
+    pub last_watcher: Spread,
+}
+
+/// The polling alternative: an observer sending `LOCK.INFO` every `interval_ms`; the
+/// time from the release reply to its first poll that shows the new holder, µs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PollDelay {
+    pub interval_ms: u64,
+    pub handoffs: usize,
+    pub delay: Spread,
+}
+
+/// Issue 23's measurements on one server.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Guarded {
+    /// When it was measured (`make bench-guarded` measures it alone, later than the rest).
+    pub date: String,
+    pub clients: usize,
+    /// Rounds, and commands per run of a form (whole writes).
+    pub rounds: usize,
+    pub commands_per_run: u64,
+    pub rates: Vec<GuardedRate>,
+    pub observe: Vec<ObserveLevel>,
+    pub poll: Vec<PollDelay>,
+}
+
+/// Instructions per guarded write under callgrind (one connection, the write's own
+/// round trips): all of them, and inside `processCommand`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CgWrite {
+    pub name: String,
+    pub command: String,
+    pub server: String,
+    pub total: f64,
+    pub process: f64,
+    /// Inclusive costs per write of the module's functions and the server API calls.
+    #[serde(default)]
+    pub inclusive: Vec<FnCost>,
+}
+
+/// One RELEASE with `watchers` watchers on its key: inside `processCommand` (the
+/// command), and everything until every watcher had its answer (their wake-ups too);
+/// medians over `reps`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CgRelease {
+    pub watchers: u64,
+    pub reps: usize,
+    pub process: f64,
+    pub total: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GuardedCallgrind {
+    pub date: String,
+    pub server: String,
+    pub writes: u64,
+    pub rows: Vec<CgWrite>,
+    pub release: Vec<CgRelease>,
+}
+
 /// Everything measured on one server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServerResults {
@@ -226,6 +331,9 @@ pub struct ServerResults {
     pub memory: Option<Memory>,
     pub scaling: Option<Scaling>,
     pub crosscheck: Option<CrossCheck>,
+    /// Guarded writes and observe hand-offs (issue 23).
+    #[serde(default)]
+    pub guarded: Option<Guarded>,
 }
 
 /// docs/data/perf.json: one `make bench` run.
@@ -244,6 +352,9 @@ pub struct PerfRun {
     pub extend_lua: String,
     pub servers: Vec<ServerResults>,
     pub callgrind: Option<Callgrind>,
+    /// Instructions per guarded write, and of a RELEASE with watchers (issue 23).
+    #[serde(default)]
+    pub guarded_callgrind: Option<GuardedCallgrind>,
 }
 
 /// Memory per held exclusive lock against a `SET NX PX` string lock with the same token.
@@ -371,12 +482,115 @@ fn server_view(s: &ServerResults, names: &[&str]) -> Value {
     });
     let mem_ratio = s.memory.as_ref().map(Memory::ratio);
     context! {
+        g => s.guarded.as_ref().map(guarded_view),
         ratios => Serde(ratios),
         tp => Serde(tp),
         mem_ratio,
         mem_met => mem_ratio.map(|r| r <= MEMORY_GOAL),
         flat => Serde(flatness(s)),
         ..Value::from(Serde(s))
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// The median over rounds of `a`'s rate / `b`'s in the same round.
+fn round_ratio(a: &GuardedRate, b: &GuardedRate) -> f64 {
+    let r: Vec<f64> = a.rounds.iter().zip(&b.rounds).map(|(a, b)| a / b).collect();
+    median(&r)
+}
+
+/// Issue 23's figures of one server with what the template shows beyond them: each
+/// form's rate against [`G_REFERENCES`] (`vs`), each watcher count's release round trip
+/// against no watchers, and each polling interval's delay against a watcher's.
+fn guarded_view(g: &Guarded) -> Value {
+    let find = |n: &str| g.rates.iter().find(|r| r.name == n);
+    let rates = g.rates.iter().map(|r| {
+        let vs = G_REFERENCES.map(|n| find(n).map_or(f64::NAN, |b| round_ratio(r, b)));
+        context! { vs => Serde(vs), ..Value::from(Serde(r)) }
+    });
+    let none = g.observe.iter().find(|l| l.watchers == 0);
+    let observe = g.observe.iter().map(|l| {
+        let vs_none = none.map_or(f64::NAN, |z| l.release.p50 / z.release.p50);
+        // What each watcher adds to the releaser's round trip (p50), µs.
+        let per_watcher = match (none, l.watchers) {
+            (Some(z), n) if n > 0 => (l.release.p50 - z.release.p50) / n as f64,
+            _ => f64::NAN,
+        };
+        context! { vs_none, per_watcher, ..Value::from(Serde(l)) }
+    });
+    let most = g
+        .observe
+        .iter()
+        .filter(|l| l.watchers > 0)
+        .max_by_key(|l| l.watchers);
+    let most = most.map(|l| {
+        let vs_none = none.map_or(f64::NAN, |z| l.release.p50 / z.release.p50);
+        let per_watcher = none.map_or(f64::NAN, |z| {
+            (l.release.p50 - z.release.p50) / l.watchers as f64
+        });
+        context! { vs_none, per_watcher, ..Value::from(Serde(l)) }
+    });
+    let watch = g.observe.iter().find(|l| l.watchers == 1);
+    let watch_p50 = watch.map_or(f64::NAN, |l| l.watch.p50);
+    let watch_handoffs = watch.map(|l| l.handoffs);
+    let poll = g.poll.iter().map(|p| {
+        context! { vs_watch => p.delay.p50 / watch_p50, ..Value::from(Serde(p)) }
+    });
+    let ratio = |a: &str, b: &str| match (find(a), find(b)) {
+        (Some(a), Some(b)) => round_ratio(a, b),
+        _ => f64::NAN,
+    };
+    context! {
+        rates => rates.collect::<Vec<_>>(),
+        observe => observe.collect::<Vec<_>>(),
+        poll => poll.collect::<Vec<_>>(),
+        watch_p50,
+        watch_handoffs,
+        most,
+        ifheld_vs_set => ratio(G_IFHELD, G_SET),
+        ifheld_vs_watch => ratio(G_IFHELD, G_WATCH_CHECK),
+        ifheld_vs_watch_get => ratio(G_IFHELD, G_WATCH_GET),
+        ifheld_vs_watch_2rt => ratio(G_IFHELD, G_WATCH_GET_2RT),
+        ..Value::from(Serde(g))
+    }
+}
+
+/// The guarded writes under callgrind against [`G_REFERENCES`] (all instructions, and
+/// inside `processCommand`), and each RELEASE against the one with no watchers.
+fn guarded_cg_view(cg: &GuardedCallgrind) -> Value {
+    let find = |n: &str| cg.rows.iter().find(|r| r.name == n);
+    let rows = cg.rows.iter().map(|r| {
+        let vs = G_REFERENCES.map(|n| find(n).map_or(f64::NAN, |b| r.total / b.total));
+        let vs_process = G_REFERENCES.map(|n| find(n).map_or(f64::NAN, |b| r.process / b.process));
+        context! { vs => Serde(vs), vs_process => Serde(vs_process), ..Value::from(Serde(r)) }
+    });
+    let none = cg.release.iter().find(|r| r.watchers == 0);
+    let release = cg.release.iter().map(|r| {
+        let vs_none = none.map_or(f64::NAN, |z| r.process / z.process);
+        let extra = none.map_or(f64::NAN, |z| r.total - z.total);
+        let per_watcher = if r.watchers > 0 {
+            extra / r.watchers as f64
+        } else {
+            f64::NAN
+        };
+        context! { vs_none, per_watcher, ..Value::from(Serde(r)) }
+    });
+    // Where a LOCK.IFHELD's instructions go: the most expensive functions in it.
+    let ifheld = find(G_IFHELD).map(|r| &r.inclusive[..r.inclusive.len().min(8)]);
+    context! {
+        rows => rows.collect::<Vec<_>>(),
+        release => release.collect::<Vec<_>>(),
+        ifheld_costs => Serde(ifheld),
+        ..Value::from(Serde(cg))
     }
 }
 
@@ -459,6 +673,8 @@ fn perf_context(run: &PerfRun) -> Value {
         first_memory => Serde(run.servers.iter().find_map(|s| s.memory.as_ref())),
         memory_goal => MEMORY_GOAL,
         instruction_goals => run.callgrind.as_ref().map(instruction_goals),
+        guarded_cg => run.guarded_callgrind.as_ref().map(guarded_cg_view),
+        references => G_REFERENCES,
         cycle_goal => CYCLE_SCALING_GOAL,
         ACQUIRE, RELEASE, CYCLE,
     }
@@ -586,16 +802,10 @@ mod tests {
             "{cg}"
         );
         let text = perf_section(&run).expect("rendered");
-        // The goals are the run's own (each pair records the goal it was measured against).
-        let g = PIPELINES.map(|p| {
-            let goal = pair(s, ACQUIRE, p).and_then(|x| x.goal).expect("a goal");
-            format!("{goal}×")
-        });
-        let row = format!(
-            "| ACQUIRE vs SET NX PX ≥ {} / {} (pipeline 1 / 16) |",
-            g[0], g[1]
-        );
-        assert!(text.contains(&row), "{row}");
+        // The goals as the data records them (a later run may change them).
+        let (name, [g1, g16]) = goal_pairs(&run).into_iter().next().expect("a goal");
+        let (g1, g16) = (g1.expect("goal at 1"), g16.expect("goal at 16"));
+        assert!(text.contains(&format!("| {name} ≥ {g1}× / {g16}× (pipeline 1 / 16) |")));
         assert!(text.contains("| LOCK.ACQUIRE (TOKEN) / SET NX PX | "));
         assert!(text.contains(&format!("<!-- perf:callgrind:begin -->\n{cg}<!--")));
 
@@ -606,13 +816,71 @@ mod tests {
             p.ratio = 3.0;
         }
         s.scaling = None;
+        s.memory = None;
         run.callgrind = None;
         let text = perf_section(&run).expect("rendered");
         assert!(
             text.contains("| goal | Redis 7.0.15 |\n|---|---|\n"),
             "{text}"
         );
-        assert!(text.contains("Every goal is met in this run.\n\n### 1. Throughput"));
+        assert!(text.contains("Every goal is met in this run.\n\n### 1. Throughput"), "{text}");
         assert!(text.contains("<!-- perf:callgrind:begin -->\nNot run"));
+    }
+
+    #[test]
+    fn guarded_ratios_are_per_round() {
+        let mut run = run();
+        run.servers.truncate(1);
+        let rate = |name: &str, rounds: [f64; 3]| GuardedRate {
+            name: name.into(),
+            command: "X".into(),
+            server: "with the module".into(),
+            commands: 1,
+            round_trips: 1,
+            rate: rounds[1],
+            rounds: rounds.to_vec(),
+        };
+        let level = |watchers, p50| ObserveLevel {
+            watchers,
+            release: Spread {
+                p50,
+                ..Spread::default()
+            },
+            watch: Spread {
+                p50: 8.0,
+                n: 1,
+                ..Spread::default()
+            },
+            ..ObserveLevel::default()
+        };
+        run.servers[0].guarded = Some(Guarded {
+            date: run.date.clone(),
+            rates: vec![
+                rate(G_SET, [100.0, 200.0, 300.0]),
+                rate(G_IFHELD, [90.0, 100.0, 240.0]),
+                rate(G_WATCH_CHECK, [30.0, 50.0, 100.0]),
+            ],
+            observe: vec![level(0, 50.0), level(1, 100.0)],
+            poll: vec![PollDelay {
+                interval_ms: 10,
+                handoffs: 5,
+                delay: Spread {
+                    p50: 4000.0,
+                    ..Spread::default()
+                },
+            }],
+            ..Guarded::default()
+        });
+        let text = perf_section(&run).expect("rendered");
+        // Per-round ratios 0.9, 0.5, 0.8 (median 0.8) and 3, 2, 2.4 (median 2.4): not
+        // the ratio of the medians (0.5 and 2).
+        assert!(
+            text.contains("| LOCK.IFHELD + SET | 1 | 1 | 100 | 0.80× | 2.40× | – |"),
+            "{text}"
+        );
+        assert!(text.contains("runs at 0.80× the plain `SET`'s rate, 2.40× the"));
+        assert!(text.contains("| 1 | 0 | 100 / 0 / 0 | 2.00× |"), "{text}");
+        assert!(text.contains("| `LOCK.INFO` every 10 ms | 5 | 4.00 ms | 0 µs | 0 µs | 500× |"));
+        assert!(text.contains("_Measured ") && text.contains(" with the rest of this section._"));
     }
 }

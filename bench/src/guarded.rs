@@ -1,0 +1,669 @@
+//! Issue 23's benchmarks. (1) Guarded writes: a holder's `LOCK.IFHELD lock token SET data
+//! v` against the classic form a client uses without it (`WATCH` the lock, read it and
+//! compare, `MULTI` + `SET` + `EXEC`, in the round trips client libraries use) and
+//! against the plain `SET` as the floor, with `LOCK.IFFENCE` and `LOCK.CHECK` beside
+//! them: 50 clients, pipeline 1 (the classic form in its own round trips), every form
+//! once per round in a rotating order, every reply checked (an `EXEC` that answers nil
+//! fails the run). (2) Observe hand-offs: a holder releases a lock with a FIFO waiter and
+//! N clients blocked in `LOCK.WATCH key FENCE f`; the time from the release reply to the
+//! waiter's grant and to each watcher's answer, the release's own round trip with N
+//! watchers, and the same hand-off seen by a client polling `LOCK.INFO` every 10 or 100
+//! ms. (3) Under callgrind: instructions per guarded write, and per RELEASE with 0, 100
+//! and 1,000 watchers.
+
+use std::io::{self, ErrorKind, Read, Write as _};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use redis_lock_report::perf::{
+    self, CgRelease, CgWrite, Guarded, GuardedCallgrind, GuardedRate, ObserveLevel, PollDelay,
+    Spread,
+};
+use redis_lock_testkit::{encode, lock, RawConn};
+
+use crate::callgrind::{costs, Session, SETTLE};
+use crate::config::Config;
+use crate::load::{self, scan, Batch, Shape};
+use crate::ops::{self, key, Op, Vars, TOKEN};
+use crate::stats::{median, quantiles};
+use crate::{On, Rig, Server};
+
+/// The forms compared: report name, op, the server it runs on (the string lock's
+/// classic form runs where the module is not loaded, as it would without the module).
+pub const WRITES: [(&str, &Op, On); 7] = [
+    (perf::G_SET, &ops::GUARD_SET, On::Lock),
+    (perf::G_IFHELD, &ops::IFHELD, On::Lock),
+    (perf::G_IFFENCE, &ops::IFFENCE, On::Lock),
+    (perf::G_CHECK, &ops::CHECK, On::Lock),
+    (perf::G_WATCH_CHECK, &ops::WATCH_CHECK, On::Lock),
+    (perf::G_WATCH_GET, &ops::WATCH_GET, On::Plain),
+    (perf::G_WATCH_GET_2RT, &ops::WATCH_GET_2RT, On::Plain),
+];
+
+/// The lock of connection `conn` (also the `{k}` of its writes).
+fn lock_key(conn: usize) -> Vec<u8> {
+    key(b"guard", conn, 0)
+}
+
+/// Holds one lock per connection on `s` (a module lock, or on the server without the
+/// module a `SET NX PX` string lock with the same token); returns each lock's fence
+/// (empty for a string lock).
+fn hold(s: &Server, on: On, conns: usize) -> io::Result<Vec<Vec<u8>>> {
+    let mut c = s.conn()?;
+    let module = on == On::Lock;
+    let cmds: Vec<Vec<Vec<u8>>> = (0..conns)
+        .map(|i| {
+            let (k, t) = (lock_key(i), TOKEN.to_vec());
+            let ttl = ops::TTL.to_vec();
+            match module {
+                true => vec![
+                    b"LOCK.ACQUIRE".to_vec(),
+                    k,
+                    b"TOKEN".to_vec(),
+                    t,
+                    b"PX".to_vec(),
+                    ttl,
+                ],
+                false => vec![b"SET".to_vec(), k, t, b"NX".to_vec(), b"PX".to_vec(), ttl],
+            }
+        })
+        .collect();
+    let replies = c.pipeline(&cmds)?;
+    replies
+        .iter()
+        .map(|r| match (module, r.grant(), r.as_bytes()) {
+            (true, Some((_, fence)), _) => Ok(fence.to_string().into_bytes()),
+            (false, _, Some(b"OK")) => Ok(vec![]),
+            _ => Err(io::Error::other(format!(
+                "could not hold a guard lock: {r:?}"
+            ))),
+        })
+        .collect()
+}
+
+/// The batching of `op` at pipeline 1: its own round trips, else one command at a time.
+fn batch(op: &Op) -> Batch<'_> {
+    match op.trips {
+        [] => Batch::Pipeline(1),
+        trips => Batch::Trips(trips),
+    }
+}
+
+/// Writes per second of `op` on `s`, `cmds` commands per connection (whole writes).
+fn rate(s: &Server, op: &Op, fences: &[Vec<u8>], cmds: u64) -> io::Result<f64> {
+    let per_op = op.commands_per_op();
+    let per_conn = cmds.max(per_op) / per_op * per_op;
+    let w = |conn: usize, i: u64, out: &mut Vec<u8>| {
+        let fence = fences.get(conn).map_or(&b""[..], Vec::as_slice);
+        let vars = Vars {
+            scripts: &s.scripts,
+            fence,
+        };
+        op.put_with((i % per_op) as usize, &lock_key(conn), vars, out)
+    };
+    let conns = fences.len();
+    let per_sec = load::run_batched(s.port, conns, &batch(op), per_conn, &op.shown(), &w)?;
+    Ok(per_sec / per_op as f64)
+}
+
+/// Part 1 on one binary: every form once per round, the order rotated round by round.
+fn rates(rig: &Rig) -> io::Result<Vec<GuardedRate>> {
+    let cfg = &rig.lock.cfg;
+    let conns = cfg.clients;
+    let fences = [
+        hold(&rig.lock, On::Lock, conns)?,
+        hold(&rig.plain, On::Plain, conns)?,
+    ];
+    let fences_on = |on: On| &fences[usize::from(on != On::Lock)];
+    let cmds = (cfg.ops_p1 / conns as u64).max(1);
+    for (_, op, on) in WRITES {
+        rate(rig.on(on), op, fences_on(on), cmds / 10)?;
+    }
+    let mut rounds = vec![vec![]; WRITES.len()];
+    for round in 0..cfg.rounds {
+        for j in 0..WRITES.len() {
+            let i = (j + round) % WRITES.len();
+            let (_, op, on) = WRITES[i];
+            rounds[i].push(rate(rig.on(on), op, fences_on(on), cmds)?);
+        }
+    }
+    let rows = WRITES.iter().zip(rounds).map(|(&(name, op, on), rounds)| {
+        eprintln!("  [guarded] {name}: {:.0} writes/s", median(&rounds));
+        GuardedRate {
+            name: name.into(),
+            command: op.shown(),
+            server: server_name(on).into(),
+            commands: op.commands_per_op(),
+            round_trips: if op.trips.is_empty() {
+                op.commands_per_op()
+            } else {
+                op.trips.len() as u64
+            },
+            rate: median(&rounds),
+            rounds,
+        }
+    });
+    Ok(rows.collect())
+}
+
+fn server_name(on: On) -> &'static str {
+    match on {
+        On::Plain => "without the module",
+        _ => "with the module",
+    }
+}
+
+/// A connection read reply by reply, or polled with others.
+struct Peer {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+/// Longest wait for any reply of the observe measurement.
+const STALL: Duration = Duration::from_secs(60);
+
+impl Peer {
+    fn connect(port: u16) -> io::Result<Peer> {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(STALL))?;
+        Ok(Peer {
+            s,
+            buf: Vec::with_capacity(4096),
+        })
+    }
+
+    fn send(&mut self, args: &[&[u8]]) -> io::Result<()> {
+        let mut out = Vec::with_capacity(128);
+        encode(&mut out, args);
+        self.s.write_all(&out)
+    }
+
+    /// A complete reply taken from the buffer, if there is one.
+    fn take(&mut self) -> io::Result<Option<(Shape, Vec<u8>)>> {
+        match scan(&self.buf).map_err(io::Error::other)? {
+            Some((shape, used)) => Ok(Some((shape, self.buf.drain(..used).collect()))),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads what the socket has (one read).
+    fn fill(&mut self) -> io::Result<()> {
+        let mut tmp = [0u8; 16 * 1024];
+        let n = self.s.read(&mut tmp)?;
+        if n == 0 {
+            return Err(io::Error::new(ErrorKind::UnexpectedEof, "server closed"));
+        }
+        self.buf.extend_from_slice(&tmp[..n]);
+        Ok(())
+    }
+
+    /// The next reply, waiting for it.
+    fn reply(&mut self) -> io::Result<(Shape, Vec<u8>)> {
+        loop {
+            if let Some(r) = self.take()? {
+                return Ok(r);
+            }
+            self.fill()?;
+        }
+    }
+}
+
+/// The fence of a `[token, fence]` grant as its digits.
+fn fence_of(grant: &[u8]) -> Option<Vec<u8>> {
+    let body = grant.strip_suffix(b"\r\n")?;
+    let at = body.iter().rposition(|&b| b == b':')?;
+    let digits = &body[at + 1..];
+    (!digits.is_empty() && digits.iter().all(u8::is_ascii_digit)).then(|| digits.to_vec())
+}
+
+/// Reads one reply from each peer, as they come; returns, in the peers' order, when
+/// each was complete and what it was.
+fn gather(peers: &mut [&mut Peer]) -> io::Result<Vec<(Instant, Shape, Vec<u8>)>> {
+    let mut got: Vec<Option<(Instant, Shape, Vec<u8>)>> = vec![None; peers.len()];
+    for (g, p) in got.iter_mut().zip(peers.iter_mut()) {
+        if let Some((shape, r)) = p.take()? {
+            *g = Some((Instant::now(), shape, r));
+        }
+    }
+    let mut fds: Vec<libc::pollfd> = peers
+        .iter()
+        .map(|p| libc::pollfd {
+            fd: p.s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let start = Instant::now();
+    while got.iter().any(Option::is_none) {
+        for (f, g) in fds.iter_mut().zip(&got) {
+            if g.is_some() {
+                f.fd = -1;
+            }
+        }
+        // SAFETY: poll(2) on a valid array of pollfd structs of ours.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if start.elapsed() > STALL {
+            return Err(io::Error::other(
+                "observe: a watcher or waiter never answered",
+            ));
+        }
+        for ((f, p), g) in fds.iter().zip(peers.iter_mut()).zip(got.iter_mut()) {
+            if g.is_some() || f.revents == 0 {
+                continue;
+            }
+            p.fill()?;
+            if let Some((shape, r)) = p.take()? {
+                *g = Some((Instant::now(), shape, r));
+            }
+        }
+    }
+    Ok(got.into_iter().flatten().collect())
+}
+
+/// Waits until the server counts `waiters` waiters and `watchers` watchers.
+fn wait_counts(c: &mut RawConn, waiters: u64, watchers: u64) -> io::Result<()> {
+    let start = Instant::now();
+    loop {
+        let info = c.info("lock")?;
+        let get = |f: &str| {
+            let v = info.iter().find(|(k, _)| k == f);
+            v.and_then(|(_, v)| v.parse::<u64>().ok())
+        };
+        if get("lock_waiters") == Some(waiters) && get("lock_watchers") == Some(watchers) {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(io::Error::other(format!(
+                "observe: {waiters} waiters and {watchers} watchers never queued"
+            )));
+        }
+    }
+}
+
+/// Percentiles of the samples (all 0 with `n` 0 when there are none).
+fn spread(mut v: Vec<f64>) -> Spread {
+    if v.is_empty() {
+        return Spread::default();
+    }
+    let [p50, p99, max] = quantiles(&mut v, [0.5, 0.99, 1.0]);
+    Spread {
+        p50,
+        p99,
+        max,
+        n: v.len(),
+    }
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+const HOLDERS: [&[u8]; 2] = [b"observe-holder-a-0001", b"observe-holder-b-0001"];
+const LEASE: &[u8] = b"600000";
+const BLOCK: &[u8] = b"60000";
+
+/// Two clients taking turns on `k`: one holds it, the other waits in the FIFO queue.
+struct Turns {
+    peers: [Peer; 2],
+    key: Vec<u8>,
+    /// Whose turn it is to hold, and the fence of that grant.
+    holder: usize,
+    fence: Vec<u8>,
+}
+
+impl Turns {
+    fn start(port: u16, key: &str) -> io::Result<Turns> {
+        let mut peers = [Peer::connect(port)?, Peer::connect(port)?];
+        let k = key.as_bytes();
+        peers[0].send(&[b"LOCK.ACQUIRE", k, b"TOKEN", HOLDERS[0], b"PX", LEASE])?;
+        let (_, r) = peers[0].reply()?;
+        let fence = fence_of(&r).ok_or_else(|| io::Error::other("observe: first grant"))?;
+        Ok(Turns {
+            peers,
+            key: k.to_vec(),
+            holder: 0,
+            fence,
+        })
+    }
+
+    /// The other client queues behind the holder (not waiting for it to queue).
+    fn queue_waiter(&mut self) -> io::Result<()> {
+        let w = 1 - self.holder;
+        let k = &self.key;
+        let cmd: [&[u8]; 8] = [
+            b"LOCK.ACQUIRE",
+            k,
+            b"TOKEN",
+            HOLDERS[w],
+            b"PX",
+            LEASE,
+            b"BLOCK",
+            BLOCK,
+        ];
+        self.peers[w].send(&cmd)
+    }
+
+    /// The holder releases: returns when it sent the RELEASE and when it read the reply.
+    fn release(&mut self) -> io::Result<(Instant, Instant)> {
+        let h = self.holder;
+        let t0 = Instant::now();
+        self.peers[h].send(&[b"LOCK.RELEASE", &self.key, HOLDERS[h]])?;
+        let (shape, _) = self.peers[h].reply()?;
+        let t1 = Instant::now();
+        if shape != Shape::Int(1) {
+            return Err(io::Error::other(format!(
+                "observe: RELEASE answered {shape:?}"
+            )));
+        }
+        Ok((t0, t1))
+    }
+
+    /// Takes the waiter's grant (read by the caller): it becomes the holder.
+    fn granted(&mut self, reply: &[u8]) -> io::Result<()> {
+        self.fence = fence_of(reply)
+            .ok_or_else(|| io::Error::other("observe: the waiter was not granted"))?;
+        self.holder = 1 - self.holder;
+        Ok(())
+    }
+}
+
+/// Hand-offs at this many watchers: all of them up to 100 watchers, fewer above (each
+/// hand-off re-arms every watcher), at least 20.
+pub fn handoffs_at(cfg: &Config, watchers: u64) -> usize {
+    let scaled = cfg.obs_handoffs as u64 * 100 / watchers.max(100);
+    (scaled as usize).max(20).min(cfg.obs_handoffs)
+}
+
+/// Part 2 at one watcher count.
+fn observe_level(s: &Server, n: u64, handoffs: usize) -> io::Result<ObserveLevel> {
+    let mut ctl = s.conn()?;
+    let mut turns = Turns::start(s.port, &format!("observe:{n}"))?;
+    let mut watchers = (0..n)
+        .map(|_| Peer::connect(s.port))
+        .collect::<io::Result<Vec<_>>>()?;
+    let (mut release, mut grant, mut watch, mut last) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..handoffs {
+        turns.queue_waiter()?;
+        for w in &mut watchers {
+            let cmd: [&[u8]; 6] = [
+                b"LOCK.WATCH",
+                &turns.key,
+                b"FENCE",
+                &turns.fence,
+                b"BLOCK",
+                BLOCK,
+            ];
+            w.send(&cmd)?;
+        }
+        wait_counts(&mut ctl, 1, n)?;
+        let (t0, t1) = turns.release()?;
+        release.push(micros(t1 - t0));
+        let waiter = 1 - turns.holder;
+        let mut peers: Vec<&mut Peer> = vec![&mut turns.peers[waiter]];
+        peers.extend(watchers.iter_mut());
+        let got = gather(&mut peers)?;
+        let mut latest = 0.0f64;
+        for (i, (t, shape, r)) in got.iter().enumerate() {
+            let after = micros(t.saturating_duration_since(t1));
+            if i == 0 {
+                grant.push(after);
+                continue;
+            }
+            // The holder summary (the new holder), or nil if the pass ran before the
+            // grant; never an error.
+            if !matches!(shape, Shape::Array(_) | Shape::Nil) {
+                let text = String::from_utf8_lossy(r);
+                return Err(io::Error::other(format!(
+                    "observe: LOCK.WATCH answered {text}"
+                )));
+            }
+            watch.push(after);
+            latest = latest.max(after);
+        }
+        if n > 0 {
+            last.push(latest);
+        }
+        let grant_reply = got.first().map(|g| g.2.clone()).unwrap_or_default();
+        turns.granted(&grant_reply)?;
+    }
+    let level = ObserveLevel {
+        watchers: n,
+        handoffs,
+        release: spread(release),
+        grant: spread(grant),
+        watch: spread(watch),
+        last_watcher: spread(last),
+    };
+    eprintln!(
+        "  [observe {}] {n} watchers, {handoffs} hand-offs: RELEASE {:.0} µs, grant +{:.0} µs, watcher +{:.0} µs (p50)",
+        s.label, level.release.p50, level.grant.p50, level.watch.p50
+    );
+    Ok(level)
+}
+
+/// Sleeps until `t` (at once if it has passed).
+fn sleep_until(t: Instant) {
+    sleep(t.saturating_duration_since(Instant::now()));
+}
+
+/// The polling alternative: the same hand-offs, observed by a client that sends
+/// `LOCK.INFO` every `interval` ms (on a fixed schedule); each release falls at a
+/// pseudo-random point of an interval, as it would for an observer that does not know
+/// when it comes.
+fn poll_delay(s: &Server, interval_ms: u64, handoffs: usize) -> io::Result<PollDelay> {
+    let mut ctl = s.conn()?;
+    let mut poller = s.conn()?;
+    let k = format!("poll:{interval_ms}");
+    let mut turns = Turns::start(s.port, &k)?;
+    let every = Duration::from_millis(interval_ms);
+    let start = Instant::now();
+    let (mut tick, mut rng) = (0u32, 0x2545_F491_4F6C_DD1Du64);
+    let mut poll = |tick: &mut u32| -> io::Result<(Option<u64>, Instant)> {
+        sleep_until(start + every * *tick);
+        *tick += 1;
+        let fence = lock::info(&mut poller, &k)?.and_then(|i| i.fence);
+        Ok((fence, Instant::now()))
+    };
+    let mut delays = vec![];
+    for _ in 0..handoffs {
+        turns.queue_waiter()?;
+        wait_counts(&mut ctl, 1, 0)?;
+        let old: Option<u64> = std::str::from_utf8(&turns.fence)
+            .ok()
+            .and_then(|f| f.parse().ok());
+        let (seen, _) = poll(&mut tick)?;
+        if seen != old {
+            return Err(io::Error::other("poll: LOCK.INFO shows another holder"));
+        }
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let at = (rng % 1_000_000) as f64 / 1e6;
+        sleep_until(start + every * (tick - 1) + every.mul_f64(at));
+        let (_, t1) = turns.release()?;
+        let w = 1 - turns.holder;
+        let (_, grant) = turns.peers[w].reply()?;
+        turns.granted(&grant)?;
+        loop {
+            let (fence, t) = poll(&mut tick)?;
+            if fence != old {
+                delays.push(micros(t.saturating_duration_since(t1)));
+                break;
+            }
+        }
+    }
+    let delay = spread(delays);
+    eprintln!(
+        "  [observe {}] polling LOCK.INFO every {interval_ms} ms: sees the hand-off {:.1} ms after the release (p50)",
+        s.label,
+        delay.p50 / 1e3
+    );
+    Ok(PollDelay {
+        interval_ms,
+        handoffs,
+        delay,
+    })
+}
+
+/// Parts 1 and 2 on one binary (the polling alternative only on the first server: its
+/// delay is the interval's, whatever the server).
+pub fn run(rig: &Rig, poll: bool, date: &str) -> io::Result<Guarded> {
+    let cfg = &rig.lock.cfg;
+    let rates = rates(rig)?;
+    let mut observe = vec![];
+    for &n in &cfg.obs_watchers.0 {
+        observe.push(observe_level(&rig.lock, n, handoffs_at(cfg, n))?);
+    }
+    let mut polls = vec![];
+    if poll && cfg.poll_handoffs > 0 {
+        for &ms in &cfg.poll_ms.0 {
+            polls.push(poll_delay(&rig.lock, ms, cfg.poll_handoffs)?);
+        }
+    }
+    Ok(Guarded {
+        date: date.into(),
+        clients: cfg.clients,
+        rounds: cfg.rounds,
+        commands_per_run: cfg.ops_p1 / cfg.clients as u64 * cfg.clients as u64,
+        rates,
+        observe,
+        poll: polls,
+    })
+}
+
+/// Repetitions of each RELEASE-with-watchers count under callgrind.
+const CG_RELEASES: usize = 3;
+
+/// Part 3, on `bin` (the first server): instructions per write of every form, one
+/// connection in the form's own round trips, `cfg.cg_ops / 4` writes each; then
+/// instructions per RELEASE with each watcher count.
+pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCallgrind> {
+    let writes = (cfg.cg_ops / 4).max(100);
+    let mut rows = vec![];
+    for on in [On::Plain, On::Lock] {
+        let mut s = Session::start(bin, cfg, (on, false), &format!("guarded-{on:?}"), false)?;
+        let label = s.server.label.clone();
+        let fences = hold(&s.server, on, 1)?;
+        for (name, op, _) in WRITES.iter().filter(|w| w.2 == on) {
+            let per_op = op.commands_per_op();
+            let scripts = s.server.scripts.clone();
+            let w = |_: usize, i: u64, out: &mut Vec<u8>| {
+                let vars = Vars {
+                    scripts: &scripts,
+                    fence: &fences[0],
+                };
+                op.put_with((i % per_op) as usize, &lock_key(0), vars, out)
+            };
+            let b = batch(op);
+            load::run_batched(s.server.port, 1, &b, writes / 10 * per_op, "warm-up", &w)?;
+            s.settle(SETTLE);
+            let dump = s.measure_batched(&w, writes * per_op, &b, name)?;
+            let c = costs(&dump, writes)?;
+            eprintln!(
+                "  [callgrind {label}] {name}: {:.0} Ir per write, {:.0} in processCommand",
+                c.total, c.process
+            );
+            rows.push(CgWrite {
+                name: name.to_string(),
+                command: op.shown(),
+                server: server_name(on).into(),
+                total: c.total,
+                process: c.process,
+                inclusive: c.inclusive,
+            });
+        }
+        if on == On::Lock {
+            let mut release = vec![];
+            for &n in &cfg.obs_watchers.0 {
+                release.push(release_with_watchers(&mut s, n)?);
+            }
+            // In the order of WRITES, whichever server each ran on.
+            let at = |r: &CgWrite| WRITES.iter().position(|w| w.0 == r.name);
+            rows.sort_by_key(at);
+            return Ok(GuardedCallgrind {
+                date: date.into(),
+                server: label,
+                writes,
+                rows,
+                release,
+            });
+        }
+    }
+    Err(io::Error::other(
+        "guarded callgrind: no server with the module",
+    ))
+}
+
+/// Instructions of a RELEASE of a lock that `n` clients watch (`LOCK.WATCH key FENCE f`),
+/// no waiter: the command inside `processCommand`, and everything from its arrival
+/// until every watcher had its answer. Median of [`CG_RELEASES`].
+fn release_with_watchers(s: &mut Session, n: u64) -> io::Result<CgRelease> {
+    let port = s.server.port;
+    let mut ctl = s.server.conn()?;
+    let mut holder = Peer::connect(port)?;
+    let mut watchers = (0..n)
+        .map(|_| Peer::connect(port))
+        .collect::<io::Result<Vec<_>>>()?;
+    let k = format!("cg-observe:{n}");
+    let (mut process, mut total) = (vec![], vec![]);
+    // The first round warms up (the first use of the key's watcher list), uncounted.
+    for rep in 0..=CG_RELEASES {
+        holder.send(&[
+            b"LOCK.ACQUIRE",
+            k.as_bytes(),
+            b"TOKEN",
+            HOLDERS[0],
+            b"PX",
+            LEASE,
+        ])?;
+        let (_, r) = holder.reply()?;
+        let fence = fence_of(&r).ok_or_else(|| io::Error::other("cg observe: not granted"))?;
+        for w in &mut watchers {
+            let cmd: [&[u8]; 6] = [
+                b"LOCK.WATCH",
+                k.as_bytes(),
+                b"FENCE",
+                &fence,
+                b"BLOCK",
+                BLOCK,
+            ];
+            w.send(&cmd)?;
+        }
+        wait_counts(&mut ctl, 0, n)?;
+        s.zero()?;
+        holder.send(&[b"LOCK.RELEASE", k.as_bytes(), HOLDERS[0]])?;
+        if holder.reply()?.0 != Shape::Int(1) {
+            return Err(io::Error::other("cg observe: RELEASE failed"));
+        }
+        let mut peers: Vec<&mut Peer> = watchers.iter_mut().collect();
+        gather(&mut peers)?;
+        let dump = s.dump()?;
+        if rep > 0 {
+            let c = costs(&dump, 1)?;
+            process.push(c.process);
+            total.push(c.total);
+        }
+    }
+    let r = CgRelease {
+        watchers: n,
+        reps: process.len(),
+        process: median(&process),
+        total: median(&total),
+    };
+    eprintln!(
+        "  [callgrind {}] RELEASE with {n} watchers: {:.0} Ir in processCommand, {:.0} until every watcher was answered",
+        s.server.label, r.process, r.total
+    );
+    Ok(r)
+}
