@@ -47,8 +47,8 @@ struct RunArgs {
     /// The run's random seed (default: from the clock; printed by every run).
     #[arg(long, env = "SEED")]
     seed: Option<u64>,
-    /// Some scenarios only (mutex, durability, failover, stale, clock, fuzz, memory,
-    /// chaos, kinds).
+    /// Some scenarios only (mutex, durability, leases, failover, stale, guarded, clock,
+    /// fuzz, memory, chaos, kinds).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Save the outcomes here and render docs/RELIABILITY.md next to it (DIR/../..).
@@ -62,7 +62,8 @@ struct RunArgs {
         default_value = "/usr/bin/redis-server"
     )]
     server: PathBuf,
-    /// The servers of the scenarios that run on every server (chaos, kinds), comma
+    /// The servers of the scenarios that run on every server (leases, guarded, clock,
+    /// chaos, kinds), comma
     /// separated; default: --server.
     #[arg(long, env = "RELIABILITY_SERVERS", value_delimiter = ',')]
     servers: Vec<PathBuf>,
