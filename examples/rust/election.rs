@@ -50,7 +50,11 @@ async fn main() {
     let mut conn = redis::Client::open(url.as_str())
         .and_then(|c| c.get_connection())
         .expect("a connection for the checks");
-    let _: () = redis::cmd("DEL").arg(KEY).arg(RUNS).query(&mut conn).expect("DEL");
+    let _: () = redis::cmd("DEL")
+        .arg(KEY)
+        .arg(RUNS)
+        .query(&mut conn)
+        .expect("DEL");
 
     // The observer: who leads now, then every change.
     let mut observer = locks.observe(KEY, ObserveOptions::default());
@@ -103,7 +107,10 @@ async fn main() {
         expected.push(Some(format!("{n}:8080")));
     }
     expected.push(None);
-    check(seen == expected, format!("the observer saw every change ({seen:?})"));
+    check(
+        seen == expected,
+        format!("the observer saw every change ({seen:?})"),
+    );
     let now = locks.leader(KEY).await.expect("leader");
     check(now.is_none(), "nobody leads at the end".into());
     if failures > 0 {

@@ -442,9 +442,67 @@ pub fn check(
     r
 }
 
+/// Per key, whichever server (cluster node) issued them: grants whose fence is not above
+/// that of a grant of the same key answered before they were asked (a fence that went
+/// back for that key), with up to 3 examples.
+pub fn key_fence_regressions(grants: &[Grant]) -> (u64, Vec<String>) {
+    let mut by_key: BTreeMap<u32, Vec<&Grant>> = BTreeMap::new();
+    for g in grants {
+        by_key.entry(g.key).or_default().push(g);
+    }
+    let (mut n, mut examples) = (0u64, Vec::new());
+    for (key, mut asked) in by_key {
+        asked.sort_by_key(|g| g.invoke);
+        let mut answered = asked.clone();
+        answered.sort_by_key(|g| g.complete);
+        let (mut i, mut max): (usize, Option<&Grant>) = (0, None);
+        for g in asked {
+            while i < answered.len() && answered[i].complete < g.invoke {
+                if max.is_none_or(|m| answered[i].fence > m.fence) {
+                    max = Some(answered[i]);
+                }
+                i += 1;
+            }
+            if let Some(m) = max.filter(|m| g.fence <= m.fence) {
+                n += 1;
+                if examples.len() < 3 {
+                    examples.push(format!(
+                        "key {key}: fence {} of node {} after fence {} of node {}",
+                        g.fence, g.server, m.fence, m.server
+                    ));
+                }
+            }
+        }
+    }
+    (n, examples)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_fences_are_ordered_across_servers() {
+        let g = |server, fence, invoke, complete| {
+            Grant::new(
+                0,
+                1,
+                Mode::Exclusive,
+                (server, fence),
+                100,
+                (invoke, complete),
+            )
+        };
+        // Node 1 grants fence 50 after node 0 answered fence 60 for the same key.
+        let grants = vec![g(0, 60, 0, 10), g(1, 50, 20, 30), g(1, 70, 40, 50)];
+        let (n, ex) = key_fence_regressions(&grants);
+        assert_eq!(n, 1, "{ex:?}");
+        // Overlapping calls are not ordered; other keys do not count.
+        let mut other = g(1, 10, 20, 30);
+        other.key = 2;
+        let grants = vec![g(0, 60, 0, 25), g(1, 50, 20, 30), other];
+        assert_eq!(key_fence_regressions(&grants).0, 0);
+    }
 
     const SLACK: u64 = 2 * MS;
 

@@ -598,6 +598,13 @@ pub fn check(
             Mode::Permit(_) => "permits",
         });
     }
+    let (key_regressions, key_examples) = checker::key_fence_regressions(&grants);
+    t.n.add_n("key_fence_regressions", key_regressions);
+    t.examples.extend(
+        key_examples
+            .into_iter()
+            .map(|e| format!("key fence regression: {e}")),
+    );
     let events = std::mem::take(&mut *sh.store.events.lock().map_err(|e| e.to_string())?);
     let r = checker::check(&mut grants, fenced, &events, SLACK_NS);
     t.n.add_n("grants", r.grants);

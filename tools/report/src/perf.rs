@@ -482,7 +482,12 @@ fn inside(cg: &Callgrind, name: &str, tax: bool) -> f64 {
 /// The goals of [`INSTRUCTION_GOALS`] and [`TAXED`] with what this run measured.
 fn instruction_goals(cg: &Callgrind) -> Vec<Value> {
     let goal = |what: String, a: &str, b: &str, tax, most: f64| {
-        let v = inside(cg, a, tax) / if b.is_empty() { 1.0 } else { inside(cg, b, tax) };
+        let v = inside(cg, a, tax)
+            / if b.is_empty() {
+                1.0
+            } else {
+                inside(cg, b, tax)
+            };
         context! { what, value => v, ratio => !b.is_empty(), goal => most, met => v <= most }
     };
     let taxes = TAXED.iter().map(|c| {
@@ -490,7 +495,11 @@ fn instruction_goals(cg: &Callgrind) -> Vec<Value> {
         goal(what, &format!("{c}, module loaded"), c, true, TAX_GOAL)
     });
     let goals = INSTRUCTION_GOALS.iter().map(|&(a, b, g)| {
-        let what = if b.is_empty() { format!("{a}, instructions") } else { format!("{a} / {b}") };
+        let what = if b.is_empty() {
+            format!("{a}, instructions")
+        } else {
+            format!("{a} / {b}")
+        };
         goal(what, a, b, false, g)
     });
     goals.chain(taxes).collect()
@@ -572,7 +581,10 @@ mod tests {
         assert!(head.contains(&acquire), "{head}");
         let cg = callgrind_block(run.callgrind.as_ref().expect("callgrind"));
         assert!(cg.starts_with("Measured ") && cg.contains("**Goals (issue 21):**"));
-        assert!(cg.contains("| tax on GET: with the module / without | "), "{cg}");
+        assert!(
+            cg.contains("| tax on GET: with the module / without | "),
+            "{cg}"
+        );
         let text = perf_section(&run).expect("rendered");
         assert!(text.contains("| ACQUIRE vs SET NX PX ≥ 0.98× / 0.9× (pipeline 1 / 16) |"));
         assert!(text.contains("| LOCK.ACQUIRE (TOKEN) / SET NX PX | "));
