@@ -360,6 +360,7 @@ pub struct Load {
 fn plan(env: &Env, topo: Topo, prefix: &str) -> Plan {
     Plan {
         group_per_node: matches!(topo, Topo::Cluster(_)),
+        late_end_ms: 1000,
         topo,
         keys: workload::keys(prefix, 6, 2, &[2, 3]),
         clients: 24,
