@@ -77,6 +77,9 @@ struct Stats {
     ambiguous_bad: u64,
     fence_regressions: u64,
     rewrites: u64,
+    /// RDB: `rdb_changes_since_last_save` after 3 grants on a fresh key each (what the
+    /// server's `save` points count).
+    changes_counted: Option<u64>,
     #[serde(skip)]
     errors: Vec<String>,
 }
@@ -304,6 +307,16 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
         st.fence_regressions += bad;
         max_acked_fence = max_acked_fence.max(fence);
         st.rounds += 1;
+    }
+    if mode == Mode::Rdb {
+        let mut c = connect(&server)?;
+        let before = server.info_field("persistence", "rdb_changes_since_last_save");
+        for i in 0..3 {
+            acquire(&mut c, &format!("rel:dur:dirty:{i}"), TTL)?;
+        }
+        let after = server.info_field("persistence", "rdb_changes_since_last_save");
+        let n = |v: Option<String>| v.and_then(|v| v.parse::<u64>().ok());
+        st.changes_counted = n(after).zip(n(before)).map(|(a, b)| a.saturating_sub(b));
     }
     st.errors.extend(health(&server, "the server").err());
     Ok(st)
