@@ -272,7 +272,7 @@ test-deb: dist-deb
 EXTRA_TESTS += test-deb
 
 # ---- reliability under faults (issue 4) --------------------------------------------------
-#   make reliability        every scenario at full size (about 20 min at SCALE=1), saves
+#   make reliability        every scenario at full size (about 23 min at SCALE=1), saves
 #                           docs/data/reliability.json and renders docs/RELIABILITY.md from
 #                           it; exits non-zero when a target is missed or a
 #                           scenario could not run (needs root: ip netns + nft, valgrind)
@@ -289,7 +289,7 @@ EXTRA_TESTS += test-deb
 #                           paused holders; clock: +/-10 min wall-clock steps; chaos: server
 #                           operations under load; kinds: SHARED and LIMIT keys), one row
 #                           each; default all three
-#   make reliability-short  the same code and assertions with fewer operations (CI, ~5 min)
+#   make reliability-short  the same code and assertions with fewer operations (CI, ~3-5 min)
 .PHONY: reliability reliability-short reliability-build
 SCALE ?= 1
 ONLY ?=
