@@ -279,20 +279,24 @@ test-deb: dist-deb
 EXTRA_TESTS += test-deb
 
 # ---- reliability under faults (issue 4) --------------------------------------------------
-#   make reliability        every scenario at full size (about 20 min at SCALE=1), saves
+#   make reliability        every scenario at full size (about 23 min at SCALE=1), saves
 #                           docs/data/reliability.json and renders docs/RELIABILITY.md from
 #                           it; exits non-zero when a target is missed or a
 #                           scenario could not run (needs root: ip netns + nft, valgrind)
 #       SCALE=0.1..10       multiplies operation counts and time budgets
-#       ONLY=mutex,clock    some scenarios only (prints rows, leaves the doc alone)
+#       ONLY=mutex,clock    some scenarios only (prints rows, leaves the doc alone); keys:
+#                           mutex durability leases failover stale guarded clock fuzz
+#                           memory chaos kinds
 #       SAVE=1              with ONLY: their rows replace theirs in docs/data/reliability.json
 #                           (the other rows stay as measured) and the doc is rendered again
 #       SEED=n              the run's random seed (printed by every run)
 #       RELIABILITY_SERVER  server binary (default Debian's redis-server, which valgrind needs)
-#       RELIABILITY_SERVERS the servers of the scenarios that run on every server (chaos:
-#                           server operations under load; kinds: SHARED and LIMIT keys),
-#                           one row each; default all three
-#   make reliability-short  the same code and assertions with fewer operations (CI, ~4-5 min)
+#       RELIABILITY_SERVERS the servers of the scenarios that run on every server (leases:
+#                           leases across AOF/RDB restarts; guarded: LOCK.IFHELD writes of
+#                           paused holders; clock: +/-10 min wall-clock steps; chaos: server
+#                           operations under load; kinds: SHARED and LIMIT keys), one row
+#                           each; default all three
+#   make reliability-short  the same code and assertions with fewer operations (CI, ~3-5 min)
 .PHONY: reliability reliability-short reliability-build
 SCALE ?= 1
 ONLY ?=

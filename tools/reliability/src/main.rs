@@ -32,6 +32,11 @@ struct Cli {
 enum Cmd {
     /// Run the scenarios.
     Run(RunArgs),
+    /// Render docs/RELIABILITY.md again from docs/data/reliability.json (the file given).
+    Render {
+        #[arg(default_value = "docs/data/reliability.json")]
+        json: PathBuf,
+    },
     /// Internal: the paused holder of the stale scenario.
     StaleHolder { args: Vec<String> },
 }
@@ -47,8 +52,8 @@ struct RunArgs {
     /// The run's random seed (default: from the clock; printed by every run).
     #[arg(long, env = "SEED")]
     seed: Option<u64>,
-    /// Some scenarios only (mutex, durability, failover, stale, clock, fuzz, memory,
-    /// chaos, kinds).
+    /// Some scenarios only (mutex, durability, leases, failover, stale, guarded, clock,
+    /// fuzz, memory, chaos, kinds).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Save the outcomes here and render docs/RELIABILITY.md next to it (DIR/../..).
@@ -62,7 +67,8 @@ struct RunArgs {
         default_value = "/usr/bin/redis-server"
     )]
     server: PathBuf,
-    /// The servers of the scenarios that run on every server (chaos, kinds), comma
+    /// The servers of the scenarios that run on every server (leases, guarded, clock,
+    /// chaos, kinds), comma
     /// separated; default: --server.
     #[arg(long, env = "RELIABILITY_SERVERS", value_delimiter = ',')]
     servers: Vec<PathBuf>,
@@ -76,8 +82,28 @@ struct RunArgs {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Cmd::Run(a) => run(a),
+        Cmd::Render { json } => match redis_lock_report::load(&json)
+            .map_err(|e| e.to_string())
+            .and_then(|run| render(&json, &run).map_err(|e| e.to_string()))
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cannot render from {}: {e}", json.display());
+                ExitCode::from(1)
+            }
+        },
         Cmd::StaleHolder { args } => scenarios::stale::holder_main(&args),
     }
+}
+
+/// docs/RELIABILITY.md (DIR/../../docs/RELIABILITY.md of `json`), from `run` only: the
+/// other measured documents have their own data and are rendered by `make docs`.
+fn render(json: &Path, run: &ReliabilityRun) -> Result<(), redis_lock_report::Error> {
+    let root = json.ancestors().nth(3).unwrap_or(Path::new("."));
+    let out = root.join("docs/RELIABILITY.md");
+    std::fs::write(&out, redis_lock_report::reliability::render(run)?)?;
+    println!("wrote {}", out.display());
+    Ok(())
 }
 
 /// The output of a command, "" when it fails.
@@ -307,9 +333,5 @@ fn save(
         run
     };
     redis_lock_report::save(json, &run)?;
-    let root = json.ancestors().nth(3).unwrap_or(Path::new("."));
-    for f in redis_lock_report::render_all(root)? {
-        println!("wrote {}", f.display());
-    }
-    Ok(())
+    render(json, &run)
 }

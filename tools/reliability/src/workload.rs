@@ -201,6 +201,10 @@ pub struct Plan {
     pub confirm: bool,
     /// The checker's server group of each node (cluster: one per node).
     pub group_per_node: bool,
+    /// How much later than its latest possible end a lease may still be released or
+    /// extended (ms; counted, not a violation): where our pauses hold expiries and
+    /// reloads carry the time left, leases end late, never early.
+    pub late_end_ms: u64,
 }
 
 pub struct Shared {
@@ -527,6 +531,9 @@ pub struct Tally {
     /// The links' waiter and connection figures.
     pub link: LinkLog,
     pub errors: Vec<String>,
+    /// The latest release or extend that succeeded after its lease's latest possible
+    /// end (within the plan's allowance; `n.late_ends` counts them), ms past it.
+    pub max_late_end_ms: u64,
 }
 
 impl Tally {
@@ -562,6 +569,7 @@ impl Tally {
         self.violations.add(&o.violations);
         self.examples.extend(o.examples);
         self.errors.extend(o.errors);
+        self.max_late_end_ms = self.max_late_end_ms.max(o.max_late_end_ms);
     }
 }
 
@@ -598,8 +606,18 @@ pub fn check(
             Mode::Permit(_) => "permits",
         });
     }
+    let (key_regressions, key_examples) = checker::key_fence_regressions(&grants);
+    t.n.add_n("key_fence_regressions", key_regressions);
+    t.examples.extend(
+        key_examples
+            .into_iter()
+            .map(|e| format!("key fence regression: {e}")),
+    );
     let events = std::mem::take(&mut *sh.store.events.lock().map_err(|e| e.to_string())?);
-    let r = checker::check(&mut grants, fenced, &events, SLACK_NS);
+    let late_ns = sh.plan.late_end_ms * 1_000_000;
+    let r = checker::check_with(&mut grants, fenced, &events, SLACK_NS, late_ns);
+    t.n.add_n("late_ends", r.late_ends);
+    t.max_late_end_ms = r.max_late_end_ns / 1_000_000;
     t.n.add_n("grants", r.grants);
     for (k, v) in &r.violations {
         let ex: Vec<String> = r

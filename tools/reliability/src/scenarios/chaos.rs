@@ -29,7 +29,7 @@ use crate::workload::{self, ClientLog, Kind, Mix, Plan, Tally};
 use redis_lock_testkit::{flavor_of, Cluster, Flavor, ReplicaPair};
 
 pub const TITLE: &str = "Server operations under load (chaos)";
-pub const TARGET: &str = "0 crashes, 0 double grants, 0 fence regressions, every waiter answered within BLOCK + 1 s, in >= 100,000 acquisitions";
+pub const TARGET: &str = "0 crashes, 0 double grants, 0 fence regressions per server and 0 per key (across cluster nodes and slot moves), every waiter answered within BLOCK + 1 s, in >= 100,000 acquisitions";
 
 /// How long after a CLIENT PAUSE's nominal end the server may still hold commands.
 const PAUSE_RELEASE_MS: u64 = 110;
@@ -332,6 +332,10 @@ struct SubData {
     net: i64,
     done: Counts,
     refused: Counts,
+    /// Per key, across nodes: fences not above one the key was granted before, and
+    /// the fenced store's refusals of holders for that reason.
+    key_regressions: u64,
+    store_refusals: u64,
 }
 
 /// What a sub-run hands back.
@@ -356,6 +360,7 @@ pub struct Load {
 fn plan(env: &Env, topo: Topo, prefix: &str) -> Plan {
     Plan {
         group_per_node: matches!(topo, Topo::Cluster(_)),
+        late_end_ms: 1000,
         topo,
         keys: workload::keys(prefix, 6, 2, &[2, 3]),
         clients: 24,
@@ -625,6 +630,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             net: net.max(0),
             done: std::mem::take(&mut s.ops.done),
             refused: std::mem::take(&mut s.ops.refused),
+            key_regressions: s.tally.n.get("key_fence_regressions"),
+            store_refusals: s.tally.n.get("cross_server_refusals"),
         });
         ops.absorb(s.ops);
         tally.absorb(s.tally);
@@ -633,8 +640,17 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let fences = count(&["duplicate fence", "fence lower than a grant made before it"]);
     let (late, broken) = (count(&[link::LATE, link::HANG]), count(&[link::BROKEN]));
     let double = tally.violations() - fences - late - broken;
+    let keyed = tally.n.get("key_fence_regressions") + tally.n.get("cross_server_refusals");
+    if keyed > 0 {
+        o.fail(format!(
+            "{} fence regressions per key ({} store refusals of holders for a lower fence)",
+            tally.n.get("key_fence_regressions"),
+            tally.n.get("cross_server_refusals")
+        ));
+    }
     o.put("subs", parts);
     o.put("counts", [double, fences, late, broken]);
+    o.put("key_regressions", tally.n.get("key_fence_regressions"));
     o.put("ops", &ops);
     // Servers before Redis 7.4 refuse CLIENT UNBLOCK of a waiter (see docs/commands.md).
     o.put(

@@ -33,6 +33,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         mix: Mix::FAULTS,
         confirm: true,
         group_per_node: false,
+        late_end_ms: 1000,
     };
     let table = [(PROMOTE, 35), ("FAILOVER", 25), ("CLIENT KILL holder", 40)];
     let name = format!("kinds-{}", flavor.version());

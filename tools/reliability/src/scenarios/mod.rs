@@ -12,7 +12,9 @@ pub mod clock;
 pub mod durability;
 pub mod failover;
 pub mod fuzz;
+pub mod guarded;
 pub mod kinds;
+pub mod leases;
 pub mod memory;
 pub mod mutex;
 pub mod stale;
@@ -45,12 +47,14 @@ macro_rules! def {
 }
 
 /// Every scenario, in report order.
-pub const ALL: [Def; 9] = [
+pub const ALL: [Def; 11] = [
     def!(mutex, false),
     def!(durability, false),
+    def!(leases, true),
     def!(failover, false),
     def!(stale, false),
-    def!(clock, false),
+    def!(guarded, true),
+    def!(clock, true),
     def!(fuzz, false),
     def!(memory, false),
     def!(chaos, true),

@@ -31,6 +31,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         mix: Mix::FAST,
         confirm: false,
         group_per_node: false,
+        late_end_ms: 0,
     };
     let sh = workload::Shared::new(plan, &Arc::new(Kills::default()));
     let mut rng = Rng::new(env.seed ^ 0x006d_7574_6578);

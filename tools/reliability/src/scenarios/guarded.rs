@@ -1,0 +1,255 @@
+//! Scenario: guarded writes (LOCK.IFHELD, issue 23). Many keys with short leases. In
+//! each round an old holder takes every key, writes its fence to the key's log through
+//! `LOCK.IFHELD`, then stops renewing (a pause past its lease) and writes again late;
+//! meanwhile a new holder waits (`BLOCK`) for each lease to run out, takes the key and
+//! writes its own fence. The two run on their own connections and threads, so the late
+//! writes land before and after the new holders' grants and writes. Each key's log is
+//! the proof: a fence below one written before it is a stale write that landed after a
+//! newer holder's. The control does the same with unguarded `RPUSH`.
+
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+/// The old holders' leases.
+const TTL_MS: u64 = 40;
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+struct Stats {
+    rounds: u64,
+    /// Leases of old holders that ran out (never released).
+    expiries: u64,
+    new_grants: u64,
+    /// Writes while the lease was live: accepted, refused.
+    on_time: (u64, u64),
+    /// Late writes (after the pause): accepted (still held, or unguarded), refused
+    /// with NOTHELD.
+    late_accepted: u64,
+    late_refused: u64,
+    /// Late writes accepted after the next holder had been granted the key.
+    late_accepted_after_next: u64,
+    /// From the logs: entries with a fence below one logged before them.
+    stale_applied: u64,
+    /// New holders whose fence was not above the old holder's.
+    fence_regressions: u64,
+    log_entries: u64,
+    #[serde(skip)]
+    examples: Vec<String>,
+}
+
+fn ok_int(r: &Reply) -> bool {
+    r.as_int().is_some()
+}
+
+fn not_held(r: &Reply) -> Result<bool, String> {
+    match r {
+        Reply::Error(e) if e.starts_with("NOTHELD") => Ok(true),
+        r if ok_int(r) => Ok(false),
+        r => Err(format!("guarded write answered {r:?}")),
+    }
+}
+
+/// One round over `keys` keys `{prefix:i}` (guarded or not).
+fn round(
+    server: &Server,
+    prefix: &str,
+    keys: usize,
+    guarded: bool,
+    r: u64,
+    rng: &mut Rng,
+    st: &mut Stats,
+) -> Result<(), String> {
+    let key = |i: usize| format!("{{{prefix}:{i}}}");
+    let log = |i: usize| format!("{{{prefix}:{i}}}:log");
+    let write = |k: usize, token: &str, fence: u64| -> Vec<Vec<u8>> {
+        if guarded {
+            args!["LOCK.IFHELD", key(k), token, "RPUSH", log(k), fence]
+        } else {
+            args!["RPUSH", log(k), fence]
+        }
+    };
+    let mut old = connect(server)?;
+    let acquires: Vec<_> = (0..keys)
+        .map(|k| {
+            let t = format!("old-{r:06}-{k:06}-guarded");
+            args!["LOCK.ACQUIRE", key(k), "PX", TTL_MS, "TOKEN", t]
+        })
+        .collect();
+    let t0 = Instant::now();
+    let replies = old.pipeline(&acquires).map_err(|e| e.to_string())?;
+    let mut held = Vec::with_capacity(keys);
+    for (k, rep) in replies.iter().enumerate() {
+        let (token, fence) = rep
+            .grant()
+            .ok_or_else(|| format!("old holder's acquire of {} answered {rep:?}", key(k)))?;
+        held.push((String::from_utf8_lossy(&token).into_owned(), fence));
+    }
+    let writes: Vec<_> = (0..keys).map(|k| write(k, &held[k].0, held[k].1)).collect();
+    for rep in old.pipeline(&writes).map_err(|e| e.to_string())? {
+        if not_held(&rep)? {
+            st.on_time.1 += 1;
+        } else {
+            st.on_time.0 += 1;
+        }
+    }
+    // The new holders wait for each lease to end; the old one wakes at a random moment
+    // from before its leases end to well after, and writes again.
+    let wait_ms = rng.range(0, 2 * TTL_MS);
+    let pause_ms = rng.range(TTL_MS / 2, 4 * TTL_MS);
+    let mut order: Vec<usize> = (0..keys).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let news = std::thread::scope(|s| -> Result<Vec<(u64, std::time::Duration)>, String> {
+        let newer = s.spawn(|| -> Result<Vec<(u64, Duration)>, String> {
+            let mut c = connect(server)?;
+            c.try_set_read_timeout(Some(Duration::from_secs(10)))
+                .map_err(|e| e.to_string())?;
+            std::thread::sleep(Duration::from_millis(wait_ms));
+            let mut out = Vec::with_capacity(keys);
+            for k in 0..keys {
+                let t = format!("new-{r:06}-{k:06}-guarded");
+                let a = args![
+                    "LOCK.ACQUIRE",
+                    key(k),
+                    "PX",
+                    5000u64,
+                    "TOKEN",
+                    &t,
+                    "BLOCK",
+                    5000u64
+                ];
+                let rep = cmd(&mut c, &a)?;
+                let (_, fence) = rep.grant().ok_or_else(|| {
+                    format!("new holder's acquire of {} answered {rep:?}", key(k))
+                })?;
+                let granted = t0.elapsed();
+                let w = cmd(&mut c, &write(k, &t, fence))?;
+                if not_held(&w)? {
+                    return Err(format!("the new holder's write to {} was refused", key(k)));
+                }
+                cmd(&mut c, &args!["LOCK.RELEASE", key(k), &t])?;
+                out.push((fence, granted));
+            }
+            Ok(out)
+        });
+        std::thread::sleep(Duration::from_millis(pause_ms));
+        let late: Vec<_> = order
+            .iter()
+            .map(|&k| write(k, &held[k].0, held[k].1))
+            .collect();
+        let sent = t0.elapsed();
+        let replies = old.pipeline(&late).map_err(|e| e.to_string());
+        let news = newer
+            .join()
+            .map_err(|_| "the new holder panicked".to_string())??;
+        for (&k, rep) in order.iter().zip(replies?) {
+            if not_held(&rep)? {
+                st.late_refused += 1;
+            } else {
+                st.late_accepted += 1;
+                // Sent after the next holder of this key was granted it.
+                if guarded && news[k].1 < sent {
+                    st.late_accepted_after_next += 1;
+                }
+            }
+        }
+        Ok(news)
+    })?;
+    for (k, (fence, _)) in news.iter().enumerate() {
+        st.new_grants += 1;
+        if *fence <= held[k].1 {
+            st.fence_regressions += 1;
+        }
+    }
+    st.expiries += keys as u64;
+    st.rounds += 1;
+    Ok(())
+}
+
+/// Reads every log: entries below an earlier entry are stale writes that landed.
+fn audit(server: &Server, prefix: &str, keys: usize, st: &mut Stats) -> Result<(), String> {
+    let mut c = connect(server)?;
+    let cmds: Vec<_> = (0..keys)
+        .map(|k| args!["LRANGE", format!("{{{prefix}:{k}}}:log"), 0u64, -1i64])
+        .collect();
+    for (k, rep) in c
+        .pipeline(&cmds)
+        .map_err(|e| e.to_string())?
+        .iter()
+        .enumerate()
+    {
+        let items = rep
+            .as_items()
+            .ok_or_else(|| format!("LRANGE answered {rep:?}"))?;
+        let mut max = 0u64;
+        for it in items {
+            let f: u64 = it
+                .as_text()
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(|| format!("log entry {it:?}"))?;
+            st.log_entries += 1;
+            if f < max {
+                st.stale_applied += 1;
+                if st.examples.len() < 3 {
+                    st.examples
+                        .push(format!("key {k}: fence {f} written after fence {max}"));
+                }
+            }
+            max = max.max(f);
+        }
+    }
+    Ok(())
+}
+
+pub const TITLE: &str = "Guarded writes (LOCK.IFHELD of holders paused past their leases)";
+pub const TARGET: &str = "0 stale writes applied over 10,000 lease expiries; the unguarded control shows stale writes applied";
+
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
+    let server = env.start("guarded")?;
+    let mut rng = Rng::new(env.seed ^ 0x6775_6172);
+    let keys = 250usize;
+    let rounds = env.n(40.0, 4.0);
+    let (mut g, mut p) = (Stats::default(), Stats::default());
+    let t = Instant::now();
+    for r in 0..rounds {
+        round(&server, "rel:g", keys, true, r, &mut rng, &mut g)
+            .map_err(|e| format!("guarded round {r}: {e}"))?;
+    }
+    audit(&server, "rel:g", keys, &mut g)?;
+    let secs = t.elapsed().as_secs_f64();
+    for r in 0..rounds.div_ceil(4) {
+        round(&server, "rel:p", keys, false, r, &mut rng, &mut p)
+            .map_err(|e| format!("control round {r}: {e}"))?;
+    }
+    audit(&server, "rel:p", keys, &mut p)?;
+    o.put("ttl", TTL_MS);
+    o.put("keys", keys);
+    o.put("secs", secs);
+    o.put("guarded", &g);
+    o.put("plain", &p);
+    o.put("examples", [&g.examples[..], &p.examples[..]].concat());
+    let target = env.n(10_000.0, 1_000.0);
+    if g.stale_applied > 0 || g.late_accepted_after_next > 0 {
+        o.fail(format!(
+            "{} stale guarded writes applied ({} accepted after the next grant)",
+            g.stale_applied, g.late_accepted_after_next
+        ));
+    }
+    if g.fence_regressions + p.fence_regressions > 0 {
+        o.fail("a new holder's fence was not above the old holder's");
+    }
+    if g.late_refused == 0 {
+        o.fail("no late write was refused (the pauses did not outlast the leases)");
+    }
+    if p.stale_applied == 0 {
+        o.fail("the unguarded control applied no stale write (nothing shown)");
+    }
+    if g.expiries < target {
+        o.fail(format!("{} lease expiries, below {target}", g.expiries));
+    }
+    if let Err(e) = health(&server, "the server") {
+        o.fail(e);
+    }
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! Scenario: leases across restarts, from the AOF and from an RDB file. Locks with leases
+//! of a few seconds (some extended) are taken; the server is SIGKILLed (after a `SAVE`
+//! for RDB, sometimes after a `BGREWRITEAOF` for the AOF) and restarted. Each holder's own
+//! deadline is the moment it sent its last acknowledged acquire or extend plus the lease
+//! asked for, on the client's monotonic clock. After the restart: every lock is there
+//! with a `ttl` that does not end before that deadline, and a waiter that asks for each
+//! lock (`BLOCK`, one connection each) is granted it no earlier than the deadline. How
+//! much later is measured (the restart's time, at most one lease from the load).
+
+use std::time::Duration;
+
+use crate::common::*;
+
+/// How much earlier than its holder's deadline a restored lease may end: the module
+/// stores and reports whole milliseconds.
+pub const EARLY_MS: u64 = 2;
+const MS: u64 = 1_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Aof,
+    AofRewritten,
+    Rdb,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Aof => "AOF (appendfsync always)",
+            Mode::AofRewritten => "AOF after BGREWRITEAOF",
+            Mode::Rdb => "RDB (SAVE, then SIGKILL)",
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+struct Stats {
+    mode: &'static str,
+    restarts: u64,
+    locks: u64,
+    extended: u64,
+    /// Locks missing after the restart.
+    missing: u64,
+    /// `ttl` after the restart ending before the holder's deadline (minus EARLY_MS).
+    ttl_early: u64,
+    /// Waiters granted before the holder's deadline (minus EARLY_MS).
+    granted_early: u64,
+    /// Restored leases longer than the lease asked for.
+    too_long: u64,
+    /// Extremes in ms: the smallest and largest lateness of the waiter's grant against
+    /// the holder's deadline, and of the restored `ttl`'s end.
+    grant_late_ms: Option<(f64, f64)>,
+    ttl_late_ms: Option<(f64, f64)>,
+    examples: Vec<String>,
+}
+
+struct Lock {
+    key: String,
+    px: u64,
+    /// The holder's own deadline (ns, client monotonic clock).
+    deadline: u64,
+}
+
+/// The leases taken (ms).
+fn px_range(short: bool) -> (u64, u64) {
+    if short {
+        (600, 1500)
+    } else {
+        (1000, 4000)
+    }
+}
+
+fn ms(ns: i128) -> f64 {
+    (ns as f64 / MS as f64 * 10.0).round() / 10.0
+}
+
+fn widen(r: &mut Option<(f64, f64)>, v: f64) {
+    *r = Some(r.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
+}
+
+fn restart_round(
+    server: &mut Server,
+    mode: Mode,
+    r: u64,
+    n: usize,
+    short: bool,
+    rng: &mut Rng,
+    st: &mut Stats,
+) -> Result<(), String> {
+    let mut c = connect(server)?;
+    let mut locks = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = format!("rel:lease:{mode:?}:{r}:{i}");
+        let (lo, hi) = px_range(short);
+        let px = rng.range(lo, hi);
+        let t = format!("lease-{r:04}-{i:04}-holder");
+        let sent = now_ns();
+        let rep = cmd(&mut c, &args!["LOCK.ACQUIRE", &key, "PX", px, "TOKEN", &t])?;
+        rep.grant()
+            .ok_or_else(|| format!("acquire of {key} answered {rep:?}"))?;
+        let mut lock = Lock {
+            key,
+            px,
+            deadline: sent + px * MS,
+        };
+        if rng.chance(30) {
+            std::thread::sleep(Duration::from_millis(rng.range(1, 50)));
+            let ext = rng.range(px / 2, px);
+            let sent = now_ns();
+            let rep = cmd(&mut c, &args!["LOCK.EXTEND", &lock.key, &t, "PX", ext])?;
+            if rep != Reply::Int(1) {
+                return Err(format!("extend of {} answered {rep:?}", lock.key));
+            }
+            (lock.px, lock.deadline) = (ext, sent + ext * MS);
+            st.extended += 1;
+        }
+        locks.push(lock);
+    }
+    match mode {
+        Mode::Rdb => {
+            let rep = cmd(&mut c, &args!["SAVE"])?;
+            if rep.is_error() {
+                return Err(format!("SAVE: {rep:?}"));
+            }
+        }
+        Mode::AofRewritten => {
+            let rep = cmd(&mut c, &args!["BGREWRITEAOF"])?;
+            if rep.is_error() {
+                return Err(format!("BGREWRITEAOF: {rep:?}"));
+            }
+            let idle = |f: &str| server.info_field("persistence", f).as_deref() == Some("0");
+            let done = || idle("aof_rewrite_in_progress") && idle("aof_rewrite_scheduled");
+            if !redis_lock_testkit::wait_until(Duration::from_secs(20), done) {
+                return Err("AOF rewrite did not finish".into());
+            }
+        }
+        Mode::Aof => {}
+    }
+    std::thread::sleep(Duration::from_millis(rng.range(0, 300)));
+    drop(c);
+    server.kill9();
+    server.try_restart()?;
+    st.restarts += 1;
+    let mut c = connect(server)?;
+    // Held, with a ttl that does not end before the holder's deadline.
+    let mut live = Vec::new();
+    for l in &locks {
+        let info = cmd(&mut c, &args!["LOCK.INFO", &l.key])?;
+        let done = now_ns();
+        st.locks += 1;
+        let Some(ttl) = info.get("ttl").and_then(|r| r.as_int()) else {
+            if done < l.deadline {
+                st.missing += 1;
+                if st.examples.len() < 4 {
+                    st.examples
+                        .push(format!("{} missing after the restart", l.key));
+                }
+            }
+            continue;
+        };
+        let ttl = ttl.max(0) as u64;
+        if ttl > l.px {
+            st.too_long += 1;
+        }
+        // The restored lease ends by `done` + ttl at the latest.
+        let late = (done + ttl * MS) as i128 - l.deadline as i128;
+        widen(&mut st.ttl_late_ms, ms(late));
+        if late < -((EARLY_MS * MS) as i128) {
+            st.ttl_early += 1;
+            if st.examples.len() < 4 {
+                st.examples.push(format!(
+                    "{}: ttl {ttl} ms after the restart ends {:.1} ms before its holder's deadline",
+                    l.key,
+                    -ms(late)
+                ));
+            }
+        }
+        live.push(l);
+    }
+    // A waiter per lock: granted at the end of the lease, never before the deadline.
+    let grants: Vec<Result<u64, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = live
+            .iter()
+            .map(|l| {
+                let server = &*server;
+                s.spawn(move || -> Result<u64, String> {
+                    let mut c = connect(server)?;
+                    c.try_set_read_timeout(Some(Duration::from_secs(15)))
+                        .map_err(|e| e.to_string())?;
+                    let rep = cmd(
+                        &mut c,
+                        &args!["LOCK.ACQUIRE", &l.key, "PX", 1000u64, "BLOCK", 10_000u64],
+                    )?;
+                    let at = now_ns();
+                    rep.grant()
+                        .ok_or_else(|| format!("waiter on {} answered {rep:?}", l.key))?;
+                    Ok(at)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a waiter panicked".into())))
+            .collect()
+    });
+    for (l, g) in live.iter().zip(grants) {
+        let at = g?;
+        // Granted at or before `at`.
+        let late = at as i128 - l.deadline as i128;
+        widen(&mut st.grant_late_ms, ms(late));
+        if late < -((EARLY_MS * MS) as i128) {
+            st.granted_early += 1;
+            if st.examples.len() < 4 {
+                st.examples.push(format!(
+                    "{}: a waiter was granted it {:.1} ms before its holder's deadline",
+                    l.key,
+                    -ms(late)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_mode(env: &Env, mode: Mode, rng: &mut Rng) -> Result<Stats, String> {
+    let name = format!(
+        "leases-{}-{mode:?}",
+        env.server_bin
+            .file_name()
+            .map_or("server".into(), |f| f.to_string_lossy())
+    )
+    .to_lowercase();
+    let b = env.builder(&name);
+    let mut server = match mode {
+        Mode::Rdb => b.arg("appendonly", "no"),
+        _ => b.arg("appendonly", "yes").arg("appendfsync", "always"),
+    }
+    .try_start()?;
+    let mut st = Stats {
+        mode: mode.name(),
+        ..Stats::default()
+    };
+    let rounds = env.n(4.0, 1.0);
+    let n = if env.short { 12 } else { 24 };
+    for r in 0..rounds {
+        restart_round(&mut server, mode, r, n, env.short, rng, &mut st)
+            .map_err(|e| format!("{} round {r}: {e}", mode.name()))?;
+    }
+    health(&server, "the server")?;
+    Ok(st)
+}
+
+pub const TITLE: &str = "Leases across restarts (SIGKILL, restart from AOF and from RDB)";
+pub const TARGET: &str =
+    "0 leases ended before their holder's deadline after a restart (ttl and a waiter's grant), per persistence mode";
+
+pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
+    let mut rng = Rng::new(env.seed ^ 0x6c65_6173);
+    let mut modes = Vec::new();
+    for mode in [Mode::Aof, Mode::AofRewritten, Mode::Rdb] {
+        let st = run_mode(env, mode, &mut rng)?;
+        let bad = st.missing + st.ttl_early + st.granted_early;
+        if bad > 0 {
+            o.fail(format!(
+                "{}: {} missing, {} ttl early, {} granted early",
+                mode.name(),
+                st.missing,
+                st.ttl_early,
+                st.granted_early
+            ));
+        }
+        if st.too_long > 0 {
+            o.fail(format!(
+                "{}: {} restored leases longer than asked for",
+                mode.name(),
+                st.too_long
+            ));
+        }
+        modes.push(st);
+    }
+    o.put("early_ms", EARLY_MS);
+    o.put("px_ms", px_range(env.short));
+    o.put("modes", modes);
+    Ok(())
+}
