@@ -86,7 +86,10 @@ impl WakeTimer {
             t.stop(ctx);
         }
         let left_us = at.saturating_sub(ffi::mono_us()).max(0);
-        let delay_ms = left_us.saturating_add(999) / 1000;
+        // At least 1 ms: a timer due at once would fire in the same pass of the event loop
+        // as the command that armed it, before that command's reply is written, so a
+        // RELEASE with a thousand watchers would wait for all of them to be answered.
+        let delay_ms = (left_us.saturating_add(999) / 1000).max(1);
         self.armed = Some((Timer::start(ctx, delay_ms, self.fire, ()), at));
     }
 

@@ -284,6 +284,57 @@ fn rdb_save_keeps_locks_across_kill9() {
     check_locks(&s, &snap);
 }
 
+/// Lock commands count as changes for the `save` points (`save 1 1` here), so the server
+/// snapshots a workload of lock commands by itself and a SIGKILL after that snapshot
+/// keeps the locks. (They once counted only when something received the replication
+/// stream: with no replica and no AOF, no snapshot was ever taken.)
+#[test]
+fn lock_writes_count_for_save_points_and_trigger_snapshots() {
+    let mut s = debug_server().arg("save", "1 1").start();
+    let save_time = |s: &Server| -> i64 {
+        s.info_field("persistence", "rdb_last_save_time")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let t0 = save_time(&s);
+    // Module commands only (a plain SET would count by itself).
+    let mut held = Vec::new();
+    {
+        let mut c = s.conn();
+        for i in 0..3 {
+            let key = format!("persist:save:{i}");
+            let (_, fence) = acquire(&mut c, &key, &["PX", "120000"]).unwrap();
+            held.push((key, fence));
+        }
+    }
+    let changes: i64 = s
+        .info_field("persistence", "rdb_changes_since_last_save")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        changes > 0 || save_time(&s) > t0,
+        "lock commands counted no change for the save points"
+    );
+    assert!(
+        wait_until(IDLE_TIMEOUT, || save_time(&s) > t0
+            && s.info_field("persistence", "rdb_changes_since_last_save")
+                .as_deref()
+                == Some("0")
+            && s.info_field("persistence", "rdb_bgsave_in_progress")
+                .as_deref()
+                == Some("0")),
+        "no snapshot after lock commands with save 1 1\n{}",
+        s.log_tail()
+    );
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    for (key, fence) in &held {
+        let info = lock_info(&mut c, key).unwrap_or_else(|| panic!("{key} lost: no snapshot"));
+        assert_eq!(int_field(&info, "fence"), *fence, "{key}");
+    }
+}
+
 #[test]
 fn fences_keep_rising_after_every_lock_was_released_and_the_server_restarted() {
     let mut s = ServerBuilder::new().start();

@@ -345,6 +345,16 @@ impl<'a> Ctx<'a> {
         emit(Emit::Replicate(self.raw), cmd, key, args);
     }
 
+    /// Counts one change of the dataset for the server's `save` points
+    /// (`rdb_changes_since_last_save`) without propagating anything: what replicating
+    /// would count, for a change that nothing can receive. `RM_Replicate` with the `A`
+    /// and `R` flags (no AOF, no replicas) propagates to no one and adds the change;
+    /// the module has no other way to count one.
+    pub fn mark_dirty(self) {
+        // SAFETY: valid context; a known command name and a format of flags only.
+        unsafe { api!(RedisModule_Replicate)(self.raw, c"PING".as_ptr(), c"AR".as_ptr()) };
+    }
+
     /// Replicates the running command as it was received.
     pub fn replicate_verbatim(self) {
         // SAFETY: valid context.
