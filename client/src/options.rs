@@ -52,7 +52,8 @@ pub enum Confirm {
     /// `n` = the server's `min-replicas-to-write` when it is set (the deployment expects
     /// that many), else the replicas online now (`state=online` in `INFO replication`,
     /// cached for a second; a replica still in its first sync is not counted: it
-    /// receives the grant with the sync, and cannot acknowledge before it ends). No
+    /// receives the grant after its sync, but the grant is returned unconfirmed, and a
+    /// failover before the sync ends can lose it; `Replicas(n)` closes that window). No
     /// replica: nothing to confirm.
     #[default]
     Auto,
