@@ -823,7 +823,10 @@ mod tests {
             text.contains("| goal | Redis 7.0.15 |\n|---|---|\n"),
             "{text}"
         );
-        assert!(text.contains("Every goal is met in this run.\n\n### 1. Throughput"), "{text}");
+        assert!(
+            text.contains("Every goal is met in this run.\n\n### 1. Throughput"),
+            "{text}"
+        );
         assert!(text.contains("<!-- perf:callgrind:begin -->\nNot run"));
     }
 
