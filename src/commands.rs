@@ -125,10 +125,31 @@ pub(crate) fn run<'a>(
     })
 }
 
+/// A refused command's token stays out of SLOWLOG and MONITOR too: the argument after
+/// each `TOKEN` word (an acquire that did not parse; an `OWNER TOKEN` label costs the
+/// next argument its display), or the fixed position of the token.
+fn redact_refused(ctx: Ctx<'_>, args: Args<'_>, at: Option<usize>) {
+    match at {
+        Some(pos) if pos < args.len() => ctx.redact(pos),
+        Some(_) => {}
+        None => {
+            for i in 2..args.len().saturating_sub(1) {
+                if args
+                    .get(i)
+                    .is_some_and(|a| a.bytes().eq_ignore_ascii_case(b"token"))
+                {
+                    ctx.redact(i + 1);
+                }
+            }
+        }
+    }
+}
+
 fn acquire_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let mut buf = [&[][..]; MAX_ARGS];
-    let (name, rest) = split(args, "lock.acquire", &mut buf)?;
-    let req = args::parse_acquire(rest, &config::limits())?;
+    let parsed = split(args, "lock.acquire", &mut buf)
+        .and_then(|(name, rest)| Ok((name, args::parse_acquire(rest, &config::limits())?)));
+    let (name, req) = parsed.inspect_err(|_| redact_refused(ctx, args, None))?;
     if let Some(i) = req.token_at {
         ctx.redact(2 + i);
     }
@@ -149,16 +170,18 @@ fn acquire_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
 
 fn release_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let mut buf = [&[][..]; MAX_ARGS];
-    let (name, rest) = split(args, "lock.release", &mut buf)?;
-    let token = args::parse_release(rest)?;
+    let parsed = split(args, "lock.release", &mut buf)
+        .and_then(|(name, rest)| Ok((name, args::parse_release(rest)?)));
+    let (name, token) = parsed.inspect_err(|_| redact_refused(ctx, args, Some(2)))?;
     ctx.redact(2);
     run(ctx, name, Command::Release(token), false)
 }
 
 fn extend_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let mut buf = [&[][..]; MAX_ARGS];
-    let (name, rest) = split(args, "lock.extend", &mut buf)?;
-    let req = args::parse_extend(rest, &config::limits())?;
+    let parsed = split(args, "lock.extend", &mut buf)
+        .and_then(|(name, rest)| Ok((name, args::parse_extend(rest, &config::limits())?)));
+    let (name, req) = parsed.inspect_err(|_| redact_refused(ctx, args, Some(2)))?;
     ctx.redact(2);
     let cmd = Command::Extend {
         token: req.token,
@@ -245,7 +268,8 @@ fn repl_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
 /// The 0.1 release's replication command (token in clear), still accepted from an older
 /// primary and from AOF files it wrote. It is stored, and passed on, as a digest.
 fn sync_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-    replicated_only(ctx, "lock.sync")?;
+    // 0.1's command carries the token in clear: hidden when a client sends it.
+    replicated_only(ctx, "lock.sync").inspect_err(|_| redact_refused(ctx, args, Some(2)))?;
     let mut buf = [&[][..]; MAX_ARGS];
     let (name, rest) = split(args, "lock.sync", &mut buf)?;
     let cmd = repl::decode_sync(rest, state::now())?;

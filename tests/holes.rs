@@ -641,6 +641,23 @@ fn row5_tokens_are_redacted_from_slowlog_and_monitor() {
         matches!(replies.last(), Some(Resp::Array(a)) if a.len() == 3),
         "{replies:?}"
     );
+    // Refused commands keep their token hidden too (a parse error once returned before
+    // the redaction), while the lock they name is held.
+    assert!(!c
+        .cmd(&["LOCK.ACQUIRE", "lock:held", "PX", "60000", "TOKEN", t])
+        .is_error());
+    for refused in [
+        &["LOCK.ACQUIRE", "lock:held", "TOKEN", t, "PX", "abc"][..],
+        &["LOCK.ACQUIRE", "lock:held", "PX", "0", "TOKEN", t],
+        &["LOCK.ACQUIRE", "lock:held", "TOKEN", t, "BOGUS"],
+        &["LOCK.ACQUIRE", "lock:held", "TOKEN", t, "TOKEN", t],
+        &["LOCK.EXTEND", "lock:held", t, "PX", "abc"],
+        &["LOCK.EXTEND", "lock:held", t, "BOGUS"],
+        &["LOCK.SYNC", "lock:held", t, "5"],
+    ] {
+        let r = c.cmd(refused);
+        assert!(r.is_error(), "{refused:?} answered {r:?}");
+    }
     assert_eq!(c.cmd(&["PING"]), Resp::Simple("PONG".into()));
     let mut ck = Checks::new();
     let slowlog = c.cmd(&["SLOWLOG", "GET", "100"]);
