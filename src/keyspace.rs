@@ -145,7 +145,7 @@ impl Keyspace for RedisKey<'_> {
     fn replicate(&mut self, c: repl::Change<'_>) {
         if !self.listening {
             // Nothing to build, but the change must still count for RDB save points.
-            self.ctx.mark_dirty();
+            self.ctx.mark_dirty(self.in_command);
             return;
         }
         let (ctx, clock) = (self.ctx, self.clock);

@@ -346,13 +346,21 @@ impl<'a> Ctx<'a> {
     }
 
     /// Counts one change of the dataset for the server's `save` points
-    /// (`rdb_changes_since_last_save`) without propagating anything: what replicating
-    /// would count, for a change that nothing can receive. `RM_Replicate` with the `A`
-    /// and `R` flags (no AOF, no replicas) propagates to no one and adds the change;
-    /// the module has no other way to count one.
-    pub fn mark_dirty(self) {
-        // SAFETY: valid context; a known command name and a format of flags only.
-        unsafe { api!(RedisModule_Replicate)(self.raw, c"PING".as_ptr(), c"AR".as_ptr()) };
+    /// (`rdb_changes_since_last_save`) when nothing receives the replication stream:
+    /// what replicating would count. Inside a client's command `RM_ReplicateVerbatim`
+    /// does it for ~50 instructions: the server propagates nothing when nothing listens
+    /// (its own check is the one `events::listening_now` mirrors, and the module learns
+    /// of a new listener at the fork that precedes any stream a replica or the AOF
+    /// replays). Elsewhere (a timer, the cron) there is no command to pass on, and
+    /// `RM_Replicate` with the `A` and `R` flags (no AOF, no replicas) counts the change
+    /// without propagating anything, for ~5,000 instructions.
+    pub fn mark_dirty(self, in_command: bool) {
+        if in_command {
+            self.replicate_verbatim();
+        } else {
+            // SAFETY: valid context; a known command name and a format of flags only.
+            unsafe { api!(RedisModule_Replicate)(self.raw, c"PING".as_ptr(), c"AR".as_ptr()) };
+        }
     }
 
     /// Replicates the running command as it was received.
