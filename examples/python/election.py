@@ -87,11 +87,15 @@ def main():
     check(all(a < b for a, b in zip(terms, terms[1:])), "each term is larger than the last")
     check(int(r.get(RUNS)) == 9, f"9 guarded job runs ({r.get(RUNS)})")
     values = [s.value if isinstance(s, Leader) else None for s in seen]
-    expected = [None]
-    for n in names:
-        expected += [n, f"{n}:8080"]
-    expected.append(None)
-    check(values == expected, f"the observer saw every change ({values})")
+    # Each leader's lasting value, in order. A state that lasts less than a round trip
+    # (the campaign value, proclaimed over at once) may be seen or overtaken.
+    lasting = [v for v in values if v is None or v.endswith(":8080")]
+    expected = [None] + [f"{n}:8080" for n in names] + [None]
+    allowed = {None, *names, *(f"{n}:8080" for n in names)}
+    check(
+        lasting == expected and set(values) <= allowed,
+        f"the observer saw each leader in order ({values})",
+    )
     check(Election(r, KEY).leader() is None, "nobody leads at the end")
     if failures:
         print(f"{len(failures)} check(s) failed", file=sys.stderr)
