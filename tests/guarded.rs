@@ -10,36 +10,12 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use common::{
-    files_with, lock_stat, primary, start_replica_of, tok, wait_until, RawConn, Resp,
-    ServerBuilder, SETTLE,
+    acquire, bulk, files_with, lock_stat, ok, primary, start_replica_of, tok, wait_until, RawConn,
+    Resp, ServerBuilder, SETTLE,
 };
 
 const HELD_TEXT: &str = "NOTHELD the token does not hold this lock now; the command did not run";
 const FENCE_TEXT: &str = "NOTHELD that fence does not hold this lock now; the command did not run";
-
-/// `[token, fence]` of a grant; panics on anything else.
-#[track_caller]
-fn grant(r: &Resp) -> (String, i64) {
-    let (t, f) = r
-        .grant()
-        .unwrap_or_else(|| panic!("expected a grant, got {r:?}"));
-    (String::from_utf8_lossy(&t).into_owned(), f as i64)
-}
-
-#[track_caller]
-fn acquire(c: &mut RawConn, key: &str, opts: &[&str]) -> (String, i64) {
-    let mut args = vec!["LOCK.ACQUIRE", key];
-    args.extend_from_slice(opts);
-    grant(&c.cmd(&args))
-}
-
-fn ok() -> Resp {
-    Resp::Simple("OK".into())
-}
-
-fn bulk(s: &str) -> Resp {
-    Resp::Bulk(s.as_bytes().to_vec())
-}
 
 /// Every string in a reply, nested ones included.
 fn texts(r: &Resp) -> Vec<String> {

@@ -11,32 +11,9 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::{
-    lock_stat, primary, server_flavor, start_replica_of, tok, wait_until, RawConn, Resp,
-    ServerBuilder, SETTLE,
+    acquire, bulk, grant, lock_stat, ok, primary, server_flavor, start_replica_of, tok, wait_until,
+    RawConn, Resp, ServerBuilder, SETTLE,
 };
-
-#[track_caller]
-fn grant(r: &Resp) -> (String, i64) {
-    let (t, f) = r
-        .grant()
-        .unwrap_or_else(|| panic!("expected a grant, got {r:?}"));
-    (String::from_utf8_lossy(&t).into_owned(), f as i64)
-}
-
-#[track_caller]
-fn acquire(c: &mut RawConn, key: &str, opts: &[&str]) -> (String, i64) {
-    let mut args = vec!["LOCK.ACQUIRE", key];
-    args.extend_from_slice(opts);
-    grant(&c.cmd(&args))
-}
-
-fn ok() -> Resp {
-    Resp::Simple("OK".into())
-}
-
-fn bulk(s: &str) -> Resp {
-    Resp::Bulk(s.as_bytes().to_vec())
-}
 
 /// Every string in a reply, nested ones included.
 fn texts(r: &Resp) -> Vec<String> {

@@ -455,3 +455,27 @@ pub mod raw {
         }
     }
 }
+
+/// `[token, fence]` of a grant; panics on anything else.
+#[track_caller]
+pub fn grant(r: &Resp) -> (String, i64) {
+    let (t, f) = r
+        .grant()
+        .unwrap_or_else(|| panic!("expected a grant, got {r:?}"));
+    (String::from_utf8_lossy(&t).into_owned(), f as i64)
+}
+
+#[track_caller]
+pub fn acquire(c: &mut RawConn, key: &str, opts: &[&str]) -> (String, i64) {
+    let mut args = vec!["LOCK.ACQUIRE", key];
+    args.extend_from_slice(opts);
+    grant(&c.cmd(&args))
+}
+
+pub fn ok() -> Resp {
+    Resp::Simple("OK".into())
+}
+
+pub fn bulk(s: &str) -> Resp {
+    Resp::Bulk(s.as_bytes().to_vec())
+}
