@@ -884,6 +884,13 @@ fn storm(server: &Server, admin: &mut Connection) {
     }
 }
 
+/// `used_memory` once it has settled (see `settled_memory`: the server drains the pool of
+/// temporary clients the storm's blocked clients used over a few seconds).
+fn memory(admin: &mut Connection) -> i64 {
+    redis_lock_testkit::settled_memory(|| info_section(admin, "memory")["used_memory"])
+        .unwrap_or_else(|r| panic!("used_memory did not settle: {r:?}"))
+}
+
 fn settle(admin: &mut Connection, clients: i64) {
     assert!(
         wait_until(SETTLE, || {
@@ -911,13 +918,13 @@ fn memory_and_counters_return_to_baseline_after_a_storm() {
 
     storm(&server, &mut admin);
     settle(&mut admin, clients);
-    let base_mem = info_section(&mut admin, "memory")["used_memory"];
+    let base_mem = memory(&mut admin);
     let before = stats(&mut admin);
 
     storm(&server, &mut admin);
     settle(&mut admin, clients);
     let after = stats(&mut admin);
-    let mem = info_section(&mut admin, "memory")["used_memory"];
+    let mem = memory(&mut admin);
     let grew = mem - base_mem;
     eprintln!("used_memory baseline {base_mem}, after storm {mem} ({grew:+} bytes)");
     assert!(

@@ -805,20 +805,18 @@ fn a_thousand_watchers_are_each_woken_once_and_leave_nothing() {
             }),
             "every watcher's connection closed",
         );
-        // The server frees closed clients and resizes its tables in its own time: read
-        // until two readings 100 ms apart agree (or SETTLE passes).
-        let mut used = -1;
-        let settled = wait_until(SETTLE, || {
-            let now: i64 = info_field(&c.cmd(&["INFO", "memory"]).text(), "used_memory")
+        let read = || {
+            info_field(&c.cmd(&["INFO", "memory"]).text(), "used_memory")
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let same = now == used;
-            used = now;
-            sleep(Duration::from_millis(100));
-            same
-        });
+                .unwrap_or(0)
+        };
+        let settled = redis_lock_testkit::settled_memory(read);
+        let used = *settled.as_ref().unwrap_or_else(|r| r.last().unwrap_or(&-1));
         mem.push(used);
-        k.check(settled, format!("round {round}: used_memory settled"));
+        k.check(
+            settled.is_ok(),
+            format!("round {round}: used_memory settled: {settled:?}"),
+        );
     }
     // A leak grows every round; the noise of a loaded machine does not: the smaller of
     // the last two rounds is set against the second.

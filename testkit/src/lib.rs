@@ -161,6 +161,33 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Reads `used_memory` (through `read`) every 200 ms until seven readings in a row (1.2 s)
+/// lie within 16 KiB of each other, and returns the last one, or `Err` with the readings
+/// after 30 s. The server frees what clients leave behind in its own time: closed clients
+/// in its event loop, and the two temporary clients each module-blocked client used
+/// (about 35 KB each) in a pool it drains by at most 50 per cron run (module.c
+/// `modulesCron`), so 2,000 of them take about 4 s to go. INFO's own buffers move a
+/// reading by about 1 KiB.
+pub fn settled_memory(mut read: impl FnMut() -> i64) -> Result<i64, Vec<i64>> {
+    let mut recent: Vec<i64> = Vec::new();
+    let mut last = 0;
+    let ok = wait_until(Duration::from_secs(30), || {
+        last = read();
+        recent.push(last);
+        if recent.len() > 7 {
+            recent.remove(0);
+        }
+        sleep(Duration::from_millis(200));
+        let (lo, hi) = (recent.iter().min(), recent.iter().max());
+        recent.len() == 7 && matches!((lo, hi), (Some(lo), Some(hi)) if hi - lo < 16 * 1024)
+    });
+    if ok {
+        Ok(last)
+    } else {
+        Err(recent)
+    }
+}
+
 /// A fresh, empty, uniquely named directory under the system temp dir. Nothing removes
 /// it automatically unless a [`Server`] created it itself.
 pub fn temp_dir() -> PathBuf {
