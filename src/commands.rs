@@ -3,7 +3,10 @@
 //! command logs, borrow the module state once, open the key, let the engine decide, and
 //! hand its reply value back to be written (`ffi::guard::command`).
 
-use crate::args;
+use crate::args::{
+    parse_acquire, parse_check, parse_extend, parse_forcerelease, parse_info, parse_release,
+    parse_watch,
+};
 use crate::config;
 use crate::engine::{AcquireReq, Command, Outcome, Want, WatchReq};
 use crate::error::LockError;
@@ -11,6 +14,7 @@ use crate::events;
 use crate::ffi::{self, Args, Ctx, Handler, Str};
 use crate::keyspace::RedisKey;
 use crate::lock::codec::repl::{self, Change, ReplCmd};
+use crate::lock::codec::Clock;
 use crate::lock::value::{self, Addr, Holder, LockValue, Mode};
 use crate::reply::Reply;
 use crate::sched::{self, RedisSched};
@@ -56,6 +60,29 @@ fn split<'a, 'b>(
         .bytes_from(2, buf)
         .ok_or_else(|| LockError::Syntax("too many arguments".into()))?;
     Ok((key, rest))
+}
+
+/// Where a command's token stands, to keep it out of the server's command logs when the
+/// command is refused before its own redaction.
+#[derive(Clone, Copy)]
+enum Secret {
+    None,
+    At(usize),
+    AfterTokenWord,
+}
+
+/// The key and the rest parsed by `parse`; a refused command's token is redacted.
+fn parse<'a, T>(
+    ctx: Ctx<'a>,
+    args: Args<'a>,
+    cmd: &'static str,
+    secret: Secret,
+    parse: impl FnOnce(&[&'a [u8]]) -> Result<T, LockError>,
+) -> Result<(Str<'a>, T), LockError> {
+    let mut buf = [&[][..]; MAX_ARGS];
+    split(args, cmd, &mut buf)
+        .and_then(|(name, rest)| Ok((name, parse(rest)?)))
+        .inspect_err(|_| redact_refused(ctx, args, secret))
 }
 
 /// Runs `cmd` on the key `name` with the state borrowed once; `block`: whether the
@@ -128,11 +155,15 @@ pub(crate) fn run<'a>(
 /// A refused command's token stays out of SLOWLOG and MONITOR too: the argument after
 /// each `TOKEN` word (an acquire that did not parse; an `OWNER TOKEN` label costs the
 /// next argument its display), or the fixed position of the token.
-fn redact_refused(ctx: Ctx<'_>, args: Args<'_>, at: Option<usize>) {
-    match at {
-        Some(pos) if pos < args.len() => ctx.redact(pos),
-        Some(_) => {}
-        None => {
+fn redact_refused(ctx: Ctx<'_>, args: Args<'_>, secret: Secret) {
+    match secret {
+        Secret::None => {}
+        Secret::At(pos) => {
+            if pos < args.len() {
+                ctx.redact(pos);
+            }
+        }
+        Secret::AfterTokenWord => {
             for i in 2..args.len().saturating_sub(1) {
                 if args
                     .get(i)
@@ -146,10 +177,9 @@ fn redact_refused(ctx: Ctx<'_>, args: Args<'_>, at: Option<usize>) {
 }
 
 fn acquire_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-    let mut buf = [&[][..]; MAX_ARGS];
-    let parsed = split(args, "lock.acquire", &mut buf)
-        .and_then(|(name, rest)| Ok((name, args::parse_acquire(rest, &config::limits())?)));
-    let (name, req) = parsed.inspect_err(|_| redact_refused(ctx, args, None))?;
+    let (name, req) = parse(ctx, args, "lock.acquire", Secret::AfterTokenWord, |a| {
+        parse_acquire(a, &config::limits())
+    })?;
     if let Some(i) = req.token_at {
         ctx.redact(2 + i);
     }
@@ -169,19 +199,15 @@ fn acquire_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
 }
 
 fn release_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-    let mut buf = [&[][..]; MAX_ARGS];
-    let parsed = split(args, "lock.release", &mut buf)
-        .and_then(|(name, rest)| Ok((name, args::parse_release(rest)?)));
-    let (name, token) = parsed.inspect_err(|_| redact_refused(ctx, args, Some(2)))?;
+    let (name, token) = parse(ctx, args, "lock.release", Secret::At(2), parse_release)?;
     ctx.redact(2);
     run(ctx, name, Command::Release(token), false)
 }
 
 fn extend_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-    let mut buf = [&[][..]; MAX_ARGS];
-    let parsed = split(args, "lock.extend", &mut buf)
-        .and_then(|(name, rest)| Ok((name, args::parse_extend(rest, &config::limits())?)));
-    let (name, req) = parsed.inspect_err(|_| redact_refused(ctx, args, Some(2)))?;
+    let (name, req) = parse(ctx, args, "lock.extend", Secret::At(2), |a| {
+        parse_extend(a, &config::limits())
+    })?;
     ctx.redact(2);
     let cmd = Command::Extend {
         token: req.token,
@@ -192,23 +218,23 @@ fn extend_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
 }
 
 fn forcerelease_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-    let mut buf = [&[][..]; MAX_ARGS];
-    let (name, rest) = split(args, "lock.forcerelease", &mut buf)?;
-    let fence = args::parse_forcerelease(rest)?;
+    let (name, fence) = parse(
+        ctx,
+        args,
+        "lock.forcerelease",
+        Secret::None,
+        parse_forcerelease,
+    )?;
     run(ctx, name, Command::ForceRelease(fence), false)
 }
 
 fn check_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-    let mut buf = [&[][..]; MAX_ARGS];
-    let (name, rest) = split(args, "lock.check", &mut buf)?;
-    let fence = args::parse_check(rest)?;
+    let (name, fence) = parse(ctx, args, "lock.check", Secret::None, parse_check)?;
     run(ctx, name, Command::Check(fence), false)
 }
 
 fn watch_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-    let mut buf = [&[][..]; MAX_ARGS];
-    let (name, rest) = split(args, "lock.watch", &mut buf)?;
-    let w = args::parse_watch(rest)?;
+    let (name, w) = parse(ctx, args, "lock.watch", Secret::None, parse_watch)?;
     let want = match w.fence {
         None => Want::Held,
         Some(fence) => Want::Gone {
@@ -224,9 +250,7 @@ fn watch_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
 }
 
 fn info_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-    let mut buf = [&[][..]; MAX_ARGS];
-    let (name, rest) = split(args, "lock.info", &mut buf)?;
-    let page = args::parse_info(rest)?;
+    let (name, page) = parse(ctx, args, "lock.info", Secret::None, parse_info)?;
     run(ctx, name, Command::Info(page), false)
 }
 
@@ -243,21 +267,28 @@ fn ceiling() -> u64 {
     state::with(|st| st.engine.fence.loaded_ceiling(wall, loading)).unwrap_or(0)
 }
 
+/// Applies a change from the primary or the AOF (decoded by `decode`, checked against the
+/// loaded fence ceiling); its reply, and with `keep` the change as it was sent.
+fn apply<'a>(
+    ctx: Ctx<'a>,
+    args: Args<'a>,
+    cmd: &'static str,
+    decode: fn(&[&[u8]], Clock) -> Result<ReplCmd, LockError>,
+    keep: bool,
+) -> Result<(Str<'a>, Option<Reply<'a>>, Option<ReplCmd>), LockError> {
+    let (name, cmd) = parse(ctx, args, cmd, Secret::None, |a| decode(a, state::now()))?;
+    let sent = keep.then(|| cmd.clone());
+    let apply = Command::Apply {
+        cmd,
+        ceiling: ceiling(),
+    };
+    Ok((name, run(ctx, name, apply, false)?, sent))
+}
+
 /// A change sent by the primary (or replayed from the AOF), passed on as received.
 fn repl_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     replicated_only(ctx, "lock.repl")?;
-    let mut buf = [&[][..]; MAX_ARGS];
-    let (name, rest) = split(args, "lock.repl", &mut buf)?;
-    let cmd = repl::decode(rest, state::now())?;
-    let reply = run(
-        ctx,
-        name,
-        Command::Apply {
-            cmd,
-            ceiling: ceiling(),
-        },
-        false,
-    )?;
+    let (_, reply, _) = apply(ctx, args, "lock.repl", repl::decode, false)?;
     if matches!(reply, Some(Reply::Ok)) {
         // A replica's own AOF and replicas record it as received.
         ctx.replicate_verbatim();
@@ -269,27 +300,15 @@ fn repl_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
 /// primary and from AOF files it wrote. It is stored, and passed on, as a digest.
 fn sync_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     // 0.1's command carries the token in clear: hidden when a client sends it.
-    replicated_only(ctx, "lock.sync").inspect_err(|_| redact_refused(ctx, args, Some(2)))?;
-    let mut buf = [&[][..]; MAX_ARGS];
-    let (name, rest) = split(args, "lock.sync", &mut buf)?;
-    let cmd = repl::decode_sync(rest, state::now())?;
-    let sent = cmd.clone();
-    let reply = run(
-        ctx,
-        name,
-        Command::Apply {
-            cmd,
-            ceiling: ceiling(),
-        },
-        false,
-    )?;
+    replicated_only(ctx, "lock.sync").inspect_err(|_| redact_refused(ctx, args, Secret::At(2)))?;
+    let (name, reply, sent) = apply(ctx, args, "lock.sync", repl::decode_sync, true)?;
     if let (
         Some(Reply::Ok),
-        ReplCmd::Add {
+        Some(ReplCmd::Add {
             mode,
             holder,
             floor,
-        },
+        }),
     ) = (&reply, &sent)
     {
         let listening = state::with(|st| st.listening).unwrap_or(true);

@@ -127,27 +127,28 @@ pub fn decode(src: &mut dyn Source, encver: i32, clock: Clock, policy: Policy) -
 
 /// Encodes a value as this release does (v3).
 pub fn encode(v: &LockValue, out: &mut dyn Sink, clock: Clock) {
-    save_mode(out, v.mode());
-    out.u64(v.len() as u64);
-    for h in v.iter() {
-        out.bytes(&h.digest);
-        out.u64(h.fence);
-        out.i64(clock.remaining_ms(h.deadline));
-        save_rest(out, h);
-        out.u64(u64::from(h.lock_delay()));
-    }
+    encode_holders(v, out, true, |d| clock.remaining_ms(d));
     out.i64(v.delay_until().map_or(0, |t| clock.remaining_ms(t).max(0)));
 }
 
 /// Encodes a value as release 0.2 did (v2); for tests of the upgrade path.
 pub fn encode_v2(v: &LockValue, out: &mut dyn Sink, clock: Clock) {
+    encode_holders(v, out, false, |d| clock.to_wall(d));
+}
+
+/// The mode and the holders, each deadline as `deadline` writes it, with the holder's lock
+/// delay when `delays` (v3).
+fn encode_holders(v: &LockValue, out: &mut dyn Sink, delays: bool, deadline: impl Fn(i64) -> i64) {
     save_mode(out, v.mode());
     out.u64(v.len() as u64);
     for h in v.iter() {
         out.bytes(&h.digest);
         out.u64(h.fence);
-        out.i64(clock.to_wall(h.deadline));
+        out.i64(deadline(h.deadline));
         save_rest(out, h);
+        if delays {
+            out.u64(u64::from(h.lock_delay()));
+        }
     }
 }
 
