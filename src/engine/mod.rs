@@ -512,6 +512,11 @@ impl<W> Engine<W> {
         if !ended.is_empty() {
             ks.changed(Event::Expired);
         }
+        // The key's waiters are served at the next tick: the command that found the
+        // leases over (before their timer, after a stall) may not hand the lock over.
+        if self.has_waiters(db, &name) {
+            self.serve_by(db, &name, now);
+        }
         Ok(())
     }
 

@@ -200,6 +200,8 @@ struct Waiting {
     ttl: i64,
     lock_delay: i64,
     owner: Option<Vec<u8>>,
+    /// Monotonic ms of its BLOCK time (None: no limit).
+    deadline: Option<i64>,
 }
 
 #[derive(Default)]
@@ -240,12 +242,19 @@ fn fits(holders: &[Grant], want: Mode) -> bool {
 }
 
 impl Model {
-    fn family(&mut self, key: u8, now: i64) -> Option<value::Family> {
+    /// The family a new acquire of `key` must match. With writes allowed the key's queue
+    /// is served first, and waiters whose BLOCK time ran out (in a stall) leave first.
+    fn family(&mut self, key: u8, now: i64, serve: bool) -> Option<value::Family> {
         if let Some(g) = self.live(key, now).first() {
             return Some(g.mode.family());
         }
-        let head = *self.queues.get(&key)?.front()?;
-        Some(self.waiting[&head].mode.family())
+        let waiting = &self.waiting;
+        let head = self
+            .queues
+            .get(&key)?
+            .iter()
+            .find(|id| !serve || waiting[*id].deadline.is_none_or(|d| now < d))?;
+        Some(waiting[head].mode.family())
     }
 
     fn live(&mut self, key: u8, now: i64) -> &mut Vec<Grant> {
@@ -384,6 +393,10 @@ impl Model {
             .expect("answer to a waiter not queued");
         if let Answer::Granted { fence, token, .. } = a {
             assert_eq!(at, 0, "waiter {id} granted ahead of {:?} (FIFO)", q);
+            assert!(
+                w.deadline.is_none_or(|d| now < d),
+                "waiter {id} granted at {now}, when its BLOCK time was over ({w:?})"
+            );
             assert_eq!(token, &w.token);
             q.remove(at);
             let deadline = now + w.ttl;
@@ -465,6 +478,9 @@ enum Op {
     },
     Pause(bool),
     Tick(u16),
+    /// Time passes while the server is busy (a long command, DEBUG SLEEP): the next
+    /// command runs before the timers that came due meanwhile.
+    Stall(u16),
     /// The wall clock steps (seconds, either way); leases must not notice.
     WallStep(i16),
 }
@@ -501,6 +517,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..11).prop_map(|client| Op::Disconnect { client }),
         1 => any::<bool>().prop_map(Op::Pause),
         4 => (0u16..40).prop_map(Op::Tick),
+        1 => (1u16..120).prop_map(Op::Stall),
+
         1 => (-600i16..600).prop_map(Op::WallStep),
     ]
 }
@@ -601,7 +619,7 @@ impl Harness {
         let tok = token(client);
         let held_before = self.m.holder_of(key, &tok, now);
         let queued_before = !self.m.queues.get(&key).is_none_or(VecDeque::is_empty);
-        let family = self.m.family(key, now);
+        let family = self.m.family(key, now, !self.w.paused);
         let expect_err = match &held_before {
             Some(g) => g.mode != mode,
             None => family.is_some_and(|f| value::check_family(f, mode).is_err()),
@@ -623,8 +641,16 @@ impl Harness {
         };
         let r = self.cmd(key, Command::Acquire(req));
         self.s.next_block = None;
-        // Waiters served first (a deferred hand-off) are answered before the caller.
+        // Waiters served first (a deferred hand-off) are answered before the caller. One
+        // with this token (after a stall) makes this acquire a renew of its grant.
         self.settle();
+        let held = held_before
+            .clone()
+            .or_else(|| self.m.holder_of(key, &tok, now));
+        let expect_err = match (&held_before, &held) {
+            (None, Some(g)) => g.mode != mode,
+            _ => expect_err,
+        };
         match r {
             Some(Reply::Error(LockError::WrongMode | LockError::LimitMismatch(_))) => {
                 assert!(expect_err, "unexpected error for {mode:?} on key {key}");
@@ -633,7 +659,7 @@ impl Harness {
                 assert!(!expect_err, "{mode:?} on key {key} should be refused");
                 assert_eq!(t.as_slice(), &tok[..]);
                 let deadline = now + i64::from(ttl);
-                if let Some(g) = held_before {
+                if let Some(g) = held {
                     assert_eq!(fence, g.fence, "a renew keeps its fence");
                     if let Some(h) = self.m.live(key, now).iter_mut().find(|h| h.token == tok) {
                         h.deadline = deadline;
@@ -678,6 +704,7 @@ impl Harness {
                         ttl,
                         lock_delay: if delay { i64::from(LOCK_DELAY) } else { 0 },
                         owner: label,
+                        deadline: block.filter(|b| *b > 0).map(|b| now + i64::from(b)),
                     },
                 );
                 self.m.queues.entry(key).or_default().push_back(id);
@@ -878,6 +905,10 @@ impl Harness {
             }
             Op::Pause(on) => self.w.paused = on,
             Op::Tick(ms) => self.w.now += i64::from(ms),
+            Op::Stall(ms) => {
+                self.w.now += i64::from(ms);
+                return;
+            }
             Op::WallStep(s) => self.w.wall_offset += i64::from(s) * 1000,
             _ => {}
         }
@@ -928,8 +959,14 @@ impl Harness {
                 let hs = self.m.live(key, now).clone();
                 let mine = hs.iter().any(|h| h.token == w.token);
                 let closed = self.m.delayed(key, now);
+                // A service put off while writes were paused is retried RETRY_US later.
+                let retry = self
+                    .e
+                    .queue(0, &key_name(key))
+                    .and_then(|q| q.serve_at)
+                    .is_some_and(|t| t <= now * 1000 + super::RETRY_US);
                 assert!(
-                    closed || !mine && !fits(&hs, w.mode),
+                    closed || retry || !mine && !fits(&hs, w.mode),
                     "waiter {head} ({:?}) starves on key {key} beside {hs:?}",
                     w.mode
                 );

@@ -288,6 +288,15 @@ impl<W> Engine<W> {
             return self.fail_waiters(sched, db, &name, &e, false);
         }
         while let Some(head) = self.queue(db, &name).and_then(|q| q.waiters.front()) {
+            if head.deadline.is_some_and(|d| d <= now) {
+                // Its BLOCK time ran out while the server was busy, before the timer
+                // could answer it: it leaves with nil, as the timer would have answered.
+                if let Some(w) = self.pop_front(db, &name) {
+                    self.stats.wait_timeouts += 1;
+                    sched.answer(w.handle, Answer::Nil);
+                }
+                continue;
+            }
             let verdict = self.verdict(ks, (head.mode, &head.digest));
             let w = match verdict {
                 Verdict::Wait => break,
