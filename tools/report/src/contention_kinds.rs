@@ -12,7 +12,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::chart::{category, decades, first_seen, holds, legend, tick, FONT, PALETTE};
-use crate::contention::{Cell, ContentionRun};
+use crate::contention::{by_method, two_commands, within, Cell, ContentionRun};
 use crate::Error;
 
 /// Pause between two attempts of node-redlock's `SET NX` recipe (the `jitter` method of
@@ -25,15 +25,6 @@ pub const SEM_POLL_MS: u64 = 10;
 /// Lease of a waiting writer's announcement in the writer-first recipe (refreshed at
 /// every attempt of that writer).
 pub const INTENT_MS: u64 = 1_000;
-
-/// The cells of one method, in their order.
-fn by_method<'a>(cells: &[&'a Cell], method: &str) -> Vec<&'a Cell> {
-    cells
-        .iter()
-        .copied()
-        .filter(|c| c.method == method)
-        .collect()
-}
 
 fn find<'a>(cells: &[&'a Cell], method: &str, hold_ms: u64) -> Option<&'a Cell> {
     cells
@@ -84,18 +75,14 @@ fn sem_goals(sem: &[&Cell]) -> Option<Value> {
     }
     // FIFO's bound: the clients ahead go through the n permits in turns of c, one
     // hand-off each, the overhead budgeted as in the mutex goals (1 ms).
-    let bound = |c: &Cell| {
+    let (over, p99_met) = within(&limit, |c| {
         let n = c.limit.unwrap_or(1).max(1) as usize;
         c.clients.div_ceil(n) as f64 * (c.hold_ms as f64 + 1.0)
-    };
-    let over = limit
-        .iter()
-        .filter(|c| c.summary.all.wait_max_ms > bound(c));
-    let over = over.map(|c| context! { bound => bound(c), ..Value::from(Serde(c)) });
+    });
     let zset = by_method(sem, "zset");
     Some(context! {
-        over => over.collect::<Vec<_>>(),
-        p99_met => limit.iter().all(|c| c.summary.all.wait_p99_ms <= bound(c)),
+        over,
+        p99_met,
         limit => Serde(&limit),
         zset_violations => zset.iter().map(|c| c.summary.violations).sum::<u64>(),
         zset_peak => zset.iter().map(|c| c.summary.peak_holders).max().unwrap_or(0),
@@ -110,9 +97,8 @@ pub fn context(run: &ContentionRun) -> Value {
     // Goals both families share: 2 commands per acquisition, no grant against the rule.
     let module = [by_method(&rw, "shared"), by_method(&sem, "limit")].concat();
     let common = (!module.is_empty()).then(|| {
-        let cpa = |c: &&Cell| c.summary.commands_per_acquisition;
         context! {
-            exact => module.iter().all(|c| (cpa(c) - 2.0).abs() < 1e-9),
+            exact => two_commands(&module),
             bad => module.iter().map(|c| c.summary.violations).sum::<u64>(),
             acquisitions => module.iter().map(|c| c.summary.all.acquisitions).sum::<u64>(),
         }
@@ -325,32 +311,23 @@ mod tests {
             method: method.into(),
             label: format!("label of {method}"),
             clients: all.clients,
-            readers: 0,
-            writers: 0,
-            limit: None,
             hold_ms: 1,
             summary: Summary {
                 elapsed_s: 3.0,
                 all,
-                readers: None,
-                writers: None,
                 commands_per_acquisition: 2.0,
                 round_trips_per_acquisition: 2.0,
                 peak_holders: 4,
                 mean_holders: 3.5,
-                violations: 0,
-                overtakes: 0,
-                overtakes_most: 0,
                 handoff_p50_us: 10.0,
                 handoff_p99_us: 20.0,
                 handoffs: 100,
-                same_client_again: 0.0,
                 hold_mean_ms: 1.0,
                 hold_max_ms: 2.0,
+                ..Summary::default()
             },
-            server_commands: 0,
-            client_commands: 0,
             other_cores: Some(0.1),
+            ..Cell::default()
         }
     }
 
