@@ -49,16 +49,10 @@ pub fn titled<'a>(
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, body) = root.split_vertically(70);
-    top.draw(&Text::new(
-        title,
-        (20, 10),
-        (FONT, size).into_font().color(&BLACK),
-    ))?;
-    top.draw(&Text::new(
-        subtitle,
-        (20, 44),
-        (FONT, 17).into_font().color(&RGBColor(80, 80, 80)),
-    ))?;
+    let font = (FONT, size).into_font().color(&BLACK);
+    top.draw(&Text::new(title, (20, 10), font))?;
+    let font = (FONT, 17).into_font().color(&RGBColor(80, 80, 80));
+    top.draw(&Text::new(subtitle, (20, 44), font))?;
     Ok(body)
 }
 
@@ -275,15 +269,9 @@ pub fn perf(path: &Path, run: &PerfRun) -> Result<(), Error> {
     let root = BitMapBackend::new(path, (1500, 1040)).into_drawing_area();
     root.fill(&WHITE)?;
     let (title, body) = root.split_vertically(44);
-    let text = format!(
-        "redis-lock vs SET NX PX + EVALSHA — make bench, {}",
-        run.date
-    );
-    title.draw(&Text::new(
-        text,
-        (14, 10),
-        (FONT, 24).into_font().color(&BLACK),
-    ))?;
+    let (date, font) = (&run.date, (FONT, 24).into_font().color(&BLACK));
+    let text = format!("redis-lock vs SET NX PX + EVALSHA — make bench, {date}");
+    title.draw(&Text::new(text, (14, 10), font))?;
     let areas = body.split_evenly((2, 3));
     for (area, panel) in areas.iter().zip(perf_panels(run)) {
         draw(area, &panel)?;

@@ -214,26 +214,18 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
     let cells = &run.family("mutex");
     let holds = holds(cells.iter().map(|c| c.hold_ms));
     let cols = holds.len().max(1);
-    let title = (
-        "Lock contention: N clients, one lock, each holds it c ms",
-        28,
-    );
-    let (body, panels) = run.info.grid(path, (700, 1000), title, cols)?;
+    let title = "Lock contention: N clients, one lock, each holds it c ms";
+    let (body, panels) = run.info.grid(path, (700, 1000), (title, 28), cols)?;
     let max_n = cells.iter().map(|c| c.clients).max().unwrap_or(64).max(2) as f64;
     let x_max = max_n.log2();
     // In ms. Latency can be 0 (grant reply before the release reply): plot it at 1 µs.
     let lat = |c: &Cell| c.summary.handoff_p99_us.max(1.0) / 1000.0;
     let thr = |c: &Cell| c.summary.all.per_second.max(0.1);
 
+    use SeriesLabelPosition::{LowerLeft, UpperLeft};
     let rows = [
-        (
-            "hand-off latency p99 (ms, log)",
-            SeriesLabelPosition::UpperLeft,
-        ),
-        (
-            "critical sections / s (log)",
-            SeriesLabelPosition::LowerLeft,
-        ),
+        ("hand-off latency p99 (ms, log)", UpperLeft),
+        ("critical sections / s (log)", LowerLeft),
     ];
     for (row, (metric, pos)) in rows.into_iter().enumerate() {
         let value = |c: &Cell| if row == 0 { lat(c) } else { thr(c) };

@@ -130,16 +130,6 @@ fn short_label(method: &str) -> &str {
     }
 }
 
-/// One panel of docs/contention-kinds.png: a group of bars per method, one bar per
-/// critical-section length, on a log axis.
-struct KindPanel<'a> {
-    title: String,
-    cells: Vec<&'a Cell>,
-    value: fn(&Cell) -> f64,
-    unit: &'static str,
-    color: RGBColor,
-}
-
 /// A panel of the chart: its title after the family's heading, its figure, its unit.
 type PanelSpec = (&'static str, fn(&Cell) -> f64, &'static str);
 /// The readers/writers column: reads per second, the writer's longest wait.
@@ -177,15 +167,23 @@ fn bar_label(v: f64) -> String {
     )
 }
 
-fn draw_panel(area: &DrawingArea<BitMapBackend, Shift>, p: &KindPanel) -> Result<(), Error> {
-    let methods = first_seen(p.cells.iter().map(|c| c.method.as_str()));
-    let holds = holds(p.cells.iter().map(|c| c.hold_ms));
+/// One panel of docs/contention-kinds.png: a group of bars per method, one bar per
+/// critical-section length, on a log axis.
+fn draw_panel(
+    area: &DrawingArea<BitMapBackend, Shift>,
+    title: &str,
+    cells: &[&Cell],
+    (value, unit): (fn(&Cell) -> f64, &str),
+    color: RGBColor,
+) -> Result<(), Error> {
+    let methods = first_seen(cells.iter().map(|c| c.method.as_str()));
+    let holds = holds(cells.iter().map(|c| c.hold_ms));
     // Bars start at the axis' floor; a 0 (nothing measured) sits on it.
-    let (lo, hi) = decades(p.cells.iter().map(|c| (p.value)(c)).filter(|v| *v > 0.0));
+    let (lo, hi) = decades(cells.iter().map(|c| value(c)).filter(|v| *v > 0.0));
     let floor = |v: f64| v.max(lo);
     let n = methods.len().max(1) as f64;
     let mut chart = ChartBuilder::on(area)
-        .caption(&p.title, (FONT, 20).into_font())
+        .caption(title, (FONT, 20).into_font())
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(70)
@@ -200,7 +198,7 @@ fn draw_panel(area: &DrawingArea<BitMapBackend, Shift>, p: &KindPanel) -> Result
         .disable_x_mesh()
         .x_labels(methods.len())
         .x_label_formatter(&category)
-        .y_desc(p.unit)
+        .y_desc(unit)
         .y_label_formatter(&|y| tick(*y))
         .label_style((FONT, 14).into_font())
         .axis_desc_style((FONT, 15).into_font())
@@ -215,20 +213,20 @@ fn draw_panel(area: &DrawingArea<BitMapBackend, Shift>, p: &KindPanel) -> Result
             1.0
         };
         let mix = |v: u8| (255.0 - (255.0 - f64::from(v)) * (0.4 + 0.6 * t)) as u8;
-        let color = RGBColor(mix(p.color.0), mix(p.color.1), mix(p.color.2));
+        let shade = RGBColor(mix(color.0), mix(color.1), mix(color.2));
         let bars: Vec<(f64, f64)> = methods
             .iter()
             .enumerate()
             .filter_map(|(g, m)| {
-                find(&p.cells, m, hold).map(|c| (g as f64 - 0.4 + hi_i as f64 * bw, (p.value)(c)))
+                find(cells, m, hold).map(|c| (g as f64 - 0.4 + hi_i as f64 * bw, value(c)))
             })
             .collect();
         chart
             .draw_series(bars.iter().map(|&(x, v)| {
-                Rectangle::new([(x, lo), (x + bw * 0.9, floor(v))], color.filled())
+                Rectangle::new([(x, lo), (x + bw * 0.9, floor(v))], shade.filled())
             }))?
             .label(format!("c = {hold} ms"))
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled()));
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], shade.filled()));
         let font = (FONT, 13)
             .into_font()
             .color(&RGBColor(60, 60, 60))
@@ -252,33 +250,21 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
         let permits = f.limit.unwrap_or(0);
         format!("{} clients, {permits} permits", f.clients)
     });
-    let mut columns: Vec<[KindPanel; 2]> = Vec::new();
+    // A column for each family with cells, its colours by family and row.
     let families = [(rw_who, &rw, RW_PANELS), (sem_who, &sem, SEM_PANELS)];
-    for (i, (who, cells, specs)) in families.into_iter().enumerate() {
-        let Some(who) = who else { continue };
-        let mut row = 0;
-        columns.push(specs.map(|(title, value, unit)| {
-            row += 1;
-            let (title, cells) = (format!("{who}: {title}"), cells.clone());
-            let color = PALETTE[2 * i + row - 1];
-            KindPanel {
-                title,
-                cells,
-                value,
-                unit,
-                color,
-            }
-        }));
-    }
+    let columns: Vec<_> = (families.into_iter().enumerate())
+        .filter_map(|(i, (who, cells, specs))| Some((i, who?, cells, specs)))
+        .collect();
     if columns.is_empty() {
         return Ok(());
     }
     let cols = columns.len();
     let title = "Readers/writers and semaphore: the module's queue against client-side recipes";
     let (body, areas) = run.info.grid(path, (760, 900), (title, 26), cols)?;
-    for (col, panels) in columns.iter().enumerate() {
-        for (row, panel) in panels.iter().enumerate() {
-            draw_panel(&areas[row * cols + col], panel)?;
+    for (col, (i, who, cells, specs)) in columns.iter().enumerate() {
+        for (row, &(title, value, unit)) in specs.iter().enumerate() {
+            let (area, title) = (&areas[row * cols + col], format!("{who}: {title}"));
+            draw_panel(area, &title, cells, (value, unit), PALETTE[2 * i + row])?;
         }
     }
     body.present()?;
@@ -288,7 +274,7 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contention::{section, RoleStats, RunInfo, Summary};
+    use crate::contention::{section, RoleStats, Summary};
 
     fn group(clients: usize, acquisitions: u64, wait_max_ms: f64) -> RoleStats {
         RoleStats {
@@ -357,17 +343,13 @@ mod tests {
         ]
     }
 
-    fn run(kinds: Vec<Cell>) -> ContentionRun {
-        let info = RunInfo {
-            date_utc: "2026-01-01 00:00 UTC".into(),
-            command: "test".into(),
-            server: "Redis".into(),
-            machine: "m".into(),
-            secs_per_cell: 3.0,
-            wall_secs: 1.0,
-            signal_expire_ms: 1000,
-        };
-        ContentionRun { info, cells: kinds }
+    /// A run with no cells, as docs/data/contention.json holds it.
+    const EMPTY: &str = r#"{"info": {"date_utc": "d", "command": "c", "server": "s", "machine": "m",
+        "secs_per_cell": 3.0, "wall_secs": 1.0, "signal_expire_ms": 1000}, "cells": []}"#;
+
+    fn run(cells: Vec<Cell>) -> ContentionRun {
+        let run: ContentionRun = serde_json::from_str(EMPTY).expect("a run");
+        ContentionRun { cells, ..run }
     }
 
     fn render(kinds: &[Cell]) -> String {
@@ -410,10 +392,7 @@ mod tests {
 
     #[test]
     fn a_run_without_these_cells_renders_without_their_part() {
-        let json = r#"{"info": {"date_utc": "d", "command": "c", "server": "s", "machine": "m",
-            "secs_per_cell": 3.0, "wall_secs": 1.0, "signal_expire_ms": 1000}, "cells": []}"#;
-        let run: ContentionRun = serde_json::from_str(json).expect("a run");
-        let text = section(&run).expect("rendered");
+        let text = section(&run(vec![])).expect("rendered");
         assert!(!text.contains("Readers and writers") && !text.contains("SHARED and LIMIT"));
         assert!(text.contains("Reproduce: `make bench-contention`"));
     }

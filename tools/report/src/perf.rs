@@ -829,17 +829,15 @@ mod tests {
             rate: rounds[1],
             rounds: rounds.to_vec(),
         };
-        let level = |watchers, p50| ObserveLevel {
+        let p50 = |p50, n| Spread {
+            p50,
+            n,
+            ..Spread::default()
+        };
+        let level = |watchers, release| ObserveLevel {
             watchers,
-            release: Spread {
-                p50,
-                ..Spread::default()
-            },
-            watch: Spread {
-                p50: 8.0,
-                n: 1,
-                ..Spread::default()
-            },
+            release: p50(release, 0),
+            watch: p50(8.0, 1),
             ..ObserveLevel::default()
         };
         run.servers[0].guarded = Some(Guarded {
@@ -853,10 +851,7 @@ mod tests {
             poll: vec![PollDelay {
                 interval_ms: 10,
                 handoffs: 5,
-                delay: Spread {
-                    p50: 4000.0,
-                    ..Spread::default()
-                },
+                delay: p50(4000.0, 0),
             }],
             ..Guarded::default()
         });
