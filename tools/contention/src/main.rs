@@ -153,20 +153,21 @@ fn real_main() -> Result<(), Error> {
     };
     warm_up.cell(Method::Module, &Shape::mutex(2), 0)?;
 
+    // The mutex cells for every N, then the readers/writers and the semaphore cells.
+    let mutex: Vec<Shape> = cfg.n.0.iter().map(|&n| Shape::mutex(n)).collect();
+    let groups = [
+        (mutex, methods),
+        (vec![rw_shape], rw_methods),
+        (vec![sem_shape], sem_methods),
+    ];
     let mut cells = Vec::new();
-    for &hold in &cfg.hold_ms.0 {
-        for &m in &methods {
-            for &n in &cfg.n.0 {
-                cells.push(bench.cell(m, &Shape::mutex(n), hold)?);
-                run::print_row(cells.last().ok_or("no cell")?);
-            }
-        }
-    }
-    for (shape, family_methods) in [(&rw_shape, &rw_methods), (&sem_shape, &sem_methods)] {
+    for (shapes, group_methods) in &groups {
         for &hold in &cfg.hold_ms.0 {
-            for &m in family_methods {
-                cells.push(bench.cell(m, shape, hold)?);
-                run::print_row(cells.last().ok_or("no cell")?);
+            for &m in group_methods {
+                for shape in shapes {
+                    cells.push(bench.cell(m, shape, hold)?);
+                    run::print_row(cells.last().ok_or("no cell")?);
+                }
             }
         }
     }

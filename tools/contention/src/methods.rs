@@ -266,20 +266,10 @@ pub struct Client<'a> {
     pub role: Role,
     /// Permits of a semaphore.
     pub limit: u32,
-    /// Commands sent so far.
     pub commands: u64,
-    /// Round trips made so far.
     pub round_trips: u64,
     /// When the current acquire's first request had been written to the socket.
     pub first_sent: Option<Instant>,
-}
-
-/// How an acquire attempt ended.
-pub enum Acquired {
-    /// Granted; the token to release with.
-    Token(Vec<u8>),
-    /// Still not granted at `give_up`.
-    GaveUp,
 }
 
 impl Client<'_> {
@@ -303,17 +293,18 @@ impl Client<'_> {
         self.role == Role::Reader
     }
 
-    /// Waits for the lock the way `method` does; gives up once `give_up` has passed.
-    pub fn acquire(&mut self, give_up: Instant) -> Result<Acquired, Error> {
+    /// Waits for the lock the way `method` does: the token to release with, or `None`
+    /// once `give_up` has passed.
+    pub fn acquire(&mut self, give_up: Instant) -> Result<Option<Vec<u8>>, Error> {
         self.first_sent = None;
         self.serial += 1;
         let token = format!("{}:{}", self.name, self.serial).into_bytes();
         loop {
             if let Some(token) = self.attempt(&token)? {
-                return Ok(Acquired::Token(token));
+                return Ok(Some(token));
             }
             if Instant::now() >= give_up {
-                return Ok(Acquired::GaveUp);
+                return Ok(None);
             }
             self.wait()?;
         }

@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::cpu;
-use crate::methods::{Acquired, Client, Family, Method, Scripts};
+use crate::methods::{Client, Family, Method, Scripts};
 use crate::stats::{summarize, Acquisition, ClientLog, Role, Rule};
 use crate::Error;
 use redis_lock_report::contention::{Cell, RoleStats};
@@ -95,9 +95,10 @@ impl Shape {
     /// whatever it was asked for.
     pub fn rule(&self, method: Method) -> Rule {
         match (self.family, method) {
-            (Family::ReadWrite, Method::Shared)
-            | (Family::ReadWrite, Method::RwScript)
-            | (Family::ReadWrite, Method::RwScriptWriterFirst) => Rule::ReadWrite,
+            (
+                Family::ReadWrite,
+                Method::Shared | Method::RwScript | Method::RwScriptWriterFirst,
+            ) => Rule::ReadWrite,
             (Family::Semaphore, _) => Rule::Limit(self.limit),
             _ => Rule::Limit(1),
         }
@@ -117,7 +118,6 @@ pub struct Measured {
 pub struct Bench<'a> {
     pub server: &'a Server,
     pub scripts: &'a Scripts,
-    /// Each cell's time.
     pub duration: Duration,
 }
 
@@ -233,12 +233,9 @@ fn client_loop(
     let mut log = ClientLog::default();
     while Instant::now() < end {
         let wanted = Instant::now();
-        let token = match client.acquire(give_up)? {
-            Acquired::Token(t) => t,
-            Acquired::GaveUp => {
-                log.gave_up_after = Some(ns(Instant::now()) - ns(wanted));
-                break;
-            }
+        let Some(token) = client.acquire(give_up)? else {
+            log.gave_up_after = Some(ns(Instant::now()) - ns(wanted));
+            break;
         };
         let granted = Instant::now();
         let asked = client.first_sent.unwrap_or(wanted);

@@ -22,9 +22,8 @@ fn marker(line: &str) -> Option<&str> {
     let name = line
         .trim()
         .strip_prefix(MARK_OPEN)?
-        .strip_suffix(MARK_CLOSE)?
-        .trim();
-    Some(name)
+        .strip_suffix(MARK_CLOSE)?;
+    Some(name.trim())
 }
 
 fn name_ok(name: &str) -> bool {

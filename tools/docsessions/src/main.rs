@@ -19,9 +19,7 @@ use redis_lock_docsessions::{doc, load_all, norm, repo_root, run_doc};
 use redis_lock_testkit::{server_bin, ServerBuilder};
 
 fn main() -> ExitCode {
-    let mut root = repo_root();
-    let mut check = false;
-    let mut force = false;
+    let (mut root, mut check, mut force) = (repo_root(), false, false);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -73,22 +71,20 @@ fn run(root: &std::path::Path, check: bool, force: bool) -> Result<bool, String>
             let new = doc::splice(&d.path, &d.text, &transcripts)?;
             std::fs::write(root.join(&d.path), new).map_err(|e| format!("{}: {e}", d.path))?;
         }
+        let verdict = match changed.is_empty() {
+            true => "every block matches".to_string(),
+            false => format!("differ: {}", changed.join(", ")),
+        };
+        let (n, bin, secs) = (transcripts.len(), server_bin(), t0.elapsed().as_secs_f64());
+        let wrote = if write {
+            "; rewritten from this run"
+        } else {
+            ""
+        };
         println!(
-            "{}: {} sessions against {} in {:.1} s; {}{}",
+            "{}: {n} sessions against {} in {secs:.1} s; {verdict}{wrote}",
             d.path,
-            transcripts.len(),
-            server_bin().display(),
-            t0.elapsed().as_secs_f64(),
-            if changed.is_empty() {
-                "every block matches".to_string()
-            } else {
-                format!("differ: {}", changed.join(", "))
-            },
-            if write {
-                "; rewritten from this run"
-            } else {
-                ""
-            }
+            bin.display()
         );
     }
     Ok(!check || all_same)

@@ -130,17 +130,13 @@ pub fn compare(expected: &str, actual: &str) -> Result<(), String> {
     let (el, al): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), actual.lines().collect());
     let mut diffs = Vec::new();
     for i in 0..e.len().max(a.len()) {
-        let (x, y) = (e.get(i), a.get(i));
-        let same = match (x, y) {
-            (Some(x), Some(y)) => {
-                x.text == y.text
-                    && match (x.ttl, y.ttl) {
-                        (Some(p), Some(q)) => (p - q).abs() <= TTL_TOLERANCE_MS,
-                        (p, q) => p == q,
-                    }
-            }
-            _ => false,
-        };
+        let same = e.get(i).zip(a.get(i)).is_some_and(|(x, y)| {
+            x.text == y.text
+                && match (x.ttl, y.ttl) {
+                    (Some(p), Some(q)) => (p - q).abs() <= TTL_TOLERANCE_MS,
+                    (p, q) => p == q,
+                }
+        });
         if !same {
             diffs.push(format!(
                 "  line {}:\n    doc: {}\n    run: {}",
@@ -150,11 +146,10 @@ pub fn compare(expected: &str, actual: &str) -> Result<(), String> {
             ));
         }
     }
-    if diffs.is_empty() {
-        Ok(())
-    } else {
-        Err(diffs.join("\n"))
-    }
+    diffs
+        .is_empty()
+        .then_some(())
+        .ok_or_else(|| diffs.join("\n"))
 }
 
 #[cfg(test)]

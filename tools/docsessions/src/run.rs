@@ -45,17 +45,6 @@ impl Drop for Background {
     }
 }
 
-fn args_of(line: &str) -> Result<Vec<Vec<u8>>, String> {
-    split_args(line)
-}
-
-fn os_args(args: &[Vec<u8>]) -> Vec<std::ffi::OsString> {
-    use std::os::unix::ffi::OsStringExt;
-    args.iter()
-        .map(|a| std::ffi::OsString::from_vec(a.clone()))
-        .collect()
-}
-
 /// Waits for a child to end (at most `timeout`), and returns what it wrote to stdout and
 /// stderr (in that order: `redis-cli --no-raw` writes replies, errors included, to
 /// stdout).
@@ -74,16 +63,16 @@ fn finish(child: &mut Child, timeout: Duration, what: &str) -> Result<String, St
         }
     }
     let mut out = String::new();
-    if let Some(mut s) = child.stdout.take() {
-        s.read_to_string(&mut out)
-            .map_err(|e| format!("{what}: reading its output: {e}"))?;
+    let pipes: [Option<&mut dyn Read>; 2] = [
+        child.stdout.as_mut().map(|s| s as &mut dyn Read),
+        child.stderr.as_mut().map(|s| s as &mut dyn Read),
+    ];
+    for (s, name) in pipes.into_iter().zip(["output", "errors"]) {
+        if let Some(s) = s {
+            s.read_to_string(&mut out)
+                .map_err(|e| format!("{what}: reading its {name}: {e}"))?;
+        }
     }
-    let mut err = String::new();
-    if let Some(mut s) = child.stderr.take() {
-        s.read_to_string(&mut err)
-            .map_err(|e| format!("{what}: reading its errors: {e}"))?;
-    }
-    out.push_str(&err);
     Ok(out)
 }
 
@@ -110,15 +99,21 @@ impl Runner {
         })
     }
 
-    fn cli(&self, args: &[Vec<u8>]) -> Command {
-        let mut c = Command::new(&self.cli);
-        c.args(["--no-raw", "-h", "127.0.0.1", "-p"])
+    /// Starts `redis-cli --no-raw` with the arguments of `line`.
+    fn spawn_cli(&self, line: &str) -> Result<Child, String> {
+        use std::os::unix::ffi::OsStringExt;
+        let args = split_args(line)?
+            .into_iter()
+            .map(std::ffi::OsString::from_vec);
+        Command::new(&self.cli)
+            .args(["--no-raw", "-h", "127.0.0.1", "-p"])
             .arg(self.port.to_string())
-            .args(os_args(args))
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("redis-cli: {e}"))
     }
 
     fn call(&mut self, args: &[Vec<u8>]) -> Result<Resp, String> {
@@ -183,7 +178,7 @@ impl Runner {
                 }
                 Step::Hidden(line) => {
                     let line = sub(line)?;
-                    let r = self.call(&args_of(&line).map_err(at)?).map_err(at)?;
+                    let r = self.call(&split_args(&line).map_err(at)?).map_err(at)?;
                     if let Resp::Error(e) = r {
                         return Err(at(format!("set-up `{line}` failed: {e}")));
                     }
@@ -191,10 +186,7 @@ impl Runner {
                 Step::Run(line) => {
                     let line = sub(line)?;
                     out.push_str(&format!("{prompt} {line}\n"));
-                    let mut child = self
-                        .cli(&args_of(&line).map_err(at)?)
-                        .spawn()
-                        .map_err(|e| at(format!("redis-cli: {e}")))?;
+                    let mut child = self.spawn_cli(&line).map_err(at)?;
                     out.push_str(&finish(&mut child, COMMAND_TIMEOUT, &line).map_err(at)?);
                 }
                 Step::Start { client, line } => {
@@ -204,11 +196,9 @@ impl Runner {
                     }
                     out.push_str(&format!("{prompt} {line}\n"));
                     let before = self.blocked_clients().map_err(at)?;
-                    let child = self
-                        .cli(&args_of(&line).map_err(at)?)
-                        .spawn()
-                        .map_err(|e| at(format!("redis-cli: {e}")))?;
-                    let mut b = Background { child };
+                    let mut b = Background {
+                        child: self.spawn_cli(&line).map_err(at)?,
+                    };
                     let t0 = Instant::now();
                     while self.blocked_clients().map_err(at)? <= before {
                         let ended = b.child.try_wait().map_err(|e| at(e.to_string()))?;
@@ -228,19 +218,18 @@ impl Runner {
                         .remove(client)
                         .ok_or_else(|| at(format!("no !start for client {client}")))?;
                     let got = finish(&mut b.child, COMMAND_TIMEOUT, client).map_err(at)?;
-                    match prefix {
-                        None => out.push_str(&got),
-                        Some(p) => {
-                            let indent = " ".repeat(p.chars().count() + 1);
-                            for (i, l) in got.lines().enumerate() {
-                                let head = if i == 0 {
-                                    format!("{p} ")
-                                } else {
-                                    indent.clone()
-                                };
-                                out.push_str(&format!("{head}{l}\n"));
-                            }
-                        }
+                    let Some(p) = prefix else {
+                        out.push_str(&got);
+                        continue;
+                    };
+                    let indent = " ".repeat(p.chars().count() + 1);
+                    for (i, l) in got.lines().enumerate() {
+                        let head = if i == 0 {
+                            format!("{p} ")
+                        } else {
+                            indent.clone()
+                        };
+                        out.push_str(&format!("{head}{l}\n"));
                     }
                 }
             }

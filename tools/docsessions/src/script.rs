@@ -192,65 +192,39 @@ pub fn split_args(line: &str) -> Result<Vec<Vec<u8>>, String> {
             break;
         }
         let mut arg = Vec::new();
-        match b[i] {
-            b'"' => {
-                i += 1;
-                loop {
-                    match b.get(i) {
-                        None => return Err("unclosed \"".into()),
-                        Some(b'"') => break,
-                        Some(b'\\') => {
-                            let (c, used) = match b.get(i + 1) {
-                                Some(b'n') => (b'\n', 2),
-                                Some(b'r') => (b'\r', 2),
-                                Some(b't') => (b'\t', 2),
-                                Some(b'x') => {
-                                    let hex = line.get(i + 2..i + 4).unwrap_or("");
-                                    let v = u8::from_str_radix(hex, 16)
-                                        .map_err(|_| format!("bad \\x escape: {line}"))?;
-                                    (v, 4)
-                                }
-                                Some(c) => (*c, 2),
-                                None => return Err("unclosed \"".into()),
-                            };
-                            arg.push(c);
-                            i += used;
-                        }
-                        Some(c) => {
-                            arg.push(*c);
-                            i += 1;
-                        }
-                    }
-                }
+        let q = b[i];
+        if q != b'"' && q != b'\'' {
+            while i < b.len() && !b[i].is_ascii_whitespace() {
+                arg.push(b[i]);
                 i += 1;
             }
-            b'\'' => {
-                i += 1;
-                loop {
-                    match b.get(i) {
-                        None => return Err("unclosed '".into()),
-                        Some(b'\'') => break,
-                        Some(b'\\') if b.get(i + 1) == Some(&b'\'') => {
-                            arg.push(b'\'');
-                            i += 2;
-                        }
-                        Some(c) => {
-                            arg.push(*c);
-                            i += 1;
-                        }
-                    }
-                }
-                i += 1;
-            }
-            _ => {
-                while i < b.len() && !b[i].is_ascii_whitespace() {
-                    arg.push(b[i]);
-                    i += 1;
-                }
-                args.push(arg);
-                continue;
-            }
+            args.push(arg);
+            continue;
         }
+        i += 1;
+        loop {
+            // Inside '...' only \' is an escape; inside "..." every \ is one.
+            let (c, used) = match (b.get(i), b.get(i + 1)) {
+                (None, _) => return Err(format!("unclosed {}", q as char)),
+                (Some(&c), _) if c == q => break,
+                (Some(b'\\'), Some(&e)) if q == b'"' || e == b'\'' => match e {
+                    b'n' if q == b'"' => (b'\n', 2),
+                    b'r' if q == b'"' => (b'\r', 2),
+                    b't' if q == b'"' => (b'\t', 2),
+                    b'x' if q == b'"' => {
+                        let hex = line.get(i + 2..i + 4).unwrap_or("");
+                        let v = u8::from_str_radix(hex, 16)
+                            .map_err(|_| format!("bad \\x escape: {line}"))?;
+                        (v, 4)
+                    }
+                    e => (e, 2),
+                },
+                (Some(&c), _) => (c, 1),
+            };
+            arg.push(c);
+            i += used;
+        }
+        i += 1;
         if i < b.len() && !b[i].is_ascii_whitespace() {
             return Err("a closing quote must be followed by a blank".into());
         }

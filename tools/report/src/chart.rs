@@ -8,7 +8,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use crate::perf::{PerfRun, ACQUIRE, CYCLE, EXTEND, FLOOR, RELEASE};
+use crate::perf::{before, inside, pair, Latency, Level, Memory, PerfRun, ServerResults};
+use crate::perf::{ACQUIRE, CYCLE, EXTEND, FLOOR, FLOOR_ROWS, PIPELINES, RELEASE};
 use crate::Error;
 
 pub const FONT: &str = "sans-serif";
@@ -48,16 +49,10 @@ pub fn titled<'a>(
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, body) = root.split_vertically(70);
-    top.draw(&Text::new(
-        title,
-        (20, 10),
-        (FONT, size).into_font().color(&BLACK),
-    ))?;
-    top.draw(&Text::new(
-        subtitle,
-        (20, 44),
-        (FONT, 17).into_font().color(&RGBColor(80, 80, 80)),
-    ))?;
+    let font = (FONT, size).into_font().color(&BLACK);
+    top.draw(&Text::new(title, (20, 10), font))?;
+    let font = (FONT, 17).into_font().color(&RGBColor(80, 80, 80));
+    top.draw(&Text::new(subtitle, (20, 44), font))?;
     Ok(body)
 }
 
@@ -192,9 +187,7 @@ fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(width)))?
                 .label(s.label.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 12, y)], color.stroke_width(width))
-                });
+                .legend(line_key(color.stroke_width(width), 12));
             chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
             continue;
         }
@@ -224,7 +217,7 @@ fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error
         chart
             .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())?
             .label("goal")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], GOAL.stroke_width(3)));
+            .legend(line_key(GOAL.stroke_width(3), 12));
     }
     if let Some(v) = p.parity {
         let seg = [(-0.5, v), (n - 0.5, v)];
@@ -249,6 +242,11 @@ pub fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
     Ok(drawn.map_err(|e| e.to_string())?)
 }
 
+/// A legend's key for a line: `len` px of it.
+pub fn line_key(style: ShapeStyle, len: i32) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new([(x, y), (x + len, y)], style)
+}
+
 /// The item of `items` whose category axis position `x` is (None between them).
 pub fn category<T>(items: &[T], x: f64) -> Option<&T> {
     let g = x.round();
@@ -271,15 +269,9 @@ pub fn perf(path: &Path, run: &PerfRun) -> Result<(), Error> {
     let root = BitMapBackend::new(path, (1500, 1040)).into_drawing_area();
     root.fill(&WHITE)?;
     let (title, body) = root.split_vertically(44);
-    let text = format!(
-        "redis-lock vs SET NX PX + EVALSHA — make bench, {}",
-        run.date
-    );
-    title.draw(&Text::new(
-        text,
-        (14, 10),
-        (FONT, 24).into_font().color(&BLACK),
-    ))?;
+    let (date, font) = (&run.date, (FONT, 24).into_font().color(&BLACK));
+    let text = format!("redis-lock vs SET NX PX + EVALSHA — make bench, {date}");
+    title.draw(&Text::new(text, (14, 10), font))?;
     let areas = body.split_evenly((2, 3));
     for (area, panel) in areas.iter().zip(perf_panels(run)) {
         draw(area, &panel)?;
@@ -291,7 +283,7 @@ pub fn perf(path: &Path, run: &PerfRun) -> Result<(), Error> {
 fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
     let servers = &run.servers;
     let labels: Vec<String> = servers.iter().map(|s| s.label.clone()).collect();
-    let per_server = |f: &dyn Fn(&crate::perf::ServerResults) -> Option<f64>| -> Vec<f64> {
+    let per_server = |f: &dyn Fn(&ServerResults) -> Option<f64>| -> Vec<f64> {
         servers.iter().map(|s| f(s).unwrap_or(f64::NAN)).collect()
     };
     let grey = |v: u8| RGBColor(v, v, v);
@@ -300,31 +292,14 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
     let names = [ACQUIRE, FLOOR, RELEASE, EXTEND, CYCLE];
     let mut series = Vec::new();
     for (i, s) in servers.iter().enumerate() {
-        for p in crate::perf::PIPELINES {
-            let ratio = |n: &&str| {
-                s.throughput
-                    .as_ref()
-                    .and_then(|t| t.get(n, p))
-                    .map_or(f64::NAN, |r| r.ratio)
-            };
-            let color = if p == 1 {
-                pale(server_color(i))
-            } else {
-                server_color(i)
-            };
-            series.push(ser(
-                format!("{} P{p}", s.label),
-                color,
-                names.iter().map(ratio).collect(),
-                0,
-            ));
+        for p in PIPELINES {
+            let ratio = |n: &&str| pair(s, n, p).map_or(f64::NAN, |r| r.ratio);
+            let color = [pale(server_color(i)), server_color(i)][usize::from(p > 1)];
+            let label = format!("{} P{p}", s.label);
+            series.push(ser(label, color, names.iter().map(ratio).collect(), 0));
         }
     }
-    let goal = |n: &&str| {
-        servers
-            .iter()
-            .find_map(|s| s.throughput.as_ref()?.get(n, 1)?.goal)
-    };
+    let goal = |n: &&str| servers.iter().find_map(|s| pair(s, n, 1)?.goal);
     let throughput = Panel {
         title: "1. Throughput, module / recipe (pale: pipeline 1, full: 16)",
         ylabel: "ratio, 1.0 = same speed",
@@ -338,7 +313,7 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
     };
 
     // 2. Latency p50; 3. memory per held lock, with the goal (1.5x a string lock).
-    let lat = |f: fn(&crate::perf::Latency) -> f64| per_server(&|s| s.latency.as_ref().map(f));
+    let lat = |f: fn(&Latency) -> f64| per_server(&|s| s.latency.as_ref().map(f));
     let by_server = |title, ylabel, series| Panel {
         title,
         ylabel,
@@ -347,67 +322,48 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
         value_labels: true,
         ..Panel::default()
     };
+    let green = (RGBColor(30, 110, 60), RGBColor(150, 205, 165));
     let lat_series = vec![
         ser("ACQUIRE", grey(50), lat(|l| l.acquire.p50), 0),
         ser("SET NX PX", grey(170), lat(|l| l.set_nx.p50), 0),
-        ser("RELEASE", RGBColor(30, 110, 60), lat(|l| l.release.p50), 0),
-        ser(
-            "EVALSHA release",
-            RGBColor(150, 205, 165),
-            lat(|l| l.eval_release.p50),
-            0,
-        ),
+        ser("RELEASE", green.0, lat(|l| l.release.p50), 0),
+        ser("EVALSHA release", green.1, lat(|l| l.eval_release.p50), 0),
     ];
-    let latency = by_server(
-        "2. Latency p50, one client, unpipelined",
-        "microseconds",
-        lat_series,
-    );
-    let mem = |f: fn(&crate::perf::Memory) -> f64| per_server(&|s| s.memory.as_ref().map(f));
+    let title = "2. Latency p50, one client, unpipelined";
+    let latency = by_server(title, "microseconds", lat_series);
+    let mem = |f: fn(&Memory) -> f64| per_server(&|s| s.memory.as_ref().map(f));
     let mem_series = vec![
         ser("module lock", grey(50), mem(|m| m.module_per_lock), 0),
         ser("SET NX PX string", grey(170), mem(|m| m.string_per_lock), 0),
     ];
+    let goals = mem(|m| m.string_per_lock * 1.5).into_iter();
+    let title = "3. Memory per held lock (used_memory delta / locks)";
     let memory = Panel {
-        goals: mem(|m| m.string_per_lock * 1.5)
-            .into_iter()
-            .map(|v| v.is_finite().then_some(v))
-            .collect(),
-        ..by_server(
-            "3. Memory per held lock (used_memory delta / locks)",
-            "bytes per lock",
-            mem_series,
-        )
+        goals: goals.map(|v| v.is_finite().then_some(v)).collect(),
+        ..by_server(title, "bytes per lock", mem_series)
     };
 
     // 4 and 5. Scaling over the levels of held locks (+ waiters): thick and thin lines.
     let first = servers.iter().find_map(|s| s.scaling.as_ref());
-    let level = |l: &crate::perf::Level| match l.waiters {
+    let level = |l: &Level| match l.waiters {
         0 => pow10(l.held),
         w => format!("{}+{}w", pow10(l.held), pow10(w)),
     };
     let levels: Vec<String> = first.map_or(vec![], |sc| sc.levels.iter().map(level).collect());
-    let lines = |thick: (&str, fn(&crate::perf::Level) -> f64),
-                 thin: (&str, fn(&crate::perf::Level) -> f64)| {
+    type Curve = (&'static str, fn(&Level) -> f64);
+    let lines = |thick: Curve, thin: Curve| {
         let mut v = Vec::new();
         for (i, s) in servers.iter().enumerate() {
-            let values = |f: fn(&crate::perf::Level) -> f64| {
-                s.scaling
-                    .as_ref()
-                    .map_or(vec![], |sc| sc.levels.iter().map(f).collect())
-            };
-            v.push(ser(
-                format!("{} {}", s.label, thick.0),
-                server_color(i),
-                values(thick.1),
-                3,
-            ));
-            v.push(ser(
-                format!("{} {}", s.label, thin.0),
-                server_color(i),
-                values(thin.1),
-                1,
-            ));
+            for ((name, f), width) in [(thick, 3), (thin, 1)] {
+                let sc = s.scaling.as_ref();
+                let values = sc.map_or(vec![], |sc| sc.levels.iter().map(f).collect());
+                v.push(ser(
+                    format!("{} {name}", s.label),
+                    server_color(i),
+                    values,
+                    width,
+                ));
+            }
         }
         v
     };
@@ -441,42 +397,20 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
         ..Panel::default()
     };
     if let Some(cg) = &run.callgrind {
-        let before = |name: &str| {
-            cg.baseline
-                .as_ref()
-                .and_then(|(_, rows)| rows.iter().find(|(n, _)| n == name))
-                .map_or(f64::NAN, |(_, v)| *v)
-        };
-        // (short name, phase): SET NX PX without and with the module, the floor, the
-        // module's commands.
-        let shown = [
-            ("SET", "SET NX PX"),
-            ("SET+m", "SET NX PX, module loaded"),
-            ("floor", "floor"),
-            ("floor0", "floor, no expiry"),
-            ("ACQ", "LOCK.ACQUIRE (TOKEN)"),
-            ("ACQg", "LOCK.ACQUIRE (generated token)"),
-            ("EXT", "LOCK.EXTEND"),
-            ("REL", "LOCK.RELEASE"),
+        // SET NX PX without and with the module, the floor, the module's commands.
+        let shown = &FLOOR_ROWS[..8];
+        let short = [
+            "SET", "SET+m", "floor", "floor0", "ACQ", "ACQg", "EXT", "REL",
         ];
-        let now = |name: &str| {
-            cg.phases
-                .iter()
-                .find(|p| p.name == name)
-                .map_or(f64::NAN, |p| p.call)
-        };
-        callgrind.xlabels = shown.iter().map(|s| s.0.to_string()).collect();
+        callgrind.xlabels = short.map(String::from).to_vec();
+        let of = |f: &dyn Fn(&str) -> f64| shown.iter().map(|n| f(n)).collect();
+        let before = of(&|n| before(cg, n).unwrap_or(f64::NAN));
         callgrind.series = vec![
-            ser(
-                "before (baseline)",
-                grey(185),
-                shown.iter().map(|s| before(s.1)).collect(),
-                0,
-            ),
+            ser("before (baseline)", grey(185), before, 0),
             ser(
                 format!("now ({})", cg.server),
                 grey(40),
-                shown.iter().map(|s| now(s.1)).collect(),
+                of(&|n| inside(cg, n, false)),
                 0,
             ),
         ];

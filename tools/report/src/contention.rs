@@ -9,7 +9,7 @@ use minijinja::value::{Serde, Value};
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::chart::{decades, first_seen, holds, legend, tick, FONT, PALETTE};
+use crate::chart::{decades, first_seen, holds, legend, line_key, tick, FONT, PALETTE};
 use crate::template::render;
 use crate::Error;
 
@@ -55,7 +55,7 @@ type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 
 /// Throughput, waits and fairness of one group of a cell's clients (its readers, its
 /// writers, or all of them). See tools/contention/src/stats.rs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RoleStats {
     pub clients: usize,
     pub acquisitions: u64,
@@ -73,7 +73,7 @@ pub struct RoleStats {
 }
 
 /// The figures of one cell (see tools/contention/src/stats.rs).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub elapsed_s: f64,
     pub all: RoleStats,
@@ -106,7 +106,7 @@ pub struct Summary {
 
 /// One cell: a method's clients (`family` `mutex`: N clients on one mutex; `rw`: readers
 /// and writers; `sem`: a semaphore), each holding the lock `hold_ms`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Cell {
     pub family: String,
     /// `module`, `poll100`, `jitter`, `blpop` (mutex); `shared`, `module`, `jitter`,
@@ -144,33 +144,50 @@ impl ContentionRun {
     }
 }
 
-/// The goals of the issue, checked against the module's cells (None without them).
-fn goals(cells: &[&Cell]) -> Option<Value> {
-    let module: Vec<&Cell> = cells
+/// The cells of one method, in their order.
+pub(crate) fn by_method<'a>(cells: &[&'a Cell], method: &str) -> Vec<&'a Cell> {
+    cells
         .iter()
         .copied()
-        .filter(|c| c.method == "module")
-        .collect();
+        .filter(|c| c.method == method)
+        .collect()
+}
+
+/// Whether every cell took exactly 2 commands per acquisition.
+pub(crate) fn two_commands(cells: &[&Cell]) -> bool {
+    cells
+        .iter()
+        .all(|c| (c.summary.commands_per_acquisition - 2.0).abs() < 1e-9)
+}
+
+/// FIFO's bound on the waits of `cells`: the cells whose longest wait is over it (each
+/// with its bound), and whether every wait's p99 is within it.
+pub(crate) fn within(cells: &[&Cell], bound: impl Fn(&Cell) -> f64) -> (Vec<Value>, bool) {
+    let over = cells
+        .iter()
+        .filter(|c| c.summary.all.wait_max_ms > bound(c));
+    let over = over.map(|c| context! { bound => bound(c), ..Value::from(Serde(c)) });
+    let met = cells.iter().all(|c| c.summary.all.wait_p99_ms <= bound(c));
+    (over.collect(), met)
+}
+
+/// The goals of the issue, checked against the module's cells (None without them).
+fn goals(cells: &[&Cell]) -> Option<Value> {
+    let module = by_method(cells, "module");
     let p99 = |c: &&&Cell| c.summary.handoff_p99_us;
     let worst = module.iter().max_by(|a, b| p99(a).total_cmp(&p99(b)))?;
     let cpa = module.iter().map(|c| c.summary.commands_per_acquisition);
     // FIFO's bound: every client ahead holds once before you, plus one hand-off each,
     // the overhead budgeted at the p99 goal (1 ms).
-    let bound = |c: &Cell| c.clients as f64 * (c.hold_ms as f64 + 1.0);
-    let over = module
-        .iter()
-        .filter(|c| c.summary.all.wait_max_ms > bound(c));
-    let over: Vec<Value> = over
-        .map(|c| context! { bound => bound(c), ..Value::from(Serde(c)) })
-        .collect();
+    let (over, wait_p99_met) = within(&module, |c| c.clients as f64 * (c.hold_ms as f64 + 1.0));
     Some(context! {
         module => module.len(),
         worst => Serde(worst),
         handoff_met => module.iter().all(|c| c.summary.handoff_p99_us <= 1000.0),
-        exact => module.iter().all(|c| (c.summary.commands_per_acquisition - 2.0).abs() < 1e-9),
+        exact => two_commands(&module),
         range => Serde(cpa.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)))),
         over,
-        wait_p99_met => module.iter().all(|c| c.summary.all.wait_p99_ms <= bound(c)),
+        wait_p99_met,
     })
 }
 
@@ -197,26 +214,18 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
     let cells = &run.family("mutex");
     let holds = holds(cells.iter().map(|c| c.hold_ms));
     let cols = holds.len().max(1);
-    let title = (
-        "Lock contention: N clients, one lock, each holds it c ms",
-        28,
-    );
-    let (body, panels) = run.info.grid(path, (700, 1000), title, cols)?;
+    let title = "Lock contention: N clients, one lock, each holds it c ms";
+    let (body, panels) = run.info.grid(path, (700, 1000), (title, 28), cols)?;
     let max_n = cells.iter().map(|c| c.clients).max().unwrap_or(64).max(2) as f64;
     let x_max = max_n.log2();
     // In ms. Latency can be 0 (grant reply before the release reply): plot it at 1 µs.
     let lat = |c: &Cell| c.summary.handoff_p99_us.max(1.0) / 1000.0;
     let thr = |c: &Cell| c.summary.all.per_second.max(0.1);
 
+    use SeriesLabelPosition::{LowerLeft, UpperLeft};
     let rows = [
-        (
-            "hand-off latency p99 (ms, log)",
-            SeriesLabelPosition::UpperLeft,
-        ),
-        (
-            "critical sections / s (log)",
-            SeriesLabelPosition::LowerLeft,
-        ),
+        ("hand-off latency p99 (ms, log)", UpperLeft),
+        ("critical sections / s (log)", LowerLeft),
     ];
     for (row, (metric, pos)) in rows.into_iter().enumerate() {
         let value = |c: &Cell| if row == 0 { lat(c) } else { thr(c) };
@@ -250,9 +259,7 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
                         goal.stroke_width(2),
                     ))?
                     .label("goal for the module: p99 ≤ 1 ms")
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], goal.stroke_width(2))
-                    });
+                    .legend(line_key(goal.stroke_width(2), 20));
             }
             for m in first_seen(cells.iter().map(|c| c.method.as_str())) {
                 let mut pts: Vec<(f64, f64)> = cells
@@ -270,9 +277,7 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
                 chart
                     .draw_series(LineSeries::new(pts.clone(), col_m.stroke_width(3)))?
                     .label(label)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], col_m.stroke_width(3))
-                    });
+                    .legend(line_key(col_m.stroke_width(3), 20));
                 chart.draw_series(
                     pts.iter()
                         .map(|&(x, y)| Circle::new((x, y), 5, col_m.filled())),

@@ -12,7 +12,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::chart::{category, decades, first_seen, holds, legend, tick, FONT, PALETTE};
-use crate::contention::{Cell, ContentionRun};
+use crate::contention::{by_method, two_commands, within, Cell, ContentionRun};
 use crate::Error;
 
 /// Pause between two attempts of node-redlock's `SET NX` recipe (the `jitter` method of
@@ -25,15 +25,6 @@ pub const SEM_POLL_MS: u64 = 10;
 /// Lease of a waiting writer's announcement in the writer-first recipe (refreshed at
 /// every attempt of that writer).
 pub const INTENT_MS: u64 = 1_000;
-
-/// The cells of one method, in their order.
-fn by_method<'a>(cells: &[&'a Cell], method: &str) -> Vec<&'a Cell> {
-    cells
-        .iter()
-        .copied()
-        .filter(|c| c.method == method)
-        .collect()
-}
 
 fn find<'a>(cells: &[&'a Cell], method: &str, hold_ms: u64) -> Option<&'a Cell> {
     cells
@@ -84,18 +75,14 @@ fn sem_goals(sem: &[&Cell]) -> Option<Value> {
     }
     // FIFO's bound: the clients ahead go through the n permits in turns of c, one
     // hand-off each, the overhead budgeted as in the mutex goals (1 ms).
-    let bound = |c: &Cell| {
+    let (over, p99_met) = within(&limit, |c| {
         let n = c.limit.unwrap_or(1).max(1) as usize;
         c.clients.div_ceil(n) as f64 * (c.hold_ms as f64 + 1.0)
-    };
-    let over = limit
-        .iter()
-        .filter(|c| c.summary.all.wait_max_ms > bound(c));
-    let over = over.map(|c| context! { bound => bound(c), ..Value::from(Serde(c)) });
+    });
     let zset = by_method(sem, "zset");
     Some(context! {
-        over => over.collect::<Vec<_>>(),
-        p99_met => limit.iter().all(|c| c.summary.all.wait_p99_ms <= bound(c)),
+        over,
+        p99_met,
         limit => Serde(&limit),
         zset_violations => zset.iter().map(|c| c.summary.violations).sum::<u64>(),
         zset_peak => zset.iter().map(|c| c.summary.peak_holders).max().unwrap_or(0),
@@ -110,9 +97,8 @@ pub fn context(run: &ContentionRun) -> Value {
     // Goals both families share: 2 commands per acquisition, no grant against the rule.
     let module = [by_method(&rw, "shared"), by_method(&sem, "limit")].concat();
     let common = (!module.is_empty()).then(|| {
-        let cpa = |c: &&Cell| c.summary.commands_per_acquisition;
         context! {
-            exact => module.iter().all(|c| (cpa(c) - 2.0).abs() < 1e-9),
+            exact => two_commands(&module),
             bad => module.iter().map(|c| c.summary.violations).sum::<u64>(),
             acquisitions => module.iter().map(|c| c.summary.all.acquisitions).sum::<u64>(),
         }
@@ -142,16 +128,6 @@ fn short_label(method: &str) -> &str {
         "zset" => "sorted set",
         other => other,
     }
-}
-
-/// One panel of docs/contention-kinds.png: a group of bars per method, one bar per
-/// critical-section length, on a log axis.
-struct KindPanel<'a> {
-    title: String,
-    cells: Vec<&'a Cell>,
-    value: fn(&Cell) -> f64,
-    unit: &'static str,
-    color: RGBColor,
 }
 
 /// A panel of the chart: its title after the family's heading, its figure, its unit.
@@ -191,15 +167,23 @@ fn bar_label(v: f64) -> String {
     )
 }
 
-fn draw_panel(area: &DrawingArea<BitMapBackend, Shift>, p: &KindPanel) -> Result<(), Error> {
-    let methods = first_seen(p.cells.iter().map(|c| c.method.as_str()));
-    let holds = holds(p.cells.iter().map(|c| c.hold_ms));
+/// One panel of docs/contention-kinds.png: a group of bars per method, one bar per
+/// critical-section length, on a log axis.
+fn draw_panel(
+    area: &DrawingArea<BitMapBackend, Shift>,
+    title: &str,
+    cells: &[&Cell],
+    (value, unit): (fn(&Cell) -> f64, &str),
+    color: RGBColor,
+) -> Result<(), Error> {
+    let methods = first_seen(cells.iter().map(|c| c.method.as_str()));
+    let holds = holds(cells.iter().map(|c| c.hold_ms));
     // Bars start at the axis' floor; a 0 (nothing measured) sits on it.
-    let (lo, hi) = decades(p.cells.iter().map(|c| (p.value)(c)).filter(|v| *v > 0.0));
+    let (lo, hi) = decades(cells.iter().map(|c| value(c)).filter(|v| *v > 0.0));
     let floor = |v: f64| v.max(lo);
     let n = methods.len().max(1) as f64;
     let mut chart = ChartBuilder::on(area)
-        .caption(&p.title, (FONT, 20).into_font())
+        .caption(title, (FONT, 20).into_font())
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(70)
@@ -214,7 +198,7 @@ fn draw_panel(area: &DrawingArea<BitMapBackend, Shift>, p: &KindPanel) -> Result
         .disable_x_mesh()
         .x_labels(methods.len())
         .x_label_formatter(&category)
-        .y_desc(p.unit)
+        .y_desc(unit)
         .y_label_formatter(&|y| tick(*y))
         .label_style((FONT, 14).into_font())
         .axis_desc_style((FONT, 15).into_font())
@@ -229,20 +213,20 @@ fn draw_panel(area: &DrawingArea<BitMapBackend, Shift>, p: &KindPanel) -> Result
             1.0
         };
         let mix = |v: u8| (255.0 - (255.0 - f64::from(v)) * (0.4 + 0.6 * t)) as u8;
-        let color = RGBColor(mix(p.color.0), mix(p.color.1), mix(p.color.2));
+        let shade = RGBColor(mix(color.0), mix(color.1), mix(color.2));
         let bars: Vec<(f64, f64)> = methods
             .iter()
             .enumerate()
             .filter_map(|(g, m)| {
-                find(&p.cells, m, hold).map(|c| (g as f64 - 0.4 + hi_i as f64 * bw, (p.value)(c)))
+                find(cells, m, hold).map(|c| (g as f64 - 0.4 + hi_i as f64 * bw, value(c)))
             })
             .collect();
         chart
             .draw_series(bars.iter().map(|&(x, v)| {
-                Rectangle::new([(x, lo), (x + bw * 0.9, floor(v))], color.filled())
+                Rectangle::new([(x, lo), (x + bw * 0.9, floor(v))], shade.filled())
             }))?
             .label(format!("c = {hold} ms"))
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled()));
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], shade.filled()));
         let font = (FONT, 13)
             .into_font()
             .color(&RGBColor(60, 60, 60))
@@ -266,33 +250,21 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
         let permits = f.limit.unwrap_or(0);
         format!("{} clients, {permits} permits", f.clients)
     });
-    let mut columns: Vec<[KindPanel; 2]> = Vec::new();
+    // A column for each family with cells, its colours by family and row.
     let families = [(rw_who, &rw, RW_PANELS), (sem_who, &sem, SEM_PANELS)];
-    for (i, (who, cells, specs)) in families.into_iter().enumerate() {
-        let Some(who) = who else { continue };
-        let mut row = 0;
-        columns.push(specs.map(|(title, value, unit)| {
-            row += 1;
-            let (title, cells) = (format!("{who}: {title}"), cells.clone());
-            let color = PALETTE[2 * i + row - 1];
-            KindPanel {
-                title,
-                cells,
-                value,
-                unit,
-                color,
-            }
-        }));
-    }
+    let columns: Vec<_> = (families.into_iter().enumerate())
+        .filter_map(|(i, (who, cells, specs))| Some((i, who?, cells, specs)))
+        .collect();
     if columns.is_empty() {
         return Ok(());
     }
     let cols = columns.len();
     let title = "Readers/writers and semaphore: the module's queue against client-side recipes";
     let (body, areas) = run.info.grid(path, (760, 900), (title, 26), cols)?;
-    for (col, panels) in columns.iter().enumerate() {
-        for (row, panel) in panels.iter().enumerate() {
-            draw_panel(&areas[row * cols + col], panel)?;
+    for (col, (i, who, cells, specs)) in columns.iter().enumerate() {
+        for (row, &(title, value, unit)) in specs.iter().enumerate() {
+            let (area, title) = (&areas[row * cols + col], format!("{who}: {title}"));
+            draw_panel(area, &title, cells, (value, unit), PALETTE[2 * i + row])?;
         }
     }
     body.present()?;
@@ -302,7 +274,7 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contention::{section, RoleStats, RunInfo, Summary};
+    use crate::contention::{section, RoleStats, Summary};
 
     fn group(clients: usize, acquisitions: u64, wait_max_ms: f64) -> RoleStats {
         RoleStats {
@@ -325,32 +297,23 @@ mod tests {
             method: method.into(),
             label: format!("label of {method}"),
             clients: all.clients,
-            readers: 0,
-            writers: 0,
-            limit: None,
             hold_ms: 1,
             summary: Summary {
                 elapsed_s: 3.0,
                 all,
-                readers: None,
-                writers: None,
                 commands_per_acquisition: 2.0,
                 round_trips_per_acquisition: 2.0,
                 peak_holders: 4,
                 mean_holders: 3.5,
-                violations: 0,
-                overtakes: 0,
-                overtakes_most: 0,
                 handoff_p50_us: 10.0,
                 handoff_p99_us: 20.0,
                 handoffs: 100,
-                same_client_again: 0.0,
                 hold_mean_ms: 1.0,
                 hold_max_ms: 2.0,
+                ..Summary::default()
             },
-            server_commands: 0,
-            client_commands: 0,
             other_cores: Some(0.1),
+            ..Cell::default()
         }
     }
 
@@ -380,17 +343,13 @@ mod tests {
         ]
     }
 
-    fn run(kinds: Vec<Cell>) -> ContentionRun {
-        let info = RunInfo {
-            date_utc: "2026-01-01 00:00 UTC".into(),
-            command: "test".into(),
-            server: "Redis".into(),
-            machine: "m".into(),
-            secs_per_cell: 3.0,
-            wall_secs: 1.0,
-            signal_expire_ms: 1000,
-        };
-        ContentionRun { info, cells: kinds }
+    /// A run with no cells, as docs/data/contention.json holds it.
+    const EMPTY: &str = r#"{"info": {"date_utc": "d", "command": "c", "server": "s", "machine": "m",
+        "secs_per_cell": 3.0, "wall_secs": 1.0, "signal_expire_ms": 1000}, "cells": []}"#;
+
+    fn run(cells: Vec<Cell>) -> ContentionRun {
+        let run: ContentionRun = serde_json::from_str(EMPTY).expect("a run");
+        ContentionRun { cells, ..run }
     }
 
     fn render(kinds: &[Cell]) -> String {
@@ -433,10 +392,7 @@ mod tests {
 
     #[test]
     fn a_run_without_these_cells_renders_without_their_part() {
-        let json = r#"{"info": {"date_utc": "d", "command": "c", "server": "s", "machine": "m",
-            "secs_per_cell": 3.0, "wall_secs": 1.0, "signal_expire_ms": 1000}, "cells": []}"#;
-        let run: ContentionRun = serde_json::from_str(json).expect("a run");
-        let text = section(&run).expect("rendered");
+        let text = section(&run(vec![])).expect("rendered");
         assert!(!text.contains("Readers and writers") && !text.contains("SHARED and LIMIT"));
         assert!(text.contains("Reproduce: `make bench-contention`"));
     }

@@ -20,11 +20,7 @@ pub fn rate(v: f64) -> String {
 
 /// A ratio: `0.95×`.
 pub fn x(r: f64) -> String {
-    if r.is_finite() {
-        format!("{r:.2}×")
-    } else {
-        "–".into()
-    }
+    scaled(r, &[(f64::MIN, 1.0, 2, "×")])
 }
 
 /// An instruction count with thousands separators: `1,234,567`.
@@ -33,12 +29,8 @@ pub fn ir(v: f64) -> String {
         return "–".into();
     }
     let n = v.round() as i64;
-    let s = thousands(n.unsigned_abs());
-    if n < 0 {
-        format!("-{s}")
-    } else {
-        s
-    }
+    let sign = if n < 0 { "-" } else { "" };
+    format!("{sign}{}", thousands(n.unsigned_abs()))
 }
 
 /// `1234567` -> `1,234,567`.

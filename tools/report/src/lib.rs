@@ -67,11 +67,8 @@ pub fn splice(doc: &str, name: &str, section: &str) -> Result<String, String> {
 
 fn splice_file(doc: &Path, name: &str, section: &str) -> Result<(), Error> {
     let text = fs::read_to_string(doc).unwrap_or_else(|_| "# Benchmarks\n".to_string());
-    fs::write(
-        doc,
-        splice(&text, name, section).map_err(|e| format!("{}: {e}", doc.display()))?,
-    )?;
-    Ok(())
+    let text = splice(&text, name, section).map_err(|e| format!("{}: {e}", doc.display()))?;
+    Ok(fs::write(doc, text)?)
 }
 
 /// Renders every document whose JSON exists under `root`; returns the files written.

@@ -39,12 +39,6 @@ pub struct PairResult {
     pub rounds: Vec<(f64, f64)>,
 }
 
-impl PairResult {
-    pub fn ratio(&self) -> f64 {
-        self.ratio
-    }
-}
-
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Throughput {
     pub pairs: Vec<PairResult>,
@@ -386,20 +380,16 @@ fn goal_pairs(run: &PerfRun) -> Vec<(String, [Option<f64>; 2])> {
     let pairs = run.servers.iter().filter_map(|s| s.throughput.as_ref());
     for p in pairs.flat_map(|t| &t.pairs) {
         let Some(g) = p.goal else { continue };
-        let i = usize::from(p.pipeline > 1);
-        match v.iter_mut().find(|(n, _)| *n == p.name) {
-            Some((_, goals)) => goals[i] = Some(g),
-            None => {
-                let mut goals = [None, None];
-                goals[i] = Some(g);
-                v.push((p.name.clone(), goals));
-            }
-        }
+        let at = v.iter().position(|(n, _)| *n == p.name).unwrap_or_else(|| {
+            v.push((p.name.clone(), [None, None]));
+            v.len() - 1
+        });
+        v[at].1[usize::from(p.pipeline > 1)] = Some(g);
     }
     v
 }
 
-fn pair<'a>(s: &'a ServerResults, name: &str, p: usize) -> Option<&'a PairResult> {
+pub(crate) fn pair<'a>(s: &'a ServerResults, name: &str, p: usize) -> Option<&'a PairResult> {
     s.throughput.as_ref().and_then(|t| t.get(name, p))
 }
 
@@ -460,7 +450,7 @@ pub fn flatness(s: &ServerResults) -> Option<Flat> {
 /// A server's data (`..`) and what the templates show of it beyond the data: the ratio
 /// of every comparison at both depths, the throughput rows by depth, memory, flatness.
 fn server_view(s: &ServerResults, names: &[&str]) -> Value {
-    let ratio = |n: &str, p| pair(s, n, p).map_or(f64::NAN, PairResult::ratio);
+    let ratio = |n: &str, p| pair(s, n, p).map_or(f64::NAN, |r| r.ratio);
     let ratios: BTreeMap<&str, [f64; 2]> = names
         .iter()
         .map(|&n| (n, PIPELINES.map(|p| ratio(n, p))))
@@ -471,7 +461,7 @@ fn server_view(s: &ServerResults, names: &[&str]) -> Value {
             let rows = t.pairs.iter().filter(|r| r.pipeline == p).map(|r| {
                 // A cycle is two commands: compare commands per second with PING.
                 context! {
-                    met => r.goal.map(|g| r.ratio() >= g),
+                    met => r.goal.map(|g| r.ratio >= g),
                     ceiling => t.ceiling(r),
                     share => r.a * r.a_per_op / ping * 100.0,
                     ..Value::from(Serde(r))
@@ -508,6 +498,15 @@ fn round_ratio(a: &GuardedRate, b: &GuardedRate) -> f64 {
     median(&r)
 }
 
+/// `extra` shared among `watchers` (NaN for none).
+fn per_watcher(extra: f64, watchers: u64) -> f64 {
+    if watchers > 0 {
+        extra / watchers as f64
+    } else {
+        f64::NAN
+    }
+}
+
 /// Issue 23's figures of one server with what the template shows beyond them: each
 /// form's rate against [`G_REFERENCES`] (`vs`), each watcher count's release round trip
 /// against no watchers, and each polling interval's delay against a watcher's.
@@ -518,27 +517,16 @@ fn guarded_view(g: &Guarded) -> Value {
         context! { vs => Serde(vs), ..Value::from(Serde(r)) }
     });
     let none = g.observe.iter().find(|l| l.watchers == 0);
-    let observe = g.observe.iter().map(|l| {
+    // The releaser's round trip (p50) against no watchers, and what each watcher adds, µs.
+    let level = |l: &ObserveLevel| {
         let vs_none = none.map_or(f64::NAN, |z| l.release.p50 / z.release.p50);
-        // What each watcher adds to the releaser's round trip (p50), µs.
-        let per_watcher = match (none, l.watchers) {
-            (Some(z), n) if n > 0 => (l.release.p50 - z.release.p50) / n as f64,
-            _ => f64::NAN,
-        };
+        let extra = none.map_or(f64::NAN, |z| l.release.p50 - z.release.p50);
+        let per_watcher = per_watcher(extra, l.watchers);
         context! { vs_none, per_watcher, ..Value::from(Serde(l)) }
-    });
-    let most = g
-        .observe
-        .iter()
-        .filter(|l| l.watchers > 0)
-        .max_by_key(|l| l.watchers);
-    let most = most.map(|l| {
-        let vs_none = none.map_or(f64::NAN, |z| l.release.p50 / z.release.p50);
-        let per_watcher = none.map_or(f64::NAN, |z| {
-            (l.release.p50 - z.release.p50) / l.watchers as f64
-        });
-        context! { vs_none, per_watcher, ..Value::from(Serde(l)) }
-    });
+    };
+    let observe = g.observe.iter().map(level);
+    let most = g.observe.iter().filter(|l| l.watchers > 0);
+    let most = most.max_by_key(|l| l.watchers).map(level);
     let watch = g.observe.iter().find(|l| l.watchers == 1);
     let watch_p50 = watch.map_or(f64::NAN, |l| l.watch.p50);
     let watch_handoffs = watch.map(|l| l.handoffs);
@@ -577,11 +565,7 @@ fn guarded_cg_view(cg: &GuardedCallgrind) -> Value {
     let release = cg.release.iter().map(|r| {
         let vs_none = none.map_or(f64::NAN, |z| r.process / z.process);
         let extra = none.map_or(f64::NAN, |z| r.total - z.total);
-        let per_watcher = if r.watchers > 0 {
-            extra / r.watchers as f64
-        } else {
-            f64::NAN
-        };
+        let per_watcher = per_watcher(extra, r.watchers);
         context! { vs_none, per_watcher, ..Value::from(Serde(r)) }
     });
     // Where a LOCK.IFHELD's instructions go: the most expensive functions in it.
@@ -602,14 +586,14 @@ fn gaps(run: &PerfRun) -> Vec<Value> {
         for (name, _) in goal_pairs(run) {
             for p in PIPELINES {
                 let Some(r) = pair(s, &name, p) else { continue };
-                let Some(goal) = r.goal.filter(|g| r.ratio() < *g) else {
+                let Some(goal) = r.goal.filter(|g| r.ratio < *g) else {
                     continue;
                 };
                 let ceiling = s.throughput.as_ref().map_or(f64::NAN, |t| t.ceiling(r));
                 v.push(context! {
                     kind => "ratio", server, name => &name, p, goal,
-                    ratio => r.ratio(),
-                    short => (1.0 - r.ratio() / goal) * 100.0,
+                    ratio => r.ratio,
+                    short => (1.0 - r.ratio / goal) * 100.0,
                     ceiling => (ceiling < goal).then_some(ceiling),
                 });
             }
@@ -649,7 +633,7 @@ fn perf_context(run: &PerfRun) -> Value {
     let names = first_seen(names);
     let goals = goal_pairs(run).into_iter().map(|(name, goals)| {
         let met = run.servers.iter().map(|s| {
-            let r = PIPELINES.map(|p| pair(s, &name, p).map_or(f64::NAN, PairResult::ratio));
+            let r = PIPELINES.map(|p| pair(s, &name, p).map_or(f64::NAN, |r| r.ratio));
             r.iter().zip(goals).all(|(r, g)| g.is_none_or(|g| *r >= g))
         });
         let met: Vec<bool> = met.collect();
@@ -691,8 +675,14 @@ fn phase<'a>(cg: &'a Callgrind, name: &str) -> Option<&'a Phase> {
 
 /// Inside `call()` (and, for a tax, the command filters) per command of phase `name`;
 /// NaN when missing.
-fn inside(cg: &Callgrind, name: &str, tax: bool) -> f64 {
+pub(crate) fn inside(cg: &Callgrind, name: &str, tax: bool) -> f64 {
     phase(cg, name).map_or(f64::NAN, |p| p.call + if tax { p.filters } else { 0.0 })
+}
+
+/// Phase `name`'s "before" column (from bench/callgrind-baseline.tsv), if it has one.
+pub(crate) fn before(cg: &Callgrind, name: &str) -> Option<f64> {
+    let rows = cg.baseline.as_ref().map_or(&[][..], |(_, rows)| rows);
+    rows.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
 }
 
 /// The goals of [`INSTRUCTION_GOALS`] and [`TAXED`] with what this run measured.
@@ -723,7 +713,7 @@ fn instruction_goals(cg: &Callgrind) -> Vec<Value> {
 
 /// The phases that set a module command beside its floor, each against `SET NX PX`
 /// without the module (issue 21's table), inside `call()`.
-const FLOOR_ROWS: [&str; 10] = [
+pub(crate) const FLOOR_ROWS: [&str; 10] = [
     "SET NX PX",
     "SET NX PX, module loaded",
     "floor",
@@ -738,12 +728,8 @@ const FLOOR_ROWS: [&str; 10] = [
 
 fn callgrind_text(cg: &Callgrind) -> Result<String, Error> {
     let ping = inside(cg, "PING", false);
-    let before = |name: &str| {
-        let rows = cg.baseline.as_ref().map_or(&[][..], |(_, rows)| rows);
-        rows.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
-    };
     let phases = cg.phases.iter().map(|p| {
-        let before = before(&p.name);
+        let before = before(cg, &p.name);
         context! {
             before,
             change => before.map(|b| (p.call / b - 1.0) * 100.0),
@@ -843,17 +829,15 @@ mod tests {
             rate: rounds[1],
             rounds: rounds.to_vec(),
         };
-        let level = |watchers, p50| ObserveLevel {
+        let p50 = |p50, n| Spread {
+            p50,
+            n,
+            ..Spread::default()
+        };
+        let level = |watchers, release| ObserveLevel {
             watchers,
-            release: Spread {
-                p50,
-                ..Spread::default()
-            },
-            watch: Spread {
-                p50: 8.0,
-                n: 1,
-                ..Spread::default()
-            },
+            release: p50(release, 0),
+            watch: p50(8.0, 1),
             ..ObserveLevel::default()
         };
         run.servers[0].guarded = Some(Guarded {
@@ -867,10 +851,7 @@ mod tests {
             poll: vec![PollDelay {
                 interval_ms: 10,
                 handoffs: 5,
-                delay: Spread {
-                    p50: 4000.0,
-                    ..Spread::default()
-                },
+                delay: p50(4000.0, 0),
             }],
             ..Guarded::default()
         });
