@@ -17,23 +17,6 @@ use std::time::{Duration, Instant};
 
 // ---- helpers ----------------------------------------------------------------------------
 
-fn ok() -> Resp {
-    Resp::Simple("OK".into())
-}
-
-/// `LOCK.ACQUIRE key PX ms TOKEN token extra...`: the fence (panics unless granted).
-fn take_px(c: &mut RawConn, key: &str, token: &str, px: u64, extra: &[&str]) -> i64 {
-    let px = px.to_string();
-    let mut cmd = vec!["LOCK.ACQUIRE", key, "PX", &px, "TOKEN", token];
-    cmd.extend_from_slice(extra);
-    let r = c.cmd(&cmd);
-    granted(&r).1
-}
-
-fn take(c: &mut RawConn, key: &str, token: &str, extra: &[&str]) -> i64 {
-    take_px(c, key, token, 60_000, extra)
-}
-
 /// `INFO lock` `lock_watchers`.
 fn watchers(c: &mut RawConn) -> i64 {
     let text = c.cmd(&["INFO", "lock"]).text();
@@ -97,23 +80,6 @@ fn fence_of(r: &Resp) -> Option<i64> {
     field(r, "fence").and_then(|f| f.as_int())
 }
 
-fn alive(s: &Server, k: &mut Checks, what: &str) {
-    let ping = s
-        .try_raw(Duration::from_secs(5))
-        .and_then(|mut c| c.call(&["PING"]));
-    k.check(
-        matches!(&ping, Ok(Resp::Simple(p)) if p == "PONG"),
-        format!(
-            "{what}: the server answers PING ({ping:?})\n{}",
-            s.log_tail()
-        ),
-    );
-    k.check(
-        !s.log().to_ascii_lowercase().contains("panic"),
-        format!("{what}: no panic in the log\n{}", s.log_tail()),
-    );
-}
-
 /// How long an answer may take once its cause happened (the agenda runs within a few ms;
 /// slack for a loaded machine).
 const PROMPT: Duration = Duration::from_secs(3);
@@ -122,9 +88,7 @@ const PROMPT: Duration = Duration::from_secs(3);
 
 #[test]
 fn watch_without_fence_answers_once_the_key_is_held() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     // Held: at once, whatever the kind.
     let t = tok("held-at-once");
     let f = take(&mut c, "lock:held", &t, &["OWNER", "leader-1"]);
@@ -222,15 +186,12 @@ fn watch_without_fence_answers_once_the_key_is_held() {
         format!("woken by a RESTORE: {r:?}"),
     );
     k.eq(watchers(&mut c), 0, "no watcher left");
-    alive(&s, &mut k, "watch without fence");
-    k.finish();
+    k.finish_alive(&s, "watch without fence");
 }
 
 #[test]
 fn watch_without_fence_sees_a_lock_renamed_or_moved_onto_the_key() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let f = take(&mut c, "lock:src1", &tok("renamed"), &[]);
     let mut w = Watch::start(s.port, 0, &["lock:dst1", "BLOCK", "6000"]);
     wait_watchers(&mut c, 1);
@@ -515,17 +476,14 @@ fn watch_fence_answers_whatever_removes_the_holder() {
         k.eq(got, Some(Resp::Nil), &format!("{name}: FLUSHALL ends it"));
     }
     k.eq(watchers(&mut c), 0, "no watcher left");
-    alive(&s, &mut k, "fence watchers");
-    k.finish();
+    k.finish_alive(&s, "fence watchers");
 }
 
 // ---- BLOCK, contexts, unblock, disconnect, limits ------------------------------------------
 
 #[test]
 fn watch_block_contexts_unblock_and_limits() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let t = tok("block-holder");
     let f = take(&mut c, "lock:b", &t, &["OWNER", "b-owner"]);
     let fs = f.to_string();
@@ -738,8 +696,7 @@ fn watch_block_contexts_unblock_and_limits() {
     let r = c.cmd(&["LOCK.WATCH", "lock:list", "BLOCK", "10"]);
     k.check(is_err_with(&r, "WRONGTYPE "), format!("a list: {r:?}"));
     k.eq(watchers(&mut c), 0, "no watcher left");
-    alive(&s, &mut k, "block and limits");
-    k.finish();
+    k.finish_alive(&s, "block and limits");
 }
 
 fn f_int(s: &str) -> i64 {
@@ -748,9 +705,7 @@ fn f_int(s: &str) -> i64 {
 
 #[test]
 fn a_thousand_watchers_are_each_woken_once_and_leave_nothing() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let t = tok("thousand");
     let mut mem = Vec::new();
     // Four rounds: the first one grows what the server keeps for a thousand clients (its
@@ -824,15 +779,12 @@ fn a_thousand_watchers_are_each_woken_once_and_leave_nothing() {
         mem[2].min(mem[3]) - mem[1] < 256 * 1024,
         format!("used_memory after four rounds of 1000 watchers: {mem:?}"),
     );
-    alive(&s, &mut k, "thousand watchers");
-    k.finish();
+    k.finish_alive(&s, "thousand watchers");
 }
 
 #[test]
 fn watchers_with_deadlines_on_many_keys_are_all_answered_on_time() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let t = tok("agenda");
     let keys = 150;
     let changed = |i: usize| i.is_multiple_of(10);
@@ -925,8 +877,7 @@ fn watchers_with_deadlines_on_many_keys_are_all_answered_on_time() {
         format!("{} of {} watchers: {bad:?}", bad.len(), keys * 3),
     );
     k.eq(watchers(&mut c), 0, "no watcher left");
-    alive(&s, &mut k, "agenda");
-    k.finish();
+    k.finish_alive(&s, "agenda");
 }
 
 // ---- replicas --------------------------------------------------------------------------
@@ -998,8 +949,7 @@ fn watch_on_a_replica_follows_its_primary_and_the_lease() {
         );
     }
     k.eq(watchers(&mut rc), 0, "no watcher left on the replica");
-    alive(&r, &mut k, "replica");
-    k.finish();
+    k.finish_alive(&r, "replica");
 }
 
 // ---- the summary -------------------------------------------------------------------------
@@ -1295,8 +1245,7 @@ fn extend_owner_relabels_keeping_the_fence_on_every_path() {
         Some(Resp::Bulk(b("after-direct"))),
         "a new replica's full sync carries the label",
     );
-    alive(&p, &mut k, "extend owner");
-    k.finish();
+    k.finish_alive(&p, "extend owner");
 }
 
 // ---- cluster ----------------------------------------------------------------------------

@@ -135,6 +135,50 @@ pub fn conn(s: &Server) -> RawConn {
         .unwrap_or_else(|e| panic!("connect to {}: {e}\n{}", s.port, s.log_tail()))
 }
 
+/// A server started from `b`, a connection to it and an empty [`Checks`].
+pub fn start(b: ServerBuilder) -> (Server, RawConn, Checks) {
+    let s = b.start();
+    let c = conn(&s);
+    (s, c, Checks::new())
+}
+
+/// `LOCK.ACQUIRE key PX px TOKEN token extra...`: the fence (panics unless `token` is
+/// granted).
+pub fn take_px(c: &mut RawConn, key: &str, token: &str, px: u64, extra: &[&str]) -> i64 {
+    let px = px.to_string();
+    let r = c.cmd(&[&["LOCK.ACQUIRE", key, "PX", &px, "TOKEN", token], extra].concat());
+    let (t, f) = granted(&r);
+    assert_eq!(t, token.as_bytes(), "{r:?}");
+    f
+}
+
+/// [`take_px`] with a 60 s lease.
+pub fn take(c: &mut RawConn, key: &str, token: &str, extra: &[&str]) -> i64 {
+    take_px(c, key, token, 60_000, extra)
+}
+
+pub fn ok() -> Resp {
+    Resp::Simple("OK".into())
+}
+
+/// The server answers PING and its log shows no panic.
+pub fn alive(s: &Server, k: &mut Checks, what: &str) {
+    let ping = s
+        .try_raw(Duration::from_secs(5))
+        .and_then(|mut c| c.call(&["PING"]));
+    k.check(
+        matches!(&ping, Ok(Resp::Simple(p)) if p == "PONG"),
+        format!(
+            "{what}: the server answers PING ({ping:?})\n{}",
+            s.log_tail()
+        ),
+    );
+    k.check(
+        !s.log().to_ascii_lowercase().contains("panic"),
+        format!("{what}: no panic in the log\n{}", s.log_tail()),
+    );
+}
+
 /// `SAVE`, kill, start again on the same port and directory; Err with the log tail
 /// when the server does not come back (e.g. it refuses its own RDB file).
 pub fn save_and_restart(s: &mut Server) -> Result<(), String> {
@@ -221,6 +265,12 @@ impl Checks {
     pub fn eq<T: PartialEq + std::fmt::Debug>(&mut self, got: T, want: T, what: &str) -> bool {
         let ok = got == want;
         self.check(ok, format!("{what}: got {got:?}, want {want:?}"))
+    }
+
+    /// [`alive`] on `s`, then [`Checks::finish`].
+    pub fn finish_alive(mut self, s: &Server, what: &str) {
+        alive(s, &mut self, what);
+        self.finish()
     }
 
     /// Panics listing every failed expectation.
