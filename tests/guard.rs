@@ -198,7 +198,7 @@ fn ifheld_answers_what_the_command_answers_while_held() {
     // Writes: the reply of the write and its effect.
     k.eq(
         ifheld(&mut c, "lock:r", &t, &["SET", "data:w", "1"]),
-        Resp::Simple("OK".into()),
+        ok(),
         "SET",
     );
     k.eq(
@@ -333,7 +333,7 @@ fn ifheld_refuses_a_token_that_does_not_hold_the_lock_now() {
     for (i, t) in readers.iter().enumerate() {
         let v = format!("shared-{i}");
         let r = ifheld(&mut c, "lock:sh", t, &["SET", "data:sh", &v]);
-        k.eq(r, Resp::Simple("OK".into()), &format!("shared holder {i}"));
+        k.eq(r, ok(), &format!("shared holder {i}"));
         k.eq(
             c.cmd(&["GET", "data:sh"]),
             Resp::Bulk(b(&v)),
@@ -359,7 +359,7 @@ fn ifheld_refuses_a_token_that_does_not_hold_the_lock_now() {
     let classic = tok("classic-string");
     c.cmd(&["SET", "lock:str", &classic, "NX", "PX", "60000"]);
     let r = ifheld(&mut c, "lock:str", &classic, &["SET", "data:str", "ok"]);
-    k.eq(r, Resp::Simple("OK".into()), "string lock, its value");
+    k.eq(r, ok(), "string lock, its value");
     let r = ifheld(&mut c, "lock:str", &a, &["SET", "data:str", "bad"]);
     k.check(notheld(&r), format!("string lock, another value: {r:?}"));
     k.eq(
@@ -577,9 +577,7 @@ fn every_command_path_gives_the_same_result() {
         );
     }
     k.check(
-        direct
-            .iter()
-            .any(|(w, r)| w == "held SET" && *r == Resp::Simple("OK".into())),
+        direct.iter().any(|(w, r)| w == "held SET" && *r == ok()),
         format!("direct answers: {direct:?}"),
     );
     // MULTI: the wrapped write happens at EXEC; a release queued before it makes it
@@ -600,7 +598,7 @@ fn every_command_path_gives_the_same_result() {
         "nothing before EXEC",
     );
     let r = c.cmd(&["EXEC"]);
-    k.eq(r, Resp::Array(vec![Resp::Simple("OK".into())]), "EXEC");
+    k.eq(r, Resp::Array(vec![ok()]), "EXEC");
     k.eq(
         c.cmd(&["GET", "data:m"]),
         Resp::Bulk(b("queued")),
@@ -641,11 +639,7 @@ fn every_command_path_gives_the_same_result() {
             vec!["EXEC"],
         ])
         .unwrap();
-    k.eq(
-        r[3].items()[1].clone(),
-        Resp::Simple("OK".into()),
-        "acquired in MULTI",
-    );
+    k.eq(r[3].items()[1].clone(), ok(), "acquired in MULTI");
     k.finish_alive(&s, "paths");
 }
 
@@ -668,13 +662,13 @@ fn only_the_wrapped_write_travels_and_the_token_never_does() {
     let tap = Tap::attach(&p);
     tap.wait_streaming(&mut c);
     let mut mon = conn(&p);
-    k.eq(mon.cmd(&["MONITOR"]), Resp::Simple("OK".into()), "MONITOR");
+    k.eq(mon.cmd(&["MONITOR"]), ok(), "MONITOR");
     caught_up(&p, &r);
 
     let value = "guarded-value-0042";
     k.eq(
         ifheld(&mut c, "lock:p", &t, &["SET", "data:p", value]),
-        Resp::Simple("OK".into()),
+        ok(),
         "guarded SET",
     );
     let set = resp_of(&[b"SET", b"data:p", value.as_bytes()]);
@@ -717,13 +711,15 @@ fn only_the_wrapped_write_travels_and_the_token_never_does() {
         String::from_utf8_lossy(&incr).into_owned(),
         "between the SET and the marker the stream carries exactly the fenced INCR",
     );
-    for needle in [
+    // What neither the replication stream nor the AOF may carry.
+    let never: [&[u8]; 5] = [
         t.as_bytes(),
         b"LOCK.IFHELD",
         b"lock.ifheld",
         b"LOCK.IFFENCE",
         b"refused-",
-    ] {
+    ];
+    for needle in never {
         k.check(
             !has(&stream, needle),
             format!(
@@ -736,16 +732,16 @@ fn only_the_wrapped_write_travels_and_the_token_never_does() {
     // The replica applied exactly the wrapped writes.
     caught_up(&p, &r);
     let mut rc = conn(&r);
-    k.eq(
-        rc.cmd(&["GET", "data:p"]),
-        Resp::Bulk(b(value)),
-        "replica data",
-    );
-    k.eq(
-        rc.cmd(&["GET", "data:n"]),
-        Resp::Bulk(b("1")),
-        "replica counter",
-    );
+    // The guarded SET's value and the fenced INCR's counter, on `c`.
+    let data = |c: &mut RawConn, k: &mut Checks, on: &str| {
+        k.eq(c.cmd(&["GET", "data:p"]), bulk(value), &format!("{on}data"));
+        k.eq(
+            c.cmd(&["GET", "data:n"]),
+            bulk("1"),
+            &format!("{on}counter"),
+        );
+    };
+    data(&mut rc, &mut k, "replica ");
     k.eq(
         calls(&mut rc, "lock.ifheld"),
         0,
@@ -822,13 +818,7 @@ fn only_the_wrapped_write_travels_and_the_token_never_does() {
     }
     k.check(has(&aof, &set), "the AOF holds the wrapped SET");
     k.check(has(&aof, &incr), "the AOF holds the fenced INCR");
-    for needle in [
-        t.as_bytes(),
-        b"LOCK.IFHELD",
-        b"lock.ifheld",
-        b"LOCK.IFFENCE",
-        b"refused-",
-    ] {
+    for needle in never {
         k.check(
             !has(&aof, needle),
             format!("the AOF never holds {:?}", String::from_utf8_lossy(needle)),
@@ -838,19 +828,10 @@ fn only_the_wrapped_write_travels_and_the_token_never_does() {
     p.kill9();
     p.try_restart().expect("restart from the AOF");
     let mut c = conn(&p);
-    k.eq(
-        c.cmd(&["GET", "data:p"]),
-        Resp::Bulk(b(value)),
-        "AOF replay: data",
-    );
-    k.eq(
-        c.cmd(&["GET", "data:n"]),
-        Resp::Bulk(b("1")),
-        "AOF replay: counter",
-    );
+    data(&mut c, &mut k, "AOF replay: ");
     k.eq(
         ifheld(&mut c, "lock:p", &t, &["SET", "data:p", "after-restart"]),
-        Resp::Simple("OK".into()),
+        ok(),
         "AOF replay: the token still holds the lock",
     );
     k.eq(
@@ -875,10 +856,10 @@ fn a_lock_carried_by_dump_and_restore_guards_on_the_other_server() {
         "the DUMP payload carries no token",
     );
     let mut restore: Vec<Vec<u8>> = vec![b("RESTORE"), b("lock:c"), b("0"), payload];
-    k.eq(cb.cmd(&restore), Resp::Simple("OK".into()), "RESTORE");
+    k.eq(cb.cmd(&restore), ok(), "RESTORE");
     k.eq(
         ifheld(&mut cb, "lock:c", &t, &["SET", "data:c", "1"]),
-        Resp::Simple("OK".into()),
+        ok(),
         "the token holds the restored lock",
     );
     k.eq(
@@ -894,11 +875,7 @@ fn a_lock_carried_by_dump_and_restore_guards_on_the_other_server() {
     restore[1] = b("lock:c");
     restore[3] = ca.cmd(&["DUMP", "lock:c2"]).bytes();
     restore.push(b("REPLACE"));
-    k.eq(
-        cb.cmd(&restore),
-        Resp::Simple("OK".into()),
-        "RESTORE REPLACE",
-    );
+    k.eq(cb.cmd(&restore), ok(), "RESTORE REPLACE");
     let r = ifheld(&mut cb, "lock:c", &t, &["SET", "data:c", "3"]);
     k.check(notheld(&r), format!("replaced: {r:?}"));
     k.eq(
@@ -933,15 +910,11 @@ fn acl_applies_to_the_wrapped_command_and_its_keys() {
     for (u, rules) in users {
         let mut cmd = vec!["ACL", "SETUSER", u, "on", ">pw", "resetkeys"];
         cmd.extend(rules.split(' '));
-        k.eq(
-            admin.cmd(&cmd),
-            Resp::Simple("OK".into()),
-            &format!("ACL SETUSER {u}"),
-        );
+        k.eq(admin.cmd(&cmd), ok(), &format!("ACL SETUSER {u}"));
     }
     let as_user = |u: &str| {
         let mut c = conn(&s);
-        assert_eq!(c.cmd(&["AUTH", u, "pw"]), Resp::Simple("OK".into()));
+        assert_eq!(c.cmd(&["AUTH", u, "pw"]), ok());
         c
     };
     let unchanged = |admin: &mut RawConn, k: &mut Checks, what: &str| {
@@ -974,7 +947,7 @@ fn acl_applies_to_the_wrapped_command_and_its_keys() {
     let mut c = as_user("full");
     k.eq(
         ifheld(&mut c, "lock:a", &t, &["SET", "data:x", "w"]),
-        Resp::Simple("OK".into()),
+        ok(),
         "full",
     );
     admin.cmd(&["SET", "data:x", "orig"]);
@@ -1005,7 +978,7 @@ fn acl_applies_to_the_wrapped_command_and_its_keys() {
     k.check(nope(&r), format!("EVAL, a key outside the patterns: {r:?}"));
     k.eq(
         eval(&mut c, &["LOCK.IFHELD", "lock:a", &t, "SET", "data:x", "e"]),
-        Resp::Simple("OK".into()),
+        ok(),
         "EVAL, allowed",
     );
     admin.cmd(&["SET", "data:x", "orig"]);
@@ -1045,7 +1018,7 @@ fn acl_applies_to_the_wrapped_command_and_its_keys() {
     let mut c = as_user("writeonly");
     k.eq(
         ifheld(&mut c, "lock:a", &t, &["SET", "data:w", "w"]),
-        Resp::Simple("OK".into()),
+        ok(),
         "%W SET",
     );
     let r = ifheld(&mut c, "lock:a", &t, &["GET", "data:x"]);
@@ -1178,7 +1151,7 @@ fn iffence_runs_for_a_current_fence_only() {
     let (cur_s, old_s, other_s) = (cur.to_string(), old.to_string(), other.to_string());
     k.eq(
         iffence(&mut c, "lock:f", &cur_s, &["SET", "data:f", "ok"]),
-        Resp::Simple("OK".into()),
+        ok(),
         "current",
     );
     for (what, fence) in [
@@ -1322,7 +1295,7 @@ fn cluster_guards_keep_to_the_lock_slot() {
     take(&mut c, lock, &t, &[]);
     k.eq(
         ifheld(&mut c, lock, &t, &["SET", "stock:{order:9001}", "9"]),
-        Resp::Simple("OK".into()),
+        ok(),
         "same slot",
     );
     k.eq(
@@ -1332,7 +1305,7 @@ fn cluster_guards_keep_to_the_lock_slot() {
             &t,
             &["MSET", "stock:{order:9001}", "8", "sold:{order:9001}", "1"],
         ),
-        Resp::Simple("OK".into()),
+        ok(),
         "same slot, two keys",
     );
     let r = ifheld(&mut c, lock, &t, &["SET", "stock:{order:9002}", "9"]);
@@ -1447,11 +1420,7 @@ fn nested_guards_need_every_lock_and_stay_bounded() {
         .collect()
     };
     // Both held: it runs. Either not held: NOTHELD, nothing runs.
-    k.eq(
-        c.cmd(&nested(&ta, &tb, "both")),
-        Resp::Simple("OK".into()),
-        "both held",
-    );
+    k.eq(c.cmd(&nested(&ta, &tb, "both")), ok(), "both held");
     let r = c.cmd(&nested(&ta, &tok("wrong-inner"), "inner-wrong"));
     k.check(notheld(&r), format!("inner not held: {r:?}"));
     let r = c.cmd(&nested(&tok("wrong-outer"), &tb, "outer-wrong"));
@@ -1584,7 +1553,7 @@ fn wrapped_lock_commands_of_other_keys_and_their_secrets() {
             &t,
             &["LOCK.IFHELD", "lock:o2", &secret, "SET", "data:o2", "1"],
         ),
-        Resp::Simple("OK".into()),
+        ok(),
         "nested",
     );
     // A refused inner LOCK.ACQUIRE with a TOKEN, and a refused AUTH: nothing runs, no
@@ -1622,7 +1591,7 @@ fn wrapped_lock_commands_of_other_keys_and_their_secrets() {
         &t,
         &["MIGRATE", "127.0.0.1", &port, "lock:o5", "0", "5000"],
     );
-    k.eq(r, Resp::Simple("OK".into()), "MIGRATE of another lock");
+    k.eq(r, ok(), "MIGRATE of another lock");
     let r = w.reply_within(SETTLE).unwrap();
     k.check(
         is_err_with(&r, "LOCKMOVED "),
@@ -1645,11 +1614,7 @@ fn wrapped_lock_commands_of_other_keys_and_their_secrets() {
         b("0"),
         payload,
     ];
-    k.eq(
-        c.cmd(&restore),
-        Resp::Simple("OK".into()),
-        "RESTORE of a lock",
-    );
+    k.eq(c.cmd(&restore), ok(), "RESTORE of a lock");
     restore[4] = b("lock:g");
     let r = c.cmd(&restore);
     k.check(
@@ -1709,7 +1674,7 @@ fn hostile_arguments_are_answered_and_the_server_survives() {
     let data: Vec<u8> = b"data:\x00\x01\xfe".to_vec();
     let val: Vec<u8> = vec![0, 13, 10, 255, 0];
     let r = c.cmd(&[&b"LOCK.IFHELD"[..], &key, &token, b"SET", &data, &val]);
-    k.eq(r, Resp::Simple("OK".into()), "binary guarded SET");
+    k.eq(r, ok(), "binary guarded SET");
     k.eq(
         c.cmd(&[&b"GET"[..], &data]),
         Resp::Bulk(val.clone()),
@@ -1742,7 +1707,7 @@ fn hostile_arguments_are_answered_and_the_server_survives() {
     k.check(notheld(&r), "a 1 MB token does not hold");
     let mb: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
     let r = c.cmd(&[&b"LOCK.IFHELD"[..], &key, &token, b"SET", &data, &mb]);
-    k.eq(r, Resp::Simple("OK".into()), "1 MB value");
+    k.eq(r, ok(), "1 MB value");
     k.eq(
         c.cmd(&[&b"LOCK.IFHELD"[..], &key, &token, b"GET", &data]),
         Resp::Bulk(mb.clone()),
@@ -1751,7 +1716,7 @@ fn hostile_arguments_are_answered_and_the_server_survives() {
     let mut bigkey = b"data:".to_vec();
     bigkey.extend(&mb[..1 << 19]);
     let r = c.cmd(&[&b"LOCK.IFHELD"[..], &key, &token, b"SET", &bigkey, b"1"]);
-    k.eq(r, Resp::Simple("OK".into()), "512 KB key");
+    k.eq(r, ok(), "512 KB key");
     // Huge argument counts: 200,000 keys through the guard, and a lock key among them.
     let mut del: Vec<Vec<u8>> = vec![b("LOCK.IFHELD"), key.clone(), token.clone(), b("DEL")];
     del.extend((0..200_000).map(|i| format!("data:many:{i}").into_bytes()));

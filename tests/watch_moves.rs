@@ -192,34 +192,42 @@ fn watch_without_fence_answers_once_the_key_is_held() {
 #[test]
 fn watch_without_fence_sees_a_lock_renamed_or_moved_onto_the_key() {
     let (s, mut c, mut k) = start(ServerBuilder::new());
-    let f = take(&mut c, "lock:src1", &tok("renamed"), &[]);
-    let mut w = Watch::start(s.port, 0, &["lock:dst1", "BLOCK", "6000"]);
-    wait_watchers(&mut c, 1);
-    k.eq(c.cmd(&["RENAME", "lock:src1", "lock:dst1"]), ok(), "RENAME");
-    let r = w.within(PROMPT);
-    k.check(
-        r.as_ref().is_ok_and(|r| fence_of(r) == Some(f)),
-        format!(
-            "RENAME onto a watched key: answered promptly with the lock, got {r:?} after {:?}",
-            w.sent.elapsed()
+    // (source, token name, watched key and its db, the move and its reply, what it is)
+    let moves = [
+        (
+            "lock:src1",
+            "renamed",
+            "lock:dst1",
+            0,
+            ["RENAME", "lock:src1", "lock:dst1"],
+            ok(),
         ),
-    );
-    drop(w);
-    wait_watchers(&mut c, 0);
-    let f = take(&mut c, "lock:src2", &tok("moved"), &[]);
-    let mut w = Watch::start(s.port, 1, &["lock:src2", "BLOCK", "6000"]);
-    wait_watchers(&mut c, 1);
-    k.eq(c.cmd(&["MOVE", "lock:src2", "1"]), Resp::Int(1), "MOVE");
-    let r = w.within(PROMPT);
-    k.check(
-        r.as_ref().is_ok_and(|r| fence_of(r) == Some(f)),
-        format!(
-            "MOVE into a watched key's db: answered promptly with the lock, got {r:?} after {:?}",
-            w.sent.elapsed()
+        (
+            "lock:src2",
+            "moved",
+            "lock:src2",
+            1,
+            ["MOVE", "lock:src2", "1"],
+            Resp::Int(1),
         ),
-    );
-    drop(w);
-    wait_watchers(&mut c, 0);
+    ];
+    let whats = ["RENAME onto a watched key", "MOVE into a watched key's db"];
+    for ((src, name, key, db, cmd, reply), what) in moves.into_iter().zip(whats) {
+        let f = take(&mut c, src, &tok(name), &[]);
+        let mut w = Watch::start(s.port, db, &[key, "BLOCK", "6000"]);
+        wait_watchers(&mut c, 1);
+        k.eq(c.cmd(&cmd), reply, cmd[0]);
+        let r = w.within(PROMPT);
+        k.check(
+            r.as_ref().is_ok_and(|r| fence_of(r) == Some(f)),
+            format!(
+                "{what}: answered promptly with the lock, got {r:?} after {:?}",
+                w.sent.elapsed()
+            ),
+        );
+        drop(w);
+        wait_watchers(&mut c, 0);
+    }
     // A classic SET NX lock appearing on a watched free key: seen once the module listens
     // to keyspace events (after a client first waited for a string lock).
     c.cmd(&["SET", "lock:cls-held", &tok("classic-a"), "PX", "60000"]);

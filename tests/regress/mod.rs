@@ -330,6 +330,10 @@ pub fn all_bytes(r: &Resp, out: &mut Vec<u8>) {
     }
 }
 
+pub fn bulk(s: &str) -> Resp {
+    Resp::Bulk(b(s))
+}
+
 pub fn b(s: &str) -> Vec<u8> {
     s.as_bytes().to_vec()
 }
