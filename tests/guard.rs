@@ -206,11 +206,7 @@ fn ifheld_answers_what_the_command_answers_while_held() {
         Resp::Int(42),
         "INCRBY",
     );
-    k.eq(
-        c.cmd(&["GET", "data:w"]),
-        Resp::Bulk(b("42")),
-        "the write landed",
-    );
+    k.eq(c.cmd(&["GET", "data:w"]), bulk("42"), "the write landed");
     let wt = ifheld(&mut c, "lock:r", &t, &["LPUSH", "data:w", "x"]);
     k.check(
         is_err_with(&wt, "WRONGTYPE "),
@@ -218,7 +214,7 @@ fn ifheld_answers_what_the_command_answers_while_held() {
     );
     k.eq(
         ifheld(&mut c, "lock:r", &t, &["SET", "data:w", "2", "XX", "GET"]),
-        Resp::Bulk(b("42")),
+        bulk("42"),
         "SET ... GET",
     );
     k.eq(
@@ -240,7 +236,7 @@ fn ifheld_refuses_a_token_that_does_not_hold_the_lock_now() {
     assert!(!c.cmd(&["SET", "data:x", "orig"]).is_error());
     let write = ["SET", "data:x", "changed"];
     let untouched = |c: &mut RawConn, k: &mut Checks, what: &str| {
-        k.eq(c.cmd(&["GET", "data:x"]), Resp::Bulk(b("orig")), what);
+        k.eq(c.cmd(&["GET", "data:x"]), bulk("orig"), what);
     };
     let (a, other) = (tok("holder"), tok("someone-else"));
 
@@ -334,11 +330,7 @@ fn ifheld_refuses_a_token_that_does_not_hold_the_lock_now() {
         let v = format!("shared-{i}");
         let r = ifheld(&mut c, "lock:sh", t, &["SET", "data:sh", &v]);
         k.eq(r, ok(), &format!("shared holder {i}"));
-        k.eq(
-            c.cmd(&["GET", "data:sh"]),
-            Resp::Bulk(b(&v)),
-            "shared write",
-        );
+        k.eq(c.cmd(&["GET", "data:sh"]), bulk(&v), "shared write");
     }
     for (i, t) in permits.iter().enumerate() {
         let r = ifheld(&mut c, "lock:ct", t, &["INCR", "data:ct"]);
@@ -349,7 +341,7 @@ fn ifheld_refuses_a_token_that_does_not_hold_the_lock_now() {
     k.check(notheld(&r), format!("a released reader: {r:?}"));
     k.eq(
         c.cmd(&["GET", "data:sh"]),
-        Resp::Bulk(b("shared-2")),
+        bulk("shared-2"),
         "late reader refused",
     );
     let r = ifheld(&mut c, "lock:ct", &a, &["INCR", "data:ct"]);
@@ -362,11 +354,7 @@ fn ifheld_refuses_a_token_that_does_not_hold_the_lock_now() {
     k.eq(r, ok(), "string lock, its value");
     let r = ifheld(&mut c, "lock:str", &a, &["SET", "data:str", "bad"]);
     k.check(notheld(&r), format!("string lock, another value: {r:?}"));
-    k.eq(
-        c.cmd(&["GET", "data:str"]),
-        Resp::Bulk(b("ok")),
-        "string lock data",
-    );
+    k.eq(c.cmd(&["GET", "data:str"]), bulk("ok"), "string lock data");
     // A key of another type is no lock.
     c.cmd(&["RPUSH", "lock:list", "x"]);
     let r = ifheld(&mut c, "lock:list", &a, &["SET", "data:x", "changed"]);
@@ -480,7 +468,7 @@ fn ifheld_refuses_what_it_cannot_guard_and_runs_nothing() {
     );
     k.eq(
         ifheld(&mut c, "lock:g", &t, &["get", "data:x"]),
-        Resp::Bulk(b("1")),
+        bulk("1"),
         "lower case",
     );
     // LOCK.IFHELD's own arity.
@@ -565,14 +553,10 @@ fn every_command_path_gives_the_same_result() {
                 k.eq(&r, &direct[i].1, &format!("{n}: {what}"));
             }
         }
-        k.eq(
-            c.cmd(&["GET", &dk]),
-            Resp::Bulk(b("v1")),
-            &format!("{n}: data"),
-        );
+        k.eq(c.cmd(&["GET", &dk]), bulk("v1"), &format!("{n}: data"));
         k.eq(
             c.cmd(&["GET", &format!("{dk}:f")]),
-            Resp::Bulk(b("vf")),
+            bulk("vf"),
             &format!("{n}: fenced data"),
         );
     }
@@ -599,11 +583,7 @@ fn every_command_path_gives_the_same_result() {
     );
     let r = c.cmd(&["EXEC"]);
     k.eq(r, Resp::Array(vec![ok()]), "EXEC");
-    k.eq(
-        c.cmd(&["GET", "data:m"]),
-        Resp::Bulk(b("queued")),
-        "written at EXEC",
-    );
+    k.eq(c.cmd(&["GET", "data:m"]), bulk("queued"), "written at EXEC");
     let r = c
         .pipeline(&[
             vec!["MULTI"],
@@ -625,11 +605,7 @@ fn every_command_path_gives_the_same_result() {
         notheld(&items[1]),
         format!("NOTHELD after the release in MULTI: {items:?}"),
     );
-    k.eq(
-        c.cmd(&["GET", "data:m"]),
-        Resp::Bulk(b("queued")),
-        "unchanged",
-    );
+    k.eq(c.cmd(&["GET", "data:m"]), bulk("queued"), "unchanged");
     // A lock taken inside the same MULTI holds for the guard after it.
     let r = c
         .pipeline(&[
@@ -795,14 +771,14 @@ fn only_the_wrapped_write_travels_and_the_token_never_does() {
         .items()
         .iter()
         .map(|e| e.items()[3].items())
-        .filter(|args| args.first() == Some(&Resp::Bulk(b("LOCK.IFHELD"))))
+        .filter(|args| args.first() == Some(&bulk("LOCK.IFHELD")))
         .collect();
     k.check(
         entries.len() >= 3,
         format!("SLOWLOG has the guards: {entries:?}"),
     );
     k.check(
-        entries.iter().all(|a| a[2] == Resp::Bulk(b("(redacted)"))),
+        entries.iter().all(|a| a[2] == bulk("(redacted)")),
         format!("SLOWLOG redacts the token: {entries:?}"),
     );
 
@@ -864,7 +840,7 @@ fn a_lock_carried_by_dump_and_restore_guards_on_the_other_server() {
     );
     k.eq(
         iffence(&mut cb, "lock:c", &f, &["GET", "data:c"]),
-        Resp::Bulk(b("1")),
+        bulk("1"),
         "and its fence",
     );
     let r = ifheld(&mut cb, "lock:c", &tok("other"), &["SET", "data:c", "2"]);
@@ -880,7 +856,7 @@ fn a_lock_carried_by_dump_and_restore_guards_on_the_other_server() {
     k.check(notheld(&r), format!("replaced: {r:?}"));
     k.eq(
         ifheld(&mut cb, "lock:c", &t2, &["GET", "data:c"]),
-        Resp::Bulk(b("1")),
+        bulk("1"),
         "the restored holder",
     );
     k.finish_alive(&bsrv, "restore");
@@ -918,7 +894,7 @@ fn acl_applies_to_the_wrapped_command_and_its_keys() {
         c
     };
     let unchanged = |admin: &mut RawConn, k: &mut Checks, what: &str| {
-        k.eq(admin.cmd(&["GET", "data:x"]), Resp::Bulk(b("orig")), what);
+        k.eq(admin.cmd(&["GET", "data:x"]), bulk("orig"), what);
     };
     // NOPERM; inside a script Redis 7.0 words a key refusal of a call as its own ERR.
     let nope = |r: &Resp| {
@@ -939,7 +915,7 @@ fn acl_applies_to_the_wrapped_command_and_its_keys() {
     k.check(nope(&r), format!("no +set (IFFENCE): {r:?}"));
     k.eq(
         ifheld(&mut c, "lock:a", &t, &["GET", "data:x"]),
-        Resp::Bulk(b("orig")),
+        bulk("orig"),
         "noset GET",
     );
     unchanged(&mut admin, &mut k, "no +set");
@@ -1002,7 +978,7 @@ fn acl_applies_to_the_wrapped_command_and_its_keys() {
     let mut c = as_user("readonly");
     k.eq(
         ifheld(&mut c, "lock:a", &t, &["GET", "data:x"]),
-        Resp::Bulk(b("orig")),
+        bulk("orig"),
         "%R GET",
     );
     let r = ifheld(&mut c, "lock:a", &t, &["SET", "data:x", "w"]);
@@ -1011,7 +987,7 @@ fn acl_applies_to_the_wrapped_command_and_its_keys() {
     k.check(nope(&r), format!("%R SET through EVAL: {r:?}"));
     k.eq(
         eval(&mut c, &["LOCK.IFHELD", "lock:a", &t, "GET", "data:x"]),
-        Resp::Bulk(b("orig")),
+        bulk("orig"),
         "%R GET through EVAL",
     );
     unchanged(&mut admin, &mut k, "%R");
@@ -1068,7 +1044,7 @@ fn over_maxmemory_a_guarded_write_is_refused_and_a_read_runs() {
     );
     k.eq(
         ifheld(&mut c, "lock:o", &t, &["GET", "data:o"]),
-        Resp::Bulk(b("before")),
+        bulk("before"),
         "guarded GET",
     );
     // DEL is not deny-oom: it frees memory.
@@ -1113,7 +1089,7 @@ fn replicas_refuse_guards_and_answer_checks() {
         );
         k.eq(
             rc.cmd(&["GET", "data:rep"]),
-            Resp::Bulk(b("primary")),
+            bulk("primary"),
             &format!("{name} data"),
         );
         k.eq(
@@ -1180,7 +1156,7 @@ fn iffence_runs_for_a_current_fence_only() {
     }
     k.eq(
         c.cmd(&["GET", "data:f"]),
-        Resp::Bulk(b("ok")),
+        bulk("ok"),
         "only the current fence wrote",
     );
     // Shared: any holder's fence; a string lock has none.
@@ -1196,7 +1172,7 @@ fn iffence_runs_for_a_current_fence_only() {
     k.check(notheld(&r), format!("string lock: {r:?}"));
     let r = iffence(&mut c, "lock:nolock", &cur_s, &["SET", "data:f", "bad"]);
     k.check(notheld(&r), format!("free key: {r:?}"));
-    k.eq(c.cmd(&["GET", "data:f"]), Resp::Bulk(b("ok")), "unchanged");
+    k.eq(c.cmd(&["GET", "data:f"]), bulk("ok"), "unchanged");
     k.finish();
 }
 
@@ -1325,7 +1301,7 @@ fn cluster_guards_keep_to_the_lock_slot() {
     );
     k.eq(
         c.cmd(&["GET", "stock:{order:9001}"]),
-        Resp::Bulk(b("8")),
+        bulk("8"),
         "nothing else written",
     );
     let keys = c.cmd(&[
@@ -1343,9 +1319,9 @@ fn cluster_guards_keep_to_the_lock_slot() {
     k.eq(
         keys,
         Resp::Array(vec![
-            Resp::Bulk(b(lock)),
-            Resp::Bulk(b("stock:{order:9001}")),
-            Resp::Bulk(b("sold:{order:9001}")),
+            bulk(lock),
+            bulk("stock:{order:9001}"),
+            bulk("sold:{order:9001}"),
         ]),
         "COMMAND GETKEYS",
     );
@@ -1360,10 +1336,7 @@ fn cluster_guards_keep_to_the_lock_slot() {
     ]);
     k.eq(
         keys,
-        Resp::Array(vec![
-            Resp::Bulk(b(lock)),
-            Resp::Bulk(b("stock:{order:9001}")),
-        ]),
+        Resp::Array(vec![bulk(lock), bulk("stock:{order:9001}")]),
         "COMMAND GETKEYS of IFFENCE",
     );
     let other = cluster.nodes.iter().find(|n| n.port != owner.port).unwrap();
@@ -1427,7 +1400,7 @@ fn nested_guards_need_every_lock_and_stay_bounded() {
     k.check(notheld(&r), format!("outer not held: {r:?}"));
     k.eq(
         c.cmd(&["GET", "data:n"]),
-        Resp::Bulk(b("both")),
+        bulk("both"),
         "only the first ran",
     );
     let mut getkeys: Vec<String> = vec!["COMMAND".into(), "GETKEYS".into()];
@@ -1435,11 +1408,7 @@ fn nested_guards_need_every_lock_and_stay_bounded() {
     getkeys.extend(nested("getkeys-token-a-0000", "getkeys-token-b-0000", "x"));
     k.eq(
         c.cmd(&getkeys),
-        Resp::Array(vec![
-            Resp::Bulk(b("lock:a")),
-            Resp::Bulk(b("lock:b")),
-            Resp::Bulk(b("data:n")),
-        ]),
+        Resp::Array(vec![bulk("lock:a"), bulk("lock:b"), bulk("data:n")]),
         "GETKEYS of a nested guard",
     );
     // The inner guard may not name the outer lock key.

@@ -7,19 +7,14 @@ mod common;
 
 use common::raw::{acquire, acquire_reply, grant, queued, wait_queued, Waiter};
 use common::{
-    debug_server, primary, start_replica_of, wait_persistence_idle, wait_until, RawConn, Resp,
-    ServerBuilder, SETTLE,
+    debug_server, primary, start_replica_of, wait_persistence_idle, wait_until, words, RawConn,
+    Resp, ServerBuilder, SETTLE,
 };
 
 fn take(c: &mut RawConn, key: &str, args: &[&str]) -> i64 {
     acquire(c, key, args)
         .unwrap_or_else(|| panic!("{key} {args:?} was not granted"))
         .1
-}
-
-/// The words of `s` (arguments without spaces).
-fn words(s: &str) -> Vec<&str> {
-    s.split(' ').collect()
 }
 
 /// [`take`] of space-separated `args`.

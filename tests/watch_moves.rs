@@ -30,6 +30,25 @@ fn wait_watchers(c: &mut RawConn, n: i64) {
     assert!(ok, "expected {n} watchers, INFO says {}", watchers(c));
 }
 
+/// The fences of a summary's `holder-list`.
+fn listed_fences(r: &Resp) -> Vec<i64> {
+    let list = field(r, "holder-list").unwrap().items();
+    list.iter().filter_map(fence_of).collect()
+}
+
+/// The ids of the clients blocked in LOCK.WATCH (`CLIENT LIST`).
+fn blocked_watchers(c: &mut RawConn) -> Vec<String> {
+    let list = c.cmd(&["CLIENT", "LIST"]).text();
+    list.lines()
+        .filter(|l| l.contains("cmd=lock.watch") && l.contains(" flags=b"))
+        .filter_map(|l| {
+            l.split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
 /// A client in LOCK.WATCH (or anything sent and not yet answered), on db `db`.
 struct Watch {
     c: RawConn,
@@ -99,7 +118,7 @@ fn watch_without_fence_answers_once_the_key_is_held() {
         let t0 = Instant::now();
         let r = c.cmd(&["LOCK.WATCH", key]);
         k.check(
-            field(&r, "state") == Some(Resp::Bulk(b("held"))) && t0.elapsed() < PROMPT,
+            field(&r, "state") == Some(bulk("held")) && t0.elapsed() < PROMPT,
             format!("{key} answers at once: {r:?}"),
         );
     }
@@ -130,11 +149,7 @@ fn watch_without_fence_answers_once_the_key_is_held() {
             Some(f),
             &format!("watcher {i}: the new holder's fence"),
         );
-        k.eq(
-            field(&r, "owner"),
-            Some(Resp::Bulk(b("new-leader"))),
-            "its label",
-        );
+        k.eq(field(&r, "owner"), Some(bulk("new-leader")), "its label");
         k.check(w.answered_once(), "answered once");
     }
 
@@ -171,7 +186,7 @@ fn watch_without_fence_answers_once_the_key_is_held() {
         Some(wf),
         "the watcher sees the waiter that got it",
     );
-    k.eq(field(&r, "owner"), Some(Resp::Bulk(b("next"))), "its label");
+    k.eq(field(&r, "owner"), Some(bulk("next")), "its label");
 
     // A lock restored onto a watched free key.
     let payload = c.cmd(&["DUMP", "lock:held"]).bytes();
@@ -242,7 +257,7 @@ fn watch_without_fence_sees_a_lock_renamed_or_moved_onto_the_key() {
     let r = w.within(PROMPT);
     k.check(
         r.as_ref()
-            .is_ok_and(|r| field(r, "kind") == Some(Resp::Bulk(b("string")))),
+            .is_ok_and(|r| field(r, "kind") == Some(bulk("string"))),
         format!(
             "SET NX onto a watched key (key events on): answered promptly, got {r:?} after {:?}",
             w.sent.elapsed()
@@ -380,7 +395,7 @@ fn watch_fence_answers_whatever_removes_the_holder() {
     );
     k.eq(
         r.as_ref().and_then(|r| field(r, "owner")),
-        Some(Resp::Bulk(b("successor"))),
+        Some(bulk("successor")),
         "its label",
     );
     let port = target.port.to_string();
@@ -406,7 +421,7 @@ fn watch_fence_answers_whatever_removes_the_holder() {
     let r = answer("owner-other", &mut k);
     k.eq(
         r.as_ref().and_then(|r| field(r, "owner")),
-        Some(Resp::Bulk(b("o2"))),
+        Some(bulk("o2")),
         "relabelled",
     );
     k.eq(
@@ -552,16 +567,7 @@ fn watch_block_contexts_unblock_and_limits() {
     let mut cu = Watch::start(s.port, 0, &["lock:b", "FENCE", &fs]);
     let mut ce = Watch::start(s.port, 0, &["lock:b", "FENCE", &fs]);
     wait_watchers(&mut c, 3);
-    let list = c.cmd(&["CLIENT", "LIST"]).text();
-    let ids: Vec<String> = list
-        .lines()
-        .filter(|l| l.contains("cmd=lock.watch") && l.contains(" flags=b"))
-        .filter_map(|l| {
-            l.split(' ')
-                .find_map(|f| f.strip_prefix("id="))
-                .map(str::to_string)
-        })
-        .collect();
+    let ids = blocked_watchers(&mut c);
     k.eq(ids.len(), 3, "three blocked watchers in CLIENT LIST");
     let f = server_flavor();
     let unblock_works = f.is_valkey() || f.at_least(7, 4);
@@ -604,16 +610,7 @@ fn watch_block_contexts_unblock_and_limits() {
         let f2 = info_int(&mut c, "lock:b", "fence").to_string();
         let mut w = Watch::start(s.port, 0, &["lock:b", "FENCE", &f2]);
         wait_watchers(&mut c, 1);
-        let list = c.cmd(&["CLIENT", "LIST"]).text();
-        let id = list
-            .lines()
-            .filter(|l| l.contains("cmd=lock.watch") && l.contains(" flags=b"))
-            .find_map(|l| {
-                l.split(' ')
-                    .find_map(|f| f.strip_prefix("id="))
-                    .map(str::to_string)
-            })
-            .unwrap();
+        let id = blocked_watchers(&mut c).remove(0);
         k.eq(
             c.cmd(&["CLIENT", "UNBLOCK", &id, "ERROR"]),
             Resp::Int(1),
@@ -662,38 +659,21 @@ fn watch_block_contexts_unblock_and_limits() {
     c.cmd(&["CONFIG", "SET", "lock.max-waiters", "10000"]);
 
     // Bad input.
-    for (argv, want) in [
+    for (line, want) in [
+        ("LOCK.WATCH lock:b OWNER x", "ERR syntax error"),
+        ("LOCK.WATCH lock:b FENCE 0", "ERR FENCE must be"),
+        ("LOCK.WATCH lock:b FENCE abc", "ERR FENCE must be"),
+        ("LOCK.WATCH lock:b BLOCK -1", "ERR timeout is negative"),
+        ("LOCK.WATCH lock:b BLOCK x", "ERR timeout is not an integer"),
         (
-            vec!["LOCK.WATCH", "lock:b", "OWNER", "x"],
-            "ERR syntax error",
-        ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "FENCE", "0"],
-            "ERR FENCE must be",
-        ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "FENCE", "abc"],
-            "ERR FENCE must be",
-        ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "BLOCK", "-1"],
-            "ERR timeout is negative",
-        ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "BLOCK", "x"],
-            "ERR timeout is not an integer",
-        ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "BLOCK", "9223372036854775807"],
+            "LOCK.WATCH lock:b BLOCK 9223372036854775807",
             "ERR timeout is out of range",
         ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "FENCE", "1", "FENCE", "2"],
-            "ERR syntax error",
-        ),
-        (vec!["LOCK.WATCH", "lock:b", "NOPE"], "ERR syntax error"),
-        (vec!["LOCK.WATCH"], "ERR wrong number of arguments"),
+        ("LOCK.WATCH lock:b FENCE 1 FENCE 2", "ERR syntax error"),
+        ("LOCK.WATCH lock:b NOPE", "ERR syntax error"),
+        ("LOCK.WATCH", "ERR wrong number of arguments"),
     ] {
+        let argv = words(line);
         let r = c.cmd(&argv);
         k.check(
             is_err_with(&r, want),
@@ -929,7 +909,7 @@ fn watch_on_a_replica_follows_its_primary_and_the_lease() {
     let rr = relabel.within(PROMPT);
     k.check(
         rr.as_ref()
-            .is_ok_and(|r| field(r, "owner") == Some(Resp::Bulk(b("third")))),
+            .is_ok_and(|r| field(r, "owner") == Some(bulk("third"))),
         format!("replica OWNER watcher: {rr:?}"),
     );
     // The primary stopped: a FENCE watcher on the replica is answered at the lease's end.
@@ -1016,11 +996,11 @@ fn the_summary_names_holders_never_tokens() {
             .to_vec(),
             &format!("{proto}: exclusive fields"),
         );
-        k.eq(field(&x, "state"), Some(Resp::Bulk(b("held"))), "state");
-        k.eq(field(&x, "kind"), Some(Resp::Bulk(b("module"))), "kind");
-        k.eq(field(&x, "mode"), Some(Resp::Bulk(b("exclusive"))), "mode");
+        k.eq(field(&x, "state"), Some(bulk("held")), "state");
+        k.eq(field(&x, "kind"), Some(bulk("module")), "kind");
+        k.eq(field(&x, "mode"), Some(bulk("exclusive")), "mode");
         k.eq(fence_of(&x), Some(f), "fence");
-        k.eq(field(&x, "owner"), Some(Resp::Bulk(b("svc-a"))), "owner");
+        k.eq(field(&x, "owner"), Some(bulk("svc-a")), "owner");
         k.eq(field(&x, "holders"), Some(Resp::Int(1)), "holders");
         let list = field(&x, "holder-list").unwrap().items();
         k.eq(list.len(), 1, "one holder listed");
@@ -1038,11 +1018,7 @@ fn the_summary_names_holders_never_tokens() {
         }
 
         let sh = conn.cmd(&["LOCK.WATCH", "lock:s"]);
-        k.eq(
-            field(&sh, "mode"),
-            Some(Resp::Bulk(b("shared"))),
-            "shared mode",
-        );
+        k.eq(field(&sh, "mode"), Some(bulk("shared")), "shared mode");
         k.eq(field(&sh, "holders"), Some(Resp::Int(12)), "12 holders");
         k.eq(
             field(&sh, "fence"),
@@ -1061,33 +1037,20 @@ fn the_summary_names_holders_never_tokens() {
         k.eq(
             list.iter().map(|h| field(h, "owner")).collect::<Vec<_>>(),
             (0..10)
-                .map(|i| Some(Resp::Bulk(b(&format!("reader-{i}")))))
+                .map(|i| Some(bulk(&format!("reader-{i}"))))
                 .collect::<Vec<_>>(),
             "their labels",
         );
 
         let n = conn.cmd(&["LOCK.WATCH", "lock:n"]);
-        k.eq(
-            field(&n, "mode"),
-            Some(Resp::Bulk(b("counted"))),
-            "counted mode",
-        );
+        k.eq(field(&n, "mode"), Some(bulk("counted")), "counted mode");
         k.eq(field(&n, "holders"), Some(Resp::Int(2)), "2 permits held");
-        let listed: Vec<i64> = field(&n, "holder-list")
-            .unwrap()
-            .items()
-            .iter()
-            .filter_map(fence_of)
-            .collect();
+        let listed = listed_fences(&n);
         k.eq(listed, permits.clone(), "the permits' fences");
         k.eq(field(&n, "owner"), None, "no label set, no top-level owner");
 
         let st = conn.cmd(&["LOCK.WATCH", "lock:str"]);
-        k.eq(
-            field(&st, "kind"),
-            Some(Resp::Bulk(b("string"))),
-            "string kind",
-        );
+        k.eq(field(&st, "kind"), Some(bulk("string")), "string kind");
         k.eq(
             field(&st, "fence"),
             Some(Resp::Nil),
@@ -1135,12 +1098,7 @@ fn the_summary_names_holders_never_tokens() {
         "woken summary = current summary",
     );
     k.eq(field(&woke, "holders"), Some(Resp::Int(11)), "11 left");
-    let listed: Vec<i64> = field(&woke, "holder-list")
-        .unwrap()
-        .items()
-        .iter()
-        .filter_map(fence_of)
-        .collect();
+    let listed = listed_fences(&woke);
     k.eq(
         listed,
         readers[1..11].iter().map(|(_, f)| *f).collect::<Vec<_>>(),
@@ -1180,7 +1138,7 @@ fn extend_owner_relabels_keeping_the_fence_on_every_path() {
         );
         k.eq(
             info(&mut c, &key).get("owner"),
-            Some(Resp::Bulk(b(&label))),
+            Some(bulk(&label)),
             &format!("{}: new label", path.name()),
         );
         let wrong = paths::send(
@@ -1222,7 +1180,7 @@ fn extend_owner_relabels_keeping_the_fence_on_every_path() {
         .collect();
     k.eq(
         owners,
-        vec![Some(Resp::Bulk(b("a2"))), Some(Resp::Bulk(b("b")))],
+        vec![Some(bulk("a2")), Some(bulk("b"))],
         "only that reader",
     );
     // A string lock has no label; bad labels.
@@ -1250,7 +1208,7 @@ fn extend_owner_relabels_keeping_the_fence_on_every_path() {
     let r2 = replica_of(&p, ServerBuilder::new());
     k.eq(
         info(&mut conn(&r2), "lock:eo:direct").get("owner"),
-        Some(Resp::Bulk(b("after-direct"))),
+        Some(bulk("after-direct")),
         "a new replica's full sync carries the label",
     );
     k.finish_alive(&p, "extend owner");

@@ -31,6 +31,12 @@ pub fn tok(name: &str) -> String {
     format!("{name:-<20}-tok")
 }
 
+/// The words of `s`: a command line or its arguments written on one line (arguments
+/// without spaces).
+pub fn words(s: &str) -> Vec<&str> {
+    s.split(' ').collect()
+}
+
 /// True when `needle` occurs in `hay`.
 pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)

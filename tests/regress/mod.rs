@@ -46,6 +46,11 @@ pub fn caught_up(primary: &Server, replica: &Server) {
     );
 }
 
+/// The words of `s`: a command line written on one line (arguments without spaces).
+pub fn words(s: &str) -> Vec<&str> {
+    s.split(' ').collect()
+}
+
 /// The command line `LOCK.ACQUIRE key args...`.
 pub fn acq<'a>(key: &'a str, args: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec!["LOCK.ACQUIRE", key];
