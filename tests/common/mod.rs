@@ -58,6 +58,32 @@ pub fn files_with(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBu
     out
 }
 
+/// `tests/fixtures/<release>`: files an old release wrote.
+pub fn fixtures(release: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(release)
+}
+
+/// A new temporary directory holding a copy of `fixtures(release)/from` (a file or a
+/// directory) named `to`.
+pub fn with_fixture(release: &str, from: &str, to: &str) -> std::path::PathBuf {
+    fn copy(from: &std::path::Path, to: &std::path::Path) {
+        if from.is_dir() {
+            std::fs::create_dir_all(to).unwrap();
+            for e in std::fs::read_dir(from).unwrap() {
+                let e = e.unwrap();
+                copy(&e.path(), &to.join(e.file_name()));
+            }
+        } else {
+            std::fs::copy(from, to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+        }
+    }
+    let dir = temp_dir();
+    copy(&fixtures(release).join(from), &dir.join(to));
+    dir
+}
+
 /// `n` keys `{prefix}{i}` that expire in `ttl_ms` (Redis's own expiry samples them
 /// too: a lock among them is not found at once by sampling).
 pub fn volatile_keys(c: &mut redis::Connection, prefix: &str, n: usize, ttl_ms: u64) {
