@@ -10,8 +10,8 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use common::{
-    acquire, bulk, files_with, lock_stat, ok, primary, start_replica_of, tok, wait_until, RawConn,
-    Resp, ServerBuilder, SETTLE,
+    acquire, bulk, files_with, lock_stat, ok, primary, release, start_replica_of, tok, wait_until,
+    words, RawConn, Resp, ServerBuilder, SETTLE,
 };
 
 const HELD_TEXT: &str = "NOTHELD the token does not hold this lock now; the command did not run";
@@ -50,7 +50,7 @@ fn check_answers_whether_a_fence_holds_the_lock_now() {
     assert_eq!(check(&mut c, "lock:x", f), 1);
     assert_eq!(check(&mut c, "lock:x", f + 1), 0);
     assert_eq!(check(&mut c, "lock:x", f - 1), 0);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:x", &t]).int(), 1);
+    assert_eq!(release(&mut c, "lock:x", &t), 1);
     assert_eq!(check(&mut c, "lock:x", f), 0, "released");
     // Shared and counted: the fence of any current holder.
     let (r1, f1) = acquire(&mut c, "lock:s", &["SHARED", "PX", "60000"]);
@@ -59,7 +59,7 @@ fn check_answers_whether_a_fence_holds_the_lock_now() {
         (check(&mut c, "lock:s", f1), check(&mut c, "lock:s", f2)),
         (1, 1)
     );
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:s", &r1]).int(), 1);
+    assert_eq!(release(&mut c, "lock:s", &r1), 1);
     assert_eq!(
         (check(&mut c, "lock:s", f1), check(&mut c, "lock:s", f2)),
         (0, 1)
@@ -84,14 +84,7 @@ fn check_answers_whether_a_fence_holds_the_lock_now() {
     assert_eq!(c.cmd(&["CLIENT", "UNPAUSE"]), ok());
     // A classic string lock has no fence; a free key none either.
     assert_eq!(
-        c.cmd(&[
-            "SET",
-            "lock:str",
-            "value-token-0000001",
-            "NX",
-            "PX",
-            "60000"
-        ]),
+        c.cmd(&words("SET lock:str value-token-0000001 NX PX 60000")),
         ok()
     );
     assert_eq!(check(&mut c, "lock:str", f), 0);
@@ -159,7 +152,7 @@ fn ifheld_and_iffence_run_the_command_only_while_the_lock_is_held() {
     }
     assert_eq!(c.cmd(&["GET", "data:n"]), bulk("12"));
     // Released: neither the token nor the fence holds it any more; a free key neither.
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:g", &t]).int(), 1);
+    assert_eq!(release(&mut c, "lock:g", &t), 1);
     assert_eq!(
         held(&mut c, &["INCR", "data:n"]),
         Resp::Error(HELD_TEXT.into())
@@ -293,30 +286,14 @@ fn the_wrapped_command_runs_as_the_caller() {
     let (_, f) = acquire(&mut admin, "lock:a", &["PX", "60000", "TOKEN", &t]);
     let fs = f.to_string();
     // A user who may guard reads but not writes, on lock:* and data:* keys.
-    let r = admin.cmd(&[
-        "ACL",
-        "SETUSER",
-        "reader",
-        "on",
-        ">pw",
-        "~lock:*",
-        "~data:*",
-        "+lock.ifheld",
-        "+lock.iffence",
-        "+get",
-    ]);
+    let r = admin.cmd(&words(
+        "ACL SETUSER reader on >pw ~lock:* ~data:* +lock.ifheld +lock.iffence +get",
+    ));
     assert_eq!(r, ok());
     // One who may write, but only lock:* keys.
-    let r = admin.cmd(&[
-        "ACL",
-        "SETUSER",
-        "lockonly",
-        "on",
-        ">pw",
-        "~lock:*",
-        "+lock.ifheld",
-        "+set",
-    ]);
+    let r = admin.cmd(&words(
+        "ACL SETUSER lockonly on >pw ~lock:* +lock.ifheld +set",
+    ));
     assert_eq!(r, ok());
     let mut reader = RawConn::connect(s.port);
     assert_eq!(reader.cmd(&["AUTH", "reader", "pw"]), ok());

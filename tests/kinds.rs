@@ -7,8 +7,8 @@ mod common;
 
 use common::raw::{acquire, acquire_reply, grant, queued, wait_queued, Waiter};
 use common::{
-    debug_server, primary, start_replica_of, wait_persistence_idle, wait_until, words, RawConn,
-    Resp, ServerBuilder, SETTLE,
+    debug_server, primary, release, start_replica_of, wait_persistence_idle, wait_until, words,
+    RawConn, Resp, ServerBuilder, SETTLE,
 };
 
 fn take(c: &mut RawConn, key: &str, args: &[&str]) -> i64 {
@@ -25,10 +25,6 @@ fn hold(c: &mut RawConn, key: &str, args: &str) -> i64 {
 /// A client queued on `key` with `LOCK.ACQUIRE key args` (space-separated).
 fn queue(port: u16, key: &str, args: &str) -> Waiter {
     Waiter::send(port, 0, key, &words(args))
-}
-
-fn release(c: &mut RawConn, key: &str, token: &str) -> i64 {
-    c.cmd(&["LOCK.RELEASE", key, token]).int()
 }
 
 fn info(c: &mut RawConn, key: &str) -> Resp {

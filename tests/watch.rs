@@ -11,8 +11,8 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::{
-    acquire, bulk, grant, lock_stat, ok, primary, server_flavor, start_replica_of, tok, wait_until,
-    RawConn, Resp, ServerBuilder, SETTLE,
+    acquire, bulk, grant, lock_stat, ok, primary, release, server_flavor, start_replica_of, tok,
+    wait_until, words, RawConn, Resp, ServerBuilder, SETTLE,
 };
 
 /// Every string in a reply, nested ones included.
@@ -171,14 +171,7 @@ fn watch_answers_at_once_when_its_wait_is_over_and_never_shows_a_token() {
     assert_eq!(shown, want);
     // A classic string lock: held, kind string, no fence and no label.
     assert_eq!(
-        c.cmd(&[
-            "SET",
-            "lock:str",
-            "value-token-0000001",
-            "NX",
-            "PX",
-            "60000"
-        ]),
+        c.cmd(&words("SET lock:str value-token-0000001 NX PX 60000")),
         ok()
     );
     let r = c.cmd(&["LOCK.WATCH", "lock:str"]);
@@ -240,9 +233,7 @@ fn a_watcher_is_answered_by_every_change_that_ends_its_wait() {
     // FENCE f: whatever ends that holder answers it, with who holds the key then (nil).
     type Change = fn(&mut RawConn, &str, &str);
     let changes: [(&str, Change); 6] = [
-        ("release", |c, k, t| {
-            assert_eq!(c.cmd(&["LOCK.RELEASE", k, t]).int(), 1)
-        }),
+        ("release", |c, k, t| assert_eq!(release(c, k, t), 1)),
         ("forcerelease", |c, k, _| {
             assert_eq!(c.cmd(&["LOCK.FORCERELEASE", k]).int(), 1)
         }),
@@ -267,18 +258,9 @@ fn a_watcher_is_answered_by_every_change_that_ends_its_wait() {
     let (_, f) = acquire(&mut c, "lock:h", &["PX", "60000", "TOKEN", &t]);
     let mut w = watcher(port, &mut c, "lock:h", &["FENCE", &f.to_string()]);
     let mut waiter = RawConn::connect(port);
-    waiter.send(&[
-        "LOCK.ACQUIRE",
-        "lock:h",
-        "PX",
-        "60000",
-        "OWNER",
-        "next",
-        "BLOCK",
-        "0",
-    ]);
+    waiter.send(&words("LOCK.ACQUIRE lock:h PX 60000 OWNER next BLOCK 0"));
     assert!(wait_until(SETTLE, || lock_stat(&mut c, "waiters") == 1));
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:h", &t]).int(), 1);
+    assert_eq!(release(&mut c, "lock:h", &t), 1);
     let (_, next) = grant(&answer(&mut waiter));
     assert_eq!(answer(&mut w), exclusive(next, Some("next")));
     // FENCE f OWNER label: a relabel (EXTEND ... OWNER) answers it; a plain FENCE f
@@ -309,15 +291,15 @@ fn a_watcher_is_answered_by_every_change_that_ends_its_wait() {
     let (r2, _) = acquire(&mut c, "lock:s", &["SHARED", "PX", "60000"]);
     let (_, g3) = acquire(&mut c, "lock:s", &["SHARED", "PX", "60000"]);
     let mut w = watcher(port, &mut c, "lock:s", &["FENCE", &g1.to_string()]);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:s", &r2]).int(), 1);
+    assert_eq!(release(&mut c, "lock:s", &r2), 1);
     assert!(still_waiting(&mut w, 300), "another reader left");
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:s", &r1]).int(), 1);
+    assert_eq!(release(&mut c, "lock:s", &r1), 1);
     let r = answer(&mut w);
     assert_eq!(r.get("holders"), Some(Resp::Int(1)), "{r:?}");
     let list = r.get("holder-list").expect("holder-list").items();
     assert_eq!(list[0].get("fence"), Some(Resp::Int(g3)));
     // The plain FENCE watcher of lock:l ends with its holder.
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:l", &t]).int(), 1);
+    assert_eq!(release(&mut c, "lock:l", &t), 1);
     assert_eq!(answer(&mut by_fence), Resp::Nil);
     assert!(wait_until(SETTLE, || lock_stat(&mut c, "watchers") == 0));
 }
@@ -425,7 +407,7 @@ fn watchers_on_a_replica_are_woken_by_what_the_primary_sends() {
     let mut w = watcher(r.port, &mut rc, "lock:r", &["FENCE", &f.to_string()]);
     sleep(Duration::from_millis(50));
     assert!(still_waiting(&mut w, 200));
-    assert_eq!(pc.cmd(&["LOCK.RELEASE", "lock:r", &t]).int(), 1);
+    assert_eq!(release(&mut pc, "lock:r", &t), 1);
     assert_eq!(answer(&mut w), Resp::Nil);
     // The primary removes nothing (its writes are paused): the replica's watcher of a
     // fence is still answered when that lease ends, and its LOCK.INFO treats the lease

@@ -504,6 +504,11 @@ pub fn acquire(c: &mut RawConn, key: &str, opts: &[&str]) -> (String, i64) {
     grant(&c.cmd(&args))
 }
 
+/// `LOCK.RELEASE key token` over a [`RawConn`]: 1 released, 0 not held by `token`.
+pub fn release(c: &mut RawConn, key: &str, token: &str) -> i64 {
+    c.cmd(&["LOCK.RELEASE", key, token]).int()
+}
+
 pub fn ok() -> Resp {
     Resp::Simple("OK".into())
 }
