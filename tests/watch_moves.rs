@@ -345,29 +345,36 @@ fn watch_fence_answers_whatever_removes_the_holder() {
     let mut answer = |name: &str, k: &mut Checks| take_answer(&mut ws, name, k);
     let fs = |name: &str| fences[name].to_string();
 
-    c.cmd(&["LOCK.RELEASE", "lock:release", &t]);
-    let got = answer("release", &mut k);
-    k.eq(got, Some(Resp::Nil), "release: free");
-    c.cmd(&["LOCK.FORCERELEASE", "lock:forcerelease"]);
-    let got = answer("forcerelease", &mut k);
-    k.eq(got, Some(Resp::Nil), "forcerelease");
-    c.cmd(&[
-        "LOCK.FORCERELEASE",
-        "lock:forcerelease-fence",
-        "FENCE",
-        &fs("forcerelease-fence"),
-    ]);
-    let got = answer("forcerelease-fence", &mut k);
-    k.eq(got, Some(Resp::Nil), "forcerelease FENCE");
-    c.cmd(&["DEL", "lock:del"]);
-    let got = answer("del", &mut k);
-    k.eq(got, Some(Resp::Nil), "DEL");
-    c.cmd(&["UNLINK", "lock:unlink"]);
-    let got = answer("unlink", &mut k);
-    k.eq(got, Some(Resp::Nil), "UNLINK");
-    c.cmd(&["RENAME", "lock:rename", "lock:renamed-away"]);
-    let got = answer("rename", &mut k);
-    k.eq(got, Some(Resp::Nil), "RENAME away");
+    let ff = fs("forcerelease-fence");
+    // (what removes the holder, the watcher's case, what the check is called)
+    for (cmd, name, what) in [
+        (
+            vec!["LOCK.RELEASE", "lock:release", &t],
+            "release",
+            "release: free",
+        ),
+        (
+            vec!["LOCK.FORCERELEASE", "lock:forcerelease"],
+            "forcerelease",
+            "forcerelease",
+        ),
+        (
+            vec!["LOCK.FORCERELEASE", "lock:forcerelease-fence", "FENCE", &ff],
+            "forcerelease-fence",
+            "forcerelease FENCE",
+        ),
+        (vec!["DEL", "lock:del"], "del", "DEL"),
+        (vec!["UNLINK", "lock:unlink"], "unlink", "UNLINK"),
+        (
+            vec!["RENAME", "lock:rename", "lock:renamed-away"],
+            "rename",
+            "RENAME away",
+        ),
+    ] {
+        c.cmd(&cmd);
+        let got = answer(name, &mut k);
+        k.eq(got, Some(Resp::Nil), what);
+    }
     let other = take(&mut c, "lock:restore-src", &tok("restored-holder"), &[]);
     let payload = c.cmd(&["DUMP", "lock:restore-src"]).bytes();
     let restore: Vec<Vec<u8>> = vec![
@@ -470,13 +477,14 @@ fn watch_fence_answers_whatever_removes_the_holder() {
         &tok("other-reader"),
     ]);
     sleep(Duration::from_millis(500));
-    for name in [
+    let unwoken = [
         "extend",
         "renew",
         "owner-same",
         "owner-other-no-owner-watch",
         "shared-other-leaves",
-    ] {
+    ];
+    for name in unwoken {
         let w = ws.get_mut(name).unwrap();
         k.check(
             w.silent_for(Duration::from_millis(20)),
@@ -488,13 +496,7 @@ fn watch_fence_answers_whatever_removes_the_holder() {
     c.cmd(&["FLUSHALL"]);
     let got = answer("flushall", &mut k);
     k.eq(got, Some(Resp::Nil), "FLUSHALL");
-    for name in [
-        "extend",
-        "renew",
-        "owner-same",
-        "owner-other-no-owner-watch",
-        "shared-other-leaves",
-    ] {
+    for name in unwoken {
         let got = answer(name, &mut k);
         k.eq(got, Some(Resp::Nil), &format!("{name}: FLUSHALL ends it"));
     }

@@ -60,14 +60,15 @@ pub fn acq<'a>(key: &'a str, args: &[&'a str]) -> Vec<&'a str> {
 
 /// `[token, fence]` of a grant, None for nil; panics on anything else.
 pub fn grant(r: &Resp) -> Option<(Vec<u8>, i64)> {
-    match r {
-        Resp::Nil => None,
-        Resp::Array(items) => match items.as_slice() {
-            [Resp::Bulk(t), Resp::Int(f)] => Some((t.clone(), *f)),
-            _ => panic!("not a grant: {r:?}"),
-        },
-        _ => panic!("not a grant: {r:?}"),
-    }
+    let items = match r {
+        Resp::Nil => return None,
+        Resp::Array(items) => items.as_slice(),
+        _ => &[],
+    };
+    let [Resp::Bulk(t), Resp::Int(f)] = items else {
+        panic!("not a grant: {r:?}")
+    };
+    Some((t.clone(), *f))
 }
 
 /// A grant that must be there.
