@@ -7,8 +7,8 @@ mod common;
 
 use common::raw::{acquire, acquire_reply, grant, queued, wait_queued, Waiter};
 use common::{
-    debug_server, primary, release, start_replica_of, wait_persistence_idle, wait_until, words,
-    RawConn, Resp, ServerBuilder, SETTLE,
+    debug_server, raw_pair, release, wait_persistence_idle, wait_until, words, RawConn, Resp,
+    ServerBuilder, SETTLE,
 };
 
 fn take(c: &mut RawConn, key: &str, args: &[&str]) -> i64 {
@@ -17,9 +17,10 @@ fn take(c: &mut RawConn, key: &str, args: &[&str]) -> i64 {
         .1
 }
 
-/// [`take`] of space-separated `args`.
-fn hold(c: &mut RawConn, key: &str, args: &str) -> i64 {
-    take(c, key, &words(args))
+/// [`take`] of `key args...` written on one line.
+fn hold(c: &mut RawConn, line: &str) -> i64 {
+    let w = words(line);
+    take(c, w[0], &w[1..])
 }
 
 /// A client queued on `key` with `LOCK.ACQUIRE key args` (space-separated).
@@ -53,10 +54,9 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
     let mut c = RawConn::connect(srv.port);
     let r1 = hold(
         &mut c,
-        "rw",
-        "SHARED TOKEN r1-------------------tok OWNER reader-1",
+        "rw SHARED TOKEN r1-------------------tok OWNER reader-1",
     );
-    let r2 = hold(&mut c, "rw", "SHARED TOKEN r2-------------------tok");
+    let r2 = hold(&mut c, "rw SHARED TOKEN r2-------------------tok");
     assert!(r2 > r1, "each holder gets its own, larger fence");
     // An exclusive acquire is the writer: it needs no holder at all.
     assert_eq!(acquire_reply(&mut c, "rw", &[]), Resp::Nil);
@@ -103,28 +103,17 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
 fn fifo_with_shared_batching_and_no_writer_starvation() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    hold(&mut c, "q", "SHARED TOKEN r0-------------------tok");
-    let mut w1 = queue(srv.port, "q", "BLOCK 10000 TOKEN w1-------------------tok");
+    hold(&mut c, "q SHARED TOKEN r0-------------------tok");
+    let on_q = |args| queue(srv.port, "q", args);
+    let mut w1 = on_q("BLOCK 10000 TOKEN w1-------------------tok");
     wait_queued(&mut c, "q", 1);
     // A reader arriving after the writer waits, although readers hold the key.
     assert_eq!(acquire_reply(&mut c, "q", &["SHARED"]), Resp::Nil);
-    let mut ra = queue(
-        srv.port,
-        "q",
-        "SHARED BLOCK 10000 TOKEN ra-------------------tok",
-    );
-    let mut rb = queue(
-        srv.port,
-        "q",
-        "SHARED BLOCK 10000 TOKEN rb-------------------tok",
-    );
+    let mut ra = on_q("SHARED BLOCK 10000 TOKEN ra-------------------tok");
+    let mut rb = on_q("SHARED BLOCK 10000 TOKEN rb-------------------tok");
     wait_queued(&mut c, "q", 3);
-    let mut w2 = queue(srv.port, "q", "BLOCK 10000 TOKEN w2-------------------tok");
-    let mut rc = queue(
-        srv.port,
-        "q",
-        "SHARED BLOCK 10000 TOKEN rc-------------------tok",
-    );
+    let mut w2 = on_q("BLOCK 10000 TOKEN w2-------------------tok");
+    let mut rc = on_q("SHARED BLOCK 10000 TOKEN rc-------------------tok");
     wait_queued(&mut c, "q", 5);
     assert_eq!(release(&mut c, "q", "r0-------------------tok"), 1);
     let f1 = w1.granted();
@@ -150,13 +139,11 @@ fn a_semaphore_grants_its_permits_in_order() {
     let mut c = RawConn::connect(srv.port);
     let a = hold(
         &mut c,
-        "sem",
-        "LIMIT 2 TOKEN a--------------------tok PX 60000",
+        "sem LIMIT 2 TOKEN a--------------------tok PX 60000",
     );
     let b = hold(
         &mut c,
-        "sem",
-        "LIMIT 2 TOKEN b--------------------tok PX 60000",
+        "sem LIMIT 2 TOKEN b--------------------tok PX 60000",
     );
     assert_eq!(acquire_reply(&mut c, "sem", &["LIMIT", "2"]), Resp::Nil);
     let i = info(&mut c, "sem");
@@ -199,16 +186,9 @@ fn a_semaphore_grants_its_permits_in_order() {
     );
     assert_eq!(c.cmd(&["PTTL", "sem"]).int(), -1);
     // Waiters take permits in order as they free.
-    let mut w1 = queue(
-        srv.port,
-        "sem",
-        "LIMIT 2 BLOCK 10000 TOKEN c--------------------tok",
-    );
-    let mut w2 = queue(
-        srv.port,
-        "sem",
-        "LIMIT 2 BLOCK 10000 TOKEN d--------------------tok",
-    );
+    let on_sem = |args| queue(srv.port, "sem", args);
+    let mut w1 = on_sem("LIMIT 2 BLOCK 10000 TOKEN c--------------------tok");
+    let mut w2 = on_sem("LIMIT 2 BLOCK 10000 TOKEN d--------------------tok");
     wait_queued(&mut c, "sem", 2);
     assert_eq!(release(&mut c, "sem", "b--------------------tok"), 1);
     let cf = w1.granted();
@@ -295,7 +275,7 @@ fn wrong_mode_is_an_error_never_a_silent_wait() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
     take(&mut c, "x", &["TOKEN", "t--------------------tok"]);
-    hold(&mut c, "s", "SHARED TOKEN t--------------------tok");
+    hold(&mut c, "s SHARED TOKEN t--------------------tok");
     for (key, args, code) in [
         ("x", &["LIMIT", "2", "BLOCK", "1000"][..], "WRONGMODE"),
         ("s", &["LIMIT", "1"][..], "WRONGMODE"),
@@ -335,12 +315,8 @@ fn wrong_mode_is_an_error_never_a_silent_wait() {
 fn each_shared_lease_ends_on_its_own() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    hold(&mut c, "l", "SHARED TOKEN short----------------tok PX 200");
-    let long = hold(
-        &mut c,
-        "l",
-        "SHARED TOKEN long-----------------tok PX 60000",
-    );
+    hold(&mut c, "l SHARED TOKEN short----------------tok PX 200");
+    let long = hold(&mut c, "l SHARED TOKEN long-----------------tok PX 60000");
     let mut writer = queue(srv.port, "l", "BLOCK 10000 TOKEN w--------------------tok");
     wait_queued(&mut c, "l", 1);
     assert!(wait_until(SETTLE, || holder_fences(&mut c, "l") == vec![long]));
@@ -430,15 +406,12 @@ fn deadlines(want: &Resp, got: &Resp, later: i64, what: &str) {
 
 #[test]
 fn replicas_mirror_shared_and_counted_locks() {
-    let p = primary().start();
-    let r = start_replica_of(&p, ServerBuilder::new());
-    let mut pc = RawConn::connect(p.port);
-    let mut rc = RawConn::connect(r.port);
+    let (_p, _r, mut pc, mut rc) = raw_pair();
     let t0 = common::unix_ms();
     two_readers(&mut pc, "s");
-    hold(&mut pc, "n", "LIMIT 3 TOKEN a--------------------tok");
-    hold(&mut pc, "n", "LIMIT 3 TOKEN b--------------------tok");
-    hold(&mut pc, "n", "LIMIT 3 TOKEN c--------------------tok");
+    hold(&mut pc, "n LIMIT 3 TOKEN a--------------------tok");
+    hold(&mut pc, "n LIMIT 3 TOKEN b--------------------tok");
+    hold(&mut pc, "n LIMIT 3 TOKEN c--------------------tok");
     assert_eq!(release(&mut pc, "n", "b--------------------tok"), 1);
     assert_eq!(
         pc.cmd(&words("LOCK.EXTEND s b--------------------tok PX 70000"))
@@ -489,12 +462,8 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
         let mut c = RawConn::connect(s.port);
         let t0 = common::unix_ms();
         two_readers(&mut c, "s");
-        hold(
-            &mut c,
-            "n",
-            "LIMIT 2 TOKEN a--------------------tok PX 60000",
-        );
-        hold(&mut c, "x", "TOKEN x--------------------tok PX 60000");
+        hold(&mut c, "n LIMIT 2 TOKEN a--------------------tok PX 60000");
+        hold(&mut c, "x TOKEN x--------------------tok PX 60000");
         if preamble == "no" {
             c.cmd(&["BGREWRITEAOF"]);
             wait_persistence_idle(&s, SETTLE);
@@ -522,7 +491,7 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
         }
         assert!(c.cmd(&["LOCK.DEBUG", "FENCE"]).int() >= counter);
         // The tokens still work: one more permit, a reader releases.
-        hold(&mut c, "n", "LIMIT 2 TOKEN b--------------------tok");
+        hold(&mut c, "n LIMIT 2 TOKEN b--------------------tok");
         assert_eq!(acquire_reply(&mut c, "n", &["LIMIT", "2"]), Resp::Nil);
         assert_eq!(release(&mut c, "s", "b--------------------tok"), 1);
     }
@@ -532,16 +501,8 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
 fn dump_and_restore_of_a_shared_lock() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    hold(
-        &mut c,
-        "s",
-        "SHARED TOKEN tok-a----------------tok PX 60000",
-    );
-    hold(
-        &mut c,
-        "s",
-        "SHARED TOKEN tok-b----------------tok PX 60000",
-    );
+    hold(&mut c, "s SHARED TOKEN tok-a----------------tok PX 60000");
+    hold(&mut c, "s SHARED TOKEN tok-b----------------tok PX 60000");
     let dump = c.cmd(&["DUMP", "s"]).bytes();
     for t in [b"tok-a----------------tok", b"tok-b----------------tok"] {
         assert!(!common::contains(&dump, t), "a token is in DUMP");

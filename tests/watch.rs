@@ -11,8 +11,8 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::{
-    acquire, bulk, grant, lock_stat, ok, primary, release, server_flavor, start_replica_of, tok,
-    wait_until, words, RawConn, Resp, ServerBuilder, SETTLE,
+    acquire, bulk, grant, lock_stat, ok, raw_pair, release, server_flavor, tok, wait_until, words,
+    RawConn, Resp, ServerBuilder, SETTLE,
 };
 
 /// Every string in a reply, nested ones included.
@@ -76,6 +76,15 @@ fn watcher(port: u16, ctl: &mut RawConn, key: &str, args: &[&str]) -> RawConn {
 fn answer(w: &mut RawConn) -> Resp {
     w.set_read_timeout(Some(SETTLE));
     w.read().expect("the watcher was not answered")
+}
+
+/// Writes paused on `primary` for 20 s (CLIENT PAUSE WRITE): the FENCE watcher `w` is
+/// answered nil when its lease ends, long before the pause does.
+fn answered_at_the_lease_end_while_paused(primary: &mut RawConn, w: &mut RawConn) {
+    assert_eq!(primary.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]), ok());
+    let t0 = Instant::now();
+    assert_eq!(answer(w), Resp::Nil);
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
 }
 
 /// True if the watcher is still waiting after `ms` (nothing to read).
@@ -355,11 +364,8 @@ fn a_fence_watcher_is_answered_when_the_lease_ends_while_writes_are_paused() {
     let mut c = RawConn::connect(s.port);
     let (_, f) = acquire(&mut c, "lock:p", &["PX", "1500"]);
     let mut w = watcher(s.port, &mut c, "lock:p", &["FENCE", &f.to_string()]);
-    assert_eq!(c.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]), ok());
-    let t0 = Instant::now();
-    assert_eq!(answer(&mut w), Resp::Nil);
     // Long before the pause ends, and the key is still there: nothing removed it.
-    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    answered_at_the_lease_end_while_paused(&mut c, &mut w);
     assert_eq!(c.cmd(&["EXISTS", "lock:p"]).int(), 1);
     assert_eq!(c.cmd(&["CLIENT", "UNPAUSE"]), ok());
     assert!(wait_until(SETTLE, || c.cmd(&["EXISTS", "lock:p"]).int() == 0));
@@ -373,10 +379,8 @@ fn a_watcher_of_a_free_key_sees_a_string_lock_appear_once_key_events_are_on() {
     let s = ServerBuilder::new().start();
     let mut c = RawConn::connect(s.port);
     // Someone waits for a string lock: the module starts listening to key events.
-    assert_eq!(
-        c.cmd(&["SET", "lock:s1", "classic-token", "NX", "PX", "200"]),
-        ok()
-    );
+    let set = words("SET lock:s1 classic-token NX PX 200");
+    assert_eq!(c.cmd(&set), ok());
     assert!(matches!(
         c.cmd(&["LOCK.ACQUIRE", "lock:s1", "BLOCK", "3000"]),
         Resp::Array(_)
@@ -392,10 +396,7 @@ fn a_watcher_of_a_free_key_sees_a_string_lock_appear_once_key_events_are_on() {
 
 #[test]
 fn watchers_on_a_replica_are_woken_by_what_the_primary_sends() {
-    let p = primary().start();
-    let r = start_replica_of(&p, ServerBuilder::new());
-    let mut pc = RawConn::connect(p.port);
-    let mut rc = RawConn::connect(r.port);
+    let (_p, r, mut pc, mut rc) = raw_pair();
     let mut w = watcher(r.port, &mut rc, "lock:r", &[]);
     let t = tok("replica-watch");
     let (_, f) = acquire(
@@ -415,10 +416,7 @@ fn watchers_on_a_replica_are_woken_by_what_the_primary_sends() {
     let (_, f) = acquire(&mut pc, "lock:q", &["PX", "1500"]);
     assert_eq!(pc.cmd(&["WAIT", "1", "5000"]).int(), 1);
     let mut w = watcher(r.port, &mut rc, "lock:q", &["FENCE", &f.to_string()]);
-    assert_eq!(pc.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]), ok());
-    let t0 = Instant::now();
-    assert_eq!(answer(&mut w), Resp::Nil);
-    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    answered_at_the_lease_end_while_paused(&mut pc, &mut w);
     assert_eq!(rc.cmd(&["EXISTS", "lock:q"]).int(), 1);
     assert_eq!(rc.cmd(&["LOCK.INFO", "lock:q"]), Resp::Nil);
     assert_eq!(rc.cmd(&["LOCK.CHECK", "lock:q", &f.to_string()]).int(), 0);

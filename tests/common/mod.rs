@@ -112,6 +112,14 @@ pub fn start_replica_of(primary: &Server, builder: ServerBuilder) -> Server {
         .unwrap_or_else(|e| panic!("replica of {}: {e}", primary.port))
 }
 
+/// A [`primary`], a synced replica of it, and a [`RawConn`] to each.
+pub fn raw_pair() -> (Server, Server, RawConn, RawConn) {
+    let p = primary().start();
+    let r = start_replica_of(&p, ServerBuilder::new());
+    let (pc, rc) = (RawConn::connect(p.port), RawConn::connect(r.port));
+    (p, r, pc, rc)
+}
+
 /// True when no background save or AOF rewrite runs or is scheduled on `s`.
 pub fn persistence_idle(s: &Server) -> bool {
     [
