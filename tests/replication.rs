@@ -286,17 +286,11 @@ fn handoff_to_blocked_waiter_reaches_replica() {
         &["PX", "60000", "TOKEN", "tok-a----------------tok"],
     )
     .unwrap();
-    let b_args = [
-        "TOKEN",
-        "tok-b----------------tok",
-        "OWNER",
-        "waiter-b",
-        "PX",
-        "60000",
-        "BLOCK",
-        "5000",
-    ];
-    let waiter = spawn_waiter(&p, "repl:h", b_args.to_vec());
+    let waiter = spawn_waiter(
+        &p,
+        "repl:h",
+        words("TOKEN tok-b----------------tok OWNER waiter-b PX 60000 BLOCK 5000"),
+    );
     assert!(
         wait_until(Duration::from_secs(5), || p
             .info_field("lock", "lock_waiters")
@@ -323,15 +317,11 @@ fn handoff_to_blocked_waiter_reaches_replica() {
         &["PX", "300", "TOKEN", "tok-c----------------tok"],
     )
     .unwrap();
-    let d_args = [
-        "TOKEN",
-        "tok-d----------------tok",
-        "PX",
-        "60000",
-        "BLOCK",
-        "5000",
-    ];
-    let waiter = spawn_waiter(&p, "repl:h2", d_args.to_vec());
+    let waiter = spawn_waiter(
+        &p,
+        "repl:h2",
+        words("TOKEN tok-d----------------tok PX 60000 BLOCK 5000"),
+    );
     let (td, fd) = waiter
         .join()
         .unwrap()
