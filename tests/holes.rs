@@ -443,18 +443,14 @@ fn row3_a_writable_replica_refuses_lock_writes() {
     }
     // LOCK.INFO works on it, and a grant on the primary then shows there.
     ck.eq(
-        info(&mut rc, "lock:held")
-            .get("fence")
-            .and_then(|f| f.as_int()),
+        info_opt(&mut rc, "lock:held", "fence"),
         Some(fence),
         "LOCK.INFO on the replica",
     );
     let (_, f2) = granted(&pc.cmd(&acq("lock:new", &["PX", "60000", "TOKEN", &tn])));
     caught_up(&p, &r);
     ck.eq(
-        info(&mut rc, "lock:new")
-            .get("fence")
-            .and_then(|f| f.as_int()),
+        info_opt(&mut rc, "lock:new", "fence"),
         Some(f2),
         "the primary's grant on the replica",
     );
@@ -1156,9 +1152,7 @@ fn row9_lock_info_pages_twenty_thousand_shared_holders() {
         "release in the middle",
     );
     ck.eq(
-        info(&mut c, "lock:big")
-            .get("holders")
-            .and_then(|h| h.as_int()),
+        info_opt(&mut c, "lock:big", "holders"),
         Some(N as i64 - 1),
         "holders after the release",
     );

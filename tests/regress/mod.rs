@@ -98,6 +98,11 @@ pub fn info_int(c: &mut RawConn, key: &str, field: &str) -> i64 {
     }
 }
 
+/// An integer field of `LOCK.INFO key`, None when the lock is free or lacks it.
+pub fn info_opt(c: &mut RawConn, key: &str, field: &str) -> Option<i64> {
+    info(c, key).get(field).and_then(|v| v.as_int())
+}
+
 /// The fences of `LOCK.INFO key`'s `holder-list`.
 pub fn holder_fences(r: &Resp) -> Vec<i64> {
     match r.get("holder-list") {
