@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{server_flavor, starts_with_error_code, wait_until, RawConn, Resp, ServerBuilder};
+use common::{
+    release, server_flavor, starts_with_error_code, wait_until, RawConn, Resp, ServerBuilder,
+};
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
@@ -129,10 +131,7 @@ fn info_lock_counters_follow_every_outcome() {
         &[],
         "failed extend/release/forcerelease/acquire",
     );
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "c:a", "a--------------------tok"]),
-        Resp::Int(1)
-    );
+    assert_eq!(release(&mut c, "c:a", "a--------------------tok"), 1);
     let s = expect_moved(&mut c, &s, &[("released", 1), ("held", -1)], "release");
 
     // A module lock that expires by itself (active expiry, nobody touches the key).
@@ -170,10 +169,7 @@ fn info_lock_counters_follow_every_outcome() {
         == 1));
     let waiting = [&CONTENDED[..], &[("waiters", 1)]].concat();
     let s = expect_moved(&mut c, &s, &waiting, "a client waiting");
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "c:h", "h--------------------tok"]),
-        Resp::Int(1)
-    );
+    assert_eq!(release(&mut c, "c:h", "h--------------------tok"), 1);
     let (tok, _) = grant(&w.read().unwrap());
     assert_eq!(tok, b"w--------------------tok");
     let s = expect_moved(
@@ -187,10 +183,7 @@ fn info_lock_counters_follow_every_outcome() {
         ],
         "hand-off",
     );
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "c:h", "w--------------------tok"]),
-        Resp::Int(1)
-    );
+    assert_eq!(release(&mut c, "c:h", "w--------------------tok"), 1);
     let s = expect_moved(&mut c, &s, &[("released", 1), ("held", -1)], "release");
 
     // A wait that times out.
@@ -377,10 +370,7 @@ fn keyspace_notifications_for_every_change() {
     assert!(c.cmd(&["LOCK.ACQUIRE", "lock:n", "PX", "x"]).is_error());
     c.cmd(&["LOCK.INFO", "lock:n"]);
     marker(&mut c, &mut ps);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "lock:n", "a--------------------tok"]),
-        Resp::Int(1)
-    );
+    assert_eq!(release(&mut c, "lock:n", "a--------------------tok"), 1);
     assert_eq!(next_msg(&mut ps), ev("lock.release"));
     assert_eq!(c.cmd(&["LOCK.FORCERELEASE", "lock:n"]), Resp::Int(0));
     marker(&mut c, &mut ps);
@@ -411,10 +401,7 @@ fn keyspace_notifications_for_every_change() {
         .field("waiters")
         == Some(Resp::Int(1))));
     marker(&mut c, &mut ps); // queueing is not a change of the key
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "lock:n", "a--------------------tok"]),
-        Resp::Int(1)
-    );
+    assert_eq!(release(&mut c, "lock:n", "a--------------------tok"), 1);
     assert_eq!(next_msg(&mut ps), ev("lock.release"));
     assert_eq!(next_msg(&mut ps), ev("lock.handoff"));
     assert_eq!(
