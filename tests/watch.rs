@@ -32,27 +32,25 @@ fn texts(r: &Resp) -> Vec<String> {
 /// The summary LOCK.WATCH answers for an exclusive module lock (RESP2).
 fn exclusive(fence: i64, owner: Option<&str>) -> Resp {
     let owner = owner.map_or(Resp::Nil, bulk);
-    Resp::Array(vec![
-        bulk("state"),
-        bulk("held"),
-        bulk("kind"),
-        bulk("module"),
-        bulk("mode"),
-        bulk("exclusive"),
+    let holder = [
         bulk("fence"),
         Resp::Int(fence),
         bulk("owner"),
         owner.clone(),
-        bulk("holders"),
-        Resp::Int(1),
-        bulk("holder-list"),
-        Resp::Array(vec![Resp::Array(vec![
-            bulk("fence"),
-            Resp::Int(fence),
-            bulk("owner"),
-            owner,
-        ])]),
-    ])
+    ];
+    let fields = [
+        ("state", bulk("held")),
+        ("kind", bulk("module")),
+        ("mode", bulk("exclusive")),
+        ("fence", Resp::Int(fence)),
+        ("owner", owner),
+        ("holders", Resp::Int(1)),
+        (
+            "holder-list",
+            Resp::Array(vec![Resp::Array(holder.to_vec())]),
+        ),
+    ];
+    Resp::Array(fields.into_iter().flat_map(|(k, v)| [bulk(k), v]).collect())
 }
 
 /// Sends `LOCK.WATCH key args...` on a new connection and waits until the server counts
