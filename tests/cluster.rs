@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::conn::release;
+use common::conn::{int, release};
 use common::{key_slot, tok, wait_until, Cluster, Server};
 use redis::{Connection, Value};
 use std::collections::HashSet;
@@ -250,11 +250,10 @@ fn lock_commands_work_on_every_master_through_a_cluster_client() {
         .query(&mut cc)
         .unwrap();
     assert_eq!(stock, 10, "a refused guard ran");
-    let n: i64 = redis::cmd("LOCK.CHECK")
-        .arg("{order:9001}:lock")
-        .arg(gf)
-        .query(&mut cc)
-        .unwrap();
+    let n = int(
+        &mut cc,
+        &["LOCK.CHECK", "{order:9001}:lock", &gf.to_string()],
+    );
     assert_eq!(n, 1);
     let w: Value = redis::cmd("LOCK.WATCH")
         .arg("{order:9001}:lock")
@@ -324,11 +323,7 @@ fn wrong_node_answers_moved_and_getkeys_names_the_key() {
                 );
             }
             // Nothing was written on the wrong node.
-            let n: i64 = redis::cmd("CLUSTER")
-                .arg("COUNTKEYSINSLOT")
-                .arg(slot)
-                .query(&mut c)
-                .unwrap();
+            let n = int(&mut c, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]);
             assert_eq!(n, 0);
         }
     }

@@ -4,9 +4,13 @@
 
 mod common;
 
-use common::{tok, unix_ms, wait_until, RawConn, Resp, ServerBuilder};
+use common::{tok, unix_ms, wait_until, words, RawConn, Resp, ServerBuilder};
 use std::collections::HashSet;
 use std::time::Duration;
+
+/// The fields LOCK.INFO shows for every lock, in order (a string lock's all).
+const INFO_FIELDS: &str =
+    "state kind ttl expires-at fence owner acquired-at client-id client-addr waiters";
 
 /// `unix_ms << 10`: the floor of every fence granted at or after `ms`.
 fn clock_floor(ms: i64) -> i64 {
@@ -232,21 +236,7 @@ fn info_fields_in_resp2_and_resp3() {
         assert!(matches!(v, Resp::Bulk(_)), "field name #{i} is {v:?}");
     }
     let names: Vec<String> = info.pairs().into_iter().map(|(k, _)| k).collect();
-    for f in [
-        "state",
-        "kind",
-        "ttl",
-        "expires-at",
-        "fence",
-        "owner",
-        "acquired-at",
-        "client-id",
-        "client-addr",
-        "waiters",
-        "holders",
-        "holder-list",
-        "cursor",
-    ] {
+    for f in words(&format!("{INFO_FIELDS} holders holder-list cursor")) {
         assert!(
             names.iter().any(|n| n == f),
             "LOCK.INFO lacks {f}: {names:?}"
@@ -603,21 +593,7 @@ fn classic_string_locks_interoperate() {
     // Exactly these fields: the holder's nil, and nothing a string lock cannot have
     // (no mode, lock-delay, holders, holder-list or cursor).
     let names: Vec<String> = info.pairs().into_iter().map(|(k, _)| k).collect();
-    assert_eq!(
-        names,
-        [
-            "state",
-            "kind",
-            "ttl",
-            "expires-at",
-            "fence",
-            "owner",
-            "acquired-at",
-            "client-id",
-            "client-addr",
-            "waiters"
-        ]
-    );
+    assert_eq!(names, words(INFO_FIELDS));
     let mut c3 = RawConn::connect_resp3(server.port);
     let info3 = c3.cmd(&["LOCK.INFO", "lock:s"]);
     assert_eq!(info3.field("kind").unwrap().text(), "string");

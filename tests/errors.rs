@@ -5,7 +5,7 @@
 mod common;
 
 use common::{
-    far_fence, lock_stat, starts_with_error_code, tok, unix_ms, wait_until, RawConn, Resp,
+    far_fence, lock_stat, starts_with_error_code, tok, unix_ms, wait_until, words, RawConn, Resp,
     ServerBuilder,
 };
 use std::time::{Duration, Instant};
@@ -137,52 +137,23 @@ fn wrong_arity_unknown_and_repeated_options() {
     }
     // A repeated option is named (in its canonical case, whatever case it was given in).
     let (ta, tb) = (tok("a"), tok("b"));
-    for (args, name) in [
-        (
-            &["LOCK.ACQUIRE", "lock:x", "PX", "100", "PX", "100"][..],
-            "PX",
-        ),
-        (&["LOCK.ACQUIRE", "lock:x", "EX", "1", "ex", "1"], "EX"),
-        (
-            &["LOCK.ACQUIRE", "lock:x", "TOKEN", &ta, "TOKEN", &tb],
-            "TOKEN",
-        ),
-        (
-            &["LOCK.ACQUIRE", "lock:x", "OWNER", "a", "owner", "b"],
-            "OWNER",
-        ),
-        (
-            &["LOCK.ACQUIRE", "lock:x", "BLOCK", "1", "BLOCK", "1"],
-            "BLOCK",
-        ),
-        (
-            &["LOCK.ACQUIRE", "lock:x", "MINFENCE", "1", "MINFENCE", "2"],
-            "MINFENCE",
-        ),
-        (&["LOCK.ACQUIRE", "lock:x", "SHARED", "shared"], "SHARED"),
-        (
-            &["LOCK.ACQUIRE", "lock:x", "LIMIT", "2", "LIMIT", "2"],
-            "LIMIT",
-        ),
-        (
-            &["LOCK.EXTEND", "lock:e", t1, "PX", "100", "PX", "100"],
-            "PX",
-        ),
-        (
-            &["LOCK.INFO", "lock:e", "COUNT", "1", "count", "2"],
-            "COUNT",
-        ),
-        (
-            &["LOCK.INFO", "lock:e", "AFTER", "1", "AFTER", "1"],
-            "AFTER",
-        ),
-        (
-            &["LOCK.FORCERELEASE", "lock:e", "FENCE", "1", "FENCE", "2"],
-            "FENCE",
-        ),
+    for (line, name) in [
+        ("LOCK.ACQUIRE lock:x PX 100 PX 100", "PX"),
+        ("LOCK.ACQUIRE lock:x EX 1 ex 1", "EX"),
+        ("LOCK.ACQUIRE lock:x TOKEN $A TOKEN $B", "TOKEN"),
+        ("LOCK.ACQUIRE lock:x OWNER a owner b", "OWNER"),
+        ("LOCK.ACQUIRE lock:x BLOCK 1 BLOCK 1", "BLOCK"),
+        ("LOCK.ACQUIRE lock:x MINFENCE 1 MINFENCE 2", "MINFENCE"),
+        ("LOCK.ACQUIRE lock:x SHARED shared", "SHARED"),
+        ("LOCK.ACQUIRE lock:x LIMIT 2 LIMIT 2", "LIMIT"),
+        ("LOCK.EXTEND lock:e $1 PX 100 PX 100", "PX"),
+        ("LOCK.INFO lock:e COUNT 1 count 2", "COUNT"),
+        ("LOCK.INFO lock:e AFTER 1 AFTER 1", "AFTER"),
+        ("LOCK.FORCERELEASE lock:e FENCE 1 FENCE 2", "FENCE"),
     ] {
+        let line = line.replace("$A", &ta).replace("$B", &tb).replace("$1", t1);
         let want = format!("syntax error: option '{name}' given twice");
-        expect_err_s(&mut c, args, "ERR", &want);
+        expect_err_s(&mut c, &words(&line), "ERR", &want);
     }
     // PX and EX together are not a repetition of one option: the error says what it is.
     for args in [
@@ -440,16 +411,7 @@ fn wrongtype_internal_commands_and_maxwaiters() {
     // The replication-only command and the disabled debug command refuse with ERR.
     expect_err_s(
         &mut c,
-        &[
-            "LOCK.SYNC",
-            "lock:sync",
-            "tok",
-            "42",
-            "99999999999999",
-            "1",
-            "1",
-            "127.0.0.1:1",
-        ],
+        &words("LOCK.SYNC lock:sync tok 42 99999999999999 1 1 127.0.0.1:1"),
         "ERR",
         "internal",
     );

@@ -10,8 +10,8 @@ use std::thread::sleep;
 use std::time::Duration;
 
 use common::{
-    acquire, bulk, files_with, lock_stat, ok, primary, start_replica_of, tok, wait_until, RawConn,
-    Resp, ServerBuilder, SETTLE,
+    acquire, bulk, files_with, lock_stat, ok, primary, release, start_replica_of, tok, wait_until,
+    words, RawConn, Resp, Server, ServerBuilder, SETTLE,
 };
 
 const HELD_TEXT: &str = "NOTHELD the token does not hold this lock now; the command did not run";
@@ -32,6 +32,21 @@ fn check(c: &mut RawConn, key: &str, fence: i64) -> i64 {
     c.cmd(&["LOCK.CHECK", key, &fence.to_string()]).int()
 }
 
+/// A server, a connection to it, and `key` held for a minute by `tok(name)`: that
+/// token and its fence.
+fn held(key: &str, name: &str) -> (Server, RawConn, String, i64) {
+    let s = ServerBuilder::new().start();
+    let mut c = RawConn::connect(s.port);
+    let t = tok(name);
+    let (_, f) = acquire(&mut c, key, &["PX", "60000", "TOKEN", &t]);
+    (s, c, t, f)
+}
+
+/// `LOCK.IFFENCE key fence INCR data:n`.
+fn fenced_incr(c: &mut RawConn, key: &str, fence: i64) -> Resp {
+    c.cmd(&["LOCK.IFFENCE", key, &fence.to_string(), "INCR", "data:n"])
+}
+
 #[track_caller]
 fn assert_err(r: &Resp, code_and_start: &str) {
     match r {
@@ -42,15 +57,12 @@ fn assert_err(r: &Resp, code_and_start: &str) {
 
 #[test]
 fn check_answers_whether_a_fence_holds_the_lock_now() {
-    let s = ServerBuilder::new().start();
-    let mut c = RawConn::connect(s.port);
     // An exclusive lock: its holder's fence only, and only while it holds.
-    let t = tok("check-x");
-    let (_, f) = acquire(&mut c, "lock:x", &["PX", "60000", "TOKEN", &t]);
+    let (_s, mut c, t, f) = held("lock:x", "check-x");
     assert_eq!(check(&mut c, "lock:x", f), 1);
     assert_eq!(check(&mut c, "lock:x", f + 1), 0);
     assert_eq!(check(&mut c, "lock:x", f - 1), 0);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:x", &t]).int(), 1);
+    assert_eq!(release(&mut c, "lock:x", &t), 1);
     assert_eq!(check(&mut c, "lock:x", f), 0, "released");
     // Shared and counted: the fence of any current holder.
     let (r1, f1) = acquire(&mut c, "lock:s", &["SHARED", "PX", "60000"]);
@@ -59,7 +71,7 @@ fn check_answers_whether_a_fence_holds_the_lock_now() {
         (check(&mut c, "lock:s", f1), check(&mut c, "lock:s", f2)),
         (1, 1)
     );
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:s", &r1]).int(), 1);
+    assert_eq!(release(&mut c, "lock:s", &r1), 1);
     assert_eq!(
         (check(&mut c, "lock:s", f1), check(&mut c, "lock:s", f2)),
         (0, 1)
@@ -84,14 +96,7 @@ fn check_answers_whether_a_fence_holds_the_lock_now() {
     assert_eq!(c.cmd(&["CLIENT", "UNPAUSE"]), ok());
     // A classic string lock has no fence; a free key none either.
     assert_eq!(
-        c.cmd(&[
-            "SET",
-            "lock:str",
-            "value-token-0000001",
-            "NX",
-            "PX",
-            "60000"
-        ]),
+        c.cmd(&words("SET lock:str value-token-0000001 NX PX 60000")),
         ok()
     );
     assert_eq!(check(&mut c, "lock:str", f), 0);
@@ -148,18 +153,12 @@ fn ifheld_and_iffence_run_the_command_only_while_the_lock_is_held() {
     let r = c.cmd(&["LOCK.IFHELD", "lock:g", &wrong, "INCR", "data:n"]);
     assert_eq!(r, Resp::Error(HELD_TEXT.into()));
     for other in [f - 1, f + 1] {
-        let r = c.cmd(&[
-            "LOCK.IFFENCE",
-            "lock:g",
-            &other.to_string(),
-            "INCR",
-            "data:n",
-        ]);
+        let r = fenced_incr(&mut c, "lock:g", other);
         assert_eq!(r, Resp::Error(FENCE_TEXT.into()));
     }
     assert_eq!(c.cmd(&["GET", "data:n"]), bulk("12"));
     // Released: neither the token nor the fence holds it any more; a free key neither.
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:g", &t]).int(), 1);
+    assert_eq!(release(&mut c, "lock:g", &t), 1);
     assert_eq!(
         held(&mut c, &["INCR", "data:n"]),
         Resp::Error(HELD_TEXT.into())
@@ -173,13 +172,7 @@ fn ifheld_and_iffence_run_the_command_only_while_the_lock_is_held() {
     sleep(Duration::from_millis(250));
     let r = c.cmd(&["LOCK.IFHELD", "lock:short", &t2, "INCR", "data:n"]);
     assert_eq!(r, Resp::Error(HELD_TEXT.into()));
-    let r = c.cmd(&[
-        "LOCK.IFFENCE",
-        "lock:short",
-        &f2.to_string(),
-        "INCR",
-        "data:n",
-    ]);
+    let r = fenced_incr(&mut c, "lock:short", f2);
     assert_eq!(r, Resp::Error(FENCE_TEXT.into()));
     assert_eq!(c.cmd(&["GET", "data:n"]), bulk("12"));
     // Every reader of a shared lock holds it.
@@ -226,10 +219,7 @@ fn ifheld_and_iffence_run_the_command_only_while_the_lock_is_held() {
 
 #[test]
 fn what_a_guard_cannot_run_is_refused_before_anything_runs() {
-    let s = ServerBuilder::new().start();
-    let mut c = RawConn::connect(s.port);
-    let t = tok("refuse-holder");
-    let (_, f) = acquire(&mut c, "lock:r", &["PX", "60000", "TOKEN", &t]);
+    let (_s, mut c, t, f) = held("lock:r", "refuse-holder");
     let fs = f.to_string();
     let wrong = tok("refuse-other");
     // (wrapped command, what the error says)
@@ -287,36 +277,17 @@ fn what_a_guard_cannot_run_is_refused_before_anything_runs() {
 
 #[test]
 fn the_wrapped_command_runs_as_the_caller() {
-    let s = ServerBuilder::new().start();
-    let mut admin = RawConn::connect(s.port);
-    let t = tok("caller-holder");
-    let (_, f) = acquire(&mut admin, "lock:a", &["PX", "60000", "TOKEN", &t]);
+    let (s, mut admin, t, f) = held("lock:a", "caller-holder");
     let fs = f.to_string();
     // A user who may guard reads but not writes, on lock:* and data:* keys.
-    let r = admin.cmd(&[
-        "ACL",
-        "SETUSER",
-        "reader",
-        "on",
-        ">pw",
-        "~lock:*",
-        "~data:*",
-        "+lock.ifheld",
-        "+lock.iffence",
-        "+get",
-    ]);
+    let r = admin.cmd(&words(
+        "ACL SETUSER reader on >pw ~lock:* ~data:* +lock.ifheld +lock.iffence +get",
+    ));
     assert_eq!(r, ok());
     // One who may write, but only lock:* keys.
-    let r = admin.cmd(&[
-        "ACL",
-        "SETUSER",
-        "lockonly",
-        "on",
-        ">pw",
-        "~lock:*",
-        "+lock.ifheld",
-        "+set",
-    ]);
+    let r = admin.cmd(&words(
+        "ACL SETUSER lockonly on >pw ~lock:* +lock.ifheld +set",
+    ));
     assert_eq!(r, ok());
     let mut reader = RawConn::connect(s.port);
     assert_eq!(reader.cmd(&["AUTH", "reader", "pw"]), ok());
@@ -362,11 +333,8 @@ fn the_wrapped_command_runs_as_the_caller() {
 
 #[test]
 fn guards_run_in_multi_and_scripts_and_wait_out_a_write_pause() {
-    let s = ServerBuilder::new().start();
-    let mut c = RawConn::connect(s.port);
-    let t = tok("multi-holder");
+    let (s, mut c, t, f) = held("lock:m", "multi-holder");
     let wrong = tok("multi-other");
-    let (_, f) = acquire(&mut c, "lock:m", &["PX", "60000", "TOKEN", &t]);
     let replies = c
         .pipeline(&[
             vec!["MULTI"],

@@ -96,13 +96,11 @@ fn same_token_waiters(kind: Row1) {
     // A replica attached during the grant holds the same holders and fences.
     caught_up(&p, &r1);
     let want = paths::durable_info(&mut c, "lock:k");
+    let as_before = |ck: &mut Checks, c: &mut RawConn, what: &str| {
+        same(ck, &want, &paths::durable_info(c, "lock:k"), what)
+    };
     let mut rc1 = conn(&r1);
-    same(
-        &mut ck,
-        &want,
-        &paths::durable_info(&mut rc1, "lock:k"),
-        "replica attached during the grant",
-    );
+    as_before(&mut ck, &mut rc1, "replica attached during the grant");
     // DEBUG RELOAD keeps every key and the lock.
     let keys = ordinary + 1;
     ck.eq(dbsize(&mut c), keys, "DBSIZE before DEBUG RELOAD");
@@ -113,12 +111,7 @@ fn same_token_waiters(kind: Row1) {
         ordinary_keys_intact(&mut c, n_ord),
         "ordinary keys after DEBUG RELOAD",
     );
-    same(
-        &mut ck,
-        &want,
-        &paths::durable_info(&mut c, "lock:k"),
-        "the lock after DEBUG RELOAD",
-    );
+    as_before(&mut ck, &mut c, "the lock after DEBUG RELOAD");
     // SAVE + restart loads it.
     drop(c);
     let restarted = save_and_restart(&mut p);
@@ -129,22 +122,12 @@ fn same_token_waiters(kind: Row1) {
     if restarted.is_ok() {
         let mut c = conn(&p);
         ck.eq(dbsize(&mut c), keys, "DBSIZE after restart");
-        same(
-            &mut ck,
-            &want,
-            &paths::durable_info(&mut c, "lock:k"),
-            "the lock after restart",
-        );
+        as_before(&mut ck, &mut c, "the lock after restart");
         // A replica that full-syncs afterwards loads it.
         match ServerBuilder::new().try_start_replica_of(&p, SETTLE) {
             Ok(r2) => {
                 let mut rc2 = conn(&r2);
-                same(
-                    &mut ck,
-                    &want,
-                    &paths::durable_info(&mut rc2, "lock:k"),
-                    "a replica's full sync",
-                );
+                as_before(&mut ck, &mut rc2, "a replica's full sync");
                 ck.eq(dbsize(&mut rc2), keys, "DBSIZE on the new replica");
             }
             Err(e) => {
@@ -460,18 +443,14 @@ fn row3_a_writable_replica_refuses_lock_writes() {
     }
     // LOCK.INFO works on it, and a grant on the primary then shows there.
     ck.eq(
-        info(&mut rc, "lock:held")
-            .get("fence")
-            .and_then(|f| f.as_int()),
+        info_opt(&mut rc, "lock:held", "fence"),
         Some(fence),
         "LOCK.INFO on the replica",
     );
     let (_, f2) = granted(&pc.cmd(&acq("lock:new", &["PX", "60000", "TOKEN", &tn])));
     caught_up(&p, &r);
     ck.eq(
-        info(&mut rc, "lock:new")
-            .get("fence")
-            .and_then(|f| f.as_int()),
+        info_opt(&mut rc, "lock:new", "fence"),
         Some(f2),
         "the primary's grant on the replica",
     );
@@ -1048,9 +1027,7 @@ fn row7_acl_categories_keep_forcerelease_from_non_dangerous_users() {
 
 #[test]
 fn row8_errors_name_the_option_that_is_wrong() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut ck = Checks::new();
+    let (_s, mut c, mut ck) = start(ServerBuilder::new());
     let e = error_text(
         &c.cmd(&acq("lock:x", &["SHARED", "SHARED"])),
         "SHARED SHARED",
@@ -1175,9 +1152,7 @@ fn row9_lock_info_pages_twenty_thousand_shared_holders() {
         "release in the middle",
     );
     ck.eq(
-        info(&mut c, "lock:big")
-            .get("holders")
-            .and_then(|h| h.as_int()),
+        info_opt(&mut c, "lock:big", "holders"),
         Some(N as i64 - 1),
         "holders after the release",
     );
@@ -1189,9 +1164,7 @@ fn row9_lock_info_pages_twenty_thousand_shared_holders() {
 
 #[test]
 fn row10_short_tokens_are_refused_by_lock_min_token_length() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut ck = Checks::new();
+    let (_s, mut c, mut ck) = start(ServerBuilder::new());
     let r = c.cmd(&["CONFIG", "GET", "lock.min-token-length"]);
     ck.eq(
         r.items().get(1).and_then(|v| v.as_text()),

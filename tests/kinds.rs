@@ -7,7 +7,7 @@ mod common;
 
 use common::raw::{acquire, acquire_reply, grant, queued, wait_queued, Waiter};
 use common::{
-    debug_server, primary, start_replica_of, wait_persistence_idle, wait_until, RawConn, Resp,
+    debug_server, raw_pair, release, wait_persistence_idle, wait_until, words, RawConn, Resp,
     ServerBuilder, SETTLE,
 };
 
@@ -15,6 +15,17 @@ fn take(c: &mut RawConn, key: &str, args: &[&str]) -> i64 {
     acquire(c, key, args)
         .unwrap_or_else(|| panic!("{key} {args:?} was not granted"))
         .1
+}
+
+/// [`take`] of `key args...` written on one line.
+fn hold(c: &mut RawConn, line: &str) -> i64 {
+    let w = words(line);
+    take(c, w[0], &w[1..])
+}
+
+/// A client queued on `key` with `LOCK.ACQUIRE key args` (space-separated).
+fn queue(port: u16, key: &str, args: &str) -> Waiter {
+    Waiter::send(port, 0, key, &words(args))
 }
 
 fn info(c: &mut RawConn, key: &str) -> Resp {
@@ -41,22 +52,11 @@ fn holder_fences(c: &mut RawConn, key: &str) -> Vec<i64> {
 fn readers_share_and_a_writer_waits_for_all_of_them() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    let r1 = take(
+    let r1 = hold(
         &mut c,
-        "rw",
-        &[
-            "SHARED",
-            "TOKEN",
-            "r1-------------------tok",
-            "OWNER",
-            "reader-1",
-        ],
+        "rw SHARED TOKEN r1-------------------tok OWNER reader-1",
     );
-    let r2 = take(
-        &mut c,
-        "rw",
-        &["SHARED", "TOKEN", "r2-------------------tok"],
-    );
+    let r2 = hold(&mut c, "rw SHARED TOKEN r2-------------------tok");
     assert!(r2 > r1, "each holder gets its own, larger fence");
     // An exclusive acquire is the writer: it needs no holder at all.
     assert_eq!(acquire_reply(&mut c, "rw", &[]), Resp::Nil);
@@ -79,30 +79,16 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
         }
     }
     // Per-holder RELEASE: the writer waits until the last reader is gone.
-    let mut writer = Waiter::send(
-        srv.port,
-        0,
-        "rw",
-        &["BLOCK", "10000", "TOKEN", "w--------------------tok"],
-    );
+    let mut writer = queue(srv.port, "rw", "BLOCK 10000 TOKEN w--------------------tok");
     wait_queued(&mut c, "rw", 1);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "rw", "r1-------------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(release(&mut c, "rw", "r1-------------------tok"), 1);
     assert!(writer.waiting());
     assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "rw", "r1-------------------tok"])
-            .int(),
+        release(&mut c, "rw", "r1-------------------tok"),
         0,
         "already released"
     );
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "rw", "r2-------------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(release(&mut c, "rw", "r2-------------------tok"), 1);
     let w = writer.granted();
     assert!(w > r2);
     let i = info(&mut c, "rw");
@@ -117,99 +103,33 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
 fn fifo_with_shared_batching_and_no_writer_starvation() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    take(
-        &mut c,
-        "q",
-        &["SHARED", "TOKEN", "r0-------------------tok"],
-    );
-    let mut w1 = Waiter::send(
-        srv.port,
-        0,
-        "q",
-        &["BLOCK", "10000", "TOKEN", "w1-------------------tok"],
-    );
+    hold(&mut c, "q SHARED TOKEN r0-------------------tok");
+    let on_q = |args| queue(srv.port, "q", args);
+    let mut w1 = on_q("BLOCK 10000 TOKEN w1-------------------tok");
     wait_queued(&mut c, "q", 1);
     // A reader arriving after the writer waits, although readers hold the key.
     assert_eq!(acquire_reply(&mut c, "q", &["SHARED"]), Resp::Nil);
-    let mut ra = Waiter::send(
-        srv.port,
-        0,
-        "q",
-        &[
-            "SHARED",
-            "BLOCK",
-            "10000",
-            "TOKEN",
-            "ra-------------------tok",
-        ],
-    );
-    let mut rb = Waiter::send(
-        srv.port,
-        0,
-        "q",
-        &[
-            "SHARED",
-            "BLOCK",
-            "10000",
-            "TOKEN",
-            "rb-------------------tok",
-        ],
-    );
+    let mut ra = on_q("SHARED BLOCK 10000 TOKEN ra-------------------tok");
+    let mut rb = on_q("SHARED BLOCK 10000 TOKEN rb-------------------tok");
     wait_queued(&mut c, "q", 3);
-    let mut w2 = Waiter::send(
-        srv.port,
-        0,
-        "q",
-        &["BLOCK", "10000", "TOKEN", "w2-------------------tok"],
-    );
-    let mut rc = Waiter::send(
-        srv.port,
-        0,
-        "q",
-        &[
-            "SHARED",
-            "BLOCK",
-            "10000",
-            "TOKEN",
-            "rc-------------------tok",
-        ],
-    );
+    let mut w2 = on_q("BLOCK 10000 TOKEN w2-------------------tok");
+    let mut rc = on_q("SHARED BLOCK 10000 TOKEN rc-------------------tok");
     wait_queued(&mut c, "q", 5);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "q", "r0-------------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(release(&mut c, "q", "r0-------------------tok"), 1);
     let f1 = w1.granted();
     assert!(ra.waiting() && rb.waiting());
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "q", "w1-------------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(release(&mut c, "q", "w1-------------------tok"), 1);
     // Both readers behind w1 at once, and not the reader behind w2.
     let (fa, fb) = (ra.granted(), rb.granted());
     assert!(fa > f1 && fb > fa, "FIFO order of fences: {f1} {fa} {fb}");
     assert_eq!(holder_fences(&mut c, "q"), vec![fa, fb]);
     assert!(w2.waiting() && rc.waiting());
     assert_eq!(queued(&mut c, "q"), 2);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "q", "ra-------------------tok"])
-            .int(),
-        1
-    );
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "q", "rb-------------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(release(&mut c, "q", "ra-------------------tok"), 1);
+    assert_eq!(release(&mut c, "q", "rb-------------------tok"), 1);
     let f2 = w2.granted();
     assert!(rc.waiting());
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "q", "w2-------------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(release(&mut c, "q", "w2-------------------tok"), 1);
     assert!(rc.granted() > f2);
 }
 
@@ -217,29 +137,13 @@ fn fifo_with_shared_batching_and_no_writer_starvation() {
 fn a_semaphore_grants_its_permits_in_order() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    let a = take(
+    let a = hold(
         &mut c,
-        "sem",
-        &[
-            "LIMIT",
-            "2",
-            "TOKEN",
-            "a--------------------tok",
-            "PX",
-            "60000",
-        ],
+        "sem LIMIT 2 TOKEN a--------------------tok PX 60000",
     );
-    let b = take(
+    let b = hold(
         &mut c,
-        "sem",
-        &[
-            "LIMIT",
-            "2",
-            "TOKEN",
-            "b--------------------tok",
-            "PX",
-            "60000",
-        ],
+        "sem LIMIT 2 TOKEN b--------------------tok PX 60000",
     );
     assert_eq!(acquire_reply(&mut c, "sem", &["LIMIT", "2"]), Resp::Nil);
     let i = info(&mut c, "sem");
@@ -263,26 +167,13 @@ fn a_semaphore_grants_its_permits_in_order() {
         grant(&acquire_reply(
             &mut c,
             "sem",
-            &[
-                "LIMIT",
-                "2",
-                "TOKEN",
-                "a--------------------tok",
-                "PX",
-                "5000"
-            ]
+            &words("LIMIT 2 TOKEN a--------------------tok PX 5000")
         )),
         Some((b"a--------------------tok".to_vec(), a))
     );
     assert_eq!(
-        c.cmd(&[
-            "LOCK.EXTEND",
-            "sem",
-            "b--------------------tok",
-            "PX",
-            "90000"
-        ])
-        .int(),
+        c.cmd(&words("LOCK.EXTEND sem b--------------------tok PX 90000"))
+            .int(),
         1
     );
     let list = info(&mut c, "sem").field("holder-list").unwrap();
@@ -295,38 +186,11 @@ fn a_semaphore_grants_its_permits_in_order() {
     );
     assert_eq!(c.cmd(&["PTTL", "sem"]).int(), -1);
     // Waiters take permits in order as they free.
-    let mut w1 = Waiter::send(
-        srv.port,
-        0,
-        "sem",
-        &[
-            "LIMIT",
-            "2",
-            "BLOCK",
-            "10000",
-            "TOKEN",
-            "c--------------------tok",
-        ],
-    );
-    let mut w2 = Waiter::send(
-        srv.port,
-        0,
-        "sem",
-        &[
-            "LIMIT",
-            "2",
-            "BLOCK",
-            "10000",
-            "TOKEN",
-            "d--------------------tok",
-        ],
-    );
+    let on_sem = |args| queue(srv.port, "sem", args);
+    let mut w1 = on_sem("LIMIT 2 BLOCK 10000 TOKEN c--------------------tok");
+    let mut w2 = on_sem("LIMIT 2 BLOCK 10000 TOKEN d--------------------tok");
     wait_queued(&mut c, "sem", 2);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "sem", "b--------------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(release(&mut c, "sem", "b--------------------tok"), 1);
     let cf = w1.granted();
     assert!(cf > b && w2.waiting());
     // FORCERELEASE FENCE removes exactly that holder.
@@ -397,7 +261,7 @@ fn lock_info_pages_the_holder_list() {
     assert_eq!(page(Some("1"), fences[3]).0, vec![fences[4]]);
     // AFTER a fence that is no holder's any more starts at the next one above it.
     let r4 = common::tok("r4");
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "pg", &r4]).int(), 1);
+    assert_eq!(release(&mut c, "pg", &r4), 1);
     let after = fences[4].to_string();
     let r = c.cmd(&["LOCK.INFO", "pg", "COUNT", "1", "AFTER", &after]);
     assert_eq!(int(&r, "holders"), 11);
@@ -411,11 +275,7 @@ fn wrong_mode_is_an_error_never_a_silent_wait() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
     take(&mut c, "x", &["TOKEN", "t--------------------tok"]);
-    take(
-        &mut c,
-        "s",
-        &["SHARED", "TOKEN", "t--------------------tok"],
-    );
+    hold(&mut c, "s SHARED TOKEN t--------------------tok");
     for (key, args, code) in [
         ("x", &["LIMIT", "2", "BLOCK", "1000"][..], "WRONGMODE"),
         ("s", &["LIMIT", "1"][..], "WRONGMODE"),
@@ -455,22 +315,9 @@ fn wrong_mode_is_an_error_never_a_silent_wait() {
 fn each_shared_lease_ends_on_its_own() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    take(
-        &mut c,
-        "l",
-        &["SHARED", "TOKEN", "short----------------tok", "PX", "200"],
-    );
-    let long = take(
-        &mut c,
-        "l",
-        &["SHARED", "TOKEN", "long-----------------tok", "PX", "60000"],
-    );
-    let mut writer = Waiter::send(
-        srv.port,
-        0,
-        "l",
-        &["BLOCK", "10000", "TOKEN", "w--------------------tok"],
-    );
+    hold(&mut c, "l SHARED TOKEN short----------------tok PX 200");
+    let long = hold(&mut c, "l SHARED TOKEN long-----------------tok PX 60000");
+    let mut writer = queue(srv.port, "l", "BLOCK 10000 TOKEN w--------------------tok");
     wait_queued(&mut c, "l", 1);
     assert!(wait_until(SETTLE, || holder_fences(&mut c, "l") == vec![long]));
     assert!(writer.waiting(), "the writer got in beside a live reader");
@@ -490,15 +337,7 @@ fn two_readers(c: &mut RawConn, key: &str) {
     take(
         c,
         key,
-        &[
-            "SHARED",
-            "TOKEN",
-            "a--------------------tok",
-            "OWNER",
-            "o1",
-            "PX",
-            "60000",
-        ],
+        &words("SHARED TOKEN a--------------------tok OWNER o1 PX 60000"),
     );
     take(
         c,
@@ -567,41 +406,16 @@ fn deadlines(want: &Resp, got: &Resp, later: i64, what: &str) {
 
 #[test]
 fn replicas_mirror_shared_and_counted_locks() {
-    let p = primary().start();
-    let r = start_replica_of(&p, ServerBuilder::new());
-    let mut pc = RawConn::connect(p.port);
-    let mut rc = RawConn::connect(r.port);
+    let (_p, _r, mut pc, mut rc) = raw_pair();
     let t0 = common::unix_ms();
     two_readers(&mut pc, "s");
-    take(
-        &mut pc,
-        "n",
-        &["LIMIT", "3", "TOKEN", "a--------------------tok"],
-    );
-    take(
-        &mut pc,
-        "n",
-        &["LIMIT", "3", "TOKEN", "b--------------------tok"],
-    );
-    take(
-        &mut pc,
-        "n",
-        &["LIMIT", "3", "TOKEN", "c--------------------tok"],
-    );
+    hold(&mut pc, "n LIMIT 3 TOKEN a--------------------tok");
+    hold(&mut pc, "n LIMIT 3 TOKEN b--------------------tok");
+    hold(&mut pc, "n LIMIT 3 TOKEN c--------------------tok");
+    assert_eq!(release(&mut pc, "n", "b--------------------tok"), 1);
     assert_eq!(
-        pc.cmd(&["LOCK.RELEASE", "n", "b--------------------tok"])
+        pc.cmd(&words("LOCK.EXTEND s b--------------------tok PX 70000"))
             .int(),
-        1
-    );
-    assert_eq!(
-        pc.cmd(&[
-            "LOCK.EXTEND",
-            "s",
-            "b--------------------tok",
-            "PX",
-            "70000"
-        ])
-        .int(),
         1
     );
     for key in ["s", "n"] {
@@ -629,16 +443,8 @@ fn replicas_mirror_shared_and_counted_locks() {
         rc.cmd(&["REPLICAOF", "NO", "ONE"]),
         Resp::Simple("OK".into())
     );
-    assert_eq!(
-        rc.cmd(&["LOCK.RELEASE", "n", "c--------------------tok"])
-            .int(),
-        1
-    );
-    assert_eq!(
-        rc.cmd(&["LOCK.RELEASE", "s", "a--------------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(release(&mut rc, "n", "c--------------------tok"), 1);
+    assert_eq!(release(&mut rc, "s", "a--------------------tok"), 1);
     assert_eq!(int(&info(&mut rc, "n"), "holders"), 1);
 }
 
@@ -656,23 +462,8 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
         let mut c = RawConn::connect(s.port);
         let t0 = common::unix_ms();
         two_readers(&mut c, "s");
-        take(
-            &mut c,
-            "n",
-            &[
-                "LIMIT",
-                "2",
-                "TOKEN",
-                "a--------------------tok",
-                "PX",
-                "60000",
-            ],
-        );
-        take(
-            &mut c,
-            "x",
-            &["TOKEN", "x--------------------tok", "PX", "60000"],
-        );
+        hold(&mut c, "n LIMIT 2 TOKEN a--------------------tok PX 60000");
+        hold(&mut c, "x TOKEN x--------------------tok PX 60000");
         if preamble == "no" {
             c.cmd(&["BGREWRITEAOF"]);
             wait_persistence_idle(&s, SETTLE);
@@ -700,17 +491,9 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
         }
         assert!(c.cmd(&["LOCK.DEBUG", "FENCE"]).int() >= counter);
         // The tokens still work: one more permit, a reader releases.
-        take(
-            &mut c,
-            "n",
-            &["LIMIT", "2", "TOKEN", "b--------------------tok"],
-        );
+        hold(&mut c, "n LIMIT 2 TOKEN b--------------------tok");
         assert_eq!(acquire_reply(&mut c, "n", &["LIMIT", "2"]), Resp::Nil);
-        assert_eq!(
-            c.cmd(&["LOCK.RELEASE", "s", "b--------------------tok"])
-                .int(),
-            1
-        );
+        assert_eq!(release(&mut c, "s", "b--------------------tok"), 1);
     }
 }
 
@@ -718,16 +501,8 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
 fn dump_and_restore_of_a_shared_lock() {
     let srv = ServerBuilder::new().start();
     let mut c = RawConn::connect(srv.port);
-    take(
-        &mut c,
-        "s",
-        &["SHARED", "TOKEN", "tok-a----------------tok", "PX", "60000"],
-    );
-    take(
-        &mut c,
-        "s",
-        &["SHARED", "TOKEN", "tok-b----------------tok", "PX", "60000"],
-    );
+    hold(&mut c, "s SHARED TOKEN tok-a----------------tok PX 60000");
+    hold(&mut c, "s SHARED TOKEN tok-b----------------tok PX 60000");
     let dump = c.cmd(&["DUMP", "s"]).bytes();
     for t in [b"tok-a----------------tok", b"tok-b----------------tok"] {
         assert!(!common::contains(&dump, t), "a token is in DUMP");
@@ -739,10 +514,6 @@ fn dump_and_restore_of_a_shared_lock() {
     // The payload carries each holder's time left: the copy's leases end with the
     // original's (it was restored a moment later).
     deadlines(&orig, &copy, 1000, "RESTORE");
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "copy", "tok-b----------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(release(&mut c, "copy", "tok-b----------------tok"), 1);
     assert_eq!(int(&info(&mut c, "copy"), "holders"), 1);
 }

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{server_flavor, starts_with_error_code, wait_until, RawConn, Resp, ServerBuilder};
+use common::{
+    release, server_flavor, starts_with_error_code, wait_until, RawConn, Resp, ServerBuilder,
+};
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
@@ -129,10 +131,7 @@ fn info_lock_counters_follow_every_outcome() {
         &[],
         "failed extend/release/forcerelease/acquire",
     );
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "c:a", "a--------------------tok"]),
-        Resp::Int(1)
-    );
+    assert_eq!(release(&mut c, "c:a", "a--------------------tok"), 1);
     let s = expect_moved(&mut c, &s, &[("released", 1), ("held", -1)], "release");
 
     // A module lock that expires by itself (active expiry, nobody touches the key).
@@ -170,10 +169,7 @@ fn info_lock_counters_follow_every_outcome() {
         == 1));
     let waiting = [&CONTENDED[..], &[("waiters", 1)]].concat();
     let s = expect_moved(&mut c, &s, &waiting, "a client waiting");
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "c:h", "h--------------------tok"]),
-        Resp::Int(1)
-    );
+    assert_eq!(release(&mut c, "c:h", "h--------------------tok"), 1);
     let (tok, _) = grant(&w.read().unwrap());
     assert_eq!(tok, b"w--------------------tok");
     let s = expect_moved(
@@ -187,10 +183,7 @@ fn info_lock_counters_follow_every_outcome() {
         ],
         "hand-off",
     );
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "c:h", "w--------------------tok"]),
-        Resp::Int(1)
-    );
+    assert_eq!(release(&mut c, "c:h", "w--------------------tok"), 1);
     let s = expect_moved(&mut c, &s, &[("released", 1), ("held", -1)], "release");
 
     // A wait that times out.
@@ -377,10 +370,7 @@ fn keyspace_notifications_for_every_change() {
     assert!(c.cmd(&["LOCK.ACQUIRE", "lock:n", "PX", "x"]).is_error());
     c.cmd(&["LOCK.INFO", "lock:n"]);
     marker(&mut c, &mut ps);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "lock:n", "a--------------------tok"]),
-        Resp::Int(1)
-    );
+    assert_eq!(release(&mut c, "lock:n", "a--------------------tok"), 1);
     assert_eq!(next_msg(&mut ps), ev("lock.release"));
     assert_eq!(c.cmd(&["LOCK.FORCERELEASE", "lock:n"]), Resp::Int(0));
     marker(&mut c, &mut ps);
@@ -411,10 +401,7 @@ fn keyspace_notifications_for_every_change() {
         .field("waiters")
         == Some(Resp::Int(1))));
     marker(&mut c, &mut ps); // queueing is not a change of the key
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "lock:n", "a--------------------tok"]),
-        Resp::Int(1)
-    );
+    assert_eq!(release(&mut c, "lock:n", "a--------------------tok"), 1);
     assert_eq!(next_msg(&mut ps), ev("lock.release"));
     assert_eq!(next_msg(&mut ps), ev("lock.handoff"));
     assert_eq!(
@@ -711,13 +698,13 @@ fn names(r: &Resp) -> HashSet<String> {
 }
 
 /// What COMMAND INFO / DOCS must say about one command: name, arity, flags, key-spec
-/// flags, argument tokens, ACL categories (where the server lets a module set them).
+/// flags, argument tokens (space-separated), ACL categories (where the server lets a module set them).
 type CmdSpec = (
     &'static str,
     i64,
     &'static [&'static str],
     &'static [&'static str],
-    &'static [&'static str],
+    &'static str,
     &'static [&'static str],
 );
 
@@ -736,17 +723,7 @@ fn command_info_and_docs() {
             -2,
             &["write", "denyoom", "blocking"],
             &["RW", "ACCESS", "INSERT"],
-            &[
-                "SHARED",
-                "LIMIT",
-                "PX",
-                "EX",
-                "TOKEN",
-                "OWNER",
-                "BLOCK",
-                "MINFENCE",
-                "LOCKDELAY",
-            ],
+            "SHARED LIMIT PX EX TOKEN OWNER BLOCK MINFENCE LOCKDELAY",
             &["@write", "@blocking", "@slow", "@lock"],
         ),
         (
@@ -754,7 +731,7 @@ fn command_info_and_docs() {
             3,
             &["write", "fast"],
             &["RW", "ACCESS", "DELETE"],
-            &[],
+            "",
             &["@write", "@fast", "@lock"],
         ),
         (
@@ -762,7 +739,7 @@ fn command_info_and_docs() {
             -3,
             &["write", "fast"],
             &["RW", "ACCESS", "UPDATE"],
-            &["PX", "EX", "OWNER"],
+            "PX EX OWNER",
             &["@write", "@fast", "@lock"],
         ),
         (
@@ -770,7 +747,7 @@ fn command_info_and_docs() {
             3,
             &["readonly", "fast"],
             &["RO", "ACCESS"],
-            &[],
+            "",
             &["@read", "@fast", "@lock"],
         ),
         (
@@ -778,7 +755,7 @@ fn command_info_and_docs() {
             -2,
             &["readonly", "blocking"],
             &["RO", "ACCESS"],
-            &["FENCE", "OWNER", "BLOCK"],
+            "FENCE OWNER BLOCK",
             &["@read", "@blocking", "@slow", "@lock"],
         ),
         (
@@ -786,7 +763,7 @@ fn command_info_and_docs() {
             -2,
             &["readonly", "fast"],
             &["RO", "ACCESS"],
-            &["COUNT", "AFTER"],
+            "COUNT AFTER",
             &["@read", "@fast", "@lock"],
         ),
         (
@@ -794,7 +771,7 @@ fn command_info_and_docs() {
             -2,
             &["write"],
             &["RW", "DELETE"],
-            &["FENCE"],
+            "FENCE",
             &["@write", "@dangerous", "@slow", "@lock"],
         ),
     ];
@@ -860,7 +837,7 @@ fn command_info_and_docs() {
         assert_eq!(first.field("type").unwrap().text(), "key");
         let mut found = HashSet::new();
         tokens(&args, &mut found);
-        let want: HashSet<String> = toks.iter().map(|s| s.to_string()).collect();
+        let want: HashSet<String> = toks.split_whitespace().map(String::from).collect();
         assert_eq!(found, want, "{name} argument tokens");
 
         // The key is found where the specs say.

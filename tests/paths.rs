@@ -13,181 +13,82 @@ use regress::paths::{self, Carry, Path};
 use regress::*;
 use std::collections::BTreeMap;
 
-/// One step: a command line whose `$F<i>` / `$T<i>` arguments are the fence / token of
-/// step i's grant, and `$X` the scenario's MINFENCE.
-type Step = &'static [&'static str];
+/// One step: a command line (arguments split at spaces) whose `$F<i>` / `$T<i>`
+/// arguments are the fence / token of step i's grant, and `$X` the scenario's MINFENCE.
+type Step = &'static str;
 
 /// (name, steps). Each runs on its own key (`$K`).
 const SCENARIOS: &[(&str, &[Step])] = &[
     (
         "exclusive",
         &[
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-a-0001",
-                "OWNER",
-                "svc-a",
-            ],
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-a-0001",
-            ],
-            &["LOCK.ACQUIRE", "$K", "TOKEN", "paths-token-b-0002"],
-            &["LOCK.EXTEND", "$K", "paths-token-a-0001", "PX", "90000"],
-            &["LOCK.EXTEND", "$K", "paths-token-b-0002", "PX", "1000"],
-            &["LOCK.RELEASE", "$K", "paths-token-b-0002"],
-            &["LOCK.INFO", "$K"],
+            "LOCK.ACQUIRE $K PX 60000 TOKEN paths-token-a-0001 OWNER svc-a",
+            "LOCK.ACQUIRE $K PX 60000 TOKEN paths-token-a-0001",
+            "LOCK.ACQUIRE $K TOKEN paths-token-b-0002",
+            "LOCK.EXTEND $K paths-token-a-0001 PX 90000",
+            "LOCK.EXTEND $K paths-token-b-0002 PX 1000",
+            "LOCK.RELEASE $K paths-token-b-0002",
+            "LOCK.INFO $K",
         ],
     ),
     (
         "shared",
         &[
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "SHARED",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-a-0001",
-            ],
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "SHARED",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-b-0002",
-                "OWNER",
-                "reader-b",
-            ],
-            &["LOCK.ACQUIRE", "$K", "PX", "1000"],
-            &["LOCK.RELEASE", "$K", "paths-token-a-0001"],
-            &["LOCK.INFO", "$K"],
+            "LOCK.ACQUIRE $K SHARED PX 60000 TOKEN paths-token-a-0001",
+            "LOCK.ACQUIRE $K SHARED PX 60000 TOKEN paths-token-b-0002 OWNER reader-b",
+            "LOCK.ACQUIRE $K PX 1000",
+            "LOCK.RELEASE $K paths-token-a-0001",
+            "LOCK.INFO $K",
         ],
     ),
     (
         "limit",
         &[
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "LIMIT",
-                "2",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-a-0001",
-            ],
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "LIMIT",
-                "2",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-b-0002",
-            ],
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "LIMIT",
-                "2",
-                "TOKEN",
-                "paths-token-c-0003",
-            ],
-            &["LOCK.ACQUIRE", "$K", "LIMIT", "3"],
-            &["LOCK.EXTEND", "$K", "paths-token-b-0002", "PX", "90000"],
-            &["LOCK.INFO", "$K"],
+            "LOCK.ACQUIRE $K LIMIT 2 PX 60000 TOKEN paths-token-a-0001",
+            "LOCK.ACQUIRE $K LIMIT 2 PX 60000 TOKEN paths-token-b-0002",
+            "LOCK.ACQUIRE $K LIMIT 2 TOKEN paths-token-c-0003",
+            "LOCK.ACQUIRE $K LIMIT 3",
+            "LOCK.EXTEND $K paths-token-b-0002 PX 90000",
+            "LOCK.INFO $K",
         ],
     ),
     (
         "minfence",
         &[
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-a-0001",
-                "MINFENCE",
-                "$X",
-            ],
-            &["LOCK.INFO", "$K"],
+            "LOCK.ACQUIRE $K PX 60000 TOKEN paths-token-a-0001 MINFENCE $X",
+            "LOCK.INFO $K",
         ],
     ),
     (
         "forcerelease",
         &[
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "SHARED",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-a-0001",
-            ],
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "SHARED",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-b-0002",
-            ],
-            &["LOCK.FORCERELEASE", "$K", "FENCE", "$F0"],
-            &["LOCK.INFO", "$K"],
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "SHARED",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-c-0003",
-            ],
-            &["LOCK.FORCERELEASE", "$K"],
-            &["LOCK.INFO", "$K"],
-            &[
-                "LOCK.ACQUIRE",
-                "$K",
-                "PX",
-                "60000",
-                "TOKEN",
-                "paths-token-d-0004",
-            ],
+            "LOCK.ACQUIRE $K SHARED PX 60000 TOKEN paths-token-a-0001",
+            "LOCK.ACQUIRE $K SHARED PX 60000 TOKEN paths-token-b-0002",
+            "LOCK.FORCERELEASE $K FENCE $F0",
+            "LOCK.INFO $K",
+            "LOCK.ACQUIRE $K SHARED PX 60000 TOKEN paths-token-c-0003",
+            "LOCK.FORCERELEASE $K",
+            "LOCK.INFO $K",
+            "LOCK.ACQUIRE $K PX 60000 TOKEN paths-token-d-0004",
         ],
     ),
     (
         "generated-token",
         &[
-            &["LOCK.ACQUIRE", "$K", "PX", "60000"],
-            &["LOCK.RELEASE", "$K", "$T0"],
-            &["LOCK.ACQUIRE", "$K", "PX", "60000", "OWNER", "gen"],
+            "LOCK.ACQUIRE $K PX 60000",
+            "LOCK.RELEASE $K $T0",
+            "LOCK.ACQUIRE $K PX 60000 OWNER gen",
         ],
     ),
     (
         "classic-string",
         &[
-            &["SET", "$K", "classic-token-0001", "NX", "PX", "60000"],
-            &["LOCK.ACQUIRE", "$K", "TOKEN", "classic-token-0001"],
-            &["LOCK.INFO", "$K"],
-            &["LOCK.EXTEND", "$K", "classic-token-0001", "PX", "90000"],
-            &["LOCK.RELEASE", "$K", "classic-token-0001"],
-            &["LOCK.INFO", "$K"],
+            "SET $K classic-token-0001 NX PX 60000",
+            "LOCK.ACQUIRE $K TOKEN classic-token-0001",
+            "LOCK.INFO $K",
+            "LOCK.EXTEND $K classic-token-0001 PX 90000",
+            "LOCK.RELEASE $K classic-token-0001",
+            "LOCK.INFO $K",
         ],
     ),
 ];
@@ -197,11 +98,11 @@ fn run(c: &mut RawConn, path: Path, key: &str, steps: &[Step], minfence: u64) ->
     let mut replies: Vec<Resp> = Vec::new();
     for step in steps {
         let argv: Vec<String> = step
-            .iter()
+            .split(' ')
             .map(|a| {
-                if *a == "$K" {
+                if a == "$K" {
                     key.to_string()
-                } else if *a == "$X" {
+                } else if a == "$X" {
                     minfence.to_string()
                 } else if let Some(i) = a.strip_prefix("$F") {
                     let i: usize = i.parse().unwrap();
@@ -341,11 +242,7 @@ fn every_command_path_answers_and_leaves_what_the_direct_path_does() {
                         ck.eq(
                             g,
                             w,
-                            &format!(
-                                "{name} step {i} `{}` via {}",
-                                steps[i].join(" "),
-                                path.name()
-                            ),
+                            &format!("{name} step {i} `{}` via {}", steps[i], path.name()),
                         );
                     }
                     ck.eq(

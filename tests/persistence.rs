@@ -13,6 +13,7 @@ use common::conn::{
 use common::{contains, debug_server, far_fence, unix_ms, wait_persistence_idle, wait_until};
 use common::{Server, ServerBuilder};
 use redis::{Connection, Value};
+use redis_lock_testkit::paths::{crc64, ModuleDump, Op};
 use std::time::Duration;
 
 /// How long a background save or AOF rewrite may take.
@@ -518,157 +519,27 @@ fn restore_refuses_corrupted_payloads() {
     assert!(lock_info(&mut c, "dump:good").is_some());
 }
 
-/// CRC-64/Jones as Redis computes it (reflected, poly 0xad93d23594c935a9, init 0).
-fn crc64(data: &[u8]) -> u64 {
-    const POLY_REFLECTED: u64 = 0x95ac_9329_ac4b_c9b5;
-    let mut crc = 0u64;
-    for &b in data {
-        crc ^= u64::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ POLY_REFLECTED
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    crc
-}
-
 #[test]
 fn crc64_matches_the_redis_check_value() {
     // From Redis's crc64.c self-test.
     assert_eq!(crc64(b"123456789"), 0xe9c6_d914_c4b8_d9ca);
 }
 
-/// RDB object type of a module value saved with typed opcodes (module API v2).
-const RDB_TYPE_MODULE_2: u8 = 7;
-const OP_EOF: u64 = 0;
-const OP_UINT: u64 = 2;
-const OP_STRING: u64 = 5;
-
-/// One typed field in a module value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Op {
-    Uint(u64),
-    Str(Vec<u8>),
-}
-
-/// A decoded DUMP payload of a module value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ModuleDump {
-    module_id: u64,
-    ops: Vec<Op>,
-    /// The 2-byte RDB version trailer, kept as the server wrote it.
-    rdb_version: [u8; 2],
-}
-
-fn read_len(b: &[u8], pos: &mut usize) -> u64 {
-    let first = b[*pos];
-    *pos += 1;
-    let mut be = |n: usize| {
-        let v = b[*pos..*pos + n]
-            .iter()
-            .fold(0u64, |acc, &x| (acc << 8) | u64::from(x));
-        *pos += n;
-        v
-    };
-    match first >> 6 {
-        0 => u64::from(first & 0x3f),
-        1 => (u64::from(first & 0x3f) << 8) | be(1),
-        2 if first == 0x80 => be(4),
-        2 if first == 0x81 => be(8),
-        _ => panic!("unexpected length byte {first:#04x} at {}", *pos - 1),
-    }
-}
-
-fn write_len(out: &mut Vec<u8>, v: u64) {
-    if v < 1 << 6 {
-        out.push(v as u8);
-    } else if v < 1 << 14 {
-        out.push(0x40 | (v >> 8) as u8);
-        out.push(v as u8);
-    } else if v <= u64::from(u32::MAX) {
-        out.push(0x80);
-        out.extend_from_slice(&(v as u32).to_be_bytes());
-    } else {
-        out.push(0x81);
-        out.extend_from_slice(&v.to_be_bytes());
-    }
-}
-
-impl ModuleDump {
-    /// Decodes a payload, checking its type byte, EOF marker and CRC64.
-    fn parse(p: &[u8]) -> ModuleDump {
-        assert!(p.len() > 11, "payload too short");
-        let body = &p[..p.len() - 8];
-        let crc = u64::from_le_bytes(p[p.len() - 8..].try_into().unwrap());
-        assert_eq!(crc64(body), crc, "CRC64 of the real payload");
-        assert_eq!(p[0], RDB_TYPE_MODULE_2, "object type");
-        let mut pos = 1;
-        let module_id = read_len(p, &mut pos);
-        let mut ops = Vec::new();
-        loop {
-            match read_len(p, &mut pos) {
-                OP_EOF => break,
-                OP_UINT => ops.push(Op::Uint(read_len(p, &mut pos))),
-                OP_STRING => {
-                    let n = read_len(p, &mut pos) as usize;
-                    ops.push(Op::Str(p[pos..pos + n].to_vec()));
-                    pos += n;
-                }
-                op => panic!("unexpected module opcode {op} at {}", pos - 1),
-            }
-        }
-        assert_eq!(pos + 2, body.len(), "trailing bytes after the EOF marker");
-        ModuleDump {
-            module_id,
-            ops,
-            rdb_version: [p[pos], p[pos + 1]],
-        }
-    }
-
-    /// Encodes the value (type byte, module id, typed fields, optional EOF marker), the
-    /// RDB version and a fresh CRC64.
-    fn encode_with(&self, eof: bool) -> Vec<u8> {
-        let mut out = vec![RDB_TYPE_MODULE_2];
-        write_len(&mut out, self.module_id);
-        for op in &self.ops {
-            match op {
-                Op::Uint(v) => {
-                    write_len(&mut out, OP_UINT);
-                    write_len(&mut out, *v);
-                }
-                Op::Str(s) => {
-                    write_len(&mut out, OP_STRING);
-                    write_len(&mut out, s.len() as u64);
-                    out.extend_from_slice(s);
-                }
-            }
-        }
-        if eof {
-            write_len(&mut out, OP_EOF);
-        }
-        out.extend_from_slice(&self.rdb_version);
-        let crc = crc64(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
-    }
-
-    fn encode(&self) -> Vec<u8> {
-        self.encode_with(true)
-    }
-
+/// What these tests need of a decoded payload besides the kit's [`ModuleDump`].
+trait DumpExt {
     /// The 9-character type name packed into the upper 54 bits of the module id.
+    fn type_name(&self) -> String;
+    fn with_ops(&self, ops: Vec<Op>) -> ModuleDump;
+    /// [`ModuleDump::encode`], optionally without the EOF marker (a fresh CRC64).
+    fn encode_with(&self, eof: bool) -> Vec<u8>;
+}
+
+impl DumpExt for ModuleDump {
     fn type_name(&self) -> String {
         const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
         (0..9)
             .map(|i| CHARS[((self.module_id >> (10 + 6 * (8 - i))) & 63) as usize] as char)
             .collect()
-    }
-
-    fn encver(&self) -> u64 {
-        self.module_id & 1023
     }
 
     fn with_ops(&self, ops: Vec<Op>) -> ModuleDump {
@@ -677,6 +548,29 @@ impl ModuleDump {
             ..self.clone()
         }
     }
+
+    fn encode_with(&self, eof: bool) -> Vec<u8> {
+        let mut out = self.encode();
+        if !eof {
+            // The EOF opcode is the one byte before the version (2) and the CRC64 (8).
+            out.truncate(out.len() - 11);
+            out = sealed(out, self.rdb_version);
+        }
+        out
+    }
+}
+
+/// `body` followed by the RDB version and its CRC64: a payload.
+fn sealed(mut body: Vec<u8>, version: [u8; 2]) -> Vec<u8> {
+    body.extend_from_slice(&version);
+    let crc = crc64(&body);
+    body.extend_from_slice(&crc.to_le_bytes());
+    body
+}
+
+/// The kit's decoding of a payload the server wrote, which must be well formed.
+fn parse(p: &[u8]) -> ModuleDump {
+    ModuleDump::parse(p).unwrap_or_else(|e| panic!("the real payload: {e}"))
 }
 
 /// The token's digest as stored (keyed BLAKE3, first 16 bytes): pinned in the module's
@@ -697,7 +591,7 @@ fn dump_payload_layout_is_the_documented_field_stream() {
         let info = lock_info(&mut c, key).unwrap();
         let payload = dump(&mut c, key);
         let left_after = int_field(&lock_info(&mut c, key).unwrap(), "ttl");
-        let d = ModuleDump::parse(&payload);
+        let d = parse(&payload);
         assert_eq!(d.type_name(), "redislock");
         assert_eq!(d.encver(), 3);
         // mode (0: exclusive), holders, then the holder: digest, fence, the lease's time
@@ -813,7 +707,7 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
         "own",
     ];
     let (s, mut c, real) = dumped("dump:src", &src);
-    let real = ModuleDump::parse(&real);
+    let real = parse(&real);
     // [mode, holders, digest, fence, time left, acquired-at, client-id, client-addr,
     //  owner-flag, owner, lock-delay, delay left]
     assert_eq!(real.ops.len(), 12);
@@ -948,17 +842,13 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
         ("v1: truncated", v1.with_ops(v1.ops[..3].to_vec()).encode()),
     ]);
     // A huge declared string length with no bytes behind it.
-    let mut huge = vec![RDB_TYPE_MODULE_2];
-    write_len(&mut huge, real.module_id);
-    write_len(&mut huge, OP_UINT);
-    write_len(&mut huge, 0);
-    write_len(&mut huge, OP_UINT);
-    write_len(&mut huge, 1);
-    write_len(&mut huge, OP_STRING);
-    write_len(&mut huge, 1 << 30);
-    huge.extend_from_slice(&real.rdb_version);
-    let crc = crc64(&huge);
-    huge.extend_from_slice(&crc.to_le_bytes());
+    // (an empty last string without EOF, its one-byte length 0 made 0x80 + 4 bytes BE)
+    let empty_last = [Op::Uint(0), Op::Uint(1), Op::Str(Vec::new())];
+    let mut huge = real.with_ops(empty_last.to_vec()).encode_with(false);
+    huge.truncate(huge.len() - 11);
+    huge.push(0x80);
+    huge.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    let huge = sealed(huge, real.rdb_version);
     hostile.push(("digest length 1 GiB with no bytes", huge));
 
     // The unmodified fields re-encoded restore fine, in all three encodings: the encoder

@@ -9,7 +9,7 @@ use common::conn::{
     acquire, acquire_far, assert_deadlines, counter, durable, exists, int, int_field, key_type,
     lock_info, pexpiretime, renew_with_floor, Info,
 };
-use common::{debug_server, primary, unix_ms, wait_until, Server, ServerBuilder};
+use common::{debug_server, primary, unix_ms, wait_until, words, Server, ServerBuilder};
 use redis::{Connection, Value};
 use std::time::Duration;
 
@@ -132,14 +132,7 @@ fn replica_mirrors_acquire_extend_relabel_renew_release_and_forcerelease() {
     let (tok, fence) = acquire(
         &mut pc,
         "repl:a",
-        &[
-            "PX",
-            "60000",
-            "TOKEN",
-            "tok-a----------------tok",
-            "OWNER",
-            "svc-1",
-        ],
+        &words("PX 60000 TOKEN tok-a----------------tok OWNER svc-1"),
     )
     .unwrap();
     assert_eq!(tok, b"tok-a----------------tok");
@@ -153,13 +146,7 @@ fn replica_mirrors_acquire_extend_relabel_renew_release_and_forcerelease() {
     let t1 = unix_ms();
     let ext = int(
         &mut pc,
-        &[
-            "LOCK.EXTEND",
-            "repl:a",
-            "tok-a----------------tok",
-            "PX",
-            "120000",
-        ],
+        &words("LOCK.EXTEND repl:a tok-a----------------tok PX 120000"),
     );
     assert_eq!(ext, 1);
     wait_synced(&p, &r);
@@ -175,14 +162,7 @@ fn replica_mirrors_acquire_extend_relabel_renew_release_and_forcerelease() {
     let renewed = acquire(
         &mut pc,
         "repl:a",
-        &[
-            "PX",
-            "90000",
-            "TOKEN",
-            "tok-a----------------tok",
-            "OWNER",
-            "svc-1",
-        ],
+        &words("PX 90000 TOKEN tok-a----------------tok OWNER svc-1"),
     )
     .unwrap();
     assert_eq!(renewed, (b"tok-a----------------tok".to_vec(), fence));
@@ -196,15 +176,7 @@ fn replica_mirrors_acquire_extend_relabel_renew_release_and_forcerelease() {
     // EXTEND ... OWNER: the replica gets the new label; the fence stays.
     let ext = int(
         &mut pc,
-        &[
-            "LOCK.EXTEND",
-            "repl:a",
-            "tok-a----------------tok",
-            "PX",
-            "90000",
-            "OWNER",
-            "svc-2",
-        ],
+        &words("LOCK.EXTEND repl:a tok-a----------------tok PX 90000 OWNER svc-2"),
     );
     assert_eq!(ext, 1);
     wait_synced(&p, &r);
@@ -314,17 +286,11 @@ fn handoff_to_blocked_waiter_reaches_replica() {
         &["PX", "60000", "TOKEN", "tok-a----------------tok"],
     )
     .unwrap();
-    let b_args = [
-        "TOKEN",
-        "tok-b----------------tok",
-        "OWNER",
-        "waiter-b",
-        "PX",
-        "60000",
-        "BLOCK",
-        "5000",
-    ];
-    let waiter = spawn_waiter(&p, "repl:h", b_args.to_vec());
+    let waiter = spawn_waiter(
+        &p,
+        "repl:h",
+        words("TOKEN tok-b----------------tok OWNER waiter-b PX 60000 BLOCK 5000"),
+    );
     assert!(
         wait_until(Duration::from_secs(5), || p
             .info_field("lock", "lock_waiters")
@@ -351,15 +317,11 @@ fn handoff_to_blocked_waiter_reaches_replica() {
         &["PX", "300", "TOKEN", "tok-c----------------tok"],
     )
     .unwrap();
-    let d_args = [
-        "TOKEN",
-        "tok-d----------------tok",
-        "PX",
-        "60000",
-        "BLOCK",
-        "5000",
-    ];
-    let waiter = spawn_waiter(&p, "repl:h2", d_args.to_vec());
+    let waiter = spawn_waiter(
+        &p,
+        "repl:h2",
+        words("TOKEN tok-d----------------tok PX 60000 BLOCK 5000"),
+    );
     let (td, fd) = waiter
         .join()
         .unwrap()
@@ -557,13 +519,7 @@ fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
     .unwrap();
     let ext = int(
         &mut pc,
-        &[
-            "LOCK.EXTEND",
-            "repl:aof2",
-            "tok-2----------------tok",
-            "PX",
-            "150000",
-        ],
+        &words("LOCK.EXTEND repl:aof2 tok-2----------------tok PX 150000"),
     );
     assert_eq!(ext, 1);
     wait_synced(&p, &r);

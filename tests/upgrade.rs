@@ -5,17 +5,16 @@
 
 mod common;
 
-use common::{contains, files_with, temp_dir, unix_ms, RawConn, Resp, Server, ServerBuilder};
+use common::{
+    contains, files_with, fixtures, temp_dir, unix_ms, with_fixture, RawConn, Resp, Server,
+    ServerBuilder,
+};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1")
-}
+use std::path::PathBuf;
 
 /// `key field value` lines, and `counter value`.
 fn expected(name: &str) -> HashMap<String, i64> {
-    let text = std::fs::read_to_string(fixtures().join(name)).expect("fixture");
+    let text = std::fs::read_to_string(fixtures("v0.1").join(name)).expect("fixture");
     text.lines()
         .filter_map(|l| {
             let parts: Vec<&str> = l.split_whitespace().collect();
@@ -26,19 +25,6 @@ fn expected(name: &str) -> HashMap<String, i64> {
             }
         })
         .collect()
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dest = to.join(e.file_name());
-        if e.path().is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).unwrap();
-        }
-    }
 }
 
 fn int(r: &Resp, f: &str) -> i64 {
@@ -140,8 +126,7 @@ fn check_upgraded(s: &Server, want: &HashMap<String, i64>) -> HashMap<&'static s
 
 #[test]
 fn an_rdb_file_written_by_0_1_loads() {
-    let dir = temp_dir();
-    std::fs::copy(fixtures().join("dump.rdb"), dir.join("dump.rdb")).unwrap();
+    let dir = with_fixture("v0.1", "dump.rdb", "dump.rdb");
     let s = ServerBuilder::new()
         .dir(dir.clone())
         .module_args(&["debug-commands", "yes", "max-ttl", "315360000000"])
@@ -158,11 +143,7 @@ fn an_rdb_file_written_by_0_1_loads() {
 
 #[test]
 fn an_aof_written_by_0_1_loads() {
-    let dir = temp_dir();
-    copy_dir(
-        &fixtures().join("appendonlydir"),
-        &dir.join("appendonlydir"),
-    );
+    let dir = with_fixture("v0.1", "appendonlydir", "appendonlydir");
     let s = ServerBuilder::new()
         .dir(dir.clone())
         .arg("appendonly", "yes")
@@ -251,7 +232,7 @@ fn fence_shift_20_keeps_the_0_1_scale() {
 /// gone 3.5 s later.
 #[test]
 fn a_lock_loaded_from_a_0_1_rdb_loses_its_old_key_expiry_and_survives_an_extend() {
-    let mut rdb = std::fs::read(fixtures().join("dump.rdb")).unwrap();
+    let mut rdb = std::fs::read(fixtures("v0.1").join("dump.rdb")).unwrap();
     let want = expected("rdb.expected");
     let old = want["lock:owner expires-at"] as u64;
     let soon = (unix_ms() + 3000) as u64;

@@ -5,15 +5,13 @@
 //! addresses (IPv4, IPv6, unix socket), each lease with the time it still has by its
 //! deadline (ten-year leases) or gone (a 60 s one), the lifted counter, the tokens.
 
+mod common;
 mod regress;
 
+use common::{fixtures, with_fixture};
 use regress::*;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.2")
-}
+use std::path::PathBuf;
 
 /// `key field value` and `key holder<i> field value` lines.
 struct Expected {
@@ -23,7 +21,7 @@ struct Expected {
 
 impl Expected {
     fn load(name: &str) -> Expected {
-        let text = std::fs::read_to_string(fixtures().join(name)).expect("fixture");
+        let text = std::fs::read_to_string(fixtures("v0.2").join(name)).expect("fixture");
         let mut fields = BTreeMap::new();
         let mut counter = 0;
         for l in text.lines() {
@@ -47,19 +45,6 @@ impl Expected {
         self.fields
             .get(&(key.to_string(), field.to_string()))
             .map(String::as_str)
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dest = to.join(e.file_name());
-        if e.path().is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).unwrap();
-        }
     }
 }
 
@@ -194,26 +179,23 @@ fn check_loaded(s: &Server, want: &Expected, what: &str) {
         Some(excl_fence),
         &format!("{what}: renew of lock:excl"),
     );
-    ck.eq(
-        c.cmd(&["LOCK.RELEASE", "lock:shared", "fixture-token-excl-0001"]),
-        Resp::Int(0),
-        &format!("{what}: wrong token"),
-    );
-    ck.eq(
-        c.cmd(&["LOCK.RELEASE", "lock:shared", "fixture-token-shru-0002"]),
-        Resp::Int(1),
-        &format!("{what}: shared release"),
-    );
-    ck.eq(
-        c.cmd(&["LOCK.RELEASE", "lock:limit", "fixture-token-lim2-0002"]),
-        Resp::Int(1),
-        &format!("{what}: limit release"),
-    );
-    ck.eq(
-        c.cmd(&["LOCK.RELEASE", "lock:classic", "classic-token-0001"]),
-        Resp::Int(1),
-        &format!("{what}: classic release"),
-    );
+    for (key, token, released, name) in [
+        ("lock:shared", "fixture-token-excl-0001", 0, "wrong token"),
+        (
+            "lock:shared",
+            "fixture-token-shru-0002",
+            1,
+            "shared release",
+        ),
+        ("lock:limit", "fixture-token-lim2-0002", 1, "limit release"),
+        ("lock:classic", "classic-token-0001", 1, "classic release"),
+    ] {
+        ck.eq(
+            c.cmd(&["LOCK.RELEASE", key, token]),
+            Resp::Int(released),
+            &format!("{what}: {name}"),
+        );
+    }
     ck.finish();
 }
 
@@ -225,30 +207,21 @@ fn server_for(dir: PathBuf) -> ServerBuilder {
 
 #[test]
 fn an_rdb_file_written_by_00e48ee_loads() {
-    let dir = temp_dir();
-    std::fs::copy(fixtures().join("dump.rdb"), dir.join("dump.rdb")).unwrap();
+    let dir = with_fixture("v0.2", "dump.rdb", "dump.rdb");
     let s = server_for(dir).start();
     check_loaded(&s, &Expected::load("rdb.expected"), "RDB");
 }
 
 #[test]
 fn an_aof_without_preamble_written_by_00e48ee_loads() {
-    let dir = temp_dir();
-    copy_dir(
-        &fixtures().join("aof-plain/appendonlydir"),
-        &dir.join("appendonlydir"),
-    );
+    let dir = with_fixture("v0.2", "aof-plain/appendonlydir", "appendonlydir");
     let s = server_for(dir).arg("appendonly", "yes").start();
     check_loaded(&s, &Expected::load("aof-plain.expected"), "AOF (LOCK.REPL)");
 }
 
 #[test]
 fn an_aof_with_rdb_preamble_written_by_00e48ee_loads() {
-    let dir = temp_dir();
-    copy_dir(
-        &fixtures().join("aof-preamble/appendonlydir"),
-        &dir.join("appendonlydir"),
-    );
+    let dir = with_fixture("v0.2", "aof-preamble/appendonlydir", "appendonlydir");
     let s = server_for(dir).arg("appendonly", "yes").start();
     check_loaded(
         &s,

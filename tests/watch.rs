@@ -11,7 +11,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::{
-    acquire, bulk, grant, lock_stat, ok, primary, server_flavor, start_replica_of, tok, wait_until,
+    acquire, bulk, grant, lock_stat, ok, raw_pair, release, server_flavor, tok, wait_until, words,
     RawConn, Resp, ServerBuilder, SETTLE,
 };
 
@@ -32,27 +32,25 @@ fn texts(r: &Resp) -> Vec<String> {
 /// The summary LOCK.WATCH answers for an exclusive module lock (RESP2).
 fn exclusive(fence: i64, owner: Option<&str>) -> Resp {
     let owner = owner.map_or(Resp::Nil, bulk);
-    Resp::Array(vec![
-        bulk("state"),
-        bulk("held"),
-        bulk("kind"),
-        bulk("module"),
-        bulk("mode"),
-        bulk("exclusive"),
+    let holder = [
         bulk("fence"),
         Resp::Int(fence),
         bulk("owner"),
         owner.clone(),
-        bulk("holders"),
-        Resp::Int(1),
-        bulk("holder-list"),
-        Resp::Array(vec![Resp::Array(vec![
-            bulk("fence"),
-            Resp::Int(fence),
-            bulk("owner"),
-            owner,
-        ])]),
-    ])
+    ];
+    let fields = [
+        ("state", bulk("held")),
+        ("kind", bulk("module")),
+        ("mode", bulk("exclusive")),
+        ("fence", Resp::Int(fence)),
+        ("owner", owner),
+        ("holders", Resp::Int(1)),
+        (
+            "holder-list",
+            Resp::Array(vec![Resp::Array(holder.to_vec())]),
+        ),
+    ];
+    Resp::Array(fields.into_iter().flat_map(|(k, v)| [bulk(k), v]).collect())
 }
 
 /// Sends `LOCK.WATCH key args...` on a new connection and waits until the server counts
@@ -76,6 +74,15 @@ fn watcher(port: u16, ctl: &mut RawConn, key: &str, args: &[&str]) -> RawConn {
 fn answer(w: &mut RawConn) -> Resp {
     w.set_read_timeout(Some(SETTLE));
     w.read().expect("the watcher was not answered")
+}
+
+/// Writes paused on `primary` for 20 s (CLIENT PAUSE WRITE): the FENCE watcher `w` is
+/// answered nil when its lease ends, long before the pause does.
+fn answered_at_the_lease_end_while_paused(primary: &mut RawConn, w: &mut RawConn) {
+    assert_eq!(primary.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]), ok());
+    let t0 = Instant::now();
+    assert_eq!(answer(w), Resp::Nil);
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
 }
 
 /// True if the watcher is still waiting after `ms` (nothing to read).
@@ -171,14 +178,7 @@ fn watch_answers_at_once_when_its_wait_is_over_and_never_shows_a_token() {
     assert_eq!(shown, want);
     // A classic string lock: held, kind string, no fence and no label.
     assert_eq!(
-        c.cmd(&[
-            "SET",
-            "lock:str",
-            "value-token-0000001",
-            "NX",
-            "PX",
-            "60000"
-        ]),
+        c.cmd(&words("SET lock:str value-token-0000001 NX PX 60000")),
         ok()
     );
     let r = c.cmd(&["LOCK.WATCH", "lock:str"]);
@@ -240,9 +240,7 @@ fn a_watcher_is_answered_by_every_change_that_ends_its_wait() {
     // FENCE f: whatever ends that holder answers it, with who holds the key then (nil).
     type Change = fn(&mut RawConn, &str, &str);
     let changes: [(&str, Change); 6] = [
-        ("release", |c, k, t| {
-            assert_eq!(c.cmd(&["LOCK.RELEASE", k, t]).int(), 1)
-        }),
+        ("release", |c, k, t| assert_eq!(release(c, k, t), 1)),
         ("forcerelease", |c, k, _| {
             assert_eq!(c.cmd(&["LOCK.FORCERELEASE", k]).int(), 1)
         }),
@@ -267,18 +265,9 @@ fn a_watcher_is_answered_by_every_change_that_ends_its_wait() {
     let (_, f) = acquire(&mut c, "lock:h", &["PX", "60000", "TOKEN", &t]);
     let mut w = watcher(port, &mut c, "lock:h", &["FENCE", &f.to_string()]);
     let mut waiter = RawConn::connect(port);
-    waiter.send(&[
-        "LOCK.ACQUIRE",
-        "lock:h",
-        "PX",
-        "60000",
-        "OWNER",
-        "next",
-        "BLOCK",
-        "0",
-    ]);
+    waiter.send(&words("LOCK.ACQUIRE lock:h PX 60000 OWNER next BLOCK 0"));
     assert!(wait_until(SETTLE, || lock_stat(&mut c, "waiters") == 1));
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:h", &t]).int(), 1);
+    assert_eq!(release(&mut c, "lock:h", &t), 1);
     let (_, next) = grant(&answer(&mut waiter));
     assert_eq!(answer(&mut w), exclusive(next, Some("next")));
     // FENCE f OWNER label: a relabel (EXTEND ... OWNER) answers it; a plain FENCE f
@@ -309,15 +298,15 @@ fn a_watcher_is_answered_by_every_change_that_ends_its_wait() {
     let (r2, _) = acquire(&mut c, "lock:s", &["SHARED", "PX", "60000"]);
     let (_, g3) = acquire(&mut c, "lock:s", &["SHARED", "PX", "60000"]);
     let mut w = watcher(port, &mut c, "lock:s", &["FENCE", &g1.to_string()]);
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:s", &r2]).int(), 1);
+    assert_eq!(release(&mut c, "lock:s", &r2), 1);
     assert!(still_waiting(&mut w, 300), "another reader left");
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:s", &r1]).int(), 1);
+    assert_eq!(release(&mut c, "lock:s", &r1), 1);
     let r = answer(&mut w);
     assert_eq!(r.get("holders"), Some(Resp::Int(1)), "{r:?}");
     let list = r.get("holder-list").expect("holder-list").items();
     assert_eq!(list[0].get("fence"), Some(Resp::Int(g3)));
     // The plain FENCE watcher of lock:l ends with its holder.
-    assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:l", &t]).int(), 1);
+    assert_eq!(release(&mut c, "lock:l", &t), 1);
     assert_eq!(answer(&mut by_fence), Resp::Nil);
     assert!(wait_until(SETTLE, || lock_stat(&mut c, "watchers") == 0));
 }
@@ -373,11 +362,8 @@ fn a_fence_watcher_is_answered_when_the_lease_ends_while_writes_are_paused() {
     let mut c = RawConn::connect(s.port);
     let (_, f) = acquire(&mut c, "lock:p", &["PX", "1500"]);
     let mut w = watcher(s.port, &mut c, "lock:p", &["FENCE", &f.to_string()]);
-    assert_eq!(c.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]), ok());
-    let t0 = Instant::now();
-    assert_eq!(answer(&mut w), Resp::Nil);
     // Long before the pause ends, and the key is still there: nothing removed it.
-    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    answered_at_the_lease_end_while_paused(&mut c, &mut w);
     assert_eq!(c.cmd(&["EXISTS", "lock:p"]).int(), 1);
     assert_eq!(c.cmd(&["CLIENT", "UNPAUSE"]), ok());
     assert!(wait_until(SETTLE, || c.cmd(&["EXISTS", "lock:p"]).int() == 0));
@@ -391,10 +377,8 @@ fn a_watcher_of_a_free_key_sees_a_string_lock_appear_once_key_events_are_on() {
     let s = ServerBuilder::new().start();
     let mut c = RawConn::connect(s.port);
     // Someone waits for a string lock: the module starts listening to key events.
-    assert_eq!(
-        c.cmd(&["SET", "lock:s1", "classic-token", "NX", "PX", "200"]),
-        ok()
-    );
+    let set = words("SET lock:s1 classic-token NX PX 200");
+    assert_eq!(c.cmd(&set), ok());
     assert!(matches!(
         c.cmd(&["LOCK.ACQUIRE", "lock:s1", "BLOCK", "3000"]),
         Resp::Array(_)
@@ -410,10 +394,7 @@ fn a_watcher_of_a_free_key_sees_a_string_lock_appear_once_key_events_are_on() {
 
 #[test]
 fn watchers_on_a_replica_are_woken_by_what_the_primary_sends() {
-    let p = primary().start();
-    let r = start_replica_of(&p, ServerBuilder::new());
-    let mut pc = RawConn::connect(p.port);
-    let mut rc = RawConn::connect(r.port);
+    let (_p, r, mut pc, mut rc) = raw_pair();
     let mut w = watcher(r.port, &mut rc, "lock:r", &[]);
     let t = tok("replica-watch");
     let (_, f) = acquire(
@@ -425,7 +406,7 @@ fn watchers_on_a_replica_are_woken_by_what_the_primary_sends() {
     let mut w = watcher(r.port, &mut rc, "lock:r", &["FENCE", &f.to_string()]);
     sleep(Duration::from_millis(50));
     assert!(still_waiting(&mut w, 200));
-    assert_eq!(pc.cmd(&["LOCK.RELEASE", "lock:r", &t]).int(), 1);
+    assert_eq!(release(&mut pc, "lock:r", &t), 1);
     assert_eq!(answer(&mut w), Resp::Nil);
     // The primary removes nothing (its writes are paused): the replica's watcher of a
     // fence is still answered when that lease ends, and its LOCK.INFO treats the lease
@@ -433,10 +414,7 @@ fn watchers_on_a_replica_are_woken_by_what_the_primary_sends() {
     let (_, f) = acquire(&mut pc, "lock:q", &["PX", "1500"]);
     assert_eq!(pc.cmd(&["WAIT", "1", "5000"]).int(), 1);
     let mut w = watcher(r.port, &mut rc, "lock:q", &["FENCE", &f.to_string()]);
-    assert_eq!(pc.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]), ok());
-    let t0 = Instant::now();
-    assert_eq!(answer(&mut w), Resp::Nil);
-    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    answered_at_the_lease_end_while_paused(&mut pc, &mut w);
     assert_eq!(rc.cmd(&["EXISTS", "lock:q"]).int(), 1);
     assert_eq!(rc.cmd(&["LOCK.INFO", "lock:q"]), Resp::Nil);
     assert_eq!(rc.cmd(&["LOCK.CHECK", "lock:q", &f.to_string()]).int(), 0);

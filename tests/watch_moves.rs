@@ -17,23 +17,6 @@ use std::time::{Duration, Instant};
 
 // ---- helpers ----------------------------------------------------------------------------
 
-fn ok() -> Resp {
-    Resp::Simple("OK".into())
-}
-
-/// `LOCK.ACQUIRE key PX ms TOKEN token extra...`: the fence (panics unless granted).
-fn take_px(c: &mut RawConn, key: &str, token: &str, px: u64, extra: &[&str]) -> i64 {
-    let px = px.to_string();
-    let mut cmd = vec!["LOCK.ACQUIRE", key, "PX", &px, "TOKEN", token];
-    cmd.extend_from_slice(extra);
-    let r = c.cmd(&cmd);
-    granted(&r).1
-}
-
-fn take(c: &mut RawConn, key: &str, token: &str, extra: &[&str]) -> i64 {
-    take_px(c, key, token, 60_000, extra)
-}
-
 /// `INFO lock` `lock_watchers`.
 fn watchers(c: &mut RawConn) -> i64 {
     let text = c.cmd(&["INFO", "lock"]).text();
@@ -45,6 +28,25 @@ fn watchers(c: &mut RawConn) -> i64 {
 fn wait_watchers(c: &mut RawConn, n: i64) {
     let ok = wait_until(SETTLE, || watchers(c) == n);
     assert!(ok, "expected {n} watchers, INFO says {}", watchers(c));
+}
+
+/// The fences of a summary's `holder-list`.
+fn listed_fences(r: &Resp) -> Vec<i64> {
+    let list = field(r, "holder-list").unwrap().items();
+    list.iter().filter_map(fence_of).collect()
+}
+
+/// The ids of the clients blocked in LOCK.WATCH (`CLIENT LIST`).
+fn blocked_watchers(c: &mut RawConn) -> Vec<String> {
+    let list = c.cmd(&["CLIENT", "LIST"]).text();
+    list.lines()
+        .filter(|l| l.contains("cmd=lock.watch") && l.contains(" flags=b"))
+        .filter_map(|l| {
+            l.split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .map(str::to_string)
+        })
+        .collect()
 }
 
 /// A client in LOCK.WATCH (or anything sent and not yet answered), on db `db`.
@@ -97,23 +99,6 @@ fn fence_of(r: &Resp) -> Option<i64> {
     field(r, "fence").and_then(|f| f.as_int())
 }
 
-fn alive(s: &Server, k: &mut Checks, what: &str) {
-    let ping = s
-        .try_raw(Duration::from_secs(5))
-        .and_then(|mut c| c.call(&["PING"]));
-    k.check(
-        matches!(&ping, Ok(Resp::Simple(p)) if p == "PONG"),
-        format!(
-            "{what}: the server answers PING ({ping:?})\n{}",
-            s.log_tail()
-        ),
-    );
-    k.check(
-        !s.log().to_ascii_lowercase().contains("panic"),
-        format!("{what}: no panic in the log\n{}", s.log_tail()),
-    );
-}
-
 /// How long an answer may take once its cause happened (the agenda runs within a few ms;
 /// slack for a loaded machine).
 const PROMPT: Duration = Duration::from_secs(3);
@@ -122,9 +107,7 @@ const PROMPT: Duration = Duration::from_secs(3);
 
 #[test]
 fn watch_without_fence_answers_once_the_key_is_held() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     // Held: at once, whatever the kind.
     let t = tok("held-at-once");
     let f = take(&mut c, "lock:held", &t, &["OWNER", "leader-1"]);
@@ -135,7 +118,7 @@ fn watch_without_fence_answers_once_the_key_is_held() {
         let t0 = Instant::now();
         let r = c.cmd(&["LOCK.WATCH", key]);
         k.check(
-            field(&r, "state") == Some(Resp::Bulk(b("held"))) && t0.elapsed() < PROMPT,
+            field(&r, "state") == Some(bulk("held")) && t0.elapsed() < PROMPT,
             format!("{key} answers at once: {r:?}"),
         );
     }
@@ -166,11 +149,7 @@ fn watch_without_fence_answers_once_the_key_is_held() {
             Some(f),
             &format!("watcher {i}: the new holder's fence"),
         );
-        k.eq(
-            field(&r, "owner"),
-            Some(Resp::Bulk(b("new-leader"))),
-            "its label",
-        );
+        k.eq(field(&r, "owner"), Some(bulk("new-leader")), "its label");
         k.check(w.answered_once(), "answered once");
     }
 
@@ -207,7 +186,7 @@ fn watch_without_fence_answers_once_the_key_is_held() {
         Some(wf),
         "the watcher sees the waiter that got it",
     );
-    k.eq(field(&r, "owner"), Some(Resp::Bulk(b("next"))), "its label");
+    k.eq(field(&r, "owner"), Some(bulk("next")), "its label");
 
     // A lock restored onto a watched free key.
     let payload = c.cmd(&["DUMP", "lock:held"]).bytes();
@@ -222,43 +201,48 @@ fn watch_without_fence_answers_once_the_key_is_held() {
         format!("woken by a RESTORE: {r:?}"),
     );
     k.eq(watchers(&mut c), 0, "no watcher left");
-    alive(&s, &mut k, "watch without fence");
-    k.finish();
+    k.finish_alive(&s, "watch without fence");
 }
 
 #[test]
 fn watch_without_fence_sees_a_lock_renamed_or_moved_onto_the_key() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
-    let f = take(&mut c, "lock:src1", &tok("renamed"), &[]);
-    let mut w = Watch::start(s.port, 0, &["lock:dst1", "BLOCK", "6000"]);
-    wait_watchers(&mut c, 1);
-    k.eq(c.cmd(&["RENAME", "lock:src1", "lock:dst1"]), ok(), "RENAME");
-    let r = w.within(PROMPT);
-    k.check(
-        r.as_ref().is_ok_and(|r| fence_of(r) == Some(f)),
-        format!(
-            "RENAME onto a watched key: answered promptly with the lock, got {r:?} after {:?}",
-            w.sent.elapsed()
+    let (s, mut c, mut k) = start(ServerBuilder::new());
+    // (source, token name, watched key and its db, the move and its reply, what it is)
+    let moves = [
+        (
+            "lock:src1",
+            "renamed",
+            "lock:dst1",
+            0,
+            ["RENAME", "lock:src1", "lock:dst1"],
+            ok(),
         ),
-    );
-    drop(w);
-    wait_watchers(&mut c, 0);
-    let f = take(&mut c, "lock:src2", &tok("moved"), &[]);
-    let mut w = Watch::start(s.port, 1, &["lock:src2", "BLOCK", "6000"]);
-    wait_watchers(&mut c, 1);
-    k.eq(c.cmd(&["MOVE", "lock:src2", "1"]), Resp::Int(1), "MOVE");
-    let r = w.within(PROMPT);
-    k.check(
-        r.as_ref().is_ok_and(|r| fence_of(r) == Some(f)),
-        format!(
-            "MOVE into a watched key's db: answered promptly with the lock, got {r:?} after {:?}",
-            w.sent.elapsed()
+        (
+            "lock:src2",
+            "moved",
+            "lock:src2",
+            1,
+            ["MOVE", "lock:src2", "1"],
+            Resp::Int(1),
         ),
-    );
-    drop(w);
-    wait_watchers(&mut c, 0);
+    ];
+    let whats = ["RENAME onto a watched key", "MOVE into a watched key's db"];
+    for ((src, name, key, db, cmd, reply), what) in moves.into_iter().zip(whats) {
+        let f = take(&mut c, src, &tok(name), &[]);
+        let mut w = Watch::start(s.port, db, &[key, "BLOCK", "6000"]);
+        wait_watchers(&mut c, 1);
+        k.eq(c.cmd(&cmd), reply, cmd[0]);
+        let r = w.within(PROMPT);
+        k.check(
+            r.as_ref().is_ok_and(|r| fence_of(r) == Some(f)),
+            format!(
+                "{what}: answered promptly with the lock, got {r:?} after {:?}",
+                w.sent.elapsed()
+            ),
+        );
+        drop(w);
+        wait_watchers(&mut c, 0);
+    }
     // A classic SET NX lock appearing on a watched free key: seen once the module listens
     // to keyspace events (after a client first waited for a string lock).
     c.cmd(&["SET", "lock:cls-held", &tok("classic-a"), "PX", "60000"]);
@@ -273,7 +257,7 @@ fn watch_without_fence_sees_a_lock_renamed_or_moved_onto_the_key() {
     let r = w.within(PROMPT);
     k.check(
         r.as_ref()
-            .is_ok_and(|r| field(r, "kind") == Some(Resp::Bulk(b("string")))),
+            .is_ok_and(|r| field(r, "kind") == Some(bulk("string"))),
         format!(
             "SET NX onto a watched key (key events on): answered promptly, got {r:?} after {:?}",
             w.sent.elapsed()
@@ -361,29 +345,36 @@ fn watch_fence_answers_whatever_removes_the_holder() {
     let mut answer = |name: &str, k: &mut Checks| take_answer(&mut ws, name, k);
     let fs = |name: &str| fences[name].to_string();
 
-    c.cmd(&["LOCK.RELEASE", "lock:release", &t]);
-    let got = answer("release", &mut k);
-    k.eq(got, Some(Resp::Nil), "release: free");
-    c.cmd(&["LOCK.FORCERELEASE", "lock:forcerelease"]);
-    let got = answer("forcerelease", &mut k);
-    k.eq(got, Some(Resp::Nil), "forcerelease");
-    c.cmd(&[
-        "LOCK.FORCERELEASE",
-        "lock:forcerelease-fence",
-        "FENCE",
-        &fs("forcerelease-fence"),
-    ]);
-    let got = answer("forcerelease-fence", &mut k);
-    k.eq(got, Some(Resp::Nil), "forcerelease FENCE");
-    c.cmd(&["DEL", "lock:del"]);
-    let got = answer("del", &mut k);
-    k.eq(got, Some(Resp::Nil), "DEL");
-    c.cmd(&["UNLINK", "lock:unlink"]);
-    let got = answer("unlink", &mut k);
-    k.eq(got, Some(Resp::Nil), "UNLINK");
-    c.cmd(&["RENAME", "lock:rename", "lock:renamed-away"]);
-    let got = answer("rename", &mut k);
-    k.eq(got, Some(Resp::Nil), "RENAME away");
+    let ff = fs("forcerelease-fence");
+    // (what removes the holder, the watcher's case, what the check is called)
+    for (cmd, name, what) in [
+        (
+            vec!["LOCK.RELEASE", "lock:release", &t],
+            "release",
+            "release: free",
+        ),
+        (
+            vec!["LOCK.FORCERELEASE", "lock:forcerelease"],
+            "forcerelease",
+            "forcerelease",
+        ),
+        (
+            vec!["LOCK.FORCERELEASE", "lock:forcerelease-fence", "FENCE", &ff],
+            "forcerelease-fence",
+            "forcerelease FENCE",
+        ),
+        (vec!["DEL", "lock:del"], "del", "DEL"),
+        (vec!["UNLINK", "lock:unlink"], "unlink", "UNLINK"),
+        (
+            vec!["RENAME", "lock:rename", "lock:renamed-away"],
+            "rename",
+            "RENAME away",
+        ),
+    ] {
+        c.cmd(&cmd);
+        let got = answer(name, &mut k);
+        k.eq(got, Some(Resp::Nil), what);
+    }
     let other = take(&mut c, "lock:restore-src", &tok("restored-holder"), &[]);
     let payload = c.cmd(&["DUMP", "lock:restore-src"]).bytes();
     let restore: Vec<Vec<u8>> = vec![
@@ -411,7 +402,7 @@ fn watch_fence_answers_whatever_removes_the_holder() {
     );
     k.eq(
         r.as_ref().and_then(|r| field(r, "owner")),
-        Some(Resp::Bulk(b("successor"))),
+        Some(bulk("successor")),
         "its label",
     );
     let port = target.port.to_string();
@@ -437,7 +428,7 @@ fn watch_fence_answers_whatever_removes_the_holder() {
     let r = answer("owner-other", &mut k);
     k.eq(
         r.as_ref().and_then(|r| field(r, "owner")),
-        Some(Resp::Bulk(b("o2"))),
+        Some(bulk("o2")),
         "relabelled",
     );
     k.eq(
@@ -486,13 +477,14 @@ fn watch_fence_answers_whatever_removes_the_holder() {
         &tok("other-reader"),
     ]);
     sleep(Duration::from_millis(500));
-    for name in [
+    let unwoken = [
         "extend",
         "renew",
         "owner-same",
         "owner-other-no-owner-watch",
         "shared-other-leaves",
-    ] {
+    ];
+    for name in unwoken {
         let w = ws.get_mut(name).unwrap();
         k.check(
             w.silent_for(Duration::from_millis(20)),
@@ -504,28 +496,19 @@ fn watch_fence_answers_whatever_removes_the_holder() {
     c.cmd(&["FLUSHALL"]);
     let got = answer("flushall", &mut k);
     k.eq(got, Some(Resp::Nil), "FLUSHALL");
-    for name in [
-        "extend",
-        "renew",
-        "owner-same",
-        "owner-other-no-owner-watch",
-        "shared-other-leaves",
-    ] {
+    for name in unwoken {
         let got = answer(name, &mut k);
         k.eq(got, Some(Resp::Nil), &format!("{name}: FLUSHALL ends it"));
     }
     k.eq(watchers(&mut c), 0, "no watcher left");
-    alive(&s, &mut k, "fence watchers");
-    k.finish();
+    k.finish_alive(&s, "fence watchers");
 }
 
 // ---- BLOCK, contexts, unblock, disconnect, limits ------------------------------------------
 
 #[test]
 fn watch_block_contexts_unblock_and_limits() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let t = tok("block-holder");
     let f = take(&mut c, "lock:b", &t, &["OWNER", "b-owner"]);
     let fs = f.to_string();
@@ -586,16 +569,7 @@ fn watch_block_contexts_unblock_and_limits() {
     let mut cu = Watch::start(s.port, 0, &["lock:b", "FENCE", &fs]);
     let mut ce = Watch::start(s.port, 0, &["lock:b", "FENCE", &fs]);
     wait_watchers(&mut c, 3);
-    let list = c.cmd(&["CLIENT", "LIST"]).text();
-    let ids: Vec<String> = list
-        .lines()
-        .filter(|l| l.contains("cmd=lock.watch") && l.contains(" flags=b"))
-        .filter_map(|l| {
-            l.split(' ')
-                .find_map(|f| f.strip_prefix("id="))
-                .map(str::to_string)
-        })
-        .collect();
+    let ids = blocked_watchers(&mut c);
     k.eq(ids.len(), 3, "three blocked watchers in CLIENT LIST");
     let f = server_flavor();
     let unblock_works = f.is_valkey() || f.at_least(7, 4);
@@ -638,16 +612,7 @@ fn watch_block_contexts_unblock_and_limits() {
         let f2 = info_int(&mut c, "lock:b", "fence").to_string();
         let mut w = Watch::start(s.port, 0, &["lock:b", "FENCE", &f2]);
         wait_watchers(&mut c, 1);
-        let list = c.cmd(&["CLIENT", "LIST"]).text();
-        let id = list
-            .lines()
-            .filter(|l| l.contains("cmd=lock.watch") && l.contains(" flags=b"))
-            .find_map(|l| {
-                l.split(' ')
-                    .find_map(|f| f.strip_prefix("id="))
-                    .map(str::to_string)
-            })
-            .unwrap();
+        let id = blocked_watchers(&mut c).remove(0);
         k.eq(
             c.cmd(&["CLIENT", "UNBLOCK", &id, "ERROR"]),
             Resp::Int(1),
@@ -696,38 +661,21 @@ fn watch_block_contexts_unblock_and_limits() {
     c.cmd(&["CONFIG", "SET", "lock.max-waiters", "10000"]);
 
     // Bad input.
-    for (argv, want) in [
+    for (line, want) in [
+        ("LOCK.WATCH lock:b OWNER x", "ERR syntax error"),
+        ("LOCK.WATCH lock:b FENCE 0", "ERR FENCE must be"),
+        ("LOCK.WATCH lock:b FENCE abc", "ERR FENCE must be"),
+        ("LOCK.WATCH lock:b BLOCK -1", "ERR timeout is negative"),
+        ("LOCK.WATCH lock:b BLOCK x", "ERR timeout is not an integer"),
         (
-            vec!["LOCK.WATCH", "lock:b", "OWNER", "x"],
-            "ERR syntax error",
-        ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "FENCE", "0"],
-            "ERR FENCE must be",
-        ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "FENCE", "abc"],
-            "ERR FENCE must be",
-        ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "BLOCK", "-1"],
-            "ERR timeout is negative",
-        ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "BLOCK", "x"],
-            "ERR timeout is not an integer",
-        ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "BLOCK", "9223372036854775807"],
+            "LOCK.WATCH lock:b BLOCK 9223372036854775807",
             "ERR timeout is out of range",
         ),
-        (
-            vec!["LOCK.WATCH", "lock:b", "FENCE", "1", "FENCE", "2"],
-            "ERR syntax error",
-        ),
-        (vec!["LOCK.WATCH", "lock:b", "NOPE"], "ERR syntax error"),
-        (vec!["LOCK.WATCH"], "ERR wrong number of arguments"),
+        ("LOCK.WATCH lock:b FENCE 1 FENCE 2", "ERR syntax error"),
+        ("LOCK.WATCH lock:b NOPE", "ERR syntax error"),
+        ("LOCK.WATCH", "ERR wrong number of arguments"),
     ] {
+        let argv = words(line);
         let r = c.cmd(&argv);
         k.check(
             is_err_with(&r, want),
@@ -738,8 +686,7 @@ fn watch_block_contexts_unblock_and_limits() {
     let r = c.cmd(&["LOCK.WATCH", "lock:list", "BLOCK", "10"]);
     k.check(is_err_with(&r, "WRONGTYPE "), format!("a list: {r:?}"));
     k.eq(watchers(&mut c), 0, "no watcher left");
-    alive(&s, &mut k, "block and limits");
-    k.finish();
+    k.finish_alive(&s, "block and limits");
 }
 
 fn f_int(s: &str) -> i64 {
@@ -748,9 +695,7 @@ fn f_int(s: &str) -> i64 {
 
 #[test]
 fn a_thousand_watchers_are_each_woken_once_and_leave_nothing() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let t = tok("thousand");
     let mut mem = Vec::new();
     // Four rounds: the first one grows what the server keeps for a thousand clients (its
@@ -824,15 +769,12 @@ fn a_thousand_watchers_are_each_woken_once_and_leave_nothing() {
         mem[2].min(mem[3]) - mem[1] < 256 * 1024,
         format!("used_memory after four rounds of 1000 watchers: {mem:?}"),
     );
-    alive(&s, &mut k, "thousand watchers");
-    k.finish();
+    k.finish_alive(&s, "thousand watchers");
 }
 
 #[test]
 fn watchers_with_deadlines_on_many_keys_are_all_answered_on_time() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let t = tok("agenda");
     let keys = 150;
     let changed = |i: usize| i.is_multiple_of(10);
@@ -925,8 +867,7 @@ fn watchers_with_deadlines_on_many_keys_are_all_answered_on_time() {
         format!("{} of {} watchers: {bad:?}", bad.len(), keys * 3),
     );
     k.eq(watchers(&mut c), 0, "no watcher left");
-    alive(&s, &mut k, "agenda");
-    k.finish();
+    k.finish_alive(&s, "agenda");
 }
 
 // ---- replicas --------------------------------------------------------------------------
@@ -970,7 +911,7 @@ fn watch_on_a_replica_follows_its_primary_and_the_lease() {
     let rr = relabel.within(PROMPT);
     k.check(
         rr.as_ref()
-            .is_ok_and(|r| field(r, "owner") == Some(Resp::Bulk(b("third")))),
+            .is_ok_and(|r| field(r, "owner") == Some(bulk("third"))),
         format!("replica OWNER watcher: {rr:?}"),
     );
     // The primary stopped: a FENCE watcher on the replica is answered at the lease's end.
@@ -998,8 +939,7 @@ fn watch_on_a_replica_follows_its_primary_and_the_lease() {
         );
     }
     k.eq(watchers(&mut rc), 0, "no watcher left on the replica");
-    alive(&r, &mut k, "replica");
-    k.finish();
+    k.finish_alive(&r, "replica");
 }
 
 // ---- the summary -------------------------------------------------------------------------
@@ -1058,11 +998,11 @@ fn the_summary_names_holders_never_tokens() {
             .to_vec(),
             &format!("{proto}: exclusive fields"),
         );
-        k.eq(field(&x, "state"), Some(Resp::Bulk(b("held"))), "state");
-        k.eq(field(&x, "kind"), Some(Resp::Bulk(b("module"))), "kind");
-        k.eq(field(&x, "mode"), Some(Resp::Bulk(b("exclusive"))), "mode");
+        k.eq(field(&x, "state"), Some(bulk("held")), "state");
+        k.eq(field(&x, "kind"), Some(bulk("module")), "kind");
+        k.eq(field(&x, "mode"), Some(bulk("exclusive")), "mode");
         k.eq(fence_of(&x), Some(f), "fence");
-        k.eq(field(&x, "owner"), Some(Resp::Bulk(b("svc-a"))), "owner");
+        k.eq(field(&x, "owner"), Some(bulk("svc-a")), "owner");
         k.eq(field(&x, "holders"), Some(Resp::Int(1)), "holders");
         let list = field(&x, "holder-list").unwrap().items();
         k.eq(list.len(), 1, "one holder listed");
@@ -1080,11 +1020,7 @@ fn the_summary_names_holders_never_tokens() {
         }
 
         let sh = conn.cmd(&["LOCK.WATCH", "lock:s"]);
-        k.eq(
-            field(&sh, "mode"),
-            Some(Resp::Bulk(b("shared"))),
-            "shared mode",
-        );
+        k.eq(field(&sh, "mode"), Some(bulk("shared")), "shared mode");
         k.eq(field(&sh, "holders"), Some(Resp::Int(12)), "12 holders");
         k.eq(
             field(&sh, "fence"),
@@ -1103,33 +1039,20 @@ fn the_summary_names_holders_never_tokens() {
         k.eq(
             list.iter().map(|h| field(h, "owner")).collect::<Vec<_>>(),
             (0..10)
-                .map(|i| Some(Resp::Bulk(b(&format!("reader-{i}")))))
+                .map(|i| Some(bulk(&format!("reader-{i}"))))
                 .collect::<Vec<_>>(),
             "their labels",
         );
 
         let n = conn.cmd(&["LOCK.WATCH", "lock:n"]);
-        k.eq(
-            field(&n, "mode"),
-            Some(Resp::Bulk(b("counted"))),
-            "counted mode",
-        );
+        k.eq(field(&n, "mode"), Some(bulk("counted")), "counted mode");
         k.eq(field(&n, "holders"), Some(Resp::Int(2)), "2 permits held");
-        let listed: Vec<i64> = field(&n, "holder-list")
-            .unwrap()
-            .items()
-            .iter()
-            .filter_map(fence_of)
-            .collect();
+        let listed = listed_fences(&n);
         k.eq(listed, permits.clone(), "the permits' fences");
         k.eq(field(&n, "owner"), None, "no label set, no top-level owner");
 
         let st = conn.cmd(&["LOCK.WATCH", "lock:str"]);
-        k.eq(
-            field(&st, "kind"),
-            Some(Resp::Bulk(b("string"))),
-            "string kind",
-        );
+        k.eq(field(&st, "kind"), Some(bulk("string")), "string kind");
         k.eq(
             field(&st, "fence"),
             Some(Resp::Nil),
@@ -1177,12 +1100,7 @@ fn the_summary_names_holders_never_tokens() {
         "woken summary = current summary",
     );
     k.eq(field(&woke, "holders"), Some(Resp::Int(11)), "11 left");
-    let listed: Vec<i64> = field(&woke, "holder-list")
-        .unwrap()
-        .items()
-        .iter()
-        .filter_map(fence_of)
-        .collect();
+    let listed = listed_fences(&woke);
     k.eq(
         listed,
         readers[1..11].iter().map(|(_, f)| *f).collect::<Vec<_>>(),
@@ -1222,7 +1140,7 @@ fn extend_owner_relabels_keeping_the_fence_on_every_path() {
         );
         k.eq(
             info(&mut c, &key).get("owner"),
-            Some(Resp::Bulk(b(&label))),
+            Some(bulk(&label)),
             &format!("{}: new label", path.name()),
         );
         let wrong = paths::send(
@@ -1264,7 +1182,7 @@ fn extend_owner_relabels_keeping_the_fence_on_every_path() {
         .collect();
     k.eq(
         owners,
-        vec![Some(Resp::Bulk(b("a2"))), Some(Resp::Bulk(b("b")))],
+        vec![Some(bulk("a2")), Some(bulk("b"))],
         "only that reader",
     );
     // A string lock has no label; bad labels.
@@ -1292,11 +1210,10 @@ fn extend_owner_relabels_keeping_the_fence_on_every_path() {
     let r2 = replica_of(&p, ServerBuilder::new());
     k.eq(
         info(&mut conn(&r2), "lock:eo:direct").get("owner"),
-        Some(Resp::Bulk(b("after-direct"))),
+        Some(bulk("after-direct")),
         "a new replica's full sync carries the label",
     );
-    alive(&p, &mut k, "extend owner");
-    k.finish();
+    k.finish_alive(&p, "extend owner");
 }
 
 // ---- cluster ----------------------------------------------------------------------------

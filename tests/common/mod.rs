@@ -31,6 +31,12 @@ pub fn tok(name: &str) -> String {
     format!("{name:-<20}-tok")
 }
 
+/// The words of `s`: a command line or its arguments written on one line (arguments
+/// without spaces).
+pub fn words(s: &str) -> Vec<&str> {
+    s.split(' ').collect()
+}
+
 /// True when `needle` occurs in `hay`.
 pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
@@ -50,6 +56,32 @@ pub fn files_with(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBu
         }
     }
     out
+}
+
+/// `tests/fixtures/<release>`: files an old release wrote.
+pub fn fixtures(release: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(release)
+}
+
+/// A new temporary directory holding a copy of `fixtures(release)/from` (a file or a
+/// directory) named `to`.
+pub fn with_fixture(release: &str, from: &str, to: &str) -> std::path::PathBuf {
+    fn copy(from: &std::path::Path, to: &std::path::Path) {
+        if from.is_dir() {
+            std::fs::create_dir_all(to).unwrap();
+            for e in std::fs::read_dir(from).unwrap() {
+                let e = e.unwrap();
+                copy(&e.path(), &to.join(e.file_name()));
+            }
+        } else {
+            std::fs::copy(from, to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+        }
+    }
+    let dir = temp_dir();
+    copy(&fixtures(release).join(from), &dir.join(to));
+    dir
 }
 
 /// `n` keys `{prefix}{i}` that expire in `ttl_ms` (Redis's own expiry samples them
@@ -78,6 +110,14 @@ pub fn start_replica_of(primary: &Server, builder: ServerBuilder) -> Server {
     builder
         .try_start_replica_of(primary, SETTLE)
         .unwrap_or_else(|e| panic!("replica of {}: {e}", primary.port))
+}
+
+/// A [`primary`], a synced replica of it, and a [`RawConn`] to each.
+pub fn raw_pair() -> (Server, Server, RawConn, RawConn) {
+    let p = primary().start();
+    let r = start_replica_of(&p, ServerBuilder::new());
+    let (pc, rc) = (RawConn::connect(p.port), RawConn::connect(r.port));
+    (p, r, pc, rc)
 }
 
 /// True when no background save or AOF rewrite runs or is scheduled on `s`.
@@ -470,6 +510,11 @@ pub fn acquire(c: &mut RawConn, key: &str, opts: &[&str]) -> (String, i64) {
     let mut args = vec!["LOCK.ACQUIRE", key];
     args.extend_from_slice(opts);
     grant(&c.cmd(&args))
+}
+
+/// `LOCK.RELEASE key token` over a [`RawConn`]: 1 released, 0 not held by `token`.
+pub fn release(c: &mut RawConn, key: &str, token: &str) -> i64 {
+    c.cmd(&["LOCK.RELEASE", key, token]).int()
 }
 
 pub fn ok() -> Resp {

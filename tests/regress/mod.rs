@@ -46,6 +46,11 @@ pub fn caught_up(primary: &Server, replica: &Server) {
     );
 }
 
+/// The words of `s`: a command line written on one line (arguments without spaces).
+pub fn words(s: &str) -> Vec<&str> {
+    s.split(' ').collect()
+}
+
 /// The command line `LOCK.ACQUIRE key args...`.
 pub fn acq<'a>(key: &'a str, args: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec!["LOCK.ACQUIRE", key];
@@ -55,14 +60,15 @@ pub fn acq<'a>(key: &'a str, args: &[&'a str]) -> Vec<&'a str> {
 
 /// `[token, fence]` of a grant, None for nil; panics on anything else.
 pub fn grant(r: &Resp) -> Option<(Vec<u8>, i64)> {
-    match r {
-        Resp::Nil => None,
-        Resp::Array(items) => match items.as_slice() {
-            [Resp::Bulk(t), Resp::Int(f)] => Some((t.clone(), *f)),
-            _ => panic!("not a grant: {r:?}"),
-        },
-        _ => panic!("not a grant: {r:?}"),
-    }
+    let items = match r {
+        Resp::Nil => return None,
+        Resp::Array(items) => items.as_slice(),
+        _ => &[],
+    };
+    let [Resp::Bulk(t), Resp::Int(f)] = items else {
+        panic!("not a grant: {r:?}")
+    };
+    Some((t.clone(), *f))
 }
 
 /// A grant that must be there.
@@ -90,6 +96,11 @@ pub fn info_int(c: &mut RawConn, key: &str, field: &str) -> i64 {
         Some(Resp::Int(v)) => v,
         other => panic!("LOCK.INFO {key} {field}: {other:?} in {i:?}"),
     }
+}
+
+/// An integer field of `LOCK.INFO key`, None when the lock is free or lacks it.
+pub fn info_opt(c: &mut RawConn, key: &str, field: &str) -> Option<i64> {
+    info(c, key).get(field).and_then(|v| v.as_int())
 }
 
 /// The fences of `LOCK.INFO key`'s `holder-list`.
@@ -133,6 +144,50 @@ pub fn dbsize(c: &mut RawConn) -> i64 {
 pub fn conn(s: &Server) -> RawConn {
     s.try_raw(Duration::from_secs(5))
         .unwrap_or_else(|e| panic!("connect to {}: {e}\n{}", s.port, s.log_tail()))
+}
+
+/// A server started from `b`, a connection to it and an empty [`Checks`].
+pub fn start(b: ServerBuilder) -> (Server, RawConn, Checks) {
+    let s = b.start();
+    let c = conn(&s);
+    (s, c, Checks::new())
+}
+
+/// `LOCK.ACQUIRE key PX px TOKEN token extra...`: the fence (panics unless `token` is
+/// granted).
+pub fn take_px(c: &mut RawConn, key: &str, token: &str, px: u64, extra: &[&str]) -> i64 {
+    let px = px.to_string();
+    let r = c.cmd(&[&["LOCK.ACQUIRE", key, "PX", &px, "TOKEN", token], extra].concat());
+    let (t, f) = granted(&r);
+    assert_eq!(t, token.as_bytes(), "{r:?}");
+    f
+}
+
+/// [`take_px`] with a 60 s lease.
+pub fn take(c: &mut RawConn, key: &str, token: &str, extra: &[&str]) -> i64 {
+    take_px(c, key, token, 60_000, extra)
+}
+
+pub fn ok() -> Resp {
+    Resp::Simple("OK".into())
+}
+
+/// The server answers PING and its log shows no panic.
+pub fn alive(s: &Server, k: &mut Checks, what: &str) {
+    let ping = s
+        .try_raw(Duration::from_secs(5))
+        .and_then(|mut c| c.call(&["PING"]));
+    k.check(
+        matches!(&ping, Ok(Resp::Simple(p)) if p == "PONG"),
+        format!(
+            "{what}: the server answers PING ({ping:?})\n{}",
+            s.log_tail()
+        ),
+    );
+    k.check(
+        !s.log().to_ascii_lowercase().contains("panic"),
+        format!("{what}: no panic in the log\n{}", s.log_tail()),
+    );
 }
 
 /// `SAVE`, kill, start again on the same port and directory; Err with the log tail
@@ -223,6 +278,12 @@ impl Checks {
         self.check(ok, format!("{what}: got {got:?}, want {want:?}"))
     }
 
+    /// [`alive`] on `s`, then [`Checks::finish`].
+    pub fn finish_alive(mut self, s: &Server, what: &str) {
+        alive(s, &mut self, what);
+        self.finish()
+    }
+
     /// Panics listing every failed expectation.
     pub fn finish(self) {
         assert!(
@@ -278,6 +339,10 @@ pub fn all_bytes(r: &Resp, out: &mut Vec<u8>) {
         Resp::Int(i) => out.extend_from_slice(i.to_string().as_bytes()),
         Resp::Nil | Resp::Bool(_) => {}
     }
+}
+
+pub fn bulk(s: &str) -> Resp {
+    Resp::Bulk(b(s))
 }
 
 pub fn b(s: &str) -> Vec<u8> {
