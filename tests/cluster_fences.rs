@@ -21,23 +21,10 @@ fn key_on(cluster: &Cluster, i: usize, prefix: &str) -> (String, u16) {
         .expect("a key for the node")
 }
 
-/// Acquires as a cluster client does: a TRYAGAIN (the node is confirming a slot that
-/// just arrived) is retried for up to two seconds.
+/// Acquires as a cluster client does (a TRYAGAIN is retried).
 fn acquire_on(node: &Server, key: &str, args: &[&str]) -> (Vec<u8>, i64) {
-    let mut c = conn(node);
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        let r = c.cmd(&acq(key, args));
-        match &r {
-            Resp::Error(e) if e.starts_with("TRYAGAIN") && std::time::Instant::now() < deadline => {
-                sleep(Duration::from_millis(5));
-            }
-            _ => {
-                return grant(&r)
-                    .unwrap_or_else(|| panic!("LOCK.ACQUIRE {key} on {}: {r:?}", node.port))
-            }
-        }
-    }
+    let r = redis_lock_testkit::lock::acquire_in_cluster(&mut conn(node), key, args, SETTLE);
+    grant(&r).unwrap_or_else(|| panic!("LOCK.ACQUIRE {key} on {}: {r:?}", node.port))
 }
 
 /// Grants `k` on node `b` (with `extra` options), releases it, moves its free slot to

@@ -1102,7 +1102,13 @@ fn cluster_failover_with_a_waiter() {
             .map(String::as_str)
             == Some("up")
     }));
-    let (_, fence) = acquire(&mut m, key, &["PX", "500"]).unwrap();
+    let in_cluster = |c: &mut RawConn, key: &str, args: &[&str]| {
+        grant(&redis_lock_testkit::lock::acquire_in_cluster(
+            c, key, args, SETTLE,
+        ))
+        .unwrap()
+    };
+    let (_, fence) = in_cluster(&mut m, key, &["PX", "500"]);
     let mut w = Waiter::send(master.port, 0, key, &["BLOCK", "20000"]);
     wait_queued(&mut m, key, 1);
     assert_eq!(r.cmd(&["CLUSTER", "FAILOVER"]), ok());
@@ -1127,7 +1133,7 @@ fn cluster_failover_with_a_waiter() {
             .map(String::as_str)
             == Some("master")
     }));
-    let (_, f) = acquire(&mut r, "{fo}other", &[]).unwrap();
+    let (_, f) = in_cluster(&mut r, "{fo}other", &[]);
     assert!(
         f > fence,
         "the new primary's fence {f} is not above {fence}"

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::time::{Duration, Instant};
 
 use crate::resp::{RawConn, Resp};
 
@@ -60,6 +61,24 @@ pub fn acquire<A: AsRef<[u8]>>(
             .grant()
             .map(|(token, fence)| Some(Grant { token, fence }))
             .ok_or_else(|| other("LOCK.ACQUIRE", &r)),
+    }
+}
+
+/// The reply to `LOCK.ACQUIRE key args...` sent as a cluster client sends it: a TRYAGAIN
+/// (the node is confirming the fences of a slot it began serving a moment ago, which takes
+/// longer on a loaded machine) is sent again every 5 ms for up to `patience`.
+pub fn acquire_in_cluster(c: &mut RawConn, key: &str, args: &[&str], patience: Duration) -> Resp {
+    let deadline = Instant::now() + patience;
+    let mut cmd = vec!["LOCK.ACQUIRE", key];
+    cmd.extend_from_slice(args);
+    loop {
+        let r = c.cmd(&cmd);
+        match &r {
+            Resp::Error(e) if e.starts_with("TRYAGAIN") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            _ => return r,
+        }
     }
 }
 
