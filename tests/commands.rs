@@ -836,3 +836,40 @@ fn extend_owner_relabels_the_holder_and_keeps_its_fence() {
         other => panic!("EXTEND OWNER '': {other:?}"),
     }
 }
+
+/// A holder records the client that acquired: the connection's id and address, or, for a
+/// lock taken inside a script or function, the server's script client (its own id, no
+/// address: no module API names the script's caller), as docs/commands.md says.
+#[test]
+fn a_holder_records_its_connection_or_the_script_client() {
+    let s = ServerBuilder::new().start();
+    let mut c = RawConn::connect(s.port);
+    let me = match c.cmd(&["CLIENT", "ID"]) {
+        Resp::Int(i) => i,
+        other => panic!("CLIENT ID answered {other:?}"),
+    };
+    let field = |c: &mut RawConn, key: &str, f: &str| c.cmd(&["LOCK.INFO", key]).field(f);
+    acquire(&mut c, &["lock:direct", "PX", "60000"]);
+    assert_eq!(
+        field(&mut c, "lock:direct", "client-id"),
+        Some(Resp::Int(me))
+    );
+    let addr = field(&mut c, "lock:direct", "client-addr").and_then(|a| a.as_text());
+    assert!(
+        addr.as_deref().is_some_and(|a| a.starts_with("127.0.0.1:")),
+        "client-addr of a direct acquire: {addr:?}"
+    );
+    let script = "return redis.call('LOCK.ACQUIRE', KEYS[1], 'PX', '60000')";
+    grant(&c.cmd(&["EVAL", script, "1", "lock:script"]));
+    let id = field(&mut c, "lock:script", "client-id");
+    assert!(
+        matches!(id, Some(Resp::Int(i)) if i != me),
+        "client-id of a script's acquire: {id:?} (the caller is {me})"
+    );
+    let addr = field(&mut c, "lock:script", "client-addr").and_then(|a| a.as_text());
+    assert_eq!(
+        addr.as_deref(),
+        Some(""),
+        "client-addr of a script's acquire"
+    );
+}
