@@ -25,6 +25,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::common::{example, Counts};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Call {
     pub invoke: u64,
@@ -116,38 +118,28 @@ pub enum StoreEventKind {
     StaleWrite,
 }
 
+/// What a history showed. Counted in `n` (each name present, 0 or more): `grants`;
+/// `late_cs`, critical sections that ran past their certain lease (client pauses, not
+/// lock faults), and `late_store_events`, the store events they cause (not violations);
+/// `cross_server_refusals`, writes the store refused because an earlier holder of the
+/// key had a higher fence from another server (a cluster node that held the slot
+/// before); `late_ends`, releases and extends that succeeded after the lease's latest
+/// possible end by no more than the allowance (`late_ns`).
 #[derive(Debug, Default)]
 pub struct Report {
-    pub grants: u64,
-    /// Violations by kind.
-    pub violations: BTreeMap<&'static str, u64>,
-    /// Up to 20 examples.
+    pub n: Counts,
+    /// Violations by kind, and up to 20 examples.
+    pub violations: Counts,
     pub examples: Vec<String>,
-    /// Critical sections that ran past their certain lease (client pauses, not lock
-    /// faults: the store events they cause are counted here, not as violations).
-    pub late_cs: u64,
-    pub late_store_events: u64,
-    /// Writes the store refused because an earlier holder of the key had a higher fence
-    /// from another server (a cluster node that held the slot before).
-    pub cross_server_refusals: u64,
     pub cross_server_examples: Vec<String>,
-    /// Releases and extends that succeeded after the lease's latest possible end, by no
-    /// more than the allowance given (`late_ns`), and the latest of them (ns past it).
-    pub late_ends: u64,
+    /// The latest of the late ends, ns past the lease's latest possible end.
     pub max_late_end_ns: u64,
 }
 
 impl Report {
-    #[cfg(test)]
-    pub fn total(&self) -> u64 {
-        self.violations.values().sum()
-    }
-
-    fn add(&mut self, kind: &'static str, example: impl FnOnce() -> String) {
-        *self.violations.entry(kind).or_insert(0) += 1;
-        if self.examples.len() < 20 {
-            self.examples.push(format!("{kind}: {}", example()));
-        }
+    fn add(&mut self, kind: &'static str, e: impl FnOnce() -> String) {
+        self.violations.bump(kind);
+        example(&mut self.examples, 20, || format!("{kind}: {}", e()));
     }
 }
 
@@ -174,7 +166,7 @@ fn late_success(
         return;
     }
     if at - upper <= late {
-        r.late_ends += 1;
+        r.n.bump("late_ends");
         r.max_late_end_ns = r.max_late_end_ns.max(at - upper);
         return;
     }
@@ -230,7 +222,7 @@ fn check_grant(g: &Grant, slack: u64, late: u64, r: &mut Report) -> Bounds {
     };
     if let Some((_, end)) = g.cs {
         if end > lease_until {
-            r.late_cs += 1;
+            r.n.bump("late_cs");
         }
     }
     Bounds {
@@ -295,10 +287,16 @@ pub fn check_with(
     slack_ns: u64,
     late_ns: u64,
 ) -> Report {
-    let mut r = Report {
-        grants: grants.len() as u64,
-        ..Report::default()
-    };
+    let mut r = Report::default();
+    for k in [
+        "late_cs",
+        "late_store_events",
+        "cross_server_refusals",
+        "late_ends",
+    ] {
+        r.n.add_n(k, 0);
+    }
+    r.n.add_n("grants", grants.len() as u64);
     grants.sort_by_key(|g| (g.server, g.fence));
 
     // Per server: fences unique, and ordered as real time orders the grants.
@@ -439,7 +437,7 @@ pub fn check_with(
     };
     for ev in store {
         if late(ev.key, ev.later) || ev.earlier.iter().any(|&f| late(ev.key, f)) {
-            r.late_store_events += 1;
+            r.n.bump("late_store_events");
             continue;
         }
         let show = |&(server, f): &(u32, u64)| match index.get(&(ev.key, server, f)) {
@@ -449,23 +447,19 @@ pub fn check_with(
         // A refusal because the key's earlier holder was on another server (a cluster
         // node that owned the slot before) with a higher counter.
         if ev.kind == StoreEventKind::StaleWrite && ev.earlier.iter().all(|e| e.0 != ev.later.0) {
-            r.cross_server_refusals += 1;
-            if r.cross_server_examples.len() < 5 {
-                let brief = |&(server, f): &(u32, u64)| match index.get(&(ev.key, server, f)) {
-                    Some(&i) => format!(
-                        "fence {f} of node {server}, granted at {} ms",
-                        grants[i].complete / MS
-                    ),
-                    None => format!("fence {f} of node {server}"),
-                };
+            r.n.bump("cross_server_refusals");
+            let brief = |&(server, f): &(u32, u64)| match index.get(&(ev.key, server, f)) {
+                Some(&i) => format!(
+                    "fence {f} of node {server}, granted at {} ms",
+                    grants[i].complete / MS
+                ),
+                None => format!("fence {f} of node {server}"),
+            };
+            example(&mut r.cross_server_examples, 5, || {
                 let earlier: Vec<String> = ev.earlier.iter().map(brief).collect();
-                r.cross_server_examples.push(format!(
-                    "key {}: {} refused after {}",
-                    ev.key,
-                    brief(&ev.later),
-                    earlier.join(", ")
-                ));
-            }
+                let (key, later) = (ev.key, brief(&ev.later));
+                format!("key {key}: {later} refused after {}", earlier.join(", "))
+            });
             continue;
         }
         let kind = match ev.kind {
@@ -503,12 +497,13 @@ pub fn key_fence_regressions(grants: &[Grant]) -> (u64, Vec<String>) {
             }
             if let Some(m) = max.filter(|m| g.fence <= m.fence) {
                 n += 1;
-                if examples.len() < 3 {
-                    examples.push(format!(
-                        "key {key}: fence {} of node {} after fence {} of node {}",
-                        g.fence, g.server, m.fence, m.server
-                    ));
-                }
+                example(&mut examples, 3, || {
+                    let (f, s) = (g.fence, g.server);
+                    format!(
+                        "key {key}: fence {f} of node {s} after fence {} of node {}",
+                        m.fence, m.server
+                    )
+                });
             }
         }
     }
@@ -596,8 +591,8 @@ mod tests {
     fn a_valid_history_has_no_violation() {
         let mut h = valid_history();
         let r = checked(&mut h);
-        assert_eq!(r.total(), 0, "{:?}", r.examples);
-        assert_eq!(r.grants, 5);
+        assert_eq!(r.violations.total(), 0, "{:?}", r.examples);
+        assert_eq!(r.n.get("grants"), 5);
     }
 
     #[test]
@@ -608,7 +603,7 @@ mod tests {
         assert_eq!(
             r.violations
                 .get("granted while another holder's lease was live"),
-            Some(&1)
+            1
         );
     }
 
@@ -619,7 +614,7 @@ mod tests {
             grant(1, 11, 20, 1000, Some(60)),
         ];
         let r = checked(&mut h);
-        assert_eq!(r.total(), 1, "{:?}", r.examples);
+        assert_eq!(r.violations.total(), 1, "{:?}", r.examples);
     }
 
     #[test]
@@ -630,19 +625,19 @@ mod tests {
         let r = checked(&mut h);
         assert_eq!(
             r.violations.get("fence lower than a grant made before it"),
-            Some(&1)
+            1
         );
 
         let mut h = valid_history();
         h.push(grant(3, 12, 100, 1000, Some(101)));
         let r = checked(&mut h);
-        assert_eq!(r.violations.get("duplicate fence"), Some(&1));
+        assert_eq!(r.violations.get("duplicate fence"), 1);
         // Another server's fences are its own business...
         let mut h = valid_history();
         let mut g = grant(3, 9, 100, 1000, Some(101));
         g.server = 1;
         h.push(g);
-        assert_eq!(checked(&mut h).total(), 0);
+        assert_eq!(checked(&mut h).violations.total(), 0);
         // ... and extra fences of the same server are ordered with the grants.
         let late = Fenced {
             server: 0,
@@ -651,7 +646,7 @@ mod tests {
             complete: 201 * MS,
         };
         let r = check(&mut valid_history(), &[late], &[], SLACK);
-        assert_eq!(r.total(), 1, "{:?}", r.examples);
+        assert_eq!(r.violations.total(), 1, "{:?}", r.examples);
     }
 
     #[test]
@@ -661,7 +656,7 @@ mod tests {
         assert_eq!(
             r.violations
                 .get("release succeeded after the lease had ended"),
-            Some(&1)
+            1
         );
         // Refused inside the lease is a fault too; an unknown outcome is not.
         let mut g = grant(1, 10, 0, 1000, None);
@@ -673,13 +668,13 @@ mod tests {
         let r = checked(&mut [g.clone()]);
         assert_eq!(
             r.violations.get("release refused while the lease was live"),
-            Some(&1)
+            1
         );
         g.release = g.release.map(|c| Call { ok: None, ..c });
         // A lost release leaves the lock possibly held from its invoke on: a grant at
         // 20 ms is not a violation, the holder was only certainly live until 10 ms.
         let r = checked(&mut [g, grant(1, 11, 20, 1000, Some(30))]);
-        assert_eq!(r.total(), 0, "{:?}", r.examples);
+        assert_eq!(r.violations.total(), 0, "{:?}", r.examples);
     }
 
     #[test]
@@ -695,16 +690,16 @@ mod tests {
         a.extends.push((ext, 1000));
         let b = grant(1, 11, 200, 1000, Some(600));
         let r = checked(&mut [a.clone(), b.clone()]);
-        assert_eq!(r.total(), 1, "{:?}", r.examples);
+        assert_eq!(r.violations.total(), 1, "{:?}", r.examples);
         // An extend whose reply was lost proves nothing by itself: no violation...
         a.extends[0].0.ok = None;
         let mut unknown = a.clone();
         unknown.release = None;
         let r = checked(&mut [unknown, b.clone()]);
-        assert_eq!(r.total(), 0, "{:?}", r.examples);
+        assert_eq!(r.violations.total(), 0, "{:?}", r.examples);
         // ... but a release that answered 1 at 500 ms proves the lease lasted that long.
         let r = checked(&mut [a.clone(), b]);
-        assert_eq!(r.total(), 1, "{:?}", r.examples);
+        assert_eq!(r.violations.total(), 1, "{:?}", r.examples);
         // An extend that succeeds after the lease ended is caught.
         a.extends[0].0 = Call {
             invoke: 60 * MS,
@@ -716,7 +711,7 @@ mod tests {
         assert_eq!(
             r.violations
                 .get("extend succeeded after the lease had ended"),
-            Some(&1)
+            1
         );
     }
 
@@ -725,33 +720,27 @@ mod tests {
         let r1 = with(grant(1, 10, 0, 1000, Some(50)), Mode::Shared);
         let r2 = with(grant(1, 11, 10, 1000, Some(60)), Mode::Shared);
         let ok = checked(&mut [r1.clone(), r2.clone()]);
-        assert_eq!(ok.total(), 0, "{:?}", ok.examples);
+        assert_eq!(ok.violations.total(), 0, "{:?}", ok.examples);
         // A writer while readers are live, and a reader while a writer is.
         let w = grant(1, 12, 20, 1000, Some(70));
         let r = checked(&mut [r1.clone(), r2, w]);
         assert_eq!(
             r.violations
                 .get("granted while another holder's lease was live"),
-            Some(&1)
+            1
         );
         let w = grant(1, 9, 0, 1000, Some(40));
         let r = checked(&mut [w, with(r1, Mode::Shared)]);
-        assert_eq!(
-            r.violations.get("reader granted beside a live writer"),
-            Some(&1)
-        );
+        assert_eq!(r.violations.get("reader granted beside a live writer"), 1);
     }
 
     #[test]
     fn permits_are_counted() {
         let p = |f, at, rel| with(grant(1, f, at, 1000, Some(rel)), Mode::Permit(2));
         let ok = checked(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 70, 80)]);
-        assert_eq!(ok.total(), 0, "{:?}", ok.examples);
+        assert_eq!(ok.violations.total(), 0, "{:?}", ok.examples);
         let r = checked(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 20, 80)]);
-        assert_eq!(
-            r.violations.get("more than LIMIT holders at once"),
-            Some(&1)
-        );
+        assert_eq!(r.violations.get("more than LIMIT holders at once"), 1);
     }
 
     #[test]
@@ -762,7 +751,7 @@ mod tests {
         let mut b = grant(1, 5, 20, 1000, Some(30));
         b.server = 1;
         let r = checked(&mut [a.clone(), b.clone()]);
-        assert_eq!(r.total(), 1, "{:?}", r.examples);
+        assert_eq!(r.violations.total(), 1, "{:?}", r.examples);
         b.invoke = 60 * MS;
         b.complete = 61 * MS;
         b.release = b.release.map(|c| Call {
@@ -771,7 +760,7 @@ mod tests {
             ..c
         });
         let r = checked(&mut [a, b]);
-        assert_eq!(r.total(), 0, "{:?}", r.examples);
+        assert_eq!(r.violations.total(), 0, "{:?}", r.examples);
         // The store refused server 1's lower fence: counted apart, not a violation.
         let mut h = vec![grant(1, 10, 0, 1000, Some(50)), {
             let mut g = grant(1, 5, 60, 1000, Some(70));
@@ -781,7 +770,10 @@ mod tests {
         let mut e = ev(1, StoreEventKind::StaleWrite, 10, 5);
         e.later.0 = 1;
         let r = check(&mut h, &[], &[e], SLACK);
-        assert_eq!((r.total(), r.cross_server_refusals), (0, 1));
+        assert_eq!(
+            (r.violations.total(), r.n.get("cross_server_refusals")),
+            (0, 1)
+        );
     }
 
     #[test]
@@ -793,7 +785,7 @@ mod tests {
             &[ev(1, StoreEventKind::Overlap, 10, 11)],
             SLACK,
         );
-        assert_eq!(r.total(), 1);
+        assert_eq!(r.violations.total(), 1);
         // Fence 12's lease (50 ms) ended long before its critical section did.
         let mut h = valid_history();
         h[2].cs = Some((8 * MS, 200 * MS));
@@ -803,8 +795,7 @@ mod tests {
             &[ev(2, StoreEventKind::StaleWrite, 14, 12)],
             SLACK,
         );
-        assert_eq!(r.total(), 0, "{:?}", r.examples);
-        assert_eq!(r.late_store_events, 1);
-        assert_eq!(r.late_cs, 1);
+        assert_eq!(r.violations.total(), 0, "{:?}", r.examples);
+        assert_eq!((r.n.get("late_store_events"), r.n.get("late_cs")), (1, 1));
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
-use crate::common::{now_ns, thousands, Counts, Env, Outcome, Reply};
+use crate::common::{joined, now_ns, thousands, Counts, Env, Outcome, Reply, Verdict};
 use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
 use redis_lock_testkit::{args, Rng};
 
@@ -205,6 +205,24 @@ pub struct Plan {
     /// extended (ms; counted, not a violation): where our pauses hold expiries and
     /// reloads carry the time left, leases end late, never early.
     pub late_end_ms: u64,
+}
+
+impl Plan {
+    /// `clients` clients on `keys` of `topo` until `deadline`, with [`Mix::FAULTS`],
+    /// unconfirmed grants, one server group, and leases that may end up to 1 s late.
+    pub fn new(topo: Topo, keys: Vec<(String, Kind)>, clients: usize, deadline: Instant) -> Plan {
+        Plan {
+            topo,
+            keys,
+            clients,
+            deadline,
+            stop_after: u64::MAX,
+            mix: Mix::FAULTS,
+            confirm: false,
+            group_per_node: false,
+            late_end_ms: 1000,
+        }
+    }
 }
 
 pub struct Shared {
@@ -575,10 +593,7 @@ impl Tally {
 
 /// Joins the client threads.
 pub fn join(handles: Vec<std::thread::JoinHandle<ClientLog>>) -> Result<Vec<ClientLog>, String> {
-    handles
-        .into_iter()
-        .map(|h| h.join().map_err(|_| "a client thread panicked".to_string()))
-        .collect()
+    joined(handles.into_iter().map(|h| h.join()))
 }
 
 /// Checks the clients' history (`fenced`: more fences to order-check).
@@ -616,21 +631,17 @@ pub fn check(
     let events = std::mem::take(&mut *sh.store.events.lock().map_err(|e| e.to_string())?);
     let late_ns = sh.plan.late_end_ms * 1_000_000;
     let r = checker::check_with(&mut grants, fenced, &events, SLACK_NS, late_ns);
-    t.n.add_n("late_ends", r.late_ends);
+    t.n.add(&r.n);
     t.max_late_end_ms = r.max_late_end_ns / 1_000_000;
-    t.n.add_n("grants", r.grants);
-    for (k, v) in &r.violations {
+    for (k, v) in r.violations.iter() {
         let ex: Vec<String> = r
             .examples
             .iter()
             .filter_map(|e| e.strip_prefix(k)?.strip_prefix(": "))
             .map(str::to_string)
             .collect();
-        t.add_violation(k, *v, ex);
+        t.add_violation(k, v, ex);
     }
-    t.n.add_n("late_cs", r.late_cs);
-    t.n.add_n("late_store_events", r.late_store_events);
-    t.n.add_n("cross_server_refusals", r.cross_server_refusals);
     let refusals = r.cross_server_examples.into_iter();
     t.examples
         .extend(refusals.map(|e| format!("cross-server refusal: {e}")));
@@ -655,16 +666,13 @@ pub fn verdict(o: &mut Outcome, env: &Env, t: &Tally, target: u64) {
     o.put("tally", t);
     o.put("target", target);
     o.put("violations", t.violations());
-    if t.violations() > 0 {
-        o.fail(format!("{} violations", t.violations()));
-    }
+    o.fail_if(t.violations() > 0, format!("{} violations", t.violations()));
     if let Some(e) = t.errors.first() {
         o.fail(format!("{} client errors, first: {e}", t.errors.len()));
     }
-    if t.grants() < target && !env.short {
-        let (got, want) = (thousands(t.grants()), thousands(target));
-        o.fail(format!("{got} acquisitions, below the {want} asked for"));
-    }
+    let (got, want) = (thousands(t.grants()), thousands(target));
+    let few = format!("{got} acquisitions, below the {want} asked for");
+    o.fail_if(t.grants() < target && !env.short, few);
 }
 
 #[cfg(test)]

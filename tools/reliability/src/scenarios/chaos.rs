@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::checker::Fenced;
 use crate::common::*;
 use crate::link::{self, Answer, Kills, Link, Topo, READ_TIMEOUT};
-use crate::workload::{self, ClientLog, Kind, Mix, Plan, Tally};
+use crate::workload::{self, ClientLog, Kind, Plan, Tally};
 use redis_lock_testkit::{flavor_of, Cluster, Flavor, ReplicaPair};
 
 pub const TITLE: &str = "Server operations under load (chaos)";
@@ -167,12 +167,10 @@ pub fn common_op(
     let (kills, flavor) = (Arc::clone(&admin.kills), admin.flavor);
     match op {
         "CLIENT PAUSE WRITE" | "CLIENT PAUSE ALL" => {
-            let ms = if op.ends_with("ALL") {
-                rng.range(20, 200)
-            } else {
-                rng.range(20, 300)
+            let (ms, mode) = match op.ends_with("ALL") {
+                true => (rng.range(20, 200), "ALL"),
+                false => (rng.range(20, 300), "WRITE"),
             };
-            let mode = if op.ends_with("ALL") { "ALL" } else { "WRITE" };
             // The server notices the end of a pause on its cron tick (hz 10): commands it
             // held come free up to 100 ms after the pause's nominal end (measured on all
             // three servers), so a pause of ours holds commands for ms + 100.
@@ -198,14 +196,15 @@ pub fn common_op(
             // A client held by a pause shows as blocked in LOCK.ACQUIRE too, but is no
             // waiter; Redis 7.0 even crashes unblocking it (TIMEOUT) or answers it twice
             // (ERROR). Only unblock when no pause of ours can be holding anyone.
-            if ops
+            let paused = ops
                 .paused_until
                 .get(&node)
-                .is_some_and(|t| Instant::now() < *t)
-            {
-                return Ok(true);
-            }
-            let w = waiters(admin, node)?;
+                .is_some_and(|t| Instant::now() < *t);
+            let w = if paused {
+                Vec::new()
+            } else {
+                waiters(admin, node)?
+            };
             if w.is_empty() {
                 return Ok(true);
             }
@@ -292,19 +291,16 @@ fn bystander(
             Reply::Error(e) if e.starts_with("MAXWAITERS") || e.starts_with("UNBLOCKED") => {}
             g => match g.grant() {
                 Some((token, fence)) => {
+                    let (server, invoke, complete) = (0, t0, t1);
                     fences.push(Fenced {
-                        server: 0,
+                        server,
                         fence,
-                        invoke: t0,
-                        complete: t1,
+                        invoke,
+                        complete,
                     });
                     std::thread::sleep(Duration::from_millis(rng.below(20)));
-                    let _ = link.call(
-                        key.as_bytes(),
-                        &[args!["LOCK.RELEASE", &key, token]],
-                        None,
-                        kills,
-                    );
+                    let release = args!["LOCK.RELEASE", &key, token];
+                    let _ = link.call(key.as_bytes(), &[release], None, kills);
                 }
                 None => {
                     errors.push(format!("bystander db {db}: unexpected reply {g:?}"));
@@ -358,17 +354,18 @@ pub struct Load {
 
 /// The plan of a chaos sub-run: 24 clients on 6 exclusive, 2 SHARED and 2 LIMIT keys.
 fn plan(env: &Env, topo: Topo, prefix: &str) -> Plan {
+    let (keys, deadline) = (workload::keys(prefix, 6, 2, &[2, 3]), env.secs(45.0, 6.0));
     Plan {
         group_per_node: matches!(topo, Topo::Cluster(_)),
-        late_end_ms: 1000,
-        topo,
-        keys: workload::keys(prefix, 6, 2, &[2, 3]),
-        clients: 24,
-        deadline: Instant::now() + env.secs(45.0, 6.0),
-        stop_after: u64::MAX,
-        mix: Mix::FAULTS,
-        confirm: false,
+        ..Plan::new(topo, keys, 24, Instant::now() + deadline)
     }
+}
+
+/// The server's flavor, and the scenario's random numbers for it (`salt`: the scenario's).
+pub fn flavor_rng(env: &Env, salt: u64) -> Result<(Flavor, Rng), String> {
+    let flavor = flavor_of(&env.server_bin)?;
+    let rng = Rng::new(env.seed ^ salt ^ u64::from(flavor.major * 100 + flavor.minor));
+    Ok((flavor, rng))
 }
 
 impl Load {
@@ -478,8 +475,7 @@ fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
     let logs = workload::join(std::mem::take(&mut load.handles));
     by_stop.store(true, Ordering::Relaxed);
     let (mut logs, mut fenced) = (logs?, Vec::new());
-    for b in bystanders {
-        let (f, log) = b.join().map_err(|_| "a bystander panicked".to_string())?;
+    for (f, log) in joined(bystanders.into_iter().map(|b| b.join()))? {
         fenced.extend(f);
         logs.push(log);
     }
@@ -522,7 +518,10 @@ pub fn pair_run(
             admin.failover(p, &mut pair)?;
         } else {
             admin.kill9(p, &mut pair.primary);
-            promote(&mut connect(&pair.replica)?)?;
+            must(
+                &mut connect(&pair.replica)?,
+                &args!["REPLICAOF", "NO", "ONE"],
+            )?;
             pair.primary.try_restart_as_replica_of(&pair.replica)?;
             std::mem::swap(&mut pair.primary, &mut pair.replica);
         }
@@ -604,9 +603,7 @@ fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
 }
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
-    let flavor = flavor_of(&env.server_bin)?;
-    let mut rng =
-        Rng::new(env.seed ^ 0x0063_6861_6f73 ^ u64::from(flavor.major * 100 + flavor.minor));
+    let (flavor, mut rng) = flavor_rng(env, 0x0063_6861_6f73)?;
     let target = env.n(100_000.0, 6_000.0);
     let (mut tally, mut ops, mut parts) = (Tally::default(), Ops::default(), vec![]);
     type SubRun = fn(&Env, Flavor, &mut Rng) -> Result<Sub, String>;
@@ -640,17 +637,14 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let fences = count(&["duplicate fence", "fence lower than a grant made before it"]);
     let (late, broken) = (count(&[link::LATE, link::HANG]), count(&[link::BROKEN]));
     let double = tally.violations() - fences - late - broken;
-    let keyed = tally.n.get("key_fence_regressions") + tally.n.get("cross_server_refusals");
-    if keyed > 0 {
-        o.fail(format!(
-            "{} fence regressions per key ({} store refusals of holders for a lower fence)",
-            tally.n.get("key_fence_regressions"),
-            tally.n.get("cross_server_refusals")
-        ));
-    }
+    let (keyed, refusals) = (
+        tally.n.get("key_fence_regressions"),
+        tally.n.get("cross_server_refusals"),
+    );
+    o.fail_if(keyed + refusals > 0, format!("{keyed} fence regressions per key ({refusals} store refusals of holders for a lower fence)"));
     o.put("subs", parts);
     o.put("counts", [double, fences, late, broken]);
-    o.put("key_regressions", tally.n.get("key_fence_regressions"));
+    o.put("key_regressions", keyed);
     o.put("ops", &ops);
     // Servers before Redis 7.4 refuse CLIENT UNBLOCK of a waiter (see docs/commands.md).
     o.put(
@@ -658,13 +652,14 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         !(flavor.is_valkey() || flavor.at_least(7, 4)),
     );
     ops.verdict(o);
-    if ops.n.get("unblock_accepted_early") > 0 {
-        o.fail(format!(
-            "{} CLIENT UNBLOCK of waiters accepted on {}",
-            ops.n.get("unblock_accepted_early"),
+    let early = ops.n.get("unblock_accepted_early");
+    o.fail_if(
+        early > 0,
+        format!(
+            "{early} CLIENT UNBLOCK of waiters accepted on {}",
             flavor.label()
-        ));
-    }
+        ),
+    );
     workload::verdict(o, env, &tally, target);
     Ok(())
 }

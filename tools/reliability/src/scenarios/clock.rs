@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::checker::{key_fence_regressions, Grant, Mode};
 use crate::common::*;
 
 /// The size of each step of the server's wall clock.
@@ -100,9 +101,7 @@ struct Stats {
 
 impl Stats {
     fn example(&mut self, e: String) {
-        if self.examples.len() < 6 {
-            self.examples.push(e);
-        }
+        example(&mut self.examples, 6, || e);
     }
 }
 
@@ -120,10 +119,10 @@ fn client(
         let key = rng.below(keys as u64) as usize;
         let px = rng.range(80, 400);
         let block = rng.range(30, 700);
-        let token = format!("clock-{id:02}-{n:012}");
+        let (name, token) = (format!("rel:clk:{key}"), format!("clock-{id:02}-{n:012}"));
         let a = args![
             "LOCK.ACQUIRE",
-            format!("rel:clk:{key}"),
+            &name,
             "PX",
             px,
             "TOKEN",
@@ -154,9 +153,8 @@ fn client(
         if fence.is_some() && rng.chance(60) {
             // Work for part of the lease, then release.
             std::thread::sleep(Duration::from_millis(rng.below(px / 2)));
-            let rel = args!["LOCK.RELEASE", format!("rel:clk:{key}"), &token];
             let t0 = now_ns();
-            let r = cmd(&mut c, &rel)?;
+            let r = cmd(&mut c, &args!["LOCK.RELEASE", &name, &token])?;
             rec.release = Some((t0, now_ns(), r == Reply::Int(1)));
         }
         out.push(rec);
@@ -178,20 +176,17 @@ fn check(recs: &mut [Rec], st: &mut Stats) {
                 let off = (r.complete - r.invoke) as i128 - (r.block * MS) as i128;
                 st.min_wait_ms = st.min_wait_ms.min(ms(off));
                 st.max_wait_ms = st.max_wait_ms.max(ms(off));
-                if off < -((EARLY_MS * MS) as i128) {
-                    st.waits_short += 1;
+                let (short, long) = (
+                    off < -((EARLY_MS * MS) as i128),
+                    off > (LATE_MS * MS) as i128,
+                );
+                st.waits_short += u64::from(short);
+                st.waits_long += u64::from(long);
+                if short || long {
+                    let waited = ms((r.complete - r.invoke) as i128);
                     st.example(format!(
-                        "BLOCK {} answered nil after {:.1} ms",
-                        r.block,
-                        ms((r.complete - r.invoke) as i128)
-                    ));
-                }
-                if off > (LATE_MS * MS) as i128 {
-                    st.waits_long += 1;
-                    st.example(format!(
-                        "BLOCK {} answered nil after {:.1} ms",
-                        r.block,
-                        ms((r.complete - r.invoke) as i128)
+                        "BLOCK {} answered nil after {waited:.1} ms",
+                        r.block
                     ));
                 }
             }
@@ -265,21 +260,21 @@ fn check(recs: &mut [Rec], st: &mut Stats) {
             }
         }
     }
-    // Fences across the server: a grant answered before another was asked is lower.
-    let mut by_invoke: Vec<&Rec> = recs.iter().filter(|r| r.fence.is_some()).collect();
-    by_invoke.sort_by_key(|r| r.invoke);
-    let mut by_complete: Vec<&Rec> = by_invoke.clone();
-    by_complete.sort_by_key(|r| r.complete);
-    let (mut i, mut max) = (0, 0u64);
-    for r in by_invoke {
-        while i < by_complete.len() && by_complete[i].complete < r.invoke {
-            max = max.max(by_complete[i].fence.unwrap_or(0));
-            i += 1;
-        }
-        if r.fence.unwrap_or(0) <= max {
-            st.fence_regressions += 1;
-        }
-    }
+    // Fences across the server (one key for the checker): a grant answered before
+    // another was asked is lower.
+    let across: Vec<Grant> = (recs.iter())
+        .filter_map(|r| {
+            Some(Grant::new(
+                0,
+                0,
+                Mode::Exclusive,
+                (0, r.fence?),
+                r.px,
+                (r.invoke, r.complete),
+            ))
+        })
+        .collect();
+    st.fence_regressions = key_fence_regressions(&across).0;
     for v in [
         &mut st.min_margin_ms,
         &mut st.min_wait_ms,
@@ -302,12 +297,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         o.status = Status::NotRun(format!("clock shim {} {why}", env.shim.display()));
         return Ok(());
     }
-    let name = format!(
-        "clock-{}",
-        env.server_bin
-            .file_name()
-            .map_or("server".into(), |f| f.to_string_lossy())
-    );
+    let name = format!("clock-{}", env.server_name());
     let offset = env.work.join(format!("{name}-offset"));
     set_offset(&offset, 0)?;
     // The AOF fsyncs once a second during the run (an fsync per write stalls the event
@@ -340,12 +330,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let steps = env.n(24.0, 6.0);
     let gap = if env.short { 400 } else { 900 };
     let inputs = (0..clients)
-        .map(|i| {
-            let c = connect(&server)?;
-            c.try_set_read_timeout(Some(Duration::from_secs(10)))
-                .map_err(|e| e.to_string())?;
-            Ok((c, rng.fork(i as u64)))
-        })
+        .map(|i| Ok((connect_for(&server, 10)?, rng.fork(i as u64))))
         .collect::<Result<Vec<_>, String>>()?;
     let stop = AtomicBool::new(false);
     let mut st = Stats::default();
@@ -361,20 +346,9 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             })
             .collect();
         // Steps: 0 -> +10 min -> 0 -> -10 min -> 0 -> +10 min ..., each one of STEP_MS.
-        let mut at = 0i64;
-        let mut up = true;
-        for _ in 0..steps {
+        for i in 0..steps {
             std::thread::sleep(Duration::from_millis(rng.range(gap / 2, gap)));
-            at = if at != 0 {
-                0
-            } else if up {
-                STEP_MS
-            } else {
-                -STEP_MS
-            };
-            if at != 0 {
-                up = !up;
-            }
+            let at = [STEP_MS, 0, -STEP_MS, 0][i as usize % 4];
             if set_offset(&offset, at).is_err() {
                 break;
             }
@@ -383,11 +357,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(gap));
         stop.store(true, Ordering::Relaxed);
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a client panicked".into())))
-            .collect()
-    });
+        joined(handles.into_iter().map(|h| h.join()))
+    })?;
     let secs = started.elapsed().as_secs_f64();
     let mut recs = Vec::new();
     for r in results {
@@ -401,20 +372,9 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     drop(a);
     for (i, step) in [-STEP_MS, STEP_MS, -STEP_MS].into_iter().enumerate() {
         let mut c = connect(&server)?;
-        let r = cmd(&mut c, &args!["CONFIG", "SET", "appendfsync", "always"])?;
-        if r.is_error() {
-            return Err(format!("CONFIG SET appendfsync always: {r:?}"));
-        }
+        must(&mut c, &args!["CONFIG", "SET", "appendfsync", "always"])?;
         if i == 2 {
-            let r = cmd(&mut c, &args!["BGREWRITEAOF"])?;
-            if r.is_error() {
-                return Err(format!("BGREWRITEAOF: {r:?}"));
-            }
-            let idle = |f: &str| server.info_field("persistence", f).as_deref() == Some("0");
-            let done = || idle("aof_rewrite_in_progress") && idle("aof_rewrite_scheduled");
-            if !redis_lock_testkit::wait_until(Duration::from_secs(20), done) {
-                return Err("AOF rewrite did not finish".into());
-            }
+            rewrite_aof(&server, &mut c)?;
         }
         let (tok, f) = acquire(&mut c, "rel:clk:restart", 1000)?;
         st.restart_fence_regressions += u64::from(f <= max_fence);
@@ -455,16 +415,13 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         ),
     ];
     for (what, n) in bad {
-        if n > 0 {
-            o.fail(format!("{n} {what}"));
-        }
+        o.fail_if(n > 0, format!("{n} {what}"));
     }
-    if st.handoffs_after_expiry == 0 || st.waits_timed_out == 0 {
-        o.fail("no hand-off after an expiry or no BLOCK timeout happened (nothing checked)");
-    }
+    o.fail_if(
+        st.handoffs_after_expiry == 0 || st.waits_timed_out == 0,
+        "no hand-off after an expiry or no BLOCK timeout happened (nothing checked)",
+    );
     o.put("stats", &st);
-    if let Err(e) = health(&server, "the server") {
-        o.fail(e);
-    }
+    o.healthy(&server, "the server");
     Ok(())
 }

@@ -215,7 +215,7 @@ fn round(
     }
     // Promote while the old primary is dead and the link still cut.
     let mut c = connect(&replica)?;
-    promote(&mut c)?;
+    must(&mut c, &args!["REPLICAOF", "NO", "ONE"])?;
     let max_acked = acked.iter().map(|a| a.fence).max().unwrap_or(0);
     let mut infos = Vec::with_capacity(acked.len());
     for chunk in acked.chunks(1000) {

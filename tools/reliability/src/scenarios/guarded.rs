@@ -37,14 +37,10 @@ struct Stats {
     examples: Vec<String>,
 }
 
-fn ok_int(r: &Reply) -> bool {
-    r.as_int().is_some()
-}
-
 fn not_held(r: &Reply) -> Result<bool, String> {
     match r {
         Reply::Error(e) if e.starts_with("NOTHELD") => Ok(true),
-        r if ok_int(r) => Ok(false),
+        r if r.as_int().is_some() => Ok(false),
         r => Err(format!("guarded write answered {r:?}")),
     }
 }
@@ -86,11 +82,9 @@ fn round(
     }
     let writes: Vec<_> = (0..keys).map(|k| write(k, &held[k].0, held[k].1)).collect();
     for rep in old.pipeline(&writes).map_err(|e| e.to_string())? {
-        if not_held(&rep)? {
-            st.on_time.1 += 1;
-        } else {
-            st.on_time.0 += 1;
-        }
+        let refused = not_held(&rep)?;
+        st.on_time.0 += u64::from(!refused);
+        st.on_time.1 += u64::from(refused);
     }
     // The new holders wait for each lease to end; the old one wakes at a random moment
     // from before its leases end to well after, and writes again.
@@ -100,11 +94,9 @@ fn round(
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    let news = std::thread::scope(|s| -> Result<Vec<(u64, std::time::Duration)>, String> {
+    let news = std::thread::scope(|s| -> Result<Vec<(u64, Duration)>, String> {
         let newer = s.spawn(|| -> Result<Vec<(u64, Duration)>, String> {
-            let mut c = connect(server)?;
-            c.try_set_read_timeout(Some(Duration::from_secs(10)))
-                .map_err(|e| e.to_string())?;
+            let mut c = connect_for(server, 10)?;
             std::thread::sleep(Duration::from_millis(wait_ms));
             let mut out = Vec::with_capacity(keys);
             for k in 0..keys {
@@ -119,10 +111,7 @@ fn round(
                     "BLOCK",
                     5000u64
                 ];
-                let rep = cmd(&mut c, &a)?;
-                let (_, fence) = rep.grant().ok_or_else(|| {
-                    format!("new holder's acquire of {} answered {rep:?}", key(k))
-                })?;
+                let (_, fence) = grant(&mut c, &a)?;
                 let granted = t0.elapsed();
                 let w = cmd(&mut c, &write(k, &t, fence))?;
                 if not_held(&w)? {
@@ -191,10 +180,9 @@ fn audit(server: &Server, prefix: &str, keys: usize, st: &mut Stats) -> Result<(
             st.log_entries += 1;
             if f < max {
                 st.stale_applied += 1;
-                if st.examples.len() < 3 {
-                    st.examples
-                        .push(format!("key {k}: fence {f} written after fence {max}"));
-                }
+                example(&mut st.examples, 3, || {
+                    format!("key {k}: fence {f} written after fence {max}")
+                });
             }
             max = max.max(f);
         }
@@ -230,26 +218,28 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     o.put("plain", &p);
     o.put("examples", [&g.examples[..], &p.examples[..]].concat());
     let target = env.n(10_000.0, 1_000.0);
-    if g.stale_applied > 0 || g.late_accepted_after_next > 0 {
-        o.fail(format!(
-            "{} stale guarded writes applied ({} accepted after the next grant)",
-            g.stale_applied, g.late_accepted_after_next
-        ));
-    }
-    if g.fence_regressions + p.fence_regressions > 0 {
-        o.fail("a new holder's fence was not above the old holder's");
-    }
-    if g.late_refused == 0 {
-        o.fail("no late write was refused (the pauses did not outlast the leases)");
-    }
-    if p.stale_applied == 0 {
-        o.fail("the unguarded control applied no stale write (nothing shown)");
-    }
-    if g.expiries < target {
-        o.fail(format!("{} lease expiries, below {target}", g.expiries));
-    }
-    if let Err(e) = health(&server, "the server") {
-        o.fail(e);
-    }
+    let (stale, after) = (g.stale_applied, g.late_accepted_after_next);
+    o.fail_if(
+        stale > 0 || after > 0,
+        format!("{stale} stale guarded writes applied ({after} accepted after the next grant)"),
+    );
+    o.fail_if(
+        g.fence_regressions + p.fence_regressions > 0,
+        "a new holder's fence was not above the old holder's",
+    );
+    o.fail_if(
+        g.late_refused == 0,
+        "no late write was refused (the pauses did not outlast the leases)",
+    );
+    o.fail_if(
+        p.stale_applied == 0,
+        "the unguarded control applied no stale write (nothing shown)",
+    );
+    let expiries = g.expiries;
+    o.fail_if(
+        expiries < target,
+        format!("{expiries} lease expiries, below {target}"),
+    );
+    o.healthy(&server, "the server");
     Ok(())
 }

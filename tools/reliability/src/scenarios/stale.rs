@@ -18,28 +18,22 @@ pub use redis_lock_report::reliability::FENCED_STORE_LUA;
 /// which it is stopped).
 const WINDOW_MS: u64 = 150;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Fenced,
-    Plain,
-}
-
+/// A write of the fenced store (`sha`: its script), or a plain one: accepted or not.
 fn store_write(
     c: &mut Conn,
-    mode: Mode,
+    fenced: bool,
     sha: &str,
     rkey: &str,
     fence: u64,
     value: &str,
 ) -> Result<bool, String> {
-    let r = match mode {
-        Mode::Fenced => cmd(c, &args!["EVALSHA", sha, 1u64, rkey, fence, value])?,
-        Mode::Plain => cmd(c, &args!["HSET", rkey, "value", value, "fence", fence])?,
+    let r = match fenced {
+        true => cmd(c, &args!["EVALSHA", sha, 1u64, rkey, fence, value])?,
+        false => cmd(c, &args!["HSET", rkey, "value", value, "fence", fence])?,
     };
-    match (mode, &r) {
-        (Mode::Fenced, Reply::Int(1)) => Ok(true),
-        (Mode::Fenced, Reply::Int(0)) => Ok(false),
-        (Mode::Plain, Reply::Int(_)) => Ok(true),
+    match (fenced, &r) {
+        (true, Reply::Int(1)) | (false, Reply::Int(_)) => Ok(true),
+        (true, Reply::Int(0)) => Ok(false),
         _ => Err(format!("store write answered {r:?}")),
     }
 }
@@ -62,11 +56,7 @@ fn holder(a: &[String]) -> Result<(), String> {
     let lock: SocketAddr = lock.parse().map_err(|_| "bad lock address")?;
     let store: SocketAddr = store.parse().map_err(|_| "bad store address")?;
     let ttl: u64 = ttl.parse().map_err(|_| "bad ttl")?;
-    let mode = if mode == "fenced" {
-        Mode::Fenced
-    } else {
-        Mode::Plain
-    };
+    let fenced = mode == "fenced";
     let t = Duration::from_secs(5);
     let mut lc = Conn::open(lock, t).map_err(|e| e.to_string())?;
     let mut sc = Conn::open(store, t).map_err(|e| e.to_string())?;
@@ -84,7 +74,14 @@ fn holder(a: &[String]) -> Result<(), String> {
     let _ = writeln!(out, "CHECKED");
     let _ = out.flush();
     std::thread::sleep(Duration::from_millis(WINDOW_MS));
-    let ok = store_write(&mut sc, mode, sha, rkey, fence, &format!("holder-{fence}"))?;
+    let ok = store_write(
+        &mut sc,
+        fenced,
+        sha,
+        rkey,
+        fence,
+        &format!("holder-{fence}"),
+    )?;
     let _ = writeln!(
         out,
         "WROTE {} {}",
@@ -120,29 +117,24 @@ impl Drop for KillOnDrop {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn trial(
     env: &Env,
-    lock: &Server,
-    store: &Server,
-    mode: Mode,
+    servers: [&Server; 2],
+    mode: &str,
     sha: &str,
     i: u64,
     ttl: u64,
 ) -> Result<Trial, String> {
-    let key = format!("rel:stale:{i}:{mode:?}");
-    let rkey = format!("resource:{i}:{mode:?}");
+    let [lock, store] = servers;
+    let (key, rkey) = (
+        format!("rel:stale:{i}:{mode}"),
+        format!("resource:{i}:{mode}"),
+    );
     let child = Command::new(&env.exe)
         .arg("stale-holder")
         .arg(lock.socket_addr().to_string())
         .arg(store.socket_addr().to_string())
-        .args([&key, &rkey, &ttl.to_string()])
-        .arg(if mode == Mode::Fenced {
-            "fenced"
-        } else {
-            "plain"
-        })
-        .arg(sha)
+        .args([&key, &rkey, &ttl.to_string(), mode, sha])
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .spawn()
@@ -171,7 +163,7 @@ fn trial(
         ));
     }
     let newer = format!("newer-{fence}");
-    if !store_write(&mut sc, mode, sha, &rkey, fence, &newer)? {
+    if !store_write(&mut sc, mode == "fenced", sha, &rkey, fence, &newer)? {
         return Err("the current holder's write was refused".into());
     }
     redis_lock_testkit::signal(pid, libc::SIGCONT);
@@ -201,7 +193,7 @@ pub const TARGET: &str =
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let lock = env.start("stale-lock")?;
-    let store = env.plain("stale-store").try_start()?;
+    let store = env.builder("stale-store").no_module().try_start()?;
     let sha = cmd(
         &mut connect(&store)?,
         &args!["SCRIPT", "LOAD", FENCED_STORE_LUA],
@@ -212,12 +204,12 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let ttl = if env.short { 200 } else { 300 };
     // Per mode: valid runs, stale writes accepted, runs corrupted, runs discarded.
     let mut stats = [(0u64, 0u64, 0u64, 0u64); 2];
-    for (mi, mode) in [Mode::Fenced, Mode::Plain].into_iter().enumerate() {
+    for (mi, mode) in ["fenced", "plain"].into_iter().enumerate() {
         let mut i = 0;
         let mut attempts = 0;
         while i < trials && attempts < trials * 3 {
             attempts += 1;
-            let t = trial(env, &lock, &store, mode, &sha, attempts, ttl)?;
+            let t = trial(env, [&lock, &store], mode, &sha, attempts, ttl)?;
             if !t.valid {
                 stats[mi].3 += 1;
                 continue;
@@ -233,14 +225,14 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     o.put("ttl", ttl);
     o.put("fenced", stats[0]);
     o.put("plain", stats[1]);
-    if fv == 0 || fa > 0 || fc > 0 {
-        o.fail(format!("fenced store accepted {fa} of {fv} stale writes"));
-    }
-    if pv == 0 || pc == 0 {
-        o.fail("the control run did not show the corruption (the pause did not take effect)");
-    }
-    if let Err(e) = health(&lock, "the lock server") {
-        o.fail(e);
-    }
+    o.fail_if(
+        fv == 0 || fa > 0 || fc > 0,
+        format!("fenced store accepted {fa} of {fv} stale writes"),
+    );
+    o.fail_if(
+        pv == 0 || pc == 0,
+        "the control run did not show the corruption (the pause did not take effect)",
+    );
+    o.healthy(&lock, "the lock server");
     Ok(())
 }
