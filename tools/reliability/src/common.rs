@@ -75,6 +75,14 @@ pub fn connect(s: &Server) -> Result<Conn, String> {
         .map_err(|e| format!("connect to {}: {e}", s.addr()))
 }
 
+/// A connection to `addr`, made within `connect`, whose replies may take up to `read`.
+pub fn open(addr: std::net::SocketAddr, connect: Duration, read: Duration) -> Result<Conn, String> {
+    let c = Conn::open(addr, connect).map_err(|e| format!("connect {addr}: {e}"))?;
+    c.try_set_read_timeout(Some(read))
+        .map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
 /// A connection whose replies may take up to `secs`.
 pub fn connect_for(s: &Server, secs: u64) -> Result<Conn, String> {
     let c = connect(s)?;

@@ -20,6 +20,7 @@ use redis_lock_report::reliability::{Cells, ReliabilityRun, RowRun, ServerId};
 use common::{unix_ms, Env, Outcome, Status};
 
 const MODULE: &str = "target/release/libredis_lock.so";
+const SERVER: &str = "/usr/bin/redis-server";
 
 #[derive(Parser)]
 #[command(about = "Fault-injection runs against real servers with the module loaded")]
@@ -32,11 +33,6 @@ struct Cli {
 enum Cmd {
     /// Run the scenarios.
     Run(RunArgs),
-    /// Render docs/RELIABILITY.md again from docs/data/reliability.json (the file given).
-    Render {
-        #[arg(default_value = "docs/data/reliability.json")]
-        json: PathBuf,
-    },
     /// Internal: the paused holder of the stale scenario.
     StaleHolder { args: Vec<String> },
 }
@@ -61,15 +57,10 @@ struct RunArgs {
     /// other rows stay as they are.
     #[arg(long)]
     json: Option<PathBuf>,
-    #[arg(
-        long,
-        env = "RELIABILITY_SERVER",
-        default_value = "/usr/bin/redis-server"
-    )]
+    #[arg(long, env = "RELIABILITY_SERVER", default_value = SERVER)]
     server: PathBuf,
     /// The servers of the scenarios that run on every server (leases, guarded, clock,
-    /// chaos, kinds), comma
-    /// separated; default: --server.
+    /// chaos, kinds), comma separated; default: --server.
     #[arg(long, env = "RELIABILITY_SERVERS", value_delimiter = ',')]
     servers: Vec<PathBuf>,
     #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]
@@ -82,16 +73,6 @@ struct RunArgs {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Cmd::Run(a) => run(a),
-        Cmd::Render { json } => match redis_lock_report::load(&json)
-            .map_err(|e| e.to_string())
-            .and_then(|run| render(&json, &run).map_err(|e| e.to_string()))
-        {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cannot render from {}: {e}", json.display());
-                ExitCode::from(1)
-            }
-        },
         Cmd::StaleHolder { args } => scenarios::stale::holder_main(&args),
     }
 }
@@ -166,20 +147,20 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
 }
 
 fn run(a: RunArgs) -> ExitCode {
-    let env = match env_of(&a) {
+    let env = env_of(&a).and_then(|env| match env.module.is_file() {
+        true => Ok(env),
+        false => Err(format!(
+            "module not found at {} (cargo build --release)",
+            env.module.display()
+        )),
+    });
+    let env = match env {
         Ok(e) => e,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    if !env.module.is_file() {
-        eprintln!(
-            "module not found at {} (cargo build --release)",
-            env.module.display()
-        );
-        return ExitCode::from(2);
-    }
     let _ = std::fs::create_dir_all(&env.work);
     let kind = if env.short { "short" } else { "full" };
     println!(
@@ -195,10 +176,9 @@ fn run(a: RunArgs) -> ExitCode {
         if !a.only.is_empty() && !a.only.iter().any(|k| k == def.key) {
             continue;
         }
-        let servers = if def.every_server {
-            env.servers.clone()
-        } else {
-            vec![env.server_bin.clone()]
+        let servers = match def.every_server {
+            true => env.servers.clone(),
+            false => vec![env.server_bin.clone()],
         };
         for bin in servers {
             let mut env = env.clone();
@@ -231,12 +211,9 @@ fn run(a: RunArgs) -> ExitCode {
                 trials: String::new(),
                 notes: o.notes.clone(),
             });
-            let (title, secs) = (o.full_title(), o.secs);
-            let (figure, trials) = (c.figure, c.trials);
-            println!(
-                "== [{}] {title}: {verdict} -- {figure} [{trials}] in {secs:.0} s",
-                i + 1
-            );
+            let (n, title, secs, figure, trials) =
+                (i + 1, o.full_title(), o.secs, c.figure, c.trials);
+            println!("== [{n}] {title}: {verdict} -- {figure} [{trials}] in {secs:.0} s");
             for n in &c.notes {
                 println!("     {n}");
             }
@@ -260,11 +237,7 @@ fn run(a: RunArgs) -> ExitCode {
         }
     }
     println!("reliability: {passed} passed, {failed} failed");
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+    ExitCode::from(u8::from(failed > 0))
 }
 
 fn save(

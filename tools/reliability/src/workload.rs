@@ -291,16 +291,8 @@ fn no_error(a: &Answer, what: &str) -> Result<(), String> {
 /// replies were lost.
 fn as_call(a: Answer, ok: impl FnOnce(&[Reply]) -> Option<bool>) -> Call {
     match a {
-        Answer::Reply(r, invoke, complete) => Call {
-            invoke,
-            complete,
-            ok: ok(&r),
-        },
-        Answer::Lost(invoke) => Call {
-            invoke,
-            complete: now_ns(),
-            ok: None,
-        },
+        Answer::Reply(r, invoke, complete) => Call::new(invoke, complete, ok(&r)),
+        Answer::Lost(invoke) => Call::new(invoke, now_ns(), None),
     }
 }
 
@@ -323,15 +315,6 @@ impl Client<'_> {
     fn call(&mut self, key: &str, cmds: &[Vec<Vec<u8>>], block: Option<u64>) -> Answer {
         self.log.n.bump("calls");
         self.link.call(key.as_bytes(), cmds, block, &self.sh.kills)
-    }
-
-    /// The checker's server group for a reply from `node`.
-    fn group(&self) -> u32 {
-        if self.sh.plan.group_per_node {
-            self.link.last_node as u32
-        } else {
-            0
-        }
     }
 
     fn acquire(
@@ -401,11 +384,7 @@ impl Client<'_> {
             // Executed or not: ask again on a new connection; a 1 now is certain.
             Answer::Lost(t0) => match as_call(self.call(&name, &[cmd], None), one) {
                 c if c.ok == Some(true) => c,
-                _ => Call {
-                    invoke: t0,
-                    complete: now_ns(),
-                    ok: None,
-                },
+                _ => Call::new(t0, now_ns(), None),
             },
             a => as_call(a, one),
         };
@@ -447,16 +426,11 @@ impl Client<'_> {
             if sh.granted.fetch_add(1, Ordering::Relaxed) + 1 >= sh.plan.stop_after {
                 sh.stop.store(true, Ordering::Relaxed);
             }
-            let mut g = Grant::new(
-                self.id,
-                k as u32,
-                mode,
-                (self.group(), fence),
-                ttl,
-                (t0, t1),
-            );
+            // The checker's server group of the reply.
+            let group = sh.plan.group_per_node.then_some(self.link.last_node as u32);
+            let at = (group.unwrap_or(0), fence);
+            let mut g = Grant::new(self.id, k as u32, mode, at, ttl, (t0, t1));
             let cs0 = now_ns();
-            let at = (g.server, fence);
             let v = sh.store.enter(k as u32, mode, at);
             match sh.plan.mix.pause {
                 (p, Some((lo, hi))) if rng.chance(p) => {
@@ -479,11 +453,10 @@ impl Client<'_> {
                     // Acknowledged but perhaps not replicated: unknown.
                     (!sh.plan.confirm || !ok || confirmed(r)).then_some(ok)
                 });
-                if call.ok == Some(true) {
-                    (final_ttl, last) = (ext, call.complete);
-                } else if call.ok.is_none() {
-                    final_ttl = final_ttl.max(ext);
-                    last = call.complete;
+                match call.ok {
+                    Some(true) => (final_ttl, last) = (ext, call.complete),
+                    None => (final_ttl, last) = (final_ttl.max(ext), call.complete),
+                    Some(false) => {}
                 }
                 g.extends.push((call, ext));
             }

@@ -118,11 +118,8 @@ impl Admin {
 
     fn call<A: AsRef<[u8]>>(&mut self, node: usize, a: &[A]) -> Result<Reply, String> {
         if self.conns[node].is_none() {
-            let c = Conn::open(self.addrs[node], Duration::from_secs(5))
-                .map_err(|e| format!("connect {}: {e}", self.addrs[node]))?;
-            c.try_set_read_timeout(Some(Duration::from_secs(20)))
-                .map_err(|e| e.to_string())?;
-            self.conns[node] = Some(c);
+            let secs = Duration::from_secs;
+            self.conns[node] = Some(open(self.addrs[node], secs(5), secs(20))?);
         }
         let c = self.conns[node].as_mut().ok_or("no connection")?;
         let r = cmd(c, a).map_err(|e| format!("{e} (on {})", self.addrs[node]));

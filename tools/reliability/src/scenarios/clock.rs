@@ -263,16 +263,8 @@ fn check(recs: &mut [Rec], st: &mut Stats) {
     // Fences across the server (one key for the checker): a grant answered before
     // another was asked is lower.
     let across: Vec<Grant> = (recs.iter())
-        .filter_map(|r| {
-            Some(Grant::new(
-                0,
-                0,
-                Mode::Exclusive,
-                (0, r.fence?),
-                r.px,
-                (r.invoke, r.complete),
-            ))
-        })
+        .filter_map(|r| Some(((0, r.fence?), r.px, (r.invoke, r.complete))))
+        .map(|(at, ttl, call)| Grant::new(0, 0, Mode::Exclusive, at, ttl, call))
         .collect();
     st.fence_regressions = key_fence_regressions(&across).0;
     for v in [
