@@ -251,6 +251,15 @@ pub fn common_op(
     Ok(true)
 }
 
+/// An operation table written out: `name=weight`, comma separated.
+fn weights(spec: &'static str) -> Vec<(&'static str, u64)> {
+    let op = |p: &'static str| Some(p.rsplit_once('=')?).map(|(n, w)| (n.trim(), w.trim().parse()));
+    spec.split(',')
+        .filter_map(op)
+        .map(|(n, w)| (n, w.unwrap_or(0)))
+        .collect()
+}
+
 /// Picks an operation by weight.
 fn pick(rng: &mut Rng, table: &[(&'static str, u64)]) -> &'static str {
     let total: u64 = table.iter().map(|t| t.1).sum();
@@ -445,17 +454,10 @@ fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
             std::thread::spawn(move || bystander(addr, 1 + i % 2, &stop, until, &kills, r))
         })
         .collect();
-    let table = [
-        ("CLIENT PAUSE WRITE", 12),
-        ("CLIENT PAUSE ALL", 8),
-        ("DEBUG RELOAD", 6),
-        ("BGREWRITEAOF", 6),
-        ("CONFIG SET lock.*", 10),
-        ("SWAPDB 1 2", 10),
-        ("CLIENT UNBLOCK", 12),
-        ("CLIENT KILL waiter", 10),
-        ("CLIENT KILL holder", 8),
-    ];
+    let table = weights(
+        "CLIENT PAUSE WRITE=12, CLIENT PAUSE ALL=8, DEBUG RELOAD=6, BGREWRITEAOF=6, CONFIG SET lock.*=10,
+        SWAPDB 1 2=10, CLIENT UNBLOCK=12, CLIENT KILL waiter=10, CLIENT KILL holder=8",
+    );
     load.drive(rng, &table, (30, 200), |op, admin, rng, ops| {
         if !common_op(op, admin, 0, rng, ops)? {
             let cmd = match op {
@@ -536,16 +538,10 @@ pub fn pair_run(
 }
 
 fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
-    let table = [
-        ("FAILOVER", 10),
-        ("CLIENT PAUSE WRITE", 8),
-        ("CLIENT PAUSE ALL", 4),
-        ("CONFIG SET lock.*", 4),
-        ("CLIENT UNBLOCK", 6),
-        ("CLIENT KILL waiter", 8),
-        ("CLIENT KILL holder", 8),
-        ("BGREWRITEAOF", 3),
-    ];
+    let table = weights(
+        "FAILOVER=10, CLIENT PAUSE WRITE=8, CLIENT PAUSE ALL=4, CONFIG SET lock.*=4, CLIENT UNBLOCK=6,
+        CLIENT KILL waiter=8, CLIENT KILL holder=8, BGREWRITEAOF=3",
+    );
     let name = format!("chaos-{}", flavor.version());
     let plan = |topo| plan(env, topo, "rel:cp");
     pair_run(env, flavor, rng, &name, plan, &table, (50, 300))
@@ -562,14 +558,10 @@ fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
     let topo = Topo::Cluster(addrs.clone());
     let mut load = Load::start(flavor, rng, plan(env, topo, "rel:cc"));
     let keys = load.sh.plan.keys.clone();
-    let table = [
-        ("slot migration", 30),
-        ("CLIENT PAUSE WRITE", 6),
-        ("CONFIG SET lock.*", 3),
-        ("CLIENT UNBLOCK", 4),
-        ("CLIENT KILL waiter", 6),
-        ("CLIENT KILL holder", 6),
-    ];
+    let table = weights(
+        "slot migration=30, CLIENT PAUSE WRITE=6, CONFIG SET lock.*=3, CLIENT UNBLOCK=4,
+        CLIENT KILL waiter=6, CLIENT KILL holder=6",
+    );
     load.drive(rng, &table, (20, 150), |op, admin, rng, ops| {
         let node = rng.below(addrs.len() as u64) as usize;
         if op != "slot migration" {
@@ -659,4 +651,13 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     );
     workload::verdict(o, env, &tally, target);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn weights_are_read_as_written() {
+        let t = super::weights("CLIENT PAUSE ALL=8,\n  slot migration=30");
+        assert_eq!(t, [("CLIENT PAUSE ALL", 8), ("slot migration", 30)]);
+    }
 }

@@ -154,17 +154,22 @@ fn command(rng: &mut Rng) -> Vec<Vec<u8>> {
     a
 }
 
+/// Broken protocol; a ninth of the time random bytes instead.
+const MALFORMED: [&[u8]; 8] = [
+    b"*-5\r\n",
+    b"*2\r\n$12\r\nLOCK.ACQUIRE\r\n$-1\r\n",
+    b"*2\r\n$12\r\nLOCK.ACQUIRE\r\n$999999999999\r\n",
+    b"*3\r\n$12\r\nLOCK.ACQUIRE\r\n$4\r\nfz:1\r\n$2\r\nPX",
+    b"LOCK.ACQUIRE fz:2 PX \"unterminated\r\n",
+    b"*1\r\n$x\r\n",
+    b"*100000000\r\n",
+    b"*4\r\n$12\r\nLOCK.ACQUIRE\r\n$4\r\nfz:3\r\n$5\r\nBLOCK\r\n",
+];
+
 fn malformed(rng: &mut Rng) -> Vec<u8> {
-    let mut v: Vec<u8> = match rng.below(9) {
-        0 => b"*-5\r\n".to_vec(),
-        1 => b"*2\r\n$12\r\nLOCK.ACQUIRE\r\n$-1\r\n".to_vec(),
-        2 => b"*2\r\n$12\r\nLOCK.ACQUIRE\r\n$999999999999\r\n".to_vec(),
-        3 => b"*3\r\n$12\r\nLOCK.ACQUIRE\r\n$4\r\nfz:1\r\n$2\r\nPX".to_vec(),
-        4 => b"LOCK.ACQUIRE fz:2 PX \"unterminated\r\n".to_vec(),
-        5 => b"*1\r\n$x\r\n".to_vec(),
-        6 => b"*100000000\r\n".to_vec(),
+    let mut v = match rng.below(9) as usize {
         7 => rng.bytes_in(1, 2000),
-        _ => b"*4\r\n$12\r\nLOCK.ACQUIRE\r\n$4\r\nfz:3\r\n$5\r\nBLOCK\r\n".to_vec(),
+        i => MALFORMED[i.min(7)].to_vec(),
     };
     if rng.chance(20) {
         v.extend(rng.bytes(64));
@@ -187,12 +192,9 @@ struct Tally {
 
 impl Tally {
     fn add(&mut self, o: Tally) {
-        (self.n, self.malformed, self.errors) = (
-            self.n + o.n,
-            self.malformed + o.malformed,
-            self.errors + o.errors,
-        );
-        (self.checked, self.hangs) = (self.checked + o.checked, self.hangs + o.hangs);
+        (self.n, self.malformed) = (self.n + o.n, self.malformed + o.malformed);
+        (self.errors, self.checked) = (self.errors + o.errors, self.checked + o.checked);
+        self.hangs += o.hangs;
         self.crash = self.crash.take().or(o.crash);
     }
 }
@@ -287,9 +289,9 @@ fn live(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> {
         })
         .collect();
     let mut st = Tally::default();
-    for h in handles {
-        st.add(h.join().map_err(|_| "fuzz worker panicked".to_string())?);
-    }
+    joined(handles.into_iter().map(|h| h.join()))?
+        .into_iter()
+        .for_each(|t| st.add(t));
     Ok(st)
 }
 
@@ -355,10 +357,7 @@ fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> 
     // module checks default-ttl <= max-ttl after all of a command's values are set, while
     // two separate commands could each be refused against a fuzzed value of the other.
     let defaults = "CONFIG SET lock.max-ttl 86400000 lock.default-ttl 30000 lock.max-waiters 10000";
-    let r = cmd(&mut c, &words(defaults))?;
-    if r.is_error() {
-        return Err(format!("CONFIG SET of the lock.* defaults: {r:?}"));
-    }
+    must(&mut c, &words(defaults))?;
     // Real payloads of several shapes: with and without OWNER, 256-byte TOKEN and OWNER.
     let mut bases = Vec::new();
     let (token, owner) = ("x".repeat(256), "o".repeat(256));
@@ -373,15 +372,13 @@ fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> 
         let mut a = args!["LOCK.ACQUIRE", &key, "PX", 600_000u64];
         a.extend(extra.iter().map(|x| x.as_bytes().to_vec()));
         grant(&mut c, &a)?;
-        let d = cmd(&mut c, &args!["DUMP", &key])?;
-        let d = d
+        let d = cmd(&mut c, &args!["DUMP", &key])?
             .as_bytes()
-            .ok_or("DUMP of a lock returned nothing")?
-            .to_vec();
-        if d.len() < 20 {
-            return Err("DUMP payload too short".into());
-        }
-        bases.push(d);
+            .map(<[u8]>::to_vec);
+        bases.push(
+            d.filter(|d| d.len() >= 20)
+                .ok_or("DUMP of a lock too short or none")?,
+        );
     }
     // Our CRC must be the server's: an unmutated payload re-signed must load.
     let resigned = with_crc(&bases[0][..bases[0].len() - 8]);
@@ -512,23 +509,18 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     o.put("restore", (&rs, restore_secs));
     o.put("shape", (WORKERS, BATCH));
     o.put("caught", caught);
-    if let Some(c) = &lv.crash {
-        o.fail(format!("live fuzzer: {c}"));
+    for (what, crash) in [("live fuzzer", &lv.crash), ("RESTORE", &rs.crash)] {
+        if let Some(c) = crash {
+            o.fail(format!("{what}: {c}"));
+        }
     }
-    if let Some(c) = &rs.crash {
-        o.fail(format!("RESTORE: {c}"));
-    }
-    if hangs > 0 {
-        o.fail(format!(
-            "{hangs} batches without a reply within {} s",
-            PING_TIMEOUT.as_secs()
-        ));
-    }
-    if caught.is_some_and(|n| n > 0) {
-        o.fail(format!(
-            "{caught:?} Rust panics caught (each is a bug, though not a crash)"
-        ));
-    }
+    let ping = PING_TIMEOUT.as_secs();
+    o.fail_if(
+        hangs > 0,
+        format!("{hangs} batches without a reply within {ping} s"),
+    );
+    let panicked = format!("{caught:?} Rust panics caught (each is a bug, though not a crash)");
+    o.fail_if(caught.is_some_and(|n| n > 0), panicked);
     // cargo fuzz: (executions, failure) or why it did not run; not part of a short run.
     let fuzzed = match env.short {
         true => Err("not part of the short run".to_string()),

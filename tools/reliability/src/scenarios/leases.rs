@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use crate::common::*;
 
+pub const TITLE: &str = "Leases across restarts (SIGKILL, restart from AOF and from RDB)";
+pub const TARGET: &str =
+    "0 leases ended before their holder's deadline after a restart (ttl and a waiter's grant), per persistence mode";
+
 /// How much earlier than its holder's deadline a restored lease may end: the module
 /// stores and reports whole milliseconds.
 pub const EARLY_MS: u64 = 2;
@@ -203,10 +207,6 @@ fn run_mode(env: &Env, mode: Mode, rng: &mut Rng) -> Result<Stats, String> {
     health(&server, "the server")?;
     Ok(st)
 }
-
-pub const TITLE: &str = "Leases across restarts (SIGKILL, restart from AOF and from RDB)";
-pub const TARGET: &str =
-    "0 leases ended before their holder's deadline after a restart (ttl and a waiter's grant), per persistence mode";
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6c65_6173);
