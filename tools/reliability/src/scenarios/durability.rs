@@ -135,22 +135,17 @@ fn client(mut c: Conn, round: u64, cid: usize, mut rng: Rng, stop: &AtomicBool) 
             break;
         }
         let Ok(r) = c.read() else { break };
+        let held = |(token, fence)| Known::Held {
+            token,
+            fence,
+            exp: None,
+        };
         let next = match (&m.pending, &m.known) {
-            (Some(Pending::Acquire(t)), _) => {
-                (r.grant())
-                    .filter(|g| g.0 == *t)
-                    .map(|(token, fence)| Known::Held {
-                        token,
-                        fence,
-                        exp: None,
-                    })
-            }
+            (Some(Pending::Acquire(t)), _) => r.grant().filter(|g| g.0 == *t).map(held),
             (Some(Pending::Release), _) => (r == Reply::Int(1)).then_some(Known::Free),
-            (_, Known::Held { token, fence, .. }) => (r == Reply::Int(1)).then(|| Known::Held {
-                token: token.clone(),
-                fence: *fence,
-                exp: None,
-            }),
+            (_, Known::Held { token, fence, .. }) => {
+                (r == Reply::Int(1)).then(|| held((token.clone(), *fence)))
+            }
             _ => None,
         };
         let Some(next) = next else {
@@ -185,15 +180,14 @@ fn actual(
         return Ok(None);
     }
     let (fence, exp) = lock_info(&info).ok_or_else(|| format!("bad LOCK.INFO {info:?}"))?;
-    let has_token = match token {
-        Some(t) => {
-            let dump = cmd(c, &args!["DUMP", key])?;
-            let digest = redis_lock_testkit::lock::token_digest(t);
-            dump.as_bytes()
-                .is_some_and(|d| d.windows(digest.len()).any(|w| w == digest))
-        }
-        None => false,
+    let Some(t) = token else {
+        return Ok(Some((fence, exp, false)));
     };
+    let dump = cmd(c, &args!["DUMP", key])?;
+    let digest = redis_lock_testkit::lock::token_digest(t);
+    let has_token = dump
+        .as_bytes()
+        .is_some_and(|d| d.windows(digest.len()).any(|w| w == digest));
     Ok(Some((fence, exp, has_token)))
 }
 
@@ -218,39 +212,26 @@ fn verify(
             (Known::Untouched, None, Some(_)) => st.ambiguous_bad += 1,
             (Known::Free, None, g) => {
                 st.free_checked += 1;
-                if g.is_some() {
-                    st.resurrected += 1;
-                }
+                st.resurrected += u64::from(g.is_some());
             }
             (Known::Held { fence, exp, .. }, None, g) => {
                 st.held_checked += 1;
-                match g {
-                    None => st.lost += 1,
-                    Some((f, e, tok)) => {
-                        // Copies carry the time left: the restored lease may end
-                        // later (by the downtime), never earlier.
-                        if f != *fence || !tok || exp.is_some_and(|x| e < x - EARLY_MS) {
-                            st.changed += 1;
-                        }
-                    }
-                }
+                // Copies carry the time left: the restored lease may end later (by the
+                // downtime), never earlier.
+                let changed = |(f, e, tok): (u64, i64, bool)| {
+                    f != *fence || !tok || exp.is_some_and(|x| e < x - EARLY_MS)
+                };
+                st.lost += u64::from(g.is_none());
+                st.changed += u64::from(g.is_some_and(changed));
             }
             // In flight at the kill: either outcome is fine, nothing else is.
             (_, Some(Pending::Acquire(_)), g) => {
                 st.ambiguous += 1;
-                if let Some((_, _, tok)) = g {
-                    if !tok {
-                        st.ambiguous_bad += 1;
-                    }
-                }
+                st.ambiguous_bad += u64::from(g.is_some_and(|(_, _, tok)| !tok));
             }
             (Known::Held { fence, .. }, Some(_), g) => {
                 st.ambiguous += 1;
-                if let Some((f, _, tok)) = g {
-                    if f != *fence || !tok {
-                        st.ambiguous_bad += 1;
-                    }
-                }
+                st.ambiguous_bad += u64::from(g.is_some_and(|(f, _, tok)| f != *fence || !tok));
             }
             (_, Some(_), _) => st.ambiguous += 1,
         }
