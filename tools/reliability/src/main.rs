@@ -163,13 +163,9 @@ fn run(a: RunArgs) -> ExitCode {
     };
     let _ = std::fs::create_dir_all(&env.work);
     let kind = if env.short { "short" } else { "full" };
-    println!(
-        "reliability: {kind} run, scale {}, seed {}, server {}, work dir {}",
-        env.scale,
-        env.seed,
-        env.server_bin.display(),
-        env.work.display()
-    );
+    let (bin, work) = (env.server_bin.display(), env.work.display());
+    let (scale, seed) = (env.scale, env.seed);
+    println!("reliability: {kind} run, scale {scale}, seed {seed}, server {bin}, work dir {work}");
     let started = unix_ms();
     let mut outcomes: Vec<Outcome> = Vec::new();
     for (i, def) in scenarios::ALL.iter().enumerate() {
@@ -185,15 +181,16 @@ fn run(a: RunArgs) -> ExitCode {
             env.server_bin = bin;
             let mut o = Outcome::new(i as u32 + 1, def.key, def.title, def.target);
             if def.every_server {
-                o.server = Some(ServerId {
-                    label: redis_lock_testkit::flavor_of(&env.server_bin)
-                        .map_or_else(|_| env.server_bin.display().to_string(), |f| f.label()),
-                    // Relative to the repository when inside it.
-                    path: (env.server_bin.strip_prefix(&env.repo))
-                        .unwrap_or(&env.server_bin)
-                        .display()
-                        .to_string(),
-                });
+                let bin = &env.server_bin;
+                let label = redis_lock_testkit::flavor_of(bin).map(|f| f.label());
+                // Relative to the repository when inside it.
+                let path = bin
+                    .strip_prefix(&env.repo)
+                    .unwrap_or(bin)
+                    .display()
+                    .to_string();
+                let label = label.unwrap_or_else(|_| bin.display().to_string());
+                o.server = Some(ServerId { label, path });
             }
             println!("== [{}] {} ...", i + 1, o.full_title());
             let t = Instant::now();
@@ -251,16 +248,23 @@ fn save(
     let repo = env.repo.to_string_lossy();
     let commit = sh("git", &["-C", &repo, "rev-parse", "--short", "HEAD"]);
     let dirty = !sh("git", &["-C", &repo, "status", "--porcelain", "--", "src"]).is_empty();
+    let (short, scale, seed) = (env.short, env.scale, env.seed);
     let run = if only.is_empty() {
+        let version = sh(&env.server_bin.to_string_lossy(), &["--version"]);
+        let fs = sh("df", &["--output=fstype", &env.work.to_string_lossy()]);
+        let renumbered = |(i, o): (usize, &Outcome)| Outcome {
+            id: i as u32 + 1,
+            ..o.clone()
+        };
         ReliabilityRun {
             date,
             time,
-            short: env.short,
-            scale: env.scale,
-            seed: env.seed,
+            short,
+            scale,
+            seed,
             minutes: (unix_ms() - started) as f64 / 60_000.0,
             server_path: env.server_bin.display().to_string(),
-            server_version: sh(&env.server_bin.to_string_lossy(), &["--version"])
+            server_version: version
                 .split_whitespace()
                 .take(3)
                 .collect::<Vec<_>>()
@@ -269,39 +273,25 @@ fn save(
             dirty,
             cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
             kernel: sh("uname", &["-r"]),
-            fs: sh("df", &["--output=fstype", &env.work.to_string_lossy()])
-                .lines()
-                .last()
-                .unwrap_or("")
-                .to_string(),
-            outcomes: outcomes
-                .iter()
-                .enumerate()
-                .map(|(i, o)| Outcome {
-                    id: i as u32 + 1,
-                    ..o.clone()
-                })
-                .collect(),
+            fs: fs.lines().last().unwrap_or("").to_string(),
+            outcomes: outcomes.iter().enumerate().map(renumbered).collect(),
         }
     } else {
         // Some scenarios only: their rows replace theirs in the saved run.
         let mut run: ReliabilityRun = redis_lock_report::load(json)?;
+        let only = only.to_vec();
         let row_run = RowRun {
             date,
             time,
-            short: env.short,
-            scale: env.scale,
-            seed: env.seed,
+            short,
+            scale,
+            seed,
             commit,
             dirty,
-            only: only.to_vec(),
+            only,
         };
-        let order = |key: &str| {
-            scenarios::ALL
-                .iter()
-                .position(|d| d.key == key)
-                .unwrap_or(usize::MAX)
-        };
+        let order = |key: &str| scenarios::ALL.iter().position(|d| d.key == key);
+        let order = |key: &str| order(key).unwrap_or(usize::MAX);
         run.merge(outcomes.to_vec(), row_run, order);
         run
     };

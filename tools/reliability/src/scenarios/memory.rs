@@ -51,11 +51,10 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
         let t = acquire(&mut a, key, 60_000)?.0;
         let mut ws = waiters(s, 4, key, 60_000, 30_000)?;
         std::thread::sleep(Duration::from_millis(200));
-        if force {
-            cmd(&mut a, &args!["LOCK.FORCERELEASE", key])?;
-        } else {
-            cmd(&mut a, &args!["LOCK.RELEASE", key, &t])?;
-        }
+        match force {
+            true => cmd(&mut a, &args!["LOCK.FORCERELEASE", key])?,
+            false => cmd(&mut a, &args!["LOCK.RELEASE", key, &t])?,
+        };
         for w in &mut ws {
             let r = w.read().map_err(|e| e.to_string())?;
             let (tok, _) = r.grant().ok_or(format!("waiter answered {r:?}"))?;
@@ -108,11 +107,9 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
         cmd(&mut a, &words(c))?;
     }
     let tok = format!("renew-token-{round:04}");
+    let renew = args!["LOCK.ACQUIRE", "m:n", "PX", 1000u64, "TOKEN", &tok];
     for _ in 0..2 {
-        grant(
-            &mut a,
-            &args!["LOCK.ACQUIRE", "m:n", "PX", 1000u64, "TOKEN", &tok],
-        )?;
+        grant(&mut a, &renew)?;
     }
     cmd(&mut a, &args!["LOCK.EXTEND", "m:n", &tok, "PX", 2000u64])?;
     cmd(&mut a, &args!["LOCK.RELEASE", "m:n", &tok])?;
@@ -132,7 +129,7 @@ fn settled_memory(s: &Server) -> Result<i64, String> {
             && field("lock", "lock_waiters").as_deref() == Some("0")
             && field("clients", "connected_clients").as_deref() == Some("1")
     };
-    if !redis_lock_testkit::wait_until(Duration::from_secs(30), settled) {
+    if !wait_until(Duration::from_secs(30), settled) {
         return Err(format!(
             "not settled: lock_held {:?}, lock_waiters {:?}, connected_clients {:?}",
             field("lock", "lock_held"),
