@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::common::{example, Counts};
+use crate::common::{example, words, Counts};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Call {
@@ -78,16 +78,15 @@ impl Grant {
     /// A grant as its acquire returned it (`call`: the acquire's invoke and complete
     /// times), before any extend, release or critical section.
     pub fn new(
-        client: u32,
-        key: u32,
+        who: (u32, u32),
         mode: Mode,
         at: (u32, u64),
         ttl_ms: u64,
         call: (u64, u64),
     ) -> Grant {
         Grant {
-            client,
-            key,
+            client: who.0,
+            key: who.1,
             mode,
             server: at.0,
             fence: at.1,
@@ -108,6 +107,17 @@ pub struct Fenced {
     pub fence: u64,
     pub invoke: u64,
     pub complete: u64,
+}
+
+impl Fenced {
+    pub fn new(server: u32, fence: u64, invoke: u64, complete: u64) -> Fenced {
+        Fenced {
+            server,
+            fence,
+            invoke,
+            complete,
+        }
+    }
 }
 
 /// Something the store saw while clients worked: a critical section that began beside
@@ -180,12 +190,9 @@ fn late_success(
         r.max_late_end_ns = r.max_late_end_ns.max(at - upper);
         return;
     }
+    let past = (at - upper) / MS;
     r.add(what, || {
-        format!(
-            "{}: at +{} ms past the latest possible end",
-            who(),
-            (at - upper) / MS
-        )
+        format!("{}: at +{past} ms past the latest possible end", who())
     });
 }
 
@@ -194,10 +201,8 @@ fn check_grant(g: &Grant, slack: u64, late: u64, r: &mut Report) -> Bounds {
     let mut upper = g.complete + g.ttl_ms * MS + slack;
     let who = || format!("key {} fence {} client {}", g.key, g.fence, g.client);
     for (e, ttl) in &g.extends {
-        let (lo, up) = (
-            (e.invoke + ttl * MS).saturating_sub(slack),
-            e.complete + ttl * MS + slack,
-        );
+        let lo = (e.invoke + ttl * MS).saturating_sub(slack);
+        let up = e.complete + ttl * MS + slack;
         match e.ok {
             Some(true) => {
                 let what = "extend succeeded after the lease had ended";
@@ -208,8 +213,7 @@ fn check_grant(g: &Grant, slack: u64, late: u64, r: &mut Report) -> Bounds {
                 if e.complete < lower {
                     r.add("extend refused while the lease was live", who);
                 }
-                upper = upper.min(e.complete);
-                lower = lower.min(e.invoke);
+                (lower, upper) = (lower.min(e.invoke), upper.min(e.complete));
             }
             // Applied or not: the lease ends at either deadline.
             None => (lower, upper) = (lower.min(lo), upper.max(up)),
@@ -230,10 +234,8 @@ fn check_grant(g: &Grant, slack: u64, late: u64, r: &mut Report) -> Bounds {
         }
         None => lower,
     };
-    if let Some((_, end)) = g.cs {
-        if end > lease_until {
-            r.n.bump("late_cs");
-        }
+    if g.cs.is_some_and(|(_, end)| end > lease_until) {
+        r.n.bump("late_cs");
     }
     Bounds {
         live_until,
@@ -287,26 +289,17 @@ pub fn check_with(
     late_ns: u64,
 ) -> Report {
     let mut r = Report::default();
-    for k in [
-        "late_cs",
-        "late_store_events",
-        "cross_server_refusals",
-        "late_ends",
-    ] {
+    for k in words("late_cs late_store_events cross_server_refusals late_ends") {
         r.n.add_n(k, 0);
     }
     r.n.add_n("grants", grants.len() as u64);
     grants.sort_by_key(|g| (g.server, g.fence));
 
     // Per server: fences unique, and ordered as real time orders the grants.
+    let fence = |g: &Grant| Fenced::new(g.server, g.fence, g.invoke, g.complete);
     let mut all: Vec<Fenced> = grants
         .iter()
-        .map(|g| Fenced {
-            server: g.server,
-            fence: g.fence,
-            invoke: g.invoke,
-            complete: g.complete,
-        })
+        .map(fence)
         .chain(fenced.iter().copied())
         .collect();
     all.sort_by_key(|f| (f.server, f.fence));
@@ -538,7 +531,7 @@ mod tests {
     fn grant(key: u32, fence: u64, invoke_ms: u64, ttl_ms: u64, release_ms: Option<u64>) -> Grant {
         let t = invoke_ms * MS;
         let (at, call) = ((0, fence), (t, t + 100_000));
-        let mut g = Grant::new(0, key, Mode::Exclusive, at, ttl_ms, call);
+        let mut g = Grant::new((0, key), Mode::Exclusive, at, ttl_ms, call);
         g.release = release_ms.map(|r| Call::new(r * MS, r * MS + 100_000, Some(true)));
         g.cs = Some((t + 200_000, t + 300_000));
         g
@@ -575,8 +568,7 @@ mod tests {
     fn key_fences_are_ordered_across_servers() {
         let g = |server, fence, invoke, complete| {
             Grant::new(
-                0,
-                1,
+                (0, 1),
                 Mode::Exclusive,
                 (server, fence),
                 100,
@@ -630,13 +622,7 @@ mod tests {
         h.push(with(grant(3, 9, 100, 1000, Some(101)), Mode::Exclusive, 1));
         assert_eq!(total(&checked(&mut h)), 0);
         // ... and extra fences of the same server are ordered with the grants.
-        let (server, fence, invoke, complete) = (0, 8, 200 * MS, 201 * MS);
-        let late = Fenced {
-            server,
-            fence,
-            invoke,
-            complete,
-        };
+        let late = Fenced::new(0, 8, 200 * MS, 201 * MS);
         assert_eq!(total(&run(&mut valid_history(), &[late], &[])), 1);
     }
 

@@ -429,7 +429,7 @@ impl Client<'_> {
             // The checker's server group of the reply.
             let group = sh.plan.group_per_node.then_some(self.link.last_node as u32);
             let at = (group.unwrap_or(0), fence);
-            let mut g = Grant::new(self.id, k as u32, mode, at, ttl, (t0, t1));
+            let mut g = Grant::new((self.id, k as u32), mode, at, ttl, (t0, t1));
             let cs0 = now_ns();
             let v = sh.store.enter(k as u32, mode, at);
             match sh.plan.mix.pause {

@@ -297,13 +297,7 @@ fn bystander(
             Reply::Error(e) if e.starts_with("MAXWAITERS") || e.starts_with("UNBLOCKED") => {}
             g => match g.grant() {
                 Some((token, fence)) => {
-                    let (server, invoke, complete) = (0, t0, t1);
-                    fences.push(Fenced {
-                        server,
-                        fence,
-                        invoke,
-                        complete,
-                    });
+                    fences.push(Fenced::new(0, fence, t0, t1));
                     std::thread::sleep(Duration::from_millis(rng.below(20)));
                     let release = args!["LOCK.RELEASE", &key, token];
                     let _ = link.call(key.as_bytes(), &[release], None, kills);

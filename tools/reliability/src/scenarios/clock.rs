@@ -223,7 +223,7 @@ fn check(recs: &mut [Rec], st: &mut Stats) {
     // another was asked is lower.
     let across: Vec<Grant> = (recs.iter())
         .filter_map(|r| Some(((0, r.fence?), r.px, (r.invoke, r.complete))))
-        .map(|(at, ttl, call)| Grant::new(0, 0, Mode::Exclusive, at, ttl, call))
+        .map(|(at, ttl, call)| Grant::new((0, 0), Mode::Exclusive, at, ttl, call))
         .collect();
     st.fence_regressions = key_fence_regressions(&across).0;
     let extremes = [&mut st.min_margin_ms, &mut st.min_wait_ms];
