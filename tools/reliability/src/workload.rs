@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
-use crate::common::{joined, now_ns, thousands, Counts, Env, Outcome, Reply, Verdict};
+use crate::common::{example, joined, now_ns, thousands, Counts, Env, Outcome, Reply, Verdict};
 use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
 use redis_lock_testkit::{args, Rng};
 
@@ -74,13 +74,14 @@ impl Store {
     }
 
     fn event(&self, key: u32, kind: StoreEventKind, earlier: Vec<Fence>, later: Fence) {
+        let event = StoreEvent {
+            key,
+            kind,
+            earlier,
+            later,
+        };
         if let Ok(mut e) = self.events.lock() {
-            e.push(StoreEvent {
-                key,
-                kind,
-                earlier,
-                later,
-            });
+            e.push(event);
         }
     }
 
@@ -88,19 +89,12 @@ impl Store {
         let Ok(mut s) = self.slots[key as usize].lock() else {
             return 0;
         };
-        let clash: Vec<Fence> = match mode {
-            Mode::Exclusive => s.inside.iter().map(|h| h.0).collect(),
-            Mode::Shared => s
-                .inside
-                .iter()
-                .filter(|h| h.1 != Mode::Shared)
-                .map(|h| h.0)
-                .collect(),
-            Mode::Permit(n) if s.inside.len() >= n as usize => {
-                s.inside.iter().map(|h| h.0).collect()
-            }
-            Mode::Permit(_) => Vec::new(),
+        let clashes = |h: &&(Fence, Mode)| match mode {
+            Mode::Exclusive => true,
+            Mode::Shared => h.1 != Mode::Shared,
+            Mode::Permit(n) => s.inside.len() >= n as usize,
         };
+        let clash: Vec<Fence> = s.inside.iter().filter(clashes).map(|h| h.0).collect();
         if !clash.is_empty() {
             self.event(key, StoreEventKind::Overlap, clash, fence);
         }
@@ -252,10 +246,8 @@ pub fn keys(prefix: &str, exclusive: usize, shared: usize, limits: &[u32]) -> Ve
     let kinds = std::iter::repeat_n(Kind::Exclusive, exclusive)
         .chain(std::iter::repeat_n(Kind::Shared, shared))
         .chain(limits.iter().map(|&n| Kind::Limit(n)));
-    kinds
-        .enumerate()
-        .map(|(i, k)| (format!("{{{prefix}:{i}}}"), k))
-        .collect()
+    let named = |(i, k)| (format!("{{{prefix}:{i}}}"), k);
+    kinds.enumerate().map(named).collect()
 }
 
 /// What a client recorded: its grants, and counts of `calls`, `releases`, `extends`,
@@ -270,10 +262,8 @@ pub struct ClientLog {
     pub link: LinkLog,
 }
 
-enum Got {
-    Grant(Vec<u8>, u64, u64, u64),
-    Nothing,
-}
+/// A grant as the client uses it: token, fence, the acquire's invoke and complete.
+type Got = Option<(Vec<u8>, u64, u64, u64)>;
 
 fn confirmed(r: &[Reply]) -> bool {
     r.get(1).and_then(Reply::as_int).unwrap_or(0) >= 1
@@ -345,7 +335,7 @@ impl Client<'_> {
             Answer::Reply(r, t0, t1) => (r, t0, t1),
             Answer::Lost(_) => {
                 self.log.n.bump("lost_acquires");
-                return Ok(Got::Nothing);
+                return Ok(None);
             }
         };
         match &r[0] {
@@ -362,12 +352,12 @@ impl Client<'_> {
                     self.log.n.bump("unconfirmed");
                     let rel = args!["LOCK.RELEASE", &name, token];
                     let _ = self.call(&name, &[rel], None);
-                    return Ok(Got::Nothing);
+                    return Ok(None);
                 }
-                return Ok(Got::Grant(token, fence, t0, t1));
+                return Ok(Some((token, fence, t0, t1)));
             }
         }
-        Ok(Got::Nothing)
+        Ok(None)
     }
 
     /// Releases grant `idx` of the log and records how that went.
@@ -420,7 +410,7 @@ impl Client<'_> {
                 88..=99 if rng.chance(50) => Some(rng.range(5, 100)),
                 _ => None,
             };
-            let Got::Grant(token, fence, t0, t1) = self.acquire(k, ttl, block, mode, n)? else {
+            let Some((token, fence, t0, t1)) = self.acquire(k, ttl, block, mode, n)? else {
                 continue;
             };
             if sh.granted.fetch_add(1, Ordering::Relaxed) + 1 >= sh.plan.stop_after {
@@ -488,12 +478,9 @@ pub fn spawn(sh: &Arc<Shared>, rng: &mut Rng) -> Vec<std::thread::JoinHandle<Cli
             let sh = Arc::clone(sh);
             let mut r = rng.fork(i as u64);
             std::thread::spawn(move || {
-                let mut c = Client {
-                    link: Link::new(&sh.plan.topo, sh.plan.mix.read_timeout),
-                    sh: &sh,
-                    id: i as u32,
-                    log: ClientLog::default(),
-                };
+                let link = Link::new(&sh.plan.topo, sh.plan.mix.read_timeout);
+                let (sh, id, log) = (&sh, i as u32, ClientLog::default());
+                let mut c = Client { sh, id, link, log };
                 if let Err(e) = c.run(&mut r) {
                     c.log.errors.push(format!("client {i}: {e}"));
                     sh.stop.store(true, Ordering::Relaxed);
@@ -540,15 +527,12 @@ impl Tally {
         &mut self,
         kind: &'static str,
         n: u64,
-        examples: impl IntoIterator<Item = String>,
+        ex: impl IntoIterator<Item = String>,
     ) {
-        if n == 0 {
-            return;
-        }
-        self.violations.add_n(kind, n);
-        for e in examples.into_iter().take(3) {
-            if self.examples.len() < 12 {
-                self.examples.push(format!("{kind}: {e}"));
+        if n > 0 {
+            self.violations.add_n(kind, n);
+            for e in ex.into_iter().take(3) {
+                example(&mut self.examples, 12, || format!("{kind}: {e}"));
             }
         }
     }
@@ -596,28 +580,21 @@ pub fn check(
     }
     let (key_regressions, key_examples) = checker::key_fence_regressions(&grants);
     t.n.add_n("key_fence_regressions", key_regressions);
-    t.examples.extend(
-        key_examples
-            .into_iter()
-            .map(|e| format!("key fence regression: {e}")),
-    );
+    let prefixed =
+        |what: &'static str, ex: Vec<String>| ex.into_iter().map(move |e| format!("{what}: {e}"));
+    t.examples
+        .extend(prefixed("key fence regression", key_examples));
     let events = std::mem::take(&mut *sh.store.events.lock().map_err(|e| e.to_string())?);
     let late_ns = sh.plan.late_end_ms * 1_000_000;
     let r = checker::check_with(&mut grants, fenced, &events, SLACK_NS, late_ns);
     t.n.add(&r.n);
     t.max_late_end_ms = r.max_late_end_ns / 1_000_000;
     for (k, v) in r.violations.iter() {
-        let ex: Vec<String> = r
-            .examples
-            .iter()
-            .filter_map(|e| e.strip_prefix(k)?.strip_prefix(": "))
-            .map(str::to_string)
-            .collect();
-        t.add_violation(k, v, ex);
+        let of_kind = |e: &String| Some(e.strip_prefix(k)?.strip_prefix(": ")?.to_string());
+        t.add_violation(k, v, r.examples.iter().filter_map(of_kind));
     }
-    let refusals = r.cross_server_examples.into_iter();
     t.examples
-        .extend(refusals.map(|e| format!("cross-server refusal: {e}")));
+        .extend(prefixed("cross-server refusal", r.cross_server_examples));
     // Lost updates, unless a late holder (client pause) explains them on that key.
     let excused: std::collections::BTreeSet<u32> = events.iter().map(|e| e.key).collect();
     let mut lost = sh.store.lost_updates();
