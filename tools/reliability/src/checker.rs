@@ -120,6 +120,12 @@ impl Fenced {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreEventKind {
+    Overlap,
+    StaleWrite,
+}
+
 /// Something the store saw while clients worked: a critical section that began beside
 /// holders it may not run with, or a write carrying a lower fence than one already
 /// accepted.
@@ -130,12 +136,6 @@ pub struct StoreEvent {
     /// The (server, fence) of the holders inside (or accepted) first.
     pub earlier: Vec<(u32, u64)>,
     pub later: (u32, u64),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreEventKind {
-    Overlap,
-    StaleWrite,
 }
 
 /// What a history showed. Counted in `n` (each name present, 0 or more): `grants`;

@@ -79,16 +79,12 @@ pub struct Admin {
 }
 
 impl Admin {
-    fn new(
-        addrs: Vec<SocketAddr>,
-        keys: &[(String, Kind)],
-        kills: &Arc<Kills>,
-        flavor: Flavor,
-    ) -> Admin {
+    fn new(plan: &Plan, kills: &Arc<Kills>, flavor: Flavor) -> Admin {
+        let addrs = plan.topo.nodes();
         Admin {
             conns: addrs.iter().map(|_| None).collect(),
             addrs,
-            keys: keys.to_vec(),
+            keys: plan.keys.clone(),
             kills: Arc::clone(kills),
             flavor,
         }
@@ -171,8 +167,8 @@ pub fn common_op(
             // The server notices the end of a pause on its cron tick (hz 10): commands it
             // held come free up to 100 ms after the pause's nominal end (measured on all
             // three servers), so a pause of ours holds commands for ms + 100.
-            ops.paused_until
-                .insert(node, Instant::now() + Duration::from_millis(ms + 200));
+            let until = Instant::now() + Duration::from_millis(ms + 200);
+            ops.paused_until.insert(node, until);
             kills.pause(node, Some(ms + PAUSE_RELEASE_MS));
             let r = admin.call(node, &args!["CLIENT", "PAUSE", ms, mode])?;
             expect_ok(&r, op, ops);
@@ -180,10 +176,9 @@ pub fn common_op(
         "CONFIG SET lock.*" => {
             let max_ttl = *rng.pick(&[10_000u64, 60_000, 3_600_000, 86_400_000]);
             let default_ttl = rng.range(1000, max_ttl.min(60_000));
-            let waiters = if rng.chance(80) {
-                10_000
-            } else {
-                *rng.pick(&[1u64, 2, 4, 16, 100])
+            let waiters = match rng.chance(80) {
+                true => 10_000,
+                false => *rng.pick(&[1u64, 2, 4, 16, 100]),
             };
             let set = format!("CONFIG SET lock.max-ttl {max_ttl} lock.default-ttl {default_ttl} lock.max-waiters {waiters}");
             let r = admin.call(node, &words(&set))?;
@@ -198,7 +193,7 @@ pub fn common_op(
                 .get(&node)
                 .is_some_and(|t| Instant::now() < *t);
             let w = if paused {
-                Vec::new()
+                vec![]
             } else {
                 waiters(admin, node)?
             };
@@ -371,7 +366,7 @@ pub fn flavor_rng(env: &Env, salt: u64) -> Result<(Flavor, Rng), String> {
 impl Load {
     pub fn start(flavor: Flavor, rng: &mut Rng, plan: Plan) -> Load {
         let kills = Arc::new(Kills::default());
-        let admin = Admin::new(plan.topo.nodes(), &plan.keys, &kills, flavor);
+        let admin = Admin::new(&plan, &kills, flavor);
         let sh = workload::Shared::new(plan, &kills);
         Load {
             t: Instant::now(),

@@ -23,13 +23,13 @@ pub mod stale;
 /// target, `Status::NotRun` when it cannot run here); an `Err` is a missed target too.
 pub type Scenario = fn(&Env, &mut Outcome) -> Result<(), String>;
 
+/// A scenario's `--only` key, its row's title and target, its run, and whether it runs
+/// once on every server of `--servers` (one row each) or on `--server`.
 pub struct Def {
-    /// The key for `--only`.
     pub key: &'static str,
     pub title: &'static str,
     pub target: &'static str,
     pub run: Scenario,
-    /// Runs once on every server of `--servers` (one row each), else on `--server`.
     pub every_server: bool,
 }
 
