@@ -106,7 +106,7 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
     if let Some(k) = a
         .only
         .iter()
-        .find(|k| !scenarios::ALL.iter().any(|s| s.key == k.as_str()))
+        .find(|k| !scenarios::ALL.iter().any(|s| s.0 == k.as_str()))
     {
         return Err(format!("unknown scenario {k}"));
     }
@@ -168,19 +168,19 @@ fn run(a: RunArgs) -> ExitCode {
     println!("reliability: {kind} run, scale {scale}, seed {seed}, server {bin}, work dir {work}");
     let started = unix_ms();
     let mut outcomes: Vec<Outcome> = Vec::new();
-    for (i, def) in scenarios::ALL.iter().enumerate() {
-        if !a.only.is_empty() && !a.only.iter().any(|k| k == def.key) {
+    for (i, &(key, title, target, run, every_server)) in scenarios::ALL.iter().enumerate() {
+        if !a.only.is_empty() && !a.only.iter().any(|k| k == key) {
             continue;
         }
-        let servers = match def.every_server {
+        let servers = match every_server {
             true => env.servers.clone(),
             false => vec![env.server_bin.clone()],
         };
         for bin in servers {
             let mut env = env.clone();
             env.server_bin = bin;
-            let mut o = Outcome::new(i as u32 + 1, def.key, def.title, def.target);
-            if def.every_server {
+            let mut o = Outcome::new(i as u32 + 1, key, title, target);
+            if every_server {
                 let bin = &env.server_bin;
                 let label = redis_lock_testkit::flavor_of(bin).map(|f| f.label());
                 // Relative to the repository when inside it.
@@ -194,7 +194,7 @@ fn run(a: RunArgs) -> ExitCode {
             }
             println!("== [{}] {} ...", i + 1, o.full_title());
             let t = Instant::now();
-            if let Err(e) = (def.run)(&env, &mut o) {
+            if let Err(e) = run(&env, &mut o) {
                 o.fail(e);
             }
             o.secs = t.elapsed().as_secs_f64();
@@ -290,7 +290,7 @@ fn save(
             dirty,
             only,
         };
-        let order = |key: &str| scenarios::ALL.iter().position(|d| d.key == key);
+        let order = |key: &str| scenarios::ALL.iter().position(|d| d.0 == key);
         let order = |key: &str| order(key).unwrap_or(usize::MAX);
         run.merge(outcomes.to_vec(), row_run, order);
         run

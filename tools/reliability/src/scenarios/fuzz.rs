@@ -372,13 +372,9 @@ fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> 
         let mut a = args!["LOCK.ACQUIRE", &key, "PX", 600_000u64];
         a.extend(extra.iter().map(|x| x.as_bytes().to_vec()));
         grant(&mut c, &a)?;
-        let d = cmd(&mut c, &args!["DUMP", &key])?
-            .as_bytes()
-            .map(<[u8]>::to_vec);
-        bases.push(
-            d.filter(|d| d.len() >= 20)
-                .ok_or("DUMP of a lock too short or none")?,
-        );
+        let d = cmd(&mut c, &args!["DUMP", &key])?;
+        let d = d.as_bytes().filter(|d| d.len() >= 20);
+        bases.push(d.ok_or("DUMP of a lock too short or none")?.to_vec());
     }
     // Our CRC must be the server's: an unmutated payload re-signed must load.
     let resigned = with_crc(&bases[0][..bases[0].len() - 8]);
@@ -390,8 +386,7 @@ fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> 
         let base = &bases[rng.below(bases.len() as u64) as usize];
         let payload = mutate(base, rng);
         let key = format!("fz:restore:{}", i % 64);
-        i += 1;
-        st.n += 1;
+        (i, st.n) = (i + 1, st.n + 1);
         let r = c.call(&args!["RESTORE", &key, 0u64, &payload, "REPLACE"]);
         match r {
             Ok(Reply::Simple(_)) => {
