@@ -103,12 +103,6 @@ fn read_line(r: &mut BufReader<std::process::ChildStdout>) -> Result<String, Str
     Ok(l.trim().to_string())
 }
 
-struct Trial {
-    valid: bool,
-    stale_accepted: bool,
-    corrupted: bool,
-}
-
 struct KillOnDrop(Child);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -117,19 +111,20 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// One pause: whether the stale write was accepted and the newer data lost; None when the
+/// stop did not land between the holder's check and its write.
+type Trial = Option<(bool, bool)>;
+
 fn trial(
     env: &Env,
-    servers: [&Server; 2],
+    [lock, store]: [&Server; 2],
     mode: &str,
     sha: &str,
     i: u64,
     ttl: u64,
 ) -> Result<Trial, String> {
-    let [lock, store] = servers;
-    let (key, rkey) = (
-        format!("rel:stale:{i}:{mode}"),
-        format!("resource:{i}:{mode}"),
-    );
+    let key = format!("rel:stale:{i}:{mode}");
+    let rkey = format!("resource:{i}:{mode}");
     let child = Command::new(&env.exe)
         .arg("stale-holder")
         .arg(lock.socket_addr().to_string())
@@ -143,10 +138,10 @@ fn trial(
     let pid = child.0.id();
     let mut out = BufReader::new(child.0.stdout.take().ok_or("no stdout")?);
     let granted = read_line(&mut out)?;
-    let holder_fence: u64 = granted
+    let fence = granted
         .strip_prefix("GRANTED ")
-        .and_then(|f| f.parse().ok())
-        .ok_or(format!("holder said {granted:?}"))?;
+        .and_then(|f| f.parse::<u64>().ok());
+    let holder_fence = fence.ok_or(format!("holder said {granted:?}"))?;
     let checked = read_line(&mut out)?;
     if checked != "CHECKED" {
         return Err(format!("holder said {checked:?}"));
@@ -175,16 +170,11 @@ fn trial(
     }
     let elapsed: u64 = elapsed.and_then(|e| e.parse().ok()).unwrap_or(0);
     let _ = child.0.wait();
-    let value = cmd(&mut sc, &args!["HGET", &rkey, "value"])?
-        .as_text()
-        .unwrap_or_default();
+    let value = cmd(&mut sc, &args!["HGET", &rkey, "value"])?.as_text();
     let _ = lc.call(&args!["LOCK.RELEASE", &key, &token]);
-    Ok(Trial {
-        // The stop must have landed between the check and the write.
-        valid: elapsed >= 2 * ttl,
-        stale_accepted: verdict == Some("accepted"),
-        corrupted: value != newer,
-    })
+    // The stop must have landed between the check and the write.
+    let lost = value.unwrap_or_default() != newer;
+    Ok((elapsed >= 2 * ttl).then_some((verdict == Some("accepted"), lost)))
 }
 
 pub const TITLE: &str = "Stale holder (SIGSTOP for 2x TTL, Kleppmann's pause)";
@@ -197,27 +187,27 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let sha = cmd(
         &mut connect(&store)?,
         &args!["SCRIPT", "LOAD", FENCED_STORE_LUA],
-    )?
-    .as_text()
-    .ok_or("SCRIPT LOAD failed")?;
+    )?;
+    let sha = sha.as_text().ok_or("SCRIPT LOAD failed")?;
     let trials = env.n(20.0, 3.0);
     let ttl = if env.short { 200 } else { 300 };
     // Per mode: valid runs, stale writes accepted, runs corrupted, runs discarded.
     let mut stats = [(0u64, 0u64, 0u64, 0u64); 2];
-    for (mi, mode) in ["fenced", "plain"].into_iter().enumerate() {
-        let mut i = 0;
+    for (st, mode) in stats.iter_mut().zip(["fenced", "plain"]) {
         let mut attempts = 0;
-        while i < trials && attempts < trials * 3 {
+        while st.0 < trials && attempts < trials * 3 {
             attempts += 1;
-            let t = trial(env, [&lock, &store], mode, &sha, attempts, ttl)?;
-            if !t.valid {
-                stats[mi].3 += 1;
-                continue;
+            match trial(env, [&lock, &store], mode, &sha, attempts, ttl)? {
+                None => st.3 += 1,
+                Some((stale, lost)) => {
+                    *st = (
+                        st.0 + 1,
+                        st.1 + u64::from(stale),
+                        st.2 + u64::from(lost),
+                        st.3,
+                    )
+                }
             }
-            i += 1;
-            stats[mi].0 += 1;
-            stats[mi].1 += u64::from(t.stale_accepted);
-            stats[mi].2 += u64::from(t.corrupted);
         }
     }
     let (fv, fa, fc, _) = stats[0];
