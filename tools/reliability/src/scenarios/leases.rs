@@ -69,11 +69,7 @@ struct Lock {
 
 /// The leases taken (ms).
 fn px_range(short: bool) -> (u64, u64) {
-    if short {
-        (600, 1500)
-    } else {
-        (1000, 4000)
-    }
+    [(1000, 4000), (600, 1500)][usize::from(short)]
 }
 
 fn ms(ns: i128) -> f64 {
@@ -86,10 +82,9 @@ fn judge(range: &mut Option<(f64, f64)>, ex: &mut Vec<String>, late: i128, what:
     let v = ms(late);
     *range = Some(range.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
     let early = late < -((EARLY_MS * MS) as i128);
+    let e = || format!("{what} {:.1} ms before its holder's deadline", -v);
     if early {
-        example(ex, 4, || {
-            format!("{what} {:.1} ms before its holder's deadline", -v)
-        });
+        example(ex, 4, e);
     }
     early
 }
@@ -98,11 +93,11 @@ fn restart_round(
     server: &mut Server,
     mode: Mode,
     r: u64,
-    n: usize,
     short: bool,
     rng: &mut Rng,
     st: &mut Stats,
 ) -> Result<(), String> {
+    let n = if short { 12 } else { 24 };
     let mut c = connect(server)?;
     let mut locks = Vec::with_capacity(n);
     for i in 0..n {
@@ -112,11 +107,8 @@ fn restart_round(
         let t = format!("lease-{r:04}-{i:04}-holder");
         let sent = now_ns();
         grant(&mut c, &args!["LOCK.ACQUIRE", &key, "PX", px, "TOKEN", &t])?;
-        let mut lock = Lock {
-            key,
-            px,
-            deadline: sent + px * MS,
-        };
+        let deadline = sent + px * MS;
+        let mut lock = Lock { key, px, deadline };
         if rng.chance(30) {
             std::thread::sleep(Duration::from_millis(rng.range(1, 50)));
             let ext = rng.range(px / 2, px);
@@ -199,9 +191,8 @@ fn run_mode(env: &Env, mode: Mode, rng: &mut Rng) -> Result<Stats, String> {
         ..Stats::default()
     };
     let rounds = env.n(4.0, 1.0);
-    let n = if env.short { 12 } else { 24 };
     for r in 0..rounds {
-        restart_round(&mut server, mode, r, n, env.short, rng, &mut st)
+        restart_round(&mut server, mode, r, env.short, rng, &mut st)
             .map_err(|e| format!("{name} round {r}: {e}"))?;
     }
     health(&server, "the server")?;
