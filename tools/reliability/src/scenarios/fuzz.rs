@@ -76,14 +76,10 @@ fn tame_block(a: &mut [Vec<u8>], rng: &mut Rng) {
 /// A well-formed lock command with random values, so that grants, renewals, waits,
 /// hand-offs, extends and releases happen between the malformed ones.
 fn structured(rng: &mut Rng) -> Vec<Vec<u8>> {
-    const TOKENS: &[&str] = &[
-        "t1",
-        "fuzz-token-00002",
-        "fuzz-token-00003",
-        "fuzz-token-00004",
-    ];
     let k = format!("fz:{}", rng.below(8));
-    let tok = *rng.pick(TOKENS);
+    let tok = *rng.pick(&words(
+        "t1 fuzz-token-00002 fuzz-token-00003 fuzz-token-00004",
+    ));
     match rng.below(6) {
         0 | 1 => {
             let mut a = args!["LOCK.ACQUIRE", k];
@@ -137,11 +133,8 @@ fn command(rng: &mut Rng) -> Vec<Vec<u8>> {
             }
         }
         92..=95 => {
-            let (k, v) = (
-                ["lock.default-ttl", "lock.max-ttl", "lock.max-waiters"][rng.below(3) as usize],
-                value(rng),
-            );
-            a.extend(args!["CONFIG", "SET", k, v]);
+            let k = words("lock.default-ttl lock.max-ttl lock.max-waiters")[rng.below(3) as usize];
+            a.extend(args!["CONFIG", "SET", k, value(rng)]);
         }
         _ => {
             a.push(rng.bytes_in(1, 20));

@@ -180,10 +180,11 @@ fn parse_vg(log: &str) -> VgReport {
             "Invalid free",
             "Mismatched free",
         ]);
-        r.uninit += starts(&[
+        let uninit = [
             "Conditional jump or move depends on uninitialised",
             "Use of uninitialised value",
-        ]);
+        ];
+        r.uninit += starts(&uninit);
         if let Some(rest) = l.strip_prefix("total heap usage:") {
             r.heap_allocs = num(rest);
         }
@@ -197,26 +198,18 @@ fn parse_vg(log: &str) -> VgReport {
             let (mut j, mut module, mut load, mut frame) = (i + 1, false, false, String::new());
             while j < lines.len() && !lines[j].trim().is_empty() {
                 let f = lines[j];
-                if f.contains("redis_lock") || f.contains("libredis_lock") {
-                    module = true;
-                    if frame.is_empty() {
-                        frame = f.trim().to_string();
-                    }
+                if (f.contains("redis_lock") || f.contains("libredis_lock")) && !module {
+                    (module, frame) = (true, f.trim().to_string());
                 }
-                if f.contains("RedisModule_OnLoad") {
-                    load = true;
-                }
+                load |= f.contains("RedisModule_OnLoad");
                 j += 1;
             }
             if module {
                 r.module_lost_bytes += bytes;
-                if load {
-                    r.module_lost_load_bytes += bytes;
-                }
-                r.module_lost_frames.push(format!(
-                    "{bytes} bytes{}: {frame}",
-                    if load { " (at load)" } else { "" }
-                ));
+                r.module_lost_load_bytes += if load { bytes } else { 0 };
+                let at = if load { " (at load)" } else { "" };
+                r.module_lost_frames
+                    .push(format!("{bytes} bytes{at}: {frame}"));
             }
             i = j;
             continue;
@@ -235,15 +228,11 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         return Ok(());
     }
     let log = env.work.join("valgrind.log");
-    let wrapper = [
-        "valgrind".to_string(),
-        "--leak-check=full".into(),
-        "--show-leak-kinds=definite".into(),
-        "--error-limit=no".into(),
-        "--num-callers=40".into(),
-        "--soname-synonyms=somalloc=libjemalloc.so*".into(),
-        format!("--log-file={}", log.display()),
-    ];
+    let opts =
+        "valgrind --leak-check=full --show-leak-kinds=definite --error-limit=no --num-callers=40";
+    let mut wrapper: Vec<String> = words(opts).into_iter().map(String::from).collect();
+    wrapper.push("--soname-synonyms=somalloc=libjemalloc.so*".into());
+    wrapper.push(format!("--log-file={}", log.display()));
     let mut server = env
         .builder("memory")
         .wrapper(&wrapper)
@@ -278,13 +267,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     o.put("valgrind", &vg);
     o.put("rounds", (rounds, workload_secs));
     o.put("memory", [base, after]);
-    o.put(
-        "stats",
-        stats
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>(),
-    );
+    let shown: Vec<_> = stats.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    o.put("stats", shown);
     let (lost, at_load) = (vg.module_lost_bytes, vg.module_lost_load_bytes);
     o.fail_if(
         lost > 0,
