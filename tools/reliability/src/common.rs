@@ -177,6 +177,11 @@ pub fn acquire(c: &mut Conn, key: &str, ttl: u64) -> Result<(Vec<u8>, u64), Stri
     grant(c, &args!["LOCK.ACQUIRE", key, "PX", ttl])
 }
 
+/// `REPLICAOF NO ONE`: the replica `s` becomes a primary.
+pub fn promote(s: &Server) -> Result<(), String> {
+    must(&mut connect(s)?, &args!["REPLICAOF", "NO", "ONE"]).map(drop)
+}
+
 /// `BGREWRITEAOF`, and the rewrite finished.
 pub fn rewrite_aof(s: &Server, c: &mut Conn) -> Result<(), String> {
     must(c, &args!["BGREWRITEAOF"])?;

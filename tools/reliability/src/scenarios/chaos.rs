@@ -435,11 +435,8 @@ fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
     let until = load.sh.plan.deadline + Duration::from_secs(60);
     let bystanders: Vec<_> = (0..4u32)
         .map(|i| {
-            let (stop, kills, r) = (
-                Arc::clone(&by_stop),
-                Arc::clone(&load.kills),
-                rng.fork(100 + u64::from(i)),
-            );
+            let (stop, kills) = (Arc::clone(&by_stop), Arc::clone(&load.kills));
+            let r = rng.fork(100 + u64::from(i));
             std::thread::spawn(move || bystander(addr, 1 + i % 2, &stop, until, &kills, r))
         })
         .collect();
@@ -506,10 +503,7 @@ pub fn pair_run(
             admin.failover(p, &mut pair)?;
         } else {
             admin.kill9(p, &mut pair.primary);
-            must(
-                &mut connect(&pair.replica)?,
-                &args!["REPLICAOF", "NO", "ONE"],
-            )?;
+            promote(&pair.replica)?;
             pair.primary.try_restart_as_replica_of(&pair.replica)?;
             std::mem::swap(&mut pair.primary, &mut pair.replica);
         }
@@ -517,13 +511,11 @@ pub fn pair_run(
         Ok(())
     });
     let tally = load.finish(&[])?;
-    Ok(load.close(
-        tally,
-        &[
-            (&pair.primary, "the primary".into()),
-            (&pair.replica, "the replica".into()),
-        ],
-    ))
+    let servers = [
+        (&pair.primary, "the primary"),
+        (&pair.replica, "the replica"),
+    ];
+    Ok(load.close(tally, &servers.map(|(s, what)| (s, what.to_string()))))
 }
 
 fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {

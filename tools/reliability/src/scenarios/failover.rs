@@ -199,8 +199,8 @@ fn round(
         acked.extend(o.acked);
     }
     // Promote while the old primary is dead and the link still cut.
+    promote(&replica)?;
     let mut c = connect(&replica)?;
-    must(&mut c, &args!["REPLICAOF", "NO", "ONE"])?;
     let max_acked = acked.iter().map(|a| a.fence).max().unwrap_or(0);
     let mut infos = Vec::with_capacity(acked.len());
     for chunk in acked.chunks(1000) {
