@@ -441,8 +441,9 @@ fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
         })
         .collect();
     let table = weights(
-        "CLIENT PAUSE WRITE=12, CLIENT PAUSE ALL=8, DEBUG RELOAD=6, BGREWRITEAOF=6, CONFIG SET lock.*=10,
-        SWAPDB 1 2=10, CLIENT UNBLOCK=12, CLIENT KILL waiter=10, CLIENT KILL holder=8",
+        "CLIENT PAUSE WRITE=12, CLIENT PAUSE ALL=8, DEBUG RELOAD=6, BGREWRITEAOF=6,
+        CONFIG SET lock.*=10, SWAPDB 1 2=10, CLIENT UNBLOCK=12, CLIENT KILL waiter=10,
+        CLIENT KILL holder=8",
     );
     load.drive(rng, &table, (30, 200), |op, admin, rng, ops| {
         if !common_op(op, admin, 0, rng, ops)? {
@@ -520,8 +521,8 @@ pub fn pair_run(
 
 fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
     let table = weights(
-        "FAILOVER=10, CLIENT PAUSE WRITE=8, CLIENT PAUSE ALL=4, CONFIG SET lock.*=4, CLIENT UNBLOCK=6,
-        CLIENT KILL waiter=8, CLIENT KILL holder=8, BGREWRITEAOF=3",
+        "FAILOVER=10, CLIENT PAUSE WRITE=8, CLIENT PAUSE ALL=4, CONFIG SET lock.*=4,
+        CLIENT UNBLOCK=6, CLIENT KILL waiter=8, CLIENT KILL holder=8, BGREWRITEAOF=3",
     );
     let name = format!("chaos-{}", flavor.version());
     let plan = |topo| plan(env, topo, "rel:cp");
@@ -607,28 +608,25 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let fences = count(&["duplicate fence", "fence lower than a grant made before it"]);
     let (late, broken) = (count(&[link::LATE, link::HANG]), count(&[link::BROKEN]));
     let double = tally.violations() - fences - late - broken;
-    let (keyed, refusals) = (
-        tally.n.get("key_fence_regressions"),
-        tally.n.get("cross_server_refusals"),
+    let keyed = tally.n.get("key_fence_regressions");
+    let refusals = tally.n.get("cross_server_refusals");
+    let why = format!("{refusals} store refusals of holders for a lower fence");
+    o.fail_if(
+        keyed + refusals > 0,
+        format!("{keyed} fence regressions per key ({why})"),
     );
-    o.fail_if(keyed + refusals > 0, format!("{keyed} fence regressions per key ({refusals} store refusals of holders for a lower fence)"));
     o.put("subs", parts);
     o.put("counts", [double, fences, late, broken]);
     o.put("key_regressions", keyed);
     o.put("ops", &ops);
     // Servers before Redis 7.4 refuse CLIENT UNBLOCK of a waiter (see docs/commands.md).
-    o.put(
-        "unblock_refused",
-        !(flavor.is_valkey() || flavor.at_least(7, 4)),
-    );
+    let refused = !(flavor.is_valkey() || flavor.at_least(7, 4));
+    o.put("unblock_refused", refused);
     ops.verdict(o);
-    let early = ops.n.get("unblock_accepted_early");
+    let (early, label) = (ops.n.get("unblock_accepted_early"), flavor.label());
     o.fail_if(
         early > 0,
-        format!(
-            "{early} CLIENT UNBLOCK of waiters accepted on {}",
-            flavor.label()
-        ),
+        format!("{early} CLIENT UNBLOCK of waiters accepted on {label}"),
     );
     workload::verdict(o, env, &tally, target);
     Ok(())

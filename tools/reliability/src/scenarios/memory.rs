@@ -102,7 +102,8 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     cmd(&mut a, &args!["DEL", "m:r2"])?;
     // 9. Errors and renewals.
     cmd(&mut a, &args!["LOCK.ACQUIRE", "m:x", "TOKEN", ""])?;
-    let bad = "LOCK.ACQUIRE m:x PX -1; LOCK.EXTEND m:x; LOCK.SYNC m:x a 1 2 3 4 5; LPUSH m:l v; LOCK.ACQUIRE m:l; DEL m:l";
+    let bad = "LOCK.ACQUIRE m:x PX -1; LOCK.EXTEND m:x; LOCK.SYNC m:x a 1 2 3 4 5; LPUSH m:l v;
+        LOCK.ACQUIRE m:l; DEL m:l";
     for c in bad.split(';') {
         cmd(&mut a, &words(c))?;
     }
