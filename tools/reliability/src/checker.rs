@@ -25,12 +25,24 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::common::{example, words, Counts};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Call {
     pub invoke: u64,
     pub complete: u64,
     /// 1 / true reply; `None`: the reply was lost, the outcome is unknown.
     pub ok: Option<bool>,
+}
+
+impl Call {
+    pub fn new(invoke: u64, complete: u64, ok: Option<bool>) -> Call {
+        Call {
+            invoke,
+            complete,
+            ok,
+        }
+    }
 }
 
 /// How a grant holds its key.
@@ -66,16 +78,15 @@ impl Grant {
     /// A grant as its acquire returned it (`call`: the acquire's invoke and complete
     /// times), before any extend, release or critical section.
     pub fn new(
-        client: u32,
-        key: u32,
+        who: (u32, u32),
         mode: Mode,
         at: (u32, u64),
         ttl_ms: u64,
         call: (u64, u64),
     ) -> Grant {
         Grant {
-            client,
-            key,
+            client: who.0,
+            key: who.1,
             mode,
             server: at.0,
             fence: at.1,
@@ -98,6 +109,23 @@ pub struct Fenced {
     pub complete: u64,
 }
 
+impl Fenced {
+    pub fn new(server: u32, fence: u64, invoke: u64, complete: u64) -> Fenced {
+        Fenced {
+            server,
+            fence,
+            invoke,
+            complete,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreEventKind {
+    Overlap,
+    StaleWrite,
+}
+
 /// Something the store saw while clients worked: a critical section that began beside
 /// holders it may not run with, or a write carrying a lower fence than one already
 /// accepted.
@@ -110,44 +138,28 @@ pub struct StoreEvent {
     pub later: (u32, u64),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreEventKind {
-    Overlap,
-    StaleWrite,
-}
-
+/// What a history showed. Counted in `n` (each name present, 0 or more): `grants`;
+/// `late_cs`, critical sections that ran past their certain lease (client pauses, not
+/// lock faults), and `late_store_events`, the store events they cause (not violations);
+/// `cross_server_refusals`, writes the store refused because an earlier holder of the
+/// key had a higher fence from another server (a cluster node that held the slot
+/// before); `late_ends`, releases and extends that succeeded after the lease's latest
+/// possible end by no more than the allowance (`late_ns`).
 #[derive(Debug, Default)]
 pub struct Report {
-    pub grants: u64,
-    /// Violations by kind.
-    pub violations: BTreeMap<&'static str, u64>,
-    /// Up to 20 examples.
+    pub n: Counts,
+    /// Violations by kind, and up to 20 examples.
+    pub violations: Counts,
     pub examples: Vec<String>,
-    /// Critical sections that ran past their certain lease (client pauses, not lock
-    /// faults: the store events they cause are counted here, not as violations).
-    pub late_cs: u64,
-    pub late_store_events: u64,
-    /// Writes the store refused because an earlier holder of the key had a higher fence
-    /// from another server (a cluster node that held the slot before).
-    pub cross_server_refusals: u64,
     pub cross_server_examples: Vec<String>,
-    /// Releases and extends that succeeded after the lease's latest possible end, by no
-    /// more than the allowance given (`late_ns`), and the latest of them (ns past it).
-    pub late_ends: u64,
+    /// The latest of the late ends, ns past the lease's latest possible end.
     pub max_late_end_ns: u64,
 }
 
 impl Report {
-    #[cfg(test)]
-    pub fn total(&self) -> u64 {
-        self.violations.values().sum()
-    }
-
-    fn add(&mut self, kind: &'static str, example: impl FnOnce() -> String) {
-        *self.violations.entry(kind).or_insert(0) += 1;
-        if self.examples.len() < 20 {
-            self.examples.push(format!("{kind}: {}", example()));
-        }
+    fn add(&mut self, kind: &'static str, e: impl FnOnce() -> String) {
+        self.violations.bump(kind);
+        example(&mut self.examples, 20, || format!("{kind}: {}", e()));
     }
 }
 
@@ -174,16 +186,13 @@ fn late_success(
         return;
     }
     if at - upper <= late {
-        r.late_ends += 1;
+        r.n.bump("late_ends");
         r.max_late_end_ns = r.max_late_end_ns.max(at - upper);
         return;
     }
+    let past = (at - upper) / MS;
     r.add(what, || {
-        format!(
-            "{}: at +{} ms past the latest possible end",
-            who(),
-            (at - upper) / MS
-        )
+        format!("{}: at +{past} ms past the latest possible end", who())
     });
 }
 
@@ -192,10 +201,8 @@ fn check_grant(g: &Grant, slack: u64, late: u64, r: &mut Report) -> Bounds {
     let mut upper = g.complete + g.ttl_ms * MS + slack;
     let who = || format!("key {} fence {} client {}", g.key, g.fence, g.client);
     for (e, ttl) in &g.extends {
-        let (lo, up) = (
-            (e.invoke + ttl * MS).saturating_sub(slack),
-            e.complete + ttl * MS + slack,
-        );
+        let lo = (e.invoke + ttl * MS).saturating_sub(slack);
+        let up = e.complete + ttl * MS + slack;
         match e.ok {
             Some(true) => {
                 let what = "extend succeeded after the lease had ended";
@@ -206,8 +213,7 @@ fn check_grant(g: &Grant, slack: u64, late: u64, r: &mut Report) -> Bounds {
                 if e.complete < lower {
                     r.add("extend refused while the lease was live", who);
                 }
-                upper = upper.min(e.complete);
-                lower = lower.min(e.invoke);
+                (lower, upper) = (lower.min(e.invoke), upper.min(e.complete));
             }
             // Applied or not: the lease ends at either deadline.
             None => (lower, upper) = (lower.min(lo), upper.max(up)),
@@ -228,10 +234,8 @@ fn check_grant(g: &Grant, slack: u64, late: u64, r: &mut Report) -> Bounds {
         }
         None => lower,
     };
-    if let Some((_, end)) = g.cs {
-        if end > lease_until {
-            r.late_cs += 1;
-        }
+    if g.cs.is_some_and(|(_, end)| end > lease_until) {
+        r.n.bump("late_cs");
     }
     Bounds {
         live_until,
@@ -273,21 +277,10 @@ fn describe(g: &Grant, b: &Bounds) -> String {
 }
 
 /// Checks a history. `grants` is reordered (by server, then fence); `fenced` are further
-/// fences whose order is checked with the grants'.
-#[cfg(test)]
-pub fn check(
-    grants: &mut [Grant],
-    fenced: &[Fenced],
-    store: &[StoreEvent],
-    slack_ns: u64,
-) -> Report {
-    check_with(grants, fenced, store, slack_ns, 0)
-}
-
-/// [`check`], where a release or extend may succeed up to `late_ns` after the lease's
-/// latest possible end (counted in `late_ends`, not a violation): leases that end late,
-/// never early, because a pause of ours held the expiry or a reload carried the time
-/// left (docs/commands.md, "Leases and time").
+/// fences whose order is checked with the grants'. A release or extend may succeed up to
+/// `late_ns` after the lease's latest possible end (counted in `late_ends`, not a
+/// violation): leases that end late, never early, because a pause of ours held the
+/// expiry or a reload carried the time left (docs/commands.md, "Leases and time").
 pub fn check_with(
     grants: &mut [Grant],
     fenced: &[Fenced],
@@ -295,21 +288,18 @@ pub fn check_with(
     slack_ns: u64,
     late_ns: u64,
 ) -> Report {
-    let mut r = Report {
-        grants: grants.len() as u64,
-        ..Report::default()
-    };
+    let mut r = Report::default();
+    for k in words("late_cs late_store_events cross_server_refusals late_ends") {
+        r.n.add_n(k, 0);
+    }
+    r.n.add_n("grants", grants.len() as u64);
     grants.sort_by_key(|g| (g.server, g.fence));
 
     // Per server: fences unique, and ordered as real time orders the grants.
+    let fence = |g: &Grant| Fenced::new(g.server, g.fence, g.invoke, g.complete);
     let mut all: Vec<Fenced> = grants
         .iter()
-        .map(|g| Fenced {
-            server: g.server,
-            fence: g.fence,
-            invoke: g.invoke,
-            complete: g.complete,
-        })
+        .map(fence)
         .chain(fenced.iter().copied())
         .collect();
     all.sort_by_key(|f| (f.server, f.fence));
@@ -439,7 +429,7 @@ pub fn check_with(
     };
     for ev in store {
         if late(ev.key, ev.later) || ev.earlier.iter().any(|&f| late(ev.key, f)) {
-            r.late_store_events += 1;
+            r.n.bump("late_store_events");
             continue;
         }
         let show = |&(server, f): &(u32, u64)| match index.get(&(ev.key, server, f)) {
@@ -449,23 +439,19 @@ pub fn check_with(
         // A refusal because the key's earlier holder was on another server (a cluster
         // node that owned the slot before) with a higher counter.
         if ev.kind == StoreEventKind::StaleWrite && ev.earlier.iter().all(|e| e.0 != ev.later.0) {
-            r.cross_server_refusals += 1;
-            if r.cross_server_examples.len() < 5 {
-                let brief = |&(server, f): &(u32, u64)| match index.get(&(ev.key, server, f)) {
-                    Some(&i) => format!(
-                        "fence {f} of node {server}, granted at {} ms",
-                        grants[i].complete / MS
-                    ),
-                    None => format!("fence {f} of node {server}"),
-                };
+            r.n.bump("cross_server_refusals");
+            let brief = |&(server, f): &(u32, u64)| match index.get(&(ev.key, server, f)) {
+                Some(&i) => format!(
+                    "fence {f} of node {server}, granted at {} ms",
+                    grants[i].complete / MS
+                ),
+                None => format!("fence {f} of node {server}"),
+            };
+            example(&mut r.cross_server_examples, 5, || {
                 let earlier: Vec<String> = ev.earlier.iter().map(brief).collect();
-                r.cross_server_examples.push(format!(
-                    "key {}: {} refused after {}",
-                    ev.key,
-                    brief(&ev.later),
-                    earlier.join(", ")
-                ));
-            }
+                let (key, later) = (ev.key, brief(&ev.later));
+                format!("key {key}: {later} refused after {}", earlier.join(", "))
+            });
             continue;
         }
         let kind = match ev.kind {
@@ -503,12 +489,13 @@ pub fn key_fence_regressions(grants: &[Grant]) -> (u64, Vec<String>) {
             }
             if let Some(m) = max.filter(|m| g.fence <= m.fence) {
                 n += 1;
-                if examples.len() < 3 {
-                    examples.push(format!(
-                        "key {key}: fence {} of node {} after fence {} of node {}",
-                        g.fence, g.server, m.fence, m.server
-                    ));
-                }
+                example(&mut examples, 3, || {
+                    let (f, s) = (g.fence, g.server);
+                    format!(
+                        "key {key}: fence {f} of node {s} after fence {} of node {}",
+                        m.fence, m.server
+                    )
+                });
             }
         }
     }
@@ -519,12 +506,69 @@ pub fn key_fence_regressions(grants: &[Grant]) -> (u64, Vec<String>) {
 mod tests {
     use super::*;
 
+    /// A history checked with 2 ms of slack.
+    fn run(h: &mut [Grant], fenced: &[Fenced], store: &[StoreEvent]) -> Report {
+        check_with(h, fenced, store, 2 * MS, 0)
+    }
+
+    fn checked(h: &mut [Grant]) -> Report {
+        run(h, &[], &[])
+    }
+
+    /// The violations of `kind` in `h`.
+    fn seen(h: &mut [Grant], kind: &str) -> u64 {
+        checked(h).violations.get(kind)
+    }
+
+    fn total(r: &Report) -> u64 {
+        r.violations.total()
+    }
+
+    fn call(invoke_ms: u64, complete_ms: u64, ok: Option<bool>) -> Call {
+        Call::new(invoke_ms * MS, complete_ms * MS, ok)
+    }
+
+    fn grant(key: u32, fence: u64, invoke_ms: u64, ttl_ms: u64, release_ms: Option<u64>) -> Grant {
+        let t = invoke_ms * MS;
+        let (at, call) = ((0, fence), (t, t + 100_000));
+        let mut g = Grant::new((0, key), Mode::Exclusive, at, ttl_ms, call);
+        g.release = release_ms.map(|r| Call::new(r * MS, r * MS + 100_000, Some(true)));
+        g.cs = Some((t + 200_000, t + 300_000));
+        g
+    }
+
+    fn with(mut g: Grant, mode: Mode, server: u32) -> Grant {
+        (g.mode, g.server) = (mode, server);
+        g
+    }
+
+    fn ev(key: u32, kind: StoreEventKind, earlier: u64, later: u64) -> StoreEvent {
+        let (earlier, later) = (vec![(0, earlier)], (0, later));
+        StoreEvent {
+            key,
+            kind,
+            earlier,
+            later,
+        }
+    }
+
+    fn valid_history() -> Vec<Grant> {
+        vec![
+            grant(1, 10, 0, 1000, Some(5)),
+            grant(1, 11, 6, 1000, Some(9)),
+            grant(2, 12, 7, 50, None), // expires at ~57 ms
+            grant(1, 13, 10, 1000, Some(12)),
+            grant(2, 14, 60, 1000, Some(70)),
+        ]
+    }
+
+    const OVERLAP: &str = "granted while another holder's lease was live";
+
     #[test]
     fn key_fences_are_ordered_across_servers() {
         let g = |server, fence, invoke, complete| {
             Grant::new(
-                0,
-                1,
+                (0, 1),
                 Mode::Exclusive,
                 (server, fence),
                 100,
@@ -542,84 +586,26 @@ mod tests {
         assert_eq!(key_fence_regressions(&grants).0, 0);
     }
 
-    const SLACK: u64 = 2 * MS;
-
-    /// A history without store events or extra fences, checked.
-    fn checked(h: &mut [Grant]) -> Report {
-        check(h, &[], &[], SLACK)
-    }
-
-    fn grant(key: u32, fence: u64, invoke_ms: u64, ttl_ms: u64, release_ms: Option<u64>) -> Grant {
-        let t = invoke_ms * MS;
-        let mut g = Grant::new(
-            0,
-            key,
-            Mode::Exclusive,
-            (0, fence),
-            ttl_ms,
-            (t, t + 100_000),
-        );
-        g.release = release_ms.map(|r| Call {
-            invoke: r * MS,
-            complete: r * MS + 100_000,
-            ok: Some(true),
-        });
-        g.cs = Some((t + 200_000, t + 300_000));
-        g
-    }
-
-    fn with(mut g: Grant, mode: Mode) -> Grant {
-        g.mode = mode;
-        g
-    }
-
-    fn ev(key: u32, kind: StoreEventKind, earlier: u64, later: u64) -> StoreEvent {
-        StoreEvent {
-            key,
-            kind,
-            earlier: vec![(0, earlier)],
-            later: (0, later),
-        }
-    }
-
-    fn valid_history() -> Vec<Grant> {
-        vec![
-            grant(1, 10, 0, 1000, Some(5)),
-            grant(1, 11, 6, 1000, Some(9)),
-            grant(2, 12, 7, 50, None), // expires at ~57 ms
-            grant(1, 13, 10, 1000, Some(12)),
-            grant(2, 14, 60, 1000, Some(70)),
-        ]
-    }
-
     #[test]
     fn a_valid_history_has_no_violation() {
-        let mut h = valid_history();
-        let r = checked(&mut h);
-        assert_eq!(r.total(), 0, "{:?}", r.examples);
-        assert_eq!(r.grants, 5);
+        let r = checked(&mut valid_history());
+        assert_eq!((total(&r), r.n.get("grants")), (0, 5));
     }
 
     #[test]
     fn detects_a_grant_while_the_holder_is_live() {
         let mut h = valid_history();
         h.push(grant(2, 15, 20, 1000, Some(21))); // key 2 is held by fence 12 until ~57 ms
-        let r = checked(&mut h);
-        assert_eq!(
-            r.violations
-                .get("granted while another holder's lease was live"),
-            Some(&1)
-        );
+        assert_eq!(seen(&mut h, OVERLAP), 1);
     }
 
     #[test]
     fn detects_a_grant_before_an_earlier_release() {
-        let mut h = vec![
+        let mut h = [
             grant(1, 10, 0, 1000, Some(50)),
             grant(1, 11, 20, 1000, Some(60)),
         ];
-        let r = checked(&mut h);
-        assert_eq!(r.total(), 1, "{:?}", r.examples);
+        assert_eq!(total(&checked(&mut h)), 1);
     }
 
     #[test]
@@ -627,59 +613,37 @@ mod tests {
         let mut h = valid_history();
         // Key 3, made at 100 ms, long after fence 14 (at 10 ms), yet with a lower fence.
         h.push(grant(3, 9, 100, 1000, Some(101)));
-        let r = checked(&mut h);
-        assert_eq!(
-            r.violations.get("fence lower than a grant made before it"),
-            Some(&1)
-        );
-
+        assert_eq!(seen(&mut h, "fence lower than a grant made before it"), 1);
         let mut h = valid_history();
         h.push(grant(3, 12, 100, 1000, Some(101)));
-        let r = checked(&mut h);
-        assert_eq!(r.violations.get("duplicate fence"), Some(&1));
+        assert_eq!(seen(&mut h, "duplicate fence"), 1);
         // Another server's fences are its own business...
         let mut h = valid_history();
-        let mut g = grant(3, 9, 100, 1000, Some(101));
-        g.server = 1;
-        h.push(g);
-        assert_eq!(checked(&mut h).total(), 0);
+        h.push(with(grant(3, 9, 100, 1000, Some(101)), Mode::Exclusive, 1));
+        assert_eq!(total(&checked(&mut h)), 0);
         // ... and extra fences of the same server are ordered with the grants.
-        let late = Fenced {
-            server: 0,
-            fence: 8,
-            invoke: 200 * MS,
-            complete: 201 * MS,
-        };
-        let r = check(&mut valid_history(), &[late], &[], SLACK);
-        assert_eq!(r.total(), 1, "{:?}", r.examples);
+        let late = Fenced::new(0, 8, 200 * MS, 201 * MS);
+        assert_eq!(total(&run(&mut valid_history(), &[late], &[])), 1);
     }
 
     #[test]
     fn detects_a_release_after_the_lease_ended() {
-        let mut h = vec![grant(1, 10, 0, 50, Some(80))];
-        let r = checked(&mut h);
-        assert_eq!(
-            r.violations
-                .get("release succeeded after the lease had ended"),
-            Some(&1)
-        );
+        let what = "release succeeded after the lease had ended";
+        assert_eq!(seen(&mut [grant(1, 10, 0, 50, Some(80))], what), 1);
         // Refused inside the lease is a fault too; an unknown outcome is not.
         let mut g = grant(1, 10, 0, 1000, None);
-        g.release = Some(Call {
-            invoke: 10 * MS,
-            complete: 11 * MS,
-            ok: Some(false),
-        });
-        let r = checked(&mut [g.clone()]);
+        g.release = Some(call(10, 11, Some(false)));
         assert_eq!(
-            r.violations.get("release refused while the lease was live"),
-            Some(&1)
+            seen(&mut [g.clone()], "release refused while the lease was live"),
+            1
         );
         g.release = g.release.map(|c| Call { ok: None, ..c });
         // A lost release leaves the lock possibly held from its invoke on: a grant at
         // 20 ms is not a violation, the holder was only certainly live until 10 ms.
-        let r = checked(&mut [g, grant(1, 11, 20, 1000, Some(30))]);
-        assert_eq!(r.total(), 0, "{:?}", r.examples);
+        assert_eq!(
+            total(&checked(&mut [g, grant(1, 11, 20, 1000, Some(30))])),
+            0
+        );
     }
 
     #[test]
@@ -687,71 +651,47 @@ mod tests {
         // Lease 50 ms, extended at 40 ms by 1000 ms: a grant at 200 ms is a violation,
         // a release at 500 ms is fine.
         let mut a = grant(1, 10, 0, 50, Some(500));
-        let ext = Call {
-            invoke: 40 * MS,
-            complete: 41 * MS,
-            ok: Some(true),
-        };
-        a.extends.push((ext, 1000));
+        a.extends.push((call(40, 41, Some(true)), 1000));
         let b = grant(1, 11, 200, 1000, Some(600));
-        let r = checked(&mut [a.clone(), b.clone()]);
-        assert_eq!(r.total(), 1, "{:?}", r.examples);
+        assert_eq!(total(&checked(&mut [a.clone(), b.clone()])), 1);
         // An extend whose reply was lost proves nothing by itself: no violation...
         a.extends[0].0.ok = None;
-        let mut unknown = a.clone();
-        unknown.release = None;
-        let r = checked(&mut [unknown, b.clone()]);
-        assert_eq!(r.total(), 0, "{:?}", r.examples);
-        // ... but a release that answered 1 at 500 ms proves the lease lasted that long.
-        let r = checked(&mut [a.clone(), b]);
-        assert_eq!(r.total(), 1, "{:?}", r.examples);
-        // An extend that succeeds after the lease ended is caught.
-        a.extends[0].0 = Call {
-            invoke: 60 * MS,
-            complete: 61 * MS,
-            ok: Some(true),
+        let unknown = Grant {
+            release: None,
+            ..a.clone()
         };
-        a.release = None;
-        let r = checked(&mut [a]);
+        assert_eq!(total(&checked(&mut [unknown, b.clone()])), 0);
+        // ... but a release that answered 1 at 500 ms proves the lease lasted that long.
+        assert_eq!(total(&checked(&mut [a.clone(), b])), 1);
+        // An extend that succeeds after the lease ended is caught.
+        (a.extends[0].0, a.release) = (call(60, 61, Some(true)), None);
         assert_eq!(
-            r.violations
-                .get("extend succeeded after the lease had ended"),
-            Some(&1)
+            seen(&mut [a], "extend succeeded after the lease had ended"),
+            1
         );
     }
 
     #[test]
     fn readers_share_writers_do_not() {
-        let r1 = with(grant(1, 10, 0, 1000, Some(50)), Mode::Shared);
-        let r2 = with(grant(1, 11, 10, 1000, Some(60)), Mode::Shared);
-        let ok = checked(&mut [r1.clone(), r2.clone()]);
-        assert_eq!(ok.total(), 0, "{:?}", ok.examples);
+        let r1 = with(grant(1, 10, 0, 1000, Some(50)), Mode::Shared, 0);
+        let r2 = with(grant(1, 11, 10, 1000, Some(60)), Mode::Shared, 0);
+        assert_eq!(total(&checked(&mut [r1.clone(), r2.clone()])), 0);
         // A writer while readers are live, and a reader while a writer is.
         let w = grant(1, 12, 20, 1000, Some(70));
-        let r = checked(&mut [r1.clone(), r2, w]);
-        assert_eq!(
-            r.violations
-                .get("granted while another holder's lease was live"),
-            Some(&1)
-        );
+        assert_eq!(seen(&mut [r1.clone(), r2, w], OVERLAP), 1);
         let w = grant(1, 9, 0, 1000, Some(40));
-        let r = checked(&mut [w, with(r1, Mode::Shared)]);
-        assert_eq!(
-            r.violations.get("reader granted beside a live writer"),
-            Some(&1)
-        );
+        assert_eq!(seen(&mut [w, r1], "reader granted beside a live writer"), 1);
     }
 
     #[test]
     fn permits_are_counted() {
-        let p = |f, at, rel| with(grant(1, f, at, 1000, Some(rel)), Mode::Permit(2));
-        let ok = checked(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 70, 80)]);
-        assert_eq!(ok.total(), 0, "{:?}", ok.examples);
-        let r = checked(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 20, 80)]);
+        let p = |f, at, rel| with(grant(1, f, at, 1000, Some(rel)), Mode::Permit(2), 0);
         assert_eq!(
-            r.violations.get("more than LIMIT holders at once"),
-            Some(&1)
+            total(&checked(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 70, 80)])),
+            0
         );
+        let mut h = [p(10, 0, 50), p(11, 10, 60), p(12, 20, 80)];
+        assert_eq!(seen(&mut h, "more than LIMIT holders at once"), 1);
     }
 
     #[test]
@@ -759,52 +699,33 @@ mod tests {
         // The key moved to server 1 while fence 10 still held it on server 0: server 1's
         // lower fence 5, granted at 20 ms, is a second holder.
         let a = grant(1, 10, 0, 1000, Some(50));
-        let mut b = grant(1, 5, 20, 1000, Some(30));
-        b.server = 1;
-        let r = checked(&mut [a.clone(), b.clone()]);
-        assert_eq!(r.total(), 1, "{:?}", r.examples);
-        b.invoke = 60 * MS;
-        b.complete = 61 * MS;
-        b.release = b.release.map(|c| Call {
-            invoke: 70 * MS,
-            complete: 71 * MS,
-            ..c
-        });
-        let r = checked(&mut [a, b]);
-        assert_eq!(r.total(), 0, "{:?}", r.examples);
+        let mut b = with(grant(1, 5, 20, 1000, Some(30)), Mode::Exclusive, 1);
+        assert_eq!(total(&checked(&mut [a.clone(), b.clone()])), 1);
+        (b.invoke, b.complete) = (60 * MS, 61 * MS);
+        b.release = b.release.map(|c| call(70, 71, c.ok));
+        assert_eq!(total(&checked(&mut [a, b])), 0);
         // The store refused server 1's lower fence: counted apart, not a violation.
-        let mut h = vec![grant(1, 10, 0, 1000, Some(50)), {
-            let mut g = grant(1, 5, 60, 1000, Some(70));
-            g.server = 1;
-            g
-        }];
+        let b = with(grant(1, 5, 60, 1000, Some(70)), Mode::Exclusive, 1);
+        let mut h = [grant(1, 10, 0, 1000, Some(50)), b];
         let mut e = ev(1, StoreEventKind::StaleWrite, 10, 5);
         e.later.0 = 1;
-        let r = check(&mut h, &[], &[e], SLACK);
-        assert_eq!((r.total(), r.cross_server_refusals), (0, 1));
+        let r = run(&mut h, &[], &[e]);
+        assert_eq!((total(&r), r.n.get("cross_server_refusals")), (0, 1));
     }
 
     #[test]
     fn store_events_are_violations_unless_a_holder_was_late() {
-        let mut h = valid_history();
-        let r = check(
-            &mut h,
+        let r = run(
+            &mut valid_history(),
             &[],
             &[ev(1, StoreEventKind::Overlap, 10, 11)],
-            SLACK,
         );
-        assert_eq!(r.total(), 1);
+        assert_eq!(total(&r), 1);
         // Fence 12's lease (50 ms) ended long before its critical section did.
         let mut h = valid_history();
         h[2].cs = Some((8 * MS, 200 * MS));
-        let r = check(
-            &mut h,
-            &[],
-            &[ev(2, StoreEventKind::StaleWrite, 14, 12)],
-            SLACK,
-        );
-        assert_eq!(r.total(), 0, "{:?}", r.examples);
-        assert_eq!(r.late_store_events, 1);
-        assert_eq!(r.late_cs, 1);
+        let r = run(&mut h, &[], &[ev(2, StoreEventKind::StaleWrite, 14, 12)]);
+        assert_eq!(total(&r), 0);
+        assert_eq!((r.n.get("late_store_events"), r.n.get("late_cs")), (1, 1));
     }
 }

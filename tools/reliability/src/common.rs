@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 pub use redis_lock_report::fmt::thousands;
 pub use redis_lock_report::reliability::{Outcome, Status};
 pub use redis_lock_testkit::{
-    args, now_ns, unix_ms, RawConn as Conn, Resp as Reply, Rng, Server, ServerBuilder,
+    args, now_ns, unix_ms, wait_until, RawConn as Conn, Resp as Reply, Rng, Server, ServerBuilder,
 };
 
 #[derive(Debug, Clone)]
@@ -38,31 +38,34 @@ impl Env {
         Duration::from_secs_f64((base * self.scale).max(0.5))
     }
 
-    /// A fresh directory for one server.
-    pub fn dir(&self, name: &str) -> PathBuf {
-        let d = self.work.join(name);
-        let _ = std::fs::remove_dir_all(&d);
-        let _ = std::fs::create_dir_all(&d);
-        d
-    }
-
     /// A server with the module, no persistence, on a free loopback port, in a fresh
     /// directory `name` of the run's work dir (see [`ServerBuilder`] for the rest).
     pub fn builder(&self, name: &str) -> ServerBuilder {
+        let dir = self.work.join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::create_dir_all(&dir);
         ServerBuilder::new()
             .bin(self.server_bin.clone())
             .module(&self.module)
-            .dir(self.dir(name))
+            .dir(dir)
             .start_timeout(Duration::from_secs(20))
     }
 
-    /// The same server without the module.
-    pub fn plain(&self, name: &str) -> ServerBuilder {
-        self.builder(name).no_module()
+    pub fn start(&self, name: &str) -> Result<Server, String> {
+        self.start_with(name, "")
     }
 
-    pub fn start(&self, name: &str) -> Result<Server, String> {
-        self.builder(name).try_start()
+    /// [`start`](Self::start) with server options `conf`: `name value...`, `;` apart.
+    pub fn start_with(&self, name: &str, conf: &str) -> Result<Server, String> {
+        let opts = conf.split(';').map(words).filter(|w| !w.is_empty());
+        let b = opts.fold(self.builder(name), |b, w| b.arg_multi(w[0], &w[1..]));
+        b.try_start()
+    }
+
+    /// The server binary's file name (for directory names).
+    pub fn server_name(&self) -> String {
+        let name = self.server_bin.file_name().map(|f| f.to_string_lossy());
+        name.map_or("server".into(), |f| f.into_owned())
     }
 }
 
@@ -70,6 +73,22 @@ impl Env {
 pub fn connect(s: &Server) -> Result<Conn, String> {
     s.try_raw(Duration::from_secs(5))
         .map_err(|e| format!("connect to {}: {e}", s.addr()))
+}
+
+/// A connection to `addr`, made within `connect`, whose replies may take up to `read`.
+pub fn open(addr: std::net::SocketAddr, connect: Duration, read: Duration) -> Result<Conn, String> {
+    let c = Conn::open(addr, connect).map_err(|e| format!("connect {addr}: {e}"))?;
+    c.try_set_read_timeout(Some(read))
+        .map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
+/// A connection whose replies may take up to `secs`.
+pub fn connect_for(s: &Server, secs: u64) -> Result<Conn, String> {
+    let c = connect(s)?;
+    c.try_set_read_timeout(Some(Duration::from_secs(secs)))
+        .map_err(|e| e.to_string())?;
+    Ok(c)
 }
 
 /// Events counted by name (a name never counted is 0); one run's counts add to another's.
@@ -97,18 +116,25 @@ impl Counts {
     pub fn total(&self) -> u64 {
         self.0.values().sum()
     }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        self.0.iter().map(|(k, v)| (*k, *v))
+    }
 }
 
-/// `n` connections whose replies may take up to `secs`.
-pub fn conns(s: &Server, n: usize, secs: u64) -> Result<Vec<Conn>, String> {
-    (0..n)
-        .map(|_| {
-            let c = connect(s)?;
-            c.try_set_read_timeout(Some(Duration::from_secs(secs)))
-                .map_err(|e| e.to_string())?;
-            Ok(c)
-        })
-        .collect()
+/// Adds an example to `v` while it has fewer than `max`.
+pub fn example(v: &mut Vec<String>, max: usize, e: impl FnOnce() -> String) {
+    if v.len() < max {
+        v.push(e());
+    }
+}
+
+/// What threads returned, or an error if one panicked.
+pub fn joined<T>(hs: impl IntoIterator<Item = std::thread::Result<T>>) -> Result<Vec<T>, String> {
+    let out = hs
+        .into_iter()
+        .map(|h| h.map_err(|_| "a thread panicked".to_string()));
+    out.collect()
 }
 
 /// One command and its reply (an error reply is a reply; a lost connection an `Err`).
@@ -117,16 +143,31 @@ pub fn cmd<A: AsRef<[u8]>>(c: &mut Conn, a: &[A]) -> Result<Reply, String> {
         .map_err(|e| format!("{}: {e}", String::from_utf8_lossy(a[0].as_ref())))
 }
 
+/// A command that must not answer an error (`Err`: the command and its reply).
+pub fn must<A: AsRef<[u8]>>(c: &mut Conn, a: &[A]) -> Result<Reply, String> {
+    let r = cmd(c, a)?;
+    if r.is_error() {
+        let words: Vec<_> = a
+            .iter()
+            .map(|w| String::from_utf8_lossy(w.as_ref()))
+            .collect();
+        return Err(format!("{}: {r:?}", words.join(" ")));
+    }
+    Ok(r)
+}
+
 /// A command written out as one string (arguments without spaces).
 pub fn words(s: &str) -> Vec<&str> {
     s.split_whitespace().collect()
 }
 
 /// A `LOCK.ACQUIRE` that must be granted: (token, fence).
-pub fn grant(c: &mut Conn, a: &[Vec<u8>]) -> Result<(Vec<u8>, u64), String> {
+pub fn grant<A: AsRef<[u8]>>(c: &mut Conn, a: &[A]) -> Result<(Vec<u8>, u64), String> {
     let r = cmd(c, a)?;
     r.grant().ok_or_else(|| {
-        let key = a.get(1).map(|k| String::from_utf8_lossy(k).into_owned());
+        let key = a
+            .get(1)
+            .map(|k| String::from_utf8_lossy(k.as_ref()).into_owned());
         format!("acquire of {} answered {r:?}", key.unwrap_or_default())
     })
 }
@@ -136,11 +177,18 @@ pub fn acquire(c: &mut Conn, key: &str, ttl: u64) -> Result<(Vec<u8>, u64), Stri
     grant(c, &args!["LOCK.ACQUIRE", key, "PX", ttl])
 }
 
-/// `REPLICAOF NO ONE`: the replica behind `c` becomes a primary.
-pub fn promote(c: &mut Conn) -> Result<(), String> {
-    let r = cmd(c, &args!["REPLICAOF", "NO", "ONE"])?;
-    if r.is_error() {
-        return Err(format!("REPLICAOF NO ONE: {r:?}"));
+/// `REPLICAOF NO ONE`: the replica `s` becomes a primary.
+pub fn promote(s: &Server) -> Result<(), String> {
+    must(&mut connect(s)?, &args!["REPLICAOF", "NO", "ONE"]).map(drop)
+}
+
+/// `BGREWRITEAOF`, and the rewrite finished.
+pub fn rewrite_aof(s: &Server, c: &mut Conn) -> Result<(), String> {
+    must(c, &args!["BGREWRITEAOF"])?;
+    let idle = |f: &str| s.info_field("persistence", f).as_deref() == Some("0");
+    let done = || idle("aof_rewrite_in_progress") && idle("aof_rewrite_scheduled");
+    if !wait_until(Duration::from_secs(20), done) {
+        return Err("AOF rewrite did not finish".into());
     }
     Ok(())
 }
@@ -185,6 +233,28 @@ pub fn health(s: &Server, what: &str) -> Result<(), String> {
     }
 }
 
+/// How a scenario marks its row failed.
+pub trait Verdict {
+    /// Fails the row with `why` when `bad`.
+    fn fail_if(&mut self, bad: bool, why: impl Into<String>);
+    /// Fails the row unless the server is [healthy](health).
+    fn healthy(&mut self, s: &Server, what: &str);
+}
+
+impl Verdict for Outcome {
+    fn fail_if(&mut self, bad: bool, why: impl Into<String>) {
+        if bad {
+            self.fail(why);
+        }
+    }
+
+    fn healthy(&mut self, s: &Server, what: &str) {
+        if let Err(e) = health(s, what) {
+            self.fail(e);
+        }
+    }
+}
+
 /// One round of a crash run: one client thread per entry of `inputs`
 /// (`client(i, input, stop)`) works for `run_ms`, with `fault(server)` applied `at` ms in
 /// (when given); then `server` is SIGKILLed, `stop` raised, and what each client returns
@@ -211,11 +281,7 @@ pub fn kill_under_load<C: Send, T: Send>(
         std::thread::sleep(Duration::from_millis(run_ms).saturating_sub(t0.elapsed()));
         server.kill9();
         stop.store(true, Ordering::Relaxed);
-        let out: Result<Vec<T>, String> = handles
-            .into_iter()
-            .map(|h| h.join().map_err(|_| "a client thread panicked".to_string()))
-            .collect();
-        worked.and(out)
+        worked.and(joined(handles.into_iter().map(|h| h.join())))
     })
 }
 

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::{cmd, now_ns, Conn, Counts, Reply};
+use crate::common::{cmd, must, now_ns, open, Conn, Counts, Reply};
 use redis_lock_testkit::{args, key_slot};
 
 /// How long a call may wait for its reply before it counts as unanswered. A `BLOCK`
@@ -178,10 +178,7 @@ fn text(e: &Reply) -> Option<&str> {
 }
 
 fn shown(cmd: &[Vec<u8>]) -> String {
-    let parts: Vec<String> = cmd
-        .iter()
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
+    let parts: Vec<_> = cmd.iter().map(|a| String::from_utf8_lossy(a)).collect();
     parts.join(" ")
 }
 
@@ -209,25 +206,17 @@ impl Link {
 
     fn node(&mut self, i: usize) -> Result<&mut Node, String> {
         if self.conns[i].is_none() {
-            let c = Conn::open(self.addrs[i], Duration::from_secs(2))
-                .map_err(|e| format!("connect {}: {e}", self.addrs[i]))?;
-            c.try_set_read_timeout(Some(self.read_timeout))
-                .map_err(|e| e.to_string())?;
-            let mut node = Node { conn: c, id: 0 };
+            let mut conn = open(self.addrs[i], Duration::from_secs(2), self.read_timeout)?;
             if let Topo::Single(_, db @ 1..) = self.topo {
-                let r = cmd(&mut node.conn, &args!["SELECT", db])?;
-                if r.is_error() {
-                    return Err(format!("SELECT {db}: {r:?}"));
-                }
+                must(&mut conn, &args!["SELECT", db])?;
             }
-            let id = cmd(&mut node.conn, &args!["CLIENT", "ID"])?;
-            node.id = id.as_int().unwrap_or(0) as u64;
-            self.conns[i] = Some(node);
+            let id = cmd(&mut conn, &args!["CLIENT", "ID"])?
+                .as_int()
+                .unwrap_or(0) as u64;
+            self.conns[i] = Some(Node { conn, id });
             self.log.n.bump("reconnects");
         }
-        self.conns[i]
-            .as_mut()
-            .ok_or_else(|| "no connection".to_string())
+        self.conns[i].as_mut().ok_or("no connection".into())
     }
 
     /// Pair: asks both servers for their role until one says it is the primary.
@@ -288,10 +277,7 @@ impl Link {
                 if self.slots.is_empty() {
                     self.load_slots();
                 }
-                self.slots
-                    .get(usize::from(key_slot(key)))
-                    .copied()
-                    .unwrap_or(0)
+                *self.slots.get(usize::from(key_slot(key))).unwrap_or(&0)
             }
         }
     }
@@ -313,15 +299,13 @@ impl Link {
             let node = asking.unwrap_or_else(|| self.route(key));
             let t0 = now_ns();
             let first = *first_t0.get_or_insert(t0);
+            let (what, ms) = (shown(&cmds[0]), |ns: u64| ns / 1_000_000);
             if started.elapsed() > GIVE_UP {
-                self.log.bad.push((
-                    BROKEN,
-                    format!(
-                        "`{}` found no server to answer it within {} s",
-                        shown(&cmds[0]),
-                        GIVE_UP.as_secs()
-                    ),
-                ));
+                let why = format!(
+                    "`{what}` found no server to answer it within {} s",
+                    GIVE_UP.as_secs()
+                );
+                self.log.bad.push((BROKEN, why));
                 return Answer::Lost(first);
             }
             let n = match self.node(node) {
@@ -357,10 +341,8 @@ impl Link {
             }
             // A server that turns into a replica answers its blocked clients UNBLOCKED and
             // then closes their connections (Redis and Valkey alike): expected.
-            let unblocked = replies
-                .first()
-                .and_then(text)
-                .is_some_and(|e| e.starts_with("UNBLOCKED"));
+            let first_error = replies.first().and_then(text).unwrap_or("").to_string();
+            let unblocked = first_error.starts_with("UNBLOCKED");
             if unblocked && matches!(self.topo, Topo::Pair(_)) {
                 self.conns[node] = None;
                 if failed.is_some() {
@@ -370,10 +352,8 @@ impl Link {
             }
             if let Some(e) = failed {
                 self.conns[node] = None;
-                let hang = matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                );
+                use std::io::ErrorKind::{TimedOut, WouldBlock};
+                let hang = matches!(e.kind(), WouldBlock | TimedOut);
                 if kills.killed(node, id, t1) {
                     self.log.n.bump("killed");
                     // A waiter killed before its deadline is excused; one killed after
@@ -384,21 +364,15 @@ impl Link {
                         }
                     }
                 } else if hang {
-                    self.log.bad.push((
-                        HANG,
-                        format!(
-                            "`{}`: no reply within {} s",
-                            shown(&cmds[0]),
-                            self.read_timeout.as_secs()
-                        ),
-                    ));
+                    let why = format!(
+                        "`{what}`: no reply within {} s",
+                        self.read_timeout.as_secs()
+                    );
+                    self.log.bad.push((HANG, why));
                 } else {
-                    self.log.bad.push((BROKEN, format!(
-                        "`{}` on node {node} (client id {id}), sent at {} ms, lost after {} ms: {e}",
-                        shown(&cmds[0]),
-                        t0 / 1_000_000,
-                        (t1 - t0) / 1_000_000
-                    )));
+                    let (at, after) = (ms(t0), ms(t1 - t0));
+                    let why = format!("`{what}` on node {node} (client id {id}), sent at {at} ms, lost after {after} ms: {e}");
+                    self.log.bad.push((BROKEN, why));
                 }
                 return Answer::Lost(first);
             }
@@ -419,8 +393,7 @@ impl Link {
                     }
                 }
             }
-            let err = replies.first().and_then(text).unwrap_or("").to_string();
-            let mut words = err.split(' ');
+            let mut words = first_error.split(' ');
             match (words.next().unwrap_or(""), &self.topo) {
                 ("MOVED", _) => {
                     self.log.n.bump("moved");

@@ -20,6 +20,7 @@ use redis_lock_report::reliability::{Cells, ReliabilityRun, RowRun, ServerId};
 use common::{unix_ms, Env, Outcome, Status};
 
 const MODULE: &str = "target/release/libredis_lock.so";
+const SERVER: &str = "/usr/bin/redis-server";
 
 #[derive(Parser)]
 #[command(about = "Fault-injection runs against real servers with the module loaded")]
@@ -32,11 +33,6 @@ struct Cli {
 enum Cmd {
     /// Run the scenarios.
     Run(RunArgs),
-    /// Render docs/RELIABILITY.md again from docs/data/reliability.json (the file given).
-    Render {
-        #[arg(default_value = "docs/data/reliability.json")]
-        json: PathBuf,
-    },
     /// Internal: the paused holder of the stale scenario.
     StaleHolder { args: Vec<String> },
 }
@@ -61,15 +57,10 @@ struct RunArgs {
     /// other rows stay as they are.
     #[arg(long)]
     json: Option<PathBuf>,
-    #[arg(
-        long,
-        env = "RELIABILITY_SERVER",
-        default_value = "/usr/bin/redis-server"
-    )]
+    #[arg(long, env = "RELIABILITY_SERVER", default_value = SERVER)]
     server: PathBuf,
     /// The servers of the scenarios that run on every server (leases, guarded, clock,
-    /// chaos, kinds), comma
-    /// separated; default: --server.
+    /// chaos, kinds), comma separated; default: --server.
     #[arg(long, env = "RELIABILITY_SERVERS", value_delimiter = ',')]
     servers: Vec<PathBuf>,
     #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]
@@ -82,16 +73,6 @@ struct RunArgs {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Cmd::Run(a) => run(a),
-        Cmd::Render { json } => match redis_lock_report::load(&json)
-            .map_err(|e| e.to_string())
-            .and_then(|run| render(&json, &run).map_err(|e| e.to_string()))
-        {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cannot render from {}: {e}", json.display());
-                ExitCode::from(1)
-            }
-        },
         Cmd::StaleHolder { args } => scenarios::stale::holder_main(&args),
     }
 }
@@ -125,7 +106,7 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
     if let Some(k) = a
         .only
         .iter()
-        .find(|k| !scenarios::ALL.iter().any(|s| s.key == k.as_str()))
+        .find(|k| !scenarios::ALL.iter().any(|s| s.0 == k.as_str()))
     {
         return Err(format!("unknown scenario {k}"));
     }
@@ -166,58 +147,54 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
 }
 
 fn run(a: RunArgs) -> ExitCode {
-    let env = match env_of(&a) {
+    let env = env_of(&a).and_then(|env| match env.module.is_file() {
+        true => Ok(env),
+        false => Err(format!(
+            "module not found at {} (cargo build --release)",
+            env.module.display()
+        )),
+    });
+    let env = match env {
         Ok(e) => e,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    if !env.module.is_file() {
-        eprintln!(
-            "module not found at {} (cargo build --release)",
-            env.module.display()
-        );
-        return ExitCode::from(2);
-    }
     let _ = std::fs::create_dir_all(&env.work);
     let kind = if env.short { "short" } else { "full" };
-    println!(
-        "reliability: {kind} run, scale {}, seed {}, server {}, work dir {}",
-        env.scale,
-        env.seed,
-        env.server_bin.display(),
-        env.work.display()
-    );
+    let (bin, work) = (env.server_bin.display(), env.work.display());
+    let (scale, seed) = (env.scale, env.seed);
+    println!("reliability: {kind} run, scale {scale}, seed {seed}, server {bin}, work dir {work}");
     let started = unix_ms();
     let mut outcomes: Vec<Outcome> = Vec::new();
-    for (i, def) in scenarios::ALL.iter().enumerate() {
-        if !a.only.is_empty() && !a.only.iter().any(|k| k == def.key) {
+    for (i, &(key, title, target, run, every_server)) in scenarios::ALL.iter().enumerate() {
+        if !a.only.is_empty() && !a.only.iter().any(|k| k == key) {
             continue;
         }
-        let servers = if def.every_server {
-            env.servers.clone()
-        } else {
-            vec![env.server_bin.clone()]
+        let servers = match every_server {
+            true => env.servers.clone(),
+            false => vec![env.server_bin.clone()],
         };
         for bin in servers {
             let mut env = env.clone();
             env.server_bin = bin;
-            let mut o = Outcome::new(i as u32 + 1, def.key, def.title, def.target);
-            if def.every_server {
-                o.server = Some(ServerId {
-                    label: redis_lock_testkit::flavor_of(&env.server_bin)
-                        .map_or_else(|_| env.server_bin.display().to_string(), |f| f.label()),
-                    // Relative to the repository when inside it.
-                    path: (env.server_bin.strip_prefix(&env.repo))
-                        .unwrap_or(&env.server_bin)
-                        .display()
-                        .to_string(),
-                });
+            let mut o = Outcome::new(i as u32 + 1, key, title, target);
+            if every_server {
+                let bin = &env.server_bin;
+                let label = redis_lock_testkit::flavor_of(bin).map(|f| f.label());
+                // Relative to the repository when inside it.
+                let path = bin
+                    .strip_prefix(&env.repo)
+                    .unwrap_or(bin)
+                    .display()
+                    .to_string();
+                let label = label.unwrap_or_else(|_| bin.display().to_string());
+                o.server = Some(ServerId { label, path });
             }
             println!("== [{}] {} ...", i + 1, o.full_title());
             let t = Instant::now();
-            if let Err(e) = (def.run)(&env, &mut o) {
+            if let Err(e) = run(&env, &mut o) {
                 o.fail(e);
             }
             o.secs = t.elapsed().as_secs_f64();
@@ -231,12 +208,9 @@ fn run(a: RunArgs) -> ExitCode {
                 trials: String::new(),
                 notes: o.notes.clone(),
             });
-            let (title, secs) = (o.full_title(), o.secs);
-            let (figure, trials) = (c.figure, c.trials);
-            println!(
-                "== [{}] {title}: {verdict} -- {figure} [{trials}] in {secs:.0} s",
-                i + 1
-            );
+            let (n, title, secs, figure, trials) =
+                (i + 1, o.full_title(), o.secs, c.figure, c.trials);
+            println!("== [{n}] {title}: {verdict} -- {figure} [{trials}] in {secs:.0} s");
             for n in &c.notes {
                 println!("     {n}");
             }
@@ -260,11 +234,7 @@ fn run(a: RunArgs) -> ExitCode {
         }
     }
     println!("reliability: {passed} passed, {failed} failed");
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+    ExitCode::from(u8::from(failed > 0))
 }
 
 fn save(
@@ -278,16 +248,23 @@ fn save(
     let repo = env.repo.to_string_lossy();
     let commit = sh("git", &["-C", &repo, "rev-parse", "--short", "HEAD"]);
     let dirty = !sh("git", &["-C", &repo, "status", "--porcelain", "--", "src"]).is_empty();
+    let (short, scale, seed) = (env.short, env.scale, env.seed);
     let run = if only.is_empty() {
+        let version = sh(&env.server_bin.to_string_lossy(), &["--version"]);
+        let fs = sh("df", &["--output=fstype", &env.work.to_string_lossy()]);
+        let renumbered = |(i, o): (usize, &Outcome)| Outcome {
+            id: i as u32 + 1,
+            ..o.clone()
+        };
         ReliabilityRun {
             date,
             time,
-            short: env.short,
-            scale: env.scale,
-            seed: env.seed,
+            short,
+            scale,
+            seed,
             minutes: (unix_ms() - started) as f64 / 60_000.0,
             server_path: env.server_bin.display().to_string(),
-            server_version: sh(&env.server_bin.to_string_lossy(), &["--version"])
+            server_version: version
                 .split_whitespace()
                 .take(3)
                 .collect::<Vec<_>>()
@@ -296,39 +273,25 @@ fn save(
             dirty,
             cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
             kernel: sh("uname", &["-r"]),
-            fs: sh("df", &["--output=fstype", &env.work.to_string_lossy()])
-                .lines()
-                .last()
-                .unwrap_or("")
-                .to_string(),
-            outcomes: outcomes
-                .iter()
-                .enumerate()
-                .map(|(i, o)| Outcome {
-                    id: i as u32 + 1,
-                    ..o.clone()
-                })
-                .collect(),
+            fs: fs.lines().last().unwrap_or("").to_string(),
+            outcomes: outcomes.iter().enumerate().map(renumbered).collect(),
         }
     } else {
         // Some scenarios only: their rows replace theirs in the saved run.
         let mut run: ReliabilityRun = redis_lock_report::load(json)?;
+        let only = only.to_vec();
         let row_run = RowRun {
             date,
             time,
-            short: env.short,
-            scale: env.scale,
-            seed: env.seed,
+            short,
+            scale,
+            seed,
             commit,
             dirty,
-            only: only.to_vec(),
+            only,
         };
-        let order = |key: &str| {
-            scenarios::ALL
-                .iter()
-                .position(|d| d.key == key)
-                .unwrap_or(usize::MAX)
-        };
+        let order = |key: &str| scenarios::ALL.iter().position(|d| d.0 == key);
+        let order = |key: &str| order(key).unwrap_or(usize::MAX);
         run.merge(outcomes.to_vec(), row_run, order);
         run
     };

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
-use crate::common::{now_ns, thousands, Counts, Env, Outcome, Reply};
+use crate::common::{example, joined, now_ns, thousands, Counts, Env, Outcome, Reply, Verdict};
 use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
 use redis_lock_testkit::{args, Rng};
 
@@ -74,13 +74,14 @@ impl Store {
     }
 
     fn event(&self, key: u32, kind: StoreEventKind, earlier: Vec<Fence>, later: Fence) {
+        let event = StoreEvent {
+            key,
+            kind,
+            earlier,
+            later,
+        };
         if let Ok(mut e) = self.events.lock() {
-            e.push(StoreEvent {
-                key,
-                kind,
-                earlier,
-                later,
-            });
+            e.push(event);
         }
     }
 
@@ -88,19 +89,12 @@ impl Store {
         let Ok(mut s) = self.slots[key as usize].lock() else {
             return 0;
         };
-        let clash: Vec<Fence> = match mode {
-            Mode::Exclusive => s.inside.iter().map(|h| h.0).collect(),
-            Mode::Shared => s
-                .inside
-                .iter()
-                .filter(|h| h.1 != Mode::Shared)
-                .map(|h| h.0)
-                .collect(),
-            Mode::Permit(n) if s.inside.len() >= n as usize => {
-                s.inside.iter().map(|h| h.0).collect()
-            }
-            Mode::Permit(_) => Vec::new(),
+        let clashes = |h: &&(Fence, Mode)| match mode {
+            Mode::Exclusive => true,
+            Mode::Shared => h.1 != Mode::Shared,
+            Mode::Permit(n) => s.inside.len() >= n as usize,
         };
+        let clash: Vec<Fence> = s.inside.iter().filter(clashes).map(|h| h.0).collect();
         if !clash.is_empty() {
             self.event(key, StoreEventKind::Overlap, clash, fence);
         }
@@ -207,6 +201,24 @@ pub struct Plan {
     pub late_end_ms: u64,
 }
 
+impl Plan {
+    /// `clients` clients on `keys` of `topo` until `deadline`, with [`Mix::FAULTS`],
+    /// unconfirmed grants, one server group, and leases that may end up to 1 s late.
+    pub fn new(topo: Topo, keys: Vec<(String, Kind)>, clients: usize, deadline: Instant) -> Plan {
+        Plan {
+            topo,
+            keys,
+            clients,
+            deadline,
+            stop_after: u64::MAX,
+            mix: Mix::FAULTS,
+            confirm: false,
+            group_per_node: false,
+            late_end_ms: 1000,
+        }
+    }
+}
+
 pub struct Shared {
     pub plan: Plan,
     pub store: Store,
@@ -234,10 +246,8 @@ pub fn keys(prefix: &str, exclusive: usize, shared: usize, limits: &[u32]) -> Ve
     let kinds = std::iter::repeat_n(Kind::Exclusive, exclusive)
         .chain(std::iter::repeat_n(Kind::Shared, shared))
         .chain(limits.iter().map(|&n| Kind::Limit(n)));
-    kinds
-        .enumerate()
-        .map(|(i, k)| (format!("{{{prefix}:{i}}}"), k))
-        .collect()
+    let named = |(i, k)| (format!("{{{prefix}:{i}}}"), k);
+    kinds.enumerate().map(named).collect()
 }
 
 /// What a client recorded: its grants, and counts of `calls`, `releases`, `extends`,
@@ -252,10 +262,8 @@ pub struct ClientLog {
     pub link: LinkLog,
 }
 
-enum Got {
-    Grant(Vec<u8>, u64, u64, u64),
-    Nothing,
-}
+/// A grant as the client uses it: token, fence, the acquire's invoke and complete.
+type Got = Option<(Vec<u8>, u64, u64, u64)>;
 
 fn confirmed(r: &[Reply]) -> bool {
     r.get(1).and_then(Reply::as_int).unwrap_or(0) >= 1
@@ -273,16 +281,8 @@ fn no_error(a: &Answer, what: &str) -> Result<(), String> {
 /// replies were lost.
 fn as_call(a: Answer, ok: impl FnOnce(&[Reply]) -> Option<bool>) -> Call {
     match a {
-        Answer::Reply(r, invoke, complete) => Call {
-            invoke,
-            complete,
-            ok: ok(&r),
-        },
-        Answer::Lost(invoke) => Call {
-            invoke,
-            complete: now_ns(),
-            ok: None,
-        },
+        Answer::Reply(r, invoke, complete) => Call::new(invoke, complete, ok(&r)),
+        Answer::Lost(invoke) => Call::new(invoke, now_ns(), None),
     }
 }
 
@@ -305,15 +305,6 @@ impl Client<'_> {
     fn call(&mut self, key: &str, cmds: &[Vec<Vec<u8>>], block: Option<u64>) -> Answer {
         self.log.n.bump("calls");
         self.link.call(key.as_bytes(), cmds, block, &self.sh.kills)
-    }
-
-    /// The checker's server group for a reply from `node`.
-    fn group(&self) -> u32 {
-        if self.sh.plan.group_per_node {
-            self.link.last_node as u32
-        } else {
-            0
-        }
     }
 
     fn acquire(
@@ -344,7 +335,7 @@ impl Client<'_> {
             Answer::Reply(r, t0, t1) => (r, t0, t1),
             Answer::Lost(_) => {
                 self.log.n.bump("lost_acquires");
-                return Ok(Got::Nothing);
+                return Ok(None);
             }
         };
         match &r[0] {
@@ -361,12 +352,12 @@ impl Client<'_> {
                     self.log.n.bump("unconfirmed");
                     let rel = args!["LOCK.RELEASE", &name, token];
                     let _ = self.call(&name, &[rel], None);
-                    return Ok(Got::Nothing);
+                    return Ok(None);
                 }
-                return Ok(Got::Grant(token, fence, t0, t1));
+                return Ok(Some((token, fence, t0, t1)));
             }
         }
-        Ok(Got::Nothing)
+        Ok(None)
     }
 
     /// Releases grant `idx` of the log and records how that went.
@@ -383,11 +374,7 @@ impl Client<'_> {
             // Executed or not: ask again on a new connection; a 1 now is certain.
             Answer::Lost(t0) => match as_call(self.call(&name, &[cmd], None), one) {
                 c if c.ok == Some(true) => c,
-                _ => Call {
-                    invoke: t0,
-                    complete: now_ns(),
-                    ok: None,
-                },
+                _ => Call::new(t0, now_ns(), None),
             },
             a => as_call(a, one),
         };
@@ -423,22 +410,17 @@ impl Client<'_> {
                 88..=99 if rng.chance(50) => Some(rng.range(5, 100)),
                 _ => None,
             };
-            let Got::Grant(token, fence, t0, t1) = self.acquire(k, ttl, block, mode, n)? else {
+            let Some((token, fence, t0, t1)) = self.acquire(k, ttl, block, mode, n)? else {
                 continue;
             };
             if sh.granted.fetch_add(1, Ordering::Relaxed) + 1 >= sh.plan.stop_after {
                 sh.stop.store(true, Ordering::Relaxed);
             }
-            let mut g = Grant::new(
-                self.id,
-                k as u32,
-                mode,
-                (self.group(), fence),
-                ttl,
-                (t0, t1),
-            );
+            // The checker's server group of the reply.
+            let group = sh.plan.group_per_node.then_some(self.link.last_node as u32);
+            let at = (group.unwrap_or(0), fence);
+            let mut g = Grant::new((self.id, k as u32), mode, at, ttl, (t0, t1));
             let cs0 = now_ns();
-            let at = (g.server, fence);
             let v = sh.store.enter(k as u32, mode, at);
             match sh.plan.mix.pause {
                 (p, Some((lo, hi))) if rng.chance(p) => {
@@ -461,11 +443,10 @@ impl Client<'_> {
                     // Acknowledged but perhaps not replicated: unknown.
                     (!sh.plan.confirm || !ok || confirmed(r)).then_some(ok)
                 });
-                if call.ok == Some(true) {
-                    (final_ttl, last) = (ext, call.complete);
-                } else if call.ok.is_none() {
-                    final_ttl = final_ttl.max(ext);
-                    last = call.complete;
+                match call.ok {
+                    Some(true) => (final_ttl, last) = (ext, call.complete),
+                    None => (final_ttl, last) = (final_ttl.max(ext), call.complete),
+                    Some(false) => {}
                 }
                 g.extends.push((call, ext));
             }
@@ -497,12 +478,9 @@ pub fn spawn(sh: &Arc<Shared>, rng: &mut Rng) -> Vec<std::thread::JoinHandle<Cli
             let sh = Arc::clone(sh);
             let mut r = rng.fork(i as u64);
             std::thread::spawn(move || {
-                let mut c = Client {
-                    link: Link::new(&sh.plan.topo, sh.plan.mix.read_timeout),
-                    sh: &sh,
-                    id: i as u32,
-                    log: ClientLog::default(),
-                };
+                let link = Link::new(&sh.plan.topo, sh.plan.mix.read_timeout);
+                let (sh, id, log) = (&sh, i as u32, ClientLog::default());
+                let mut c = Client { sh, id, link, log };
                 if let Err(e) = c.run(&mut r) {
                     c.log.errors.push(format!("client {i}: {e}"));
                     sh.stop.store(true, Ordering::Relaxed);
@@ -549,15 +527,12 @@ impl Tally {
         &mut self,
         kind: &'static str,
         n: u64,
-        examples: impl IntoIterator<Item = String>,
+        ex: impl IntoIterator<Item = String>,
     ) {
-        if n == 0 {
-            return;
-        }
-        self.violations.add_n(kind, n);
-        for e in examples.into_iter().take(3) {
-            if self.examples.len() < 12 {
-                self.examples.push(format!("{kind}: {e}"));
+        if n > 0 {
+            self.violations.add_n(kind, n);
+            for e in ex.into_iter().take(3) {
+                example(&mut self.examples, 12, || format!("{kind}: {e}"));
             }
         }
     }
@@ -575,10 +550,7 @@ impl Tally {
 
 /// Joins the client threads.
 pub fn join(handles: Vec<std::thread::JoinHandle<ClientLog>>) -> Result<Vec<ClientLog>, String> {
-    handles
-        .into_iter()
-        .map(|h| h.join().map_err(|_| "a client thread panicked".to_string()))
-        .collect()
+    joined(handles.into_iter().map(|h| h.join()))
 }
 
 /// Checks the clients' history (`fenced`: more fences to order-check).
@@ -608,32 +580,21 @@ pub fn check(
     }
     let (key_regressions, key_examples) = checker::key_fence_regressions(&grants);
     t.n.add_n("key_fence_regressions", key_regressions);
-    t.examples.extend(
-        key_examples
-            .into_iter()
-            .map(|e| format!("key fence regression: {e}")),
-    );
+    let prefixed =
+        |what: &'static str, ex: Vec<String>| ex.into_iter().map(move |e| format!("{what}: {e}"));
+    t.examples
+        .extend(prefixed("key fence regression", key_examples));
     let events = std::mem::take(&mut *sh.store.events.lock().map_err(|e| e.to_string())?);
     let late_ns = sh.plan.late_end_ms * 1_000_000;
     let r = checker::check_with(&mut grants, fenced, &events, SLACK_NS, late_ns);
-    t.n.add_n("late_ends", r.late_ends);
+    t.n.add(&r.n);
     t.max_late_end_ms = r.max_late_end_ns / 1_000_000;
-    t.n.add_n("grants", r.grants);
-    for (k, v) in &r.violations {
-        let ex: Vec<String> = r
-            .examples
-            .iter()
-            .filter_map(|e| e.strip_prefix(k)?.strip_prefix(": "))
-            .map(str::to_string)
-            .collect();
-        t.add_violation(k, *v, ex);
+    for (k, v) in r.violations.iter() {
+        let of_kind = |e: &String| Some(e.strip_prefix(k)?.strip_prefix(": ")?.to_string());
+        t.add_violation(k, v, r.examples.iter().filter_map(of_kind));
     }
-    t.n.add_n("late_cs", r.late_cs);
-    t.n.add_n("late_store_events", r.late_store_events);
-    t.n.add_n("cross_server_refusals", r.cross_server_refusals);
-    let refusals = r.cross_server_examples.into_iter();
     t.examples
-        .extend(refusals.map(|e| format!("cross-server refusal: {e}")));
+        .extend(prefixed("cross-server refusal", r.cross_server_examples));
     // Lost updates, unless a late holder (client pause) explains them on that key.
     let excused: std::collections::BTreeSet<u32> = events.iter().map(|e| e.key).collect();
     let mut lost = sh.store.lost_updates();
@@ -655,16 +616,13 @@ pub fn verdict(o: &mut Outcome, env: &Env, t: &Tally, target: u64) {
     o.put("tally", t);
     o.put("target", target);
     o.put("violations", t.violations());
-    if t.violations() > 0 {
-        o.fail(format!("{} violations", t.violations()));
-    }
+    o.fail_if(t.violations() > 0, format!("{} violations", t.violations()));
     if let Some(e) = t.errors.first() {
         o.fail(format!("{} client errors, first: {e}", t.errors.len()));
     }
-    if t.grants() < target && !env.short {
-        let (got, want) = (thousands(t.grants()), thousands(target));
-        o.fail(format!("{got} acquisitions, below the {want} asked for"));
-    }
+    let (got, want) = (thousands(t.grants()), thousands(target));
+    let few = format!("{got} acquisitions, below the {want} asked for");
+    o.fail_if(t.grants() < target && !env.short, few);
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::checker::Fenced;
 use crate::common::*;
 use crate::link::{self, Answer, Kills, Link, Topo, READ_TIMEOUT};
-use crate::workload::{self, ClientLog, Kind, Mix, Plan, Tally};
+use crate::workload::{self, ClientLog, Kind, Plan, Tally};
 use redis_lock_testkit::{flavor_of, Cluster, Flavor, ReplicaPair};
 
 pub const TITLE: &str = "Server operations under load (chaos)";
@@ -79,16 +79,12 @@ pub struct Admin {
 }
 
 impl Admin {
-    fn new(
-        addrs: Vec<SocketAddr>,
-        keys: &[(String, Kind)],
-        kills: &Arc<Kills>,
-        flavor: Flavor,
-    ) -> Admin {
+    fn new(plan: &Plan, kills: &Arc<Kills>, flavor: Flavor) -> Admin {
+        let addrs = plan.topo.nodes();
         Admin {
             conns: addrs.iter().map(|_| None).collect(),
             addrs,
-            keys: keys.to_vec(),
+            keys: plan.keys.clone(),
             kills: Arc::clone(kills),
             flavor,
         }
@@ -118,11 +114,8 @@ impl Admin {
 
     fn call<A: AsRef<[u8]>>(&mut self, node: usize, a: &[A]) -> Result<Reply, String> {
         if self.conns[node].is_none() {
-            let c = Conn::open(self.addrs[node], Duration::from_secs(5))
-                .map_err(|e| format!("connect {}: {e}", self.addrs[node]))?;
-            c.try_set_read_timeout(Some(Duration::from_secs(20)))
-                .map_err(|e| e.to_string())?;
-            self.conns[node] = Some(c);
+            let secs = Duration::from_secs;
+            self.conns[node] = Some(open(self.addrs[node], secs(5), secs(20))?);
         }
         let c = self.conns[node].as_mut().ok_or("no connection")?;
         let r = cmd(c, a).map_err(|e| format!("{e} (on {})", self.addrs[node]));
@@ -167,17 +160,15 @@ pub fn common_op(
     let (kills, flavor) = (Arc::clone(&admin.kills), admin.flavor);
     match op {
         "CLIENT PAUSE WRITE" | "CLIENT PAUSE ALL" => {
-            let ms = if op.ends_with("ALL") {
-                rng.range(20, 200)
-            } else {
-                rng.range(20, 300)
+            let (ms, mode) = match op.ends_with("ALL") {
+                true => (rng.range(20, 200), "ALL"),
+                false => (rng.range(20, 300), "WRITE"),
             };
-            let mode = if op.ends_with("ALL") { "ALL" } else { "WRITE" };
             // The server notices the end of a pause on its cron tick (hz 10): commands it
             // held come free up to 100 ms after the pause's nominal end (measured on all
             // three servers), so a pause of ours holds commands for ms + 100.
-            ops.paused_until
-                .insert(node, Instant::now() + Duration::from_millis(ms + 200));
+            let until = Instant::now() + Duration::from_millis(ms + 200);
+            ops.paused_until.insert(node, until);
             kills.pause(node, Some(ms + PAUSE_RELEASE_MS));
             let r = admin.call(node, &args!["CLIENT", "PAUSE", ms, mode])?;
             expect_ok(&r, op, ops);
@@ -185,10 +176,9 @@ pub fn common_op(
         "CONFIG SET lock.*" => {
             let max_ttl = *rng.pick(&[10_000u64, 60_000, 3_600_000, 86_400_000]);
             let default_ttl = rng.range(1000, max_ttl.min(60_000));
-            let waiters = if rng.chance(80) {
-                10_000
-            } else {
-                *rng.pick(&[1u64, 2, 4, 16, 100])
+            let waiters = match rng.chance(80) {
+                true => 10_000,
+                false => *rng.pick(&[1u64, 2, 4, 16, 100]),
             };
             let set = format!("CONFIG SET lock.max-ttl {max_ttl} lock.default-ttl {default_ttl} lock.max-waiters {waiters}");
             let r = admin.call(node, &words(&set))?;
@@ -198,14 +188,15 @@ pub fn common_op(
             // A client held by a pause shows as blocked in LOCK.ACQUIRE too, but is no
             // waiter; Redis 7.0 even crashes unblocking it (TIMEOUT) or answers it twice
             // (ERROR). Only unblock when no pause of ours can be holding anyone.
-            if ops
+            let paused = ops
                 .paused_until
                 .get(&node)
-                .is_some_and(|t| Instant::now() < *t)
-            {
-                return Ok(true);
-            }
-            let w = waiters(admin, node)?;
+                .is_some_and(|t| Instant::now() < *t);
+            let w = if paused {
+                vec![]
+            } else {
+                waiters(admin, node)?
+            };
             if w.is_empty() {
                 return Ok(true);
             }
@@ -255,6 +246,15 @@ pub fn common_op(
     Ok(true)
 }
 
+/// An operation table written out: `name=weight`, comma separated.
+fn weights(spec: &'static str) -> Vec<(&'static str, u64)> {
+    let op = |p: &'static str| Some(p.rsplit_once('=')?).map(|(n, w)| (n.trim(), w.trim().parse()));
+    spec.split(',')
+        .filter_map(op)
+        .map(|(n, w)| (n, w.unwrap_or(0)))
+        .collect()
+}
+
 /// Picks an operation by weight.
 fn pick(rng: &mut Rng, table: &[(&'static str, u64)]) -> &'static str {
     let total: u64 = table.iter().map(|t| t.1).sum();
@@ -292,19 +292,10 @@ fn bystander(
             Reply::Error(e) if e.starts_with("MAXWAITERS") || e.starts_with("UNBLOCKED") => {}
             g => match g.grant() {
                 Some((token, fence)) => {
-                    fences.push(Fenced {
-                        server: 0,
-                        fence,
-                        invoke: t0,
-                        complete: t1,
-                    });
+                    fences.push(Fenced::new(0, fence, t0, t1));
                     std::thread::sleep(Duration::from_millis(rng.below(20)));
-                    let _ = link.call(
-                        key.as_bytes(),
-                        &[args!["LOCK.RELEASE", &key, token]],
-                        None,
-                        kills,
-                    );
+                    let release = args!["LOCK.RELEASE", &key, token];
+                    let _ = link.call(key.as_bytes(), &[release], None, kills);
                 }
                 None => {
                     errors.push(format!("bystander db {db}: unexpected reply {g:?}"));
@@ -358,23 +349,24 @@ pub struct Load {
 
 /// The plan of a chaos sub-run: 24 clients on 6 exclusive, 2 SHARED and 2 LIMIT keys.
 fn plan(env: &Env, topo: Topo, prefix: &str) -> Plan {
+    let (keys, deadline) = (workload::keys(prefix, 6, 2, &[2, 3]), env.secs(45.0, 6.0));
     Plan {
         group_per_node: matches!(topo, Topo::Cluster(_)),
-        late_end_ms: 1000,
-        topo,
-        keys: workload::keys(prefix, 6, 2, &[2, 3]),
-        clients: 24,
-        deadline: Instant::now() + env.secs(45.0, 6.0),
-        stop_after: u64::MAX,
-        mix: Mix::FAULTS,
-        confirm: false,
+        ..Plan::new(topo, keys, 24, Instant::now() + deadline)
     }
+}
+
+/// The server's flavor, and the scenario's random numbers for it (`salt`: the scenario's).
+pub fn flavor_rng(env: &Env, salt: u64) -> Result<(Flavor, Rng), String> {
+    let flavor = flavor_of(&env.server_bin)?;
+    let rng = Rng::new(env.seed ^ salt ^ u64::from(flavor.major * 100 + flavor.minor));
+    Ok((flavor, rng))
 }
 
 impl Load {
     pub fn start(flavor: Flavor, rng: &mut Rng, plan: Plan) -> Load {
         let kills = Arc::new(Kills::default());
-        let admin = Admin::new(plan.topo.nodes(), &plan.keys, &kills, flavor);
+        let admin = Admin::new(&plan, &kills, flavor);
         let sh = workload::Shared::new(plan, &kills);
         Load {
             t: Instant::now(),
@@ -443,25 +435,16 @@ fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
     let until = load.sh.plan.deadline + Duration::from_secs(60);
     let bystanders: Vec<_> = (0..4u32)
         .map(|i| {
-            let (stop, kills, r) = (
-                Arc::clone(&by_stop),
-                Arc::clone(&load.kills),
-                rng.fork(100 + u64::from(i)),
-            );
+            let (stop, kills) = (Arc::clone(&by_stop), Arc::clone(&load.kills));
+            let r = rng.fork(100 + u64::from(i));
             std::thread::spawn(move || bystander(addr, 1 + i % 2, &stop, until, &kills, r))
         })
         .collect();
-    let table = [
-        ("CLIENT PAUSE WRITE", 12),
-        ("CLIENT PAUSE ALL", 8),
-        ("DEBUG RELOAD", 6),
-        ("BGREWRITEAOF", 6),
-        ("CONFIG SET lock.*", 10),
-        ("SWAPDB 1 2", 10),
-        ("CLIENT UNBLOCK", 12),
-        ("CLIENT KILL waiter", 10),
-        ("CLIENT KILL holder", 8),
-    ];
+    let table = weights(
+        "CLIENT PAUSE WRITE=12, CLIENT PAUSE ALL=8, DEBUG RELOAD=6, BGREWRITEAOF=6,
+        CONFIG SET lock.*=10, SWAPDB 1 2=10, CLIENT UNBLOCK=12, CLIENT KILL waiter=10,
+        CLIENT KILL holder=8",
+    );
     load.drive(rng, &table, (30, 200), |op, admin, rng, ops| {
         if !common_op(op, admin, 0, rng, ops)? {
             let cmd = match op {
@@ -478,8 +461,7 @@ fn standalone(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
     let logs = workload::join(std::mem::take(&mut load.handles));
     by_stop.store(true, Ordering::Relaxed);
     let (mut logs, mut fenced) = (logs?, Vec::new());
-    for b in bystanders {
-        let (f, log) = b.join().map_err(|_| "a bystander panicked".to_string())?;
+    for (f, log) in joined(bystanders.into_iter().map(|b| b.join()))? {
         fenced.extend(f);
         logs.push(log);
     }
@@ -522,7 +504,7 @@ pub fn pair_run(
             admin.failover(p, &mut pair)?;
         } else {
             admin.kill9(p, &mut pair.primary);
-            promote(&mut connect(&pair.replica)?)?;
+            promote(&pair.replica)?;
             pair.primary.try_restart_as_replica_of(&pair.replica)?;
             std::mem::swap(&mut pair.primary, &mut pair.replica);
         }
@@ -530,26 +512,18 @@ pub fn pair_run(
         Ok(())
     });
     let tally = load.finish(&[])?;
-    Ok(load.close(
-        tally,
-        &[
-            (&pair.primary, "the primary".into()),
-            (&pair.replica, "the replica".into()),
-        ],
-    ))
+    let servers = [
+        (&pair.primary, "the primary"),
+        (&pair.replica, "the replica"),
+    ];
+    Ok(load.close(tally, &servers.map(|(s, what)| (s, what.to_string()))))
 }
 
 fn pair(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
-    let table = [
-        ("FAILOVER", 10),
-        ("CLIENT PAUSE WRITE", 8),
-        ("CLIENT PAUSE ALL", 4),
-        ("CONFIG SET lock.*", 4),
-        ("CLIENT UNBLOCK", 6),
-        ("CLIENT KILL waiter", 8),
-        ("CLIENT KILL holder", 8),
-        ("BGREWRITEAOF", 3),
-    ];
+    let table = weights(
+        "FAILOVER=10, CLIENT PAUSE WRITE=8, CLIENT PAUSE ALL=4, CONFIG SET lock.*=4,
+        CLIENT UNBLOCK=6, CLIENT KILL waiter=8, CLIENT KILL holder=8, BGREWRITEAOF=3",
+    );
     let name = format!("chaos-{}", flavor.version());
     let plan = |topo| plan(env, topo, "rel:cp");
     pair_run(env, flavor, rng, &name, plan, &table, (50, 300))
@@ -566,14 +540,10 @@ fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
     let topo = Topo::Cluster(addrs.clone());
     let mut load = Load::start(flavor, rng, plan(env, topo, "rel:cc"));
     let keys = load.sh.plan.keys.clone();
-    let table = [
-        ("slot migration", 30),
-        ("CLIENT PAUSE WRITE", 6),
-        ("CONFIG SET lock.*", 3),
-        ("CLIENT UNBLOCK", 4),
-        ("CLIENT KILL waiter", 6),
-        ("CLIENT KILL holder", 6),
-    ];
+    let table = weights(
+        "slot migration=30, CLIENT PAUSE WRITE=6, CONFIG SET lock.*=3, CLIENT UNBLOCK=4,
+        CLIENT KILL waiter=6, CLIENT KILL holder=6",
+    );
     load.drive(rng, &table, (20, 150), |op, admin, rng, ops| {
         let node = rng.below(addrs.len() as u64) as usize;
         if op != "slot migration" {
@@ -604,9 +574,7 @@ fn cluster(env: &Env, flavor: Flavor, rng: &mut Rng) -> Result<Sub, String> {
 }
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
-    let flavor = flavor_of(&env.server_bin)?;
-    let mut rng =
-        Rng::new(env.seed ^ 0x0063_6861_6f73 ^ u64::from(flavor.major * 100 + flavor.minor));
+    let (flavor, mut rng) = flavor_rng(env, 0x0063_6861_6f73)?;
     let target = env.n(100_000.0, 6_000.0);
     let (mut tally, mut ops, mut parts) = (Tally::default(), Ops::default(), vec![]);
     type SubRun = fn(&Env, Flavor, &mut Rng) -> Result<Sub, String>;
@@ -640,31 +608,35 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let fences = count(&["duplicate fence", "fence lower than a grant made before it"]);
     let (late, broken) = (count(&[link::LATE, link::HANG]), count(&[link::BROKEN]));
     let double = tally.violations() - fences - late - broken;
-    let keyed = tally.n.get("key_fence_regressions") + tally.n.get("cross_server_refusals");
-    if keyed > 0 {
-        o.fail(format!(
-            "{} fence regressions per key ({} store refusals of holders for a lower fence)",
-            tally.n.get("key_fence_regressions"),
-            tally.n.get("cross_server_refusals")
-        ));
-    }
+    let keyed = tally.n.get("key_fence_regressions");
+    let refusals = tally.n.get("cross_server_refusals");
+    let why = format!("{refusals} store refusals of holders for a lower fence");
+    o.fail_if(
+        keyed + refusals > 0,
+        format!("{keyed} fence regressions per key ({why})"),
+    );
     o.put("subs", parts);
     o.put("counts", [double, fences, late, broken]);
-    o.put("key_regressions", tally.n.get("key_fence_regressions"));
+    o.put("key_regressions", keyed);
     o.put("ops", &ops);
     // Servers before Redis 7.4 refuse CLIENT UNBLOCK of a waiter (see docs/commands.md).
-    o.put(
-        "unblock_refused",
-        !(flavor.is_valkey() || flavor.at_least(7, 4)),
-    );
+    let refused = !(flavor.is_valkey() || flavor.at_least(7, 4));
+    o.put("unblock_refused", refused);
     ops.verdict(o);
-    if ops.n.get("unblock_accepted_early") > 0 {
-        o.fail(format!(
-            "{} CLIENT UNBLOCK of waiters accepted on {}",
-            ops.n.get("unblock_accepted_early"),
-            flavor.label()
-        ));
-    }
+    let (early, label) = (ops.n.get("unblock_accepted_early"), flavor.label());
+    o.fail_if(
+        early > 0,
+        format!("{early} CLIENT UNBLOCK of waiters accepted on {label}"),
+    );
     workload::verdict(o, env, &tally, target);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn weights_are_read_as_written() {
+        let t = super::weights("CLIENT PAUSE ALL=8,\n  slot migration=30");
+        assert_eq!(t, [("CLIENT PAUSE ALL", 8), ("slot migration", 30)]);
+    }
 }

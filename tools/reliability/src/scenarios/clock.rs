@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::checker::{key_fence_regressions, Grant, Mode};
 use crate::common::*;
 
 /// The size of each step of the server's wall clock.
@@ -100,48 +101,30 @@ struct Stats {
 
 impl Stats {
     fn example(&mut self, e: String) {
-        if self.examples.len() < 6 {
-            self.examples.push(e);
-        }
+        example(&mut self.examples, 6, || e);
     }
 }
 
-fn client(
-    mut c: Conn,
-    id: usize,
-    keys: usize,
-    mut rng: Rng,
-    stop: &AtomicBool,
-) -> Result<Vec<Rec>, String> {
+/// Clients and keys of the run.
+const CLIENTS: usize = 12;
+const KEYS: usize = 6;
+
+fn client(mut c: Conn, id: usize, mut rng: Rng, stop: &AtomicBool) -> Result<Vec<Rec>, String> {
     let mut out = Vec::new();
-    let mut n = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        n += 1;
-        let key = rng.below(keys as u64) as usize;
-        let px = rng.range(80, 400);
-        let block = rng.range(30, 700);
-        let token = format!("clock-{id:02}-{n:012}");
-        let a = args![
-            "LOCK.ACQUIRE",
-            format!("rel:clk:{key}"),
-            "PX",
-            px,
-            "TOKEN",
-            &token,
-            "BLOCK",
-            block
-        ];
+    for n in (1u64..).take_while(|_| !stop.load(Ordering::Relaxed)) {
+        let key = rng.below(KEYS as u64) as usize;
+        let (px, block) = (rng.range(80, 400), rng.range(30, 700));
+        let (k, t) = (format!("rel:clk:{key}"), format!("clock-{id:02}-{n:012}"));
+        let a = args!["LOCK.ACQUIRE", &k, "PX", px, "TOKEN", &t, "BLOCK", block];
         let invoke = now_ns();
         let r = cmd(&mut c, &a)?;
         let complete = now_ns();
-        let fence = match &r {
-            Reply::Nil => None,
-            r => Some(
-                r.grant()
-                    .ok_or_else(|| format!("acquire answered {r:?}"))?
-                    .1,
-            ),
+        let fence = match r.grant() {
+            Some((_, f)) => Some(f),
+            None if r == Reply::Nil => None,
+            None => return Err(format!("acquire answered {r:?}")),
         };
+        let release = None;
         let mut rec = Rec {
             key,
             px,
@@ -149,14 +132,13 @@ fn client(
             invoke,
             complete,
             fence,
-            release: None,
+            release,
         };
         if fence.is_some() && rng.chance(60) {
             // Work for part of the lease, then release.
             std::thread::sleep(Duration::from_millis(rng.below(px / 2)));
-            let rel = args!["LOCK.RELEASE", format!("rel:clk:{key}"), &token];
             let t0 = now_ns();
-            let r = cmd(&mut c, &rel)?;
+            let r = cmd(&mut c, &args!["LOCK.RELEASE", &k, &t])?;
             rec.release = Some((t0, now_ns(), r == Reply::Int(1)));
         }
         out.push(rec);
@@ -166,51 +148,38 @@ fn client(
 
 fn check(recs: &mut [Rec], st: &mut Stats) {
     let ms = |ns: i128| ns as f64 / MS as f64;
-    st.min_margin_ms = f64::MAX;
-    st.min_wait_ms = f64::MAX;
-    st.max_handoff_ms = f64::MIN;
-    st.max_wait_ms = f64::MIN;
+    let (early, late_ns) = ((EARLY_MS * MS) as i128, (LATE_MS * MS) as i128);
+    (st.min_margin_ms, st.min_wait_ms) = (f64::MAX, f64::MAX);
+    (st.max_handoff_ms, st.max_wait_ms) = (f64::MIN, f64::MIN);
     for r in recs.iter() {
         st.acquires += 1;
+        let (waited, block) = ((r.complete - r.invoke) as i128, r.block);
         match (r.fence, r.release) {
             (None, _) => {
                 st.waits_timed_out += 1;
-                let off = (r.complete - r.invoke) as i128 - (r.block * MS) as i128;
+                let off = waited - (block * MS) as i128;
                 st.min_wait_ms = st.min_wait_ms.min(ms(off));
                 st.max_wait_ms = st.max_wait_ms.max(ms(off));
-                if off < -((EARLY_MS * MS) as i128) {
-                    st.waits_short += 1;
+                let (short, long) = (off < -early, off > late_ns);
+                st.waits_short += u64::from(short);
+                st.waits_long += u64::from(long);
+                if short || long {
                     st.example(format!(
-                        "BLOCK {} answered nil after {:.1} ms",
-                        r.block,
-                        ms((r.complete - r.invoke) as i128)
-                    ));
-                }
-                if off > (LATE_MS * MS) as i128 {
-                    st.waits_long += 1;
-                    st.example(format!(
-                        "BLOCK {} answered nil after {:.1} ms",
-                        r.block,
-                        ms((r.complete - r.invoke) as i128)
+                        "BLOCK {block} answered nil after {:.1} ms",
+                        ms(waited)
                     ));
                 }
             }
-            (Some(_), rel) => {
-                st.grants += 1;
-                match rel {
-                    None => st.abandoned += 1,
-                    Some((_, done, ok)) => {
-                        st.releases += 1;
-                        // Certainly processed before the holder's own deadline.
-                        if !ok && done + EARLY_MS * MS < r.invoke + r.px * MS {
-                            st.release_refused += 1;
-                            st.example(format!(
-                                "release {:.1} ms into a {} ms lease answered 0",
-                                ms((done - r.invoke) as i128),
-                                r.px
-                            ));
-                        }
-                    }
+            (Some(_), None) => (st.grants, st.abandoned) = (st.grants + 1, st.abandoned + 1),
+            (Some(_), Some((_, done, ok))) => {
+                (st.grants, st.releases) = (st.grants + 1, st.releases + 1);
+                // Certainly processed before the holder's own deadline.
+                if !ok && done + EARLY_MS * MS < r.invoke + r.px * MS {
+                    st.release_refused += 1;
+                    let (into, px) = (ms((done - r.invoke) as i128), r.px);
+                    st.example(format!(
+                        "release {into:.1} ms into a {px} ms lease answered 0"
+                    ));
                 }
             }
         }
@@ -218,11 +187,9 @@ fn check(recs: &mut [Rec], st: &mut Stats) {
     // Per key, in fence order: each grant against the one before it.
     let mut grants: Vec<&Rec> = recs.iter().filter(|r| r.fence.is_some()).collect();
     grants.sort_by_key(|r| (r.key, r.fence));
-    for w in grants.windows(2) {
+    for w in grants.windows(2).filter(|w| w[0].key == w[1].key) {
         let (a, b) = (w[0], w[1]);
-        if a.key != b.key {
-            continue;
-        }
+        let (key, px, fa, fb) = (a.key, a.px, a.fence, b.fence);
         // The holder's own deadline, and when it gave the lock back.
         let deadline = a.invoke + a.px * MS;
         let released = a.release.map(|(sent, _, ok)| (sent, ok));
@@ -230,62 +197,40 @@ fn check(recs: &mut [Rec], st: &mut Stats) {
             Some((sent, true)) => sent.min(deadline),
             _ => deadline,
         };
-        if b.complete < until {
-            st.double += 1;
-        }
+        st.double += u64::from(b.complete < until);
         if !matches!(released, Some((_, true))) || released.is_some_and(|(s, _)| s >= deadline) {
             let margin = b.complete as i128 - deadline as i128;
             st.min_margin_ms = st.min_margin_ms.min(ms(margin));
-            if margin < -((EARLY_MS * MS) as i128) {
+            if margin < -early {
                 st.early += 1;
-                st.example(format!(
-                    "key {}: fence {:?} granted {:.1} ms before the {} ms lease of fence {:?} was due to end on its holder's clock",
-                    a.key,
-                    b.fence,
-                    ms(-margin),
-                    a.px,
-                    a.fence
-                ));
+                let before = ms(-margin);
+                st.example(format!("key {key}: fence {fb:?} granted {before:.1} ms before the {px} ms lease of fence {fa:?} was due to end on its holder's clock"));
             }
             // A waiter already queued when the lease was due: handed the lock then.
             if a.release.is_none() && b.invoke + MS < a.invoke + a.px * MS {
                 st.handoffs_after_expiry += 1;
                 let late = b.complete as i128 - (a.complete + a.px * MS) as i128;
                 st.max_handoff_ms = st.max_handoff_ms.max(ms(late));
-                if late > (LATE_MS * MS) as i128 {
+                if late > late_ns {
                     st.handoffs_late += 1;
-                    st.example(format!(
-                        "key {}: lease of fence {:?} ({} ms) handed to a waiter {:.1} ms after it was due",
-                        a.key,
-                        a.fence,
-                        a.px,
-                        ms(late)
-                    ));
+                    let after = ms(late);
+                    st.example(format!("key {key}: lease of fence {fa:?} ({px} ms) handed to a waiter {after:.1} ms after it was due"));
                 }
             }
         }
     }
-    // Fences across the server: a grant answered before another was asked is lower.
-    let mut by_invoke: Vec<&Rec> = recs.iter().filter(|r| r.fence.is_some()).collect();
-    by_invoke.sort_by_key(|r| r.invoke);
-    let mut by_complete: Vec<&Rec> = by_invoke.clone();
-    by_complete.sort_by_key(|r| r.complete);
-    let (mut i, mut max) = (0, 0u64);
-    for r in by_invoke {
-        while i < by_complete.len() && by_complete[i].complete < r.invoke {
-            max = max.max(by_complete[i].fence.unwrap_or(0));
-            i += 1;
-        }
-        if r.fence.unwrap_or(0) <= max {
-            st.fence_regressions += 1;
-        }
-    }
-    for v in [
-        &mut st.min_margin_ms,
-        &mut st.min_wait_ms,
-        &mut st.max_handoff_ms,
-        &mut st.max_wait_ms,
-    ] {
+    // Fences across the server (one key for the checker): a grant answered before
+    // another was asked is lower.
+    let across: Vec<Grant> = (recs.iter())
+        .filter_map(|r| Some(((0, r.fence?), r.px, (r.invoke, r.complete))))
+        .map(|(at, ttl, call)| Grant::new((0, 0), Mode::Exclusive, at, ttl, call))
+        .collect();
+    st.fence_regressions = key_fence_regressions(&across).0;
+    let extremes = [&mut st.min_margin_ms, &mut st.min_wait_ms];
+    for v in extremes
+        .into_iter()
+        .chain([&mut st.max_handoff_ms, &mut st.max_wait_ms])
+    {
         if !v.is_finite() || v.abs() > 1e12 {
             *v = 0.0;
         }
@@ -302,12 +247,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         o.status = Status::NotRun(format!("clock shim {} {why}", env.shim.display()));
         return Ok(());
     }
-    let name = format!(
-        "clock-{}",
-        env.server_bin
-            .file_name()
-            .map_or("server".into(), |f| f.to_string_lossy())
-    );
+    let name = format!("clock-{}", env.server_name());
     let offset = env.work.join(format!("{name}-offset"));
     set_offset(&offset, 0)?;
     // The AOF fsyncs once a second during the run (an fsync per write stalls the event
@@ -336,16 +276,10 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     }
 
     let mut rng = Rng::new(env.seed ^ 0x636c_6f63);
-    let (clients, keys) = (12usize, 6usize);
     let steps = env.n(24.0, 6.0);
     let gap = if env.short { 400 } else { 900 };
-    let inputs = (0..clients)
-        .map(|i| {
-            let c = connect(&server)?;
-            c.try_set_read_timeout(Some(Duration::from_secs(10)))
-                .map_err(|e| e.to_string())?;
-            Ok((c, rng.fork(i as u64)))
-        })
+    let inputs = (0..CLIENTS)
+        .map(|i| Ok((connect_for(&server, 10)?, rng.fork(i as u64))))
         .collect::<Result<Vec<_>, String>>()?;
     let stop = AtomicBool::new(false);
     let mut st = Stats::default();
@@ -357,24 +291,13 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             .enumerate()
             .map(|(i, (c, r))| {
                 let stop = &stop;
-                s.spawn(move || client(c, i, keys, r, stop))
+                s.spawn(move || client(c, i, r, stop))
             })
             .collect();
         // Steps: 0 -> +10 min -> 0 -> -10 min -> 0 -> +10 min ..., each one of STEP_MS.
-        let mut at = 0i64;
-        let mut up = true;
-        for _ in 0..steps {
+        for i in 0..steps {
             std::thread::sleep(Duration::from_millis(rng.range(gap / 2, gap)));
-            at = if at != 0 {
-                0
-            } else if up {
-                STEP_MS
-            } else {
-                -STEP_MS
-            };
-            if at != 0 {
-                up = !up;
-            }
+            let at = [STEP_MS, 0, -STEP_MS, 0][i as usize % 4];
             if set_offset(&offset, at).is_err() {
                 break;
             }
@@ -383,11 +306,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(gap));
         stop.store(true, Ordering::Relaxed);
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a client panicked".into())))
-            .collect()
-    });
+        joined(handles.into_iter().map(|h| h.join()))
+    })?;
     let secs = started.elapsed().as_secs_f64();
     let mut recs = Vec::new();
     for r in results {
@@ -401,20 +321,9 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     drop(a);
     for (i, step) in [-STEP_MS, STEP_MS, -STEP_MS].into_iter().enumerate() {
         let mut c = connect(&server)?;
-        let r = cmd(&mut c, &args!["CONFIG", "SET", "appendfsync", "always"])?;
-        if r.is_error() {
-            return Err(format!("CONFIG SET appendfsync always: {r:?}"));
-        }
+        must(&mut c, &args!["CONFIG", "SET", "appendfsync", "always"])?;
         if i == 2 {
-            let r = cmd(&mut c, &args!["BGREWRITEAOF"])?;
-            if r.is_error() {
-                return Err(format!("BGREWRITEAOF: {r:?}"));
-            }
-            let idle = |f: &str| server.info_field("persistence", f).as_deref() == Some("0");
-            let done = || idle("aof_rewrite_in_progress") && idle("aof_rewrite_scheduled");
-            if !redis_lock_testkit::wait_until(Duration::from_secs(20), done) {
-                return Err("AOF rewrite did not finish".into());
-            }
+            rewrite_aof(&server, &mut c)?;
         }
         let (tok, f) = acquire(&mut c, "rel:clk:restart", 1000)?;
         st.restart_fence_regressions += u64::from(f <= max_fence);
@@ -434,7 +343,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
 
     o.put("step_ms", STEP_MS);
     o.put("bounds_ms", [EARLY_MS, LATE_MS]);
-    o.put("shape", [clients, keys]);
+    o.put("shape", [CLIENTS, KEYS]);
     o.put("offsets", &offsets);
     o.put("secs", secs);
     o.put("gap_ms", gap);
@@ -455,16 +364,13 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         ),
     ];
     for (what, n) in bad {
-        if n > 0 {
-            o.fail(format!("{n} {what}"));
-        }
+        o.fail_if(n > 0, format!("{n} {what}"));
     }
-    if st.handoffs_after_expiry == 0 || st.waits_timed_out == 0 {
-        o.fail("no hand-off after an expiry or no BLOCK timeout happened (nothing checked)");
-    }
+    o.fail_if(
+        st.handoffs_after_expiry == 0 || st.waits_timed_out == 0,
+        "no hand-off after an expiry or no BLOCK timeout happened (nothing checked)",
+    );
     o.put("stats", &st);
-    if let Err(e) = health(&server, "the server") {
-        o.fail(e);
-    }
+    o.healthy(&server, "the server");
     Ok(())
 }

@@ -52,11 +52,15 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn name(self) -> &'static str {
+    /// The mode's name in the row, and its server options.
+    fn spec(self) -> (&'static str, &'static str) {
         match self {
-            Mode::Always => "appendfsync always",
-            Mode::Everysec => "appendfsync everysec",
-            Mode::Rdb => "RDB only (save 1 1)",
+            Mode::Always => ("appendfsync always", "appendonly yes; appendfsync always"),
+            Mode::Everysec => (
+                "appendfsync everysec",
+                "appendonly yes; appendfsync everysec",
+            ),
+            Mode::Rdb => ("RDB only (save 1 1)", "save 1 1"),
         }
     }
 }
@@ -131,22 +135,17 @@ fn client(mut c: Conn, round: u64, cid: usize, mut rng: Rng, stop: &AtomicBool) 
             break;
         }
         let Ok(r) = c.read() else { break };
+        let held = |(token, fence)| Known::Held {
+            token,
+            fence,
+            exp: None,
+        };
         let next = match (&m.pending, &m.known) {
-            (Some(Pending::Acquire(t)), _) => {
-                (r.grant())
-                    .filter(|g| g.0 == *t)
-                    .map(|(token, fence)| Known::Held {
-                        token,
-                        fence,
-                        exp: None,
-                    })
-            }
+            (Some(Pending::Acquire(t)), _) => r.grant().filter(|g| g.0 == *t).map(held),
             (Some(Pending::Release), _) => (r == Reply::Int(1)).then_some(Known::Free),
-            (_, Known::Held { token, fence, .. }) => (r == Reply::Int(1)).then(|| Known::Held {
-                token: token.clone(),
-                fence: *fence,
-                exp: None,
-            }),
+            (_, Known::Held { token, fence, .. }) => {
+                (r == Reply::Int(1)).then(|| held((token.clone(), *fence)))
+            }
             _ => None,
         };
         let Some(next) = next else {
@@ -181,15 +180,14 @@ fn actual(
         return Ok(None);
     }
     let (fence, exp) = lock_info(&info).ok_or_else(|| format!("bad LOCK.INFO {info:?}"))?;
-    let has_token = match token {
-        Some(t) => {
-            let dump = cmd(c, &args!["DUMP", key])?;
-            let digest = redis_lock_testkit::lock::token_digest(t);
-            dump.as_bytes()
-                .is_some_and(|d| d.windows(digest.len()).any(|w| w == digest))
-        }
-        None => false,
+    let Some(t) = token else {
+        return Ok(Some((fence, exp, false)));
     };
+    let dump = cmd(c, &args!["DUMP", key])?;
+    let digest = redis_lock_testkit::lock::token_digest(t);
+    let has_token = dump
+        .as_bytes()
+        .is_some_and(|d| d.windows(digest.len()).any(|w| w == digest));
     Ok(Some((fence, exp, has_token)))
 }
 
@@ -214,39 +212,26 @@ fn verify(
             (Known::Untouched, None, Some(_)) => st.ambiguous_bad += 1,
             (Known::Free, None, g) => {
                 st.free_checked += 1;
-                if g.is_some() {
-                    st.resurrected += 1;
-                }
+                st.resurrected += u64::from(g.is_some());
             }
             (Known::Held { fence, exp, .. }, None, g) => {
                 st.held_checked += 1;
-                match g {
-                    None => st.lost += 1,
-                    Some((f, e, tok)) => {
-                        // Copies carry the time left: the restored lease may end
-                        // later (by the downtime), never earlier.
-                        if f != *fence || !tok || exp.is_some_and(|x| e < x - EARLY_MS) {
-                            st.changed += 1;
-                        }
-                    }
-                }
+                // Copies carry the time left: the restored lease may end later (by the
+                // downtime), never earlier.
+                let changed = |(f, e, tok): (u64, i64, bool)| {
+                    f != *fence || !tok || exp.is_some_and(|x| e < x - EARLY_MS)
+                };
+                st.lost += u64::from(g.is_none());
+                st.changed += u64::from(g.is_some_and(changed));
             }
             // In flight at the kill: either outcome is fine, nothing else is.
             (_, Some(Pending::Acquire(_)), g) => {
                 st.ambiguous += 1;
-                if let Some((_, _, tok)) = g {
-                    if !tok {
-                        st.ambiguous_bad += 1;
-                    }
-                }
+                st.ambiguous_bad += u64::from(g.is_some_and(|(_, _, tok)| !tok));
             }
             (Known::Held { fence, .. }, Some(_), g) => {
                 st.ambiguous += 1;
-                if let Some((f, _, tok)) = g {
-                    if f != *fence || !tok {
-                        st.ambiguous_bad += 1;
-                    }
-                }
+                st.ambiguous_bad += u64::from(g.is_some_and(|(f, _, tok)| f != *fence || !tok));
             }
             (_, Some(_), _) => st.ambiguous += 1,
         }
@@ -255,15 +240,10 @@ fn verify(
 }
 
 fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, String> {
-    let b = env.builder(&format!("dur-{mode:?}").to_lowercase());
-    let mut server = match mode {
-        Mode::Always => b.arg("appendonly", "yes").arg("appendfsync", "always"),
-        Mode::Everysec => b.arg("appendonly", "yes").arg("appendfsync", "everysec"),
-        Mode::Rdb => b.arg_multi("save", &["1", "1"]),
-    }
-    .try_start()?;
+    let (name, conf) = mode.spec();
+    let mut server = env.start_with(&format!("dur-{mode:?}").to_lowercase(), conf)?;
     let mut st = Stats {
-        mode: mode.name(),
+        mode: name,
         ..Stats::default()
     };
     let mut max_acked_fence = 0u64;
@@ -272,10 +252,9 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
             .map(|cid| Ok((connect(&server)?, rng.fork(round * 100 + cid as u64))))
             .collect::<Result<Vec<_>, String>>()?;
         // RDB snapshots come at most once a second: give them time to happen.
-        let run_ms = if mode == Mode::Rdb {
-            rng.range(1000, 4000)
-        } else {
-            rng.range(200, 1200)
+        let run_ms = match mode {
+            Mode::Rdb => rng.range(1000, 4000),
+            _ => rng.range(200, 1200),
         };
         let rewrite_at = (mode != Mode::Rdb && rng.chance(50)).then(|| rng.below(run_ms));
         let rewrite = |s: &Server| {
@@ -330,32 +309,30 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6475_7261);
     let mut modes = vec![];
     for mode in [Mode::Always, Mode::Everysec, Mode::Rdb] {
-        let rounds = if mode == Mode::Always {
-            env.n(25.0, 4.0)
-        } else {
-            env.n(10.0, 2.0)
+        let rounds = match mode {
+            Mode::Always => env.n(25.0, 4.0),
+            _ => env.n(10.0, 2.0),
         };
+        let name = mode.spec().0;
         let st = match run_mode(env, mode, rounds, &mut rng) {
             Ok(st) => st,
             Err(e) => {
-                o.fail(format!("{}: {e}", mode.name()));
+                o.fail(format!("{name}: {e}"));
                 continue;
             }
         };
         let bad = st.lost + st.changed + st.resurrected + st.ambiguous_bad;
-        if mode == Mode::Always && bad > 0 {
-            let what = "acknowledged states lost or changed with appendfsync always";
-            o.fail(format!("{bad} {what}"));
-        }
-        if st.fence_regressions > 0 {
-            o.fail(format!(
-                "{}: {} fence regressions",
-                mode.name(),
-                st.fence_regressions
-            ));
-        }
+        o.fail_if(
+            mode == Mode::Always && bad > 0,
+            format!("{bad} acknowledged states lost or changed with appendfsync always"),
+        );
+        let regressions = st.fence_regressions;
+        o.fail_if(
+            regressions > 0,
+            format!("{name}: {regressions} fence regressions"),
+        );
         if let Some(e) = st.errors.first() {
-            o.fail(format!("{}: {e}", mode.name()));
+            o.fail(format!("{name}: {e}"));
         }
         modes.push(st);
     }

@@ -43,14 +43,13 @@ struct ClientOut {
 /// The control: grants used as they come, unconfirmed.
 fn control(mut c: Conn, round: u64, cid: usize, stop: &AtomicBool) -> ClientOut {
     let mut out = ClientOut::default();
-    let mut n = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        n += 1;
+    for n in (1u64..).take_while(|_| !stop.load(Ordering::Relaxed)) {
         let key = format!("rel:fo:{round}:{cid}:{n}");
         let token = format!("token-{round:03}-{cid:02}-{n:06}");
         let a = args!["LOCK.ACQUIRE", &key, "PX", 600_000u64, "TOKEN", &token];
-        let Ok(r) = c.call(&a) else { break };
-        let Some((_, fence)) = r.grant() else { break };
+        let Some((_, fence)) = c.call(&a).ok().and_then(|r| r.grant()) else {
+            break;
+        };
         out.acked.push(Acked {
             key,
             fence,
@@ -63,62 +62,54 @@ fn control(mut c: Conn, round: u64, cid: usize, stop: &AtomicBool) -> ClientOut 
 /// A client of the crate, with `ClientOptions::default()`, from inside namespace `ns`.
 fn package(ns: &str, round: u64, cid: usize, stop: &AtomicBool) -> ClientOut {
     let mut out = ClientOut::default();
+    if let Err(e) = package_run(ns, round, cid, stop, &mut out) {
+        out.errors.push(e);
+    }
+    out
+}
+
+fn package_run(
+    ns: &str,
+    round: u64,
+    cid: usize,
+    stop: &AtomicBool,
+    out: &mut ClientOut,
+) -> Result<(), String> {
     // The namespace is per thread: every socket this thread's runtime opens is in it.
     let entered = std::fs::File::open(format!("/var/run/netns/{ns}")).is_ok_and(|f| {
         // SAFETY: setns on a namespace fd we just opened; it only affects this thread.
         unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) == 0 }
     });
     if !entered {
-        out.errors.push(format!("cannot enter namespace {ns}"));
-        return out;
+        return Err(format!("cannot enter namespace {ns}"));
     }
-    let rt = match tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            out.errors.push(format!("tokio runtime: {e}"));
-            return out;
-        }
-    };
-    rt.block_on(async {
-        let url = format!("redis://{PRIMARY}:{PORT}");
-        let client = match LockClient::connect_with(&url, ClientOptions::default()).await {
-            Ok(c) => c,
-            Err(e) => {
-                out.errors.push(format!("connect: {e}"));
-                return;
-            }
-        };
-        let mut n = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            n += 1;
-            let key = format!("rel:fo:{round}:{cid}:{n}");
-            match client.acquire(&key, Duration::from_secs(600), None).await {
-                Ok(Some(guard)) => {
-                    let (_, fence) = guard.detach();
-                    let Some(fence) = fence else {
-                        out.errors.push("a grant without a fence".into());
-                        break;
-                    };
-                    out.acked.push(Acked {
-                        key,
-                        fence,
-                        package: true,
-                    });
+        .build();
+    rt.map_err(|e| format!("tokio runtime: {e}"))?
+        .block_on(async {
+            let url = format!("redis://{PRIMARY}:{PORT}");
+            let client = (LockClient::connect_with(&url, ClientOptions::default()).await)
+                .map_err(|e| format!("connect: {e}"))?;
+            for n in (1u64..).take_while(|_| !stop.load(Ordering::Relaxed)) {
+                let key = format!("rel:fo:{round}:{cid}:{n}");
+                match client.acquire(&key, Duration::from_secs(600), None).await {
+                    Ok(Some(guard)) => {
+                        let fence = guard.detach().1.ok_or("a grant without a fence")?;
+                        out.acked.push(Acked {
+                            key,
+                            fence,
+                            package: true,
+                        });
+                    }
+                    Ok(None) => return Err(format!("{key} was busy")),
+                    Err(ClientError::Unconfirmed { .. }) => out.refused += 1,
+                    // The primary is gone (killed): the round is over for this client.
+                    Err(_) => break,
                 }
-                Ok(None) => {
-                    out.errors.push(format!("{key} was busy"));
-                    break;
-                }
-                Err(ClientError::Unconfirmed { .. }) => out.refused += 1,
-                // The primary is gone (killed): the round is over for this client.
-                Err(_) => break,
             }
-        }
-    });
-    out
+            Ok(())
+        })
 }
 
 /// Grants, and how many of them were lost.
@@ -173,19 +164,13 @@ fn round(
     let online = || {
         (primary.info_field("replication", "slave0")).is_some_and(|v| v.contains("state=online"))
     };
-    if !redis_lock_testkit::wait_until(Duration::from_secs(10), online) {
+    if !wait_until(Duration::from_secs(10), online) {
         return Err("the primary never listed its replica as online".into());
     }
 
     // Even clients use the crate (they connect themselves), odd ones are the control.
     let inputs = (0..CLIENTS)
-        .map(|i| {
-            if i % 2 == 0 {
-                Ok(None)
-            } else {
-                connect(&primary).map(Some)
-            }
-        })
+        .map(|i| (i % 2 == 1).then(|| connect(&primary)).transpose())
         .collect::<Result<Vec<_>, String>>()?;
     let mut run_ms = rng.range(300, 1500);
     let cut_at = rng.chance(70).then(|| rng.below(run_ms));
@@ -214,8 +199,8 @@ fn round(
         acked.extend(o.acked);
     }
     // Promote while the old primary is dead and the link still cut.
+    promote(&replica)?;
     let mut c = connect(&replica)?;
-    promote(&mut c)?;
     let max_acked = acked.iter().map(|a| a.fence).max().unwrap_or(0);
     let mut infos = Vec::with_capacity(acked.len());
     for chunk in acked.chunks(1000) {
@@ -285,17 +270,13 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     }
     drop(cut);
     o.put("stats", &st);
-    if st.package.1 > 0 {
-        o.fail(format!(
-            "{} grants returned by the client crate lost",
-            st.package.1
-        ));
-    }
-    if st.fence_regressions > 0 {
-        o.fail(format!("{} fence regressions", st.fence_regressions));
-    }
-    if st.package.0 == 0 && o.status == Status::Pass {
-        o.fail("the client crate returned no grant (nothing checked)");
-    }
+    let (lost, regressions) = (st.package.1, st.fence_regressions);
+    o.fail_if(
+        lost > 0,
+        format!("{lost} grants returned by the client crate lost"),
+    );
+    o.fail_if(regressions > 0, format!("{regressions} fence regressions"));
+    let none = st.package.0 == 0 && o.status == Status::Pass;
+    o.fail_if(none, "the client crate returned no grant (nothing checked)");
     Ok(())
 }

@@ -76,14 +76,10 @@ fn tame_block(a: &mut [Vec<u8>], rng: &mut Rng) {
 /// A well-formed lock command with random values, so that grants, renewals, waits,
 /// hand-offs, extends and releases happen between the malformed ones.
 fn structured(rng: &mut Rng) -> Vec<Vec<u8>> {
-    const TOKENS: &[&str] = &[
-        "t1",
-        "fuzz-token-00002",
-        "fuzz-token-00003",
-        "fuzz-token-00004",
-    ];
     let k = format!("fz:{}", rng.below(8));
-    let tok = *rng.pick(TOKENS);
+    let tok = *rng.pick(&words(
+        "t1 fuzz-token-00002 fuzz-token-00003 fuzz-token-00004",
+    ));
     match rng.below(6) {
         0 | 1 => {
             let mut a = args!["LOCK.ACQUIRE", k];
@@ -137,11 +133,8 @@ fn command(rng: &mut Rng) -> Vec<Vec<u8>> {
             }
         }
         92..=95 => {
-            let (k, v) = (
-                ["lock.default-ttl", "lock.max-ttl", "lock.max-waiters"][rng.below(3) as usize],
-                value(rng),
-            );
-            a.extend(args!["CONFIG", "SET", k, v]);
+            let k = words("lock.default-ttl lock.max-ttl lock.max-waiters")[rng.below(3) as usize];
+            a.extend(args!["CONFIG", "SET", k, value(rng)]);
         }
         _ => {
             a.push(rng.bytes_in(1, 20));
@@ -154,17 +147,22 @@ fn command(rng: &mut Rng) -> Vec<Vec<u8>> {
     a
 }
 
+/// Broken protocol; a ninth of the time random bytes instead.
+const MALFORMED: [&[u8]; 8] = [
+    b"*-5\r\n",
+    b"*2\r\n$12\r\nLOCK.ACQUIRE\r\n$-1\r\n",
+    b"*2\r\n$12\r\nLOCK.ACQUIRE\r\n$999999999999\r\n",
+    b"*3\r\n$12\r\nLOCK.ACQUIRE\r\n$4\r\nfz:1\r\n$2\r\nPX",
+    b"LOCK.ACQUIRE fz:2 PX \"unterminated\r\n",
+    b"*1\r\n$x\r\n",
+    b"*100000000\r\n",
+    b"*4\r\n$12\r\nLOCK.ACQUIRE\r\n$4\r\nfz:3\r\n$5\r\nBLOCK\r\n",
+];
+
 fn malformed(rng: &mut Rng) -> Vec<u8> {
-    let mut v: Vec<u8> = match rng.below(9) {
-        0 => b"*-5\r\n".to_vec(),
-        1 => b"*2\r\n$12\r\nLOCK.ACQUIRE\r\n$-1\r\n".to_vec(),
-        2 => b"*2\r\n$12\r\nLOCK.ACQUIRE\r\n$999999999999\r\n".to_vec(),
-        3 => b"*3\r\n$12\r\nLOCK.ACQUIRE\r\n$4\r\nfz:1\r\n$2\r\nPX".to_vec(),
-        4 => b"LOCK.ACQUIRE fz:2 PX \"unterminated\r\n".to_vec(),
-        5 => b"*1\r\n$x\r\n".to_vec(),
-        6 => b"*100000000\r\n".to_vec(),
+    let mut v = match rng.below(9) as usize {
         7 => rng.bytes_in(1, 2000),
-        _ => b"*4\r\n$12\r\nLOCK.ACQUIRE\r\n$4\r\nfz:3\r\n$5\r\nBLOCK\r\n".to_vec(),
+        i => MALFORMED[i.min(7)].to_vec(),
     };
     if rng.chance(20) {
         v.extend(rng.bytes(64));
@@ -187,12 +185,9 @@ struct Tally {
 
 impl Tally {
     fn add(&mut self, o: Tally) {
-        (self.n, self.malformed, self.errors) = (
-            self.n + o.n,
-            self.malformed + o.malformed,
-            self.errors + o.errors,
-        );
-        (self.checked, self.hangs) = (self.checked + o.checked, self.hangs + o.hangs);
+        (self.n, self.malformed) = (self.n + o.n, self.malformed + o.malformed);
+        (self.errors, self.checked) = (self.errors + o.errors, self.checked + o.checked);
+        self.hangs += o.hangs;
         self.crash = self.crash.take().or(o.crash);
     }
 }
@@ -287,9 +282,9 @@ fn live(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> {
         })
         .collect();
     let mut st = Tally::default();
-    for h in handles {
-        st.add(h.join().map_err(|_| "fuzz worker panicked".to_string())?);
-    }
+    joined(handles.into_iter().map(|h| h.join()))?
+        .into_iter()
+        .for_each(|t| st.add(t));
     Ok(st)
 }
 
@@ -355,10 +350,7 @@ fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> 
     // module checks default-ttl <= max-ttl after all of a command's values are set, while
     // two separate commands could each be refused against a fuzzed value of the other.
     let defaults = "CONFIG SET lock.max-ttl 86400000 lock.default-ttl 30000 lock.max-waiters 10000";
-    let r = cmd(&mut c, &words(defaults))?;
-    if r.is_error() {
-        return Err(format!("CONFIG SET of the lock.* defaults: {r:?}"));
-    }
+    must(&mut c, &words(defaults))?;
     // Real payloads of several shapes: with and without OWNER, 256-byte TOKEN and OWNER.
     let mut bases = Vec::new();
     let (token, owner) = ("x".repeat(256), "o".repeat(256));
@@ -374,14 +366,8 @@ fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> 
         a.extend(extra.iter().map(|x| x.as_bytes().to_vec()));
         grant(&mut c, &a)?;
         let d = cmd(&mut c, &args!["DUMP", &key])?;
-        let d = d
-            .as_bytes()
-            .ok_or("DUMP of a lock returned nothing")?
-            .to_vec();
-        if d.len() < 20 {
-            return Err("DUMP payload too short".into());
-        }
-        bases.push(d);
+        let d = d.as_bytes().filter(|d| d.len() >= 20);
+        bases.push(d.ok_or("DUMP of a lock too short or none")?.to_vec());
     }
     // Our CRC must be the server's: an unmutated payload re-signed must load.
     let resigned = with_crc(&bases[0][..bases[0].len() - 8]);
@@ -393,8 +379,7 @@ fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> 
         let base = &bases[rng.below(bases.len() as u64) as usize];
         let payload = mutate(base, rng);
         let key = format!("fz:restore:{}", i % 64);
-        i += 1;
-        st.n += 1;
+        (i, st.n) = (i + 1, st.n + 1);
         let r = c.call(&args!["RESTORE", &key, 0u64, &payload, "REPLACE"]);
         match r {
             Ok(Reply::Simple(_)) => {
@@ -512,23 +497,18 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     o.put("restore", (&rs, restore_secs));
     o.put("shape", (WORKERS, BATCH));
     o.put("caught", caught);
-    if let Some(c) = &lv.crash {
-        o.fail(format!("live fuzzer: {c}"));
+    for (what, crash) in [("live fuzzer", &lv.crash), ("RESTORE", &rs.crash)] {
+        if let Some(c) = crash {
+            o.fail(format!("{what}: {c}"));
+        }
     }
-    if let Some(c) = &rs.crash {
-        o.fail(format!("RESTORE: {c}"));
-    }
-    if hangs > 0 {
-        o.fail(format!(
-            "{hangs} batches without a reply within {} s",
-            PING_TIMEOUT.as_secs()
-        ));
-    }
-    if caught.is_some_and(|n| n > 0) {
-        o.fail(format!(
-            "{caught:?} Rust panics caught (each is a bug, though not a crash)"
-        ));
-    }
+    let ping = PING_TIMEOUT.as_secs();
+    o.fail_if(
+        hangs > 0,
+        format!("{hangs} batches without a reply within {ping} s"),
+    );
+    let panicked = format!("{caught:?} Rust panics caught (each is a bug, though not a crash)");
+    o.fail_if(caught.is_some_and(|n| n > 0), panicked);
     // cargo fuzz: (executions, failure) or why it did not run; not part of a short run.
     let fuzzed = match env.short {
         true => Err("not part of the short run".to_string()),

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-/// The old holders' leases.
+/// The old holders' leases, and the keys of a round.
 const TTL_MS: u64 = 40;
+const KEYS: usize = 250;
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
 struct Stats {
@@ -37,23 +38,18 @@ struct Stats {
     examples: Vec<String>,
 }
 
-fn ok_int(r: &Reply) -> bool {
-    r.as_int().is_some()
-}
-
 fn not_held(r: &Reply) -> Result<bool, String> {
     match r {
         Reply::Error(e) if e.starts_with("NOTHELD") => Ok(true),
-        r if ok_int(r) => Ok(false),
+        r if r.as_int().is_some() => Ok(false),
         r => Err(format!("guarded write answered {r:?}")),
     }
 }
 
-/// One round over `keys` keys `{prefix:i}` (guarded or not).
+/// One round over the KEYS keys `{prefix:i}` (guarded or not).
 fn round(
     server: &Server,
     prefix: &str,
-    keys: usize,
     guarded: bool,
     r: u64,
     rng: &mut Rng,
@@ -69,7 +65,7 @@ fn round(
         }
     };
     let mut old = connect(server)?;
-    let acquires: Vec<_> = (0..keys)
+    let acquires: Vec<_> = (0..KEYS)
         .map(|k| {
             let t = format!("old-{r:06}-{k:06}-guarded");
             args!["LOCK.ACQUIRE", key(k), "PX", TTL_MS, "TOKEN", t]
@@ -77,52 +73,38 @@ fn round(
         .collect();
     let t0 = Instant::now();
     let replies = old.pipeline(&acquires).map_err(|e| e.to_string())?;
-    let mut held = Vec::with_capacity(keys);
+    let mut held = Vec::with_capacity(KEYS);
     for (k, rep) in replies.iter().enumerate() {
-        let (token, fence) = rep
-            .grant()
-            .ok_or_else(|| format!("old holder's acquire of {} answered {rep:?}", key(k)))?;
+        let what = || format!("old holder's acquire of {} answered {rep:?}", key(k));
+        let (token, fence) = rep.grant().ok_or_else(what)?;
         held.push((String::from_utf8_lossy(&token).into_owned(), fence));
     }
-    let writes: Vec<_> = (0..keys).map(|k| write(k, &held[k].0, held[k].1)).collect();
+    let writes: Vec<_> = (0..KEYS).map(|k| write(k, &held[k].0, held[k].1)).collect();
     for rep in old.pipeline(&writes).map_err(|e| e.to_string())? {
-        if not_held(&rep)? {
-            st.on_time.1 += 1;
-        } else {
-            st.on_time.0 += 1;
-        }
+        let refused = not_held(&rep)?;
+        st.on_time.0 += u64::from(!refused);
+        st.on_time.1 += u64::from(refused);
     }
     // The new holders wait for each lease to end; the old one wakes at a random moment
     // from before its leases end to well after, and writes again.
     let wait_ms = rng.range(0, 2 * TTL_MS);
     let pause_ms = rng.range(TTL_MS / 2, 4 * TTL_MS);
-    let mut order: Vec<usize> = (0..keys).collect();
+    let mut order: Vec<usize> = (0..KEYS).collect();
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    let news = std::thread::scope(|s| -> Result<Vec<(u64, std::time::Duration)>, String> {
+    let news = std::thread::scope(|s| -> Result<Vec<(u64, Duration)>, String> {
         let newer = s.spawn(|| -> Result<Vec<(u64, Duration)>, String> {
-            let mut c = connect(server)?;
-            c.try_set_read_timeout(Some(Duration::from_secs(10)))
-                .map_err(|e| e.to_string())?;
+            let mut c = connect_for(server, 10)?;
             std::thread::sleep(Duration::from_millis(wait_ms));
-            let mut out = Vec::with_capacity(keys);
-            for k in 0..keys {
+            let mut out = Vec::with_capacity(KEYS);
+            for k in 0..KEYS {
                 let t = format!("new-{r:06}-{k:06}-guarded");
-                let a = args![
-                    "LOCK.ACQUIRE",
-                    key(k),
-                    "PX",
-                    5000u64,
-                    "TOKEN",
-                    &t,
-                    "BLOCK",
-                    5000u64
-                ];
-                let rep = cmd(&mut c, &a)?;
-                let (_, fence) = rep.grant().ok_or_else(|| {
-                    format!("new holder's acquire of {} answered {rep:?}", key(k))
-                })?;
+                let (name, ms) = (key(k), 5000u64);
+                let (_, fence) = grant(
+                    &mut c,
+                    &args!["LOCK.ACQUIRE", name, "PX", ms, "TOKEN", &t, "BLOCK", ms],
+                )?;
                 let granted = t0.elapsed();
                 let w = cmd(&mut c, &write(k, &t, fence))?;
                 if not_held(&w)? {
@@ -140,61 +122,46 @@ fn round(
             .collect();
         let sent = t0.elapsed();
         let replies = old.pipeline(&late).map_err(|e| e.to_string());
-        let news = newer
-            .join()
-            .map_err(|_| "the new holder panicked".to_string())??;
+        let news = joined([newer.join()])?.remove(0)?;
         for (&k, rep) in order.iter().zip(replies?) {
-            if not_held(&rep)? {
-                st.late_refused += 1;
-            } else {
-                st.late_accepted += 1;
-                // Sent after the next holder of this key was granted it.
-                if guarded && news[k].1 < sent {
-                    st.late_accepted_after_next += 1;
-                }
-            }
+            let refused = not_held(&rep)?;
+            st.late_refused += u64::from(refused);
+            st.late_accepted += u64::from(!refused);
+            // Sent after the next holder of this key was granted it.
+            st.late_accepted_after_next += u64::from(!refused && guarded && news[k].1 < sent);
         }
         Ok(news)
     })?;
     for (k, (fence, _)) in news.iter().enumerate() {
         st.new_grants += 1;
-        if *fence <= held[k].1 {
-            st.fence_regressions += 1;
-        }
+        st.fence_regressions += u64::from(*fence <= held[k].1);
     }
-    st.expiries += keys as u64;
+    st.expiries += KEYS as u64;
     st.rounds += 1;
     Ok(())
 }
 
 /// Reads every log: entries below an earlier entry are stale writes that landed.
-fn audit(server: &Server, prefix: &str, keys: usize, st: &mut Stats) -> Result<(), String> {
+fn audit(server: &Server, prefix: &str, st: &mut Stats) -> Result<(), String> {
     let mut c = connect(server)?;
-    let cmds: Vec<_> = (0..keys)
+    let cmds: Vec<_> = (0..KEYS)
         .map(|k| args!["LRANGE", format!("{{{prefix}:{k}}}:log"), 0u64, -1i64])
         .collect();
-    for (k, rep) in c
-        .pipeline(&cmds)
-        .map_err(|e| e.to_string())?
-        .iter()
-        .enumerate()
-    {
+    let logs = c.pipeline(&cmds).map_err(|e| e.to_string())?;
+    for (k, rep) in logs.iter().enumerate() {
         let items = rep
             .as_items()
             .ok_or_else(|| format!("LRANGE answered {rep:?}"))?;
         let mut max = 0u64;
         for it in items {
-            let f: u64 = it
-                .as_text()
-                .and_then(|t| t.parse().ok())
-                .ok_or_else(|| format!("log entry {it:?}"))?;
+            let f = it.as_text().and_then(|t| t.parse::<u64>().ok());
+            let f = f.ok_or_else(|| format!("log entry {it:?}"))?;
             st.log_entries += 1;
             if f < max {
                 st.stale_applied += 1;
-                if st.examples.len() < 3 {
-                    st.examples
-                        .push(format!("key {k}: fence {f} written after fence {max}"));
-                }
+                example(&mut st.examples, 3, || {
+                    format!("key {k}: fence {f} written after fence {max}")
+                });
             }
             max = max.max(f);
         }
@@ -208,48 +175,49 @@ pub const TARGET: &str = "0 stale writes applied over 10,000 lease expiries; the
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let server = env.start("guarded")?;
     let mut rng = Rng::new(env.seed ^ 0x6775_6172);
-    let keys = 250usize;
     let rounds = env.n(40.0, 4.0);
     let (mut g, mut p) = (Stats::default(), Stats::default());
     let t = Instant::now();
     for r in 0..rounds {
-        round(&server, "rel:g", keys, true, r, &mut rng, &mut g)
+        round(&server, "rel:g", true, r, &mut rng, &mut g)
             .map_err(|e| format!("guarded round {r}: {e}"))?;
     }
-    audit(&server, "rel:g", keys, &mut g)?;
+    audit(&server, "rel:g", &mut g)?;
     let secs = t.elapsed().as_secs_f64();
     for r in 0..rounds.div_ceil(4) {
-        round(&server, "rel:p", keys, false, r, &mut rng, &mut p)
+        round(&server, "rel:p", false, r, &mut rng, &mut p)
             .map_err(|e| format!("control round {r}: {e}"))?;
     }
-    audit(&server, "rel:p", keys, &mut p)?;
+    audit(&server, "rel:p", &mut p)?;
     o.put("ttl", TTL_MS);
-    o.put("keys", keys);
+    o.put("keys", KEYS);
     o.put("secs", secs);
     o.put("guarded", &g);
     o.put("plain", &p);
     o.put("examples", [&g.examples[..], &p.examples[..]].concat());
     let target = env.n(10_000.0, 1_000.0);
-    if g.stale_applied > 0 || g.late_accepted_after_next > 0 {
-        o.fail(format!(
-            "{} stale guarded writes applied ({} accepted after the next grant)",
-            g.stale_applied, g.late_accepted_after_next
-        ));
-    }
-    if g.fence_regressions + p.fence_regressions > 0 {
-        o.fail("a new holder's fence was not above the old holder's");
-    }
-    if g.late_refused == 0 {
-        o.fail("no late write was refused (the pauses did not outlast the leases)");
-    }
-    if p.stale_applied == 0 {
-        o.fail("the unguarded control applied no stale write (nothing shown)");
-    }
-    if g.expiries < target {
-        o.fail(format!("{} lease expiries, below {target}", g.expiries));
-    }
-    if let Err(e) = health(&server, "the server") {
-        o.fail(e);
-    }
+    let (stale, after) = (g.stale_applied, g.late_accepted_after_next);
+    o.fail_if(
+        stale > 0 || after > 0,
+        format!("{stale} stale guarded writes applied ({after} accepted after the next grant)"),
+    );
+    o.fail_if(
+        g.fence_regressions + p.fence_regressions > 0,
+        "a new holder's fence was not above the old holder's",
+    );
+    o.fail_if(
+        g.late_refused == 0,
+        "no late write was refused (the pauses did not outlast the leases)",
+    );
+    o.fail_if(
+        p.stale_applied == 0,
+        "the unguarded control applied no stale write (nothing shown)",
+    );
+    let expiries = g.expiries;
+    o.fail_if(
+        expiries < target,
+        format!("{expiries} lease expiries, below {target}"),
+    );
+    o.healthy(&server, "the server");
     Ok(())
 }

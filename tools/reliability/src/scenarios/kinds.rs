@@ -12,28 +12,24 @@
 use std::time::Instant;
 
 use crate::common::*;
-use crate::scenarios::chaos::{pair_run, PROMOTE};
-use crate::workload::{self, Mix, Plan};
-use redis_lock_testkit::flavor_of;
+use crate::scenarios::chaos::{flavor_rng, pair_run, PROMOTE};
+use crate::workload::{self, Plan};
 
 pub const TITLE: &str = "SHARED and LIMIT keys (fenced checker, kills, failover)";
 pub const TARGET: &str = "0 writers beside a reader or writer, never more than n holders of a LIMIT n key, 0 fence regressions, 0 stale writes accepted, in >= 100,000 acquisitions";
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
-    let flavor = flavor_of(&env.server_bin)?;
-    let mut rng = Rng::new(env.seed ^ 0x6b69_6e64 ^ u64::from(flavor.major * 100 + flavor.minor));
+    let (flavor, mut rng) = flavor_rng(env, 0x6b69_6e64)?;
     let target = env.n(100_000.0, 4_000.0);
     let (clients, keys) = (24, workload::keys("rel:kd", 2, 4, &[2, 2, 3, 5]));
     let plan = |topo| Plan {
-        topo,
-        keys: keys.clone(),
-        clients,
-        deadline: Instant::now() + env.secs(90.0, 10.0),
-        stop_after: u64::MAX,
-        mix: Mix::FAULTS,
         confirm: true,
-        group_per_node: false,
-        late_end_ms: 1000,
+        ..Plan::new(
+            topo,
+            keys.clone(),
+            clients,
+            Instant::now() + env.secs(90.0, 10.0),
+        )
     };
     let table = [(PROMOTE, 35), ("FAILOVER", 25), ("CLIENT KILL holder", 40)];
     let name = format!("kinds-{}", flavor.version());

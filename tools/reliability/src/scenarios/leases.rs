@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use crate::common::*;
 
+pub const TITLE: &str = "Leases across restarts (SIGKILL, restart from AOF and from RDB)";
+pub const TARGET: &str =
+    "0 leases ended before their holder's deadline after a restart (ttl and a waiter's grant), per persistence mode";
+
 /// How much earlier than its holder's deadline a restored lease may end: the module
 /// stores and reports whole milliseconds.
 pub const EARLY_MS: u64 = 2;
@@ -24,11 +28,13 @@ enum Mode {
 }
 
 impl Mode {
-    fn name(self) -> &'static str {
+    /// The mode's name in the row, and its server options.
+    fn spec(self) -> (&'static str, &'static str) {
+        const AOF: &str = "appendonly yes; appendfsync always";
         match self {
-            Mode::Aof => "AOF (appendfsync always)",
-            Mode::AofRewritten => "AOF after BGREWRITEAOF",
-            Mode::Rdb => "RDB (SAVE, then SIGKILL)",
+            Mode::Aof => ("AOF (appendfsync always)", AOF),
+            Mode::AofRewritten => ("AOF after BGREWRITEAOF", AOF),
+            Mode::Rdb => ("RDB (SAVE, then SIGKILL)", "appendonly no"),
         }
     }
 }
@@ -63,30 +69,35 @@ struct Lock {
 
 /// The leases taken (ms).
 fn px_range(short: bool) -> (u64, u64) {
-    if short {
-        (600, 1500)
-    } else {
-        (1000, 4000)
-    }
+    [(1000, 4000), (600, 1500)][usize::from(short)]
 }
 
 fn ms(ns: i128) -> f64 {
     (ns as f64 / MS as f64 * 10.0).round() / 10.0
 }
 
-fn widen(r: &mut Option<(f64, f64)>, v: f64) {
-    *r = Some(r.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
+/// Widens `range` (ms) to the lateness `late` (ns) of a lease's end against its holder's
+/// deadline; true (and an example) when it ended more than EARLY_MS early.
+fn judge(range: &mut Option<(f64, f64)>, ex: &mut Vec<String>, late: i128, what: String) -> bool {
+    let v = ms(late);
+    *range = Some(range.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
+    let early = late < -((EARLY_MS * MS) as i128);
+    let e = || format!("{what} {:.1} ms before its holder's deadline", -v);
+    if early {
+        example(ex, 4, e);
+    }
+    early
 }
 
 fn restart_round(
     server: &mut Server,
     mode: Mode,
     r: u64,
-    n: usize,
     short: bool,
     rng: &mut Rng,
     st: &mut Stats,
 ) -> Result<(), String> {
+    let n = if short { 12 } else { 24 };
     let mut c = connect(server)?;
     let mut locks = Vec::with_capacity(n);
     for i in 0..n {
@@ -95,14 +106,9 @@ fn restart_round(
         let px = rng.range(lo, hi);
         let t = format!("lease-{r:04}-{i:04}-holder");
         let sent = now_ns();
-        let rep = cmd(&mut c, &args!["LOCK.ACQUIRE", &key, "PX", px, "TOKEN", &t])?;
-        rep.grant()
-            .ok_or_else(|| format!("acquire of {key} answered {rep:?}"))?;
-        let mut lock = Lock {
-            key,
-            px,
-            deadline: sent + px * MS,
-        };
+        grant(&mut c, &args!["LOCK.ACQUIRE", &key, "PX", px, "TOKEN", &t])?;
+        let deadline = sent + px * MS;
+        let mut lock = Lock { key, px, deadline };
         if rng.chance(30) {
             std::thread::sleep(Duration::from_millis(rng.range(1, 50)));
             let ext = rng.range(px / 2, px);
@@ -117,23 +123,8 @@ fn restart_round(
         locks.push(lock);
     }
     match mode {
-        Mode::Rdb => {
-            let rep = cmd(&mut c, &args!["SAVE"])?;
-            if rep.is_error() {
-                return Err(format!("SAVE: {rep:?}"));
-            }
-        }
-        Mode::AofRewritten => {
-            let rep = cmd(&mut c, &args!["BGREWRITEAOF"])?;
-            if rep.is_error() {
-                return Err(format!("BGREWRITEAOF: {rep:?}"));
-            }
-            let idle = |f: &str| server.info_field("persistence", f).as_deref() == Some("0");
-            let done = || idle("aof_rewrite_in_progress") && idle("aof_rewrite_scheduled");
-            if !redis_lock_testkit::wait_until(Duration::from_secs(20), done) {
-                return Err("AOF rewrite did not finish".into());
-            }
-        }
+        Mode::Rdb => drop(must(&mut c, &args!["SAVE"])?),
+        Mode::AofRewritten => rewrite_aof(server, &mut c)?,
         Mode::Aof => {}
     }
     std::thread::sleep(Duration::from_millis(rng.range(0, 300)));
@@ -151,10 +142,9 @@ fn restart_round(
         let Some(ttl) = info.get("ttl").and_then(|r| r.as_int()) else {
             if done < l.deadline {
                 st.missing += 1;
-                if st.examples.len() < 4 {
-                    st.examples
-                        .push(format!("{} missing after the restart", l.key));
-                }
+                example(&mut st.examples, 4, || {
+                    format!("{} missing after the restart", l.key)
+                });
             }
             continue;
         };
@@ -164,17 +154,8 @@ fn restart_round(
         }
         // The restored lease ends by `done` + ttl at the latest.
         let late = (done + ttl * MS) as i128 - l.deadline as i128;
-        widen(&mut st.ttl_late_ms, ms(late));
-        if late < -((EARLY_MS * MS) as i128) {
-            st.ttl_early += 1;
-            if st.examples.len() < 4 {
-                st.examples.push(format!(
-                    "{}: ttl {ttl} ms after the restart ends {:.1} ms before its holder's deadline",
-                    l.key,
-                    -ms(late)
-                ));
-            }
-        }
+        let what = format!("{}: ttl {ttl} ms after the restart ends", l.key);
+        st.ttl_early += u64::from(judge(&mut st.ttl_late_ms, &mut st.examples, late, what));
         live.push(l);
     }
     // A waiter per lock: granted at the end of the lease, never before the deadline.
@@ -184,97 +165,55 @@ fn restart_round(
             .map(|l| {
                 let server = &*server;
                 s.spawn(move || -> Result<u64, String> {
-                    let mut c = connect(server)?;
-                    c.try_set_read_timeout(Some(Duration::from_secs(15)))
-                        .map_err(|e| e.to_string())?;
-                    let rep = cmd(
-                        &mut c,
-                        &args!["LOCK.ACQUIRE", &l.key, "PX", 1000u64, "BLOCK", 10_000u64],
-                    )?;
-                    let at = now_ns();
-                    rep.grant()
-                        .ok_or_else(|| format!("waiter on {} answered {rep:?}", l.key))?;
-                    Ok(at)
+                    let a = args!["LOCK.ACQUIRE", &l.key, "PX", 1000u64, "BLOCK", 10_000u64];
+                    grant(&mut connect_for(server, 15)?, &a)?;
+                    Ok(now_ns())
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a waiter panicked".into())))
-            .collect()
-    });
+        joined(hs.into_iter().map(|h| h.join()))
+    })?;
     for (l, g) in live.iter().zip(grants) {
-        let at = g?;
-        // Granted at or before `at`.
-        let late = at as i128 - l.deadline as i128;
-        widen(&mut st.grant_late_ms, ms(late));
-        if late < -((EARLY_MS * MS) as i128) {
-            st.granted_early += 1;
-            if st.examples.len() < 4 {
-                st.examples.push(format!(
-                    "{}: a waiter was granted it {:.1} ms before its holder's deadline",
-                    l.key,
-                    -ms(late)
-                ));
-            }
-        }
+        // Granted at or before `g`.
+        let late = g? as i128 - l.deadline as i128;
+        let what = format!("{}: a waiter was granted it", l.key);
+        st.granted_early += u64::from(judge(&mut st.grant_late_ms, &mut st.examples, late, what));
     }
     Ok(())
 }
 
 fn run_mode(env: &Env, mode: Mode, rng: &mut Rng) -> Result<Stats, String> {
-    let name = format!(
-        "leases-{}-{mode:?}",
-        env.server_bin
-            .file_name()
-            .map_or("server".into(), |f| f.to_string_lossy())
-    )
-    .to_lowercase();
-    let b = env.builder(&name);
-    let mut server = match mode {
-        Mode::Rdb => b.arg("appendonly", "no"),
-        _ => b.arg("appendonly", "yes").arg("appendfsync", "always"),
-    }
-    .try_start()?;
+    let (name, conf) = mode.spec();
+    let dir = format!("leases-{}-{mode:?}", env.server_name()).to_lowercase();
+    let mut server = env.start_with(&dir, conf)?;
     let mut st = Stats {
-        mode: mode.name(),
+        mode: name,
         ..Stats::default()
     };
     let rounds = env.n(4.0, 1.0);
-    let n = if env.short { 12 } else { 24 };
     for r in 0..rounds {
-        restart_round(&mut server, mode, r, n, env.short, rng, &mut st)
-            .map_err(|e| format!("{} round {r}: {e}", mode.name()))?;
+        restart_round(&mut server, mode, r, env.short, rng, &mut st)
+            .map_err(|e| format!("{name} round {r}: {e}"))?;
     }
     health(&server, "the server")?;
     Ok(st)
 }
-
-pub const TITLE: &str = "Leases across restarts (SIGKILL, restart from AOF and from RDB)";
-pub const TARGET: &str =
-    "0 leases ended before their holder's deadline after a restart (ttl and a waiter's grant), per persistence mode";
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6c65_6173);
     let mut modes = Vec::new();
     for mode in [Mode::Aof, Mode::AofRewritten, Mode::Rdb] {
         let st = run_mode(env, mode, &mut rng)?;
-        let bad = st.missing + st.ttl_early + st.granted_early;
-        if bad > 0 {
-            o.fail(format!(
-                "{}: {} missing, {} ttl early, {} granted early",
-                mode.name(),
-                st.missing,
-                st.ttl_early,
-                st.granted_early
-            ));
-        }
-        if st.too_long > 0 {
-            o.fail(format!(
-                "{}: {} restored leases longer than asked for",
-                mode.name(),
-                st.too_long
-            ));
-        }
+        let (name, missing, ttl, granted) = (st.mode, st.missing, st.ttl_early, st.granted_early);
+        o.fail_if(
+            missing + ttl + granted > 0,
+            format!("{name}: {missing} missing, {ttl} ttl early, {granted} granted early"),
+        );
+        let long = st.too_long;
+        o.fail_if(
+            long > 0,
+            format!("{name}: {long} restored leases longer than asked for"),
+        );
         modes.push(st);
     }
     o.put("early_ms", EARLY_MS);

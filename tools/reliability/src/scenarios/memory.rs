@@ -17,16 +17,18 @@ const MEMORY_SLACK: i64 = 32 * 1024;
 
 /// `n` clients blocked in `LOCK.ACQUIRE key PX px BLOCK block` (replies not read).
 fn waiters(s: &Server, n: usize, key: &str, px: u64, block: u64) -> Result<Vec<Conn>, String> {
-    let mut ws = conns(s, n, 60)?;
-    for w in &mut ws {
-        w.queue(&args!["LOCK.ACQUIRE", key, "PX", px, "BLOCK", block]);
-        w.flush().map_err(|e| e.to_string())?;
-    }
-    Ok(ws)
+    (0..n)
+        .map(|_| {
+            let mut w = connect_for(s, 60)?;
+            w.queue(&args!["LOCK.ACQUIRE", key, "PX", px, "BLOCK", block]);
+            w.flush().map_err(|e| e.to_string())?;
+            Ok(w)
+        })
+        .collect()
 }
 
 fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
-    let mut a = conns(s, 1, 60)?.remove(0);
+    let mut a = connect_for(s, 60)?;
     // 1. Waits that time out.
     let t = acquire(&mut a, "m:t", 60_000)?.0;
     let mut ws = waiters(s, 4, "m:t", 1000, 100)?;
@@ -49,11 +51,10 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
         let t = acquire(&mut a, key, 60_000)?.0;
         let mut ws = waiters(s, 4, key, 60_000, 30_000)?;
         std::thread::sleep(Duration::from_millis(200));
-        if force {
-            cmd(&mut a, &args!["LOCK.FORCERELEASE", key])?;
-        } else {
-            cmd(&mut a, &args!["LOCK.RELEASE", key, &t])?;
-        }
+        match force {
+            true => cmd(&mut a, &args!["LOCK.FORCERELEASE", key])?,
+            false => cmd(&mut a, &args!["LOCK.RELEASE", key, &t])?,
+        };
         for w in &mut ws {
             let r = w.read().map_err(|e| e.to_string())?;
             let (tok, _) = r.grant().ok_or(format!("waiter answered {r:?}"))?;
@@ -75,31 +76,22 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     for i in 0..8 {
         acquire(&mut a, &format!("m:e:{i}"), 40)?;
     }
-    let mut w = conns(s, 1, 60)?;
-    let (tok, _) = grant(
-        &mut w[0],
-        &args!["LOCK.ACQUIRE", "m:e:0", "PX", 60_000u64, "BLOCK", 5_000u64],
-    )?;
-    cmd(&mut w[0], &args!["LOCK.RELEASE", "m:e:0", &tok])?;
+    let mut w = connect_for(s, 60)?;
+    let (tok, _) = grant(&mut w, &words("LOCK.ACQUIRE m:e:0 PX 60000 BLOCK 5000"))?;
+    cmd(&mut w, &args!["LOCK.RELEASE", "m:e:0", &tok])?;
     // 7. A classic string lock, waited on, then taken over at its expiry.
-    cmd(&mut a, &args!["SET", "m:s", "classic", "PX", 80u64])?;
-    let (tok, _) = grant(
-        &mut a,
-        &args!["LOCK.ACQUIRE", "m:s", "PX", 60_000u64, "BLOCK", 5_000u64],
-    )?;
+    cmd(&mut a, &words("SET m:s classic PX 80"))?;
+    let (tok, _) = grant(&mut a, &words("LOCK.ACQUIRE m:s PX 60000 BLOCK 5000"))?;
     cmd(&mut a, &args!["LOCK.RELEASE", "m:s", &tok])?;
     // 8. DUMP / RESTORE, and hostile payloads.
-    let (tok, _) = grant(
-        &mut a,
-        &args!["LOCK.ACQUIRE", "m:r", "PX", 60_000u64, "OWNER", "w1"],
-    )?;
+    let (tok, _) = grant(&mut a, &words("LOCK.ACQUIRE m:r PX 60000 OWNER w1"))?;
     let dump = cmd(&mut a, &args!["DUMP", "m:r"])?;
     let dump = dump.as_bytes().ok_or("DUMP returned nothing")?.to_vec();
     let r = cmd(&mut a, &args!["RESTORE", "m:r2", 0u64, &dump, "REPLACE"])?;
     if r.is_error() {
         return Err(format!("RESTORE of a real payload: {r:?}"));
     }
-    cmd(&mut a, &args!["LOCK.INFO", "m:r2"])?;
+    cmd(&mut a, &words("LOCK.INFO m:r2"))?;
     for _ in 0..20 {
         let p = super::fuzz::mutate(&dump, rng);
         cmd(&mut a, &args!["RESTORE", "m:r3", 0u64, &p, "REPLACE"])?;
@@ -109,23 +101,16 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
     cmd(&mut a, &args!["LOCK.RELEASE", "m:r", &tok])?;
     cmd(&mut a, &args!["DEL", "m:r2"])?;
     // 9. Errors and renewals.
-    for bad in [
-        args!["LOCK.ACQUIRE", "m:x", "PX", "-1"],
-        args!["LOCK.ACQUIRE", "m:x", "TOKEN", ""],
-        args!["LOCK.EXTEND", "m:x"],
-        args!["LOCK.SYNC", "m:x", "a", "1", "2", "3", "4", "5"],
-        args!["LPUSH", "m:l", "v"],
-        args!["LOCK.ACQUIRE", "m:l"],
-    ] {
-        cmd(&mut a, &bad)?;
+    cmd(&mut a, &args!["LOCK.ACQUIRE", "m:x", "TOKEN", ""])?;
+    let bad = "LOCK.ACQUIRE m:x PX -1; LOCK.EXTEND m:x; LOCK.SYNC m:x a 1 2 3 4 5; LPUSH m:l v;
+        LOCK.ACQUIRE m:l; DEL m:l";
+    for c in bad.split(';') {
+        cmd(&mut a, &words(c))?;
     }
-    cmd(&mut a, &args!["DEL", "m:l"])?;
     let tok = format!("renew-token-{round:04}");
+    let renew = args!["LOCK.ACQUIRE", "m:n", "PX", 1000u64, "TOKEN", &tok];
     for _ in 0..2 {
-        grant(
-            &mut a,
-            &args!["LOCK.ACQUIRE", "m:n", "PX", 1000u64, "TOKEN", &tok],
-        )?;
+        grant(&mut a, &renew)?;
     }
     cmd(&mut a, &args!["LOCK.EXTEND", "m:n", &tok, "PX", 2000u64])?;
     cmd(&mut a, &args!["LOCK.RELEASE", "m:n", &tok])?;
@@ -145,7 +130,7 @@ fn settled_memory(s: &Server) -> Result<i64, String> {
             && field("lock", "lock_waiters").as_deref() == Some("0")
             && field("clients", "connected_clients").as_deref() == Some("1")
     };
-    if !redis_lock_testkit::wait_until(Duration::from_secs(30), settled) {
+    if !wait_until(Duration::from_secs(30), settled) {
         return Err(format!(
             "not settled: lock_held {:?}, lock_waiters {:?}, connected_clients {:?}",
             field("lock", "lock_held"),
@@ -170,8 +155,10 @@ struct VgReport {
     heap_allocs: u64,
 }
 
+/// The number that `s` begins with (`1,234 allocs`: 1234), else 0.
 fn num(s: &str) -> u64 {
-    s.replace(',', "").parse().unwrap_or(0)
+    let first = s.split_whitespace().next().unwrap_or("0");
+    first.replace(',', "").parse().unwrap_or(0)
 }
 
 fn parse_vg(log: &str) -> VgReport {
@@ -194,49 +181,36 @@ fn parse_vg(log: &str) -> VgReport {
             "Invalid free",
             "Mismatched free",
         ]);
-        r.uninit += starts(&[
+        let uninit = [
             "Conditional jump or move depends on uninitialised",
             "Use of uninitialised value",
-        ]);
+        ];
+        r.uninit += starts(&uninit);
         if let Some(rest) = l.strip_prefix("total heap usage:") {
-            r.heap_allocs = num(rest.split_whitespace().next().unwrap_or("0"));
+            r.heap_allocs = num(rest);
         }
         if let Some(rest) = l.strip_prefix("definitely lost:") {
-            r.definitely_lost_total = num(rest.split_whitespace().next().unwrap_or("0"));
+            r.definitely_lost_total = num(rest);
         }
         if l.contains("are definitely lost in loss record") {
             // "456 (72 direct, 384 indirect) bytes in 1 blocks ..." or "72 bytes in ...":
             // valgrind's "definitely lost" is the direct part.
-            let bytes = match l.split_once('(') {
-                Some((_, rest)) => num(rest.split_whitespace().next().unwrap_or("0")),
-                None => num(l.split_whitespace().next().unwrap_or("0")),
-            };
-            let mut j = i + 1;
-            let mut module = false;
-            let mut load = false;
-            let mut frame = String::new();
+            let bytes = num(l.split_once('(').map_or(l, |(_, rest)| rest));
+            let (mut j, mut module, mut load, mut frame) = (i + 1, false, false, String::new());
             while j < lines.len() && !lines[j].trim().is_empty() {
                 let f = lines[j];
-                if f.contains("redis_lock") || f.contains("libredis_lock") {
-                    module = true;
-                    if frame.is_empty() {
-                        frame = f.trim().to_string();
-                    }
+                if (f.contains("redis_lock") || f.contains("libredis_lock")) && !module {
+                    (module, frame) = (true, f.trim().to_string());
                 }
-                if f.contains("RedisModule_OnLoad") {
-                    load = true;
-                }
+                load |= f.contains("RedisModule_OnLoad");
                 j += 1;
             }
             if module {
                 r.module_lost_bytes += bytes;
-                if load {
-                    r.module_lost_load_bytes += bytes;
-                }
-                r.module_lost_frames.push(format!(
-                    "{bytes} bytes{}: {frame}",
-                    if load { " (at load)" } else { "" }
-                ));
+                r.module_lost_load_bytes += if load { bytes } else { 0 };
+                let at = if load { " (at load)" } else { "" };
+                r.module_lost_frames
+                    .push(format!("{bytes} bytes{at}: {frame}"));
             }
             i = j;
             continue;
@@ -255,15 +229,11 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         return Ok(());
     }
     let log = env.work.join("valgrind.log");
-    let wrapper = [
-        "valgrind".to_string(),
-        "--leak-check=full".into(),
-        "--show-leak-kinds=definite".into(),
-        "--error-limit=no".into(),
-        "--num-callers=40".into(),
-        "--soname-synonyms=somalloc=libjemalloc.so*".into(),
-        format!("--log-file={}", log.display()),
-    ];
+    let opts =
+        "valgrind --leak-check=full --show-leak-kinds=definite --error-limit=no --num-callers=40";
+    let mut wrapper: Vec<String> = words(opts).into_iter().map(String::from).collect();
+    wrapper.push("--soname-synonyms=somalloc=libjemalloc.so*".into());
+    wrapper.push(format!("--log-file={}", log.display()));
     let mut server = env
         .builder("memory")
         .wrapper(&wrapper)
@@ -298,30 +268,25 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     o.put("valgrind", &vg);
     o.put("rounds", (rounds, workload_secs));
     o.put("memory", [base, after]);
-    o.put(
-        "stats",
-        stats
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>(),
+    let shown: Vec<_> = stats.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    o.put("stats", shown);
+    let (lost, at_load) = (vg.module_lost_bytes, vg.module_lost_load_bytes);
+    o.fail_if(
+        lost > 0,
+        format!("{lost} bytes definitely lost in module frames ({at_load} at load)"),
     );
-    if vg.module_lost_bytes > 0 {
-        o.fail(format!(
-            "{} bytes definitely lost in module frames ({} at load)",
-            vg.module_lost_bytes, vg.module_lost_load_bytes
-        ));
-    }
-    if vg.invalid > 0 {
-        o.fail(format!("{} invalid reads/writes/frees", vg.invalid));
-    }
-    if delta.abs() > MEMORY_SLACK {
-        o.fail(format!(
-            "used_memory {delta:+} bytes from the baseline after everything was released"
-        ));
-    }
-    if stats.iter().any(|(k, v)| *k == "lock_panics" && v != "0") {
-        o.fail("lock_panics > 0");
-    }
+    o.fail_if(
+        vg.invalid > 0,
+        format!("{} invalid reads/writes/frees", vg.invalid),
+    );
+    o.fail_if(
+        delta.abs() > MEMORY_SLACK,
+        format!("used_memory {delta:+} bytes from the baseline after everything was released"),
+    );
+    o.fail_if(
+        stats.iter().any(|(k, v)| *k == "lock_panics" && v != "0"),
+        "lock_panics > 0",
+    );
     Ok(())
 }
 

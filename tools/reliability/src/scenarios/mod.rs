@@ -23,26 +23,20 @@ pub mod stale;
 /// target, `Status::NotRun` when it cannot run here); an `Err` is a missed target too.
 pub type Scenario = fn(&Env, &mut Outcome) -> Result<(), String>;
 
-pub struct Def {
-    /// The key for `--only`.
-    pub key: &'static str,
-    pub title: &'static str,
-    pub target: &'static str,
-    pub run: Scenario,
-    /// Runs once on every server of `--servers` (one row each), else on `--server`.
-    pub every_server: bool,
-}
+/// A scenario's `--only` key (its module's name), its row's title and target, its run,
+/// and whether it runs once on every server of `--servers` (one row each) or on `--server`.
+pub type Def = (&'static str, &'static str, &'static str, Scenario, bool);
 
-/// The [`Def`] of scenario module `$m` (its key is the module's name).
+/// The [`Def`] of scenario module `$m`.
 macro_rules! def {
     ($m:ident, $every_server:expr) => {
-        Def {
-            key: stringify!($m),
-            title: $m::TITLE,
-            target: $m::TARGET,
-            run: $m::run,
-            every_server: $every_server,
-        }
+        (
+            stringify!($m),
+            $m::TITLE,
+            $m::TARGET,
+            $m::run,
+            $every_server,
+        )
     };
 }
 

@@ -18,28 +18,22 @@ pub use redis_lock_report::reliability::FENCED_STORE_LUA;
 /// which it is stopped).
 const WINDOW_MS: u64 = 150;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Fenced,
-    Plain,
-}
-
+/// A write of the fenced store (`sha`: its script), or a plain one: accepted or not.
 fn store_write(
     c: &mut Conn,
-    mode: Mode,
+    fenced: bool,
     sha: &str,
     rkey: &str,
     fence: u64,
     value: &str,
 ) -> Result<bool, String> {
-    let r = match mode {
-        Mode::Fenced => cmd(c, &args!["EVALSHA", sha, 1u64, rkey, fence, value])?,
-        Mode::Plain => cmd(c, &args!["HSET", rkey, "value", value, "fence", fence])?,
+    let r = match fenced {
+        true => cmd(c, &args!["EVALSHA", sha, 1u64, rkey, fence, value])?,
+        false => cmd(c, &args!["HSET", rkey, "value", value, "fence", fence])?,
     };
-    match (mode, &r) {
-        (Mode::Fenced, Reply::Int(1)) => Ok(true),
-        (Mode::Fenced, Reply::Int(0)) => Ok(false),
-        (Mode::Plain, Reply::Int(_)) => Ok(true),
+    match (fenced, &r) {
+        (true, Reply::Int(1)) | (false, Reply::Int(_)) => Ok(true),
+        (true, Reply::Int(0)) => Ok(false),
         _ => Err(format!("store write answered {r:?}")),
     }
 }
@@ -62,11 +56,7 @@ fn holder(a: &[String]) -> Result<(), String> {
     let lock: SocketAddr = lock.parse().map_err(|_| "bad lock address")?;
     let store: SocketAddr = store.parse().map_err(|_| "bad store address")?;
     let ttl: u64 = ttl.parse().map_err(|_| "bad ttl")?;
-    let mode = if mode == "fenced" {
-        Mode::Fenced
-    } else {
-        Mode::Plain
-    };
+    let fenced = mode == "fenced";
     let t = Duration::from_secs(5);
     let mut lc = Conn::open(lock, t).map_err(|e| e.to_string())?;
     let mut sc = Conn::open(store, t).map_err(|e| e.to_string())?;
@@ -84,7 +74,14 @@ fn holder(a: &[String]) -> Result<(), String> {
     let _ = writeln!(out, "CHECKED");
     let _ = out.flush();
     std::thread::sleep(Duration::from_millis(WINDOW_MS));
-    let ok = store_write(&mut sc, mode, sha, rkey, fence, &format!("holder-{fence}"))?;
+    let ok = store_write(
+        &mut sc,
+        fenced,
+        sha,
+        rkey,
+        fence,
+        &format!("holder-{fence}"),
+    )?;
     let _ = writeln!(
         out,
         "WROTE {} {}",
@@ -106,12 +103,6 @@ fn read_line(r: &mut BufReader<std::process::ChildStdout>) -> Result<String, Str
     Ok(l.trim().to_string())
 }
 
-struct Trial {
-    valid: bool,
-    stale_accepted: bool,
-    corrupted: bool,
-}
-
 struct KillOnDrop(Child);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -120,29 +111,25 @@ impl Drop for KillOnDrop {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One pause: whether the stale write was accepted and the newer data lost; None when the
+/// stop did not land between the holder's check and its write.
+type Trial = Option<(bool, bool)>;
+
 fn trial(
     env: &Env,
-    lock: &Server,
-    store: &Server,
-    mode: Mode,
+    [lock, store]: [&Server; 2],
+    mode: &str,
     sha: &str,
     i: u64,
     ttl: u64,
 ) -> Result<Trial, String> {
-    let key = format!("rel:stale:{i}:{mode:?}");
-    let rkey = format!("resource:{i}:{mode:?}");
+    let key = format!("rel:stale:{i}:{mode}");
+    let rkey = format!("resource:{i}:{mode}");
     let child = Command::new(&env.exe)
         .arg("stale-holder")
         .arg(lock.socket_addr().to_string())
         .arg(store.socket_addr().to_string())
-        .args([&key, &rkey, &ttl.to_string()])
-        .arg(if mode == Mode::Fenced {
-            "fenced"
-        } else {
-            "plain"
-        })
-        .arg(sha)
+        .args([&key, &rkey, &ttl.to_string(), mode, sha])
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .spawn()
@@ -151,10 +138,10 @@ fn trial(
     let pid = child.0.id();
     let mut out = BufReader::new(child.0.stdout.take().ok_or("no stdout")?);
     let granted = read_line(&mut out)?;
-    let holder_fence: u64 = granted
+    let fence = granted
         .strip_prefix("GRANTED ")
-        .and_then(|f| f.parse().ok())
-        .ok_or(format!("holder said {granted:?}"))?;
+        .and_then(|f| f.parse::<u64>().ok());
+    let holder_fence = fence.ok_or(format!("holder said {granted:?}"))?;
     let checked = read_line(&mut out)?;
     if checked != "CHECKED" {
         return Err(format!("holder said {checked:?}"));
@@ -171,7 +158,7 @@ fn trial(
         ));
     }
     let newer = format!("newer-{fence}");
-    if !store_write(&mut sc, mode, sha, &rkey, fence, &newer)? {
+    if !store_write(&mut sc, mode == "fenced", sha, &rkey, fence, &newer)? {
         return Err("the current holder's write was refused".into());
     }
     redis_lock_testkit::signal(pid, libc::SIGCONT);
@@ -183,16 +170,11 @@ fn trial(
     }
     let elapsed: u64 = elapsed.and_then(|e| e.parse().ok()).unwrap_or(0);
     let _ = child.0.wait();
-    let value = cmd(&mut sc, &args!["HGET", &rkey, "value"])?
-        .as_text()
-        .unwrap_or_default();
+    let value = cmd(&mut sc, &args!["HGET", &rkey, "value"])?.as_text();
     let _ = lc.call(&args!["LOCK.RELEASE", &key, &token]);
-    Ok(Trial {
-        // The stop must have landed between the check and the write.
-        valid: elapsed >= 2 * ttl,
-        stale_accepted: verdict == Some("accepted"),
-        corrupted: value != newer,
-    })
+    // The stop must have landed between the check and the write.
+    let lost = value.unwrap_or_default() != newer;
+    Ok((elapsed >= 2 * ttl).then_some((verdict == Some("accepted"), lost)))
 }
 
 pub const TITLE: &str = "Stale holder (SIGSTOP for 2x TTL, Kleppmann's pause)";
@@ -201,31 +183,31 @@ pub const TARGET: &str =
 
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let lock = env.start("stale-lock")?;
-    let store = env.plain("stale-store").try_start()?;
+    let store = env.builder("stale-store").no_module().try_start()?;
     let sha = cmd(
         &mut connect(&store)?,
         &args!["SCRIPT", "LOAD", FENCED_STORE_LUA],
-    )?
-    .as_text()
-    .ok_or("SCRIPT LOAD failed")?;
+    )?;
+    let sha = sha.as_text().ok_or("SCRIPT LOAD failed")?;
     let trials = env.n(20.0, 3.0);
     let ttl = if env.short { 200 } else { 300 };
     // Per mode: valid runs, stale writes accepted, runs corrupted, runs discarded.
     let mut stats = [(0u64, 0u64, 0u64, 0u64); 2];
-    for (mi, mode) in [Mode::Fenced, Mode::Plain].into_iter().enumerate() {
-        let mut i = 0;
+    for (st, mode) in stats.iter_mut().zip(["fenced", "plain"]) {
         let mut attempts = 0;
-        while i < trials && attempts < trials * 3 {
+        while st.0 < trials && attempts < trials * 3 {
             attempts += 1;
-            let t = trial(env, &lock, &store, mode, &sha, attempts, ttl)?;
-            if !t.valid {
-                stats[mi].3 += 1;
-                continue;
+            match trial(env, [&lock, &store], mode, &sha, attempts, ttl)? {
+                None => st.3 += 1,
+                Some((stale, lost)) => {
+                    *st = (
+                        st.0 + 1,
+                        st.1 + u64::from(stale),
+                        st.2 + u64::from(lost),
+                        st.3,
+                    )
+                }
             }
-            i += 1;
-            stats[mi].0 += 1;
-            stats[mi].1 += u64::from(t.stale_accepted);
-            stats[mi].2 += u64::from(t.corrupted);
         }
     }
     let (fv, fa, fc, _) = stats[0];
@@ -233,14 +215,14 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     o.put("ttl", ttl);
     o.put("fenced", stats[0]);
     o.put("plain", stats[1]);
-    if fv == 0 || fa > 0 || fc > 0 {
-        o.fail(format!("fenced store accepted {fa} of {fv} stale writes"));
-    }
-    if pv == 0 || pc == 0 {
-        o.fail("the control run did not show the corruption (the pause did not take effect)");
-    }
-    if let Err(e) = health(&lock, "the lock server") {
-        o.fail(e);
-    }
+    o.fail_if(
+        fv == 0 || fa > 0 || fc > 0,
+        format!("fenced store accepted {fa} of {fv} stale writes"),
+    );
+    o.fail_if(
+        pv == 0 || pc == 0,
+        "the control run did not show the corruption (the pause did not take effect)",
+    );
+    o.healthy(&lock, "the lock server");
     Ok(())
 }
