@@ -414,10 +414,7 @@ impl LockClient {
         if guard.fence().is_none() {
             // The classic SET NX fallback: no fence, no label, nothing to observe.
             let _ = guard.release_now().await;
-            return Err(Error::ModuleMissing {
-                node: self.node.label.clone(),
-                needs: "Leader election".into(),
-            });
+            return Err(self.node.missing("Leader election"));
         }
         Ok(Some(Leadership {
             guard,
@@ -569,10 +566,7 @@ impl Observer {
             let v = match reply {
                 Ok(v) => v,
                 Err(e) if e.is_unknown_command() => {
-                    return Err(Error::ModuleMissing {
-                        node: self.node.label.clone(),
-                        needs: "Observing an election (LOCK.WATCH)".into(),
-                    })
+                    return Err(self.node.missing("Observing an election (LOCK.WATCH)"))
                 }
                 Err(e) if transient(&e) => {
                     log::debug!("observe {}: {e}; reading the state again", self.key);

@@ -320,6 +320,14 @@ impl Node {
         self.module.load(Ordering::Relaxed) == MODULE_MISSING
     }
 
+    /// [`Error::ModuleMissing`] on this node: `needs` is what the module was needed for.
+    pub(crate) fn missing(&self, needs: impl Into<String>) -> Error {
+        Error::ModuleMissing {
+            node: self.label.clone(),
+            needs: needs.into(),
+        }
+    }
+
     fn note_module(&self, loaded: bool) {
         let state = if loaded {
             MODULE_LOADED
@@ -587,14 +595,8 @@ impl Node {
     fn classic_supports(&self, mode: LockMode) -> Result<()> {
         match mode {
             LockMode::Exclusive => Ok(()),
-            LockMode::Shared => Err(Error::ModuleMissing {
-                node: self.label.clone(),
-                needs: "A shared lock".into(),
-            }),
-            LockMode::Counted(n) => Err(Error::ModuleMissing {
-                node: self.label.clone(),
-                needs: format!("A counted lock (LIMIT {n})"),
-            }),
+            LockMode::Shared => Err(self.missing("A shared lock")),
+            LockMode::Counted(n) => Err(self.missing(format!("A counted lock (LIMIT {n})"))),
         }
     }
 
@@ -1026,13 +1028,9 @@ impl Node {
         limit: Duration,
         retry: bool,
     ) -> Result<T> {
-        match self.module_run::<T>(what, cmd, limit, retry).await? {
-            Some(v) => Ok(v),
-            None => Err(Error::ModuleMissing {
-                node: self.label.clone(),
-                needs: what.to_string(),
-            }),
-        }
+        self.module_run::<T>(what, cmd, limit, retry)
+            .await?
+            .ok_or_else(|| self.missing(what))
     }
 
     /// `LOCK.EXTEND key token PX ttl OWNER owner`: a new lease and a new label, the

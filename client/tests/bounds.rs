@@ -5,14 +5,11 @@
 mod util;
 
 use std::future::Future;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis_lock_client::{ClientOptions, Error, LockClient};
 use redis_lock_testkit::{temp_dir, ServerBuilder};
-use util::{ms, setup, Stopped};
-
-const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
+use util::{cli_cmd, granted, ms, setup, Stopped};
 
 /// Generous slack on top of a documented limit (a loaded 2-core machine).
 const SLACK: Duration = Duration::from_millis(700);
@@ -57,11 +54,7 @@ async fn calls_are_bounded_while_the_server_is_stopped_down_or_restarting() {
     let locks = LockClient::connect_with(&server.url(), opts(limit))
         .await
         .unwrap();
-    let g = locks
-        .acquire("held", ms(30_000), None)
-        .await
-        .unwrap()
-        .unwrap();
+    let g = granted(locks.acquire("held", ms(30_000), None)).await;
     let (token, _) = g.detach();
 
     // Stopped: the shared connection's calls, a BLOCK wait and a new connection all end
@@ -128,15 +121,7 @@ async fn calls_are_bounded_while_the_server_is_stopped_down_or_restarting() {
 /// `redis-lock ARGS` with no REDIS_* setting from the test's environment.
 fn cli(args: &[&str]) -> (Option<i32>, String, Duration) {
     let t = Instant::now();
-    let out = Command::new(BIN)
-        .args(args)
-        .env_remove("REDIS_LOCK_URL")
-        .env_remove("REDIS_URL")
-        .env_remove("REDIS_LOCK_PASSWORD")
-        .env_remove("REDISCLI_AUTH")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = cli_cmd().args(args).output().unwrap();
     let took = t.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!(

@@ -8,11 +8,11 @@ mod util;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::{temp_dir, wait_until, Server, ServerBuilder};
-use util::{held_fence, is_free, ms, setup};
+use util::{cli_cmd, held_fence, is_free, ms, setup};
 
 const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
 
@@ -40,17 +40,9 @@ fn spawn_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Running {
     let n = fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
     let run_dir = dir.join(format!("run{n}"));
     fs::create_dir_all(&run_dir).unwrap();
-    let child = Command::new(BIN)
+    let child = cli_cmd()
         .args(args)
-        .env_remove("REDIS_LOCK_URL")
-        .env_remove("REDIS_LOCK_TOKEN")
-        .env_remove("REDIS_URL")
-        .env_remove("REDIS_LOCK_PASSWORD")
-        .env_remove("REDIS_LOCK_USER")
-        .env_remove("REDISCLI_AUTH")
-        .env_remove("SSL_CERT_FILE")
         .envs(env.iter().copied())
-        .stdin(Stdio::null())
         .stdout(fs::File::create(run_dir.join("out")).unwrap())
         .stderr(fs::File::create(run_dir.join("err")).unwrap())
         .spawn()

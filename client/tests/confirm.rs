@@ -6,7 +6,6 @@
 
 mod util;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis_lock_client::{
@@ -14,9 +13,7 @@ use redis_lock_client::{
 };
 use redis_lock_testkit::{temp_dir, wait_until, ReplicaPair, ServerBuilder};
 use util::proxy::DelayProxy;
-use util::{held_fence, is_free, ms, setup, Stopped};
-
-const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
+use util::{cli_cmd, granted, held_fence, is_free, ms, setup, Stopped};
 
 /// A primary that starts a replica's full sync at once (not after the default 5 s).
 fn fast_sync() -> ServerBuilder {
@@ -86,11 +83,7 @@ async fn a_stopped_replica_makes_grants_and_hand_offs_fail_closed() {
     let patient = LockClient::connect_with(&url, patient(Confirm::Auto))
         .await
         .unwrap();
-    let g = patient
-        .acquire("k1", ms(10_000), None)
-        .await
-        .unwrap()
-        .expect("granted");
+    let g = granted(patient.acquire("k1", ms(10_000), None)).await;
     assert_eq!(
         held_fence(&mut pair.replica.conn(), "k1"),
         g.fence(),
@@ -112,11 +105,7 @@ async fn a_stopped_replica_makes_grants_and_hand_offs_fail_closed() {
     assert!(is_free(&mut c, "k2"), "given back");
 
     // A hand-off received by a waiting acquire: the same.
-    let holder = off
-        .acquire("k3", ms(10_000), None)
-        .await
-        .unwrap()
-        .expect("off: granted");
+    let holder = granted(off.acquire("k3", ms(10_000), None)).await;
     let waiter = {
         let auto = auto.clone();
         tokio::spawn(async move { auto.acquire("k3", ms(10_000), Some(ms(5_000))).await })
@@ -130,11 +119,7 @@ async fn a_stopped_replica_makes_grants_and_hand_offs_fail_closed() {
     assert!(is_free(&mut c, "k3"), "the hand-off was given back");
 
     // Confirmation off: the same acquire succeeds.
-    let g = off
-        .acquire("k4", ms(10_000), None)
-        .await
-        .unwrap()
-        .expect("off: granted");
+    let g = granted(off.acquire("k4", ms(10_000), None)).await;
     assert!(g.release().await.unwrap());
 
     // The deployment expects two replicas and has one: refused before any WAIT.
@@ -157,13 +142,7 @@ async fn a_stopped_replica_makes_grants_and_hand_offs_fail_closed() {
         let mut args = vec!["run", "--confirm-timeout", "500ms", "--url", &url];
         args.extend_from_slice(extra);
         args.extend(["job", "--", "sh", "-c", &touch]);
-        let out = Command::new(BIN)
-            .args(&args)
-            .env_remove("REDIS_LOCK_URL")
-            .env_remove("REDIS_LOCK_REPLICAS")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let out = cli_cmd().args(&args).output().unwrap();
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -200,21 +179,13 @@ async fn a_confirmed_grant_survives_sigkill_of_the_primary_and_promotion() {
     let off = client(&primary.url(), Confirm::Off).await;
 
     let t = Instant::now();
-    let confirmed = auto
-        .acquire("confirmed", ms(60_000), None)
-        .await
-        .unwrap()
-        .expect("granted");
+    let confirmed = granted(auto.acquire("confirmed", ms(60_000), None)).await;
     assert!(
         t.elapsed() >= ms(250),
         "WAIT waited for the late replica: {:?}",
         t.elapsed()
     );
-    let unconfirmed = off
-        .acquire("unconfirmed", ms(60_000), None)
-        .await
-        .unwrap()
-        .expect("granted");
+    let unconfirmed = granted(off.acquire("unconfirmed", ms(60_000), None)).await;
     // The primary's machine dies: what is on the way to the replica is lost with it.
     proxy.cut();
     primary.kill9();

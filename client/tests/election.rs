@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use redis_lock_client::{CampaignOptions, Error, Leader, LockClient, LossReason, ObserveOptions};
 use redis_lock_testkit::{temp_dir, wait_until, Server, ServerBuilder};
 use tokio::sync::mpsc;
-use util::{client, granted, lost_within, ms, setup};
+use util::{cli_cmd, client, granted, lost_within, ms, setup};
 
 const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
 
@@ -520,11 +520,8 @@ fn cli_elect_and_observe_end_to_end() {
     let url = server.url();
     let dir = temp_dir();
     let spawn = |name: &str, args: &[&str]| {
-        Command::new(BIN)
+        cli_cmd()
             .args(args)
-            .env_remove("REDIS_LOCK_URL")
-            .env_remove("REDIS_URL")
-            .stdin(Stdio::null())
             .stdout(fs::File::create(dir.join(format!("{name}.out"))).unwrap())
             .stderr(fs::File::create(dir.join(format!("{name}.err"))).unwrap())
             .spawn()

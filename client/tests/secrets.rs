@@ -3,13 +3,10 @@
 
 mod util;
 
-use std::process::{Command, Stdio};
-
 use redis_lock_client::{AcquireOptions, ClientOptions, LockClient};
 use redis_lock_testkit::{free_port, Server, ServerBuilder};
-use util::{ms, setup};
+use util::{cli_cmd, ms, setup};
 
-const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
 const PASSWORD: &str = "hunter2-Pw0rd";
 const TOKEN: &str = "tok-Secret-0123456789abcdef";
 
@@ -21,15 +18,9 @@ struct Out {
 /// `redis-lock ARGS` with `env` on top of an environment without REDIS_* settings;
 /// stdout and stderr together.
 fn cli(args: &[&str], env: &[(&str, &str)]) -> Out {
-    let out = Command::new(BIN)
+    let out = cli_cmd()
         .args(args)
-        .env_remove("REDIS_LOCK_URL")
-        .env_remove("REDIS_URL")
-        .env_remove("REDIS_LOCK_PASSWORD")
-        .env_remove("REDISCLI_AUTH")
-        .env_remove("REDIS_LOCK_USER")
         .envs(env.iter().copied())
-        .stdin(Stdio::null())
         .output()
         .unwrap();
     let all = format!(

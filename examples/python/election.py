@@ -13,23 +13,17 @@ Exits non-zero if a check fails (`make test-examples` runs it).
 """
 
 import os
-import sys
 import threading
 import time
 
 import redis
 from redis_lock_module import Election, Leader
 
+from checks import check, run_checks
+
 URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379")
 KEY = "election:{scheduler}"
 RUNS = "scheduler:{scheduler}:runs"
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
 
 
 def connect():
@@ -47,13 +41,7 @@ def scheduler(name, results):
     leadership.resign()  # the next candidate leads at once
 
 
-def main():
-    r = connect()
-    try:
-        r.ping()
-    except redis.exceptions.ConnectionError as e:
-        print(f"cannot reach {URL}: {e}", file=sys.stderr)
-        return 2
+def main(r):
     r.delete(KEY, RUNS)
 
     seen = []
@@ -97,12 +85,7 @@ def main():
         f"the observer saw each leader in order ({values})",
     )
     check(Election(r, KEY).leader() is None, "nobody leads at the end")
-    if failures:
-        print(f"{len(failures)} check(s) failed", file=sys.stderr)
-        return 1
-    print("all checks passed")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_checks(URL, connect(), main)

@@ -20,12 +20,13 @@ Exits non-zero if any check fails (`make test-examples` runs it against a fresh 
 """
 
 import os
-import sys
 import threading
 import time
 
 import redis
 from redis_lock_module import Lock, LockError, LockNotOwnedError
+
+from checks import check, run_checks
 
 URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379")
 SKU = "9001"
@@ -33,15 +34,6 @@ SKU = "9001"
 # them in one slot (on one server it changes nothing).
 LOCK = f"lock:product:{{{SKU}}}"
 STOCK = f"stock:{{{SKU}}}"
-
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
 
 def connect():
     return redis.Redis.from_url(URL, decode_responses=True, socket_timeout=15)
@@ -142,23 +134,12 @@ def info_shows_the_holder():
     check(not lock.locked(), "released")
 
 
-def main():
-    r = connect()
-    try:
-        r.ping()
-    except redis.exceptions.ConnectionError as e:
-        print(f"cannot reach {URL}: {e}", file=sys.stderr)
-        return 2
+def main(r):
     r.delete(LOCK)
     concurrent_checkouts()
     paused_holder()
     info_shows_the_holder()
-    if failures:
-        print(f"{len(failures)} check(s) failed", file=sys.stderr)
-        return 1
-    print("all checks passed")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_checks(URL, connect(), main)

@@ -212,7 +212,7 @@ enum Cmd {
     Info(InfoArgs),
     /// Campaign for leadership of NAME, run CMD while leader, resign when CMD exits;
     /// exit with CMD's exit code (lost leadership: 79)
-    #[command(after_help = ELECT_HELP)]
+    #[command(after_help = ELECT_HELP, mut_args = leadership_help)]
     Elect(ElectArgs),
     /// Print who leads NAME, then one line per change (a new leader, a new value, no
     /// leader), until interrupted, --count lines or --for
@@ -239,6 +239,14 @@ struct RunArgs {
     /// finds it busy
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     hold: Option<Duration>,
+    #[command(flatten)]
+    child: ChildArgs,
+}
+
+/// The child process of `run` and `elect` (whose help says "leadership" where this says
+/// "the lease": [`leadership_help`]).
+#[derive(ClapArgs, Debug)]
+struct ChildArgs {
     /// Time between SIGTERM and SIGKILL when the lease is lost
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     grace: Duration,
@@ -263,6 +271,15 @@ struct RunArgs {
     cmd: Vec<OsString>,
 }
 
+/// `elect`'s help for the [`ChildArgs`] that speak of the lease.
+fn leadership_help(a: clap::Arg) -> clap::Arg {
+    match a.get_id().as_str() {
+        "grace" => a.help("Time between SIGTERM and SIGKILL when leadership is lost"),
+        "lost_code" => a.help("Exit code when leadership is lost while CMD runs"),
+        _ => a,
+    }
+}
+
 #[derive(ClapArgs, Debug)]
 struct ElectArgs {
     /// Election name (the lock's Redis key)
@@ -281,28 +298,8 @@ struct ElectArgs {
     #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_BUSY,
           value_parser = clap::value_parser!(i32).range(0..=255))]
     busy_code: i32,
-    /// Time between SIGTERM and SIGKILL when leadership is lost
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
-    grace: Duration,
-    /// Exit code when leadership is lost while CMD runs
-    #[arg(long = "lost-exit-code", value_name = "N", default_value_t = EXIT_LOST,
-          value_parser = clap::value_parser!(i32).range(0..=255))]
-    lost_code: i32,
-    /// Run this string with /bin/sh -c instead of CMD
-    #[arg(
-        short = 'c',
-        long = "command",
-        value_name = "SHELL_COMMAND",
-        conflicts_with = "cmd"
-    )]
-    shell: Option<OsString>,
-    /// The command and its arguments (after --, or after NAME)
-    #[arg(
-        value_name = "CMD",
-        trailing_var_arg = true,
-        required_unless_present = "shell"
-    )]
-    cmd: Vec<OsString>,
+    #[command(flatten)]
+    child: ChildArgs,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -603,20 +600,26 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
             (false, None) => LockMode::Exclusive,
         };
     };
+    let child = |a: &mut Args, c: ChildArgs, sub: &str| {
+        a.grace = c.grace;
+        a.lost_code = c.lost_code;
+        a.rest = match c.shell {
+            Some(s) => vec!["/bin/sh".into(), "-c".into(), s],
+            None => c.cmd,
+        };
+        if a.rest.is_empty() {
+            return Err(format!(
+                "{sub} needs a command: redis-lock {sub} NAME -- CMD [ARGS...]"
+            ));
+        }
+        Ok(())
+    };
     (a.sub, a.name) = match cli.cmd {
         Cmd::Run(r) => {
             lock(&mut a, r.lock);
             a.max_hold = r.max_hold;
             a.hold = r.hold;
-            a.grace = r.grace;
-            a.lost_code = r.lost_code;
-            a.rest = match r.shell {
-                Some(s) => vec!["/bin/sh".into(), "-c".into(), s],
-                None => r.cmd,
-            };
-            if a.rest.is_empty() {
-                return Err("run needs a command: redis-lock run NAME -- CMD [ARGS...]".into());
-            }
+            child(&mut a, r.child, "run")?;
             (Sub::Run, r.name)
         }
         Cmd::Acquire(q) => {
@@ -643,15 +646,7 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
             a.wait = e.wait.filter(|w| !w.is_zero());
             a.owner = e.value;
             a.busy_code = e.busy_code;
-            a.grace = e.grace;
-            a.lost_code = e.lost_code;
-            a.rest = match e.shell {
-                Some(s) => vec!["/bin/sh".into(), "-c".into(), s],
-                None => e.cmd,
-            };
-            if a.rest.is_empty() {
-                return Err("elect needs a command: redis-lock elect NAME -- CMD [ARGS...]".into());
-            }
+            child(&mut a, e.child, "elect")?;
             (Sub::Elect, e.name)
         }
         Cmd::Observe(o) => {

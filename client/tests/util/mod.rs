@@ -11,6 +11,26 @@ pub mod proxy;
 
 pub use redis_lock_testkit::Stopped;
 
+/// The `redis-lock` binary, stdin closed, with none of the settings it reads from the
+/// environment (REDIS_*, SSL_CERT_FILE) inherited from the test's.
+pub fn cli_cmd() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_redis-lock"));
+    for name in [
+        "REDIS_LOCK_URL",
+        "REDIS_URL",
+        "REDIS_LOCK_PASSWORD",
+        "REDISCLI_AUTH",
+        "REDIS_LOCK_USER",
+        "REDIS_LOCK_TOKEN",
+        "REDIS_LOCK_REPLICAS",
+        "SSL_CERT_FILE",
+    ] {
+        c.env_remove(name);
+    }
+    c.stdin(std::process::Stdio::null());
+    c
+}
+
 /// Fails early, with the build command in the message, when the module is not built
 /// (the kit finds the workspace's `target/release/libredis_lock.so` by itself).
 pub fn setup() {

@@ -119,3 +119,7 @@ class Registry:
                 node = Node(cls, kwargs)
                 nodes[key] = node
             return node
+
+
+# The nodes of every client, sync and asyncio (a client is one or the other).
+NODES = Registry()

@@ -14,7 +14,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._base import Conn, Hold, LockBase, NoReply, run_async
 from ._common import LockNotConfirmedError, ModuleNotLoadedError, Number
-from ._conns import Node, Registry
+from ._conns import NODES, Node
 
 OnLost = Callable[["Lock", str], Union[Any, Awaitable[Any]]]
 
@@ -115,7 +115,7 @@ class Lock(LockBase):
                 pool = self.redis.connection_pool
                 return pool.connection_class, dict(pool.connection_kwargs)
 
-        n = _NODES.node(self.redis, key, make)
+        n = NODES.node(self.redis, key, make)
         if getattr(n, "loop", None) is not loop:
             # Connections belong to one event loop; a new loop (with a reused id) starts
             # with none.
@@ -190,9 +190,6 @@ async def _disconnect(raw: Any) -> None:
         await raw.disconnect()
     except Exception:  # closing a broken connection: nothing to report
         pass
-
-
-_NODES = Registry()
 
 
 def lock(redis: Any, name: Any, timeout: Optional[Number] = None, **kwargs: Any) -> Lock:

@@ -11,7 +11,7 @@ from redis.exceptions import LockError, LockNotOwnedError
 
 from ._base import Conn, Hold, LockBase, NoReply, logger, run_sync
 from ._common import LockNotConfirmedError, ModuleNotLoadedError, Number, to_bytes
-from ._conns import Node, Registry
+from ._conns import NODES, Node
 
 OnLost = Callable[["Lock", str], Any]
 
@@ -150,7 +150,7 @@ class Lock(LockBase):
                 pool = self.redis.connection_pool
                 return pool.connection_class, dict(pool.connection_kwargs)
 
-        return _NODES.node(self.redis, key, make)
+        return NODES.node(self.redis, key, make)
 
     def _open(self, node: Node) -> Conn:
         raw = node.take()
@@ -202,9 +202,6 @@ class Lock(LockBase):
 
     def _callback(self, reason: str) -> Any:
         return self.on_lost(self, reason)  # type: ignore[misc]
-
-
-_NODES = Registry()
 
 
 def lock(redis: Any, name: Any, timeout: Optional[Number] = None, **kwargs: Any) -> Lock:
