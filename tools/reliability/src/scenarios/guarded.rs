@@ -184,11 +184,21 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     }
     audit(&server, "rel:g", &mut g)?;
     let secs = t.elapsed().as_secs_f64();
-    for r in 0..rounds.div_ceil(4) {
+    // The control shows the hazard: a round whose pause ended before any lease did shows
+    // none, so it runs on (at most 8 rounds more) until its logs show a stale write.
+    let least = rounds.div_ceil(4);
+    for r in 0..least + 8 {
         round(&server, "rel:p", false, r, &mut rng, &mut p)
             .map_err(|e| format!("control round {r}: {e}"))?;
+        if r + 1 >= least {
+            let mut seen = p.clone();
+            audit(&server, "rel:p", &mut seen)?;
+            if seen.stale_applied > 0 || r + 1 == least + 8 {
+                p = seen;
+                break;
+            }
+        }
     }
-    audit(&server, "rel:p", &mut p)?;
     o.put("ttl", TTL_MS);
     o.put("keys", KEYS);
     o.put("secs", secs);
