@@ -27,7 +27,7 @@ use redis_lock_testkit::{args, encode, lock, RawConn};
 use crate::callgrind::{costs, server_name, Session, SETTLE};
 use crate::config::Config;
 use crate::load::{self, scan, Batch, Shape};
-use crate::ops::{self, key, Op, Vars, TOKEN};
+use crate::ops::{self, key, Op, Scripts, Vars, TOKEN};
 use crate::stats::{median, quantiles};
 use crate::{On, Rig, Server};
 
@@ -80,18 +80,25 @@ fn batch(op: &Op) -> Batch<'_> {
     }
 }
 
+/// The writes of `op` as a workload, each connection on its own lock (of fence `fences[conn]`).
+fn writes_of<'a>(
+    op: &'a Op,
+    scripts: &'a Scripts,
+    fences: &'a [Vec<u8>],
+) -> impl Fn(usize, u64, &mut Vec<u8>) -> Option<Shape> + 'a {
+    let per_op = op.commands_per_op();
+    move |conn, i, out| {
+        let fence = fences.get(conn).map_or(&b""[..], Vec::as_slice);
+        let vars = Vars { scripts, fence };
+        op.put_with((i % per_op) as usize, &lock_key(conn), vars, out)
+    }
+}
+
 /// Writes per second of `op` on `s`, `cmds` commands per connection (whole writes).
 fn rate(s: &Server, op: &Op, fences: &[Vec<u8>], cmds: u64) -> io::Result<f64> {
     let per_op = op.commands_per_op();
     let per_conn = cmds.max(per_op) / per_op * per_op;
-    let w = |conn: usize, i: u64, out: &mut Vec<u8>| {
-        let fence = fences.get(conn).map_or(&b""[..], Vec::as_slice);
-        let vars = Vars {
-            scripts: &s.scripts,
-            fence,
-        };
-        op.put_with((i % per_op) as usize, &lock_key(conn), vars, out)
-    };
+    let w = writes_of(op, &s.scripts, fences);
     let conns = fences.len();
     let per_sec = load::run_batched(s.port, conns, &batch(op), per_conn, &op.shown(), &w)?;
     Ok(per_sec / per_op as f64)
@@ -157,6 +164,10 @@ impl Peer {
         })
     }
 
+    fn many(port: u16, n: u64) -> io::Result<Vec<Peer>> {
+        (0..n).map(|_| Peer::connect(port)).collect()
+    }
+
     fn send(&mut self, args: &[&[u8]]) -> io::Result<()> {
         let mut out = Vec::with_capacity(128);
         encode(&mut out, args);
@@ -176,6 +187,15 @@ impl Peer {
             BLOCK,
         ];
         self.send(&cmd[..if block { 8 } else { 6 }])
+    }
+
+    /// `LOCK.RELEASE k holder`; returns when its reply (`:1`, else an error) was read.
+    fn release(&mut self, k: &[u8], holder: &[u8]) -> io::Result<Instant> {
+        self.send(&[b"LOCK.RELEASE", k, holder])?;
+        match self.reply()?.0 {
+            Shape::Int(1) => Ok(Instant::now()),
+            other => Err(io::Error::other(format!("RELEASE answered {other:?}"))),
+        }
     }
 
     fn watch(&mut self, k: &[u8], fence: &[u8]) -> io::Result<()> {
@@ -318,17 +338,8 @@ impl Turns {
 
     /// The holder releases: returns when it sent the RELEASE and when it read the reply.
     fn release(&mut self) -> io::Result<(Instant, Instant)> {
-        let h = self.holder;
-        let t0 = Instant::now();
-        self.peers[h].send(&[b"LOCK.RELEASE", &self.key, HOLDERS[h]])?;
-        let (shape, _) = self.peers[h].reply()?;
-        let t1 = Instant::now();
-        if shape != Shape::Int(1) {
-            return Err(io::Error::other(format!(
-                "observe: RELEASE answered {shape:?}"
-            )));
-        }
-        Ok((t0, t1))
+        let (h, t0) = (self.holder, Instant::now());
+        Ok((t0, self.peers[h].release(&self.key, HOLDERS[h])?))
     }
 
     /// Takes the waiter's grant (read by the caller): it becomes the holder.
@@ -350,9 +361,7 @@ pub fn handoffs_at(cfg: &Config, watchers: u64) -> usize {
 fn observe_level(s: &Server, n: u64, handoffs: usize) -> io::Result<ObserveLevel> {
     let mut ctl = s.conn()?;
     let mut turns = Turns::start(s.port, &format!("observe:{n}"))?;
-    let mut watchers = (0..n)
-        .map(|_| Peer::connect(s.port))
-        .collect::<io::Result<Vec<_>>>()?;
+    let mut watchers = Peer::many(s.port, n)?;
     let (mut release, mut grant, mut watch, mut last) = (vec![], vec![], vec![], vec![]);
     for _ in 0..handoffs {
         turns.queue_waiter()?;
@@ -511,13 +520,7 @@ pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCall
         for (name, op, _) in WRITES.iter().filter(|w| w.2 == on) {
             let per_op = op.commands_per_op();
             let scripts = s.server.scripts.clone();
-            let w = |_: usize, i: u64, out: &mut Vec<u8>| {
-                let vars = Vars {
-                    scripts: &scripts,
-                    fence: &fences[0],
-                };
-                op.put_with((i % per_op) as usize, &lock_key(0), vars, out)
-            };
+            let w = writes_of(op, &scripts, &fences);
             let b = batch(op);
             load::run_batched(s.server.port, 1, &b, writes / 10 * per_op, "warm-up", &w)?;
             s.settle(SETTLE);
@@ -565,9 +568,7 @@ fn release_with_watchers(s: &mut Session, n: u64) -> io::Result<CgRelease> {
     let port = s.server.port;
     let mut ctl = s.server.conn()?;
     let mut holder = Peer::connect(port)?;
-    let mut watchers = (0..n)
-        .map(|_| Peer::connect(port))
-        .collect::<io::Result<Vec<_>>>()?;
+    let mut watchers = Peer::many(port, n)?;
     let k = format!("cg-observe:{n}");
     let (mut process, mut total) = (vec![], vec![]);
     // The first round warms up (the first use of the key's watcher list), uncounted.
@@ -579,10 +580,7 @@ fn release_with_watchers(s: &mut Session, n: u64) -> io::Result<CgRelease> {
         }
         wait_counts(&mut ctl, 0, n)?;
         s.zero()?;
-        holder.send(&[b"LOCK.RELEASE", k.as_bytes(), HOLDERS[0]])?;
-        if holder.reply()?.0 != Shape::Int(1) {
-            return Err(io::Error::other("cg observe: RELEASE failed"));
-        }
+        holder.release(k.as_bytes(), HOLDERS[0])?;
         let mut peers: Vec<&mut Peer> = watchers.iter_mut().collect();
         gather(&mut peers)?;
         let dump = s.dump()?;
