@@ -570,10 +570,8 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
         guard_pass(bin, cfg, On::Lock)?,
         guard_pass(bin, cfg, On::Plain)?,
     );
-    let count = |op: &Op, on, tax: bool| {
-        let found = (if on == On::Lock { &lock } else { &plain })
-            .iter()
-            .find(|(o, _)| o.words == op.words);
+    let count = |pass: &[(&Op, Costs)], op: &Op, tax: bool| {
+        let found = pass.iter().find(|(o, _)| o.words == op.words);
         found.map_or(f64::NAN, |(_, c)| {
             c.call + if tax { c.filters } else { 0.0 }
         })
@@ -581,7 +579,7 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
     let now: Vec<(&str, f64)> = (GUARDED.iter())
         .map(|&(name, a, b)| {
             let tax = name.starts_with("tax");
-            let (a, b) = (count(a, On::Lock, tax), count(b, On::Plain, tax));
+            let (a, b) = (count(&lock, a, tax), count(&plain, b, tax));
             eprintln!("  {name}: {a:.0} / {b:.0} instructions = {:.3}", a / b);
             (name, a / b)
         })

@@ -127,21 +127,23 @@ pub fn helper_module_path() -> PathBuf {
     PATH.get_or_init(|| {
         let workspace = FsPath::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = Command::new(cargo)
-            .current_dir(&workspace)
-            .args(["build", "--release", "-q", "-p", "redis-lock-helper-module"])
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run cargo to build the helper module: {e}"));
-        assert!(
-            out.status.success(),
-            "building the helper module failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let args = ["build", "--release", "-q", "-p", "redis-lock-helper-module"];
+        build(
+            Command::new(cargo).current_dir(&workspace).args(args),
+            "the helper module",
         );
         let so = target_dir().join("release/libredis_lock_helper.so");
         assert!(so.is_file(), "{} missing after the build", so.display());
         so.canonicalize().unwrap_or(so)
     })
     .clone()
+}
+
+/// Runs the build of `what`; panics with its output when it fails.
+fn build(cmd: &mut Command, what: &str) {
+    let out = (cmd.output()).unwrap_or_else(|e| panic!("cannot run the build of {what}: {e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "building {what} failed: {err}");
 }
 
 /// `b` with the helper module loaded beside the lock module.
@@ -403,16 +405,10 @@ pub fn clock_shim_path() -> PathBuf {
         if mtime(&lib).is_none() || mtime(&lib) < mtime(&src) {
             std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
             let part = dir.join(format!("libclockshift.so.{}", std::process::id()));
-            let out = Command::new("gcc")
-                .args(["-O2", "-Wall", "-shared", "-fPIC", "-o"])
-                .arg(&part)
-                .arg(&src)
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run gcc for the clock shim: {e}"));
-            assert!(
-                out.status.success(),
-                "building the clock shim failed: {}",
-                String::from_utf8_lossy(&out.stderr)
+            let gcc = ["-O2", "-Wall", "-shared", "-fPIC", "-o"];
+            build(
+                Command::new("gcc").args(gcc).arg(&part).arg(&src),
+                "the clock shim",
             );
             std::fs::rename(&part, &lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
         }
