@@ -282,10 +282,15 @@ impl Server {
         SocketAddr::from((self.host, self.port))
     }
 
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("redis::Client::open")
+    }
+
     /// A new `redis` connection with 10 s connect/read/write timeouts (not in a netns).
     pub fn conn(&self) -> redis::Connection {
-        let c = redis::Client::open(self.url())
-            .and_then(|c| c.get_connection_with_timeout(IO_TIMEOUT))
+        let c = self
+            .client()
+            .get_connection_with_timeout(IO_TIMEOUT)
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.addr()));
         c.set_read_timeout(Some(IO_TIMEOUT)).expect("read timeout");
         c.set_write_timeout(Some(IO_TIMEOUT))
