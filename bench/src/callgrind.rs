@@ -267,22 +267,25 @@ impl Session {
         })
     }
 
-    /// Zero, run, dump; returns the dump.
-    pub fn measure(&mut self, w: &Workload, ops: u64, what: &str) -> io::Result<PathBuf> {
-        let batch = load::Batch::Pipeline(self.pipeline as u64);
-        self.measure_batched(w, ops, &batch, what)
-    }
-
-    /// [`measure`](Self::measure) with the commands grouped as `batch` says.
-    pub fn measure_batched(
+    /// Zero, run (grouped as `batch` says, else the session's pipeline), dump; returns
+    /// the dump.
+    pub fn measure(
         &mut self,
         w: &Workload,
         ops: u64,
-        batch: &load::Batch,
+        batch: Option<&load::Batch>,
         what: &str,
     ) -> io::Result<PathBuf> {
+        let pipeline = load::Batch::Pipeline(self.pipeline as u64);
         self.zero()?;
-        load::run_batched(self.server.port, 1, batch, ops, what, w)?;
+        load::run_batched(
+            self.server.port,
+            1,
+            batch.unwrap_or(&pipeline),
+            ops,
+            what,
+            w,
+        )?;
         self.dump()
     }
 
@@ -327,7 +330,7 @@ impl Session {
         let w = op.load(prefix.as_bytes(), &s, 0);
         match warm_up {
             true => load::run(port, 1, self.pipeline, ops, "warm-up", &w).map(|_| PathBuf::new()),
-            false => self.measure(&w, ops, &op.shown()),
+            false => self.measure(&w, ops, None, &op.shown()),
         }
     }
 
@@ -401,7 +404,7 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
 }
 
 /// How the report names a phase's server.
-fn server_name((on, aof): Srv) -> &'static str {
+pub fn server_name((on, aof): Srv) -> &'static str {
     match (on, aof) {
         (On::Plain, false) => "without the module",
         (On::Plain, true) => "without the module, AOF",
@@ -416,8 +419,8 @@ fn level(session: &mut Session, cfg: &Config, held: u64, waiters: u64) -> io::Re
     let cycle_ops = (cfg.cg_ops / 2).max(1) * 2;
     let cycles = cycle_ops / 2;
     let s = session.server.scripts.clone();
-    let d1 = session.measure(&ops::CYCLE.load(b"cgc", &s, 0), cycle_ops, "cycle")?;
-    let d2 = session.measure(&spread_extend(held, false), cfg.cg_ops, "extend")?;
+    let d1 = session.measure(&ops::CYCLE.load(b"cgc", &s, 0), cycle_ops, None, "cycle")?;
+    let d2 = session.measure(&spread_extend(held, false), cfg.cg_ops, None, "extend")?;
     let (c1, c2) = (costs(&d1, cycles)?, costs(&d2, cfg.cg_ops)?);
     let l = CgLevel {
         held,
@@ -567,10 +570,8 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
         guard_pass(bin, cfg, On::Lock)?,
         guard_pass(bin, cfg, On::Plain)?,
     );
-    let count = |op: &Op, on, tax: bool| {
-        let found = (if on == On::Lock { &lock } else { &plain })
-            .iter()
-            .find(|(o, _)| o.words == op.words);
+    let count = |pass: &[(&Op, Costs)], op: &Op, tax: bool| {
+        let found = pass.iter().find(|(o, _)| o.words == op.words);
         found.map_or(f64::NAN, |(_, c)| {
             c.call + if tax { c.filters } else { 0.0 }
         })
@@ -578,7 +579,7 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
     let now: Vec<(&str, f64)> = (GUARDED.iter())
         .map(|&(name, a, b)| {
             let tax = name.starts_with("tax");
-            let (a, b) = (count(a, On::Lock, tax), count(b, On::Plain, tax));
+            let (a, b) = (count(&lock, a, tax), count(&plain, b, tax));
             eprintln!("  {name}: {a:.0} / {b:.0} instructions = {:.3}", a / b);
             (name, a / b)
         })
@@ -587,21 +588,12 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
     if let Some(reason) = reason {
         let header = format!(
             "# {}: {}, {GUARD_OPS} commands per phase; each row a ratio of instructions per command (see GUARDED in bench/src/callgrind.rs) and the rise it may take.\n# Why this baseline: {reason}\n",
-            redis_lock_report::fmt::now_utc(), flavor_label(bin)
+            redis_lock_report::fmt::now_utc(),
+            redis_lock_testkit::flavor_of(bin).map_or_else(|e| e, |f| f.label())
         );
-        let tol = |name: &str| {
-            if name.starts_with("tax") {
-                TAX_TOLERANCE
-            } else {
-                TOLERANCE
-            }
-        };
-        write_tsv(
-            &file,
-            &header,
-            now.iter().map(|(n, r)| (*n, *r, Some(tol(n)))),
-            3,
-        )?;
+        let tol = |n: &str| [TOLERANCE, TAX_TOLERANCE][usize::from(n.starts_with("tax"))];
+        let rows = now.iter().map(|&(n, r)| (n, r, Some(tol(n))));
+        write_tsv(&file, &header, rows, 3)?;
         eprintln!("baseline written to {}", file.display());
         return Ok(());
     }
@@ -626,10 +618,6 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
             bad.join("\n  ")
         )))
     }
-}
-
-fn flavor_label(bin: &Path) -> String {
-    redis_lock_testkit::flavor_of(bin).map_or_else(|e| e, |f| f.label())
 }
 
 /// Compares `now` with `baseline` (name, ratio, tolerance); the failures, as lines.

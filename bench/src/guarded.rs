@@ -22,12 +22,12 @@ use redis_lock_report::perf::{
     self, CgRelease, CgWrite, Guarded, GuardedCallgrind, GuardedRate, ObserveLevel, PollDelay,
     Spread,
 };
-use redis_lock_testkit::{encode, lock, RawConn};
+use redis_lock_testkit::{args, encode, lock, RawConn};
 
-use crate::callgrind::{costs, Session, SETTLE};
+use crate::callgrind::{costs, server_name, Session, SETTLE};
 use crate::config::Config;
 use crate::load::{self, scan, Batch, Shape};
-use crate::ops::{self, key, Op, Vars, TOKEN};
+use crate::ops::{self, key, Op, Scripts, Vars, TOKEN};
 use crate::stats::{median, quantiles};
 use crate::{On, Rig, Server};
 
@@ -52,26 +52,14 @@ fn lock_key(conn: usize) -> Vec<u8> {
 /// module a `SET NX PX` string lock with the same token); returns each lock's fence
 /// (empty for a string lock).
 fn hold(s: &Server, on: On, conns: usize) -> io::Result<Vec<Vec<u8>>> {
-    let mut c = s.conn()?;
     let module = on == On::Lock;
     let cmds: Vec<Vec<Vec<u8>>> = (0..conns)
-        .map(|i| {
-            let (k, t) = (lock_key(i), TOKEN.to_vec());
-            let ttl = ops::TTL.to_vec();
-            match module {
-                true => vec![
-                    b"LOCK.ACQUIRE".to_vec(),
-                    k,
-                    b"TOKEN".to_vec(),
-                    t,
-                    b"PX".to_vec(),
-                    ttl,
-                ],
-                false => vec![b"SET".to_vec(), k, t, b"NX".to_vec(), b"PX".to_vec(), ttl],
-            }
+        .map(|i| match module {
+            true => args!["LOCK.ACQUIRE", lock_key(i), "TOKEN", TOKEN, "PX", ops::TTL],
+            false => args!["SET", lock_key(i), TOKEN, "NX", "PX", ops::TTL],
         })
         .collect();
-    let replies = c.pipeline(&cmds)?;
+    let replies = s.conn()?.pipeline(&cmds)?;
     replies
         .iter()
         .map(|r| match (module, r.grant(), r.as_bytes()) {
@@ -92,18 +80,25 @@ fn batch(op: &Op) -> Batch<'_> {
     }
 }
 
+/// The writes of `op` as a workload, each connection on its own lock (of fence `fences[conn]`).
+fn writes_of<'a>(
+    op: &'a Op,
+    scripts: &'a Scripts,
+    fences: &'a [Vec<u8>],
+) -> impl Fn(usize, u64, &mut Vec<u8>) -> Option<Shape> + 'a {
+    let per_op = op.commands_per_op();
+    move |conn, i, out| {
+        let fence = fences.get(conn).map_or(&b""[..], Vec::as_slice);
+        let vars = Vars { scripts, fence };
+        op.put_with((i % per_op) as usize, &lock_key(conn), vars, out)
+    }
+}
+
 /// Writes per second of `op` on `s`, `cmds` commands per connection (whole writes).
 fn rate(s: &Server, op: &Op, fences: &[Vec<u8>], cmds: u64) -> io::Result<f64> {
     let per_op = op.commands_per_op();
     let per_conn = cmds.max(per_op) / per_op * per_op;
-    let w = |conn: usize, i: u64, out: &mut Vec<u8>| {
-        let fence = fences.get(conn).map_or(&b""[..], Vec::as_slice);
-        let vars = Vars {
-            scripts: &s.scripts,
-            fence,
-        };
-        op.put_with((i % per_op) as usize, &lock_key(conn), vars, out)
-    };
+    let w = writes_of(op, &s.scripts, fences);
     let conns = fences.len();
     let per_sec = load::run_batched(s.port, conns, &batch(op), per_conn, &op.shown(), &w)?;
     Ok(per_sec / per_op as f64)
@@ -135,7 +130,7 @@ fn rates(rig: &Rig) -> io::Result<Vec<GuardedRate>> {
         GuardedRate {
             name: name.into(),
             command: op.shown(),
-            server: server_name(on).into(),
+            server: server_name((on, false)).into(),
             commands: op.commands_per_op(),
             round_trips: if op.trips.is_empty() {
                 op.commands_per_op()
@@ -147,13 +142,6 @@ fn rates(rig: &Rig) -> io::Result<Vec<GuardedRate>> {
         }
     });
     Ok(rows.collect())
-}
-
-fn server_name(on: On) -> &'static str {
-    match on {
-        On::Plain => "without the module",
-        _ => "with the module",
-    }
 }
 
 /// A connection read reply by reply, or polled with others.
@@ -176,10 +164,42 @@ impl Peer {
         })
     }
 
+    fn many(port: u16, n: u64) -> io::Result<Vec<Peer>> {
+        (0..n).map(|_| Peer::connect(port)).collect()
+    }
+
     fn send(&mut self, args: &[&[u8]]) -> io::Result<()> {
         let mut out = Vec::with_capacity(128);
         encode(&mut out, args);
         self.s.write_all(&out)
+    }
+
+    /// `LOCK.ACQUIRE k TOKEN holder PX LEASE`, with `BLOCK` when `block`.
+    fn acquire(&mut self, k: &[u8], holder: &[u8], block: bool) -> io::Result<()> {
+        let cmd = [
+            b"LOCK.ACQUIRE",
+            k,
+            b"TOKEN",
+            holder,
+            b"PX",
+            LEASE,
+            b"BLOCK",
+            BLOCK,
+        ];
+        self.send(&cmd[..if block { 8 } else { 6 }])
+    }
+
+    /// `LOCK.RELEASE k holder`; returns when its reply (`:1`, else an error) was read.
+    fn release(&mut self, k: &[u8], holder: &[u8]) -> io::Result<Instant> {
+        self.send(&[b"LOCK.RELEASE", k, holder])?;
+        match self.reply()?.0 {
+            Shape::Int(1) => Ok(Instant::now()),
+            other => Err(io::Error::other(format!("RELEASE answered {other:?}"))),
+        }
+    }
+
+    fn watch(&mut self, k: &[u8], fence: &[u8]) -> io::Result<()> {
+        self.send(&[b"LOCK.WATCH", k, b"FENCE", fence, b"BLOCK", BLOCK])
     }
 
     /// A complete reply taken from the buffer, if there is one.
@@ -212,12 +232,15 @@ impl Peer {
     }
 }
 
-/// The fence of a `[token, fence]` grant as its digits.
-fn fence_of(grant: &[u8]) -> Option<Vec<u8>> {
-    let body = grant.strip_suffix(b"\r\n")?;
-    let at = body.iter().rposition(|&b| b == b':')?;
-    let digits = &body[at + 1..];
-    (!digits.is_empty() && digits.iter().all(u8::is_ascii_digit)).then(|| digits.to_vec())
+/// The fence of a `[token, fence]` grant as its digits; `Err(what)` for another reply.
+fn fence_of(grant: &[u8], what: &str) -> io::Result<Vec<u8>> {
+    let digits = grant.strip_suffix(b"\r\n").and_then(|body| {
+        let at = body.iter().rposition(|&b| b == b':')?;
+        Some(&body[at + 1..]).filter(|d| !d.is_empty() && d.iter().all(u8::is_ascii_digit))
+    });
+    digits
+        .map(<[u8]>::to_vec)
+        .ok_or_else(|| io::Error::other(what.to_string()))
 }
 
 /// Reads one reply from each peer, as they come; returns, in the peers' order, when
@@ -229,14 +252,7 @@ fn gather(peers: &mut [&mut Peer]) -> io::Result<Vec<(Instant, Shape, Vec<u8>)>>
             *g = Some((Instant::now(), shape, r));
         }
     }
-    let mut fds: Vec<libc::pollfd> = peers
-        .iter()
-        .map(|p| libc::pollfd {
-            fd: p.s.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+    let mut fds = load::pollfds(peers.iter().map(|p| p.s.as_raw_fd()));
     let start = Instant::now();
     while got.iter().any(Option::is_none) {
         for (f, g) in fds.iter_mut().zip(&got) {
@@ -244,15 +260,7 @@ fn gather(peers: &mut [&mut Peer]) -> io::Result<Vec<(Instant, Shape, Vec<u8>)>>
                 f.fd = -1;
             }
         }
-        // SAFETY: poll(2) on a valid array of pollfd structs of ours.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        load::poll(&mut fds)?;
         if start.elapsed() > STALL {
             return Err(io::Error::other(
                 "observe: a watcher or waiter never answered",
@@ -271,24 +279,11 @@ fn gather(peers: &mut [&mut Peer]) -> io::Result<Vec<(Instant, Shape, Vec<u8>)>>
     Ok(got.into_iter().flatten().collect())
 }
 
-/// Waits until the server counts `waiters` waiters and `watchers` watchers.
+/// Waits (polling without a pause) until the server counts `waiters` waiters and
+/// `watchers` watchers.
 fn wait_counts(c: &mut RawConn, waiters: u64, watchers: u64) -> io::Result<()> {
-    let start = Instant::now();
-    loop {
-        let info = c.info("lock")?;
-        let get = |f: &str| {
-            let v = info.iter().find(|(k, _)| k == f);
-            v.and_then(|(_, v)| v.parse::<u64>().ok())
-        };
-        if get("lock_waiters") == Some(waiters) && get("lock_watchers") == Some(watchers) {
-            return Ok(());
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            return Err(io::Error::other(format!(
-                "observe: {waiters} waiters and {watchers} watchers never queued"
-            )));
-        }
-    }
+    let want = [("lock_waiters", waiters), ("lock_watchers", watchers)];
+    ops::wait_for(c, "lock", &want, Duration::ZERO, STALL)
 }
 
 /// Percentiles of the samples (all 0 with `n` 0 when there are none).
@@ -325,13 +320,11 @@ struct Turns {
 impl Turns {
     fn start(port: u16, key: &str) -> io::Result<Turns> {
         let mut peers = [Peer::connect(port)?, Peer::connect(port)?];
-        let k = key.as_bytes();
-        peers[0].send(&[b"LOCK.ACQUIRE", k, b"TOKEN", HOLDERS[0], b"PX", LEASE])?;
-        let (_, r) = peers[0].reply()?;
-        let fence = fence_of(&r).ok_or_else(|| io::Error::other("observe: first grant"))?;
+        peers[0].acquire(key.as_bytes(), HOLDERS[0], false)?;
+        let fence = fence_of(&peers[0].reply()?.1, "observe: first grant")?;
         Ok(Turns {
             peers,
-            key: k.to_vec(),
+            key: key.as_bytes().to_vec(),
             holder: 0,
             fence,
         })
@@ -340,39 +333,18 @@ impl Turns {
     /// The other client queues behind the holder (not waiting for it to queue).
     fn queue_waiter(&mut self) -> io::Result<()> {
         let w = 1 - self.holder;
-        let k = &self.key;
-        let cmd: [&[u8]; 8] = [
-            b"LOCK.ACQUIRE",
-            k,
-            b"TOKEN",
-            HOLDERS[w],
-            b"PX",
-            LEASE,
-            b"BLOCK",
-            BLOCK,
-        ];
-        self.peers[w].send(&cmd)
+        self.peers[w].acquire(&self.key, HOLDERS[w], true)
     }
 
     /// The holder releases: returns when it sent the RELEASE and when it read the reply.
     fn release(&mut self) -> io::Result<(Instant, Instant)> {
-        let h = self.holder;
-        let t0 = Instant::now();
-        self.peers[h].send(&[b"LOCK.RELEASE", &self.key, HOLDERS[h]])?;
-        let (shape, _) = self.peers[h].reply()?;
-        let t1 = Instant::now();
-        if shape != Shape::Int(1) {
-            return Err(io::Error::other(format!(
-                "observe: RELEASE answered {shape:?}"
-            )));
-        }
-        Ok((t0, t1))
+        let (h, t0) = (self.holder, Instant::now());
+        Ok((t0, self.peers[h].release(&self.key, HOLDERS[h])?))
     }
 
     /// Takes the waiter's grant (read by the caller): it becomes the holder.
     fn granted(&mut self, reply: &[u8]) -> io::Result<()> {
-        self.fence = fence_of(reply)
-            .ok_or_else(|| io::Error::other("observe: the waiter was not granted"))?;
+        self.fence = fence_of(reply, "observe: the waiter was not granted")?;
         self.holder = 1 - self.holder;
         Ok(())
     }
@@ -389,22 +361,12 @@ pub fn handoffs_at(cfg: &Config, watchers: u64) -> usize {
 fn observe_level(s: &Server, n: u64, handoffs: usize) -> io::Result<ObserveLevel> {
     let mut ctl = s.conn()?;
     let mut turns = Turns::start(s.port, &format!("observe:{n}"))?;
-    let mut watchers = (0..n)
-        .map(|_| Peer::connect(s.port))
-        .collect::<io::Result<Vec<_>>>()?;
+    let mut watchers = Peer::many(s.port, n)?;
     let (mut release, mut grant, mut watch, mut last) = (vec![], vec![], vec![], vec![]);
     for _ in 0..handoffs {
         turns.queue_waiter()?;
         for w in &mut watchers {
-            let cmd: [&[u8]; 6] = [
-                b"LOCK.WATCH",
-                &turns.key,
-                b"FENCE",
-                &turns.fence,
-                b"BLOCK",
-                BLOCK,
-            ];
-            w.send(&cmd)?;
+            w.watch(&turns.key, &turns.fence)?;
         }
         wait_counts(&mut ctl, 1, n)?;
         let (t0, t1) = turns.release()?;
@@ -558,17 +520,11 @@ pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCall
         for (name, op, _) in WRITES.iter().filter(|w| w.2 == on) {
             let per_op = op.commands_per_op();
             let scripts = s.server.scripts.clone();
-            let w = |_: usize, i: u64, out: &mut Vec<u8>| {
-                let vars = Vars {
-                    scripts: &scripts,
-                    fence: &fences[0],
-                };
-                op.put_with((i % per_op) as usize, &lock_key(0), vars, out)
-            };
+            let w = writes_of(op, &scripts, &fences);
             let b = batch(op);
             load::run_batched(s.server.port, 1, &b, writes / 10 * per_op, "warm-up", &w)?;
             s.settle(SETTLE);
-            let dump = s.measure_batched(&w, writes * per_op, &b, name)?;
+            let dump = s.measure(&w, writes * per_op, Some(&b), name)?;
             let c = costs(&dump, writes)?;
             eprintln!(
                 "  [callgrind {label}] {name}: {:.0} Ir per write, {:.0} in processCommand",
@@ -577,7 +533,7 @@ pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCall
             rows.push(CgWrite {
                 name: name.to_string(),
                 command: op.shown(),
-                server: server_name(on).into(),
+                server: server_name((on, false)).into(),
                 total: c.total,
                 process: c.process,
                 inclusive: c.inclusive,
@@ -612,40 +568,19 @@ fn release_with_watchers(s: &mut Session, n: u64) -> io::Result<CgRelease> {
     let port = s.server.port;
     let mut ctl = s.server.conn()?;
     let mut holder = Peer::connect(port)?;
-    let mut watchers = (0..n)
-        .map(|_| Peer::connect(port))
-        .collect::<io::Result<Vec<_>>>()?;
+    let mut watchers = Peer::many(port, n)?;
     let k = format!("cg-observe:{n}");
     let (mut process, mut total) = (vec![], vec![]);
     // The first round warms up (the first use of the key's watcher list), uncounted.
     for rep in 0..=CG_RELEASES {
-        holder.send(&[
-            b"LOCK.ACQUIRE",
-            k.as_bytes(),
-            b"TOKEN",
-            HOLDERS[0],
-            b"PX",
-            LEASE,
-        ])?;
-        let (_, r) = holder.reply()?;
-        let fence = fence_of(&r).ok_or_else(|| io::Error::other("cg observe: not granted"))?;
+        holder.acquire(k.as_bytes(), HOLDERS[0], false)?;
+        let fence = fence_of(&holder.reply()?.1, "cg observe: not granted")?;
         for w in &mut watchers {
-            let cmd: [&[u8]; 6] = [
-                b"LOCK.WATCH",
-                k.as_bytes(),
-                b"FENCE",
-                &fence,
-                b"BLOCK",
-                BLOCK,
-            ];
-            w.send(&cmd)?;
+            w.watch(k.as_bytes(), &fence)?;
         }
         wait_counts(&mut ctl, 0, n)?;
         s.zero()?;
-        holder.send(&[b"LOCK.RELEASE", k.as_bytes(), HOLDERS[0]])?;
-        if holder.reply()?.0 != Shape::Int(1) {
-            return Err(io::Error::other("cg observe: RELEASE failed"));
-        }
+        holder.release(k.as_bytes(), HOLDERS[0])?;
         let mut peers: Vec<&mut Peer> = watchers.iter_mut().collect();
         gather(&mut peers)?;
         let dump = s.dump()?;

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 /// The outline of one reply, enough to check it against an expectation.
@@ -146,6 +146,31 @@ fn nonblocking(mut f: impl FnMut() -> io::Result<usize>) -> io::Result<Option<us
     }
 }
 
+/// A pollfd waiting for input on each of `fds`.
+pub fn pollfds(fds: impl Iterator<Item = RawFd>) -> Vec<libc::pollfd> {
+    let pfd = |fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    fds.map(pfd).collect()
+}
+
+/// poll(2) for up to a second, retried when interrupted; the number of ready fds.
+pub fn poll(fds: &mut [libc::pollfd]) -> io::Result<i32> {
+    loop {
+        // SAFETY: poll(2) on a valid array of pollfd structs of ours.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) };
+        if n >= 0 {
+            return Ok(n);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Longest time without a single reply before the run is declared stuck.
 const STALL: Duration = Duration::from_secs(60);
 
@@ -221,14 +246,7 @@ pub fn run_batched(
         c.next_batch(id, batch, per_conn, w)?;
     }
     // One pollfd per connection, in the same order; a finished one gets fd -1 (ignored).
-    let mut fds: Vec<libc::pollfd> = clients
-        .iter()
-        .map(|c| libc::pollfd {
-            fd: c.stream.as_raw_fd(),
-            events: 0,
-            revents: 0,
-        })
-        .collect();
+    let mut fds = pollfds(clients.iter().map(|c| c.stream.as_raw_fd()));
     while clients.iter().any(|c| c.replied < per_conn) {
         for (pfd, c) in fds.iter_mut().zip(&clients) {
             let out = c.out_pos < c.out.len();
@@ -237,15 +255,7 @@ pub fn run_batched(
                 pfd.fd = -1;
             }
         }
-        // SAFETY: poll(2) on a valid array of pollfd structs of ours.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = poll(&mut fds)?;
         if n == 0 && last_progress.elapsed() > STALL {
             return Err(io::Error::other(format!(
                 "load stalled: no reply for {STALL:?}"

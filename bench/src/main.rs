@@ -128,21 +128,13 @@ fn bench_server(bin: &Path, cfg: &Config, first: bool, date: &str) -> io::Result
     let rig = Rig::start(bin, cfg)?;
     let s = &rig.lock;
     eprintln!("== {} ({})", s.label, bin.display());
-    let mut r = ServerResults {
-        label: s.label.clone(),
-        throughput: None,
-        latency: None,
-        memory: None,
-        scaling: None,
-        crosscheck: None,
-        guarded: None,
-    };
+    let mut r = no_results(&s.label);
     let t = Instant::now();
-    // Each suite that is asked for fills its field and leaves the server empty.
+    // Each suite that is asked for fills its field and leaves the servers empty.
     macro_rules! suite {
-        ($name:literal, $field:ident, $module:ident, $on:expr) => {
+        ($name:literal, $field:ident, $run:expr) => {
             if cfg.has($name) {
-                r.$field = Some($module::run($on)?);
+                r.$field = Some($run?);
                 for s in [&rig.lock, &rig.plain, &rig.floor] {
                     ops::flushall(&mut s.conn()?)?;
                 }
@@ -150,21 +142,29 @@ fn bench_server(bin: &Path, cfg: &Config, first: bool, date: &str) -> io::Result
             }
         };
     }
-    suite!("throughput", throughput, throughput, &rig);
-    suite!("latency", latency, latency, &rig);
-    suite!("memory", memory, memory, s);
-    suite!("scaling", scaling, scaling, s);
+    suite!("throughput", throughput, throughput::run(&rig));
+    suite!("latency", latency, latency::run(&rig));
+    suite!("memory", memory, memory::run(s));
+    suite!("scaling", scaling, scaling::run(s));
     if cfg.rb_rounds > 0 {
-        suite!("crosscheck", crosscheck, crosscheck, &rig);
+        suite!("crosscheck", crosscheck, crosscheck::run(&rig));
     }
-    if cfg.has("guarded") {
-        r.guarded = Some(guarded::run(&rig, first, date)?);
-        for s in [&rig.lock, &rig.plain, &rig.floor] {
-            ops::flushall(&mut s.conn()?)?;
-        }
-        eprintln!("  guarded done at {:.0}s", t.elapsed().as_secs_f64());
-    }
+    suite!("guarded", guarded, guarded::run(&rig, first, date));
     Ok(r)
+}
+
+fn no_results(label: &str) -> ServerResults {
+    let label = label.to_string();
+    let (throughput, latency, memory, scaling, crosscheck, guarded) = Default::default();
+    ServerResults {
+        label,
+        throughput,
+        latency,
+        memory,
+        scaling,
+        crosscheck,
+        guarded,
+    }
 }
 
 /// The server callgrind runs on: the first one (Redis 7.0.15 by default).
@@ -275,13 +275,8 @@ fn guarded_only(cfg: &Config) -> io::Result<()> {
         match run.servers.iter_mut().find(|s| s.label == rig.lock.label) {
             Some(s) => s.guarded = Some(g),
             None => run.servers.push(ServerResults {
-                label: rig.lock.label.clone(),
-                throughput: None,
-                latency: None,
-                memory: None,
-                scaling: None,
-                crosscheck: None,
                 guarded: Some(g),
+                ..no_results(&rig.lock.label)
             }),
         }
     }

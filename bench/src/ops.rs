@@ -292,32 +292,42 @@ pub fn key(prefix: &[u8], conn: usize, i: u64) -> Vec<u8> {
 /// lazy-free work is pending.
 pub fn flushall(c: &mut RawConn) -> io::Result<()> {
     c.ok(&[b"FLUSHALL", b"SYNC"])?;
-    let limit = Duration::from_secs(60);
-    wait_for(c, "memory", "lazyfree_pending_objects", 0, limit)
+    let (pause, limit) = (Duration::from_millis(20), Duration::from_secs(60));
+    wait_for(
+        c,
+        "memory",
+        &[("lazyfree_pending_objects", 0)],
+        pause,
+        limit,
+    )
 }
 
-/// Polls `INFO <section>` until `field` (0 when the server has no such field) is `want`.
-fn wait_for(
+/// Polls `INFO <section>`, `pause` apart, until every `(field, value)` of `want` holds
+/// (a field the server does not have reads 0).
+pub fn wait_for(
     c: &mut RawConn,
     section: &str,
-    field: &str,
-    want: u64,
+    want: &[(&str, u64)],
+    pause: Duration,
     limit: Duration,
 ) -> io::Result<()> {
     let start = Instant::now();
     loop {
         let info = c.info(section)?;
-        let v = info.iter().find(|(k, _)| k == field);
-        let v = v.map_or(0, |(_, v)| v.parse().unwrap_or(0));
-        if v == want {
+        let get = |f: &str| {
+            info.iter()
+                .find(|(k, _)| k == f)
+                .and_then(|(_, v)| v.parse().ok())
+        };
+        let off = want.iter().map(|&(f, w)| (f, get(f).unwrap_or(0), w));
+        let Some((field, v, _)) = off.into_iter().find(|(_, v, w)| v != w) else {
             return Ok(());
-        }
+        };
         if start.elapsed() > limit {
-            return Err(io::Error::other(format!(
-                "{field} stuck at {v} after {limit:?}"
-            )));
+            let msg = format!("INFO {section}: {field} stuck at {v} after {limit:?}");
+            return Err(io::Error::other(msg));
         }
-        sleep(Duration::from_millis(20));
+        sleep(pause);
     }
 }
 
@@ -368,8 +378,14 @@ impl Waiters {
             encode(&mut buf, &cmd.iter().map(Vec::as_slice).collect::<Vec<_>>());
             s.write_all(&buf)?;
         }
-        let limit = Duration::from_secs(120);
-        wait_for(c, "lock", "lock_waiters", before + count, limit)?;
+        let want = [("lock_waiters", before + count)];
+        wait_for(
+            c,
+            "lock",
+            &want,
+            Duration::from_millis(20),
+            Duration::from_secs(120),
+        )?;
         step(c)?;
         Ok(Waiters(conns))
     }
@@ -377,7 +393,14 @@ impl Waiters {
     /// Disconnects the waiters and waits until the server has none left.
     pub fn release(self, c: &mut RawConn) -> io::Result<()> {
         drop(self.0);
-        wait_for(c, "lock", "lock_waiters", 0, Duration::from_secs(60))
+        let pause = Duration::from_millis(20);
+        wait_for(
+            c,
+            "lock",
+            &[("lock_waiters", 0)],
+            pause,
+            Duration::from_secs(60),
+        )
     }
 }
 

@@ -49,15 +49,17 @@ pub fn server_bin() -> PathBuf {
     env_path("LOCK_SERVER_BIN").unwrap_or_else(|| PathBuf::from("redis-server"))
 }
 
+/// The workspace's target directory: `$CARGO_TARGET_DIR`, or `target/`.
+pub(crate) fn target_dir() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    env_path("CARGO_TARGET_DIR").unwrap_or_else(|| workspace.join("target"))
+}
+
 /// The module, made absolute: `$LOCK_MODULE`, or the workspace's release build (under
 /// `$CARGO_TARGET_DIR` when that is set). Panics when it is missing.
 pub fn module_path() -> PathBuf {
-    let path = env_path("LOCK_MODULE").unwrap_or_else(|| {
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        env_path("CARGO_TARGET_DIR")
-            .unwrap_or_else(|| workspace.join("target"))
-            .join("release/libredis_lock.so")
-    });
+    let path =
+        env_path("LOCK_MODULE").unwrap_or_else(|| target_dir().join("release/libredis_lock.so"));
     if !path.is_file() {
         panic!(
             "module not found at {}: build it first with `cargo build --release` \

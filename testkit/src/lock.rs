@@ -82,26 +82,25 @@ pub fn acquire_in_cluster(c: &mut RawConn, key: &str, args: &[&str], patience: D
     }
 }
 
+/// `cmd`'s integer reply is 1 (an error if it is no integer).
+fn is_one(c: &mut RawConn, cmd: &[&[u8]]) -> io::Result<bool> {
+    let r = c.call(cmd)?;
+    let name = String::from_utf8_lossy(cmd[0]);
+    r.as_int().map(|n| n == 1).ok_or_else(|| other(&name, &r))
+}
+
 /// `LOCK.RELEASE key token`: true when released.
 pub fn release(c: &mut RawConn, key: &str, token: &[u8]) -> io::Result<bool> {
-    let r = c.call(&[b"LOCK.RELEASE", key.as_bytes(), token])?;
-    r.as_int()
-        .map(|n| n == 1)
-        .ok_or_else(|| other("LOCK.RELEASE", &r))
+    is_one(c, &[b"LOCK.RELEASE", key.as_bytes(), token])
 }
 
 /// `LOCK.EXTEND key token PX ms`: true when the lease was reset.
 pub fn extend(c: &mut RawConn, key: &str, token: &[u8], px: u64) -> io::Result<bool> {
-    let r = c.call(&[
-        b"LOCK.EXTEND",
-        key.as_bytes(),
-        token,
-        b"PX",
-        px.to_string().as_bytes(),
-    ])?;
-    r.as_int()
-        .map(|n| n == 1)
-        .ok_or_else(|| other("LOCK.EXTEND", &r))
+    let px = px.to_string();
+    is_one(
+        c,
+        &[b"LOCK.EXTEND", key.as_bytes(), token, b"PX", px.as_bytes()],
+    )
 }
 
 /// `LOCK.INFO key`: `None` when free.

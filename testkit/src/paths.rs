@@ -20,68 +20,47 @@ use std::time::Duration;
 
 use crate::resp::{RawConn, Resp};
 use crate::server::{Server, ServerBuilder};
-use crate::wait_until;
+use crate::{target_dir, wait_until};
 
-/// How a command reaches the module on one server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Path {
-    Direct,
-    Pipelined,
-    Multi,
-    Eval,
-    Fcall,
-    ModuleCall,
-}
+/// `enum Name { Variant => "name", ... }`: a plain enum with `ALL` (every variant, in
+/// order) and `name()` (how test output names it).
+macro_rules! named {
+    ($(#[$doc:meta])* $ty:ident { $($v:ident => $name:literal),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $ty { $($v),* }
 
-impl Path {
-    /// Every command path.
-    pub const ALL: [Path; 6] = [
-        Path::Direct,
-        Path::Pipelined,
-        Path::Multi,
-        Path::Eval,
-        Path::Fcall,
-        Path::ModuleCall,
-    ];
+        impl $ty {
+            pub const ALL: [$ty; [$($name),*].len()] = [$($ty::$v),*];
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Path::Direct => "direct",
-            Path::Pipelined => "pipelined",
-            Path::Multi => "multi",
-            Path::Eval => "eval",
-            Path::Fcall => "fcall",
-            Path::ModuleCall => "module-call",
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$v => $name),* }
+            }
         }
+    };
+}
+
+named!(
+    /// How a command reaches the module on one server.
+    Path {
+        Direct => "direct",
+        Pipelined => "pipelined",
+        Multi => "multi",
+        Eval => "eval",
+        Fcall => "fcall",
+        ModuleCall => "module-call",
     }
-}
+);
 
-/// How the state a command made travels to another place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Carry {
-    Replica,
-    AofReplay,
-    Restore,
-    FullSync,
-}
-
-impl Carry {
-    pub const ALL: [Carry; 4] = [
-        Carry::Replica,
-        Carry::AofReplay,
-        Carry::Restore,
-        Carry::FullSync,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Carry::Replica => "replica-stream",
-            Carry::AofReplay => "aof-replay",
-            Carry::Restore => "dump-restore",
-            Carry::FullSync => "full-sync",
-        }
+named!(
+    /// How the state a command made travels to another place.
+    Carry {
+        Replica => "replica-stream",
+        AofReplay => "aof-replay",
+        Restore => "dump-restore",
+        FullSync => "full-sync",
     }
-}
+);
 
 /// The script every [`Path::Eval`] call runs: the command line is `ARGV`.
 pub const EVAL_SCRIPT: &str = "return redis.call(unpack(ARGV))";
@@ -147,26 +126,24 @@ pub fn helper_module_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let workspace = FsPath::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace.join("target"));
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = Command::new(cargo)
-            .current_dir(&workspace)
-            .args(["build", "--release", "-q", "-p", "redis-lock-helper-module"])
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run cargo to build the helper module: {e}"));
-        assert!(
-            out.status.success(),
-            "building the helper module failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let args = ["build", "--release", "-q", "-p", "redis-lock-helper-module"];
+        build(
+            Command::new(cargo).current_dir(&workspace).args(args),
+            "the helper module",
         );
-        let so = target.join("release/libredis_lock_helper.so");
+        let so = target_dir().join("release/libredis_lock_helper.so");
         assert!(so.is_file(), "{} missing after the build", so.display());
         so.canonicalize().unwrap_or(so)
     })
     .clone()
+}
+
+/// Runs the build of `what`; panics with its output when it fails.
+fn build(cmd: &mut Command, what: &str) {
+    let out = (cmd.output()).unwrap_or_else(|e| panic!("cannot run the build of {what}: {e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "building {what} failed: {err}");
 }
 
 /// `b` with the helper module loaded beside the lock module.
@@ -201,33 +178,31 @@ pub fn durable_info(c: &mut RawConn, key: &str) -> Option<Vec<(String, Resp)>> {
     let pairs = r
         .try_pairs()
         .unwrap_or_else(|| panic!("LOCK.INFO {key}: {r:?}"));
-    Some(
-        pairs
-            .into_iter()
-            .filter(|(k, _)| k != "ttl" && k != "waiters" && k != "cursor")
-            .map(|(k, v)| {
-                let v = if k == "holder-list" {
-                    Resp::Array(v.items().iter().map(without_ttl).collect())
-                } else {
-                    v
-                };
-                (k, v)
-            })
-            .collect(),
-    )
+    Some(without(&pairs, &["ttl", "waiters", "cursor"], "ttl"))
 }
 
-fn without_ttl(holder: &Resp) -> Resp {
-    match holder.try_pairs() {
-        Some(pairs) => Resp::Array(
-            pairs
-                .into_iter()
-                .filter(|(k, _)| k != "ttl")
+/// `info` without the fields `top`, and without `inner` inside each holder of
+/// `holder-list`.
+fn without(info: &[(String, Resp)], top: &[&str], inner: &str) -> Vec<(String, Resp)> {
+    let holder = |h: &Resp| match h.try_pairs() {
+        Some(p) => Resp::Array(
+            p.into_iter()
+                .filter(|(k, _)| k != inner)
                 .flat_map(|(k, v)| [Resp::Bulk(k.into_bytes()), v])
                 .collect(),
         ),
-        None => holder.clone(),
-    }
+        None => h.clone(),
+    };
+    info.iter()
+        .filter(|(k, _)| !top.contains(&k.as_str()))
+        .map(|(k, v)| match k == "holder-list" {
+            true => (
+                k.clone(),
+                Resp::Array(v.items().iter().map(holder).collect()),
+            ),
+            false => (k.clone(), v.clone()),
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -424,26 +399,16 @@ pub fn clock_shim_path() -> PathBuf {
     PATH.get_or_init(|| {
         let root = FsPath::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let src = root.join("scripts/reliability/clockshift.c");
-        let dir = std::env::var_os("CARGO_TARGET_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target"))
-            .join("reliability");
+        let dir = target_dir().join("reliability");
         let lib = dir.join("libclockshift.so");
         let mtime = |p: &FsPath| std::fs::metadata(p).and_then(|m| m.modified()).ok();
         if mtime(&lib).is_none() || mtime(&lib) < mtime(&src) {
             std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
             let part = dir.join(format!("libclockshift.so.{}", std::process::id()));
-            let out = Command::new("gcc")
-                .args(["-O2", "-Wall", "-shared", "-fPIC", "-o"])
-                .arg(&part)
-                .arg(&src)
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run gcc for the clock shim: {e}"));
-            assert!(
-                out.status.success(),
-                "building the clock shim failed: {}",
-                String::from_utf8_lossy(&out.stderr)
+            let gcc = ["-O2", "-Wall", "-shared", "-fPIC", "-o"];
+            build(
+                Command::new("gcc").args(gcc).arg(&part).arg(&src),
+                "the clock shim",
             );
             std::fs::rename(&part, &lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
         }
@@ -515,34 +480,6 @@ fn expires_of(info: &[(String, Resp)]) -> Vec<i64> {
     out
 }
 
-fn without_expires(info: &[(String, Resp)]) -> Vec<(String, Resp)> {
-    info.iter()
-        .filter(|(k, _)| k != "expires-at")
-        .map(|(k, v)| {
-            let v = if k == "holder-list" {
-                Resp::Array(
-                    v.as_items()
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|h| match h.try_pairs() {
-                            Some(p) => Resp::Array(
-                                p.into_iter()
-                                    .filter(|(k, _)| k != "expires-at")
-                                    .flat_map(|(k, v)| [Resp::Bulk(k.into_bytes()), v])
-                                    .collect(),
-                            ),
-                            None => h.clone(),
-                        })
-                        .collect(),
-                )
-            } else {
-                v.clone()
-            };
-            (k.clone(), v)
-        })
-        .collect()
-}
-
 /// Compares two [`durable_info`]s: equal in every field, each `expires-at` of `got`
 /// within [-`EARLIER_SLACK_MS`, +`LATER_SLACK_MS`] of `want`'s (a carried lease is never
 /// shorter). Err describes the difference.
@@ -553,7 +490,8 @@ pub fn same_state(
     match (want, got) {
         (None, None) => Ok(()),
         (Some(w), Some(g)) => {
-            if without_expires(w) != without_expires(g) {
+            let bare = |i| without(i, &["expires-at"], "expires-at");
+            if bare(w) != bare(g) {
                 return Err(format!("fields differ:\n  want {w:?}\n  got  {g:?}"));
             }
             let (we, ge) = (expires_of(w), expires_of(g));

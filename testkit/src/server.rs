@@ -168,18 +168,7 @@ impl ServerBuilder {
         // The primary's side too: a replica can say its link is up while the primary still
         // holds it in a sync (state=wait_bgsave, seen on Redis 7.0.15 under load), and the
         // primary does not count such a replica for WAIT or as connected and online.
-        let online = format!("port={},state=online", replica.port);
-        let seen = wait_until(timeout, || {
-            primary
-                .info_section("replication")
-                .is_some_and(|t| t.contains(&online))
-        });
-        if !seen {
-            return Err(format!(
-                "the primary never saw its replica online\n{}",
-                primary.log_tail()
-            ));
-        }
+        primary.wait_replica_online(replica.port, timeout)?;
         Ok(replica)
     }
 
@@ -535,6 +524,21 @@ impl Server {
         c.call(&["INFO", section]).ok()?.as_text()
     }
 
+    /// Waits until this primary lists its replica on `port` as `state=online`.
+    pub fn wait_replica_online(&self, port: u16, timeout: Duration) -> Result<(), String> {
+        let online = format!("port={port},state=online");
+        let seen = || {
+            self.info_section("replication")
+                .is_some_and(|t| t.contains(&online))
+        };
+        wait_until(timeout, seen).then_some(()).ok_or_else(|| {
+            format!(
+                "the primary never saw its replica online\n{}",
+                self.log_tail()
+            )
+        })
+    }
+
     /// Waits until this replica's link to its primary is up and no sync is running.
     pub fn wait_synced(&self, timeout: Duration) -> Result<(), String> {
         let synced = wait_until(timeout, || {
@@ -602,14 +606,8 @@ impl ReplicaPair {
     /// new replica is synced, then swaps `primary` and `replica`. An aborted failover
     /// (`TIMEOUT`) leaves the roles as they were and is an `Err`.
     pub fn failover(&mut self, timeout: Duration) -> Result<(), String> {
-        let online = wait_until(timeout, || {
-            self.primary
-                .info_field("replication", "slave0")
-                .is_some_and(|s| s.contains("state=online"))
-        });
-        if !online {
-            return Err("the primary does not see its replica online".into());
-        }
+        self.primary
+            .wait_replica_online(self.replica.port, timeout)?;
         let ms = timeout.as_millis().to_string();
         let mut c = self
             .primary
@@ -687,14 +685,12 @@ impl Cluster {
         for (i, node) in cluster.nodes.iter().enumerate() {
             let mut cmd = vec!["CLUSTER".to_string(), "ADDSLOTS".to_string()];
             cmd.extend((i * 16384 / n..(i + 1) * 16384 / n).map(|s| s.to_string()));
+            let addr = node.addr();
+            check(node.raw().call(&cmd), format!("CLUSTER ADDSLOTS on {addr}"))?;
+            let epoch = ["CLUSTER", "SET-CONFIG-EPOCH", &(i + 1).to_string()];
             check(
-                node.raw().call(&cmd),
-                format!("CLUSTER ADDSLOTS on {}", node.addr()),
-            )?;
-            let epoch = (i + 1).to_string();
-            check(
-                node.raw().call(&["CLUSTER", "SET-CONFIG-EPOCH", &epoch]),
-                format!("CLUSTER SET-CONFIG-EPOCH on {}", node.addr()),
+                node.raw().call(&epoch),
+                format!("{} on {addr}", epoch.join(" ")),
             )?;
         }
         let mut c0 = cluster.nodes[0].raw();

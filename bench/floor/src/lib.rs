@@ -29,24 +29,10 @@ static FLOOR_TYPE: RedisType = RedisType::new(
     0,
     raw::RedisModuleTypeMethods {
         version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
-        rdb_load: None,
-        rdb_save: None,
-        aof_rewrite: None,
         free: Some(free),
-        mem_usage: None,
-        digest: None,
-        aux_load: None,
-        aux_save: None,
-        aux_save2: None,
-        aux_save_triggers: 0,
-        free_effort: None,
-        unlink: None,
-        copy: None,
-        defrag: None,
-        copy2: None,
-        free_effort2: None,
-        mem_usage2: None,
-        unlink2: None,
+        // SAFETY: every other field is an optional callback (None when zeroed) or a
+        // number (0: no aux_save triggers).
+        ..unsafe { std::mem::zeroed() }
     },
 );
 
