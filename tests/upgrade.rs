@@ -293,3 +293,118 @@ fn find_once(hay: &[u8], needle: &[u8]) -> usize {
     assert_eq!(at.len(), 1, "{needle:?} found at {at:?}");
     at[0]
 }
+
+/// A replica of a 0.1 primary receives `LOCK.SYNC` with the token in clear. It applies
+/// it (as a digest), and the token stays out of the replica's MONITOR and SLOWLOG, which
+/// show the commands of its master as they show anyone's. The primary here is a stand-in
+/// that speaks the replication handshake, sends an empty RDB made by this module, then
+/// one `LOCK.SYNC` as 0.1 wrote it (its `unix_ms << 20` fence scale: the replica runs
+/// with `fence-shift 20`, as a server that took over 0.1's data does).
+#[test]
+fn a_lock_sync_from_a_0_1_primary_is_applied_and_its_token_is_not_logged() {
+    use std::io::Write;
+    use std::net::TcpListener;
+    use std::time::{Duration, Instant};
+    let rdb = {
+        let donor = ServerBuilder::new().start();
+        let mut d = RawConn::connect(donor.port);
+        assert_eq!(d.cmd(&["SAVE"]), Resp::Simple("OK".into()));
+        let name = d.cmd(&["CONFIG", "GET", "dbfilename"]).items()[1].text();
+        std::fs::read(donor.dir.join(name)).expect("the donor's RDB")
+    };
+    let token = "clear-0.1-token-of-the-primary";
+    let now = unix_ms();
+    let fence = ((now as u64) << 20) + 7;
+    let sync: Vec<String> = [
+        "LOCK.SYNC",
+        "lock:from01",
+        token,
+        &fence.to_string(),
+        &(now + 60_000).to_string(),
+        &now.to_string(),
+        "6",
+        "127.0.0.1:5000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let primary_port = listener.local_addr().expect("addr").port();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let primary = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().expect("the replica connects");
+        let mut out = stream.try_clone().expect("clone");
+        let mut p = RawConn::from_stream(stream, Duration::from_secs(10)).expect("conn");
+        loop {
+            let cmd = p.read().expect("a handshake command").items();
+            let name = cmd.first().map(|c| c.text().to_ascii_uppercase());
+            match name.as_deref() {
+                Some("PSYNC") | Some("SYNC") => break,
+                Some("PING") => out.write_all(b"+PONG\r\n").expect("reply"),
+                _ => out.write_all(b"+OK\r\n").expect("reply"),
+            }
+        }
+        let mut full =
+            format!("+FULLRESYNC {} 0\r\n${}\r\n", "a".repeat(40), rdb.len()).into_bytes();
+        full.extend_from_slice(&rdb);
+        out.write_all(&full).expect("the RDB");
+        let mut stream = Vec::new();
+        let sel: [&[u8]; 2] = [b"SELECT", b"0"];
+        redis_lock_testkit::encode(&mut stream, &sel);
+        let args: Vec<&[u8]> = sync.iter().map(|s| s.as_bytes()).collect();
+        redis_lock_testkit::encode(&mut stream, &args);
+        out.write_all(&stream).expect("LOCK.SYNC");
+        // Keep the link up until the test has looked.
+        let _ = done_rx.recv_timeout(Duration::from_secs(30));
+    });
+    let replica = ServerBuilder::new()
+        .module_args(&["fence-shift", "20"])
+        .start();
+    let mut c = RawConn::connect(replica.port);
+    c.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+    let mut mon = RawConn::connect(replica.port);
+    assert_eq!(mon.cmd(&["MONITOR"]), Resp::Simple("OK".into()));
+    let port = primary_port.to_string();
+    assert_eq!(
+        c.cmd(&["REPLICAOF", "127.0.0.1", &port]),
+        Resp::Simple("OK".into())
+    );
+    let applied = common::wait_until(Duration::from_secs(10), || {
+        let i = c.cmd(&["LOCK.INFO", "lock:from01"]);
+        i != Resp::Nil && i.field("fence") == Some(Resp::Int(fence as i64))
+    });
+    assert!(applied, "LOCK.SYNC was not applied\n{}", replica.log_tail());
+    let mut seen = String::new();
+    mon.set_read_timeout(Some(Duration::from_millis(300)));
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until && !seen.contains("LOCK.SYNC") {
+        match mon.read() {
+            Ok(r) => seen.push_str(&format!("{r:?}\n")),
+            Err(_) => continue,
+        }
+    }
+    assert!(
+        seen.contains("LOCK.SYNC"),
+        "MONITOR shows LOCK.SYNC:\n{seen}"
+    );
+    assert!(!seen.contains(token), "MONITOR shows the token:\n{seen}");
+    // Each SLOWLOG entry: id, time, duration, the arguments, ...
+    let logged: Vec<Vec<String>> = c
+        .cmd(&["SLOWLOG", "GET", "1000"])
+        .items()
+        .iter()
+        .map(|e| e.items()[3].items().iter().map(Resp::text).collect())
+        .collect();
+    assert!(
+        logged.iter().any(|a| a[0] == "LOCK.SYNC"),
+        "SLOWLOG shows LOCK.SYNC: {logged:?}"
+    );
+    assert!(
+        !logged.iter().flatten().any(|a| a.contains(token)),
+        "SLOWLOG shows the token: {logged:?}"
+    );
+    let _ = done_tx.send(());
+    drop(mon);
+    c.cmd(&["REPLICAOF", "NO", "ONE"]);
+    primary.join().expect("the stand-in primary");
+}
