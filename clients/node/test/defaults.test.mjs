@@ -253,8 +253,10 @@ describe("grants are confirmed on the replicas", () => {
       const pair = await Pair.start();
       const client = await lib.connect(pair.primary);
       const locks = new LockClient(client, { networkTimeout: 500 });
+      // Grants that must be confirmed get 10 s (a loaded machine); the refused ones 500 ms.
+      const patient = new LockClient(client, { networkTimeout: 10_000 });
       try {
-        const ok = await locks.acquire(name(), { ttl: 10_000 });
+        const ok = await patient.acquire(name(), { ttl: 10_000 });
         assert.ok(ok, "confirmed with the replica running");
         await ok.release();
         pair.replica.stop();
@@ -281,7 +283,7 @@ describe("grants are confirmed on the replicas", () => {
         );
         // Grants survive a SIGKILL failover: every one is on the promoted replica.
         const held = [];
-        for (let i = 0; i < 20; i++) held.push(await locks.acquire(name(), { ttl: 60_000, wait: i % 2 ? 1000 : undefined }));
+        for (let i = 0; i < 20; i++) held.push(await patient.acquire(name(), { ttl: 60_000, wait: i % 2 ? 1000 : undefined }));
         pair.primary.close();
         await pair.promote();
         for (const lock of held) {
@@ -291,6 +293,7 @@ describe("grants are confirmed on the replicas", () => {
         }
       } finally {
         await locks.close();
+        await patient.close();
         await Promise.resolve()
           .then(() => lib.close(client))
           .catch(() => {});
