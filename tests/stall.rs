@@ -26,11 +26,9 @@ fn after_stall(c: &mut RawConn, secs: &str, cmd: &[&str]) -> Resp {
 
 #[test]
 fn a_release_after_a_stall_does_not_serve_a_waiter_whose_block_ran_out() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let t = tok("stall-holder");
-    granted(&c.cmd(&acq("lock:st", &["PX", "60000", "TOKEN", &t])));
+    take(&mut c, "lock:st", &t, &[]);
     let mut w = Pending::send(s.port, &acq("lock:st", &["PX", "60000", "BLOCK", "100"]));
     wait_waiters(&mut c, "lock:st", 1);
     let r = after_stall(&mut c, "0.3", &["LOCK.RELEASE", "lock:st", &t]);
@@ -46,14 +44,12 @@ fn a_release_after_a_stall_does_not_serve_a_waiter_whose_block_ran_out() {
         Resp::Int(0),
         "nobody holds the key",
     );
-    k.finish();
+    k.finish_alive(&s, "stalls");
 }
 
 #[test]
 fn a_command_that_finds_the_lease_over_hands_the_lock_to_the_waiters() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     for (i, cmd) in ["RELEASE", "FORCERELEASE", "EXTEND", "ACQUIRE", "INFO"]
         .into_iter()
         .enumerate()
@@ -62,7 +58,7 @@ fn a_command_that_finds_the_lease_over_hands_the_lock_to_the_waiters() {
         let t = tok(&format!("late-{i}"));
         // The lease must outlast the waiter's arrival (a loaded machine) and end in the
         // stall.
-        granted(&c.cmd(&acq(&key, &["PX", "600", "TOKEN", &t])));
+        take_px(&mut c, &key, &t, 600, &[]);
         let mut w = Pending::send(s.port, &acq(&key, &["PX", "60000", "BLOCK", "0"]));
         wait_waiters(&mut c, &key, 1);
         let other = tok("someone-else");
@@ -87,5 +83,5 @@ fn a_command_that_finds_the_lease_over_hands_the_lock_to_the_waiters() {
             format!("after a late {cmd}, the BLOCK 0 waiter is granted: {got:?}"),
         );
     }
-    k.finish();
+    k.finish_alive(&s, "stalls");
 }
