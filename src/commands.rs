@@ -299,13 +299,13 @@ fn repl_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
 /// The 0.1 release's replication command (token in clear), still accepted from an older
 /// primary and from AOF files it wrote. It is stored, and passed on, as a digest.
 fn sync_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-    // 0.1's command carries the token in clear: hidden when a client sends it.
-    replicated_only(ctx, "lock.sync").inspect_err(|_| redact_refused(ctx, args, Secret::At(2)))?;
-    // Also when it comes from a 0.1 primary: a replica shows its master's commands in
-    // MONITOR and SLOWLOG. (Commands loaded from the AOF are logged nowhere.)
+    // 0.1's command carries the token in clear: hidden from MONITOR and SLOWLOG whether a
+    // client sent it (refused below) or a 0.1 primary did (a replica shows its master's
+    // commands). Commands loaded from the AOF are logged nowhere.
     if !ffi::loading() {
         ctx.redact(2);
     }
+    replicated_only(ctx, "lock.sync")?;
     let (name, reply, sent) = apply(ctx, args, "lock.sync", repl::decode_sync, true)?;
     if let (
         Some(Reply::Ok),

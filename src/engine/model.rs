@@ -518,7 +518,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<bool>().prop_map(Op::Pause),
         4 => (0u16..40).prop_map(Op::Tick),
         1 => (1u16..120).prop_map(Op::Stall),
-
         1 => (-600i16..600).prop_map(Op::WallStep),
     ]
 }
