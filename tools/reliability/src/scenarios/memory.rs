@@ -138,10 +138,16 @@ fn settled_memory(s: &Server) -> Result<i64, String> {
             field("clients", "connected_clients")
         ));
     }
-    std::thread::sleep(Duration::from_millis(500));
-    s.info_field("memory", "used_memory")
-        .and_then(|v| v.parse().ok())
-        .ok_or("no used_memory".into())
+    let read = || {
+        s.info_field("memory", "used_memory")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1)
+    };
+    match redis_lock_testkit::settled_memory(read) {
+        Ok(m) if m >= 0 => Ok(m),
+        Ok(_) => Err("no used_memory".into()),
+        Err(r) => Err(format!("used_memory did not settle: {r:?}")),
+    }
 }
 
 #[derive(Default, Debug, serde::Serialize)]
