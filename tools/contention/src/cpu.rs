@@ -1,8 +1,5 @@
-//! How busy the machine was with other work during a cell: CPU time of the whole machine
-//! (/proc/stat) minus that of this process and of the server, per second of wall time.
-//! The benchmark shares its cores with whatever else runs, and a client thread that
-//! waits for a core shows up as hand-off latency; this figure says how much of that
-//! there was.
+//! Cores kept busy by other work during a cell (a client waiting for a core shows up as
+//! hand-off latency): machine CPU time (/proc/stat) minus this process's and the server's.
 
 use std::fs;
 use std::time::Instant;
@@ -17,8 +14,7 @@ pub struct Sample {
     ours: u64,
 }
 
-/// Busy ticks of the machine from the `cpu` line of /proc/stat (idle and iowait left out;
-/// guest time is already inside user).
+/// Busy ticks from the `cpu` line of /proc/stat (not idle, iowait; guest is in user).
 pub fn parse_machine_busy(stat: &str) -> Option<u64> {
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
     let v: Vec<u64> = line

@@ -1,10 +1,6 @@
-//! `make bench-contention`: N clients contend for one lock, each holding it c ms, against
-//! a server (with the module) that this program starts itself. Compares the module's
-//! server-side FIFO hand-off (`LOCK.ACQUIRE ... BLOCK`) with the waiting recipes lock
-//! libraries use today, for a mutex, for readers and writers (`SHARED`) and for a
-//! semaphore (`LIMIT n`); saves the cells as docs/data/contention.json and renders the
-//! contention section of docs/BENCHMARKS.md, docs/contention.png and
-//! docs/contention-kinds.png from it.
+//! `make bench-contention`: N clients contend for one lock (a mutex, `SHARED`, `LIMIT n`)
+//! on a server this program starts, the module's `BLOCK` against today's waiting recipes;
+//! saves docs/data/contention.json and renders the docs from it.
 
 mod cpu;
 mod methods;
@@ -40,8 +36,7 @@ struct Config {
     /// Methods of the mutex cells: module, poll100, jitter, blpop [default: all].
     #[arg(long, env = "CONTENTION_METHODS")]
     methods: Option<List<String>>,
-    /// Which cells: mutex (N clients, one lock), rw (readers and writers), sem (a
-    /// semaphore).
+    /// Which cells: mutex (N clients, one lock), rw (readers and writers), sem (semaphore).
     #[arg(long, env = "CONTENTION_CELLS", default_value = "mutex,rw,sem")]
     cells: List<String>,
     /// Readers and writers of the rw cells.
@@ -99,8 +94,7 @@ fn real_main() -> Result<(), Error> {
         .iter()
         .map(|id| Family::from_id(id).ok_or_else(|| format!("unknown cells {id:?}")))
         .collect::<Result<Vec<_>, _>>()?;
-    // A family's methods: those asked for (all by default), in the family's own order
-    // whatever the order asked.
+    // A family's methods: those asked for (all by default), in the family's own order.
     let pick = |family: Family, ids: &Option<List<String>>| -> Result<Vec<Method>, Error> {
         if !families.contains(&family) {
             return Ok(Vec::new());
@@ -172,10 +166,8 @@ fn real_main() -> Result<(), Error> {
         }
     }
     drop(server);
-    // Two holders of a mutex, or a grant against a read-write lock's or a semaphore's
-    // rule, is a bug here (in the module or in this tool); the sorted-set semaphore's
-    // over-admission is the recipe's own (its ranks come from the clients' clocks) and
-    // only reported.
+    // A grant against the rule is a bug (in the module or this tool), except the sorted-set
+    // semaphore's over-admission: the recipe's own (ranks from the clients' clocks).
     let broken = (cells.iter())
         .filter(|c| c.summary.violations > 0 && c.method != Method::ZsetPoll.id())
         .count();

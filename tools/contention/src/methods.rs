@@ -1,7 +1,5 @@
-//! The ways a client waits for a lock: the module's server-side queue, and the recipes
-//! that lock libraries and blog posts use today, for a mutex, a read-write lock and a
-//! semaphore. Each one is written from the documented behaviour (commands sent, sleep
-//! between attempts, what the scripts check), not from anyone's code.
+//! The ways a client waits for a lock: the module's queue, and the recipes lock libraries
+//! use today, each written from their documented behaviour, not from their code.
 
 use std::collections::HashMap;
 use std::thread::sleep;
@@ -14,24 +12,20 @@ use redis_lock_testkit::Rng;
 use crate::stats::Role;
 use crate::Error;
 
-/// Lease of every lock taken in the benchmark: far longer than any critical section, so
-/// no lock ever expires and every hand-off is a release.
+/// Every lease: no lock expires in a cell, so every hand-off is a release.
 pub const LEASE_MS: u64 = 10_000;
-/// How long one blocking call may wait (module BLOCK, BLPOP) before the client looks at
-/// the clock again.
+/// One blocking call's wait (module BLOCK, BLPOP) before the client looks at the clock.
 pub const WAIT_MS: u64 = 10_000;
 
-/// Compare-and-delete, the release every SET-NX recipe uses (redis-py's `Lock.release`,
-/// node-redlock, redsync): delete only if the key still holds our token.
+/// Compare-and-delete, the release of every SET-NX recipe (redis-py, node-redlock, redsync).
 pub const RELEASE_SCRIPT: &str = "\
 if redis.call('get', KEYS[1]) == ARGV[1] then
   return redis.call('del', KEYS[1])
 end
 return 0";
 
-/// python-redis-lock's release: if the token matches, replace the signal list by one
-/// element (with an expiry, so a signal nobody takes does not linger) and delete the
-/// lock. KEYS = lock, signal; ARGV = token, signal expiry (ms).
+/// python-redis-lock's release: the signal list replaced by one element that expires, the
+/// lock deleted. KEYS = lock, signal; ARGV = token, signal expiry (ms).
 pub const SIGNAL_RELEASE_SCRIPT: &str = "\
 if redis.call('get', KEYS[1]) ~= ARGV[1] then
   return 1
@@ -44,14 +38,10 @@ return 0";
 /// python-redis-lock's default `signal_expire`.
 pub const SIGNAL_EXPIRE_MS: u64 = 1000;
 
-// The client-side read-write lock: one hash per lock with a reader count (`readers`) and
-// the writer's token (`writer`), changed only by these scripts, as Redisson's
-// RReadWriteLock (a hash with the mode and its holders) and Community Solid Server's
-// RedisLocker (a read counter and a write flag) keep it. A reader gets in while no
-// writer holds it; a writer once nobody holds it. Nothing queues: a client that is
-// refused sleeps and tries again. In the writer-first variant (the "writer's priority"
-// of python's redis-rw-lock) a refused writer also leaves a note under a second key
-// that keeps new readers out until it got its turn.
+// The client-side read-write lock (as Redisson's RReadWriteLock and Community Solid
+// Server's RedisLocker keep it): a hash with a reader count and the writer's token; a
+// refused client sleeps and retries. Writer-first (python redis-rw-lock's "writer's
+// priority"): a refused writer leaves a note that keeps new readers out until its turn.
 
 /// KEYS = lock [, writer-waiting note]; ARGV = lease ms. 1 granted, 0 refused.
 pub const RW_READ_ACQUIRE: &str = "\
@@ -76,9 +66,8 @@ if n < 0 then
 end
 return 1";
 
-/// KEYS = lock [, writer-waiting note]; ARGV = token, lease ms [, note lease ms].
-/// With the note: a writer that is refused writes its token there (unless another
-/// writer's is there), and only the writer named in it, if any, may take the lock.
+/// KEYS = lock [, note]; ARGV = token, lease ms [, note lease ms]. A refused writer
+/// writes its token in a free note; only the writer named there may take the lock.
 pub const RW_WRITE_ACQUIRE: &str = "\
 local first = false
 if #KEYS > 1 then
@@ -132,9 +121,7 @@ impl Family {
             .find(|f| f.id() == s)
     }
 
-    /// Its methods, in the order they are measured and shown. The readers/writers cells
-    /// have the module's read-write lock, one mutex for everybody (the module's and the
-    /// SET NX recipe's), then the client-side read-write lock.
+    /// Its methods, in the order they are measured and shown.
     pub fn methods(self) -> &'static [Method] {
         use Method::*;
         match self {
@@ -212,8 +199,7 @@ impl Method {
         family.methods().iter().copied().find(|m| m.id() == s)
     }
 
-    /// Commands a client of this method sends itself, as `INFO commandstats` names them
-    /// (the commands its scripts run have entries of their own, left out).
+    /// Commands its client sends itself, as `INFO commandstats` names them (not scripts').
     pub fn sent_commands(self) -> &'static [&'static str] {
         match self {
             Method::Module | Method::Shared | Method::Limit => &["lock.acquire", "lock.release"],
@@ -225,8 +211,7 @@ impl Method {
     }
 }
 
-/// SHA1s of the scripts above (by body), loaded once per server (SCRIPT LOAD), as
-/// redis-py's `register_script` and node-redlock do.
+/// SHA1s of the scripts above by body, loaded once (as redis-py and node-redlock do).
 #[derive(Debug, Clone)]
 pub struct Scripts(HashMap<&'static str, String>);
 
@@ -261,10 +246,8 @@ pub struct Client<'a> {
     pub rng: Rng,
     pub name: String,
     pub serial: u64,
-    /// What it asks for (read-write lock cells; the mutex methods take the lock
-    /// exclusively whatever the role).
+    /// What it asks for (a mutex method takes the lock exclusively whatever the role).
     pub role: Role,
-    /// Permits of a semaphore.
     pub limit: u32,
     pub commands: u64,
     pub round_trips: u64,
@@ -273,9 +256,7 @@ pub struct Client<'a> {
 }
 
 impl Client<'_> {
-    /// Sends `cmd` and waits for its reply; notes when the request had been written (a
-    /// request written earlier reaches the server first, whatever happens to this thread
-    /// after the write).
+    /// Sends `cmd` and waits for its reply; notes when the first request had been written.
     fn query(&mut self, cmd: &Cmd) -> Result<Value, Error> {
         self.commands += 1;
         self.round_trips += 1;
@@ -293,8 +274,7 @@ impl Client<'_> {
         self.role == Role::Reader
     }
 
-    /// Waits for the lock the way `method` does: the token to release with, or `None`
-    /// once `give_up` has passed.
+    /// Waits the way `method` does: the token to release with, `None` after `give_up`.
     pub fn acquire(&mut self, give_up: Instant) -> Result<Option<Vec<u8>>, Error> {
         self.first_sent = None;
         self.serial += 1;
@@ -310,8 +290,7 @@ impl Client<'_> {
         }
     }
 
-    /// One acquire attempt (the recipes with `token`): the token to release with when
-    /// granted.
+    /// One attempt (the recipes with `token`): the token to release with if granted.
     fn attempt(&mut self, token: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         let granted = match self.method {
             Method::Module | Method::Shared | Method::Limit => return self.module_attempt(),
@@ -323,14 +302,12 @@ impl Client<'_> {
         Ok(granted.then(|| token.to_vec()))
     }
 
-    /// Between two attempts: the module's BLOCK has waited already, the recipes sleep or
-    /// wait for a signal.
+    /// Between two attempts: the module's BLOCK waited already; the recipes sleep or BLPOP.
     fn wait(&mut self) -> Result<(), Error> {
         let pause_us = match self.method {
             Method::Module | Method::Shared | Method::Limit => return Ok(()),
             Method::Blpop => {
-                // Wakes on a release's signal, on a stale signal left in the list, or
-                // after the timeout; in every case: try SET NX again.
+                // A release's signal, a stale one, or the timeout: try SET NX again.
                 let blpop = cmd("BLPOP", (&self.signal_key, WAIT_MS / 1000));
                 return self.query(&blpop).map(drop);
             }

@@ -1,6 +1,5 @@
-//! Runs one cell: N client threads, each with its own connection, loop
-//! acquire → hold c ms → release until the cell's time is up, then finish the attempt
-//! they are in (so every command sent belongs to an acquisition) and stop.
+//! One cell: N client threads, a connection each, loop acquire → hold c ms → release until
+//! the time is up, then finish the attempt they are in (every command is an acquisition's).
 
 use std::sync::{Barrier, OnceLock};
 use std::thread;
@@ -13,8 +12,7 @@ use crate::Error;
 use redis_lock_report::contention::{Cell, RoleStats};
 use redis_lock_testkit::{info_field, Rng, Server};
 
-/// A client still waiting this long after the cell's end gives up (and its wait is
-/// reported as the cell's longest).
+/// A client still waiting this long after the cell's end gives up (its wait is reported).
 pub const GIVE_UP_AFTER_END: Duration = Duration::from_secs(15);
 
 /// A `redis` connection to the server; a hung call fails the run instead of waiting.
@@ -27,7 +25,7 @@ pub fn connect(server: &Server) -> Result<redis::Connection, Error> {
     Ok(c)
 }
 
-/// One line of a cell's figures (the readers' and writers' where it has them).
+/// One line of a cell's figures (its readers' and writers' too).
 pub fn print_row(c: &Cell) {
     let s = &c.summary;
     let group = |name: &str, g: &Option<RoleStats>| {
@@ -91,8 +89,7 @@ impl Shape {
         self.roles.iter().filter(|&&r| r == role).count()
     }
 
-    /// What may hold the lock at once with `method`: a mutex method admits one holder
-    /// whatever it was asked for.
+    /// What may hold the lock at once with `method` (a mutex method: one, whatever asked).
     pub fn rule(&self, method: Method) -> Rule {
         match (self.family, method) {
             (
@@ -105,14 +102,6 @@ impl Shape {
     }
 }
 
-/// What the clients of one cell recorded, and what the server and the machine said.
-pub struct Measured {
-    pub logs: Vec<ClientLog>,
-    pub server_commands: u64,
-    pub client_commands: u64,
-    pub other_cores: Option<f64>,
-}
-
 /// Where and for how long cells run.
 #[derive(Clone, Copy)]
 pub struct Bench<'a> {
@@ -122,32 +111,10 @@ pub struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    /// A cell: `method`'s clients of `shape`, each holding the lock `hold_ms`.
+    /// A cell: `method`'s clients of `shape`, each holding the lock `hold_ms`; what they
+    /// recorded, and what the server and the machine said.
     pub fn cell(&self, method: Method, shape: &Shape, hold_ms: u64) -> Result<Cell, Error> {
-        let m = self.run_clients(method, shape, hold_ms)?;
-        let sem = shape.family == Family::Semaphore;
-        Ok(Cell {
-            family: shape.family.id().to_string(),
-            method: method.id().to_string(),
-            label: method.label(shape.family).to_string(),
-            readers: shape.count(Role::Reader),
-            writers: shape.count(Role::Writer) * usize::from(shape.family != Family::Mutex),
-            clients: shape.roles.len(),
-            limit: sem.then_some(shape.limit),
-            hold_ms,
-            summary: summarize(&m.logs, &shape.roles, shape.rule(method)),
-            server_commands: m.server_commands,
-            client_commands: m.client_commands,
-            other_cores: m.other_cores,
-        })
-    }
-
-    fn run_clients(&self, method: Method, shape: &Shape, hold_ms: u64) -> Result<Measured, Error> {
-        let Bench {
-            server,
-            scripts,
-            duration,
-        } = *self;
+        let (server, scripts, duration) = (self.server, self.scripts, self.duration);
         let n = shape.roles.len();
         let key = format!(
             "contention:{}:{}:{n}:{hold_ms}",
@@ -207,15 +174,20 @@ impl Bench<'_> {
         });
         let cpu_after = cpu::sample(server.pid());
         let logs: Vec<ClientLog> = logs.into_iter().collect::<Result<_, _>>()?;
-        let client_commands = logs.iter().map(|l| l.commands).sum();
-        let server_commands = command_calls(&mut admin, method.sent_commands())?;
-        Ok(Measured {
-            logs,
-            server_commands,
-            client_commands,
-            other_cores: cpu_before
-                .zip(cpu_after)
-                .map(|(a, b)| cpu::other_cores(a, b)),
+        let sem = shape.family == Family::Semaphore;
+        Ok(Cell {
+            family: shape.family.id().to_string(),
+            method: method.id().to_string(),
+            label: method.label(shape.family).to_string(),
+            readers: shape.count(Role::Reader),
+            writers: shape.count(Role::Writer) * usize::from(shape.family != Family::Mutex),
+            clients: n,
+            limit: sem.then_some(shape.limit),
+            hold_ms,
+            summary: summarize(&logs, &shape.roles, shape.rule(method)),
+            server_commands: command_calls(&mut admin, method.sent_commands())?,
+            client_commands: logs.iter().map(|l| l.commands).sum(),
+            other_cores: cpu_before.zip(cpu_after).map(|(a, b)| cpu::other_cores(a, b)),
         })
     }
 }

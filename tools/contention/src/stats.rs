@@ -1,35 +1,27 @@
-//! What one cell's clients recorded, and the figures derived from it. Pure: unit-tested
-//! without a server.
+//! What one cell's clients recorded, and the figures derived from it (pure).
 
 pub use redis_lock_report::contention::{RoleStats, Summary};
 
-/// One critical section, times in ns since the cell started (one monotonic clock for
-/// every client thread of the process).
+/// One critical section, ns since the cell started (one monotonic clock for all threads):
+/// wanted (about to send the first attempt), asked (that request written: the thread can
+/// be descheduled in between), granted (reply), releasing (about to send), released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Acquisition {
     pub client: usize,
-    /// The client started to want the lock (about to send its first acquire attempt).
     pub wanted: u64,
-    /// Its first acquire request had been written to the socket (≥ `wanted`; the thread
-    /// can be descheduled between the two).
     pub asked: u64,
-    /// The grant reply arrived.
     pub granted: u64,
-    /// The release command was about to be sent (end of the critical section).
     pub releasing: u64,
-    /// The release reply arrived.
     pub released: u64,
 }
 
-/// Everything one client thread reports.
+/// One client thread's record: its commands (every attempt, wait and release), round
+/// trips (a MULTI ... EXEC in one write is one), and how long it had waited if it gave up.
 #[derive(Debug, Clone, Default)]
 pub struct ClientLog {
     pub acquisitions: Vec<Acquisition>,
-    /// Commands this client sent (every attempt, wait and release).
     pub commands: u64,
-    /// Round trips it made: a MULTI ... EXEC sent in one write is one.
     pub round_trips: u64,
-    /// An attempt still not granted when the client gave up: how long it had waited.
     pub gave_up_after: Option<u64>,
 }
 
@@ -44,61 +36,48 @@ pub fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 /// Jain's index (Σx)² / (n·Σx²); 1.0 for no clients or nothing acquired.
 pub fn jain(counts: &[u64]) -> f64 {
-    let n = counts.len() as f64;
     let sum: f64 = counts.iter().map(|&c| c as f64).sum();
     let sq: f64 = counts.iter().map(|&c| (c as f64) * (c as f64)).sum();
-    if n == 0.0 || sq == 0.0 {
-        1.0
+    div_or(sum * sum, counts.len() as f64 * sq, 1.0)
+}
+
+/// `a / b`, or `none` when `b` is not positive.
+fn div_or(a: f64, b: f64, none: f64) -> f64 {
+    if b > 0.0 {
+        a / b
     } else {
-        sum * sum / (n * sq)
+        none
     }
 }
 
-/// Commands (or round trips) per acquisition; infinite when nothing was acquired.
-fn per_acquisition(total: u64, acquisitions: u64) -> f64 {
-    if acquisitions > 0 {
-        total as f64 / acquisitions as f64
-    } else {
-        f64::INFINITY
-    }
-}
-
-/// What a client of a readers/writers or semaphore cell asks for.
+/// What a client asks for: a shared (read) hold, an exclusive one, a semaphore's permit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    /// A shared (read) hold.
     Reader,
-    /// An exclusive (write) hold.
     Writer,
-    /// One permit of a semaphore.
     Permit,
 }
 
-/// What may hold the lock at once; a grant that breaks it is a violation.
+/// What may hold the lock at once (a grant that breaks it is a violation): any readers or
+/// one writer alone (a `Permit` counts as a writer), or at most `n` of any kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
-    /// Any number of readers, or one writer alone (a `Permit` counts as a writer).
     ReadWrite,
-    /// At most `n` holders, whatever they asked for.
     Limit(u32),
 }
 
-/// How many clients held the lock at once, from the sweep over every critical section.
+/// Holders at once: the most at one instant, grants against the rule, and on average
+/// (the critical sections' total length ÷ `elapsed_ns`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Concurrency {
-    /// The most holders at one instant.
     pub peak: u64,
-    /// Grants that broke the rule (a writer next to another holder, a reader next to a
-    /// writer, holder n + 1 of a LIMIT n).
     pub violations: u64,
-    /// Holders on average: the critical sections' total length ÷ `elapsed_ns`.
     pub mean: f64,
 }
 
-/// Sweeps `[granted, releasing]` of every acquisition (the client saw the grant reply
-/// before it and sent the release after it, so the server held the lock for them at
-/// least over that span: two spans that overlap are two holders at once). A grant and a
-/// release at the same instant do not overlap.
+/// Sweeps `[granted, releasing]` of every acquisition: the server held the lock for the
+/// client at least over that span, so two that overlap are two holders at once (a grant
+/// and a release at the same instant do not overlap).
 pub fn concurrency(acqs: &[(Acquisition, Role)], rule: Rule, elapsed_ns: u64) -> Concurrency {
     // (time, order, role, +1/-1): at one instant releases of real spans first, then
     // grants, then the releases of zero-length spans (which hold for that instant).
@@ -132,32 +111,22 @@ pub fn concurrency(acqs: &[(Acquisition, Role)], rule: Rule, elapsed_ns: u64) ->
         .iter()
         .map(|(a, _)| a.releasing.saturating_sub(a.granted))
         .sum();
+    let mean = div_or(held as f64, elapsed_ns as f64, 0.0);
     Concurrency {
         peak,
         violations,
-        mean: if elapsed_ns > 0 {
-            held as f64 / elapsed_ns as f64
-        } else {
-            0.0
-        },
+        mean,
     }
 }
 
-/// How much later than a writer's request a reader must have started to ask to count as
-/// overtaking it. The writer's time is taken once its request has been written, the
-/// reader's before it writes its own, so the reader's request reached the server later;
-/// the margin covers the server reading requests that arrived together in another order.
+/// How much later than a writer's written request a reader must have started to ask to
+/// overtake it: covers the server reading requests that arrived together in another order.
 pub const OVERTAKE_MARGIN_NS: u64 = 1_000_000;
 
-/// Reader grants that overtook a waiting writer: the reader started to ask at least
-/// [`OVERTAKE_MARGIN_NS`] after the writer's first request had been written, and was
-/// granted before the writer. Returns the total, and the most for one writer's wait.
-///
-/// A lock that lets readers in while a writer waits can keep that writer out for as long
-/// as readers keep coming (starvation). A FIFO queue whose waiting writer holds back later
-/// readers bounds the bypass: only a reader whose request the server happened to read
-/// first, in the same pass over its sockets, can get ahead, and each reader has one
-/// request in flight, so at most every reader once per wait.
+/// Reader grants that overtook a waiting writer (asked [`OVERTAKE_MARGIN_NS`] after the
+/// writer's request was written, granted before it): the total, and the most in one
+/// writer's wait. A FIFO queue bounds the latter by the readers (one request in flight
+/// each); a lock that lets readers in while a writer waits does not (starvation).
 pub fn overtakes(acqs: &[(Acquisition, Role)]) -> (u64, u64) {
     let mut readers: Vec<(u64, u64)> = acqs
         .iter()
@@ -197,11 +166,7 @@ pub fn role_stats(logs: &[&ClientLog], elapsed_s: f64) -> RoleStats {
     RoleStats {
         clients: logs.len(),
         acquisitions,
-        per_second: if elapsed_s > 0.0 {
-            acquisitions as f64 / elapsed_s
-        } else {
-            0.0
-        },
+        per_second: div_or(acquisitions as f64, elapsed_s, 0.0),
         wait_p50_ms: ms(percentile(&waits, 50.0)),
         wait_p99_ms: ms(percentile(&waits, 99.0)),
         wait_max_ms: ms(waits.last().copied().unwrap_or(0)),
@@ -210,11 +175,8 @@ pub fn role_stats(logs: &[&ClientLog], elapsed_s: f64) -> RoleStats {
     }
 }
 
-/// The figures of a cell: `roles[i]` is what client `i` (the `client` of its
-/// acquisitions, its index in `logs`) asked for, `rule` what may hold the lock at once.
-/// Throughput, waits and fairness come from [`role_stats`] of every client (and of the
-/// readers and the writers), holders at once from [`concurrency`], the hand-offs from
-/// consecutive grants.
+/// The figures of a cell: `roles[i]` is what client `i` (its index in `logs`) asked for,
+/// `rule` what may hold the lock at once.
 pub fn summarize(logs: &[ClientLog], roles: &[Role], rule: Rule) -> Summary {
     let role_of = |i: usize| roles.get(i).copied().unwrap_or(Role::Writer);
     let mut acqs: Vec<(Acquisition, Role)> = logs
@@ -254,7 +216,7 @@ pub fn summarize(logs: &[ClientLog], roles: &[Role], rule: Rule) -> Summary {
         .collect();
     let all: Vec<&ClientLog> = logs.iter().collect();
     let acquisitions = acqs.len() as u64;
-    let per_acq = |total: u64| per_acquisition(total, acquisitions);
+    let per_acq = |total: u64| div_or(total as f64, acquisitions as f64, f64::INFINITY);
     let c = concurrency(&acqs, rule, end);
     let (overtakes, overtakes_most) = overtakes(&acqs);
     let us = |p: f64| percentile(&handoffs, p) as f64 / 1e3;
@@ -284,10 +246,11 @@ mod tests {
     use super::*;
 
     fn log(acquisitions: Vec<Acquisition>, commands: u64, gave_up_after: Option<u64>) -> ClientLog {
+        let round_trips = commands;
         ClientLog {
             acquisitions,
             commands,
-            round_trips: commands,
+            round_trips,
             gave_up_after,
         }
     }
@@ -302,14 +265,9 @@ mod tests {
         vec![log(acquisitions, 4, None)]
     }
 
-    /// A critical section whose first request was written as soon as it was wanted.
-    fn span(
-        client: usize,
-        wanted: u64,
-        granted: u64,
-        releasing: u64,
-        released: u64,
-    ) -> Acquisition {
+    /// A critical section (client, wanted, granted, releasing, released) whose first
+    /// request was written as soon as it was wanted.
+    fn span(client: usize, [wanted, granted, releasing, released]: [u64; 4]) -> Acquisition {
         let asked = wanted;
         Acquisition {
             client,
@@ -323,13 +281,7 @@ mod tests {
 
     /// The release sent 10 ns before its reply.
     fn acq(client: usize, wanted: u64, granted: u64, released: u64) -> Acquisition {
-        span(
-            client,
-            wanted,
-            granted,
-            released.saturating_sub(10),
-            released,
-        )
+        span(client, [wanted, granted, released.saturating_sub(10), released])
     }
 
     #[test]
@@ -400,14 +352,14 @@ mod tests {
 
     #[test]
     fn a_grant_reply_that_beats_the_release_reply_counts_as_zero() {
-        let logs = single(vec![span(0, 0, 100, 200, 400), span(1, 0, 300, 500, 600)]);
+        let logs = single(vec![span(0, [0, 100, 200, 400]), span(1, [0, 300, 500, 600])]);
         let s = mutex(&logs);
         assert_eq!(s.handoff_p99_us, 0.0);
         assert_eq!(s.violations, 0);
     }
 
     fn rw(client: usize, granted: u64, releasing: u64) -> Acquisition {
-        span(client, 0, granted, releasing, releasing + 5)
+        span(client, [0, granted, releasing, releasing + 5])
     }
 
     #[test]
@@ -446,7 +398,7 @@ mod tests {
     #[test]
     fn readers_that_ask_after_a_waiting_writer_and_get_in_first_overtake_it() {
         const MS: u64 = 1_000_000;
-        let a = |wanted, granted| span(0, wanted, granted, granted + 1, granted + 2);
+        let a = |wanted, granted| span(0, [wanted, granted, granted + 1, granted + 2]);
         let acqs = [
             // The writer waits from 10 to 50 ms.
             (a(10 * MS, 50 * MS), Role::Writer),
@@ -497,7 +449,7 @@ mod tests {
     #[test]
     fn kind_summary_splits_readers_from_writers() {
         let reader = |client, wanted, granted, releasing| {
-            span(client, wanted, granted, releasing, releasing + 1_000)
+            span(client, [wanted, granted, releasing, releasing + 1_000])
         };
         let logs = vec![
             log(
