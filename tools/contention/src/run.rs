@@ -187,7 +187,9 @@ impl Bench<'_> {
             summary: summarize(&logs, &shape.roles, shape.rule(method)),
             server_commands: command_calls(&mut admin, method.sent_commands())?,
             client_commands: logs.iter().map(|l| l.commands).sum(),
-            other_cores: cpu_before.zip(cpu_after).map(|(a, b)| cpu::other_cores(a, b)),
+            other_cores: cpu_before
+                .zip(cpu_after)
+                .map(|(a, b)| cpu::other_cores(a, b)),
         })
     }
 }

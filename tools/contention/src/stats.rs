@@ -281,7 +281,8 @@ mod tests {
 
     /// The release sent 10 ns before its reply.
     fn acq(client: usize, wanted: u64, granted: u64, released: u64) -> Acquisition {
-        span(client, [wanted, granted, released.saturating_sub(10), released])
+        let releasing = released.saturating_sub(10);
+        span(client, [wanted, granted, releasing, released])
     }
 
     #[test]
@@ -352,7 +353,10 @@ mod tests {
 
     #[test]
     fn a_grant_reply_that_beats_the_release_reply_counts_as_zero() {
-        let logs = single(vec![span(0, [0, 100, 200, 400]), span(1, [0, 300, 500, 600])]);
+        let logs = single(vec![
+            span(0, [0, 100, 200, 400]),
+            span(1, [0, 300, 500, 600]),
+        ]);
         let s = mutex(&logs);
         assert_eq!(s.handoff_p99_us, 0.0);
         assert_eq!(s.violations, 0);
