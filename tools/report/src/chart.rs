@@ -1,6 +1,5 @@
-//! Every chart of the docs, drawn with plotters; text in a font that ships inside a
-//! crate (no system font libraries needed). docs/perf.png is here; docs/contention.png
-//! is drawn in contention.rs, docs/contention-kinds.png in contention_kinds.rs.
+//! The charts' shared parts and docs/perf.png, drawn with plotters in a font that ships
+//! inside a crate (no system font libraries needed).
 
 use std::path::Path;
 
@@ -38,8 +37,8 @@ pub fn register_fonts() -> Result<(), Error> {
     Ok(())
 }
 
-/// A white `width` × `height` chart with a title (`size` px) and a grey subtitle in
-/// its top 70 px; returns the area below them.
+/// A white chart with a title (`size` px) and a grey subtitle in its top 70 px; returns
+/// the area below them.
 pub fn titled<'a>(
     path: &'a Path,
     (width, height): (u32, u32),
@@ -121,8 +120,7 @@ fn short(v: f64) -> String {
     )
 }
 
-/// One series: legend label, colour, one value per category (NaN = missing), drawn as
-/// bars (`width` 0) or as a line of that width.
+/// One series: one value per category (NaN = missing), bars (`width` 0) or a line.
 struct Series {
     label: String,
     color: RGBColor,
@@ -140,8 +138,8 @@ fn ser(label: impl Into<String>, color: RGBColor, values: Vec<f64>, width: u32) 
     }
 }
 
-/// One panel: categories along x, the series over them, a goal segment per category and
-/// a dashed parity line where given, value labels on the bars if asked.
+/// One panel: categories along x, the series, a goal segment per category and a dashed
+/// parity line where given, value labels on the bars if asked.
 #[derive(Default)]
 struct Panel<'a> {
     title: &'a str,
@@ -262,8 +260,7 @@ fn pow10(n: u64) -> String {
     }
 }
 
-/// docs/perf.png: throughput ratios, latency, memory, scaling (cost and hand-off) and
-/// instructions per command.
+/// docs/perf.png: throughput ratios, latency, memory, scaling, instructions per command.
 pub fn perf(path: &Path, run: &PerfRun) -> Result<(), Error> {
     register_fonts()?;
     let root = BitMapBackend::new(path, (1500, 1040)).into_drawing_area();

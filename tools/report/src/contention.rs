@@ -1,6 +1,5 @@
-//! The contention section of docs/BENCHMARKS.md (between `<!-- contention:begin -->`
-//! and `<!-- contention:end -->`) and docs/contention.png, rendered from
-//! docs/data/contention.json, which `make bench-contention` writes.
+//! The contention section of docs/BENCHMARKS.md and docs/contention.png, from
+//! docs/data/contention.json (`make bench-contention`).
 
 use std::path::Path;
 
@@ -33,8 +32,7 @@ impl RunInfo {
         format!("{server}, {secs} s per cell, loopback; {date}")
     }
 
-    /// A chart: `title` (text, font size) over the subtitle, then 2 rows of `cols`
-    /// panels of `panel` pixels each. Returns the whole picture and its panels.
+    /// A chart: `title` (text, size) over the subtitle, then 2 rows of `cols` panels.
     pub fn grid<'a>(
         &self,
         path: &'a Path,
@@ -53,48 +51,37 @@ impl RunInfo {
 pub type Grid<'a> = (Area<'a>, Vec<Area<'a>>);
 type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 
-/// Throughput, waits and fairness of one group of a cell's clients (its readers, its
-/// writers, or all of them). See tools/contention/src/stats.rs.
+/// Throughput, waits (first attempt to grant, or to giving up) and fairness (Jain's index
+/// over acquisitions per client) of a cell's readers, writers, or all clients.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RoleStats {
     pub clients: usize,
     pub acquisitions: u64,
-    /// Acquisitions ÷ the cell's time to its last release.
     pub per_second: f64,
-    /// From a client's first attempt to its grant (a wait that never ended counts with
-    /// its length when the client gave up).
     pub wait_p50_ms: f64,
     pub wait_p99_ms: f64,
     pub wait_max_ms: f64,
-    /// Jain's index over acquisitions per client of the group.
     pub jain: f64,
-    /// Clients of the group still waiting when they gave up.
     pub gave_up: u64,
 }
 
-/// The figures of one cell (see tools/contention/src/stats.rs).
+/// The figures of one cell, as tools/contention/src/stats.rs defines them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub elapsed_s: f64,
     pub all: RoleStats,
-    /// A readers/writers cell's readers and writers (none in other cells).
+    /// A readers/writers cell's readers and writers.
     pub readers: Option<RoleStats>,
     pub writers: Option<RoleStats>,
     pub commands_per_acquisition: f64,
     pub round_trips_per_acquisition: f64,
-    /// The most clients that held the lock at one instant, and holders on average.
     pub peak_holders: u64,
     pub mean_holders: f64,
-    /// Grants that broke the lock's rule (a second holder of a mutex, a writer next to
-    /// another holder, a reader next to a writer, more than `limit` holders).
     pub violations: u64,
-    /// Reader grants that overtook a waiting writer (asked after it, granted before it),
-    /// in all and the most during one writer's wait.
     pub overtakes: u64,
     pub overtakes_most: u64,
-    /// From a release to the next grant when that went to another client (at one client
-    /// alone, its own next grant), µs, and how many; the share of grants that went
-    /// straight back to the client that had just released.
+    /// Release -> the next grant of another client (alone: its own), µs; the share of
+    /// grants that went straight back to the releaser.
     pub handoff_p50_us: f64,
     pub handoff_p99_us: f64,
     pub handoffs: u64,
@@ -104,13 +91,10 @@ pub struct Summary {
     pub hold_max_ms: f64,
 }
 
-/// One cell: a method's clients (`family` `mutex`: N clients on one mutex; `rw`: readers
-/// and writers; `sem`: a semaphore), each holding the lock `hold_ms`.
+/// One cell: a method's clients (`family` `mutex`, `rw`, `sem`), each holding `hold_ms`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Cell {
     pub family: String,
-    /// `module`, `poll100`, `jitter`, `blpop` (mutex); `shared`, `module`, `jitter`,
-    /// `rw-script`, `rw-script-wfirst` (rw); `limit`, `zset` (sem).
     pub method: String,
     pub label: String,
     pub clients: usize,
@@ -144,7 +128,6 @@ impl ContentionRun {
     }
 }
 
-/// The cells of one method, in their order.
 pub(crate) fn by_method<'a>(cells: &[&'a Cell], method: &str) -> Vec<&'a Cell> {
     cells
         .iter()
@@ -160,8 +143,7 @@ pub(crate) fn two_commands(cells: &[&Cell]) -> bool {
         .all(|c| (c.summary.commands_per_acquisition - 2.0).abs() < 1e-9)
 }
 
-/// FIFO's bound on the waits of `cells`: the cells whose longest wait is over it (each
-/// with its bound), and whether every wait's p99 is within it.
+/// FIFO's bound on the waits of `cells`: the cells over it, whether every p99 is within.
 pub(crate) fn within(cells: &[&Cell], bound: impl Fn(&Cell) -> f64) -> (Vec<Value>, bool) {
     let over = cells
         .iter()
@@ -191,8 +173,7 @@ fn goals(cells: &[&Cell]) -> Option<Value> {
     })
 }
 
-/// The contention section of docs/BENCHMARKS.md, its readers/writers and semaphore part
-/// included.
+/// The contention section of docs/BENCHMARKS.md, readers/writers and semaphore included.
 pub fn section(run: &ContentionRun) -> Result<String, Error> {
     let cells = run.family("mutex");
     let holds = holds(cells.iter().map(|c| c.hold_ms));

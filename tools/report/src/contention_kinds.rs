@@ -1,7 +1,5 @@
-//! The readers/writers and semaphore cells of the contention section of
-//! docs/BENCHMARKS.md, and docs/contention-kinds.png: the module's `SHARED` and
-//! `LIMIT n` locks with `BLOCK` against the client-side recipes people use for the same
-//! job. Rendered from the `kinds` of docs/data/contention.json.
+//! The readers/writers and semaphore cells of the contention section and
+//! docs/contention-kinds.png: `SHARED` and `LIMIT n` against the client-side recipes.
 
 use std::path::Path;
 
@@ -15,15 +13,12 @@ use crate::chart::{category, decades, first_seen, holds, legend, tick, FONT, PAL
 use crate::contention::{by_method, two_commands, within, Cell, ContentionRun};
 use crate::Error;
 
-/// Pause between two attempts of node-redlock's `SET NX` recipe (the `jitter` method of
-/// the mutex and readers/writers cells) and of the client-side read-write lock recipes:
-/// uniform in this range of µs (10 ms ± 5 ms, node-redlock's jitter).
+/// Pause between two attempts of node-redlock's `SET NX` and of the client-side read-write
+/// locks: uniform in this range of µs (10 ms ± 5 ms, node-redlock's jitter).
 pub const JITTER_US: (u64, u64) = (5_000, 14_999);
-/// Pause between two attempts of the sorted-set semaphore (redis-semaphore's default
-/// `retryInterval` for npm).
+/// Pause between two attempts of the sorted-set semaphore (npm redis-semaphore's default).
 pub const SEM_POLL_MS: u64 = 10;
-/// Lease of a waiting writer's announcement in the writer-first recipe (refreshed at
-/// every attempt of that writer).
+/// Lease of a waiting writer's note in the writer-first recipe (renewed at each attempt).
 pub const INTENT_MS: u64 = 1_000;
 
 fn find<'a>(cells: &[&'a Cell], method: &str, hold_ms: u64) -> Option<&'a Cell> {
@@ -39,8 +34,7 @@ fn rw_goals(rw: &[&Cell]) -> Option<Value> {
     let first = shared.first()?;
     let writers = |c: &Cell| c.summary.writers.clone();
     let reads = |c: &Cell| c.summary.readers.as_ref().map_or(0.0, |r| r.per_second);
-    // Bounded bypass, the textbook form of "no starvation": while a writer waits, each
-    // reader gets in ahead of it at most once (see the column's definition).
+    // Bounded bypass ("no starvation"): while a writer waits, each reader passes it once.
     let fed = shared.iter().all(|c| {
         c.summary.overtakes_most <= c.readers as u64
             && writers(c).is_some_and(|w| w.gave_up == 0 && w.acquisitions > 0)
@@ -73,8 +67,7 @@ fn sem_goals(sem: &[&Cell]) -> Option<Value> {
     if limit.is_empty() {
         return None;
     }
-    // FIFO's bound: the clients ahead go through the n permits in turns of c, one
-    // hand-off each, the overhead budgeted as in the mutex goals (1 ms).
+    // FIFO's bound: the clients ahead go through the n permits in turns of c + 1 ms.
     let (over, p99_met) = within(&limit, |c| {
         let n = c.limit.unwrap_or(1).max(1) as usize;
         c.clients.div_ceil(n) as f64 * (c.hold_ms as f64 + 1.0)
@@ -90,8 +83,7 @@ fn sem_goals(sem: &[&Cell]) -> Option<Value> {
     })
 }
 
-/// The readers/writers and semaphore cells and their goals, for contention-kinds.md.j2
-/// (included by the contention section; it renders nothing without such cells).
+/// The readers/writers and semaphore cells and their goals, for contention-kinds.md.j2.
 pub fn context(run: &ContentionRun) -> Value {
     let (rw, sem) = (run.family("rw"), run.family("sem"));
     // Goals both families share: 2 commands per acquisition, no grant against the rule.
@@ -132,7 +124,6 @@ fn short_label(method: &str) -> &str {
 
 /// A panel of the chart: its title after the family's heading, its figure, its unit.
 type PanelSpec = (&'static str, fn(&Cell) -> f64, &'static str);
-/// The readers/writers column: reads per second, the writer's longest wait.
 const RW_PANELS: [PanelSpec; 2] = [
     (
         "reads / s (log)",
@@ -145,7 +136,6 @@ const RW_PANELS: [PanelSpec; 2] = [
         "ms",
     ),
 ];
-/// The semaphore column: acquisitions per second, the wait's p99.
 const SEM_PANELS: [PanelSpec; 2] = [
     (
         "acquisitions / s (log)",
@@ -167,8 +157,7 @@ fn bar_label(v: f64) -> String {
     )
 }
 
-/// One panel of docs/contention-kinds.png: a group of bars per method, one bar per
-/// critical-section length, on a log axis.
+/// One panel: a group of bars per method, a bar per critical-section length, log axis.
 fn draw_panel(
     area: &DrawingArea<BitMapBackend, Shift>,
     title: &str,
@@ -238,8 +227,7 @@ fn draw_panel(
     legend(&mut chart, SeriesLabelPosition::UpperRight, 14)
 }
 
-/// docs/contention-kinds.png: per method, throughput (top) and waits (bottom) of the
-/// readers/writers cells (left) and the semaphore cells (right).
+/// docs/contention-kinds.png: throughput (top) and waits (bottom), rw and sem columns.
 pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
     crate::chart::register_fonts()?;
     let (rw, sem) = (run.family("rw"), run.family("sem"));
@@ -289,8 +277,7 @@ mod tests {
         }
     }
 
-    /// A cell of `family` whose `all` group made `acquisitions` and waited at most
-    /// `wait_max_ms`; the rest of its figures plain.
+    /// A cell of `family` with `all` as its figures for every client; the rest plain.
     fn cell(family: &str, method: &str, all: RoleStats) -> Cell {
         Cell {
             family: family.into(),

@@ -1,10 +1,6 @@
-//! The one renderer of the measured docs: every benchmark and reliability run saves its
-//! measurements as JSON in docs/data/, and docs/BENCHMARKS.md (its `perf` and
-//! `contention` sections), docs/RELIABILITY.md, docs/perf.png, docs/contention.png and
-//! docs/contention-kinds.png are rendered from those files, so prose and layout change
-//! without a rerun (`make docs`). The prose and the tables are the templates in
-//! docs/templates/ (see template.rs); this crate computes what they show (ratios, goals,
-//! verdicts) and draws the charts. The measuring tools call [`render_all`] after saving.
+//! The one renderer of the measured docs, from the JSON the runs save in docs/data/ (so
+//! prose and layout change without a rerun: `make docs`): the figures the templates in
+//! docs/templates/ show (ratios, goals, verdicts) and the charts.
 
 pub mod chart;
 pub mod contention;
@@ -43,7 +39,6 @@ pub fn load<T: DeserializeOwned>(path: &Path) -> Result<T, Error> {
 
 /// Replaces what lies between `<!-- name:begin -->` and `<!-- name:end -->` in `doc`
 /// (markers kept), or appends a new marked section when the markers are missing.
-/// Everything else is left as it is.
 pub fn splice(doc: &str, name: &str, section: &str) -> Result<String, String> {
     let (begin, end) = (
         format!("<!-- {name}:begin -->"),

@@ -1,5 +1,4 @@
-//! The perf section of docs/BENCHMARKS.md (between `<!-- perf:begin -->` and
-//! `<!-- perf:end -->`), rendered from docs/data/perf.json, which `make bench` writes.
+//! The perf section of docs/BENCHMARKS.md, from docs/data/perf.json (`make bench`).
 
 use std::collections::BTreeMap;
 
@@ -19,8 +18,8 @@ pub const EXTEND: &str = "EXTEND vs EVALSHA extend";
 pub const CYCLE: &str = "cycle: ACQUIRE+RELEASE vs SET NX PX+EVALSHA";
 pub const PIPELINES: [usize; 2] = [1, 16];
 
-/// One comparison at one pipeline depth: module (A) against the recipe (B), operations
-/// per second (medians over rounds) and the median of the per-round ratios.
+/// One comparison at one pipeline depth: module (A) against recipe (B), ops/s (medians
+/// over rounds), the median of the per-round ratios.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PairResult {
     pub name: String,
@@ -53,13 +52,7 @@ impl Throughput {
             .find(|(p, _)| *p == pipeline)
             .map_or(f64::NAN, |(_, v)| *v)
     }
-    pub fn get(&self, name: &str, pipeline: usize) -> Option<&PairResult> {
-        self.pairs
-            .iter()
-            .find(|r| r.name == name && r.pipeline == pipeline)
-    }
-    /// PING against the recipe of `r`, both in commands per second (a cycle is two
-    /// commands): no command can beat PING, so this bounds `r`'s ratio.
+    /// PING against `r`'s recipe in commands/s: no command beats PING, so this bounds `r`.
     pub fn ceiling(&self, r: &PairResult) -> f64 {
         self.ping_median(r.pipeline) / (r.b * r.b_per_op)
     }
@@ -108,9 +101,8 @@ impl Memory {
 pub struct WaiterMemory {
     pub waiters: u64,
     pub locks: u64,
-    /// Growth from idle connected clients to the same clients blocked, per waiter.
+    /// Growth per waiter from idle connected clients to blocked ones, and from none.
     pub per_waiter: f64,
-    /// Growth from no clients to blocked clients, per waiter (connection included).
     pub per_waiter_with_conn: f64,
 }
 
@@ -123,10 +115,9 @@ pub struct Level {
     pub cycle_vs_recipe: f64,
     pub extend_rate: f64,
     pub extend_vs_pexpire: f64,
-    /// RELEASE sent -> the waiter has its grant, ms.
+    /// RELEASE sent (hand-off), the lease's deadline (expiry) -> the waiter's grant, ms.
     pub handoff_p50: f64,
     pub handoff_p99: f64,
-    /// Lease deadline -> the waiter has its grant, ms.
     pub expiry_p50: f64,
     pub expiry_p99: f64,
 }
@@ -151,9 +142,8 @@ pub struct RbPair {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CrossCheck {
     pub pairs: Vec<RbPair>,
-    /// (pipeline, PING requests/s, median)
+    /// (pipeline, PING requests/s median), (pipeline, the options of every command line)
     pub ping: Vec<(usize, f64)>,
-    /// (pipeline, the option part of every command line)
     pub options: Vec<(usize, String)>,
 }
 
@@ -164,28 +154,21 @@ pub struct FnCost {
     pub per_cmd: f64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// One command under callgrind, per command: all instructions (`per_cmd`), inside
+/// `call()`, `processCommand` and the command filters, the module's self cost, and the
+/// inclusive cost of its functions and the server API calls they make. `server`:
+/// "without the module", "with the module", "with the floor module" (", AOF").
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Phase {
     pub name: String,
-    /// "without the module", "with the module", "with the floor module" (", AOF").
-    #[serde(default)]
     pub server: String,
-    /// The command as a user would type it.
-    #[serde(default)]
     pub command: String,
-    /// All instructions per command (the dump's total / commands).
     pub per_cmd: f64,
-    /// Inclusive instructions of the server's `call()` and `processCommand` per command.
-    #[serde(default)]
     pub call: f64,
-    #[serde(default)]
     pub process: f64,
-    /// Inside the command filters (`moduleCallCommandFilters`, part of `processCommand`).
-    #[serde(default)]
     pub filters: f64,
-    /// Self cost of the module's own code per command.
     pub module_self: f64,
-    /// Inclusive cost of the module's functions and the server API calls they make.
     pub inclusive: Vec<FnCost>,
 }
 
@@ -210,8 +193,7 @@ pub struct Callgrind {
     pub baseline: Option<(String, Vec<(String, f64)>)>,
 }
 
-/// The guarded writes of issue 23, as the benchmark names them: the plain write (the
-/// floor), the module's guards, and the classic forms without them.
+/// The guarded writes of issue 23: the plain write, the module's guards, the classic forms.
 pub const G_SET: &str = "SET (unguarded)";
 pub const G_IFHELD: &str = "LOCK.IFHELD + SET";
 pub const G_IFFENCE: &str = "LOCK.IFFENCE + SET";
@@ -222,13 +204,12 @@ pub const G_WATCH_GET_2RT: &str = "WATCH+GET pipelined, MULTI/SET/EXEC";
 /// The forms each row is set against, in the report's column order.
 pub const G_REFERENCES: [&str; 3] = [G_SET, G_WATCH_CHECK, G_WATCH_GET];
 
-/// One guarded-write form: writes per second (median over rounds, and each round's).
+/// One guarded-write form (its commands as typed, "with/without the module"): writes/s,
+/// the median over rounds and each round's.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GuardedRate {
     pub name: String,
-    /// The commands of one write, as a user would type them.
     pub command: String,
-    /// "with the module" or "without the module".
     pub server: String,
     pub commands: u64,
     pub round_trips: u64,
@@ -245,9 +226,8 @@ pub struct Spread {
     pub n: usize,
 }
 
-/// Hand-offs of one lock with `watchers` clients in `LOCK.WATCH key FENCE f` and one
-/// FIFO waiter: the releasing command's round trip, and the time from its reply to the
-/// waiter's grant, to each watcher's answer and to the last watcher's.
+/// Hand-offs with `watchers` clients in `LOCK.WATCH key FENCE f` and one FIFO waiter: the
+/// release's round trip, and from its reply to the grant, each watcher's and the last one's.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ObserveLevel {
     pub watchers: u64,
@@ -258,8 +238,7 @@ pub struct ObserveLevel {
     pub last_watcher: Spread,
 }
 
-/// The polling alternative: an observer sending `LOCK.INFO` every `interval_ms`; the
-/// time from the release reply to its first poll that shows the new holder, µs.
+/// Polling `LOCK.INFO` every `interval_ms`: release reply -> a poll shows the holder, µs.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PollDelay {
     pub interval_ms: u64,
@@ -270,10 +249,9 @@ pub struct PollDelay {
 /// Issue 23's measurements on one server.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Guarded {
-    /// When it was measured (`make bench-guarded` measures it alone, later than the rest).
+    /// `make bench-guarded` measures it alone, later than the rest.
     pub date: String,
     pub clients: usize,
-    /// Rounds, and commands per run of a form (whole writes).
     pub rounds: usize,
     pub commands_per_run: u64,
     pub rates: Vec<GuardedRate>,
@@ -281,8 +259,8 @@ pub struct Guarded {
     pub poll: Vec<PollDelay>,
 }
 
-/// Instructions per guarded write under callgrind (one connection, the write's own
-/// round trips): all of them, and inside `processCommand`.
+/// Instructions per guarded write under callgrind: all, inside `processCommand`, and the
+/// inclusive costs of the module's functions and the server API calls.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CgWrite {
     pub name: String,
@@ -290,14 +268,12 @@ pub struct CgWrite {
     pub server: String,
     pub total: f64,
     pub process: f64,
-    /// Inclusive costs per write of the module's functions and the server API calls.
     #[serde(default)]
     pub inclusive: Vec<FnCost>,
 }
 
-/// One RELEASE with `watchers` watchers on its key: inside `processCommand` (the
-/// command), and everything until every watcher had its answer (their wake-ups too);
-/// medians over `reps`.
+/// A RELEASE with `watchers` on its key, medians over `reps`: inside `processCommand`, and
+/// everything until every watcher had its answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CgRelease {
     pub watchers: u64,
@@ -338,9 +314,8 @@ pub struct PerfRun {
     pub machine: String,
     pub load_start: String,
     pub load_end: String,
-    /// The sizes it used: the `BENCH_*` settings by name (`rounds`, `clients`, ...).
+    /// The `BENCH_*` settings by name, and the commands compared as a user types them.
     pub settings: serde_json::Value,
-    /// The commands compared, as a user would type them (module, recipe, ...).
     pub commands: Vec<String>,
     pub release_lua: String,
     pub extend_lua: String,
@@ -353,9 +328,8 @@ pub struct PerfRun {
 
 /// Memory per held exclusive lock against a `SET NX PX` string lock with the same token.
 pub const MEMORY_GOAL: f64 = 1.4;
-/// The instruction goals of issue 21 (callgrind, inside `call()`): a phase against another
-/// (or, with "", its count), and the most allowed. "Today" is 00e48ee: RELEASE 5,400 and
-/// EXTEND 4,400.
+/// Issue 21's goals inside `call()`: a phase against another (with "": its count), the most
+/// allowed ("today" is 00e48ee: RELEASE 5,400, EXTEND 4,400).
 pub const INSTRUCTION_GOALS: [(&str, &str, f64); 5] = [
     ("LOCK.ACQUIRE (TOKEN)", "SET NX PX", 1.10),
     ("LOCK.ACQUIRE (generated token)", "SET NX PX", 1.15),
@@ -363,18 +337,15 @@ pub const INSTRUCTION_GOALS: [(&str, &str, f64); 5] = [
     ("LOCK.EXTEND", "", 4400.0),
     ("LOCK.ACQUIRE (TOKEN), AOF", "SET NX PX, AOF", 1.15),
 ];
-/// The commands whose cost with the module loaded and no lock in use is set against their
-/// cost without it (issue 21: at most [`TAX_GOAL`]), inside `call()` and the command
-/// filters: what the module adds to `processCommand` (the rest of it, the command's
-/// lookup by name for one, costs what the server's random hash seed makes it, module or
-/// not).
+/// Commands whose cost with the module loaded (no lock in use) against without it is at
+/// most [`TAX_GOAL`], inside `call()` and the filters (the rest of `processCommand` costs
+/// what the server's random hash seed makes it).
 pub const TAXED: [&str; 5] = ["SET PX", "SET", "DEL", "EXPIRE", "GET"];
 pub const TAX_GOAL: f64 = 1.01;
 /// Cycle rate at the most held locks against the fewest (issue 21).
 pub const CYCLE_SCALING_GOAL: f64 = 0.9;
 
-/// The comparisons that have a goal, in the order measured, with the goal at each
-/// pipeline depth of [`PIPELINES`] (None: no goal there).
+/// The comparisons with a goal, in the order measured, with the goal at each depth.
 fn goal_pairs(run: &PerfRun) -> Vec<(String, [Option<f64>; 2])> {
     let mut v: Vec<(String, [Option<f64>; 2])> = Vec::new();
     let pairs = run.servers.iter().filter_map(|s| s.throughput.as_ref());
@@ -390,28 +361,27 @@ fn goal_pairs(run: &PerfRun) -> Vec<(String, [Option<f64>; 2])> {
 }
 
 pub(crate) fn pair<'a>(s: &'a ServerResults, name: &str, p: usize) -> Option<&'a PairResult> {
-    s.throughput.as_ref().and_then(|t| t.get(name, p))
+    let pairs = s.throughput.as_ref().map_or(&[][..], |t| &t.pairs);
+    pairs.iter().find(|r| r.name == name && r.pipeline == p)
 }
 
-/// Flatness of one server's scaling curve: the worst level-vs-first ratio of the
-/// command rates (relative to PING) and the hand-off medians.
+/// Flatness of one server's scaling curve: the worst level-vs-first rate ratio, the
+/// hand-off medians.
 #[derive(Serialize)]
 pub struct Flat {
     pub worst_rate: f64,
     pub handoff_max: f64,
     pub expiry_max: f64,
     pub ok: bool,
-    /// Cycles per second at the most held locks (no waiters) ÷ at the fewest: the
-    /// module's, the recipe's on the same server (what the server's own dict costs), and
-    /// whether the module's meets [`CYCLE_SCALING_GOAL`].
+    /// Cycles/s at the most held locks (no waiters) ÷ at the fewest: the module's, the
+    /// recipe's (what the server's own dict costs), whether it meets the goal.
     pub cycle_top: f64,
     pub recipe_top: f64,
     pub cycle_met: bool,
 }
 
-/// Rates within 0.80–1.25 of the smallest level (noise on this machine is about ±10%),
-/// hand-off medians under 1 ms and expiry medians under 3 ms (timers have 1 ms
-/// resolution) at every level.
+/// Rates within 0.80–1.25 of the smallest level (noise is about ±10%), hand-off medians
+/// under 1 ms and expiry medians under 3 ms (1 ms timers) at every level.
 pub fn flatness(s: &ServerResults) -> Option<Flat> {
     let sc = s.scaling.as_ref()?;
     let first = sc.levels.first()?;
@@ -447,8 +417,7 @@ pub fn flatness(s: &ServerResults) -> Option<Flat> {
     })
 }
 
-/// A server's data (`..`) and what the templates show of it beyond the data: the ratio
-/// of every comparison at both depths, the throughput rows by depth, memory, flatness.
+/// A server's data (`..`), the ratios at both depths, the rows by depth, memory, flatness.
 fn server_view(s: &ServerResults, names: &[&str]) -> Value {
     let ratio = |n: &str, p| pair(s, n, p).map_or(f64::NAN, |r| r.ratio);
     let ratios: BTreeMap<&str, [f64; 2]> = names
@@ -498,35 +467,37 @@ fn round_ratio(a: &GuardedRate, b: &GuardedRate) -> f64 {
     median(&r)
 }
 
-/// `extra` shared among `watchers` (NaN for none).
-fn per_watcher(extra: f64, watchers: u64) -> f64 {
-    if watchers > 0 {
-        extra / watchers as f64
-    } else {
-        f64::NAN
+/// A row's data against the row of `rows` with no watchers: `base`'s ratio (`vs_none`),
+/// and what each watcher adds to `total` (`per_watcher`, NaN for none).
+fn against_none<T: Serialize>(
+    rows: &[T],
+    watchers: fn(&T) -> u64,
+    (base, total): (fn(&T) -> f64, fn(&T) -> f64),
+) -> impl Fn(&T) -> Value + '_ {
+    let none = rows.iter().find(|r| watchers(r) == 0);
+    move |r| {
+        let vs_none = none.map_or(f64::NAN, |z| base(r) / base(z));
+        let extra = none.map_or(f64::NAN, |z| total(r) - total(z));
+        let n = watchers(r);
+        let per_watcher = if n > 0 { extra / n as f64 } else { f64::NAN };
+        context! { vs_none, per_watcher, ..Value::from(Serde(r)) }
     }
 }
 
-/// Issue 23's figures of one server with what the template shows beyond them: each
-/// form's rate against [`G_REFERENCES`] (`vs`), each watcher count's release round trip
-/// against no watchers, and each polling interval's delay against a watcher's.
+/// Issue 23's figures with each rate against [`G_REFERENCES`], each release round trip
+/// against no watchers, and each polling delay against a watcher's.
 fn guarded_view(g: &Guarded) -> Value {
     let find = |n: &str| g.rates.iter().find(|r| r.name == n);
     let rates = g.rates.iter().map(|r| {
         let vs = G_REFERENCES.map(|n| find(n).map_or(f64::NAN, |b| round_ratio(r, b)));
         context! { vs => Serde(vs), ..Value::from(Serde(r)) }
     });
-    let none = g.observe.iter().find(|l| l.watchers == 0);
     // The releaser's round trip (p50) against no watchers, and what each watcher adds, µs.
-    let level = |l: &ObserveLevel| {
-        let vs_none = none.map_or(f64::NAN, |z| l.release.p50 / z.release.p50);
-        let extra = none.map_or(f64::NAN, |z| l.release.p50 - z.release.p50);
-        let per_watcher = per_watcher(extra, l.watchers);
-        context! { vs_none, per_watcher, ..Value::from(Serde(l)) }
-    };
-    let observe = g.observe.iter().map(level);
+    let p50 = |l: &ObserveLevel| l.release.p50;
+    let level = against_none(&g.observe, |l| l.watchers, (p50, p50));
+    let observe = g.observe.iter().map(&level);
     let most = g.observe.iter().filter(|l| l.watchers > 0);
-    let most = most.max_by_key(|l| l.watchers).map(level);
+    let most = most.max_by_key(|l| l.watchers).map(&level);
     let watch = g.observe.iter().find(|l| l.watchers == 1);
     let watch_p50 = watch.map_or(f64::NAN, |l| l.watch.p50);
     let watch_handoffs = watch.map(|l| l.handoffs);
@@ -552,8 +523,7 @@ fn guarded_view(g: &Guarded) -> Value {
     }
 }
 
-/// The guarded writes under callgrind against [`G_REFERENCES`] (all instructions, and
-/// inside `processCommand`), and each RELEASE against the one with no watchers.
+/// The guarded writes under callgrind against [`G_REFERENCES`], each RELEASE against none.
 fn guarded_cg_view(cg: &GuardedCallgrind) -> Value {
     let find = |n: &str| cg.rows.iter().find(|r| r.name == n);
     let rows = cg.rows.iter().map(|r| {
@@ -561,13 +531,8 @@ fn guarded_cg_view(cg: &GuardedCallgrind) -> Value {
         let vs_process = G_REFERENCES.map(|n| find(n).map_or(f64::NAN, |b| r.process / b.process));
         context! { vs => Serde(vs), vs_process => Serde(vs_process), ..Value::from(Serde(r)) }
     });
-    let none = cg.release.iter().find(|r| r.watchers == 0);
-    let release = cg.release.iter().map(|r| {
-        let vs_none = none.map_or(f64::NAN, |z| r.process / z.process);
-        let extra = none.map_or(f64::NAN, |z| r.total - z.total);
-        let per_watcher = per_watcher(extra, r.watchers);
-        context! { vs_none, per_watcher, ..Value::from(Serde(r)) }
-    });
+    let vs_none = against_none(&cg.release, |r| r.watchers, (|r| r.process, |r| r.total));
+    let release = cg.release.iter().map(vs_none);
     // Where a LOCK.IFHELD's instructions go: the most expensive functions in it.
     let ifheld = find(G_IFHELD).map(|r| &r.inclusive[..r.inclusive.len().min(8)]);
     context! {
@@ -639,8 +604,7 @@ fn perf_context(run: &PerfRun) -> Value {
         let met: Vec<bool> = met.collect();
         context! { name, goals => Serde(goals), met }
     });
-    // Where an ACQUIRE's instructions go beyond a SET's: the inclusive cost of each
-    // function in it (the first row of a function counts).
+    // Where an ACQUIRE's instructions go beyond a SET's (a function's first row counts).
     let profile = run.callgrind.as_ref().map(|cg| {
         let acq = cg.phases.iter().find(|p| p.name == "LOCK.ACQUIRE (TOKEN)");
         let costs = acq.map_or(&[][..], |p| &p.inclusive).iter().rev();
@@ -673,8 +637,7 @@ fn phase<'a>(cg: &'a Callgrind, name: &str) -> Option<&'a Phase> {
     cg.phases.iter().find(|p| p.name == name)
 }
 
-/// Inside `call()` (and, for a tax, the command filters) per command of phase `name`;
-/// NaN when missing.
+/// Inside `call()` (and, for a tax, the filters) per command of phase `name`, or NaN.
 pub(crate) fn inside(cg: &Callgrind, name: &str, tax: bool) -> f64 {
     phase(cg, name).map_or(f64::NAN, |p| p.call + if tax { p.filters } else { 0.0 })
 }
@@ -688,12 +651,8 @@ pub(crate) fn before(cg: &Callgrind, name: &str) -> Option<f64> {
 /// The goals of [`INSTRUCTION_GOALS`] and [`TAXED`] with what this run measured.
 fn instruction_goals(cg: &Callgrind) -> Vec<Value> {
     let goal = |what: String, a: &str, b: &str, tax, most: f64| {
-        let v = inside(cg, a, tax)
-            / if b.is_empty() {
-                1.0
-            } else {
-                inside(cg, b, tax)
-            };
+        let of = (!b.is_empty()).then(|| inside(cg, b, tax));
+        let v = inside(cg, a, tax) / of.unwrap_or(1.0);
         context! { what, value => v, ratio => !b.is_empty(), goal => most, met => v <= most }
     };
     let taxes = TAXED.iter().map(|c| {
@@ -711,8 +670,7 @@ fn instruction_goals(cg: &Callgrind) -> Vec<Value> {
     goals.chain(taxes).collect()
 }
 
-/// The phases that set a module command beside its floor, each against `SET NX PX`
-/// without the module (issue 21's table), inside `call()`.
+/// The phases beside their floor, each against `SET NX PX` without the module (issue 21).
 pub(crate) const FLOOR_ROWS: [&str; 10] = [
     "SET NX PX",
     "SET NX PX, module loaded",

@@ -1,5 +1,4 @@
-//! docs/RELIABILITY.md, rendered from docs/data/reliability.json, which
-//! `make reliability` writes. Every scenario reports one [`Outcome`].
+//! docs/RELIABILITY.md, from docs/data/reliability.json (`make reliability`).
 
 use std::collections::BTreeMap;
 
@@ -19,8 +18,7 @@ pub enum Status {
     NotRun(String),
 }
 
-/// What one scenario measured: its numbers (`data`), from which the template
-/// reliability-row.md.j2 makes the row's figure and trials and the lines of its section.
+/// What one scenario measured (`data`: reliability-row.md.j2 makes the row from it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Outcome {
     pub id: u32,
@@ -36,8 +34,7 @@ pub struct Outcome {
     /// The server of this row, for a scenario that runs on every server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerId>,
-    /// A row measured by a later run of some scenarios only (`--only`, merged into the
-    /// file): that run's date, seed and module commit.
+    /// A row measured by a later run of some scenarios only (`--only`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<RowRun>,
 }
@@ -145,9 +142,8 @@ pub struct ReliabilityRun {
 }
 
 impl ReliabilityRun {
-    /// Puts `rows`, measured by a later run of the scenarios `run.only`, in place of the
-    /// rows of those scenarios; the other rows stay as measured. `order` gives a
-    /// scenario's place in the report; rows are numbered again.
+    /// Puts `rows` of a later run of `run.only` in place of those scenarios' rows; `order`
+    /// gives a scenario's place in the report; rows are numbered again.
     pub fn merge(&mut self, rows: Vec<Outcome>, run: RowRun, order: impl Fn(&str) -> usize) {
         self.outcomes.retain(|o| !run.only.contains(&o.key));
         self.outcomes.extend(rows.into_iter().map(|mut o| {
@@ -227,23 +223,14 @@ mod tests {
         o
     }
 
+    /// The committed run with these rows.
     fn run(outcomes: Vec<Outcome>) -> ReliabilityRun {
-        ReliabilityRun {
-            date: "2026-01-01".into(),
-            time: "00:00".into(),
-            short: false,
-            scale: 1.0,
-            seed: 1,
-            minutes: 1.0,
-            server_path: "/usr/bin/redis-server".into(),
-            server_version: "Redis server v=7.0.15".into(),
-            commit: "abc".into(),
-            dirty: false,
-            cpus: 2,
-            kernel: "6".into(),
-            fs: "ext4".into(),
-            outcomes,
-        }
+        let json = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/data/reliability.json"
+        );
+        let run: ReliabilityRun = crate::load(std::path::Path::new(json)).expect("committed");
+        ReliabilityRun { outcomes, ..run }
     }
 
     #[test]

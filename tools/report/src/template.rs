@@ -1,6 +1,5 @@
-//! The prose and layout of every measured document: the templates in docs/templates/,
-//! built into this crate (cargo rebuilds it when one changes, so an edit needs only
-//! `make docs`), and the filters they format numbers with (see fmt.rs).
+//! The templates in docs/templates/, built in (an edit needs only `make docs`), and the
+//! filters they format numbers with.
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::Value;
@@ -32,8 +31,7 @@ fn num(f: fn(f64) -> String) -> impl Fn(Option<f64>) -> String + Send + Sync + '
 
 fn environment() -> Result<Environment<'static>, Error> {
     let mut env = Environment::new();
-    // A block tag on a line of its own leaves no trace of that line; `{%- ... +%}`
-    // trims whitespace before the tag and keeps the newline after it.
+    // A block tag on a line of its own leaves no trace of that line.
     env.set_syntax(
         SyntaxConfig::builder()
             .trim_blocks(true)
