@@ -187,15 +187,10 @@ pub fn summarize(logs: &[ClientLog], roles: &[Role], rule: Rule) -> Summary {
     acqs.sort_by_key(|(a, _)| a.granted);
     let end = acqs.iter().map(|(a, _)| a.released).max().unwrap_or(0);
     let elapsed_s = end as f64 / 1e9;
-    let of = |want: Role| -> Vec<&ClientLog> {
-        logs.iter()
-            .enumerate()
-            .filter(|&(i, _)| role_of(i) == want)
-            .map(|(_, l)| l)
-            .collect()
-    };
     let some = |want: Role| {
-        let group = of(want);
+        let group: Vec<&ClientLog> = (logs.iter().enumerate())
+            .filter_map(|(i, l)| (role_of(i) == want).then_some(l))
+            .collect();
         (!group.is_empty()).then(|| role_stats(&group, elapsed_s))
     };
     // A hand-off: a release, then the next grant, when that went to another client (at

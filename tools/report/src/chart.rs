@@ -37,24 +37,6 @@ pub fn register_fonts() -> Result<(), Error> {
     Ok(())
 }
 
-/// A white chart with a title (`size` px) and a grey subtitle in its top 70 px; returns
-/// the area below them.
-pub fn titled<'a>(
-    path: &'a Path,
-    (width, height): (u32, u32),
-    (title, size): (&str, u32),
-    subtitle: String,
-) -> Result<DrawingArea<BitMapBackend<'a>, Shift>, Error> {
-    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (top, body) = root.split_vertically(70);
-    let font = (FONT, size).into_font().color(&BLACK);
-    top.draw(&Text::new(title, (20, 10), font))?;
-    let font = (FONT, 17).into_font().color(&RGBColor(80, 80, 80));
-    top.draw(&Text::new(subtitle, (20, 44), font))?;
-    Ok(body)
-}
-
 /// Bounds of a log axis around `values` (positive), widened to whole decades.
 pub fn decades(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
@@ -354,12 +336,8 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
             for ((name, f), width) in [(thick, 3), (thin, 1)] {
                 let sc = s.scaling.as_ref();
                 let values = sc.map_or(vec![], |sc| sc.levels.iter().map(f).collect());
-                v.push(ser(
-                    format!("{} {name}", s.label),
-                    server_color(i),
-                    values,
-                    width,
-                ));
+                let label = format!("{} {name}", s.label);
+                v.push(ser(label, server_color(i), values, width));
             }
         }
         v
@@ -402,14 +380,10 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
         callgrind.xlabels = short.map(String::from).to_vec();
         let of = |f: &dyn Fn(&str) -> f64| shown.iter().map(|n| f(n)).collect();
         let before = of(&|n| before(cg, n).unwrap_or(f64::NAN));
+        let now = of(&|n| inside(cg, n, false));
         callgrind.series = vec![
             ser("before (baseline)", grey(185), before, 0),
-            ser(
-                format!("now ({})", cg.server),
-                grey(40),
-                of(&|n| inside(cg, n, false)),
-                0,
-            ),
+            ser(format!("now ({})", cg.server), grey(40), now, 0),
         ];
     }
     vec![throughput, latency, memory, cost, handoff, callgrind]

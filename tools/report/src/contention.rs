@@ -26,22 +26,27 @@ pub struct RunInfo {
 }
 
 impl RunInfo {
-    /// The charts' subtitle: server, time per cell, date.
-    pub fn subtitle(&self) -> String {
-        let (server, secs, date) = (&self.server, self.secs_per_cell, &self.date_utc);
-        format!("{server}, {secs} s per cell, loopback; {date}")
-    }
-
-    /// A chart: `title` (text, size) over the subtitle, then 2 rows of `cols` panels.
+    /// A white chart: `title` (text, size px) over a grey subtitle (server, time per cell,
+    /// date) in its top 70 px, then 2 rows of `cols` panels of `panel` px.
     pub fn grid<'a>(
         &self,
         path: &'a Path,
         panel: (u32, u32),
-        title: (&str, u32),
+        (title, size): (&str, u32),
         cols: usize,
     ) -> Result<Grid<'a>, Error> {
-        let size = (panel.0 * cols as u32, panel.1);
-        let body = crate::chart::titled(path, size, title, self.subtitle())?;
+        let root = BitMapBackend::new(path, (panel.0 * cols as u32, panel.1)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (top, body) = root.split_vertically(70);
+        top.draw(&Text::new(
+            title,
+            (20, 10),
+            (FONT, size).into_font().color(&BLACK),
+        ))?;
+        let (server, secs, date) = (&self.server, self.secs_per_cell, &self.date_utc);
+        let subtitle = format!("{server}, {secs} s per cell, loopback; {date}");
+        let grey = (FONT, 17).into_font().color(&RGBColor(80, 80, 80));
+        top.draw(&Text::new(subtitle, (20, 44), grey))?;
         let panels = body.split_evenly((2, cols));
         Ok((body, panels))
     }
@@ -232,13 +237,9 @@ pub fn draw(path: &Path, run: &ContentionRun) -> Result<(), Error> {
             if row == 0 {
                 // The module's goal: p99 <= 1 ms.
                 let goal = RGBColor(200, 30, 30);
+                let seg = [(-0.25, 1.0), (x_max + 0.25, 1.0)];
                 chart
-                    .draw_series(DashedLineSeries::new(
-                        [(-0.25, 1.0), (x_max + 0.25, 1.0)],
-                        8,
-                        6,
-                        goal.stroke_width(2),
-                    ))?
+                    .draw_series(DashedLineSeries::new(seg, 8, 6, goal.stroke_width(2)))?
                     .label("goal for the module: p99 ≤ 1 ms")
                     .legend(line_key(goal.stroke_width(2), 20));
             }

@@ -11,15 +11,16 @@ use crate::{template, Error};
 /// The store side of fencing, printed in the stale-holder section.
 pub const FENCED_STORE_LUA: &str = include_str!("../../../scripts/reliability/fenced_store.lua");
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Status {
+    #[default]
     Pass,
     Fail(String),
     NotRun(String),
 }
 
 /// What one scenario measured (`data`: reliability-row.md.j2 makes the row from it).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Outcome {
     pub id: u32,
     pub key: String,
@@ -66,12 +67,7 @@ impl Outcome {
             key: key.to_string(),
             title: title.to_string(),
             target: target.to_string(),
-            data: BTreeMap::new(),
-            status: Status::Pass,
-            notes: Vec::new(),
-            secs: 0.0,
-            server: None,
-            run: None,
+            ..Outcome::default()
         }
     }
 
