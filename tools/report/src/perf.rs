@@ -467,12 +467,14 @@ fn round_ratio(a: &GuardedRate, b: &GuardedRate) -> f64 {
     median(&r)
 }
 
+type Figure<T> = fn(&T) -> f64;
+
 /// A row's data against the row of `rows` with no watchers: `base`'s ratio (`vs_none`),
 /// and what each watcher adds to `total` (`per_watcher`, NaN for none).
 fn against_none<T: Serialize>(
     rows: &[T],
     watchers: fn(&T) -> u64,
-    (base, total): (fn(&T) -> f64, fn(&T) -> f64),
+    (base, total): (Figure<T>, Figure<T>),
 ) -> impl Fn(&T) -> Value + '_ {
     let none = rows.iter().find(|r| watchers(r) == 0);
     move |r| {
@@ -622,7 +624,6 @@ fn perf_context(run: &PerfRun) -> Value {
         memory_goal => MEMORY_GOAL,
         instruction_goals => run.callgrind.as_ref().map(instruction_goals),
         guarded_cg => run.guarded_callgrind.as_ref().map(guarded_cg_view),
-        references => G_REFERENCES,
         cycle_goal => CYCLE_SCALING_GOAL,
         ACQUIRE, RELEASE, CYCLE,
     }
