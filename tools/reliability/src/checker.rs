@@ -1,31 +1,23 @@
-//! The fenced-lock model checker (the model of Jepsen's Hazelcast lock suite, with
-//! leases), for all three kinds of key: a grant is valid only if the holders that are
-//! certainly live at that moment leave room for it (none for an exclusive grant or a
-//! writer, no writer for a SHARED reader, fewer than n for a LIMIT n permit), and its
-//! fence exceeds every fence granted before it on that server.
+//! The fenced-lock model checker (Jepsen's Hazelcast lock model, with leases) for all
+//! three kinds of key: a grant is valid only if the holders certainly live at that moment
+//! leave room for it, and its fence exceeds every fence granted before it on that server.
 //!
-//! Times are nanoseconds on one monotonic clock, taken by the clients around each call
-//! (`invoke` before sending, `complete` after the reply). The server acts at some unknown
-//! instant inside that window, so every check below only reports what is certain:
+//! Times are ns on one monotonic clock, taken by the clients around each call (`invoke`
+//! .. `complete`); the server acts somewhere inside, so only what is certain is reported:
+//! a lease is certainly live from its grant until `L` = the release's invoke (a release
+//! that succeeded) or else `invoke + ttl` of the acquire / last successful extend, and has
+//! certainly ended by `U` = `complete + ttl` of those, or the completion of a
+//! release/extend that found it gone. A lost reply only widens the bounds; both get
+//! `slack` (ms truncation of the server's clock, wall vs monotonic clock).
 //!
-//! - a lease is certainly live from its grant until `L` = the release's invoke (when a
-//!   release succeeded) or else `invoke + ttl` of the acquire / last successful extend;
-//! - a lease has certainly ended by `U` = `complete + ttl` of the acquire / last
-//!   successful extend, or the completion of a release/extend that found it gone.
-//!
-//! A call whose reply was lost (the connection was killed) has an unknown outcome: it
-//! only ever makes the bounds wider. Both bounds get `slack` (millisecond truncation of
-//! the server's clock, and the wall clock the server uses against the monotonic clock
-//! the clients use).
-//!
-//! Grants carry the server (group) that issued them: a replica pair is one group (its
-//! fences continue across failover), each cluster node is its own. Fences are compared
-//! only within a group; holders are compared within a group in fence order (the order
-//! the server granted them) and across groups by their certainly-live intervals.
+//! A replica pair is one server group (its fences continue across failover), each cluster
+//! node its own: fences and fence order are compared within a group; holders across
+//! groups by their certainly-live intervals.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::common::{example, words, Counts};
+use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Call {
@@ -45,14 +37,12 @@ impl Call {
     }
 }
 
-/// How a grant holds its key.
+/// How a grant holds its key: alone (an exclusive lock, or a SHARED key's writer), as a
+/// SHARED key's reader, or as one of the permits of a LIMIT n key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// The only holder: an exclusive lock, or the writer of a SHARED key.
     Exclusive,
-    /// A reader of a SHARED key.
     Shared,
-    /// One of the permits of a LIMIT n key.
     Permit(u32),
 }
 
@@ -75,8 +65,7 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// A grant as its acquire returned it (`call`: the acquire's invoke and complete
-    /// times), before any extend, release or critical section.
+    /// A grant as its acquire (`call`: invoke, complete) returned it.
     pub fn new(
         who: (u32, u32),
         mode: Mode,
@@ -126,9 +115,8 @@ pub enum StoreEventKind {
     StaleWrite,
 }
 
-/// Something the store saw while clients worked: a critical section that began beside
-/// holders it may not run with, or a write carrying a lower fence than one already
-/// accepted.
+/// What the store saw: a critical section begun beside holders it may not run with, or a
+/// write with a lower fence than one already accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreEvent {
     pub key: u32,
@@ -138,28 +126,38 @@ pub struct StoreEvent {
     pub later: (u32, u64),
 }
 
-/// What a history showed. Counted in `n` (each name present, 0 or more): `grants`;
-/// `late_cs`, critical sections that ran past their certain lease (client pauses, not
-/// lock faults), and `late_store_events`, the store events they cause (not violations);
-/// `cross_server_refusals`, writes the store refused because an earlier holder of the
-/// key had a higher fence from another server (a cluster node that held the slot
-/// before); `late_ends`, releases and extends that succeeded after the lease's latest
-/// possible end by no more than the allowance (`late_ns`).
-#[derive(Debug, Default)]
+/// What a history showed. `n` counts `grants`; `late_cs`, critical sections that ran past
+/// their certain lease (client pauses, not lock faults), and the `late_store_events` they
+/// cause; `cross_server_refusals`, stale writes refused because the key's earlier holder
+/// had a higher fence from another server (the node that held the slot before);
+/// `late_ends`, releases and extends that succeeded after the lease's latest possible end
+/// within the allowance. Examples (`kind: what`): 3 per kind, 12 in all.
+#[derive(Debug, Default, Serialize)]
 pub struct Report {
     pub n: Counts,
-    /// Violations by kind, and up to 20 examples.
     pub violations: Counts,
     pub examples: Vec<String>,
-    pub cross_server_examples: Vec<String>,
-    /// The latest of the late ends, ns past the lease's latest possible end.
-    pub max_late_end_ns: u64,
+    /// The latest late end, ms past the lease's latest possible end.
+    pub max_late_end_ms: u64,
 }
 
 impl Report {
-    fn add(&mut self, kind: &'static str, e: impl FnOnce() -> String) {
+    pub fn add(&mut self, kind: &'static str, e: impl FnOnce() -> String) {
+        if self.violations.get(kind) < 3 {
+            example(&mut self.examples, 12, || format!("{kind}: {}", e()));
+        }
         self.violations.bump(kind);
-        example(&mut self.examples, 20, || format!("{kind}: {}", e()));
+    }
+
+    /// `n` violations of `kind` at once, with examples `ex`.
+    pub fn add_n(&mut self, kind: &'static str, n: u64, ex: impl IntoIterator<Item = String>) {
+        if n > 0 {
+            let shown = self.violations.get(kind) as usize;
+            for e in ex.into_iter().take(3usize.saturating_sub(shown)) {
+                example(&mut self.examples, 12, || format!("{kind}: {e}"));
+            }
+            self.violations.add_n(kind, n);
+        }
     }
 }
 
@@ -187,7 +185,7 @@ fn late_success(
     }
     if at - upper <= late {
         r.n.bump("late_ends");
-        r.max_late_end_ns = r.max_late_end_ns.max(at - upper);
+        r.max_late_end_ms = r.max_late_end_ms.max((at - upper) / MS);
         return;
     }
     let past = (at - upper) / MS;
@@ -276,19 +274,19 @@ fn describe(g: &Grant, b: &Bounds) -> String {
     )
 }
 
-/// Checks a history. `grants` is reordered (by server, then fence); `fenced` are further
+/// Checks a history into `r`. `grants` is reordered (by server, then fence); `fenced` are further
 /// fences whose order is checked with the grants'. A release or extend may succeed up to
 /// `late_ns` after the lease's latest possible end (counted in `late_ends`, not a
 /// violation): leases that end late, never early, because a pause of ours held the
 /// expiry or a reload carried the time left (docs/commands.md, "Leases and time").
 pub fn check_with(
+    r: &mut Report,
     grants: &mut [Grant],
     fenced: &[Fenced],
     store: &[StoreEvent],
     slack_ns: u64,
     late_ns: u64,
-) -> Report {
-    let mut r = Report::default();
+) {
     for k in words("late_cs late_store_events cross_server_refusals late_ends") {
         r.n.add_n(k, 0);
     }
@@ -335,7 +333,7 @@ pub fn check_with(
     // certainly live at its grant must leave room for it.
     let bounds: Vec<Bounds> = grants
         .iter()
-        .map(|g| check_grant(g, slack_ns, late_ns, &mut r))
+        .map(|g| check_grant(g, slack_ns, late_ns, r))
         .collect();
     type Live = BTreeSet<(u64, u64)>; // (live_until, fence)
     let mut held: BTreeMap<(u32, u32), (Live, Live)> = BTreeMap::new(); // -> (readers, others)
@@ -447,11 +445,12 @@ pub fn check_with(
                 ),
                 None => format!("fence {f} of node {server}"),
             };
-            example(&mut r.cross_server_examples, 5, || {
+            if r.n.get("cross_server_refusals") <= 5 {
                 let earlier: Vec<String> = ev.earlier.iter().map(brief).collect();
                 let (key, later) = (ev.key, brief(&ev.later));
-                format!("key {key}: {later} refused after {}", earlier.join(", "))
-            });
+                let e = format!("key {key}: {later} refused after {}", earlier.join(", "));
+                r.examples.push(format!("cross-server refusal: {e}"));
+            }
             continue;
         }
         let kind = match ev.kind {
@@ -463,7 +462,6 @@ pub fn check_with(
             format!("key {}: {}", ev.key, who.join("; then "))
         });
     }
-    r
 }
 
 /// Per key, whichever server (cluster node) issued them: grants whose fence is not above
@@ -508,7 +506,9 @@ mod tests {
 
     /// A history checked with 2 ms of slack.
     fn run(h: &mut [Grant], fenced: &[Fenced], store: &[StoreEvent]) -> Report {
-        check_with(h, fenced, store, 2 * MS, 0)
+        let mut r = Report::default();
+        check_with(&mut r, h, fenced, store, 2 * MS, 0);
+        r
     }
 
     fn checked(h: &mut [Grant]) -> Report {

@@ -116,10 +116,6 @@ impl Counts {
     pub fn total(&self) -> u64 {
         self.0.values().sum()
     }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        self.0.iter().map(|(k, v)| (*k, *v))
-    }
 }
 
 /// Adds an example to `v` while it has fewer than `max`.
