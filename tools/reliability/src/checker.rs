@@ -511,17 +511,10 @@ mod tests {
         r
     }
 
-    fn checked(h: &mut [Grant]) -> Report {
-        run(h, &[], &[])
-    }
-
-    /// The violations of `kind` in `h`.
+    /// The violations of `kind` (all kinds: "") in `h`.
     fn seen(h: &mut [Grant], kind: &str) -> u64 {
-        checked(h).violations.get(kind)
-    }
-
-    fn total(r: &Report) -> u64 {
-        r.violations.total()
+        let v = run(h, &[], &[]).violations;
+        [v.get(kind), v.total()][usize::from(kind.is_empty())]
     }
 
     fn call(invoke_ms: u64, complete_ms: u64, ok: Option<bool>) -> Call {
@@ -552,14 +545,17 @@ mod tests {
         }
     }
 
-    fn valid_history() -> Vec<Grant> {
-        vec![
+    /// A valid history, and `more`.
+    fn valid_and(more: Option<Grant>) -> Vec<Grant> {
+        let mut h = vec![
             grant(1, 10, 0, 1000, Some(5)),
             grant(1, 11, 6, 1000, Some(9)),
             grant(2, 12, 7, 50, None), // expires at ~57 ms
             grant(1, 13, 10, 1000, Some(12)),
             grant(2, 14, 60, 1000, Some(70)),
-        ]
+        ];
+        h.extend(more);
+        h
     }
 
     const OVERLAP: &str = "granted while another holder's lease was live";
@@ -567,13 +563,8 @@ mod tests {
     #[test]
     fn key_fences_are_ordered_across_servers() {
         let g = |server, fence, invoke, complete| {
-            Grant::new(
-                (0, 1),
-                Mode::Exclusive,
-                (server, fence),
-                100,
-                (invoke, complete),
-            )
+            let at = (server, fence);
+            Grant::new((0, 1), Mode::Exclusive, at, 100, (invoke, complete))
         };
         // Node 1 grants fence 50 after node 0 answered fence 60 for the same key.
         let grants = vec![g(0, 60, 0, 10), g(1, 50, 20, 30), g(1, 70, 40, 50)];
@@ -587,82 +578,72 @@ mod tests {
     }
 
     #[test]
-    fn a_valid_history_has_no_violation() {
-        let r = checked(&mut valid_history());
-        assert_eq!((total(&r), r.n.get("grants")), (0, 5));
-    }
-
-    #[test]
-    fn detects_a_grant_while_the_holder_is_live() {
-        let mut h = valid_history();
-        h.push(grant(2, 15, 20, 1000, Some(21))); // key 2 is held by fence 12 until ~57 ms
-        assert_eq!(seen(&mut h, OVERLAP), 1);
-    }
-
-    #[test]
-    fn detects_a_grant_before_an_earlier_release() {
+    fn grants_and_fences_of_one_server() {
+        let r = run(&mut valid_and(None), &[], &[]);
+        assert_eq!((r.violations.total(), r.n.get("grants")), (0, 5));
+        // Key 2 is held by fence 12 until ~57 ms.
+        assert_eq!(
+            seen(
+                &mut valid_and(Some(grant(2, 15, 20, 1000, Some(21)))),
+                OVERLAP
+            ),
+            1
+        );
         let mut h = [
             grant(1, 10, 0, 1000, Some(50)),
             grant(1, 11, 20, 1000, Some(60)),
         ];
-        assert_eq!(total(&checked(&mut h)), 1);
-    }
-
-    #[test]
-    fn detects_fence_order_regressions_and_duplicates() {
-        let mut h = valid_history();
+        assert_eq!(seen(&mut h, ""), 1, "a grant before an earlier release");
         // Key 3, made at 100 ms, long after fence 14 (at 10 ms), yet with a lower fence.
-        h.push(grant(3, 9, 100, 1000, Some(101)));
-        assert_eq!(seen(&mut h, "fence lower than a grant made before it"), 1);
-        let mut h = valid_history();
-        h.push(grant(3, 12, 100, 1000, Some(101)));
+        let lower = "fence lower than a grant made before it";
+        assert_eq!(
+            seen(
+                &mut valid_and(Some(grant(3, 9, 100, 1000, Some(101)))),
+                lower
+            ),
+            1
+        );
+        let mut h = valid_and(Some(grant(3, 12, 100, 1000, Some(101))));
         assert_eq!(seen(&mut h, "duplicate fence"), 1);
         // Another server's fences are its own business...
-        let mut h = valid_history();
-        h.push(with(grant(3, 9, 100, 1000, Some(101)), Mode::Exclusive, 1));
-        assert_eq!(total(&checked(&mut h)), 0);
+        let other = with(grant(3, 9, 100, 1000, Some(101)), Mode::Exclusive, 1);
+        assert_eq!(seen(&mut valid_and(Some(other)), ""), 0);
         // ... and extra fences of the same server are ordered with the grants.
         let late = Fenced::new(0, 8, 200 * MS, 201 * MS);
-        assert_eq!(total(&run(&mut valid_history(), &[late], &[])), 1);
+        assert_eq!(
+            run(&mut valid_and(None), &[late], &[]).violations.total(),
+            1
+        );
     }
 
     #[test]
-    fn detects_a_release_after_the_lease_ended() {
+    fn releases_and_extends_move_the_bounds() {
         let what = "release succeeded after the lease had ended";
         assert_eq!(seen(&mut [grant(1, 10, 0, 50, Some(80))], what), 1);
         // Refused inside the lease is a fault too; an unknown outcome is not.
         let mut g = grant(1, 10, 0, 1000, None);
         g.release = Some(call(10, 11, Some(false)));
-        assert_eq!(
-            seen(&mut [g.clone()], "release refused while the lease was live"),
-            1
-        );
+        let refused = "release refused while the lease was live";
+        assert_eq!(seen(&mut [g.clone()], refused), 1);
         g.release = g.release.map(|c| Call { ok: None, ..c });
         // A lost release leaves the lock possibly held from its invoke on: a grant at
         // 20 ms is not a violation, the holder was only certainly live until 10 ms.
-        assert_eq!(
-            total(&checked(&mut [g, grant(1, 11, 20, 1000, Some(30))])),
-            0
-        );
-    }
-
-    #[test]
-    fn extends_move_the_bounds() {
+        assert_eq!(seen(&mut [g, grant(1, 11, 20, 1000, Some(30))], ""), 0);
         // Lease 50 ms, extended at 40 ms by 1000 ms: a grant at 200 ms is a violation,
         // a release at 500 ms is fine.
         let mut a = grant(1, 10, 0, 50, Some(500));
         a.extends.push((call(40, 41, Some(true)), 1000));
         let b = grant(1, 11, 200, 1000, Some(600));
-        assert_eq!(total(&checked(&mut [a.clone(), b.clone()])), 1);
+        assert_eq!(seen(&mut [a.clone(), b.clone()], ""), 1);
         // An extend whose reply was lost proves nothing by itself: no violation...
         a.extends[0].0.ok = None;
         let unknown = Grant {
             release: None,
             ..a.clone()
         };
-        assert_eq!(total(&checked(&mut [unknown, b.clone()])), 0);
+        assert_eq!(seen(&mut [unknown, b.clone()], ""), 0);
         // ... but a release that answered 1 at 500 ms proves the lease lasted that long.
-        assert_eq!(total(&checked(&mut [a.clone(), b])), 1);
+        assert_eq!(seen(&mut [a.clone(), b], ""), 1);
         // An extend that succeeds after the lease ended is caught.
         (a.extends[0].0, a.release) = (call(60, 61, Some(true)), None);
         assert_eq!(
@@ -672,22 +653,18 @@ mod tests {
     }
 
     #[test]
-    fn readers_share_writers_do_not() {
+    fn readers_share_writers_do_not_permits_are_counted() {
         let r1 = with(grant(1, 10, 0, 1000, Some(50)), Mode::Shared, 0);
         let r2 = with(grant(1, 11, 10, 1000, Some(60)), Mode::Shared, 0);
-        assert_eq!(total(&checked(&mut [r1.clone(), r2.clone()])), 0);
+        assert_eq!(seen(&mut [r1.clone(), r2.clone()], ""), 0);
         // A writer while readers are live, and a reader while a writer is.
         let w = grant(1, 12, 20, 1000, Some(70));
         assert_eq!(seen(&mut [r1.clone(), r2, w], OVERLAP), 1);
         let w = grant(1, 9, 0, 1000, Some(40));
         assert_eq!(seen(&mut [w, r1], "reader granted beside a live writer"), 1);
-    }
-
-    #[test]
-    fn permits_are_counted() {
         let p = |f, at, rel| with(grant(1, f, at, 1000, Some(rel)), Mode::Permit(2), 0);
         assert_eq!(
-            total(&checked(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 70, 80)])),
+            seen(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 70, 80)], ""),
             0
         );
         let mut h = [p(10, 0, 50), p(11, 10, 60), p(12, 20, 80)];
@@ -695,37 +672,37 @@ mod tests {
     }
 
     #[test]
-    fn holders_of_different_servers_are_compared_by_time() {
+    fn holders_of_different_servers_and_store_events() {
         // The key moved to server 1 while fence 10 still held it on server 0: server 1's
         // lower fence 5, granted at 20 ms, is a second holder.
         let a = grant(1, 10, 0, 1000, Some(50));
         let mut b = with(grant(1, 5, 20, 1000, Some(30)), Mode::Exclusive, 1);
-        assert_eq!(total(&checked(&mut [a.clone(), b.clone()])), 1);
+        assert_eq!(seen(&mut [a.clone(), b.clone()], ""), 1);
         (b.invoke, b.complete) = (60 * MS, 61 * MS);
         b.release = b.release.map(|c| call(70, 71, c.ok));
-        assert_eq!(total(&checked(&mut [a, b])), 0);
+        assert_eq!(seen(&mut [a, b], ""), 0);
         // The store refused server 1's lower fence: counted apart, not a violation.
         let b = with(grant(1, 5, 60, 1000, Some(70)), Mode::Exclusive, 1);
         let mut h = [grant(1, 10, 0, 1000, Some(50)), b];
         let mut e = ev(1, StoreEventKind::StaleWrite, 10, 5);
         e.later.0 = 1;
         let r = run(&mut h, &[], &[e]);
-        assert_eq!((total(&r), r.n.get("cross_server_refusals")), (0, 1));
-    }
-
-    #[test]
-    fn store_events_are_violations_unless_a_holder_was_late() {
+        assert_eq!(
+            (r.violations.total(), r.n.get("cross_server_refusals")),
+            (0, 1)
+        );
+        // Store events are violations unless a holder was late.
         let r = run(
-            &mut valid_history(),
+            &mut valid_and(None),
             &[],
             &[ev(1, StoreEventKind::Overlap, 10, 11)],
         );
-        assert_eq!(total(&r), 1);
+        assert_eq!(r.violations.total(), 1);
         // Fence 12's lease (50 ms) ended long before its critical section did.
-        let mut h = valid_history();
+        let mut h = valid_and(None);
         h[2].cs = Some((8 * MS, 200 * MS));
         let r = run(&mut h, &[], &[ev(2, StoreEventKind::StaleWrite, 14, 12)]);
-        assert_eq!(total(&r), 0);
+        assert_eq!(r.violations.total(), 0);
         assert_eq!((r.n.get("late_store_events"), r.n.get("late_cs")), (1, 1));
     }
 }

@@ -64,17 +64,6 @@ pub struct Admin {
 }
 
 impl Admin {
-    fn new(plan: &Plan, kills: &Arc<Kills>, flavor: Flavor) -> Admin {
-        let addrs = plan.topo.nodes();
-        Admin {
-            conns: addrs.iter().map(|_| None).collect(),
-            addrs,
-            keys: plan.keys.clone(),
-            kills: Arc::clone(kills),
-            flavor,
-        }
-    }
-
     fn call<A: AsRef<[u8]>>(&mut self, node: usize, a: &[A]) -> Result<Reply, String> {
         if self.conns[node].is_none() {
             let secs = Duration::from_secs;
@@ -217,19 +206,6 @@ fn weights(spec: &'static str) -> Vec<(&'static str, u64)> {
         .collect()
 }
 
-/// Picks an operation by weight.
-fn pick(rng: &mut Rng, table: &[(&'static str, u64)]) -> &'static str {
-    let total: u64 = table.iter().map(|t| t.1).sum();
-    let mut x = rng.below(total);
-    for (op, w) in table {
-        if x < *w {
-            return op;
-        }
-        x -= w;
-    }
-    table[0].0
-}
-
 /// Bystanders on dbs 1 and 2 (the SWAPDB pair): blocking acquires and releases on a
 /// few keys, so that the dbs swapped have locks with waiters.
 fn bystander(
@@ -325,7 +301,14 @@ pub fn flavor_rng(env: &Env, salt: u64) -> Result<(Flavor, Rng), String> {
 impl Load {
     pub fn start(flavor: Flavor, rng: &mut Rng, plan: Plan) -> Load {
         let kills = Arc::new(Kills::default());
-        let admin = Admin::new(&plan, &kills, flavor);
+        let addrs = plan.topo.nodes();
+        let admin = Admin {
+            conns: addrs.iter().map(|_| None).collect(),
+            addrs,
+            keys: plan.keys.clone(),
+            kills: Arc::clone(&kills),
+            flavor,
+        };
         let sh = workload::Shared::new(plan, &kills);
         Load {
             t: Instant::now(),
@@ -346,8 +329,12 @@ impl Load {
         nap: (u64, u64),
         mut apply: impl FnMut(&'static str, &mut Admin, &mut Rng, &mut Ops) -> Result<(), String>,
     ) {
+        // Picked by weight: each operation `weight` times.
+        let ops: Vec<_> = (table.iter())
+            .flat_map(|&(op, w)| vec![op; w as usize])
+            .collect();
         while running(&self.sh) {
-            let op = pick(rng, table);
+            let op = *rng.pick(&ops);
             if let Err(e) = apply(op, &mut self.admin, rng, &mut self.ops) {
                 self.ops.errors.push(e);
                 break;

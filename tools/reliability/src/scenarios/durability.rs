@@ -1,12 +1,7 @@
-//! Scenario 2: restart durability. Clients acquire, extend and release their own locks
-//! while the server is SIGKILLed at a random moment (sometimes during an AOF rewrite);
-//! after the restart every acknowledged state must be there: same token (its digest, which
-//! is what the module stores, found in the key's DUMP), same fence, and a lease that ends
-//! no earlier than acknowledged (`expires-at`; the restart's time is added to it);
-//! acknowledged releases stay released;
-//! and the next fence is above every fence acknowledged or restored before.
-//! Target with `appendfsync always`: nothing lost. With `everysec` and RDB snapshots
-//! (`save 1 1`), the loss rates are published as facts.
+//! Restart durability: clients acquire, extend and release while the server is SIGKILLed
+//! (sometimes in an AOF rewrite); after the restart every acknowledged state must be there
+//! (token digest in DUMP, fence, a lease ending no earlier), releases stay released, and
+//! the next fence is above all before. docs/RELIABILITY.md has the targets per mode.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

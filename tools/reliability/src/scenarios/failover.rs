@@ -1,14 +1,8 @@
-//! Scenario 3: failover with the client package's defaults. A primary and a replica run
-//! inside a network namespace of our own, on 127.0.0.2 and 127.0.0.3 (the replica
-//! connects from 127.0.0.3 with bind-source-addr). Half the clients take locks through
-//! the Rust client crate (redis-lock-client) with its default options: every grant is
-//! confirmed on the replicas (`WAIT`) before it is returned, and given back with
-//! `Error::Unconfirmed` when it is not (fail-closed). The other half, the control, send
-//! `LOCK.ACQUIRE` and use the grant at once, unconfirmed. At a random moment nft drops
-//! the replication link (in most rounds), then the primary is SIGKILLed and the replica
-//! promoted (REPLICAOF NO ONE) while the link is still cut. Every grant a client was
-//! given is looked up on the promoted replica, and new grants there must carry fences
-//! above every fence the old primary returned.
+//! Failover with the client crate's defaults, in a network namespace of our own (primary
+//! 127.0.0.2, replica 127.0.0.3): half the clients use redis-lock-client (grants confirmed
+//! with `WAIT`, else `Error::Unconfirmed`), half the raw unconfirmed control; nft cuts the
+//! replication link, the primary is SIGKILLed and the replica promoted; every grant is
+//! looked up there and new fences must be above the old primary's.
 
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;

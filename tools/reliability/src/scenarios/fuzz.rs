@@ -1,9 +1,6 @@
-//! Scenario 6: bad input. (a) A live fuzzer sends random and malformed commands to a
-//! server with the module, PINGing after every batch: a missing PONG within 5 s is a
-//! hang, a dead process a crash. (b) Hostile RESTORE payloads: real DUMP payloads of
-//! locks with their module section mutated and the CRC64 fixed, so that the server
-//! hands them to the module's rdb_load. (c) `cargo fuzz` on the pure argument parser,
-//! when cargo-fuzz is installed (full run only).
+//! Bad input: (a) a live fuzzer of random and malformed commands, PINGing after every
+//! batch; (b) hostile RESTORE payloads (real lock DUMPs mutated, CRC64 fixed, so they
+//! reach the module's rdb_load); (c) `cargo fuzz` on the argument parser (full run).
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -1,11 +1,6 @@
-//! Scenario: leases across restarts, from the AOF and from an RDB file. Locks with leases
-//! of a few seconds (some extended) are taken; the server is SIGKILLed (after a `SAVE`
-//! for RDB, sometimes after a `BGREWRITEAOF` for the AOF) and restarted. Each holder's own
-//! deadline is the moment it sent its last acknowledged acquire or extend plus the lease
-//! asked for, on the client's monotonic clock. After the restart: every lock is there
-//! with a `ttl` that does not end before that deadline, and a waiter that asks for each
-//! lock (`BLOCK`, one connection each) is granted it no earlier than the deadline. How
-//! much later is measured (the restart's time, at most one lease from the load).
+//! Leases across restarts (AOF, AOF after a rewrite, RDB): after SIGKILL and restart each
+//! lock's `ttl` and a waiter's grant must not come before its holder's own deadline (sent
+//! at + lease, on the client's monotonic clock). Details: docs/RELIABILITY.md.
 
 use std::time::Duration;
 

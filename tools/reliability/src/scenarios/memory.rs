@@ -1,11 +1,6 @@
-//! Scenario 7: memory safety. Debian's redis-server runs under valgrind (memcheck, with
-//! jemalloc's malloc intercepted) with the module loaded, through rounds of: blocking
-//! waits that time out, waiters that disconnect, hand-offs, FORCERELEASE with waiters,
-//! expiries served to waiters, classic string locks, DUMP/RESTORE (also hostile
-//! payloads) and errors. After the first round `used_memory` is the baseline; after the
-//! last, with everything released and every connection closed, it must be back to it.
-//! Then SHUTDOWN, and the valgrind log is parsed: no invalid reads or writes anywhere,
-//! no bytes definitely lost in a stack that passes through the module.
+//! Memory safety: redis-server under valgrind memcheck with the module, through rounds of
+//! waits, hand-offs, expiries, DUMP/RESTORE and errors (docs/RELIABILITY.md); used_memory
+//! back to its baseline, and the valgrind log free of invalid accesses and module leaks.
 
 use std::time::{Duration, Instant};
 

@@ -1,10 +1,7 @@
-//! Scenario 4: the stale holder (Kleppmann's pause). A holder process acquires a lock,
-//! reads the protected data, checks that its lease is still valid, and is then
-//! SIGSTOPped for twice its TTL, between that check and its write. Meanwhile another
-//! client acquires the (expired) lock and writes. After SIGCONT the paused holder writes
-//! too, believing it still holds the lock. With the fenced store
-//! (scripts/reliability/fenced_store.lua) that stale write must be refused every time;
-//! the control run with a plain write shows the newer data overwritten.
+//! The stale holder (Kleppmann's pause): a holder process is SIGSTOPped for twice its TTL
+//! between its lease check and its write while another client takes the lock and writes;
+//! the fenced store (scripts/reliability/fenced_store.lua) must refuse the stale write,
+//! the plain control shows the corruption.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
