@@ -87,22 +87,14 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
     if !(0.01..=100.0).contains(&a.scale) {
         return Err("--scale must be within 0.01..100".into());
     }
-    if let Some(k) = a
-        .only
-        .iter()
-        .find(|k| !scenarios::ALL.iter().any(|s| s.0 == k.as_str()))
-    {
+    let known = |k: &&String| scenarios::ALL.iter().any(|s| s.0 == k.as_str());
+    if let Some(k) = a.only.iter().find(|k| !known(k)) {
         return Err(format!("unknown scenario {k}"));
     }
-    // Servers run with their data directory as working directory. Made absolute
-    // without resolving links: /usr/bin/redis-server is a link that acts on argv[0].
-    let abs = |p: &Path| {
-        if p.is_relative() {
-            repo.join(p)
-        } else {
-            p.to_path_buf()
-        }
-    };
+    // Servers run with their data directory as working directory. Made absolute (join
+    // keeps an absolute path) without resolving links: /usr/bin/redis-server is a link
+    // that acts on argv[0].
+    let abs = |p: &Path| repo.join(p);
     let servers: Vec<PathBuf> = if a.servers.is_empty() {
         vec![abs(&a.server)]
     } else {
@@ -165,13 +157,10 @@ fn run(a: RunArgs) -> ExitCode {
             if every_server {
                 let bin = &env.server_bin;
                 let label = redis_lock_testkit::flavor_of(bin).map(|f| f.label());
-                // Relative to the repository when inside it.
-                let path = bin
-                    .strip_prefix(&env.repo)
-                    .unwrap_or(bin)
-                    .display()
-                    .to_string();
                 let label = label.unwrap_or_else(|_| bin.display().to_string());
+                // Relative to the repository when inside it.
+                let path = bin.strip_prefix(&env.repo).unwrap_or(bin);
+                let path = path.display().to_string();
                 o.server = Some(ServerId { label, path });
             }
             println!("== [{}] {} ...", i + 1, o.full_title());

@@ -10,8 +10,8 @@ use crate::common::*;
 const CLIENTS: usize = 8;
 const KEYS_PER_CLIENT: usize = 32;
 const TTL: u64 = 600_000;
-/// How much earlier than acknowledged a restored lease's `expires-at` may be (whole ms,
-/// and the wall-clock estimate of a monotonic deadline, taken twice).
+/// How much earlier than acknowledged a restored `expires-at` may be (whole ms, and the
+/// wall-clock estimate of a monotonic deadline, taken twice).
 const EARLY_MS: i64 = 5;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -39,30 +39,25 @@ struct KeyModel {
     pending: Option<Pending>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Always,
-    Everysec,
-    Rdb,
-}
-
-impl Mode {
-    /// The mode's name in the row, and its server options.
-    fn spec(self) -> (&'static str, &'static str) {
-        match self {
-            Mode::Always => ("appendfsync always", "appendonly yes; appendfsync always"),
-            Mode::Everysec => (
-                "appendfsync everysec",
-                "appendonly yes; appendfsync everysec",
-            ),
-            Mode::Rdb => ("RDB only (save 1 1)", "save 1 1"),
-        }
-    }
-}
+/// The persistence modes: the row's name, the server options, kills (full, short run).
+const MODES: [(&str, &str, f64, f64); 3] = [
+    (
+        "appendfsync always",
+        "appendonly yes; appendfsync always",
+        25.0,
+        4.0,
+    ),
+    (
+        "appendfsync everysec",
+        "appendonly yes; appendfsync everysec",
+        10.0,
+        2.0,
+    ),
+    ("RDB only (save 1 1)", "save 1 1", 10.0, 2.0),
+];
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
 struct Stats {
-    /// The persistence settings.
     mode: &'static str,
     rounds: u64,
     acked_ops: u64,
@@ -71,8 +66,8 @@ struct Stats {
     changed: u64,
     free_checked: u64,
     resurrected: u64,
+    /// In flight at the kill; of those, in neither the old nor the new state.
     ambiguous: u64,
-    /// In flight at the kill and found in neither the old nor the new state.
     ambiguous_bad: u64,
     fence_regressions: u64,
     rewrites: u64,
@@ -234,9 +229,10 @@ fn verify(
     Ok(())
 }
 
-fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, String> {
-    let (name, conf) = mode.spec();
-    let mut server = env.start_with(&format!("dur-{mode:?}").to_lowercase(), conf)?;
+/// Kills under load with persistence mode `i` of [`MODES`].
+fn run_mode(env: &Env, i: usize, rounds: u64, rng: &mut Rng) -> Result<Stats, String> {
+    let ((name, conf, ..), rdb) = (MODES[i], i == 2);
+    let mut server = env.start_with(&format!("dur-{i}"), conf)?;
     let mut st = Stats {
         mode: name,
         ..Stats::default()
@@ -247,11 +243,8 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
             .map(|cid| Ok((connect(&server)?, rng.fork(round * 100 + cid as u64))))
             .collect::<Result<Vec<_>, String>>()?;
         // RDB snapshots come at most once a second: give them time to happen.
-        let run_ms = match mode {
-            Mode::Rdb => rng.range(1000, 4000),
-            _ => rng.range(200, 1200),
-        };
-        let rewrite_at = (mode != Mode::Rdb && rng.chance(50)).then(|| rng.below(run_ms));
+        let run_ms = [rng.range(200, 1200), rng.range(1000, 4000)][usize::from(rdb)];
+        let rewrite_at = (!rdb && rng.chance(50)).then(|| rng.below(run_ms));
         let rewrite = |s: &Server| {
             let r = cmd(&mut connect(s)?, &args!["BGREWRITEAOF"])?;
             st.rewrites += u64::from(!r.is_error());
@@ -282,7 +275,7 @@ fn run_mode(env: &Env, mode: Mode, rounds: u64, rng: &mut Rng) -> Result<Stats, 
         max_acked_fence = max_acked_fence.max(fence);
         st.rounds += 1;
     }
-    if mode == Mode::Rdb {
+    if rdb {
         let mut c = connect(&server)?;
         let before = server.info_field("persistence", "rdb_changes_since_last_save");
         for i in 0..3 {
@@ -303,13 +296,8 @@ pub const TARGET: &str =
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6475_7261);
     let mut modes = vec![];
-    for mode in [Mode::Always, Mode::Everysec, Mode::Rdb] {
-        let rounds = match mode {
-            Mode::Always => env.n(25.0, 4.0),
-            _ => env.n(10.0, 2.0),
-        };
-        let name = mode.spec().0;
-        let st = match run_mode(env, mode, rounds, &mut rng) {
+    for (i, (name, _, full, short)) in MODES.into_iter().enumerate() {
+        let st = match run_mode(env, i, env.n(full, short), &mut rng) {
             Ok(st) => st,
             Err(e) => {
                 o.fail(format!("{name}: {e}"));
@@ -318,7 +306,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         };
         let bad = st.lost + st.changed + st.resurrected + st.ambiguous_bad;
         o.fail_if(
-            mode == Mode::Always && bad > 0,
+            i == 0 && bad > 0,
             format!("{bad} acknowledged states lost or changed with appendfsync always"),
         );
         let regressions = st.fence_regressions;

@@ -167,9 +167,8 @@ fn malformed(rng: &mut Rng) -> Vec<u8> {
     v
 }
 
-/// What a fuzzing connection (or the RESTORE run) saw. `n`: commands (RESTORE payloads),
-/// `errors`: error replies (refused payloads), `checked`: restored keys that behaved as
-/// locks.
+/// What a fuzzing connection (or the RESTORE run) saw: commands (payloads), error replies
+/// (refused payloads), restored keys that behaved as locks.
 #[derive(Default, serde::Serialize)]
 struct Tally {
     n: u64,
@@ -197,10 +196,9 @@ fn ping(c: &mut Conn) -> bool {
 
 const WORKERS: u64 = 4;
 
-/// The server at `addr` (process `pid`) after a batch whose replies came (`answered`) or
-/// not: it must answer a PING within 5 s. Ok(false): it did; Ok(true): a hang, and `c` is
-/// a new connection that answers PING; Err: a crash (dead, or alive but not answering a
-/// new connection).
+/// The server after a batch whose replies came (`answered`) or not must answer a PING
+/// within 5 s: Ok(false); Ok(true): a hang, `c` is a new connection that answers; Err: a
+/// crash (dead, or alive but not answering a new connection).
 fn watch(
     c: &mut Conn,
     answered: bool,
@@ -210,7 +208,6 @@ fn watch(
     if answered && ping(c) {
         return Ok(false);
     }
-    // Signal 0 only checks that the process exists.
     if !pid.is_some_and(|p| redis_lock_testkit::signal(p, 0)) {
         return Err("server died".into());
     }
@@ -418,13 +415,7 @@ fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> 
 
 /// Runs the cargo-fuzz target for `secs`; Ok((executions, crashed)) or Err(why not run).
 fn cargo_fuzz(repo: &Path, secs: u64) -> Result<(u64, Option<String>), String> {
-    let ok = Command::new("cargo")
-        .args(["fuzz", "--version"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
+    if redis_lock_testkit::run_cmd(&["cargo", "fuzz", "--version"]).is_err() {
         return Err("cargo-fuzz is not installed (bash scripts/deps-reliability.sh --fuzz)".into());
     }
     let fuzz_dir = repo.join("tools/reliability/fuzz");
