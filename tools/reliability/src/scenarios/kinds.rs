@@ -15,14 +15,13 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let (flavor, mut rng) = flavor_rng(env, 0x6b69_6e64)?;
     let target = env.n(100_000.0, 4_000.0);
     let (clients, keys) = (24, workload::keys("rel:kd", 2, 4, &[2, 2, 3, 5]));
-    let plan = |topo| Plan {
-        confirm: true,
-        ..Plan::new(
-            topo,
-            keys.clone(),
-            clients,
-            Instant::now() + env.secs(90.0, 10.0),
-        )
+    let plan = |topo| {
+        let deadline = Instant::now() + env.secs(90.0, 10.0);
+        let plan = Plan::new(topo, keys.clone(), clients, deadline);
+        Plan {
+            confirm: true,
+            ..plan
+        }
     };
     let table = [(PROMOTE, 35), ("FAILOVER", 25), ("CLIENT KILL holder", 40)];
     let name = format!("kinds-{}", flavor.version());

@@ -119,19 +119,18 @@ fn workload(s: &Server, round: u64, rng: &mut Rng) -> Result<(), String> {
 
 fn settled_memory(s: &Server) -> Result<i64, String> {
     // Idle clients, no locks, no waiters; let the server's cron tidy up.
-    let field = |section, f| s.info_field(section, f);
+    let idle = [
+        ("lock", "lock_held", "0"),
+        ("lock", "lock_waiters", "0"),
+        ("clients", "connected_clients", "1"),
+    ];
     let settled = || {
-        field("lock", "lock_held").as_deref() == Some("0")
-            && field("lock", "lock_waiters").as_deref() == Some("0")
-            && field("clients", "connected_clients").as_deref() == Some("1")
+        idle.iter()
+            .all(|(sec, f, v)| s.info_field(sec, f).as_deref() == Some(v))
     };
     if !wait_until(Duration::from_secs(30), settled) {
-        return Err(format!(
-            "not settled: lock_held {:?}, lock_waiters {:?}, connected_clients {:?}",
-            field("lock", "lock_held"),
-            field("lock", "lock_waiters"),
-            field("clients", "connected_clients")
-        ));
+        let seen = idle.map(|(sec, f, _)| format!("{f} {:?}", s.info_field(sec, f)));
+        return Err(format!("not settled: {}", seen.join(", ")));
     }
     let read = || {
         s.info_field("memory", "used_memory")

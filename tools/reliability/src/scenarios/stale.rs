@@ -71,20 +71,10 @@ fn holder(a: &[String]) -> Result<(), String> {
     let _ = writeln!(out, "CHECKED");
     let _ = out.flush();
     std::thread::sleep(Duration::from_millis(WINDOW_MS));
-    let ok = store_write(
-        &mut sc,
-        fenced,
-        sha,
-        rkey,
-        fence,
-        &format!("holder-{fence}"),
-    )?;
-    let _ = writeln!(
-        out,
-        "WROTE {} {}",
-        if ok { "accepted" } else { "rejected" },
-        checked.elapsed().as_millis()
-    );
+    let value = format!("holder-{fence}");
+    let ok = store_write(&mut sc, fenced, sha, rkey, fence, &value)?;
+    let (verdict, ms) = (["rejected", "accepted"][usize::from(ok)], checked.elapsed());
+    let _ = writeln!(out, "WROTE {verdict} {}", ms.as_millis());
     Ok(())
 }
 
@@ -197,12 +187,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             match trial(env, [&lock, &store], mode, &sha, attempts, ttl)? {
                 None => st.3 += 1,
                 Some((stale, lost)) => {
-                    *st = (
-                        st.0 + 1,
-                        st.1 + u64::from(stale),
-                        st.2 + u64::from(lost),
-                        st.3,
-                    )
+                    st.0 += 1;
+                    (st.1, st.2) = (st.1 + u64::from(stale), st.2 + u64::from(lost));
                 }
             }
         }
