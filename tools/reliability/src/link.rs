@@ -278,10 +278,8 @@ impl Link {
             let first = *first_t0.get_or_insert(t0);
             let (what, ms) = (shown(&cmds[0]), |ns: u64| ns / 1_000_000);
             if started.elapsed() > GIVE_UP {
-                let why = format!(
-                    "`{what}` found no server to answer it within {} s",
-                    GIVE_UP.as_secs()
-                );
+                let secs = GIVE_UP.as_secs();
+                let why = format!("`{what}` found no server to answer it within {secs} s");
                 self.log.bad.push((BROKEN, why));
                 return Answer::Lost(first);
             }
@@ -341,11 +339,10 @@ impl Link {
                         }
                     }
                 } else if hang {
-                    let why = format!(
-                        "`{what}`: no reply within {} s",
-                        self.read_timeout.as_secs()
-                    );
-                    self.log.bad.push((HANG, why));
+                    let secs = self.read_timeout.as_secs();
+                    self.log
+                        .bad
+                        .push((HANG, format!("`{what}`: no reply within {secs} s")));
                 } else {
                     let (at, after) = (ms(t0), ms(t1 - t0));
                     let why = format!("`{what}` on node {node} (client id {id}), sent at {at} ms, lost after {after} ms: {e}");

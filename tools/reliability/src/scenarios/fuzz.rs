@@ -78,19 +78,21 @@ fn structured(rng: &mut Rng) -> Vec<Vec<u8>> {
     let tok = *rng.pick(&tokens);
     match rng.below(6) {
         0 | 1 => {
-            // Each option with its chance.
-            let options: [(u64, &dyn Fn(&mut Rng) -> Vec<Vec<u8>>); 5] = [
-                (70, &|r| args!["PX", r.range(1, 3000)]),
-                (60, &|_| args!["TOKEN", tok]),
-                (20, &|r| args!["OWNER", r.bytes_in(1, 40)]),
-                (15, &|r| args!["BLOCK", r.range(1, 50)]),
-                (10, &|r| args!["MINFENCE", r.next_u64() >> r.below(64)]),
-            ];
             let mut a = args!["LOCK.ACQUIRE", k];
-            for (p, option) in options {
-                if rng.chance(p) {
-                    a.extend(option(rng));
-                }
+            if rng.chance(70) {
+                a.extend(args!["PX", rng.range(1, 3000)]);
+            }
+            if rng.chance(60) {
+                a.extend(args!["TOKEN", tok]);
+            }
+            if rng.chance(20) {
+                a.extend(args!["OWNER", rng.bytes_in(1, 40)]);
+            }
+            if rng.chance(15) {
+                a.extend(args!["BLOCK", rng.range(1, 50)]);
+            }
+            if rng.chance(10) {
+                a.extend(args!["MINFENCE", rng.next_u64() >> rng.below(64)]);
             }
             a
         }
