@@ -1,31 +1,23 @@
-//! The fenced-lock model checker (the model of Jepsen's Hazelcast lock suite, with
-//! leases), for all three kinds of key: a grant is valid only if the holders that are
-//! certainly live at that moment leave room for it (none for an exclusive grant or a
-//! writer, no writer for a SHARED reader, fewer than n for a LIMIT n permit), and its
-//! fence exceeds every fence granted before it on that server.
+//! The fenced-lock model checker (Jepsen's Hazelcast lock model, with leases) for all
+//! three kinds of key: a grant is valid only if the holders certainly live at that moment
+//! leave room for it, and its fence exceeds every fence granted before it on that server.
 //!
-//! Times are nanoseconds on one monotonic clock, taken by the clients around each call
-//! (`invoke` before sending, `complete` after the reply). The server acts at some unknown
-//! instant inside that window, so every check below only reports what is certain:
+//! Times are ns on one monotonic clock, taken by the clients around each call (`invoke`
+//! .. `complete`); the server acts somewhere inside, so only what is certain is reported:
+//! a lease is certainly live from its grant until `L` = the release's invoke (a release
+//! that succeeded) or else `invoke + ttl` of the acquire / last successful extend, and has
+//! certainly ended by `U` = `complete + ttl` of those, or the completion of a
+//! release/extend that found it gone. A lost reply only widens the bounds; both get
+//! `slack` (ms truncation of the server's clock, wall vs monotonic clock).
 //!
-//! - a lease is certainly live from its grant until `L` = the release's invoke (when a
-//!   release succeeded) or else `invoke + ttl` of the acquire / last successful extend;
-//! - a lease has certainly ended by `U` = `complete + ttl` of the acquire / last
-//!   successful extend, or the completion of a release/extend that found it gone.
-//!
-//! A call whose reply was lost (the connection was killed) has an unknown outcome: it
-//! only ever makes the bounds wider. Both bounds get `slack` (millisecond truncation of
-//! the server's clock, and the wall clock the server uses against the monotonic clock
-//! the clients use).
-//!
-//! Grants carry the server (group) that issued them: a replica pair is one group (its
-//! fences continue across failover), each cluster node is its own. Fences are compared
-//! only within a group; holders are compared within a group in fence order (the order
-//! the server granted them) and across groups by their certainly-live intervals.
+//! A replica pair is one server group (its fences continue across failover), each cluster
+//! node its own: fences and fence order are compared within a group; holders across
+//! groups by their certainly-live intervals.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::common::{example, words, Counts};
+use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Call {
@@ -45,14 +37,12 @@ impl Call {
     }
 }
 
-/// How a grant holds its key.
+/// How a grant holds its key: alone (an exclusive lock, or a SHARED key's writer), as a
+/// SHARED key's reader, or as one of the permits of a LIMIT n key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// The only holder: an exclusive lock, or the writer of a SHARED key.
     Exclusive,
-    /// A reader of a SHARED key.
     Shared,
-    /// One of the permits of a LIMIT n key.
     Permit(u32),
 }
 
@@ -75,8 +65,7 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// A grant as its acquire returned it (`call`: the acquire's invoke and complete
-    /// times), before any extend, release or critical section.
+    /// A grant as its acquire (`call`: invoke, complete) returned it.
     pub fn new(
         who: (u32, u32),
         mode: Mode,
@@ -126,9 +115,8 @@ pub enum StoreEventKind {
     StaleWrite,
 }
 
-/// Something the store saw while clients worked: a critical section that began beside
-/// holders it may not run with, or a write carrying a lower fence than one already
-/// accepted.
+/// What the store saw: a critical section begun beside holders it may not run with, or a
+/// write with a lower fence than one already accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreEvent {
     pub key: u32,
@@ -138,28 +126,38 @@ pub struct StoreEvent {
     pub later: (u32, u64),
 }
 
-/// What a history showed. Counted in `n` (each name present, 0 or more): `grants`;
-/// `late_cs`, critical sections that ran past their certain lease (client pauses, not
-/// lock faults), and `late_store_events`, the store events they cause (not violations);
-/// `cross_server_refusals`, writes the store refused because an earlier holder of the
-/// key had a higher fence from another server (a cluster node that held the slot
-/// before); `late_ends`, releases and extends that succeeded after the lease's latest
-/// possible end by no more than the allowance (`late_ns`).
-#[derive(Debug, Default)]
+/// What a history showed. `n` counts `grants`; `late_cs`, critical sections that ran past
+/// their certain lease (client pauses, not lock faults), and the `late_store_events` they
+/// cause; `cross_server_refusals`, stale writes refused because the key's earlier holder
+/// had a higher fence from another server (the node that held the slot before);
+/// `late_ends`, releases and extends that succeeded after the lease's latest possible end
+/// within the allowance. Examples (`kind: what`): 3 per kind, 12 in all.
+#[derive(Debug, Default, Serialize)]
 pub struct Report {
     pub n: Counts,
-    /// Violations by kind, and up to 20 examples.
     pub violations: Counts,
     pub examples: Vec<String>,
-    pub cross_server_examples: Vec<String>,
-    /// The latest of the late ends, ns past the lease's latest possible end.
-    pub max_late_end_ns: u64,
+    /// The latest late end, ms past the lease's latest possible end.
+    pub max_late_end_ms: u64,
 }
 
 impl Report {
-    fn add(&mut self, kind: &'static str, e: impl FnOnce() -> String) {
+    pub fn add(&mut self, kind: &'static str, e: impl FnOnce() -> String) {
+        if self.violations.get(kind) < 3 {
+            example(&mut self.examples, 12, || format!("{kind}: {}", e()));
+        }
         self.violations.bump(kind);
-        example(&mut self.examples, 20, || format!("{kind}: {}", e()));
+    }
+
+    /// `n` violations of `kind` at once, with examples `ex`.
+    pub fn add_n(&mut self, kind: &'static str, n: u64, ex: impl IntoIterator<Item = String>) {
+        if n > 0 {
+            let shown = self.violations.get(kind) as usize;
+            for e in ex.into_iter().take(3usize.saturating_sub(shown)) {
+                example(&mut self.examples, 12, || format!("{kind}: {e}"));
+            }
+            self.violations.add_n(kind, n);
+        }
     }
 }
 
@@ -187,7 +185,7 @@ fn late_success(
     }
     if at - upper <= late {
         r.n.bump("late_ends");
-        r.max_late_end_ns = r.max_late_end_ns.max(at - upper);
+        r.max_late_end_ms = r.max_late_end_ms.max((at - upper) / MS);
         return;
     }
     let past = (at - upper) / MS;
@@ -276,19 +274,19 @@ fn describe(g: &Grant, b: &Bounds) -> String {
     )
 }
 
-/// Checks a history. `grants` is reordered (by server, then fence); `fenced` are further
+/// Checks a history into `r`. `grants` is reordered (by server, then fence); `fenced` are further
 /// fences whose order is checked with the grants'. A release or extend may succeed up to
 /// `late_ns` after the lease's latest possible end (counted in `late_ends`, not a
 /// violation): leases that end late, never early, because a pause of ours held the
 /// expiry or a reload carried the time left (docs/commands.md, "Leases and time").
 pub fn check_with(
+    r: &mut Report,
     grants: &mut [Grant],
     fenced: &[Fenced],
     store: &[StoreEvent],
     slack_ns: u64,
     late_ns: u64,
-) -> Report {
-    let mut r = Report::default();
+) {
     for k in words("late_cs late_store_events cross_server_refusals late_ends") {
         r.n.add_n(k, 0);
     }
@@ -335,7 +333,7 @@ pub fn check_with(
     // certainly live at its grant must leave room for it.
     let bounds: Vec<Bounds> = grants
         .iter()
-        .map(|g| check_grant(g, slack_ns, late_ns, &mut r))
+        .map(|g| check_grant(g, slack_ns, late_ns, r))
         .collect();
     type Live = BTreeSet<(u64, u64)>; // (live_until, fence)
     let mut held: BTreeMap<(u32, u32), (Live, Live)> = BTreeMap::new(); // -> (readers, others)
@@ -447,11 +445,12 @@ pub fn check_with(
                 ),
                 None => format!("fence {f} of node {server}"),
             };
-            example(&mut r.cross_server_examples, 5, || {
+            if r.n.get("cross_server_refusals") <= 5 {
                 let earlier: Vec<String> = ev.earlier.iter().map(brief).collect();
                 let (key, later) = (ev.key, brief(&ev.later));
-                format!("key {key}: {later} refused after {}", earlier.join(", "))
-            });
+                let e = format!("key {key}: {later} refused after {}", earlier.join(", "));
+                r.examples.push(format!("cross-server refusal: {e}"));
+            }
             continue;
         }
         let kind = match ev.kind {
@@ -463,7 +462,6 @@ pub fn check_with(
             format!("key {}: {}", ev.key, who.join("; then "))
         });
     }
-    r
 }
 
 /// Per key, whichever server (cluster node) issued them: grants whose fence is not above
@@ -508,20 +506,15 @@ mod tests {
 
     /// A history checked with 2 ms of slack.
     fn run(h: &mut [Grant], fenced: &[Fenced], store: &[StoreEvent]) -> Report {
-        check_with(h, fenced, store, 2 * MS, 0)
+        let mut r = Report::default();
+        check_with(&mut r, h, fenced, store, 2 * MS, 0);
+        r
     }
 
-    fn checked(h: &mut [Grant]) -> Report {
-        run(h, &[], &[])
-    }
-
-    /// The violations of `kind` in `h`.
+    /// The violations of `kind` (all kinds: "") in `h`.
     fn seen(h: &mut [Grant], kind: &str) -> u64 {
-        checked(h).violations.get(kind)
-    }
-
-    fn total(r: &Report) -> u64 {
-        r.violations.total()
+        let v = run(h, &[], &[]).violations;
+        [v.get(kind), v.total()][usize::from(kind.is_empty())]
     }
 
     fn call(invoke_ms: u64, complete_ms: u64, ok: Option<bool>) -> Call {
@@ -552,14 +545,17 @@ mod tests {
         }
     }
 
-    fn valid_history() -> Vec<Grant> {
-        vec![
+    /// A valid history, and `more`.
+    fn valid_and(more: Option<Grant>) -> Vec<Grant> {
+        let mut h = vec![
             grant(1, 10, 0, 1000, Some(5)),
             grant(1, 11, 6, 1000, Some(9)),
             grant(2, 12, 7, 50, None), // expires at ~57 ms
             grant(1, 13, 10, 1000, Some(12)),
             grant(2, 14, 60, 1000, Some(70)),
-        ]
+        ];
+        h.extend(more);
+        h
     }
 
     const OVERLAP: &str = "granted while another holder's lease was live";
@@ -567,13 +563,8 @@ mod tests {
     #[test]
     fn key_fences_are_ordered_across_servers() {
         let g = |server, fence, invoke, complete| {
-            Grant::new(
-                (0, 1),
-                Mode::Exclusive,
-                (server, fence),
-                100,
-                (invoke, complete),
-            )
+            let at = (server, fence);
+            Grant::new((0, 1), Mode::Exclusive, at, 100, (invoke, complete))
         };
         // Node 1 grants fence 50 after node 0 answered fence 60 for the same key.
         let grants = vec![g(0, 60, 0, 10), g(1, 50, 20, 30), g(1, 70, 40, 50)];
@@ -587,82 +578,72 @@ mod tests {
     }
 
     #[test]
-    fn a_valid_history_has_no_violation() {
-        let r = checked(&mut valid_history());
-        assert_eq!((total(&r), r.n.get("grants")), (0, 5));
-    }
-
-    #[test]
-    fn detects_a_grant_while_the_holder_is_live() {
-        let mut h = valid_history();
-        h.push(grant(2, 15, 20, 1000, Some(21))); // key 2 is held by fence 12 until ~57 ms
-        assert_eq!(seen(&mut h, OVERLAP), 1);
-    }
-
-    #[test]
-    fn detects_a_grant_before_an_earlier_release() {
+    fn grants_and_fences_of_one_server() {
+        let r = run(&mut valid_and(None), &[], &[]);
+        assert_eq!((r.violations.total(), r.n.get("grants")), (0, 5));
+        // Key 2 is held by fence 12 until ~57 ms.
+        assert_eq!(
+            seen(
+                &mut valid_and(Some(grant(2, 15, 20, 1000, Some(21)))),
+                OVERLAP
+            ),
+            1
+        );
         let mut h = [
             grant(1, 10, 0, 1000, Some(50)),
             grant(1, 11, 20, 1000, Some(60)),
         ];
-        assert_eq!(total(&checked(&mut h)), 1);
-    }
-
-    #[test]
-    fn detects_fence_order_regressions_and_duplicates() {
-        let mut h = valid_history();
+        assert_eq!(seen(&mut h, ""), 1, "a grant before an earlier release");
         // Key 3, made at 100 ms, long after fence 14 (at 10 ms), yet with a lower fence.
-        h.push(grant(3, 9, 100, 1000, Some(101)));
-        assert_eq!(seen(&mut h, "fence lower than a grant made before it"), 1);
-        let mut h = valid_history();
-        h.push(grant(3, 12, 100, 1000, Some(101)));
+        let lower = "fence lower than a grant made before it";
+        assert_eq!(
+            seen(
+                &mut valid_and(Some(grant(3, 9, 100, 1000, Some(101)))),
+                lower
+            ),
+            1
+        );
+        let mut h = valid_and(Some(grant(3, 12, 100, 1000, Some(101))));
         assert_eq!(seen(&mut h, "duplicate fence"), 1);
         // Another server's fences are its own business...
-        let mut h = valid_history();
-        h.push(with(grant(3, 9, 100, 1000, Some(101)), Mode::Exclusive, 1));
-        assert_eq!(total(&checked(&mut h)), 0);
+        let other = with(grant(3, 9, 100, 1000, Some(101)), Mode::Exclusive, 1);
+        assert_eq!(seen(&mut valid_and(Some(other)), ""), 0);
         // ... and extra fences of the same server are ordered with the grants.
         let late = Fenced::new(0, 8, 200 * MS, 201 * MS);
-        assert_eq!(total(&run(&mut valid_history(), &[late], &[])), 1);
+        assert_eq!(
+            run(&mut valid_and(None), &[late], &[]).violations.total(),
+            1
+        );
     }
 
     #[test]
-    fn detects_a_release_after_the_lease_ended() {
+    fn releases_and_extends_move_the_bounds() {
         let what = "release succeeded after the lease had ended";
         assert_eq!(seen(&mut [grant(1, 10, 0, 50, Some(80))], what), 1);
         // Refused inside the lease is a fault too; an unknown outcome is not.
         let mut g = grant(1, 10, 0, 1000, None);
         g.release = Some(call(10, 11, Some(false)));
-        assert_eq!(
-            seen(&mut [g.clone()], "release refused while the lease was live"),
-            1
-        );
+        let refused = "release refused while the lease was live";
+        assert_eq!(seen(&mut [g.clone()], refused), 1);
         g.release = g.release.map(|c| Call { ok: None, ..c });
         // A lost release leaves the lock possibly held from its invoke on: a grant at
         // 20 ms is not a violation, the holder was only certainly live until 10 ms.
-        assert_eq!(
-            total(&checked(&mut [g, grant(1, 11, 20, 1000, Some(30))])),
-            0
-        );
-    }
-
-    #[test]
-    fn extends_move_the_bounds() {
+        assert_eq!(seen(&mut [g, grant(1, 11, 20, 1000, Some(30))], ""), 0);
         // Lease 50 ms, extended at 40 ms by 1000 ms: a grant at 200 ms is a violation,
         // a release at 500 ms is fine.
         let mut a = grant(1, 10, 0, 50, Some(500));
         a.extends.push((call(40, 41, Some(true)), 1000));
         let b = grant(1, 11, 200, 1000, Some(600));
-        assert_eq!(total(&checked(&mut [a.clone(), b.clone()])), 1);
+        assert_eq!(seen(&mut [a.clone(), b.clone()], ""), 1);
         // An extend whose reply was lost proves nothing by itself: no violation...
         a.extends[0].0.ok = None;
         let unknown = Grant {
             release: None,
             ..a.clone()
         };
-        assert_eq!(total(&checked(&mut [unknown, b.clone()])), 0);
+        assert_eq!(seen(&mut [unknown, b.clone()], ""), 0);
         // ... but a release that answered 1 at 500 ms proves the lease lasted that long.
-        assert_eq!(total(&checked(&mut [a.clone(), b])), 1);
+        assert_eq!(seen(&mut [a.clone(), b], ""), 1);
         // An extend that succeeds after the lease ended is caught.
         (a.extends[0].0, a.release) = (call(60, 61, Some(true)), None);
         assert_eq!(
@@ -672,22 +653,18 @@ mod tests {
     }
 
     #[test]
-    fn readers_share_writers_do_not() {
+    fn readers_share_writers_do_not_permits_are_counted() {
         let r1 = with(grant(1, 10, 0, 1000, Some(50)), Mode::Shared, 0);
         let r2 = with(grant(1, 11, 10, 1000, Some(60)), Mode::Shared, 0);
-        assert_eq!(total(&checked(&mut [r1.clone(), r2.clone()])), 0);
+        assert_eq!(seen(&mut [r1.clone(), r2.clone()], ""), 0);
         // A writer while readers are live, and a reader while a writer is.
         let w = grant(1, 12, 20, 1000, Some(70));
         assert_eq!(seen(&mut [r1.clone(), r2, w], OVERLAP), 1);
         let w = grant(1, 9, 0, 1000, Some(40));
         assert_eq!(seen(&mut [w, r1], "reader granted beside a live writer"), 1);
-    }
-
-    #[test]
-    fn permits_are_counted() {
         let p = |f, at, rel| with(grant(1, f, at, 1000, Some(rel)), Mode::Permit(2), 0);
         assert_eq!(
-            total(&checked(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 70, 80)])),
+            seen(&mut [p(10, 0, 50), p(11, 10, 60), p(12, 70, 80)], ""),
             0
         );
         let mut h = [p(10, 0, 50), p(11, 10, 60), p(12, 20, 80)];
@@ -695,37 +672,37 @@ mod tests {
     }
 
     #[test]
-    fn holders_of_different_servers_are_compared_by_time() {
+    fn holders_of_different_servers_and_store_events() {
         // The key moved to server 1 while fence 10 still held it on server 0: server 1's
         // lower fence 5, granted at 20 ms, is a second holder.
         let a = grant(1, 10, 0, 1000, Some(50));
         let mut b = with(grant(1, 5, 20, 1000, Some(30)), Mode::Exclusive, 1);
-        assert_eq!(total(&checked(&mut [a.clone(), b.clone()])), 1);
+        assert_eq!(seen(&mut [a.clone(), b.clone()], ""), 1);
         (b.invoke, b.complete) = (60 * MS, 61 * MS);
         b.release = b.release.map(|c| call(70, 71, c.ok));
-        assert_eq!(total(&checked(&mut [a, b])), 0);
+        assert_eq!(seen(&mut [a, b], ""), 0);
         // The store refused server 1's lower fence: counted apart, not a violation.
         let b = with(grant(1, 5, 60, 1000, Some(70)), Mode::Exclusive, 1);
         let mut h = [grant(1, 10, 0, 1000, Some(50)), b];
         let mut e = ev(1, StoreEventKind::StaleWrite, 10, 5);
         e.later.0 = 1;
         let r = run(&mut h, &[], &[e]);
-        assert_eq!((total(&r), r.n.get("cross_server_refusals")), (0, 1));
-    }
-
-    #[test]
-    fn store_events_are_violations_unless_a_holder_was_late() {
+        assert_eq!(
+            (r.violations.total(), r.n.get("cross_server_refusals")),
+            (0, 1)
+        );
+        // Store events are violations unless a holder was late.
         let r = run(
-            &mut valid_history(),
+            &mut valid_and(None),
             &[],
             &[ev(1, StoreEventKind::Overlap, 10, 11)],
         );
-        assert_eq!(total(&r), 1);
+        assert_eq!(r.violations.total(), 1);
         // Fence 12's lease (50 ms) ended long before its critical section did.
-        let mut h = valid_history();
+        let mut h = valid_and(None);
         h[2].cs = Some((8 * MS, 200 * MS));
         let r = run(&mut h, &[], &[ev(2, StoreEventKind::StaleWrite, 14, 12)]);
-        assert_eq!(total(&r), 0);
+        assert_eq!(r.violations.total(), 0);
         assert_eq!((r.n.get("late_store_events"), r.n.get("late_cs")), (1, 1));
     }
 }

@@ -1,5 +1,5 @@
-//! What every scenario gets (`Env`) and gives back (an [`Outcome`] row for the JSON),
-//! and the helpers they share. Servers, RESP and the clock come from the test kit.
+//! What every scenario gets (`Env`) and gives back (an [`Outcome`] row), and the helpers
+//! they share (servers, RESP and the clock come from the test kit).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +15,6 @@ pub use redis_lock_testkit::{
 pub struct Env {
     pub repo: PathBuf,
     pub server_bin: PathBuf,
-    /// The servers of the scenarios that run on every server.
     pub servers: Vec<PathBuf>,
     pub module: PathBuf,
     pub shim: PathBuf,
@@ -27,19 +26,20 @@ pub struct Env {
 }
 
 impl Env {
-    /// `full` scaled by SCALE, or `short` (also scaled) for the CI run; at least 1.
+    /// `full`, or `short` for the CI run, scaled by SCALE: a count (at least 1) or seconds.
+    fn scaled(&self, full: f64, short: f64) -> f64 {
+        [full, short][usize::from(self.short)] * self.scale
+    }
+
     pub fn n(&self, full: f64, short: f64) -> u64 {
-        let base = if self.short { short } else { full };
-        (base * self.scale).round().max(1.0) as u64
+        self.scaled(full, short).round().max(1.0) as u64
     }
 
     pub fn secs(&self, full: f64, short: f64) -> Duration {
-        let base = if self.short { short } else { full };
-        Duration::from_secs_f64((base * self.scale).max(0.5))
+        Duration::from_secs_f64(self.scaled(full, short).max(0.5))
     }
 
-    /// A server with the module, no persistence, on a free loopback port, in a fresh
-    /// directory `name` of the run's work dir (see [`ServerBuilder`] for the rest).
+    /// A server with the module, no persistence, in a fresh directory `name` of the work dir.
     pub fn builder(&self, name: &str) -> ServerBuilder {
         let dir = self.work.join(name);
         let _ = std::fs::remove_dir_all(&dir);
@@ -62,7 +62,6 @@ impl Env {
         b.try_start()
     }
 
-    /// The server binary's file name (for directory names).
     pub fn server_name(&self) -> String {
         let name = self.server_bin.file_name().map(|f| f.to_string_lossy());
         name.map_or("server".into(), |f| f.into_owned())
@@ -91,7 +90,7 @@ pub fn connect_for(s: &Server, secs: u64) -> Result<Conn, String> {
     Ok(c)
 }
 
-/// Events counted by name (a name never counted is 0); one run's counts add to another's.
+/// Events counted by name (a name never counted is 0).
 #[derive(Debug, Default, Clone, serde::Serialize)]
 #[serde(transparent)]
 pub struct Counts(std::collections::BTreeMap<&'static str, u64>);
@@ -115,10 +114,6 @@ impl Counts {
 
     pub fn total(&self) -> u64 {
         self.0.values().sum()
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        self.0.iter().map(|(k, v)| (*k, *v))
     }
 }
 
@@ -156,7 +151,6 @@ pub fn must<A: AsRef<[u8]>>(c: &mut Conn, a: &[A]) -> Result<Reply, String> {
     Ok(r)
 }
 
-/// A command written out as one string (arguments without spaces).
 pub fn words(s: &str) -> Vec<&str> {
     s.split_whitespace().collect()
 }
@@ -193,8 +187,8 @@ pub fn rewrite_aof(s: &Server, c: &mut Conn) -> Result<(), String> {
     Ok(())
 }
 
-/// Fresh grants of `n` keys `{prefix}:i` after a restart or promotion; how many of them
-/// carried a fence not above `above` (a regression), and the highest fence they carried.
+/// Fresh grants of `n` keys `{prefix}:i`: how many had a fence not above `above`, and the
+/// highest fence.
 pub fn probe_fences(c: &mut Conn, prefix: &str, n: u64, above: u64) -> Result<(u64, u64), String> {
     let (mut regressions, mut max) = (0, 0);
     for i in 0..n {
@@ -233,11 +227,9 @@ pub fn health(s: &Server, what: &str) -> Result<(), String> {
     }
 }
 
-/// How a scenario marks its row failed.
+/// How a scenario marks its row failed: when `bad`; unless the server is [healthy](health).
 pub trait Verdict {
-    /// Fails the row with `why` when `bad`.
     fn fail_if(&mut self, bad: bool, why: impl Into<String>);
-    /// Fails the row unless the server is [healthy](health).
     fn healthy(&mut self, s: &Server, what: &str);
 }
 
@@ -255,10 +247,9 @@ impl Verdict for Outcome {
     }
 }
 
-/// One round of a crash run: one client thread per entry of `inputs`
-/// (`client(i, input, stop)`) works for `run_ms`, with `fault(server)` applied `at` ms in
-/// (when given); then `server` is SIGKILLed, `stop` raised, and what each client returns
-/// collected.
+/// One round of a crash run: a thread `client(i, input, stop)` per input works for
+/// `run_ms`, with `fault(server)` applied `at` ms in; then `server` is SIGKILLed, `stop`
+/// raised, and the clients' results collected.
 pub fn kill_under_load<C: Send, T: Send>(
     server: &mut Server,
     run_ms: u64,

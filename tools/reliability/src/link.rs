@@ -1,10 +1,7 @@
-//! A client connection that follows the server it must talk to, the way a real client
-//! library does: to the current primary of a replica pair (after `FAILOVER`, or a
-//! replica promoted by hand), and to the node a cluster routes a key to (`MOVED`,
-//! `ASK`, `TRYAGAIN`). Every blocking call is timed on its own, so that the chaos runs
-//! can check that each waiter is answered within its `BLOCK` time; a connection killed
-//! on purpose (`CLIENT KILL`, a SIGKILLed server) is told apart from one that broke by
-//! itself through the [`Kills`] register.
+//! A client connection that follows its server as a client library does: a pair's
+//! current primary, a cluster's node for the key (`MOVED`, `ASK`, `TRYAGAIN`). Blocking
+//! calls are timed against their `BLOCK`; the [`Kills`] register tells connections killed
+//! on purpose from ones that broke by themselves.
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -13,22 +10,19 @@ use std::time::{Duration, Instant};
 use crate::common::{cmd, must, now_ns, open, Conn, Counts, Reply};
 use redis_lock_testkit::{args, key_slot};
 
-/// How long a call may wait for its reply before it counts as unanswered. A `BLOCK`
-/// of the runs is at most 300 ms; pauses, `FAILOVER` and `DEBUG RELOAD` add less than a
-/// second here.
+/// How long a call may wait for its reply: `BLOCK` is at most 300 ms; pauses, `FAILOVER`
+/// and `DEBUG RELOAD` add less than a second.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(8);
 /// How late a blocking call may be answered (beyond its `BLOCK` time).
 pub const GRACE_NS: u64 = 1_000_000_000;
 /// How long one call keeps following redirects, failovers and retries before it gives up.
 const GIVE_UP: Duration = Duration::from_secs(20);
 
+/// One server and db; a primary and a replica (which is which changes); cluster masters.
 #[derive(Debug, Clone)]
 pub enum Topo {
-    /// One server, one db.
     Single(SocketAddr, u32),
-    /// A primary and a replica; which is which changes.
     Pair([SocketAddr; 2]),
-    /// Cluster masters.
     Cluster(Vec<SocketAddr>),
 }
 
@@ -42,9 +36,8 @@ impl Topo {
     }
 }
 
-/// What the run itself does to the servers that clients must be excused for: the
-/// connections it kills (node, client id or every client, when) and the write pauses it
-/// causes (node, from, until; `u64::MAX` while still going on).
+/// What the run does to the servers that clients are excused for: connections killed
+/// (node, client id or all, when) and write pauses (node, from, until; `u64::MAX`: open).
 #[derive(Default)]
 pub struct Kills {
     kills: Mutex<Vec<(usize, Option<u64>, u64)>>,
@@ -52,7 +45,7 @@ pub struct Kills {
 }
 
 impl Kills {
-    /// Call before the kill is sent, so that the recorded time is not later than it.
+    /// Call before the kill is sent.
     pub fn record(&self, node: usize, client: Option<u64>) {
         if let Ok(mut k) = self.kills.lock() {
             k.push((node, client, now_ns()));
@@ -67,8 +60,8 @@ impl Kills {
         })
     }
 
-    /// A write pause of `node` begins now (before the command that causes it is sent)
-    /// and lasts `ms`, or until [`pause_over`](Self::pause_over) when `None`.
+    /// A write pause of `node` begins now (call before sending its cause) for `ms`, or
+    /// until [`pause_over`](Self::pause_over).
     pub fn pause(&self, node: usize, ms: Option<u64>) {
         let now = now_ns();
         let until = ms.map_or(u64::MAX, |ms| now + ms * 1_000_000);
@@ -77,7 +70,6 @@ impl Kills {
         }
     }
 
-    /// The open-ended pauses of `node` are over.
     pub fn pause_over(&self, node: usize) {
         let now = now_ns();
         if let Ok(mut p) = self.pauses.lock() {
@@ -87,9 +79,8 @@ impl Kills {
         }
     }
 
-    /// How long a command sent to `node` at `sent` was held by a pause before the server
-    /// could run it (capped at `answered`): a command that arrives during a write pause
-    /// waits for its end; one already running (a queued waiter) is not held.
+    /// How long a command sent to `node` at `sent` was held by pauses (capped at
+    /// `answered`): one that arrives during a pause waits for its end; a queued waiter not.
     pub fn held_ns(&self, node: usize, sent: u64, answered: u64) -> u64 {
         let Ok(p) = self.pauses.lock() else { return 0 };
         let mut until = sent;
@@ -108,33 +99,24 @@ impl Kills {
     }
 }
 
-/// What one link saw. Counted: `waits` (blocking calls sent, every attempt), `killed`
-/// (calls whose connection the run killed: outcome unknown, excused), `late_by_pause`
-/// (blocking calls answered later than BLOCK + 1 s only because the server held them in
-/// a write pause of ours), the redirects followed (`moved`, `ask`, `tryagain`, and
-/// `rerouted`: READONLY or UNBLOCKED from a server that is a replica now, LOADING) and
-/// `reconnects`.
+/// What one link saw: counts of `waits` (blocking calls, every attempt), `killed` (excused),
+/// `late_by_pause` (late only because a pause of ours held them), redirects followed and
+/// `reconnects`; the slowest waiter past its BLOCK, also net of pause time; violations
+/// ([`LATE`], [`HANG`], [`BROKEN`]).
 #[derive(Debug, Default, serde::Serialize)]
 pub struct LinkLog {
     pub n: Counts,
     pub slowest_wait_over_block_ms: i64,
-    /// The same, not counting time the server held the command in a pause of ours
-    /// before running it.
     pub slowest_net_ms: i64,
-    /// Calls that are violations, each with its kind: [`LATE`], [`HANG`], [`BROKEN`].
     pub bad: Vec<(&'static str, String)>,
 }
 
-/// A blocking call answered later than BLOCK + 1 s, or never.
 pub const LATE: &str = "waiter answered later than BLOCK + 1 s";
-/// A call of any kind that got no reply within the read timeout.
 pub const HANG: &str = "call never answered";
-/// A connection that broke although nobody killed it.
 pub const BROKEN: &str = "connection lost although nobody killed it";
 
 impl LinkLog {
-    /// Adds another link's figures (its bad calls are left out: they become violations
-    /// on their own).
+    /// Adds another link's figures (not its bad calls: they become violations).
     pub fn add(&mut self, o: &LinkLog) {
         self.n.add(&o.n);
         let slowest = &mut self.slowest_wait_over_block_ms;
@@ -143,11 +125,10 @@ impl LinkLog {
     }
 }
 
-/// The outcome of one call (with every retry it needed).
+/// The outcome of one call with its retries: the replies, the first attempt's invoke and
+/// the last one's completion; or lost (killed, a hang: unknown), with the invoke.
 pub enum Answer {
-    /// The replies, with the invoke of the first attempt and the completion of the last.
     Reply(Vec<Reply>, u64, u64),
-    /// The connection was lost (killed, or a hang): the outcome is unknown.
     Lost(u64),
 }
 
@@ -160,11 +141,9 @@ pub struct Link {
     topo: Topo,
     addrs: Vec<SocketAddr>,
     conns: Vec<Option<Node>>,
-    /// Pair: the index of the primary.
+    /// Pair: the primary; cluster: the node of each slot; the node of the last reply.
     primary: usize,
-    /// Cluster: the node of each slot.
     slots: Vec<usize>,
-    /// The node that sent the last reply.
     pub last_node: usize,
     read_timeout: Duration,
     pub log: LinkLog,
@@ -183,8 +162,6 @@ fn shown(cmd: &[Vec<u8>]) -> String {
 }
 
 impl Link {
-    /// A link whose calls may wait `read_timeout` for a reply ([`READ_TIMEOUT`] in the
-    /// runs with faults).
     pub fn new(topo: &Topo, read_timeout: Duration) -> Link {
         let addrs = topo.nodes();
         Link {
@@ -301,10 +278,8 @@ impl Link {
             let first = *first_t0.get_or_insert(t0);
             let (what, ms) = (shown(&cmds[0]), |ns: u64| ns / 1_000_000);
             if started.elapsed() > GIVE_UP {
-                let why = format!(
-                    "`{what}` found no server to answer it within {} s",
-                    GIVE_UP.as_secs()
-                );
+                let secs = GIVE_UP.as_secs();
+                let why = format!("`{what}` found no server to answer it within {secs} s");
                 self.log.bad.push((BROKEN, why));
                 return Answer::Lost(first);
             }
@@ -364,11 +339,10 @@ impl Link {
                         }
                     }
                 } else if hang {
-                    let why = format!(
-                        "`{what}`: no reply within {} s",
-                        self.read_timeout.as_secs()
-                    );
-                    self.log.bad.push((HANG, why));
+                    let secs = self.read_timeout.as_secs();
+                    self.log
+                        .bad
+                        .push((HANG, format!("`{what}`: no reply within {secs} s")));
                 } else {
                     let (at, after) = (ms(t0), ms(t1 - t0));
                     let why = format!("`{what}` on node {node} (client id {id}), sent at {at} ms, lost after {after} ms: {e}");
@@ -453,25 +427,18 @@ mod tests {
         p(0, 100, 300);
         p(0, 250, 500); // a second pause chained to the first
         p(1, 0, 10_000);
-        assert_eq!(
-            k.held_ns(0, 150, 1000),
-            350,
-            "held until the chained pause ends"
-        );
-        assert_eq!(k.held_ns(0, 150, 400), 250, "capped at the answer");
-        assert_eq!(
-            k.held_ns(0, 50, 1000),
-            0,
-            "already running when the pause began"
-        );
-        assert_eq!(k.held_ns(0, 600, 700), 0);
+        for (sent, answered, held, why) in [
+            (150, 1000, 350, "held until the chained pause ends"),
+            (150, 400, 250, "capped at the answer"),
+            (50, 1000, 0, "already running when the pause began"),
+            (600, 700, 0, "after the pauses"),
+        ] {
+            assert_eq!(k.held_ns(0, sent, answered), held, "{why}");
+        }
         k.pause(2, None);
         let t = now_ns();
-        assert_eq!(
-            k.held_ns(2, t, t + 5),
-            5,
-            "an open pause holds until the answer"
-        );
+        let held = k.held_ns(2, t, t + 5);
+        assert_eq!(held, 5, "an open pause holds until the answer");
         k.pause_over(2);
         assert!(k.held_ns(2, now_ns() + 1, now_ns() + 10) == 0);
     }

@@ -1,8 +1,5 @@
-//! redis-lock-reliability: fault-injection runs against real servers with the module
-//! loaded. `run` executes the scenarios, prints one line per property and a closing
-//! `reliability: N passed, M failed`, exits non-zero when a target is missed or a
-//! scenario could not run, and (with `--json`) saves the outcomes and renders
-//! docs/RELIABILITY.md from them.
+//! redis-lock-reliability: fault-injection runs against real servers with the module (see
+//! the Makefile's `reliability` targets); exits non-zero when a row fails or cannot run.
 
 mod checker;
 mod common;
@@ -65,9 +62,6 @@ struct RunArgs {
     servers: Vec<PathBuf>,
     #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]
     module: PathBuf,
-    /// Keep the servers' directories.
-    #[arg(long)]
-    keep: bool,
 }
 
 fn main() -> ExitCode {
@@ -75,16 +69,6 @@ fn main() -> ExitCode {
         Cmd::Run(a) => run(a),
         Cmd::StaleHolder { args } => scenarios::stale::holder_main(&args),
     }
-}
-
-/// docs/RELIABILITY.md (DIR/../../docs/RELIABILITY.md of `json`), from `run` only: the
-/// other measured documents have their own data and are rendered by `make docs`.
-fn render(json: &Path, run: &ReliabilityRun) -> Result<(), redis_lock_report::Error> {
-    let root = json.ancestors().nth(3).unwrap_or(Path::new("."));
-    let out = root.join("docs/RELIABILITY.md");
-    std::fs::write(&out, redis_lock_report::reliability::render(run)?)?;
-    println!("wrote {}", out.display());
-    Ok(())
 }
 
 /// The output of a command, "" when it fails.
@@ -103,22 +87,14 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
     if !(0.01..=100.0).contains(&a.scale) {
         return Err("--scale must be within 0.01..100".into());
     }
-    if let Some(k) = a
-        .only
-        .iter()
-        .find(|k| !scenarios::ALL.iter().any(|s| s.0 == k.as_str()))
-    {
+    let known = |k: &&String| scenarios::ALL.iter().any(|s| s.0 == k.as_str());
+    if let Some(k) = a.only.iter().find(|k| !known(k)) {
         return Err(format!("unknown scenario {k}"));
     }
-    // Servers run with their data directory as working directory. Made absolute
-    // without resolving links: /usr/bin/redis-server is a link that acts on argv[0].
-    let abs = |p: &Path| {
-        if p.is_relative() {
-            repo.join(p)
-        } else {
-            p.to_path_buf()
-        }
-    };
+    // Servers run with their data directory as working directory. Made absolute (join
+    // keeps an absolute path) without resolving links: /usr/bin/redis-server is a link
+    // that acts on argv[0].
+    let abs = |p: &Path| repo.join(p);
     let servers: Vec<PathBuf> = if a.servers.is_empty() {
         vec![abs(&a.server)]
     } else {
@@ -130,10 +106,15 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
             p.display()
         ));
     }
+    let module = abs(&a.module);
+    if !module.is_file() {
+        let m = module.display();
+        return Err(format!("module not found at {m} (cargo build --release)"));
+    }
     Ok(Env {
         server_bin: abs(&a.server),
         servers,
-        module: abs(&a.module),
+        module,
         shim: repo.join("target/reliability/libclockshift.so"),
         exe: std::env::current_exe().map_err(|e| e.to_string())?,
         work: std::env::temp_dir().join(format!("redis-lock-reliability-{}", std::process::id())),
@@ -147,14 +128,7 @@ fn env_of(a: &RunArgs) -> Result<Env, String> {
 }
 
 fn run(a: RunArgs) -> ExitCode {
-    let env = env_of(&a).and_then(|env| match env.module.is_file() {
-        true => Ok(env),
-        false => Err(format!(
-            "module not found at {} (cargo build --release)",
-            env.module.display()
-        )),
-    });
-    let env = match env {
+    let env = match env_of(&a) {
         Ok(e) => e,
         Err(e) => {
             eprintln!("{e}");
@@ -183,13 +157,10 @@ fn run(a: RunArgs) -> ExitCode {
             if every_server {
                 let bin = &env.server_bin;
                 let label = redis_lock_testkit::flavor_of(bin).map(|f| f.label());
-                // Relative to the repository when inside it.
-                let path = bin
-                    .strip_prefix(&env.repo)
-                    .unwrap_or(bin)
-                    .display()
-                    .to_string();
                 let label = label.unwrap_or_else(|_| bin.display().to_string());
+                // Relative to the repository when inside it.
+                let path = bin.strip_prefix(&env.repo).unwrap_or(bin);
+                let path = path.display().to_string();
                 o.server = Some(ServerId { label, path });
             }
             println!("== [{}] {} ...", i + 1, o.full_title());
@@ -225,9 +196,7 @@ fn run(a: RunArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     }
-    if !a.keep {
-        let _ = std::fs::remove_dir_all(&env.work);
-    }
+    let _ = std::fs::remove_dir_all(&env.work);
     for o in &outcomes {
         if let Status::NotRun(w) = &o.status {
             println!("NOT RUN (counted as failed): {} -- {w}", o.full_title());
@@ -296,5 +265,10 @@ fn save(
         run
     };
     redis_lock_report::save(json, &run)?;
-    render(json, &run)
+    // docs/RELIABILITY.md next to DIR/../.. of `json` (the other documents: `make docs`).
+    let root = json.ancestors().nth(3).unwrap_or(Path::new("."));
+    let out = root.join("docs/RELIABILITY.md");
+    std::fs::write(&out, redis_lock_report::reliability::render(&run)?)?;
+    println!("wrote {}", out.display());
+    Ok(())
 }

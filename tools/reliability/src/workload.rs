@@ -1,8 +1,6 @@
-//! The fenced workload the mutex, chaos and kinds runs share: client threads acquire
-//! exclusive, SHARED (readers and writers) and LIMIT n keys, blocking and not, through a [`Link`]
-//! that follows failovers and cluster redirects; each holder runs a critical section
-//! against an in-process fenced store, extends now and then, and releases or leaves its
-//! lease to expire. Every call is recorded for the checker (checker.rs).
+//! The fenced workload of the mutex, chaos and kinds rows (docs/RELIABILITY.md): clients
+//! on exclusive, SHARED and LIMIT n keys through a [`Link`], critical sections against an
+//! in-process fenced [`Store`], every call recorded for the checker (checker.rs).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
-use crate::common::{example, joined, now_ns, thousands, Counts, Env, Outcome, Reply, Verdict};
+use crate::common::{joined, now_ns, thousands, Counts, Env, Outcome, Reply, Verdict};
 use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
 use redis_lock_testkit::{args, Rng};
 
@@ -21,11 +19,10 @@ const LONG_TTL: u64 = 5000;
 /// Slack on lease bounds: ms truncation of the server's clock plus wall vs monotonic.
 pub const SLACK_NS: u64 = 2_000_000;
 
-/// What a key is.
+/// What a key is (SHARED: readers and writers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Exclusive,
-    /// Readers and writers.
     Shared,
     Limit(u32),
 }
@@ -46,20 +43,18 @@ pub type Fence = (u32, u64);
 
 #[derive(Default)]
 struct Slot {
-    /// Holders inside their critical section.
+    /// Holders inside their critical section; highest fence accepted, of any / a writer.
     inside: Vec<(Fence, Mode)>,
-    /// Highest fence accepted, of any holder / of a writer.
     max_any: Fence,
     max_writer: Fence,
     value: u64,
     writes: u64,
 }
 
-/// The separate store the critical sections use. Writers (and exclusive holders) read,
-/// then write value + 1, refused when any holder with a higher fence came before; readers
-/// read, refused when a writer with a higher fence came before; permit holders are
-/// counted. Entering beside holders the key's kind forbids is an overlap. Like a real
-/// store it compares fence values only; the server is kept for the checker.
+/// The critical sections' store. Writers read, then write value + 1, refused after any
+/// holder with a higher fence; readers are refused after a writer with a higher fence;
+/// permits are counted. Entering beside holders the key's kind forbids is an overlap. It
+/// compares fence values only, as a real store does (the server is for the checker).
 pub struct Store {
     slots: Vec<Mutex<Slot>>,
     pub events: Mutex<Vec<StoreEvent>>,
@@ -146,23 +141,19 @@ impl Store {
     }
 }
 
-/// How the clients behave.
+/// How the clients behave: percent of acquires that block (besides half of the short
+/// leases); percent of holders that pause in their critical section, and for how long (ms;
+/// `None`: they only yield); no TOKEN argument; how long a call may wait for its reply.
 #[derive(Clone, Copy)]
 pub struct Mix {
-    /// Percent of acquires that block (besides half of the short leases).
     pub blocking: u64,
-    /// Percent of holders that pause inside their critical section, and for how long
-    /// (ms; `None`: they only yield).
     pub pause: (u64, Option<(u64, u64)>),
-    /// Leave the tokens to the server (no TOKEN argument).
     pub server_tokens: bool,
-    /// How long a call may wait for its reply.
     pub read_timeout: Duration,
 }
 
 impl Mix {
-    /// Some holders work a while, so that keys are held (and waited for) when a pause, a
-    /// failover or a slot migration comes.
+    /// Holders work a while, so keys are held (and waited for) when a fault comes.
     pub const FAULTS: Mix = Mix {
         blocking: 50,
         pause: (20, Some((1, 20))),
@@ -178,32 +169,26 @@ impl Mix {
     };
 }
 
-/// One run of the workload.
+/// One run of the workload: keys by checker index; clients run until `deadline`,
+/// `stop_after` grants or a client error. `confirm`: every grant and extend confirmed with
+/// `WAIT 1 100` (unconfirmed grants given back unused, extends unknown).
+/// `group_per_node`: a checker server group per node (cluster). `late_end_ms`: how late
+/// a lease may still be released or extended (counted, not a violation: where our pauses
+/// hold expiries and reloads carry the time left, leases end late, never early).
 pub struct Plan {
     pub topo: Topo,
-    /// Key names and kinds (the index is the checker's key).
     pub keys: Vec<(String, Kind)>,
     pub clients: usize,
-    /// The clients run until then, until they made `stop_after` grants, or until one of
-    /// them meets an error.
     pub deadline: Instant,
     pub stop_after: u64,
     pub mix: Mix,
-    /// Confirm every grant and extend with `WAIT 1 100` (a pair that may lose writes):
-    /// an unconfirmed grant is given back and not used, an unconfirmed extend counts as
-    /// unknown.
     pub confirm: bool,
-    /// The checker's server group of each node (cluster: one per node).
     pub group_per_node: bool,
-    /// How much later than its latest possible end a lease may still be released or
-    /// extended (ms; counted, not a violation): where our pauses hold expiries and
-    /// reloads carry the time left, leases end late, never early.
     pub late_end_ms: u64,
 }
 
 impl Plan {
-    /// `clients` clients on `keys` of `topo` until `deadline`, with [`Mix::FAULTS`],
-    /// unconfirmed grants, one server group, and leases that may end up to 1 s late.
+    /// [`Mix::FAULTS`], unconfirmed grants, one server group, leases up to 1 s late.
     pub fn new(topo: Topo, keys: Vec<(String, Kind)>, clients: usize, deadline: Instant) -> Plan {
         Plan {
             topo,
@@ -228,7 +213,6 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The state the clients of `plan` share, with nothing granted yet.
     pub fn new(plan: Plan, kills: &Arc<Kills>) -> Arc<Shared> {
         Arc::new(Shared {
             store: Store::new(plan.keys.len()),
@@ -250,10 +234,8 @@ pub fn keys(prefix: &str, exclusive: usize, shared: usize, limits: &[u32]) -> Ve
     kinds.enumerate().map(named).collect()
 }
 
-/// What a client recorded: its grants, and counts of `calls`, `releases`, `extends`,
-/// `abandoned` (leases left to run out), `nil_blocking`, `nil_nonblocking`,
-/// `maxwaiters`, `unblocked`, `unconfirmed`, `lost_acquires` (acquires whose reply was
-/// lost: never used; the lease runs out by itself).
+/// What a client recorded: its grants, and counts (`calls`, `releases`, `abandoned`
+/// leases left to run out, `lost_acquires` whose reply was lost and never used, ...).
 #[derive(Default)]
 pub struct ClientLog {
     pub grants: Vec<Grant>,
@@ -493,25 +475,30 @@ pub fn spawn(sh: &Arc<Shared>, rng: &mut Rng) -> Vec<std::thread::JoinHandle<Cli
         .collect()
 }
 
-/// Everything the clients of one run saw, checked (the row's data). Counted besides the
-/// clients' own counts: `grants` (`exclusive` or writer, `shared` readers, `permits`),
-/// `store_events` (overlapping or stale-fenced critical sections the store saw) and
-/// `lost_updates` (explained by a late holder or not), `late_cs` (critical sections that
-/// outran their lease) and the `late_store_events` they explain, and
-/// `cross_server_refusals`.
+/// Everything the clients of one run saw, checked (the row's data): the checker's
+/// report, with the clients' own counts, `grants` by mode (`exclusive` or writer, `shared`
+/// readers, `permits`), `store_events` and `lost_updates` in `n`, and the violations of
+/// the store, the links (late waiters, hangs) and lost updates not explained by a late
+/// holder; the links' waiter and connection figures; the clients' errors.
 #[derive(Default, Serialize)]
 pub struct Tally {
-    pub n: Counts,
-    /// Violations by kind (checker, store, lost updates, late waiters, hangs), and
-    /// examples, each `kind: what` (a kind of violation, or `cross-server refusal`).
-    pub violations: Counts,
-    pub examples: Vec<String>,
-    /// The links' waiter and connection figures.
+    #[serde(flatten)]
+    pub report: checker::Report,
     pub link: LinkLog,
     pub errors: Vec<String>,
-    /// The latest release or extend that succeeded after its lease's latest possible
-    /// end (within the plan's allowance; `n.late_ends` counts them), ms past it.
-    pub max_late_end_ms: u64,
+}
+
+impl std::ops::Deref for Tally {
+    type Target = checker::Report;
+    fn deref(&self) -> &checker::Report {
+        &self.report
+    }
+}
+
+impl std::ops::DerefMut for Tally {
+    fn deref_mut(&mut self) -> &mut checker::Report {
+        &mut self.report
+    }
 }
 
 impl Tally {
@@ -523,28 +510,14 @@ impl Tally {
         self.violations.total()
     }
 
-    pub fn add_violation(
-        &mut self,
-        kind: &'static str,
-        n: u64,
-        ex: impl IntoIterator<Item = String>,
-    ) {
-        if n > 0 {
-            self.violations.add_n(kind, n);
-            for e in ex.into_iter().take(3) {
-                example(&mut self.examples, 12, || format!("{kind}: {e}"));
-            }
-        }
-    }
-
     /// Adds another run's figures (a sub-run of the same server).
     pub fn absorb(&mut self, o: Tally) {
         self.n.add(&o.n);
         self.link.add(&o.link);
-        self.violations.add(&o.violations);
-        self.examples.extend(o.examples);
+        self.report.violations.add(&o.violations);
+        self.report.examples.extend(o.report.examples);
+        self.max_late_end_ms = self.max_late_end_ms.max(o.report.max_late_end_ms);
         self.errors.extend(o.errors);
-        self.max_late_end_ms = self.max_late_end_ms.max(o.max_late_end_ms);
     }
 }
 
@@ -565,10 +538,9 @@ pub fn check(
         grants.extend(l.grants);
         t.n.add(&l.n);
         t.errors.extend(l.errors);
-        // The link's waiter and connection figures, and its late, hung or broken calls.
         t.link.add(&l.link);
         for (kind, call) in l.link.bad {
-            t.add_violation(kind, 1, Some(call));
+            t.add(kind, || call);
         }
     }
     for g in &grants {
@@ -580,28 +552,20 @@ pub fn check(
     }
     let (key_regressions, key_examples) = checker::key_fence_regressions(&grants);
     t.n.add_n("key_fence_regressions", key_regressions);
-    let prefixed =
-        |what: &'static str, ex: Vec<String>| ex.into_iter().map(move |e| format!("{what}: {e}"));
-    t.examples
-        .extend(prefixed("key fence regression", key_examples));
+    let key_examples = key_examples
+        .into_iter()
+        .map(|e| format!("key fence regression: {e}"));
+    t.report.examples.extend(key_examples);
     let events = std::mem::take(&mut *sh.store.events.lock().map_err(|e| e.to_string())?);
     let late_ns = sh.plan.late_end_ms * 1_000_000;
-    let r = checker::check_with(&mut grants, fenced, &events, SLACK_NS, late_ns);
-    t.n.add(&r.n);
-    t.max_late_end_ms = r.max_late_end_ns / 1_000_000;
-    for (k, v) in r.violations.iter() {
-        let of_kind = |e: &String| Some(e.strip_prefix(k)?.strip_prefix(": ")?.to_string());
-        t.add_violation(k, v, r.examples.iter().filter_map(of_kind));
-    }
-    t.examples
-        .extend(prefixed("cross-server refusal", r.cross_server_examples));
+    checker::check_with(&mut t, &mut grants, fenced, &events, SLACK_NS, late_ns);
     // Lost updates, unless a late holder (client pause) explains them on that key.
     let excused: std::collections::BTreeSet<u32> = events.iter().map(|e| e.key).collect();
     let mut lost = sh.store.lost_updates();
     t.n.add_n("store_events", events.len() as u64);
     t.n.add_n("lost_updates", lost.iter().map(|l| l.1).sum());
     lost.retain(|(k, _)| !excused.contains(k));
-    t.add_violation(
+    t.add_n(
         "lost updates in the store",
         lost.iter().map(|l| l.1).sum(),
         lost.iter().map(|(k, n)| format!("key {k}: {n}")),

@@ -1,20 +1,8 @@
-//! Scenario 8: server operations under load. The fenced workload (workload.rs: exclusive,
-//! SHARED and LIMIT keys, half the acquires blocking) runs while this thread applies
-//! random server operations, in three sub-runs per server, each with its own checker:
-//!
-//! - standalone: CLIENT PAUSE WRITE / ALL, DEBUG RELOAD, BGREWRITEAOF, CONFIG SET of
-//!   lock.*, SWAPDB of two other dbs whose locks have waiters, CLIENT UNBLOCK TIMEOUT /
-//!   ERROR of waiters, CLIENT KILL of waiters and holders;
-//! - a primary and a replica: FAILOVER back and forth (clients follow the primary),
-//!   with pauses, CONFIG SET, CLIENT UNBLOCK and CLIENT KILL in between;
-//! - a 3-master cluster: slot migration back and forth (SETSLOT IMPORTING / MIGRATING,
-//!   MIGRATE, SETSLOT NODE on every master; clients follow MOVED, ASK and TRYAGAIN), with
-//!   pauses, CONFIG SET and CLIENT KILL on random nodes.
-//!
-//! The checker keys live in db 0. SWAPDB legitimately moves locks between dbs, so it
-//! swaps dbs 1 and 2, where bystander clients keep locks with waiters: their waiters must
-//! be answered in time and their fences join the server's fence-order check; mutual
-//! exclusion is checked on db 0 only.
+//! Server operations under load: the fenced workload while random server operations
+//! come, in three sub-runs per server (standalone, a replica pair, a 3-master cluster),
+//! each with its own checker; docs/RELIABILITY.md lists the operations. The checker's keys
+//! live in db 0; SWAPDB swaps dbs 1 and 2, where bystanders keep locks with waiters
+//! (answered in time, their fences order-checked with the server's).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -34,19 +22,17 @@ pub const TARGET: &str = "0 crashes, 0 double grants, 0 fence regressions per se
 /// How long after a CLIENT PAUSE's nominal end the server may still hold commands.
 const PAUSE_RELEASE_MS: u64 = 110;
 
-/// Operations applied, by name; replies that refused them, by name; and counted in `n`:
-/// `keys_migrated`, `unblock_accepted_early` (CLIENT UNBLOCK of a LOCK.ACQUIRE waiter
-/// accepted on Redis < 7.4).
+/// Operations applied and refused, by name; `n`: `keys_migrated`, `unblock_accepted_early`
+/// (CLIENT UNBLOCK of a waiter accepted on Redis < 7.4); operations that failed where they
+/// must not; servers that crashed, stopped answering or caught a panic; until when each
+/// node's clients may be held by a CLIENT PAUSE of ours.
 #[derive(Default, serde::Serialize)]
 pub struct Ops {
     pub done: Counts,
     refused: Counts,
     n: Counts,
-    /// Operations that failed where they must not (a bug, or a run that cannot go on).
     pub errors: Vec<String>,
-    /// Servers that crashed, stopped answering or caught a panic.
     pub crashes: Vec<String>,
-    /// Until when each node's clients may be held by a CLIENT PAUSE of ours.
     #[serde(skip)]
     paused_until: BTreeMap<usize, Instant>,
 }
@@ -68,8 +54,7 @@ impl Ops {
     }
 }
 
-/// The operator: one admin connection per node (made when first needed), the checker's
-/// keys, the register of kills and pauses, and the server's flavor.
+/// The operator: an admin connection per node (made when first needed).
 pub struct Admin {
     addrs: Vec<SocketAddr>,
     conns: Vec<Option<Conn>>,
@@ -79,39 +64,6 @@ pub struct Admin {
 }
 
 impl Admin {
-    fn new(plan: &Plan, kills: &Arc<Kills>, flavor: Flavor) -> Admin {
-        let addrs = plan.topo.nodes();
-        Admin {
-            conns: addrs.iter().map(|_| None).collect(),
-            addrs,
-            keys: plan.keys.clone(),
-            kills: Arc::clone(kills),
-            flavor,
-        }
-    }
-
-    /// The node that is the pair's primary now.
-    pub fn primary(&self, pair: &ReplicaPair) -> usize {
-        let a = pair.primary.socket_addr();
-        self.addrs.iter().position(|x| *x == a).unwrap_or(0)
-    }
-
-    /// SIGKILLs `node`'s server (recorded first, so that its clients are excused).
-    pub fn kill9(&mut self, node: usize, s: &mut Server) {
-        self.kills.record(node, None);
-        s.kill9();
-        self.conns[node] = None;
-    }
-
-    /// A coordinated `FAILOVER` of the pair whose primary is `node`; its write pause is
-    /// recorded.
-    pub fn failover(&mut self, node: usize, pair: &mut ReplicaPair) -> Result<(), String> {
-        self.kills.pause(node, None);
-        let r = pair.failover(Duration::from_secs(5));
-        self.kills.pause_over(node);
-        r
-    }
-
     fn call<A: AsRef<[u8]>>(&mut self, node: usize, a: &[A]) -> Result<Reply, String> {
         if self.conns[node].is_none() {
             let secs = Duration::from_secs;
@@ -164,9 +116,8 @@ pub fn common_op(
                 true => (rng.range(20, 200), "ALL"),
                 false => (rng.range(20, 300), "WRITE"),
             };
-            // The server notices the end of a pause on its cron tick (hz 10): commands it
-            // held come free up to 100 ms after the pause's nominal end (measured on all
-            // three servers), so a pause of ours holds commands for ms + 100.
+            // The server notices a pause's end on its cron tick (hz 10): held commands
+            // come free up to 100 ms after the nominal end (measured on all three servers).
             let until = Instant::now() + Duration::from_millis(ms + 200);
             ops.paused_until.insert(node, until);
             kills.pause(node, Some(ms + PAUSE_RELEASE_MS));
@@ -255,19 +206,6 @@ fn weights(spec: &'static str) -> Vec<(&'static str, u64)> {
         .collect()
 }
 
-/// Picks an operation by weight.
-fn pick(rng: &mut Rng, table: &[(&'static str, u64)]) -> &'static str {
-    let total: u64 = table.iter().map(|t| t.1).sum();
-    let mut x = rng.below(total);
-    for (op, w) in table {
-        if x < *w {
-            return op;
-        }
-        x -= w;
-    }
-    table[0].0
-}
-
 /// Bystanders on dbs 1 and 2 (the SWAPDB pair): blocking acquires and releases on a
 /// few keys, so that the dbs swapped have locks with waiters.
 fn bystander(
@@ -312,32 +250,29 @@ fn bystander(
     (fences, log)
 }
 
-/// A sub-run as the row's data shows it.
+/// A sub-run as the row's data shows it: the slowest waiter's answer after its BLOCK time
+/// (ms; net: without pause time); per key across nodes, fences not above one the key was
+/// granted before, and the fenced store's refusals of holders for that reason.
 #[derive(serde::Serialize)]
 struct SubData {
     name: &'static str,
     grants: u64,
     secs: f64,
-    /// The slowest waiter's answer after its BLOCK time, ms; without pause time.
     slowest: i64,
     net: i64,
     done: Counts,
     refused: Counts,
-    /// Per key, across nodes: fences not above one the key was granted before, and
-    /// the fenced store's refusals of holders for that reason.
     key_regressions: u64,
     store_refusals: u64,
 }
 
-/// What a sub-run hands back.
 pub struct Sub {
     pub tally: Tally,
     pub ops: Ops,
     pub secs: f64,
 }
 
-/// A run under way: the fenced workload's clients on the plan's servers, and the
-/// operator's connections to every node.
+/// A run under way: the workload's clients, and the operator.
 pub struct Load {
     t: Instant,
     pub sh: Arc<workload::Shared>,
@@ -366,7 +301,14 @@ pub fn flavor_rng(env: &Env, salt: u64) -> Result<(Flavor, Rng), String> {
 impl Load {
     pub fn start(flavor: Flavor, rng: &mut Rng, plan: Plan) -> Load {
         let kills = Arc::new(Kills::default());
-        let admin = Admin::new(&plan, &kills, flavor);
+        let addrs = plan.topo.nodes();
+        let admin = Admin {
+            conns: addrs.iter().map(|_| None).collect(),
+            addrs,
+            keys: plan.keys.clone(),
+            kills: Arc::clone(&kills),
+            flavor,
+        };
         let sh = workload::Shared::new(plan, &kills);
         Load {
             t: Instant::now(),
@@ -379,7 +321,7 @@ impl Load {
     }
 
     /// Applies operations picked from `table`, `nap` ms apart, until the clients are done
-    /// or `apply` fails (the failure is kept as an operation error).
+    /// or `apply` fails (kept as an operation error).
     pub fn drive(
         &mut self,
         rng: &mut Rng,
@@ -387,8 +329,12 @@ impl Load {
         nap: (u64, u64),
         mut apply: impl FnMut(&'static str, &mut Admin, &mut Rng, &mut Ops) -> Result<(), String>,
     ) {
+        // Picked by weight: each operation `weight` times.
+        let ops: Vec<_> = (table.iter())
+            .flat_map(|&(op, w)| vec![op; w as usize])
+            .collect();
         while running(&self.sh) {
-            let op = pick(rng, table);
+            let op = *rng.pick(&ops);
             if let Err(e) = apply(op, &mut self.admin, rng, &mut self.ops) {
                 self.ops.errors.push(e);
                 break;
@@ -407,8 +353,7 @@ impl Load {
         workload::check(&self.sh, logs, fenced)
     }
 
-    /// The run's result, once its clients' history is checked, with the health of
-    /// `servers` afterwards.
+    /// The run's result, with the health of `servers` afterwards.
     pub fn close(self, tally: Tally, servers: &[(&Server, String)]) -> Sub {
         let mut ops = self.ops;
         for (s, what) in servers {
@@ -493,7 +438,8 @@ pub fn pair_run(
     let mut load = Load::start(flavor, rng, plan(Topo::Pair(addrs)));
     let confirm = load.sh.plan.confirm;
     load.drive(rng, table, nap, |op, admin, rng, ops| {
-        let p = admin.primary(&pair);
+        let a = pair.primary.socket_addr();
+        let p = admin.addrs.iter().position(|x| *x == a).unwrap_or(0);
         if op != "FAILOVER" && op != PROMOTE {
             return common_op(op, admin, p, rng, ops).map(|_| ());
         }
@@ -501,9 +447,16 @@ pub fn pair_run(
             pair.replica.wait_synced(Duration::from_secs(20))?;
         }
         if op == "FAILOVER" {
-            admin.failover(p, &mut pair)?;
+            // Its write pause is recorded.
+            admin.kills.pause(p, None);
+            let r = pair.failover(Duration::from_secs(5));
+            admin.kills.pause_over(p);
+            r?;
         } else {
-            admin.kill9(p, &mut pair.primary);
+            // Recorded first, so that its clients are excused.
+            admin.kills.record(p, None);
+            pair.primary.kill9();
+            admin.conns[p] = None;
             promote(&pair.replica)?;
             pair.primary.try_restart_as_replica_of(&pair.replica)?;
             std::mem::swap(&mut pair.primary, &mut pair.replica);

@@ -1,9 +1,6 @@
-//! Scenario 6: bad input. (a) A live fuzzer sends random and malformed commands to a
-//! server with the module, PINGing after every batch: a missing PONG within 5 s is a
-//! hang, a dead process a crash. (b) Hostile RESTORE payloads: real DUMP payloads of
-//! locks with their module section mutated and the CRC64 fixed, so that the server
-//! hands them to the module's rdb_load. (c) `cargo fuzz` on the pure argument parser,
-//! when cargo-fuzz is installed (full run only).
+//! Bad input: (a) a live fuzzer of random and malformed commands, PINGing after every
+//! batch; (b) hostile RESTORE payloads (real lock DUMPs mutated, CRC64 fixed, so they
+//! reach the module's rdb_load); (c) `cargo fuzz` on the argument parser (full run).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -77,9 +74,8 @@ fn tame_block(a: &mut [Vec<u8>], rng: &mut Rng) {
 /// hand-offs, extends and releases happen between the malformed ones.
 fn structured(rng: &mut Rng) -> Vec<Vec<u8>> {
     let k = format!("fz:{}", rng.below(8));
-    let tok = *rng.pick(&words(
-        "t1 fuzz-token-00002 fuzz-token-00003 fuzz-token-00004",
-    ));
+    let tokens = words("t1 fuzz-token-00002 fuzz-token-00003 fuzz-token-00004");
+    let tok = *rng.pick(&tokens);
     match rng.below(6) {
         0 | 1 => {
             let mut a = args!["LOCK.ACQUIRE", k];
@@ -116,8 +112,7 @@ fn command(rng: &mut Rng) -> Vec<Vec<u8>> {
             if rng.chance(95) {
                 a.push(key(rng));
             }
-            let n = rng.below(11);
-            for _ in 0..n {
+            for _ in 0..rng.below(11) {
                 a.push(if rng.chance(45) {
                     rng.pick(OPTIONS).as_bytes().to_vec()
                 } else {
@@ -170,9 +165,8 @@ fn malformed(rng: &mut Rng) -> Vec<u8> {
     v
 }
 
-/// What a fuzzing connection (or the RESTORE run) saw. `n`: commands (RESTORE payloads),
-/// `errors`: error replies (refused payloads), `checked`: restored keys that behaved as
-/// locks.
+/// What a fuzzing connection (or the RESTORE run) saw: commands (payloads), error replies
+/// (refused payloads), restored keys that behaved as locks.
 #[derive(Default, serde::Serialize)]
 struct Tally {
     n: u64,
@@ -200,10 +194,9 @@ fn ping(c: &mut Conn) -> bool {
 
 const WORKERS: u64 = 4;
 
-/// The server at `addr` (process `pid`) after a batch whose replies came (`answered`) or
-/// not: it must answer a PING within 5 s. Ok(false): it did; Ok(true): a hang, and `c` is
-/// a new connection that answers PING; Err: a crash (dead, or alive but not answering a
-/// new connection).
+/// The server after a batch whose replies came (`answered`) or not must answer a PING
+/// within 5 s: Ok(false); Ok(true): a hang, `c` is a new connection that answers; Err: a
+/// crash (dead, or alive but not answering a new connection).
 fn watch(
     c: &mut Conn,
     answered: bool,
@@ -213,7 +206,6 @@ fn watch(
     if answered && ping(c) {
         return Ok(false);
     }
-    // Signal 0 only checks that the process exists.
     if !pid.is_some_and(|p| redis_lock_testkit::signal(p, 0)) {
         return Err("server died".into());
     }
@@ -421,13 +413,7 @@ fn restore(server: &Server, total: u64, rng: &mut Rng) -> Result<Tally, String> 
 
 /// Runs the cargo-fuzz target for `secs`; Ok((executions, crashed)) or Err(why not run).
 fn cargo_fuzz(repo: &Path, secs: u64) -> Result<(u64, Option<String>), String> {
-    let ok = Command::new("cargo")
-        .args(["fuzz", "--version"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
+    if redis_lock_testkit::run_cmd(&["cargo", "fuzz", "--version"]).is_err() {
         return Err("cargo-fuzz is not installed (bash scripts/deps-reliability.sh --fuzz)".into());
     }
     let fuzz_dir = repo.join("tools/reliability/fuzz");

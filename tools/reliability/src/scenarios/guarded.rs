@@ -1,11 +1,6 @@
-//! Scenario: guarded writes (LOCK.IFHELD, issue 23). Many keys with short leases. In
-//! each round an old holder takes every key, writes its fence to the key's log through
-//! `LOCK.IFHELD`, then stops renewing (a pause past its lease) and writes again late;
-//! meanwhile a new holder waits (`BLOCK`) for each lease to run out, takes the key and
-//! writes its own fence. The two run on their own connections and threads, so the late
-//! writes land before and after the new holders' grants and writes. Each key's log is
-//! the proof: a fence below one written before it is a stale write that landed after a
-//! newer holder's. The control does the same with unguarded `RPUSH`.
+//! Guarded writes (LOCK.IFHELD): old holders write, pause past their short leases and
+//! write again while new holders take the keys; each key's log proves whether a stale
+//! write landed. The control uses plain `RPUSH`. Details: docs/RELIABILITY.md.
 
 use std::time::{Duration, Instant};
 

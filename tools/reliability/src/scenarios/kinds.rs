@@ -1,13 +1,6 @@
-//! Scenario 9: SHARED (read-write) and LIMIT n (counted) keys in the fenced checker, with
-//! kills and failover. The fenced workload (workload.rs) runs on a primary and a replica,
-//! most keys SHARED or LIMIT n, every grant and extend confirmed with `WAIT 1 100` (a
-//! grant the replica did not confirm is given back unused, as a careful client does).
-//! Meanwhile the chaos operator (chaos.rs) SIGKILLs the primary and promotes its replica
-//! (the killed server comes back as the new primary's replica), swaps the two with
-//! coordinated FAILOVERs, and kills holders with CLIENT KILL. The checker asserts that no
-//! writer was granted beside a reader or another writer, that a LIMIT n key never had
-//! more than n holders, that fences rose with every grant across both servers, and the
-//! fenced store refused every stale write.
+//! SHARED and LIMIT n keys in the fenced checker: the fenced workload on a replica pair,
+//! every grant confirmed with `WAIT 1 100`, while the primary is SIGKILLed and its replica
+//! promoted, FAILOVERs swap the two, and holders are killed (docs/RELIABILITY.md).
 
 use std::time::Instant;
 
@@ -22,14 +15,13 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let (flavor, mut rng) = flavor_rng(env, 0x6b69_6e64)?;
     let target = env.n(100_000.0, 4_000.0);
     let (clients, keys) = (24, workload::keys("rel:kd", 2, 4, &[2, 2, 3, 5]));
-    let plan = |topo| Plan {
-        confirm: true,
-        ..Plan::new(
-            topo,
-            keys.clone(),
-            clients,
-            Instant::now() + env.secs(90.0, 10.0),
-        )
+    let plan = |topo| {
+        let deadline = Instant::now() + env.secs(90.0, 10.0);
+        let plan = Plan::new(topo, keys.clone(), clients, deadline);
+        Plan {
+            confirm: true,
+            ..plan
+        }
     };
     let table = [(PROMOTE, 35), ("FAILOVER", 25), ("CLIENT KILL holder", 40)];
     let name = format!("kinds-{}", flavor.version());

@@ -1,11 +1,6 @@
-//! Scenario: leases across restarts, from the AOF and from an RDB file. Locks with leases
-//! of a few seconds (some extended) are taken; the server is SIGKILLed (after a `SAVE`
-//! for RDB, sometimes after a `BGREWRITEAOF` for the AOF) and restarted. Each holder's own
-//! deadline is the moment it sent its last acknowledged acquire or extend plus the lease
-//! asked for, on the client's monotonic clock. After the restart: every lock is there
-//! with a `ttl` that does not end before that deadline, and a waiter that asks for each
-//! lock (`BLOCK`, one connection each) is granted it no earlier than the deadline. How
-//! much later is measured (the restart's time, at most one lease from the load).
+//! Leases across restarts (AOF, AOF after a rewrite, RDB): after SIGKILL and restart each
+//! lock's `ttl` and a waiter's grant must not come before its holder's own deadline (sent
+//! at + lease, on the client's monotonic clock). Details: docs/RELIABILITY.md.
 
 use std::time::Duration;
 
@@ -15,9 +10,8 @@ pub const TITLE: &str = "Leases across restarts (SIGKILL, restart from AOF and f
 pub const TARGET: &str =
     "0 leases ended before their holder's deadline after a restart (ttl and a waiter's grant), per persistence mode";
 
-/// How much earlier than its holder's deadline a restored lease may end: the module
-/// stores and reports whole milliseconds.
-pub const EARLY_MS: u64 = 2;
+/// How much earlier than its holder's deadline a restored lease may end: whole ms.
+const EARLY_MS: u64 = 2;
 const MS: u64 = 1_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,17 +21,13 @@ enum Mode {
     Rdb,
 }
 
-impl Mode {
-    /// The mode's name in the row, and its server options.
-    fn spec(self) -> (&'static str, &'static str) {
-        const AOF: &str = "appendonly yes; appendfsync always";
-        match self {
-            Mode::Aof => ("AOF (appendfsync always)", AOF),
-            Mode::AofRewritten => ("AOF after BGREWRITEAOF", AOF),
-            Mode::Rdb => ("RDB (SAVE, then SIGKILL)", "appendonly no"),
-        }
-    }
-}
+/// Each mode, its name in the row and its server options.
+const AOF: &str = "appendonly yes; appendfsync always";
+const MODES: [(Mode, &str, &str); 3] = [
+    (Mode::Aof, "AOF (appendfsync always)", AOF),
+    (Mode::AofRewritten, "AOF after BGREWRITEAOF", AOF),
+    (Mode::Rdb, "RDB (SAVE, then SIGKILL)", "appendonly no"),
+];
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
 struct Stats {
@@ -49,12 +39,11 @@ struct Stats {
     missing: u64,
     /// `ttl` after the restart ending before the holder's deadline (minus EARLY_MS).
     ttl_early: u64,
-    /// Waiters granted before the holder's deadline (minus EARLY_MS).
+    /// Waiters granted before it; restored leases longer than asked for.
     granted_early: u64,
-    /// Restored leases longer than the lease asked for.
     too_long: u64,
-    /// Extremes in ms: the smallest and largest lateness of the waiter's grant against
-    /// the holder's deadline, and of the restored `ttl`'s end.
+    /// The least and most lateness (ms) of the waiters' grants and of the restored `ttl`'s
+    /// end against the holders' deadlines.
     grant_late_ms: Option<(f64, f64)>,
     ttl_late_ms: Option<(f64, f64)>,
     examples: Vec<String>,
@@ -182,8 +171,11 @@ fn restart_round(
     Ok(())
 }
 
-fn run_mode(env: &Env, mode: Mode, rng: &mut Rng) -> Result<Stats, String> {
-    let (name, conf) = mode.spec();
+fn run_mode(
+    env: &Env,
+    (mode, name, conf): (Mode, &'static str, &str),
+    rng: &mut Rng,
+) -> Result<Stats, String> {
     let dir = format!("leases-{}-{mode:?}", env.server_name()).to_lowercase();
     let mut server = env.start_with(&dir, conf)?;
     let mut st = Stats {
@@ -202,7 +194,7 @@ fn run_mode(env: &Env, mode: Mode, rng: &mut Rng) -> Result<Stats, String> {
 pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     let mut rng = Rng::new(env.seed ^ 0x6c65_6173);
     let mut modes = Vec::new();
-    for mode in [Mode::Aof, Mode::AofRewritten, Mode::Rdb] {
+    for mode in MODES {
         let st = run_mode(env, mode, &mut rng)?;
         let (name, missing, ttl, granted) = (st.mode, st.missing, st.ttl_early, st.granted_early);
         o.fail_if(

@@ -1,9 +1,6 @@
-//! One file per scenario. Each gets the run's [`Env`] (servers come from its
-//! [`builder`](Env::builder): standalone, [`ReplicaPair`](redis_lock_testkit::ReplicaPair),
-//! [`Cluster`](redis_lock_testkit::Cluster)) and returns one [`Outcome`]: the row and the
-//! notes that go into docs/data/reliability.json. A new scenario is a new file plus one
-//! line in [`ALL`]: `pub const TITLE`, `pub const TARGET` and `pub fn run`. A scenario
-//! that runs on every server of `--servers` gets one row per server.
+//! One file per scenario (`TITLE`, `TARGET`, `run`) and one line in [`ALL`]; each fills
+//! one [`Outcome`] row of docs/data/reliability.json (one per server of `--servers` for
+//! those that run on every server).
 
 use crate::common::{Env, Outcome};
 
@@ -19,15 +16,13 @@ pub mod memory;
 pub mod mutex;
 pub mod stale;
 
-/// A scenario: fills in its outcome (figure, trials, notes; `o.fail` for a missed
-/// target, `Status::NotRun` when it cannot run here); an `Err` is a missed target too.
+/// Fills in its outcome (`o.fail`: a missed target, as is an `Err`; `Status::NotRun`).
 pub type Scenario = fn(&Env, &mut Outcome) -> Result<(), String>;
 
-/// A scenario's `--only` key (its module's name), its row's title and target, its run,
-/// and whether it runs once on every server of `--servers` (one row each) or on `--server`.
+/// `--only` key (the module's name), title, target, run, and whether it runs on every
+/// server of `--servers` or on `--server`.
 pub type Def = (&'static str, &'static str, &'static str, Scenario, bool);
 
-/// The [`Def`] of scenario module `$m`.
 macro_rules! def {
     ($m:ident, $every_server:expr) => {
         (

@@ -1,10 +1,5 @@
-//! Scenario 1: mutual exclusion and fencing under load. 64 clients, 16 keys, blocking and
-//! non-blocking acquires, extends, releases and leases left to expire: the fenced
-//! workload (workload.rs) at full speed on one server. Every call is recorded with
-//! invoke/complete times on one monotonic clock and the history is checked against the
-//! fenced-mutex model (checker.rs). Each critical section also does a read-modify-write
-//! on an in-process store that notices overlapping critical sections, writes with a lower
-//! fence than one already accepted, and lost updates.
+//! Mutual exclusion and fencing under load: the fenced workload (workload.rs) at full
+//! speed on one server, checked by the fenced-mutex model (checker.rs).
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,10 +1,7 @@
-//! Scenario 4: the stale holder (Kleppmann's pause). A holder process acquires a lock,
-//! reads the protected data, checks that its lease is still valid, and is then
-//! SIGSTOPped for twice its TTL, between that check and its write. Meanwhile another
-//! client acquires the (expired) lock and writes. After SIGCONT the paused holder writes
-//! too, believing it still holds the lock. With the fenced store
-//! (scripts/reliability/fenced_store.lua) that stale write must be refused every time;
-//! the control run with a plain write shows the newer data overwritten.
+//! The stale holder (Kleppmann's pause): a holder process is SIGSTOPped for twice its TTL
+//! between its lease check and its write while another client takes the lock and writes;
+//! the fenced store (scripts/reliability/fenced_store.lua) must refuse the stale write,
+//! the plain control shows the corruption.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -74,20 +71,10 @@ fn holder(a: &[String]) -> Result<(), String> {
     let _ = writeln!(out, "CHECKED");
     let _ = out.flush();
     std::thread::sleep(Duration::from_millis(WINDOW_MS));
-    let ok = store_write(
-        &mut sc,
-        fenced,
-        sha,
-        rkey,
-        fence,
-        &format!("holder-{fence}"),
-    )?;
-    let _ = writeln!(
-        out,
-        "WROTE {} {}",
-        if ok { "accepted" } else { "rejected" },
-        checked.elapsed().as_millis()
-    );
+    let value = format!("holder-{fence}");
+    let ok = store_write(&mut sc, fenced, sha, rkey, fence, &value)?;
+    let (verdict, ms) = (["rejected", "accepted"][usize::from(ok)], checked.elapsed());
+    let _ = writeln!(out, "WROTE {verdict} {}", ms.as_millis());
     Ok(())
 }
 
@@ -200,12 +187,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
             match trial(env, [&lock, &store], mode, &sha, attempts, ttl)? {
                 None => st.3 += 1,
                 Some((stale, lost)) => {
-                    *st = (
-                        st.0 + 1,
-                        st.1 + u64::from(stale),
-                        st.2 + u64::from(lost),
-                        st.3,
-                    )
+                    st.0 += 1;
+                    (st.1, st.2) = (st.1 + u64::from(stale), st.2 + u64::from(lost));
                 }
             }
         }
