@@ -236,6 +236,22 @@ impl Pending {
     }
 }
 
+/// The lines a `MONITOR` connection got, read until the first that contains `last` (or
+/// until nothing came for `quiet`).
+pub fn monitor_lines(mon: &mut RawConn, last: &str, quiet: Duration) -> Vec<String> {
+    mon.set_read_timeout(Some(quiet));
+    let mut lines = Vec::new();
+    while let Ok(r) = mon.read() {
+        let line = r.as_text().unwrap_or_default();
+        let end = line.contains(last);
+        lines.push(line);
+        if end {
+            break;
+        }
+    }
+    lines
+}
+
 /// Waits until `n` clients are queued on `key` (`LOCK.INFO` waiters).
 pub fn wait_waiters(c: &mut RawConn, key: &str, n: i64) {
     let ok = wait_until(SETTLE, || {
@@ -276,6 +292,15 @@ impl Checks {
     pub fn eq<T: PartialEq + std::fmt::Debug>(&mut self, got: T, want: T, what: &str) -> bool {
         let ok = got == want;
         self.check(ok, format!("{what}: got {got:?}, want {want:?}"))
+    }
+
+    /// Records `what` with the reply unless `r` is an error whose text starts with `prefix`.
+    pub fn err(&mut self, r: &Resp, prefix: &str, what: impl Into<String>) -> bool {
+        let what = what.into();
+        self.check(
+            is_err_with(r, prefix),
+            format!("{what}: want an error {prefix:?}..., got {r:?}"),
+        )
     }
 
     /// [`alive`] on `s`, then [`Checks::finish`].
