@@ -145,10 +145,8 @@ impl Tap {
 
 #[test]
 fn ifheld_answers_what_the_command_answers_while_held() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let mut c3 = RawConn::connect_resp3(s.port);
-    let mut k = Checks::new();
     let t = tok("reply");
     take(&mut c, "lock:r", &t, &[]);
     for cmd in [
@@ -474,16 +472,12 @@ fn ifheld_refuses_what_it_cannot_guard_and_runs_nothing() {
             format!("{argv:?}: {r:?}"),
         );
     }
-    k.eq(
-        c.cmd(&["LLEN", "data:l"]),
-        Resp::Int(1),
-        "the list kept its job",
-    );
-    k.eq(
-        c.cmd(&["XLEN", "data:s"]),
-        Resp::Int(1),
-        "the stream kept its entry",
-    );
+    for (len, what) in [
+        ("LLEN data:l", "the list kept its job"),
+        ("XLEN data:s", "the stream kept its entry"),
+    ] {
+        k.eq(c.cmd(&words(len)), Resp::Int(1), what);
+    }
     k.finish_alive(&s, "refusals");
 }
 
@@ -1193,8 +1187,7 @@ fn check_follows_the_holders() {
 
 #[test]
 fn cluster_guards_keep_to_the_lock_slot() {
-    let cluster = redis_lock_testkit::Cluster::start(3);
-    let mut k = Checks::new();
+    let (cluster, mut k) = start_cluster();
     let lock = "lock:{order:9001}";
     let owner = cluster.node_for_key(lock);
     let mut c = conn(owner);

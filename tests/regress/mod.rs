@@ -153,6 +153,11 @@ pub fn start(b: ServerBuilder) -> (Server, RawConn, Checks) {
     (s, c, Checks::new())
 }
 
+/// A three-node cluster and an empty [`Checks`].
+pub fn start_cluster() -> (redis_lock_testkit::Cluster, Checks) {
+    (redis_lock_testkit::Cluster::start(3), Checks::new())
+}
+
 /// `LOCK.ACQUIRE key PX px TOKEN token extra...`: the fence (panics unless `token` is
 /// granted).
 pub fn take_px(c: &mut RawConn, key: &str, token: &str, px: u64, extra: &[&str]) -> i64 {
