@@ -122,8 +122,8 @@ fn a_module_lock_key_has_no_redis_expiry() {
     let s = ServerBuilder::new().start();
     let mut c = conn(&s);
     let t = tok("pttl");
-    granted(&c.cmd(&acq("lock:p", &["PX", "30000", "TOKEN", &t])));
-    granted(&c.cmd(&acq("lock:sh", &["SHARED", "PX", "30000", "TOKEN", &t])));
+    take_px(&mut c, "lock:p", &t, 30_000, &[]);
+    take_px(&mut c, "lock:sh", &t, 30_000, &["SHARED"]);
     for key in ["lock:p", "lock:sh"] {
         assert_eq!(c.cmd(&["PTTL", key]), Resp::Int(-1), "PTTL {key}");
         let ttl = info_int(&mut c, key, "ttl");

@@ -145,10 +145,8 @@ impl Tap {
 
 #[test]
 fn ifheld_answers_what_the_command_answers_while_held() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let mut c3 = RawConn::connect_resp3(s.port);
-    let mut k = Checks::new();
     let t = tok("reply");
     take(&mut c, "lock:r", &t, &[]);
     for cmd in [
@@ -208,10 +206,7 @@ fn ifheld_answers_what_the_command_answers_while_held() {
     );
     k.eq(c.cmd(&["GET", "data:w"]), bulk("42"), "the write landed");
     let wt = ifheld(&mut c, "lock:r", &t, &["LPUSH", "data:w", "x"]);
-    k.check(
-        is_err_with(&wt, "WRONGTYPE "),
-        format!("WRONGTYPE passes through: {wt:?}"),
-    );
+    k.err(&wt, "WRONGTYPE ", "WRONGTYPE passes through");
     k.eq(
         ifheld(&mut c, "lock:r", &t, &["SET", "data:w", "2", "XX", "GET"]),
         bulk("42"),
@@ -358,10 +353,7 @@ fn ifheld_refuses_a_token_that_does_not_hold_the_lock_now() {
     // A key of another type is no lock.
     c.cmd(&["RPUSH", "lock:list", "x"]);
     let r = ifheld(&mut c, "lock:list", &a, &["SET", "data:x", "changed"]);
-    k.check(
-        is_err_with(&r, "WRONGTYPE "),
-        format!("list as lock key: {r:?}"),
-    );
+    k.err(&r, "WRONGTYPE ", "list as lock key");
     untouched(&mut c, &mut k, "list as lock key");
     k.finish_alive(&s, "refusals");
 }
@@ -438,34 +430,26 @@ fn ifheld_refuses_what_it_cannot_guard_and_runs_nothing() {
         let name = cmd[0];
         let (before, ran) = (digest(&mut c), calls(&mut c, name));
         let r = ifheld(&mut c, "lock:g", &t, cmd);
-        k.check(
-            is_err_with(&r, &want),
-            format!("{cmd:?}: want {want:?}, got {r:?}"),
-        );
+        k.err(&r, &want, format!("{cmd:?}"));
         k.eq(digest(&mut c), before, &format!("{cmd:?} changed nothing"));
         k.eq(calls(&mut c, name), ran, &format!("{cmd:?} did not run"));
         // IFFENCE refuses the same, in its own name.
         let f = info_int(&mut c, "lock:g", "fence").to_string();
         let r = iffence(&mut c, "lock:g", &f, cmd);
         let want_f = want.replace("LOCK.IFHELD", "LOCK.IFFENCE");
-        k.check(
-            is_err_with(&r, &want_f),
-            format!("IFFENCE {cmd:?}: want {want_f:?}, got {r:?}"),
-        );
+        k.err(&r, &want_f, format!("IFFENCE {cmd:?}"));
     }
     // The refusals come before the check: a token that does not hold gets them too
     // (nothing about the lock is learned from a refused command).
     let r = ifheld(&mut c, "lock:g", &tok("nobody"), &["BLPOP", "data:l", "0"]);
-    k.check(
-        is_err_with(&r, "ERR LOCK.IFHELD cannot run 'BLPOP'"),
-        format!("{r:?}"),
+    k.err(
+        &r,
+        "ERR LOCK.IFHELD cannot run 'BLPOP'",
+        "BLPOP, a token that holds nothing",
     );
     // Lower-case and mixed-case names are the same commands.
     let r = ifheld(&mut c, "lock:g", &t, &["bLpOp", "data:l", "0"]);
-    k.check(
-        is_err_with(&r, "ERR LOCK.IFHELD cannot run 'bLpOp'"),
-        format!("{r:?}"),
-    );
+    k.err(&r, "ERR LOCK.IFHELD cannot run 'bLpOp'", "bLpOp");
     k.eq(
         ifheld(&mut c, "lock:g", &t, &["get", "data:x"]),
         bulk("1"),
@@ -488,16 +472,12 @@ fn ifheld_refuses_what_it_cannot_guard_and_runs_nothing() {
             format!("{argv:?}: {r:?}"),
         );
     }
-    k.eq(
-        c.cmd(&["LLEN", "data:l"]),
-        Resp::Int(1),
-        "the list kept its job",
-    );
-    k.eq(
-        c.cmd(&["XLEN", "data:s"]),
-        Resp::Int(1),
-        "the stream kept its entry",
-    );
+    for (len, what) in [
+        ("LLEN data:l", "the list kept its job"),
+        ("XLEN data:s", "the stream kept its entry"),
+    ] {
+        k.eq(c.cmd(&words(len)), Resp::Int(1), what);
+    }
     k.finish_alive(&s, "refusals");
 }
 
@@ -732,16 +712,7 @@ fn only_the_wrapped_write_travels_and_the_token_never_does() {
 
     // MONITOR and SLOWLOG show the token redacted.
     c.cmd(&["ECHO", "monitor-end"]);
-    let mut lines = Vec::new();
-    mon.set_read_timeout(Some(Duration::from_secs(5)));
-    while let Ok(l) = mon.read() {
-        let text = l.as_text().unwrap_or_default();
-        let end = text.contains("monitor-end");
-        lines.push(text);
-        if end {
-            break;
-        }
-    }
+    let lines = monitor_lines(&mut mon, "monitor-end", Duration::from_secs(5));
     let guard_lines: Vec<&String> = lines
         .iter()
         .filter(|l| l.contains("\"LOCK.IFHELD\""))
@@ -893,9 +864,6 @@ fn acl_applies_to_the_wrapped_command_and_its_keys() {
         assert_eq!(c.cmd(&["AUTH", u, "pw"]), ok());
         c
     };
-    let unchanged = |admin: &mut RawConn, k: &mut Checks, what: &str| {
-        k.eq(admin.cmd(&["GET", "data:x"]), bulk("orig"), what);
-    };
     // NOPERM; inside a script Redis 7.0 words a key refusal of a call as its own ERR.
     let nope = |r: &Resp| {
         let e = match r {
@@ -907,126 +875,97 @@ fn acl_applies_to_the_wrapped_command_and_its_keys() {
                 && (e.contains("no permissions") || e.contains("can't access")))
     };
 
-    let mut c = as_user("noset");
-    let r = ifheld(&mut c, "lock:a", &t, &["SET", "data:x", "w"]);
-    k.check(nope(&r), format!("no +set: {r:?}"));
-    let f = info_int(&mut admin, "lock:a", "fence").to_string();
-    let r = iffence(&mut c, "lock:a", &f, &["SET", "data:x", "w"]);
-    k.check(nope(&r), format!("no +set (IFFENCE): {r:?}"));
-    k.eq(
-        ifheld(&mut c, "lock:a", &t, &["GET", "data:x"]),
-        bulk("orig"),
-        "noset GET",
-    );
-    unchanged(&mut admin, &mut k, "no +set");
-
-    let mut c = as_user("full");
-    k.eq(
-        ifheld(&mut c, "lock:a", &t, &["SET", "data:x", "w"]),
-        ok(),
-        "full",
-    );
-    admin.cmd(&["SET", "data:x", "orig"]);
-    let r = ifheld(&mut c, "lock:a", &t, &["SET", "other:x", "w"]);
-    k.check(nope(&r), format!("a key outside the patterns: {r:?}"));
-    let r = ifheld(
-        &mut c,
-        "lock:a",
-        &t,
-        &["MSET", "data:y", "1", "other:y", "1"],
-    );
-    k.check(nope(&r), format!("second key outside the patterns: {r:?}"));
-    k.eq(
-        admin.cmd(&["EXISTS", "other:x", "data:y", "other:y"]),
-        Resp::Int(0),
-        "nothing written",
-    );
-    // The same user through EVAL (no declared keys: the script's calls are checked).
-    let eval = |c: &mut RawConn, args: &[&str]| {
-        let mut v = vec!["EVAL", paths::EVAL_SCRIPT, "0"];
-        v.extend_from_slice(args);
-        c.cmd(&v)
-    };
-    let r = eval(
-        &mut c,
-        &["LOCK.IFHELD", "lock:a", &t, "SET", "other:x", "w"],
-    );
-    k.check(nope(&r), format!("EVAL, a key outside the patterns: {r:?}"));
-    k.eq(
-        eval(&mut c, &["LOCK.IFHELD", "lock:a", &t, "SET", "data:x", "e"]),
-        ok(),
-        "EVAL, allowed",
-    );
-    admin.cmd(&["SET", "data:x", "orig"]);
-
-    let mut c = as_user("nodata");
-    let r = ifheld(&mut c, "lock:a", &t, &["SET", "data:x", "w"]);
-    k.check(nope(&r), format!("no data pattern: {r:?}"));
-    let r = eval(&mut c, &["LOCK.IFHELD", "lock:a", &t, "SET", "data:x", "w"]);
-    k.check(nope(&r), format!("no data pattern, EVAL: {r:?}"));
-    unchanged(&mut admin, &mut k, "no data pattern");
-
-    // Without the lock key's pattern: refused before anything, whatever the token.
-    let mut c = as_user("nolock");
-    for tk in [t.clone(), tok("wrong")] {
-        let r = ifheld(&mut c, "lock:a", &tk, &["SET", "data:x", "w"]);
-        k.check(nope(&r), format!("no lock pattern: {r:?}"));
+    // Every step of every user, in order: how the command goes (through IFHELD with the
+    // holder's token, IFHELD with a token that holds nothing, IFFENCE with the holder's
+    // fence, or IFHELD inside EVAL with no declared keys, so the script's calls are
+    // checked) and the reply it must get, or `None` for a refusal. After a refusal nothing
+    // has changed; after an allowed write `data:x` is set back.
+    #[derive(Debug, Clone, Copy)]
+    enum Via {
+        Held,
+        WrongToken,
+        Fence,
+        Eval,
     }
-    unchanged(&mut admin, &mut k, "no lock pattern");
-
-    // %R~ / %W~ (read or write only).
-    let mut c = as_user("readonly");
-    k.eq(
-        ifheld(&mut c, "lock:a", &t, &["GET", "data:x"]),
-        bulk("orig"),
-        "%R GET",
-    );
-    let r = ifheld(&mut c, "lock:a", &t, &["SET", "data:x", "w"]);
-    k.check(nope(&r), format!("%R SET: {r:?}"));
-    let r = eval(&mut c, &["LOCK.IFHELD", "lock:a", &t, "SET", "data:x", "w"]);
-    k.check(nope(&r), format!("%R SET through EVAL: {r:?}"));
-    k.eq(
-        eval(&mut c, &["LOCK.IFHELD", "lock:a", &t, "GET", "data:x"]),
-        bulk("orig"),
-        "%R GET through EVAL",
-    );
-    unchanged(&mut admin, &mut k, "%R");
-    let mut c = as_user("writeonly");
-    k.eq(
-        ifheld(&mut c, "lock:a", &t, &["SET", "data:w", "w"]),
-        ok(),
-        "%W SET",
-    );
-    let r = ifheld(&mut c, "lock:a", &t, &["GET", "data:x"]);
-    k.check(nope(&r), format!("%W GET: {r:?}"));
+    use Via::*;
+    let f = info_int(&mut admin, "lock:a", "fence").to_string();
+    // (user, how, command, the reply or None for a refusal)
+    let steps: Vec<(&str, Via, &str, Option<Resp>)> = vec![
+        ("noset", Held, "SET data:x w", None),
+        ("noset", Fence, "SET data:x w", None),
+        ("noset", Held, "GET data:x", Some(bulk("orig"))),
+        ("full", Held, "SET data:x w", Some(ok())),
+        ("full", Held, "SET other:x w", None),
+        ("full", Held, "MSET data:y 1 other:y 1", None),
+        ("full", Eval, "SET other:x w", None),
+        ("full", Eval, "SET data:x e", Some(ok())),
+        ("nodata", Held, "SET data:x w", None),
+        ("nodata", Eval, "SET data:x w", None),
+        // Without the lock key's pattern: refused before anything, whatever the token.
+        ("nolock", Held, "SET data:x w", None),
+        ("nolock", WrongToken, "SET data:x w", None),
+        // %R~ / %W~ (read or write only).
+        ("readonly", Held, "GET data:x", Some(bulk("orig"))),
+        ("readonly", Held, "SET data:x w", None),
+        ("readonly", Eval, "SET data:x w", None),
+        ("readonly", Eval, "GET data:x", Some(bulk("orig"))),
+        ("writeonly", Held, "SET data:w w", Some(ok())),
+        ("writeonly", Held, "GET data:x", None),
+    ];
+    let wrong = tok("wrong");
+    let mut users = std::collections::HashMap::new();
+    for (user, via, cmd, want) in steps {
+        let c = users.entry(user).or_insert_with(|| as_user(user));
+        let cmd = words(cmd);
+        let r = match via {
+            Held => ifheld(c, "lock:a", &t, &cmd),
+            WrongToken => ifheld(c, "lock:a", &wrong, &cmd),
+            Fence => iffence(c, "lock:a", &f, &cmd),
+            Eval => {
+                let mut v = vec!["EVAL", paths::EVAL_SCRIPT, "0", "LOCK.IFHELD", "lock:a", &t];
+                v.extend_from_slice(&cmd);
+                c.cmd(&v)
+            }
+        };
+        let what = format!("{user}, {via:?} {cmd:?}");
+        match want {
+            Some(want) => {
+                k.eq(r, want, &what);
+                admin.cmd(&["SET", "data:x", "orig"]);
+            }
+            None => {
+                k.check(nope(&r), format!("{what} refused: {r:?}"));
+                k.eq(
+                    admin.cmd(&["GET", "data:x"]),
+                    bulk("orig"),
+                    &format!("{what}: data:x unchanged"),
+                );
+                k.eq(
+                    admin.cmd(&["EXISTS", "other:x", "data:y", "other:y"]),
+                    Resp::Int(0),
+                    &format!("{what}: nothing written"),
+                );
+            }
+        }
+    }
     k.finish_alive(&s, "acl");
 }
 
 #[test]
 fn over_maxmemory_a_guarded_write_is_refused_and_a_read_runs() {
-    let s = ServerBuilder::new()
-        .arg("maxmemory-policy", "noeviction")
-        .start();
-    let mut c = conn(&s);
-    let mut k = Checks::new();
+    let (s, mut c, mut k) = start(ServerBuilder::new().arg("maxmemory-policy", "noeviction"));
     let t = tok("oom");
     take(&mut c, "lock:o", &t, &[]);
     c.cmd(&["SET", "data:o", "before"]);
     let before = digest(&mut c);
     c.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
     let r = ifheld(&mut c, "lock:o", &t, &["SET", "data:o", "after"]);
-    k.check(
-        is_err_with(&r, "OOM "),
-        format!("guarded SET over maxmemory: {r:?}"),
-    );
+    k.err(&r, "OOM ", "guarded SET over maxmemory");
     let r = ifheld(&mut c, "lock:o", &t, &["SET", "data:new", "x"]);
-    k.check(
-        is_err_with(&r, "OOM "),
-        format!("guarded SET of a new key: {r:?}"),
-    );
+    k.err(&r, "OOM ", "guarded SET of a new key");
     let f = info_int(&mut c, "lock:o", "fence").to_string();
     let r = iffence(&mut c, "lock:o", &f, &["RPUSH", "data:l", "x"]);
-    k.check(is_err_with(&r, "OOM "), format!("fenced RPUSH: {r:?}"));
+    k.err(&r, "OOM ", "fenced RPUSH");
     let r = c.cmd(&[
         "EVAL",
         paths::EVAL_SCRIPT,
@@ -1038,10 +977,7 @@ fn over_maxmemory_a_guarded_write_is_refused_and_a_read_runs() {
         "data:o",
         "e",
     ]);
-    k.check(
-        is_err_with(&r, "OOM "),
-        format!("guarded SET in EVAL: {r:?}"),
-    );
+    k.err(&r, "OOM ", "guarded SET in EVAL");
     k.eq(
         ifheld(&mut c, "lock:o", &t, &["GET", "data:o"]),
         bulk("before"),
@@ -1073,20 +1009,11 @@ fn replicas_refuse_guards_and_answer_checks() {
     for (name, srv) in [("read-only", &ro), ("writable", &rw)] {
         let mut rc = conn(srv);
         let r = ifheld(&mut rc, "lock:rep", &t, &["SET", "data:rep", "replica"]);
-        k.check(
-            is_err_with(&r, "READONLY "),
-            format!("{name} IFHELD: {r:?}"),
-        );
+        k.err(&r, "READONLY ", format!("{name} IFHELD"));
         let r = iffence(&mut rc, "lock:rep", &f, &["SET", "data:rep", "replica"]);
-        k.check(
-            is_err_with(&r, "READONLY "),
-            format!("{name} IFFENCE: {r:?}"),
-        );
+        k.err(&r, "READONLY ", format!("{name} IFFENCE"));
         let r = ifheld(&mut rc, "lock:rep", &t, &["GET", "data:rep"]);
-        k.check(
-            is_err_with(&r, "READONLY "),
-            format!("{name} IFHELD GET: {r:?}"),
-        );
+        k.err(&r, "READONLY ", format!("{name} IFHELD GET"));
         k.eq(
             rc.cmd(&["GET", "data:rep"]),
             bulk("primary"),
@@ -1149,10 +1076,7 @@ fn iffence_runs_for_a_current_fence_only() {
         " 1",
     ] {
         let r = iffence(&mut c, "lock:f", bad, &["SET", "data:f", "bad"]);
-        k.check(
-            is_err_with(&r, "ERR FENCE must be"),
-            format!("fence {bad:?}: {r:?}"),
-        );
+        k.err(&r, "ERR FENCE must be", format!("fence {bad:?}"));
     }
     k.eq(
         c.cmd(&["GET", "data:f"]),
@@ -1233,7 +1157,7 @@ fn check_follows_the_holders() {
     // Other types.
     c.cmd(&["RPUSH", "lock:list", "x"]);
     let r = check(&mut c, "lock:list", f4);
-    k.check(is_err_with(&r, "WRONGTYPE "), format!("list: {r:?}"));
+    k.err(&r, "WRONGTYPE ", "list");
     c.cmd(&["SET", "lock:str", &tok("classic"), "PX", "60000"]);
     k.eq(
         check(&mut c, "lock:str", f4),
@@ -1246,14 +1170,15 @@ fn check_follows_the_holders() {
         vec!["LOCK.CHECK", "lock:k", "1", "2"],
     ] {
         let r = c.cmd(&argv);
-        k.check(
-            is_err_with(&r, "ERR wrong number of arguments for 'lock.check' command"),
-            format!("{argv:?}: {r:?}"),
+        k.err(
+            &r,
+            "ERR wrong number of arguments for 'lock.check' command",
+            format!("{argv:?}"),
         );
     }
     for bad in ["abc", "0", "-5", "1e3", ""] {
         let r = c.cmd(&["LOCK.CHECK", "lock:k", bad]);
-        k.check(is_err_with(&r, "ERR "), format!("CHECK {bad:?}: {r:?}"));
+        k.err(&r, "ERR ", format!("CHECK {bad:?}"));
     }
     k.finish_alive(&s, "check");
 }
@@ -1262,8 +1187,7 @@ fn check_follows_the_holders() {
 
 #[test]
 fn cluster_guards_keep_to_the_lock_slot() {
-    let cluster = redis_lock_testkit::Cluster::start(3);
-    let mut k = Checks::new();
+    let (cluster, mut k) = start_cluster();
     let lock = "lock:{order:9001}";
     let owner = cluster.node_for_key(lock);
     let mut c = conn(owner);
@@ -1285,20 +1209,14 @@ fn cluster_guards_keep_to_the_lock_slot() {
         "same slot, two keys",
     );
     let r = ifheld(&mut c, lock, &t, &["SET", "stock:{order:9002}", "9"]);
-    k.check(
-        is_err_with(&r, "CROSSSLOT "),
-        format!("another slot: {r:?}"),
-    );
+    k.err(&r, "CROSSSLOT ", "another slot");
     let r = ifheld(
         &mut c,
         lock,
         &t,
         &["MSET", "stock:{order:9001}", "7", "stock:{x}", "1"],
     );
-    k.check(
-        is_err_with(&r, "CROSSSLOT "),
-        format!("second key in another slot: {r:?}"),
-    );
+    k.err(&r, "CROSSSLOT ", "second key in another slot");
     k.eq(
         c.cmd(&["GET", "stock:{order:9001}"]),
         bulk("8"),
@@ -1346,7 +1264,7 @@ fn cluster_guards_keep_to_the_lock_slot() {
         &t,
         &["SET", "stock:{order:9001}", "1"],
     );
-    k.check(is_err_with(&r, "MOVED "), format!("another node: {r:?}"));
+    k.err(&r, "MOVED ", "another node");
     // Through a cluster client: routed by the guard's keys.
     let client = cluster.cluster_client();
     let mut cc = client.get_connection().unwrap();
@@ -1562,10 +1480,7 @@ fn wrapped_lock_commands_of_other_keys_and_their_secrets() {
     );
     k.eq(r, ok(), "MIGRATE of another lock");
     let r = w.reply_within(SETTLE).unwrap();
-    k.check(
-        is_err_with(&r, "LOCKMOVED "),
-        format!("the waiter of the migrated lock: {r:?}"),
-    );
+    k.err(&r, "LOCKMOVED ", "the waiter of the migrated lock");
     k.eq(
         conn(&target).cmd(&["LOCK.RELEASE", "lock:o5", &secret]),
         Resp::Int(1),
@@ -1613,16 +1528,7 @@ fn wrapped_lock_commands_of_other_keys_and_their_secrets() {
     );
     k.check(!has(&bytes, t.as_bytes()), "SLOWLOG shows no guard token");
     c.cmd(&["ECHO", "monitor-end"]);
-    mon.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut seen = String::new();
-    while let Ok(l) = mon.read() {
-        let text = l.as_text().unwrap_or_default();
-        seen.push_str(&text);
-        seen.push('\n');
-        if text.contains("monitor-end") {
-            break;
-        }
-    }
+    let seen = monitor_lines(&mut mon, "monitor-end", Duration::from_secs(5)).join("\n");
     k.check(
         !seen.contains(&secret),
         format!("MONITOR shows no wrapped secret:\n{seen}"),

@@ -467,10 +467,7 @@ fn row4_restore_refuses_a_fence_past_2_pow_53_in_both_encodings() {
     let src = ServerBuilder::new().start();
     let mut sc = conn(&src);
     let t = tok("row4");
-    granted(&sc.cmd(&acq(
-        "lock:src",
-        &["PX", "60000", "TOKEN", &t, "OWNER", "own"],
-    )));
+    take(&mut sc, "lock:src", &t, &["OWNER", "own"]);
     let real = paths::ModuleDump::parse(&sc.cmd(&["DUMP", "lock:src"]).bytes()).unwrap();
     assert!(real.encver() >= 2, "the current encoding");
     // Encodings 2 and 3: [mode, holders, digest, fence, lease, acquired-at, client-id,
@@ -576,10 +573,7 @@ fn row5_tokens_are_redacted_from_the_command_log() {
 
 #[test]
 fn row5_tokens_are_redacted_from_slowlog_and_monitor() {
-    let s = ServerBuilder::new()
-        .arg("slowlog-log-slower-than", "0")
-        .start();
-    let mut mon = conn(&s);
+    let (s, mut mon, mut ck) = start(ServerBuilder::new().arg("slowlog-log-slower-than", "0"));
     assert_eq!(mon.cmd(&["MONITOR"]), Resp::Simple("OK".into()));
     let mut c = conn(&s);
     assert_eq!(c.cmd(&["SLOWLOG", "RESET"]), Resp::Simple("OK".into()));
@@ -638,7 +632,6 @@ fn row5_tokens_are_redacted_from_slowlog_and_monitor() {
         assert!(r.is_error(), "{refused:?} answered {r:?}");
     }
     assert_eq!(c.cmd(&["PING"]), Resp::Simple("PONG".into()));
-    let mut ck = Checks::new();
     let slowlog = c.cmd(&["SLOWLOG", "GET", "100"]);
     let mut leaked = Vec::new();
     for entry in slowlog.items() {
@@ -659,16 +652,7 @@ fn row5_tokens_are_redacted_from_slowlog_and_monitor() {
         format!("SLOWLOG shows the token in: {leaked:?}"),
     );
     // MONITOR: read what it got (up to the PING).
-    mon.set_read_timeout(Some(Duration::from_secs(2)));
-    let mut lines = Vec::new();
-    while let Ok(r) = mon.read() {
-        let line = r.as_text().unwrap_or_default();
-        let end = line.contains("\"PING\"");
-        lines.push(line);
-        if end {
-            break;
-        }
-    }
+    let lines = monitor_lines(&mut mon, "\"PING\"", Duration::from_secs(2));
     ck.check(
         lines
             .iter()
@@ -725,6 +709,14 @@ fn no_ops() -> Vec<Vec<String>> {
 }
 
 /// What a no-op answers: 0, nil, or NOTHELD (a guard whose check failed).
+/// A server started from `b`, a connection to it and the token that holds `lock:k` there.
+fn row6_held(b: ServerBuilder) -> (Server, RawConn, String) {
+    let (s, mut c, _) = start(b);
+    let held = tok("row6-held");
+    take(&mut c, "lock:k", &held, &[]);
+    (s, c, held)
+}
+
 fn is_no_op_reply(r: &Resp) -> bool {
     match r {
         Resp::Int(0) | Resp::Nil => true,
@@ -735,10 +727,7 @@ fn is_no_op_reply(r: &Resp) -> bool {
 
 #[test]
 fn row6_a_no_op_does_not_abort_watch_but_a_real_change_does() {
-    let s = ServerBuilder::new().start();
-    let mut b = conn(&s);
-    let held = tok("row6-held");
-    granted(&b.cmd(&acq("lock:k", &["PX", "60000", "TOKEN", &held])));
+    let (s, mut b, held) = row6_held(ServerBuilder::new());
     let mut a = conn(&s);
     let mut ck = Checks::new();
     let exec_after = |a: &mut RawConn, b: &mut RawConn, cmd: &[String]| -> (Resp, Resp) {
@@ -802,12 +791,7 @@ fn row6_a_no_op_does_not_abort_watch_but_a_real_change_does() {
 
 #[test]
 fn row6_a_no_op_sends_no_keyspace_event_and_no_invalidation() {
-    let s = ServerBuilder::new()
-        .arg("notify-keyspace-events", "KEgx")
-        .start();
-    let mut b = conn(&s);
-    let held = tok("row6-held");
-    granted(&b.cmd(&acq("lock:k", &["PX", "60000", "TOKEN", &held])));
+    let (s, mut b, held) = row6_held(ServerBuilder::new().arg("notify-keyspace-events", "KEgx"));
     // A keyspace subscriber.
     let mut sub = conn(&s);
     let r = sub.cmd(&["SUBSCRIBE", "__keyspace@0__:lock:k"]);
@@ -924,6 +908,16 @@ impl AsUser for RawConn {
     }
 }
 
+/// `u`'s `LOCK.FORCERELEASE` of a lock `admin` holds is refused with NOPERM.
+fn forcerelease_refused(ck: &mut Checks, admin: &mut RawConn, u: &mut RawConn, who: &str) {
+    granted(&admin.cmd(&acq("lock:held", &["PX", "60000"])));
+    let r = u.cmd(&["LOCK.FORCERELEASE", "lock:held"]);
+    ck.check(
+        noperm(&r),
+        format!("{who}: LOCK.FORCERELEASE answered {r:?}"),
+    );
+}
+
 fn noperm(r: &Resp) -> bool {
     matches!(r, Resp::Error(e) if e.starts_with("NOPERM"))
 }
@@ -953,12 +947,7 @@ fn row7_acl_categories_keep_forcerelease_from_non_dangerous_users() {
     let mut ck = Checks::new();
     if has_module_acl_categories() {
         let mut u = acl_user(&mut admin, &["+@all", "-@dangerous"]);
-        granted(&admin.cmd(&acq("lock:held", &["PX", "60000"])));
-        let r = u.cmd(&["LOCK.FORCERELEASE", "lock:held"]);
-        ck.check(
-            noperm(&r),
-            format!("+@all -@dangerous: LOCK.FORCERELEASE answered {r:?}"),
-        );
+        forcerelease_refused(&mut ck, &mut admin, &mut u, "+@all -@dangerous");
         let r = u.cmd(&["LOCK.DEBUG", "FENCE"]);
         ck.check(
             noperm(&r),
@@ -1011,12 +1000,7 @@ fn row7_acl_categories_keep_forcerelease_from_non_dangerous_users() {
     } else {
         // Redis 7.0: no module ACL categories; the module loads and by-name grants work.
         let mut u = acl_user(&mut admin, &["+@all", "-lock.forcerelease"]);
-        granted(&admin.cmd(&acq("lock:held", &["PX", "60000"])));
-        let r = u.cmd(&["LOCK.FORCERELEASE", "lock:held"]);
-        ck.check(
-            noperm(&r),
-            format!("-lock.forcerelease: LOCK.FORCERELEASE answered {r:?}"),
-        );
+        forcerelease_refused(&mut ck, &mut admin, &mut u, "-lock.forcerelease");
         lock_commands_work(&mut ck, &mut u, "+@all -lock.forcerelease");
     }
     ck.finish();

@@ -8,8 +8,15 @@ mod common;
 use common::raw::{acquire, acquire_reply, grant, queued, wait_queued, Waiter};
 use common::{
     debug_server, raw_pair, release, wait_persistence_idle, wait_until, words, RawConn, Resp,
-    ServerBuilder, SETTLE,
+    Server, ServerBuilder, SETTLE,
 };
+
+/// A server and a connection to it.
+fn server() -> (Server, RawConn) {
+    let srv = ServerBuilder::new().start();
+    let c = RawConn::connect(srv.port);
+    (srv, c)
+}
 
 fn take(c: &mut RawConn, key: &str, args: &[&str]) -> i64 {
     acquire(c, key, args)
@@ -50,8 +57,7 @@ fn holder_fences(c: &mut RawConn, key: &str) -> Vec<i64> {
 
 #[test]
 fn readers_share_and_a_writer_waits_for_all_of_them() {
-    let srv = ServerBuilder::new().start();
-    let mut c = RawConn::connect(srv.port);
+    let (srv, mut c) = server();
     let r1 = hold(
         &mut c,
         "rw SHARED TOKEN r1-------------------tok OWNER reader-1",
@@ -101,8 +107,7 @@ fn readers_share_and_a_writer_waits_for_all_of_them() {
 /// writer in line.
 #[test]
 fn fifo_with_shared_batching_and_no_writer_starvation() {
-    let srv = ServerBuilder::new().start();
-    let mut c = RawConn::connect(srv.port);
+    let (srv, mut c) = server();
     hold(&mut c, "q SHARED TOKEN r0-------------------tok");
     let on_q = |args| queue(srv.port, "q", args);
     let mut w1 = on_q("BLOCK 10000 TOKEN w1-------------------tok");
@@ -135,8 +140,7 @@ fn fifo_with_shared_batching_and_no_writer_starvation() {
 
 #[test]
 fn a_semaphore_grants_its_permits_in_order() {
-    let srv = ServerBuilder::new().start();
-    let mut c = RawConn::connect(srv.port);
+    let (srv, mut c) = server();
     let a = hold(
         &mut c,
         "sem LIMIT 2 TOKEN a--------------------tok PX 60000",
@@ -215,8 +219,7 @@ fn a_semaphore_grants_its_permits_in_order() {
 /// once the page reaches the end.
 #[test]
 fn lock_info_pages_the_holder_list() {
-    let srv = ServerBuilder::new().start();
-    let mut c = RawConn::connect(srv.port);
+    let (_srv, mut c) = server();
     let fences: Vec<i64> = (0..12)
         .map(|i| {
             take(
@@ -272,8 +275,7 @@ fn lock_info_pages_the_holder_list() {
 
 #[test]
 fn wrong_mode_is_an_error_never_a_silent_wait() {
-    let srv = ServerBuilder::new().start();
-    let mut c = RawConn::connect(srv.port);
+    let (_srv, mut c) = server();
     take(&mut c, "x", &["TOKEN", "t--------------------tok"]);
     hold(&mut c, "s SHARED TOKEN t--------------------tok");
     for (key, args, code) in [
@@ -313,8 +315,7 @@ fn wrong_mode_is_an_error_never_a_silent_wait() {
 
 #[test]
 fn each_shared_lease_ends_on_its_own() {
-    let srv = ServerBuilder::new().start();
-    let mut c = RawConn::connect(srv.port);
+    let (srv, mut c) = server();
     hold(&mut c, "l SHARED TOKEN short----------------tok PX 200");
     let long = hold(&mut c, "l SHARED TOKEN long-----------------tok PX 60000");
     let mut writer = queue(srv.port, "l", "BLOCK 10000 TOKEN w--------------------tok");
@@ -499,8 +500,7 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
 
 #[test]
 fn dump_and_restore_of_a_shared_lock() {
-    let srv = ServerBuilder::new().start();
-    let mut c = RawConn::connect(srv.port);
+    let (_srv, mut c) = server();
     hold(&mut c, "s SHARED TOKEN tok-a----------------tok PX 60000");
     hold(&mut c, "s SHARED TOKEN tok-b----------------tok PX 60000");
     let dump = c.cmd(&["DUMP", "s"]).bytes();

@@ -17,10 +17,7 @@ fn a_lease_that_ends_leaves_the_delay_and_a_release_does_not() {
     let s = ServerBuilder::new().start();
     let mut c = conn(&s);
     let t = tok("delay-a");
-    granted(&c.cmd(&acq(
-        "lock:d",
-        &["PX", "200", "TOKEN", &t, "LOCKDELAY", "1000"],
-    )));
+    take_px(&mut c, "lock:d", &t, 200, &["LOCKDELAY", "1000"]);
     let ended = Instant::now() + Duration::from_millis(200);
     sleep(Duration::from_millis(350));
     // The lease is over; the delay runs: nobody gets it, LOCK.INFO says so.

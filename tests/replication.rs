@@ -272,6 +272,38 @@ fn spawn_waiter(
     std::thread::spawn(move || acquire(&mut c, key, &args))
 }
 
+/// `holder` takes `key` for `px` ms; a waiter queues behind it with `TOKEN waiter args`
+/// (BLOCK 5000); `end` ends the hold (a RELEASE), or waits for nothing and lets the lease
+/// end on the primary's timer. The waiter must be handed the lock with a larger fence, and
+/// the replica must hold the same lock: its LOCK.INFO.
+#[allow(clippy::too_many_arguments)]
+fn hand_off(
+    (p, r): (&Server, &Server),
+    pc: &mut Connection,
+    rc: &mut Connection,
+    key: &'static str,
+    px: &str,
+    holder: &str,
+    waiter: &'static str,
+    args: &'static str,
+    end: impl FnOnce(&mut Connection),
+) -> Info {
+    let t0 = unix_ms();
+    let (_, fa) = acquire(pc, key, &["PX", px, "TOKEN", holder]).unwrap();
+    let mut argv = vec!["TOKEN", waiter];
+    argv.extend(words(args));
+    argv.extend(["BLOCK", "5000"]);
+    let w = spawn_waiter(p, key, argv);
+    end(pc);
+    let (tb, fb) = w
+        .join()
+        .unwrap()
+        .unwrap_or_else(|| panic!("{waiter} was not handed {key}"));
+    assert_eq!(tb, waiter.as_bytes());
+    assert!(fb > fa, "hand-off fence {fb} <= {fa}");
+    assert_replicated((p, r), pc, rc, key, fb, t0)
+}
+
 #[test]
 fn handoff_to_blocked_waiter_reaches_replica() {
     let (p, r) = pair();
@@ -279,56 +311,42 @@ fn handoff_to_blocked_waiter_reaches_replica() {
     let mut rc = r.conn();
 
     // 1. Hand-off on RELEASE.
-    let t0 = unix_ms();
-    let (_, fa) = acquire(
+    let holder = "tok-a----------------tok";
+    let release = |pc: &mut Connection| {
+        assert!(
+            wait_until(Duration::from_secs(5), || p
+                .info_field("lock", "lock_waiters")
+                .as_deref()
+                == Some("1")),
+            "waiter B never queued"
+        );
+        assert_eq!(int(pc, &["LOCK.RELEASE", "repl:h", holder]), 1);
+    };
+    let info = hand_off(
+        (&p, &r),
         &mut pc,
+        &mut rc,
         "repl:h",
-        &["PX", "60000", "TOKEN", "tok-a----------------tok"],
-    )
-    .unwrap();
-    let waiter = spawn_waiter(
-        &p,
-        "repl:h",
-        words("TOKEN tok-b----------------tok OWNER waiter-b PX 60000 BLOCK 5000"),
+        "60000",
+        holder,
+        "tok-b----------------tok",
+        "OWNER waiter-b PX 60000",
+        release,
     );
-    assert!(
-        wait_until(Duration::from_secs(5), || p
-            .info_field("lock", "lock_waiters")
-            .as_deref()
-            == Some("1")),
-        "waiter B never queued"
-    );
-    let rel = int(
-        &mut pc,
-        &["LOCK.RELEASE", "repl:h", "tok-a----------------tok"],
-    );
-    assert_eq!(rel, 1);
-    let (tb, fb) = waiter.join().unwrap().expect("B was not handed the lock");
-    assert_eq!(tb, b"tok-b----------------tok");
-    assert!(fb > fa, "hand-off fence {fb} <= {fa}");
-    let info = assert_replicated((&p, &r), &mut pc, &mut rc, "repl:h", fb, t0);
     assert_owner(&info, b"waiter-b");
 
     // 2. Hand-off when the holder's lease ends (granted from a timer, not a command).
-    let t1 = unix_ms();
-    let (_, fc) = acquire(
+    hand_off(
+        (&p, &r),
         &mut pc,
+        &mut rc,
         "repl:h2",
-        &["PX", "300", "TOKEN", "tok-c----------------tok"],
-    )
-    .unwrap();
-    let waiter = spawn_waiter(
-        &p,
-        "repl:h2",
-        words("TOKEN tok-d----------------tok PX 60000 BLOCK 5000"),
+        "300",
+        "tok-c----------------tok",
+        "tok-d----------------tok",
+        "PX 60000",
+        |_| {},
     );
-    let (td, fd) = waiter
-        .join()
-        .unwrap()
-        .expect("D was not handed the expired lock");
-    assert_eq!(td, b"tok-d----------------tok");
-    assert!(fd > fc);
-    assert_replicated((&p, &r), &mut pc, &mut rc, "repl:h2", fd, t1);
 }
 
 #[test]

@@ -89,19 +89,7 @@ fn lift_ahead(fence: i64) -> i64 {
 fn pause_while_a_lease_with_a_waiter_ends(mode: &str) {
     let srv = server();
     let mut admin = RawConn::connect(srv.port);
-    let (tok, fence) = acquire(
-        &mut admin,
-        "lk",
-        &["PX", "300", "TOKEN", "holder---------------tok"],
-    )
-    .unwrap();
-    let mut w = Waiter::send(
-        srv.port,
-        0,
-        "lk",
-        &["BLOCK", "10000", "TOKEN", "waiter---------------tok"],
-    );
-    wait_queued(&mut admin, "lk", 1);
+    let (fence, mut w) = held_with_waiter_blocking(&srv, &mut admin, "lk", 300, "10000");
     assert_eq!(admin.cmd(&["CLIENT", "PAUSE", "1500", mode]), ok());
     let paused_at = Instant::now();
     // The lease ends (and its timer fires) inside the pause.
@@ -118,10 +106,10 @@ fn pause_while_a_lease_with_a_waiter_ends(mode: &str) {
     );
     assert_eq!(
         wtok,
-        b"waiter---------------tok".to_vec(),
+        b"w--------------------tok".to_vec(),
         "the waiter got someone else's token"
     );
-    assert_ne!(wtok, tok);
+    assert_ne!(wtok, HOLDER.as_bytes());
     assert!(wfence > fence, "fence {wfence} not above {fence}");
     let mut c = RawConn::connect(srv.port);
     assert_eq!(holder_fence(&mut c, "lk"), Some(wfence));
@@ -149,14 +137,7 @@ fn failover_waiting_for_a_stalled_replica_while_a_lease_with_a_waiter_ends() {
     let primary = server();
     let mut replica = start_replica_of(&primary, ServerBuilder::new());
     let mut p = RawConn::connect(primary.port);
-    let (_, fence) = acquire(&mut p, "lk", &["PX", "400"]).unwrap();
-    let mut w = Waiter::send(
-        primary.port,
-        0,
-        "lk",
-        &["BLOCK", "15000", "TOKEN", "w--------------------tok"],
-    );
-    wait_queued(&mut p, "lk", 1);
+    let (fence, mut w) = held_with_waiter_blocking(&primary, &mut p, "lk", 400, "15000");
     // The primary must see the replica online before FAILOVER accepts it.
     assert!(
         wait_until(SETTLE, || common::info_map(&mut p, "replication")
@@ -362,18 +343,10 @@ fn fences_do_not_go_back_after_an_aof_rewrite_without_preamble() {
 fn unblock_racing_a_handoff(reason: &str) {
     let srv = server();
     let mut admin = RawConn::connect(srv.port);
-    let (tok, _) = acquire(&mut admin, "lk", &["PX", "60000"]).unwrap();
-    let mut w = Waiter::send(
-        srv.port,
-        0,
-        "lk",
-        &["BLOCK", "0", "TOKEN", "w--------------------tok"],
-    );
-    wait_queued(&mut admin, "lk", 1);
-    let tok = String::from_utf8(tok).unwrap();
+    let (_, mut w) = held_with_waiter_blocking(&srv, &mut admin, "lk", 60_000, "0");
     let wid = w.id.to_string();
     // Both commands in one write, so that the server reads and runs them together.
-    let mut both = resp_command(&["LOCK.RELEASE", "lk", &tok]);
+    let mut both = resp_command(&["LOCK.RELEASE", "lk", HOLDER]);
     both.extend(resp_command(&["CLIENT", "UNBLOCK", &wid, reason]));
     admin.send_raw(&both).expect("write both commands");
     assert_eq!(admin.read().unwrap().int(), 1, "RELEASE");
@@ -414,21 +387,14 @@ fn with_volatile_keys(srv: &Server, n: usize) {
     volatile_keys(&mut srv.conn(), "vk:", n, 600_000);
 }
 
-/// `change` shortens the lease of `lk` (held for 8 s, one waiter) to about 100 ms; the
+/// `change` shortens the lease of `lk` (held for 8 s by [`HOLDER`], one waiter) to about 100 ms; the
 /// waiter must be served about then, not when the 8 s are over (the lease is the
 /// module's, on its own timer: 50,000 volatile keys beside it change nothing).
 fn shortened_lease_hands_off_early(change: &[&str]) {
     let srv = server();
     with_volatile_keys(&srv, 50_000);
     let mut c = RawConn::connect(srv.port);
-    acquire(
-        &mut c,
-        "lk",
-        &["PX", "8000", "TOKEN", "t--------------------tok"],
-    )
-    .unwrap();
-    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "20000"]);
-    wait_queued(&mut c, "lk", 1);
+    let (_, mut w) = held_with_waiter(&srv, &mut c, "lk", 8000);
     let t0 = Instant::now();
     let r = c.cmd(change);
     assert_eq!(r.int(), 1, "{change:?} answered {r:?}");
@@ -443,13 +409,7 @@ fn shortened_lease_hands_off_early(change: &[&str]) {
 
 #[test]
 fn extend_to_a_shorter_lease_brings_the_handoff_forward() {
-    shortened_lease_hands_off_early(&[
-        "LOCK.EXTEND",
-        "lk",
-        "t--------------------tok",
-        "PX",
-        "100",
-    ]);
+    shortened_lease_hands_off_early(&["LOCK.EXTEND", "lk", HOLDER, "PX", "100"]);
 }
 
 /// `PEXPIRE` on a lock key gives the key a Redis expiry, which the module does not use:
@@ -735,22 +695,32 @@ fn lock_acquire_carries_the_blocking_flag() {
 // ------------------------------------------------------------------------------------
 // Every other operation on a lock key with waiters (docs/commands.md, the table)
 
-/// A lock `key` held for `ms` with one waiter queued (BLOCK 20 s, token `w`).
-fn held_with_waiter(srv: &Server, c: &mut RawConn, key: &str, ms: u64) -> (i64, Waiter) {
-    let (_, fence) = acquire(
-        c,
-        key,
-        &["PX", &ms.to_string(), "TOKEN", "holder---------------tok"],
-    )
-    .unwrap();
+/// The holder's token in [`held_with_waiter_blocking`].
+const HOLDER: &str = "holder---------------tok";
+
+/// A lock `key` held for `ms` (token [`HOLDER`]) with one waiter queued (`BLOCK block`,
+/// token `w`): the holder's fence and the waiter.
+fn held_with_waiter_blocking(
+    srv: &Server,
+    c: &mut RawConn,
+    key: &str,
+    ms: u64,
+    block: &str,
+) -> (i64, Waiter) {
+    let (_, fence) = acquire(c, key, &["PX", &ms.to_string(), "TOKEN", HOLDER]).unwrap();
     let w = Waiter::send(
         srv.port,
         0,
         key,
-        &["BLOCK", "20000", "TOKEN", "w--------------------tok"],
+        &["BLOCK", block, "TOKEN", "w--------------------tok"],
     );
     wait_queued(c, key, 1);
     (fence, w)
+}
+
+/// [`held_with_waiter_blocking`] with BLOCK 20 s.
+fn held_with_waiter(srv: &Server, c: &mut RawConn, key: &str, ms: u64) -> (i64, Waiter) {
+    held_with_waiter_blocking(srv, c, key, ms, "20000")
 }
 
 /// A fresh server, a connection to it and [`held_with_waiter`] there.
@@ -794,11 +764,7 @@ fn rename_frees_the_old_name_and_takes_the_lock_along() {
     // The renamed lock keeps its holder under the new name; the waiter there waits on.
     assert_eq!(holder_fence(&mut c, "dst"), Some(fence));
     still_waiting(&mut wd);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "dst", "holder---------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "dst", HOLDER]).int(), 1);
     assert!(grant(&wd.reply()).is_some());
 }
 
@@ -934,12 +900,7 @@ fn restore_replace_onto_a_queued_key_keeps_or_frees_by_the_lease() {
     };
     assert_eq!(restore(&mut c, &long), ok());
     still_waiting(&mut w);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "lk", "holder---------------tok"])
-            .int(),
-        0,
-        "replaced"
-    );
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk", HOLDER]).int(), 0, "replaced");
     // A restored lock whose lease is over is free: the waiter gets it.
     assert_eq!(restore(&mut c, &short), ok());
     granted_within(&mut w, Duration::from_secs(3));
@@ -974,11 +935,7 @@ fn debug_reload_keeps_the_lock_and_its_waiters() {
     still_waiting(&mut w);
     assert_eq!(holder_fence(&mut c, "lk"), Some(fence));
     assert_eq!(queued(&mut c, "lk"), 1);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "lk", "holder---------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk", HOLDER]).int(), 1);
     let (_, f) = granted_within(&mut w, Duration::from_secs(3));
     assert!(f > fence);
 }
@@ -1026,11 +983,7 @@ fn client_kill_takes_a_waiter_out_of_the_queue() {
     wait_queued(&mut c, "lk", 2);
     assert_eq!(c.cmd(&["CLIENT", "KILL", "ID", &w.id.to_string()]).int(), 1);
     wait_queued(&mut c, "lk", 1);
-    assert_eq!(
-        c.cmd(&["LOCK.RELEASE", "lk", "holder---------------tok"])
-            .int(),
-        1
-    );
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk", HOLDER]).int(), 1);
     let (t, _) = granted_within(&mut w2, Duration::from_secs(3));
     assert_eq!(t, b"w2-------------------tok".to_vec());
 }

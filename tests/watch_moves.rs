@@ -946,10 +946,8 @@ fn watch_on_a_replica_follows_its_primary_and_the_lease() {
 
 #[test]
 fn the_summary_names_holders_never_tokens() {
-    let s = ServerBuilder::new().start();
-    let mut c = conn(&s);
+    let (s, mut c, mut k) = start(ServerBuilder::new());
     let mut c3 = RawConn::connect_resp3(s.port);
-    let mut k = Checks::new();
     let t = tok("summary-secret");
     let f = take(&mut c, "lock:x", &t, &["OWNER", "svc-a"]);
     let readers: Vec<(String, i64)> = (0..12)
@@ -1220,8 +1218,7 @@ fn extend_owner_relabels_keeping_the_fence_on_every_path() {
 
 #[test]
 fn cluster_watchers_follow_the_slot() {
-    let cluster = redis_lock_testkit::Cluster::start(3);
-    let mut k = Checks::new();
+    let (cluster, mut k) = start_cluster();
     let held = "lock:{wslot-a}";
     let free = "lock:{wslot-b}";
     let (sa, sb) = (

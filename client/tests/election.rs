@@ -82,15 +82,21 @@ async fn next_seen(
         .expect("the observer is running")
 }
 
+/// A server (after [`setup`]) and its URL.
+fn start() -> (Server, String) {
+    setup();
+    let server = ServerBuilder::new().start();
+    let url = server.url();
+    (server, url)
+}
+
 fn campaign_opts(ttl_ms: u64) -> CampaignOptions {
     CampaignOptions::default().ttl(ms(ttl_ms))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_candidates_lead_in_fifo_order_and_one_observer_sees_every_change() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let url = server.url();
+    let (server, url) = start();
     let key = "election:fifo";
     let (a, b, c, watcher) = (
         client(&url).await,
@@ -196,9 +202,7 @@ async fn three_candidates_lead_in_fifo_order_and_one_observer_sees_every_change(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_with_sigkill_keeps_its_term_until_its_lease_ends() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let url = server.url();
+    let (server, url) = start();
     let key = "election:killed";
     let dir = temp_dir();
     let pidfile = dir.join("cmd.pid");
@@ -278,9 +282,8 @@ async fn a_leader_killed_with_sigkill_keeps_its_term_until_its_lease_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proclaim_after_the_leadership_was_lost_fails_and_the_loss_is_signalled() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let locks = client(&server.url()).await;
+    let (server, url) = start();
+    let locks = client(&url).await;
     let key = "election:lost";
     let mut l = locks
         .campaign(key, "node-a", &campaign_opts(3_000))
@@ -330,9 +333,8 @@ async fn proclaim_after_the_leadership_was_lost_fails_and_the_loss_is_signalled(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_campaign_leaves_the_queue_and_holds_nothing() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let locks = client(&server.url()).await;
+    let (server, url) = start();
+    let locks = client(&url).await;
     let key = "election:cancel";
     let holder = granted(locks.acquire(key, ms(10_000), None)).await;
     let other = locks.clone();
@@ -515,9 +517,7 @@ async fn an_observer_survives_quiet_periods_a_killed_connection_and_lockmoved() 
 
 #[test]
 fn cli_elect_and_observe_end_to_end() {
-    setup();
-    let server = ServerBuilder::new().start();
-    let url = server.url();
+    let (server, url) = start();
     let dir = temp_dir();
     let spawn = |name: &str, args: &[&str]| {
         cli_cmd()

@@ -153,6 +153,11 @@ pub fn start(b: ServerBuilder) -> (Server, RawConn, Checks) {
     (s, c, Checks::new())
 }
 
+/// A three-node cluster and an empty [`Checks`].
+pub fn start_cluster() -> (redis_lock_testkit::Cluster, Checks) {
+    (redis_lock_testkit::Cluster::start(3), Checks::new())
+}
+
 /// `LOCK.ACQUIRE key PX px TOKEN token extra...`: the fence (panics unless `token` is
 /// granted).
 pub fn take_px(c: &mut RawConn, key: &str, token: &str, px: u64, extra: &[&str]) -> i64 {
@@ -236,6 +241,22 @@ impl Pending {
     }
 }
 
+/// The lines a `MONITOR` connection got, read until the first that contains `last` (or
+/// until nothing came for `quiet`).
+pub fn monitor_lines(mon: &mut RawConn, last: &str, quiet: Duration) -> Vec<String> {
+    mon.set_read_timeout(Some(quiet));
+    let mut lines = Vec::new();
+    while let Ok(r) = mon.read() {
+        let line = r.as_text().unwrap_or_default();
+        let end = line.contains(last);
+        lines.push(line);
+        if end {
+            break;
+        }
+    }
+    lines
+}
+
 /// Waits until `n` clients are queued on `key` (`LOCK.INFO` waiters).
 pub fn wait_waiters(c: &mut RawConn, key: &str, n: i64) {
     let ok = wait_until(SETTLE, || {
@@ -276,6 +297,15 @@ impl Checks {
     pub fn eq<T: PartialEq + std::fmt::Debug>(&mut self, got: T, want: T, what: &str) -> bool {
         let ok = got == want;
         self.check(ok, format!("{what}: got {got:?}, want {want:?}"))
+    }
+
+    /// Records `what` with the reply unless `r` is an error whose text starts with `prefix`.
+    pub fn err(&mut self, r: &Resp, prefix: &str, what: impl Into<String>) -> bool {
+        let what = what.into();
+        self.check(
+            is_err_with(r, prefix),
+            format!("{what}: want an error {prefix:?}..., got {r:?}"),
+        )
     }
 
     /// [`alive`] on `s`, then [`Checks::finish`].
