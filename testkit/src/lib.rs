@@ -1,17 +1,10 @@
-//! The test kit every test, benchmark and tool of this repository uses to talk to real
-//! servers: [`ServerBuilder`] / [`Server`] start throw-away `redis-server` /
-//! `valkey-server` processes (on free loopback ports, each with its own directory, the
-//! module loaded by default; optionally inside a network namespace, under valgrind or
-//! with an `LD_PRELOAD` shim), [`Cluster`] and [`ReplicaPair`] build topologies from
-//! them, [`RawConn`] speaks RESP2/RESP3 by hand (including raw, malformed bytes), and
-//! [`lock`] has the typed lock commands.
+//! The test kit of every test, benchmark and tool: throw-away servers ([`ServerBuilder`],
+//! [`Server`]) and topologies ([`Cluster`], [`ReplicaPair`]), a hand-written RESP2/RESP3
+//! client ([`RawConn`]) and typed lock commands ([`lock`]).
 //!
-//! Environment:
-//! - `LOCK_SERVER_BIN`: server binary (default: `redis-server` on `PATH`).
-//! - `LOCK_MODULE`: the module `.so` (default: `target/release/libredis_lock.so` of this
-//!   workspace, or under `$CARGO_TARGET_DIR/release/` when that is set).
-//! - `LOCK_KEEP_DIRS=1`: keep every server's directory (normally kept only when the
-//!   thread that owns the server panicked).
+//! Environment: `LOCK_SERVER_BIN` (default `redis-server` on `PATH`), `LOCK_MODULE`
+//! (default [`module_path`]), `LOCK_KEEP_DIRS=1` (keep every server's directory, not only
+//! those of a thread that panicked).
 
 pub mod lock;
 pub mod net;
@@ -31,7 +24,7 @@ use std::sync::OnceLock;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// How long a server gets to come up (accept PING and finish loading its data).
+/// How long a server gets to answer PING and finish loading its data.
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read/write timeout of the connections handed out by [`Server::conn`] and [`RawConn`].
 pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,14 +42,14 @@ pub fn server_bin() -> PathBuf {
     env_path("LOCK_SERVER_BIN").unwrap_or_else(|| PathBuf::from("redis-server"))
 }
 
-/// The workspace's target directory: `$CARGO_TARGET_DIR`, or `target/`.
+/// `$CARGO_TARGET_DIR`, or the workspace's `target/`.
 pub(crate) fn target_dir() -> PathBuf {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     env_path("CARGO_TARGET_DIR").unwrap_or_else(|| workspace.join("target"))
 }
 
-/// The module, made absolute: `$LOCK_MODULE`, or the workspace's release build (under
-/// `$CARGO_TARGET_DIR` when that is set). Panics when it is missing.
+/// The module, absolute: `$LOCK_MODULE`, or `release/libredis_lock.so` under
+/// [`target_dir`]. Panics when it is missing.
 pub fn module_path() -> PathBuf {
     let path =
         env_path("LOCK_MODULE").unwrap_or_else(|| target_dir().join("release/libredis_lock.so"));
@@ -115,8 +108,7 @@ pub fn parse_flavor(version_output: &str) -> Option<Flavor> {
         .split_whitespace()
         .find_map(|w| w.strip_prefix("v="))?;
     let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
-    let major = parts.next()??;
-    let minor = parts.next()??;
+    let (major, minor) = (parts.next()??, parts.next()??);
     let patch = parts.next().flatten().unwrap_or(0);
     Some(Flavor {
         name,
@@ -163,13 +155,10 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// Reads `used_memory` (through `read`) every 200 ms until seven readings in a row (1.2 s)
-/// lie within 16 KiB of each other, and returns the last one, or `Err` with the readings
-/// after 30 s. The server frees what clients leave behind in its own time: closed clients
-/// in its event loop, and the two temporary clients each module-blocked client used
-/// (about 35 KB each) in a pool it drains by at most 50 per cron run (module.c
-/// `modulesCron`), so 2,000 of them take about 4 s to go. INFO's own buffers move a
-/// reading by about 1 KiB.
+/// Reads `used_memory` (by `read`) every 200 ms until seven readings in a row (1.2 s) lie
+/// within 16 KiB, and returns the last, or `Err(readings)` after 30 s. The server frees in
+/// its own time: the two ~35 KB temporary clients of each module-blocked client go at most
+/// 50 per cron run (module.c `modulesCron`: 2,000 take ~4 s); INFO itself moves ~1 KiB.
 pub fn settled_memory(mut read: impl FnMut() -> i64) -> Result<i64, Vec<i64>> {
     let mut recent: Vec<i64> = Vec::new();
     let mut last = 0;
@@ -190,8 +179,8 @@ pub fn settled_memory(mut read: impl FnMut() -> i64) -> Result<i64, Vec<i64>> {
     }
 }
 
-/// A fresh, empty, uniquely named directory under the system temp dir. Nothing removes
-/// it automatically unless a [`Server`] created it itself.
+/// A fresh, empty directory under the system temp dir; removed only by a [`Server`] that
+/// created it itself.
 pub fn temp_dir() -> PathBuf {
     let base = std::env::temp_dir().join("redis-lock-tests");
     std::fs::create_dir_all(&base).expect("create temp base dir");
@@ -217,12 +206,8 @@ pub fn now_ns() -> u64 {
 
 /// The value of `field` in an `INFO` text (`field:value` lines).
 pub fn info_field(info: &str, field: &str) -> Option<String> {
-    info.lines().find_map(|l| {
-        l.trim_end()
-            .strip_prefix(field)
-            .and_then(|r| r.strip_prefix(':'))
-            .map(str::to_string)
-    })
+    let value = |l: &str| Some(l.trim_end().strip_prefix(field)?.strip_prefix(':')?.into());
+    info.lines().find_map(value)
 }
 
 /// Sends `sig` to `pid` (a process this program started); true when delivered.

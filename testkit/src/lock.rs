@@ -1,5 +1,4 @@
-//! Typed lock commands over a [`RawConn`], for tests and tools that need the module's
-//! replies as values rather than as RESP.
+//! Typed lock commands over a [`RawConn`], for callers that want replies as values.
 
 use std::collections::HashMap;
 use std::io;
@@ -14,12 +13,9 @@ pub struct Grant {
     pub fence: u64,
 }
 
-/// `LOCK.INFO` of a held lock: every field by name in `fields`, the common ones typed
-/// (`None` when the reply does not carry them: a string lock has no fence or owner).
+/// `LOCK.INFO` of a held lock, typed (`None` where the reply has no such field).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LockInfo {
-    pub fields: Vec<(String, Resp)>,
-    pub kind: Option<String>,
     pub ttl: Option<i64>,
     pub fence: Option<u64>,
     pub owner: Option<String>,
@@ -30,15 +26,12 @@ impl LockInfo {
     fn from_reply(r: &Resp) -> Option<LockInfo> {
         let fields = r.try_pairs()?;
         let get = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v);
+        let int = |k| get(k).and_then(Resp::as_int);
         Some(LockInfo {
-            kind: get("kind").and_then(Resp::as_text),
-            ttl: get("ttl").and_then(Resp::as_int),
-            fence: get("fence")
-                .and_then(Resp::as_int)
-                .and_then(|f| u64::try_from(f).ok()),
+            ttl: int("ttl"),
+            fence: int("fence").and_then(|f| u64::try_from(f).ok()),
             owner: get("owner").and_then(Resp::as_text),
-            waiters: get("waiters").and_then(Resp::as_int),
-            fields: fields.clone(),
+            waiters: int("waiters"),
         })
     }
 }
@@ -64,9 +57,8 @@ pub fn acquire<A: AsRef<[u8]>>(
     }
 }
 
-/// The reply to `LOCK.ACQUIRE key args...` sent as a cluster client sends it: a TRYAGAIN
-/// (the node is confirming the fences of a slot it began serving a moment ago, which takes
-/// longer on a loaded machine) is sent again every 5 ms for up to `patience`.
+/// `LOCK.ACQUIRE key args...` as a cluster client sends it: resent every 5 ms for up to
+/// `patience` while TRYAGAIN (the node confirms the fences of a slot it just took over).
 pub fn acquire_in_cluster(c: &mut RawConn, key: &str, args: &[&str], patience: Duration) -> Resp {
     let deadline = Instant::now() + patience;
     let mut cmd = vec!["LOCK.ACQUIRE", key];
@@ -80,27 +72,6 @@ pub fn acquire_in_cluster(c: &mut RawConn, key: &str, args: &[&str], patience: D
             _ => return r,
         }
     }
-}
-
-/// `cmd`'s integer reply is 1 (an error if it is no integer).
-fn is_one(c: &mut RawConn, cmd: &[&[u8]]) -> io::Result<bool> {
-    let r = c.call(cmd)?;
-    let name = String::from_utf8_lossy(cmd[0]);
-    r.as_int().map(|n| n == 1).ok_or_else(|| other(&name, &r))
-}
-
-/// `LOCK.RELEASE key token`: true when released.
-pub fn release(c: &mut RawConn, key: &str, token: &[u8]) -> io::Result<bool> {
-    is_one(c, &[b"LOCK.RELEASE", key.as_bytes(), token])
-}
-
-/// `LOCK.EXTEND key token PX ms`: true when the lease was reset.
-pub fn extend(c: &mut RawConn, key: &str, token: &[u8], px: u64) -> io::Result<bool> {
-    let px = px.to_string();
-    is_one(
-        c,
-        &[b"LOCK.EXTEND", key.as_bytes(), token, b"PX", px.as_bytes()],
-    )
 }
 
 /// `LOCK.INFO key`: `None` when free.
@@ -127,10 +98,8 @@ pub fn lock_stat(c: &mut RawConn, field: &str) -> i64 {
     c.info_u64("lock", &name).unwrap_or_else(|e| panic!("{e}")) as i64
 }
 
-/// The digest the module stores instead of a token (its keyed BLAKE3, first 16 bytes;
-/// `src/engine/value.rs`): what a test looks for in a DUMP payload, an RDB or an AOF to
-/// find a lock's holder without the token being there. Pinned to the module's value by
-/// the test below and the module's own unit test.
+/// The digest the module stores instead of a token (keyed BLAKE3, 16 bytes, as
+/// `src/engine/value.rs`; pinned by the test below), to find a holder in DUMP/RDB/AOF.
 pub fn token_digest(token: &[u8]) -> [u8; 16] {
     const KEY: [u8; 32] = *b"redis-lock token digest, v1.....";
     let full = blake3::keyed_hash(&KEY, token);

@@ -1,17 +1,6 @@
-//! Every path a command can take to the module, for tests that must see the same result
-//! whichever way a command arrives (issue 18 item 1):
-//!
-//! - command paths, on one server: [`Path::Direct`], [`Path::Pipelined`],
-//!   [`Path::Multi`] (`MULTI; cmd; EXEC`), [`Path::Eval`] (`redis.call` from a script),
-//!   [`Path::Fcall`] (a function library), [`Path::ModuleCall`] (`RedisModule_Call` from
-//!   another module: the test-only helper module, see [`helper_module_path`]);
-//! - state paths, which carry what a command did to another place: [`Carry::Replica`]
-//!   (the primary's stream to an attached replica), [`Carry::AofReplay`] (restart from
-//!   the AOF), [`Carry::Restore`] (`DUMP` + `RESTORE` on another server) and
-//!   [`Carry::FullSync`] (a new replica's first sync).
-//!
-//! Also here: a codec for the module's `DUMP` payloads ([`ModuleDump`]), so that tests
-//! can build payloads the server never wrote (a valid CRC64 around hostile fields).
+//! Every path a command can take to the module (issue 18 item 1): [`Path`] on one server,
+//! [`Carry`] from one place to another; a codec for the module's `DUMP` payloads
+//! ([`ModuleDump`]: hostile fields in a valid CRC64); and a stepped wall clock.
 
 use std::path::{Path as FsPath, PathBuf};
 use std::process::Command;
@@ -22,8 +11,7 @@ use crate::resp::{RawConn, Resp};
 use crate::server::{Server, ServerBuilder};
 use crate::{target_dir, wait_until};
 
-/// `enum Name { Variant => "name", ... }`: a plain enum with `ALL` (every variant, in
-/// order) and `name()` (how test output names it).
+/// `enum Name { Variant => "name", ... }` with `ALL` (every variant) and `name()`.
 macro_rules! named {
     ($(#[$doc:meta])* $ty:ident { $($v:ident => $name:literal),* $(,)? }) => {
         $(#[$doc])*
@@ -41,7 +29,8 @@ macro_rules! named {
 }
 
 named!(
-    /// How a command reaches the module on one server.
+    /// How a command reaches the module on one server (`ModuleCall`: `RedisModule_Call`
+    /// from the helper module).
     Path {
         Direct => "direct",
         Pipelined => "pipelined",
@@ -53,7 +42,8 @@ named!(
 );
 
 named!(
-    /// How the state a command made travels to another place.
+    /// How the state a command made travels elsewhere (`Replica`: the stream to an
+    /// attached replica; `FullSync`: a new replica's first sync).
     Carry {
         Replica => "replica-stream",
         AofReplay => "aof-replay",
@@ -75,9 +65,8 @@ pub fn load_function_library(c: &mut RawConn) {
     assert_eq!(r, Resp::Bulk(b"lockpaths".to_vec()), "FUNCTION LOAD");
 }
 
-/// Sends `argv` by `path` and returns the command's own reply (the element of `EXEC`'s
-/// array for [`Path::Multi`]). [`Path::Fcall`] needs [`load_function_library`] first and
-/// [`Path::ModuleCall`] a server started with [`with_helper_module`].
+/// Sends `argv` by `path` and returns the command's own reply. [`Path::Fcall`] needs
+/// [`load_function_library`] first, [`Path::ModuleCall`] [`with_helper_module`].
 pub fn send<A: AsRef<[u8]>>(c: &mut RawConn, path: Path, argv: &[A]) -> Resp {
     let argv: Vec<Vec<u8>> = argv.iter().map(|a| a.as_ref().to_vec()).collect();
     let wrapped = |prefix: &[&[u8]]| -> Vec<Vec<u8>> {
@@ -119,9 +108,8 @@ pub fn send<A: AsRef<[u8]>>(c: &mut RawConn, path: Path, argv: &[A]) -> Resp {
     }
 }
 
-/// The helper module's `.so` (crate `testkit/helper-module`), built with
-/// `cargo build --release -p redis-lock-helper-module` on the first call of a process
-/// (quick when it is up to date). Panics when the build fails.
+/// The helper module's `.so` (testkit/helper-module), built by cargo on a process's first
+/// call. Panics when the build fails.
 pub fn helper_module_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
@@ -152,8 +140,7 @@ pub fn with_helper_module(b: ServerBuilder) -> ServerBuilder {
     b.arg("loadmodule", &so.to_string_lossy())
 }
 
-/// Waits until `replica` has processed everything `primary` sent so far (its
-/// `slave_repl_offset` reaches the primary's `master_repl_offset`).
+/// Waits until `replica`'s `slave_repl_offset` reaches `primary`'s `master_repl_offset`.
 pub fn wait_replica_caught_up(primary: &Server, replica: &Server, timeout: Duration) -> bool {
     let want: u64 = primary
         .info_field("replication", "master_repl_offset")
@@ -167,9 +154,8 @@ pub fn wait_replica_caught_up(primary: &Server, replica: &Server, timeout: Durat
     })
 }
 
-/// `LOCK.INFO key` fields that must be the same wherever a lock's state was carried
-/// (everything except the time-dependent `ttl` and the per-server `waiters`, also inside
-/// each holder of `holder-list`), as `(name, value)` in reply order; None when free.
+/// `LOCK.INFO key` without the fields that may differ where its state was carried (`ttl`,
+/// `waiters`, `cursor`; `ttl` in each holder too); None when free.
 pub fn durable_info(c: &mut RawConn, key: &str) -> Option<Vec<(String, Resp)>> {
     let r = c.cmd(&["LOCK.INFO", key]);
     if r == Resp::Nil {
@@ -181,8 +167,7 @@ pub fn durable_info(c: &mut RawConn, key: &str) -> Option<Vec<(String, Resp)>> {
     Some(without(&pairs, &["ttl", "waiters", "cursor"], "ttl"))
 }
 
-/// `info` without the fields `top`, and without `inner` inside each holder of
-/// `holder-list`.
+/// `info` without the fields `top`, and without `inner` in each holder of `holder-list`.
 fn without(info: &[(String, Resp)], top: &[&str], inner: &str) -> Vec<(String, Resp)> {
     let holder = |h: &Resp| match h.try_pairs() {
         Some(p) => Resp::Array(
@@ -238,8 +223,7 @@ pub enum Op {
     Str(Vec<u8>),
 }
 
-/// A decoded `DUMP` payload of a module value: module id (type name and encoding
-/// version), the typed fields, and the RDB version trailer as the server wrote it.
+/// A decoded `DUMP` payload of a module value (module id: type name and encoding version).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModuleDump {
     pub module_id: u64,
@@ -283,8 +267,7 @@ fn write_len(out: &mut Vec<u8>, v: u64) {
 }
 
 impl ModuleDump {
-    /// Decodes a payload (type byte, module id, typed fields, EOF, version, CRC64);
-    /// Err names what is wrong.
+    /// Decodes a payload (type, module id, typed fields, EOF, version, CRC64).
     pub fn parse(p: &[u8]) -> Result<ModuleDump, String> {
         if p.len() <= 11 {
             return Err("payload too short".into());
@@ -388,12 +371,10 @@ mod tests {
 }
 
 // ---------------------------------------------------------------------------------------
-// One server's wall clock, stepped (scripts/reliability/clockshift.c as an LD_PRELOAD
-// shim; monotonic clocks are not touched, as a real NTP step does not touch them).
+// A server's wall clock stepped by an LD_PRELOAD shim (monotonic clocks untouched, as NTP).
 
-/// The shim's `.so`: `target/reliability/libclockshift.so`, compiled with `gcc` from
-/// `scripts/reliability/clockshift.c` when missing or older than the source (as
-/// `scripts/deps-reliability.sh` does). Panics when it cannot be built.
+/// `target/reliability/libclockshift.so`, built by `gcc` from
+/// `scripts/reliability/clockshift.c` when missing or older. Panics when it cannot be.
 pub fn clock_shim_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
@@ -417,8 +398,8 @@ pub fn clock_shim_path() -> PathBuf {
     .clone()
 }
 
-/// The wall-clock offset of the servers started with [`ClockShift::apply`]: a file the
-/// shim maps, rewritten in place (same length) to step the clock at once.
+/// The wall-clock offset of servers started with [`ClockShift::apply`]: a file the shim
+/// maps, rewritten in place to step the clock at once.
 #[derive(Debug)]
 pub struct ClockShift {
     file: PathBuf,
@@ -456,11 +437,9 @@ impl ClockShift {
     }
 }
 
-/// How much later than the original a carried lease may end (the time a restart or a
-/// replay took; leases are carried as remaining time, never shorter).
+/// How much later a carried lease may end (a restart or replay took time; never shorter).
 pub const LATER_SLACK_MS: i64 = 10_000;
-/// How much earlier a carried `expires-at` may read (it is a wall-clock estimate of a
-/// monotonic deadline, rounded per server).
+/// How much earlier a carried `expires-at` may read (a wall-clock estimate, per server).
 pub const EARLIER_SLACK_MS: i64 = 200;
 
 fn expires_of(info: &[(String, Resp)]) -> Vec<i64> {
@@ -480,9 +459,8 @@ fn expires_of(info: &[(String, Resp)]) -> Vec<i64> {
     out
 }
 
-/// Compares two [`durable_info`]s: equal in every field, each `expires-at` of `got`
-/// within [-`EARLIER_SLACK_MS`, +`LATER_SLACK_MS`] of `want`'s (a carried lease is never
-/// shorter). Err describes the difference.
+/// Compares two [`durable_info`]s: equal fields, each `expires-at` of `got` within
+/// [-`EARLIER_SLACK_MS`, +`LATER_SLACK_MS`] of `want`'s. Err describes the difference.
 pub fn same_state(
     want: &Option<Vec<(String, Resp)>>,
     got: &Option<Vec<(String, Resp)>>,

@@ -1,6 +1,5 @@
-//! RESP by hand: one reply type for RESP2 and RESP3, and a blocking connection that can
-//! send well-formed commands, pipelines or raw (malformed) bytes, and leave a command
-//! unanswered while the caller does other things (a blocked client).
+//! RESP by hand: one reply type for RESP2 and RESP3, and a blocking connection for commands,
+//! pipelines, raw (malformed) bytes, or a command left unanswered (a blocked client).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -52,8 +51,7 @@ impl Resp {
     }
 
     pub fn as_text(&self) -> Option<String> {
-        self.as_bytes()
-            .map(|b| String::from_utf8_lossy(b).into_owned())
+        self.as_bytes().map(lossy)
     }
 
     /// The elements of an array, set or push reply.
@@ -64,29 +62,29 @@ impl Resp {
         }
     }
 
+    /// `v`, or a panic naming the reply kind `what` that was expected.
+    fn want<T>(&self, v: Option<T>, what: &str) -> T {
+        v.unwrap_or_else(|| panic!("expected {what}, got {self:?}"))
+    }
+
     /// The integer of an `Int` reply; panics otherwise.
     pub fn int(&self) -> i64 {
-        self.as_int()
-            .unwrap_or_else(|| panic!("expected an integer reply, got {self:?}"))
+        self.want(self.as_int(), "an integer reply")
     }
 
     /// The bytes of a string reply; panics otherwise.
     pub fn bytes(&self) -> Vec<u8> {
-        self.as_bytes()
-            .unwrap_or_else(|| panic!("expected a string reply, got {self:?}"))
-            .to_vec()
+        self.want(self.as_bytes(), "a string reply").to_vec()
     }
 
     /// `bytes()` as UTF-8 (lossy).
     pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.bytes()).into_owned()
+        lossy(&self.bytes())
     }
 
     /// The elements of an aggregate reply; panics otherwise.
     pub fn items(&self) -> Vec<Resp> {
-        self.as_items()
-            .unwrap_or_else(|| panic!("expected an array reply, got {self:?}"))
-            .to_vec()
+        self.want(self.as_items(), "an array reply").to_vec()
     }
 
     /// The error text (`"ERR ..."`); panics when the reply is not an error.
@@ -122,25 +120,24 @@ impl Resp {
 
     /// [`try_pairs`](Self::try_pairs), panicking on anything else.
     pub fn pairs(&self) -> Vec<(String, Resp)> {
-        self.try_pairs()
-            .unwrap_or_else(|| panic!("expected a map or a flat field/value array, got {self:?}"))
+        self.want(self.try_pairs(), "a map or a flat field/value array")
     }
 
     /// One field of [`try_pairs`](Self::try_pairs) (case-insensitive name).
     pub fn get(&self, name: &str) -> Option<Resp> {
-        self.try_pairs()?
-            .into_iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
+        find(self.try_pairs()?, name)
     }
 
     /// One field of [`pairs`](Self::pairs) (panics when the reply has no fields).
     pub fn field(&self, name: &str) -> Option<Resp> {
-        self.pairs()
-            .into_iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
+        find(self.pairs(), name)
     }
+}
+
+fn find(pairs: Vec<(String, Resp)>, name: &str) -> Option<Resp> {
+    let mut it = pairs.into_iter();
+    it.find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v)
 }
 
 /// True when `text` starts with an error code: one or more of `A-Z`, then (optionally)
@@ -153,9 +150,7 @@ pub fn starts_with_error_code(text: &str) -> bool {
             .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
 }
 
-/// Appends `*n\r\n$len\r\narg\r\n...` to `out`.
-/// Allocation-free (`write!` into the vector), so that a load generator can use it on
-/// its hot path.
+/// Appends `*n\r\n$len\r\narg\r\n...` to `out`, allocation-free (a load generator's hot path).
 pub fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
     // Writing into a Vec cannot fail.
     let _ = write!(out, "*{}\r\n", args.len());
@@ -200,8 +195,7 @@ macro_rules! args {
     };
 }
 
-/// A plain TCP connection speaking RESP, so that callers see exactly what the server
-/// sent (types, nils, maps, error texts).
+/// A plain TCP connection speaking RESP: callers see exactly what the server sent.
 pub struct RawConn {
     reader: BufReader<TcpStream>,
     out: Vec<u8>,
@@ -287,13 +281,7 @@ impl RawConn {
     /// Sends a command and reads its reply; an error reply is an `Err` too.
     pub fn ok(&mut self, args: &[&[u8]]) -> io::Result<Resp> {
         match self.call(args)? {
-            Resp::Error(e) => {
-                let name = args.first().copied().unwrap_or_default();
-                Err(io::Error::other(format!(
-                    "{} -> {e}",
-                    String::from_utf8_lossy(name)
-                )))
-            }
+            Resp::Error(e) => Err(io::Error::other(format!("{} -> {e}", name_of(args)))),
             r => Ok(r),
         }
     }
@@ -307,11 +295,8 @@ impl RawConn {
 
     /// Sends a command and reads its reply; panics on an I/O error or timeout.
     pub fn cmd<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Resp {
-        let name = args.first().map_or(String::new(), |a| {
-            String::from_utf8_lossy(a.as_ref()).into_owned()
-        });
-        self.call(args)
-            .unwrap_or_else(|e| panic!("reading the reply to {name}: {e}"))
+        let r = self.call(args);
+        r.unwrap_or_else(|e| panic!("reading the reply to {}: {e}", name_of(args)))
     }
 
     /// Sends several commands in one write and reads all their replies.
@@ -356,6 +341,15 @@ impl RawConn {
     }
 }
 
+/// The command name of `args` ("" when empty), for messages.
+fn name_of<A: AsRef<[u8]>>(args: &[A]) -> String {
+    args.first().map_or(String::new(), |a| lossy(a.as_ref()))
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
 fn bad(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.into())
 }
@@ -364,16 +358,12 @@ fn read_line(r: &mut impl BufRead) -> io::Result<Vec<u8>> {
     let mut line = Vec::new();
     r.take(MAX_BULK as u64).read_until(b'\n', &mut line)?;
     if line.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed",
-        ));
+        let closed = io::ErrorKind::UnexpectedEof;
+        return Err(io::Error::new(closed, "connection closed"));
     }
     if !line.ends_with(b"\r\n") {
-        return Err(bad(format!(
-            "line without CRLF: {:?}",
-            String::from_utf8_lossy(&line)
-        )));
+        let text = String::from_utf8_lossy(&line);
+        return Err(bad(format!("line without CRLF: {text:?}")));
     }
     line.truncate(line.len() - 2);
     Ok(line)
@@ -417,7 +407,7 @@ fn many(r: &mut impl BufRead, n: i64) -> io::Result<Vec<Resp>> {
 fn read_resp(r: &mut impl BufRead) -> io::Result<Option<Resp>> {
     let line = read_line(r)?;
     let (&kind, rest) = line.split_first().ok_or_else(|| bad("empty line"))?;
-    let text = || String::from_utf8_lossy(rest).into_owned();
+    let text = || lossy(rest);
     Ok(Some(match kind {
         b'+' => Resp::Simple(text()),
         b'-' => Resp::Error(text()),
@@ -434,14 +424,11 @@ fn read_resp(r: &mut impl BufRead) -> io::Result<Option<Resp>> {
         b'#' => Resp::Bool(rest == b"t"),
         b',' => Resp::Double(text()),
         b'(' => Resp::BigNum(text()),
-        b'!' => Resp::Error(String::from_utf8_lossy(&blob(r, len_of(rest)?)?).into_owned()),
+        b'!' => Resp::Error(lossy(&blob(r, len_of(rest)?)?)),
         b'=' => {
             let b = blob(r, len_of(rest)?)?;
             match b.get(3) {
-                Some(b':') => Resp::Verbatim(
-                    String::from_utf8_lossy(&b[..3]).into_owned(),
-                    b[4..].to_vec(),
-                ),
+                Some(b':') => Resp::Verbatim(lossy(&b[..3]), b[4..].to_vec()),
                 _ => Resp::Verbatim(String::new(), b),
             }
         }
@@ -449,22 +436,19 @@ fn read_resp(r: &mut impl BufRead) -> io::Result<Option<Resp>> {
         b'>' => Resp::Push(many(r, len_of(rest)?)?),
         b'%' => {
             let flat = many(r, len_of(rest)?.saturating_mul(2))?;
-            Resp::Map(
-                flat.chunks(2)
-                    .map(|p| (p[0].clone(), p[1].clone()))
-                    .collect(),
-            )
+            let pairs = flat.chunks(2).map(|p| (p[0].clone(), p[1].clone()));
+            Resp::Map(pairs.collect())
         }
         b'|' => {
             many(r, len_of(rest)?.saturating_mul(2))?;
             return Ok(None);
         }
         other => {
+            let line = String::from_utf8_lossy(&line);
             return Err(bad(format!(
-                "unknown RESP type byte {:?} in {:?}",
-                other as char,
-                String::from_utf8_lossy(&line)
-            )))
+                "unknown RESP type byte {:?} in {line:?}",
+                other as char
+            )));
         }
     }))
 }

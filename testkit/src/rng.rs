@@ -18,12 +18,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         let mut x = seed;
         Rng {
-            s: [
-                splitmix(&mut x),
-                splitmix(&mut x),
-                splitmix(&mut x),
-                splitmix(&mut x),
-            ],
+            s: std::array::from_fn(|_| splitmix(&mut x)),
         }
     }
 

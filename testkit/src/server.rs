@@ -1,7 +1,5 @@
-//! Throw-away servers: one launcher for every server binary, restartable on the same
-//! port and directory, optionally inside a network namespace, under a wrapper
-//! (valgrind) or with extra environment (an `LD_PRELOAD` shim); and the topologies built
-//! from it: a primary with a replica, and a cluster.
+//! Throw-away servers (any binary; restartable on the same port and directory; in a netns,
+//! under valgrind or with an `LD_PRELOAD` shim) and the topologies built from them.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
@@ -13,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use crate::resp::RawConn;
+use crate::resp::{RawConn, Resp};
 use crate::{info_field, module_path, server_bin, temp_dir, wait_until};
 use crate::{CLUSTER_TIMEOUT, IO_TIMEOUT, START_TIMEOUT};
 
@@ -70,7 +68,6 @@ macro_rules! setters {
 
 /// Builder for a throw-away server. Defaults: fresh temp dir, free port on 127.0.0.1,
 /// module loaded, no persistence (`--save "" --appendonly no`), debug commands enabled.
-/// Unset options mean the defaults.
 #[derive(Debug, Clone, Default)]
 pub struct ServerBuilder {
     bin: Option<PathBuf>,
@@ -112,13 +109,10 @@ impl ServerBuilder {
     }
 
     setters! {
-        /// Reuse a data directory (restart tests). The server does not remove a directory
-        /// it was given; the [`Server`] that created it (or the caller) owns it.
+        /// Reuse a data directory (restart tests); a server never removes a dir it was given.
         dir(dir: PathBuf) => Some(dir);
-        /// A fixed port (e.g. restart on the same port). No retry on "Address already in
-        /// use".
+        /// A fixed port (restart on the same port); no retry on "Address already in use".
         port(port: u16) => Some(port);
-        /// Start without the module.
         no_module() => true;
         /// Load this module file instead of [`module_path()`].
         module(so: &Path) => Some(so.to_path_buf());
@@ -130,8 +124,7 @@ impl ServerBuilder {
         netns(name: &str) => Some(name.to_string());
         /// Run under a wrapper command (`valgrind --tool=...`).
         wrapper(argv: &[String]) => argv.to_vec();
-        /// The kernel kills the server when the thread that started it ends (a benchmark
-        /// killed with Ctrl-C leaves nothing behind). Only for single-threaded callers.
+        /// SIGKILL the server when the thread that started it ends (single-threaded callers).
         die_with_parent() => true;
         /// How long to wait for the server to come up (default 10 s).
         start_timeout(t: Duration) => Some(t);
@@ -155,8 +148,7 @@ impl ServerBuilder {
         self.start_inner(false)
     }
 
-    /// Starts the server as a replica of `primary` (`replicaof` in its configuration) and
-    /// waits up to `timeout` for its first full sync.
+    /// Starts the server with `replicaof primary` and waits up to `timeout` for its sync.
     pub fn try_start_replica_of(
         self,
         primary: &Server,
@@ -165,9 +157,8 @@ impl ServerBuilder {
         let (host, port) = (primary.host.to_string(), primary.port.to_string());
         let replica = self.arg_multi("replicaof", &[&host, &port]).try_start()?;
         replica.wait_synced(timeout)?;
-        // The primary's side too: a replica can say its link is up while the primary still
-        // holds it in a sync (state=wait_bgsave, seen on Redis 7.0.15 under load), and the
-        // primary does not count such a replica for WAIT or as connected and online.
+        // The primary's side too: a replica may say its link is up while the primary still
+        // holds it in a sync (state=wait_bgsave on Redis 7.0.15 under load, not yet online).
         primary.wait_replica_online(replica.port, timeout)?;
         Ok(replica)
     }
@@ -201,15 +192,15 @@ impl ServerBuilder {
                     server.owns_dir = owns_dir;
                     return Ok(server);
                 }
-                Err(e) => {
-                    let in_use = e.contains("Address already in use");
+                Err(e) if e.contains("Address already in use") => {
                     last_err = e;
-                    if !in_use {
-                        break;
-                    }
-                    // Start the next attempt with clean logs.
+                    // The next attempt starts with clean logs.
                     let _ = fs::remove_file(dir.join("server.log"));
                     let _ = fs::remove_file(dir.join("stdout.log"));
+                }
+                Err(e) => {
+                    last_err = e;
+                    break;
                 }
             }
         }
@@ -223,14 +214,12 @@ impl ServerBuilder {
     }
 
     fn argv(&self, host: Ipv4Addr, port: u16, dir: &Path, module: Option<&Path>) -> Vec<String> {
+        let text = |p: &Path| p.to_string_lossy().into_owned();
         let mut opts: Vec<(String, Vec<String>)> = [
             ("bind", host.to_string()),
             ("port", port.to_string()),
-            ("dir", dir.to_string_lossy().into_owned()),
-            (
-                "logfile",
-                dir.join("server.log").to_string_lossy().into_owned(),
-            ),
+            ("dir", text(dir)),
+            ("logfile", text(&dir.join("server.log"))),
             ("save", String::new()),
             ("appendonly", "no".into()),
             ("daemonize", "no".into()),
@@ -241,11 +230,8 @@ impl ServerBuilder {
         .to_vec();
         opts.extend(self.args.iter().cloned());
         if let Some(m) = module {
-            let so = m.to_string_lossy().into_owned();
-            opts.push((
-                "loadmodule".into(),
-                [vec![so], self.module_args.clone()].concat(),
-            ));
+            let so_and_args = [vec![text(m)], self.module_args.clone()].concat();
+            opts.push(("loadmodule".into(), so_and_args));
         }
         let flag = |(k, vs): (String, Vec<String>)| std::iter::once(format!("--{k}")).chain(vs);
         opts.into_iter().flat_map(flag).collect()
@@ -292,9 +278,9 @@ impl Server {
             .client()
             .get_connection_with_timeout(IO_TIMEOUT)
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.addr()));
-        c.set_read_timeout(Some(IO_TIMEOUT)).expect("read timeout");
-        c.set_write_timeout(Some(IO_TIMEOUT))
-            .expect("write timeout");
+        let t = Some(IO_TIMEOUT);
+        c.set_read_timeout(t).expect("read timeout");
+        c.set_write_timeout(t).expect("write timeout");
         c
     }
 
@@ -387,8 +373,8 @@ impl Server {
         }
     }
 
-    /// Starts the server again: same binary, port, dir and arguments. Kills it first if it
-    /// is still running. Panics with the log tail when it does not come up.
+    /// Starts the server again (same binary, port, dir and arguments), killing it first if
+    /// it still runs. Panics with the log tail when it does not come up.
     pub fn restart(&mut self) {
         if let Err(e) = self.try_restart() {
             panic!("server failed to restart:\n{e}");
@@ -423,9 +409,13 @@ impl Server {
 
     /// `master` or `slave` (the first element of `ROLE`), `None` when unreachable.
     pub fn role(&self) -> Option<String> {
-        let mut c = self.try_raw(Duration::from_secs(2)).ok()?;
-        let r = c.call(&["ROLE"]).ok()?;
+        let r = self.ask(Duration::from_secs(2), &["ROLE"])?;
         r.as_items()?.first()?.as_text()
+    }
+
+    /// The reply to `cmd` on a new connection, `None` when unreachable.
+    fn ask(&self, timeout: Duration, cmd: &[&str]) -> Option<Resp> {
+        self.try_raw(timeout).ok()?.call(cmd).ok()
     }
 
     /// Spawns the process and waits until it is ready; on failure the process is gone and
@@ -520,39 +510,30 @@ impl Server {
 
     /// The text of `INFO <section>`, `None` when unreachable.
     pub fn info_section(&self, section: &str) -> Option<String> {
-        let mut c = self.try_raw(IO_TIMEOUT).ok()?;
-        c.call(&["INFO", section]).ok()?.as_text()
+        self.ask(IO_TIMEOUT, &["INFO", section])?.as_text()
     }
 
     /// Waits until this primary lists its replica on `port` as `state=online`.
     pub fn wait_replica_online(&self, port: u16, timeout: Duration) -> Result<(), String> {
         let online = format!("port={port},state=online");
         let seen = || {
-            self.info_section("replication")
-                .is_some_and(|t| t.contains(&online))
+            let text = self.info_section("replication");
+            text.is_some_and(|t| t.contains(&online))
         };
-        wait_until(timeout, seen).then_some(()).ok_or_else(|| {
-            format!(
-                "the primary never saw its replica online\n{}",
-                self.log_tail()
-            )
-        })
+        self.wait_for(timeout, seen, "the primary never saw its replica online")
     }
 
     /// Waits until this replica's link to its primary is up and no sync is running.
     pub fn wait_synced(&self, timeout: Duration) -> Result<(), String> {
-        let synced = wait_until(timeout, || {
-            self.info_field("replication", "master_link_status")
-                .as_deref()
-                == Some("up")
-                && self
-                    .info_field("replication", "master_sync_in_progress")
-                    .as_deref()
-                    == Some("0")
-        });
-        synced
-            .then_some(())
-            .ok_or_else(|| format!("replica never synced\n{}", self.log_tail()))
+        let is = |field, want| self.info_field("replication", field).as_deref() == Some(want);
+        let synced = || is("master_link_status", "up") && is("master_sync_in_progress", "0");
+        self.wait_for(timeout, synced, "replica never synced")
+    }
+
+    /// `Err(what + log tail)` unless `f` turns true within `timeout`.
+    fn wait_for(&self, t: Duration, f: impl FnMut() -> bool, what: &str) -> Result<(), String> {
+        let log = || format!("{what}\n{}", self.log_tail());
+        wait_until(t, f).then_some(()).ok_or_else(log)
     }
 }
 
@@ -584,12 +565,6 @@ pub struct ReplicaPair {
 }
 
 impl ReplicaPair {
-    /// Two servers with the module, the second a synced replica of the first.
-    pub fn start() -> ReplicaPair {
-        Self::try_start_with(ServerBuilder::new(), ServerBuilder::new())
-            .unwrap_or_else(|e| panic!("replica pair: {e}"))
-    }
-
     /// Starts `primary`, then `replica` with `replicaof` pointing at it, and waits for
     /// the first full sync.
     pub fn try_start_with(
@@ -601,23 +576,17 @@ impl ReplicaPair {
         Ok(ReplicaPair { primary, replica })
     }
 
-    /// A coordinated `FAILOVER` (Redis 6.2+): the primary pauses writes until the replica
-    /// caught up, then they swap roles. Waits until both report their new role and the
-    /// new replica is synced, then swaps `primary` and `replica`. An aborted failover
-    /// (`TIMEOUT`) leaves the roles as they were and is an `Err`.
+    /// A coordinated `FAILOVER` (Redis 6.2+); once both report their new role and the new
+    /// replica is synced, `primary` and `replica` swap. An aborted failover is an `Err`.
     pub fn failover(&mut self, timeout: Duration) -> Result<(), String> {
         self.primary
             .wait_replica_online(self.replica.port, timeout)?;
         let ms = timeout.as_millis().to_string();
-        let mut c = self
-            .primary
-            .try_raw(IO_TIMEOUT)
-            .map_err(|e| e.to_string())?;
-        let r = c
-            .call(&["FAILOVER", "TIMEOUT", &ms])
-            .map_err(|e| e.to_string())?;
-        if r.is_error() {
-            return Err(format!("FAILOVER: {r:?}"));
+        let conn = self.primary.try_raw(IO_TIMEOUT);
+        let r = conn.and_then(|mut c| c.call(&["FAILOVER", "TIMEOUT", &ms]));
+        match r {
+            Ok(r) if !r.is_error() => {}
+            r => return Err(format!("FAILOVER: {r:?}")),
         }
         let swapped = wait_until(timeout + Duration::from_secs(2), || {
             self.replica.role().as_deref() == Some("master")
@@ -672,13 +641,11 @@ impl Cluster {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let cluster = Cluster { nodes };
-        // Every node takes its share of the slots and its own config epoch, then node 0
-        // meets the others (what `redis-cli --cluster create` does, for any number of
-        // masters). Distinct epochs from the start: with all at 0 the nodes settle their
-        // collisions by gossip, and a slot migration meanwhile can meet a node that does
-        // not yet agree who owns the slot ("I'm not the owner of hash slot").
+        // Each node takes its share of the slots and its own config epoch (as `redis-cli
+        // --cluster create`), then node 0 meets the others. With all epochs at 0 the nodes
+        // settle by gossip, and a migration meanwhile meets "I'm not the owner of hash slot".
         let n = cluster.nodes.len();
-        let check = |r: io::Result<crate::Resp>, what: String| match r {
+        let check = |r: io::Result<Resp>, what: String| match r {
             Ok(r) if !r.is_error() => Ok(()),
             r => Err(format!("{what}: {r:?}")),
         };
@@ -688,10 +655,8 @@ impl Cluster {
             let addr = node.addr();
             check(node.raw().call(&cmd), format!("CLUSTER ADDSLOTS on {addr}"))?;
             let epoch = ["CLUSTER", "SET-CONFIG-EPOCH", &(i + 1).to_string()];
-            check(
-                node.raw().call(&epoch),
-                format!("{} on {addr}", epoch.join(" ")),
-            )?;
+            let what = format!("{} on {addr}", epoch.join(" "));
+            check(node.raw().call(&epoch), what)?;
         }
         let mut c0 = cluster.nodes[0].raw();
         for node in &cluster.nodes[1..] {
@@ -722,8 +687,7 @@ impl Cluster {
 
     /// The index of the node serving `slot`, from node 0's `CLUSTER SLOTS`.
     pub fn slot_owner(&self, slot: u16) -> Option<usize> {
-        let mut c = self.nodes[0].try_raw(IO_TIMEOUT).ok()?;
-        let slots = c.call(&["CLUSTER", "SLOTS"]).ok()?;
+        let slots = self.nodes[0].ask(IO_TIMEOUT, &["CLUSTER", "SLOTS"])?;
         slots.as_items()?.iter().find_map(|range| {
             let [lo, hi, master, ..] = range.as_items()? else {
                 return None;
@@ -735,11 +699,9 @@ impl Cluster {
         })
     }
 
-    /// Moves `slot` to node `to` the way `redis-cli --cluster reshard` does:
-    /// `SETSLOT IMPORTING` on the target, `MIGRATING` on the source, `MIGRATE` of every
-    /// key until the source holds none, then `SETSLOT NODE` on the target, the source and
-    /// every other node. `pause` is slept between the last `MIGRATE` and `SETSLOT NODE`
-    /// (clients meanwhile meet ASK and TRYAGAIN). Returns the number of keys moved.
+    /// Moves `slot` to node `to` as `redis-cli --cluster reshard` does (IMPORTING, MIGRATING,
+    /// MIGRATE every key, then SETSLOT NODE on the target, the source and the others), with
+    /// `pause` before SETSLOT NODE (clients meet ASK and TRYAGAIN). Returns the keys moved.
     pub fn migrate_slot(&self, slot: u16, to: usize, pause: Duration) -> Result<u64, String> {
         let from = self
             .slot_owner(slot)
@@ -786,10 +748,11 @@ impl Cluster {
             ));
         }
         sleep(pause);
-        ok(&mut dst, &["CLUSTER", "SETSLOT", &s, "NODE", &dst_id])?;
-        ok(&mut src, &["CLUSTER", "SETSLOT", &s, "NODE", &dst_id])?;
+        let setslot = ["CLUSTER", "SETSLOT", &s, "NODE", &dst_id];
+        ok(&mut dst, &setslot)?;
+        ok(&mut src, &setslot)?;
         for i in (0..self.nodes.len()).filter(|&i| i != from && i != to) {
-            ok(&mut conn(i)?, &["CLUSTER", "SETSLOT", &s, "NODE", &dst_id])?;
+            ok(&mut conn(i)?, &setslot)?;
         }
         Ok(moved)
     }
@@ -823,15 +786,11 @@ impl Cluster {
 }
 
 fn cluster_info(node: &Server) -> String {
-    node.try_raw(Duration::from_secs(2))
-        .and_then(|mut c| c.call(&["CLUSTER", "INFO"]))
-        .ok()
-        .and_then(|r| r.as_text())
-        .unwrap_or_default()
+    let info = node.ask(Duration::from_secs(2), &["CLUSTER", "INFO"]);
+    info.and_then(|r| r.as_text()).unwrap_or_default()
 }
 
-/// The cluster hash slot of a key (CRC16 mod 16384, honouring `{hash tags}`), from the
-/// `redis` crate's own routing code.
+/// The cluster hash slot of a key (CRC16 mod 16384, `{hash tags}`), by the `redis` crate.
 pub fn key_slot(key: &[u8]) -> u16 {
     redis::cluster_routing::get_slot(key)
 }

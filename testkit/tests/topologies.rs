@@ -25,16 +25,20 @@ fn typed_helpers_follow_a_lock_through_its_life() {
         (Some(g.fence), Some("me"))
     );
     assert!(info.ttl.is_some_and(|t| t > 9000 && t <= 10000), "{info:?}");
-    assert!(!lock::extend(&mut c, "kit:a", b"other", 5000).unwrap());
-    assert!(lock::extend(&mut c, "kit:a", &g.token, 5000).unwrap());
-    assert!(lock::release(&mut c, "kit:a", &g.token).unwrap());
+    let extend = |t: &[u8]| args!["LOCK.EXTEND", "kit:a", t, "PX", 5000u64];
+    assert_eq!(c.cmd(&extend(b"other")), Resp::Int(0));
+    assert_eq!(c.cmd(&extend(&g.token)), Resp::Int(1));
+    assert_eq!(
+        c.cmd(&args!["LOCK.RELEASE", "kit:a", g.token]),
+        Resp::Int(1)
+    );
     assert_eq!(lock::info(&mut c, "kit:a").unwrap(), None);
     assert_eq!(lock_stat(&mut c, "released"), 1);
 }
 
 #[test]
-fn a_replica_pair_replicates_and_a_restart_keeps_the_port() {
-    let mut pair = ReplicaPair::start();
+fn a_pair_replicates_restarts_fails_over_and_a_killed_primary_rejoins() {
+    let mut pair = ReplicaPair::try_start_with(ServerBuilder::new(), ServerBuilder::new()).unwrap();
     let mut p = pair.primary.raw();
     let g = lock::acquire(&mut p, "kit:r", &["PX", "60000"])
         .unwrap()
@@ -47,29 +51,6 @@ fn a_replica_pair_replicates_and_a_restart_keeps_the_port() {
     pair.replica.restart();
     assert_eq!(pair.replica.port, port);
     pair.replica.wait_synced(Duration::from_secs(20)).unwrap();
-}
-
-#[test]
-fn raw_bytes_reach_the_server_as_they_are() {
-    let server = ServerBuilder::new().no_module().start();
-    let mut c = server.raw();
-    c.queue_raw(b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n");
-    c.flush().unwrap();
-    assert_eq!(c.read().unwrap(), Resp::Simple("PONG".into()));
-    assert_eq!(c.read().unwrap().text(), "hi");
-    let replies = c
-        .pipeline(&[args!["SET", "k", 1u64], args!["INCRBY", "k", 41u64]])
-        .unwrap();
-    assert_eq!(replies[1], Resp::Int(42));
-    // A malformed multibulk length: the server answers with a protocol error.
-    c.queue_raw(b"*1\r\n$x\r\n");
-    c.flush().unwrap();
-    assert!(c.read().unwrap().err().contains("Protocol error"));
-}
-
-#[test]
-fn failover_swaps_the_pair_and_a_killed_primary_rejoins_as_replica() {
-    let mut pair = ReplicaPair::start();
     let g = lock::acquire(&mut pair.primary.raw(), "kit:f", &["PX", "60000"])
         .unwrap()
         .expect("free");
@@ -94,6 +75,24 @@ fn failover_swaps_the_pair_and_a_killed_primary_rejoins_as_replica() {
     dead.try_restart_as_replica_of(promoted).unwrap();
     assert_eq!(dead.role().as_deref(), Some("slave"));
     dead.wait_synced(Duration::from_secs(20)).unwrap();
+}
+
+#[test]
+fn raw_bytes_reach_the_server_as_they_are() {
+    let server = ServerBuilder::new().no_module().start();
+    let mut c = server.raw();
+    c.queue_raw(b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n");
+    c.flush().unwrap();
+    assert_eq!(c.read().unwrap(), Resp::Simple("PONG".into()));
+    assert_eq!(c.read().unwrap().text(), "hi");
+    let replies = c
+        .pipeline(&[args!["SET", "k", 1u64], args!["INCRBY", "k", 41u64]])
+        .unwrap();
+    assert_eq!(replies[1], Resp::Int(42));
+    // A malformed multibulk length: the server answers with a protocol error.
+    c.queue_raw(b"*1\r\n$x\r\n");
+    c.flush().unwrap();
+    assert!(c.read().unwrap().err().contains("Protocol error"));
 }
 
 #[test]

@@ -1,15 +1,7 @@
-//! A test-only module for the integration tests (`tests/paths.rs`, `tests/holes.rs`):
-//!
-//! - `HELPER.CALL cmd arg...` runs `cmd arg...` through `RedisModule_Call` (flags `v!`:
-//!   argv, propagate what it writes) and replies with what that call answered, error or
-//!   not: the path a lock command takes when another module calls it.
-//! - `HELPER.ONEVENT event cmd arg...` arms a one-shot hook: the next keyspace
-//!   notification of class generic named `event` (e.g. `lock.acquire`) runs
-//!   `cmd arg...` through `RedisModule_Call` from inside the notification callback, i.e.
-//!   while the module that fired the event is still inside its own command. The reply is
-//!   kept; `HELPER.LAST` answers `[ran, reply-or-nil]` (ran 0/1).
-//!
-//! Loads on Redis 7.0 (the `redis_module!` command table with empty ACL categories).
+//! A test-only module (`tests/paths.rs`, `tests/holes.rs`; loads on Redis 7.0):
+//! `HELPER.CALL cmd arg...` answers what `RedisModule_Call` (`v!`) of it answered;
+//! `HELPER.ONEVENT event cmd arg...` runs it once from inside the next generic keyspace
+//! notification `event` (re-entrance); `HELPER.LAST` answers `[ran 0/1, reply-or-nil]`.
 
 use std::cell::RefCell;
 
@@ -36,9 +28,8 @@ fn run(ctx: &Context, argv: &[Vec<u8>]) -> RedisValue {
     value_of(&res)
 }
 
-/// The reply as a value to send back. `RedisModule_Call` tells a status reply from a
-/// bulk string only by its text: "OK", "QUEUED" and "PONG" go back as status replies,
-/// every other string as a bulk string (what the lock commands send).
+/// The reply to send back: `RedisModule_Call` loses the status/bulk distinction, so
+/// "OK", "QUEUED" and "PONG" go back as status replies, other strings as bulk strings.
 fn value_of(res: &CallResult) -> RedisValue {
     let reply = match res {
         Ok(reply) => reply,
@@ -56,8 +47,7 @@ fn value_of(res: &CallResult) -> RedisValue {
     }
 }
 
-/// Error texts are few and short-lived in a test server; a leaked copy lets them travel
-/// as a `RedisValue`.
+/// Error texts are few in a test server; a leaked copy travels as a `RedisValue`.
 fn leak(s: String) -> &'static str {
     Box::leak(s.into_boxed_str())
 }

@@ -1,20 +1,9 @@
-//! `redis-lock-testkit serve`: the kit's servers for the suites of other languages (the
-//! Python and Node packages), so that every suite starts servers the same way.
-//!
-//! ```text
-//! redis-lock-testkit serve [--server BIN] [--module SO | --no-module] [--module-arg A]...
-//!                          [--secs N] single | pair | cluster N | servers N [-- SERVER-ARGS...]
-//! ```
-//!
-//! `pair` is a primary and its synced replica, `cluster N` N masters with the slots shared
-//! out, `servers N` N independent servers; `SERVER-ARGS` (`--name value...`) go to every
-//! server. Once they are up it prints one JSON line,
-//! `{"servers":[{"port":P,"pid":N,"dir":"..."},...]}`, then reads commands on stdin,
-//! `stop I`, `cont I`, `kill I` (SIGSTOP, SIGCONT, SIGKILL of member I) and `restart I`
-//! (same port, directory and arguments), each answered with one line, `{"ok":true,"pid":N}`
-//! or `{"error":"..."}`. Every server is killed and its directory removed when stdin
-//! closes, on SIGTERM, SIGINT or SIGHUP, when the process that started the kit dies, or
-//! after `--secs` (default 3600): it never outlives the run that needs it.
+//! `redis-lock-testkit serve` ([`USAGE`]): the kit's servers for the Python and Node suites.
+//! `SERVER-ARGS` (`--name value...`) go to every server. Once up it prints one JSON line,
+//! `{"servers":[{"port":P,"pid":N,"dir":"..."},...]}`, then answers each stdin command
+//! (`stop I`, `cont I`, `kill I`, `restart I` of member I) with `{"ok":true,"pid":N}` or
+//! `{"error":"..."}`. Every server goes (killed, directory removed) when stdin closes, on
+//! SIGTERM/SIGINT/SIGHUP, when the starting process dies, or after `--secs` (default 3600).
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -33,13 +22,6 @@ extern "C" fn on_signal(_: libc::c_int) {
     QUIT.store(true, Ordering::SeqCst);
 }
 
-struct Opts {
-    builder: ServerBuilder,
-    secs: u64,
-    topology: String,
-    n: usize,
-}
-
 fn value(it: &mut impl Iterator<Item = String>, flag: &str) -> Result<String, String> {
     it.next()
         .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
@@ -49,7 +31,8 @@ fn path(p: String) -> Result<PathBuf, String> {
     std::path::absolute(&p).map_err(|e| format!("{p}: {e}"))
 }
 
-fn parse(args: Vec<String>) -> Result<Opts, String> {
+/// The command line: the servers' builder, `--secs`, the topology and its N.
+fn parse(args: Vec<String>) -> Result<(ServerBuilder, u64, String, usize), String> {
     let mut it = args.into_iter();
     if it.next().as_deref() != Some("serve") {
         return Err(USAGE.into());
@@ -80,24 +63,19 @@ fn parse(args: Vec<String>) -> Result<Opts, String> {
         _ => return Err(USAGE.into()),
     };
     let topology = words.first().cloned().ok_or(USAGE)?;
-    Ok(Opts {
-        builder: b,
-        secs,
-        topology,
-        n,
-    })
+    Ok((b, secs, topology, n))
 }
 
-fn start(o: &Opts) -> Result<Vec<Server>, String> {
-    let b = || o.builder.clone();
-    match o.topology.as_str() {
+fn start(builder: &ServerBuilder, topology: &str, n: usize) -> Result<Vec<Server>, String> {
+    let b = || builder.clone();
+    match topology {
         "single" => Ok(vec![b().try_start()?]),
-        "servers" => (0..o.n).map(|_| b().try_start()).collect(),
+        "servers" => (0..n).map(|_| b().try_start()).collect(),
         "pair" => {
             let pair = ReplicaPair::try_start_with(b(), b())?;
             Ok(vec![pair.primary, pair.replica])
         }
-        "cluster" => Ok(Cluster::try_start_with(o.n, |_| b())?.nodes),
+        "cluster" => Ok(Cluster::try_start_with(n, |_| b())?.nodes),
         _ => Err(USAGE.into()),
     }
 }
@@ -109,12 +87,9 @@ fn json_str(s: &str) -> String {
 /// One command of stdin applied to `servers`: the pid of the member afterwards.
 fn apply(servers: &mut [Server], line: &str) -> Result<u32, String> {
     let (op, i) = line.trim().split_once(' ').ok_or("expected `OP INDEX`")?;
-    let s = i
-        .trim()
-        .parse::<usize>()
-        .ok()
-        .and_then(|i| servers.get_mut(i))
-        .ok_or_else(|| format!("no member {i}"))?;
+    let index = i.trim().parse::<usize>().ok();
+    let member = index.and_then(|i| servers.get_mut(i));
+    let s = member.ok_or_else(|| format!("no member {i}"))?;
     // Never signal pid 0 (that would be our own process group).
     let pid = s.try_pid().filter(|_| s.is_running());
     match (op, pid) {
@@ -138,10 +113,11 @@ fn apply(servers: &mut [Server], line: &str) -> Result<u32, String> {
 }
 
 fn main() {
-    let opts = parse(std::env::args().skip(1).collect()).unwrap_or_else(|e| {
-        eprintln!("{e}");
-        std::process::exit(2)
-    });
+    let (builder, secs, topology, n) =
+        parse(std::env::args().skip(1).collect()).unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(2)
+        });
     // SAFETY: a handler that only stores an atomic; prctl asks for SIGTERM when the
     // process that started us dies (stdin may stay open in a grandchild).
     unsafe {
@@ -150,7 +126,7 @@ fn main() {
         }
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
     }
-    let mut servers = start(&opts).unwrap_or_else(|e| {
+    let mut servers = start(&builder, &topology, n).unwrap_or_else(|e| {
         eprintln!("redis-lock-testkit serve: {e}");
         std::process::exit(1)
     });
@@ -174,7 +150,7 @@ fn main() {
         }
         let _ = tx.send(None);
     });
-    let deadline = Instant::now() + Duration::from_secs(opts.secs);
+    let deadline = Instant::now() + Duration::from_secs(secs);
     while !QUIT.load(Ordering::SeqCst) && Instant::now() < deadline {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Some(line)) => {

@@ -1,12 +1,7 @@
-//! The redis-cli sessions shown in the docs, made reproducible.
-//!
-//! Each marked code block of [`DOCS`] (`<!-- session: NAME -->` on the line before its
-//! opening fence) is the transcript of the source `docs/sessions/NAME.txt`, written in a
-//! small language (docs/sessions/README.md, [`script`]). The sessions of one doc run in
-//! the order of its blocks against one fresh server ([`run`]): `make docs-sessions`
-//! writes the transcripts into the blocks ([`doc::splice`]), and tests/docs_sessions.rs
-//! runs them again on every server and compares them with the blocks after taking out
-//! what differs from run to run ([`norm`]).
+//! The redis-cli sessions shown in the docs, made reproducible (docs/sessions/README.md):
+//! each marked block ([`doc`]) of [`DOCS`] is the transcript of a source ([`script`]), run
+//! in block order on one fresh server per doc ([`run`]); `make docs-sessions` writes them
+//! in, tests/docs_sessions.rs compares them on every server ([`norm`]).
 
 pub mod doc;
 pub mod norm;
@@ -23,7 +18,6 @@ pub const DOCS: &[&str] = &["docs/commands.md", "README.md"];
 /// Where the session sources are, relative to the repository root.
 pub const SESSIONS_DIR: &str = "docs/sessions";
 
-/// The repository root (this crate is tools/docsessions).
 pub fn repo_root() -> PathBuf {
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     here.canonicalize().unwrap_or(here)
@@ -82,8 +76,7 @@ pub fn load(root: &Path, path: &str) -> Result<Doc, String> {
     })
 }
 
-/// Every doc of [`DOCS`], after checking that each source under docs/sessions has
-/// exactly one block.
+/// Every doc of [`DOCS`], once each source under docs/sessions has exactly one block.
 pub fn load_all(root: &Path) -> Result<Vec<Doc>, String> {
     let docs = DOCS
         .iter()
@@ -110,8 +103,7 @@ pub fn load_all(root: &Path) -> Result<Vec<Doc>, String> {
     Ok(docs)
 }
 
-/// Runs the sessions of `doc` in order against the server on `127.0.0.1:port` (fresh:
-/// the transcripts depend on what ran before them).
+/// Runs the sessions of `doc` in order on a fresh server on `127.0.0.1:port`.
 pub fn run_doc(doc: &Doc, port: u16) -> Result<Vec<(String, String)>, String> {
     run::Runner::new(port)?.run_all(&doc.sessions)
 }

@@ -1,15 +1,7 @@
-//! `make docs-sessions`: runs the sessions of docs/sessions/ (one fresh server per doc,
-//! `$LOCK_SERVER_BIN` with `$LOCK_MODULE`) and writes their transcripts into the marked
-//! blocks of docs/commands.md and README.md.
-//!
-//! A doc is rewritten, every block of it from the same run (so that the fences and
-//! tokens of one block agree with those of the next), when one of its blocks differs
-//! from the run after the normalization the test applies (tests/docs_sessions.rs); a doc
-//! whose blocks all match is left alone, so a rerun changes no file.
-//!
-//! Usage: redis-lock-docsessions [--root DIR] [--check | --force]
-//!   --check   write nothing; exit 1 when a block differs from the fresh run
-//!   --force   rewrite every doc, even where its blocks match
+//! `make docs-sessions`: runs the sessions of each doc on a fresh server and, when a block
+//! differs from the run (after [`norm`]), rewrites every block of that doc from this one
+//! run (so fences agree from block to block); `--check` writes nothing and exits 1 on a
+//! difference, `--force` rewrites every doc.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

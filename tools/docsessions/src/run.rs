@@ -1,6 +1,5 @@
-//! Runs sessions against a server: every shown command through `redis-cli --no-raw` (a
-//! new connection each, as typed at a prompt), set-up and look-ups over a RESP
-//! connection of its own.
+//! Runs sessions: each shown command by a new `redis-cli --no-raw` (as typed at a prompt),
+//! set-up and look-ups over a RESP connection of the runner's own.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -45,9 +44,8 @@ impl Drop for Background {
     }
 }
 
-/// Waits for a child to end (at most `timeout`), and returns what it wrote to stdout and
-/// stderr (in that order: `redis-cli --no-raw` writes replies, errors included, to
-/// stdout).
+/// Waits up to `timeout` for a child to end and returns its stdout then stderr
+/// (`redis-cli --no-raw` writes replies, errors included, to stdout).
 fn finish(child: &mut Child, timeout: Duration, what: &str) -> Result<String, String> {
     let t0 = Instant::now();
     loop {
@@ -68,10 +66,8 @@ fn finish(child: &mut Child, timeout: Duration, what: &str) -> Result<String, St
         child.stderr.as_mut().map(|s| s as &mut dyn Read),
     ];
     for (s, name) in pipes.into_iter().zip(["output", "errors"]) {
-        if let Some(s) = s {
-            s.read_to_string(&mut out)
-                .map_err(|e| format!("{what}: reading its {name}: {e}"))?;
-        }
+        let read = s.map_or(Ok(0), |s| s.read_to_string(&mut out));
+        read.map_err(|e| format!("{what}: reading its {name}: {e}"))?;
     }
     Ok(out)
 }
@@ -131,29 +127,18 @@ impl Runner {
     /// The fence of the key's holder (the first by fence of several), from LOCK.INFO.
     fn fence_of(&mut self, key: &str) -> Result<u64, String> {
         let r = self.call(&[b"LOCK.INFO".to_vec(), key.as_bytes().to_vec()])?;
-        let pairs = r
-            .try_pairs()
-            .ok_or_else(|| format!("!fence {key}: LOCK.INFO answered {r:?} (is it held?)"))?;
-        let get = |pairs: &[(String, Resp)], name: &str| {
-            pairs
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
-        if let Some(Resp::Int(f)) = get(&pairs, "fence") {
+        if r.try_pairs().is_none() {
+            return Err(format!(
+                "!fence {key}: LOCK.INFO answered {r:?} (is it held?)"
+            ));
+        }
+        if let Some(Resp::Int(f)) = r.get("fence") {
             return u64::try_from(f).map_err(|_| format!("!fence {key}: fence {f}"));
         }
-        let first = match get(&pairs, "holder-list") {
-            Some(Resp::Array(list)) => list.into_iter().next(),
-            _ => None,
-        };
-        let fence = first
-            .and_then(|h| h.try_pairs())
-            .and_then(|h| get(&h, "fence"))
-            .and_then(|f| f.as_int());
-        fence
-            .and_then(|f| u64::try_from(f).ok())
-            .ok_or_else(|| format!("!fence {key}: no holder in {r:?}"))
+        let first = |list: Resp| list.as_items()?.first()?.get("fence")?.as_int();
+        let fence = r.get("holder-list").and_then(first);
+        let fence = fence.and_then(|f| u64::try_from(f).ok());
+        fence.ok_or_else(|| format!("!fence {key}: no holder in {r:?}"))
     }
 
     /// Runs one session and returns its transcript (what goes between the code fences).
@@ -222,14 +207,11 @@ impl Runner {
                         out.push_str(&got);
                         continue;
                     };
-                    let indent = " ".repeat(p.chars().count() + 1);
-                    for (i, l) in got.lines().enumerate() {
-                        let head = if i == 0 {
-                            format!("{p} ")
-                        } else {
-                            indent.clone()
-                        };
+                    // The first line after the prefix, the others indented as far.
+                    let mut head = format!("{p} ");
+                    for l in got.lines() {
                         out.push_str(&format!("{head}{l}\n"));
+                        head = " ".repeat(p.chars().count() + 1);
                     }
                 }
             }

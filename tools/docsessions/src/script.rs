@@ -3,32 +3,27 @@
 
 use std::time::Duration;
 
-/// One line of a session source.
+/// One line of a session source (each described in docs/sessions/README.md).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
-    /// `# text`: printed into the transcript as it is (`# terminal B`).
+    /// `# text`, shown as it is.
     Comment(String),
-    /// A command: shown after the prompt, run by `redis-cli --no-raw`, its reply shown.
+    /// A command, shown after the prompt with the reply of `redis-cli --no-raw`.
     Run(String),
     /// `!hidden CMD ...`: run, nothing shown; an error reply fails the session.
     Hidden(String),
-    /// `!start NAME CMD ...`: a blocking command, shown after the prompt, run by a
-    /// `redis-cli` in the background; the runner waits until the server has it blocked.
+    /// `!start NAME CMD ...`: a blocking command in a background `redis-cli`.
     Start { client: String, line: String },
-    /// `!reply NAME [PREFIX]`: waits for that background client's reply and shows it; with
-    /// a prefix (`B<`), the first line starts with `PREFIX ` and the others are indented
-    /// as far.
+    /// `!reply NAME [PREFIX]`: that client's reply, its lines after `PREFIX ` or indented.
     Reply {
         client: String,
         prefix: Option<String>,
     },
     /// `!sleep SECONDS`.
     Sleep(Duration),
-    /// `!fence KEY -> VAR`: VAR = the fence of KEY's holder (the first by fence for a
-    /// shared or counted lock), read with LOCK.INFO.
+    /// `!fence KEY -> VAR`: VAR = the fence of KEY's (first) holder, from LOCK.INFO.
     Fence { key: String, var: String },
-    /// `!prompt TEXT`: the prompt of the commands that follow is `TEXT ` (default
-    /// `127.0.0.1:6379>`).
+    /// `!prompt TEXT`: the prompt of the commands that follow.
     Prompt(String),
 }
 
@@ -40,8 +35,7 @@ pub struct Session {
     pub steps: Vec<(usize, Step)>,
 }
 
-/// The prompt a session starts with: what `redis-cli` shows for the default port (the
-/// port the runner really uses is a free one; the doc shows the usual one).
+/// The prompt a session starts with: `redis-cli`'s for the default port (the doc's).
 pub const DEFAULT_PROMPT: &str = "127.0.0.1:6379>";
 
 fn var_name_ok(v: &str) -> bool {
@@ -53,8 +47,7 @@ fn client_name_ok(v: &str) -> bool {
     !v.is_empty() && v.chars().all(|x| x.is_ascii_alphanumeric() || x == '-')
 }
 
-/// Parses a session source. `//` lines are comments of the source (not shown), blank
-/// lines are skipped.
+/// Parses a session source (`//` lines and blank lines are skipped).
 pub fn parse(name: &str, text: &str) -> Result<Session, String> {
     let mut steps = Vec::new();
     for (i, raw) in text.lines().enumerate() {
@@ -177,9 +170,8 @@ pub fn substitute(line: &str, vars: &dyn Fn(&str) -> Option<u64>) -> Result<Stri
     Ok(out)
 }
 
-/// Splits a command line the way `redis-cli` splits what one types at its prompt:
-/// blanks separate arguments; `"..."` may hold blanks and the escapes `\"`, `\\`, `\n`,
-/// `\r`, `\t` and `\xHH`; `'...'` is taken literally (`\'` for a quote).
+/// Splits a line as `redis-cli`'s prompt does: `"..."` with `\"`, `\\`, `\n`, `\r`, `\t`,
+/// `\xHH`; `'...'` literal but for `\'`.
 pub fn split_args(line: &str) -> Result<Vec<Vec<u8>>, String> {
     let b = line.as_bytes();
     let mut args = Vec::new();
