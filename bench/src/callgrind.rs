@@ -1,14 +1,9 @@
-//! Instructions per command under `valgrind --tool=callgrind`, which counts
-//! instructions and so is stable on a noisy machine. One server at a time runs under
-//! callgrind; for each phase the server is emptied (FLUSHALL), the keys the command needs
-//! are filled, the counters zeroed (`callgrind_control -z`), N commands sent (one
-//! connection, pipeline 16, every reply checked) and the counters dumped
-//! (`callgrind_control -d`). Per command: the dump's total / N, and the inclusive cost of
-//! the server's `call()` (the command and its propagation) and of `processCommand` (also
-//! the command filters that run before `call()`). Commands are compared with `SET NX PX`
-//! on the same binary without the module, which neither the module's tax on other
-//! commands nor a different server build or CPU moves. The instruction-count check of
-//! `make test` ([`guard`]) measures the same way.
+//! Instructions per command under `valgrind --tool=callgrind` (stable on a noisy
+//! machine): per phase, one server emptied and filled with the keys the command needs,
+//! counters zeroed, N commands sent on one connection (every reply checked), counters
+//! dumped; per command, the dump's total and the inclusive cost of `call()` and of
+//! `processCommand`, compared with `SET NX PX` on the same binary without the module.
+//! The instruction-count check of `make test` ([`guard`]) measures the same way.
 
 use std::fs;
 use std::io;
@@ -21,7 +16,7 @@ use redis_lock_report::perf::{Callgrind, CgLevel, FnCost, Phase};
 use redis_lock_testkit::run_cmd;
 
 use crate::config::Config;
-use crate::load::{self, Workload};
+use crate::load::{self, Batch, Workload};
 use crate::ops::{self, flushall, Needs, Op};
 use crate::scaling::{at_levels, spread_extend};
 use crate::{On, Server};
@@ -267,25 +262,17 @@ impl Session {
         })
     }
 
-    /// Zero, run (grouped as `batch` says, else the session's pipeline), dump; returns
-    /// the dump.
+    /// Zero, run (grouped as `batch` says, else the session's pipeline), dump; the dump.
     pub fn measure(
         &mut self,
         w: &Workload,
         ops: u64,
-        batch: Option<&load::Batch>,
+        batch: Option<Batch>,
         what: &str,
     ) -> io::Result<PathBuf> {
-        let pipeline = load::Batch::Pipeline(self.pipeline as u64);
         self.zero()?;
-        load::run_batched(
-            self.server.port,
-            1,
-            batch.unwrap_or(&pipeline),
-            ops,
-            what,
-            w,
-        )?;
+        let batch = batch.unwrap_or(Batch::Pipeline(self.pipeline as u64));
+        load::run(self.server.port, 1, batch, ops, what, w)?;
         self.dump()
     }
 
@@ -306,11 +293,9 @@ impl Session {
         Ok(dump)
     }
 
-    /// `ops` of `op` on fresh keys `prefix:...` of an emptied server whose keys hold what
-    /// `op` needs; measured (the dump) unless `warm_up`. Before an exact measured phase
-    /// the key table is sized so that the phase neither grows nor shrinks it (a table's
-    /// growth, and when the cron shrinks it, are not the command's cost): 90% of the
-    /// next power of two above 2 × `ops` keys, less `ops` of them.
+    /// `ops` of `op` on fresh keys `prefix:...` of an emptied server holding what `op`
+    /// needs; measured (the dump) unless `warm_up`. An exact phase first sizes the key
+    /// table so that it neither grows nor shrinks during the phase (not the command's cost).
     pub fn phase(&mut self, op: &Op, prefix: &str, ops: u64, warm_up: bool) -> io::Result<PathBuf> {
         let (port, s) = (self.server.port, self.server.scripts.clone());
         flushall(&mut self.server.conn()?)?;
@@ -334,9 +319,8 @@ impl Session {
         }
     }
 
-    /// Waits until the server has run for `settle`: every periodic check the server and
-    /// the module start with (whether anything listens to the replication stream, for
-    /// one) has run at least once.
+    /// Waits until the server has run for `settle`, so every periodic check the server
+    /// and the module start with has run at least once.
     pub fn settle(&self, settle: Duration) {
         sleep(settle.saturating_sub(self.started.elapsed()));
     }
@@ -489,24 +473,20 @@ pub fn write_baseline(path: &Path, cg: &Callgrind) -> io::Result<()> {
     write_tsv(path, &header, rows, 1)
 }
 
-/// Commands per phase of the guard: enough to average out a phase's fixed costs, small
-/// enough that the whole guard runs in about a minute.
+/// Commands per phase of the guard: enough to average out a phase's fixed costs, few
+/// enough that the guard runs in about a minute.
 pub const GUARD_OPS: u64 = 4_000;
-/// The rise a guarded ratio may take: about 800 instructions on LOCK.ACQUIRE (the 10% of
-/// the earlier guard, which counted with the allocator's caches on), and 5% of a command
-/// that merely runs beside the module (its repeat-to-repeat spread here is under 3%).
+/// The rise a guarded ratio may take: about 800 instructions on LOCK.ACQUIRE, and 5% of
+/// a command that merely runs beside the module (its repeat-to-repeat spread is under 3%).
 pub const TOLERANCE: f64 = 0.07;
 pub const TAX_TOLERANCE: f64 = 0.05;
 /// How long a server runs before the guard measures on it (see [`Session::settle`]).
 pub const SETTLE: Duration = Duration::from_secs(3);
 
-/// The guarded ratios: (name, a command on the server with the module, the command it is
-/// divided by on the same binary without the module). Each module command against
-/// `SET NX PX`, inside `call()`; each other command with the module loaded against the
-/// same command without it (a "tax", the cost of loading the module, issue 21), inside
-/// `call()` and the command filters (what a module adds to `processCommand`, which every
-/// command pays: the rest of `processCommand`, the command's lookup by name for one,
-/// costs what the random seed of the server's hash tables makes it, module or not).
+/// The guarded ratios: (name, a command with the module, the command it is divided by
+/// without it). Module commands against `SET NX PX` inside `call()`; a "tax" (issue 21)
+/// also counts the command filters, what a module adds to `processCommand` (its command
+/// lookup costs what the server's random hash seed makes it, module or not).
 const GUARDED: [(&str, &Op, &Op); 8] = [
     ("LOCK.ACQUIRE / SET NX PX", &ops::ACQUIRE, &ops::SET_NX),
     ("LOCK.EXTEND / SET NX PX", &ops::EXTEND, &ops::SET_NX),
@@ -542,29 +522,21 @@ fn guard_pass(bin: &Path, cfg: &Config, on: On) -> io::Result<Vec<(&'static Op, 
     let mut out = vec![];
     for (i, op) in ops.iter().enumerate() {
         let c = costs(&s.phase(op, &format!("g{i}"), GUARD_OPS, false)?, GUARD_OPS)?;
+        let (label, shown) = (&s.server.label, op.shown());
         eprintln!(
-            "  [guard {} {on:?}] {}: {:.0} in call(), {:.0} in the command filters",
-            s.server.label,
-            op.shown(),
-            c.call,
-            c.filters
+            "  [guard {label} {on:?}] {shown}: {:.0} in call(), {:.0} in the command filters",
+            c.call, c.filters
         );
         out.push((*op, c));
     }
     Ok(out)
 }
 
-/// `redis-lock-bench guard`, the instruction-count check `make test` runs. Instructions
-/// are deterministic where wall time is not; and each guarded figure is a ratio of two
-/// counts made in the same run on the same binary (see [`GUARDED`]), so it is the same on
-/// any machine and under any load, with any server build. Before it measures, each server
-/// runs every phase once and has run for [`SETTLE`], so that nothing the server or the
-/// module settle in their first seconds is measured. It fails when a ratio rises above
-/// its baseline in `bench/callgrind-guard.tsv` by more than the tolerance recorded there
-/// ([`TOLERANCE`], [`TAX_TOLERANCE`]); the baseline changes on
-/// purpose, with the reason, in the same commit: `make perf-guard-baseline REASON="..."`.
-///
-/// With `reason`, writes the ratios as the new baseline instead of checking.
+/// `redis-lock-bench guard`, the instruction-count check of `make test`: each ratio of
+/// [`GUARDED`] counted in one run on one binary (the same under any load or build), after
+/// each server ran every phase once and for [`SETTLE`]. It fails when a ratio rises above
+/// bench/callgrind-guard.tsv by more than the tolerance there; with `reason`, it writes
+/// the ratios as the new baseline instead (`make perf-guard-baseline REASON="..."`).
 pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
     let (lock, plain) = (
         guard_pass(bin, cfg, On::Lock)?,
@@ -597,30 +569,20 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
         eprintln!("baseline written to {}", file.display());
         return Ok(());
     }
-    let (_, baseline) = read_tsv(&file)?;
-    for (name, r) in &now {
-        if let Some((_, base, tol)) = baseline.iter().find(|b| b.0 == *name) {
-            eprintln!(
-                "  {name}: {r:.3} now, {base:.3} baseline ({:+.1}%, allowed {:+.0}%)",
-                (r / base - 1.0) * 100.0,
-                tol * 100.0
-            );
-        }
-    }
-    let bad = regressions(&baseline, &now);
+    let bad = regressions(&read_tsv(&file)?.1, &now);
     if bad.is_empty() {
         eprintln!("perf guard: every guarded ratio within its tolerance of the baseline");
         Ok(())
     } else {
+        let (file, bad) = (file.display(), bad.join("\n  "));
         Err(io::Error::other(format!(
-            "perf guard failed ({}):\n  {}",
-            file.display(),
-            bad.join("\n  ")
+            "perf guard failed ({file}):\n  {bad}"
         )))
     }
 }
 
-/// Compares `now` with `baseline` (name, ratio, tolerance); the failures, as lines.
+/// Compares `now` with `baseline` (name, ratio, tolerance), printing each row that has
+/// a baseline; the failures, as lines.
 pub fn regressions(baseline: &[Row], now: &[(&str, f64)]) -> Vec<String> {
     now.iter()
         .filter_map(|(name, r)| {
@@ -628,12 +590,13 @@ pub fn regressions(baseline: &[Row], now: &[(&str, f64)]) -> Vec<String> {
                 return Some(format!("{name}: no baseline"));
             };
             let rise = r / base - 1.0;
+            let (over, allowed) = (
+                format!("{:+.1}%", rise * 100.0),
+                format!("{:+.0}%", tol * 100.0),
+            );
+            eprintln!("  {name}: {r:.3} now, {base:.3} baseline ({over}, allowed {allowed})");
             (!r.is_finite() || rise > *tol).then(|| {
-                format!(
-                    "{name}: {r:.3}, {:+.1}% over the baseline {base:.3} (allowed {:+.0}%)",
-                    rise * 100.0,
-                    tol * 100.0
-                )
+                format!("{name}: {r:.3}, {over} over the baseline {base:.3} (allowed {allowed})")
             })
         })
         .collect()

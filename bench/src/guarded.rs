@@ -100,7 +100,7 @@ fn rate(s: &Server, op: &Op, fences: &[Vec<u8>], cmds: u64) -> io::Result<f64> {
     let per_conn = cmds.max(per_op) / per_op * per_op;
     let w = writes_of(op, &s.scripts, fences);
     let conns = fences.len();
-    let per_sec = load::run_batched(s.port, conns, &batch(op), per_conn, &op.shown(), &w)?;
+    let per_sec = load::run(s.port, conns, batch(op), per_conn, &op.shown(), &w)?;
     Ok(per_sec / per_op as f64)
 }
 
@@ -522,9 +522,9 @@ pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCall
             let scripts = s.server.scripts.clone();
             let w = writes_of(op, &scripts, &fences);
             let b = batch(op);
-            load::run_batched(s.server.port, 1, &b, writes / 10 * per_op, "warm-up", &w)?;
+            load::run(s.server.port, 1, b, writes / 10 * per_op, "warm-up", &w)?;
             s.settle(SETTLE);
-            let dump = s.measure(&w, writes * per_op, Some(&b), name)?;
+            let dump = s.measure(&w, writes * per_op, Some(b), name)?;
             let c = costs(&dump, writes)?;
             eprintln!(
                 "  [callgrind {label}] {name}: {:.0} Ir per write, {:.0} in processCommand",

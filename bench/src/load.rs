@@ -175,6 +175,7 @@ pub fn poll(fds: &mut [libc::pollfd]) -> io::Result<i32> {
 const STALL: Duration = Duration::from_secs(60);
 
 /// How a connection groups its commands into round trips.
+#[derive(Clone, Copy)]
 pub enum Batch<'a> {
     /// `n` commands at a time.
     Pipeline(u64),
@@ -204,36 +205,24 @@ impl Batch<'_> {
     }
 }
 
-/// Runs `per_conn` operations on each of `conns` connections, `pipeline` at a time, and
-/// returns the operations per second; an error (naming `what`) unless every reply was
-/// the expected one.
-pub fn run(
-    port: u16,
-    conns: usize,
-    pipeline: usize,
-    per_conn: u64,
-    what: &str,
-    w: &Workload,
-) -> io::Result<f64> {
-    run_batched(
-        port,
-        conns,
-        &Batch::Pipeline(pipeline as u64),
-        per_conn,
-        what,
-        w,
-    )
+impl From<usize> for Batch<'_> {
+    fn from(pipeline: usize) -> Self {
+        Batch::Pipeline(pipeline as u64)
+    }
 }
 
-/// [`run`] with the commands grouped as `batch` says; commands per second.
-pub fn run_batched(
+/// Runs `per_conn` operations on each of `conns` connections, grouped as `batch` says (a
+/// pipeline depth, or round trips), and returns the commands per second; an error
+/// (naming `what`) unless every reply was the expected one.
+pub fn run<'b>(
     port: u16,
     conns: usize,
-    batch: &Batch,
+    batch: impl Into<Batch<'b>>,
     per_conn: u64,
     what: &str,
     w: &Workload,
 ) -> io::Result<f64> {
+    let batch = &batch.into();
     let mut clients = (0..conns)
         .map(|_| Client::connect(port))
         .collect::<io::Result<Vec<_>>>()?;

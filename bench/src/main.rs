@@ -1,15 +1,6 @@
-//! `redis-lock-bench`: measures redis-lock against the `SET NX PX` + `EVALSHA` recipe it
-//! replaces, on every server; saves the measurements as docs/data/perf.json and renders
-//! the perf section of docs/BENCHMARKS.md and docs/perf.png from it.
-//!
-//! ```text
-//! redis-lock-bench all                        every suite on every server (make bench)
-//! redis-lock-bench guarded                    issue 23's guarded writes and observe hand-offs only (make bench-guarded)
-//! redis-lock-bench callgrind                  instructions per command only (make bench-callgrind)
-//! redis-lock-bench callgrind --save-baseline  ... and record them as the "before" column
-//! redis-lock-bench guard                      the instruction-count check of make test
-//! ```
-//! Sizes and durations: `--help` (each option also reads a `BENCH_*` variable).
+//! `redis-lock-bench`: redis-lock against the `SET NX PX` + `EVALSHA` recipe on every
+//! server, saved as docs/data/perf.json and rendered into docs/BENCHMARKS.md and
+//! docs/perf.png. Subcommands and their `make` targets: `--help`, and the Makefile.
 
 mod callgrind;
 mod config;
@@ -43,6 +34,9 @@ pub enum On {
     Floor,
 }
 
+/// The floor module (bench/floor), built by `make bench-floor`.
+const FLOOR: &str = "target/release/libredis_lock_floor.so";
+
 /// `name value` pairs: server settings, or environment variables.
 pub type Settings<'a> = &'a [(&'a str, &'a str)];
 
@@ -72,7 +66,7 @@ impl Server {
         let b = match on {
             On::Lock => b.module(&cfg.path(&cfg.module)),
             On::Plain => b.no_module(),
-            On::Floor => b.module(&cfg.path(&cfg.floor)),
+            On::Floor => b.module(&cfg.path(Path::new(FLOOR))),
         };
         let b = extra.iter().fold(b, |b, (k, v)| b.arg(k, v));
         let b = env.iter().fold(b, |b, (k, v)| b.env(k, v));
@@ -169,10 +163,8 @@ fn no_results(label: &str) -> ServerResults {
 
 /// The server callgrind runs on: the first one (Redis 7.0.15 by default).
 fn callgrind_bin(cfg: &Config) -> io::Result<PathBuf> {
-    cfg.cg_server
-        .clone()
-        .or_else(|| cfg.servers.0.first().cloned())
-        .map(|b| cfg.path(&b))
+    (cfg.servers.0.first())
+        .map(|b| cfg.path(b))
         .ok_or_else(|| io::Error::other("no server to run callgrind on"))
 }
 
@@ -204,12 +196,6 @@ fn render(json: &Path, run: &PerfRun) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Renders the saved run again, measuring nothing.
-fn render_only(cfg: &Config) -> io::Result<()> {
-    let run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
-    render(&cfg.json(), &run)
 }
 
 fn all(cfg: &Config) -> io::Result<()> {
@@ -326,7 +312,6 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None | Some(Command::All) => all(&cfg),
         Some(Command::Guarded) => guarded_only(&cfg),
-        Some(Command::Render) => render_only(&cfg),
         Some(Command::Callgrind { save_baseline }) => callgrind_only(&cfg, save_baseline),
         Some(Command::Guard { save_baseline }) => callgrind_bin(&cfg)
             .and_then(|bin| callgrind::guard(&bin, &cfg, save_baseline.as_deref())),
