@@ -39,7 +39,7 @@ fn hold_extend_keys(s: &Server, module: bool) -> io::Result<()> {
     let op = if module { &ops::ACQUIRE } else { &ops::SET_NX };
     let w = |conn: usize, i: u64, out: &mut Vec<u8>| {
         let k = format!("ek:{:012}", conn as u64 * per + i);
-        op.put(0, k.as_bytes(), &s.scripts, out)
+        op.put(0, k.as_bytes(), &s.scripts, b"", out)
     };
     load::run(s.port, conns, 256, per, "holding the EXTEND keys", &w)?;
     Ok(())

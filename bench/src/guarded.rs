@@ -1,19 +1,10 @@
-//! Issue 23's benchmarks. (1) Guarded writes: a holder's `LOCK.IFHELD lock token SET data
-//! v` against the classic form a client uses without it (`WATCH` the lock, read it and
-//! compare, `MULTI` + `SET` + `EXEC`, in the round trips client libraries use) and
-//! against the plain `SET` as the floor, with `LOCK.IFFENCE` and `LOCK.CHECK` beside
-//! them: 50 clients, pipeline 1 (the classic form in its own round trips), every form
-//! once per round in a rotating order, every reply checked (an `EXEC` that answers nil
-//! fails the run). (2) Observe hand-offs: a holder releases a lock with a FIFO waiter and
-//! N clients blocked in `LOCK.WATCH key FENCE f`; the time from the release reply to the
-//! waiter's grant and to each watcher's answer, the release's own round trip with N
-//! watchers, and the same hand-off seen by a client polling `LOCK.INFO` every 10 or 100
-//! ms. (3) Under callgrind: instructions per guarded write, and per RELEASE with 0, 100
-//! and 1,000 watchers.
+//! Issue 23's benchmarks (docs/BENCHMARKS.md, section 7). (1) Guarded writes:
+//! `LOCK.IFHELD ... SET` against the classic `WATCH`/`MULTI` form and the plain `SET`,
+//! 50 clients, pipeline 1, every form once per round in a rotating order, every reply
+//! checked. (2) Observe hand-offs: release to the FIFO waiter's grant and to each of N
+//! `LOCK.WATCH` clients' answers, against polling `LOCK.INFO`. (3) Both under callgrind.
 
-use std::io::{self, ErrorKind, Read, Write as _};
-use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::io;
 use std::path::Path;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -22,12 +13,12 @@ use redis_lock_report::perf::{
     self, CgRelease, CgWrite, Guarded, GuardedCallgrind, GuardedRate, ObserveLevel, PollDelay,
     Spread,
 };
-use redis_lock_testkit::{args, encode, lock, RawConn};
+use redis_lock_testkit::{args, lock, RawConn};
 
 use crate::callgrind::{costs, server_name, Session, SETTLE};
 use crate::config::Config;
-use crate::load::{self, scan, Batch, Shape};
-use crate::ops::{self, key, Op, Scripts, Vars, TOKEN};
+use crate::load::{self, gather, Batch, Peer, Shape, STALL};
+use crate::ops::{self, key, Op, Scripts, TOKEN};
 use crate::stats::{median, quantiles};
 use crate::{On, Rig, Server};
 
@@ -89,8 +80,7 @@ fn writes_of<'a>(
     let per_op = op.commands_per_op();
     move |conn, i, out| {
         let fence = fences.get(conn).map_or(&b""[..], Vec::as_slice);
-        let vars = Vars { scripts, fence };
-        op.put_with((i % per_op) as usize, &lock_key(conn), vars, out)
+        op.put((i % per_op) as usize, &lock_key(conn), scripts, fence, out)
     }
 }
 
@@ -144,36 +134,7 @@ fn rates(rig: &Rig) -> io::Result<Vec<GuardedRate>> {
     Ok(rows.collect())
 }
 
-/// A connection read reply by reply, or polled with others.
-struct Peer {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-/// Longest wait for any reply of the observe measurement.
-const STALL: Duration = Duration::from_secs(60);
-
 impl Peer {
-    fn connect(port: u16) -> io::Result<Peer> {
-        let s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(STALL))?;
-        Ok(Peer {
-            s,
-            buf: Vec::with_capacity(4096),
-        })
-    }
-
-    fn many(port: u16, n: u64) -> io::Result<Vec<Peer>> {
-        (0..n).map(|_| Peer::connect(port)).collect()
-    }
-
-    fn send(&mut self, args: &[&[u8]]) -> io::Result<()> {
-        let mut out = Vec::with_capacity(128);
-        encode(&mut out, args);
-        self.s.write_all(&out)
-    }
-
     /// `LOCK.ACQUIRE k TOKEN holder PX LEASE`, with `BLOCK` when `block`.
     fn acquire(&mut self, k: &[u8], holder: &[u8], block: bool) -> io::Result<()> {
         let cmd = [
@@ -201,35 +162,6 @@ impl Peer {
     fn watch(&mut self, k: &[u8], fence: &[u8]) -> io::Result<()> {
         self.send(&[b"LOCK.WATCH", k, b"FENCE", fence, b"BLOCK", BLOCK])
     }
-
-    /// A complete reply taken from the buffer, if there is one.
-    fn take(&mut self) -> io::Result<Option<(Shape, Vec<u8>)>> {
-        match scan(&self.buf).map_err(io::Error::other)? {
-            Some((shape, used)) => Ok(Some((shape, self.buf.drain(..used).collect()))),
-            None => Ok(None),
-        }
-    }
-
-    /// Reads what the socket has (one read).
-    fn fill(&mut self) -> io::Result<()> {
-        let mut tmp = [0u8; 16 * 1024];
-        let n = self.s.read(&mut tmp)?;
-        if n == 0 {
-            return Err(io::Error::new(ErrorKind::UnexpectedEof, "server closed"));
-        }
-        self.buf.extend_from_slice(&tmp[..n]);
-        Ok(())
-    }
-
-    /// The next reply, waiting for it.
-    fn reply(&mut self) -> io::Result<(Shape, Vec<u8>)> {
-        loop {
-            if let Some(r) = self.take()? {
-                return Ok(r);
-            }
-            self.fill()?;
-        }
-    }
 }
 
 /// The fence of a `[token, fence]` grant as its digits; `Err(what)` for another reply.
@@ -241,42 +173,6 @@ fn fence_of(grant: &[u8], what: &str) -> io::Result<Vec<u8>> {
     digits
         .map(<[u8]>::to_vec)
         .ok_or_else(|| io::Error::other(what.to_string()))
-}
-
-/// Reads one reply from each peer, as they come; returns, in the peers' order, when
-/// each was complete and what it was.
-fn gather(peers: &mut [&mut Peer]) -> io::Result<Vec<(Instant, Shape, Vec<u8>)>> {
-    let mut got: Vec<Option<(Instant, Shape, Vec<u8>)>> = vec![None; peers.len()];
-    for (g, p) in got.iter_mut().zip(peers.iter_mut()) {
-        if let Some((shape, r)) = p.take()? {
-            *g = Some((Instant::now(), shape, r));
-        }
-    }
-    let mut fds = load::pollfds(peers.iter().map(|p| p.s.as_raw_fd()));
-    let start = Instant::now();
-    while got.iter().any(Option::is_none) {
-        for (f, g) in fds.iter_mut().zip(&got) {
-            if g.is_some() {
-                f.fd = -1;
-            }
-        }
-        load::poll(&mut fds)?;
-        if start.elapsed() > STALL {
-            return Err(io::Error::other(
-                "observe: a watcher or waiter never answered",
-            ));
-        }
-        for ((f, p), g) in fds.iter().zip(peers.iter_mut()).zip(got.iter_mut()) {
-            if g.is_some() || f.revents == 0 {
-                continue;
-            }
-            p.fill()?;
-            if let Some((shape, r)) = p.take()? {
-                *g = Some((Instant::now(), shape, r));
-            }
-        }
-    }
-    Ok(got.into_iter().flatten().collect())
 }
 
 /// Waits (polling without a pause) until the server counts `waiters` waiters and
@@ -513,9 +409,11 @@ const CG_RELEASES: usize = 3;
 pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCallgrind> {
     let writes = (cfg.cg_ops / 4).max(100);
     let mut rows = vec![];
+    let mut release = vec![];
+    let mut label = String::new();
     for on in [On::Plain, On::Lock] {
         let mut s = Session::start(bin, cfg, (on, false), &format!("guarded-{on:?}"), false)?;
-        let label = s.server.label.clone();
+        label.clone_from(&s.server.label);
         let fences = hold(&s.server, on, 1)?;
         for (name, op, _) in WRITES.iter().filter(|w| w.2 == on) {
             let per_op = op.commands_per_op();
@@ -524,8 +422,7 @@ pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCall
             let b = batch(op);
             load::run(s.server.port, 1, b, writes / 10 * per_op, "warm-up", &w)?;
             s.settle(SETTLE);
-            let dump = s.measure(&w, writes * per_op, Some(b), name)?;
-            let c = costs(&dump, writes)?;
+            let c = costs(&s.measure(&w, writes * per_op, Some(b), name)?, writes)?;
             eprintln!(
                 "  [callgrind {label}] {name}: {:.0} Ir per write, {:.0} in processCommand",
                 c.total, c.process
@@ -540,25 +437,20 @@ pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCall
             });
         }
         if on == On::Lock {
-            let mut release = vec![];
             for &n in &cfg.obs_watchers.0 {
                 release.push(release_with_watchers(&mut s, n)?);
             }
-            // In the order of WRITES, whichever server each ran on.
-            let at = |r: &CgWrite| WRITES.iter().position(|w| w.0 == r.name);
-            rows.sort_by_key(at);
-            return Ok(GuardedCallgrind {
-                date: date.into(),
-                server: label,
-                writes,
-                rows,
-                release,
-            });
         }
     }
-    Err(io::Error::other(
-        "guarded callgrind: no server with the module",
-    ))
+    // In the order of WRITES, whichever server each ran on.
+    rows.sort_by_key(|r| WRITES.iter().position(|w| w.0 == r.name));
+    Ok(GuardedCallgrind {
+        date: date.into(),
+        server: label,
+        writes,
+        rows,
+        release,
+    })
 }
 
 /// Instructions of a RELEASE of a lock that `n` clients watch (`LOCK.WATCH key FENCE f`),

@@ -47,7 +47,7 @@ fn side(
         let k = key(b"lat", round, i);
         for (op, out) in ops.into_iter().zip(samples.iter_mut()) {
             buf.clear();
-            let want = op.put(0, &k, scripts, &mut buf);
+            let want = op.put(0, &k, scripts, b"", &mut buf);
             let t0 = Instant::now();
             c.send_raw(&buf)?;
             let reply = c.read()?;

@@ -1,13 +1,13 @@
 //! The load generator: one thread, `poll(2)` over N non-blocking connections, each
-//! sending a batch of `pipeline` commands and waiting for all their replies before the
-//! next batch (what `redis-benchmark -P` does). Every reply is checked against what the
-//! workload expects, so a run whose keys were not in the intended state is caught
-//! instead of being measured.
+//! sending a batch and waiting for all its replies (as `redis-benchmark -P` does), every
+//! reply checked against the workload's expectation; and [`Peer`], read reply by reply.
 
 use std::collections::VecDeque;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
+
+use redis_lock_testkit::encode;
 use std::time::{Duration, Instant};
 
 /// The outline of one reply, enough to check it against an expectation.
@@ -171,8 +171,8 @@ pub fn poll(fds: &mut [libc::pollfd]) -> io::Result<i32> {
     }
 }
 
-/// Longest time without a single reply before the run is declared stuck.
-const STALL: Duration = Duration::from_secs(60);
+/// Longest time without a single reply before a run is declared stuck.
+pub const STALL: Duration = Duration::from_secs(60);
 
 /// How a connection groups its commands into round trips.
 #[derive(Clone, Copy)]
@@ -287,6 +287,96 @@ pub fn run<'b>(
         )));
     }
     Ok(if secs > 0.0 { ops as f64 / secs } else { 0.0 })
+}
+
+/// A connection read reply by reply, or polled with others.
+pub struct Peer {
+    pub s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Peer {
+    pub fn connect(port: u16) -> io::Result<Peer> {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(STALL))?;
+        Ok(Peer { s, buf: Vec::new() })
+    }
+
+    pub fn many(port: u16, n: u64) -> io::Result<Vec<Peer>> {
+        (0..n).map(|_| Peer::connect(port)).collect()
+    }
+
+    pub fn send<A: AsRef<[u8]>>(&mut self, args: &[A]) -> io::Result<()> {
+        let (mut out, args) = (vec![], args.iter().map(AsRef::as_ref).collect::<Vec<_>>());
+        encode(&mut out, &args);
+        self.s.write_all(&out)
+    }
+
+    /// A complete reply taken from the buffer, if there is one.
+    pub fn take(&mut self) -> io::Result<Option<(Shape, Vec<u8>)>> {
+        match scan(&self.buf).map_err(io::Error::other)? {
+            Some((shape, used)) => Ok(Some((shape, self.buf.drain(..used).collect()))),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads what the socket has (one read).
+    pub fn fill(&mut self) -> io::Result<()> {
+        let mut tmp = [0u8; 16 * 1024];
+        let n = self.s.read(&mut tmp)?;
+        if n == 0 {
+            return Err(io::Error::new(ErrorKind::UnexpectedEof, "server closed"));
+        }
+        self.buf.extend_from_slice(&tmp[..n]);
+        Ok(())
+    }
+
+    /// The next reply, waiting for it.
+    pub fn reply(&mut self) -> io::Result<(Shape, Vec<u8>)> {
+        loop {
+            if let Some(r) = self.take()? {
+                return Ok(r);
+            }
+            self.fill()?;
+        }
+    }
+}
+
+/// Reads one reply from each peer, as they come; returns, in the peers' order, when
+/// each was complete and what it was.
+pub fn gather(peers: &mut [&mut Peer]) -> io::Result<Vec<(Instant, Shape, Vec<u8>)>> {
+    let mut got: Vec<Option<(Instant, Shape, Vec<u8>)>> = vec![None; peers.len()];
+    for (g, p) in got.iter_mut().zip(peers.iter_mut()) {
+        if let Some((shape, r)) = p.take()? {
+            *g = Some((Instant::now(), shape, r));
+        }
+    }
+    let mut fds = pollfds(peers.iter().map(|p| p.s.as_raw_fd()));
+    let start = Instant::now();
+    while got.iter().any(Option::is_none) {
+        for (f, g) in fds.iter_mut().zip(&got) {
+            if g.is_some() {
+                f.fd = -1;
+            }
+        }
+        poll(&mut fds)?;
+        if start.elapsed() > STALL {
+            return Err(io::Error::other(
+                "observe: a watcher or waiter never answered",
+            ));
+        }
+        for ((f, p), g) in fds.iter().zip(peers.iter_mut()).zip(got.iter_mut()) {
+            if g.is_some() || f.revents == 0 {
+                continue;
+            }
+            p.fill()?;
+            if let Some((shape, r)) = p.take()? {
+                *g = Some((Instant::now(), shape, r));
+            }
+        }
+    }
+    Ok(got.into_iter().flatten().collect())
 }
 
 #[cfg(test)]

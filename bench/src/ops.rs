@@ -1,16 +1,13 @@
-//! The commands compared, as data: each is its words and the reply it must get when the
-//! keys are in the intended state (the module's command set and replies change: a change
-//! is an edit of the table below), and the server states the suites share (empty,
-//! blocked waiters).
+//! The commands compared, as data (words, and the replies they must get when the keys
+//! are in the intended state), and the server states the suites share (empty, waiters).
 
-use std::io::{self, Read, Write as _};
-use std::net::TcpStream;
+use std::io::{self, Write as _};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use redis_lock_testkit::{args, encode, lock, RawConn, Resp};
+use redis_lock_testkit::{lock, RawConn, Resp};
 
-use crate::load::Shape;
+use crate::load::{Peer, Shape};
 
 /// A 36-byte token, the length of the UUID a client would generate.
 pub const TOKEN: &[u8] = b"6f1c1b9e-3a5d-4c2e-9b7a-0d8e2f4a1c3b";
@@ -58,11 +55,9 @@ pub enum Needs {
     Crowd(u64),
 }
 
-/// One command, or a cycle of several on the same key (`a + b`). In `words`, `{k}` is
-/// the op's key (`prefix:ccc:iiiiiiiii`), `{d}` the data key that goes with it (`{k}`
-/// and `:data`), `{t}` the [`TOKEN`], `{f}` the fence of the lock on `{k}` (see
-/// [`Vars`]), `{release}` and `{extend}` the SHA1 of the recipe's scripts; `reply` is
-/// what each command must answer.
+/// One command, or several on the same key (`a + b`). In `words`, `{k}` is the op's key,
+/// `{d}` its data key (`{k}:data`), `{t}` the [`TOKEN`], `{f}` the fence of the lock on
+/// `{k}`, `{release}`/`{extend}` the SHA1s of the recipe's scripts; `reply` per command.
 #[derive(Debug)]
 pub struct Op {
     pub words: &'static str,
@@ -91,14 +86,6 @@ const fn txn(words: &'static str, reply: &'static [Shape], trips: &'static [u64]
         needs: Nothing,
         trips,
     }
-}
-
-/// What the placeholders of an op's words stand for besides its key.
-#[derive(Debug, Clone, Copy)]
-pub struct Vars<'a> {
-    pub scripts: &'a Scripts,
-    /// The fence of the lock on the op's key (`{f}`).
-    pub fence: &'a [u8],
 }
 
 use Needs::{Held, Kept, Nothing};
@@ -149,14 +136,9 @@ pub const FLOOR_NOEXP: Op = op("FLOOR.ACQUIRE {k} {t} 0", &[Array(2)], Nothing);
 /// The data key `{d}` of a guarded write is the lock key and this.
 pub const DATA_SUFFIX: &[u8] = b":data";
 
-/// Guarded writes (issue 23): a holder writes `{d}` only while its lock on `{k}` is
-/// held. The plain write is the floor; the classic form without the module's guard is
-/// `WATCH` the lock, read it and compare (the token of a `SET NX PX` lock, or
-/// `LOCK.CHECK` of the fence for a module lock), then `MULTI` + the write + `EXEC`,
-/// which `EXEC` refuses (nil) if the lock changed after the `WATCH`. Client libraries
-/// (redis-py, node-redis, go-redis) send that as three round trips: `WATCH`, the read
-/// (whose answer decides whether to go on), then `MULTI`..`EXEC` in one write; sending
-/// `WATCH` and the read together saves one.
+/// Guarded writes (issue 23): `{d}` written only while the lock on `{k}` is held; the
+/// plain write is the floor. The classic form (`WATCH`, read and compare, `MULTI`..`EXEC`)
+/// goes in three round trips as redis-py, node-redis and go-redis send it, or in two.
 pub const GUARD_SET: Op = op("SET {d} value-0001", &[Status(true)], Nothing);
 pub const IFHELD: Op = op(
     "LOCK.IFHELD {k} {t} SET {d} value-0001",
@@ -203,15 +185,6 @@ pub const SHOWN: [&Op; 9] = [
 ];
 
 impl Op {
-    /// What fills the keys before a run, and whether the run may reuse them.
-    pub fn fill(&self) -> Option<(&'static Op, bool)> {
-        match self.needs {
-            Held(op) => Some((op, false)),
-            Kept(op) => Some((op, true)),
-            _ => None,
-        }
-    }
-
     /// The command as a user would type it, for the report.
     pub fn shown(&self) -> String {
         (self
@@ -229,17 +202,15 @@ impl Op {
         self.reply.len() as u64
     }
 
-    /// Appends command `step` of the op on key `k`; returns the reply it must get.
-    pub fn put(&self, step: usize, k: &[u8], s: &Scripts, out: &mut Vec<u8>) -> Option<Shape> {
-        let vars = Vars {
-            scripts: s,
-            fence: b"",
-        };
-        self.put_with(step, k, vars, out)
-    }
-
-    /// [`put`](Self::put) with the fence of `{f}` too.
-    pub fn put_with(&self, step: usize, k: &[u8], v: Vars, out: &mut Vec<u8>) -> Option<Shape> {
+    /// Appends command `step` of the op on key `k` (`{f}`: `fence`); the reply it must get.
+    pub fn put(
+        &self,
+        step: usize,
+        k: &[u8],
+        s: &Scripts,
+        fence: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Option<Shape> {
         let words = self.words.split(" + ").nth(step).unwrap_or(self.words);
         // Writing into a Vec cannot fail.
         let _ = write!(out, "*{}\r\n", words.split(' ').count());
@@ -247,9 +218,9 @@ impl Op {
             let a: &[u8] = match w {
                 "{k}" | "{d}" => k,
                 "{t}" => TOKEN,
-                "{f}" => v.fence,
-                "{release}" => &v.scripts.release,
-                "{extend}" => &v.scripts.extend,
+                "{f}" => fence,
+                "{release}" => &s.release,
+                "{extend}" => &s.extend,
                 w => w.as_bytes(),
             };
             let data: &[u8] = if w == "{d}" { DATA_SUFFIX } else { b"" };
@@ -262,8 +233,7 @@ impl Op {
     }
 
     /// The op as a workload on keys `prefix:ccc:iiiiiiiii`, each connection on its own
-    /// keys; a cycle runs both its commands on one key. `wrap` > 0 makes op `i` use key
-    /// `i % wrap` (for commands that leave the key held, like EXTEND).
+    /// keys (a cycle's commands on one); `wrap` > 0: op `i` on key `i % wrap`.
     pub fn load<'a>(
         &'a self,
         prefix: &'a [u8],
@@ -273,7 +243,7 @@ impl Op {
         let n = self.commands_per_op();
         move |conn, i, out| {
             let j = if wrap > 0 { i / n % wrap } else { i / n };
-            self.put((i % n) as usize, &key(prefix, conn, j), s, out)
+            self.put((i % n) as usize, &key(prefix, conn, j), s, b"", out)
         }
     }
 }
@@ -287,19 +257,16 @@ pub fn key(prefix: &[u8], conn: usize, i: u64) -> Vec<u8> {
     k
 }
 
+/// How long the waits on an INFO field pause between readings.
+const PAUSE: Duration = Duration::from_millis(20);
+
 /// Empties the server synchronously (Valkey 8 flushes in the background by default,
 /// which would make the next `used_memory` reading meaningless) and waits until no
 /// lazy-free work is pending.
 pub fn flushall(c: &mut RawConn) -> io::Result<()> {
     c.ok(&[b"FLUSHALL", b"SYNC"])?;
-    let (pause, limit) = (Duration::from_millis(20), Duration::from_secs(60));
-    wait_for(
-        c,
-        "memory",
-        &[("lazyfree_pending_objects", 0)],
-        pause,
-        limit,
-    )
+    let want = [("lazyfree_pending_objects", 0)];
+    wait_for(c, "memory", &want, PAUSE, Duration::from_secs(60))
 }
 
 /// Polls `INFO <section>`, `pause` apart, until every `(field, value)` of `want` holds
@@ -331,15 +298,13 @@ pub fn wait_for(
     }
 }
 
-/// Plain connections blocked in `LOCK.ACQUIRE ... BLOCK 0`, on locks `wl:k` held from
-/// another connection.
-pub struct Waiters(Vec<TcpStream>);
+/// Connections blocked in `LOCK.ACQUIRE ... BLOCK 0`, on locks `wl:k` held from another.
+pub struct Waiters(Vec<Peer>);
 
 impl Waiters {
-    /// Holds `locks` locks for a long time from `c`, opens `count` connections (each of
-    /// which has answered a PING), then blocks each on one of the locks (round robin)
-    /// and waits until the server counts them all as waiters. `step` runs after each of
-    /// the three stages.
+    /// Holds `locks` locks from `c`, opens `count` connections (each has answered a
+    /// PING), then blocks each on one of the locks (round robin) until the server counts
+    /// them all as waiters. `step` runs after each of the three stages.
     pub fn block(
         c: &mut RawConn,
         port: u16,
@@ -357,35 +322,22 @@ impl Waiters {
         step(c)?;
         let mut conns = Vec::with_capacity(count as usize);
         for _ in 0..count {
-            let mut s = TcpStream::connect(("127.0.0.1", port))?;
-            s.set_nodelay(true)?;
-            s.set_read_timeout(Some(Duration::from_secs(60)))?;
-            let mut pong = [0u8; 7];
-            s.write_all(b"*1\r\n$4\r\nPING\r\n")?;
-            s.read_exact(&mut pong)?;
-            if &pong != b"+PONG\r\n" {
+            let mut p = Peer::connect(port)?;
+            p.send(&["PING"])?;
+            if p.reply()?.1 != b"+PONG\r\n" {
                 return Err(io::Error::other("PING did not answer +PONG"));
             }
-            conns.push(s);
+            conns.push(p);
         }
         step(c)?;
         let before = c.info_u64("lock", "lock_waiters")?;
-        for (i, s) in conns.iter_mut().enumerate() {
-            let key = format!("wl:{}", i as u64 % locks);
-            let token = format!("waiter-{i:029}");
-            let cmd = args!["LOCK.ACQUIRE", key, "TOKEN", token, "PX", TTL, "BLOCK", "0"];
-            let mut buf = Vec::new();
-            encode(&mut buf, &cmd.iter().map(Vec::as_slice).collect::<Vec<_>>());
-            s.write_all(&buf)?;
+        for (i, p) in conns.iter_mut().enumerate() {
+            let (k, token) = (i as u64 % locks, format!("waiter-{i:029}"));
+            let cmd = format!("LOCK.ACQUIRE wl:{k} TOKEN {token} PX 600000 BLOCK 0");
+            p.send(&cmd.split(' ').collect::<Vec<_>>())?;
         }
         let want = [("lock_waiters", before + count)];
-        wait_for(
-            c,
-            "lock",
-            &want,
-            Duration::from_millis(20),
-            Duration::from_secs(120),
-        )?;
+        wait_for(c, "lock", &want, PAUSE, Duration::from_secs(120))?;
         step(c)?;
         Ok(Waiters(conns))
     }
@@ -393,14 +345,8 @@ impl Waiters {
     /// Disconnects the waiters and waits until the server has none left.
     pub fn release(self, c: &mut RawConn) -> io::Result<()> {
         drop(self.0);
-        let pause = Duration::from_millis(20);
-        wait_for(
-            c,
-            "lock",
-            &[("lock_waiters", 0)],
-            pause,
-            Duration::from_secs(60),
-        )
+        let want = [("lock_waiters", 0)];
+        wait_for(c, "lock", &want, PAUSE, Duration::from_secs(60))
     }
 }
 
@@ -415,7 +361,7 @@ mod tests {
             extend: b"sha2".to_vec(),
         };
         let mut out = Vec::new();
-        assert_eq!(CYCLE_RECIPE.put(1, b"k", &s, &mut out), Some(Int(1)));
+        assert_eq!(CYCLE_RECIPE.put(1, b"k", &s, b"", &mut out), Some(Int(1)));
         let want = format!(
             "*5\r\n$7\r\nEVALSHA\r\n$4\r\nsha1\r\n$1\r\n1\r\n$1\r\nk\r\n$36\r\n{}\r\n",
             String::from_utf8_lossy(TOKEN)
@@ -429,11 +375,7 @@ mod tests {
             (Some(Array(2)), Some(Int(1)))
         );
         let mut g = Vec::new();
-        let vars = Vars {
-            scripts: &s,
-            fence: b"42",
-        };
-        assert_eq!(IFFENCE.put_with(0, b"k", vars, &mut g), Some(Status(true)));
+        assert_eq!(IFFENCE.put(0, b"k", &s, b"42", &mut g), Some(Status(true)));
         assert_eq!(
             String::from_utf8_lossy(&g),
             "*6\r\n$12\r\nLOCK.IFFENCE\r\n$1\r\nk\r\n$2\r\n42\r\n$3\r\nSET\r\n$6\r\nk:data\r\n$10\r\nvalue-0001\r\n"

@@ -7,7 +7,7 @@ use std::io;
 use redis_lock_report::perf::{self, PairResult, Throughput};
 
 use crate::load;
-use crate::ops::{self, flushall, Op};
+use crate::ops::{self, flushall, Needs, Op};
 use crate::stats::{ab, median, min_max, pair_medians};
 use crate::{On, Rig};
 
@@ -48,12 +48,12 @@ fn measure(rig: &Rig, (op, on): Side, pipeline: usize) -> io::Result<f64> {
     let prefix = b"bench:lock";
     // RELEASE deletes its key: every op gets a freshly held key. EXTEND leaves it held,
     // so a smaller set is reused.
-    let fill = op.fill();
-    let wrap = match fill {
-        Some((_, true)) => per_conn.min(2000),
-        _ => 0,
+    let (fill, wrap) = match op.needs {
+        Needs::Held(f) => (Some(f), 0),
+        Needs::Kept(f) => (Some(f), per_conn.min(2000)),
+        _ => (None, 0),
     };
-    if let Some((fill, _)) = fill {
+    if let Some(fill) = fill {
         // The same connection numbering as the measured run.
         let n = if wrap > 0 { wrap } else { per_conn };
         let w = fill.load(prefix, &s.scripts, 0);
