@@ -1,6 +1,5 @@
-//! Latency of single, unpipelined commands from one client with a monotonic clock:
-//! ACQUIRE then RELEASE of a free key against SET NX PX then EVALSHA release (on the same
-//! binary without the module), the two sides alternated in rounds.
+//! Latency of unpipelined commands from one client: ACQUIRE then RELEASE against SET NX
+//! PX then EVALSHA release (without the module), the sides alternated in rounds.
 
 use std::io;
 use std::time::Instant;
@@ -24,8 +23,7 @@ fn pcts(mut v: Vec<f64>) -> Pcts {
     }
 }
 
-/// Times `n` acquire/release pairs of the module (or of the recipe); returns the
-/// acquire and the release samples, µs.
+/// The acquire and the release samples (µs) of `n` pairs of the module or the recipe.
 fn side(
     c: &mut RawConn,
     scripts: &Scripts,

@@ -22,8 +22,7 @@ pub enum Shape {
     Array(usize),
 }
 
-/// Scans one complete reply at the start of `buf`. `Ok(None)` when more bytes are
-/// needed; `Err` on a protocol violation.
+/// Scans one complete reply at the start of `buf`; `Ok(None)` when more bytes are needed.
 pub fn scan(buf: &[u8]) -> Result<Option<(Shape, usize)>, String> {
     let Some(line_end) = buf.windows(2).position(|w| w == b"\r\n") else {
         return Ok(None);
@@ -65,10 +64,8 @@ fn num(line: &[u8]) -> Result<i64, String> {
         .ok_or_else(|| format!("bad number {:?}", String::from_utf8_lossy(line)))
 }
 
-/// Appends operation `i` of connection `conn` to the buffer and returns the reply it
-/// must get for the operation to count as the intended one: `+OK` (a `SET ... NX` that
-/// did set), `:1` (a release or extend that found its token), a two-element array (the
-/// `[token, fence]` of a grant), or `None` for anything but an error.
+/// Appends operation `i` of connection `conn` to the buffer; returns the reply it must
+/// get (`None`: anything but an error).
 pub type Workload<'a> = dyn Fn(usize, u64, &mut Vec<u8>) -> Option<Shape> + 'a;
 
 struct Client {
@@ -133,8 +130,7 @@ impl Client {
     }
 }
 
-/// One read or write on a non-blocking socket, retried when interrupted; `None` when it
-/// would block.
+/// One read or write on a non-blocking socket, retried when interrupted; `None`: would block.
 fn nonblocking(mut f: impl FnMut() -> io::Result<usize>) -> io::Result<Option<usize>> {
     loop {
         match f() {
@@ -179,9 +175,8 @@ pub const STALL: Duration = Duration::from_secs(60);
 pub enum Batch<'a> {
     /// `n` commands at a time.
     Pipeline(u64),
-    /// Operations of `trips.iter().sum()` commands, sent as the round trips listed: `[1,
-    /// 1, 3]` is one command, its reply, another, its reply, then three in one write (a
-    /// `WATCH`, a `GET`, then `MULTI` + `SET` + `EXEC`, as a client library sends them).
+    /// Operations sent as these round trips: `[1, 1, 3]` is `WATCH`, its reply, `GET`, its
+    /// reply, then `MULTI` + `SET` + `EXEC` in one write (as a client library sends them).
     Trips(&'a [u64]),
 }
 
@@ -211,9 +206,8 @@ impl From<usize> for Batch<'_> {
     }
 }
 
-/// Runs `per_conn` operations on each of `conns` connections, grouped as `batch` says (a
-/// pipeline depth, or round trips), and returns the commands per second; an error
-/// (naming `what`) unless every reply was the expected one.
+/// Runs `per_conn` commands on each of `conns` connections, grouped as `batch` says;
+/// commands per second, or an error (naming `what`) unless every reply was expected.
 pub fn run<'b>(
     port: u16,
     conns: usize,
@@ -343,8 +337,7 @@ impl Peer {
     }
 }
 
-/// Reads one reply from each peer, as they come; returns, in the peers' order, when
-/// each was complete and what it was.
+/// Reads one reply from each peer as they come; when each was complete, and what it was.
 pub fn gather(peers: &mut [&mut Peer]) -> io::Result<Vec<(Instant, Shape, Vec<u8>)>> {
     let mut got: Vec<Option<(Instant, Shape, Vec<u8>)>> = vec![None; peers.len()];
     for (g, p) in got.iter_mut().zip(peers.iter_mut()) {

@@ -25,8 +25,7 @@ use redis_lock_testkit::{flavor_of, RawConn, ServerBuilder};
 
 use config::{Cli, Command, Config};
 
-/// Which module a server of a comparison has loaded: redis-lock, none (the recipe's
-/// commands and every "without the module" figure), or the floor module (bench/floor).
+/// The module a server has loaded: redis-lock, none (the recipe runs there), the floor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum On {
     Lock,
@@ -40,8 +39,7 @@ const FLOOR: &str = "target/release/libredis_lock_floor.so";
 /// `name value` pairs: server settings, or environment variables.
 pub type Settings<'a> = &'a [(&'a str, &'a str)];
 
-/// A server of a comparison, its report label ("Redis 7.0.15"), the recipe's scripts as
-/// loaded on it, and the settings the suites run with.
+/// A server of a comparison, its label ("Redis 7.0.15"), scripts and the run's settings.
 pub struct Server {
     pub kit: redis_lock_testkit::Server,
     pub label: String,
@@ -51,8 +49,7 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `bin` with `on`'s module (`wrapper`, e.g. valgrind, in front of it), the
-    /// `extra` settings and environment `env`.
+    /// Starts `bin` with `on`'s module, settings `extra`, environment `env`, under `wrapper`.
     pub fn start(
         bin: &Path,
         cfg: &Config,
@@ -248,9 +245,8 @@ fn callgrind_only(cfg: &Config, save_baseline: bool) -> io::Result<()> {
     save_and_render(cfg, &run)
 }
 
-/// Only issue 23's guarded writes and observe hand-offs, on every server, and their
-/// instruction counts: replaces them in the saved run (the other figures stay as they
-/// were measured; the section says when each was).
+/// Only issue 23's guarded writes, observe hand-offs and their instruction counts,
+/// replaced in the saved run (whose section says when each part was measured).
 fn guarded_only(cfg: &Config) -> io::Result<()> {
     let date = redis_lock_report::fmt::now_utc();
     let mut run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
@@ -279,8 +275,8 @@ fn guarded_only(cfg: &Config) -> io::Result<()> {
     save_and_render(cfg, &run)
 }
 
-/// Raises the open-file limit to its hard maximum (the servers started from here inherit
-/// it) and returns it: 10^4 waiters need 10^4 connections on both ends.
+/// Raises the open-file limit (the servers inherit it) to its hard maximum, returned:
+/// 10^4 waiters need 10^4 connections on both ends.
 fn raise_fd_limit() -> u64 {
     let mut r = libc::rlimit {
         rlim_cur: 0,

@@ -36,8 +36,7 @@ pub fn top_up(port: u16, from: u64, to: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// `LOCK.EXTEND` (or `PEXPIRE`, the server's own per-key command, as the reference)
-/// on held locks picked pseudo-randomly all over the held set.
+/// `LOCK.EXTEND` (or the reference `PEXPIRE`) on held locks picked all over the held set.
 pub fn spread_extend(
     held: u64,
     pexpire: bool,
@@ -81,8 +80,8 @@ fn expect_grant(r: Resp, what: &str) -> io::Result<()> {
     r.grant().map(drop).ok_or_else(err)
 }
 
-/// The time a blocked waiter takes to get the lock, ms samples: from the holder's
-/// RELEASE (a hand-off), or (`expiry`) from the holder's lease deadline.
+/// Milliseconds a blocked waiter takes to get the lock from the holder's RELEASE, or
+/// (`expiry`) from its lease deadline.
 fn grants(s: &Server, n: usize, expiry: bool) -> io::Result<Vec<f64>> {
     let (mut a, mut b) = (s.conn()?, s.conn()?);
     let ttl = if expiry { EXPIRY_TTL_MS } else { 60_000 }.to_string();
@@ -112,8 +111,6 @@ fn grants(s: &Server, n: usize, expiry: bool) -> io::Result<Vec<f64>> {
 
 fn measure_level(s: &Server, held: u64, waiters: u64) -> io::Result<Level> {
     let cfg = &s.cfg;
-    // 50 clients, pipeline 16: ACQUIRE+RELEASE cycles against the recipe's, and EXTEND
-    // against PEXPIRE spread over the held locks.
     let per_conn = (cfg.ops_p16 / 2 / cfg.clients as u64).max(2) / 2 * 2;
     let run =
         |what: &str, w: &load::Workload| load::run(s.port, cfg.clients, 16, per_conn, what, w);
@@ -161,9 +158,8 @@ fn measure_level(s: &Server, held: u64, waiters: u64) -> io::Result<Level> {
     Ok(l)
 }
 
-/// Steps through the held-lock `levels`, topping the held locks up from one to the
-/// next, then (with `waiters`) the last level again with that many blocked waiters on
-/// top; `measure(held, waiters)` at each step.
+/// `measure(held, waiters)` at each held-lock level (topped up from the last), then with
+/// `waiters` blocked waiters on top of the last.
 pub fn at_levels<T>(
     port: u16,
     cfg: &Config,
