@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use redis_lock_report::perf::{PerfRun, ServerResults};
-use redis_lock_testkit::{flavor_of, RawConn, ServerBuilder};
+use redis_lock_testkit::{flavor_of, List, RawConn, ServerBuilder};
 
 use config::{Cli, Command, Config};
 
@@ -119,43 +119,36 @@ fn bench_server(bin: &Path, cfg: &Config, first: bool, date: &str) -> io::Result
     let rig = Rig::start(bin, cfg)?;
     let s = &rig.lock;
     eprintln!("== {} ({})", s.label, bin.display());
-    let mut r = no_results(&s.label);
     let t = Instant::now();
-    // Each suite that is asked for fills its field and leaves the servers empty.
-    macro_rules! suite {
-        ($name:literal, $field:ident, $run:expr) => {
-            if cfg.has($name) {
-                r.$field = Some($run?);
-                for s in [&rig.lock, &rig.plain, &rig.floor] {
-                    ops::flushall(&mut s.conn()?)?;
-                }
-                eprintln!("  {} done at {:.0}s", $name, t.elapsed().as_secs_f64());
+    // Each suite that is asked for gives its field and leaves the servers empty.
+    let suite = |name: &str| cfg.has(name) && (name != "crosscheck" || cfg.rb_rounds > 0);
+    let done = |name: &str| {
+        for s in [&rig.lock, &rig.plain, &rig.floor] {
+            ops::flushall(&mut s.conn()?)?;
+        }
+        eprintln!("  {name} done at {:.0}s", t.elapsed().as_secs_f64());
+        Ok::<_, io::Error>(())
+    };
+    macro_rules! run {
+        ($name:literal, $run:expr) => {
+            if suite($name) {
+                let r = $run?;
+                done($name)?;
+                Some(r)
+            } else {
+                None
             }
         };
     }
-    suite!("throughput", throughput, throughput::run(&rig));
-    suite!("latency", latency, latency::run(&rig));
-    suite!("memory", memory, memory::run(s));
-    suite!("scaling", scaling, scaling::run(s));
-    if cfg.rb_rounds > 0 {
-        suite!("crosscheck", crosscheck, crosscheck::run(&rig));
-    }
-    suite!("guarded", guarded, guarded::run(&rig, first, date));
-    Ok(r)
-}
-
-fn no_results(label: &str) -> ServerResults {
-    let label = label.to_string();
-    let (throughput, latency, memory, scaling, crosscheck, guarded) = Default::default();
-    ServerResults {
-        label,
-        throughput,
-        latency,
-        memory,
-        scaling,
-        crosscheck,
-        guarded,
-    }
+    Ok(ServerResults {
+        label: s.label.clone(),
+        throughput: run!("throughput", throughput::run(&rig)),
+        latency: run!("latency", latency::run(&rig)),
+        memory: run!("memory", memory::run(s)),
+        scaling: run!("scaling", scaling::run(s)),
+        crosscheck: run!("crosscheck", crosscheck::run(&rig)),
+        guarded: run!("guarded", guarded::run(&rig, first, date)),
+    })
 }
 
 /// The server callgrind runs on: the first one (Redis 7.0.15 by default).
@@ -250,16 +243,15 @@ fn callgrind_only(cfg: &Config, save_baseline: bool) -> io::Result<()> {
 fn guarded_only(cfg: &Config) -> io::Result<()> {
     let date = redis_lock_report::fmt::now_utc();
     let mut run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
+    let only = Config {
+        suites: List(vec!["guarded".into()]),
+        ..cfg.clone()
+    };
     for (i, bin) in cfg.servers.0.iter().enumerate() {
-        let rig = Rig::start(&cfg.path(bin), cfg)?;
-        eprintln!("== {} ({})", rig.lock.label, bin.display());
-        let g = guarded::run(&rig, i == 0, &date)?;
-        match run.servers.iter_mut().find(|s| s.label == rig.lock.label) {
-            Some(s) => s.guarded = Some(g),
-            None => run.servers.push(ServerResults {
-                guarded: Some(g),
-                ..no_results(&rig.lock.label)
-            }),
+        let r = bench_server(&cfg.path(bin), &only, i == 0, &date)?;
+        match run.servers.iter_mut().find(|s| s.label == r.label) {
+            Some(s) => s.guarded = r.guarded,
+            None => run.servers.push(r),
         }
     }
     run.guarded_callgrind = Some(guarded::callgrind(&callgrind_bin(cfg)?, cfg, &date)?);
