@@ -21,8 +21,7 @@ use crate::ops::{self, flushall, Needs, Op};
 use crate::scaling::{at_levels, spread_extend};
 use crate::{On, Server};
 
-/// A server of the phases: which module it has loaded, and whether it writes an AOF
-/// (`appendonly yes`, `appendfsync no`).
+/// A server of the phases: its module, and whether it writes an AOF (`appendfsync no`).
 type Srv = (On, bool);
 const PLAIN: Srv = (On::Plain, false);
 const LOCK: Srv = (On::Lock, false);
@@ -75,8 +74,7 @@ pub struct Costs {
     pub total: f64,
     pub call: f64,
     pub process: f64,
-    /// The command filters (`moduleCallCommandFilters`, in `processCommand`; 0 without
-    /// a module that has one).
+    /// The command filters (`moduleCallCommandFilters`; 0 without a module that has one).
     pub filters: f64,
     /// Inclusive costs of the module's functions and the server API calls.
     pub inclusive: Vec<FnCost>,
@@ -130,8 +128,7 @@ fn annotate(path: &Path, ops: u64, inclusive: bool) -> io::Result<Vec<Cost>> {
         if rest.is_empty() || rest == "PROGRAM TOTALS" {
             continue;
         }
-        // Functions still on the stack at the dump (main, aeMain, ...) show their
-        // whole inclusive cost here; they are not a command's own work.
+        // Functions on the stack at the dump (main, aeMain, ...): not a command's work.
         if !inclusive && ir as f64 > total * 0.5 {
             continue;
         }
@@ -210,8 +207,8 @@ pub struct Session {
 }
 
 impl Session {
-    /// Starts `bin` under callgrind, emptied, with its dumps in `target/bench/<dir>`;
-    /// `exact`: counts that repeat to the instruction (the guard's), see below.
+    /// Starts `bin` under callgrind, emptied, dumps in `target/bench/<dir>`; `exact`: the
+    /// guard's counts, which repeat to the instruction.
     pub fn start(
         bin: &Path,
         cfg: &Config,
@@ -319,8 +316,7 @@ impl Session {
         }
     }
 
-    /// Waits until the server has run for `settle`, so every periodic check the server
-    /// and the module start with has run at least once.
+    /// Waits until the server has run for `settle` (every periodic check has run once).
     pub fn settle(&self, settle: Duration) {
         sleep(settle.saturating_sub(self.started.elapsed()));
     }
@@ -510,8 +506,7 @@ fn guard_ops(on: On) -> Vec<&'static Op> {
     v
 }
 
-/// One guard pass on `on`'s server: every phase once to warm up, then each measured;
-/// (op, costs) per phase.
+/// One guard pass on `on`'s server: every phase once to warm up, then each measured.
 fn guard_pass(bin: &Path, cfg: &Config, on: On) -> io::Result<Vec<(&'static Op, Costs)>> {
     let mut s = Session::start(bin, cfg, (on, false), &format!("guard-{on:?}"), true)?;
     let ops = guard_ops(on);
@@ -581,8 +576,7 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
     }
 }
 
-/// Compares `now` with `baseline` (name, ratio, tolerance), printing each row that has
-/// a baseline; the failures, as lines.
+/// Compares `now` with `baseline` (printing each row that has one); the failures.
 pub fn regressions(baseline: &[Row], now: &[(&str, f64)]) -> Vec<String> {
     now.iter()
         .filter_map(|(name, r)| {

@@ -22,8 +22,7 @@ use crate::ops::{self, key, Op, Scripts, TOKEN};
 use crate::stats::{median, quantiles};
 use crate::{On, Rig, Server};
 
-/// The forms compared: report name, op, the server it runs on (the string lock's
-/// classic form runs where the module is not loaded, as it would without the module).
+/// The forms compared: report name, op, server (a string lock's form: without the module).
 pub const WRITES: [(&str, &Op, On); 7] = [
     (perf::G_SET, &ops::GUARD_SET, On::Lock),
     (perf::G_IFHELD, &ops::IFHELD, On::Lock),
@@ -39,9 +38,8 @@ fn lock_key(conn: usize) -> Vec<u8> {
     key(b"guard", conn, 0)
 }
 
-/// Holds one lock per connection on `s` (a module lock, or on the server without the
-/// module a `SET NX PX` string lock with the same token); returns each lock's fence
-/// (empty for a string lock).
+/// Holds one lock per connection on `s`, a module lock or a `SET NX PX` string lock;
+/// returns each lock's fence (empty for a string lock).
 fn hold(s: &Server, on: On, conns: usize) -> io::Result<Vec<Vec<u8>>> {
     let module = on == On::Lock;
     let cmds: Vec<Vec<Vec<u8>>> = (0..conns)
@@ -175,8 +173,7 @@ fn fence_of(grant: &[u8], what: &str) -> io::Result<Vec<u8>> {
         .ok_or_else(|| io::Error::other(what.to_string()))
 }
 
-/// Waits (polling without a pause) until the server counts `waiters` waiters and
-/// `watchers` watchers.
+/// Waits (polling without a pause) until the server counts these waiters and watchers.
 fn wait_counts(c: &mut RawConn, waiters: u64, watchers: u64) -> io::Result<()> {
     let want = [("lock_waiters", waiters), ("lock_watchers", watchers)];
     ops::wait_for(c, "lock", &want, Duration::ZERO, STALL)
@@ -246,8 +243,7 @@ impl Turns {
     }
 }
 
-/// Hand-offs at this many watchers: all of them up to 100 watchers, fewer above (each
-/// hand-off re-arms every watcher), at least 20.
+/// Hand-offs at this many watchers: fewer above 100 (each re-arms every watcher), >= 20.
 pub fn handoffs_at(cfg: &Config, watchers: u64) -> usize {
     let scaled = cfg.obs_handoffs as u64 * 100 / watchers.max(100);
     (scaled as usize).max(20).min(cfg.obs_handoffs)
@@ -278,8 +274,7 @@ fn observe_level(s: &Server, n: u64, handoffs: usize) -> io::Result<ObserveLevel
                 grant.push(after);
                 continue;
             }
-            // The holder summary (the new holder), or nil if the pass ran before the
-            // grant; never an error.
+            // The new holder's summary, or nil if the pass ran before the grant.
             if !matches!(shape, Shape::Array(_) | Shape::Nil) {
                 let text = String::from_utf8_lossy(r);
                 return Err(io::Error::other(format!(
@@ -315,10 +310,8 @@ fn sleep_until(t: Instant) {
     sleep(t.saturating_duration_since(Instant::now()));
 }
 
-/// The polling alternative: the same hand-offs, observed by a client that sends
-/// `LOCK.INFO` every `interval` ms (on a fixed schedule); each release falls at a
-/// pseudo-random point of an interval, as it would for an observer that does not know
-/// when it comes.
+/// The polling alternative: the same hand-offs seen by `LOCK.INFO` every `interval` ms,
+/// each release at a pseudo-random point of an interval (the observer cannot know it).
 fn poll_delay(s: &Server, interval_ms: u64, handoffs: usize) -> io::Result<PollDelay> {
     let mut ctl = s.conn()?;
     let mut poller = s.conn()?;
@@ -374,21 +367,21 @@ fn poll_delay(s: &Server, interval_ms: u64, handoffs: usize) -> io::Result<PollD
     })
 }
 
-/// Parts 1 and 2 on one binary (the polling alternative only on the first server: its
-/// delay is the interval's, whatever the server).
+/// Parts 1 and 2 on one binary (polling only on the first: its delay is the interval's).
 pub fn run(rig: &Rig, poll: bool, date: &str) -> io::Result<Guarded> {
     let cfg = &rig.lock.cfg;
     let rates = rates(rig)?;
-    let mut observe = vec![];
-    for &n in &cfg.obs_watchers.0 {
-        observe.push(observe_level(&rig.lock, n, handoffs_at(cfg, n))?);
-    }
-    let mut polls = vec![];
-    if poll && cfg.poll_handoffs > 0 {
-        for &ms in &cfg.poll_ms.0 {
-            polls.push(poll_delay(&rig.lock, ms, cfg.poll_handoffs)?);
-        }
-    }
+    let observe = (cfg.obs_watchers.0.iter())
+        .map(|&n| observe_level(&rig.lock, n, handoffs_at(cfg, n)))
+        .collect::<io::Result<_>>()?;
+    let intervals = if poll && cfg.poll_handoffs > 0 {
+        &cfg.poll_ms.0[..]
+    } else {
+        &[]
+    };
+    let polls = (intervals.iter())
+        .map(|&ms| poll_delay(&rig.lock, ms, cfg.poll_handoffs))
+        .collect::<io::Result<_>>()?;
     Ok(Guarded {
         date: date.into(),
         clients: cfg.clients,
@@ -403,9 +396,8 @@ pub fn run(rig: &Rig, poll: bool, date: &str) -> io::Result<Guarded> {
 /// Repetitions of each RELEASE-with-watchers count under callgrind.
 const CG_RELEASES: usize = 3;
 
-/// Part 3, on `bin` (the first server): instructions per write of every form, one
-/// connection in the form's own round trips, `cfg.cg_ops / 4` writes each; then
-/// instructions per RELEASE with each watcher count.
+/// Part 3 on `bin`: instructions per write of every form (one connection, its own round
+/// trips, `cg_ops / 4` writes), then per RELEASE with each watcher count.
 pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCallgrind> {
     let writes = (cfg.cg_ops / 4).max(100);
     let mut rows = vec![];
@@ -453,9 +445,8 @@ pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCall
     })
 }
 
-/// Instructions of a RELEASE of a lock that `n` clients watch (`LOCK.WATCH key FENCE f`),
-/// no waiter: the command inside `processCommand`, and everything from its arrival
-/// until every watcher had its answer. Median of [`CG_RELEASES`].
+/// Instructions of a RELEASE of a lock `n` clients watch, no waiter: inside
+/// `processCommand`, and until every watcher had its answer. Median of [`CG_RELEASES`].
 fn release_with_watchers(s: &mut Session, n: u64) -> io::Result<CgRelease> {
     let port = s.server.port;
     let mut ctl = s.server.conn()?;

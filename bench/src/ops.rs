@@ -48,8 +48,7 @@ pub enum Needs {
     Nothing,
     /// This op, on the same keys, which the op then takes away (RELEASE, DEL).
     Held(&'static Op),
-    /// The same, but the op leaves the keys as they were (EXTEND, GET): a run may go over
-    /// a smaller set of keys again and again.
+    /// The same, but the op leaves the keys as they were (EXTEND, GET): reusable.
     Kept(&'static Op),
     /// The op itself, this many times on other keys first (a crowded lock).
     Crowd(u64),
@@ -63,8 +62,7 @@ pub struct Op {
     pub words: &'static str,
     pub reply: &'static [Shape],
     pub needs: Needs,
-    /// How a client sends the commands of one op as round trips (commands per trip);
-    /// empty: as the pipeline depth of the run says.
+    /// Commands per round trip a client sends one op in; empty: the run's pipeline depth.
     pub trips: &'static [u64],
 }
 
@@ -77,8 +75,7 @@ const fn op(words: &'static str, reply: &'static [Shape], needs: Needs) -> Op {
     }
 }
 
-/// An op whose commands go as the round trips `trips` (commands per trip), on a lock
-/// held beforehand.
+/// An op sent as the round trips `trips`, on a lock held beforehand.
 const fn txn(words: &'static str, reply: &'static [Shape], trips: &'static [u64]) -> Op {
     Op {
         words,
@@ -128,8 +125,7 @@ pub const CYCLE_RECIPE: Op = op(
     &[Status(true), Int(1)],
     Nothing,
 );
-/// The floor (bench/floor): a module value, its expiry, `[token, fence]`; and without
-/// the expiry.
+/// The floor (bench/floor): a module value, its expiry, `[token, fence]`; no expiry.
 pub const FLOOR: Op = op("FLOOR.ACQUIRE {k} {t} 600000", &[Array(2)], Nothing);
 pub const FLOOR_NOEXP: Op = op("FLOOR.ACQUIRE {k} {t} 0", &[Array(2)], Nothing);
 
@@ -151,8 +147,7 @@ pub const IFFENCE: Op = op(
     Nothing,
 );
 pub const CHECK: Op = op("LOCK.CHECK {k} {f}", &[Int(1)], Nothing);
-/// `+QUEUED` is a status that is not `OK`; `EXEC` answers one reply per queued command
-/// (nil when the transaction was aborted, which the run counts as a failure).
+/// `+QUEUED` is a status not `OK`; `EXEC` one reply per command (nil, aborted: a failure).
 const WATCHED: [Shape; 5] = [Status(true), Bulk, Status(true), Status(false), Array(1)];
 const WATCHED_CHECK: [Shape; 5] = [Status(true), Int(1), Status(true), Status(false), Array(1)];
 pub const WATCH_GET: Op = txn(
@@ -261,8 +256,7 @@ pub fn key(prefix: &[u8], conn: usize, i: u64) -> Vec<u8> {
 const PAUSE: Duration = Duration::from_millis(20);
 
 /// Empties the server synchronously (Valkey 8 flushes in the background by default,
-/// which would make the next `used_memory` reading meaningless) and waits until no
-/// lazy-free work is pending.
+/// which would skew the next `used_memory`) and waits until no lazy free is pending.
 pub fn flushall(c: &mut RawConn) -> io::Result<()> {
     c.ok(&[b"FLUSHALL", b"SYNC"])?;
     let want = [("lazyfree_pending_objects", 0)];
@@ -302,9 +296,8 @@ pub fn wait_for(
 pub struct Waiters(Vec<Peer>);
 
 impl Waiters {
-    /// Holds `locks` locks from `c`, opens `count` connections (each has answered a
-    /// PING), then blocks each on one of the locks (round robin) until the server counts
-    /// them all as waiters. `step` runs after each of the three stages.
+    /// Holds `locks` locks, opens `count` connections (each answered PING), blocks each on
+    /// a lock (round robin) until all are counted; `step` runs after each stage.
     pub fn block(
         c: &mut RawConn,
         port: u16,
