@@ -85,35 +85,35 @@ const fn txn(words: &'static str, reply: &'static [Shape], trips: &'static [u64]
     }
 }
 
-use Needs::{Held, Kept, Nothing};
+use Needs::{Crowd, Held, Kept, Nothing};
 use Shape::{Array, Bulk, Int, Status};
+/// The replies of a grant (`[token, fence]`), of `+OK` and of `:1`.
+const GRANT: &[Shape] = &[Array(2)];
+const OK: &[Shape] = &[Status(true)];
+const ONE: &[Shape] = &[Int(1)];
 pub const PING: Op = op("PING", &[Status(false)], Nothing);
-pub const SET_NX: Op = op("SET {k} {t} NX PX 600000", &[Status(true)], Nothing);
-pub const SET_PX: Op = op("SET {k} {t} PX 600000", &[Status(true)], Nothing);
-pub const SET: Op = op("SET {k} {t}", &[Status(true)], Nothing);
+pub const SET_NX: Op = op("SET {k} {t} NX PX 600000", OK, Nothing);
+pub const SET_PX: Op = op("SET {k} {t} PX 600000", OK, Nothing);
+pub const SET: Op = op("SET {k} {t}", OK, Nothing);
 pub const GET: Op = op("GET {k}", &[Bulk], Kept(&SET));
-pub const EXPIRE: Op = op("EXPIRE {k} 600", &[Int(1)], Kept(&SET));
-pub const DEL: Op = op("DEL {k}", &[Int(1)], Held(&SET));
-pub const EVAL_RELEASE: Op = op("EVALSHA {release} 1 {k} {t}", &[Int(1)], Held(&SET_NX));
-pub const EVAL_EXTEND: Op = op(
-    "EVALSHA {extend} 1 {k} {t} 600000",
-    &[Int(1)],
-    Kept(&SET_NX),
-);
-pub const ACQUIRE: Op = op("LOCK.ACQUIRE {k} TOKEN {t} PX 600000", &[Array(2)], Nothing);
-pub const ACQUIRE_GEN: Op = op("LOCK.ACQUIRE {k} PX 600000", &[Array(2)], Nothing);
-pub const RELEASE: Op = op("LOCK.RELEASE {k} {t}", &[Int(1)], Held(&ACQUIRE));
-pub const EXTEND: Op = op("LOCK.EXTEND {k} {t} PX 600000", &[Int(1)], Kept(&ACQUIRE));
+pub const EXPIRE: Op = op("EXPIRE {k} 600", ONE, Kept(&SET));
+pub const DEL: Op = op("DEL {k}", ONE, Held(&SET));
+pub const EVAL_RELEASE: Op = op("EVALSHA {release} 1 {k} {t}", ONE, Held(&SET_NX));
+pub const EVAL_EXTEND: Op = op("EVALSHA {extend} 1 {k} {t} 600000", ONE, Kept(&SET_NX));
+pub const ACQUIRE: Op = op("LOCK.ACQUIRE {k} TOKEN {t} PX 600000", GRANT, Nothing);
+pub const ACQUIRE_GEN: Op = op("LOCK.ACQUIRE {k} PX 600000", GRANT, Nothing);
+pub const RELEASE: Op = op("LOCK.RELEASE {k} {t}", ONE, Held(&ACQUIRE));
+pub const EXTEND: Op = op("LOCK.EXTEND {k} {t} PX 600000", ONE, Kept(&ACQUIRE));
 pub const SHARED: Op = op(
     "LOCK.ACQUIRE {k} SHARED TOKEN {t} PX 600000",
-    &[Array(2)],
+    GRANT,
     Nothing,
 );
 /// A reader more of one key, its own key as its token.
 pub const SHARED_CROWD: Op = op(
     "LOCK.ACQUIRE crowded SHARED TOKEN {k} PX 600000",
-    &[Array(2)],
-    Needs::Crowd(CROWD),
+    GRANT,
+    Crowd(CROWD),
 );
 pub const CYCLE: Op = op(
     "LOCK.ACQUIRE {k} TOKEN {t} PX 600000 + LOCK.RELEASE {k} {t}",
@@ -126,8 +126,8 @@ pub const CYCLE_RECIPE: Op = op(
     Nothing,
 );
 /// The floor (bench/floor): a module value, its expiry, `[token, fence]`; no expiry.
-pub const FLOOR: Op = op("FLOOR.ACQUIRE {k} {t} 600000", &[Array(2)], Nothing);
-pub const FLOOR_NOEXP: Op = op("FLOOR.ACQUIRE {k} {t} 0", &[Array(2)], Nothing);
+pub const FLOOR: Op = op("FLOOR.ACQUIRE {k} {t} 600000", GRANT, Nothing);
+pub const FLOOR_NOEXP: Op = op("FLOOR.ACQUIRE {k} {t} 0", GRANT, Nothing);
 
 /// The data key `{d}` of a guarded write is the lock key and this.
 pub const DATA_SUFFIX: &[u8] = b":data";
@@ -135,18 +135,10 @@ pub const DATA_SUFFIX: &[u8] = b":data";
 /// Guarded writes (issue 23): `{d}` written only while the lock on `{k}` is held; the
 /// plain write is the floor. The classic form (`WATCH`, read and compare, `MULTI`..`EXEC`)
 /// goes in three round trips as redis-py, node-redis and go-redis send it, or in two.
-pub const GUARD_SET: Op = op("SET {d} value-0001", &[Status(true)], Nothing);
-pub const IFHELD: Op = op(
-    "LOCK.IFHELD {k} {t} SET {d} value-0001",
-    &[Status(true)],
-    Nothing,
-);
-pub const IFFENCE: Op = op(
-    "LOCK.IFFENCE {k} {f} SET {d} value-0001",
-    &[Status(true)],
-    Nothing,
-);
-pub const CHECK: Op = op("LOCK.CHECK {k} {f}", &[Int(1)], Nothing);
+pub const GUARD_SET: Op = op("SET {d} value-0001", OK, Nothing);
+pub const IFHELD: Op = op("LOCK.IFHELD {k} {t} SET {d} value-0001", OK, Nothing);
+pub const IFFENCE: Op = op("LOCK.IFFENCE {k} {f} SET {d} value-0001", OK, Nothing);
+pub const CHECK: Op = op("LOCK.CHECK {k} {f}", ONE, Nothing);
 /// `+QUEUED` is a status not `OK`; `EXEC` one reply per command (nil, aborted: a failure).
 const WATCHED: [Shape; 5] = [Status(true), Bulk, Status(true), Status(false), Array(1)];
 const WATCHED_CHECK: [Shape; 5] = [Status(true), Int(1), Status(true), Status(false), Array(1)];
@@ -155,11 +147,10 @@ pub const WATCH_GET: Op = txn(
     &WATCHED,
     &[1, 1, 3],
 );
-pub const WATCH_GET_2RT: Op = txn(
-    "WATCH {k} + GET {k} + MULTI + SET {d} value-0001 + EXEC",
-    &WATCHED,
-    &[2, 3],
-);
+pub const WATCH_GET_2RT: Op = Op {
+    trips: &[2, 3],
+    ..WATCH_GET
+};
 pub const WATCH_CHECK: Op = txn(
     "WATCH {k} + LOCK.CHECK {k} {f} + MULTI + SET {d} value-0001 + EXEC",
     &WATCHED_CHECK,

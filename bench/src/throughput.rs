@@ -7,7 +7,7 @@ use redis_lock_report::perf::{self, PairResult, Throughput};
 
 use crate::load;
 use crate::ops::{self, flushall, Needs, Op};
-use crate::stats::{ab, median, min_max, pair_medians};
+use crate::stats::{ab, median, pair_medians, quantiles};
 use crate::{On, Rig};
 
 /// A side of a comparison: the op and the server it runs on.
@@ -83,8 +83,8 @@ pub fn run(rig: &Rig) -> io::Result<Throughput> {
         t.ping.push((p, median(&pings)));
         for (((name, a, _, b), goal), got) in PAIRS.iter().zip(GOALS).zip(rounds) {
             let [a_median, b_median, ratio] = pair_medians(&got);
-            let (ratio_min, ratio_max) =
-                min_max(&got.iter().map(|r| r.0 / r.1).collect::<Vec<_>>());
+            let mut ratios: Vec<f64> = got.iter().map(|r| r.0 / r.1).collect();
+            let [ratio_min, ratio_max] = quantiles(&mut ratios, [0.0, 1.0]);
             t.pairs.push(PairResult {
                 name: name.to_string(),
                 pipeline: p,
