@@ -324,46 +324,37 @@ impl Session {
 
 /// The phases of `make bench` on `bin`, then the held-lock levels.
 pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
-    let (mut phases, mut session): (Vec<Phase>, Option<(Srv, Session)>) = (vec![], None);
-    let mut label = String::new();
-    for (i, (name, srv, op)) in PHASES.iter().enumerate() {
-        if session.as_ref().is_none_or(|(s, _)| s != srv) {
-            drop(session.take());
-            let s = Session::start(bin, cfg, *srv, "callgrind", false)?;
-            s.settle(SETTLE);
-            label = s.server.label.clone();
-            session = Some((*srv, s));
+    let (mut phases, mut label) = (Vec::<Phase>::new(), String::new());
+    // One server after the other, each for its run of phases.
+    for group in PHASES.chunk_by(|a, b| a.1 == b.1) {
+        let mut s = Session::start(bin, cfg, group[0].1, "callgrind", false)?;
+        s.settle(SETTLE);
+        label.clone_from(&s.server.label);
+        for &(name, srv, op) in group {
+            let (i, crowd) = (phases.len(), matches!(op.needs, Needs::Crowd(_)));
+            let n = if crowd { CROWD_OPS } else { u64::MAX }.min(cfg.cg_ops);
+            s.phase(op, &format!("cg{i}"), n.min(GUARD_OPS), true)?;
+            let dump = s.phase(op, &format!("cg{i}"), n, false)?;
+            let c = costs(&dump, n)?;
+            let module_self = annotate(&dump, n, false)?
+                .iter()
+                .filter(|f| f.object.contains("redis_lock"))
+                .map(|f| f.per_cmd)
+                .sum();
+            eprintln!("  [callgrind {label}] {name}: {:.0} Ir/command, {:.0} in call(), {:.0} in processCommand", c.total, c.call, c.process);
+            phases.push(Phase {
+                name: name.to_string(),
+                server: server_name(srv).into(),
+                command: op.shown(),
+                per_cmd: c.total,
+                call: c.call,
+                process: c.process,
+                filters: c.filters,
+                module_self,
+                inclusive: c.inclusive,
+            });
         }
-        let Some((_, s)) = session.as_mut() else {
-            continue;
-        };
-        let n = if matches!(op.needs, Needs::Crowd(_)) {
-            CROWD_OPS.min(cfg.cg_ops)
-        } else {
-            cfg.cg_ops
-        };
-        s.phase(op, &format!("cg{i}"), n.min(GUARD_OPS), true)?;
-        let dump = s.phase(op, &format!("cg{i}"), n, false)?;
-        let c = costs(&dump, n)?;
-        let module_self = annotate(&dump, n, false)?
-            .iter()
-            .filter(|f| f.object.contains("redis_lock"))
-            .map(|f| f.per_cmd)
-            .sum();
-        eprintln!("  [callgrind {label}] {name}: {:.0} Ir/command, {:.0} in call(), {:.0} in processCommand", c.total, c.call, c.process);
-        phases.push(Phase {
-            name: name.to_string(),
-            server: server_name(*srv).into(),
-            command: op.shown(),
-            per_cmd: c.total,
-            call: c.call,
-            process: c.process,
-            filters: c.filters,
-            module_self,
-            inclusive: c.inclusive,
-        });
     }
-    drop(session);
     // The held-lock levels, then the last level again with blocked waiters on top.
     let mut session = Session::start(bin, cfg, LOCK, "callgrind-levels", false)?;
     let port = session.server.port;

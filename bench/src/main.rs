@@ -107,11 +107,7 @@ impl Rig {
     }
 
     pub fn on(&self, on: On) -> &Server {
-        match on {
-            On::Lock => &self.lock,
-            On::Plain => &self.plain,
-            On::Floor => &self.floor,
-        }
+        [&self.lock, &self.plain, &self.floor][on as usize]
     }
 }
 
@@ -192,20 +188,15 @@ fn all(cfg: &Config) -> io::Result<()> {
     let started = Instant::now();
     let date = redis_lock_report::fmt::now_utc();
     let load_start = redis_lock_report::fmt::loadavg();
-    let mut servers = vec![];
-    for (i, bin) in cfg.servers.0.iter().enumerate() {
-        servers.push(bench_server(&cfg.path(bin), cfg, i == 0, &date)?);
-    }
-    let callgrind = if cfg.has("callgrind") {
-        Some(callgrind::run(&callgrind_bin(cfg)?, cfg, &date)?)
-    } else {
-        None
-    };
-    let guarded_callgrind = if cfg.has("guarded") {
-        Some(guarded::callgrind(&callgrind_bin(cfg)?, cfg, &date)?)
-    } else {
-        None
-    };
+    let servers = (cfg.servers.0.iter().enumerate())
+        .map(|(i, bin)| bench_server(&cfg.path(bin), cfg, i == 0, &date))
+        .collect::<io::Result<_>>()?;
+    let cg = |suite| cfg.has(suite).then(|| callgrind_bin(cfg)).transpose();
+    let callgrind = cg("callgrind")?
+        .map(|b| callgrind::run(&b, cfg, &date))
+        .transpose()?;
+    let guarded_callgrind = cg("guarded")?.map(|b| guarded::callgrind(&b, cfg, &date));
+    let guarded_callgrind = guarded_callgrind.transpose()?;
     let run = PerfRun {
         date,
         minutes: started.elapsed().as_secs_f64() / 60.0,
