@@ -426,14 +426,10 @@ pub fn read_tsv(path: &Path) -> io::Result<(String, Vec<Row>)> {
         .filter_map(|l| {
             let mut f = l.split('\t');
             let (k, v) = (f.next()?, f.next()?.trim().parse().ok()?);
-            Some((
-                k.to_string(),
-                v,
-                f.next().map_or(Some(0.1), |t| t.trim().parse().ok())?,
-            ))
-        })
-        .collect();
-    Ok((note.unwrap_or_default(), rows))
+            let tolerance = f.next().map_or(Some(0.1), |t| t.trim().parse().ok())?;
+            Some((k.to_string(), v, tolerance))
+        });
+    Ok((note.unwrap_or_default(), rows.collect()))
 }
 
 /// Writes `header` (`#` lines) and then the rows with `decimals` decimals.

@@ -72,9 +72,7 @@ pub fn run(rig: &Rig) -> io::Result<CrossCheck> {
                 let a = bench(on.port, &random, if module { &acq } else { &set })?;
                 let renewed = c.info_u64("lock", "lock_renewed")? - before;
                 if renewed * 100 > n {
-                    return Err(io::Error::other(format!(
-                        "{renewed} of {n} random ACQUIREs hit a held key"
-                    )));
+                    bail!("{renewed} of {n} random ACQUIREs hit a held key");
                 }
                 flushall(&mut c)?;
                 flushall(&mut plain)?;

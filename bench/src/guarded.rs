@@ -135,17 +135,9 @@ fn rates(rig: &Rig) -> io::Result<Vec<GuardedRate>> {
 impl Peer {
     /// `LOCK.ACQUIRE k TOKEN holder PX LEASE`, with `BLOCK` when `block`.
     fn acquire(&mut self, k: &[u8], holder: &[u8], block: bool) -> io::Result<()> {
-        let cmd = [
-            b"LOCK.ACQUIRE",
-            k,
-            b"TOKEN",
-            holder,
-            b"PX",
-            LEASE,
-            b"BLOCK",
-            BLOCK,
-        ];
-        self.send(&cmd[..if block { 8 } else { 6 }])
+        let cmd: [&[u8]; 6] = [b"LOCK.ACQUIRE", k, b"TOKEN", holder, b"PX", LEASE];
+        let wait: &[&[u8]] = if block { &[b"BLOCK", BLOCK] } else { &[] };
+        self.send(&[&cmd[..], wait].concat())
     }
 
     /// `LOCK.RELEASE k holder`; returns when its reply (`:1`, else an error) was read.
@@ -277,9 +269,7 @@ fn observe_level(s: &Server, n: u64, handoffs: usize) -> io::Result<ObserveLevel
             // The new holder's summary, or nil if the pass ran before the grant.
             if !matches!(shape, Shape::Array(_) | Shape::Nil) {
                 let text = String::from_utf8_lossy(r);
-                return Err(io::Error::other(format!(
-                    "observe: LOCK.WATCH answered {text}"
-                )));
+                bail!("observe: LOCK.WATCH answered {text}");
             }
             watch.push(after);
             latest = latest.max(after);
@@ -335,7 +325,7 @@ fn poll_delay(s: &Server, interval_ms: u64, handoffs: usize) -> io::Result<PollD
             .and_then(|f| f.parse().ok());
         let (seen, _) = poll(&mut tick)?;
         if seen != old {
-            return Err(io::Error::other("poll: LOCK.INFO shows another holder"));
+            bail!("poll: LOCK.INFO shows another holder");
         }
         rng ^= rng << 13;
         rng ^= rng >> 7;

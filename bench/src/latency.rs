@@ -54,9 +54,7 @@ fn side(c: &mut RawConn, s: &Server, module: bool, round: usize, n: u64) -> Samp
             };
             if !ok {
                 let shown = op.shown();
-                return Err(io::Error::other(format!(
-                    "latency: {shown} replied {reply:?}"
-                )));
+                bail!("latency: {shown} replied {reply:?}");
             }
         }
     }

@@ -240,9 +240,7 @@ pub fn run<'b>(
         }
         let n = poll(&mut fds)?;
         if n == 0 && last_progress.elapsed() > STALL {
-            return Err(io::Error::other(format!(
-                "load stalled: no reply for {STALL:?}"
-            )));
+            bail!("load stalled: no reply for {STALL:?}");
         }
         for (id, (pfd, c)) in fds.iter().zip(clients.iter_mut()).enumerate() {
             if pfd.revents & libc::POLLOUT != 0 {
@@ -275,10 +273,8 @@ pub fn run<'b>(
     let secs = start.elapsed().as_secs_f64();
     let ops = per_conn * conns as u64;
     if bad > 0 {
-        return Err(io::Error::other(format!(
-            "{what}: {bad} of {ops} replies were not the expected ones (first: {})",
-            first_bad.as_deref().unwrap_or("?")
-        )));
+        let first = first_bad.as_deref().unwrap_or("?");
+        bail!("{what}: {bad} of {ops} replies were not the expected ones (first: {first})");
     }
     Ok(if secs > 0.0 { ops as f64 / secs } else { 0.0 })
 }
@@ -355,9 +351,7 @@ pub fn gather(peers: &mut [&mut Peer]) -> io::Result<Vec<(Instant, Shape, Vec<u8
         }
         poll(&mut fds)?;
         if start.elapsed() > STALL {
-            return Err(io::Error::other(
-                "observe: a watcher or waiter never answered",
-            ));
+            bail!("observe: a watcher or waiter never answered");
         }
         for ((f, p), g) in fds.iter().zip(peers.iter_mut()).zip(got.iter_mut()) {
             if g.is_some() || f.revents == 0 {

@@ -2,6 +2,13 @@
 //! server, saved as docs/data/perf.json and rendered into docs/BENCHMARKS.md and
 //! docs/perf.png. Subcommands and their `make` targets: `--help`, and the Makefile.
 
+/// `return Err(io::Error::other(format!(...)))`.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(std::io::Error::other(format!($($arg)*)))
+    };
+}
+
 mod callgrind;
 mod config;
 mod crosscheck;

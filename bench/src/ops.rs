@@ -276,8 +276,7 @@ pub fn wait_for(
             return Ok(());
         };
         if start.elapsed() > limit {
-            let msg = format!("INFO {section}: {field} stuck at {v} after {limit:?}");
-            return Err(io::Error::other(msg));
+            bail!("INFO {section}: {field} stuck at {v} after {limit:?}");
         }
         sleep(pause);
     }
@@ -300,7 +299,7 @@ impl Waiters {
             let key = format!("wl:{k}");
             let hold = ["TOKEN", "holder-token-0001", "PX", "3600000"];
             if lock::acquire(c, &key, &hold)?.is_none() {
-                return Err(io::Error::other(format!("could not hold {key}")));
+                bail!("could not hold {key}");
             }
         }
         step(c)?;
@@ -309,7 +308,7 @@ impl Waiters {
             let mut p = Peer::connect(port)?;
             p.send(&["PING"])?;
             if p.reply()?.1 != b"+PONG\r\n" {
-                return Err(io::Error::other("PING did not answer +PONG"));
+                bail!("PING did not answer +PONG");
             }
             conns.push(p);
         }

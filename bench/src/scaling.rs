@@ -69,7 +69,7 @@ fn block_on(a: &mut RawConn, b: &mut RawConn, k: &str) -> io::Result<()> {
     let start = Instant::now();
     while lock::info(a, k)?.and_then(|i| i.waiters) != Some(1) {
         if start.elapsed() > Duration::from_secs(5) {
-            return Err(io::Error::other("the waiter never queued"));
+            bail!("the waiter never queued");
         }
     }
     Ok(())
@@ -101,7 +101,7 @@ fn grants(s: &Server, n: usize, expiry: bool) -> io::Result<Vec<f64>> {
             expect_grant(b.read()?, "hand-off")?;
             v.push(t0.elapsed().as_secs_f64() * 1e3);
             if a.read()? != Resp::Int(1) {
-                return Err(io::Error::other("probe release failed"));
+                bail!("probe release failed");
             }
         }
         b.ok(&[b"LOCK.RELEASE", k.as_bytes(), b"waiter-token-0001"])?;
@@ -133,9 +133,7 @@ fn measure_level(s: &Server, held: u64, waiters: u64) -> io::Result<Level> {
     // The probes and cycles leave nothing behind; check the level is intact.
     let live = s.conn()?.info_u64("lock", "lock_held")?;
     if live != held + cfg.wait_locks * u64::from(waiters > 0) {
-        return Err(io::Error::other(format!(
-            "expected {held} held locks, INFO says {live}"
-        )));
+        bail!("expected {held} held locks, INFO says {live}");
     }
     let [cycle_rate, _, cycle_vs_recipe] = pair_medians(&cycles);
     let [extend_rate, _, extend_vs_pexpire] = pair_medians(&extends);
