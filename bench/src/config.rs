@@ -97,8 +97,7 @@ pub struct Config {
     /// Rounds of the redis-benchmark cross-check (0 skips it).
     #[arg(long, env = "BENCH_RB_ROUNDS", default_value_t = 3)]
     pub rb_rounds: usize,
-    /// Suites to run: throughput, latency, memory, scaling, crosscheck, guarded, callgrind
-    /// (with guarded: also its instruction counts).
+    /// Suites to run (guarded: also its instruction counts).
     #[arg(
         long,
         env = "BENCH_SUITES",

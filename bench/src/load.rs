@@ -64,8 +64,7 @@ fn num(line: &[u8]) -> Result<i64, String> {
         .ok_or_else(|| format!("bad number {:?}", String::from_utf8_lossy(line)))
 }
 
-/// Appends operation `i` of connection `conn` to the buffer; returns the reply it must
-/// get (`None`: anything but an error).
+/// Appends command `i` of connection `conn`; the reply it must get (`None`: not an error).
 pub type Workload<'a> = dyn Fn(usize, u64, &mut Vec<u8>) -> Option<Shape> + 'a;
 
 struct Client {

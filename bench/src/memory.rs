@@ -1,5 +1,5 @@
-//! Memory: `used_memory` delta per held lock (10^6 module locks against 10^6 `SET NX PX`
-//! string locks with a 36-byte token), and per blocked waiter.
+//! Memory: `used_memory` growth per module lock against a `SET NX PX` string lock (same
+//! 36-byte token), and per blocked waiter.
 
 use std::io;
 use std::thread::sleep;

@@ -1,6 +1,5 @@
-//! Scaling: with 10^3, 10^5 and 10^6 locks held (and then 10^4 blocked waiters on top),
-//! the cost of a command and the time to hand a lock to a waiter, after a RELEASE and
-//! at the lease deadline. Flat means O(1): the numbers must not move with the level.
+//! Scaling: a command's cost and a hand-off's time (after RELEASE, at the lease deadline)
+//! at 10^3..10^6 held locks, then with 10^4 waiters; O(1) when they stay flat.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -47,11 +46,8 @@ pub fn spread_extend(
             .wrapping_add(1)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(i.wrapping_mul(0xD1B5_4A32_D192_ED03));
-        let k = key(
-            b"held",
-            (x % FILL_CONNS as u64) as usize,
-            (x >> 8) % per_fill_conn,
-        );
+        let (conn, j) = ((x % FILL_CONNS as u64) as usize, (x >> 8) % per_fill_conn);
+        let k = key(b"held", conn, j);
         if pexpire {
             encode(out, &[b"PEXPIRE", &k, b"3600000"]);
         } else {
@@ -115,11 +111,7 @@ fn measure_level(s: &Server, held: u64, waiters: u64) -> io::Result<Level> {
     let run =
         |what: &str, w: &load::Workload| load::run(s.port, cfg.clients, 16, per_conn, what, w);
     let cycle = |module: bool| {
-        let op = if module {
-            &ops::CYCLE
-        } else {
-            &ops::CYCLE_RECIPE
-        };
+        let op = [&ops::CYCLE_RECIPE, &ops::CYCLE][usize::from(module)];
         Ok(run(&op.shown(), &op.load(b"scale", &s.scripts, 0))? / op.commands_per_op() as f64)
     };
     let extend = |module: bool| run("extend spread", &spread_extend(held, !module));
