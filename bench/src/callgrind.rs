@@ -226,19 +226,16 @@ impl Session {
             format!("--callgrind-out-file={}", out.display()),
             "--dump-instr=no".into(),
         ];
-        // No slow log: under valgrind a command can pass its 10 ms, and the entry it
-        // writes is not the command's own cost. No rehashing in the cron: how much of a
-        // table's rehash it does before a command would depend on timing.
+        // No slow log (under valgrind a command can pass its 10 ms) and no rehashing in the
+        // cron (how much it does before a command depends on timing): neither is its cost.
         let mut extra = vec![("slowlog-log-slower-than", "-1"), ("activerehashing", "no")];
         if aof {
             extra.extend([("appendonly", "yes"), ("appendfsync", "no")]);
         }
-        // The allocator does not purge (jemalloc purges by the clock, inside whichever
-        // call comes then). `exact` also turns off its thread cache: when a cache bin is
-        // flushed (a few hundred instructions, in whichever free fills it) depends on
-        // everything the server allocated before, the cron's timed work included; counts
-        // are higher without it, and repeat to within 0.3% (the JE_ variable is for a
-        // server built with its own jemalloc).
+        // jemalloc does not purge (by the clock, inside whichever call comes then); `exact`
+        // also turns off its thread cache, whose bin flushes (a few hundred instructions)
+        // depend on all earlier allocations: counts are higher, and repeat within 0.3%
+        // (JE_MALLOC_CONF: for a server built with its own jemalloc).
         let jemalloc = match exact {
             true => "tcache:false,dirty_decay_ms:-1,muzzy_decay_ms:-1",
             false => "dirty_decay_ms:-1,muzzy_decay_ms:-1",
@@ -466,10 +463,9 @@ pub const TAX_TOLERANCE: f64 = 0.05;
 /// How long a server runs before the guard measures on it (see [`Session::settle`]).
 pub const SETTLE: Duration = Duration::from_secs(3);
 
-/// The guarded ratios: (name, a command with the module, the command it is divided by
-/// without it). Module commands against `SET NX PX` inside `call()`; a "tax" (issue 21)
-/// also counts the command filters, what a module adds to `processCommand` (its command
-/// lookup costs what the server's random hash seed makes it, module or not).
+/// The guarded ratios: (name, command with the module, divisor without it), inside
+/// `call()`; a "tax" (issue 21) also counts the command filters a module adds (the rest
+/// of `processCommand` costs what the server's random hash seed makes it, module or not).
 const GUARDED: [(&str, &Op, &Op); 8] = [
     ("LOCK.ACQUIRE / SET NX PX", &ops::ACQUIRE, &ops::SET_NX),
     ("LOCK.EXTEND / SET NX PX", &ops::EXTEND, &ops::SET_NX),
