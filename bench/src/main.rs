@@ -255,11 +255,9 @@ fn guarded_only(cfg: &Config) -> io::Result<()> {
     run.guarded_callgrind = Some(guarded::callgrind(&callgrind_bin(cfg)?, cfg, &date)?);
     // The settings this part ran with, beside those of the run it joins.
     let now = serde_json::to_value(cfg).map_err(io::Error::other)?;
-    if let (Some(saved), Some(now)) = (run.settings.as_object_mut(), now.as_object()) {
+    if let Some(saved) = run.settings.as_object_mut() {
         for k in ["obs_handoffs", "obs_watchers", "poll_handoffs", "poll_ms"] {
-            if let Some(v) = now.get(k) {
-                saved.insert(k.into(), v.clone());
-            }
+            saved.insert(k.into(), now[k].clone());
         }
     }
     save_and_render(cfg, &run)
