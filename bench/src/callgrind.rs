@@ -1,14 +1,9 @@
-//! Instructions per command under `valgrind --tool=callgrind`, which counts
-//! instructions and so is stable on a noisy machine. One server at a time runs under
-//! callgrind; for each phase the server is emptied (FLUSHALL), the keys the command needs
-//! are filled, the counters zeroed (`callgrind_control -z`), N commands sent (one
-//! connection, pipeline 16, every reply checked) and the counters dumped
-//! (`callgrind_control -d`). Per command: the dump's total / N, and the inclusive cost of
-//! the server's `call()` (the command and its propagation) and of `processCommand` (also
-//! the command filters that run before `call()`). Commands are compared with `SET NX PX`
-//! on the same binary without the module, which neither the module's tax on other
-//! commands nor a different server build or CPU moves. The instruction-count check of
-//! `make test` ([`guard`]) measures the same way.
+//! Instructions per command under `valgrind --tool=callgrind` (stable on a noisy
+//! machine): per phase, one server emptied and filled with the keys the command needs,
+//! counters zeroed, N commands sent on one connection (every reply checked), counters
+//! dumped; per command, the dump's total and the inclusive cost of `call()` and of
+//! `processCommand`, compared with `SET NX PX` on the same binary without the module.
+//! The instruction-count check of `make test` ([`guard`]) measures the same way.
 
 use std::fs;
 use std::io;
@@ -21,13 +16,12 @@ use redis_lock_report::perf::{Callgrind, CgLevel, FnCost, Phase};
 use redis_lock_testkit::run_cmd;
 
 use crate::config::Config;
-use crate::load::{self, Workload};
+use crate::load::{self, Batch, Workload};
 use crate::ops::{self, flushall, Needs, Op};
 use crate::scaling::{at_levels, spread_extend};
 use crate::{On, Server};
 
-/// A server of the phases: which module it has loaded, and whether it writes an AOF
-/// (`appendonly yes`, `appendfsync no`).
+/// A server of the phases: its module, and whether it writes an AOF (`appendfsync no`).
 type Srv = (On, bool);
 const PLAIN: Srv = (On::Plain, false);
 const LOCK: Srv = (On::Lock, false);
@@ -80,8 +74,7 @@ pub struct Costs {
     pub total: f64,
     pub call: f64,
     pub process: f64,
-    /// The command filters (`moduleCallCommandFilters`, in `processCommand`; 0 without
-    /// a module that has one).
+    /// The command filters (`moduleCallCommandFilters`; 0 without a module that has one).
     pub filters: f64,
     /// Inclusive costs of the module's functions and the server API calls.
     pub inclusive: Vec<FnCost>,
@@ -135,8 +128,7 @@ fn annotate(path: &Path, ops: u64, inclusive: bool) -> io::Result<Vec<Cost>> {
         if rest.is_empty() || rest == "PROGRAM TOTALS" {
             continue;
         }
-        // Functions still on the stack at the dump (main, aeMain, ...) show their
-        // whole inclusive cost here; they are not a command's own work.
+        // Functions on the stack at the dump (main, aeMain, ...): not a command's work.
         if !inclusive && ir as f64 > total * 0.5 {
             continue;
         }
@@ -215,8 +207,8 @@ pub struct Session {
 }
 
 impl Session {
-    /// Starts `bin` under callgrind, emptied, with its dumps in `target/bench/<dir>`;
-    /// `exact`: counts that repeat to the instruction (the guard's), see below.
+    /// Starts `bin` under callgrind, emptied, dumps in `target/bench/<dir>`; `exact`: the
+    /// guard's counts, which repeat to the instruction.
     pub fn start(
         bin: &Path,
         cfg: &Config,
@@ -234,19 +226,16 @@ impl Session {
             format!("--callgrind-out-file={}", out.display()),
             "--dump-instr=no".into(),
         ];
-        // No slow log: under valgrind a command can pass its 10 ms, and the entry it
-        // writes is not the command's own cost. No rehashing in the cron: how much of a
-        // table's rehash it does before a command would depend on timing.
+        // No slow log (under valgrind a command can pass its 10 ms) and no rehashing in the
+        // cron (how much it does before a command depends on timing): neither is its cost.
         let mut extra = vec![("slowlog-log-slower-than", "-1"), ("activerehashing", "no")];
         if aof {
             extra.extend([("appendonly", "yes"), ("appendfsync", "no")]);
         }
-        // The allocator does not purge (jemalloc purges by the clock, inside whichever
-        // call comes then). `exact` also turns off its thread cache: when a cache bin is
-        // flushed (a few hundred instructions, in whichever free fills it) depends on
-        // everything the server allocated before, the cron's timed work included; counts
-        // are higher without it, and repeat to within 0.3% (the JE_ variable is for a
-        // server built with its own jemalloc).
+        // jemalloc does not purge (by the clock, inside whichever call comes then); `exact`
+        // also turns off its thread cache, whose bin flushes (a few hundred instructions)
+        // depend on all earlier allocations: counts are higher, and repeat within 0.3%
+        // (JE_MALLOC_CONF: for a server built with its own jemalloc).
         let jemalloc = match exact {
             true => "tcache:false,dirty_decay_ms:-1,muzzy_decay_ms:-1",
             false => "dirty_decay_ms:-1,muzzy_decay_ms:-1",
@@ -267,25 +256,17 @@ impl Session {
         })
     }
 
-    /// Zero, run (grouped as `batch` says, else the session's pipeline), dump; returns
-    /// the dump.
+    /// Zero, run (grouped as `batch` says, else the session's pipeline), dump; the dump.
     pub fn measure(
         &mut self,
         w: &Workload,
         ops: u64,
-        batch: Option<&load::Batch>,
+        batch: Option<Batch>,
         what: &str,
     ) -> io::Result<PathBuf> {
-        let pipeline = load::Batch::Pipeline(self.pipeline as u64);
         self.zero()?;
-        load::run_batched(
-            self.server.port,
-            1,
-            batch.unwrap_or(&pipeline),
-            ops,
-            what,
-            w,
-        )?;
+        let batch = batch.unwrap_or(Batch::Pipeline(self.pipeline as u64));
+        load::run(self.server.port, 1, batch, ops, what, w)?;
         self.dump()
     }
 
@@ -306,11 +287,9 @@ impl Session {
         Ok(dump)
     }
 
-    /// `ops` of `op` on fresh keys `prefix:...` of an emptied server whose keys hold what
-    /// `op` needs; measured (the dump) unless `warm_up`. Before an exact measured phase
-    /// the key table is sized so that the phase neither grows nor shrinks it (a table's
-    /// growth, and when the cron shrinks it, are not the command's cost): 90% of the
-    /// next power of two above 2 × `ops` keys, less `ops` of them.
+    /// `ops` of `op` on fresh keys `prefix:...` of an emptied server holding what `op`
+    /// needs; measured (the dump) unless `warm_up`. An exact phase first sizes the key
+    /// table so that it neither grows nor shrinks during the phase (not the command's cost).
     pub fn phase(&mut self, op: &Op, prefix: &str, ops: u64, warm_up: bool) -> io::Result<PathBuf> {
         let (port, s) = (self.server.port, self.server.scripts.clone());
         flushall(&mut self.server.conn()?)?;
@@ -334,9 +313,7 @@ impl Session {
         }
     }
 
-    /// Waits until the server has run for `settle`: every periodic check the server and
-    /// the module start with (whether anything listens to the replication stream, for
-    /// one) has run at least once.
+    /// Waits until the server has run for `settle` (every periodic check has run once).
     pub fn settle(&self, settle: Duration) {
         sleep(settle.saturating_sub(self.started.elapsed()));
     }
@@ -344,46 +321,37 @@ impl Session {
 
 /// The phases of `make bench` on `bin`, then the held-lock levels.
 pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
-    let (mut phases, mut session): (Vec<Phase>, Option<(Srv, Session)>) = (vec![], None);
-    let mut label = String::new();
-    for (i, (name, srv, op)) in PHASES.iter().enumerate() {
-        if session.as_ref().is_none_or(|(s, _)| s != srv) {
-            drop(session.take());
-            let s = Session::start(bin, cfg, *srv, "callgrind", false)?;
-            s.settle(SETTLE);
-            label = s.server.label.clone();
-            session = Some((*srv, s));
+    let (mut phases, mut label) = (Vec::<Phase>::new(), String::new());
+    // One server after the other, each for its run of phases.
+    for group in PHASES.chunk_by(|a, b| a.1 == b.1) {
+        let mut s = Session::start(bin, cfg, group[0].1, "callgrind", false)?;
+        s.settle(SETTLE);
+        label.clone_from(&s.server.label);
+        for &(name, srv, op) in group {
+            let (i, crowd) = (phases.len(), matches!(op.needs, Needs::Crowd(_)));
+            let n = if crowd { CROWD_OPS } else { u64::MAX }.min(cfg.cg_ops);
+            s.phase(op, &format!("cg{i}"), n.min(GUARD_OPS), true)?;
+            let dump = s.phase(op, &format!("cg{i}"), n, false)?;
+            let c = costs(&dump, n)?;
+            let module_self = annotate(&dump, n, false)?
+                .iter()
+                .filter(|f| f.object.contains("redis_lock"))
+                .map(|f| f.per_cmd)
+                .sum();
+            eprintln!("  [callgrind {label}] {name}: {:.0} Ir/command, {:.0} in call(), {:.0} in processCommand", c.total, c.call, c.process);
+            phases.push(Phase {
+                name: name.to_string(),
+                server: server_name(srv).into(),
+                command: op.shown(),
+                per_cmd: c.total,
+                call: c.call,
+                process: c.process,
+                filters: c.filters,
+                module_self,
+                inclusive: c.inclusive,
+            });
         }
-        let Some((_, s)) = session.as_mut() else {
-            continue;
-        };
-        let n = if matches!(op.needs, Needs::Crowd(_)) {
-            CROWD_OPS.min(cfg.cg_ops)
-        } else {
-            cfg.cg_ops
-        };
-        s.phase(op, &format!("cg{i}"), n.min(GUARD_OPS), true)?;
-        let dump = s.phase(op, &format!("cg{i}"), n, false)?;
-        let c = costs(&dump, n)?;
-        let module_self = annotate(&dump, n, false)?
-            .iter()
-            .filter(|f| f.object.contains("redis_lock"))
-            .map(|f| f.per_cmd)
-            .sum();
-        eprintln!("  [callgrind {label}] {name}: {:.0} Ir/command, {:.0} in call(), {:.0} in processCommand", c.total, c.call, c.process);
-        phases.push(Phase {
-            name: name.to_string(),
-            server: server_name(*srv).into(),
-            command: op.shown(),
-            per_cmd: c.total,
-            call: c.call,
-            process: c.process,
-            filters: c.filters,
-            module_self,
-            inclusive: c.inclusive,
-        });
     }
-    drop(session);
     // The held-lock levels, then the last level again with blocked waiters on top.
     let mut session = Session::start(bin, cfg, LOCK, "callgrind-levels", false)?;
     let port = session.server.port;
@@ -455,14 +423,10 @@ pub fn read_tsv(path: &Path) -> io::Result<(String, Vec<Row>)> {
         .filter_map(|l| {
             let mut f = l.split('\t');
             let (k, v) = (f.next()?, f.next()?.trim().parse().ok()?);
-            Some((
-                k.to_string(),
-                v,
-                f.next().map_or(Some(0.1), |t| t.trim().parse().ok())?,
-            ))
-        })
-        .collect();
-    Ok((note.unwrap_or_default(), rows))
+            let tolerance = f.next().map_or(Some(0.1), |t| t.trim().parse().ok())?;
+            Some((k.to_string(), v, tolerance))
+        });
+    Ok((note.unwrap_or_default(), rows.collect()))
 }
 
 /// Writes `header` (`#` lines) and then the rows with `decimals` decimals.
@@ -489,24 +453,19 @@ pub fn write_baseline(path: &Path, cg: &Callgrind) -> io::Result<()> {
     write_tsv(path, &header, rows, 1)
 }
 
-/// Commands per phase of the guard: enough to average out a phase's fixed costs, small
-/// enough that the whole guard runs in about a minute.
+/// Commands per phase of the guard: enough to average out a phase's fixed costs, few
+/// enough that the guard runs in about a minute.
 pub const GUARD_OPS: u64 = 4_000;
-/// The rise a guarded ratio may take: about 800 instructions on LOCK.ACQUIRE (the 10% of
-/// the earlier guard, which counted with the allocator's caches on), and 5% of a command
-/// that merely runs beside the module (its repeat-to-repeat spread here is under 3%).
+/// The rise a guarded ratio may take: about 800 instructions on LOCK.ACQUIRE, and 5% of
+/// a command that merely runs beside the module (its repeat-to-repeat spread is under 3%).
 pub const TOLERANCE: f64 = 0.07;
 pub const TAX_TOLERANCE: f64 = 0.05;
 /// How long a server runs before the guard measures on it (see [`Session::settle`]).
 pub const SETTLE: Duration = Duration::from_secs(3);
 
-/// The guarded ratios: (name, a command on the server with the module, the command it is
-/// divided by on the same binary without the module). Each module command against
-/// `SET NX PX`, inside `call()`; each other command with the module loaded against the
-/// same command without it (a "tax", the cost of loading the module, issue 21), inside
-/// `call()` and the command filters (what a module adds to `processCommand`, which every
-/// command pays: the rest of `processCommand`, the command's lookup by name for one,
-/// costs what the random seed of the server's hash tables makes it, module or not).
+/// The guarded ratios: (name, command with the module, divisor without it), inside
+/// `call()`; a "tax" (issue 21) also counts the command filters a module adds (the rest
+/// of `processCommand` costs what the server's random hash seed makes it, module or not).
 const GUARDED: [(&str, &Op, &Op); 8] = [
     ("LOCK.ACQUIRE / SET NX PX", &ops::ACQUIRE, &ops::SET_NX),
     ("LOCK.EXTEND / SET NX PX", &ops::EXTEND, &ops::SET_NX),
@@ -530,8 +489,7 @@ fn guard_ops(on: On) -> Vec<&'static Op> {
     v
 }
 
-/// One guard pass on `on`'s server: every phase once to warm up, then each measured;
-/// (op, costs) per phase.
+/// One guard pass on `on`'s server: every phase once to warm up, then each measured.
 fn guard_pass(bin: &Path, cfg: &Config, on: On) -> io::Result<Vec<(&'static Op, Costs)>> {
     let mut s = Session::start(bin, cfg, (on, false), &format!("guard-{on:?}"), true)?;
     let ops = guard_ops(on);
@@ -542,29 +500,21 @@ fn guard_pass(bin: &Path, cfg: &Config, on: On) -> io::Result<Vec<(&'static Op, 
     let mut out = vec![];
     for (i, op) in ops.iter().enumerate() {
         let c = costs(&s.phase(op, &format!("g{i}"), GUARD_OPS, false)?, GUARD_OPS)?;
+        let (label, shown) = (&s.server.label, op.shown());
         eprintln!(
-            "  [guard {} {on:?}] {}: {:.0} in call(), {:.0} in the command filters",
-            s.server.label,
-            op.shown(),
-            c.call,
-            c.filters
+            "  [guard {label} {on:?}] {shown}: {:.0} in call(), {:.0} in the command filters",
+            c.call, c.filters
         );
         out.push((*op, c));
     }
     Ok(out)
 }
 
-/// `redis-lock-bench guard`, the instruction-count check `make test` runs. Instructions
-/// are deterministic where wall time is not; and each guarded figure is a ratio of two
-/// counts made in the same run on the same binary (see [`GUARDED`]), so it is the same on
-/// any machine and under any load, with any server build. Before it measures, each server
-/// runs every phase once and has run for [`SETTLE`], so that nothing the server or the
-/// module settle in their first seconds is measured. It fails when a ratio rises above
-/// its baseline in `bench/callgrind-guard.tsv` by more than the tolerance recorded there
-/// ([`TOLERANCE`], [`TAX_TOLERANCE`]); the baseline changes on
-/// purpose, with the reason, in the same commit: `make perf-guard-baseline REASON="..."`.
-///
-/// With `reason`, writes the ratios as the new baseline instead of checking.
+/// `redis-lock-bench guard`, the instruction-count check of `make test`: each ratio of
+/// [`GUARDED`] counted in one run on one binary (the same under any load or build), after
+/// each server ran every phase once and for [`SETTLE`]. It fails when a ratio rises above
+/// bench/callgrind-guard.tsv by more than the tolerance there; with `reason`, it writes
+/// the ratios as the new baseline instead (`make perf-guard-baseline REASON="..."`).
 pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
     let (lock, plain) = (
         guard_pass(bin, cfg, On::Lock)?,
@@ -597,30 +547,19 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
         eprintln!("baseline written to {}", file.display());
         return Ok(());
     }
-    let (_, baseline) = read_tsv(&file)?;
-    for (name, r) in &now {
-        if let Some((_, base, tol)) = baseline.iter().find(|b| b.0 == *name) {
-            eprintln!(
-                "  {name}: {r:.3} now, {base:.3} baseline ({:+.1}%, allowed {:+.0}%)",
-                (r / base - 1.0) * 100.0,
-                tol * 100.0
-            );
-        }
-    }
-    let bad = regressions(&baseline, &now);
+    let bad = regressions(&read_tsv(&file)?.1, &now);
     if bad.is_empty() {
         eprintln!("perf guard: every guarded ratio within its tolerance of the baseline");
         Ok(())
     } else {
+        let (file, bad) = (file.display(), bad.join("\n  "));
         Err(io::Error::other(format!(
-            "perf guard failed ({}):\n  {}",
-            file.display(),
-            bad.join("\n  ")
+            "perf guard failed ({file}):\n  {bad}"
         )))
     }
 }
 
-/// Compares `now` with `baseline` (name, ratio, tolerance); the failures, as lines.
+/// Compares `now` with `baseline` (printing each row that has one); the failures.
 pub fn regressions(baseline: &[Row], now: &[(&str, f64)]) -> Vec<String> {
     now.iter()
         .filter_map(|(name, r)| {
@@ -628,12 +567,13 @@ pub fn regressions(baseline: &[Row], now: &[(&str, f64)]) -> Vec<String> {
                 return Some(format!("{name}: no baseline"));
             };
             let rise = r / base - 1.0;
+            let (over, allowed) = (
+                format!("{:+.1}%", rise * 100.0),
+                format!("{:+.0}%", tol * 100.0),
+            );
+            eprintln!("  {name}: {r:.3} now, {base:.3} baseline ({over}, allowed {allowed})");
             (!r.is_finite() || rise > *tol).then(|| {
-                format!(
-                    "{name}: {r:.3}, {:+.1}% over the baseline {base:.3} (allowed {:+.0}%)",
-                    rise * 100.0,
-                    tol * 100.0
-                )
+                format!("{name}: {r:.3}, {over} over the baseline {base:.3} (allowed {allowed})")
             })
         })
         .collect()

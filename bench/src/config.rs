@@ -1,5 +1,4 @@
-//! Settings: every size and duration is an option with an environment variable and a
-//! default, so a full run can be shortened (`BENCH_ROUNDS=3 make bench`) or made longer.
+//! Settings: every size and duration is an option with a `BENCH_*` variable and a default.
 
 use std::path::PathBuf;
 
@@ -21,19 +20,15 @@ pub struct Cli {
 pub enum Command {
     /// Every suite on every server (make bench).
     All,
-    /// Only the guarded writes and observe hand-offs of issue 23 (make bench-guarded),
-    /// on every server, and their instruction counts; replaces them in the saved run.
+    /// Only issue 23's guarded writes, observe hand-offs and their instruction counts.
     Guarded,
-    /// Renders the saved perf.json into the docs again, measuring nothing.
-    Render,
     /// Instructions per command only (make bench-callgrind).
     Callgrind {
         /// Also record the counts as the "before" column.
         #[arg(long)]
         save_baseline: bool,
     },
-    /// The instruction-count check of `make test` (make perf-guard): fails when a ratio
-    /// of bench/callgrind-guard.tsv rises above its baseline by more than its tolerance.
+    /// The instruction-count check of `make test` (make perf-guard).
     Guard {
         /// Write the measured counts as the new baseline, giving the reason.
         #[arg(long, value_name = "REASON")]
@@ -89,9 +84,8 @@ pub struct Config {
     pub cg_ops: u64,
     #[arg(long, env = "BENCH_CG_LEVELS", default_value = "1000,10000,100000", value_parser = levels)]
     pub cg_levels: List<u64>,
-    /// Hand-offs per watcher count of the observe measurement (fewer above 100 watchers:
-    /// this many times 100 / watchers), the watcher counts, and the hand-offs per polling
-    /// interval of the polling alternative (intervals in ms).
+    /// Observe hand-offs per watcher count (fewer above 100 watchers), the watcher
+    /// counts; hand-offs per polling interval of the polling alternative, intervals (ms).
     #[arg(long, env = "BENCH_OBS_HANDOFFS", default_value_t = 2000, value_parser = positive)]
     pub obs_handoffs: usize,
     #[arg(long, env = "BENCH_OBS_WATCHERS", default_value = "0,1,100,1000")]
@@ -103,8 +97,7 @@ pub struct Config {
     /// Rounds of the redis-benchmark cross-check (0 skips it).
     #[arg(long, env = "BENCH_RB_ROUNDS", default_value_t = 3)]
     pub rb_rounds: usize,
-    /// Suites to run: throughput, latency, memory, scaling, crosscheck, guarded, callgrind
-    /// (with guarded: also its instruction counts).
+    /// Suites to run (guarded: also its instruction counts).
     #[arg(
         long,
         env = "BENCH_SUITES",
@@ -118,27 +111,16 @@ pub struct Config {
         default_value = "/usr/bin/redis-server,.servers/redis-8.2.3/redis-server,.servers/valkey-8.1.8/valkey-server"
     )]
     pub servers: List<PathBuf>,
-    /// The server callgrind runs on (default: the first of --servers).
-    #[arg(long, env = "BENCH_CG_SERVER")]
-    pub cg_server: Option<PathBuf>,
     #[arg(
         long,
         env = "LOCK_MODULE",
         default_value = "target/release/libredis_lock.so"
     )]
     pub module: PathBuf,
-    /// The floor module (bench/floor), built by `make bench`.
-    #[arg(
-        long,
-        env = "BENCH_FLOOR",
-        default_value = "target/release/libredis_lock_floor.so"
-    )]
-    pub floor: PathBuf,
     /// The repository: docs/ and bench/callgrind-baseline.tsv are under it.
     #[arg(long, env = "BENCH_ROOT", default_value = ".")]
     pub root: PathBuf,
-    /// Where the measurements go (default ROOT/docs/data/perf.json); the docs are
-    /// rendered next to it (a scratch directory keeps the published figures intact).
+    /// Where the measurements go (default ROOT/docs/data/perf.json); docs render beside.
     #[arg(long, env = "BENCH_JSON")]
     pub json: Option<PathBuf>,
     /// Lease of the probe lock in the expiry measurement (not a setting).
@@ -149,11 +131,7 @@ pub struct Config {
 impl Config {
     /// Commands per throughput run at this pipeline depth.
     pub fn ops(&self, pipeline: usize) -> u64 {
-        if pipeline > 1 {
-            self.ops_p16
-        } else {
-            self.ops_p1
-        }
+        [self.ops_p1, self.ops_p16][usize::from(pipeline > 1)]
     }
 
     pub fn has(&self, suite: &str) -> bool {

@@ -1,8 +1,6 @@
-//! The same comparisons with the stock `redis-benchmark` (from redis-tools), for anyone
-//! who wants to re-run them by hand (the recipe on the binary without the module). It cannot check replies, so the key states are
-//! arranged for it: ACQUIRE and SET draw from 10^9 random keys on an empty server (a
-//! repeat, which would be a renew or a failed SET, is about 1 in 10^4 and is checked
-//! through INFO), and EXTEND runs on keys all held beforehand with the right token.
+//! The same comparisons with the stock `redis-benchmark`, re-runnable by hand. It cannot
+//! check replies: ACQUIRE and SET draw from 10^9 random keys of an empty server (repeats,
+//! about 1 in 10^4, are checked through INFO); EXTEND runs on keys held with its token.
 
 use std::io;
 
@@ -31,15 +29,14 @@ fn bench(port: u16, opts: &str, cmd: &str) -> io::Result<f64> {
         .ok_or_else(|| io::Error::other(format!("redis-benchmark printed no result: {text}")))
 }
 
-/// Holds `ek:000000000000` .. `ek:<EXTEND_KEYS-1>` (the names `__rand_int__` produces)
-/// with TOKEN, as module locks or as string locks.
+/// Holds `ek:000000000000`.. (the names `__rand_int__` makes) as module or string locks.
 fn hold_extend_keys(s: &Server, module: bool) -> io::Result<()> {
     let conns = 4usize;
     let per = EXTEND_KEYS / conns as u64;
     let op = if module { &ops::ACQUIRE } else { &ops::SET_NX };
     let w = |conn: usize, i: u64, out: &mut Vec<u8>| {
         let k = format!("ek:{:012}", conn as u64 * per + i);
-        op.put(0, k.as_bytes(), &s.scripts, out)
+        op.put(0, k.as_bytes(), &s.scripts, b"", out)
     };
     load::run(s.port, conns, 256, per, "holding the EXTEND keys", &w)?;
     Ok(())
@@ -75,9 +72,7 @@ pub fn run(rig: &Rig) -> io::Result<CrossCheck> {
                 let a = bench(on.port, &random, if module { &acq } else { &set })?;
                 let renewed = c.info_u64("lock", "lock_renewed")? - before;
                 if renewed * 100 > n {
-                    return Err(io::Error::other(format!(
-                        "{renewed} of {n} random ACQUIREs hit a held key"
-                    )));
+                    bail!("{renewed} of {n} random ACQUIREs hit a held key");
                 }
                 flushall(&mut c)?;
                 flushall(&mut plain)?;

@@ -1,19 +1,10 @@
-//! Issue 23's benchmarks. (1) Guarded writes: a holder's `LOCK.IFHELD lock token SET data
-//! v` against the classic form a client uses without it (`WATCH` the lock, read it and
-//! compare, `MULTI` + `SET` + `EXEC`, in the round trips client libraries use) and
-//! against the plain `SET` as the floor, with `LOCK.IFFENCE` and `LOCK.CHECK` beside
-//! them: 50 clients, pipeline 1 (the classic form in its own round trips), every form
-//! once per round in a rotating order, every reply checked (an `EXEC` that answers nil
-//! fails the run). (2) Observe hand-offs: a holder releases a lock with a FIFO waiter and
-//! N clients blocked in `LOCK.WATCH key FENCE f`; the time from the release reply to the
-//! waiter's grant and to each watcher's answer, the release's own round trip with N
-//! watchers, and the same hand-off seen by a client polling `LOCK.INFO` every 10 or 100
-//! ms. (3) Under callgrind: instructions per guarded write, and per RELEASE with 0, 100
-//! and 1,000 watchers.
+//! Issue 23's benchmarks (docs/BENCHMARKS.md, section 7). (1) Guarded writes:
+//! `LOCK.IFHELD ... SET` against the classic `WATCH`/`MULTI` form and the plain `SET`,
+//! 50 clients, pipeline 1, every form once per round in a rotating order, every reply
+//! checked. (2) Observe hand-offs: release to the FIFO waiter's grant and to each of N
+//! `LOCK.WATCH` clients' answers, against polling `LOCK.INFO`. (3) Both under callgrind.
 
-use std::io::{self, ErrorKind, Read, Write as _};
-use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::io;
 use std::path::Path;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -22,17 +13,16 @@ use redis_lock_report::perf::{
     self, CgRelease, CgWrite, Guarded, GuardedCallgrind, GuardedRate, ObserveLevel, PollDelay,
     Spread,
 };
-use redis_lock_testkit::{args, encode, lock, RawConn};
+use redis_lock_testkit::{args, lock, RawConn};
 
 use crate::callgrind::{costs, server_name, Session, SETTLE};
 use crate::config::Config;
-use crate::load::{self, scan, Batch, Shape};
-use crate::ops::{self, key, Op, Scripts, Vars, TOKEN};
+use crate::load::{self, gather, Batch, Peer, Shape, STALL};
+use crate::ops::{self, key, Op, Scripts, TOKEN};
 use crate::stats::{median, quantiles};
 use crate::{On, Rig, Server};
 
-/// The forms compared: report name, op, the server it runs on (the string lock's
-/// classic form runs where the module is not loaded, as it would without the module).
+/// The forms compared: report name, op, server (a string lock's form: without the module).
 pub const WRITES: [(&str, &Op, On); 7] = [
     (perf::G_SET, &ops::GUARD_SET, On::Lock),
     (perf::G_IFHELD, &ops::IFHELD, On::Lock),
@@ -48,9 +38,8 @@ fn lock_key(conn: usize) -> Vec<u8> {
     key(b"guard", conn, 0)
 }
 
-/// Holds one lock per connection on `s` (a module lock, or on the server without the
-/// module a `SET NX PX` string lock with the same token); returns each lock's fence
-/// (empty for a string lock).
+/// Holds one lock per connection on `s`, a module lock or a `SET NX PX` string lock;
+/// returns each lock's fence (empty for a string lock).
 fn hold(s: &Server, on: On, conns: usize) -> io::Result<Vec<Vec<u8>>> {
     let module = on == On::Lock;
     let cmds: Vec<Vec<Vec<u8>>> = (0..conns)
@@ -89,8 +78,7 @@ fn writes_of<'a>(
     let per_op = op.commands_per_op();
     move |conn, i, out| {
         let fence = fences.get(conn).map_or(&b""[..], Vec::as_slice);
-        let vars = Vars { scripts, fence };
-        op.put_with((i % per_op) as usize, &lock_key(conn), vars, out)
+        op.put((i % per_op) as usize, &lock_key(conn), scripts, fence, out)
     }
 }
 
@@ -100,7 +88,7 @@ fn rate(s: &Server, op: &Op, fences: &[Vec<u8>], cmds: u64) -> io::Result<f64> {
     let per_conn = cmds.max(per_op) / per_op * per_op;
     let w = writes_of(op, &s.scripts, fences);
     let conns = fences.len();
-    let per_sec = load::run_batched(s.port, conns, &batch(op), per_conn, &op.shown(), &w)?;
+    let per_sec = load::run(s.port, conns, batch(op), per_conn, &op.shown(), &w)?;
     Ok(per_sec / per_op as f64)
 }
 
@@ -144,49 +132,12 @@ fn rates(rig: &Rig) -> io::Result<Vec<GuardedRate>> {
     Ok(rows.collect())
 }
 
-/// A connection read reply by reply, or polled with others.
-struct Peer {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-/// Longest wait for any reply of the observe measurement.
-const STALL: Duration = Duration::from_secs(60);
-
 impl Peer {
-    fn connect(port: u16) -> io::Result<Peer> {
-        let s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(STALL))?;
-        Ok(Peer {
-            s,
-            buf: Vec::with_capacity(4096),
-        })
-    }
-
-    fn many(port: u16, n: u64) -> io::Result<Vec<Peer>> {
-        (0..n).map(|_| Peer::connect(port)).collect()
-    }
-
-    fn send(&mut self, args: &[&[u8]]) -> io::Result<()> {
-        let mut out = Vec::with_capacity(128);
-        encode(&mut out, args);
-        self.s.write_all(&out)
-    }
-
     /// `LOCK.ACQUIRE k TOKEN holder PX LEASE`, with `BLOCK` when `block`.
     fn acquire(&mut self, k: &[u8], holder: &[u8], block: bool) -> io::Result<()> {
-        let cmd = [
-            b"LOCK.ACQUIRE",
-            k,
-            b"TOKEN",
-            holder,
-            b"PX",
-            LEASE,
-            b"BLOCK",
-            BLOCK,
-        ];
-        self.send(&cmd[..if block { 8 } else { 6 }])
+        let cmd: [&[u8]; 6] = [b"LOCK.ACQUIRE", k, b"TOKEN", holder, b"PX", LEASE];
+        let wait: &[&[u8]] = if block { &[b"BLOCK", BLOCK] } else { &[] };
+        self.send(&[&cmd[..], wait].concat())
     }
 
     /// `LOCK.RELEASE k holder`; returns when its reply (`:1`, else an error) was read.
@@ -201,35 +152,6 @@ impl Peer {
     fn watch(&mut self, k: &[u8], fence: &[u8]) -> io::Result<()> {
         self.send(&[b"LOCK.WATCH", k, b"FENCE", fence, b"BLOCK", BLOCK])
     }
-
-    /// A complete reply taken from the buffer, if there is one.
-    fn take(&mut self) -> io::Result<Option<(Shape, Vec<u8>)>> {
-        match scan(&self.buf).map_err(io::Error::other)? {
-            Some((shape, used)) => Ok(Some((shape, self.buf.drain(..used).collect()))),
-            None => Ok(None),
-        }
-    }
-
-    /// Reads what the socket has (one read).
-    fn fill(&mut self) -> io::Result<()> {
-        let mut tmp = [0u8; 16 * 1024];
-        let n = self.s.read(&mut tmp)?;
-        if n == 0 {
-            return Err(io::Error::new(ErrorKind::UnexpectedEof, "server closed"));
-        }
-        self.buf.extend_from_slice(&tmp[..n]);
-        Ok(())
-    }
-
-    /// The next reply, waiting for it.
-    fn reply(&mut self) -> io::Result<(Shape, Vec<u8>)> {
-        loop {
-            if let Some(r) = self.take()? {
-                return Ok(r);
-            }
-            self.fill()?;
-        }
-    }
 }
 
 /// The fence of a `[token, fence]` grant as its digits; `Err(what)` for another reply.
@@ -243,44 +165,7 @@ fn fence_of(grant: &[u8], what: &str) -> io::Result<Vec<u8>> {
         .ok_or_else(|| io::Error::other(what.to_string()))
 }
 
-/// Reads one reply from each peer, as they come; returns, in the peers' order, when
-/// each was complete and what it was.
-fn gather(peers: &mut [&mut Peer]) -> io::Result<Vec<(Instant, Shape, Vec<u8>)>> {
-    let mut got: Vec<Option<(Instant, Shape, Vec<u8>)>> = vec![None; peers.len()];
-    for (g, p) in got.iter_mut().zip(peers.iter_mut()) {
-        if let Some((shape, r)) = p.take()? {
-            *g = Some((Instant::now(), shape, r));
-        }
-    }
-    let mut fds = load::pollfds(peers.iter().map(|p| p.s.as_raw_fd()));
-    let start = Instant::now();
-    while got.iter().any(Option::is_none) {
-        for (f, g) in fds.iter_mut().zip(&got) {
-            if g.is_some() {
-                f.fd = -1;
-            }
-        }
-        load::poll(&mut fds)?;
-        if start.elapsed() > STALL {
-            return Err(io::Error::other(
-                "observe: a watcher or waiter never answered",
-            ));
-        }
-        for ((f, p), g) in fds.iter().zip(peers.iter_mut()).zip(got.iter_mut()) {
-            if g.is_some() || f.revents == 0 {
-                continue;
-            }
-            p.fill()?;
-            if let Some((shape, r)) = p.take()? {
-                *g = Some((Instant::now(), shape, r));
-            }
-        }
-    }
-    Ok(got.into_iter().flatten().collect())
-}
-
-/// Waits (polling without a pause) until the server counts `waiters` waiters and
-/// `watchers` watchers.
+/// Waits (polling without a pause) until the server counts these waiters and watchers.
 fn wait_counts(c: &mut RawConn, waiters: u64, watchers: u64) -> io::Result<()> {
     let want = [("lock_waiters", waiters), ("lock_watchers", watchers)];
     ops::wait_for(c, "lock", &want, Duration::ZERO, STALL)
@@ -350,8 +235,7 @@ impl Turns {
     }
 }
 
-/// Hand-offs at this many watchers: all of them up to 100 watchers, fewer above (each
-/// hand-off re-arms every watcher), at least 20.
+/// Hand-offs at this many watchers: fewer above 100 (each re-arms every watcher), >= 20.
 pub fn handoffs_at(cfg: &Config, watchers: u64) -> usize {
     let scaled = cfg.obs_handoffs as u64 * 100 / watchers.max(100);
     (scaled as usize).max(20).min(cfg.obs_handoffs)
@@ -382,13 +266,10 @@ fn observe_level(s: &Server, n: u64, handoffs: usize) -> io::Result<ObserveLevel
                 grant.push(after);
                 continue;
             }
-            // The holder summary (the new holder), or nil if the pass ran before the
-            // grant; never an error.
+            // The new holder's summary, or nil if the pass ran before the grant.
             if !matches!(shape, Shape::Array(_) | Shape::Nil) {
                 let text = String::from_utf8_lossy(r);
-                return Err(io::Error::other(format!(
-                    "observe: LOCK.WATCH answered {text}"
-                )));
+                bail!("observe: LOCK.WATCH answered {text}");
             }
             watch.push(after);
             latest = latest.max(after);
@@ -419,10 +300,8 @@ fn sleep_until(t: Instant) {
     sleep(t.saturating_duration_since(Instant::now()));
 }
 
-/// The polling alternative: the same hand-offs, observed by a client that sends
-/// `LOCK.INFO` every `interval` ms (on a fixed schedule); each release falls at a
-/// pseudo-random point of an interval, as it would for an observer that does not know
-/// when it comes.
+/// The polling alternative: the same hand-offs seen by `LOCK.INFO` every `interval` ms,
+/// each release at a pseudo-random point of an interval (the observer cannot know it).
 fn poll_delay(s: &Server, interval_ms: u64, handoffs: usize) -> io::Result<PollDelay> {
     let mut ctl = s.conn()?;
     let mut poller = s.conn()?;
@@ -446,7 +325,7 @@ fn poll_delay(s: &Server, interval_ms: u64, handoffs: usize) -> io::Result<PollD
             .and_then(|f| f.parse().ok());
         let (seen, _) = poll(&mut tick)?;
         if seen != old {
-            return Err(io::Error::other("poll: LOCK.INFO shows another holder"));
+            bail!("poll: LOCK.INFO shows another holder");
         }
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -478,21 +357,21 @@ fn poll_delay(s: &Server, interval_ms: u64, handoffs: usize) -> io::Result<PollD
     })
 }
 
-/// Parts 1 and 2 on one binary (the polling alternative only on the first server: its
-/// delay is the interval's, whatever the server).
+/// Parts 1 and 2 on one binary (polling only on the first: its delay is the interval's).
 pub fn run(rig: &Rig, poll: bool, date: &str) -> io::Result<Guarded> {
     let cfg = &rig.lock.cfg;
     let rates = rates(rig)?;
-    let mut observe = vec![];
-    for &n in &cfg.obs_watchers.0 {
-        observe.push(observe_level(&rig.lock, n, handoffs_at(cfg, n))?);
-    }
-    let mut polls = vec![];
-    if poll && cfg.poll_handoffs > 0 {
-        for &ms in &cfg.poll_ms.0 {
-            polls.push(poll_delay(&rig.lock, ms, cfg.poll_handoffs)?);
-        }
-    }
+    let observe = (cfg.obs_watchers.0.iter())
+        .map(|&n| observe_level(&rig.lock, n, handoffs_at(cfg, n)))
+        .collect::<io::Result<_>>()?;
+    let intervals = if poll && cfg.poll_handoffs > 0 {
+        &cfg.poll_ms.0[..]
+    } else {
+        &[]
+    };
+    let polls = (intervals.iter())
+        .map(|&ms| poll_delay(&rig.lock, ms, cfg.poll_handoffs))
+        .collect::<io::Result<_>>()?;
     Ok(Guarded {
         date: date.into(),
         clients: cfg.clients,
@@ -507,25 +386,25 @@ pub fn run(rig: &Rig, poll: bool, date: &str) -> io::Result<Guarded> {
 /// Repetitions of each RELEASE-with-watchers count under callgrind.
 const CG_RELEASES: usize = 3;
 
-/// Part 3, on `bin` (the first server): instructions per write of every form, one
-/// connection in the form's own round trips, `cfg.cg_ops / 4` writes each; then
-/// instructions per RELEASE with each watcher count.
+/// Part 3 on `bin`: instructions per write of every form (one connection, its own round
+/// trips, `cg_ops / 4` writes), then per RELEASE with each watcher count.
 pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCallgrind> {
     let writes = (cfg.cg_ops / 4).max(100);
     let mut rows = vec![];
+    let mut release = vec![];
+    let mut label = String::new();
     for on in [On::Plain, On::Lock] {
         let mut s = Session::start(bin, cfg, (on, false), &format!("guarded-{on:?}"), false)?;
-        let label = s.server.label.clone();
+        label.clone_from(&s.server.label);
         let fences = hold(&s.server, on, 1)?;
         for (name, op, _) in WRITES.iter().filter(|w| w.2 == on) {
             let per_op = op.commands_per_op();
             let scripts = s.server.scripts.clone();
             let w = writes_of(op, &scripts, &fences);
             let b = batch(op);
-            load::run_batched(s.server.port, 1, &b, writes / 10 * per_op, "warm-up", &w)?;
+            load::run(s.server.port, 1, b, writes / 10 * per_op, "warm-up", &w)?;
             s.settle(SETTLE);
-            let dump = s.measure(&w, writes * per_op, Some(&b), name)?;
-            let c = costs(&dump, writes)?;
+            let c = costs(&s.measure(&w, writes * per_op, Some(b), name)?, writes)?;
             eprintln!(
                 "  [callgrind {label}] {name}: {:.0} Ir per write, {:.0} in processCommand",
                 c.total, c.process
@@ -540,30 +419,24 @@ pub fn callgrind(bin: &Path, cfg: &Config, date: &str) -> io::Result<GuardedCall
             });
         }
         if on == On::Lock {
-            let mut release = vec![];
             for &n in &cfg.obs_watchers.0 {
                 release.push(release_with_watchers(&mut s, n)?);
             }
-            // In the order of WRITES, whichever server each ran on.
-            let at = |r: &CgWrite| WRITES.iter().position(|w| w.0 == r.name);
-            rows.sort_by_key(at);
-            return Ok(GuardedCallgrind {
-                date: date.into(),
-                server: label,
-                writes,
-                rows,
-                release,
-            });
         }
     }
-    Err(io::Error::other(
-        "guarded callgrind: no server with the module",
-    ))
+    // In the order of WRITES, whichever server each ran on.
+    rows.sort_by_key(|r| WRITES.iter().position(|w| w.0 == r.name));
+    Ok(GuardedCallgrind {
+        date: date.into(),
+        server: label,
+        writes,
+        rows,
+        release,
+    })
 }
 
-/// Instructions of a RELEASE of a lock that `n` clients watch (`LOCK.WATCH key FENCE f`),
-/// no waiter: the command inside `processCommand`, and everything from its arrival
-/// until every watcher had its answer. Median of [`CG_RELEASES`].
+/// Instructions of a RELEASE of a lock `n` clients watch, no waiter: inside
+/// `processCommand`, and until every watcher had its answer. Median of [`CG_RELEASES`].
 fn release_with_watchers(s: &mut Session, n: u64) -> io::Result<CgRelease> {
     let port = s.server.port;
     let mut ctl = s.server.conn()?;

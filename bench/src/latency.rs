@@ -1,6 +1,5 @@
-//! Latency of single, unpipelined commands from one client with a monotonic clock:
-//! ACQUIRE then RELEASE of a free key against SET NX PX then EVALSHA release (on the same
-//! binary without the module), the two sides alternated in rounds.
+//! Latency of unpipelined commands from one client: ACQUIRE then RELEASE against SET NX
+//! PX then EVALSHA release (without the module), the sides alternated in rounds.
 
 use std::io;
 use std::time::Instant;
@@ -9,9 +8,9 @@ use redis_lock_report::perf::{Latency, Pcts};
 use redis_lock_testkit::{RawConn, Resp};
 
 use crate::load::Shape;
-use crate::ops::{self, key, Scripts};
+use crate::ops::{self, key};
 use crate::stats::{ab, median, quantiles};
-use crate::Rig;
+use crate::{Rig, Server};
 
 /// Latency percentiles of samples in microseconds.
 fn pcts(mut v: Vec<f64>) -> Pcts {
@@ -24,30 +23,25 @@ fn pcts(mut v: Vec<f64>) -> Pcts {
     }
 }
 
-/// Times `n` acquire/release pairs of the module (or of the recipe); returns the
-/// acquire and the release samples, µs.
-fn side(
-    c: &mut RawConn,
-    scripts: &Scripts,
-    module: bool,
-    round: usize,
-    n: u64,
-) -> io::Result<[Vec<f64>; 2]> {
-    let ops = if module {
-        [&ops::ACQUIRE, &ops::RELEASE]
-    } else {
-        [&ops::SET_NX, &ops::EVAL_RELEASE]
-    };
-    let mut samples = [
-        Vec::with_capacity(n as usize),
-        Vec::with_capacity(n as usize),
+/// A side's acquire and release samples, µs.
+type Samples = io::Result<[Vec<f64>; 2]>;
+
+/// The samples of `n` acquire/release pairs of the module or the recipe.
+fn side(c: &mut RawConn, s: &Server, module: bool, round: usize, n: u64) -> Samples {
+    let pairs = [
+        [&ops::SET_NX, &ops::EVAL_RELEASE],
+        [&ops::ACQUIRE, &ops::RELEASE],
     ];
+    let mut samples = [0; 2].map(|_| Vec::with_capacity(n as usize));
     let mut buf = Vec::with_capacity(256);
     for i in 0..n {
         let k = key(b"lat", round, i);
-        for (op, out) in ops.into_iter().zip(samples.iter_mut()) {
+        for (op, out) in pairs[usize::from(module)]
+            .into_iter()
+            .zip(samples.iter_mut())
+        {
             buf.clear();
-            let want = op.put(0, &k, scripts, &mut buf);
+            let want = op.put(0, &k, &s.scripts, b"", &mut buf);
             let t0 = Instant::now();
             c.send_raw(&buf)?;
             let reply = c.read()?;
@@ -59,10 +53,8 @@ fn side(
                 _ => false,
             };
             if !ok {
-                return Err(io::Error::other(format!(
-                    "latency: {} replied {reply:?}",
-                    op.shown()
-                )));
+                let shown = op.shown();
+                bail!("latency: {shown} replied {reply:?}");
             }
         }
     }
@@ -70,31 +62,32 @@ fn side(
 }
 
 pub fn run(rig: &Rig) -> io::Result<Latency> {
-    let (mut lock, mut plain) = (rig.lock.conn()?, rig.plain.conn()?);
-    let (mut ma, mut mr, mut sa, mut sr) = (vec![], vec![], vec![], vec![]);
-    let (mut acq_ratios, mut rel_ratios) = (vec![], vec![]);
-    let mut side = |module: bool, round, n| match module {
-        true => side(&mut lock, &rig.lock.scripts, true, round, n),
-        false => side(&mut plain, &rig.plain.scripts, false, round, n),
+    let mut conns = [rig.plain.conn()?, rig.lock.conn()?];
+    // Samples of ACQUIRE, RELEASE, SET NX PX, EVALSHA release; per-round p50 ratios.
+    let (mut all, mut ratios): ([Vec<f64>; 4], [Vec<f64>; 2]) = Default::default();
+    let mut side = |module: bool, round, n| {
+        let s = [&rig.plain, &rig.lock][usize::from(module)];
+        side(&mut conns[usize::from(module)], s, module, round, n)
     };
     // Warm-up (connection, allocator, script cache), not counted.
     side(true, 999, 200)?;
     side(false, 998, 200)?;
     for round in 0..rig.lock.cfg.rounds {
         let ([a, r], [b, e]) = ab(round, |module| side(module, round, rig.lock.cfg.lat_ops))?;
-        acq_ratios.push(median(&a) / median(&b));
-        rel_ratios.push(median(&r) / median(&e));
-        ma.extend(a);
-        mr.extend(r);
-        sa.extend(b);
-        sr.extend(e);
+        ratios[0].push(median(&a) / median(&b));
+        ratios[1].push(median(&r) / median(&e));
+        for (all, v) in all.iter_mut().zip([a, r, b, e]) {
+            all.extend(v);
+        }
     }
+    let [acquire, release, set_nx, eval_release] = all.map(pcts);
+    let [acquire_p50_ratio, release_p50_ratio] = ratios.map(|r| median(&r));
     Ok(Latency {
-        acquire: pcts(ma),
-        set_nx: pcts(sa),
-        release: pcts(mr),
-        eval_release: pcts(sr),
-        acquire_p50_ratio: median(&acq_ratios),
-        release_p50_ratio: median(&rel_ratios),
+        acquire,
+        set_nx,
+        release,
+        eval_release,
+        acquire_p50_ratio,
+        release_p50_ratio,
     })
 }

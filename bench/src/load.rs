@@ -1,13 +1,13 @@
 //! The load generator: one thread, `poll(2)` over N non-blocking connections, each
-//! sending a batch of `pipeline` commands and waiting for all their replies before the
-//! next batch (what `redis-benchmark -P` does). Every reply is checked against what the
-//! workload expects, so a run whose keys were not in the intended state is caught
-//! instead of being measured.
+//! sending a batch and waiting for all its replies (as `redis-benchmark -P` does), every
+//! reply checked against the workload's expectation; and [`Peer`], read reply by reply.
 
 use std::collections::VecDeque;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
+
+use redis_lock_testkit::encode;
 use std::time::{Duration, Instant};
 
 /// The outline of one reply, enough to check it against an expectation.
@@ -22,8 +22,7 @@ pub enum Shape {
     Array(usize),
 }
 
-/// Scans one complete reply at the start of `buf`. `Ok(None)` when more bytes are
-/// needed; `Err` on a protocol violation.
+/// Scans one complete reply at the start of `buf`; `Ok(None)` when more bytes are needed.
 pub fn scan(buf: &[u8]) -> Result<Option<(Shape, usize)>, String> {
     let Some(line_end) = buf.windows(2).position(|w| w == b"\r\n") else {
         return Ok(None);
@@ -65,10 +64,7 @@ fn num(line: &[u8]) -> Result<i64, String> {
         .ok_or_else(|| format!("bad number {:?}", String::from_utf8_lossy(line)))
 }
 
-/// Appends operation `i` of connection `conn` to the buffer and returns the reply it
-/// must get for the operation to count as the intended one: `+OK` (a `SET ... NX` that
-/// did set), `:1` (a release or extend that found its token), a two-element array (the
-/// `[token, fence]` of a grant), or `None` for anything but an error.
+/// Appends command `i` of connection `conn`; the reply it must get (`None`: not an error).
 pub type Workload<'a> = dyn Fn(usize, u64, &mut Vec<u8>) -> Option<Shape> + 'a;
 
 struct Client {
@@ -133,8 +129,7 @@ impl Client {
     }
 }
 
-/// One read or write on a non-blocking socket, retried when interrupted; `None` when it
-/// would block.
+/// One read or write on a non-blocking socket, retried when interrupted; `None`: would block.
 fn nonblocking(mut f: impl FnMut() -> io::Result<usize>) -> io::Result<Option<usize>> {
     loop {
         match f() {
@@ -171,16 +166,16 @@ pub fn poll(fds: &mut [libc::pollfd]) -> io::Result<i32> {
     }
 }
 
-/// Longest time without a single reply before the run is declared stuck.
-const STALL: Duration = Duration::from_secs(60);
+/// Longest time without a single reply before a run is declared stuck.
+pub const STALL: Duration = Duration::from_secs(60);
 
 /// How a connection groups its commands into round trips.
+#[derive(Clone, Copy)]
 pub enum Batch<'a> {
     /// `n` commands at a time.
     Pipeline(u64),
-    /// Operations of `trips.iter().sum()` commands, sent as the round trips listed: `[1,
-    /// 1, 3]` is one command, its reply, another, its reply, then three in one write (a
-    /// `WATCH`, a `GET`, then `MULTI` + `SET` + `EXEC`, as a client library sends them).
+    /// Operations sent as these round trips: `[1, 1, 3]` is `WATCH`, its reply, `GET`, its
+    /// reply, then `MULTI` + `SET` + `EXEC` in one write (as a client library sends them).
     Trips(&'a [u64]),
 }
 
@@ -204,36 +199,23 @@ impl Batch<'_> {
     }
 }
 
-/// Runs `per_conn` operations on each of `conns` connections, `pipeline` at a time, and
-/// returns the operations per second; an error (naming `what`) unless every reply was
-/// the expected one.
-pub fn run(
-    port: u16,
-    conns: usize,
-    pipeline: usize,
-    per_conn: u64,
-    what: &str,
-    w: &Workload,
-) -> io::Result<f64> {
-    run_batched(
-        port,
-        conns,
-        &Batch::Pipeline(pipeline as u64),
-        per_conn,
-        what,
-        w,
-    )
+impl From<usize> for Batch<'_> {
+    fn from(pipeline: usize) -> Self {
+        Batch::Pipeline(pipeline as u64)
+    }
 }
 
-/// [`run`] with the commands grouped as `batch` says; commands per second.
-pub fn run_batched(
+/// Runs `per_conn` commands on each of `conns` connections, grouped as `batch` says;
+/// commands per second, or an error (naming `what`) unless every reply was expected.
+pub fn run<'b>(
     port: u16,
     conns: usize,
-    batch: &Batch,
+    batch: impl Into<Batch<'b>>,
     per_conn: u64,
     what: &str,
     w: &Workload,
 ) -> io::Result<f64> {
+    let batch = &batch.into();
     let mut clients = (0..conns)
         .map(|_| Client::connect(port))
         .collect::<io::Result<Vec<_>>>()?;
@@ -257,9 +239,7 @@ pub fn run_batched(
         }
         let n = poll(&mut fds)?;
         if n == 0 && last_progress.elapsed() > STALL {
-            return Err(io::Error::other(format!(
-                "load stalled: no reply for {STALL:?}"
-            )));
+            bail!("load stalled: no reply for {STALL:?}");
         }
         for (id, (pfd, c)) in fds.iter().zip(clients.iter_mut()).enumerate() {
             if pfd.revents & libc::POLLOUT != 0 {
@@ -292,12 +272,97 @@ pub fn run_batched(
     let secs = start.elapsed().as_secs_f64();
     let ops = per_conn * conns as u64;
     if bad > 0 {
-        return Err(io::Error::other(format!(
-            "{what}: {bad} of {ops} replies were not the expected ones (first: {})",
-            first_bad.as_deref().unwrap_or("?")
-        )));
+        let first = first_bad.as_deref().unwrap_or("?");
+        bail!("{what}: {bad} of {ops} replies were not the expected ones (first: {first})");
     }
     Ok(if secs > 0.0 { ops as f64 / secs } else { 0.0 })
+}
+
+/// A connection read reply by reply, or polled with others.
+pub struct Peer {
+    pub s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Peer {
+    pub fn connect(port: u16) -> io::Result<Peer> {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(STALL))?;
+        Ok(Peer { s, buf: Vec::new() })
+    }
+
+    pub fn many(port: u16, n: u64) -> io::Result<Vec<Peer>> {
+        (0..n).map(|_| Peer::connect(port)).collect()
+    }
+
+    pub fn send<A: AsRef<[u8]>>(&mut self, args: &[A]) -> io::Result<()> {
+        let (mut out, args) = (vec![], args.iter().map(AsRef::as_ref).collect::<Vec<_>>());
+        encode(&mut out, &args);
+        self.s.write_all(&out)
+    }
+
+    /// A complete reply taken from the buffer, if there is one.
+    pub fn take(&mut self) -> io::Result<Option<(Shape, Vec<u8>)>> {
+        match scan(&self.buf).map_err(io::Error::other)? {
+            Some((shape, used)) => Ok(Some((shape, self.buf.drain(..used).collect()))),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads what the socket has (one read).
+    pub fn fill(&mut self) -> io::Result<()> {
+        let mut tmp = [0u8; 16 * 1024];
+        let n = self.s.read(&mut tmp)?;
+        if n == 0 {
+            return Err(io::Error::new(ErrorKind::UnexpectedEof, "server closed"));
+        }
+        self.buf.extend_from_slice(&tmp[..n]);
+        Ok(())
+    }
+
+    /// The next reply, waiting for it.
+    pub fn reply(&mut self) -> io::Result<(Shape, Vec<u8>)> {
+        loop {
+            if let Some(r) = self.take()? {
+                return Ok(r);
+            }
+            self.fill()?;
+        }
+    }
+}
+
+/// Reads one reply from each peer as they come; when each was complete, and what it was.
+pub fn gather(peers: &mut [&mut Peer]) -> io::Result<Vec<(Instant, Shape, Vec<u8>)>> {
+    let mut got: Vec<Option<(Instant, Shape, Vec<u8>)>> = vec![None; peers.len()];
+    for (g, p) in got.iter_mut().zip(peers.iter_mut()) {
+        if let Some((shape, r)) = p.take()? {
+            *g = Some((Instant::now(), shape, r));
+        }
+    }
+    let mut fds = pollfds(peers.iter().map(|p| p.s.as_raw_fd()));
+    let start = Instant::now();
+    while got.iter().any(Option::is_none) {
+        for (f, g) in fds.iter_mut().zip(&got) {
+            if g.is_some() {
+                f.fd = -1;
+            }
+        }
+        poll(&mut fds)?;
+        if start.elapsed() > STALL {
+            bail!("observe: a watcher or waiter never answered");
+        }
+        for ((f, p), g) in fds.iter().zip(peers.iter_mut()).zip(got.iter_mut()) {
+            if g.is_some() || f.revents == 0 {
+                continue;
+            }
+            p.fill()?;
+            if let Some((shape, r)) = p.take()? {
+                *g = Some((Instant::now(), shape, r));
+            }
+        }
+    }
+    Ok(got.into_iter().flatten().collect())
 }
 
 #[cfg(test)]

@@ -1,15 +1,13 @@
-//! `redis-lock-bench`: measures redis-lock against the `SET NX PX` + `EVALSHA` recipe it
-//! replaces, on every server; saves the measurements as docs/data/perf.json and renders
-//! the perf section of docs/BENCHMARKS.md and docs/perf.png from it.
-//!
-//! ```text
-//! redis-lock-bench all                        every suite on every server (make bench)
-//! redis-lock-bench guarded                    issue 23's guarded writes and observe hand-offs only (make bench-guarded)
-//! redis-lock-bench callgrind                  instructions per command only (make bench-callgrind)
-//! redis-lock-bench callgrind --save-baseline  ... and record them as the "before" column
-//! redis-lock-bench guard                      the instruction-count check of make test
-//! ```
-//! Sizes and durations: `--help` (each option also reads a `BENCH_*` variable).
+//! `redis-lock-bench`: redis-lock against the `SET NX PX` + `EVALSHA` recipe on every
+//! server, saved as docs/data/perf.json and rendered into docs/BENCHMARKS.md and
+//! docs/perf.png. Subcommands and their `make` targets: `--help`, and the Makefile.
+
+/// `return Err(io::Error::other(format!(...)))`.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(std::io::Error::other(format!($($arg)*)))
+    };
+}
 
 mod callgrind;
 mod config;
@@ -30,12 +28,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use redis_lock_report::perf::{PerfRun, ServerResults};
-use redis_lock_testkit::{flavor_of, RawConn, ServerBuilder};
+use redis_lock_testkit::{flavor_of, List, RawConn, ServerBuilder};
 
 use config::{Cli, Command, Config};
 
-/// Which module a server of a comparison has loaded: redis-lock, none (the recipe's
-/// commands and every "without the module" figure), or the floor module (bench/floor).
+/// The module a server has loaded: redis-lock, none (the recipe runs there), the floor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum On {
     Lock,
@@ -43,11 +40,13 @@ pub enum On {
     Floor,
 }
 
+/// The floor module (bench/floor), built by `make bench-floor`.
+const FLOOR: &str = "target/release/libredis_lock_floor.so";
+
 /// `name value` pairs: server settings, or environment variables.
 pub type Settings<'a> = &'a [(&'a str, &'a str)];
 
-/// A server of a comparison, its report label ("Redis 7.0.15"), the recipe's scripts as
-/// loaded on it, and the settings the suites run with.
+/// A server of a comparison, its label ("Redis 7.0.15"), scripts and the run's settings.
 pub struct Server {
     pub kit: redis_lock_testkit::Server,
     pub label: String,
@@ -57,8 +56,7 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `bin` with `on`'s module (`wrapper`, e.g. valgrind, in front of it), the
-    /// `extra` settings and environment `env`.
+    /// Starts `bin` with `on`'s module, settings `extra`, environment `env`, under `wrapper`.
     pub fn start(
         bin: &Path,
         cfg: &Config,
@@ -72,7 +70,7 @@ impl Server {
         let b = match on {
             On::Lock => b.module(&cfg.path(&cfg.module)),
             On::Plain => b.no_module(),
-            On::Floor => b.module(&cfg.path(&cfg.floor)),
+            On::Floor => b.module(&cfg.path(Path::new(FLOOR))),
         };
         let b = extra.iter().fold(b, |b, (k, v)| b.arg(k, v));
         let b = env.iter().fold(b, |b, (k, v)| b.env(k, v));
@@ -116,11 +114,7 @@ impl Rig {
     }
 
     pub fn on(&self, on: On) -> &Server {
-        match on {
-            On::Lock => &self.lock,
-            On::Plain => &self.plain,
-            On::Floor => &self.floor,
-        }
+        [&self.lock, &self.plain, &self.floor][on as usize]
     }
 }
 
@@ -128,51 +122,42 @@ fn bench_server(bin: &Path, cfg: &Config, first: bool, date: &str) -> io::Result
     let rig = Rig::start(bin, cfg)?;
     let s = &rig.lock;
     eprintln!("== {} ({})", s.label, bin.display());
-    let mut r = no_results(&s.label);
     let t = Instant::now();
-    // Each suite that is asked for fills its field and leaves the servers empty.
-    macro_rules! suite {
-        ($name:literal, $field:ident, $run:expr) => {
-            if cfg.has($name) {
-                r.$field = Some($run?);
-                for s in [&rig.lock, &rig.plain, &rig.floor] {
-                    ops::flushall(&mut s.conn()?)?;
-                }
-                eprintln!("  {} done at {:.0}s", $name, t.elapsed().as_secs_f64());
+    // Each suite that is asked for gives its field and leaves the servers empty.
+    let suite = |name: &str| cfg.has(name) && (name != "crosscheck" || cfg.rb_rounds > 0);
+    let done = |name: &str| {
+        for s in [&rig.lock, &rig.plain, &rig.floor] {
+            ops::flushall(&mut s.conn()?)?;
+        }
+        eprintln!("  {name} done at {:.0}s", t.elapsed().as_secs_f64());
+        Ok::<_, io::Error>(())
+    };
+    macro_rules! run {
+        ($name:literal, $run:expr) => {
+            if suite($name) {
+                let r = $run?;
+                done($name)?;
+                Some(r)
+            } else {
+                None
             }
         };
     }
-    suite!("throughput", throughput, throughput::run(&rig));
-    suite!("latency", latency, latency::run(&rig));
-    suite!("memory", memory, memory::run(s));
-    suite!("scaling", scaling, scaling::run(s));
-    if cfg.rb_rounds > 0 {
-        suite!("crosscheck", crosscheck, crosscheck::run(&rig));
-    }
-    suite!("guarded", guarded, guarded::run(&rig, first, date));
-    Ok(r)
-}
-
-fn no_results(label: &str) -> ServerResults {
-    let label = label.to_string();
-    let (throughput, latency, memory, scaling, crosscheck, guarded) = Default::default();
-    ServerResults {
-        label,
-        throughput,
-        latency,
-        memory,
-        scaling,
-        crosscheck,
-        guarded,
-    }
+    Ok(ServerResults {
+        label: s.label.clone(),
+        throughput: run!("throughput", throughput::run(&rig)),
+        latency: run!("latency", latency::run(&rig)),
+        memory: run!("memory", memory::run(s)),
+        scaling: run!("scaling", scaling::run(s)),
+        crosscheck: run!("crosscheck", crosscheck::run(&rig)),
+        guarded: run!("guarded", guarded::run(&rig, first, date)),
+    })
 }
 
 /// The server callgrind runs on: the first one (Redis 7.0.15 by default).
 fn callgrind_bin(cfg: &Config) -> io::Result<PathBuf> {
-    cfg.cg_server
-        .clone()
-        .or_else(|| cfg.servers.0.first().cloned())
-        .map(|b| cfg.path(&b))
+    (cfg.servers.0.first())
+        .map(|b| cfg.path(b))
         .ok_or_else(|| io::Error::other("no server to run callgrind on"))
 }
 
@@ -206,30 +191,19 @@ fn render(json: &Path, run: &PerfRun) -> io::Result<()> {
     Ok(())
 }
 
-/// Renders the saved run again, measuring nothing.
-fn render_only(cfg: &Config) -> io::Result<()> {
-    let run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
-    render(&cfg.json(), &run)
-}
-
 fn all(cfg: &Config) -> io::Result<()> {
     let started = Instant::now();
     let date = redis_lock_report::fmt::now_utc();
     let load_start = redis_lock_report::fmt::loadavg();
-    let mut servers = vec![];
-    for (i, bin) in cfg.servers.0.iter().enumerate() {
-        servers.push(bench_server(&cfg.path(bin), cfg, i == 0, &date)?);
-    }
-    let callgrind = if cfg.has("callgrind") {
-        Some(callgrind::run(&callgrind_bin(cfg)?, cfg, &date)?)
-    } else {
-        None
-    };
-    let guarded_callgrind = if cfg.has("guarded") {
-        Some(guarded::callgrind(&callgrind_bin(cfg)?, cfg, &date)?)
-    } else {
-        None
-    };
+    let servers = (cfg.servers.0.iter().enumerate())
+        .map(|(i, bin)| bench_server(&cfg.path(bin), cfg, i == 0, &date))
+        .collect::<io::Result<_>>()?;
+    let cg = |suite| cfg.has(suite).then(|| callgrind_bin(cfg)).transpose();
+    let callgrind = cg("callgrind")?
+        .map(|b| callgrind::run(&b, cfg, &date))
+        .transpose()?;
+    let guarded_callgrind = cg("guarded")?.map(|b| guarded::callgrind(&b, cfg, &date));
+    let guarded_callgrind = guarded_callgrind.transpose()?;
     let run = PerfRun {
         date,
         minutes: started.elapsed().as_secs_f64() / 60.0,
@@ -262,39 +236,35 @@ fn callgrind_only(cfg: &Config, save_baseline: bool) -> io::Result<()> {
     save_and_render(cfg, &run)
 }
 
-/// Only issue 23's guarded writes and observe hand-offs, on every server, and their
-/// instruction counts: replaces them in the saved run (the other figures stay as they
-/// were measured; the section says when each was).
+/// Only issue 23's guarded writes, observe hand-offs and their instruction counts,
+/// replaced in the saved run (whose section says when each part was measured).
 fn guarded_only(cfg: &Config) -> io::Result<()> {
     let date = redis_lock_report::fmt::now_utc();
     let mut run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
+    let only = Config {
+        suites: List(vec!["guarded".into()]),
+        ..cfg.clone()
+    };
     for (i, bin) in cfg.servers.0.iter().enumerate() {
-        let rig = Rig::start(&cfg.path(bin), cfg)?;
-        eprintln!("== {} ({})", rig.lock.label, bin.display());
-        let g = guarded::run(&rig, i == 0, &date)?;
-        match run.servers.iter_mut().find(|s| s.label == rig.lock.label) {
-            Some(s) => s.guarded = Some(g),
-            None => run.servers.push(ServerResults {
-                guarded: Some(g),
-                ..no_results(&rig.lock.label)
-            }),
+        let r = bench_server(&cfg.path(bin), &only, i == 0, &date)?;
+        match run.servers.iter_mut().find(|s| s.label == r.label) {
+            Some(s) => s.guarded = r.guarded,
+            None => run.servers.push(r),
         }
     }
     run.guarded_callgrind = Some(guarded::callgrind(&callgrind_bin(cfg)?, cfg, &date)?);
     // The settings this part ran with, beside those of the run it joins.
     let now = serde_json::to_value(cfg).map_err(io::Error::other)?;
-    if let (Some(saved), Some(now)) = (run.settings.as_object_mut(), now.as_object()) {
+    if let Some(saved) = run.settings.as_object_mut() {
         for k in ["obs_handoffs", "obs_watchers", "poll_handoffs", "poll_ms"] {
-            if let Some(v) = now.get(k) {
-                saved.insert(k.into(), v.clone());
-            }
+            saved.insert(k.into(), now[k].clone());
         }
     }
     save_and_render(cfg, &run)
 }
 
-/// Raises the open-file limit to its hard maximum (the servers started from here inherit
-/// it) and returns it: 10^4 waiters need 10^4 connections on both ends.
+/// Raises the open-file limit (the servers inherit it) to its hard maximum, returned:
+/// 10^4 waiters need 10^4 connections on both ends.
 fn raise_fd_limit() -> u64 {
     let mut r = libc::rlimit {
         rlim_cur: 0,
@@ -326,7 +296,6 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None | Some(Command::All) => all(&cfg),
         Some(Command::Guarded) => guarded_only(&cfg),
-        Some(Command::Render) => render_only(&cfg),
         Some(Command::Callgrind { save_baseline }) => callgrind_only(&cfg, save_baseline),
         Some(Command::Guard { save_baseline }) => callgrind_bin(&cfg)
             .and_then(|bin| callgrind::guard(&bin, &cfg, save_baseline.as_deref())),

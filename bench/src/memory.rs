@@ -1,5 +1,5 @@
-//! Memory: `used_memory` delta per held lock (10^6 module locks against 10^6 `SET NX PX`
-//! string locks with a 36-byte token), and per blocked waiter.
+//! Memory: `used_memory` growth per module lock against a `SET NX PX` string lock (same
+//! 36-byte token), and per blocked waiter.
 
 use std::io;
 use std::thread::sleep;
@@ -17,8 +17,7 @@ fn used_memory(c: &mut RawConn) -> io::Result<f64> {
     Ok(c.info_u64("memory", "used_memory")? as f64)
 }
 
-/// Fills `n` keys `mem:ccc:iiiiiiiii` with `op` (pipelined) and returns the growth of
-/// used_memory per key.
+/// The growth of used_memory per key over `mem_locks` keys filled with `op`.
 fn fill_delta(s: &Server, op: &Op) -> io::Result<f64> {
     let mut c = s.conn()?;
     flushall(&mut c)?;
@@ -68,9 +67,8 @@ pub fn run(s: &Server) -> io::Result<Memory> {
     })
 }
 
-/// used_memory with the locks held, with the waiters connected and idle, and with them
-/// blocked, each reading taken after the server's client cron has had the time to
-/// shrink idle query/reply buffers (so the states compared have settled buffers).
+/// used_memory with the locks held, the waiters connected, and blocked, each read after
+/// the client cron has had the time to shrink idle buffers.
 fn waiter_memory(s: &Server) -> io::Result<WaiterMemory> {
     let (mut c, cfg) = (s.conn()?, &s.cfg);
     let mut m = vec![];

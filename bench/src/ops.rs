@@ -1,16 +1,13 @@
-//! The commands compared, as data: each is its words and the reply it must get when the
-//! keys are in the intended state (the module's command set and replies change: a change
-//! is an edit of the table below), and the server states the suites share (empty,
-//! blocked waiters).
+//! The commands compared, as data (words, and the replies they must get when the keys
+//! are in the intended state), and the server states the suites share (empty, waiters).
 
-use std::io::{self, Read, Write as _};
-use std::net::TcpStream;
+use std::io::{self, Write as _};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use redis_lock_testkit::{args, encode, lock, RawConn, Resp};
+use redis_lock_testkit::{lock, RawConn, Resp};
 
-use crate::load::Shape;
+use crate::load::{Peer, Shape};
 
 /// A 36-byte token, the length of the UUID a client would generate.
 pub const TOKEN: &[u8] = b"6f1c1b9e-3a5d-4c2e-9b7a-0d8e2f4a1c3b";
@@ -51,25 +48,21 @@ pub enum Needs {
     Nothing,
     /// This op, on the same keys, which the op then takes away (RELEASE, DEL).
     Held(&'static Op),
-    /// The same, but the op leaves the keys as they were (EXTEND, GET): a run may go over
-    /// a smaller set of keys again and again.
+    /// The same, but the op leaves the keys as they were (EXTEND, GET): reusable.
     Kept(&'static Op),
     /// The op itself, this many times on other keys first (a crowded lock).
     Crowd(u64),
 }
 
-/// One command, or a cycle of several on the same key (`a + b`). In `words`, `{k}` is
-/// the op's key (`prefix:ccc:iiiiiiiii`), `{d}` the data key that goes with it (`{k}`
-/// and `:data`), `{t}` the [`TOKEN`], `{f}` the fence of the lock on `{k}` (see
-/// [`Vars`]), `{release}` and `{extend}` the SHA1 of the recipe's scripts; `reply` is
-/// what each command must answer.
+/// One command, or several on the same key (`a + b`). In `words`, `{k}` is the op's key,
+/// `{d}` its data key (`{k}:data`), `{t}` the [`TOKEN`], `{f}` the fence of the lock on
+/// `{k}`, `{release}`/`{extend}` the SHA1s of the recipe's scripts; `reply` per command.
 #[derive(Debug)]
 pub struct Op {
     pub words: &'static str,
     pub reply: &'static [Shape],
     pub needs: Needs,
-    /// How a client sends the commands of one op as round trips (commands per trip);
-    /// empty: as the pipeline depth of the run says.
+    /// Commands per round trip a client sends one op in; empty: the run's pipeline depth.
     pub trips: &'static [u64],
 }
 
@@ -82,8 +75,7 @@ const fn op(words: &'static str, reply: &'static [Shape], needs: Needs) -> Op {
     }
 }
 
-/// An op whose commands go as the round trips `trips` (commands per trip), on a lock
-/// held beforehand.
+/// An op sent as the round trips `trips`, on a lock held beforehand.
 const fn txn(words: &'static str, reply: &'static [Shape], trips: &'static [u64]) -> Op {
     Op {
         words,
@@ -93,43 +85,35 @@ const fn txn(words: &'static str, reply: &'static [Shape], trips: &'static [u64]
     }
 }
 
-/// What the placeholders of an op's words stand for besides its key.
-#[derive(Debug, Clone, Copy)]
-pub struct Vars<'a> {
-    pub scripts: &'a Scripts,
-    /// The fence of the lock on the op's key (`{f}`).
-    pub fence: &'a [u8],
-}
-
-use Needs::{Held, Kept, Nothing};
+use Needs::{Crowd, Held, Kept, Nothing};
 use Shape::{Array, Bulk, Int, Status};
+/// The replies of a grant (`[token, fence]`), of `+OK` and of `:1`.
+const GRANT: &[Shape] = &[Array(2)];
+const OK: &[Shape] = &[Status(true)];
+const ONE: &[Shape] = &[Int(1)];
 pub const PING: Op = op("PING", &[Status(false)], Nothing);
-pub const SET_NX: Op = op("SET {k} {t} NX PX 600000", &[Status(true)], Nothing);
-pub const SET_PX: Op = op("SET {k} {t} PX 600000", &[Status(true)], Nothing);
-pub const SET: Op = op("SET {k} {t}", &[Status(true)], Nothing);
+pub const SET_NX: Op = op("SET {k} {t} NX PX 600000", OK, Nothing);
+pub const SET_PX: Op = op("SET {k} {t} PX 600000", OK, Nothing);
+pub const SET: Op = op("SET {k} {t}", OK, Nothing);
 pub const GET: Op = op("GET {k}", &[Bulk], Kept(&SET));
-pub const EXPIRE: Op = op("EXPIRE {k} 600", &[Int(1)], Kept(&SET));
-pub const DEL: Op = op("DEL {k}", &[Int(1)], Held(&SET));
-pub const EVAL_RELEASE: Op = op("EVALSHA {release} 1 {k} {t}", &[Int(1)], Held(&SET_NX));
-pub const EVAL_EXTEND: Op = op(
-    "EVALSHA {extend} 1 {k} {t} 600000",
-    &[Int(1)],
-    Kept(&SET_NX),
-);
-pub const ACQUIRE: Op = op("LOCK.ACQUIRE {k} TOKEN {t} PX 600000", &[Array(2)], Nothing);
-pub const ACQUIRE_GEN: Op = op("LOCK.ACQUIRE {k} PX 600000", &[Array(2)], Nothing);
-pub const RELEASE: Op = op("LOCK.RELEASE {k} {t}", &[Int(1)], Held(&ACQUIRE));
-pub const EXTEND: Op = op("LOCK.EXTEND {k} {t} PX 600000", &[Int(1)], Kept(&ACQUIRE));
+pub const EXPIRE: Op = op("EXPIRE {k} 600", ONE, Kept(&SET));
+pub const DEL: Op = op("DEL {k}", ONE, Held(&SET));
+pub const EVAL_RELEASE: Op = op("EVALSHA {release} 1 {k} {t}", ONE, Held(&SET_NX));
+pub const EVAL_EXTEND: Op = op("EVALSHA {extend} 1 {k} {t} 600000", ONE, Kept(&SET_NX));
+pub const ACQUIRE: Op = op("LOCK.ACQUIRE {k} TOKEN {t} PX 600000", GRANT, Nothing);
+pub const ACQUIRE_GEN: Op = op("LOCK.ACQUIRE {k} PX 600000", GRANT, Nothing);
+pub const RELEASE: Op = op("LOCK.RELEASE {k} {t}", ONE, Held(&ACQUIRE));
+pub const EXTEND: Op = op("LOCK.EXTEND {k} {t} PX 600000", ONE, Kept(&ACQUIRE));
 pub const SHARED: Op = op(
     "LOCK.ACQUIRE {k} SHARED TOKEN {t} PX 600000",
-    &[Array(2)],
+    GRANT,
     Nothing,
 );
 /// A reader more of one key, its own key as its token.
 pub const SHARED_CROWD: Op = op(
     "LOCK.ACQUIRE crowded SHARED TOKEN {k} PX 600000",
-    &[Array(2)],
-    Needs::Crowd(CROWD),
+    GRANT,
+    Crowd(CROWD),
 );
 pub const CYCLE: Op = op(
     "LOCK.ACQUIRE {k} TOKEN {t} PX 600000 + LOCK.RELEASE {k} {t}",
@@ -141,36 +125,21 @@ pub const CYCLE_RECIPE: Op = op(
     &[Status(true), Int(1)],
     Nothing,
 );
-/// The floor (bench/floor): a module value, its expiry, `[token, fence]`; and without
-/// the expiry.
-pub const FLOOR: Op = op("FLOOR.ACQUIRE {k} {t} 600000", &[Array(2)], Nothing);
-pub const FLOOR_NOEXP: Op = op("FLOOR.ACQUIRE {k} {t} 0", &[Array(2)], Nothing);
+/// The floor (bench/floor): a module value, its expiry, `[token, fence]`; no expiry.
+pub const FLOOR: Op = op("FLOOR.ACQUIRE {k} {t} 600000", GRANT, Nothing);
+pub const FLOOR_NOEXP: Op = op("FLOOR.ACQUIRE {k} {t} 0", GRANT, Nothing);
 
 /// The data key `{d}` of a guarded write is the lock key and this.
 pub const DATA_SUFFIX: &[u8] = b":data";
 
-/// Guarded writes (issue 23): a holder writes `{d}` only while its lock on `{k}` is
-/// held. The plain write is the floor; the classic form without the module's guard is
-/// `WATCH` the lock, read it and compare (the token of a `SET NX PX` lock, or
-/// `LOCK.CHECK` of the fence for a module lock), then `MULTI` + the write + `EXEC`,
-/// which `EXEC` refuses (nil) if the lock changed after the `WATCH`. Client libraries
-/// (redis-py, node-redis, go-redis) send that as three round trips: `WATCH`, the read
-/// (whose answer decides whether to go on), then `MULTI`..`EXEC` in one write; sending
-/// `WATCH` and the read together saves one.
-pub const GUARD_SET: Op = op("SET {d} value-0001", &[Status(true)], Nothing);
-pub const IFHELD: Op = op(
-    "LOCK.IFHELD {k} {t} SET {d} value-0001",
-    &[Status(true)],
-    Nothing,
-);
-pub const IFFENCE: Op = op(
-    "LOCK.IFFENCE {k} {f} SET {d} value-0001",
-    &[Status(true)],
-    Nothing,
-);
-pub const CHECK: Op = op("LOCK.CHECK {k} {f}", &[Int(1)], Nothing);
-/// `+QUEUED` is a status that is not `OK`; `EXEC` answers one reply per queued command
-/// (nil when the transaction was aborted, which the run counts as a failure).
+/// Guarded writes (issue 23): `{d}` written only while the lock on `{k}` is held; the
+/// plain write is the floor. The classic form (`WATCH`, read and compare, `MULTI`..`EXEC`)
+/// goes in three round trips as redis-py, node-redis and go-redis send it, or in two.
+pub const GUARD_SET: Op = op("SET {d} value-0001", OK, Nothing);
+pub const IFHELD: Op = op("LOCK.IFHELD {k} {t} SET {d} value-0001", OK, Nothing);
+pub const IFFENCE: Op = op("LOCK.IFFENCE {k} {f} SET {d} value-0001", OK, Nothing);
+pub const CHECK: Op = op("LOCK.CHECK {k} {f}", ONE, Nothing);
+/// `+QUEUED` is a status not `OK`; `EXEC` one reply per command (nil, aborted: a failure).
 const WATCHED: [Shape; 5] = [Status(true), Bulk, Status(true), Status(false), Array(1)];
 const WATCHED_CHECK: [Shape; 5] = [Status(true), Int(1), Status(true), Status(false), Array(1)];
 pub const WATCH_GET: Op = txn(
@@ -178,11 +147,10 @@ pub const WATCH_GET: Op = txn(
     &WATCHED,
     &[1, 1, 3],
 );
-pub const WATCH_GET_2RT: Op = txn(
-    "WATCH {k} + GET {k} + MULTI + SET {d} value-0001 + EXEC",
-    &WATCHED,
-    &[2, 3],
-);
+pub const WATCH_GET_2RT: Op = Op {
+    trips: &[2, 3],
+    ..WATCH_GET
+};
 pub const WATCH_CHECK: Op = txn(
     "WATCH {k} + LOCK.CHECK {k} {f} + MULTI + SET {d} value-0001 + EXEC",
     &WATCHED_CHECK,
@@ -203,15 +171,6 @@ pub const SHOWN: [&Op; 9] = [
 ];
 
 impl Op {
-    /// What fills the keys before a run, and whether the run may reuse them.
-    pub fn fill(&self) -> Option<(&'static Op, bool)> {
-        match self.needs {
-            Held(op) => Some((op, false)),
-            Kept(op) => Some((op, true)),
-            _ => None,
-        }
-    }
-
     /// The command as a user would type it, for the report.
     pub fn shown(&self) -> String {
         (self
@@ -229,17 +188,15 @@ impl Op {
         self.reply.len() as u64
     }
 
-    /// Appends command `step` of the op on key `k`; returns the reply it must get.
-    pub fn put(&self, step: usize, k: &[u8], s: &Scripts, out: &mut Vec<u8>) -> Option<Shape> {
-        let vars = Vars {
-            scripts: s,
-            fence: b"",
-        };
-        self.put_with(step, k, vars, out)
-    }
-
-    /// [`put`](Self::put) with the fence of `{f}` too.
-    pub fn put_with(&self, step: usize, k: &[u8], v: Vars, out: &mut Vec<u8>) -> Option<Shape> {
+    /// Appends command `step` of the op on key `k` (`{f}`: `fence`); the reply it must get.
+    pub fn put(
+        &self,
+        step: usize,
+        k: &[u8],
+        s: &Scripts,
+        fence: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Option<Shape> {
         let words = self.words.split(" + ").nth(step).unwrap_or(self.words);
         // Writing into a Vec cannot fail.
         let _ = write!(out, "*{}\r\n", words.split(' ').count());
@@ -247,9 +204,9 @@ impl Op {
             let a: &[u8] = match w {
                 "{k}" | "{d}" => k,
                 "{t}" => TOKEN,
-                "{f}" => v.fence,
-                "{release}" => &v.scripts.release,
-                "{extend}" => &v.scripts.extend,
+                "{f}" => fence,
+                "{release}" => &s.release,
+                "{extend}" => &s.extend,
                 w => w.as_bytes(),
             };
             let data: &[u8] = if w == "{d}" { DATA_SUFFIX } else { b"" };
@@ -262,8 +219,7 @@ impl Op {
     }
 
     /// The op as a workload on keys `prefix:ccc:iiiiiiiii`, each connection on its own
-    /// keys; a cycle runs both its commands on one key. `wrap` > 0 makes op `i` use key
-    /// `i % wrap` (for commands that leave the key held, like EXTEND).
+    /// keys (a cycle's commands on one); `wrap` > 0: op `i` on key `i % wrap`.
     pub fn load<'a>(
         &'a self,
         prefix: &'a [u8],
@@ -273,7 +229,7 @@ impl Op {
         let n = self.commands_per_op();
         move |conn, i, out| {
             let j = if wrap > 0 { i / n % wrap } else { i / n };
-            self.put((i % n) as usize, &key(prefix, conn, j), s, out)
+            self.put((i % n) as usize, &key(prefix, conn, j), s, b"", out)
         }
     }
 }
@@ -287,19 +243,15 @@ pub fn key(prefix: &[u8], conn: usize, i: u64) -> Vec<u8> {
     k
 }
 
+/// How long the waits on an INFO field pause between readings.
+const PAUSE: Duration = Duration::from_millis(20);
+
 /// Empties the server synchronously (Valkey 8 flushes in the background by default,
-/// which would make the next `used_memory` reading meaningless) and waits until no
-/// lazy-free work is pending.
+/// which would skew the next `used_memory`) and waits until no lazy free is pending.
 pub fn flushall(c: &mut RawConn) -> io::Result<()> {
     c.ok(&[b"FLUSHALL", b"SYNC"])?;
-    let (pause, limit) = (Duration::from_millis(20), Duration::from_secs(60));
-    wait_for(
-        c,
-        "memory",
-        &[("lazyfree_pending_objects", 0)],
-        pause,
-        limit,
-    )
+    let want = [("lazyfree_pending_objects", 0)];
+    wait_for(c, "memory", &want, PAUSE, Duration::from_secs(60))
 }
 
 /// Polls `INFO <section>`, `pause` apart, until every `(field, value)` of `want` holds
@@ -324,22 +276,18 @@ pub fn wait_for(
             return Ok(());
         };
         if start.elapsed() > limit {
-            let msg = format!("INFO {section}: {field} stuck at {v} after {limit:?}");
-            return Err(io::Error::other(msg));
+            bail!("INFO {section}: {field} stuck at {v} after {limit:?}");
         }
         sleep(pause);
     }
 }
 
-/// Plain connections blocked in `LOCK.ACQUIRE ... BLOCK 0`, on locks `wl:k` held from
-/// another connection.
-pub struct Waiters(Vec<TcpStream>);
+/// Connections blocked in `LOCK.ACQUIRE ... BLOCK 0`, on locks `wl:k` held from another.
+pub struct Waiters(Vec<Peer>);
 
 impl Waiters {
-    /// Holds `locks` locks for a long time from `c`, opens `count` connections (each of
-    /// which has answered a PING), then blocks each on one of the locks (round robin)
-    /// and waits until the server counts them all as waiters. `step` runs after each of
-    /// the three stages.
+    /// Holds `locks` locks, opens `count` connections (each answered PING), blocks each on
+    /// a lock (round robin) until all are counted; `step` runs after each stage.
     pub fn block(
         c: &mut RawConn,
         port: u16,
@@ -351,41 +299,28 @@ impl Waiters {
             let key = format!("wl:{k}");
             let hold = ["TOKEN", "holder-token-0001", "PX", "3600000"];
             if lock::acquire(c, &key, &hold)?.is_none() {
-                return Err(io::Error::other(format!("could not hold {key}")));
+                bail!("could not hold {key}");
             }
         }
         step(c)?;
         let mut conns = Vec::with_capacity(count as usize);
         for _ in 0..count {
-            let mut s = TcpStream::connect(("127.0.0.1", port))?;
-            s.set_nodelay(true)?;
-            s.set_read_timeout(Some(Duration::from_secs(60)))?;
-            let mut pong = [0u8; 7];
-            s.write_all(b"*1\r\n$4\r\nPING\r\n")?;
-            s.read_exact(&mut pong)?;
-            if &pong != b"+PONG\r\n" {
-                return Err(io::Error::other("PING did not answer +PONG"));
+            let mut p = Peer::connect(port)?;
+            p.send(&["PING"])?;
+            if p.reply()?.1 != b"+PONG\r\n" {
+                bail!("PING did not answer +PONG");
             }
-            conns.push(s);
+            conns.push(p);
         }
         step(c)?;
         let before = c.info_u64("lock", "lock_waiters")?;
-        for (i, s) in conns.iter_mut().enumerate() {
-            let key = format!("wl:{}", i as u64 % locks);
-            let token = format!("waiter-{i:029}");
-            let cmd = args!["LOCK.ACQUIRE", key, "TOKEN", token, "PX", TTL, "BLOCK", "0"];
-            let mut buf = Vec::new();
-            encode(&mut buf, &cmd.iter().map(Vec::as_slice).collect::<Vec<_>>());
-            s.write_all(&buf)?;
+        for (i, p) in conns.iter_mut().enumerate() {
+            let (k, token) = (i as u64 % locks, format!("waiter-{i:029}"));
+            let cmd = format!("LOCK.ACQUIRE wl:{k} TOKEN {token} PX 600000 BLOCK 0");
+            p.send(&cmd.split(' ').collect::<Vec<_>>())?;
         }
         let want = [("lock_waiters", before + count)];
-        wait_for(
-            c,
-            "lock",
-            &want,
-            Duration::from_millis(20),
-            Duration::from_secs(120),
-        )?;
+        wait_for(c, "lock", &want, PAUSE, Duration::from_secs(120))?;
         step(c)?;
         Ok(Waiters(conns))
     }
@@ -393,14 +328,8 @@ impl Waiters {
     /// Disconnects the waiters and waits until the server has none left.
     pub fn release(self, c: &mut RawConn) -> io::Result<()> {
         drop(self.0);
-        let pause = Duration::from_millis(20);
-        wait_for(
-            c,
-            "lock",
-            &[("lock_waiters", 0)],
-            pause,
-            Duration::from_secs(60),
-        )
+        let want = [("lock_waiters", 0)];
+        wait_for(c, "lock", &want, PAUSE, Duration::from_secs(60))
     }
 }
 
@@ -415,7 +344,7 @@ mod tests {
             extend: b"sha2".to_vec(),
         };
         let mut out = Vec::new();
-        assert_eq!(CYCLE_RECIPE.put(1, b"k", &s, &mut out), Some(Int(1)));
+        assert_eq!(CYCLE_RECIPE.put(1, b"k", &s, b"", &mut out), Some(Int(1)));
         let want = format!(
             "*5\r\n$7\r\nEVALSHA\r\n$4\r\nsha1\r\n$1\r\n1\r\n$1\r\nk\r\n$36\r\n{}\r\n",
             String::from_utf8_lossy(TOKEN)
@@ -429,11 +358,7 @@ mod tests {
             (Some(Array(2)), Some(Int(1)))
         );
         let mut g = Vec::new();
-        let vars = Vars {
-            scripts: &s,
-            fence: b"42",
-        };
-        assert_eq!(IFFENCE.put_with(0, b"k", vars, &mut g), Some(Status(true)));
+        assert_eq!(IFFENCE.put(0, b"k", &s, b"42", &mut g), Some(Status(true)));
         assert_eq!(
             String::from_utf8_lossy(&g),
             "*6\r\n$12\r\nLOCK.IFFENCE\r\n$1\r\nk\r\n$2\r\n42\r\n$3\r\nSET\r\n$6\r\nk:data\r\n$10\r\nvalue-0001\r\n"

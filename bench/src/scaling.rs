@@ -1,6 +1,5 @@
-//! Scaling: with 10^3, 10^5 and 10^6 locks held (and then 10^4 blocked waiters on top),
-//! the cost of a command and the time to hand a lock to a waiter, after a RELEASE and
-//! at the lease deadline. Flat means O(1): the numbers must not move with the level.
+//! Scaling: a command's cost and a hand-off's time (after RELEASE, at the lease deadline)
+//! at 10^3..10^6 held locks, then with 10^4 waiters; O(1) when they stay flat.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -36,8 +35,7 @@ pub fn top_up(port: u16, from: u64, to: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// `LOCK.EXTEND` (or `PEXPIRE`, the server's own per-key command, as the reference)
-/// on held locks picked pseudo-randomly all over the held set.
+/// `LOCK.EXTEND` (or the reference `PEXPIRE`) on held locks picked all over the held set.
 pub fn spread_extend(
     held: u64,
     pexpire: bool,
@@ -48,11 +46,8 @@ pub fn spread_extend(
             .wrapping_add(1)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(i.wrapping_mul(0xD1B5_4A32_D192_ED03));
-        let k = key(
-            b"held",
-            (x % FILL_CONNS as u64) as usize,
-            (x >> 8) % per_fill_conn,
-        );
+        let (conn, j) = ((x % FILL_CONNS as u64) as usize, (x >> 8) % per_fill_conn);
+        let k = key(b"held", conn, j);
         if pexpire {
             encode(out, &[b"PEXPIRE", &k, b"3600000"]);
         } else {
@@ -70,7 +65,7 @@ fn block_on(a: &mut RawConn, b: &mut RawConn, k: &str) -> io::Result<()> {
     let start = Instant::now();
     while lock::info(a, k)?.and_then(|i| i.waiters) != Some(1) {
         if start.elapsed() > Duration::from_secs(5) {
-            return Err(io::Error::other("the waiter never queued"));
+            bail!("the waiter never queued");
         }
     }
     Ok(())
@@ -81,8 +76,8 @@ fn expect_grant(r: Resp, what: &str) -> io::Result<()> {
     r.grant().map(drop).ok_or_else(err)
 }
 
-/// The time a blocked waiter takes to get the lock, ms samples: from the holder's
-/// RELEASE (a hand-off), or (`expiry`) from the holder's lease deadline.
+/// Milliseconds a blocked waiter takes to get the lock from the holder's RELEASE, or
+/// (`expiry`) from its lease deadline.
 fn grants(s: &Server, n: usize, expiry: bool) -> io::Result<Vec<f64>> {
     let (mut a, mut b) = (s.conn()?, s.conn()?);
     let ttl = if expiry { EXPIRY_TTL_MS } else { 60_000 }.to_string();
@@ -102,7 +97,7 @@ fn grants(s: &Server, n: usize, expiry: bool) -> io::Result<Vec<f64>> {
             expect_grant(b.read()?, "hand-off")?;
             v.push(t0.elapsed().as_secs_f64() * 1e3);
             if a.read()? != Resp::Int(1) {
-                return Err(io::Error::other("probe release failed"));
+                bail!("probe release failed");
             }
         }
         b.ok(&[b"LOCK.RELEASE", k.as_bytes(), b"waiter-token-0001"])?;
@@ -112,17 +107,11 @@ fn grants(s: &Server, n: usize, expiry: bool) -> io::Result<Vec<f64>> {
 
 fn measure_level(s: &Server, held: u64, waiters: u64) -> io::Result<Level> {
     let cfg = &s.cfg;
-    // 50 clients, pipeline 16: ACQUIRE+RELEASE cycles against the recipe's, and EXTEND
-    // against PEXPIRE spread over the held locks.
     let per_conn = (cfg.ops_p16 / 2 / cfg.clients as u64).max(2) / 2 * 2;
     let run =
         |what: &str, w: &load::Workload| load::run(s.port, cfg.clients, 16, per_conn, what, w);
     let cycle = |module: bool| {
-        let op = if module {
-            &ops::CYCLE
-        } else {
-            &ops::CYCLE_RECIPE
-        };
+        let op = [&ops::CYCLE_RECIPE, &ops::CYCLE][usize::from(module)];
         Ok(run(&op.shown(), &op.load(b"scale", &s.scripts, 0))? / op.commands_per_op() as f64)
     };
     let extend = |module: bool| run("extend spread", &spread_extend(held, !module));
@@ -136,9 +125,7 @@ fn measure_level(s: &Server, held: u64, waiters: u64) -> io::Result<Level> {
     // The probes and cycles leave nothing behind; check the level is intact.
     let live = s.conn()?.info_u64("lock", "lock_held")?;
     if live != held + cfg.wait_locks * u64::from(waiters > 0) {
-        return Err(io::Error::other(format!(
-            "expected {held} held locks, INFO says {live}"
-        )));
+        bail!("expected {held} held locks, INFO says {live}");
     }
     let [cycle_rate, _, cycle_vs_recipe] = pair_medians(&cycles);
     let [extend_rate, _, extend_vs_pexpire] = pair_medians(&extends);
@@ -161,9 +148,8 @@ fn measure_level(s: &Server, held: u64, waiters: u64) -> io::Result<Level> {
     Ok(l)
 }
 
-/// Steps through the held-lock `levels`, topping the held locks up from one to the
-/// next, then (with `waiters`) the last level again with that many blocked waiters on
-/// top; `measure(held, waiters)` at each step.
+/// `measure(held, waiters)` at each held-lock level (topped up from the last), then with
+/// `waiters` blocked waiters on top of the last.
 pub fn at_levels<T>(
     port: u16,
     cfg: &Config,

@@ -32,13 +32,6 @@ pub fn quantiles<const N: usize>(v: &mut [f64], qs: [f64; N]) -> [f64; N] {
     qs.map(|q| quantile_sorted(v, q))
 }
 
-pub fn min_max(v: &[f64]) -> (f64, f64) {
-    v.iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
-            (lo.min(x), hi.max(x))
-        })
-}
-
 /// Measures side A (`side(true)`) and side B (`side(false)`) of a comparison: A first in
 /// even rounds, B first in odd ones (ABBA), so that drift favours neither. Returns (A, B).
 pub fn ab<T>(round: usize, mut side: impl FnMut(bool) -> io::Result<T>) -> io::Result<(T, T)> {
@@ -71,7 +64,7 @@ mod tests {
         assert_eq!(quantile_sorted(&s, 0.99), 990.0);
         assert_eq!(quantile_sorted(&s, 0.999), 999.0);
         assert_eq!(quantile_sorted(&s, 1.0), 1000.0);
-        assert_eq!(min_max(&[2.0, -1.0, 5.0]), (-1.0, 5.0));
+        assert_eq!(quantiles(&mut [2.0, -1.0, 5.0], [0.0, 1.0]), [-1.0, 5.0]);
         let rounds = [(2.0, 1.0), (9.0, 3.0), (4.0, 4.0)];
         assert_eq!(pair_medians(&rounds), [4.0, 3.0, 2.0]);
     }

@@ -1,24 +1,20 @@
-//! Throughput of each module command against the recipe command it replaces (and of the
-//! floor module against `SET NX PX`), 50 clients, pipeline 1 and 16, A and B alternated in
-//! every round (ABBA order), with PING as the ceiling.
+//! Throughput of each module command against the recipe command it replaces, pipeline 1
+//! and 16, A and B alternated (ABBA), with PING as the ceiling.
 
 use std::io;
 
 use redis_lock_report::perf::{self, PairResult, Throughput};
 
 use crate::load;
-use crate::ops::{self, flushall, Op};
-use crate::stats::{ab, median, min_max, pair_medians};
+use crate::ops::{self, flushall, Needs, Op};
+use crate::stats::{ab, median, pair_medians, quantiles};
 use crate::{On, Rig};
 
 /// A side of a comparison: the op and the server it runs on.
 type Side = (&'static Op, On);
 
 /// The comparisons: the module's way (A, on the server `On`) against the recipe (B, on
-/// the same binary without the module), with the goal for A/B at pipeline 1 and 16: an
-/// ACQUIRE at 0.98× / 0.90× `SET NX PX` (issue 21; the floor module's own level), a
-/// RELEASE 1.1× / 1.3× the EVALSHA compare-and-delete, a cycle 1.3× the recipe's at
-/// pipeline 16 (issue 11); the floor beside them.
+/// the same binary without the module).
 pub const PAIRS: [(&str, &Op, On, &Op); 5] = [
     (perf::ACQUIRE, &ops::ACQUIRE, On::Lock, &ops::SET_NX),
     (perf::FLOOR, &ops::FLOOR, On::Floor, &ops::SET_NX),
@@ -26,7 +22,7 @@ pub const PAIRS: [(&str, &Op, On, &Op); 5] = [
     (perf::EXTEND, &ops::EXTEND, On::Lock, &ops::EVAL_EXTEND),
     (perf::CYCLE, &ops::CYCLE, On::Lock, &ops::CYCLE_RECIPE),
 ];
-/// The goals of [`PAIRS`], each at pipeline 1 and 16.
+/// The goals for A/B of [`PAIRS`] at pipeline 1 and 16 (issues 11 and 21).
 const GOALS: [[Option<f64>; 2]; 5] = [
     [Some(0.98), Some(0.9)],
     [None, None],
@@ -35,8 +31,7 @@ const GOALS: [[Option<f64>; 2]; 5] = [
     [None, Some(1.3)],
 ];
 
-/// One measured run of `op` on `on`'s server: prepares the key space, then times the
-/// load. Returns operations per second (cycles per second for a cycle).
+/// One run of `op` on `on`'s server on prepared keys: operations (cycles) per second.
 fn measure(rig: &Rig, (op, on): Side, pipeline: usize) -> io::Result<f64> {
     let s = rig.on(on);
     let (port, conns) = (s.port, s.cfg.clients);
@@ -46,14 +41,13 @@ fn measure(rig: &Rig, (op, on): Side, pipeline: usize) -> io::Result<f64> {
     let per_conn = per_conn - per_conn % per_op;
     flushall(&mut s.conn()?)?;
     let prefix = b"bench:lock";
-    // RELEASE deletes its key: every op gets a freshly held key. EXTEND leaves it held,
-    // so a smaller set is reused.
-    let fill = op.fill();
-    let wrap = match fill {
-        Some((_, true)) => per_conn.min(2000),
-        _ => 0,
+    // RELEASE deletes its key, so each gets a fresh one; EXTEND reuses a smaller set.
+    let (fill, wrap) = match op.needs {
+        Needs::Held(f) => (Some(f), 0),
+        Needs::Kept(f) => (Some(f), per_conn.min(2000)),
+        _ => (None, 0),
     };
-    if let Some((fill, _)) = fill {
+    if let Some(fill) = fill {
         // The same connection numbering as the measured run.
         let n = if wrap > 0 { wrap } else { per_conn };
         let w = fill.load(prefix, &s.scripts, 0);
@@ -89,8 +83,8 @@ pub fn run(rig: &Rig) -> io::Result<Throughput> {
         t.ping.push((p, median(&pings)));
         for (((name, a, _, b), goal), got) in PAIRS.iter().zip(GOALS).zip(rounds) {
             let [a_median, b_median, ratio] = pair_medians(&got);
-            let (ratio_min, ratio_max) =
-                min_max(&got.iter().map(|r| r.0 / r.1).collect::<Vec<_>>());
+            let mut ratios: Vec<f64> = got.iter().map(|r| r.0 / r.1).collect();
+            let [ratio_min, ratio_max] = quantiles(&mut ratios, [0.0, 1.0]);
             t.pairs.push(PairResult {
                 name: name.to_string(),
                 pipeline: p,
