@@ -811,10 +811,16 @@ fn watchers_with_deadlines_on_many_keys_are_all_answered_on_time() {
     let counted = wait_until(SETTLE, || {
         let n = watchers(&mut c);
         let soon = Instant::now() + Duration::from_millis(100);
-        let live = ws.iter().filter(|(w, b, _)| w.sent + Duration::from_millis(*b) > soon);
+        let live = ws
+            .iter()
+            .filter(|(w, b, _)| w.sent + Duration::from_millis(*b) > soon);
         n >= live.count() as i64
     });
-    assert!(counted, "watchers not counted: INFO says {}", watchers(&mut c));
+    assert!(
+        counted,
+        "watchers not counted: INFO says {}",
+        watchers(&mut c)
+    );
     let results = std::thread::scope(|scope| {
         let handles: Vec<_> = ws
             .iter_mut()
