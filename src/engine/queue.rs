@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::timeline::Task;
+use super::timeline::{bring_forward, drop_idle, Task};
 use super::{mismatch, Engine, Event, Gate, Keyspace, NewHolder, QueueKey, Sched, Slot, WaiterId};
 use crate::error::LockError;
 use crate::lock::value::{check_family, Addr, Digest, Family, Mode};
@@ -104,18 +104,15 @@ impl<W> Engine<W> {
 
     /// Puts the key's service on the agenda no later than `at`.
     pub(super) fn serve_by(&mut self, db: i32, name: &[u8], at: i64) {
-        let Some(q) = self.queue_mut(db, name) else {
-            return;
-        };
-        if q.serve_at.is_some_and(|t| t <= at) {
-            return;
+        if let Some(q) = self.queues.get_mut(&db).and_then(|m| m.get_mut(name)) {
+            bring_forward(
+                &mut self.agenda,
+                &mut q.serve_at,
+                at,
+                (db, name),
+                Task::Serve,
+            );
         }
-        let old = q.serve_at.replace(at);
-        let key: QueueKey = (db, name.into());
-        if let Some(t) = old {
-            self.agenda.remove(&(t, Task::Serve(key.clone())));
-        }
-        self.agenda.insert((at, Task::Serve(key)));
     }
 
     /// Queues a blocked client; `serve_at`: when the key must be looked at again (a
@@ -193,20 +190,14 @@ impl<W> Engine<W> {
 
     /// Drops an empty queue and its pending service.
     fn gc(&mut self, db: i32, name: &[u8]) {
-        let Some(m) = self.queues.get_mut(&db) else {
-            return;
-        };
-        if m.get(name).is_some_and(|q| q.waiters.is_empty()) {
-            if let Some(Queue {
-                serve_at: Some(t), ..
-            }) = m.remove(name)
-            {
-                self.agenda.remove(&(t, Task::Serve((db, name.into()))));
-            }
-            if m.is_empty() {
-                self.queues.remove(&db);
-            }
-        }
+        drop_idle(
+            &mut self.queues,
+            &mut self.agenda,
+            (db, name),
+            |x| x.waiters.is_empty(),
+            |x| x.serve_at,
+            Task::Serve,
+        );
     }
 
     /// Fails every waiter of a key with `err` (or those marked moved, with `moved_only`).

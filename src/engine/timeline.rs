@@ -29,6 +29,49 @@ pub enum Task {
 /// burst of ending leases never stalls the server).
 const LEASES_PER_TICK: usize = 1000;
 
+/// Moves a key's one `task` on the agenda to `at` unless it already stands no later
+/// (`slot`: when it stands now, kept in the key's queue or watch list).
+pub(super) fn bring_forward(
+    agenda: &mut std::collections::BTreeSet<(i64, Task)>,
+    slot: &mut Option<i64>,
+    at: i64,
+    (db, name): (i32, &[u8]),
+    task: fn(QueueKey) -> Task,
+) {
+    if slot.is_some_and(|t| t <= at) {
+        return;
+    }
+    let key: QueueKey = (db, name.into());
+    if let Some(t) = slot.replace(at) {
+        agenda.remove(&(t, task(key.clone())));
+    }
+    agenda.insert((at, task(key)));
+}
+
+/// Drops a key's entry (its queue or its watch list) once `idle` says nobody is left on
+/// it, with its `task` on the agenda (`due`: when that stands), and the db's map once
+/// that is empty.
+pub(super) fn drop_idle<V>(
+    dbs: &mut std::collections::HashMap<i32, std::collections::HashMap<Box<[u8]>, V>>,
+    agenda: &mut std::collections::BTreeSet<(i64, Task)>,
+    (db, name): (i32, &[u8]),
+    idle: fn(&V) -> bool,
+    due: fn(&V) -> Option<i64>,
+    task: fn(QueueKey) -> Task,
+) {
+    let Some(m) = dbs.get_mut(&db) else {
+        return;
+    };
+    if m.get(name).is_some_and(idle) {
+        if let Some(t) = m.remove(name).as_ref().and_then(due) {
+            agenda.remove(&(t, task((db, name.into()))));
+        }
+        if m.is_empty() {
+            dbs.remove(&db);
+        }
+    }
+}
+
 impl<W> Engine<W> {
     /// The earliest instant the engine has work for.
     pub fn next_due(&self) -> Option<i64> {

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use super::queue::Answer;
-use super::timeline::Task;
+use super::timeline::{bring_forward, drop_idle, Task};
 use super::{Engine, Gate, Keyspace, Name, QueueKey, Sched, Slot, WaiterId};
 use crate::error::LockError;
 use crate::lock::value::{LockValue, Mode};
@@ -239,18 +239,9 @@ impl<W> Engine<W> {
     /// Puts a look at the key's watchers on the agenda no later than `at` (nothing when
     /// nobody watches it).
     pub(super) fn note(&mut self, db: i32, name: &[u8], at: i64) {
-        let Some(w) = self.watched_mut(db, name) else {
-            return;
-        };
-        if w.look_at.is_some_and(|t| t <= at) {
-            return;
+        if let Some(w) = self.watches.get_mut(&db).and_then(|m| m.get_mut(name)) {
+            bring_forward(&mut self.agenda, &mut w.look_at, at, (db, name), Task::Look);
         }
-        let old = w.look_at.replace(at);
-        let key: QueueKey = (db, name.into());
-        if let Some(t) = old {
-            self.agenda.remove(&(t, Task::Look(key.clone())));
-        }
-        self.agenda.insert((at, Task::Look(key)));
     }
 
     /// A lock value left a key by the server's hand: it may have arrived under another
@@ -314,20 +305,14 @@ impl<W> Engine<W> {
 
     /// Drops a key's watch list once nobody is left on it.
     fn gc_watch(&mut self, db: i32, name: &[u8]) {
-        let Some(m) = self.watches.get_mut(&db) else {
-            return;
-        };
-        if m.get(name).is_some_and(|w| w.list.is_empty()) {
-            if let Some(Watched {
-                look_at: Some(t), ..
-            }) = m.remove(name)
-            {
-                self.agenda.remove(&(t, Task::Look((db, name.into()))));
-            }
-            if m.is_empty() {
-                self.watches.remove(&db);
-            }
-        }
+        drop_idle(
+            &mut self.watches,
+            &mut self.agenda,
+            (db, name),
+            |x| x.list.is_empty(),
+            |x| x.look_at,
+            Task::Look,
+        );
     }
 
     /// A watcher's BLOCK time is up: it is answered with the key as it is now.
