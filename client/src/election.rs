@@ -82,19 +82,10 @@ impl Default for CampaignOptions {
 }
 
 impl CampaignOptions {
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
-        self
-    }
-
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
-        self
+    setters! {
+        fn ttl(ttl: Duration) => ttl = ttl;
+        fn wait(wait: Duration) => wait = Some(wait);
+        fn token(token: impl Into<String>) => token = Some(token.into());
     }
 }
 

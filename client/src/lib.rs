@@ -58,6 +58,20 @@ macro_rules! acquire_methods {
     };
 }
 
+/// Chained option setters, one line each: `fn name(arg: T) => field = value;` is
+/// `pub fn name(mut self, arg: T) -> Self` that sets `self.field` to `value`.
+macro_rules! setters {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty)?) => $field:ident = $val:expr;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $($arg: $ty)?) -> Self {
+                self.$field = $val;
+                self
+            }
+        )*
+    };
+}
+
 mod election;
 mod error;
 mod info;
