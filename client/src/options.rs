@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::redacted;
 
 /// How a [`LockClient`](crate::LockClient) or [`Redlock`](crate::Redlock) talks to its
 /// servers.
@@ -151,19 +152,15 @@ pub struct AcquireOptions {
     pub hold: Option<Duration>,
 }
 
-impl std::fmt::Debug for AcquireOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AcquireOptions")
-            .field("ttl", &self.ttl)
-            .field("wait", &self.wait)
-            .field("owner", &self.owner)
-            .field("token", &self.token.as_ref().map(|_| "<set>"))
-            .field("renew", &self.renew)
-            .field("mode", &self.mode)
-            .field("hold", &self.hold)
-            .finish()
-    }
-}
+debug_shows!(AcquireOptions {
+    ttl,
+    wait,
+    owner,
+    token: redacted(token),
+    renew,
+    mode,
+    hold
+});
 
 impl AcquireOptions {
     pub fn new(ttl: Duration) -> Self {
