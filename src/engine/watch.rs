@@ -12,8 +12,8 @@
 use std::collections::HashMap;
 
 use super::queue::Answer;
-use super::timeline::{bring_forward, drop_idle, Task};
-use super::{Engine, Gate, Keyspace, Name, QueueKey, Sched, Slot, WaiterId};
+use super::timeline::{bring_forward, drop_idle, OnAgenda, Task};
+use super::{keys_in, Engine, Gate, Keyspace, Name, QueueKey, Sched, Slot, WaiterId};
 use crate::error::LockError;
 use crate::lock::value::{LockValue, Mode};
 use crate::reply::{Bytes, Reply};
@@ -53,6 +53,13 @@ pub(super) struct Watched<W> {
     held: usize,
     /// When a look at this key is on the agenda.
     look_at: Option<i64>,
+}
+
+impl<W> OnAgenda for Watched<W> {
+    const TASK: fn(QueueKey) -> Task = Task::Look;
+    fn on_agenda(&mut self) -> (&mut Option<i64>, bool) {
+        (&mut self.look_at, self.list.is_empty())
+    }
 }
 
 /// The watched keys of one db, by name.
@@ -171,11 +178,7 @@ impl<W> Engine<W> {
 
     /// Every watched key of `db` (or of every db).
     pub fn watched_keys(&self, db: Option<i32>) -> Vec<QueueKey> {
-        self.watches
-            .iter()
-            .filter(|(d, _)| db.is_none_or(|x| x == **d))
-            .flat_map(|(d, m)| m.keys().map(move |k| (*d, k.clone())))
-            .collect()
+        keys_in(&self.watches, db)
     }
 
     /// LOCK.WATCH: the summary now if the wait is over already (or the caller may not
@@ -240,7 +243,7 @@ impl<W> Engine<W> {
     /// nobody watches it).
     pub(super) fn note(&mut self, db: i32, name: &[u8], at: i64) {
         if let Some(w) = self.watches.get_mut(&db).and_then(|m| m.get_mut(name)) {
-            bring_forward(&mut self.agenda, &mut w.look_at, at, (db, name), Task::Look);
+            bring_forward(&mut self.agenda, w, at, (db, name));
         }
     }
 
@@ -305,14 +308,7 @@ impl<W> Engine<W> {
 
     /// Drops a key's watch list once nobody is left on it.
     fn gc_watch(&mut self, db: i32, name: &[u8]) {
-        drop_idle(
-            &mut self.watches,
-            &mut self.agenda,
-            (db, name),
-            |x| x.list.is_empty(),
-            |x| x.look_at,
-            Task::Look,
-        );
+        drop_idle(&mut self.watches, &mut self.agenda, (db, name));
     }
 
     /// A watcher's BLOCK time is up: it is answered with the key as it is now.
