@@ -39,7 +39,7 @@ const MAX_NESTED: usize = 8;
 const CACHE_NAME: usize = 64;
 const CACHE_SIZE: usize = 1024;
 
-fn name_of(by_fence: bool) -> &'static str {
+const fn name_of(by_fence: bool) -> &'static str {
     if by_fence {
         "lock.iffence"
     } else {
@@ -48,25 +48,18 @@ fn name_of(by_fence: bool) -> &'static str {
 }
 
 /// LOCK.IFHELD key token command [arg ...]
-pub struct IfHeld;
-impl Handler for IfHeld {
-    const NAME: &'static str = "lock.ifheld";
-    const GETKEYS: bool = true;
-    fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Option<Reply<'a>>, LockError> {
-        run(ctx, args, false)
-    }
-    fn keys(ctx: Ctx<'_>, args: Args<'_>) {
-        keys(ctx, args);
-    }
-}
-
+pub type IfHeld = Guarded<false>;
 /// LOCK.IFFENCE key fence command [arg ...]
-pub struct IfFence;
-impl Handler for IfFence {
-    const NAME: &'static str = "lock.iffence";
+pub type IfFence = Guarded<true>;
+
+/// The two guarded commands: `BY_FENCE` says whether the lock is proven by a fence
+/// (LOCK.IFFENCE) or by a token (LOCK.IFHELD).
+pub struct Guarded<const BY_FENCE: bool>;
+impl<const BY_FENCE: bool> Handler for Guarded<BY_FENCE> {
+    const NAME: &'static str = name_of(BY_FENCE);
     const GETKEYS: bool = true;
     fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Option<Reply<'a>>, LockError> {
-        run(ctx, args, true)
+        run(ctx, args, BY_FENCE)
     }
     fn keys(ctx: Ctx<'_>, args: Args<'_>) {
         keys(ctx, args);

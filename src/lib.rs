@@ -51,202 +51,88 @@ const INTEGER: raw::RedisModuleCommandArgType =
 const STRING: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING;
 
+/// One row a command, in registration order: name => handler, arity, key flags; ACL
+/// categories / command flags, complexity; summary; arguments.
+macro_rules! commands {
+    ($($name:literal => $handler:path, arity $arity:literal, $keys:expr;
+        $acl:literal / $flags:literal, $complexity:literal,
+        $summary:literal,
+        [$($arg:expr),* $(,)?];)*) => {
+        vec![$((
+            Cmd {
+                name: $name,
+                acl: $acl,
+                flags: $flags,
+                key_flags: $keys,
+                arity: $arity,
+                summary: $summary,
+                complexity: $complexity,
+                args: &[$($arg),*],
+            },
+            Some(ffi::entry::<$handler>),
+        )),*]
+    };
+}
+
 fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
-    vec![
-        (
-            Cmd {
-                name: "lock.acquire",
-                acl: "write blocking slow",
-                flags: "write deny-oom blocking",
-                key_flags: KEY_RW | ACCESS | INSERT,
-                arity: -2,
-                summary: "Takes a lock (exclusive, SHARED, or one of LIMIT n permits) if it is free, optionally waiting in a FIFO queue; replies [token, fence] or nil.",
-                complexity: "O(1)",
-                args: &[
-                    Arg::Key("key"),
-                    Arg::Flag("SHARED", "shared"),
-                    Arg::Opt("LIMIT", "permits", INTEGER),
-                    Arg::Expiry,
-                    Arg::Opt("TOKEN", "token", STRING),
-                    Arg::Opt("OWNER", "label", STRING),
-                    Arg::Opt("BLOCK", "timeout", INTEGER),
-                    Arg::Opt("MINFENCE", "fence", INTEGER),
-                    Arg::Opt("LOCKDELAY", "milliseconds", INTEGER),
-                ],
-            },
-            Some(ffi::entry::<commands::Acquire>),
-        ),
-        (
-            Cmd {
-                name: "lock.release",
-                acl: "write fast",
-                flags: "write fast",
-                key_flags: KEY_RW | ACCESS | DELETE,
-                arity: 3,
-                summary: "Deletes the lock if the token holds it and hands it to the next waiter; replies 1 or 0.",
-                complexity: "O(1)",
-                args: &[Arg::Key("key"), Arg::Str("token")],
-            },
-            Some(ffi::entry::<commands::Release>),
-        ),
-        (
-            Cmd {
-                name: "lock.extend",
-                acl: "write fast",
-                flags: "write fast",
-                key_flags: KEY_RW | ACCESS | UPDATE,
-                arity: -3,
-                summary: "Resets the remaining lease of a lock the token holds (and with OWNER its label, keeping its fence); replies 1 or 0.",
-                complexity: "O(1)",
-                args: &[
-                    Arg::Key("key"),
-                    Arg::Str("token"),
-                    Arg::Expiry,
-                    Arg::Opt("OWNER", "label", STRING),
-                ],
-            },
-            Some(ffi::entry::<commands::Extend>),
-        ),
-        (
-            Cmd {
-                name: "lock.info",
-                acl: "read fast",
-                flags: "readonly fast",
-                key_flags: KEY_RO | ACCESS,
-                arity: -2,
-                summary: "Shows who holds a lock (never the token), its fence, lease and waiters, a page of its holders; nil if free.",
-                complexity: "O(log N + COUNT) where N is the number of holders",
-                args: &[
-                    Arg::Key("key"),
-                    Arg::Opt("COUNT", "count", INTEGER),
-                    Arg::Opt("AFTER", "fence", INTEGER),
-                ],
-            },
-            Some(ffi::entry::<commands::Info>),
-        ),
-        (
-            Cmd {
-                name: "lock.check",
-                acl: "read fast",
-                flags: "readonly fast",
-                key_flags: KEY_RO | ACCESS,
-                arity: 3,
-                summary: "Whether a fence is that of a current holder of the lock: 1 or 0 (a sequencer check for whoever was handed a fence).",
-                complexity: "O(log N) where N is the number of holders",
-                args: &[Arg::Key("key"), Arg::Int("fence")],
-            },
-            Some(ffi::entry::<commands::Check>),
-        ),
-        (
-            Cmd {
-                name: "lock.watch",
-                acl: "read blocking slow",
-                flags: "readonly blocking",
-                key_flags: KEY_RO | ACCESS,
-                arity: -2,
-                summary: "Waits until the lock is held (or, with FENCE, until that fence no longer holds it) and replies who holds it: mode, holders and their fences and labels (never a token); nil when free.",
-                complexity: "O(1) to wait; O(W) for the W watchers of a key when it changes",
-                args: &[
-                    Arg::Key("key"),
-                    Arg::Opt("FENCE", "fence", INTEGER),
-                    Arg::Opt("OWNER", "label", STRING),
-                    Arg::Opt("BLOCK", "timeout", INTEGER),
-                ],
-            },
-            Some(ffi::entry::<commands::Watch>),
-        ),
-        (
-            Cmd {
-                name: "lock.ifheld",
-                acl: "write slow",
-                flags: "write getkeys-api",
-                key_flags: KEY_RO | ACCESS | VARIABLE,
-                arity: -4,
-                summary: "Runs a command (on keys in the lock key's slot) only if the token holds the lock now, atomically, and replies what it replies; NOTHELD and nothing runs otherwise.",
-                complexity: "O(1) plus the wrapped command's",
-                args: &[
-                    Arg::Key("key"),
-                    Arg::Str("token"),
-                    Arg::Str("command"),
-                    Arg::Rest("arg"),
-                ],
-            },
-            Some(ffi::entry::<guard::IfHeld>),
-        ),
-        (
-            Cmd {
-                name: "lock.iffence",
-                acl: "write slow",
-                flags: "write getkeys-api",
-                key_flags: KEY_RO | ACCESS | VARIABLE,
-                arity: -4,
-                summary: "Runs a command only if the fence is that of a current holder of the lock, atomically (for whoever was handed the fence, not the token); NOTHELD and nothing runs otherwise.",
-                complexity: "O(log N) plus the wrapped command's",
-                args: &[
-                    Arg::Key("key"),
-                    Arg::Int("fence"),
-                    Arg::Str("command"),
-                    Arg::Rest("arg"),
-                ],
-            },
-            Some(ffi::entry::<guard::IfFence>),
-        ),
-        (
-            Cmd {
-                name: "lock.forcerelease",
-                acl: "write dangerous slow",
-                flags: "write",
-                key_flags: KEY_RW | DELETE,
-                arity: -2,
-                summary: "Administrative: removes every holder of a lock (or the one with FENCE f) and hands it to the next waiters.",
-                complexity: "O(1)",
-                args: &[Arg::Key("key"), Arg::Opt("FENCE", "fence", INTEGER)],
-            },
-            Some(ffi::entry::<commands::ForceRelease>),
-        ),
-        (
-            Cmd {
-                name: "lock.repl",
-                acl: "write dangerous slow",
-                flags: "write",
-                key_flags: KEY_RW | UPDATE,
-                arity: -4,
-                summary: "Internal: one change of a lock, as a primary sends it to replicas and the AOF.",
-                complexity: "O(1)",
-                args: &[
-                    Arg::Key("key"),
-                    Arg::Str("operation"),
-                    Arg::Str("fields"),
-                    Arg::Opt("OWNER", "label", STRING),
-                    Arg::Opt("FLOOR", "fence", INTEGER),
-                ],
-            },
-            Some(ffi::entry::<commands::Repl>),
-        ),
-        (
-            Cmd {
-                name: "lock.sync",
-                acl: "write dangerous slow",
-                flags: "write",
-                key_flags: KEY_OW | UPDATE,
-                arity: -8,
-                summary: "Internal: the 0.1 release's replication command, still read from older primaries and AOF files.",
-                complexity: "O(1)",
-                args: &[
-                    Arg::Key("key"),
-                    Arg::Str("token"),
-                    Arg::Str("fence"),
-                    Arg::Str("expires-at"),
-                    Arg::Str("acquired-at"),
-                    Arg::Str("client-id"),
-                    Arg::Str("client-addr"),
-                    Arg::Opt("OWNER", "label", STRING),
-                    Arg::Opt("FLOOR", "fence", INTEGER),
-                ],
-            },
-            Some(ffi::entry::<commands::Sync>),
-        ),
-    ]
+    use Arg::*;
+    commands! {
+        "lock.acquire" => commands::Acquire, arity -2, KEY_RW | ACCESS | INSERT;
+            "write blocking slow" / "write deny-oom blocking", "O(1)",
+            "Takes a lock (exclusive, SHARED, or one of LIMIT n permits) if it is free, optionally waiting in a FIFO queue; replies [token, fence] or nil.",
+            [Key("key"), Flag("SHARED", "shared"), Opt("LIMIT", "permits", INTEGER), Expiry,
+             Opt("TOKEN", "token", STRING), Opt("OWNER", "label", STRING),
+             Opt("BLOCK", "timeout", INTEGER), Opt("MINFENCE", "fence", INTEGER),
+             Opt("LOCKDELAY", "milliseconds", INTEGER)];
+        "lock.release" => commands::Release, arity 3, KEY_RW | ACCESS | DELETE;
+            "write fast" / "write fast", "O(1)",
+            "Deletes the lock if the token holds it and hands it to the next waiter; replies 1 or 0.",
+            [Key("key"), Str("token")];
+        "lock.extend" => commands::Extend, arity -3, KEY_RW | ACCESS | UPDATE;
+            "write fast" / "write fast", "O(1)",
+            "Resets the remaining lease of a lock the token holds (and with OWNER its label, keeping its fence); replies 1 or 0.",
+            [Key("key"), Str("token"), Expiry, Opt("OWNER", "label", STRING)];
+        "lock.info" => commands::Info, arity -2, KEY_RO | ACCESS;
+            "read fast" / "readonly fast", "O(log N + COUNT) where N is the number of holders",
+            "Shows who holds a lock (never the token), its fence, lease and waiters, a page of its holders; nil if free.",
+            [Key("key"), Opt("COUNT", "count", INTEGER), Opt("AFTER", "fence", INTEGER)];
+        "lock.check" => commands::Check, arity 3, KEY_RO | ACCESS;
+            "read fast" / "readonly fast", "O(log N) where N is the number of holders",
+            "Whether a fence is that of a current holder of the lock: 1 or 0 (a sequencer check for whoever was handed a fence).",
+            [Key("key"), Int("fence")];
+        "lock.watch" => commands::Watch, arity -2, KEY_RO | ACCESS;
+            "read blocking slow" / "readonly blocking", "O(1) to wait; O(W) for the W watchers of a key when it changes",
+            "Waits until the lock is held (or, with FENCE, until that fence no longer holds it) and replies who holds it: mode, holders and their fences and labels (never a token); nil when free.",
+            [Key("key"), Opt("FENCE", "fence", INTEGER), Opt("OWNER", "label", STRING),
+             Opt("BLOCK", "timeout", INTEGER)];
+        "lock.ifheld" => guard::IfHeld, arity -4, KEY_RO | ACCESS | VARIABLE;
+            "write slow" / "write getkeys-api", "O(1) plus the wrapped command's",
+            "Runs a command (on keys in the lock key's slot) only if the token holds the lock now, atomically, and replies what it replies; NOTHELD and nothing runs otherwise.",
+            [Key("key"), Str("token"), Str("command"), Rest("arg")];
+        "lock.iffence" => guard::IfFence, arity -4, KEY_RO | ACCESS | VARIABLE;
+            "write slow" / "write getkeys-api", "O(log N) plus the wrapped command's",
+            "Runs a command only if the fence is that of a current holder of the lock, atomically (for whoever was handed the fence, not the token); NOTHELD and nothing runs otherwise.",
+            [Key("key"), Int("fence"), Str("command"), Rest("arg")];
+        "lock.forcerelease" => commands::ForceRelease, arity -2, KEY_RW | DELETE;
+            "write dangerous slow" / "write", "O(1)",
+            "Administrative: removes every holder of a lock (or the one with FENCE f) and hands it to the next waiters.",
+            [Key("key"), Opt("FENCE", "fence", INTEGER)];
+        "lock.repl" => commands::Repl, arity -4, KEY_RW | UPDATE;
+            "write dangerous slow" / "write", "O(1)",
+            "Internal: one change of a lock, as a primary sends it to replicas and the AOF.",
+            [Key("key"), Str("operation"), Str("fields"), Opt("OWNER", "label", STRING),
+             Opt("FLOOR", "fence", INTEGER)];
+        "lock.sync" => commands::Sync, arity -8, KEY_OW | UPDATE;
+            "write dangerous slow" / "write", "O(1)",
+            "Internal: the 0.1 release's replication command, still read from older primaries and AOF files.",
+            [Key("key"), Str("token"), Str("fence"), Str("expires-at"), Str("acquired-at"),
+             Str("client-id"), Str("client-addr"), Opt("OWNER", "label", STRING),
+             Opt("FLOOR", "fence", INTEGER)];
+        "lock.debug" => commands::Debug, arity -2, 0;
+            "admin dangerous slow" / "admin", "O(1)",
+            "Testing aid, off unless loaded with 'debug-commands yes': PANIC | FENCE | INJECT key kind.",
+            [Str("subcommand")];
+    }
 }
 
 fn fail(ctx: Ctx<'_>, msg: &str) -> Status {
@@ -279,20 +165,10 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
             "redis-lock: could not add the ACL category 'lock'",
         );
     }
+    // LOCK.DEBUG is registered everywhere but answers only with 'debug-commands yes'.
     for (cmd, handler) in commands() {
         cmdinfo::register(ctx, &cmd, handler)?;
     }
-    let debug = Cmd {
-        name: "lock.debug",
-        acl: "admin dangerous slow",
-        flags: "admin",
-        key_flags: 0,
-        arity: -2,
-        summary: "Testing aid, off unless loaded with 'debug-commands yes': PANIC | FENCE | INJECT key kind.",
-        complexity: "O(1)",
-        args: &[Arg::Str("subcommand")],
-    };
-    cmdinfo::register(ctx, &debug, Some(ffi::entry::<commands::Debug>))?;
     ffi::events::subscribe_server(ctx, events::on_server)?;
     ffi::events::register_info(ctx, stats::info)?;
     ffi::cluster::register(ctx, &[cluster::STATE, cluster::REQUEST], events::on_bus);

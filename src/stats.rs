@@ -18,25 +18,37 @@ pub fn info(out: &mut InfoSink) {
     }) else {
         return;
     };
+    // The engine's counters, each under its own field name.
+    macro_rules! counters {
+        ($($field:ident),*) => {
+            [$((stringify!($field), s.$field)),*]
+        };
+    }
+    let counters = counters!(
+        acquired,
+        renewed,
+        contended,
+        released,
+        extended,
+        expired,
+        removed,
+        evicted,
+        handed_off,
+        wait_timeouts,
+        force_released,
+        repaired
+    );
     let fields = [
         ("held", crate::state::live()),
         ("waiters", waiters as u64),
         ("watchers", watchers as u64),
-        ("acquired", s.acquired),
-        ("renewed", s.renewed),
-        ("contended", s.contended),
-        ("released", s.released),
-        ("extended", s.extended),
-        ("expired", s.expired),
-        ("removed", s.removed),
-        ("evicted", s.evicted),
-        ("handed_off", s.handed_off),
-        ("wait_timeouts", s.wait_timeouts),
-        ("force_released", s.force_released),
-        ("repaired", s.repaired),
+    ]
+    .into_iter()
+    .chain(counters)
+    .chain([
         ("panics", PANICS.load(Ordering::Relaxed)),
         ("last_fence", last_fence),
-    ];
+    ]);
     for (name, v) in fields {
         out.add(name, v);
     }

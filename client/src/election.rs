@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::lease::{LeaseWatch, LockGuard, LossReason};
 use crate::node::{new_token, Dedicated, Node};
 use crate::options::{AcquireOptions, Renewal};
+use crate::redacted;
 use crate::single::LockClient;
 
 /// "No limit": a wait and a renewal cap this long are never reached.
@@ -61,15 +62,11 @@ pub struct CampaignOptions {
     pub token: Option<String>,
 }
 
-impl std::fmt::Debug for CampaignOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CampaignOptions")
-            .field("ttl", &self.ttl)
-            .field("wait", &self.wait)
-            .field("token", &self.token.as_ref().map(|_| "<set>"))
-            .finish()
-    }
-}
+debug_shows!(CampaignOptions {
+    ttl,
+    wait,
+    token: redacted(token)
+});
 
 impl Default for CampaignOptions {
     fn default() -> Self {
@@ -82,19 +79,10 @@ impl Default for CampaignOptions {
 }
 
 impl CampaignOptions {
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
-        self
-    }
-
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
-        self
+    setters! {
+        fn ttl(ttl: Duration) => ttl = ttl;
+        fn wait(wait: Duration) => wait = Some(wait);
+        fn token(token: impl Into<String>) => token = Some(token.into());
     }
 }
 

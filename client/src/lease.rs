@@ -200,16 +200,19 @@ pub struct LockGuard {
     done: bool,
 }
 
-impl std::fmt::Debug for LockGuard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockGuard")
-            .field("name", &self.name)
-            .field("fence", &self.fence)
-            .field("mode", &self.mode)
-            .field("ttl", &self.ttl)
-            .field("status", &*self.status.borrow())
-            .finish_non_exhaustive()
-    }
+debug_shows!(
+    LockGuard {
+        name,
+        fence,
+        mode,
+        ttl,
+        status: now(status)
+    }..
+);
+
+/// Where the lease stands now (for `Debug`).
+fn now(status: &Arc<watch::Sender<LeaseStatus>>) -> LeaseStatus {
+    status.borrow().clone()
 }
 
 impl LockGuard {

@@ -58,6 +58,44 @@ macro_rules! acquire_methods {
     };
 }
 
+/// Chained option setters, one line each: `fn name(arg: T) => field = value;` is
+/// `pub fn name(mut self, arg: T) -> Self` that sets `self.field` to `value`.
+macro_rules! setters {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty)?) => $field:ident = $val:expr;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $($arg: $ty)?) -> Self {
+                self.$field = $val;
+                self
+            }
+        )*
+    };
+}
+
+/// `Debug` for a type that shows only the fields it lists (so never a token): `field`
+/// shows `self.field`; `name: f(field)` shows `f(&self.field)` as `name`. A trailing
+/// `..` marks fields left out (`finish_non_exhaustive`).
+macro_rules! debug_shows {
+    (@value $s:ident $name:ident) => { &$s.$name };
+    (@value $s:ident $name:ident $show:ident $field:ident) => { &$show(&$s.$field) };
+    (@end $d:expr) => { $d.finish() };
+    (@end $d:expr, ..) => { $d.finish_non_exhaustive() };
+    ($ty:ident { $($name:ident $(: $show:ident($field:ident))?),* } $($etc:tt)?) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let mut d = f.debug_struct(stringify!($ty));
+                $(d.field(stringify!($name), debug_shows!(@value self $name $($show $field)?));)*
+                debug_shows!(@end d $(, $etc)?)
+            }
+        }
+    };
+}
+
+/// How a `Debug` shows a secret: whether it is set, never what it is.
+fn redacted(secret: &Option<String>) -> Option<&'static str> {
+    secret.as_ref().map(|_| "<set>")
+}
+
 mod election;
 mod error;
 mod info;

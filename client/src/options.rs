@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::redacted;
 
 /// How a [`LockClient`](crate::LockClient) or [`Redlock`](crate::Redlock) talks to its
 /// servers.
@@ -151,19 +152,15 @@ pub struct AcquireOptions {
     pub hold: Option<Duration>,
 }
 
-impl std::fmt::Debug for AcquireOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AcquireOptions")
-            .field("ttl", &self.ttl)
-            .field("wait", &self.wait)
-            .field("owner", &self.owner)
-            .field("token", &self.token.as_ref().map(|_| "<set>"))
-            .field("renew", &self.renew)
-            .field("mode", &self.mode)
-            .field("hold", &self.hold)
-            .finish()
-    }
-}
+debug_shows!(AcquireOptions {
+    ttl,
+    wait,
+    owner,
+    token: redacted(token),
+    renew,
+    mode,
+    hold
+});
 
 impl AcquireOptions {
     pub fn new(ttl: Duration) -> Self {
@@ -178,54 +175,21 @@ impl AcquireOptions {
         }
     }
 
-    /// Once per period: keep the lock until `hold` after the acquisition even when the
-    /// guard is released or dropped earlier (see [`AcquireOptions::hold`](Self#structfield.hold)).
-    pub fn hold(mut self, hold: Duration) -> Self {
-        self.hold = Some(hold);
-        self
-    }
-
-    /// Take a shared (reader) place in a read-write lock (`SHARED`).
-    pub fn shared(mut self) -> Self {
-        self.mode = LockMode::Shared;
-        self
-    }
-
-    /// Take one of `permits` permits of a counted lock, a semaphore (`LIMIT n`).
-    pub fn limit(mut self, permits: u32) -> Self {
-        self.mode = LockMode::Counted(permits);
-        self
-    }
-
-    pub fn mode(mut self, mode: LockMode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
-        self
-    }
-
-    pub fn owner(mut self, owner: impl Into<String>) -> Self {
-        self.owner = Some(owner.into());
-        self
-    }
-
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
-        self
-    }
-
-    /// Renew every third of the TTL, for at most `max_hold` in total.
-    pub fn auto_renew(mut self, max_hold: Duration) -> Self {
-        self.renew = Some(Renewal::capped(max_hold));
-        self
-    }
-
-    pub fn renewal(mut self, renewal: Renewal) -> Self {
-        self.renew = Some(renewal);
-        self
+    setters! {
+        /// Once per period: keep the lock until `hold` after the acquisition even when the
+        /// guard is released or dropped earlier (see [`AcquireOptions::hold`](Self#structfield.hold)).
+        fn hold(hold: Duration) => hold = Some(hold);
+        /// Take a shared (reader) place in a read-write lock (`SHARED`).
+        fn shared() => mode = LockMode::Shared;
+        /// Take one of `permits` permits of a counted lock, a semaphore (`LIMIT n`).
+        fn limit(permits: u32) => mode = LockMode::Counted(permits);
+        fn mode(mode: LockMode) => mode = mode;
+        fn wait(wait: Duration) => wait = Some(wait);
+        fn owner(owner: impl Into<String>) => owner = Some(owner.into());
+        fn token(token: impl Into<String>) => token = Some(token.into());
+        /// Renew every third of the TTL, for at most `max_hold` in total.
+        fn auto_renew(max_hold: Duration) => renew = Some(Renewal::capped(max_hold));
+        fn renewal(renewal: Renewal) => renew = Some(renewal);
     }
 
     /// Checks the limits the module enforces, so that mistakes fail before any I/O.

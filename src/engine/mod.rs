@@ -38,6 +38,14 @@ pub use watch::{Want, WatchReq};
 
 /// A queue's identity: the db and the key name.
 pub type QueueKey = (i32, Box<[u8]>);
+
+/// Every key of per-db maps (queues, watch lists) in `db`, or in every db.
+fn keys_in<V>(dbs: &HashMap<i32, HashMap<Box<[u8]>, V>>, db: Option<i32>) -> Vec<QueueKey> {
+    dbs.iter()
+        .filter(|(d, _)| db.is_none_or(|x| x == **d))
+        .flat_map(|(d, m)| m.keys().map(move |k| (*d, k.clone())))
+        .collect()
+}
 /// Identifies a waiter while it is queued (the shell uses its blocked-client handle).
 pub type WaiterId = usize;
 

@@ -4,8 +4,10 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::timeline::Task;
-use super::{mismatch, Engine, Event, Gate, Keyspace, NewHolder, QueueKey, Sched, Slot, WaiterId};
+use super::timeline::{bring_forward, drop_idle, OnAgenda, Task};
+use super::{
+    keys_in, mismatch, Engine, Event, Gate, Keyspace, NewHolder, QueueKey, Sched, Slot, WaiterId,
+};
 use crate::error::LockError;
 use crate::lock::value::{check_family, Addr, Digest, Family, Mode};
 
@@ -53,6 +55,13 @@ pub(super) struct Queue<W> {
     pub serve_at: Option<i64>,
 }
 
+impl<W> OnAgenda for Queue<W> {
+    const TASK: fn(QueueKey) -> Task = Task::Serve;
+    fn on_agenda(&mut self) -> (&mut Option<i64>, bool) {
+        (&mut self.serve_at, self.waiters.is_empty())
+    }
+}
+
 /// The queues of one db, by key name.
 pub(super) type DbQueues<W> = HashMap<Box<[u8]>, Queue<W>>;
 
@@ -88,11 +97,7 @@ impl<W> Engine<W> {
 
     /// Every key of `db` (or of every db) that has waiters.
     pub fn keys_with_waiters(&self, db: Option<i32>) -> Vec<QueueKey> {
-        self.queues
-            .iter()
-            .filter(|(d, _)| db.is_none_or(|x| x == **d))
-            .flat_map(|(d, m)| m.keys().map(move |k| (*d, k.clone())))
-            .collect()
+        keys_in(&self.queues, db)
     }
 
     /// The family the waiters of a key ask for (all of them share it).
@@ -104,18 +109,9 @@ impl<W> Engine<W> {
 
     /// Puts the key's service on the agenda no later than `at`.
     pub(super) fn serve_by(&mut self, db: i32, name: &[u8], at: i64) {
-        let Some(q) = self.queue_mut(db, name) else {
-            return;
-        };
-        if q.serve_at.is_some_and(|t| t <= at) {
-            return;
+        if let Some(q) = self.queues.get_mut(&db).and_then(|m| m.get_mut(name)) {
+            bring_forward(&mut self.agenda, q, at, (db, name));
         }
-        let old = q.serve_at.replace(at);
-        let key: QueueKey = (db, name.into());
-        if let Some(t) = old {
-            self.agenda.remove(&(t, Task::Serve(key.clone())));
-        }
-        self.agenda.insert((at, Task::Serve(key)));
     }
 
     /// Queues a blocked client; `serve_at`: when the key must be looked at again (a
@@ -193,20 +189,7 @@ impl<W> Engine<W> {
 
     /// Drops an empty queue and its pending service.
     fn gc(&mut self, db: i32, name: &[u8]) {
-        let Some(m) = self.queues.get_mut(&db) else {
-            return;
-        };
-        if m.get(name).is_some_and(|q| q.waiters.is_empty()) {
-            if let Some(Queue {
-                serve_at: Some(t), ..
-            }) = m.remove(name)
-            {
-                self.agenda.remove(&(t, Task::Serve((db, name.into()))));
-            }
-            if m.is_empty() {
-                self.queues.remove(&db);
-            }
-        }
+        drop_idle(&mut self.queues, &mut self.agenda, (db, name));
     }
 
     /// Fails every waiter of a key with `err` (or those marked moved, with `moved_only`).

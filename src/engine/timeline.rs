@@ -29,6 +29,55 @@ pub enum Task {
 /// burst of ending leases never stalls the server).
 const LEASES_PER_TICK: usize = 1000;
 
+/// A key's entry with one task on the agenda: its queue (the service) or its watch list
+/// (a look at the watchers).
+pub(super) trait OnAgenda {
+    /// The entry's task for a key.
+    const TASK: fn(QueueKey) -> Task;
+    /// When the task stands on the agenda (`None`: it does not), and whether nobody is
+    /// left on the entry.
+    fn on_agenda(&mut self) -> (&mut Option<i64>, bool);
+}
+
+/// Moves an entry's task on the agenda to `at` unless it already stands no later.
+pub(super) fn bring_forward<V: OnAgenda>(
+    agenda: &mut std::collections::BTreeSet<(i64, Task)>,
+    entry: &mut V,
+    at: i64,
+    (db, name): (i32, &[u8]),
+) {
+    let task = V::TASK;
+    let (slot, _) = entry.on_agenda();
+    if slot.is_some_and(|t| t <= at) {
+        return;
+    }
+    let key: QueueKey = (db, name.into());
+    if let Some(t) = slot.replace(at) {
+        agenda.remove(&(t, task(key.clone())));
+    }
+    agenda.insert((at, task(key)));
+}
+
+/// Drops a key's entry once nobody is left on it, with its task on the agenda, and the
+/// db's map once that is empty.
+pub(super) fn drop_idle<V: OnAgenda>(
+    dbs: &mut std::collections::HashMap<i32, std::collections::HashMap<Box<[u8]>, V>>,
+    agenda: &mut std::collections::BTreeSet<(i64, Task)>,
+    (db, name): (i32, &[u8]),
+) {
+    let Some(m) = dbs.get_mut(&db) else {
+        return;
+    };
+    if m.get_mut(name).is_some_and(|v| v.on_agenda().1) {
+        if let Some(t) = m.remove(name).and_then(|mut v| *v.on_agenda().0) {
+            agenda.remove(&(t, V::TASK((db, name.into()))));
+        }
+        if m.is_empty() {
+            dbs.remove(&db);
+        }
+    }
+}
+
 impl<W> Engine<W> {
     /// The earliest instant the engine has work for.
     pub fn next_due(&self) -> Option<i64> {

@@ -12,8 +12,8 @@
 use std::collections::HashMap;
 
 use super::queue::Answer;
-use super::timeline::Task;
-use super::{Engine, Gate, Keyspace, Name, QueueKey, Sched, Slot, WaiterId};
+use super::timeline::{bring_forward, drop_idle, OnAgenda, Task};
+use super::{keys_in, Engine, Gate, Keyspace, Name, QueueKey, Sched, Slot, WaiterId};
 use crate::error::LockError;
 use crate::lock::value::{LockValue, Mode};
 use crate::reply::{Bytes, Reply};
@@ -53,6 +53,13 @@ pub(super) struct Watched<W> {
     held: usize,
     /// When a look at this key is on the agenda.
     look_at: Option<i64>,
+}
+
+impl<W> OnAgenda for Watched<W> {
+    const TASK: fn(QueueKey) -> Task = Task::Look;
+    fn on_agenda(&mut self) -> (&mut Option<i64>, bool) {
+        (&mut self.look_at, self.list.is_empty())
+    }
 }
 
 /// The watched keys of one db, by name.
@@ -171,11 +178,7 @@ impl<W> Engine<W> {
 
     /// Every watched key of `db` (or of every db).
     pub fn watched_keys(&self, db: Option<i32>) -> Vec<QueueKey> {
-        self.watches
-            .iter()
-            .filter(|(d, _)| db.is_none_or(|x| x == **d))
-            .flat_map(|(d, m)| m.keys().map(move |k| (*d, k.clone())))
-            .collect()
+        keys_in(&self.watches, db)
     }
 
     /// LOCK.WATCH: the summary now if the wait is over already (or the caller may not
@@ -239,18 +242,9 @@ impl<W> Engine<W> {
     /// Puts a look at the key's watchers on the agenda no later than `at` (nothing when
     /// nobody watches it).
     pub(super) fn note(&mut self, db: i32, name: &[u8], at: i64) {
-        let Some(w) = self.watched_mut(db, name) else {
-            return;
-        };
-        if w.look_at.is_some_and(|t| t <= at) {
-            return;
+        if let Some(w) = self.watches.get_mut(&db).and_then(|m| m.get_mut(name)) {
+            bring_forward(&mut self.agenda, w, at, (db, name));
         }
-        let old = w.look_at.replace(at);
-        let key: QueueKey = (db, name.into());
-        if let Some(t) = old {
-            self.agenda.remove(&(t, Task::Look(key.clone())));
-        }
-        self.agenda.insert((at, Task::Look(key)));
     }
 
     /// A lock value left a key by the server's hand: it may have arrived under another
@@ -314,20 +308,7 @@ impl<W> Engine<W> {
 
     /// Drops a key's watch list once nobody is left on it.
     fn gc_watch(&mut self, db: i32, name: &[u8]) {
-        let Some(m) = self.watches.get_mut(&db) else {
-            return;
-        };
-        if m.get(name).is_some_and(|w| w.list.is_empty()) {
-            if let Some(Watched {
-                look_at: Some(t), ..
-            }) = m.remove(name)
-            {
-                self.agenda.remove(&(t, Task::Look((db, name.into()))));
-            }
-            if m.is_empty() {
-                self.watches.remove(&db);
-            }
-        }
+        drop_idle(&mut self.watches, &mut self.agenda, (db, name));
     }
 
     /// A watcher's BLOCK time is up: it is answered with the key as it is now.

@@ -19,6 +19,7 @@ from ._common import (
     LockNotConfirmedError,
     ModuleNotLoadedError,
 )
+from . import _errors
 from ._common import Leader
 from .election import Election, Leadership
 from .lock import Lock, lock
@@ -34,12 +35,9 @@ __all__ = [
     "lock",
     "Redlock",
     "RedlockGrant",
-    "LockError",
-    "LockNotOwnedError",
-    "LockNotConfirmedError",
-    "ModuleNotLoadedError",
     "LOST_CAP",
     "LOST_EXPIRED",
     "LOST_FAILED",
     "LOST_NOT_HELD",
 ]
+__all__ += _errors.__all__

@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Type, Union
 from redis.exceptions import LockError, LockNotOwnedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from . import _errors
 from ._base import Conn, Hold, LockBase, NoReply, run_async
 from ._common import LockNotConfirmedError, ModuleNotLoadedError, Number
 from ._conns import NODES, Node
@@ -199,14 +200,5 @@ def lock(redis: Any, name: Any, timeout: Optional[Number] = None, **kwargs: Any)
 from ._common import Leader  # noqa: E402
 from ._election_async import Election, Leadership  # noqa: E402
 
-__all__ = [
-    "Election",
-    "Leader",
-    "Leadership",
-    "Lock",
-    "lock",
-    "LockError",
-    "LockNotOwnedError",
-    "LockNotConfirmedError",
-    "ModuleNotLoadedError",
-]
+__all__ = ["Election", "Leader", "Leadership", "Lock", "lock"]
+__all__ += _errors.__all__

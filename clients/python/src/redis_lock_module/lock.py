@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, Optional, Type
 
 from redis.exceptions import LockError, LockNotOwnedError
 
+from . import _errors
 from ._base import Conn, Hold, LockBase, NoReply, logger, run_sync
 from ._common import LockNotConfirmedError, ModuleNotLoadedError, Number, to_bytes
 from ._conns import NODES, Node
@@ -209,12 +210,5 @@ def lock(redis: Any, name: Any, timeout: Optional[Number] = None, **kwargs: Any)
     return Lock(redis, name, timeout=timeout, **kwargs)
 
 
-__all__ = [
-    "Lock",
-    "lock",
-    "LockError",
-    "LockNotOwnedError",
-    "LockNotConfirmedError",
-    "ModuleNotLoadedError",
-    "to_bytes",
-]
+__all__ = ["Lock", "lock", "to_bytes"]
+__all__ += _errors.__all__
