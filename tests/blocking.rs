@@ -441,15 +441,10 @@ fn expiry_hands_off_at_the_deadline(holder: Holder) {
     assert_eq!(release(&mut w2.conn, key, &t2), 1);
 }
 
-#[test]
-fn lease_expiry_hands_off_at_the_deadline() {
-    expiry_hands_off_at_the_deadline(Holder::Module);
-}
-
-#[test]
-fn classic_string_lock_expiry_hands_off_at_the_deadline() {
-    expiry_hands_off_at_the_deadline(Holder::Classic);
-}
+redis_lock_testkit::cases!(expiry_hands_off_at_the_deadline:
+    lease_expiry_hands_off_at_the_deadline => Holder::Module,
+    classic_string_lock_expiry_hands_off_at_the_deadline => Holder::Classic,
+);
 
 /// Eviction. `allkeys-random` cannot be made to pick the lock on cue, so the test uses
 /// `volatile-ttl` with the lock as the only key that has a TTL (a module lock has none of

@@ -68,15 +68,10 @@ fn check_doc(path: &str) {
     );
 }
 
-#[test]
-fn commands_md_sessions_are_what_the_server_answers() {
-    check_doc("docs/commands.md");
-}
-
-#[test]
-fn readme_sessions_are_what_the_server_answers() {
-    check_doc("README.md");
-}
+redis_lock_testkit::cases!(check_doc:
+    commands_md_sessions_are_what_the_server_answers => "docs/commands.md",
+    readme_sessions_are_what_the_server_answers => "README.md",
+);
 
 /// Every source has its block and every block its source (no server needed).
 #[test]

@@ -146,20 +146,11 @@ fn same_token_waiters(kind: Row1) {
     ck.finish();
 }
 
-#[test]
-fn row1_same_token_shared_waiters_share_one_grant() {
-    same_token_waiters(Row1::Shared);
-}
-
-#[test]
-fn row1_same_token_limit_waiters_share_one_grant() {
-    same_token_waiters(Row1::Limit3);
-}
-
-#[test]
-fn row1_same_token_exclusive_waiters_share_one_grant() {
-    same_token_waiters(Row1::Exclusive);
-}
+redis_lock_testkit::cases!(same_token_waiters:
+    row1_same_token_shared_waiters_share_one_grant => Row1::Shared,
+    row1_same_token_limit_waiters_share_one_grant => Row1::Limit3,
+    row1_same_token_exclusive_waiters_share_one_grant => Row1::Exclusive,
+);
 
 // ---------------------------------------------------------------------------------------
 // Item 3: the loader repairs what it can read but does not like.

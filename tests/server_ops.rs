@@ -120,15 +120,10 @@ fn pause_while_a_lease_with_a_waiter_ends(mode: &str) {
     );
 }
 
-#[test]
-fn client_pause_write_while_a_lease_with_a_waiter_ends() {
-    pause_while_a_lease_with_a_waiter_ends("WRITE");
-}
-
-#[test]
-fn client_pause_all_while_a_lease_with_a_waiter_ends() {
-    pause_while_a_lease_with_a_waiter_ends("ALL");
-}
+redis_lock_testkit::cases!(pause_while_a_lease_with_a_waiter_ends:
+    client_pause_write_while_a_lease_with_a_waiter_ends => "WRITE",
+    client_pause_all_while_a_lease_with_a_waiter_ends => "ALL",
+);
 
 /// FAILOVER pauses writes while it waits for a replica to catch up; a stopped replica
 /// keeps it waiting until its TIMEOUT aborts it. A lease with a waiter ends meanwhile.
@@ -370,15 +365,10 @@ fn unblock_racing_a_handoff(reason: &str) {
     }
 }
 
-#[test]
-fn client_unblock_timeout_racing_a_handoff_answers_the_waiter() {
-    unblock_racing_a_handoff("TIMEOUT");
-}
-
-#[test]
-fn client_unblock_error_racing_a_handoff_answers_the_waiter() {
-    unblock_racing_a_handoff("ERROR");
-}
+redis_lock_testkit::cases!(unblock_racing_a_handoff:
+    client_unblock_timeout_racing_a_handoff_answers_the_waiter => "TIMEOUT",
+    client_unblock_error_racing_a_handoff_answers_the_waiter => "ERROR",
+);
 
 // ------------------------------------------------------------------------------------
 // 5. Shorter leases bring the hand-off forward

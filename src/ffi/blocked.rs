@@ -86,22 +86,38 @@ impl<H: BlockHandler> Drop for BlockedClient<H> {
     }
 }
 
+/// The reply and the timeout callbacks: `run` under `catch`, and `fallback` if it
+/// panicked, so the client gets an answer either way.
+fn answer(
+    ctx: *mut raw::RedisModuleCtx,
+    run: impl FnOnce(Ctx<'_>),
+    fallback: impl FnOnce(Ctx<'_>),
+) -> c_int {
+    // SAFETY: the server passes a live context to both callbacks.
+    let ctx = unsafe { Ctx::from_raw(ctx) };
+    if catch(|| run(ctx)).is_none() {
+        fallback(ctx);
+    }
+    OK
+}
+
 extern "C" fn reply_cb<H: BlockHandler>(
     ctx: *mut raw::RedisModuleCtx,
     _argv: *mut *mut raw::RedisModuleString,
     _argc: c_int,
 ) -> c_int {
-    // SAFETY: the server passes a live reply context.
-    let ctx = unsafe { Ctx::from_raw(ctx) };
-    // SAFETY: the private data is NULL or the `Box<H::Reply>` given to `unblock`, which
-    // the server keeps until `free_cb`.
-    let data = unsafe { api!(RedisModule_GetBlockedClientPrivateData)(ctx.raw()) };
-    // SAFETY: see above; only borrowed here.
-    let reply = unsafe { data.cast::<H::Reply>().as_ref() };
-    if catch(|| H::reply(ctx, reply)).is_none() {
+    let reply = |ctx: Ctx<'_>| {
+        // SAFETY: the private data is NULL or the `Box<H::Reply>` given to `unblock`,
+        // which the server keeps until `free_cb`; only borrowed here.
+        let reply = unsafe {
+            let data = api!(RedisModule_GetBlockedClientPrivateData)(ctx.raw());
+            data.cast::<H::Reply>().as_ref()
+        };
+        H::reply(ctx, reply)
+    };
+    answer(ctx, reply, |ctx| {
         ctx.reply_error(&crate::error::LockError::Internal("lock.acquire").to_string());
-    }
-    OK
+    })
 }
 
 extern "C" fn timeout_cb<H: BlockHandler>(
@@ -109,14 +125,14 @@ extern "C" fn timeout_cb<H: BlockHandler>(
     _argv: *mut *mut raw::RedisModuleString,
     _argc: c_int,
 ) -> c_int {
-    // SAFETY: the server passes a live context of the timed-out client.
-    let ctx = unsafe { Ctx::from_raw(ctx) };
-    // SAFETY: same context.
-    let bc = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx.raw()) };
-    if catch(|| H::timeout(ctx, bc as usize)).is_none() {
+    let timeout = |ctx: Ctx<'_>| {
+        // SAFETY: the context of the timed-out client.
+        let bc = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx.raw()) };
+        H::timeout(ctx, bc as usize)
+    };
+    answer(ctx, timeout, |ctx| {
         ctx.reply_null();
-    }
-    OK
+    })
 }
 
 extern "C" fn disconnect_cb<H: BlockHandler>(

@@ -301,3 +301,17 @@ mod tests {
         let _ = (std::fs::remove_dir(a), std::fs::remove_dir(b));
     }
 }
+
+/// One `#[test]` per case of a test body that takes one argument:
+/// `cases!(body: test_name_a => arg_a, test_name_b => arg_b);`
+#[macro_export]
+macro_rules! cases {
+    ($body:ident: $($name:ident => $arg:expr),+ $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $body($arg);
+            }
+        )+
+    };
+}
