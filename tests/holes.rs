@@ -699,7 +699,6 @@ fn no_ops() -> Vec<Vec<String>> {
     ]
 }
 
-/// What a no-op answers: 0, nil, or NOTHELD (a guard whose check failed).
 /// A server started from `b`, a connection to it and the token that holds `lock:k` there.
 fn row6_held(b: ServerBuilder) -> (Server, RawConn, String) {
     let (s, mut c, _) = start(b);
@@ -708,6 +707,7 @@ fn row6_held(b: ServerBuilder) -> (Server, RawConn, String) {
     (s, c, held)
 }
 
+/// What a no-op answers: 0, nil, or NOTHELD (a guard whose check failed).
 fn is_no_op_reply(r: &Resp) -> bool {
     match r {
         Resp::Int(0) | Resp::Nil => true,

@@ -377,9 +377,9 @@ fn with_volatile_keys(srv: &Server, n: usize) {
     volatile_keys(&mut srv.conn(), "vk:", n, 600_000);
 }
 
-/// `change` shortens the lease of `lk` (held for 8 s by [`HOLDER`], one waiter) to about 100 ms; the
-/// waiter must be served about then, not when the 8 s are over (the lease is the
-/// module's, on its own timer: 50,000 volatile keys beside it change nothing).
+/// `change` shortens the lease of `lk` (held for 8 s by [`HOLDER`], one waiter) to about
+/// 100 ms; the waiter must be served about then, not when the 8 s are over (the lease is
+/// the module's, on its own timer: 50,000 volatile keys beside it change nothing).
 fn shortened_lease_hands_off_early(change: &[&str]) {
     let srv = server();
     with_volatile_keys(&srv, 50_000);

@@ -541,7 +541,13 @@ pub fn guard(bin: &Path, cfg: &Config, reason: Option<&str>) -> io::Result<()> {
             redis_lock_report::fmt::now_utc(),
             redis_lock_testkit::flavor_of(bin).map_or_else(|e| e, |f| f.label())
         );
-        let tol = |n: &str| [TOLERANCE, TAX_TOLERANCE][usize::from(n.starts_with("tax"))];
+        let tol = |n: &str| {
+            if n.starts_with("tax") {
+                TAX_TOLERANCE
+            } else {
+                TOLERANCE
+            }
+        };
         let rows = now.iter().map(|&(n, r)| (n, r, Some(tol(n))));
         write_tsv(&file, &header, rows, 3)?;
         eprintln!("baseline written to {}", file.display());

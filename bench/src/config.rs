@@ -131,7 +131,11 @@ pub struct Config {
 impl Config {
     /// Commands per throughput run at this pipeline depth.
     pub fn ops(&self, pipeline: usize) -> u64 {
-        [self.ops_p1, self.ops_p16][usize::from(pipeline > 1)]
+        if pipeline > 1 {
+            self.ops_p16
+        } else {
+            self.ops_p1
+        }
     }
 
     pub fn has(&self, suite: &str) -> bool {

@@ -66,7 +66,7 @@ pub fn run(rig: &Rig) -> io::Result<Latency> {
     // Samples of ACQUIRE, RELEASE, SET NX PX, EVALSHA release; per-round p50 ratios.
     let (mut all, mut ratios): ([Vec<f64>; 4], [Vec<f64>; 2]) = Default::default();
     let mut side = |module: bool, round, n| {
-        let s = [&rig.plain, &rig.lock][usize::from(module)];
+        let s = if module { &rig.lock } else { &rig.plain };
         side(&mut conns[usize::from(module)], s, module, round, n)
     };
     // Warm-up (connection, allocator, script cache), not counted.

@@ -114,7 +114,11 @@ impl Rig {
     }
 
     pub fn on(&self, on: On) -> &Server {
-        [&self.lock, &self.plain, &self.floor][on as usize]
+        match on {
+            On::Lock => &self.lock,
+            On::Plain => &self.plain,
+            On::Floor => &self.floor,
+        }
     }
 }
 

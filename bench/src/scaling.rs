@@ -111,7 +111,11 @@ fn measure_level(s: &Server, held: u64, waiters: u64) -> io::Result<Level> {
     let run =
         |what: &str, w: &load::Workload| load::run(s.port, cfg.clients, 16, per_conn, what, w);
     let cycle = |module: bool| {
-        let op = [&ops::CYCLE_RECIPE, &ops::CYCLE][usize::from(module)];
+        let op = if module {
+            &ops::CYCLE
+        } else {
+            &ops::CYCLE_RECIPE
+        };
         Ok(run(&op.shown(), &op.load(b"scale", &s.scripts, 0))? / op.commands_per_op() as f64)
     };
     let extend = |module: bool| run("extend spread", &spread_extend(held, !module));

@@ -176,8 +176,9 @@ impl AcquireOptions {
     }
 
     setters! {
-        /// Once per period: keep the lock until `hold` after the acquisition even when the
-        /// guard is released or dropped earlier (see [`AcquireOptions::hold`](Self#structfield.hold)).
+        /// Once per period: keep the lock until `hold` after the acquisition even when
+        /// the guard is released or dropped earlier (see
+        /// [`AcquireOptions::hold`](Self#structfield.hold)).
         fn hold(hold: Duration) => hold = Some(hold);
         /// Take a shared (reader) place in a read-write lock (`SHARED`).
         fn shared() => mode = LockMode::Shared;

@@ -269,6 +269,20 @@ pub fn run_cmd(argv: &[&str]) -> Result<String, String> {
     }
 }
 
+/// One `#[test]` per case of a test body that takes one argument:
+/// `cases!(body: test_name_a => arg_a, test_name_b => arg_b);`
+#[macro_export]
+macro_rules! cases {
+    ($body:ident: $($name:ident => $arg:expr),+ $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $body($arg);
+            }
+        )+
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,18 +314,4 @@ mod tests {
         assert!(a.is_dir() && b.is_dir() && a != b);
         let _ = (std::fs::remove_dir(a), std::fs::remove_dir(b));
     }
-}
-
-/// One `#[test]` per case of a test body that takes one argument:
-/// `cases!(body: test_name_a => arg_a, test_name_b => arg_b);`
-#[macro_export]
-macro_rules! cases {
-    ($body:ident: $($name:ident => $arg:expr),+ $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                $body($arg);
-            }
-        )+
-    };
 }

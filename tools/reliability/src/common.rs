@@ -28,7 +28,8 @@ pub struct Env {
 impl Env {
     /// `full`, or `short` for the CI run, scaled by SCALE: a count (at least 1) or seconds.
     fn scaled(&self, full: f64, short: f64) -> f64 {
-        [full, short][usize::from(self.short)] * self.scale
+        let base = if self.short { short } else { full };
+        base * self.scale
     }
 
     pub fn n(&self, full: f64, short: f64) -> u64 {

@@ -273,7 +273,11 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
     for (i, s) in servers.iter().enumerate() {
         for p in PIPELINES {
             let ratio = |n: &&str| pair(s, n, p).map_or(f64::NAN, |r| r.ratio);
-            let color = [pale(server_color(i)), server_color(i)][usize::from(p > 1)];
+            let color = if p > 1 {
+                server_color(i)
+            } else {
+                pale(server_color(i))
+            };
             let label = format!("{} P{p}", s.label);
             series.push(ser(label, color, names.iter().map(ratio).collect(), 0));
         }

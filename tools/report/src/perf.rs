@@ -154,21 +154,29 @@ pub struct FnCost {
     pub per_cmd: f64,
 }
 
-/// One command under callgrind, per command: all instructions (`per_cmd`), inside
-/// `call()`, `processCommand` and the command filters, the module's self cost, and the
-/// inclusive cost of its functions and the server API calls they make. `server`:
-/// "without the module", "with the module", "with the floor module" (", AOF").
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
+/// One command under callgrind, per command.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Phase {
     pub name: String,
+    /// "without the module", "with the module", "with the floor module" (", AOF").
+    #[serde(default)]
     pub server: String,
+    /// The command as a user would type it.
+    #[serde(default)]
     pub command: String,
+    /// All instructions per command (the dump's total / commands).
     pub per_cmd: f64,
+    /// Inclusive instructions of the server's `call()` and `processCommand` per command.
+    #[serde(default)]
     pub call: f64,
+    #[serde(default)]
     pub process: f64,
+    /// Inside the command filters (`moduleCallCommandFilters`, part of `processCommand`).
+    #[serde(default)]
     pub filters: f64,
+    /// Self cost of the module's own code per command.
     pub module_self: f64,
+    /// Inclusive cost of the module's functions and the server API calls they make.
     pub inclusive: Vec<FnCost>,
 }
 

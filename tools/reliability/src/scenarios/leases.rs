@@ -58,7 +58,11 @@ struct Lock {
 
 /// The leases taken (ms).
 fn px_range(short: bool) -> (u64, u64) {
-    [(1000, 4000), (600, 1500)][usize::from(short)]
+    if short {
+        (600, 1500)
+    } else {
+        (1000, 4000)
+    }
 }
 
 fn ms(ns: i128) -> f64 {

@@ -73,7 +73,8 @@ fn holder(a: &[String]) -> Result<(), String> {
     std::thread::sleep(Duration::from_millis(WINDOW_MS));
     let value = format!("holder-{fence}");
     let ok = store_write(&mut sc, fenced, sha, rkey, fence, &value)?;
-    let (verdict, ms) = (["rejected", "accepted"][usize::from(ok)], checked.elapsed());
+    let verdict = if ok { "accepted" } else { "rejected" };
+    let ms = checked.elapsed();
     let _ = writeln!(out, "WROTE {verdict} {}", ms.as_millis());
     Ok(())
 }
@@ -188,7 +189,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
                 None => st.3 += 1,
                 Some((stale, lost)) => {
                     st.0 += 1;
-                    (st.1, st.2) = (st.1 + u64::from(stale), st.2 + u64::from(lost));
+                    st.1 += u64::from(stale);
+                    st.2 += u64::from(lost);
                 }
             }
         }
