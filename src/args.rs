@@ -113,7 +113,8 @@ pub fn block_deadline(now_us: i64, block_ms: u64) -> Result<Option<i64>, LockErr
     Ok(Some(at))
 }
 
-/// The options of LOCK.ACQUIRE, most used first (the walk looks them up in order).
+/// The options of LOCK.ACQUIRE, most used first (the walk looks them up in order), and
+/// what each one is, at the same index.
 const ACQUIRE_OPTIONS: &[&str] = &[
     "PX",
     "EX",
@@ -125,6 +126,26 @@ const ACQUIRE_OPTIONS: &[&str] = &[
     "LIMIT",
     "LOCKDELAY",
 ];
+const ACQUIRE_KINDS: [AcquireOpt; 9] = {
+    use AcquireOpt::*;
+    [
+        Px, Ex, Token, Owner, Block, MinFence, Shared, Limit, LockDelay,
+    ]
+};
+
+/// In the order of `ACQUIRE_OPTIONS` (a test checks), so a variant's value is its index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AcquireOpt {
+    Px,
+    Ex,
+    Token,
+    Owner,
+    Block,
+    MinFence,
+    Shared,
+    Limit,
+    LockDelay,
+}
 
 /// `LOCK.ACQUIRE key [SHARED | LIMIT n] [PX ms | EX s] [TOKEN t] [OWNER o] [BLOCK ms] [MINFENCE n] [LOCKDELAY ms]`
 pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>, LockError> {
@@ -141,49 +162,46 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
     };
     let mut ttl = None;
     let mut kinds = 0;
-    // The option indices of ACQUIRE_OPTIONS.
-    const PX: usize = 0;
-    const EX: usize = 1;
-    const TOKEN: usize = 2;
-    const OWNER: usize = 3;
-    const BLOCK: usize = 4;
-    const SHARED: usize = 6;
-    const LIMIT: usize = 7;
-    const LOCKDELAY: usize = 8;
-    walk(args, ACQUIRE_OPTIONS, 1 << SHARED, |opt, v, at| {
-        match opt {
-            PX => ttl = Some(ttl_ms(v, 1, lim.max_ttl, CMD)?),
-            EX => ttl = Some(ttl_ms(v, 1000, lim.max_ttl, CMD)?),
-            TOKEN => {
-                req.token = Some(bounded(v, "TOKEN", lim.min_token_len, MAX_TOKEN_LEN)?);
-                req.token_at = Some(at);
+    walk(
+        args,
+        ACQUIRE_OPTIONS,
+        1 << AcquireOpt::Shared as u32,
+        |opt, v, at| {
+            use AcquireOpt::*;
+            match ACQUIRE_KINDS[opt] {
+                Px => ttl = Some(ttl_ms(v, 1, lim.max_ttl, CMD)?),
+                Ex => ttl = Some(ttl_ms(v, 1000, lim.max_ttl, CMD)?),
+                Token => {
+                    req.token = Some(bounded(v, "TOKEN", lim.min_token_len, MAX_TOKEN_LEN)?);
+                    req.token_at = Some(at);
+                }
+                Owner => req.owner = Some(bounded(v, "OWNER", 1, MAX_OWNER_LEN)?),
+                Block => req.block = Some(block_ms(v)?),
+                Shared => {
+                    kinds += 1;
+                    req.mode = Mode::Shared;
+                }
+                Limit => {
+                    kinds += 1;
+                    let n = parse_i64(v)
+                        .and_then(|n| u32::try_from(n).ok())
+                        .filter(|n| (1..=MAX_LIMIT).contains(n))
+                        .ok_or(LockError::InvalidLimit(MAX_LIMIT))?;
+                    req.mode = Mode::Counted(n);
+                }
+                LockDelay => {
+                    let n = parse_i64(v).ok_or(LockError::NotInteger)?;
+                    let ms = u32::try_from(n)
+                        .ok()
+                        .filter(|ms| u64::from(*ms) <= lim.max_ttl)
+                        .ok_or(LockError::InvalidLockDelay)?;
+                    req.lock_delay = Some(ms);
+                }
+                MinFence => req.min_fence = positive_fence(v, LockError::InvalidFence)?,
             }
-            OWNER => req.owner = Some(bounded(v, "OWNER", 1, MAX_OWNER_LEN)?),
-            BLOCK => req.block = Some(block_ms(v)?),
-            SHARED => {
-                kinds += 1;
-                req.mode = Mode::Shared;
-            }
-            LIMIT => {
-                kinds += 1;
-                let n = parse_i64(v)
-                    .and_then(|n| u32::try_from(n).ok())
-                    .filter(|n| (1..=MAX_LIMIT).contains(n))
-                    .ok_or(LockError::InvalidLimit(MAX_LIMIT))?;
-                req.mode = Mode::Counted(n);
-            }
-            LOCKDELAY => {
-                let n = parse_i64(v).ok_or(LockError::NotInteger)?;
-                let ms = u32::try_from(n)
-                    .ok()
-                    .filter(|ms| u64::from(*ms) <= lim.max_ttl)
-                    .ok_or(LockError::InvalidLockDelay)?;
-                req.lock_delay = Some(ms);
-            }
-            _ => req.min_fence = positive_fence(v, LockError::InvalidFence)?,
-        }
-        Ok(())
-    })?;
+            Ok(())
+        },
+    )?;
     if kinds > 1 {
         return Err(LockError::Syntax(
             "SHARED and LIMIT exclude each other".into(),
@@ -330,6 +348,16 @@ mod tests {
             .map(|s| &*Box::leak(s.as_bytes().to_vec().into_boxed_slice()))
             .collect();
         parse_acquire(&owned, lim)
+    }
+
+    #[test]
+    fn acquire_kinds_follow_the_option_table() {
+        assert_eq!(ACQUIRE_KINDS.len(), ACQUIRE_OPTIONS.len());
+        for (i, k) in ACQUIRE_KINDS.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+            let name = format!("{k:?}").to_ascii_uppercase();
+            assert_eq!(name, ACQUIRE_OPTIONS[i]);
+        }
     }
 
     #[test]

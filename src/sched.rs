@@ -99,7 +99,7 @@ impl Store for RedisStore<'_> {
     where
         Self: 'k;
 
-    fn open(&mut self, db: i32, name: &[u8]) -> Option<RedisKey<'_>> {
+    fn open(&mut self, db: i32, name: &[u8]) -> Option<Self::Key<'_>> {
         if !self.ctx.select_db(db) {
             return None;
         }

@@ -26,7 +26,7 @@ use redis::Value;
 
 use crate::error::{Error, Result};
 use crate::lease::{LeaseWatch, LockGuard, LossReason};
-use crate::node::{new_token, Dedicated, Node};
+use crate::node::{new_token, Call, Dedicated, Node};
 use crate::options::{AcquireOptions, Renewal};
 use crate::redacted;
 use crate::single::LockClient;
@@ -419,7 +419,11 @@ impl LockClient {
         cmd.arg(key).arg("COUNT").arg(1);
         let v: Value = self
             .node
-            .module_only("LOCK.INFO", &cmd, self.node.opts.io_timeout, true)
+            .module_only(Call::idempotent(
+                "LOCK.INFO",
+                &cmd,
+                self.node.opts.io_timeout,
+            ))
             .await?;
         Ok(parse_holder(&v, key)?.map(|s| s.leader()))
     }

@@ -117,7 +117,7 @@ impl Backend {
                 // connection closed by the server or a proxy is not a lost lease.
                 let start = Instant::now();
                 Ok(node
-                    .extend(key, token, millis(ttl), limit)
+                    .extend(key, token, millis(ttl), limit, false)
                     .await?
                     .then(|| start + ttl.saturating_sub(drift(ttl))))
             }
@@ -137,7 +137,7 @@ impl Backend {
     pub async fn keep(&self, key: &str, token: &str, left: Duration) -> Result<bool> {
         match self {
             Backend::Single(node) => {
-                node.extend_confirmed(key, token, millis(left), node.opts.io_timeout)
+                node.extend(key, token, millis(left), node.opts.io_timeout, true)
                     .await
             }
             Backend::Quorum(q) => Ok(q.keep(key, token, left).await?.is_some()),

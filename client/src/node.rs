@@ -251,6 +251,38 @@ fn config_value(v: &Value) -> Option<u32> {
     }
 }
 
+/// One command to send through [`Node::run`]: its name in errors, the command, the time
+/// it may take (connecting included), and whether it may be sent twice.
+#[derive(Clone, Copy)]
+pub struct Call<'a> {
+    pub what: &'static str,
+    pub cmd: &'a Cmd,
+    pub limit: Duration,
+    pub retry: bool,
+}
+
+impl<'a> Call<'a> {
+    /// For a command that may be sent twice (`retry`).
+    pub fn idempotent(what: &'static str, cmd: &'a Cmd, limit: Duration) -> Self {
+        Call {
+            what,
+            cmd,
+            limit,
+            retry: true,
+        }
+    }
+
+    /// For a command that may not run twice.
+    pub fn once(what: &'static str, cmd: &'a Cmd, limit: Duration) -> Self {
+        Call {
+            what,
+            cmd,
+            limit,
+            retry: false,
+        }
+    }
+}
+
 impl Node {
     /// A node for `url`; `cluster` routes commands by key across a Redis Cluster.
     /// Nothing is connected yet.
@@ -306,12 +338,11 @@ impl Node {
         let mut cmd = redis::cmd("INFO");
         cmd.arg("cluster");
         let info: String = probe
-            .run(
+            .run(Call::once(
                 "INFO cluster",
                 &cmd,
                 opts.connect_timeout + opts.io_timeout,
-                false,
-            )
+            ))
             .await?;
         Ok(info.lines().any(|l| l.trim() == "cluster_enabled:1"))
     }
@@ -463,18 +494,18 @@ impl Node {
         r
     }
 
-    /// Runs one command on the shared connection within `limit` (connecting included).
+    /// Runs one command on the shared connection within its `limit` (connecting included).
     /// With `retry`, for commands that may be sent twice (an acquire with our token is
     /// an idempotent renew, an extend sets the same lease): a connection error on a
     /// connection made earlier (a server restarted since, an idle connection closed) is
     /// retried once on a fresh connection, within the same limit.
-    async fn run<T: FromRedisValue>(
-        &self,
-        what: &'static str,
-        cmd: &Cmd,
-        limit: Duration,
-        retry: bool,
-    ) -> Result<T> {
+    async fn run<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T> {
+        let Call {
+            what,
+            cmd,
+            limit,
+            retry,
+        } = call;
         let connect = self.opts.connect_timeout.min(limit);
         let outcome = timeout(limit, async {
             let mut first = true;
@@ -518,17 +549,11 @@ impl Node {
 
     /// Runs a module command on the shared connection (see `module_reply`); `Ok(None)`
     /// at once where the module is known to be missing.
-    async fn module_run<T: FromRedisValue>(
-        &self,
-        what: &'static str,
-        cmd: &Cmd,
-        limit: Duration,
-        retry: bool,
-    ) -> Result<Option<T>> {
+    async fn module_run<T: FromRedisValue>(&self, call: Call<'_>) -> Result<Option<T>> {
         if self.module_missing() {
             return Ok(None);
         }
-        self.module_reply(self.run(what, cmd, limit, retry).await)
+        self.module_reply(self.run(call).await)
     }
 
     fn acquire_cmd(req: &Acquire<'_>, min_fence: Option<u64>, block: Option<u64>) -> Cmd {
@@ -930,34 +955,27 @@ impl Node {
     }
 
     /// Owner-checked extend to `ttl_ms` from now. `true` when this token held the lock.
+    /// With `confirm`, the new lease is then confirmed on the replicas (the hold of a
+    /// once-per-period lock, which must survive a failover as a grant does); a failed
+    /// confirmation keeps the lock and is returned as the error.
     pub async fn extend(
         &self,
         key: &str,
         token: &str,
         ttl_ms: u64,
         limit: Duration,
+        confirm: bool,
     ) -> Result<bool> {
         let mut cmd = redis::cmd("LOCK.EXTEND");
         cmd.arg(key).arg(token).arg("PX").arg(ttl_ms);
-        let classic = Self::classic_extend_cmd(key, token, ttl_ms);
-        self.owner_checked(("LOCK.EXTEND", cmd), classic, limit, true)
-            .await
-    }
-
-    /// An extend whose new lease is then confirmed on the replicas (the hold of a
-    /// once-per-period lock, which must survive a failover as a grant does). A failed
-    /// confirmation keeps the lock and is returned as the error.
-    pub async fn extend_confirmed(
-        &self,
-        key: &str,
-        token: &str,
-        ttl_ms: u64,
-        limit: Duration,
-    ) -> Result<bool> {
+        let (classic_what, classic) = Self::classic_extend_cmd(key, token, ttl_ms);
+        if !confirm {
+            let classic = (classic_what, classic);
+            return self
+                .owner_checked(("LOCK.EXTEND", cmd), classic, limit, true)
+                .await;
+        }
         let connect = self.opts.connect_timeout.min(limit);
-        let mut cmd = redis::cmd("LOCK.EXTEND");
-        cmd.arg(key).arg(token).arg("PX").arg(ttl_ms);
-        let (_, classic) = Self::classic_extend_cmd(key, token, ttl_ms);
         let outcome = timeout(limit, async {
             let mut s = self.session(connect).await?;
             let module = if self.module_missing() {
@@ -1007,28 +1025,34 @@ impl Node {
         retry: bool,
     ) -> Result<bool> {
         let deadline = Instant::now() + limit;
-        let n = match self.module_run::<i64>(what, &cmd, limit, retry).await? {
+        let module = Call {
+            what,
+            cmd: &cmd,
+            limit,
+            retry,
+        };
+        let n = match self.module_run::<i64>(module).await? {
             Some(n) => n,
             None => {
                 self.note_fallback();
-                self.run(classic_what, &classic, remaining(deadline), retry)
-                    .await?
+                let limit = remaining(deadline);
+                self.run(Call {
+                    what: classic_what,
+                    cmd: &classic,
+                    limit,
+                    retry,
+                })
+                .await?
             }
         };
         Ok(n == 1)
     }
 
     /// A command the module alone has (`LOCK.WATCH`, `LOCK.IFHELD`, ...): its reply, or
-    /// [`Error::ModuleMissing`] where the server does not know it. `retry` as in `run`:
-    /// only for commands that may run twice.
-    pub async fn module_only<T: FromRedisValue>(
-        &self,
-        what: &'static str,
-        cmd: &Cmd,
-        limit: Duration,
-        retry: bool,
-    ) -> Result<T> {
-        self.module_run::<T>(what, cmd, limit, retry)
+    /// [`Error::ModuleMissing`] where the server does not know it.
+    pub async fn module_only<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T> {
+        let what = call.what;
+        self.module_run::<T>(call)
             .await?
             .ok_or_else(|| self.missing(what))
     }
@@ -1052,7 +1076,7 @@ impl Node {
             .arg(owner);
         // Sent twice it sets the same lease and label: safe to retry.
         let n: i64 = self
-            .module_only("LOCK.EXTEND ... OWNER", &cmd, limit, true)
+            .module_only(Call::idempotent("LOCK.EXTEND ... OWNER", &cmd, limit))
             .await?;
         Ok(n == 1)
     }
@@ -1067,7 +1091,7 @@ impl Node {
         key: &str,
     ) -> Result<T> {
         match self
-            .module_only::<T>(what, cmd, self.opts.io_timeout, false)
+            .module_only::<T>(Call::once(what, cmd, self.opts.io_timeout))
             .await
         {
             Err(e) if e.is_notheld_reply() => Err(Error::NotHeld {
@@ -1084,7 +1108,7 @@ impl Node {
         let mut cmd = redis::cmd("LOCK.CHECK");
         cmd.arg(key).arg(fence);
         let n: i64 = self
-            .module_only("LOCK.CHECK", &cmd, self.opts.io_timeout, true)
+            .module_only(Call::idempotent("LOCK.CHECK", &cmd, self.opts.io_timeout))
             .await?;
         Ok(n == 1)
     }
@@ -1105,7 +1129,7 @@ impl Node {
         let mut cmd = redis::cmd("LOCK.INFO");
         cmd.arg(key);
         if let Some(v) = self
-            .module_run::<Value>("LOCK.INFO", &cmd, limit, true)
+            .module_run::<Value>(Call::idempotent("LOCK.INFO", &cmd, limit))
             .await?
         {
             return LockInfo::from_value(&v);
@@ -1113,7 +1137,7 @@ impl Node {
         self.note_fallback();
         let mut cmd = redis::cmd("PTTL");
         cmd.arg(key);
-        let ttl: i64 = self.run("PTTL", &cmd, limit, true).await?;
+        let ttl: i64 = self.run(Call::idempotent("PTTL", &cmd, limit)).await?;
         if ttl == -2 {
             return Ok(None);
         }

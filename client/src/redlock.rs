@@ -160,13 +160,11 @@ impl Quorum {
             .node_timeout(ttl)
             .min(valid_until.saturating_duration_since(start));
         let ms = millis(ttl);
-        let results = join_all(self.nodes.iter().map(|n| async move {
-            if confirmed {
-                n.extend_confirmed(key, token, ms, limit).await
-            } else {
-                n.extend(key, token, ms, limit).await
-            }
-        }))
+        let results = join_all(
+            self.nodes
+                .iter()
+                .map(|n| async move { n.extend(key, token, ms, limit, confirmed).await }),
+        )
         .await;
         let (mut ok, mut answered, mut error) = (0, 0, String::new());
         for (n, r) in self.nodes.iter().zip(results) {

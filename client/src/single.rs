@@ -128,7 +128,7 @@ impl LockClient {
         if valid_until.saturating_duration_since(got_at) < ttl / 2 {
             let t = Instant::now();
             match node
-                .extend(name, &token, ttl_ms, node.opts.io_timeout)
+                .extend(name, &token, ttl_ms, node.opts.io_timeout, false)
                 .await
             {
                 Ok(true) => valid_until = t + ttl.saturating_sub(drift(ttl)),
@@ -170,7 +170,7 @@ impl LockClient {
     pub async fn extend(&self, name: &str, token: &str, ttl: Duration) -> Result<bool> {
         let ms = check_ttl(ttl)?;
         self.node
-            .extend(name, token, ms, self.node.opts.io_timeout)
+            .extend(name, token, ms, self.node.opts.io_timeout, false)
             .await
     }
 

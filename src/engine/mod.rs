@@ -15,8 +15,8 @@ mod commands;
 mod info;
 mod leases;
 mod queue;
-
 mod timeline;
+mod tokens;
 mod watch;
 
 #[cfg(test)]
@@ -182,58 +182,7 @@ pub struct Engine<W> {
     leases_paused: bool,
     /// The monotonic clock as of the latest command or tick.
     now: i64,
-    tokens: TokenCache,
-}
-
-/// The digests of tokens seen lately, by the token: an acquire computes one, and the
-/// extends and the release that follow with the same token find it here (the digest is a
-/// tenth of an acquire). In memory only, like the arguments the token arrives in.
-#[derive(Default)]
-struct TokenCache(Vec<Cached>);
-
-struct Cached {
-    len: u8,
-    token: [u8; 48],
-    digest: Digest,
-}
-
-impl TokenCache {
-    const SLOTS: usize = 4096;
-
-    fn slot(token: &[u8]) -> usize {
-        // FxHash over 8-byte words: cheap, and spreads random and patterned tokens.
-        let mut h: u64 = token.len() as u64;
-        for chunk in token.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-        (h >> 52) as usize % Self::SLOTS
-    }
-
-    fn digest(&mut self, token: &[u8]) -> Digest {
-        if token.len() > 48 {
-            return crate::lock::value::digest(token);
-        }
-        if self.0.is_empty() {
-            self.0 = (0..Self::SLOTS)
-                .map(|_| Cached {
-                    len: 0,
-                    token: [0; 48],
-                    digest: [0; 16],
-                })
-                .collect();
-        }
-        let e = &mut self.0[Self::slot(token)];
-        if usize::from(e.len) == token.len() && e.len > 0 && e.token[..token.len()] == *token {
-            return e.digest;
-        }
-        let d = crate::lock::value::digest(token);
-        e.len = token.len() as u8;
-        e.token[..token.len()].copy_from_slice(token);
-        e.digest = d;
-        d
-    }
+    tokens: tokens::TokenCache,
 }
 
 impl<W> Default for Engine<W> {
@@ -322,7 +271,7 @@ impl<W> Engine<W> {
             leases: leases::Leases::default(),
             leases_paused: false,
             now: 0,
-            tokens: TokenCache::default(),
+            tokens: tokens::TokenCache::default(),
         }
     }
 

@@ -130,7 +130,7 @@ impl Store for MemStore<'_> {
         = MemKey<'k>
     where
         Self: 'k;
-    fn open(&mut self, db: i32, name: &[u8]) -> Option<MemKey<'_>> {
+    fn open(&mut self, db: i32, name: &[u8]) -> Option<Self::Key<'_>> {
         (db == 0).then(|| MemKey {
             w: self.w,
             name: name.into(),

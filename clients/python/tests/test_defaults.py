@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError, LockError, TimeoutError
 from helpers import Pair, PlainServer, lease_ms, python_env, wait_until
 from redis_lock_module import (
     LOST_NOT_HELD,
+    Election,
     Lock,
     LockNotConfirmedError,
     ModuleNotLoadedError,
@@ -169,6 +170,12 @@ def test_a_missing_module_is_named_without_echoing_arguments(key):
             assert SECRET_TOKEN not in _all_text(e.value)
         with pytest.raises(ModuleNotLoadedError):
             Lock(r, key).info()
+        # An observer's LOCK.WATCH says so too, before any change is seen.
+        watch = Election(r, key).observe(block=1)
+        with pytest.raises(ModuleNotLoadedError) as e:
+            next(watch)
+        # The server's own text (not kept) echoes the arguments, the key among them.
+        assert "not loaded on" in str(e.value) and key not in _all_text(e.value)
     finally:
         plain.close()
 

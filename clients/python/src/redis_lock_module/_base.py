@@ -32,13 +32,12 @@ from ._common import (
     info_field,
     is_moved,
     is_not_held_reply,
-    is_unknown_lock_command,
     lock_error,
-    module_missing,
     ms,
     new_token,
     parse_grant,
     parse_info,
+    raise_if_module_missing,
 )
 
 logger = logging.getLogger("redis_lock_module")
@@ -171,25 +170,19 @@ class LockBase:
         replicas: Optional[int] = None,
     ) -> None:
         check_options(timeout, shared, limit, auto_renew, max_hold, network_timeout, replicas)
-        self.redis = redis
-        self.name = name
-        self.timeout = timeout
-        self.sleep = sleep
-        self.blocking = blocking
-        self.blocking_timeout = blocking_timeout
+        self.redis, self.name, self.owner = redis, name, owner
+        # redis-py's lease and wait parameters
+        self.timeout, self.sleep = timeout, sleep
+        self.blocking, self.blocking_timeout = blocking, blocking_timeout
         self.thread_local = bool(thread_local)
         self.raise_on_release_error = raise_on_release_error
-        self.owner = owner
-        self.shared = shared
-        self.limit = limit
+        self.shared, self.limit = shared, limit
         # timeout=None is redis-py's "until released": a lease the lock keeps renewing.
         self.auto_renew = auto_renew or timeout is None
-        self.max_hold = max_hold
-        self.on_lost = on_lost
+        self.max_hold, self.on_lost = max_hold, on_lost
         self.network_timeout = float(network_timeout)
         self.release_on_exit = release_on_exit
-        self.confirm = confirm
-        self.replicas = replicas
+        self.confirm, self.replicas = confirm, replicas
         self.local: Any = self._new_local()
 
     def _new_local(self) -> Any:
@@ -252,8 +245,7 @@ class LockBase:
                 return reply
             except ResponseError as e:
                 reuse = True
-                if is_unknown_lock_command(e):
-                    raise module_missing(node.where) from None
+                raise_if_module_missing(e, node.where)
                 raise
             except NoReply:
                 raise TimeoutError(
@@ -490,8 +482,7 @@ class LockBase:
                 return (yield from self._no_reply(node, conn, token, block_ms, limit))
             except ResponseError as e:
                 reuse = True
-                if is_unknown_lock_command(e):
-                    raise module_missing(node.where) from None
+                raise_if_module_missing(e, node.where)
                 raise
             except NET_ERRORS:
                 # The command may have run: give the token's grant back (bounded).

@@ -58,6 +58,13 @@ def module_missing(where: str) -> ModuleNotLoadedError:
     )
 
 
+def raise_if_module_missing(e: BaseException, where: str) -> None:
+    """Raises :class:`ModuleNotLoadedError` (without the server's text, which echoes the
+    arguments) when `e` says the server does not know a LOCK.* command."""
+    if is_unknown_lock_command(e):
+        raise module_missing(where) from None
+
+
 def new_token() -> bytes:
     return uuid.uuid4().hex.encode()
 

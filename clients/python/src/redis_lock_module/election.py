@@ -33,12 +33,11 @@ from ._common import (
     check_value,
     is_moved,
     is_transient_reply,
-    is_unknown_lock_command,
     leader_of,
-    module_missing,
     ms,
     new_token,
     parse_holder,
+    raise_if_module_missing,
     watch_args,
 )
 from .lock import Lock
@@ -291,8 +290,7 @@ class _Watch:
             return self.AGAIN
         except ResponseError as e:
             yield from self.drop()
-            if is_unknown_lock_command(e):
-                raise module_missing(self.node.where) from None
+            raise_if_module_missing(e, self.node.where)
             if is_moved(e):
                 yield (lock._refresh_cluster,)
             elif not is_transient_reply(e):
