@@ -115,7 +115,7 @@ pub fn block_deadline(now_us: i64, block_ms: u64) -> Result<Option<i64>, LockErr
 
 /// The options of LOCK.ACQUIRE, most used first (the walk looks them up in order), and
 /// what each one is, at the same index.
-const ACQUIRE_OPTIONS: &[&str] = &[
+const ACQUIRE_OPTIONS: [&str; 9] = [
     "PX",
     "EX",
     "TOKEN",
@@ -164,7 +164,7 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
     let mut kinds = 0;
     walk(
         args,
-        ACQUIRE_OPTIONS,
+        &ACQUIRE_OPTIONS,
         1 << AcquireOpt::Shared as u32,
         |opt, v, at| {
             use AcquireOpt::*;

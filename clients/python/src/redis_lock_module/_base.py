@@ -171,11 +171,12 @@ class LockBase:
     ) -> None:
         check_options(timeout, shared, limit, auto_renew, max_hold, network_timeout, replicas)
         self.redis, self.name, self.owner = redis, name, owner
-        # redis-py's lease and wait parameters
+        # redis-py's Lock parameters
         self.timeout, self.sleep = timeout, sleep
         self.blocking, self.blocking_timeout = blocking, blocking_timeout
         self.thread_local = bool(thread_local)
         self.raise_on_release_error = raise_on_release_error
+        # this package's own
         self.shared, self.limit = shared, limit
         # timeout=None is redis-py's "until released": a lease the lock keeps renewing.
         self.auto_renew = auto_renew or timeout is None
