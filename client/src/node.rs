@@ -968,13 +968,13 @@ impl Node {
     ) -> Result<bool> {
         let mut cmd = redis::cmd("LOCK.EXTEND");
         cmd.arg(key).arg(token).arg("PX").arg(ttl_ms);
-        let (classic_what, classic) = Self::classic_extend_cmd(key, token, ttl_ms);
+        let classic = Self::classic_extend_cmd(key, token, ttl_ms);
         if !confirm {
-            let classic = (classic_what, classic);
             return self
                 .owner_checked(("LOCK.EXTEND", cmd), classic, limit, true)
                 .await;
         }
+        let (_, classic) = classic;
         let connect = self.opts.connect_timeout.min(limit);
         let outcome = timeout(limit, async {
             let mut s = self.session(connect).await?;
@@ -1035,11 +1035,10 @@ impl Node {
             Some(n) => n,
             None => {
                 self.note_fallback();
-                let limit = remaining(deadline);
                 self.run(Call {
                     what: classic_what,
                     cmd: &classic,
-                    limit,
+                    limit: remaining(deadline),
                     retry,
                 })
                 .await?
@@ -1051,10 +1050,9 @@ impl Node {
     /// A command the module alone has (`LOCK.WATCH`, `LOCK.IFHELD`, ...): its reply, or
     /// [`Error::ModuleMissing`] where the server does not know it.
     pub async fn module_only<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T> {
-        let what = call.what;
         self.module_run::<T>(call)
             .await?
-            .ok_or_else(|| self.missing(what))
+            .ok_or_else(|| self.missing(call.what))
     }
 
     /// `LOCK.EXTEND key token PX ttl OWNER owner`: a new lease and a new label, the

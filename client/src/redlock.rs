@@ -163,7 +163,7 @@ impl Quorum {
         let results = join_all(
             self.nodes
                 .iter()
-                .map(|n| async move { n.extend(key, token, ms, limit, confirmed).await }),
+                .map(|n| n.extend(key, token, ms, limit, confirmed)),
         )
         .await;
         let (mut ok, mut answered, mut error) = (0, 0, String::new());
