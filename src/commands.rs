@@ -101,6 +101,7 @@ pub(crate) fn run<'a>(
             return (Outcome::Reply(Reply::Error(LockError::ReadOnly)), false);
         }
         st.engine.settings.max_waiters = config::max_waiters();
+        st.engine.settings.refuse_grants = config::eviction_refusal();
         let write = cmd.changes();
         let State {
             engine,

@@ -1,11 +1,13 @@
 //! The module's settings: `lock.default-ttl`, `lock.max-ttl`, `lock.max-waiters`,
-//! `lock.min-token-length`, and the `debug-commands` load-time switch. Settable with CONFIG SET, in redis.conf, and as
-//! `loadmodule` arguments (`default-ttl 5000` or `lock.default-ttl 5000`).
+//! `lock.min-token-length`, `lock.lock-delay`, `lock.allow-eviction`, and the
+//! `debug-commands` load-time switch. Settable with CONFIG SET, in redis.conf, and as
+//! `loadmodule` arguments (`default-ttl 5000` or `lock.default-ttl 5000`). Also what the
+//! server's eviction settings mean for locks.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU8, Ordering};
 
 use crate::args::Limits;
-use crate::ffi::config::{load_configs, register_numeric};
+use crate::ffi::config::{load_configs, register_bool, register_numeric};
 use crate::ffi::Ctx;
 use crate::lock::fence::{LEGACY_SHIFT, SHIFT};
 use crate::lock::value::MAX_TOKEN_LEN;
@@ -46,6 +48,9 @@ pub static MIN_TOKEN_LEN: Setting = Setting::new("min-token-length", 16, 1, MAX_
 /// The lock-delay of a grant that does not give LOCKDELAY (ms; 0: none).
 pub static LOCK_DELAY: Setting = Setting::new("lock-delay", 0, 0, TEN_YEARS_MS);
 pub static DEBUG_COMMANDS: AtomicBool = AtomicBool::new(false);
+/// `lock.allow-eviction`: grant locks even where the eviction policy can take a held
+/// one (it then acts as a DEL, and the lock may be granted again while its holder works).
+pub static ALLOW_EVICTION: AtomicBool = AtomicBool::new(false);
 /// `fence-shift` (a `loadmodule` argument only): 10, or 20 to keep the 0.1 release's
 /// fence scale on a server that restarts without its data.
 pub static FENCE_SHIFT: AtomicU32 = AtomicU32::new(SHIFT);
@@ -56,6 +61,53 @@ const SETTINGS: [&Setting; 5] = [
     &MIN_TOKEN_LEN,
     &LOCK_DELAY,
 ];
+
+/// The policies that can evict a key without a Redis expiry (a lock has none: its lease
+/// runs on the monotonic clock), by index; 0: none can. A policy the module does not
+/// know is taken as one that can.
+const EVICTING: [&str; 5] = [
+    "",
+    "allkeys-lru",
+    "allkeys-lfu",
+    "allkeys-random",
+    "(neither noeviction nor volatile-*)",
+];
+static EVICTING_POLICY: AtomicU8 = AtomicU8::new(0);
+
+/// Which of [`EVICTING`] `policy` is with `maxmemory` bytes (0: no limit, nothing is
+/// evicted; `noeviction` and the `volatile-*` policies only take keys with an expiry).
+fn evicting(maxmemory: i64, policy: &str) -> u8 {
+    if maxmemory <= 0 || policy == "noeviction" || policy.starts_with("volatile-") {
+        return 0;
+    }
+    EVICTING[1..4]
+        .iter()
+        .position(|p| *p == policy)
+        .map_or(4, |i| i as u8 + 1)
+}
+
+/// Records the server's eviction settings; the policy that can evict a held lock, if
+/// any, and whether that is new.
+pub fn set_eviction(maxmemory: i64, policy: &str) -> (Option<&'static str>, bool) {
+    let now = evicting(maxmemory, policy);
+    let before = EVICTING_POLICY.swap(now, Ordering::Relaxed);
+    let name = (now != 0).then(|| EVICTING[now as usize]);
+    (name, now != before)
+}
+
+/// The policy that can evict a held lock, if any (whether or not it is allowed).
+pub fn eviction_risk() -> Option<&'static str> {
+    let i = EVICTING_POLICY.load(Ordering::Relaxed) as usize;
+    (i != 0).then(|| EVICTING.get(i).copied().unwrap_or(EVICTING[4]))
+}
+
+/// The policy that makes the module refuse new grants (not allowed by the operator).
+pub fn eviction_refusal() -> Option<&'static str> {
+    if ALLOW_EVICTION.load(Ordering::Relaxed) {
+        return None;
+    }
+    eviction_risk()
+}
 
 pub fn limits() -> Limits {
     Limits {
@@ -120,11 +172,20 @@ pub fn parse_module_args(args: &[&[u8]]) -> Result<Vec<(&'static Setting, i64)>,
             FENCE_SHIFT.store(shift, Ordering::Relaxed);
             continue;
         }
-        if name.eq_ignore_ascii_case("debug-commands") {
+        let switch = if name.eq_ignore_ascii_case("debug-commands") {
+            Some((&DEBUG_COMMANDS, "debug-commands"))
+        } else if name.eq_ignore_ascii_case("allow-eviction")
+            || name.eq_ignore_ascii_case("lock.allow-eviction")
+        {
+            Some((&ALLOW_EVICTION, "allow-eviction"))
+        } else {
+            None
+        };
+        if let Some((cell, what)) = switch {
             match value.to_ascii_lowercase().as_slice() {
-                b"yes" => DEBUG_COMMANDS.store(true, Ordering::Relaxed),
-                b"no" => DEBUG_COMMANDS.store(false, Ordering::Relaxed),
-                _ => return Err("debug-commands must be yes or no".into()),
+                b"yes" => cell.store(true, Ordering::Relaxed),
+                b"no" => cell.store(false, Ordering::Relaxed),
+                _ => return Err(format!("{what} must be yes or no")),
             }
             continue;
         }
@@ -152,6 +213,8 @@ pub fn register(ctx: Ctx<'_>, overrides: &[(&'static Setting, i64)]) -> Result<(
             .map_or(s.default, |(_, v)| *v);
         register_numeric(ctx, s.name, default, s.min, s.max, &s.value, check_all)?;
     }
+    let allow = ALLOW_EVICTION.load(Ordering::Relaxed);
+    register_bool(ctx, "allow-eviction", allow, &ALLOW_EVICTION)?;
     load_configs(ctx)?;
     check_all()
 }
@@ -178,6 +241,28 @@ mod tests {
         assert!(parse_module_args(&[b"debug-commands", b"maybe"]).is_err());
         assert!(parse_module_args(&[]).unwrap().is_empty());
         assert!(parse_module_args(&[b"fence-shift", b"15"]).is_err());
+    }
+
+    #[test]
+    fn which_policies_can_evict_a_lock() {
+        for p in ["allkeys-lru", "allkeys-lfu", "allkeys-random"] {
+            assert_eq!(EVICTING[evicting(1 << 20, p) as usize], p);
+            assert_eq!(evicting(0, p), 0, "{p} without maxmemory evicts nothing");
+        }
+        for p in [
+            "noeviction",
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "volatile-ttl",
+        ] {
+            assert_eq!(evicting(1 << 20, p), 0, "{p}");
+        }
+        assert_eq!(evicting(1 << 20, "allkeys-something-new"), 4);
+        let m = parse_module_args(&[b"allow-eviction", b"yes"]).unwrap();
+        assert!(m.is_empty() && ALLOW_EVICTION.load(Ordering::Relaxed));
+        assert!(parse_module_args(&[b"allow-eviction", b"maybe"]).is_err());
+        ALLOW_EVICTION.store(false, Ordering::Relaxed);
     }
 
     #[test]

@@ -81,6 +81,9 @@ pub enum LockError {
     CrossSlot,
     /// The ACL user may not run the wrapped command or touch its keys.
     NoPerm,
+    /// The server's eviction policy (named) could evict a held lock and grant it again;
+    /// `lock.allow-eviction` is off.
+    Evictable(&'static str),
 }
 
 impl fmt::Display for LockError {
@@ -209,6 +212,12 @@ impl fmt::Display for LockError {
             LockError::CrossSlot => {
                 write!(f, "CROSSSLOT Keys in request don't hash to the same slot")
             }
+            LockError::Evictable(policy) => write!(
+                f,
+                "EVICTION maxmemory-policy {policy} with maxmemory set can evict a held lock \
+                 and grant it to a second holder: no new grants (use noeviction or a \
+                 volatile-* policy, or accept the risk with CONFIG SET lock.allow-eviction yes)"
+            ),
         }
     }
 }
@@ -264,6 +273,7 @@ mod tests {
             LockError::NotGuardable("x".into()),
             LockError::CrossSlot,
             LockError::NoPerm,
+            LockError::Evictable("allkeys-lru"),
         ];
         for e in all {
             let text = e.to_string();

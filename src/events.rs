@@ -52,7 +52,12 @@ pub fn unlinked(db: i32, key: &[u8], v: &LockValue) {
             state::orphan(ptr);
         }
         st.engine.unlinked(db, key, v, moved, ffi::mono_us());
-        st.last_unlinked = Some((db, key.to_vec()));
+        // Kept until the `evicted` notification that may follow: a lock evicted while
+        // grants are refused for the eviction policy is put back.
+        let keep = crate::config::eviction_refusal()
+            .is_some()
+            .then(|| v.clone());
+        st.last_unlinked = Some((db, key.to_vec(), keep));
         arm(st);
         if !std::mem::replace(&mut st.eviction_events, true) {
             if let Some(ctx) = ffi::module_ctx() {
@@ -117,14 +122,14 @@ pub fn on_keyspace(ctx: Ctx<'_>, event: &[u8], key: Str<'_>) {
     if event == b"evicted" {
         let (db, name) = (ctx.db(), key.bytes());
         state::with(|st| {
-            if st
-                .last_unlinked
-                .as_ref()
-                .is_some_and(|(d, k)| *d == db && k == name)
+            if let Some((_, _, kept)) = st.last_unlinked.take_if(|(d, k, _)| *d == db && k == name)
             {
-                st.last_unlinked = None;
                 st.engine.stats.evicted += 1;
                 st.engine.stats.removed = st.engine.stats.removed.saturating_sub(1);
+                if let Some(v) = kept {
+                    st.engine.restore_later(db, name, v);
+                    arm(st);
+                }
             }
         });
     }
@@ -174,9 +179,51 @@ pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
             }
             ServerEvent::Cron => return cron(ctx, st, now),
             ServerEvent::ModulesChanged => st.command_flags.clear(),
+            ServerEvent::ConfigChanged => return check_eviction(ctx),
+            ServerEvent::Client {
+                id,
+                connected,
+                ip,
+                port,
+            } => {
+                let addr = connected.then(|| {
+                    let len = ip.iter().position(|&c| c == 0).unwrap_or(ip.len());
+                    let text = std::str::from_utf8(&ip[..len]).unwrap_or("");
+                    crate::lock::value::Addr::from_ip_port(text, port)
+                });
+                return st.client(id, addr);
+            }
         }
         arm(st);
     });
+}
+
+/// Reads the server's `maxmemory` and `maxmemory-policy` (at load, and after every CONFIG
+/// SET): under a policy that can evict a key without an expiry, a held lock can be evicted
+/// and granted again, so new grants are refused unless `lock.allow-eviction` says
+/// otherwise. Logged when such a policy starts to apply, and at load.
+pub fn check_eviction(ctx: Ctx<'_>) {
+    let maxmemory = ctx.info_fields(c"memory", &[c"maxmemory"])[0];
+    let policy = ctx
+        .info_text(c"memory", c"maxmemory_policy")
+        .unwrap_or_default();
+    let (risk, changed) = crate::config::set_eviction(maxmemory, &policy);
+    let (Some(policy), true) = (risk, changed) else {
+        return;
+    };
+    let what = if crate::config::eviction_refusal().is_some() {
+        "new grants are refused (use noeviction or a volatile-* policy, or accept the risk \
+         with lock.allow-eviction yes)"
+    } else {
+        "lock.allow-eviction yes: a held lock can be evicted and granted to a second holder"
+    };
+    ctx.log(
+        "warning",
+        &format!(
+            "redis-lock: maxmemory-policy {policy} with maxmemory {maxmemory} can evict \
+             lock keys (they have no expiry): {what}"
+        ),
+    );
 }
 
 /// Locks loaded from files of the 0.1 and 0.2 releases also carry the lease as their

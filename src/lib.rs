@@ -158,6 +158,7 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
     let raw_args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
     let overrides = config::parse_module_args(&raw_args)?;
     config::register(ctx, &overrides)?;
+    events::check_eviction(ctx);
     // `@lock`: every command of the module, where the server lets a module add one.
     if cmdinfo::has_acl_categories() && !cmdinfo::add_acl_category(ctx, "lock") {
         ctx.log(

@@ -128,8 +128,9 @@ pub struct State {
     pub listen_checked: i64,
     /// In a cluster: the slots this node serves and what the other nodes said.
     pub cluster: Option<crate::cluster::Cluster>,
-    /// The lock key the server unlinked last, until its `evicted` notification (if any).
-    pub last_unlinked: Option<(i32, Vec<u8>)>,
+    /// The lock key the server unlinked last, until its `evicted` notification (if any),
+    /// with its value while grants are refused for the eviction policy.
+    pub last_unlinked: Option<(i32, Vec<u8>, Option<LockValue>)>,
     /// What LOCK.IFHELD learned of the commands it was asked to run (by lower-case
     /// name), until a module is loaded or unloaded.
     pub command_flags: HashMap<Vec<u8>, crate::ffi::call::Flags>,
@@ -138,7 +139,11 @@ pub struct State {
     pub legacy_expiry: Vec<(i32, Vec<u8>)>,
     /// The walk for unlinked values that live on under another name, while one runs.
     pub adopting: Option<Adopting>,
-    addrs: Vec<(u64, Addr)>,
+    /// The address of every connection the server announced, by client id, until it
+    /// leaves. Only announced ones: asking the server for the address of a script's or a
+    /// module call's client by its id crashes Valkey 9.1 (a fake client has no
+    /// connection), and such a caller has no address anyway.
+    addrs: HashMap<u64, Addr>,
 }
 
 /// Something that happened while the state was busy.
@@ -200,10 +205,6 @@ static STATE: MainThread<RefCell<Option<State>>> = MainThread(RefCell::new(None)
 static PENDING: MainThread<RefCell<Vec<Pending>>> = MainThread(RefCell::new(Vec::new()));
 static OURS: MainThread<Cell<bool>> = MainThread(Cell::new(false));
 
-/// Client addresses kept (by client id modulo this): a connection's peer address never
-/// changes and ids are never reused while the server runs, so an entry is never stale.
-const ADDR_SLOTS: usize = 512;
-
 impl State {
     fn new() -> State {
         State {
@@ -223,30 +224,26 @@ impl State {
             command_flags: HashMap::new(),
             legacy_expiry: Vec::new(),
             adopting: None,
-            addrs: Vec::new(),
+            addrs: HashMap::new(),
         }
     }
 
-    /// A client's address, from the cache or the server.
-    pub fn addr(&mut self, id: u64) -> Addr {
-        if id == 0 {
-            return Addr::None;
-        }
-        let slot = (id % ADDR_SLOTS as u64) as usize;
-        if let Some((cid, addr)) = self.addrs.get(slot) {
-            if *cid == id {
-                return addr.clone();
+    /// The address of the client with this id (none for a script's or a module call's
+    /// client, the AOF loader, or a connection older than the module's MODULE LOAD).
+    pub fn addr(&self, id: u64) -> Addr {
+        self.addrs.get(&id).cloned().unwrap_or(Addr::None)
+    }
+
+    /// A connection arrived (with its address) or left.
+    pub fn client(&mut self, id: u64, addr: Option<Addr>) {
+        match addr {
+            Some(a) => {
+                self.addrs.insert(id, a);
+            }
+            None => {
+                self.addrs.remove(&id);
             }
         }
-        let addr = crate::ffi::client_addr(id)
-            .map_or(Addr::None, |(ip, port)| Addr::from_ip_port(&ip, port));
-        if addr != Addr::None {
-            if self.addrs.is_empty() {
-                self.addrs.resize(ADDR_SLOTS, (0, Addr::None));
-            }
-            self.addrs[slot] = (id, addr.clone());
-        }
-        addr
     }
 }
 

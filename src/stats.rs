@@ -33,10 +33,12 @@ pub fn info(out: &mut InfoSink) {
         expired,
         removed,
         evicted,
+        restored,
         handed_off,
         wait_timeouts,
         force_released,
-        repaired
+        repaired,
+        refused_eviction
     );
     let fields = [
         ("held", crate::state::live()),
@@ -47,6 +49,14 @@ pub fn info(out: &mut InfoSink) {
     .chain(counters)
     .chain([
         ("panics", PANICS.load(Ordering::Relaxed)),
+        (
+            "eviction_risk",
+            u64::from(crate::config::eviction_risk().is_some()),
+        ),
+        (
+            "eviction_allowed",
+            u64::from(crate::config::ALLOW_EVICTION.load(Ordering::Relaxed)),
+        ),
         ("last_fence", last_fence),
     ]);
     for (name, v) in fields {

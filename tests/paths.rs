@@ -14,7 +14,8 @@ use regress::*;
 use std::collections::BTreeMap;
 
 /// One step: a command line (arguments split at spaces) whose `$F<i>` / `$T<i>`
-/// arguments are the fence / token of step i's grant, and `$X` the scenario's MINFENCE.
+/// arguments are the fence / token of step i's grant, `$X` the scenario's MINFENCE and
+/// `$D` a data key beside the lock key (for the guarded writes).
 type Step = &'static str;
 
 /// (name, steps). Each runs on its own key (`$K`).
@@ -81,6 +82,24 @@ const SCENARIOS: &[(&str, &[Step])] = &[
         ],
     ),
     (
+        "guards-and-watch",
+        &[
+            "LOCK.ACQUIRE $K PX 60000 TOKEN paths-token-a-0001 OWNER guard",
+            "LOCK.CHECK $K $F0",
+            "LOCK.WATCH $K",
+            "LOCK.WATCH $K FENCE $F0 BLOCK 10",
+            "LOCK.IFHELD $K paths-token-a-0001 SET $D v1",
+            "LOCK.IFFENCE $K $F0 GET $D",
+            "LOCK.IFHELD $K paths-token-z-0009 SET $D v2",
+            "GET $D",
+            "LOCK.RELEASE $K paths-token-a-0001",
+            "LOCK.CHECK $K $F0",
+            "LOCK.WATCH $K BLOCK 10",
+            "LOCK.IFFENCE $K $F0 SET $D v3",
+            "GET $D",
+        ],
+    ),
+    (
         "classic-string",
         &[
             "SET $K classic-token-0001 NX PX 60000",
@@ -93,15 +112,41 @@ const SCENARIOS: &[(&str, &[Step])] = &[
     ),
 ];
 
-/// Runs one scenario on `key` by `path`: every step's reply.
-fn run(c: &mut RawConn, path: Path, key: &str, steps: &[Step], minfence: u64) -> Vec<Resp> {
+/// How a scenario's steps are sent: by one path, or reads from a read-only script and
+/// writes directly (after checking that the script refuses them).
+#[derive(Clone, Copy)]
+enum Via {
+    Path(Path),
+    ReadOnly(paths::ReadOnlyPath),
+}
+
+/// The module's commands and the server's that only read.
+fn reads_only(step: &str) -> bool {
+    ["LOCK.INFO ", "LOCK.CHECK ", "LOCK.WATCH ", "GET "]
+        .iter()
+        .any(|p| step.starts_with(p))
+}
+
+/// Runs one scenario on `key` by `via`: every step's reply. A write refused by a
+/// read-only script is recorded in `ck` (it must be refused, and then runs directly).
+fn run_via(
+    c: &mut RawConn,
+    via: Via,
+    key: &str,
+    steps: &[Step],
+    minfence: u64,
+    ck: &mut Checks,
+) -> Vec<Resp> {
     let mut replies: Vec<Resp> = Vec::new();
+    let data = format!("{key}:data");
     for step in steps {
         let argv: Vec<String> = step
             .split(' ')
             .map(|a| {
                 if a == "$K" {
                     key.to_string()
+                } else if a == "$D" {
+                    data.clone()
                 } else if a == "$X" {
                     minfence.to_string()
                 } else if let Some(i) = a.strip_prefix("$F") {
@@ -117,9 +162,25 @@ fn run(c: &mut RawConn, path: Path, key: &str, steps: &[Step], minfence: u64) ->
                 }
             })
             .collect();
-        replies.push(paths::send(c, path, &argv));
+        let reply = match via {
+            Via::Path(path) => paths::send(c, path, &argv),
+            Via::ReadOnly(ro) if reads_only(step) => paths::send_read_only(c, ro, &argv),
+            Via::ReadOnly(ro) => {
+                let refused = paths::send_read_only(c, ro, &argv);
+                ck.check(
+                    refused.is_error(),
+                    format!("`{step}` from {}: {refused:?}, not refused", ro.name()),
+                );
+                paths::send(c, Path::Direct, &argv)
+            }
+        };
+        replies.push(reply);
     }
     replies
+}
+
+fn run(c: &mut RawConn, path: Path, key: &str, steps: &[Step], minfence: u64) -> Vec<Resp> {
+    run_via(c, Via::Path(path), key, steps, minfence, &mut Checks::new())
 }
 
 /// Fences are the integers above 1e14 (timestamps are ~1.8e12, ttls smaller).
@@ -221,17 +282,26 @@ fn every_command_path_answers_and_leaves_what_the_direct_path_does() {
     paths::load_function_library(&mut c);
     let x = minfence();
     let mut ck = Checks::new();
+    let vias = Path::ALL
+        .map(Via::Path)
+        .into_iter()
+        .chain(paths::ReadOnlyPath::ALL.map(Via::ReadOnly));
+    let vias: Vec<Via> = vias.collect();
     for (name, steps) in SCENARIOS {
         let mut direct = None;
-        for path in Path::ALL {
-            let key = format!("paths:{name}:{}", path.name());
-            let replies = run(&mut c, path, &key, steps, x);
+        for &via in &vias {
+            let via_name = match via {
+                Via::Path(p) => p.name(),
+                Via::ReadOnly(p) => p.name(),
+            };
+            let key = format!("paths:{name}:{via_name}");
+            let replies = run_via(&mut c, via, &key, steps, x, &mut ck);
             let state = paths::durable_info(&mut c, &key);
             if *name == "minfence" {
                 let f = grant(&replies[0]).map(|g| g.1);
                 ck.check(
                     f.is_some_and(|f| f as u64 >= x),
-                    format!("{name} via {}: fence {f:?} below MINFENCE {x}", path.name()),
+                    format!("{name} via {via_name}: fence {f:?} below MINFENCE {x}"),
                 );
             }
             let got = normalized(&replies, &state);
@@ -242,13 +312,13 @@ fn every_command_path_answers_and_leaves_what_the_direct_path_does() {
                         ck.eq(
                             g,
                             w,
-                            &format!("{name} step {i} `{}` via {}", steps[i], path.name()),
+                            &format!("{name} step {i} `{}` via {via_name}", steps[i]),
                         );
                     }
                     ck.eq(
                         &got.1,
                         &want.1,
-                        &format!("{name}: state left via {}", path.name()),
+                        &format!("{name}: state left via {via_name}"),
                     );
                 }
             }

@@ -100,6 +100,7 @@ impl<W> Engine<W> {
         sched: &mut S,
     ) -> Outcome<'a> {
         self.now = self.now.max(ks.clock().mono);
+        self.restore_pending(ks);
         let changes = cmd.changes();
         let reply = match cmd {
             Command::Acquire(req) => self.try_acquire(ks, sched, req),
@@ -191,6 +192,10 @@ impl<W> Engine<W> {
                 None => Step::Grant,
             },
         };
+        if let (Some(policy), Step::Grant | Step::Busy(_)) = (self.settings.refuse_grants, &step) {
+            self.stats.refused_eviction += 1;
+            return Err(LockError::Evictable(policy));
+        }
         let serve_at = match step {
             Step::Grant => return self.grant_to_caller(ks, &req, digest).map(Some),
             Step::Renew(d) => {

@@ -152,14 +152,21 @@ pub struct Stats {
     pub removed: u64,
     /// Lock keys the server evicted (maxmemory).
     pub evicted: u64,
+    /// Evicted locks the module put back (grants refused for the eviction policy).
+    pub restored: u64,
     /// Values a loader repaired (a holder dropped by the validity rule).
     pub repaired: u64,
+    /// Acquires refused because the eviction policy could evict the lock.
+    pub refused_eviction: u64,
 }
 
 /// Settings the engine decides with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
     pub max_waiters: u64,
+    /// The server's eviction policy can evict a held lock (named here) and the operator
+    /// has not allowed it: no new grant or wait, only renewals (`lock.allow-eviction`).
+    pub refuse_grants: Option<&'static str>,
 }
 
 /// `W`: the shell's handle of a blocked client.
@@ -183,6 +190,9 @@ pub struct Engine<W> {
     /// The monotonic clock as of the latest command or tick.
     now: i64,
     tokens: tokens::TokenCache,
+    /// Held locks the server evicted while grants are refused for the eviction policy:
+    /// put back before anything else happens to their keys (see `restore_pending`).
+    restoring: HashMap<QueueKey, LockValue>,
 }
 
 impl<W> Default for Engine<W> {
@@ -262,6 +272,7 @@ impl<W> Engine<W> {
             stats: Stats::default(),
             settings: Settings {
                 max_waiters: 10_000,
+                refuse_grants: None,
             },
             queues: HashMap::new(),
             by_id: HashMap::new(),
@@ -272,6 +283,7 @@ impl<W> Engine<W> {
             leases_paused: false,
             now: 0,
             tokens: tokens::TokenCache::default(),
+            restoring: HashMap::new(),
         }
     }
 

@@ -257,7 +257,7 @@ impl<W> Engine<W> {
         }
         let now = ks.clock().mono;
         match ks.gate() {
-            Gate::Now => {}
+            Gate::Now => self.restore_pending(ks),
             Gate::Later => return self.serve_by(db, &name, now.saturating_add(super::RETRY_US)),
             Gate::NotHere => {
                 return self.fail_waiters(sched, db, &name, &LockError::TryAgain, false)

@@ -7,11 +7,15 @@
 
 use super::{Answer, Gate};
 use super::{Engine, Keyspace, QueueKey, Sched, Slot, Store, WaiterId, RETRY_US};
+use crate::lock::codec::repl::Change;
 use crate::lock::value::{Digest, LockValue};
 
 /// Work on the agenda.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Task {
+    /// Put back a held lock the server evicted (first of the tasks due at one instant:
+    /// the key's queue and watchers see it back).
+    Restore(QueueKey),
     /// Look at a key's queue.
     Serve(QueueKey),
     /// A waiter's BLOCK deadline.
@@ -122,6 +126,15 @@ impl<W> Engine<W> {
         now: i64,
     ) {
         match task {
+            Task::Restore((db, name)) => {
+                if let Some(mut ks) = store.open(db, &name) {
+                    self.restore_pending(&mut ks);
+                }
+                if self.restoring.contains_key(&(db, name.clone())) {
+                    self.agenda
+                        .insert((now.saturating_add(RETRY_US), Task::Restore((db, name))));
+                }
+            }
             Task::Serve((db, name)) => {
                 if let Some(q) = self.queue_mut(db, &name) {
                     q.serve_at = None;
@@ -251,8 +264,55 @@ impl<W> Engine<W> {
         self.note_held(now);
     }
 
+    /// The server evicted the held lock `value` of `name` while grants are refused for
+    /// the eviction policy: it is put back at once, with its holders, fences and leases,
+    /// so that nobody else is granted it while its holder works (the eviction reached the
+    /// replicas and the AOF as a DEL; the restore reaches them as the holders' ADDs).
+    pub fn restore_later(&mut self, db: i32, name: &[u8], value: LockValue) {
+        let key: QueueKey = (db, name.into());
+        self.restoring.insert(key.clone(), value);
+        self.agenda.insert((0, Task::Restore(key)));
+    }
+
+    /// Puts back the evicted lock of this key, if one waits for it and the server takes
+    /// writes now. Nothing is put back over a key something else has taken meanwhile.
+    pub(super) fn restore_pending(&mut self, ks: &mut impl Keyspace) {
+        if self.restoring.is_empty() {
+            return;
+        }
+        let key: QueueKey = (ks.db(), ks.name().into());
+        if !self.restoring.contains_key(&key) || ks.gate() != Gate::Now {
+            return;
+        }
+        let Some(v) = self.restoring.remove(&key) else {
+            return;
+        };
+        if !matches!(ks.read(), Ok(Slot::Free)) {
+            return;
+        }
+        let (mode, holders) = (v.mode(), v.iter().cloned().collect::<Vec<_>>());
+        let (due, delay) = (v.next_lease_end(), v.delay_until());
+        if ks.put(v).is_err() {
+            return;
+        }
+        for holder in &holders {
+            ks.replicate(Change::Add {
+                mode,
+                holder,
+                floor: 0,
+            });
+        }
+        if let (true, Some(until)) = (holders.is_empty(), delay) {
+            ks.replicate(Change::Delay { until });
+        }
+        self.reindex(key.0, &key.1, None, due.or(delay));
+        self.stats.restored += 1;
+    }
+
     /// FLUSHDB / FLUSHALL (`None`): every lock of those dbs is gone.
     pub fn flushed(&mut self, db: Option<i32>, now: i64) {
+        self.restoring
+            .retain(|(d, _), _| db.is_some_and(|x| x != *d));
         self.leases.forget_db(db);
         for (d, name) in self.keys_with_waiters(db) {
             self.serve_by(d, &name, now);
@@ -264,6 +324,7 @@ impl<W> Engine<W> {
 
     /// SWAPDB a b: the leases change dbs with their keys; both dbs' queues are served.
     pub fn swapped(&mut self, a: i32, b: i32, now: i64) {
+        self.restoring.retain(|(d, _), _| *d != a && *d != b);
         self.leases.swap_dbs(a, b);
         for db in [a, b] {
             for (d, name) in self.keys_with_waiters(Some(db)) {

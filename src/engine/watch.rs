@@ -340,6 +340,7 @@ impl<W> Engine<W> {
     /// Looks at a watched key: answers every watcher whose wait is over (all with the
     /// same summary), and plans the next look for those whose holder's lease runs.
     pub(super) fn look<S: Sched<Waiter = W>>(&mut self, ks: &mut impl Keyspace, sched: &mut S) {
+        self.restore_pending(ks);
         let (db, name) = (ks.db(), Name::of(ks.name()));
         let Some(w) = self.watched_mut(db, &name) else {
             return;

@@ -1,11 +1,11 @@
-//! Numeric module settings (`CONFIG GET/SET lock.*`, redis.conf lines).
+//! Numeric and yes/no module settings (`CONFIG GET/SET lock.*`, redis.conf lines).
 //!
 //! CONFIG SET calls every setter of the command first, then each distinct apply callback,
 //! and rolls the whole command back if an apply fails. So the setters only store, and the
 //! cross-check lives in `apply`.
 
 use std::ffi::{c_char, c_int, c_longlong, c_void, CString};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::OnceLock;
 
 use redis_module::raw;
@@ -86,6 +86,52 @@ pub fn register_numeric(
             Some(set_cb),
             Some(apply_cb),
             (cell as *const AtomicI64).cast_mut().cast(),
+        )
+    };
+    if ok != OK {
+        return Err(format!("registering lock.{name} failed"));
+    }
+    Ok(())
+}
+
+extern "C" fn get_bool_cb(_name: *const c_char, privdata: *mut c_void) -> c_int {
+    // SAFETY: `privdata` is the `&'static AtomicBool` given to `register_bool`.
+    let cell = unsafe { &*privdata.cast::<AtomicBool>() };
+    c_int::from(cell.load(Ordering::Relaxed))
+}
+
+extern "C" fn set_bool_cb(
+    _name: *const c_char,
+    val: c_int,
+    privdata: *mut c_void,
+    _err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    // SAFETY: as in `get_bool_cb`.
+    let cell = unsafe { &*privdata.cast::<AtomicBool>() };
+    cell.store(val != 0, Ordering::Relaxed);
+    OK
+}
+
+/// Registers the yes/no setting `lock.<name>` backed by `cell`.
+pub fn register_bool(
+    ctx: Ctx<'_>,
+    name: &str,
+    default: bool,
+    cell: &'static AtomicBool,
+) -> Result<(), String> {
+    let cname = CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: a load-time context; the callbacks match the server's signatures and
+    // `cell` lives for the whole process.
+    let ok = unsafe {
+        api!(RedisModule_RegisterBoolConfig)(
+            ctx.raw(),
+            cname.as_ptr(),
+            c_int::from(default),
+            raw::REDISMODULE_CONFIG_DEFAULT,
+            Some(get_bool_cb),
+            Some(set_bool_cb),
+            None,
+            (cell as *const AtomicBool).cast_mut().cast(),
         )
     };
     if ok != OK {

@@ -1,6 +1,6 @@
 //! Subscriptions: keyspace notifications, the server events the module needs (flush,
 //! SWAPDB, a change of replication role, forks, loading, synchronous saves, the server's
-//! cron), a command filter the module installs only while it needs one, and the
+//! cron, clients connecting and leaving, CONFIG SET), a command filter the module installs only while it needs one, and the
 //! `INFO lock` section. The server's C callbacks are turned into plain Rust functions.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -74,6 +74,17 @@ pub enum ServerEvent {
     Cron,
     /// A module was loaded or unloaded (the commands the server knows changed).
     ModulesChanged,
+    /// CONFIG SET changed settings (of the server or of a module).
+    ConfigChanged,
+    /// A client connected (its id, IP text NUL-padded, port) or, with `connected` false,
+    /// went away. Only connections are announced: the server's own fake clients (a
+    /// script's, a module's `RM_Call`, the AOF loader's) never are.
+    Client {
+        id: u64,
+        connected: bool,
+        ip: [u8; 46],
+        port: u16,
+    },
 }
 
 pub type ServerFn = fn(Ctx<'_>, ServerEvent);
@@ -113,6 +124,25 @@ extern "C" fn server_cb(
         raw::REDISMODULE_EVENT_REPLICA_CHANGE => ServerEvent::ReplicaChanged,
         raw::REDISMODULE_EVENT_CRON_LOOP => ServerEvent::Cron,
         raw::REDISMODULE_EVENT_MODULE_CHANGE => ServerEvent::ModulesChanged,
+        raw::REDISMODULE_EVENT_CONFIG => ServerEvent::ConfigChanged,
+        raw::REDISMODULE_EVENT_CLIENT_CHANGE => {
+            if data.is_null() {
+                return;
+            }
+            // SAFETY: for CLIENT_CHANGE the data is a RedisModuleClientInfo (version 1,
+            // the version subscribed to), filled in by the server for a connection.
+            let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
+            let mut ip = [0u8; 46];
+            for (d, &c) in ip.iter_mut().zip(info.addr.iter()) {
+                *d = c as u8;
+            }
+            ServerEvent::Client {
+                id: info.id,
+                connected: sub == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_CONNECTED,
+                ip,
+                port: info.port,
+            }
+        }
         raw::REDISMODULE_EVENT_LOADING
             if sub == raw::REDISMODULE_SUBEVENT_LOADING_ENDED
                 || sub == raw::REDISMODULE_SUBEVENT_LOADING_FAILED =>
@@ -156,6 +186,8 @@ pub fn subscribe_server(ctx: Ctx<'_>, f: ServerFn) -> Result<(), String> {
         raw::REDISMODULE_EVENT_LOADING,
         raw::REDISMODULE_EVENT_PERSISTENCE,
         raw::REDISMODULE_EVENT_MODULE_CHANGE,
+        raw::REDISMODULE_EVENT_CLIENT_CHANGE,
+        raw::REDISMODULE_EVENT_CONFIG,
     ] {
         let ev = raw::RedisModuleEvent { id, dataver: 1 };
         // SAFETY: a load-time context and a callback matching the server's signature.

@@ -304,6 +304,23 @@ impl<'a> Ctx<'a> {
         out
     }
 
+    /// A text field of an INFO section (None when missing).
+    pub fn info_text(self, section: &CStr, field: &CStr) -> Option<String> {
+        // SAFETY: a valid context and a NUL-terminated section name.
+        let data = unsafe { api!(RedisModule_GetServerInfo)(self.raw, section.as_ptr()) };
+        if data.is_null() {
+            return None;
+        }
+        // SAFETY: `data` is live until freed below; the field text is copied before that.
+        let text = unsafe {
+            let p = api!(RedisModule_ServerInfoGetFieldC)(data, field.as_ptr());
+            (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned())
+        };
+        // SAFETY: the data returned above, freed once.
+        unsafe { api!(RedisModule_FreeServerInfo)(self.raw, data) };
+        text
+    }
+
     // ---- replies ---------------------------------------------------------------------
 
     pub fn reply_error(self, text: &str) {
@@ -495,35 +512,6 @@ impl Drop for OwnedStr {
         // SAFETY: created unmanaged by `new`, freed exactly once here.
         unsafe { api!(RedisModule_FreeString)(ptr::null_mut(), self.0) }
     }
-}
-
-// ---- clients ------------------------------------------------------------------------
-
-/// The IP text and port of a connected client (None: AOF loading, timers, gone).
-pub fn client_addr(id: u64) -> Option<(String, u16)> {
-    if id == 0 {
-        return None;
-    }
-    // SAFETY: an all-zero RedisModuleClientInfo is valid (plain integers and arrays).
-    let mut info: raw::RedisModuleClientInfo = unsafe { std::mem::zeroed() };
-    info.version = 1;
-    // SAFETY: `info` is a properly sized, versioned struct the server fills in.
-    let ok = unsafe {
-        api!(RedisModule_GetClientInfoById)(
-            (&mut info as *mut raw::RedisModuleClientInfo).cast(),
-            id,
-        )
-    };
-    if ok != OK {
-        return None;
-    }
-    let ip: String = info
-        .addr
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8 as char)
-        .collect();
-    Some((ip, info.port))
 }
 
 // ---- keys ---------------------------------------------------------------------------

@@ -42,6 +42,15 @@ named!(
 );
 
 named!(
+    /// How a read-only script reaches the module (`EVAL_RO`, `FCALL_RO` of a `no-writes`
+    /// function): the module's read commands answer as directly, its writes are refused.
+    ReadOnlyPath {
+        EvalRo => "eval_ro",
+        FcallRo => "fcall_ro",
+    }
+);
+
+named!(
     /// How the state a command made travels elsewhere (`Replica`: the stream to an
     /// attached replica; `FullSync`: a new replica's first sync).
     Carry {
@@ -55,9 +64,12 @@ named!(
 /// The script every [`Path::Eval`] call runs: the command line is `ARGV`.
 pub const EVAL_SCRIPT: &str = "return redis.call(unpack(ARGV))";
 
-/// The function library [`Path::Fcall`] calls (`FCALL lockpaths_call 0 cmd args...`).
+/// The function library [`Path::Fcall`] calls (`FCALL lockpaths_call 0 cmd args...`),
+/// and [`ReadOnlyPath::FcallRo`] its `no-writes` twin (`FCALL_RO lockpaths_read 0 ...`).
 pub const FUNCTION_LIBRARY: &str = "#!lua name=lockpaths\n\
-redis.register_function('lockpaths_call', function(keys, args) return redis.call(unpack(args)) end)";
+redis.register_function('lockpaths_call', function(keys, args) return redis.call(unpack(args)) end)\n\
+redis.register_function{function_name='lockpaths_read', \
+callback=function(keys, args) return redis.call(unpack(args)) end, flags={'no-writes'}}";
 
 /// Loads [`FUNCTION_LIBRARY`] into a server (`FUNCTION LOAD REPLACE`); panics when refused.
 pub fn load_function_library(c: &mut RawConn) {
@@ -106,6 +118,21 @@ pub fn send<A: AsRef<[u8]>>(c: &mut RawConn, path: Path, argv: &[A]) -> Resp {
         Path::Fcall => c.cmd(&wrapped(&[b"FCALL", b"lockpaths_call", b"0"])),
         Path::ModuleCall => c.cmd(&wrapped(&[b"HELPER.CALL"])),
     }
+}
+
+/// Sends `argv` from a read-only script and returns the command's own reply (an error for
+/// a write command). [`ReadOnlyPath::FcallRo`] needs [`load_function_library`] first.
+pub fn send_read_only<A: AsRef<[u8]>>(c: &mut RawConn, path: ReadOnlyPath, argv: &[A]) -> Resp {
+    let mut v: Vec<Vec<u8>> = match path {
+        ReadOnlyPath::EvalRo => vec![b"EVAL_RO".to_vec(), EVAL_SCRIPT.into(), b"0".to_vec()],
+        ReadOnlyPath::FcallRo => vec![
+            b"FCALL_RO".to_vec(),
+            b"lockpaths_read".to_vec(),
+            b"0".to_vec(),
+        ],
+    };
+    v.extend(argv.iter().map(|a| a.as_ref().to_vec()));
+    c.cmd(&v)
 }
 
 /// The helper module's `.so` (testkit/helper-module), built by cargo on a process's first
