@@ -23,11 +23,15 @@ const COUNTERS: &[&str] = &[
     "expired",
     "removed",
     "evicted",
+    "restored",
     "handed_off",
     "wait_timeouts",
     "force_released",
     "repaired",
+    "refused_eviction",
     "panics",
+    "eviction_risk",
+    "eviction_allowed",
 ];
 
 /// Every `lock_*` counter of `INFO lock` except `last_fence`.
