@@ -154,6 +154,8 @@ pub struct Stats {
     pub evicted: u64,
     /// Values a loader repaired (a holder dropped by the validity rule).
     pub repaired: u64,
+    /// µs spent in wait queues by the waits that ended (granted, timed out, gone).
+    pub waited_us: u64,
 }
 
 /// Settings the engine decides with.
