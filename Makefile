@@ -273,7 +273,8 @@ EXTRA_TESTS += test-examples
 #                   dpkg-deb): /usr/lib/redis/modules/redis-lock.so, the snippet
 #                   /etc/redis/modules/redis-lock.conf (a `loadmodule` line) and
 #                   /usr/bin/redis-lock; installing it needs no Rust toolchain
-#   make test-deb   docs/quickstart-cli.md against that package, unpacked; as root also
+#   make test-deb   docs/quickstart-cli.md against that package, unpacked, and its man page
+#                   against its CLI (scripts/check-man.sh); as root also
 #                   with a real `apt install ./redis-lock_*.deb`, purged at the end, and a
 #                   check that nothing is left (scripts/test-deb.sh)
 .PHONY: dist dist-deb test-deb
@@ -297,6 +298,9 @@ dist-deb: build
 	bash scripts/build-deb.sh --so $(MODULE) --cli $(CLI_BIN) --out $(DIST_DIR)
 
 test-deb: dist-deb
+	if ! command -v groff >/dev/null || ! command -v man >/dev/null; then \
+	    $(APT_INSTALL) groff-base man-db; \
+	fi
 	bash scripts/test-deb.sh $(DIST_DIR)/redis-lock_*.deb
 EXTRA_TESTS += test-deb
 
