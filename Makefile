@@ -232,7 +232,7 @@ CLIENT_TEST_SERVERS ?= $(TEST_SERVERS)
 
 test-client: build monitoring-tools
 	export LOCK_MODULE=$(MODULE) REDIS_EXPORTER_BIN=$(MONITORING_DIR)/usr/bin/prometheus-redis-exporter \
-	    PROMTOOL_BIN=$(MONITORING_DIR)/usr/bin/promtool; \
+	    PROMTOOL_BIN=$(MONITORING_DIR)/usr/bin/promtool PROMETHEUS_BIN=$(MONITORING_DIR)/usr/bin/prometheus; \
 	for bin in $(CLIENT_TEST_SERVERS); do \
 	    echo; echo "== client tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
 	    LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock-client -- $(TEST_ARGS); \

@@ -1,10 +1,10 @@
 //! Lock metrics where operators look (docs/MONITORING.md), against real servers:
 //! `redis-lock metrics` scraped over loopback (every `INFO lock` field, per-lock waiting
 //! figures, a format promtool accepts), the Grafana dashboard's queries against what it
-//! exports, and Debian's prometheus-redis-exporter with the shipped Lua script (and
-//! without it, to show what it cannot export by itself).
+//! exports and run by a real Prometheus, and Debian's prometheus-redis-exporter with the
+//! shipped Lua script (and without it, to show what it cannot export by itself).
 //!
-//! The exporter and promtool come from Debian's packages, unpacked into
+//! The exporter, Prometheus and promtool come from Debian's packages, unpacked into
 //! target/monitoring by `make monitoring-tools` (or installed: /usr/bin).
 
 #[path = "../../tests/common/mod.rs"]
@@ -228,17 +228,18 @@ fn metrics_endpoint_serves_every_info_lock_field_and_the_waiters() {
     assert_eq!(samples(&text).get("redis_lock_up"), Some(&0.0), "{text}");
 }
 
-/// Every `redis_lock_*` metric a query of docs/grafana/redis-lock.json names.
-fn dashboard_metrics() -> Vec<String> {
+/// Every query of docs/grafana/redis-lock.json (panel targets and variables).
+fn dashboard_queries() -> Vec<String> {
     fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
         match v {
             serde_json::Value::Object(m) => {
                 for (k, v) in m {
+                    // A panel's `expr`, a query variable's `definition` (the same
+                    // query as its `query.query`).
                     match (k.as_str(), v) {
                         ("expr" | "definition", serde_json::Value::String(s)) => {
                             out.push(s.clone())
                         }
-                        ("query", serde_json::Value::String(s)) => out.push(s.clone()),
                         _ => exprs(v, out),
                     }
                 }
@@ -252,7 +253,12 @@ fn dashboard_metrics() -> Vec<String> {
     let json: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
     let mut all = Vec::new();
     exprs(&json, &mut all);
-    let mut names: Vec<String> = all
+    all
+}
+
+/// Every `redis_lock_*` metric a query of the dashboard names.
+fn dashboard_metrics() -> Vec<String> {
+    let mut names: Vec<String> = dashboard_queries()
         .iter()
         .flat_map(|e| {
             e.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
@@ -293,6 +299,81 @@ fn the_dashboard_queries_only_metrics_the_exporter_produces() {
         unknown.is_empty(),
         "the dashboard queries metrics `redis-lock metrics` does not export: {unknown:?}\n\
          exported: {exported:?}"
+    );
+}
+
+/// The dashboard's queries, run by a real Prometheus that scrapes `redis-lock metrics`
+/// every second: each one parses and returns a series (`$__rate_interval` as 1m, every
+/// `$instance`).
+#[test]
+fn the_dashboard_queries_run_on_prometheus() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let mut c = server.raw();
+    let _waiters = queue_two(server.port, &mut c, "lock:p");
+    let (_cli, target) = serve_metrics(&server.url(), &[]);
+    let dir = common::temp_dir();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: redis-lock\n    static_configs:\n\
+             \x20     - targets: [\"{target}\"]\n"
+        ),
+    )
+    .expect("prometheus.yml written");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let _prometheus = Kill(
+        Command::new(tool("PROMETHEUS_BIN", "prometheus"))
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("prometheus.log")).expect("log file"))
+            .spawn()
+            .expect("prometheus starts"),
+    );
+    let query = |q: &str| -> Option<serde_json::Value> {
+        let q: String = url::form_urlencoded::byte_serialize(q.as_bytes()).collect();
+        let (_, body) = get(&addr, &format!("/api/v1/query?query={q}")).ok()?;
+        serde_json::from_str(&body).ok()
+    };
+    let results = |v: &serde_json::Value| v["data"]["result"].as_array().map_or(0, Vec::len);
+    // Three scrapes at least, so that rates over them have two points.
+    assert!(
+        wait_until(Duration::from_secs(60), || query(
+            "count_over_time(redis_lock_up[1m]) >= 3"
+        )
+        .is_some_and(|v| results(&v) == 1)),
+        "Prometheus did not scrape redis-lock metrics three times (log: {})",
+        dir.join("prometheus.log").display()
+    );
+    let mut bad = Vec::new();
+    let queries = dashboard_queries();
+    for q in &queries {
+        let expr = q
+            .replace("$__rate_interval", "1m")
+            .replace("$instance", ".*");
+        let expr = match expr.strip_prefix("label_values(") {
+            // A variable's query: label_values(metric, label) is the metric's series.
+            Some(rest) => rest.split(',').next().unwrap_or("").to_string(),
+            None => expr,
+        };
+        match query(&expr) {
+            Some(v) if v["status"] == "success" && results(&v) > 0 => {}
+            other => bad.push(format!("{expr}\n    -> {other:?}")),
+        }
+    }
+    assert!(queries.len() >= 15, "{queries:?}");
+    assert!(
+        bad.is_empty(),
+        "dashboard queries that fail or return nothing:\n{}",
+        bad.join("\n")
     );
 }
 
