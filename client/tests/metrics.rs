@@ -166,7 +166,9 @@ fn metrics_endpoint_serves_every_info_lock_field_and_the_waiters() {
     let (code, text) = get(&addr, "/metrics").expect("a scrape");
     assert_eq!(code, 200, "{text}");
     let info = info_lock(&mut c);
-    let waited_upper = queued_at.elapsed().as_secs_f64() + 1.0;
+    // The server's clock may run a little off this process's (Redis can count it in CPU
+    // ticks): 10% to spare below the 300 ms slept, and a second above.
+    let waited_upper = queued_at.elapsed().as_secs_f64() * 1.1 + 1.0;
     let s = samples(&text);
     assert_eq!(s.get("redis_lock_up"), Some(&1.0), "{text}");
     // Every INFO lock field, with the server's value (the wait times move: bounds).
@@ -177,7 +179,7 @@ fn metrics_endpoint_serves_every_info_lock_field_and_the_waiters() {
             .get(&name)
             .unwrap_or_else(|| panic!("no {name} for lock_{field} in\n{text}"));
         match field.as_str() {
-            "longest_wait_ms" => assert!(*got >= 0.3 && *got <= waited_upper, "{name} {got}"),
+            "longest_wait_ms" => assert!(*got >= 0.27 && *got <= waited_upper, "{name} {got}"),
             "waited_ms" => assert_eq!(*got, 0.0, "no wait has ended yet"),
             _ => assert_eq!(*got, *v as f64, "{name} against lock_{field}"),
         }
@@ -190,7 +192,7 @@ fn metrics_endpoint_serves_every_info_lock_field_and_the_waiters() {
     assert_eq!(key("redis_lock_key_holders", "lock:q"), Some(1.0));
     let longest = key("redis_lock_key_longest_wait_seconds", "lock:q").unwrap_or(-1.0);
     assert!(
-        longest >= 0.3 && longest <= waited_upper,
+        longest >= 0.27 && longest <= waited_upper,
         "lock:q waited {longest}"
     );
     assert_eq!(key("redis_lock_key_waiters", "lock:named"), Some(0.0));
