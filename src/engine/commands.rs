@@ -236,6 +236,7 @@ impl<W> Engine<W> {
             lock_delay: req.lock_delay,
             client_id: req.client_id,
             addr: req.addr,
+            since: clock.mono,
             deadline,
             moved: false,
             handle,
