@@ -182,17 +182,24 @@ def is_moved(e: BaseException) -> bool:
     return isinstance(e, ResponseError) and str(e).startswith(("MOVED ", "ASK "))
 
 
-def info_field(text: Any, field: str) -> Optional[int]:
-    """An integer field of an INFO reply (``connected_slaves``), None when absent."""
+def online_in_role(reply: Any) -> int:
+    """How many replicas a primary's ROLE reply lists: those online (a replica still in
+    its full sync is left out). Not a primary (a replica, a sentinel): 0."""
+    if not isinstance(reply, (list, tuple)) or len(reply) < 3 or to_str(reply[0]) != "master":
+        return 0
+    replicas = reply[2]
+    return len(replicas) if isinstance(replicas, (list, tuple)) else 0
+
+
+def online_in_info(text: Any) -> int:
+    """How many `slaveN:` lines of an INFO replication reply say `state=online`."""
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
-    if isinstance(text, dict):  # a client that parsed INFO already
-        v = text.get(field)
-        return _int(v)
-    for line in str(text).splitlines():
-        if line.startswith(field + ":"):
-            return _int(line.split(":", 1)[1].strip())
-    return None
+    return sum(
+        1
+        for line in str(text).splitlines()
+        if line.startswith("slave") and ":" in line and "state=online" in line
+    )
 
 
 def config_value(reply: Any) -> Optional[int]:
