@@ -18,6 +18,7 @@ from ._common import (
     LOST_NOT_HELD,
     LockNotConfirmedError,
     ModuleNotLoadedError,
+    QuorumUnavailableError,
 )
 from . import _errors
 from ._common import Leader

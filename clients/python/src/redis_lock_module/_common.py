@@ -38,6 +38,18 @@ class LockNotConfirmedError(LockError):
     was one, was given back (LOCK.RELEASE) before this was raised."""
 
 
+class QuorumUnavailableError(LockError):
+    """Redlock: fewer than a majority of the nodes answered (connection errors,
+    timeouts, a wrong password, a refused command), so whether the lock is free could not
+    be learned. Not the None of a lock held elsewhere. What any node granted was released
+    first. ``answered`` and ``quorum`` are counts; ``errors`` is ``[(host:port, error)]``
+    for the nodes that did not answer (never a password: host and port only)."""
+
+    def __init__(self, message: str, answered: int, quorum: int, errors: List[Tuple[str, BaseException]]):
+        super().__init__(message)
+        self.answered, self.quorum, self.errors = answered, quorum, errors
+
+
 class ModuleNotLoadedError(ResponseError):
     """The server answered that LOCK.* is an unknown command: the redis-lock module is
     not loaded there. The message names the server, never the command's arguments (the
