@@ -198,10 +198,14 @@ class LockBase:
         return self.local.token
 
     @property
-    def fence(self) -> Optional[int]:
-        """The fencing token of the current grant: pass it with every write."""
+    def fence(self) -> int:
+        """The fencing token of the current grant: pass it with every write. LockError
+        when this lock holds no grant here (not acquired, or released)."""
         hold = self.local.hold
-        return hold.fence if hold is not None else None
+        if hold is None:
+            raise self._error("Cannot read the fence of an unlocked lock")
+        fence: int = hold.fence
+        return fence
 
     @property
     def lost_reason(self) -> Optional[str]:
@@ -400,9 +404,10 @@ class LockBase:
 
     def _check(self, fence: Optional[int]) -> Steps:
         if fence is None:
-            fence = self.fence
-            if fence is None:
+            hold = self.local.hold
+            if hold is None:
                 raise self._error("Cannot check an unlocked lock (give a fence)")
+            fence = hold.fence
         return bool((yield from self._call("LOCK.CHECK", self.name, int(fence))))
 
     def _relabel(self, owner: Any) -> Steps:
