@@ -358,7 +358,7 @@ NODE_DIR := $(CURDIR)/clients/node
 # processes: test/exit-child.mjs).
 NODE_TEST_FLAGS := --test-timeout=120000 --test-force-exit
 NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs test/defaults.test.mjs \
-              test/redlock.test.mjs test/election.test.mjs
+              test/redlock.test.mjs test/election.test.mjs test/acl.test.mjs
 
 # $(call py_venv,dir,redis requirement): a venv with the package, pytest and that redis-py.
 define py_venv

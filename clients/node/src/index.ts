@@ -62,8 +62,9 @@ export interface ClientOptions {
    * failover can lose a grant. */
   confirm?: boolean;
   /** Replicas that must confirm. Default: the server's `min-replicas-to-write` when
-   * set, else the replicas connected now (INFO, reused for a second). Fewer connected
-   * than expected is an error, not an unconfirmed grant. */
+   * set, else the replicas online now (`ROLE`, reused for a second; a replica in its
+   * full sync is not counted). Fewer online than expected is an error, not an
+   * unconfirmed grant. */
   replicas?: number;
 }
 
@@ -475,7 +476,8 @@ export class Lock {
 
 interface Replicas {
   at: number;
-  connected: number;
+  /** Replicas online (undefined: ROLE and INFO refused). */
+  online: number | undefined;
   toWrite: number;
 }
 
@@ -486,6 +488,8 @@ export class LockClient implements LockOwner {
   readonly replicas: number | undefined;
   private readonly driver: Driver;
   private readonly replicaCache = new Map<string, Replicas>();
+  /** Per node: the commands it refused (an ACL user without them), and when. */
+  private readonly refused = new Map<string, Map<string, number>>();
   private readonly observations = new Set<Observation>();
 
   constructor(client: SupportedClient, options: ClientOptions = {}) {
@@ -590,33 +594,58 @@ export class LockClient implements LockOwner {
     return exactInt(reply[1]);
   }
 
-  /** How many replicas must confirm a grant on the node of `key`: `replicas`, else the
-   * server's min-replicas-to-write when set, else the replicas connected now (cached for
-   * a second). Fewer connected than expected: an error before anything is acquired. */
+  /** How many replicas must confirm a grant on the node of `key`, the rule of the Rust
+   * client and the CLI: `replicas`, else the server's min-replicas-to-write when set,
+   * else the replicas online now (a replica in its full sync is not counted: it gets the
+   * grant with its sync), read with ROLE and reused for a second. Fewer online than
+   * expected is an error before anything is acquired; so is not knowing how many are
+   * online (ROLE and INFO refused) unless the count is given. */
   private async replicasNeeded(name: string, key: string, replicas: number | undefined): Promise<number> {
     const where = this.driver.where(key);
-    let r = this.replicaCache.get(where);
-    if (!r || Date.now() - r.at > 1000) {
-      const info = asString(await this.run(key, ["INFO", "replication"])) ?? "";
-      const m = /^connected_slaves:(\d+)/m.exec(info);
-      let toWrite = 0;
-      try {
-        toWrite = configValue(await this.run(key, ["CONFIG", "GET", "min-replicas-to-write"]));
-      } catch (e) {
-        if (!isServerReply(e)) throw e; // CONFIG refused (ACL, renamed): no setting we know
-      }
-      r = { at: Date.now(), connected: m ? Number(m[1]) : 0, toWrite };
-      this.replicaCache.set(where, r);
-    }
+    const cached = this.replicaCache.get(where);
+    const fresh = !cached || Date.now() - cached.at > 1000;
+    let r = fresh ? await this.readReplicas(key, where) : cached;
     let expected: number;
     let source: string;
     if (replicas !== undefined) [expected, source] = [replicas, "replicas"];
     else if (r.toWrite > 0) [expected, source] = [r.toWrite, "min-replicas-to-write"];
-    else return r.connected;
-    if (r.connected < expected) {
-      throw new LockNotConfirmedError(name, `${expected} replica(s) expected (${source}) but ${r.connected} connected to ${where}; not acquired`);
+    else if (r.online === undefined) {
+      throw new LockNotConfirmedError(
+        name,
+        `cannot learn how many replicas of ${where} should confirm a grant (ROLE and INFO refused); grant the user +role, or pass replicas: n (the count) or confirm: false; not acquired`,
+      );
+    } else return r.online;
+    if (!fresh && r.online !== undefined && r.online < expected) r = await this.readReplicas(key, where); // a second old: ask again
+    if (r.online !== undefined && r.online < expected) {
+      throw new LockNotConfirmedError(name, `${expected} replica(s) expected (${source}) but ${r.online} online at ${where}; not acquired`);
     }
     return expected;
+  }
+
+  /** The replicas online (ROLE; INFO replication if ROLE is refused; undefined if both
+   * are) and min-replicas-to-write (CONFIG GET; 0 if refused) of the node of `key`. A
+   * command the server refuses (an ACL user without it) is not asked again for a minute. */
+  private async readReplicas(key: string, where: string): Promise<Replicas> {
+    const refused = this.refused.get(where) ?? new Map<string, number>();
+    this.refused.set(where, refused);
+    const allowed = (cmd: string) => !(Date.now() - (refused.get(cmd) ?? -Infinity) < 60_000);
+    const ask = async (cmd: string, args: Arg[]): Promise<unknown> => {
+      try {
+        return await this.run(key, args);
+      } catch (e) {
+        if (!isServerReply(e)) throw e;
+        refused.set(cmd, Date.now());
+        return undefined;
+      }
+    };
+    let online: number | undefined;
+    if (allowed("ROLE")) online = onlineInRole(await ask("ROLE", ["ROLE"]));
+    if (online === undefined && allowed("INFO")) online = onlineInInfo(await ask("INFO", ["INFO", "replication"]));
+    // Not allowed (it would show every setting), or renamed: no setting we know.
+    const toWrite = allowed("CONFIG") ? configValue(await ask("CONFIG", ["CONFIG", "GET", "min-replicas-to-write"])) : 0;
+    const r = { at: Date.now(), online, toWrite };
+    this.replicaCache.set(where, r);
+    return r;
   }
 
   /** WAIT on the grant's connection; fewer than `need` within networkTimeout: the grant
@@ -1149,6 +1178,21 @@ export class Observation implements AsyncIterableIterator<Leader | null> {
       else this.backoff = 50;
     }
   }
+}
+
+/** How many replicas a primary's ROLE reply lists: those online (a replica in its full
+ * sync is left out). Not a primary: 0. A refused ROLE (undefined): undefined. */
+function onlineInRole(reply: unknown): number | undefined {
+  if (reply === undefined) return undefined;
+  if (!Array.isArray(reply) || reply.length < 3 || asString(reply[0]) !== "master") return 0;
+  return Array.isArray(reply[2]) ? reply[2].length : 0;
+}
+
+/** How many `slaveN:` lines of INFO replication say `state=online`. */
+function onlineInInfo(reply: unknown): number | undefined {
+  const text = asString(reply);
+  if (text === undefined) return undefined;
+  return text.split(/\r?\n/).filter((l) => /^slave\d+:/.test(l) && l.includes("state=online")).length;
 }
 
 function configValue(reply: unknown): number {

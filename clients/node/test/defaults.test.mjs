@@ -279,7 +279,7 @@ describe("grants are confirmed on the replicas", () => {
         }
         await assert.rejects(
           new LockClient(client, { replicas: 2 }).acquire(name(), { ttl: 1000 }),
-          (e) => e instanceof LockNotConfirmedError && /2 replica\(s\) expected \(replicas\) but 1 connected/.test(e.message),
+          (e) => e instanceof LockNotConfirmedError && /2 replica\(s\) expected \(replicas\) but 1 online/.test(e.message),
         );
         // Grants survive a SIGKILL failover: every one is on the promoted replica.
         const held = [];
@@ -300,6 +300,39 @@ describe("grants are confirmed on the replicas", () => {
         pair.close();
       }
     });
+  }
+});
+
+test("a replica in its full sync is not counted: locks are granted and reach it with its sync", async () => {
+  const pair = await Pair.start({ syncing: true });
+  const held = [];
+  try {
+    for (const lib of CLIENTS.filter((l) => l.name === "node-redis 4" || l.name.endsWith(" 6"))) {
+      const client = await lib.connect(pair.primary);
+      const locks = new LockClient(client, { networkTimeout: 500 });
+      try {
+        for (const wait of [undefined, 1000]) {
+          const lock = await locks.acquire(name(), { ttl: 30_000, wait });
+          assert.ok(lock, `${lib.name}, wait ${wait}`);
+          held.push(lock);
+        }
+        // A deployment that expects a replica refuses before acquiring anything.
+        const key = name();
+        await assert.rejects(
+          locks.acquire(key, { ttl: 30_000, replicas: 1 }),
+          (e) => e instanceof LockNotConfirmedError && /1 replica\(s\) expected \(replicas\) but 0 online/.test(e.message),
+        );
+        assert.equal(await rawFence(pair.primary.port, key), undefined);
+      } finally {
+        await locks.close();
+        await lib.close(client);
+      }
+    }
+    assert.equal(await pair.replicaState(), "wait_bgsave", "all of it ran during the sync");
+    await pair.finishSync();
+    for (const lock of held) assert.equal(await rawFence(pair.replica.port, lock.name), lock.fence, lock.name);
+  } finally {
+    pair.close();
   }
 });
 
