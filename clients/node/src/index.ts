@@ -7,7 +7,7 @@
 
 import { randomUUID } from "node:crypto";
 
-import { Arg, Dedicated, Driver, LockConnectionError, driverFor } from "./drivers.js";
+import { Arg, Dedicated, Driver, LockConnectionError, driverFor, errorKind } from "./drivers.js";
 
 export { slotOf } from "./slot.js";
 export { LockConnectionError } from "./drivers.js";
@@ -141,6 +141,28 @@ export class LockNotConfirmedError extends Error {
   ) {
     super(`redis-lock: lock ${key}: ${message}`);
     this.name = "LockNotConfirmedError";
+  }
+}
+
+/** Redlock: fewer than a majority of the nodes answered (connection errors, timeouts, a
+ * wrong password, a refused command), so whether the lock is free could not be learned;
+ * not the `null` of a lock held elsewhere. What any node granted was released first.
+ * `errors` names each node that did not answer by host:port (never a credential) and its
+ * error. */
+export class QuorumUnavailableError extends Error {
+  constructor(
+    readonly key: string,
+    readonly answered: number,
+    readonly quorum: number,
+    readonly errors: { where: string; error: unknown }[],
+    nodes: number,
+  ) {
+    super(
+      `redis-lock: Redlock ${key}: ${answered} of ${nodes} nodes answered, a majority is ${quorum}; not acquired (` +
+        errors.map((e) => `${e.where}: ${errorKind(e.error)}`).join(", ") +
+        ")",
+    );
+    this.name = "QuorumUnavailableError";
   }
 }
 
@@ -524,6 +546,11 @@ export class LockClient implements LockOwner {
     }
     if (!r.ok) throw this.mapped(r.error, key);
     return r.value;
+  }
+
+  /** @internal host:port of the node of `name` (for messages; never a credential). */
+  whereOf(name: string): string {
+    return this.driver.where(this.driver.prefix + name);
   }
 
   /** A missing module is named, without the server's message (it echoes the token). */
