@@ -294,8 +294,10 @@ async function ioredisDedicated(base: Any, limit: number): Promise<Dedicated> {
 
 /** What both ioredis drivers share: LOCK.* go through `exact`, a twin of the user's
  * connection with integers as strings (ioredis decides integer parsing per connection),
- * made on first use and closed when the user's client ends (after its `quit()`), so it
- * never keeps the process alive by itself. */
+ * made on first use and closed when the user's client ends (after its `quit()`). It
+ * never reconnects by itself (a lost twin is made again at the next command): a
+ * reconnect timer would keep the process alive after the user closed a client whose
+ * server had gone (ioredis emits no "end" for a client closed while reconnecting). */
 abstract class IoredisBase {
   readonly prefix: string;
   readonly exactIntegers = true;
@@ -318,7 +320,7 @@ abstract class IoredisBase {
     if (this.ended || this.c.status === "end") {
       throw new LockConnectionError(`redis-lock: the client is closed (${this.kind})`);
     }
-    if (!this.twin) {
+    if (!this.twin || this.twin.status === "end") {
       this.twin = this.makeTwin();
       this.twin.on("error", (e: unknown) => (this.lastError = e));
       this.twin.on("ready", () => (this.lastError = undefined));
@@ -333,7 +335,7 @@ abstract class IoredisBase {
 
 class IoredisDriver extends IoredisBase implements Driver {
   constructor(c: Any) {
-    super("ioredis", c, () => c.duplicate({ ...IOREDIS_EXACT }));
+    super("ioredis", c, () => c.duplicate({ ...IOREDIS_EXACT, retryStrategy: () => null }));
   }
   call(_key: string, args: Arg[]): Promise<unknown> {
     return this.exact.call(...(args as [string, ...Arg[]]));
@@ -359,6 +361,7 @@ class IoredisClusterDriver extends IoredisBase implements Driver {
     super("ioredis cluster", c, () =>
       c.duplicate(undefined, {
         redisOptions: { ...(c.options?.redisOptions ?? {}), ...IOREDIS_EXACT },
+        clusterRetryStrategy: () => null,
       }),
     );
   }

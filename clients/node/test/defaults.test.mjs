@@ -220,6 +220,20 @@ test("nothing keeps the process alive after the user's client quits (no locks.cl
   }
 });
 
+test("nor after the server died and the user closed the client", async () => {
+  for (const lib of CLIENTS) {
+    const server = await Server.start();
+    try {
+      const r = await runNode("exit-child.mjs", [lib.name, String(server.port), String(server.pid)], 15_000);
+      assert.equal(r.code, 0, `${lib.name}: ${r.signal ?? ""} ${r.out}`);
+      assert.match(r.out, /released[\s\S]*closed/);
+      assert.ok(r.ms < 10_000, `${lib.name}: exited after ${r.ms} ms`);
+    } finally {
+      server.close();
+    }
+  }
+});
+
 // ---------------------------------------------------------------- 3. once per period
 
 async function cron(server, key, keep) {
