@@ -259,7 +259,7 @@ function ioredisWhere(c: Any): string {
  * or `deadline` (Date.now() ms) passes. */
 async function ioredisReady(conn: Any, deadline: number, where: () => string, lastError: () => unknown = () => undefined): Promise<void> {
   if (conn.status === "ready") return;
-  if (conn.status === "end") throw new LockConnectionError(`redis-lock: the connection to ${where()} is closed`);
+  if (conn.status === "end") throw new LockConnectionError(`redis-lock: the connection to ${where()} is closed`, lastError());
   await new Promise<void>((resolve, reject) => {
     const done = (e?: Error) => {
       clearTimeout(t);
@@ -269,7 +269,7 @@ async function ioredisReady(conn: Any, deadline: number, where: () => string, la
       else resolve();
     };
     const onReady = () => done();
-    const onEnd = () => done(new LockConnectionError(`redis-lock: the connection to ${where()} is closed`));
+    const onEnd = () => done(new LockConnectionError(`redis-lock: the connection to ${where()} is closed`, lastError()));
     const t = setTimeout(() => done(new LockConnectionError(`redis-lock: not connected to ${where()}`, lastError())), Math.max(1, deadline - Date.now()));
     conn.once("ready", onReady);
     conn.once("end", onEnd);

@@ -238,7 +238,7 @@ function exactInt(v: unknown): bigint | undefined {
       warnedInexact = true;
       process.emitWarning(
         "redis-lock: this client returned a fence above 2^53 as a double (node-redis 4 has no " +
-          "exact integers); lock.fence is undefined. Use node-redis 5+ or ioredis for exact fences.",
+          "exact integers). Use node-redis 5+ or ioredis for exact fences.",
       );
     }
   }
@@ -305,8 +305,9 @@ export class Lock {
     /** The name as given (without a client key prefix). */
     readonly name: string,
     readonly token: string,
-    /** The fencing token, exact; undefined only on node-redis 4 above 2^53. */
-    readonly fence: bigint | undefined,
+    /** The fencing token, exact (a grant whose fence the client library cannot read
+     * exactly, node-redis 4 above 2^53, is given back and the acquire rejects). */
+    readonly fence: bigint,
     ttl: number | undefined,
     grantedAt: number = Date.now(),
   ) {
@@ -317,9 +318,9 @@ export class Lock {
     else void this.learnLease();
   }
 
-  /** The fence as a decimal string (exact), or undefined. */
-  get fenceString(): string | undefined {
-    return this.fence?.toString();
+  /** The fence as a decimal string (exact). */
+  get fenceString(): string {
+    return this.fence.toString();
   }
 
   /** Why the lock was lost, undefined while held. */
@@ -369,8 +370,7 @@ export class Lock {
   /** `LOCK.CHECK name fence` with this grant's fence: true while the server counts it
    * as a holder. A check and a later write are still a race: write with {@link ifHeld}. */
   async check(): Promise<boolean> {
-    if (this.fence === undefined) return false;
-    return Number(await this.client.command(this.name, (k) => ["LOCK.CHECK", k, this.fence!.toString()])) === 1;
+    return Number(await this.client.command(this.name, (k) => ["LOCK.CHECK", k, this.fence.toString()])) === 1;
   }
 
   /** @internal `LOCK.EXTEND name token [PX ttl] OWNER owner`: a new label and lease, the
@@ -585,7 +585,7 @@ export class LockClient implements LockOwner {
         if (!isServerReply(e) && !(e instanceof LockConnectionError)) await this.releaseQuietly(name, token);
         throw e;
       }
-      const fence = this.grantOf(reply, token);
+      const fence = await this.grantOf(reply, name, token);
       if (fence === null) return null;
       if (need > 0) await this.confirmGrant(name, token, need, (a, limit) => this.run(key, a, limit));
       return new Lock(this, name, token, fence, options.ttl, sent);
@@ -597,7 +597,7 @@ export class LockClient implements LockOwner {
     try {
       reply = await this.acquireBlocking(conn, name, key, token, args, wait === Infinity ? Infinity : blockMs + this.networkTimeout, options.signal);
       sent = Date.now();
-      const fence = this.grantOf(reply, token);
+      const fence = await this.grantOf(reply, name, token);
       if (fence === null) return null;
       if (need > 0) {
         await this.confirmGrant(name, token, need, async (a, limit) => {
@@ -613,12 +613,18 @@ export class LockClient implements LockOwner {
     }
   }
 
-  private grantOf(reply: unknown, token: string): bigint | undefined | null {
+  /** The fence of a LOCK.ACQUIRE reply, null when not granted. A fence the library
+   * could not read exactly (node-redis 4 above 2^53) is no fence: the grant is given back
+   * and the acquire rejects. */
+  private async grantOf(reply: unknown, name: string, token: string): Promise<bigint | null> {
     if (reply === null || reply === undefined) return null;
     // Never the reply itself in a message: it holds the token.
     if (!Array.isArray(reply) || reply.length !== 2) throw new Error(`redis-lock: unexpected LOCK.ACQUIRE reply (${typeof reply})`);
     if (asString(reply[0]) !== token) throw new Error("redis-lock: LOCK.ACQUIRE granted a token other than the one sent");
-    return exactInt(reply[1]);
+    const fence = exactInt(reply[1]);
+    if (fence !== undefined) return fence;
+    await this.releaseQuietly(name, token);
+    throw new Error(`redis-lock: lock ${name}: the fence is above 2^53 and ${this.driver.kind} cannot read it exactly; the grant was released (use node-redis 5+ or ioredis)`);
   }
 
   /** How many replicas must confirm a grant on the node of `key`, the rule of the Rust
@@ -969,8 +975,8 @@ export class Leadership {
     return this.current;
   }
 
-  /** The fence of the leader's grant (exact; undefined only on node-redis 4 above 2^53). */
-  get term(): bigint | undefined {
+  /** The fence of the leader's grant (exact). */
+  get term(): bigint {
     return this.lock.fence;
   }
 

@@ -114,7 +114,9 @@ test("no usable majority is an error, not busy: a wrong password, 2 of 3 nodes d
   const wrong = three.map((s) => ioredis(s, `${PASSWORD}-wrong`));
   const good = three.map((s) => ioredis(s, PASSWORD));
   const nodeRedis = await Promise.all(three.map((s) => createClient({ url: `redis://:${PASSWORD}@127.0.0.1:${s.port}` }).on("error", () => {}).connect()));
-  const rls = [new Redlock(wrong), new Redlock(good), new Redlock(nodeRedis)];
+  // The wrong password's Redlock gives each node 2 s: time to hear the refusal (a node's
+  // default limit, a tenth of the TTL, may end first on a loaded machine).
+  const rls = [new Redlock(wrong, { nodeTimeout: 2000 }), new Redlock(good), new Redlock(nodeRedis)];
   try {
     const key = name();
     await assert.rejects(rls[0].acquire(key, { ttl: 2000 }), (e) => {
