@@ -333,8 +333,9 @@ EXTRA_TESTS += reliability-short
 #                      once, the built wheel and sdist installed into fresh venvs and used
 #   make test-node     clients/node (node-redis 4/5/6, ioredis 5/6): npm ci, the ESM and
 #                      CommonJS builds, tsc on the types of both, node --test (standalone,
-#                      cluster, defaults, Redlock) once per server; then, once, the npm
-#                      tarball installed into a fresh npm project and used (ESM, CJS, tsc)
+#                      cluster, defaults, Redlock, ACL) once per server; then, once, the npm
+#                      tarball installed into a fresh npm project and used (ESM, CJS, tsc),
+#                      docs/quickstart-node.md and examples/node/daily-report.mjs
 #   make dist-python   wheel + sdist into target/dist
 #   make dist-node     the npm tarball into target/dist
 .PHONY: test-python test-node python-venv python-venv-oldest node-deps dist-python dist-node
@@ -430,5 +431,6 @@ test-node: build testkit node-deps dist-node
 	    ( cd $(NODE_DIR) && LOCK_SERVER_BIN=$$bin node --test --test-concurrency=1 $(NODE_TEST_FLAGS) $(NODE_TESTS) ); \
 	done; \
 	echo; echo "== the npm tarball of $(DIST), installed into a fresh npm project"; \
-	cd $(NODE_DIR) && LOCK_SERVER_BIN=$(SERVER_SYSTEM) REDIS_LOCK_DIST=$(DIST) node --test --test-concurrency=1 test/dist/dist.test.mjs test/dist/quickstart.test.mjs
+	cd $(NODE_DIR) && LOCK_SERVER_BIN=$(SERVER_SYSTEM) REDIS_LOCK_DIST=$(DIST) node --test --test-concurrency=1 test/dist/dist.test.mjs test/dist/quickstart.test.mjs \
+	    test/dist/examples.test.mjs
 EXTRA_TESTS += test-node

@@ -49,6 +49,12 @@ export interface UsingOptions extends AcquireOptions {
   /** false: keep the lock when the routine ends, until its lease runs out (renewal
    * stops), so a job runs once per lease period across servers. Default true. */
   releaseOnExit?: boolean;
+  /** Once per period, in ms: when the routine resolves, keep the lock until `hold` ms
+   * after it was taken (see {@link Lock.releaseAfter}) instead of releasing it, so that
+   * every server whose cron fires within the period finds it taken, however long the
+   * routine ran. If the routine rejects, the lock is released (another server may run
+   * the job). Wins over `releaseOnExit`. */
+  hold?: number;
 }
 
 export interface ClientOptions {
@@ -335,6 +341,19 @@ export class Lock {
     if (this.released) throw new LockNotHeldError(this.name);
     this.released = true;
     if (!(await this.client.release(this.name, this.token))) throw new LockNotHeldError(this.name);
+  }
+
+  /** Keeps the lock until `hold` ms after it was taken and lets go of this grant:
+   * renewal stops and the lease is set to what is left of the hold (`LOCK.EXTEND`), so
+   * the lock ends by itself then. If the hold is already over, releases it now. Rejects
+   * with {@link LockNotHeldError} when this grant no longer holds the lock. */
+  async releaseAfter(hold: number): Promise<void> {
+    const left = Math.round(this.grantedAt + hold - Date.now());
+    if (left < 1 || this.released || this.signal.aborted) return this.release();
+    this.stopRenewal();
+    const kept = await this.client.extend(this.name, this.token, left);
+    this.keep();
+    if (!kept) throw new LockNotHeldError(this.name, "the hold could not be set");
   }
 
   /** LOCK.EXTEND to `ttl` ms from now (default: the acquire's TTL): true if still held. */
@@ -752,12 +771,13 @@ export class LockClient implements LockOwner {
 
   /**
    * Runs `routine` while holding the lock, renewing it (unless `autoRenew: false`), and
-   * releases it afterwards (unless `releaseOnExit: false`). `signal` aborts when the lock
+   * releases it afterwards (unless `releaseOnExit: false`, or `hold`: once per period). `signal` aborts when the lock
    * is lost; then `using` rejects with that {@link LockLostError} even if the routine
    * resolved. Rejects with {@link LockBusyError} when the lock could not be taken within
    * `wait`.
    */
   async using<T>(name: string, options: UsingOptions, routine: (signal: AbortSignal, lock: Lock) => Promise<T>): Promise<T> {
+    if (options.hold !== undefined && !(options.hold >= 1)) throw new TypeError("hold must be at least 1 ms");
     const lock = await this.acquire(name, options);
     if (!lock) throw new LockBusyError(name);
     let failed = false;
@@ -769,11 +789,12 @@ export class LockClient implements LockOwner {
       failed = true;
       throw e;
     } finally {
-      if (options.releaseOnExit === false) {
+      if (options.releaseOnExit === false && options.hold === undefined) {
         lock.keep();
       } else {
         try {
-          await lock.release();
+          if (options.hold !== undefined && !failed) await lock.releaseAfter(options.hold);
+          else await lock.release();
         } catch (e) {
           if (!failed && !lock.signal.aborted) throw e;
         }

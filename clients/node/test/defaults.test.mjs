@@ -259,6 +259,31 @@ test("once per period across five processes with 0-2 s of skew", async () => {
   }
 });
 
+test("hold: kept until the hold after the grant when the routine succeeds, released when it fails", async () => {
+  const server = await Server.start();
+  const lib = CLIENTS.find((l) => l.name === "node-redis 6");
+  const client = await lib.connect(server);
+  const locks = new LockClient(client);
+  try {
+    const key = name();
+    const t0 = Date.now();
+    // The routine outlasts the lease (renewed meanwhile); the lock then stays for the hold.
+    await locks.using(key, { ttl: 300, hold: 3000 }, () => sleep(500));
+    const left = await leaseMs(server.port, key);
+    const elapsed = Date.now() - t0;
+    // What is left of the hold (not a 300 ms lease): between its end seen from now and
+    // from the routine's end.
+    assert.ok(left >= 3000 - elapsed - 50 && left <= 3000 - 500 + 50, `lease ${left} ms after ${elapsed} ms`);
+    const failing = name();
+    await assert.rejects(locks.using(failing, { ttl: 300, hold: 3000 }, async () => Promise.reject(new Error("report failed"))), /report failed/);
+    assert.equal(await rawFence(server.port, failing), undefined, "released: another server may run it");
+  } finally {
+    await locks.close();
+    await lib.close(client);
+    server.close();
+  }
+});
+
 // ---------------------------------------------------------------- 9. confirmed grants
 
 describe("grants are confirmed on the replicas", () => {

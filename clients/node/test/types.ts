@@ -31,6 +31,8 @@ export async function usage(): Promise<bigint | undefined> {
     return 1;
   });
   await locks.using("cron", { ttl: 60_000, releaseOnExit: false }, async () => undefined);
+  await locks.using("daily", { ttl: 60_000, hold: 3_600_000 }, async () => undefined);
+  await (await locks.acquire("daily"))?.releaseAfter(3_600_000);
   const released: void = await (await locks.acquire("k", { confirm: false }))!.release();
   void released;
   const e: unknown = undefined;
