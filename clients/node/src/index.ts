@@ -179,7 +179,8 @@ export class ModuleNotLoadedError extends Error {
   constructor(readonly where: string) {
     super(
       `redis-lock: the redis-lock module is not loaded on ${where}; load it at start-up ` +
-        "(loadmodule /path/to/libredis_lock.so), see docs/quickstart-node.md in the redis-lock repository",
+        "(loadmodule target/release/libredis_lock.so of a build, or /usr/lib/redis/modules/redis-lock.so of the .deb), " +
+        "see docs/quickstart-node.md in the redis-lock repository",
     );
     this.name = "ModuleNotLoadedError";
   }

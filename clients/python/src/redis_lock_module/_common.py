@@ -66,7 +66,8 @@ def is_unknown_lock_command(e: BaseException) -> bool:
 def module_missing(where: str) -> ModuleNotLoadedError:
     return ModuleNotLoadedError(
         f"the redis-lock module is not loaded on {where}; load it at start-up "
-        f"(loadmodule /path/to/libredis_lock.so), see {SETUP_DOC}"
+        "(loadmodule target/release/libredis_lock.so of a build, or "
+        f"/usr/lib/redis/modules/redis-lock.so of the .deb), see {SETUP_DOC}"
     )
 
 
