@@ -188,7 +188,7 @@ class LockBase:
         self.local: Any = self._new_local()
 
     def _new_local(self) -> Any:
-        return SimpleNamespace(token=None, hold=None)
+        return SimpleNamespace(token=None, hold=None, fence=None)
 
     # ------------------------------------------------------------------ state
 
@@ -199,12 +199,12 @@ class LockBase:
 
     @property
     def fence(self) -> int:
-        """The fencing token of the current grant: pass it with every write. LockError
-        when this lock holds no grant here (not acquired, or released)."""
-        hold = self.local.hold
-        if hold is None:
-            raise self._error("Cannot read the fence of an unlocked lock")
-        fence: int = hold.fence
+        """The fencing token of the current grant: pass it with every write. After a
+        release, the last grant's; LockError when this lock was never acquired (here, in
+        this thread with ``thread_local``)."""
+        fence: Optional[int] = self.local.fence
+        if fence is None:
+            raise self._error("Cannot read the fence of a lock that was never acquired")
         return fence
 
     @property
@@ -318,6 +318,7 @@ class LockBase:
         hold = Hold(tok, fence, sent, self._event)
         self.local.token = tok
         self.local.hold = hold
+        self.local.fence = fence
         if self.auto_renew:
             self._start_renewal(hold)
         return True

@@ -27,6 +27,7 @@ class _Local(threading.local):
     # only has them in the thread that made the lock).
     token: Optional[bytes] = None
     hold: Optional[Hold] = None
+    fence: Optional[int] = None
 
 
 class Lock(LockBase):
