@@ -237,11 +237,29 @@ test("nor after the server died and the user closed the client", async () => {
 // ---------------------------------------------------------------- 3. once per period
 
 async function cron(server, key, keep) {
-  const start = Date.now() + 3000; // every process has started by then (2 cores, five Node starts)
   const skews = [0, 300, 900, 1400, 2000]; // cron on five servers, 0-2 s apart
-  const runs = await Promise.all(skews.map((s) => runNode("cron-child.mjs", [String(server.port), String(start + s), key, keep])));
-  for (const r of runs) assert.equal(r.code, 0, r.out);
-  return { runs: Number((await raw(server.port, "GET", `${key}:runs`)) ?? 0), outs: runs.map((r) => r.out) };
+  const children = skews.map((s) => {
+    const p = spawn(process.execPath, [path.join(HERE, "cron-child.mjs"), String(server.port), String(s), key, keep], { stdio: ["pipe", "pipe", "pipe"] });
+    const child = { out: "", ready: undefined, done: undefined };
+    child.ready = new Promise((resolve) =>
+      p.stdout.on("data", (d) => {
+        child.out += d;
+        if (child.out.includes("ready")) resolve();
+      }),
+    );
+    p.stderr.on("data", (d) => (child.out += d));
+    child.done = new Promise((resolve) => p.on("exit", (code) => resolve(code)));
+    child.start = (at) => p.stdin.end(`${at}\n`);
+    return child;
+  });
+  // The skews count from when every process has started and connected (five Node starts
+  // on a busy machine take a while).
+  await Promise.race([Promise.all(children.map((c) => c.ready)), Promise.all(children.map((c) => c.done))]);
+  const start = Date.now() + 100;
+  for (const c of children) c.start(start);
+  const codes = await Promise.all(children.map((c) => c.done));
+  codes.forEach((code, i) => assert.equal(code, 0, children[i].out));
+  return { runs: Number((await raw(server.port, "GET", `${key}:runs`)) ?? 0), outs: children.map((c) => c.out) };
 }
 
 test("once per period across five processes with 0-2 s of skew", async () => {
