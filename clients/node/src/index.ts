@@ -691,11 +691,15 @@ export class LockClient implements LockOwner {
         return undefined;
       }
     };
-    let online: number | undefined;
-    if (allowed("ROLE")) online = onlineInRole(await ask("ROLE", ["ROLE"]));
+    // ROLE and CONFIG GET together (one round trip); INFO only when ROLE is refused. A
+    // refused CONFIG (it would show every setting), or a renamed one: no setting we know.
+    const [role, config] = await Promise.all([
+      allowed("ROLE") ? ask("ROLE", ["ROLE"]) : undefined,
+      allowed("CONFIG") ? ask("CONFIG", ["CONFIG", "GET", "min-replicas-to-write"]) : undefined,
+    ]);
+    let online = onlineInRole(role);
     if (online === undefined && allowed("INFO")) online = onlineInInfo(await ask("INFO", ["INFO", "replication"]));
-    // Not allowed (it would show every setting), or renamed: no setting we know.
-    const toWrite = allowed("CONFIG") ? configValue(await ask("CONFIG", ["CONFIG", "GET", "min-replicas-to-write"])) : 0;
+    const toWrite = config === undefined ? 0 : configValue(config);
     const r = { at: Date.now(), online, toWrite };
     this.replicaCache.set(where, r);
     return r;

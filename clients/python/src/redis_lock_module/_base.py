@@ -545,24 +545,33 @@ class LockBase:
         user without it) is not asked again for a minute."""
         online: Optional[int] = None
         to_write = 0
+        # ROLE (or INFO when ROLE was refused) and CONFIG GET go out together: one round
+        # trip; INFO follows only when ROLE is refused now.
+        asks = [a for a in ("ROLE", "INFO") if not node.refuses(a)][:1]
+        if not node.refuses("CONFIG"):
+            asks.append("CONFIG")
+        commands = {
+            "ROLE": ["ROLE"],
+            "INFO": ["INFO", "replication"],
+            "CONFIG": ["CONFIG", "GET", "min-replicas-to-write"],
+        }
         try:
-            for ask in ("ROLE", "INFO"):
-                if node.refuses(ask):
-                    continue
-                yield (self._send, conn, ["ROLE"] if ask == "ROLE" else ["INFO", "replication"])
+            for ask in asks:
+                yield (self._send, conn, commands[ask])
+            while asks:
+                ask = asks.pop(0)
                 try:
                     reply = yield (self._read, conn, self.network_timeout)
-                except ResponseError:
+                except ResponseError:  # not allowed (an ACL user without it), renamed
                     node.remember_refused(ask)
+                    if ask == "ROLE" and not node.refuses("INFO"):
+                        asks.append("INFO")
+                        yield (self._send, conn, commands["INFO"])
                     continue
-                online = online_in_role(reply) if ask == "ROLE" else online_in_info(reply)
-                break
-            if not node.refuses("CONFIG"):
-                yield (self._send, conn, ["CONFIG", "GET", "min-replicas-to-write"])
-                try:
-                    to_write = config_value((yield (self._read, conn, self.network_timeout))) or 0
-                except ResponseError:  # not allowed (it would show every setting), renamed
-                    node.remember_refused("CONFIG")
+                if ask == "CONFIG":
+                    to_write = config_value(reply) or 0
+                else:
+                    online = online_in_role(reply) if ask == "ROLE" else online_in_info(reply)
         except NoReply:
             # Nothing was acquired yet: a plain timeout.
             raise TimeoutError(
