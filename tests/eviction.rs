@@ -374,3 +374,47 @@ fn writes_paused_right_after_the_eviction_the_lock_still_reads_held_and_comes_ba
         "the follower heard the holder left"
     );
 }
+
+#[test]
+fn a_shared_lock_in_a_lock_delay_comes_back_whole_on_the_replica_and_in_the_aof() {
+    let p = primary()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
+    let r = replica_of(&p, ServerBuilder::new());
+    let mut c = conn(&p);
+    let key = "lock:shared-delayed";
+    // One reader's lease ends without a release: a lock-delay runs beside the other.
+    take_px(
+        &mut c,
+        key,
+        &tok("evict-d1"),
+        300,
+        &["SHARED", "LOCKDELAY", "60000"],
+    );
+    let fence = take(&mut c, key, &tok("evict-d2"), &["SHARED"]);
+    assert!(
+        wait_until(SETTLE, || info_int(&mut c, key, "holders") == 1),
+        "the first reader's lease did not end"
+    );
+    assert!(info_int(&mut c, key, "lock-delay") > 0);
+    sleep(Duration::from_millis(2_500));
+    evict_the_lock(&mut c, "allkeys-lru");
+    assert!(
+        wait_until(SETTLE, || lock_stat(&mut c, "restored") == 1),
+        "not put back"
+    );
+    caught_up(&p, &r);
+    let mut rc = conn(&r);
+    let f = fence.to_string();
+    for (who, c) in [("primary", &mut c), ("replica", &mut rc)] {
+        assert_eq!(c.cmd(&["LOCK.CHECK", key, &f]), Resp::Int(1), "{who}");
+        assert_eq!(info_int(c, key, "holders"), 1, "{who}");
+        assert!(info_int(c, key, "lock-delay") > 0, "{who}: no lock-delay");
+    }
+    assert_eq!(c.cmd(&["DEBUG", "LOADAOF"]), ok());
+    assert!(
+        info_int(&mut c, key, "lock-delay") > 0,
+        "no lock-delay after the AOF replay"
+    );
+}

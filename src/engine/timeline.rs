@@ -304,7 +304,8 @@ impl<W> Engine<W> {
                 floor: 0,
             });
         }
-        if let (true, Some(until)) = (holders.is_empty(), delay) {
+        // A shared or counted lock can hold a lock-delay beside its holders.
+        if let Some(until) = delay {
             ks.replicate(Change::Delay { until });
         }
         self.reindex(key.0, &key.1, None, due.or(delay));
