@@ -418,3 +418,22 @@ fn a_shared_lock_in_a_lock_delay_comes_back_whole_on_the_replica_and_in_the_aof(
         "no lock-delay after the AOF replay"
     );
 }
+
+#[test]
+fn swapdb_right_after_the_eviction_puts_the_lock_back_in_its_new_db() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    let (key, a) = ("lock:swapped", tok("evict-s"));
+    let fence = take(&mut c, key, &a, &[]);
+    sleep(Duration::from_millis(2_500));
+    let r = evict_the_lock_then(&mut c, "allkeys-lru", &["SWAPDB", "0", "1"]);
+    assert_eq!(r, ok());
+    assert_eq!(lock_stat(&mut c, "evicted"), 1);
+    assert!(
+        wait_until(SETTLE, || lock_stat(&mut c, "restored") == 1),
+        "not put back"
+    );
+    assert_eq!(c.cmd(&["SELECT", "1"]), ok());
+    assert_eq!(info_int(&mut c, key, "fence"), fence);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", key, &a]), Resp::Int(1));
+}

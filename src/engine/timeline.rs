@@ -338,7 +338,17 @@ impl<W> Engine<W> {
 
     /// SWAPDB a b: the leases change dbs with their keys; both dbs' queues are served.
     pub fn swapped(&mut self, a: i32, b: i32, now: i64) {
-        self.restoring.retain(|(d, _), _| *d != a && *d != b);
+        // An evicted lock waiting to be put back moves with its db's keys.
+        for ((d, name), v) in std::mem::take(&mut self.restoring) {
+            let d = if d == a {
+                b
+            } else if d == b {
+                a
+            } else {
+                d
+            };
+            self.restore_later(d, &name, v);
+        }
         self.leases.swap_dbs(a, b);
         for db in [a, b] {
             for (d, name) in self.keys_with_waiters(Some(db)) {
