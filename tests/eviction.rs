@@ -437,3 +437,36 @@ fn swapdb_right_after_the_eviction_puts_the_lock_back_in_its_new_db() {
     assert_eq!(info_int(&mut c, key, "fence"), fence);
     assert_eq!(c.cmd(&["LOCK.RELEASE", key, &a]), Resp::Int(1));
 }
+
+#[test]
+fn a_lock_deleted_by_hand_is_not_put_back_when_a_string_of_its_name_is_evicted() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    let key = "lock:deleted";
+    set(&mut c, "maxmemory-policy", "allkeys-lru");
+    set(&mut c, "maxmemory", "512mb");
+    set(&mut c, "lock.allow-eviction", "yes");
+    take(&mut c, key, &tok("evict-del"), &[]);
+    set(&mut c, "lock.allow-eviction", "no");
+    // The operator deletes the lock; a classic string lock of the same name follows.
+    assert_eq!(c.cmd(&["DEL", key]), Resp::Int(1));
+    assert_eq!(
+        c.cmd(&["SET", key, "classic-token-0001", "NX", "PX", "60000"]),
+        ok()
+    );
+    sleep(Duration::from_millis(2_500));
+    evict_the_lock(&mut c, "allkeys-lru");
+    assert_eq!(c.cmd(&["EXISTS", key]), Resp::Int(0), "the string stayed");
+    sleep(Duration::from_millis(200));
+    assert_eq!(
+        c.cmd(&["LOCK.INFO", key]),
+        Resp::Nil,
+        "the deleted lock came back"
+    );
+    assert_eq!(lock_stat(&mut c, "restored"), 0);
+    assert_eq!(
+        lock_stat(&mut c, "evicted"),
+        0,
+        "a string counted as an evicted lock"
+    );
+}
