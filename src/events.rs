@@ -53,10 +53,10 @@ pub fn unlinked(db: i32, key: &[u8], v: &LockValue) {
         }
         st.engine.unlinked(db, key, v, moved, ffi::mono_us());
         // Kept until the `evicted` notification that may follow: a lock evicted while
-        // grants are refused for the eviction policy is put back. Nothing can evict a
-        // lock without such a policy.
+        // grants are refused for the eviction policy is put back. Nothing evicts while
+        // the server does not evict.
         st.last_unlinked = None;
-        if let (Some(_), Some(ctx)) = (crate::config::eviction_risk(), ffi::module_ctx()) {
+        if let (true, Some(ctx)) = (crate::config::evicts(), ffi::module_ctx()) {
             let kept = crate::config::eviction_refusal()
                 .is_some()
                 .then(|| v.clone());

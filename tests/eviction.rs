@@ -470,3 +470,18 @@ fn a_lock_deleted_by_hand_is_not_put_back_when_a_string_of_its_name_is_evicted()
         "a string counted as an evicted lock"
     );
 }
+
+#[test]
+fn a_lock_given_an_expiry_by_hand_and_evicted_under_volatile_lru_is_counted() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    let key = "lock:volatile";
+    take(&mut c, key, &tok("evict-v"), &[]);
+    assert_eq!(c.cmd(&["PEXPIRE", key, "600000"]), Resp::Int(1));
+    sleep(Duration::from_millis(2_500));
+    // The only key with an expiry: the one volatile-lru can take.
+    evict_the_lock(&mut c, "volatile-lru");
+    assert_eq!(c.cmd(&["EXISTS", key]), Resp::Int(0));
+    assert_eq!(lock_stat(&mut c, "evicted"), 1);
+    assert_eq!(lock_stat(&mut c, "restored"), 0);
+}
