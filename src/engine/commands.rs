@@ -101,6 +101,7 @@ impl<W> Engine<W> {
     ) -> Outcome<'a> {
         self.now = self.now.max(ks.clock().mono);
         self.restore_pending(ks);
+        let ks = &mut self.kept(ks);
         let changes = cmd.changes();
         let reply = match cmd {
             Command::Acquire(req) => self.try_acquire(ks, sched, req),
