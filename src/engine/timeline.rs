@@ -283,8 +283,19 @@ impl<W> Engine<W> {
             return;
         }
         let key: QueueKey = (ks.db(), ks.name().into());
-        if !self.restoring.contains_key(&key) || ks.gate() != Gate::Now {
+        if !self.restoring.contains_key(&key) {
             return;
+        }
+        match ks.gate() {
+            Gate::Now => {}
+            // Writes paused, loading: the next tick tries again.
+            Gate::Later => return,
+            // A replica (its primary decides) or a node that no longer serves the key:
+            // nothing to put back here.
+            Gate::Replica | Gate::NotHere => {
+                self.restoring.remove(&key);
+                return;
+            }
         }
         let Some(v) = self.restoring.remove(&key) else {
             return;
