@@ -44,7 +44,10 @@ impl std::fmt::Display for LossReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LossReason::NotHeld => write!(f, "the lock is no longer held by this token"),
-            LossReason::Expired => write!(f, "the lease expired without a successful renewal"),
+            LossReason::Expired => write!(
+                f,
+                "no renewal succeeded and the lease is about to end (or ended)"
+            ),
             LossReason::CapReached => write!(f, "the hold cap was reached"),
             LossReason::Failed(e) => write!(f, "renewal failed: {e}"),
         }

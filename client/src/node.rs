@@ -957,13 +957,15 @@ impl Node {
         cmd.arg(key).arg(token);
         let mut classic = redis::cmd("EVAL");
         classic.arg(RELEASE_LUA).arg(1).arg(key).arg(token);
-        // Not retried: a release that reached the server before its connection broke
-        // would answer 0 the second time, which would read as "not held".
+        // Sent again after a connection error on an older connection (a server that
+        // restarted, a Sentinel failover that killed the connection): the lock is free
+        // either way, though a release that had reached the server answers 0 the second
+        // time ("not held"). Not sending it again would leave the lock to its lease.
         self.owner_checked(
             ("LOCK.RELEASE", cmd),
             ("EVAL compare-and-delete", classic),
             limit,
-            false,
+            true,
         )
         .await
     }
