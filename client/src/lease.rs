@@ -618,7 +618,9 @@ async fn lease_task(
         }
         // When to wake: the next renewal if it would move the deadline, else the loss.
         let mut renew_at = None;
-        if let (Some(p), false, Some(d)) = (&plan, capped, due) {
+        // After a failure, a retry not due before the loss is not made (no busy loop).
+        let retry_too_late = failure.is_some() && due.is_some_and(|d| d >= lose_at);
+        if let (Some(p), false, Some(d), false) = (&plan, capped, due, retry_too_late) {
             // A lease that ends before the next renewal (a manual extend): renew now.
             let at = if d >= lose_at { now } else { d.max(now) };
             let ttl_then = ttl.min(p.cap_at.saturating_duration_since(at));
