@@ -76,8 +76,14 @@ fn ttl_ms(value: &[u8], unit_ms: i64, max_ttl: u64, cmd: &'static str) -> Result
     let ms = n
         .checked_mul(unit_ms)
         .and_then(|ms| u64::try_from(ms).ok())
-        .filter(|ms| *ms <= max_ttl)
         .ok_or(LockError::InvalidExpire(cmd))?;
+    if ms > max_ttl {
+        return Err(LockError::AboveMaxTtl {
+            cmd,
+            ms,
+            max: max_ttl,
+        });
+    }
     Ok(ms)
 }
 
@@ -421,8 +427,18 @@ mod tests {
         let inv = LockError::InvalidExpire("lock.acquire");
         assert_eq!(acq(&["PX", "0"]), Err(inv.clone()));
         assert_eq!(acq(&["PX", "-1"]), Err(inv.clone()));
-        assert_eq!(acq(&["PX", "86400001"]), Err(inv.clone()));
-        assert_eq!(acq(&["EX", "86401"]), Err(inv.clone()));
+        let above = |ms| LockError::AboveMaxTtl {
+            cmd: "lock.acquire",
+            ms,
+            max: 86_400_000,
+        };
+        assert_eq!(acq(&["PX", "86400001"]), Err(above(86_400_001)));
+        assert_eq!(acq(&["EX", "86401"]), Err(above(86_401_000)));
+        assert_eq!(
+            above(518_400_000).to_string(),
+            "ERR invalid expire time in 'lock.acquire' command: 518400000 ms is above \
+             lock.max-ttl (86400000 ms)"
+        );
         assert_eq!(acq(&["EX", "9223372036854775807"]), Err(inv));
         assert_eq!(acq(&["PX", "x"]), Err(LockError::NotInteger));
         assert_eq!(

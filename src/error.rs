@@ -11,8 +11,15 @@ pub enum LockError {
     Syntax(String),
     /// A numeric argument that is not a 64-bit integer.
     NotInteger,
-    /// TTL out of range (<= 0, above lock.max-ttl, or now+ttl overflows).
+    /// TTL out of range (<= 0, or its ms overflow).
     InvalidExpire(&'static str),
+    /// TTL above `lock.max-ttl`: what was asked and the limit, in ms, so that the reply
+    /// names the setting (a `--hold 144h` refused by a 24 h limit says why).
+    AboveMaxTtl {
+        cmd: &'static str,
+        ms: u64,
+        max: u64,
+    },
     /// BLOCK negative or not an integer.
     InvalidTimeout(&'static str),
     /// TOKEN or OWNER too short or too long.
@@ -97,6 +104,11 @@ impl fmt::Display for LockError {
             LockError::InvalidExpire(cmd) => {
                 write!(f, "ERR invalid expire time in '{cmd}' command")
             }
+            LockError::AboveMaxTtl { cmd, ms, max } => write!(
+                f,
+                "ERR invalid expire time in '{cmd}' command: {ms} ms is above lock.max-ttl \
+                 ({max} ms)"
+            ),
             LockError::InvalidTimeout(why) => write!(f, "ERR timeout {why}"),
             LockError::BadLength { what, min, max } if *what == "TOKEN" && *min > 1 => write!(
                 f,
@@ -233,6 +245,11 @@ mod tests {
             LockError::Syntax("x".into()),
             LockError::NotInteger,
             LockError::InvalidExpire("lock.extend"),
+            LockError::AboveMaxTtl {
+                cmd: "lock.acquire",
+                ms: 2,
+                max: 1,
+            },
             LockError::InvalidTimeout("is negative"),
             LockError::BadLength {
                 what: "TOKEN",

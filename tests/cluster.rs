@@ -42,13 +42,13 @@ fn info_field(v: &Value, field: &str) -> Option<Value> {
     };
     pairs
         .into_iter()
-        .find(|(k, _)| redis::from_redis_value::<String>(k).ok().as_deref() == Some(field))
+        .find(|(k, _)| redis::from_redis_value_ref::<String>(k).ok().as_deref() == Some(field))
         .map(|(_, v)| v.clone())
 }
 
 fn info_int(v: &Value, field: &str) -> i64 {
     let f = info_field(v, field).unwrap_or_else(|| panic!("no {field} in {v:?}"));
-    redis::from_redis_value(&f).unwrap()
+    redis::from_redis_value_ref(&f).unwrap()
 }
 
 fn waiters_on(server: &Server) -> Option<String> {
@@ -88,7 +88,7 @@ fn lock_commands_work_on_every_master_through_a_cluster_client() {
         // INFO through the cluster client.
         let info: Value = redis::cmd("LOCK.INFO").arg(key).query(&mut cc).unwrap();
         assert_eq!(info_int(&info, "fence"), fence);
-        let o: String = redis::from_redis_value(&info_field(&info, "owner").unwrap()).unwrap();
+        let o: String = redis::from_redis_value_ref(&info_field(&info, "owner").unwrap()).unwrap();
         assert_eq!(o, owner);
 
         // Held: another token does not get it.

@@ -256,6 +256,22 @@ fn bad_ttl_token_owner_block_and_minfence_values() {
     ] {
         expect_err_s(&mut c, args, "ERR", "invalid expire time");
     }
+    // Above the limit the message names the setting, the limit and what was asked, so
+    // that a `--hold 144h` refused by a 24 h limit says why.
+    for (args, text) in [
+        (
+            &["LOCK.ACQUIRE", "lock:x", "PX", "518400000"][..],
+            "ERR invalid expire time in 'lock.acquire' command: 518400000 ms is above \
+             lock.max-ttl (86400000 ms)",
+        ),
+        (
+            &["LOCK.EXTEND", "lock:e", t1, "EX", "86401"],
+            "ERR invalid expire time in 'lock.extend' command: 86401000 ms is above \
+             lock.max-ttl (86400000 ms)",
+        ),
+    ] {
+        assert_eq!(c.cmd(args), Resp::Error(text.into()), "{args:?}");
+    }
     // Also on a key that is not held / held by someone else: the arguments are checked
     // first, so a bad TTL is an error rather than a quiet 0.
     expect_err_s(

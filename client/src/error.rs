@@ -68,9 +68,14 @@ pub enum Error {
         /// What did not happen (e.g. `"the guarded command did not run"`).
         what: &'static str,
     },
-    /// Redlock: fewer than a majority of the nodes answered (down, stopped, or too slow).
+    /// A TLS connection the server ended, with what probably went wrong (a client
+    /// certificate the server requires and was not given).
+    Tls { node: String, detail: String },
+    /// Redlock: fewer than a majority of the nodes could be asked at all (down, stopped,
+    /// too slow, a wrong password, a grant they could not confirm): neither a grant nor
+    /// "held elsewhere" can be told.
     NoQuorum {
-        /// Nodes that answered.
+        /// Nodes that answered (granted, or said the lock is held elsewhere).
         answered: usize,
         /// The majority needed.
         needed: usize,
@@ -135,6 +140,22 @@ impl Error {
     pub fn is_usage_error(&self) -> bool {
         matches!(self, Error::Invalid(_) | Error::ModuleMissing { .. })
             || matches!(self.server_code(), Some("WRONGMODE" | "LIMITMISMATCH"))
+            || self.is_lease_too_long()
+    }
+
+    /// True when the server refused a lease this long: above its `lock.max-ttl` (the
+    /// module's message names the setting and the limit). An acquire with a
+    /// [hold](crate::AcquireOptions::hold) is refused so before anything is taken.
+    pub fn is_lease_too_long(&self) -> bool {
+        match self {
+            Error::Redis { error, .. } => {
+                error.code() == Some("ERR")
+                    && error
+                        .detail()
+                        .is_some_and(|d| d.starts_with("invalid expire time"))
+            }
+            _ => false,
+        }
     }
 
     /// True for [`Error::NotHeld`]: the lock was not held by this holder, so the guarded
@@ -153,7 +174,7 @@ impl Error {
     pub(crate) fn is_unknown_command(&self) -> bool {
         match self {
             Error::Redis { error: e, .. } => {
-                e.kind() == redis::ErrorKind::ResponseError
+                e.code() == Some("ERR")
                     && e.to_string()
                         .to_ascii_lowercase()
                         .contains("unknown command")
@@ -169,6 +190,7 @@ impl Error {
             | Error::Timeout { node, .. }
             | Error::ModuleMissing { node, .. }
             | Error::Unconfirmed { node, .. }
+            | Error::Tls { node, .. }
             | Error::NotHeld { node, .. } => Some(node),
             _ => None,
         }
@@ -228,7 +250,7 @@ impl fmt::Display for Error {
                 if after.is_zero() {
                     write!(
                         f,
-                        "{node}: only {} replica(s) connected, {needed} expected: the grant \
+                        "{node}: only {} replica(s) online, {needed} expected: the grant \
                          was given back (it would not survive a failover)",
                         connected.unwrap_or(0)
                     )
@@ -243,6 +265,7 @@ impl fmt::Display for Error {
                     )
                 }
             }
+            Error::Tls { node, detail } => write!(f, "{node}: {detail}"),
             Error::NotHeld { node, key, what } => write!(
                 f,
                 "{node}: {key} is not held by this holder any more (its lease ended, or it \
@@ -254,7 +277,8 @@ impl fmt::Display for Error {
                 error,
             } => write!(
                 f,
-                "only {answered} node(s) answered, a majority needs {needed} (e.g. {error})"
+                "only {answered} node(s) answered, a majority needs {needed}: not acquired, \
+                 and not known to be held elsewhere (e.g. {error})"
             ),
         }
     }
@@ -272,6 +296,7 @@ impl fmt::Debug for Error {
             Error::ModuleMissing { .. } => "ModuleMissing",
             Error::Unconfirmed { .. } => "Unconfirmed",
             Error::NotHeld { .. } => "NotHeld",
+            Error::Tls { .. } => "Tls",
             Error::NoQuorum { .. } => "NoQuorum",
         };
         write!(f, "{variant}({self})")
@@ -289,12 +314,12 @@ impl std::error::Error for Error {
 mod tests {
     use super::*;
 
+    /// The error of a server's `-ERR text` reply.
     fn reply(text: &str) -> redis::RedisError {
-        redis::RedisError::from((
-            redis::ErrorKind::ResponseError,
-            "An error was signalled by the server",
-            text.to_string(),
-        ))
+        match redis::parse_redis_value(format!("-ERR {text}\r\n").as_bytes()) {
+            Ok(redis::Value::ServerError(e)) => e.into(),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -316,6 +341,18 @@ mod tests {
             assert!(text.contains("unknown command 'LOCK.ACQUIRE'"), "{text}");
         }
         assert!(e.is_unknown_command());
+        let e = Error::redis(
+            "h:1",
+            reply(
+                "invalid expire time in 'lock.extend' command: 518400000 ms is above \
+                 lock.max-ttl (86400000 ms)",
+            ),
+        );
+        assert!(e.is_lease_too_long() && e.is_usage_error());
+        assert!(
+            e.to_string().ends_with("above lock.max-ttl (86400000 ms)"),
+            "{e}"
+        );
         // Other replies are shown whole.
         let e = Error::redis("h:1", reply("TOKEN must be 16 to 256 bytes long"));
         assert_eq!(e.to_string(), "h:1: ERR TOKEN must be 16 to 256 bytes long");

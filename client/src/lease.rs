@@ -27,12 +27,16 @@ pub enum LossReason {
     /// expired, or an administrator ran LOCK.FORCERELEASE). For Redlock: fewer than a
     /// majority of nodes confirmed the renewal within the validity time.
     NotHeld,
-    /// The lease deadline passed without a successful renewal (no renewal configured, or
-    /// the server did not answer in time).
+    /// The lease was about to end without a successful renewal: the server did not
+    /// answer in time (the signal comes the renewal's margin before the lease can end,
+    /// [`Renewal::margin`](crate::Renewal)), or no renewal was configured (at the
+    /// deadline).
     Expired,
-    /// Automatic renewal stopped at the hold cap ([`Renewal::max_hold`](crate::Renewal)).
+    /// Automatic renewal stopped at the hold cap ([`Renewal::max_hold`](crate::Renewal));
+    /// the signal comes the margin before the lease ends there.
     CapReached,
-    /// A renewal failed (connection refused or reset, error reply, ...).
+    /// A renewal failed: an error reply (at once), or a connection refused or reset on
+    /// every try until the margin before the lease can end.
     Failed(String),
 }
 
@@ -40,7 +44,10 @@ impl std::fmt::Display for LossReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LossReason::NotHeld => write!(f, "the lock is no longer held by this token"),
-            LossReason::Expired => write!(f, "the lease expired without a successful renewal"),
+            LossReason::Expired => write!(
+                f,
+                "no renewal succeeded and the lease is about to end (or ended)"
+            ),
             LossReason::CapReached => write!(f, "the hold cap was reached"),
             LossReason::Failed(e) => write!(f, "renewal failed: {e}"),
         }
@@ -177,12 +184,6 @@ impl Backend {
     }
 }
 
-/// What the lease task needs to renew.
-struct Plan {
-    interval: Duration,
-    cap_at: Instant,
-}
-
 /// A held lock. Dropping it stops renewal and releases the lock in a spawned task (best
 /// effort); [`release`](Self::release) does it and reports the outcome.
 pub struct LockGuard {
@@ -237,6 +238,7 @@ impl LockGuard {
             .map(|(r, interval)| Plan {
                 interval,
                 cap_at: acquired_at + r.max_hold,
+                margin: opts.loss_margin(),
             });
         let task = tokio::spawn(lease_task(
             backend.clone(),
@@ -559,6 +561,27 @@ fn current_deadline(status: &watch::Sender<LeaseStatus>) -> Option<Instant> {
     }
 }
 
+/// What the lease task needs to renew.
+struct Plan {
+    interval: Duration,
+    cap_at: Instant,
+    /// The loss signal fires this long before the lease can end when it was not renewed.
+    margin: Duration,
+}
+
+impl Plan {
+    /// The pause before another try after a failed renewal.
+    fn retry_pause(&self) -> Duration {
+        (self.interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(500))
+    }
+}
+
+/// A failed renewal that may succeed when tried again: no answer in time, a connection
+/// refused or reset (a server restarting, a Sentinel failover), too few Redlock nodes.
+fn retryable(e: &Error) -> bool {
+    matches!(e, Error::Timeout { .. } | Error::NoQuorum { .. }) || e.is_connection_error()
+}
+
 async fn lease_task(
     backend: Backend,
     name: String,
@@ -568,41 +591,47 @@ async fn lease_task(
     status: Arc<watch::Sender<LeaseStatus>>,
 ) {
     let mut rx = status.subscribe();
-    let mut last_renewal = Instant::now();
+    let margin = plan.as_ref().map_or(Duration::ZERO, |p| p.margin);
+    // When the next renewal is due (pushed back after each success, brought forward to
+    // a short pause after a failure that may pass).
+    let mut due = plan.as_ref().map(|p| Instant::now() + p.interval);
     // True once renewal reached the cap: the lease then runs out, as CapReached.
     let mut capped = false;
+    // The last renewal that failed (while retrying): the reason if none succeeds.
+    let mut failure: Option<String> = None;
     loop {
         rx.borrow_and_update();
         let Some(deadline) = current_deadline(&status) else {
             return;
         };
         let now = Instant::now();
-        if now >= deadline {
-            let reason = if capped {
-                LossReason::CapReached
-            } else {
-                LossReason::Expired
+        // The loss signal comes `margin` before the lease can end.
+        let lose_at = deadline.checked_sub(margin).unwrap_or(now);
+        if now >= lose_at {
+            let reason = match (capped, failure.take()) {
+                (true, _) => LossReason::CapReached,
+                (false, Some(e)) => LossReason::Failed(e),
+                (false, None) => LossReason::Expired,
             };
             mark_lost(&status, reason);
             return;
         }
-        // When to wake: the next renewal if it would move the deadline, else the deadline.
+        // When to wake: the next renewal if it would move the deadline, else the loss.
         let mut renew_at = None;
-        if let (Some(p), false) = (&plan, capped) {
-            let mut due = last_renewal + p.interval;
-            if due >= deadline {
-                due = now; // a lease shorter than the interval (a manual extend): now
-            }
-            let due = due.max(now);
-            let ttl_then = ttl.min(p.cap_at.saturating_duration_since(due));
-            let reach = due + ttl_then.saturating_sub(drift(ttl_then));
+        // After a failure, a retry not due before the loss is not made (no busy loop).
+        let retry_too_late = failure.is_some() && due.is_some_and(|d| d >= lose_at);
+        if let (Some(p), false, Some(d), false) = (&plan, capped, due, retry_too_late) {
+            // A lease that ends before the next renewal (a manual extend): renew now.
+            let at = if d >= lose_at { now } else { d.max(now) };
+            let ttl_then = ttl.min(p.cap_at.saturating_duration_since(at));
+            let reach = at + ttl_then.saturating_sub(drift(ttl_then));
             if ttl_then >= Duration::from_millis(1) && reach > deadline {
-                renew_at = Some(due);
+                renew_at = Some(at);
             } else {
                 capped = true;
             }
         }
-        let wake = renew_at.unwrap_or(deadline);
+        let wake = renew_at.unwrap_or(lose_at);
         tokio::select! {
             _ = sleep_until(wake.into()) => {}
             changed = rx.changed() => {
@@ -613,13 +642,14 @@ async fn lease_task(
             }
         }
         let (Some(p), Some(_)) = (&plan, renew_at) else {
-            continue; // the deadline: the top of the loop declares the loss
+            continue; // the loss time: the top of the loop declares the loss
         };
         let now = Instant::now();
         let Some(deadline) = current_deadline(&status) else {
             return;
         };
-        if now >= deadline {
+        let lose_at = deadline.checked_sub(margin).unwrap_or(now);
+        if now >= lose_at {
             continue;
         }
         let ttl_now = ttl.min(p.cap_at.saturating_duration_since(now));
@@ -627,11 +657,8 @@ async fn lease_task(
             capped = true;
             continue;
         }
-        if ttl_now < ttl {
-            capped = true; // the last stretch, up to the cap: no renewal after this one
-        }
-        last_renewal = now;
-        let limit = deadline - now;
+        // One attempt, bounded by the I/O timeout and the time left before the loss.
+        let limit = backend.io_timeout().min(lose_at - now);
         match backend.extend(&name, &token, ttl_now, limit).await {
             Ok(Some(d)) => {
                 status.send_if_modified(|s| match s {
@@ -642,14 +669,19 @@ async fn lease_task(
                     _ => false,
                 });
                 log::debug!("{name}: lease renewed for {} ms", ttl_now.as_millis());
+                failure = None;
+                due = Some(now + p.interval);
+                // The last stretch, up to the cap: no renewal after this one.
+                capped = ttl_now < ttl;
             }
             Ok(None) => {
                 mark_lost(&status, LossReason::NotHeld);
                 return;
             }
-            Err(Error::Timeout { .. }) if Instant::now() >= deadline => {
-                mark_lost(&status, LossReason::Expired);
-                return;
+            Err(e) if retryable(&e) => {
+                log::debug!("{name}: renewal failed ({e}); trying again");
+                failure = (!matches!(e, Error::Timeout { .. })).then(|| e.to_string());
+                due = Some(Instant::now() + p.retry_pause());
             }
             Err(e) => {
                 mark_lost(&status, LossReason::Failed(e.to_string()));

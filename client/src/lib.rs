@@ -108,12 +108,18 @@ mod options;
 pub mod redlock;
 mod single;
 mod stats;
+mod target;
 
 pub use election::{CampaignOptions, Leader, Leadership, ObserveOptions, Observer};
 pub use error::{Error, Result};
 pub use info::{HolderInfo, LockInfo};
 pub use lease::{LeaseStatus, LeaseWatch, LockGuard, LossReason};
-pub use node::redact_url;
-pub use options::{drift, AcquireOptions, ClientOptions, Confirm, LockMode, Renewal, MAX_LIMIT};
+pub use options::{
+    drift, AcquireOptions, ClientOptions, Confirm, LockMode, Renewal, Tls, MAX_LIMIT,
+};
+/// The `redis` crate this client is built on: hand [`LockClient::from_client`] a
+/// `redis::Client`, and [`LockGuard::if_held`] a `redis::Cmd`, of this version.
+pub use redis;
 pub use redlock::{Redlock, RedlockOptions};
 pub use single::LockClient;
+pub use target::redact_url;

@@ -7,11 +7,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{AsyncConnectionConfig, Cmd, ConnectionAddr, FromRedisValue, Value};
+use redis::cluster_routing::Slot;
+use redis::{Cmd, FromRedisValue, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Mutex;
 use tokio::time::timeout;
@@ -19,6 +16,7 @@ use tokio::time::timeout;
 use crate::error::{Error, Result, MODULE_HELP};
 use crate::info::LockInfo;
 use crate::options::{millis, ClientOptions, Confirm, LockMode};
+use crate::target::{Conn, Reached, Target};
 
 /// Owner-checked delete: the classic release of a `SET NX PX` lock.
 const RELEASE_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
@@ -58,45 +56,6 @@ pub(crate) struct ConfirmBudget {
     pub limit: Duration,
 }
 
-#[derive(Clone)]
-enum Conn {
-    Plain(MultiplexedConnection),
-    Cluster(ClusterConnection),
-}
-
-impl Conn {
-    async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> redis::RedisResult<T> {
-        match self {
-            Conn::Plain(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => cmd.query_async(c).await,
-        }
-    }
-
-    /// A keyless command (`WAIT`, `INFO`, `CONFIG GET`) sent where `key` lives: on a
-    /// cluster, to the master of its slot over the connection that carried the key's
-    /// commands (which is what `WAIT` counts).
-    async fn query_at<T: FromRedisValue>(&mut self, cmd: &Cmd, key: &str) -> redis::RedisResult<T> {
-        match self {
-            Conn::Plain(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => {
-                let route = Route::new(get_slot(key.as_bytes()), SlotAddr::Master);
-                let v = c
-                    .route_command(
-                        cmd,
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                    )
-                    .await?;
-                T::from_redis_value(&v)
-            }
-        }
-    }
-}
-
-enum Target {
-    Plain(redis::Client),
-    Cluster(String),
-}
-
 /// The shared (multiplexed) connection and a generation number, so that a failed call
 /// only drops the connection it used, not a newer one.
 struct Shared {
@@ -130,10 +89,11 @@ impl Dedicated {
     }
 }
 
-/// What `INFO replication` (and `CONFIG GET min-replicas-to-write`) said.
+/// What `ROLE` (or `INFO replication`) and `CONFIG GET min-replicas-to-write` said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Replicas {
-    /// Replicas in state `online`.
+    /// Replicas online: their sync is done (`ROLE` lists only those; `INFO
+    /// replication` says `state=online`).
     online: u32,
     /// `min-replicas-to-write` (0: not set, or not readable).
     min_to_write: u32,
@@ -152,33 +112,15 @@ pub(crate) struct Node {
     module: AtomicU8,
     fallback_noted: AtomicBool,
     /// Per slot on a cluster (`None` on a standalone server).
-    replicas: std::sync::Mutex<HashMap<Option<u16>, (Instant, Replicas)>>,
+    replicas: std::sync::Mutex<HashMap<Option<Slot>, (Instant, Replicas)>>,
+    /// When `CONFIG GET` was last refused to this user (not asked again for a while:
+    /// each refusal is an `ACL LOG` entry).
+    config_refused: std::sync::Mutex<Option<Instant>>,
     pub opts: ClientOptions,
 }
 
-/// `url` without the user name and password (`redis://host:port/db`); `"<the URL>"`
-/// when it does not parse (then it cannot be cleaned reliably).
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            let _ = u.set_password(None);
-            let _ = u.set_username("");
-            u.to_string()
-        }
-        Err(_) => "<the URL>".into(),
-    }
-}
-
-fn cluster_client(
-    url: &str,
-    connect: Duration,
-    response: Duration,
-) -> redis::RedisResult<ClusterClient> {
-    ClusterClientBuilder::new(vec![url.to_string()])
-        .connection_timeout(connect)
-        .response_timeout(response)
-        .build()
-}
+/// How long a refused `CONFIG GET` is not asked again.
+const CONFIG_REFUSED_FOR: Duration = Duration::from_secs(60);
 
 /// A random duration in `[base - spread, base + spread]` (for retry jitter).
 pub(crate) fn jitter(base: Duration, spread: Duration) -> Duration {
@@ -217,7 +159,7 @@ pub(crate) fn guarded_cmd(head: &str, key: &str, credential: &[u8], cmd: &Cmd) -
             redis::Arg::Simple(b) => {
                 c.arg(b);
             }
-            redis::Arg::Cursor => {
+            _ => {
                 return Err(Error::Invalid(format!(
                     "{head} cannot wrap a command with a cursor argument"
                 )))
@@ -225,6 +167,22 @@ pub(crate) fn guarded_cmd(head: &str, key: &str, credential: &[u8], cmd: &Cmd) -
         }
     }
     Ok(c)
+}
+
+/// `ROLE` of a primary: `["master", offset, [[ip, port, offset], ...]]`, whose list has
+/// the replicas online only (a replica in its full sync is not in it). `None` for
+/// another shape (a replica, a sentinel).
+fn role_replicas(v: &Value) -> Option<u32> {
+    let Value::Array(items) = v else { return None };
+    let role = match items.first()? {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        _ => return None,
+    };
+    match (role.as_str(), items.get(2)?) {
+        ("master", Value::Array(replicas)) => u32::try_from(replicas.len()).ok(),
+        _ => None,
+    }
 }
 
 /// `INFO replication`: how many replicas are online.
@@ -287,32 +245,23 @@ impl Node {
     /// A node for `url`; `cluster` routes commands by key across a Redis Cluster.
     /// Nothing is connected yet.
     pub fn new(url: &str, opts: ClientOptions, cluster: bool) -> Result<Node> {
-        // A URL that does not parse is never echoed: it may hold a password.
-        let bad_url = |_: redis::RedisError| {
-            Error::Invalid(format!(
-                "{} is not a server URL; write redis://HOST:PORT, rediss://HOST:PORT for \
-                 TLS, or unix:///path/to/socket",
-                redact_url(url)
-            ))
-        };
-        let client = redis::Client::open(url).map_err(bad_url)?;
-        let addr = client.get_connection_info().addr.clone();
-        let tls = match &addr {
-            ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
-            _ => None,
-        };
-        let target = if cluster {
-            // Validate the URL now; connections are made on first use.
-            cluster_client(url, opts.connect_timeout, opts.io_timeout).map_err(bad_url)?;
-            Target::Cluster(url.to_string())
-        } else {
-            Target::Plain(client)
-        };
-        Ok(Node {
-            label: addr.to_string(),
-            shown_url: redact_url(url),
-            tls,
-            target,
+        let reached = Reached::from_url(url, &opts, cluster)?;
+        Ok(Self::with(reached, crate::target::redact_url(url), opts))
+    }
+
+    /// A node for an application's own client (one server).
+    pub fn from_client(client: redis::Client, opts: ClientOptions) -> Node {
+        let reached = Reached::from_client(client);
+        let shown = reached.label.clone();
+        Self::with(reached, shown, opts)
+    }
+
+    fn with(reached: Reached, shown_url: String, opts: ClientOptions) -> Node {
+        Node {
+            label: reached.label,
+            shown_url,
+            tls: reached.tls_addr,
+            target: reached.target,
             shared: Mutex::new(Shared {
                 generation: 0,
                 conn: None,
@@ -320,8 +269,9 @@ impl Node {
             module: AtomicU8::new(MODULE_UNKNOWN),
             fallback_noted: AtomicBool::new(false),
             replicas: std::sync::Mutex::new(HashMap::new()),
+            config_refused: std::sync::Mutex::new(None),
             opts,
-        })
+        }
     }
 
     /// Asks the server whether it runs in cluster mode (`INFO cluster`), within the
@@ -335,16 +285,28 @@ impl Node {
             },
             false,
         )?;
+        if probe.target.is_sentinel() {
+            return Ok(false); // Sentinel watches standalone servers
+        }
         let mut cmd = redis::cmd("INFO");
         cmd.arg("cluster");
-        let info: String = probe
-            .run(Call::once(
-                "INFO cluster",
-                &cmd,
-                opts.connect_timeout + opts.io_timeout,
-            ))
-            .await?;
-        Ok(info.lines().any(|l| l.trim() == "cluster_enabled:1"))
+        let limit = opts.connect_timeout + opts.io_timeout;
+        match probe
+            .run::<String>(Call::once("INFO cluster", &cmd, limit))
+            .await
+        {
+            Ok(info) => Ok(info.lines().any(|l| l.trim() == "cluster_enabled:1")),
+            // A user that may only lock: nothing else needs INFO.
+            Err(e) if e.server_code() == Some("NOPERM") => {
+                log::debug!(
+                    "{}: INFO cluster is not allowed to this user ({e}); taken for a \
+                     standalone server (ClientOptions::cluster says otherwise)",
+                    probe.label
+                );
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub fn module_missing(&self) -> bool {
@@ -415,28 +377,9 @@ impl Node {
     /// Opens a connection of its own within `connect`; `response` limits each reply on
     /// it (`None`: no limit of its own, the caller bounds every call).
     async fn open(&self, connect: Duration, response: Option<Duration>) -> Result<Conn> {
-        let attempt = async {
-            match &self.target {
-                Target::Plain(client) => {
-                    let mut cfg = AsyncConnectionConfig::new().set_connection_timeout(connect);
-                    if let Some(r) = response {
-                        cfg = cfg.set_response_timeout(r);
-                    }
-                    client
-                        .get_multiplexed_async_connection_with_config(&cfg)
-                        .await
-                        .map(Conn::Plain)
-                }
-                Target::Cluster(url) => {
-                    let client =
-                        cluster_client(url, connect, response.unwrap_or(self.opts.io_timeout))?;
-                    client.get_async_connection().await.map(Conn::Cluster)
-                }
-            }
-        };
-        match timeout(connect, attempt).await {
+        match timeout(connect, self.target.open(connect, response)).await {
             Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) if !e.is_timeout() => Err(Error::redis(&self.label, e)),
+            Ok(Err(e)) if !e.is_timeout() => Err(self.connect_error(e)),
             _ => Err(Error::Timeout {
                 node: self.label.clone(),
                 what: "connect",
@@ -444,6 +387,32 @@ impl Node {
                 hint: self.tls_hint().await,
             }),
         }
+    }
+
+    /// A failed connection attempt; over TLS without a client certificate, a connection
+    /// the server closed is most likely its demand for one (Redis's `tls-auth-clients
+    /// yes`, its default): the message says so.
+    fn connect_error(&self, e: redis::RedisError) -> Error {
+        let no_client_cert = self
+            .opts
+            .tls
+            .as_ref()
+            .is_none_or(|t| t.client_cert.is_none());
+        // rustls says `received fatal alert: CertificateRequired` (TLS 1.3), or the
+        // connection just ends.
+        let refused = e.to_string().contains("CertificateRequired") || e.is_connection_dropped();
+        if self.tls.is_some() && no_client_cert && refused {
+            return Error::Tls {
+                node: self.label.clone(),
+                detail: format!(
+                    "the server refused the TLS connection ({}): it requires a client \
+                     certificate (tls-auth-clients yes, Redis's default); give one (--cert \
+                     and --key, or ClientOptions::tls)",
+                    crate::error::scrub(&e.to_string())
+                ),
+            };
+        }
+        Error::redis(&self.label, e)
     }
 
     /// The shared connection, made on first use or after a connection error.
@@ -487,18 +456,26 @@ impl Node {
         };
         let r = r.map_err(|e| Error::redis(&self.label, e));
         if let (Err(e), Some(generation)) = (&r, s.generation) {
-            if e.is_connection_error() {
+            if e.is_connection_error() || self.demoted(e) {
                 self.drop_conn(generation).await;
             }
         }
         r
     }
 
+    /// True for `READONLY` from the primary a Sentinel named: it was demoted by a
+    /// failover. Nothing ran, so any command may be sent again, on a connection to the
+    /// primary the Sentinel names now.
+    fn demoted(&self, e: &Error) -> bool {
+        self.target.is_sentinel() && e.server_code() == Some("READONLY")
+    }
+
     /// Runs one command on the shared connection within its `limit` (connecting included).
     /// With `retry`, for commands that may be sent twice (an acquire with our token is
     /// an idempotent renew, an extend sets the same lease): a connection error on a
     /// connection made earlier (a server restarted since, an idle connection closed) is
-    /// retried once on a fresh connection, within the same limit.
+    /// retried once on a fresh connection, within the same limit. Any command is sent
+    /// again after a Sentinel failover demoted its server (`READONLY`: nothing ran).
     pub(crate) async fn run<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T> {
         let Call {
             what,
@@ -512,7 +489,11 @@ impl Node {
             loop {
                 let mut s = self.session(connect).await?;
                 match self.query::<T>(&mut s, cmd, None).await {
-                    Err(e) if retry && first && !s.fresh && e.is_connection_error() => {
+                    Err(e)
+                        if first
+                            && !s.fresh
+                            && (retry && e.is_connection_error() || self.demoted(&e)) =>
+                    {
                         log::debug!(
                             "{}: {what} failed ({e}); retrying on a new connection",
                             self.label
@@ -682,7 +663,9 @@ impl Node {
                 let mut s = self.session(connect).await?;
                 match self.acquire_on(&mut s, req, min_fence).await {
                     // Sent again with the same token it is an idempotent renew.
-                    Err(e) if first && !s.fresh && e.is_connection_error() => {
+                    Err(e)
+                        if first && !s.fresh && (e.is_connection_error() || self.demoted(&e)) =>
+                    {
                         log::debug!(
                             "{}: acquire failed ({e}); retrying on a new connection",
                             self.label
@@ -765,7 +748,7 @@ impl Node {
     /// What `INFO replication` says of the replicas of the server that holds `key`,
     /// reused for a second unless `fresh`.
     async fn replicas(&self, s: &mut Session, key: &str, fresh: bool) -> Result<Replicas> {
-        let slot = matches!(self.target, Target::Cluster(_)).then(|| get_slot(key.as_bytes()));
+        let slot = self.target.is_cluster().then(|| Slot::for_key(key));
         if !fresh {
             let cache = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((at, r)) = cache.get(&slot) {
@@ -774,8 +757,11 @@ impl Node {
                 }
             }
         }
-        let mut info = redis::cmd("INFO");
-        info.arg("replication");
+        let ask_config = self
+            .config_refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none_or(|at| at.elapsed() >= CONFIG_REFUSED_FOR);
         let mut config = redis::cmd("CONFIG");
         config.arg("GET").arg("min-replicas-to-write");
         let mut other = Session {
@@ -783,21 +769,48 @@ impl Node {
             conn: s.conn.clone(),
             fresh: s.fresh,
         };
-        let (info, config) = futures_util::join!(
-            self.query::<String>(s, &info, Some(key)),
-            self.query::<Value>(&mut other, &config, Some(key))
-        );
-        let min_to_write = match config {
-            Ok(v) => config_value(&v).unwrap_or(0),
-            Err(e) => {
-                // CONFIG may be denied to this user or renamed; the server enforces the
-                // setting itself (NOREPLICAS) anyway.
-                log::debug!("{}: CONFIG GET min-replicas-to-write: {e}", self.label);
-                0
+        let config = async {
+            match ask_config {
+                true => Some(self.query::<Value>(&mut other, &config, Some(key)).await),
+                false => None,
             }
         };
+        let role = redis::cmd("ROLE");
+        let (role, config) = futures_util::join!(self.query::<Value>(s, &role, Some(key)), config);
+        let online = match role {
+            Ok(v) => role_replicas(&v).ok_or_else(|| {
+                Error::Protocol(format!("{}: ROLE did not answer as a primary", self.label))
+            })?,
+            // A user allowed INFO but not ROLE.
+            Err(e) if e.server_code() == Some("NOPERM") => {
+                let mut info = redis::cmd("INFO");
+                info.arg("replication");
+                match self.query::<String>(s, &info, Some(key)).await {
+                    Ok(text) => online_replicas(&text),
+                    Err(_) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let min_to_write = match config {
+            Some(Ok(v)) => config_value(&v).unwrap_or(0),
+            Some(Err(e)) => {
+                // CONFIG may be denied to this user or renamed; the server enforces the
+                // setting itself (NOREPLICAS) anyway, and every replica online is never
+                // fewer than it asks for.
+                log::debug!("{}: CONFIG GET min-replicas-to-write: {e}", self.label);
+                if e.server_code() == Some("NOPERM") {
+                    *self
+                        .config_refused
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                }
+                0
+            }
+            None => 0,
+        };
         let r = Replicas {
-            online: online_replicas(&info?),
+            online,
             min_to_write,
         };
         let mut cache = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
@@ -847,14 +860,15 @@ impl Node {
             Err(e) => match self.opts.confirm {
                 // The count is given: WAIT for it even if INFO is not allowed.
                 Confirm::Replicas(_) => {
-                    log::debug!("{}: INFO replication: {e}", self.label);
+                    log::debug!("{}: ROLE: {e}", self.label);
                     None
                 }
                 _ => {
                     return Err(Error::Invalid(format!(
                         "{}: cannot learn how many replicas should confirm a grant ({e}); \
-                         give the number (Confirm::Replicas(n), --replicas N) or turn \
-                         confirmation off (Confirm::Off, --no-confirm)",
+                         allow this user ROLE (+role) and WAIT (+wait), give the number \
+                         (Confirm::Replicas(n), --replicas N) or turn confirmation off \
+                         (Confirm::Off, --no-confirm)",
                         self.label
                     )))
                 }
@@ -943,13 +957,15 @@ impl Node {
         cmd.arg(key).arg(token);
         let mut classic = redis::cmd("EVAL");
         classic.arg(RELEASE_LUA).arg(1).arg(key).arg(token);
-        // Not retried: a release that reached the server before its connection broke
-        // would answer 0 the second time, which would read as "not held".
+        // Sent again after a connection error on an older connection (a server that
+        // restarted, a Sentinel failover that killed the connection): the lock is free
+        // either way, though a release that had reached the server answers 0 the second
+        // time ("not held"). Not sending it again would leave the lock to its lease.
         self.owner_checked(
             ("LOCK.RELEASE", cmd),
             ("EVAL compare-and-delete", classic),
             limit,
-            false,
+            true,
         )
         .await
     }
@@ -1055,6 +1071,21 @@ impl Node {
             .ok_or_else(|| self.missing(call.what))
     }
 
+    /// Whether the server takes a lease of `len` on `key` at all (a hold longer than
+    /// its `lock.max-ttl` is refused before the work): `LOCK.EXTEND` with a token nobody
+    /// holds, whose arguments the module checks before the key (`0`, nothing changes).
+    /// The refusal is the error; a server without the module takes any length.
+    pub async fn check_lease(&self, key: &str, len: Duration) -> Result<()> {
+        let mut cmd = redis::cmd("LOCK.EXTEND");
+        cmd.arg(key).arg(new_token()).arg("PX").arg(millis(len));
+        let call = Call::idempotent(
+            "LOCK.EXTEND (the length of the hold)",
+            &cmd,
+            self.opts.io_timeout,
+        );
+        self.module_run::<i64>(call).await.map(|_| ())
+    }
+
     /// `LOCK.EXTEND key token PX ttl OWNER owner`: a new lease and a new label, the
     /// fence kept. `true` when this token held the lock. Needs the module.
     pub async fn extend_owner(
@@ -1157,16 +1188,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_lose_their_credentials() {
-        assert_eq!(
-            redact_url("redis://app:hunter2@10.0.0.1:6379/2"),
-            "redis://10.0.0.1:6379/2"
-        );
-        assert_eq!(
-            redact_url("rediss://:pw@h:1/#insecure"),
-            "rediss://h:1/#insecure"
-        );
-        assert_eq!(redact_url("127.0.0.1:6379"), "<the URL>");
+    fn node_labels_show_no_credentials() {
         let n = Node::new(
             "redis://:hunter2@127.0.0.1:1/",
             ClientOptions::default(),
@@ -1192,6 +1214,18 @@ mod tests {
                     slave1:ip=127.0.0.1,port=7002,state=wait_bgsave,offset=0,lag=0\r\n\
                     master_failover_state:no-failover\r\nslave_read_only:1\r\n";
         assert_eq!(online_replicas(info), 1);
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let replica = |port: &str| Value::Array(vec![bulk("127.0.0.1"), bulk(port), bulk("42")]);
+        let role = |name: &str, replicas: Vec<Value>| {
+            Value::Array(vec![bulk(name), Value::Int(42), Value::Array(replicas)])
+        };
+        assert_eq!(
+            role_replicas(&role("master", vec![replica("7001")])),
+            Some(1)
+        );
+        assert_eq!(role_replicas(&role("master", vec![])), Some(0));
+        assert_eq!(role_replicas(&role("slave", vec![])), None);
+        assert_eq!(role_replicas(&Value::Nil), None);
         assert_eq!(online_replicas("role:master\r\nconnected_slaves:0\r\n"), 0);
         let pair = Value::Array(vec![
             Value::BulkString(b"min-replicas-to-write".to_vec()),

@@ -27,6 +27,74 @@ pub struct ClientOptions {
     pub confirm: Confirm,
     /// How long a grant may wait for its replicas (`WAIT n <ms>`); default 1 s.
     pub confirm_timeout: Duration,
+    /// Certificates for TLS (`rediss://` URLs): the CA to trust, a client certificate.
+    /// `None`: the system's CAs (and `SSL_CERT_FILE`), no client certificate.
+    pub tls: Option<Tls>,
+}
+
+/// Certificates for TLS, PEM encoded. A server set up as Redis ships it
+/// (`tls-auth-clients yes`) wants a client certificate signed by its CA. (`Debug` shows
+/// which are set, never a key.)
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Tls {
+    /// The CA certificate(s) to trust instead of the system's.
+    pub ca_cert: Option<Vec<u8>>,
+    /// A client certificate (chain) and its private key.
+    pub client_cert: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("ca_cert", &self.ca_cert.as_ref().map(|_| "<set>"))
+            .field("client_cert", &self.client_cert.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl Tls {
+    /// Reads the PEM files: the CA to trust (`None`: the system's), a client
+    /// certificate and its key (both or neither).
+    pub fn from_files<P: AsRef<std::path::Path>>(
+        ca_cert: Option<P>,
+        client_cert: Option<P>,
+        client_key: Option<P>,
+    ) -> Result<Tls> {
+        let read = |what: &str, p: &P| {
+            std::fs::read(p.as_ref())
+                .map_err(|e| Error::Invalid(format!("{what} {}: {e}", p.as_ref().display())))
+        };
+        let client_cert = match (&client_cert, &client_key) {
+            (Some(c), Some(k)) => Some((read("client certificate", c)?, read("client key", k)?)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::Invalid(
+                    "a client certificate needs its key, and a key its certificate".into(),
+                ))
+            }
+        };
+        Ok(Tls {
+            ca_cert: ca_cert
+                .as_ref()
+                .map(|p| read("CA certificate", p))
+                .transpose()?,
+            client_cert,
+        })
+    }
+
+    /// The `redis` crate's form.
+    pub(crate) fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self
+                .client_cert
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.ca_cert.clone(),
+        }
+    }
 }
 
 impl Default for ClientOptions {
@@ -37,6 +105,7 @@ impl Default for ClientOptions {
             cluster: None,
             confirm: Confirm::Auto,
             confirm_timeout: Duration::from_secs(1),
+            tls: None,
         }
     }
 }
@@ -50,16 +119,18 @@ impl Default for ClientOptions {
 /// [`Error::Unconfirmed`]: never a grant that a failover could lose without a word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Confirm {
-    /// `n` = the server's `min-replicas-to-write` when it is set (the deployment expects
-    /// that many), else the replicas online now (`state=online` in `INFO replication`,
-    /// cached for a second; a replica still in its first sync is not counted: it
-    /// receives the grant after its sync, but the grant is returned unconfirmed, and a
-    /// failover before the sync ends can lose it; `Replicas(n)` closes that window). No
-    /// replica: nothing to confirm.
+    /// `n` = the server's `min-replicas-to-write` when it is set and readable (the
+    /// deployment expects that many), else the replicas online now (those `ROLE` lists,
+    /// or `state=online` in `INFO replication` for a user without `ROLE`; cached for a
+    /// second). A replica in its full sync is not counted: it receives the grant with
+    /// its sync, but the grant is returned before, and a failover before the sync ends
+    /// can lose it; `Replicas(n)` closes that window. No replica: nothing to confirm.
+    /// Needs `ROLE` (or `INFO`) and `WAIT` in the user's ACL.
     #[default]
     Auto,
-    /// The deployment has `n` replicas: every grant must reach all `n`; fewer connected
-    /// is an error. `Replicas(0)` confirms nothing.
+    /// The deployment has `n` replicas: every grant must reach all `n`; fewer online is
+    /// an error. Needs `WAIT` only (and `ROLE` or `INFO` to refuse at once when too few
+    /// are online). `Replicas(0)` confirms nothing and sends nothing.
     Replicas(u32),
     /// Grants are returned unconfirmed (a failover right after a grant may lose it).
     Off,
@@ -74,14 +145,21 @@ pub struct Renewal {
     pub max_hold: Duration,
     /// Time between renewals; `None` = a third of the TTL.
     pub interval: Option<Duration>,
+    /// How long before the lease can end the loss signal comes when no renewal has
+    /// succeeded (the server does not answer, a connection is refused; failed renewals
+    /// are tried again until then), and before the cap; `None` = a third of the TTL.
+    /// The work has that long to stop before the next holder can get the lock.
+    pub margin: Option<Duration>,
 }
 
 impl Renewal {
-    /// Renew every third of the TTL, for at most `max_hold` in total.
+    /// Renew every third of the TTL, for at most `max_hold` in total; the loss signal a
+    /// third of the TTL before the lease can end.
     pub fn capped(max_hold: Duration) -> Self {
         Renewal {
             max_hold,
             interval: None,
+            margin: None,
         }
     }
 }
@@ -148,7 +226,9 @@ pub struct AcquireOptions {
     /// Once per period: [`LockGuard::release`](crate::LockGuard::release) and dropping
     /// the guard keep the lock until this long after the acquisition (the lease is set
     /// to what is left of it), so that the work runs once per period across machines.
-    /// See [`LockGuard::release_after`](crate::LockGuard::release_after).
+    /// See [`LockGuard::release_after`](crate::LockGuard::release_after). A hold longer
+    /// than the server's `lock.max-ttl` is refused before anything is acquired
+    /// ([`Error::is_lease_too_long`](crate::Error::is_lease_too_long)).
     pub hold: Option<Duration>,
 }
 
@@ -221,8 +301,24 @@ impl AcquireOptions {
                     "the renewal interval must be positive and shorter than the TTL".into(),
                 ));
             }
+            let (interval, margin) = (self.renew_interval(), self.loss_margin());
+            if interval.is_some_and(|i| i + margin >= self.ttl) {
+                return Err(Error::Invalid(format!(
+                    "the margin ({margin:?}) leaves no time for a renewal: margin and \
+                     renewal interval ({interval:?}) must add up to less than the TTL"
+                )));
+            }
         }
         Ok(())
+    }
+
+    /// How long before the lease can end the loss signal of a renewed lease comes (a
+    /// third of the TTL unless set); zero without renewal (at the deadline).
+    pub(crate) fn loss_margin(&self) -> Duration {
+        match self.renew {
+            Some(r) => r.margin.unwrap_or(self.ttl / 3),
+            None => Duration::ZERO,
+        }
     }
 
     /// The renewal interval in force (a third of the TTL unless set).
@@ -296,11 +392,33 @@ mod tests {
         let r = Renewal {
             max_hold: Duration::from_secs(5),
             interval: Some(Duration::from_secs(1)),
+            margin: None,
         };
         assert!(AcquireOptions::new(Duration::from_secs(1))
             .renewal(r)
             .validate()
             .is_err());
+        // The margin must leave time for a renewal: 500 ms + 333 ms < 1 s, 700 + 333 not.
+        let margin = |ms| {
+            AcquireOptions::new(Duration::from_secs(1)).renewal(Renewal {
+                margin: Some(Duration::from_millis(ms)),
+                ..Renewal::capped(Duration::from_secs(5))
+            })
+        };
+        assert!(margin(500).validate().is_ok());
+        assert!(margin(700).validate().is_err());
+        assert_eq!(margin(500).loss_margin(), Duration::from_millis(500));
+        let default =
+            AcquireOptions::new(Duration::from_secs(3)).auto_renew(Duration::from_secs(9));
+        assert_eq!(
+            default.loss_margin(),
+            Duration::from_secs(1),
+            "a third of the TTL"
+        );
+        assert_eq!(
+            AcquireOptions::new(Duration::from_secs(3)).loss_margin(),
+            Duration::ZERO
+        );
         let o = AcquireOptions::new(Duration::from_secs(1));
         assert!(o.clone().limit(0).validate().is_err());
         assert!(o.clone().limit(MAX_LIMIT + 1).validate().is_err());

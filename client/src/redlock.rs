@@ -13,7 +13,9 @@
 //!    still within the validity; its fence is F. Any later majority shares a node with
 //!    that one, so any later quorum fence is > F;
 //! 4. otherwise release on every node (also those that timed out: a late grant may
-//!    still be applied) and retry after a random delay while the wait lasts.
+//!    still be applied) and retry after a random delay while the wait lasts. When
+//!    fewer than a majority answered at all (granted or said "held"), the outcome is
+//!    [`Error::NoQuorum`], not "held elsewhere".
 //!
 //! Extend and release go to every node the same way; an extension counts only if a
 //! majority confirms it within the new validity.
@@ -224,16 +226,19 @@ impl Quorum {
         )
         .await;
         let mut granted: Vec<(usize, Option<u64>)> = Vec::new();
-        let mut usage = None;
+        let (mut busy, mut usage, mut failed) = (0, None, None);
         for (i, r) in results.into_iter().enumerate() {
             match r {
                 Ok(Some(g)) => granted.push((i, g.fence)),
-                Ok(None) => {}
+                Ok(None) => busy += 1,
                 Err(e) if e.is_usage_error() => {
                     log::debug!("{}: acquire of {key:?} refused: {e}", self.nodes[i].label);
                     usage.get_or_insert(e);
                 }
-                Err(e) => log::debug!("{}: acquire of {key:?} failed: {e}", self.nodes[i].label),
+                Err(e) => {
+                    log::debug!("{}: acquire of {key:?} failed: {e}", self.nodes[i].label);
+                    failed.get_or_insert_with(|| e.to_string());
+                }
             }
         }
         if let Some(e) = usage {
@@ -242,6 +247,15 @@ impl Quorum {
         }
         if granted.len() < self.quorum() || left().is_zero() {
             self.release(key, token).await;
+            // Fewer than a majority could be asked at all: not "held elsewhere".
+            let answered = granted.len() + busy;
+            if let (true, Some(error)) = (answered < self.quorum(), failed) {
+                return Err(Error::NoQuorum {
+                    answered,
+                    needed: self.quorum(),
+                    error,
+                });
+            }
             return Ok(None);
         }
 
@@ -372,7 +386,9 @@ impl Redlock {
 
     acquire_methods! {
         /// Takes `name` (exclusive) on a majority for `ttl`; with `wait`, retries with jitter
-        /// until it passes. `Ok(None)`: no majority (held elsewhere, or too many nodes down).
+        /// until it passes. `Ok(None)`: held elsewhere (no majority granted, though a
+        /// majority answered). [`Error::NoQuorum`]: fewer than a majority could be asked
+        /// at all (down, stopped, a wrong password), on the last try.
         acquire;
         /// Takes `name` on a majority as `opts` says: exclusive or shared. A counted lock
         /// ([`AcquireOptions::limit`]) is refused with [`Error::Invalid`]: over a quorum it
@@ -392,31 +408,48 @@ impl Redlock {
                 self.q.nodes.len()
             )));
         }
+        if let Some(hold) = opts.hold {
+            // A hold some node would refuse is refused before anything is taken.
+            let checks = join_all(self.q.nodes.iter().map(|n| n.check_lease(name, hold))).await;
+            if let Some(e) = checks
+                .into_iter()
+                .filter_map(|r| r.err())
+                .find(|e| e.is_lease_too_long())
+            {
+                return Err(e);
+            }
+        }
         let token = opts.token.clone().unwrap_or_else(new_token);
         let wait_end = opts.wait.map(|w| Instant::now() + w);
         loop {
             let start = Instant::now();
-            if let Some(h) = self
+            // The last attempt's outcome: busy, or too few nodes to ask (`NoQuorum`).
+            let outcome = match self
                 .q
                 .attempt(name, &token, opts.ttl, opts.owner.as_deref(), opts.mode)
-                .await?
+                .await
             {
-                return Ok(Some(LockGuard::start(
-                    Backend::Quorum(self.q.clone()),
-                    name,
-                    opts,
-                    token,
-                    h.fence,
-                    start,
-                    h.valid_until,
-                )));
-            }
+                Ok(Some(h)) => {
+                    return Ok(Some(LockGuard::start(
+                        Backend::Quorum(self.q.clone()),
+                        name,
+                        opts,
+                        token,
+                        h.fence,
+                        start,
+                        h.valid_until,
+                    )))
+                }
+                Ok(None) => Ok(None),
+                Err(e @ Error::NoQuorum { .. }) => Err(e),
+                Err(e) => return Err(e),
+            };
             let Some(end) = wait_end else {
-                return Ok(None);
+                return outcome;
             };
             let pause = jitter(self.q.opts.retry_delay, self.q.opts.retry_jitter);
             if Instant::now() + pause >= end {
-                return Ok(None);
+                return outcome;
             }
             tokio::time::sleep(pause).await;
         }

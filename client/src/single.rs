@@ -60,6 +60,17 @@ impl LockClient {
         })
     }
 
+    /// A client over an application's own `redis::Client` (one server), used as the
+    /// application configured it: its address, TLS, credentials, database and protocol.
+    /// Nothing is connected yet. `opts.cluster` and `opts.tls` do not apply (the
+    /// client has its own); for a Redis Cluster, connect with a node's URL instead.
+    pub fn from_client(client: redis::Client, opts: ClientOptions) -> LockClient {
+        LockClient {
+            node: Arc::new(Node::from_client(client, opts)),
+            cluster: false,
+        }
+    }
+
     /// True when commands are routed across a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         self.cluster
@@ -86,6 +97,9 @@ impl LockClient {
         opts: &AcquireOptions,
     ) -> Result<Option<LockGuard>> {
         let node = &self.node;
+        if let Some(hold) = opts.hold {
+            node.check_lease(name, hold).await?;
+        }
         let token = opts.token.clone().unwrap_or_else(new_token);
         let ttl = opts.ttl;
         let ttl_ms = check_ttl(ttl)?;

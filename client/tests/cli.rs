@@ -12,7 +12,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::{temp_dir, wait_until, Server, ServerBuilder};
-use util::{cli_cmd, held_fence, is_free, ms, setup};
+use util::proxy::DelayProxy;
+use util::{cli_cmd, expires_at, held_fence, is_free, ms, process_alive, setup};
 
 const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
 
@@ -343,8 +344,209 @@ fn server_death_kills_a_command_that_ignores_sigterm_after_the_grace() {
     assert!(d.stderr.contains("SIGKILL"), "{}", d.stderr);
 }
 
+// ---- the command never outlives its lock ------------------------------------------------
+
+/// `redis-lock run` killed with SIGKILL (nothing of it runs afterwards): its command and
+/// the command's own children go with it, so that the run that takes the lock when the
+/// lease ends runs alone. SIGTERM to `run` ends the whole group too.
 #[test]
-fn nodes_with_three_of_five_down_exit_75() {
+fn kill_9_of_run_takes_the_command_and_its_children_with_it() {
+    let case = Case::start();
+    let pid = |p: &Path| -> u32 { fs::read_to_string(p).unwrap().trim().parse().unwrap() };
+    for (i, sig) in [libc::SIGKILL, libc::SIGTERM].into_iter().enumerate() {
+        let name = format!("orphan{i}");
+        let (leader, child) = (
+            case.dir.join(format!("{i}.leader")),
+            case.dir.join(format!("{i}.child")),
+        );
+        let before = format!(
+            "echo $$ > {}; sleep 100 & echo $! > {}; ",
+            leader.display(),
+            child.display()
+        );
+        let mut run = case.spawn_started(&["--ttl", "2s"], &name, &before, "wait");
+        let pids = [pid(&leader), pid(&child)];
+        assert!(pids.iter().all(|&p| process_alive(p)), "{pids:?} run");
+        let t = Instant::now();
+        assert!(
+            redis_lock_testkit::signal(run.child.id(), sig),
+            "signal {sig} to redis-lock"
+        );
+        let _ = run.child.wait();
+        let gone = wait_until(Duration::from_secs(10), || {
+            pids.iter().all(|&p| !process_alive(p))
+        });
+        if !gone {
+            for &p in &pids {
+                let _ = redis_lock_testkit::signal(p, libc::SIGKILL);
+            }
+        }
+        assert!(
+            gone,
+            "signal {sig}: the command and its child {pids:?} outlived redis-lock"
+        );
+        eprintln!(
+            "signal {sig}: the command's group gone {:?} after it",
+            t.elapsed()
+        );
+        // The next run takes the lock (at once, or when the lease ends) and runs alone.
+        let next = case.run(&["-w", "10s"], &name, "true");
+        assert_eq!(next.code, Some(0), "{}", next.stderr);
+    }
+}
+
+/// With the server unreachable (a proxy that passes nothing and closes nothing, so each
+/// renewal gets no answer), the command gets SIGTERM a margin (by default a third of
+/// --ttl: 1 s here) before the lease can end on the server, never at or after that end,
+/// when the next holder may start. The server's deadline is its own `expires-at`; half
+/// the margin is left for a loaded machine to start the trap's `date`.
+#[test]
+fn an_unreachable_server_stops_the_command_a_margin_before_the_lease_can_end() {
+    let case = Case::start();
+    let proxy = DelayProxy::plain(case.server.socket_addr());
+    let (stamp, started) = (case.dir.join("term-at"), case.dir.join("started"));
+    let script = format!(
+        "trap 'date +%s%3N > {}; exit 0' TERM; {}; sleep 30 & wait",
+        stamp.display(),
+        touch(&started)
+    );
+    let args = run_args(&proxy.url(), &["--ttl", "3s"], "margin", &script);
+    let run = case.spawn(&refs(&args));
+    assert!(soon(|| started.exists()), "the command started");
+    std::thread::sleep(ms(1_500)); // renewed once or twice meanwhile
+    proxy.freeze();
+    std::thread::sleep(ms(200)); // a renewal already on the server is applied
+    let deadline = expires_at(&case.server, "margin").expect("held");
+    let d = run.finish(Duration::from_secs(15));
+    assert_eq!(d.code, Some(79), "{}", d.stderr);
+    let at: i64 = fs::read_to_string(&stamp).unwrap().trim().parse().unwrap();
+    let ahead = deadline - at;
+    eprintln!("SIGTERM {ahead} ms before the server's lease deadline");
+    assert!(
+        ahead >= 500,
+        "SIGTERM only {ahead} ms before the lease could end on the server (margin 1 s)"
+    );
+}
+
+// ---- loud failures ---------------------------------------------------------------------
+
+/// A weekly job's `--hold 144h` (or `--ttl 48h`) above the server's `lock.max-ttl` (24 h
+/// by default) is refused before the command runs, with a message naming the setting
+/// and its limit also under -q; with the limit raised it runs and keeps the lock.
+#[test]
+fn a_hold_or_ttl_above_lock_max_ttl_is_refused_loudly_even_with_q() {
+    let case = Case::start();
+    let ran = case.dir.join("ran");
+    for extra in [&["-q", "--hold", "144h"][..], &["-q", "--ttl", "48h"]] {
+        let d = case.run(extra, "weekly", &touch(&ran));
+        assert_eq!(d.code, Some(64), "{extra:?}: {}", d.stderr);
+        assert!(!ran.exists(), "{extra:?}: the command must not run");
+        for needle in ["lock.max-ttl", "86400000 ms"] {
+            assert!(
+                d.stderr.contains(needle),
+                "{extra:?}: {needle}: {}",
+                d.stderr
+            );
+        }
+        assert!(is_free(&mut case.server.conn(), "weekly"));
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "lock.max-ttl", "691200000"])
+        .query(&mut case.server.conn())
+        .unwrap();
+    let d = case.run(&["-q", "--hold", "144h"], "weekly", &touch(&ran));
+    assert_eq!(d.code, Some(0), "{}", d.stderr);
+    assert!(ran.exists());
+    let info = case.server.raw().cmd(&["LOCK.INFO", "weekly"]);
+    let left = info.get("ttl").and_then(|t| t.as_int()).unwrap_or(0);
+    assert!(left > 143 * 3_600_000, "kept for the week: {left} ms");
+}
+
+/// Once per period that survives a failed run: five servers start the job one after
+/// another with `--hold 1h`; the first one's job fails, so it does not keep the lock and
+/// the second one runs the day's job (and keeps it). With `--hold-on-failure` the
+/// failed run keeps it and nobody runs the job that day.
+#[test]
+fn hold_keeps_the_lock_only_when_the_command_succeeded() {
+    let case = Case::start();
+    let five = |extra: &[&str], name: &str| -> (usize, Vec<Option<i32>>) {
+        let log = case.dir.join(format!("{name}.done"));
+        let codes = (0..5)
+            .map(|i| {
+                let job = match i {
+                    0 => "exit 1".to_string(),
+                    _ => format!("echo done >> {}", log.display()),
+                };
+                let mut args = vec!["-q", "--hold", "1h"];
+                args.extend_from_slice(extra);
+                case.run(&args, name, &job).code
+            })
+            .collect();
+        let done = fs::read_to_string(&log).unwrap_or_default().lines().count();
+        (done, codes)
+    };
+    let (done, codes) = five(&[], "report");
+    assert_eq!(codes, [Some(1), Some(0), Some(75), Some(75), Some(75)]);
+    assert_eq!(done, 1, "the day's job ran once, after the failed run");
+    let (done, codes) = five(&["--hold-on-failure"], "report-kept");
+    assert_eq!(codes, [Some(1), Some(75), Some(75), Some(75), Some(75)]);
+    assert_eq!(done, 0);
+}
+
+/// Redlock that cannot ask a majority (a wrong password everywhere, two of three nodes
+/// down) is not "busy": exit 69 with a message, also under -q. Busy stays 75.
+#[test]
+fn nodes_without_a_usable_majority_exit_69_with_a_message_even_with_q() {
+    setup();
+    let mut s = util::servers_with_password(3, "right-pw");
+    let dir = temp_dir();
+    let ran = dir.join("ran");
+    let nodes = |pw: &str| {
+        let urls: Vec<String> = s
+            .iter()
+            .map(|x| format!("redis://:{pw}@{}", x.addr()))
+            .collect();
+        urls.join(",")
+    };
+    let (right, wrong) = (nodes("right-pw"), nodes("s3cret-but-wrong"));
+    let run = |nodes: &str| {
+        cli(
+            &dir,
+            &[
+                "run",
+                "-q",
+                "--nodes",
+                nodes,
+                "nightly",
+                "--",
+                "touch",
+                &ran.display().to_string(),
+            ],
+        )
+    };
+    // Busy: held on every node by someone else.
+    let held = cli(&dir, &["acquire", "--nodes", &right, "nightly"]);
+    assert_eq!(held.code, Some(0), "{}", held.stderr);
+    let d = run(&right);
+    assert_eq!((d.code, d.stderr.as_str()), (Some(75), ""));
+    // A wrong password on every node.
+    let d = run(&wrong);
+    assert_eq!(d.code, Some(69), "{}", d.stderr);
+    assert!(d.stderr.contains("authentication failed"), "{}", d.stderr);
+    assert!(d.stderr.contains("majority"), "{}", d.stderr);
+    assert!(!d.stderr.contains("s3cret"), "{}", d.stderr);
+    // Two of three down.
+    s[0].kill9();
+    s[1].kill9();
+    let d = run(&right);
+    assert_eq!(d.code, Some(69), "{}", d.stderr);
+    assert!(d.stderr.contains("majority"), "{}", d.stderr);
+    assert!(!ran.exists());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn nodes_with_three_of_five_down_exit_69() {
     setup();
     let mut s: Vec<Server> = (0..5).map(|_| ServerBuilder::new().start()).collect();
     let nodes = s.iter().map(|x| x.url()).collect::<Vec<_>>().join(",");
@@ -372,10 +574,11 @@ fn nodes_with_three_of_five_down_exit_75() {
     for x in &s[2..] {
         assert!(is_free(&mut x.conn(), "nightly"));
     }
-    // Three down: no majority, exit 75, CMD never runs, nothing left on the live nodes.
+    // Three down: no majority can be asked, exit 69, CMD never runs, nothing left on the
+    // live nodes.
     s[2].kill9();
     let d = cli(&dir, &refs(&args(&touch(&ran))));
-    assert_eq!(d.code, Some(75));
+    assert_eq!(d.code, Some(69), "{}", d.stderr);
     assert!(!ran.exists());
     for x in &s[3..] {
         assert!(is_free(&mut x.conn(), "nightly"));
@@ -602,150 +805,6 @@ fn json_output_redis_url_and_password_from_the_environment() {
         &[("REDIS_LOCK_PASSWORD", "user-secret")],
     );
     assert_eq!(d.code, Some(0), "{}", d.stderr);
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl (Debian package openssl) runs");
-    assert!(out.status.success(), "openssl {args:?}: {out:?}");
-}
-
-/// A CA and a server certificate for 127.0.0.1 signed by it, in `dir`.
-fn make_certs(dir: &Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=redis-lock test CA",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    );
-    fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
-}
-
-#[test]
-fn tls_with_a_self_signed_ca() {
-    setup();
-    let dir = temp_dir();
-    make_certs(&dir);
-    let tls_port = common::free_port();
-    let tls = |b: ServerBuilder| {
-        b.arg("tls-port", &tls_port.to_string())
-            .arg(
-                "tls-cert-file",
-                &dir.join("server.crt").display().to_string(),
-            )
-            .arg(
-                "tls-key-file",
-                &dir.join("server.key").display().to_string(),
-            )
-            .arg(
-                "tls-ca-cert-file",
-                &dir.join("ca.crt").display().to_string(),
-            )
-            .arg("tls-auth-clients", "no")
-    };
-    // Not every server binary is built with TLS; Debian's redis-server 7.0.15 is.
-    let server = match tls(ServerBuilder::new()).try_start() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("this server has no TLS ({e}); using /usr/bin/redis-server");
-            tls(ServerBuilder::new().bin("/usr/bin/redis-server".into())).start()
-        }
-    };
-    let url = format!("rediss://127.0.0.1:{tls_port}");
-    let ca = dir.join("ca.crt").display().to_string();
-    let d = cli(
-        &dir,
-        &[
-            "acquire", "--json", "--cacert", &ca, "--url", &url, "tls-lock",
-        ],
-    );
-    assert_eq!(d.code, Some(0), "{}", d.stderr);
-    let v: serde_json::Value = serde_json::from_str(d.stdout.trim()).unwrap();
-    let fence: u64 = v["fence"].as_str().unwrap().parse().unwrap();
-    assert_eq!(held_fence(&mut server.conn(), "tls-lock"), Some(fence));
-    // The same through SSL_CERT_FILE, and a run over TLS.
-    let d = cli_env(
-        &dir,
-        &["run", "--url", &url, "tls-run", "--", "true"],
-        &[("SSL_CERT_FILE", &ca)],
-    );
-    assert_eq!(d.code, Some(0), "{}", d.stderr);
-    // An untrusted certificate is refused; #insecure skips the check.
-    let d = cli(&dir, &["info", "--url", &url, "tls-lock"]);
-    assert_eq!(d.code, Some(69), "the test CA is not trusted by default");
-    let d = cli(
-        &dir,
-        &["info", "--url", &format!("{url}/#insecure"), "tls-lock"],
-    );
-    assert_eq!(d.code, Some(0), "{}", d.stderr);
-    // A plain-text client on the TLS port gets nothing usable.
-    let d = cli(
-        &dir,
-        &[
-            "info",
-            "--timeout",
-            "500ms",
-            "--url",
-            &format!("redis://127.0.0.1:{tls_port}"),
-            "tls-lock",
-        ],
-    );
-    assert_eq!(d.code, Some(69));
-    let _ = fs::remove_dir_all(&dir);
 }
 
 // ---- shared and counted locks: --shared and --limit N ------------------------------

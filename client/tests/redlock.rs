@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use redis_lock_client::{AcquireOptions, Redlock};
+use redis_lock_client::{AcquireOptions, Error, Redlock};
 use redis_lock_testkit::{wait_until, Server, ServerBuilder};
 use util::{
     granted, held_fence, is_free, lift_fence_counter, lost_within, ms, probe_fence, redlock,
@@ -22,9 +22,19 @@ fn five(node_timeout_ms: u64) -> (Vec<Server>, Redlock) {
     (s, rl)
 }
 
-/// True when `rl` grants no 30 s lease on `key` (after waiting `wait`, if given).
+/// True when `rl` finds `key` held elsewhere: a majority answered, and no 30 s lease
+/// was granted (after waiting `wait`, if given).
 async fn refused(rl: &Redlock, key: &str, wait: Option<Duration>) -> bool {
     rl.acquire(key, ms(30_000), wait).await.unwrap().is_none()
+}
+
+/// True when `rl` could not ask a majority of nodes about `key` (`NoQuorum`), and so
+/// granted nothing (after waiting `wait`, if given).
+async fn unreachable(rl: &Redlock, key: &str, wait: Option<Duration>) -> bool {
+    matches!(
+        rl.acquire(key, ms(30_000), wait).await,
+        Err(Error::NoQuorum { .. })
+    )
 }
 
 /// One acquisition and release, so that the Redlock has a connection to every node.
@@ -103,11 +113,11 @@ async fn three_nodes_down_no_acquisition_and_no_partial_lock() {
         s[i].kill9();
     }
     for _ in 0..5 {
-        assert!(refused(&rl, "lock:rl3", None).await);
+        assert!(unreachable(&rl, "lock:rl3", None).await);
         assert!(free_on(&s, &[1, 3], "lock:rl3"), "partial lock left behind");
     }
     // Also while waiting (retries with jitter).
-    assert!(refused(&rl, "lock:rl3", Some(ms(800))).await);
+    assert!(unreachable(&rl, "lock:rl3", Some(ms(800))).await);
     assert!(free_on(&s, &[1, 3], "lock:rl3"));
 
     // Three SIGSTOPped: the same, and once they resume the acquisitions that reached
@@ -121,7 +131,7 @@ async fn three_nodes_down_no_acquisition_and_no_partial_lock() {
         .map(|&i| Stopped::new(s[i].pid()))
         .collect();
     for _ in 0..3 {
-        assert!(refused(&rl, "lock:rl3s", None).await);
+        assert!(unreachable(&rl, "lock:rl3s", None).await);
         assert!(
             free_on(&s, &[0, 4], "lock:rl3s"),
             "partial lock left behind"
@@ -136,6 +146,55 @@ async fn three_nodes_down_no_acquisition_and_no_partial_lock() {
         )),
         "a timed-out node kept a lock after it resumed"
     );
+}
+
+/// Fewer than a majority of nodes that can be asked at all (a wrong password on every
+/// node, two of three down) is an error (`NoQuorum`, naming why), not "busy"; a lock
+/// held elsewhere on a majority stays `Ok(None)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_usable_majority_is_an_error_not_busy() {
+    setup();
+    let mut s = util::servers_with_password(3, "right-pw");
+    let with_pw = |pw: &str| -> Vec<String> {
+        s.iter()
+            .map(|x| format!("redis://:{pw}@{}", x.addr()))
+            .collect()
+    };
+    let rl = redlock(&with_pw("right-pw"), ms(200));
+    let holder = granted(rl.acquire("lock:nq", ms(30_000), None)).await;
+    assert!(refused(&rl, "lock:nq", None).await, "held elsewhere: busy");
+
+    let no_quorum = |r: redis_lock_client::Result<Option<redis_lock_client::LockGuard>>,
+                     answered: usize| {
+        match r {
+            Err(e @ Error::NoQuorum { .. }) => {
+                let Error::NoQuorum {
+                    answered: a,
+                    needed,
+                    ..
+                } = &e
+                else {
+                    unreachable!()
+                };
+                assert_eq!((*a, *needed), (answered, 2), "{e}");
+                e.to_string()
+            }
+            other => panic!("expected NoQuorum, got {other:?}"),
+        }
+    };
+    let wrong = redlock(&with_pw("s3cret-but-wrong"), ms(200));
+    let text = no_quorum(wrong.acquire("lock:nq", ms(30_000), None).await, 0);
+    assert!(text.contains("authentication failed"), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
+    // Also after waiting: the last attempt's error, not None.
+    let waited = wrong.acquire("lock:nq2", ms(30_000), Some(ms(400))).await;
+    no_quorum(waited, 0);
+
+    s[0].kill9();
+    s[1].kill9();
+    let text = no_quorum(rl.acquire("lock:nq", ms(30_000), None).await, 1);
+    assert!(text.contains("majority"), "{text}");
+    drop(holder);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

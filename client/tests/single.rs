@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use redis_lock_client::{AcquireOptions, LeaseStatus, LockClient, LossReason, Renewal};
 use redis_lock_testkit::{wait_until, ServerBuilder};
+use util::proxy::DelayProxy;
 use util::{
-    client, granted, held_fence, is_free, lock_stat, lost_within, ms, renewing, server_with_client,
-    setup, Stopped,
+    client, expires_at, granted, held_fence, is_free, lock_stat, lost_within, ms, renewing,
+    server_with_client, setup, Stopped,
 };
 
 /// True when `c` is refused `key` (after waiting `wait`, if given).
@@ -180,6 +181,38 @@ async fn loss_signal_fires_at_the_deadline_when_the_server_hangs_or_no_renewal()
     assert!(after <= ttl + ms(500), "fired at {after:?}");
 }
 
+/// With the server unreachable (a proxy that passes nothing and closes nothing), the
+/// loss signal of an auto-renewed guard comes a margin (by default a third of the TTL)
+/// before the lease can end on the server (its own `expires-at`), so that the work can
+/// stop before the next holder may start; half the margin is left for timer lateness on
+/// a loaded machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loss_signal_comes_a_margin_before_the_lease_can_end() {
+    setup();
+    let server = ServerBuilder::new().start();
+    let proxy = DelayProxy::plain(server.socket_addr());
+    let a = client(&proxy.url()).await;
+    let ttl = ms(3_000);
+    let g = granted(a.acquire_with("lock:margin", &renewing(3_000))).await;
+    let lost = g.lost();
+    tokio::time::sleep(ms(1_500)).await; // renewed once or twice meanwhile
+    proxy.freeze();
+    tokio::time::sleep(ms(200)).await; // a renewal already on the server is applied
+    let deadline = expires_at(&server, "lock:margin").expect("held");
+    let reason = lost_within(ttl, lost).await;
+    let ahead = deadline - redis_lock_testkit::unix_ms();
+    eprintln!("loss signal ({reason}) {ahead} ms before the server's lease deadline");
+    assert_eq!(reason, LossReason::Expired);
+    assert!(
+        ahead >= 500,
+        "the loss signal came only {ahead} ms before the lease could end (margin 1 s)"
+    );
+    assert!(
+        !is_free(&mut server.conn(), "lock:margin"),
+        "still held on the server"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_cap_is_enforced() {
     setup();
@@ -189,10 +222,7 @@ async fn renewal_cap_is_enforced() {
     let t = Instant::now();
     let g = granted(a.acquire_with(
         "lock:cap",
-        &AcquireOptions::new(ms(300)).renewal(Renewal {
-            max_hold: cap,
-            interval: None,
-        }),
+        &AcquireOptions::new(ms(300)).renewal(Renewal::capped(cap)),
     ))
     .await;
     let lost = g.lost();

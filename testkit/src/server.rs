@@ -790,7 +790,43 @@ fn cluster_info(node: &Server) -> String {
     info.and_then(|r| r.as_text()).unwrap_or_default()
 }
 
-/// The cluster hash slot of a key (CRC16 mod 16384, `{hash tags}`), by the `redis` crate.
+/// The cluster hash slot of a key: CRC16 (XMODEM) mod 16384 of the key, or of its
+/// `{hash tag}` when it has a non-empty one (the `redis` crate keeps its own private).
 pub fn key_slot(key: &[u8]) -> u16 {
-    redis::cluster_routing::get_slot(key)
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let len = key[open + 1..].iter().position(|&b| b == b'}')?;
+        (len > 0).then(|| &key[open + 1..open + 1 + len])
+    });
+    let mut crc: u16 = 0;
+    for &b in tagged.unwrap_or(key) {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_slot;
+
+    #[test]
+    fn key_slots_as_redis_cluster_computes_them() {
+        // CRC16/XMODEM("123456789") = 0x31C3; "foo" is 12182 in the Redis docs.
+        assert_eq!(key_slot(b"123456789"), 0x31C3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b""), 0);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(
+            key_slot(b"a{}b"),
+            key_slot(b"a{}b"),
+            "an empty tag hashes the key"
+        );
+        assert_ne!(key_slot(b"a{}b"), key_slot(b""));
+    }
 }

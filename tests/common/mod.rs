@@ -239,7 +239,7 @@ pub mod conn {
         Some(
             pairs
                 .into_iter()
-                .map(|(k, v)| (redis::from_redis_value::<String>(&k).unwrap(), v))
+                .map(|(k, v)| (redis::from_redis_value::<String>(k).unwrap(), v))
                 .collect(),
         )
     }
@@ -256,7 +256,7 @@ pub mod conn {
     pub fn bytes_field(info: &Info, f: &str) -> Option<Vec<u8>> {
         match info.get(f) {
             Some(Value::Nil) | None => None,
-            Some(v) => Some(redis::from_redis_value(v).unwrap()),
+            Some(v) => Some(redis::from_redis_value_ref(v).unwrap()),
         }
     }
 

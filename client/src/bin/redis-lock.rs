@@ -8,13 +8,15 @@ use std::time::Duration;
 
 use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
 use redis_lock_client::{
-    AcquireOptions, CampaignOptions, ClientOptions, Confirm, Leader, LockClient, LockGuard,
-    LockMode, ObserveOptions, Redlock, RedlockOptions, Renewal, MAX_LIMIT,
+    AcquireOptions, CampaignOptions, ClientOptions, Confirm, Error, Leader, LockClient, LockGuard,
+    LockMode, LossReason, ObserveOptions, Redlock, RedlockOptions, Renewal, Tls, MAX_LIMIT,
 };
 use tokio::signal::unix::{signal, SignalKind};
 
 #[path = "redis-lock/metrics.rs"]
 mod metrics;
+#[path = "redis-lock/child.rs"]
+mod child;
 
 /// `println!` that does not panic when stdout is closed early (`redis-lock info | head`):
 /// what no reader wants is dropped, and the exit code stays what it would have been.
@@ -44,10 +46,12 @@ Exit codes:
   n    run, elect: CMD's own exit code; 128+N when CMD died of signal N
   1    release/extend: not held by this token; info: the lock is free;
        observe: --for passed before --count changes
-  64   usage error (EX_USAGE)
+  64   usage error (EX_USAGE), also a --ttl or --hold longer than the server's
+       lock.max-ttl (refused before CMD runs)
   69   server unreachable or not answering in time, TLS or authentication failure,
-       a grant its replicas did not confirm (given back), or an error reply such
-       as WRONGMODE / LIMITMISMATCH (EX_UNAVAILABLE)
+       --nodes without a majority that answers, a grant its replicas did not
+       confirm (given back), or an error reply such as WRONGMODE / LIMITMISMATCH
+       (EX_UNAVAILABLE)
   75   busy: not acquired (elect: not elected) within --wait (EX_TEMPFAIL);
        -E/--conflict-exit-code changes it
   79   run, elect: the lease was lost while CMD ran; --lost-exit-code changes it
@@ -56,6 +60,7 @@ Exit codes:
 
 Environment:
   REDIS_LOCK_URL, REDIS_URL            server URL when --url is not given (in this order)
+  SSL_CERT_FILE                        CA certificates to trust when --cacert is not given
   REDIS_LOCK_PASSWORD, REDISCLI_AUTH   password (kept out of the URL, where ps shows it)
   REDIS_LOCK_USER                      ACL user name (--user)
   REDIS_LOCK_REPLICAS                  replicas every grant must reach (--replicas)
@@ -79,12 +84,18 @@ Once a day on every server, run by one of them (a crontab):
 
 CMD gets REDIS_LOCK_NAME, REDIS_LOCK_TOKEN and REDIS_LOCK_FENCE (empty when
 there is no fence) in its environment and runs in a process group of its own.
-The lease is renewed every third of --ttl. If it is lost (a renewal answered 0
-or failed, the lease ran out, or --max-hold was reached), CMD's group gets
-SIGTERM, SIGKILL after --grace, and redis-lock exits 79. SIGTERM, SIGINT and
-SIGHUP sent to redis-lock are passed to CMD. With --hold the lock stays taken
-after CMD ends until --hold after it was taken, so that servers whose clocks
-or cron runs are a little late find it busy (once per period).";
+The lease is renewed every third of --ttl; a failed renewal is tried again.
+If the lease is lost (a renewal answered 0, or none succeeded until --margin
+before the lease can end, or --max-hold was reached), CMD's group gets
+SIGTERM, then SIGKILL after --grace or when the lease can end, whichever is
+first, and redis-lock exits 79. SIGTERM, SIGINT and SIGHUP sent to redis-lock
+are passed to CMD's group (SIGKILL after --grace). If redis-lock itself dies
+(kill -9), CMD's group is killed with it.
+
+With --hold the lock stays taken after CMD succeeds (exit 0) until --hold
+after it was taken, so that servers whose clocks or cron runs are a little
+late find it busy (once per period); after a failed CMD it is released, so
+that another server can run the job (--hold-on-failure keeps it anyway).";
 
 const ELECT_HELP: &str = "\
 Examples:
@@ -137,9 +148,27 @@ struct Global {
     /// ACL user; the password comes from $REDIS_LOCK_PASSWORD or $REDISCLI_AUTH
     #[arg(long, global = true, value_name = "USER", env = "REDIS_LOCK_USER")]
     user: Option<String>,
-    /// PEM file of the CA certificate(s) to trust for rediss:// (default: the system's)
+    /// Primary of a Sentinel-watched service instead of --url: the Sentinels (with
+    /// --master; or --url redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER)
+    #[arg(long, global = true, value_name = "HOST:PORT,...", requires = "master")]
+    sentinel: Option<String>,
+    /// The service name the Sentinels watch (with --sentinel)
+    #[arg(long, global = true, value_name = "NAME", requires = "sentinel")]
+    master: Option<String>,
+    /// Use TLS with a redis:// URL (as rediss://)
+    #[arg(long, global = true)]
+    tls: bool,
+    /// PEM file of the CA certificate(s) to trust for TLS (default: the system's, or
+    /// $SSL_CERT_FILE)
     #[arg(long, global = true, value_name = "FILE")]
     cacert: Option<PathBuf>,
+    /// PEM file of a client certificate for TLS (with --key): a server with
+    /// tls-auth-clients yes, Redis's default, requires one
+    #[arg(long, global = true, value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (with --cert)
+    #[arg(long, global = true, value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
     /// Limit for one network call (connecting included)
     #[arg(long, global = true, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     timeout: Duration,
@@ -240,11 +269,19 @@ struct RunArgs {
     /// Cap on the total hold time: renewal stops there and the lease runs out
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
     max_hold: Duration,
-    /// Once per period: when CMD ends, keep the lock until DURATION after it was taken
-    /// (instead of releasing it), so that the same job started a little later elsewhere
-    /// finds it busy
+    /// Once per period: when CMD succeeds (exit 0), keep the lock until DURATION after
+    /// it was taken (instead of releasing it), so that the same job started a little
+    /// later elsewhere finds it busy; at most the server's lock.max-ttl
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     hold: Option<Duration>,
+    /// With --hold: keep the lock also when CMD failed (no other server runs the job
+    /// in that period)
+    #[arg(long, requires = "hold")]
+    hold_on_failure: bool,
+    /// How long before the lease can end CMD gets SIGTERM when no renewal succeeded
+    /// (the server does not answer) [default: a third of --ttl]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    margin: Option<Duration>,
     #[command(flatten)]
     child: ChildArgs,
 }
@@ -410,6 +447,19 @@ fn with_credentials(
     if user.is_none() && password.is_none() {
         return Ok(url.to_string());
     }
+    if let Some((scheme, rest)) = url.split_once("+sentinel://") {
+        // HOST:PORT,HOST:PORT is no URL authority the url crate takes: by hand.
+        let authority = rest.split('/').next().unwrap_or_default();
+        if authority.contains('@') {
+            return Ok(url.to_string()); // credentials in the URL win
+        }
+        let user = user.map(percent_encode).unwrap_or_default();
+        let pw = password.map(|p| format!(":{}", percent_encode(p)));
+        return Ok(format!(
+            "{scheme}+sentinel://{user}{}@{rest}",
+            pw.unwrap_or_default()
+        ));
+    }
     let shown = redis_lock_client::redact_url(url);
     let mut u = url::Url::parse(url).map_err(|_| not_a_url(url))?;
     if let Some(user) = user {
@@ -423,6 +473,31 @@ fn with_credentials(
         }
     }
     Ok(u.to_string())
+}
+
+/// Every byte but the unreserved ones (`A-Z a-z 0-9 - . _ ~`) as `%XX`.
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `url` with TLS: `redis://` as `rediss://` (`--tls`).
+fn with_tls(url: &str) -> String {
+    for (plain, tls) in [
+        ("redis://", "rediss://"),
+        ("redis+sentinel://", "rediss+sentinel://"),
+    ] {
+        if let Some(rest) = url.strip_prefix(plain) {
+            return format!("{tls}{rest}");
+        }
+    }
+    url.to_string()
 }
 
 /// The usage error for a server address that is not a URL. The value is not echoed
@@ -446,6 +521,9 @@ fn not_a_url(url: &str) -> String {
 
 /// A usage error unless `url` is a URL the client can connect to.
 fn check_url(url: &str) -> Result<(), String> {
+    if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
+        return Ok(()); // the client checks it (a usage error too)
+    }
     match redis::Client::open(url) {
         Ok(_) => Ok(()),
         Err(_) => Err(not_a_url(url)),
@@ -497,7 +575,9 @@ struct Args {
     sub: Sub,
     url: String,
     nodes: Option<Vec<String>>,
+    /// TLS certificate files: the CA, the client certificate and its key.
     cacert: Option<PathBuf>,
+    cert: Option<(PathBuf, PathBuf)>,
     ttl: Duration,
     wait: Option<Duration>,
     owner: Option<String>,
@@ -505,6 +585,8 @@ struct Args {
     token: Option<String>,
     max_hold: Duration,
     hold: Option<Duration>,
+    hold_on_failure: bool,
+    margin: Option<Duration>,
     grace: Duration,
     timeout: Duration,
     confirm: Confirm,
@@ -544,14 +626,25 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
     if !g.nodes.is_empty() && nodes.is_empty() {
         return Err("--nodes needs at least one URL".into());
     }
-    if g.url.is_some() && !nodes.is_empty() {
-        return Err("give either --url or --nodes, not both".into());
+    let given = [g.url.is_some(), !nodes.is_empty(), g.sentinel.is_some()];
+    if given.iter().filter(|&&x| x).count() > 1 {
+        return Err("give one of --url, --nodes and --sentinel".into());
     }
+    let sentinel = g
+        .sentinel
+        .zip(g.master)
+        .map(|(hosts, master)| format!("redis+sentinel://{hosts}/{master}"));
     let url = g
         .url
+        .or(sentinel)
         .or_else(|| env_nonempty("REDIS_LOCK_URL"))
         .or_else(|| env_nonempty("REDIS_URL"))
         .unwrap_or_else(|| DEFAULT_URL.into());
+    let url = if g.tls { with_tls(&url) } else { url };
+    let nodes: Vec<String> = match g.tls {
+        true => nodes.iter().map(|n| with_tls(n)).collect(),
+        false => nodes,
+    };
     check_url(&url)?;
     let url = with_credentials(&url, g.user.as_deref(), password.as_deref())?;
     if g.timeout.is_zero() || g.confirm_timeout.is_zero() {
@@ -562,6 +655,7 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         url,
         nodes: (!nodes.is_empty()).then_some(nodes),
         cacert: g.cacert,
+        cert: g.cert.zip(g.key),
         ttl: Duration::from_secs(30),
         wait: None,
         owner: None,
@@ -569,6 +663,8 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         token: None,
         max_hold: Duration::from_secs(86_400),
         hold: None,
+        hold_on_failure: false,
+        margin: None,
         grace: Duration::from_secs(10),
         timeout: g.timeout,
         confirm: match (g.no_confirm, g.replicas) {
@@ -628,6 +724,8 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
             lock(&mut a, r.lock);
             a.max_hold = r.max_hold;
             a.hold = r.hold;
+            a.hold_on_failure = r.hold_on_failure;
+            a.margin = r.margin;
             child(&mut a, r.child, "run")?;
             (Sub::Run, r.name)
         }
@@ -679,6 +777,13 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         || a.hold.is_some_and(|h| h < Duration::from_millis(1))
     {
         return Err("--ttl, --max-hold and --hold must be at least 1ms".into());
+    }
+    if a.margin.is_some_and(|m| m + a.ttl / 3 >= a.ttl) {
+        return Err(
+            "--margin must be shorter than two thirds of --ttl (the lease is renewed every \
+             third of it)"
+                .into(),
+        );
     }
     if a.token.as_deref() == Some("") {
         return Err("the token is empty".into());
@@ -751,13 +856,29 @@ impl Locker {
         }
     }
 
-    async fn new(a: &Args) -> Result<Locker, String> {
+    /// The client for the servers `a` names; `Err((exit code, message))`.
+    async fn new(a: &Args) -> Result<Locker, (i32, String)> {
+        let cert = a.cert.as_ref();
+        let tls = match (&a.cacert, cert) {
+            (None, None) => None,
+            _ => Some(
+                Tls::from_files(a.cacert.as_ref(), cert.map(|c| &c.0), cert.map(|c| &c.1))
+                    .map_err(|e| (EXIT_USAGE, e.to_string()))?,
+            ),
+        };
+        // A URL (or an option) the client cannot use is a usage error; the rest is the
+        // servers'.
+        let code = |e: Error| match e {
+            Error::Invalid(_) => (EXIT_USAGE, e.to_string()),
+            e => (EXIT_UNAVAILABLE, e.to_string()),
+        };
         let client = ClientOptions {
             connect_timeout: a.timeout,
             io_timeout: a.timeout,
             cluster: None,
             confirm: a.confirm,
             confirm_timeout: a.confirm_timeout,
+            tls,
         };
         match &a.nodes {
             Some(nodes) => {
@@ -770,22 +891,21 @@ impl Locker {
                 };
                 Redlock::with_options(nodes, opts)
                     .map(Locker::Quorum)
-                    .map_err(|e| e.to_string())
+                    .map_err(code)
             }
             // The errors name the server as host:port: the URL may hold a password.
             None => LockClient::connect_with(&a.url, client)
                 .await
                 .map(Locker::Single)
-                .map_err(|e| e.to_string()),
+                .map_err(code),
         }
     }
 
-    async fn acquire(&self, name: &str, o: &AcquireOptions) -> Result<Option<LockGuard>, String> {
+    async fn acquire(&self, name: &str, o: &AcquireOptions) -> Result<Option<LockGuard>, Error> {
         match self {
             Locker::Single(c) => c.acquire_with(name, o).await,
             Locker::Quorum(q) => q.acquire_with(name, o).await,
         }
-        .map_err(|e| e.to_string())
     }
 }
 
@@ -810,10 +930,46 @@ fn acquire_options(a: &Args, renew: bool) -> AcquireOptions {
     );
     o.token = a.token.clone();
     o.mode = a.mode;
+    // The hold's length is checked against the server's limit before anything is taken
+    // (run decides itself when CMD ends whether to keep the lock for it).
+    o.hold = a.hold;
     if renew {
-        o.renew = Some(Renewal::capped(a.max_hold));
+        o.renew = Some(Renewal {
+            margin: a.margin,
+            ..Renewal::capped(a.max_hold)
+        });
     }
     o
+}
+
+/// An acquisition's error: logged (also under -q), as an exit code. A lease or hold
+/// above the server's `lock.max-ttl` is a usage error naming the option.
+fn acquire_failed(a: &Args, e: &Error) -> i32 {
+    if e.is_lease_too_long() {
+        let (option, value) = match a.hold {
+            Some(h) if h > a.ttl => ("--hold", h),
+            _ => ("--ttl", a.ttl),
+        };
+        log::error!(
+            "{option} {} is longer than the server allows: {e}; not running the command \
+             (raise lock.max-ttl, or ask for less)",
+            humantime(value)
+        );
+        return EXIT_USAGE;
+    }
+    log::error!("{e}");
+    EXIT_UNAVAILABLE
+}
+
+/// A duration as the options take it back (`144h`, `90s`, `1500ms`).
+fn humantime(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms.is_multiple_of(1_000) => format!("{}s", ms / 1_000),
+        _ => format!("{ms}ms"),
+    }
 }
 
 /// Single-quotes a value for `eval` in a POSIX shell.
@@ -842,10 +998,7 @@ async fn cmd_acquire(a: &Args, locker: &Locker) -> i32 {
             log::info!("{}", locker.busy_message(&a.name, a.mode));
             a.busy_code
         }
-        Err(e) => {
-            log::error!("{e}");
-            EXIT_UNAVAILABLE
-        }
+        Err(e) => acquire_failed(a, &e),
     }
 }
 
@@ -1013,11 +1166,20 @@ async fn release_quietly(guard: LockGuard, name: &str) {
     }
 }
 
-/// The end of a run whose CMD ran: release, or with --hold keep the lock until the
-/// hold ends.
-async fn finish_run(guard: LockGuard, a: &Args) {
-    let Some(hold) = a.hold else {
-        return release_quietly(guard, &a.name).await;
+/// The end of a run whose CMD ran (exit `code`): release, or with --hold keep the lock
+/// until the hold ends: after a success, or with --hold-on-failure.
+async fn finish_run(guard: LockGuard, a: &Args, code: i32) {
+    let hold = match a.hold {
+        Some(h) if code == 0 || a.hold_on_failure => h,
+        Some(_) => {
+            log::info!(
+                "the command failed (exit {code}): {} is released, not held, so that \
+                 another run can do the job",
+                a.name
+            );
+            return release_quietly(guard, &a.name).await;
+        }
+        None => return release_quietly(guard, &a.name).await,
     };
     match guard.release_after(hold).await {
         Ok(true) => log::debug!("{} stays taken until --hold ends", a.name),
@@ -1036,10 +1198,7 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
             );
             return a.busy_code;
         }
-        Err(e) => {
-            log::error!("{e}");
-            return EXIT_UNAVAILABLE;
-        }
+        Err(e) => return acquire_failed(a, &e),
     };
     log::debug!(
         "acquired {} (fence {})",
@@ -1051,11 +1210,11 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
 
 /// How CMD's run ends when it exits by itself: `run` releases (or keeps the lock for
 /// --hold), `elect` resigns.
-async fn finish(guard: LockGuard, a: &Args) {
+async fn finish(guard: LockGuard, a: &Args, code: i32) {
     if a.sub == Sub::Elect {
         return release_quietly(guard, &a.name).await;
     }
-    finish_run(guard, a).await
+    finish_run(guard, a, code).await
 }
 
 /// Runs CMD while `guard` holds the lock (the lease renewed by the guard): CMD's exit
@@ -1063,6 +1222,16 @@ async fn finish(guard: LockGuard, a: &Args) {
 /// group gets SIGTERM, then SIGKILL after --grace). `env` is added to CMD's
 /// environment.
 async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
+    // Before CMD starts: from then on a signal to redis-lock is CMD's.
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        log::error!("cannot install signal handlers");
+        release_quietly(guard, &a.name).await;
+        return EXIT_UNAVAILABLE;
+    };
     let mut cmd = tokio::process::Command::new(&a.rest[0]);
     cmd.args(&a.rest[1..])
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -1071,10 +1240,10 @@ async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
         .env(
             "REDIS_LOCK_FENCE",
             guard.fence().map(|f| f.to_string()).unwrap_or_default(),
-        )
-        // A group of its own, so that SIGTERM/SIGKILL reach the whole job (a shell
-        // script and its children), not only the first process.
-        .process_group(0);
+        );
+    // A group of its own, so that signals reach the whole job (a shell script and its
+    // children), killed by the kernel if redis-lock dies.
+    child::own_group_dying_with_us(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -1088,20 +1257,22 @@ async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
         }
     };
     let pgid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        log::error!("cannot install signal handlers");
-        signal_group(pgid, libc::SIGKILL);
-        let _ = child.wait().await;
-        release_quietly(guard, &a.name).await;
-        return EXIT_UNAVAILABLE;
+    // The rest of the group (what CMD starts) goes too if redis-lock dies.
+    let watcher = match child::Watcher::start(pgid) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            log::warn!(
+                "cannot start the watcher of the command's process group ({e}): if \
+                 redis-lock is killed, what the command started may outlive it"
+            );
+            None
+        }
     };
     let lost = guard.lost();
     tokio::pin!(lost);
-    loop {
+    // When a signal passed on to CMD's group is followed by SIGKILL.
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let code = loop {
         tokio::select! {
             status = child.wait() => {
                 let code = match status {
@@ -1111,32 +1282,60 @@ async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
                         EXIT_UNAVAILABLE
                     }
                 };
-                finish(guard, a).await;
-                return code;
+                finish(guard, a, code).await;
+                break code;
             }
             reason = &mut lost => {
+                // SIGKILL after --grace, but never after the lease can end: the next
+                // holder may start then. (A lock taken away already has no such time.)
+                let mut kill = tokio::time::Instant::now() + a.grace;
+                if let (Some(r), Some(end)) = (&reason, guard.valid_until()) {
+                    if *r != LossReason::NotHeld {
+                        kill = kill.min(end.into());
+                    }
+                }
                 let reason = reason.map_or_else(|| "released".to_string(), |r| r.to_string());
+                let left = kill.saturating_duration_since(tokio::time::Instant::now());
                 log::warn!(
-                    "lease on {} lost ({reason}); sending SIGTERM to the command",
-                    a.name
+                    "lease on {} lost ({reason}); sending SIGTERM to the command (SIGKILL \
+                     in {} ms)",
+                    a.name,
+                    left.as_millis()
                 );
                 signal_group(pgid, libc::SIGTERM);
-                if tokio::time::timeout(a.grace, child.wait()).await.is_err() {
-                    log::warn!(
-                        "the command did not exit within {} ms of SIGTERM; sending SIGKILL",
-                        a.grace.as_millis()
-                    );
+                if tokio::time::timeout_at(kill, child.wait()).await.is_err() {
+                    log::warn!("the command did not exit after SIGTERM; sending SIGKILL");
                     signal_group(pgid, libc::SIGKILL);
                     let _ = child.wait().await;
                 }
                 release_quietly(guard, &a.name).await;
-                return a.lost_code;
+                break a.lost_code;
             }
-            _ = term.recv() => signal_group(pgid, libc::SIGTERM),
-            _ = int.recv() => signal_group(pgid, libc::SIGINT),
-            _ = hup.recv() => signal_group(pgid, libc::SIGHUP),
+            _ = term.recv() => pass_on(pgid, libc::SIGTERM, &mut kill_at, a.grace),
+            _ = int.recv() => pass_on(pgid, libc::SIGINT, &mut kill_at, a.grace),
+            _ = hup.recv() => pass_on(pgid, libc::SIGHUP, &mut kill_at, a.grace),
+            _ = async { tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)).await },
+                if kill_at.is_some() =>
+            {
+                log::warn!(
+                    "the command did not exit within {} ms of the signal; sending SIGKILL",
+                    a.grace.as_millis()
+                );
+                signal_group(pgid, libc::SIGKILL);
+                kill_at = None;
+            }
         }
+    };
+    if let Some(w) = watcher {
+        w.done();
     }
+    code
+}
+
+/// A signal to redis-lock, passed on to CMD's group; SIGKILL follows after `grace`.
+fn pass_on(pgid: i32, sig: i32, kill_at: &mut Option<tokio::time::Instant>, grace: Duration) {
+    signal_group(pgid, sig);
+    kill_at.get_or_insert_with(|| tokio::time::Instant::now() + grace);
 }
 
 /// The signal an `elect` got while campaigning, as its exit code (128 + N).
@@ -1263,9 +1462,9 @@ async fn cmd_observe(a: &Args, locks: &LockClient) -> i32 {
 async fn main_async(a: Args) -> i32 {
     let locker = match Locker::new(&a).await {
         Ok(l) => l,
-        Err(e) => {
+        Err((code, e)) => {
             log::error!("{e}");
-            return EXIT_UNAVAILABLE;
+            return code;
         }
     };
     match a.sub {
@@ -1311,15 +1510,6 @@ fn main() {
         }
     };
     log::set_max_level(args.verbosity);
-    if let Some(ca) = &args.cacert {
-        if !ca.is_file() {
-            eprintln!("redis-lock: --cacert {}: no such file", ca.display());
-            std::process::exit(EXIT_USAGE);
-        }
-        // rustls loads the roots it trusts from SSL_CERT_FILE when it is set. Set before
-        // the runtime (and any other thread) starts.
-        std::env::set_var("SSL_CERT_FILE", ca);
-    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -1549,6 +1739,74 @@ mod tests {
         let a = args(&["run", "--confirm-timeout", "250ms", "j", "x"]);
         assert_eq!(a.confirm_timeout, ms(250));
         assert!(p(&["run", "--confirm-timeout", "0", "j", "x"]).is_err());
+    }
+
+    #[test]
+    fn tls_sentinel_margin_and_hold_on_failure() {
+        let a = args(&["--tls", "--url", "redis://h:1", "info", "k"]);
+        assert_eq!(a.url, "rediss://h:1");
+        let a = args(&["info", "--tls", "--nodes", "redis://a:1,rediss://b:2", "k"]);
+        assert_eq!(a.nodes.unwrap(), vec!["rediss://a:1", "rediss://b:2"]);
+        let a = args(&["info", "--cert", "c.pem", "--key", "k.pem", "k"]);
+        assert_eq!(a.cert, Some(("c.pem".into(), "k.pem".into())));
+        assert!(
+            p(&["info", "--cert", "c.pem", "k"]).is_err(),
+            "--cert needs --key"
+        );
+        assert!(
+            p(&["info", "--key", "k.pem", "k"]).is_err(),
+            "--key needs --cert"
+        );
+        let a = args(&[
+            "run",
+            "--sentinel",
+            "s1:26379,s2:26380",
+            "--master",
+            "m",
+            "j",
+            "x",
+        ]);
+        assert_eq!(a.url, "redis+sentinel://s1:26379,s2:26380/m");
+        assert!(
+            p(&["run", "--sentinel", "s1:26379", "j", "x"]).is_err(),
+            "needs --master"
+        );
+        assert!(p(&[
+            "run",
+            "--sentinel",
+            "s:1",
+            "--master",
+            "m",
+            "--url",
+            "redis://h:1",
+            "j",
+            "x"
+        ])
+        .is_err());
+        let a = args(&["--tls", "--sentinel", "s:1", "--master", "m", "info", "k"]);
+        assert_eq!(a.url, "rediss+sentinel://s:1/m");
+        assert_eq!(
+            with_credentials("redis+sentinel://s:1,t:2/m", Some("app"), Some("p@ss w")).unwrap(),
+            "redis+sentinel://app:p%40ss%20w@s:1,t:2/m"
+        );
+        assert!(p(&["--url", "redis+sentinel://s:1/m", "info", "k"]).is_ok());
+
+        assert_eq!(args(&["run", "j", "x"]).margin, None);
+        assert_eq!(
+            args(&["run", "--margin", "2s", "j", "x"]).margin,
+            Some(ms(2000))
+        );
+        assert!(p(&["run", "--ttl", "3s", "--margin", "2s", "j", "x"]).is_err());
+        assert!(!args(&["run", "--hold", "1h", "j", "x"]).hold_on_failure);
+        assert!(args(&["run", "--hold", "1h", "--hold-on-failure", "j", "x"]).hold_on_failure);
+        assert!(
+            p(&["run", "--hold-on-failure", "j", "x"]).is_err(),
+            "needs --hold"
+        );
+        assert_eq!(humantime(Duration::from_secs(144 * 3600)), "144h");
+        assert_eq!(humantime(ms(90_000)), "90s");
+        assert_eq!(humantime(ms(1500)), "1500ms");
+        assert_eq!(humantime(ms(120_000)), "2m");
     }
 
     #[test]

@@ -179,3 +179,34 @@ pub async fn lost_within(
 pub fn lock_stat(server: &Server, field: &str) -> i64 {
     redis_lock_testkit::lock::lock_stat(&mut server.raw(), field)
 }
+
+/// The server's own lease deadline of `key` (`expires-at` of `LOCK.INFO`, unix ms) for an
+/// exclusive lock; `None` when free.
+pub fn expires_at(server: &Server, key: &str) -> Option<i64> {
+    let r = server.raw().cmd(&["LOCK.INFO", key]);
+    r.get("expires-at").and_then(|v| v.as_int())
+}
+
+/// True while process `pid` exists and is not a zombie (one whose parent died is reaped
+/// by init, or stays a zombie until then).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses: "pid (comm) S ...".
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// `n` servers with the module that require the password `pw` (set once they run: the
+/// kit's start-up check talks to them without one).
+pub fn servers_with_password(n: usize, pw: &str) -> Vec<Server> {
+    let s = servers(n);
+    for x in &s {
+        let r = x.raw().cmd(&["CONFIG", "SET", "requirepass", pw]);
+        assert!(!r.is_error(), "{r:?}");
+    }
+    s
+}

@@ -335,7 +335,7 @@ impl Client<'_> {
         match self.query(&cmd)? {
             Value::Nil => Ok(None),
             Value::Array(items) if matches!(items.first(), Some(Value::BulkString(_))) => {
-                Ok(redis::from_redis_value(&items[0])?)
+                Ok(redis::from_redis_value_ref(&items[0])?)
             }
             v => Err(format!("LOCK.ACQUIRE replied {v:?}").into()),
         }
