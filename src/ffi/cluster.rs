@@ -62,8 +62,18 @@ pub fn send(ctx: Ctx<'_>, to: Option<&NodeId>, kind: u8, payload: &[u8]) -> bool
     ) else {
         return false;
     };
-    let target = to.map_or(std::ptr::null(), |id| id.as_ptr().cast::<c_char>());
-    // SAFETY: a valid context; the target is NULL or 40 readable bytes; the payload is
+    // The server finds the target by `strlen`: the id goes NUL-terminated (an id handed
+    // to the receiver callback points into the message and is not, so an answer sent to
+    // it never left on Redis).
+    let mut id = [0u8; 41];
+    let target = match to {
+        Some(t) => {
+            id[..40].copy_from_slice(t);
+            id.as_ptr().cast::<c_char>()
+        }
+        None => std::ptr::null(),
+    };
+    // SAFETY: a valid context; the target is NULL or a NUL-terminated id; the payload is
     // copied before the call returns.
     unsafe { f(ctx.raw(), target, kind, payload.as_ptr().cast(), len) == OK }
 }
