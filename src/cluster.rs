@@ -120,6 +120,15 @@ pub struct Cluster {
     slots_sent: bool,
     /// This node stopped serving some slot since [`Cluster::take_lost`] was last asked.
     lost: bool,
+    /// The slot ranges of Valkey atomic slot migrations this node exports now.
+    exports: Vec<(u16, u16)>,
+}
+
+/// Whether `slot` lies in one of the inclusive `ranges`.
+pub fn in_ranges(ranges: &[(u16, u16)], slot: usize) -> bool {
+    ranges
+        .iter()
+        .any(|&(a, b)| (usize::from(a)..=usize::from(b)).contains(&slot))
 }
 /// The hash slot of a key (CRC16/XMODEM of the key or its `{hash tag}`, mod 16384).
 pub fn key_slot(key: &[u8]) -> usize {
@@ -184,7 +193,24 @@ impl Cluster {
             view: String::new(),
             slots_sent: false,
             lost: false,
+            exports: Vec::new(),
         }
+    }
+
+    /// A Valkey atomic slot migration began (`true`) or ended exporting `ranges`. While
+    /// one runs, every change of a lock there must reach the replication stream: the
+    /// server streams the changes of the migrating slots to the target from it.
+    pub fn exporting(&mut self, ranges: &[(u16, u16)], on: bool) {
+        if on {
+            self.exports.extend_from_slice(ranges);
+        } else {
+            self.exports.retain(|r| !ranges.contains(r));
+        }
+    }
+
+    /// Whether an atomic slot migration exports slots of this node now.
+    pub fn exports(&self) -> bool {
+        !self.exports.is_empty()
     }
 
     /// Whether this node stopped serving some slot since the last call (the watchers of

@@ -117,3 +117,65 @@ pub fn nodes(ctx: Ctx<'_>) -> Option<String> {
     unsafe { api!(RedisModule_FreeCallReply)(reply) };
     text
 }
+
+/// The keys of `slot` in the selected db (`CLUSTER GETKEYSINSLOT`).
+pub fn keys_in_slot(ctx: Ctx<'_>, slot: usize) -> Vec<Vec<u8>> {
+    let count = |sub: &std::ffi::CStr, n: i64| {
+        // SAFETY: a valid context; the format takes a C string and two long longs.
+        unsafe {
+            api!(RedisModule_Call)(
+                ctx.raw(),
+                c"CLUSTER".as_ptr(),
+                c"cll".as_ptr(),
+                sub.as_ptr(),
+                slot as std::ffi::c_longlong,
+                n as std::ffi::c_longlong,
+            )
+        }
+    };
+    // SAFETY: a valid context; the format takes a C string and a long long.
+    let n_reply = unsafe {
+        api!(RedisModule_Call)(
+            ctx.raw(),
+            c"CLUSTER".as_ptr(),
+            c"cl".as_ptr(),
+            c"COUNTKEYSINSLOT".as_ptr(),
+            slot as std::ffi::c_longlong,
+        )
+    };
+    if n_reply.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: a live reply, freed once right after.
+    let n = unsafe {
+        let n = api!(RedisModule_CallReplyInteger)(n_reply);
+        api!(RedisModule_FreeCallReply)(n_reply);
+        n
+    };
+    if n <= 0 {
+        return Vec::new();
+    }
+    let reply = count(c"GETKEYSINSLOT", n);
+    if reply.is_null() {
+        return Vec::new();
+    }
+    let mut keys = Vec::new();
+    // SAFETY: a live array reply; each element and its string are valid until the reply
+    // is freed, and are copied before that.
+    unsafe {
+        let len = api!(RedisModule_CallReplyLength)(reply);
+        for i in 0..len {
+            let e = api!(RedisModule_CallReplyArrayElement)(reply, i);
+            if e.is_null() {
+                continue;
+            }
+            let mut l = 0usize;
+            let p = api!(RedisModule_CallReplyStringPtr)(e, &mut l);
+            if !p.is_null() {
+                keys.push(std::slice::from_raw_parts(p.cast::<u8>(), l).to_vec());
+            }
+        }
+        api!(RedisModule_FreeCallReply)(reply);
+    }
+    keys
+}
