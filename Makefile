@@ -202,6 +202,17 @@ bench-callgrind: bench-deps build bench-floor
 bench-guarded: bench-deps build bench-floor
 	$(BENCH_RUN) guarded
 
+# Issue 27: grants/s and cluster-bus messages per grant on 1 and 3 primaries, and grants/s
+# on a node that keeps receiving slots (CLUSTER SETSLOT) against the same load with nothing
+# moving, on all four servers (~3 min here); saves docs/data/cluster.json and renders the
+# cluster section of docs/BENCHMARKS.md. Env: BENCH_CLUSTER_SECS, BENCH_CLUSTER_CLIENTS,
+# BENCH_CLUSTER_WINDOW_MS, BENCH_CLUSTER_GAP_MS, BENCH_CLUSTER_JSON, BENCH_SERVERS. Not part
+# of `make test`.
+.PHONY: bench-cluster
+bench-cluster: deps build
+	BENCH_SERVERS="$${BENCH_SERVERS:-$(SERVER_SYSTEM),$(SERVER_REDIS8),$(SERVER_VALKEY),$(SERVER_VALKEY9)}" \
+	    $(BENCH_RUN) cluster
+
 bench-callgrind-baseline: bench-deps build bench-floor
 	$(BENCH_RUN) callgrind --save-baseline
 
