@@ -116,8 +116,10 @@ pub(crate) fn run<'a>(
         let slot_pending = match cluster {
             Some(c) if write && !matches!(cmd, Command::Apply { .. }) => {
                 let slot = crate::cluster::key_slot(name.bytes());
-                if c.pending(slot) {
-                    c.refresh(ctx, &engine.fence, ffi::mono_us());
+                // The server routed the key here: a slot this node does not know it
+                // serves arrived since its last look.
+                if !c.serves(slot) {
+                    c.refresh(ctx, engine.fence.last(), ffi::mono_us());
                 }
                 c.pending(slot)
             }
@@ -139,7 +141,7 @@ pub(crate) fn run<'a>(
         drop(ks);
         // A MINFENCE lift reaches the other nodes at once.
         if let Some(c) = cluster {
-            c.maybe_broadcast(ctx, engine.fence.last(), ffi::mono_us());
+            c.maybe_broadcast(ctx, &engine.fence, ffi::mono_us());
         }
         (out, classic)
     })

@@ -116,17 +116,25 @@ impl DataType for LockType {
         }
     }
 
-    /// A held lock, as the LOCK.REPL commands the primary replicates: one ADD per holder,
-    /// the first carrying the fence counter when it is above the lock's own fences.
+    /// A lock as the LOCK.REPL commands the primary replicates: one ADD per holder, the
+    /// first carrying the fence counter when it is above the lock's own fences, then the
+    /// DELAY of a lock-delay that runs (a key whose holders are gone is only that). The
+    /// same commands carry the slots' locks to the target of a Valkey atomic slot
+    /// migration.
     fn rewrite(v: &LockValue, key: Str<'_>, aof: &mut AofOut) {
         let (clock, floor) = (now(), counter());
+        let mut emit = |c: repl::Change<'_>| {
+            repl::encode(&c, clock, &mut |cmd, args| aof.emit(cmd, key, args));
+        };
         for (i, h) in v.iter().enumerate() {
-            let c = repl::Change::Add {
+            emit(repl::Change::Add {
                 mode: v.mode(),
                 holder: h,
                 floor: if i == 0 { floor } else { 0 },
-            };
-            repl::encode(&c, clock, &mut |cmd, args| aof.emit(cmd, key, args));
+            });
+        }
+        if let Some(until) = v.delay_until().filter(|_| v.delaying(clock.mono)) {
+            emit(repl::Change::Delay { until });
         }
     }
 

@@ -192,7 +192,7 @@ impl fmt::Display for LockError {
             ),
             LockError::Moved => write!(
                 f,
-                "LOCKMOVED the lock was moved to another server (MIGRATE) while you waited"
+                "LOCKMOVED the lock was moved to another server (MIGRATE, CLUSTER MIGRATESLOTS) while you waited"
             ),
             LockError::Unblocked => write!(
                 f,

@@ -197,6 +197,11 @@ pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
                 st.serialized.clear();
             }
             ServerEvent::Cron => return cron(ctx, st, now),
+            ServerEvent::SlotMigration {
+                phase,
+                export,
+                ranges,
+            } => slot_migration(ctx, st, phase, export, &ranges, now),
             ServerEvent::ModulesChanged => st.command_flags.clear(),
             ServerEvent::ConfigChanged => return check_eviction(ctx),
             ServerEvent::Client {
@@ -311,7 +316,79 @@ fn cron(ctx: Ctx<'_>, st: &mut State, now: i64) {
     adopt(ctx, st, now);
     if now.saturating_sub(st.listen_checked) >= LISTEN_CHECK_US {
         st.listen_checked = now;
-        st.listening = listening_now(ctx);
+        let exporting = st.cluster.as_ref().is_some_and(|c| c.exports());
+        st.listening = exporting || listening_now(ctx);
+    }
+}
+
+/// Valkey 9's atomic slot migration (`CLUSTER MIGRATESLOTS`). The source streams the
+/// slots' locks to the target as this module's own replication commands (the data type's
+/// AOF rewrite for the snapshot, then every change), so while it exports, every change
+/// is built for the stream. At the cut-over the source's waiters and watchers of keys
+/// there are told LOCKMOVED (the server then deletes the keys here, and hands nothing
+/// over: the routing check finds the slot elsewhere); an aborted export changes nothing
+/// here. The target takes the slots as any node that begins to serve them (confirmed
+/// with the other nodes before a grant) and tracks the leases of what arrived.
+fn slot_migration(
+    ctx: Ctx<'_>,
+    st: &mut State,
+    phase: fev::Phase,
+    export: bool,
+    ranges: &[(u16, u16)],
+    now: i64,
+) {
+    let State {
+        engine,
+        wake,
+        cluster,
+        listening,
+        ..
+    } = st;
+    let Some(c) = cluster else {
+        return;
+    };
+    let inside = |name: &[u8]| crate::cluster::in_ranges(ranges, crate::cluster::key_slot(name));
+    match (export, phase) {
+        (true, fev::Phase::Started) => {
+            c.exporting(ranges, true);
+            *listening = true;
+        }
+        (true, fev::Phase::Aborted) => c.exporting(ranges, false),
+        (true, fev::Phase::Completed) => {
+            c.exporting(ranges, false);
+            c.refresh(ctx, engine.fence.last(), now);
+            let mut sched = sched::RedisSched {
+                ctx,
+                wake,
+                may_block: false,
+                unblock_allowed: false,
+            };
+            engine.moved_away(&mut sched, inside, now);
+        }
+        (false, fev::Phase::Completed) => {
+            c.refresh(ctx, engine.fence.last(), now);
+            // Leases that came due while the slots were not served here were let go by
+            // the engine's routing check: every lock that arrived is tracked again.
+            let mine = ctx.db();
+            for db in 0.. {
+                if !ctx.select_db(db) {
+                    break;
+                }
+                for &(a, b) in ranges {
+                    for slot in usize::from(a)..=usize::from(b) {
+                        for name in crate::ffi::cluster::keys_in_slot(ctx, slot) {
+                            let key = crate::ffi::OwnedStr::new(&name);
+                            let mut k = ctx.open_key(key.as_str(), false, &state::LOCK_TYPE);
+                            if let Some(v) = k.value() {
+                                engine.loaded(db, &name, v, now);
+                            }
+                        }
+                    }
+                }
+            }
+            ctx.select_db(mine);
+        }
+        (false, _) => {}
     }
 }
 

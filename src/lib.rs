@@ -191,7 +191,7 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
         // A start: the first fence jumps ahead of the clock (see lock::fence).
         st.engine.fence.start(wall);
         if cluster::enabled(ctx) {
-            st.cluster = ffi::cluster::my_id().map(cluster::Cluster::new);
+            st.cluster = ffi::cluster::my_id().map(|id| cluster::Cluster::new(id, wall));
         }
     })
     .ok_or("the module state is busy at load")?;

@@ -135,3 +135,49 @@ fn the_lock_delay_setting_stays_within_max_ttl() {
         .unwrap_or_default();
     assert!(err.contains("lock-delay"), "{err}");
 }
+
+/// An AOF rewritten without an RDB preamble writes each lock as the module's commands:
+/// a key whose holders are gone while a lock-delay runs (and a shared lock with holders
+/// left and a delay) must come back delayed, not free.
+#[test]
+fn an_aof_rewrite_keeps_a_running_lock_delay() {
+    let mut s = ServerBuilder::new()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .arg("aof-use-rdb-preamble", "no")
+        .start();
+    let mut c = conn(&s);
+    take_px(
+        &mut c,
+        "lock:gone",
+        &tok("aof-gone"),
+        100,
+        &["LOCKDELAY", "60000"],
+    );
+    let shared = ["SHARED", "LOCKDELAY", "60000"];
+    take_px(&mut c, "lock:sh", &tok("aof-sh-1"), 100, &shared);
+    take_px(&mut c, "lock:sh", &tok("aof-sh-2"), 60_000, &["SHARED"]);
+    sleep(Duration::from_millis(250));
+    assert_eq!(c.cmd(&acq("lock:gone", &["PX", "1000"])), Resp::Nil);
+    assert_eq!(c.cmd(&acq("lock:sh", &["PX", "1000"])), Resp::Nil);
+    assert!(!c.cmd(&["BGREWRITEAOF"]).is_error());
+    assert!(wait_until(SETTLE, || {
+        s.info_field("persistence", "aof_rewrite_in_progress")
+            .as_deref()
+            == Some("0")
+            && s.info_field("persistence", "aof_last_bgrewrite_status")
+                .as_deref()
+                == Some("ok")
+    }));
+    s.kill9();
+    s.restart();
+    let mut c = conn(&s);
+    for key in ["lock:gone", "lock:sh"] {
+        let left = info_field(&mut c, key, "lock-delay").and_then(|r| r.as_int());
+        assert!(
+            left.is_some_and(|ms| ms > 50_000),
+            "{key}: lock-delay {left:?} after the rewritten AOF was loaded"
+        );
+    }
+    assert_eq!(c.cmd(&acq("lock:gone", &["PX", "1000"])), Resp::Nil);
+}

@@ -28,6 +28,8 @@ pub enum Command {
         #[arg(long)]
         save_baseline: bool,
     },
+    /// Issue 27's cluster figures: 1 and 3 primaries, slots arriving (make bench-cluster).
+    Cluster,
     /// The instruction-count check of `make test` (make perf-guard).
     Guard {
         /// Write the measured counts as the new baseline, giving the reason.
@@ -123,6 +125,20 @@ pub struct Config {
     /// Where the measurements go (default ROOT/docs/data/perf.json); docs render beside.
     #[arg(long, env = "BENCH_JSON")]
     pub json: Option<PathBuf>,
+    /// Cluster part: seconds per measurement (per state where slots move or not),
+    /// client threads of the 1 and 3 primary loops, the windows in which slots move or
+    /// not in turn (ms), the pause between two slot moves (ms), where to save (default
+    /// ROOT/docs/data/cluster.json).
+    #[arg(long, env = "BENCH_CLUSTER_SECS", default_value_t = 6.0)]
+    pub cluster_secs: f64,
+    #[arg(long, env = "BENCH_CLUSTER_CLIENTS", default_value_t = 8, value_parser = positive)]
+    pub cluster_clients: usize,
+    #[arg(long, env = "BENCH_CLUSTER_WINDOW_MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(10..))]
+    pub cluster_window_ms: u64,
+    #[arg(long, env = "BENCH_CLUSTER_GAP_MS", default_value_t = 3)]
+    pub cluster_gap_ms: u64,
+    #[arg(long, env = "BENCH_CLUSTER_JSON")]
+    pub cluster_json: Option<PathBuf>,
     /// Lease of the probe lock in the expiry measurement (not a setting).
     #[arg(skip = crate::scaling::EXPIRY_TTL_MS)]
     pub expiry_ttl_ms: u64,

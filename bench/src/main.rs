@@ -10,6 +10,7 @@ macro_rules! bail {
 }
 
 mod callgrind;
+mod cluster;
 mod config;
 mod crosscheck;
 mod guarded;
@@ -300,6 +301,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None | Some(Command::All) => all(&cfg),
         Some(Command::Guarded) => guarded_only(&cfg),
+        Some(Command::Cluster) => cluster::run(&cfg),
         Some(Command::Callgrind { save_baseline }) => callgrind_only(&cfg, save_baseline),
         Some(Command::Guard { save_baseline }) => callgrind_bin(&cfg)
             .and_then(|bin| callgrind::guard(&bin, &cfg, save_baseline.as_deref())),

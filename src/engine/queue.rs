@@ -213,6 +213,28 @@ impl<W> Engine<W> {
         }
     }
 
+    /// The keys for which `moved` holds left this server with their slot (Valkey's atomic
+    /// slot migration gave them to another node): their waiters are told so (LOCKMOVED)
+    /// now, never granted here, and their watchers at a look that comes now.
+    pub fn moved_away<S: Sched<Waiter = W>>(
+        &mut self,
+        sched: &mut S,
+        moved: impl Fn(&[u8]) -> bool,
+        now: i64,
+    ) {
+        for (db, name) in self.keys_with_waiters(None) {
+            if moved(&name) {
+                self.fail_waiters(sched, db, &name, &LockError::Moved, false);
+            }
+        }
+        for (db, name) in self.watched_keys(None) {
+            if moved(&name) {
+                self.mark_watch_moved(db, &name);
+                self.note(db, &name, now);
+            }
+        }
+    }
+
     fn pop_front(&mut self, db: i32, name: &[u8]) -> Option<Wait<W>> {
         let w = self.queue_mut(db, name)?.waiters.pop_front()?;
         self.forget(&w);

@@ -62,8 +62,18 @@ pub fn send(ctx: Ctx<'_>, to: Option<&NodeId>, kind: u8, payload: &[u8]) -> bool
     ) else {
         return false;
     };
-    let target = to.map_or(std::ptr::null(), |id| id.as_ptr().cast::<c_char>());
-    // SAFETY: a valid context; the target is NULL or 40 readable bytes; the payload is
+    // The server finds the target by `strlen`: the id goes NUL-terminated (an id handed
+    // to the receiver callback points into the message and is not, so an answer sent to
+    // it never left on Redis).
+    let mut id = [0u8; 41];
+    let target = match to {
+        Some(t) => {
+            id[..40].copy_from_slice(t);
+            id.as_ptr().cast::<c_char>()
+        }
+        None => std::ptr::null(),
+    };
+    // SAFETY: a valid context; the target is NULL or a NUL-terminated id; the payload is
     // copied before the call returns.
     unsafe { f(ctx.raw(), target, kind, payload.as_ptr().cast(), len) == OK }
 }
@@ -106,4 +116,66 @@ pub fn nodes(ctx: Ctx<'_>) -> Option<String> {
     // SAFETY: the reply returned above, freed once.
     unsafe { api!(RedisModule_FreeCallReply)(reply) };
     text
+}
+
+/// The keys of `slot` in the selected db (`CLUSTER GETKEYSINSLOT`).
+pub fn keys_in_slot(ctx: Ctx<'_>, slot: usize) -> Vec<Vec<u8>> {
+    let count = |sub: &std::ffi::CStr, n: i64| {
+        // SAFETY: a valid context; the format takes a C string and two long longs.
+        unsafe {
+            api!(RedisModule_Call)(
+                ctx.raw(),
+                c"CLUSTER".as_ptr(),
+                c"cll".as_ptr(),
+                sub.as_ptr(),
+                slot as std::ffi::c_longlong,
+                n as std::ffi::c_longlong,
+            )
+        }
+    };
+    // SAFETY: a valid context; the format takes a C string and a long long.
+    let n_reply = unsafe {
+        api!(RedisModule_Call)(
+            ctx.raw(),
+            c"CLUSTER".as_ptr(),
+            c"cl".as_ptr(),
+            c"COUNTKEYSINSLOT".as_ptr(),
+            slot as std::ffi::c_longlong,
+        )
+    };
+    if n_reply.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: a live reply, freed once right after.
+    let n = unsafe {
+        let n = api!(RedisModule_CallReplyInteger)(n_reply);
+        api!(RedisModule_FreeCallReply)(n_reply);
+        n
+    };
+    if n <= 0 {
+        return Vec::new();
+    }
+    let reply = count(c"GETKEYSINSLOT", n);
+    if reply.is_null() {
+        return Vec::new();
+    }
+    let mut keys = Vec::new();
+    // SAFETY: a live array reply; each element and its string are valid until the reply
+    // is freed, and are copied before that.
+    unsafe {
+        let len = api!(RedisModule_CallReplyLength)(reply);
+        for i in 0..len {
+            let e = api!(RedisModule_CallReplyArrayElement)(reply, i);
+            if e.is_null() {
+                continue;
+            }
+            let mut l = 0usize;
+            let p = api!(RedisModule_CallReplyStringPtr)(e, &mut l);
+            if !p.is_null() {
+                keys.push(std::slice::from_raw_parts(p.cast::<u8>(), l).to_vec());
+            }
+        }
+        api!(RedisModule_FreeCallReply)(reply);
+    }
+    keys
 }

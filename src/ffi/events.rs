@@ -52,7 +52,7 @@ pub fn subscribe_keyspace(ctx: Ctx<'_>, mask: c_int, f: KeyspaceFn) -> Result<()
 }
 
 /// The server events the module acts on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerEvent {
     /// FLUSHDB / FLUSHALL (also DEBUG RELOAD, a full sync) finished; -1 for all dbs.
     Flushed(i32),
@@ -85,6 +85,81 @@ pub enum ServerEvent {
         ip: [u8; 46],
         port: u16,
     },
+    /// Valkey 9's atomic slot migration (`CLUSTER MIGRATESLOTS`) of these slot ranges
+    /// (inclusive) started, completed or was aborted (failed or cancelled), on the side
+    /// that exports them or on the side that imports them.
+    SlotMigration {
+        phase: Phase,
+        export: bool,
+        ranges: Vec<(u16, u16)>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Started,
+    Completed,
+    Aborted,
+}
+
+/// `VALKEYMODULE_EVENT_ATOMIC_SLOT_MIGRATION` and its sub-events (valkeymodule.h, 9.0).
+const EVENT_ATOMIC_SLOT_MIGRATION: u64 = 19;
+const ASM_IMPORT_STARTED: u64 = 0;
+const ASM_EXPORT_STARTED: u64 = 1;
+const ASM_IMPORT_ABORTED: u64 = 2;
+const ASM_EXPORT_ABORTED: u64 = 3;
+const ASM_IMPORT_COMPLETED: u64 = 4;
+const ASM_EXPORT_COMPLETED: u64 = 5;
+
+/// `ValkeyModuleSlotRange`.
+#[repr(C)]
+struct SlotRange {
+    start: c_int,
+    end: c_int,
+}
+
+/// `ValkeyModuleAtomicSlotMigrationInfo`, version 1.
+#[repr(C)]
+struct MigrationInfo {
+    version: u64,
+    job_name: [c_char; 41],
+    slot_ranges: *const SlotRange,
+    num_slot_ranges: u32,
+}
+
+/// The event of a slot migration, read from the server's info.
+fn slot_migration(sub: u64, data: *mut c_void) -> Option<ServerEvent> {
+    let (phase, export) = match sub {
+        ASM_IMPORT_STARTED => (Phase::Started, false),
+        ASM_EXPORT_STARTED => (Phase::Started, true),
+        ASM_IMPORT_ABORTED => (Phase::Aborted, false),
+        ASM_EXPORT_ABORTED => (Phase::Aborted, true),
+        ASM_IMPORT_COMPLETED => (Phase::Completed, false),
+        ASM_EXPORT_COMPLETED => (Phase::Completed, true),
+        _ => return None,
+    };
+    if data.is_null() {
+        return None;
+    }
+    // SAFETY: for this event the data is the server's migration info (version 1, the
+    // version subscribed to), valid for the callback.
+    let info = unsafe { &*data.cast::<MigrationInfo>() };
+    let n = info.num_slot_ranges as usize;
+    let ranges = if n == 0 || info.slot_ranges.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: `num_slot_ranges` ranges at `slot_ranges`, owned by the server.
+        unsafe { std::slice::from_raw_parts(info.slot_ranges, n) }
+    };
+    let slot = |s: c_int| u16::try_from(s).ok().filter(|&s| s < 16384);
+    let ranges = (ranges.iter())
+        .filter_map(|r| Some((slot(r.start)?, slot(r.end)?)))
+        .collect();
+    Some(ServerEvent::SlotMigration {
+        phase,
+        export,
+        ranges,
+    })
 }
 
 pub type ServerFn = fn(Ctx<'_>, ServerEvent);
@@ -161,6 +236,10 @@ extern "C" fn server_cb(
         {
             ServerEvent::SaveEnded
         }
+        EVENT_ATOMIC_SLOT_MIGRATION => match slot_migration(sub, data) {
+            Some(ev) => ev,
+            None => return,
+        },
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED => {
             if sub == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
                 ServerEvent::BecamePrimary
@@ -195,6 +274,18 @@ pub fn subscribe_server(ctx: Ctx<'_>, f: ServerFn) -> Result<(), String> {
             unsafe { api!(RedisModule_SubscribeToServerEvent)(ctx.raw(), ev, Some(server_cb)) };
         if ok != OK {
             return Err(format!("subscribing to server event {id} failed"));
+        }
+    }
+    if super::atomic_slot_migration(ctx) {
+        let ev = raw::RedisModuleEvent {
+            id: EVENT_ATOMIC_SLOT_MIGRATION,
+            dataver: 1,
+        };
+        // SAFETY: as above; the event exists on Valkey 9.
+        let ok =
+            unsafe { api!(RedisModule_SubscribeToServerEvent)(ctx.raw(), ev, Some(server_cb)) };
+        if ok != OK {
+            return Err("subscribing to the atomic slot migration event failed".into());
         }
     }
     Ok(())

@@ -522,11 +522,25 @@ impl Drop for OwnedStr {
 /// that changes nothing does not abort a WATCH).
 pub fn set_module_options(ctx: Ctx<'_>) {
     if let Some(f) = api_opt!(RedisModule_SetModuleOptions) {
-        let opts = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+        let mut opts = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
             | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+        if atomic_slot_migration(ctx) {
+            opts |= OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION;
+        }
         // SAFETY: valid context; plain flags.
         unsafe { f(ctx.raw, opts as c_int) };
     }
+}
+
+/// `VALKEYMODULE_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION` (valkeymodule.h, Valkey 9.0): the
+/// module handles `CLUSTER MIGRATESLOTS` (without it the server refuses the command).
+/// Another server may give the bit another meaning: it is set on Valkey 9 only.
+const OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION: u32 = 1 << 5;
+
+/// Whether the server is Valkey 9.0 or later (atomic slot migration, its server event).
+pub fn atomic_slot_migration(ctx: Ctx<'_>) -> bool {
+    server_version() >= 0x0009_0000
+        && ctx.info_text(c"server", c"server_name").as_deref() == Some("valkey")
 }
 
 /// A raw `char*` for C APIs that keep it for the life of the process.

@@ -74,6 +74,110 @@ pub fn acquire_in_cluster(c: &mut RawConn, key: &str, args: &[&str], patience: D
     }
 }
 
+/// A cluster client over one [`RawConn`] per node (the kit's [`crate::Cluster`] or any
+/// ports): sends a key's command to the node serving its slot and follows `MOVED`, `ASK`
+/// and `TRYAGAIN` (resent 1 ms later), counting each.
+pub struct Routed {
+    conns: Vec<RawConn>,
+    ports: Vec<u16>,
+    /// The node index serving each slot, as last learned.
+    slots: Vec<usize>,
+    pub moved: u64,
+    pub ask: u64,
+    pub tryagain: u64,
+}
+
+impl Routed {
+    pub fn connect(ports: &[u16]) -> io::Result<Routed> {
+        let conns = (ports.iter())
+            .map(|&p| RawConn::open(([127, 0, 0, 1], p).into(), crate::IO_TIMEOUT))
+            .collect::<io::Result<Vec<_>>>()?;
+        let mut r = Routed {
+            conns,
+            ports: ports.to_vec(),
+            slots: vec![0; 16384],
+            moved: 0,
+            ask: 0,
+            tryagain: 0,
+        };
+        r.load_slots()?;
+        Ok(r)
+    }
+
+    /// The slot table from `CLUSTER SLOTS` of the first node.
+    fn load_slots(&mut self) -> io::Result<()> {
+        let r = self.conns[0].call(&["CLUSTER", "SLOTS"])?;
+        for range in r.as_items().unwrap_or_default() {
+            let Some([lo, hi, master, ..]) = range.as_items() else {
+                continue;
+            };
+            let port = master.as_items().and_then(|m| m.get(1)?.as_int());
+            let node = self.ports.iter().position(|&p| Some(i64::from(p)) == port);
+            if let (Some(lo), Some(hi), Some(n)) = (lo.as_int(), hi.as_int(), node) {
+                for s in lo.max(0)..=hi.min(16383) {
+                    self.slots[s as usize] = n;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The node index of `host:port` in a redirect.
+    fn node_of(&self, addr: Option<&str>) -> Option<usize> {
+        let port: u16 = addr?.rsplit_once(':')?.1.parse().ok()?;
+        self.ports.iter().position(|&p| p == port)
+    }
+
+    /// Sends `args` (whose key is `key`) until a reply other than a redirect or TRYAGAIN
+    /// comes, or `patience` has passed (the last such reply is returned).
+    pub fn call<A: AsRef<[u8]>>(
+        &mut self,
+        key: &[u8],
+        args: &[A],
+        patience: Duration,
+    ) -> io::Result<Resp> {
+        let deadline = Instant::now() + patience;
+        let mut asking = None;
+        loop {
+            let node = asking.unwrap_or(self.slots[usize::from(crate::key_slot(key))]);
+            let c = &mut self.conns[node];
+            let r = if asking.take().is_some() {
+                c.queue(&["ASKING"]);
+                c.queue(args);
+                c.flush()?;
+                c.read()?;
+                c.read()?
+            } else {
+                c.call(args)?
+            };
+            let Resp::Error(e) = &r else { return Ok(r) };
+            if Instant::now() >= deadline {
+                return Ok(r);
+            }
+            let mut words = e.split(' ');
+            match words.next() {
+                Some("MOVED") => {
+                    self.moved += 1;
+                    let slot = words.next().and_then(|s| s.parse::<usize>().ok());
+                    match (slot, self.node_of(words.next())) {
+                        (Some(s), Some(n)) if s < self.slots.len() => self.slots[s] = n,
+                        _ => self.load_slots()?,
+                    }
+                }
+                Some("ASK") => {
+                    self.ask += 1;
+                    asking = self.node_of(words.nth(1));
+                }
+                Some("TRYAGAIN") => {
+                    self.tryagain += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                _ => return Ok(r),
+            }
+        }
+    }
+}
+
 /// `LOCK.INFO key`: `None` when free.
 pub fn info(c: &mut RawConn, key: &str) -> io::Result<Option<LockInfo>> {
     match c.call(&["LOCK.INFO", key])? {

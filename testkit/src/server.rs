@@ -699,6 +699,40 @@ impl Cluster {
         })
     }
 
+    /// Waits until every node says node `owner` serves `slot` (`CLUSTER SLOTS`) and all
+    /// know the same current epoch: a node taking a slot bumps its config epoch only when
+    /// it is not the highest it knows of, so a slot moved on before the epochs settled can
+    /// be claimed back by an older owner's higher epoch.
+    pub fn wait_slot_owner(&self, slot: u16, owner: usize, timeout: Duration) -> bool {
+        let port = i64::from(self.nodes[owner].port);
+        wait_until(timeout, || {
+            let epochs: Vec<Option<String>> = (self.nodes.iter())
+                .map(|n| info_field(&cluster_info(n), "cluster_current_epoch"))
+                .collect();
+            epochs[0].is_some()
+                && epochs.iter().all(|e| *e == epochs[0])
+                && self.nodes.iter().all(|n| {
+                    let slots = n.ask(IO_TIMEOUT, &["CLUSTER", "SLOTS"]);
+                    slots
+                        .as_ref()
+                        .and_then(Resp::as_items)
+                        .is_some_and(|ranges| {
+                            ranges.iter().any(|range| match range.as_items() {
+                                Some([lo, hi, master, ..]) => {
+                                    let within = (lo.as_int().unwrap_or(-1)
+                                        ..=hi.as_int().unwrap_or(-1))
+                                        .contains(&i64::from(slot));
+                                    within
+                                        && master.as_items().and_then(|m| m.get(1)?.as_int())
+                                            == Some(port)
+                                }
+                                _ => false,
+                            })
+                        })
+                })
+        })
+    }
+
     /// Moves `slot` to node `to` as `redis-cli --cluster reshard` does (IMPORTING, MIGRATING,
     /// MIGRATE every key, then SETSLOT NODE on the target, the source and the others), with
     /// `pause` before SETSLOT NODE (clients meet ASK and TRYAGAIN). Returns the keys moved.
@@ -709,24 +743,50 @@ impl Cluster {
         if from == to {
             return Ok(0);
         }
+        let mut conns = (self.nodes.iter())
+            .map(|n| n.try_raw(IO_TIMEOUT).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ids = Self::ids_of(&mut conns)?;
+        self.move_slot(&mut conns, &ids, slot, from, to, pause)
+    }
+
+    /// Every node's id (`CLUSTER MYID`), over `conns` (one per node, in order).
+    pub fn ids_of(conns: &mut [RawConn]) -> Result<Vec<String>, String> {
+        (conns.iter_mut())
+            .map(|c| match c.call(&["CLUSTER", "MYID"]) {
+                Ok(Resp::Bulk(id)) => Ok(String::from_utf8_lossy(&id).into_owned()),
+                r => Err(format!("CLUSTER MYID: {r:?}")),
+            })
+            .collect()
+    }
+
+    /// [`migrate_slot`](Self::migrate_slot) from a known owner over open connections (one
+    /// per node, in order) and the nodes' ids: a few round trips per slot, for callers
+    /// that move many.
+    pub fn move_slot(
+        &self,
+        conns: &mut [RawConn],
+        ids: &[String],
+        slot: u16,
+        from: usize,
+        to: usize,
+        pause: Duration,
+    ) -> Result<u64, String> {
         let s = slot.to_string();
-        let conn = |i: usize| self.nodes[i].try_raw(IO_TIMEOUT).map_err(|e| e.to_string());
-        let ok = |c: &mut RawConn, cmd: &[&str]| match c.call(cmd) {
+        let mut ok = |i: usize, cmd: &[&str]| match conns[i].call(cmd) {
             Ok(r) if !r.is_error() => Ok(r),
             r => Err(format!("{} on slot {slot}: {r:?}", cmd.join(" "))),
         };
-        let (mut src, mut dst) = (conn(from)?, conn(to)?);
-        let src_id = ok(&mut src, &["CLUSTER", "MYID"])?.text();
-        let dst_id = ok(&mut dst, &["CLUSTER", "MYID"])?.text();
-        ok(&mut dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &src_id])?;
-        ok(&mut src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst_id])?;
+        let (src_id, dst_id) = (ids[from].as_str(), ids[to].as_str());
+        ok(to, &["CLUSTER", "SETSLOT", &s, "IMPORTING", src_id])?;
+        ok(from, &["CLUSTER", "SETSLOT", &s, "MIGRATING", dst_id])?;
         let (host, port) = (
             self.nodes[to].host.to_string(),
             self.nodes[to].port.to_string(),
         );
         let mut moved = 0;
         for _ in 0..100 {
-            let keys = ok(&mut src, &["CLUSTER", "GETKEYSINSLOT", &s, "100"])?;
+            let keys = ok(from, &["CLUSTER", "GETKEYSINSLOT", &s, "100"])?;
             let keys: Vec<String> = keys
                 .as_items()
                 .unwrap_or_default()
@@ -737,22 +797,22 @@ impl Cluster {
                 break;
             }
             for k in &keys {
-                let r = ok(&mut src, &["MIGRATE", &host, &port, k, "0", "5000"])?;
+                let r = ok(from, &["MIGRATE", &host, &port, k, "0", "5000"])?;
                 moved += u64::from(r.as_text().as_deref() == Some("OK"));
             }
         }
-        let left = ok(&mut src, &["CLUSTER", "COUNTKEYSINSLOT", &s])?;
+        let left = ok(from, &["CLUSTER", "COUNTKEYSINSLOT", &s])?;
         if left.as_int() != Some(0) {
             return Err(format!(
                 "slot {slot}: the source still holds {left:?} keys after MIGRATE"
             ));
         }
         sleep(pause);
-        let setslot = ["CLUSTER", "SETSLOT", &s, "NODE", &dst_id];
-        ok(&mut dst, &setslot)?;
-        ok(&mut src, &setslot)?;
+        let setslot = ["CLUSTER", "SETSLOT", &s, "NODE", dst_id];
+        ok(to, &setslot)?;
+        ok(from, &setslot)?;
         for i in (0..self.nodes.len()).filter(|&i| i != from && i != to) {
-            ok(&mut conn(i)?, &setslot)?;
+            ok(i, &setslot)?;
         }
         Ok(moved)
     }

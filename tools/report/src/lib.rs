@@ -3,6 +3,7 @@
 //! docs/templates/ show (ratios, goals, verdicts) and the charts.
 
 pub mod chart;
+pub mod cluster;
 pub mod contention;
 pub mod contention_kinds;
 pub mod fmt;
@@ -21,6 +22,7 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub const PERF_JSON: &str = "docs/data/perf.json";
 pub const CONTENTION_JSON: &str = "docs/data/contention.json";
 pub const RELIABILITY_JSON: &str = "docs/data/reliability.json";
+pub const CLUSTER_JSON: &str = "docs/data/cluster.json";
 
 /// Writes `value` as pretty JSON (creating the directory).
 pub fn save<T: Serialize>(path: &Path, value: &T) -> Result<(), Error> {
@@ -85,7 +87,12 @@ pub fn render_all(root: &Path) -> Result<Vec<PathBuf>, Error> {
         let run: perf::PerfRun = load(&root.join(PERF_JSON))?;
         splice_file(&bench_md, "perf", &perf::perf_section(&run)?)?;
         chart::perf(&root.join("docs/perf.png"), &run)?;
-        wrote.extend([bench_md, root.join("docs/perf.png")]);
+        wrote.extend([bench_md.clone(), root.join("docs/perf.png")]);
+    }
+    if root.join(CLUSTER_JSON).is_file() {
+        let run: cluster::ClusterRun = load(&root.join(CLUSTER_JSON))?;
+        splice_file(&bench_md, "cluster", &cluster::section(&run)?)?;
+        wrote.push(bench_md.clone());
     }
     if root.join(RELIABILITY_JSON).is_file() {
         let run: reliability::ReliabilityRun = load(&root.join(RELIABILITY_JSON))?;

@@ -14,8 +14,9 @@ macro_rules! templates {
     };
 }
 
-const TEMPLATES: [(&str, &str); 7] = templates![
+const TEMPLATES: [(&str, &str); 8] = templates![
     "perf.md.j2",
+    "cluster.md.j2",
     "headline.md.j2",
     "callgrind.md.j2",
     "contention.md.j2",

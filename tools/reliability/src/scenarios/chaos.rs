@@ -17,7 +17,11 @@ use crate::workload::{self, ClientLog, Kind, Plan, Tally};
 use redis_lock_testkit::{flavor_of, Cluster, Flavor, ReplicaPair};
 
 pub const TITLE: &str = "Server operations under load (chaos)";
-pub const TARGET: &str = "0 crashes, 0 double grants, 0 fence regressions per server and 0 per key (across cluster nodes and slot moves), every waiter answered within BLOCK + 1 s, in >= 100,000 acquisitions";
+pub const TARGET: &str = "0 crashes, 0 double grants, 0 fence regressions per server and 0 per key (across cluster nodes and slot moves), every waiter answered within BLOCK + 1 s, in >= 100,000 acquisitions; the cluster sub-run at least half the standalone sub-run's acquisitions/s";
+
+/// The cluster sub-run's acquisitions per second, at least this share of the standalone
+/// sub-run's in the same run (issue 27: slots that move must not stall the others).
+const CLUSTER_FLOOR: f64 = 0.5;
 
 /// How long after a CLIENT PAUSE's nominal end the server may still hold commands.
 const PAUSE_RELEASE_MS: u64 = 110;
@@ -568,6 +572,22 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         keyed + refusals > 0,
         format!("{keyed} fence regressions per key ({why})"),
     );
+    let rate = |name: &str| {
+        (parts.iter())
+            .find(|p| p.name == name)
+            .map(|p| p.grants as f64 / p.secs.max(0.001))
+    };
+    if let (Some(single), Some(cluster)) = (rate("standalone"), rate("3-master cluster")) {
+        let ratio = cluster / single;
+        o.put("cluster_ratio", ratio);
+        o.fail_if(
+            ratio < CLUSTER_FLOOR,
+            format!(
+                "the cluster sub-run made {cluster:.0} acquisitions/s, {ratio:.2}x the standalone \
+                 sub-run's {single:.0} (floor {CLUSTER_FLOOR}x)"
+            ),
+        );
+    }
     o.put("subs", parts);
     o.put("counts", [double, fences, late, broken]);
     o.put("key_regressions", keyed);
