@@ -142,24 +142,15 @@ fn coarse_bucket(block: i64) -> usize {
     SLOTS + block.rem_euclid(COARSE as i64) as usize
 }
 
-/// The index's hash of an entry (FxHash over words: the names are short).
+/// Chain of `hash` in an index of `size` chains (a power of two).
+fn chain_index(hash: u64, size: usize) -> usize {
+    (hash >> (64 - size.trailing_zeros())) as usize
+}
+
+/// The index's hash of an entry.
 fn hash(at: i64, db: i32, name: &[u8]) -> u64 {
-    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-    let mix = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(K);
-    let mut h = mix(mix(name.len() as u64, at as u64), db as u64);
-    let mut chunks = name.chunks_exact(8);
-    for c in &mut chunks {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(c);
-        h = mix(h, u64::from_le_bytes(w));
-    }
-    let rest = chunks.remainder();
-    if !rest.is_empty() {
-        let mut w = [0u8; 8];
-        w[..rest.len()].copy_from_slice(rest);
-        h = mix(h, u64::from_le_bytes(w));
-    }
-    h
+    let seed = (at as u64).rotate_left(20) ^ (db as u64) ^ ((name.len() as u64) << 56);
+    super::word_hash(seed, name)
 }
 
 impl Leases {
@@ -216,8 +207,9 @@ impl Leases {
         self.chain(hash(at, db, name))
     }
 
+    /// The chain of a hash: its top bits (a multiplicative hash mixes into those).
     fn chain(&self, hash: u64) -> usize {
-        (hash as usize) & (self.index.len() - 1)
+        chain_index(hash, self.index.len())
     }
 
     /// Puts `lease` (whose [`hash`] is `hash`) in a new node at the head of bucket `b`
@@ -310,7 +302,7 @@ impl Leases {
         self.index = vec![NIL; size];
         for (n, node) in self.slab.iter_mut().enumerate() {
             if node.prev != FREE {
-                let h = (hash(node.at, node.db, &node.name) as usize) & (size - 1);
+                let h = chain_index(hash(node.at, node.db, &node.name), size);
                 node.hnext = self.index[h];
                 self.index[h] = n as u32;
             }
