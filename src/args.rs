@@ -133,6 +133,50 @@ const ACQUIRE_KINDS: [AcquireOpt; 9] = {
     ]
 };
 
+/// Up to the first 8 bytes of `b` as a little-endian word with the case bit (0x20) of
+/// every byte cleared: for a name of ASCII letters, equal words mean equal names without
+/// regard to case (only a letter's two cases map onto a letter).
+const fn folded(b: &[u8]) -> u64 {
+    let mut w = 0u64;
+    let mut i = 0;
+    while i < b.len() && i < 8 {
+        w |= ((b[i] & !0x20) as u64) << (8 * i);
+        i += 1;
+    }
+    w
+}
+
+/// The index of a LOCK.ACQUIRE option in `ACQUIRE_OPTIONS` (all letters), without regard
+/// to case: what `syntax::find_name` finds (a test checks), in a few instructions.
+fn acquire_option(opt: &[u8]) -> Option<usize> {
+    use AcquireOpt::*;
+    const fn w(i: AcquireOpt) -> u64 {
+        folded(ACQUIRE_OPTIONS[i as usize].as_bytes())
+    }
+    const PX: u64 = w(Px);
+    const EX: u64 = w(Ex);
+    const TOKEN: u64 = w(Token);
+    const OWNER: u64 = w(Owner);
+    const BLOCK: u64 = w(Block);
+    const LIMIT: u64 = w(Limit);
+    const SHARED: u64 = w(Shared);
+    const MINFENCE: u64 = w(MinFence);
+    const LOCKDELA: u64 = w(LockDelay);
+    let kind = match (opt.len(), folded(opt)) {
+        (2, PX) => Px,
+        (2, EX) => Ex,
+        (5, TOKEN) => Token,
+        (5, OWNER) => Owner,
+        (5, BLOCK) => Block,
+        (5, LIMIT) => Limit,
+        (6, SHARED) => Shared,
+        (8, MINFENCE) => MinFence,
+        (9, LOCKDELA) if opt[8] & !0x20 == b'Y' => LockDelay,
+        _ => return None,
+    };
+    Some(kind as usize)
+}
+
 /// In the order of `ACQUIRE_OPTIONS` (a test checks), so a variant's value is its index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum AcquireOpt {
@@ -165,6 +209,7 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
     walk(
         args,
         &ACQUIRE_OPTIONS,
+        acquire_option,
         1 << AcquireOpt::Shared as u32,
         |opt, v, at| {
             use AcquireOpt::*;
@@ -348,6 +393,36 @@ mod tests {
             .map(|s| &*Box::leak(s.as_bytes().to_vec().into_boxed_slice()))
             .collect();
         parse_acquire(&owned, lim)
+    }
+
+    #[test]
+    fn the_acquire_lookup_agrees_with_the_table_scan() {
+        let mut words: Vec<Vec<u8>> = ACQUIRE_OPTIONS
+            .iter()
+            .map(|o| o.as_bytes().to_vec())
+            .collect();
+        for o in ACQUIRE_OPTIONS {
+            words.push(o.to_ascii_lowercase().into_bytes());
+            words.push(format!("{o}X").into_bytes());
+            let mut near = o.as_bytes().to_vec();
+            near[o.len() - 1] ^= 1;
+            words.push(near);
+        }
+        words.extend([
+            b"".to_vec(),
+            b"P".to_vec(),
+            b"pX".to_vec(),
+            b"TOKEM".to_vec(),
+            vec![0xff; 5],
+        ]);
+        for w in words {
+            assert_eq!(
+                acquire_option(&w),
+                crate::syntax::find_name(&ACQUIRE_OPTIONS, &w),
+                "{:?}",
+                String::from_utf8_lossy(&w)
+            );
+        }
     }
 
     #[test]

@@ -55,14 +55,18 @@ pub fn options<'a>(
         .enumerate()
         .filter(|(_, k)| flags.contains(k))
         .fold(0u32, |bits, (i, _)| bits | 1 << i);
-    walk(args, known, flag_bits, |i, v, _| handle(known[i], v))
+    let find = |opt: &[u8]| find_name(known, opt);
+    walk(args, known, find, flag_bits, |i, v, _| handle(known[i], v))
 }
 
-/// The walk under [`options`], by index: `handle(option index, value, value's index in
-/// args)`; `flags` has a bit per bare flag of `known`. No allocation on success.
+/// The walk under [`options`], by index: `find` tells an option's index in `known` (a
+/// command's own lookup may be quicker than [`find_name`]'s scan), `handle(option index,
+/// value, value's index in args)`; `flags` has a bit per bare flag of `known`. No
+/// allocation on success.
 pub fn walk<'a>(
     args: &[&'a [u8]],
     known: &[&'static str],
+    find: impl Fn(&[u8]) -> Option<usize>,
     flags: u32,
     mut handle: impl FnMut(usize, &'a [u8], usize) -> Result<(), LockError>,
 ) -> Result<(), LockError> {
@@ -70,7 +74,7 @@ pub fn walk<'a>(
     let mut expiry_seen = None;
     let mut i = 0;
     while let Some(&opt) = args.get(i) {
-        let Some(idx) = find_name(known, opt) else {
+        let Some(idx) = find(opt).filter(|i| *i < known.len()) else {
             return Err(unknown_option(opt));
         };
         // PX and EX are one setting: both take the bit of the first of them.
@@ -124,7 +128,7 @@ fn given_twice(known: &[&str], idx: usize, first_expiry: Option<usize>) -> LockE
 
 /// The index of `opt` in `known` (names in upper case), without regard to case: byte by
 /// byte, so that a candidate of the same length usually fails at its first byte.
-fn find_name(known: &[&str], opt: &[u8]) -> Option<usize> {
+pub fn find_name(known: &[&str], opt: &[u8]) -> Option<usize> {
     known.iter().position(|k| {
         debug_assert!(!k.bytes().any(|c| c.is_ascii_lowercase()), "{k}");
         k.len() == opt.len() && k.bytes().zip(opt).all(|(a, b)| a == b.to_ascii_uppercase())
