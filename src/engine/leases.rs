@@ -74,6 +74,49 @@ struct Node {
     next: u32,
 }
 
+/// The nodes, in chunks of [`Slab::CHUNK`]: growing adds a chunk (no copy of the nodes
+/// there are, and at most one chunk's worth of room unused), and the whole slab goes when
+/// the index is emptied.
+#[derive(Debug, Default)]
+struct Slab(Vec<Vec<Node>>);
+
+impl Slab {
+    const CHUNK: u32 = 1024;
+
+    fn len(&self) -> u32 {
+        self.0.last().map_or(0, |c| {
+            (self.0.len() as u32 - 1) * Self::CHUNK + c.len() as u32
+        })
+    }
+
+    /// Adds a node; its number.
+    fn push(&mut self, node: Node) -> u32 {
+        let n = self.len();
+        match self.0.last_mut() {
+            Some(c) if c.len() < Self::CHUNK as usize => c.push(node),
+            _ => {
+                let mut c = Vec::with_capacity(Self::CHUNK as usize);
+                c.push(node);
+                self.0.push(c);
+            }
+        }
+        n
+    }
+}
+
+impl std::ops::Index<u32> for Slab {
+    type Output = Node;
+    fn index(&self, n: u32) -> &Node {
+        &self.0[(n / Self::CHUNK) as usize][(n % Self::CHUNK) as usize]
+    }
+}
+
+impl std::ops::IndexMut<u32> for Slab {
+    fn index_mut(&mut self, n: u32) -> &mut Node {
+        &mut self.0[(n / Self::CHUNK) as usize][(n % Self::CHUNK) as usize]
+    }
+}
+
 /// Where an entry is filed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
@@ -87,7 +130,7 @@ pub struct Leases {
     /// The first node of each bucket (NIL: empty): the millisecond buckets, then the
     /// coarse ones. Nodes live in `slab`, so a bucket costs no allocation of its own.
     heads: Vec<u32>,
-    slab: Vec<Node>,
+    slab: Slab,
     /// Free nodes of the slab, linked by `next`.
     free: u32,
     /// The nodes by `(at, db, name)`: chains through `hnext`, a power of two of them
@@ -112,7 +155,7 @@ impl Default for Leases {
     fn default() -> Self {
         Leases {
             heads: Vec::new(),
-            slab: Vec::new(),
+            slab: Slab::default(),
             free: NIL,
             index: Vec::new(),
             used: Vec::new(),
@@ -197,7 +240,7 @@ impl Leases {
         std::iter::from_fn(move || {
             let n = at;
             (n != NIL).then(|| {
-                at = self.slab[n as usize].next;
+                at = self.slab[n].next;
                 n
             })
         })
@@ -226,12 +269,11 @@ impl Leases {
         };
         let n = if self.free != NIL {
             let n = self.free;
-            self.free = self.slab[n as usize].next;
-            self.slab[n as usize] = node;
+            self.free = self.slab[n].next;
+            self.slab[n] = node;
             n
         } else {
-            self.slab.push(node);
-            (self.slab.len() - 1) as u32
+            self.slab.push(node)
         };
         self.index[h] = n;
         self.len += 1;
@@ -241,10 +283,10 @@ impl Leases {
     /// Links node `n` at the head of bucket `b`.
     fn attach(&mut self, b: usize, n: u32) {
         let head = self.heads[b];
-        let node = &mut self.slab[n as usize];
+        let node = &mut self.slab[n];
         (node.prev, node.next) = (NIL, head);
         if head != NIL {
-            self.slab[head as usize].prev = n;
+            self.slab[head].prev = n;
         } else {
             self.mark(b, true);
         }
@@ -254,16 +296,16 @@ impl Leases {
     /// Takes node `n` out of bucket `b` (it stays in the slab and the index).
     fn detach(&mut self, b: usize, n: u32) {
         let (prev, next) = {
-            let node = &self.slab[n as usize];
+            let node = &self.slab[n];
             (node.prev, node.next)
         };
         if prev != NIL {
-            self.slab[prev as usize].next = next;
+            self.slab[prev].next = next;
         } else {
             self.heads[b] = next;
         }
         if next != NIL {
-            self.slab[next as usize].prev = prev;
+            self.slab[next].prev = prev;
         }
         if self.heads[b] == NIL {
             self.mark(b, false);
@@ -274,23 +316,23 @@ impl Leases {
     /// returns its lease.
     fn unlink(&mut self, b: usize, n: u32) -> Lease {
         self.detach(b, n);
-        let (at, db) = (self.slab[n as usize].at, self.slab[n as usize].db);
-        let h = self.chain_of(at, db, &self.slab[n as usize].name);
-        let after = self.slab[n as usize].hnext;
+        let (at, db) = (self.slab[n].at, self.slab[n].db);
+        let h = self.chain_of(at, db, &self.slab[n].name);
+        let after = self.slab[n].hnext;
         if self.index[h] == n {
             self.index[h] = after;
         } else {
             let mut p = self.index[h];
-            while p != NIL && self.slab[p as usize].hnext != n {
-                p = self.slab[p as usize].hnext;
+            while p != NIL && self.slab[p].hnext != n {
+                p = self.slab[p].hnext;
             }
             if p != NIL {
-                self.slab[p as usize].hnext = after;
+                self.slab[p].hnext = after;
             }
         }
-        let name = std::mem::replace(&mut self.slab[n as usize].name, KeyName::Inline(0, [0; 22]));
-        self.slab[n as usize].prev = FREE;
-        self.slab[n as usize].next = self.free;
+        let name = std::mem::replace(&mut self.slab[n].name, KeyName::Inline(0, [0; 22]));
+        self.slab[n].prev = FREE;
+        self.slab[n].next = self.free;
         self.free = n;
         self.len -= 1;
         Lease { at, db, name }
@@ -300,11 +342,12 @@ impl Leases {
     fn grow_index(&mut self) {
         let size = (self.index.len() * 2).max(1024);
         self.index = vec![NIL; size];
-        for (n, node) in self.slab.iter_mut().enumerate() {
+        for n in 0..self.slab.len() {
+            let node = &mut self.slab[n];
             if node.prev != FREE {
                 let h = chain_index(hash(node.at, node.db, &node.name), size);
                 node.hnext = self.index[h];
-                self.index[h] = n as u32;
+                self.index[h] = n;
             }
         }
     }
@@ -315,7 +358,7 @@ impl Leases {
         }
         let mut n = self.index[self.chain(hash)];
         while n != NIL {
-            let node = &self.slab[n as usize];
+            let node = &self.slab[n];
             if node.at == at && node.db == db && *node.name == *name {
                 return Some(n);
             }
@@ -438,7 +481,7 @@ impl Leases {
     /// The exact earliest entry (a scan; the sweep calls it once it is done). The
     /// millisecond level holds the earliest entries, the coarse level the next ones.
     pub fn settle_hint(&mut self) {
-        let earliest = |b: usize| self.nodes(b).map(|n| self.slab[n as usize].at).min();
+        let earliest = |b: usize| self.nodes(b).map(|n| self.slab[n].at).min();
         let wheel = match self.next_used() {
             Some(m) => earliest(slot(m)),
             None => self.next_coarse().and_then(earliest),
@@ -474,7 +517,7 @@ impl Leases {
                 let n = self.heads[b];
                 self.detach(b, n);
                 // Every entry of these blocks now belongs to the millisecond buckets.
-                let to = match self.place(self.slab[n as usize].at) {
+                let to = match self.place(self.slab[n].at) {
                     Place::Bucket(to) => to,
                     Place::Overflow => slot(self.cursor),
                 };
@@ -507,7 +550,7 @@ impl Leases {
             if let Some(m) = self.next_used().filter(|m| *m <= ms(now)) {
                 self.advance(m);
                 let s = slot(m);
-                let due = self.nodes(s).find(|&n| self.slab[n as usize].at <= now);
+                let due = self.nodes(s).find(|&n| self.slab[n].at <= now);
                 if let Some(n) = due {
                     return Some(self.unlink(s, n));
                 }
@@ -550,6 +593,8 @@ impl Leases {
                 all.push(self.unlink(b, n));
             }
         }
+        // Every node is free: the memory goes back (FLUSHALL, FLUSHDB, SWAPDB are rare).
+        (self.slab, self.free, self.index) = (Slab::default(), NIL, Vec::new());
         let over = std::mem::take(&mut self.overflow);
         self.len -= over.len();
         all.extend(over.into_keys().map(|(at, db, name)| Lease {
