@@ -134,7 +134,7 @@ pub struct Leases {
     /// Free nodes of the slab, linked by `next`.
     free: u32,
     /// The nodes by `(at, db, name)`: chains through `hnext`, a power of two of them
-    /// (at least as many as nodes), so that finding an entry to remove costs the same in a
+    /// (at least half as many as nodes), so that finding an entry to remove costs the same in a
     /// millisecond bucket and in a coarse one holding thousands.
     index: Vec<u32>,
     /// One bit per millisecond bucket that holds something, and one per word of those
@@ -259,21 +259,22 @@ impl Leases {
     /// and into the index (which has room: see [`Leases::insert`]).
     fn link(&mut self, b: usize, hash: u64, lease: Lease) {
         let h = self.chain(hash);
-        let node = Node {
-            at: lease.at,
-            db: lease.db,
-            hnext: self.index[h],
-            name: lease.name,
-            prev: NIL,
-            next: NIL,
-        };
+        let hnext = self.index[h];
         let n = if self.free != NIL {
             let n = self.free;
-            self.free = self.slab[n].next;
-            self.slab[n] = node;
+            let node = &mut self.slab[n];
+            self.free = node.next;
+            (node.at, node.db, node.hnext, node.name) = (lease.at, lease.db, hnext, lease.name);
             n
         } else {
-            self.slab.push(node)
+            self.slab.push(Node {
+                at: lease.at,
+                db: lease.db,
+                hnext,
+                name: lease.name,
+                prev: NIL,
+                next: NIL,
+            })
         };
         self.index[h] = n;
         self.len += 1;
@@ -382,7 +383,8 @@ impl Leases {
         self.hint = self.hint.min(at);
         match self.place(at) {
             Place::Bucket(b) => {
-                if self.len >= self.index.len() {
+                // Chains of two on average at most.
+                if self.len >= 2 * self.index.len() {
                     self.grow_index();
                 }
                 let h = hash(at, db, name);
