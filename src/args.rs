@@ -193,6 +193,9 @@ enum AcquireOpt {
 
 /// `LOCK.ACQUIRE key [SHARED | LIMIT n] [PX ms | EX s] [TOKEN t] [OWNER o] [BLOCK ms] [MINFENCE n] [LOCKDELAY ms]`
 pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>, LockError> {
+    if let Some(req) = common_acquire(args, lim) {
+        return Ok(req);
+    }
     const CMD: &str = "lock.acquire";
     let mut req = Acquire {
         mode: Mode::Exclusive,
@@ -257,6 +260,40 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
         None => default_ttl(lim, CMD)?,
     };
     Ok(req)
+}
+
+/// The forms most acquires take, `[TOKEN t] [PX ms]` in either order, valid as given: what
+/// the general parse makes of them (a test checks), without its walk. None for anything
+/// else, an invalid value included (the general parse then says what is wrong).
+fn common_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Option<Acquire<'a>> {
+    use AcquireOpt::{Px, Token};
+    let mut req = Acquire {
+        mode: Mode::Exclusive,
+        ttl: 0,
+        token: None,
+        token_at: None,
+        owner: None,
+        block: None,
+        min_fence: 0,
+        lock_delay: None,
+    };
+    let mut ttl = None;
+    for (i, pair) in args.chunks(2).enumerate() {
+        let [opt, v] = pair else { return None };
+        match acquire_option(opt).map(|k| ACQUIRE_KINDS[k]) {
+            Some(Px) if ttl.is_none() => ttl = Some(ttl_ms(v, 1, lim.max_ttl, "").ok()?),
+            Some(Token) if req.token.is_none() => {
+                req.token = Some(bounded(v, "TOKEN", lim.min_token_len, MAX_TOKEN_LEN).ok()?);
+                req.token_at = Some(2 * i + 1);
+            }
+            _ => return None,
+        }
+    }
+    req.ttl = match ttl {
+        Some(t) => t,
+        None => default_ttl(lim, "").ok()?,
+    };
+    Some(req)
 }
 
 fn default_ttl(lim: &Limits, cmd: &'static str) -> Result<u64, LockError> {
@@ -393,6 +430,37 @@ mod tests {
             .map(|s| &*Box::leak(s.as_bytes().to_vec().into_boxed_slice()))
             .collect();
         parse_acquire(&owned, lim)
+    }
+
+    proptest::proptest! {
+        /// The common forms' shortcut parses what the general parse does, where it
+        /// parses at all.
+        #[test]
+        fn the_common_forms_parse_as_the_general_parse_does(
+            words in proptest::collection::vec(
+                proptest::sample::select(vec!["TOKEN", "px", "PX", "EX", "tok", "", "0", "600000", "-1", "99999999999999", "SHARED", "x"]),
+                0..6,
+            ),
+            min_token_len in 1usize..4,
+        ) {
+            let lim = Limits { default_ttl: 30_000, max_ttl: 86_400_000, min_token_len };
+            let args: Vec<&[u8]> = words.iter().map(|w| w.as_bytes()).collect();
+            if let Some(fast) = common_acquire(&args, &lim) {
+                let general = general_acquire(&args, &lim).expect("valid for the general parse too");
+                proptest::prop_assert_eq!(fast, general);
+            }
+        }
+    }
+
+    /// `parse_acquire` without its shortcut.
+    fn general_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>, LockError> {
+        // An option the shortcut never takes (SHARED is a flag) sends the same words down
+        // the general walk: the result must be the same but for the mode.
+        let mut with: Vec<&[u8]> = args.to_vec();
+        with.push(b"SHARED");
+        let mut r = parse_acquire(&with, lim)?;
+        r.mode = Mode::Exclusive;
+        Ok(r)
     }
 
     #[test]
