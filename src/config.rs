@@ -73,6 +73,9 @@ const EVICTING: [&str; 5] = [
     "(neither noeviction nor volatile-*)",
 ];
 static EVICTING_POLICY: AtomicU8 = AtomicU8::new(0);
+/// The server evicts keys at all (`maxmemory` set, a policy other than `noeviction`): a
+/// lock given a Redis expiry by hand can go under `volatile-*` too.
+static EVICTS: AtomicBool = AtomicBool::new(false);
 
 /// Which of [`EVICTING`] `policy` is with `maxmemory` bytes (0: no limit, nothing is
 /// evicted; `noeviction` and the `volatile-*` policies only take keys with an expiry).
@@ -89,10 +92,17 @@ fn evicting(maxmemory: i64, policy: &str) -> u8 {
 /// Records the server's eviction settings; the policy that can evict a held lock, if
 /// any, and whether that is new.
 pub fn set_eviction(maxmemory: i64, policy: &str) -> (Option<&'static str>, bool) {
+    EVICTS.store(maxmemory > 0 && policy != "noeviction", Ordering::Relaxed);
     let now = evicting(maxmemory, policy);
     let before = EVICTING_POLICY.swap(now, Ordering::Relaxed);
     let name = (now != 0).then(|| EVICTING[now as usize]);
     (name, now != before)
+}
+
+/// Whether the server evicts keys at all (a lock only if it has a Redis expiry, under a
+/// `volatile-*` policy).
+pub fn evicts() -> bool {
+    EVICTS.load(Ordering::Relaxed)
 }
 
 /// The policy that can evict a held lock, if any (whether or not it is allowed).

@@ -53,11 +53,20 @@ pub fn unlinked(db: i32, key: &[u8], v: &LockValue) {
         }
         st.engine.unlinked(db, key, v, moved, ffi::mono_us());
         // Kept until the `evicted` notification that may follow: a lock evicted while
-        // grants are refused for the eviction policy is put back.
-        let keep = crate::config::eviction_refusal()
-            .is_some()
-            .then(|| v.clone());
-        st.last_unlinked = Some((db, key.to_vec(), keep));
+        // grants are refused for the eviction policy is put back. Nothing evicts while
+        // the server does not evict.
+        st.last_unlinked = None;
+        if let (true, Some(ctx)) = (crate::config::evicts(), ffi::module_ctx()) {
+            let kept = crate::config::eviction_refusal()
+                .is_some()
+                .then(|| v.clone());
+            st.last_unlinked = Some(state::Unlinked {
+                db,
+                name: key.to_vec(),
+                kept,
+                commands: commands_run(ctx),
+            });
+        }
         arm(st);
         if !std::mem::replace(&mut st.eviction_events, true) {
             if let Some(ctx) = ffi::module_ctx() {
@@ -122,14 +131,19 @@ pub fn on_keyspace(ctx: Ctx<'_>, event: &[u8], key: Str<'_>) {
     if event == b"evicted" {
         let (db, name) = (ctx.db(), key.bytes());
         state::with(|st| {
-            if let Some((_, _, kept)) = st.last_unlinked.take_if(|(d, k, _)| *d == db && k == name)
-            {
-                st.engine.stats.evicted += 1;
-                st.engine.stats.removed = st.engine.stats.removed.saturating_sub(1);
-                if let Some(v) = kept {
-                    st.engine.restore_later(db, name, v);
-                    arm(st);
-                }
+            let Some(u) = st.last_unlinked.take() else {
+                return;
+            };
+            // The eviction of the lock unlinked just now, not of a string of the same
+            // name after the lock was deleted by hand.
+            if u.db != db || u.name != name || commands_run(ctx) != u.commands {
+                return;
+            }
+            st.engine.stats.evicted += 1;
+            st.engine.stats.removed = st.engine.stats.removed.saturating_sub(1);
+            if let Some(v) = u.kept {
+                st.engine.restore_later(db, name, v);
+                arm(st);
             }
         });
     }
@@ -139,6 +153,11 @@ pub fn on_keyspace(ctx: Ctx<'_>, event: &[u8], key: Str<'_>) {
             e.touched(db, name, ffi::mono_us());
         }
     });
+}
+
+/// How many commands the server has run.
+fn commands_run(ctx: Ctx<'_>) -> i64 {
+    ctx.info_fields(c"stats", &[c"total_commands_processed"])[0]
 }
 
 /// Whether anything can receive the replication stream now.

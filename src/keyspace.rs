@@ -32,7 +32,7 @@ pub struct RedisKey<'a> {
     clock: Clock,
     listening: bool,
     /// Opened by a client's command for the key it names: the server already checked that
-    /// it may write it here (routing, paused writes, the replica role).
+    /// a write command may write it here (routing, paused writes, the replica role).
     in_command: bool,
     /// A client now waits for this classic string lock.
     pub classic_waiter: bool,
@@ -183,7 +183,9 @@ impl Keyspace for RedisKey<'_> {
             return Gate::Later;
         }
         if self.in_command {
-            return Gate::Now;
+            // A command that opened the key only to read it may not write it (it can run
+            // while writes are paused, on a replica, in a read-only script).
+            return if self.write { Gate::Now } else { Gate::Later };
         }
         let flags = self.ctx.flags();
         if flags & ffi::FLAG_SLAVE != 0 {

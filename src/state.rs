@@ -129,9 +129,9 @@ pub struct State {
     pub listen_checked: i64,
     /// In a cluster: the slots this node serves and what the other nodes said.
     pub cluster: Option<crate::cluster::Cluster>,
-    /// The lock key the server unlinked last, until its `evicted` notification (if any),
-    /// with its value while grants are refused for the eviction policy.
-    pub last_unlinked: Option<(i32, Vec<u8>, Option<LockValue>)>,
+    /// The lock key the server unlinked last while a policy can evict locks, until the
+    /// next `evicted` notification tells whether it was this eviction.
+    pub last_unlinked: Option<Unlinked>,
     /// What LOCK.IFHELD learned of the commands it was asked to run (by lower-case
     /// name), until a module is loaded or unloaded.
     pub command_flags: HashMap<Vec<u8>, crate::ffi::call::Flags>,
@@ -164,6 +164,19 @@ impl Hasher for IdHasher {
     fn write_u64(&mut self, id: u64) {
         self.0 = (self.0 ^ id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
+}
+
+/// A lock key the server unlinked: `evicted` follows at once if it was evicted.
+pub struct Unlinked {
+    pub db: i32,
+    pub name: Vec<u8>,
+    /// Its value, while grants are refused for the eviction policy (put back if evicted).
+    pub kept: Option<LockValue>,
+    /// How many commands the server had run then. Evictions run between commands (before
+    /// one, or in the server's eviction timer), their notification right after the
+    /// unlink: it sees the same count if this unlink was that eviction. A DEL or an
+    /// overwrite of the same name earlier was a command, counted once it finished.
+    pub commands: i64,
 }
 
 /// Something that happened while the state was busy.

@@ -282,3 +282,206 @@ fn an_aof_reload_under_an_evicting_policy_keeps_the_locks_and_refuses_new_ones()
     assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:kept", &a]), Resp::Int(1));
     assert!(s.is_running());
 }
+
+/// `evict_the_lock`, with `then` sent right behind the command that puts memory over, in
+/// one pipeline: `then` runs just after the eviction, before the module's next tick. The
+/// ballast stays (harmless once `maxmemory` is 0 again).
+fn evict_the_lock_then(c: &mut RawConn, policy: &str, then: &[&str]) -> Resp {
+    let used = c.info_u64("memory", "used_memory").unwrap();
+    set(c, "maxmemory-policy", policy);
+    set(c, "maxmemory", &(used + 1024 * 1024).to_string());
+    let replies = c
+        .pipeline(&[vec!["SETRANGE", "ballast", "2097152", "x"], then.to_vec()])
+        .unwrap();
+    set(c, "maxmemory", "0");
+    assert_eq!(replies[0], Resp::Int(2 * 1024 * 1024 + 1));
+    replies[1].clone()
+}
+
+#[test]
+fn a_read_right_after_the_eviction_does_not_lose_the_restore() {
+    for (i, read) in ["LOCK.INFO", "LOCK.CHECK", "LOCK.WATCH"].iter().enumerate() {
+        let s = ServerBuilder::new().start();
+        let (key, a) = ("lock:read-after", tok(&format!("evict-r{i}")));
+        let (mut c, mut w, fence) = held_with_a_waiter(&s, key, &a);
+        let argv: Vec<String> = match *read {
+            "LOCK.CHECK" => vec![read.to_string(), key.into(), fence.to_string()],
+            _ => vec![read.to_string(), key.into()],
+        };
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let r = evict_the_lock_then(&mut c, "allkeys-lru", &argv);
+        assert_eq!(
+            lock_stat(&mut c, "evicted"),
+            1,
+            "{read}: not evicted ({r:?})"
+        );
+        // It answered as for the lock its holder still holds.
+        match *read {
+            "LOCK.CHECK" => assert_eq!(r, Resp::Int(1), "{read}"),
+            _ => assert_eq!(r.field("fence"), Some(Resp::Int(fence)), "{read}: {r:?}"),
+        }
+        assert!(
+            wait_until(SETTLE, || lock_stat(&mut c, "restored") == 1),
+            "{read}: the evicted lock was not put back"
+        );
+        assert_eq!(info_int(&mut c, key, "fence"), fence, "{read}");
+        w.set_read_timeout(Some(Duration::from_millis(300)));
+        assert!(w.read().is_err(), "{read}: the waiter was granted the lock");
+    }
+}
+
+#[test]
+fn writes_paused_right_after_the_eviction_the_lock_still_reads_held_and_comes_back() {
+    let s = ServerBuilder::new().start();
+    let (key, a) = ("lock:paused", tok("evict-p"));
+    let (mut c, mut w, fence) = held_with_a_waiter(&s, key, &a);
+    // A leader's follower waits for the holder of `fence` to go.
+    let mut follower = conn(&s);
+    follower.send(&["LOCK.WATCH", key, "FENCE", &fence.to_string(), "BLOCK", "0"]);
+    // Reading the key for the watch made it recent: idle again for the LRU clock.
+    sleep(Duration::from_millis(2_500));
+    let r = evict_the_lock_then(&mut c, "allkeys-lru", &["CLIENT", "PAUSE", "1500", "WRITE"]);
+    assert_eq!(r, ok());
+    assert_eq!(lock_stat(&mut c, "evicted"), 1);
+    // While writes are paused the lock cannot be put back, and reads see it held.
+    let info = c.cmd(&["LOCK.INFO", key]);
+    assert_eq!(info.field("fence"), Some(Resp::Int(fence)), "{info:?}");
+    assert_eq!(
+        c.cmd(&["LOCK.CHECK", key, &fence.to_string()]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        lock_stat(&mut c, "restored"),
+        0,
+        "put back while writes are paused"
+    );
+    follower.set_read_timeout(Some(Duration::from_millis(500)));
+    assert!(
+        follower.read().is_err(),
+        "the follower heard the holder left"
+    );
+    // Once writes resume, it is back; nobody else got it.
+    assert!(
+        wait_until(SETTLE, || lock_stat(&mut c, "restored") == 1),
+        "the evicted lock was not put back after the pause"
+    );
+    assert_eq!(info_int(&mut c, key, "fence"), fence);
+    w.set_read_timeout(Some(Duration::from_millis(300)));
+    assert!(w.read().is_err(), "the waiter was granted the lock");
+    follower.set_read_timeout(Some(Duration::from_millis(300)));
+    assert!(
+        follower.read().is_err(),
+        "the follower heard the holder left"
+    );
+}
+
+#[test]
+fn a_shared_lock_in_a_lock_delay_comes_back_whole_on_the_replica_and_in_the_aof() {
+    let p = primary()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
+    let r = replica_of(&p, ServerBuilder::new());
+    let mut c = conn(&p);
+    let key = "lock:shared-delayed";
+    // One reader's lease ends without a release: a lock-delay runs beside the other.
+    take_px(
+        &mut c,
+        key,
+        &tok("evict-d1"),
+        300,
+        &["SHARED", "LOCKDELAY", "60000"],
+    );
+    let fence = take(&mut c, key, &tok("evict-d2"), &["SHARED"]);
+    assert!(
+        wait_until(SETTLE, || info_int(&mut c, key, "holders") == 1),
+        "the first reader's lease did not end"
+    );
+    assert!(info_int(&mut c, key, "lock-delay") > 0);
+    sleep(Duration::from_millis(2_500));
+    evict_the_lock(&mut c, "allkeys-lru");
+    assert!(
+        wait_until(SETTLE, || lock_stat(&mut c, "restored") == 1),
+        "not put back"
+    );
+    caught_up(&p, &r);
+    let mut rc = conn(&r);
+    let f = fence.to_string();
+    for (who, c) in [("primary", &mut c), ("replica", &mut rc)] {
+        assert_eq!(c.cmd(&["LOCK.CHECK", key, &f]), Resp::Int(1), "{who}");
+        assert_eq!(info_int(c, key, "holders"), 1, "{who}");
+        assert!(info_int(c, key, "lock-delay") > 0, "{who}: no lock-delay");
+    }
+    assert_eq!(c.cmd(&["DEBUG", "LOADAOF"]), ok());
+    assert!(
+        info_int(&mut c, key, "lock-delay") > 0,
+        "no lock-delay after the AOF replay"
+    );
+}
+
+#[test]
+fn swapdb_right_after_the_eviction_puts_the_lock_back_in_its_new_db() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    let (key, a) = ("lock:swapped", tok("evict-s"));
+    let fence = take(&mut c, key, &a, &[]);
+    sleep(Duration::from_millis(2_500));
+    let r = evict_the_lock_then(&mut c, "allkeys-lru", &["SWAPDB", "0", "1"]);
+    assert_eq!(r, ok());
+    assert_eq!(lock_stat(&mut c, "evicted"), 1);
+    assert!(
+        wait_until(SETTLE, || lock_stat(&mut c, "restored") == 1),
+        "not put back"
+    );
+    assert_eq!(c.cmd(&["SELECT", "1"]), ok());
+    assert_eq!(info_int(&mut c, key, "fence"), fence);
+    assert_eq!(c.cmd(&["LOCK.RELEASE", key, &a]), Resp::Int(1));
+}
+
+#[test]
+fn a_lock_deleted_by_hand_is_not_put_back_when_a_string_of_its_name_is_evicted() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    let key = "lock:deleted";
+    set(&mut c, "maxmemory-policy", "allkeys-lru");
+    set(&mut c, "maxmemory", "512mb");
+    set(&mut c, "lock.allow-eviction", "yes");
+    take(&mut c, key, &tok("evict-del"), &[]);
+    set(&mut c, "lock.allow-eviction", "no");
+    // The operator deletes the lock; a classic string lock of the same name follows.
+    assert_eq!(c.cmd(&["DEL", key]), Resp::Int(1));
+    assert_eq!(
+        c.cmd(&["SET", key, "classic-token-0001", "NX", "PX", "60000"]),
+        ok()
+    );
+    sleep(Duration::from_millis(2_500));
+    evict_the_lock(&mut c, "allkeys-lru");
+    assert_eq!(c.cmd(&["EXISTS", key]), Resp::Int(0), "the string stayed");
+    sleep(Duration::from_millis(200));
+    assert_eq!(
+        c.cmd(&["LOCK.INFO", key]),
+        Resp::Nil,
+        "the deleted lock came back"
+    );
+    assert_eq!(lock_stat(&mut c, "restored"), 0);
+    assert_eq!(
+        lock_stat(&mut c, "evicted"),
+        0,
+        "a string counted as an evicted lock"
+    );
+}
+
+#[test]
+fn a_lock_given_an_expiry_by_hand_and_evicted_under_volatile_lru_is_counted() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    let key = "lock:volatile";
+    take(&mut c, key, &tok("evict-v"), &[]);
+    assert_eq!(c.cmd(&["PEXPIRE", key, "600000"]), Resp::Int(1));
+    sleep(Duration::from_millis(2_500));
+    // The only key with an expiry: the one volatile-lru can take.
+    evict_the_lock(&mut c, "volatile-lru");
+    assert_eq!(c.cmd(&["EXISTS", key]), Resp::Int(0));
+    assert_eq!(lock_stat(&mut c, "evicted"), 1);
+    assert_eq!(lock_stat(&mut c, "restored"), 0);
+}

@@ -101,6 +101,7 @@ impl<W> Engine<W> {
     ) -> Outcome<'a> {
         self.now = self.now.max(ks.clock().mono);
         self.restore_pending(ks);
+        let ks = &mut self.kept(ks);
         let changes = cmd.changes();
         let reply = match cmd {
             Command::Acquire(req) => self.try_acquire(ks, sched, req),
@@ -237,6 +238,7 @@ impl<W> Engine<W> {
             lock_delay: req.lock_delay,
             client_id: req.client_id,
             addr: req.addr,
+            since: clock.mono,
             deadline,
             moved: false,
             handle,

@@ -274,15 +274,28 @@ impl<W> Engine<W> {
         self.agenda.insert((0, Task::Restore(key)));
     }
 
-    /// Puts back the evicted lock of this key, if one waits for it and the server takes
-    /// writes now. Nothing is put back over a key something else has taken meanwhile.
+    /// Puts back the evicted lock of this key, if one waits for it and the engine may
+    /// write the key now (not from a command that only reads it: that may run while
+    /// writes are paused, on a replica, in a read-only script). Nothing is put back over
+    /// a key something else has taken meanwhile.
     pub(super) fn restore_pending(&mut self, ks: &mut impl Keyspace) {
         if self.restoring.is_empty() {
             return;
         }
         let key: QueueKey = (ks.db(), ks.name().into());
-        if !self.restoring.contains_key(&key) || ks.gate() != Gate::Now {
+        if !self.restoring.contains_key(&key) {
             return;
+        }
+        match ks.gate() {
+            Gate::Now => {}
+            // Writes paused, loading: the next tick tries again.
+            Gate::Later => return,
+            // A replica (its primary decides) or a node that no longer serves the key:
+            // nothing to put back here.
+            Gate::Replica | Gate::NotHere => {
+                self.restoring.remove(&key);
+                return;
+            }
         }
         let Some(v) = self.restoring.remove(&key) else {
             return;
@@ -302,11 +315,23 @@ impl<W> Engine<W> {
                 floor: 0,
             });
         }
-        if let (true, Some(until)) = (holders.is_empty(), delay) {
+        // A shared or counted lock can hold a lock-delay beside its holders.
+        if let Some(until) = delay {
             ks.replicate(Change::Delay { until });
         }
         self.reindex(key.0, &key.1, None, due.or(delay));
         self.stats.restored += 1;
+    }
+
+    /// `ks` as what reads it should see: the evicted lock that waits to be put back, if
+    /// the key is still empty (its holders still hold it).
+    pub(super) fn kept<'k, K: Keyspace>(&self, ks: &'k mut K) -> Kept<'k, K> {
+        let value = if self.restoring.is_empty() {
+            None
+        } else {
+            self.restoring.get(&(ks.db(), ks.name().into())).cloned()
+        };
+        Kept { ks, value }
     }
 
     /// FLUSHDB / FLUSHALL (`None`): every lock of those dbs is gone.
@@ -324,7 +349,17 @@ impl<W> Engine<W> {
 
     /// SWAPDB a b: the leases change dbs with their keys; both dbs' queues are served.
     pub fn swapped(&mut self, a: i32, b: i32, now: i64) {
-        self.restoring.retain(|(d, _), _| *d != a && *d != b);
+        // An evicted lock waiting to be put back moves with its db's keys.
+        for ((d, name), v) in std::mem::take(&mut self.restoring) {
+            let d = if d == a {
+                b
+            } else if d == b {
+                a
+            } else {
+                d
+            };
+            self.restore_later(d, &name, v);
+        }
         self.leases.swap_dbs(a, b);
         for db in [a, b] {
             for (d, name) in self.keys_with_waiters(Some(db)) {
@@ -347,5 +382,61 @@ impl<W> Engine<W> {
     /// A grant whose waiter left before it heard of it: given back on the next tick.
     pub fn revoke_later(&mut self, key: QueueKey, digest: Digest, now: i64) {
         self.agenda.insert((now, Task::Revoke(key, digest)));
+    }
+}
+
+/// A key whose evicted lock waits to be put back ([`Engine::kept`]): while the key is
+/// empty, reads see that lock. Everything else is the key's own.
+pub(super) struct Kept<'k, K> {
+    ks: &'k mut K,
+    value: Option<LockValue>,
+}
+
+impl<K: Keyspace> Keyspace for Kept<'_, K> {
+    fn db(&self) -> i32 {
+        self.ks.db()
+    }
+    fn name(&self) -> &[u8] {
+        self.ks.name()
+    }
+    fn clock(&self) -> crate::lock::codec::Clock {
+        self.ks.clock()
+    }
+    fn read(&mut self) -> Result<Slot<'_>, crate::error::LockError> {
+        if let Some(v) = self.value.as_mut() {
+            if matches!(self.ks.read(), Ok(Slot::Free)) {
+                return Ok(Slot::Lock(v));
+            }
+        }
+        self.ks.read()
+    }
+    fn put(&mut self, v: LockValue) -> Result<(), crate::error::LockError> {
+        self.value = None;
+        self.ks.put(v)
+    }
+    fn remove(&mut self) {
+        self.value = None;
+        self.ks.remove()
+    }
+    fn classic_matches(&mut self, token: &[u8]) -> bool {
+        self.ks.classic_matches(token)
+    }
+    fn set_classic_expiry(&mut self, at: i64) {
+        self.ks.set_classic_expiry(at)
+    }
+    fn replicate(&mut self, c: Change<'_>) {
+        self.ks.replicate(c)
+    }
+    fn changed(&mut self, ev: super::Event) {
+        self.ks.changed(ev)
+    }
+    fn gate(&mut self) -> Gate {
+        self.ks.gate()
+    }
+    fn new_token(&mut self) -> [u8; 36] {
+        self.ks.new_token()
+    }
+    fn waits_on_classic(&mut self) {
+        self.ks.waits_on_classic()
     }
 }

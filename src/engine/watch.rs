@@ -318,6 +318,7 @@ impl<W> Engine<W> {
         id: WaiterId,
         sched: &mut S,
     ) {
+        let ks = &mut self.kept(ks);
         let now = ks.clock().mono;
         let answer = match ks.read() {
             Ok(slot) => Answer::State(summary(&slot, now)),
@@ -330,6 +331,7 @@ impl<W> Engine<W> {
 
     /// The key as a watcher sees it (for a CLIENT UNBLOCK the shell answers itself).
     pub fn summary_of(&self, ks: &mut impl Keyspace) -> Reply<'static> {
+        let ks = &mut self.kept(ks);
         let now = ks.clock().mono;
         match ks.read() {
             Ok(slot) => summary(&slot, now),
@@ -341,6 +343,7 @@ impl<W> Engine<W> {
     /// same summary), and plans the next look for those whose holder's lease runs.
     pub(super) fn look<S: Sched<Waiter = W>>(&mut self, ks: &mut impl Keyspace, sched: &mut S) {
         self.restore_pending(ks);
+        let ks = &mut self.kept(ks);
         let (db, name) = (ks.db(), Name::of(ks.name()));
         let Some(w) = self.watched_mut(db, &name) else {
             return;
