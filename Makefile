@@ -162,23 +162,25 @@ contention-unit:
 	$(CARGO) test --release -p redis-lock-contention
 
 # ---- performance (issue 6); not part of `make test` -------------------------------------
-#   make bench                      every suite on all three servers (~20 min here): saves
+#   make bench                      every suite on all four servers (about an hour here): saves
 #                                   docs/data/perf.json and renders the perf section of
-#                                   docs/BENCHMARKS.md and docs/perf.png from it
-#   make bench-callgrind            only the instructions per command (table 5 of that section)
+#                                   docs/BENCHMARKS.md and docs/perf.png from it; throughput
+#                                   with redis-benchmark (server-bound: PING beside it)
+#   make bench-callgrind            only the instructions per command (table 5 of that
+#                                   section) on every server, the deciding figures
 #   make bench-callgrind-baseline   same, and record the counts as the "before" column
 #   make bench-guarded              only section 7 (issue 23: LOCK.IFHELD against WATCH/MULTI,
 #                                   observe hand-off latency; ~8 min here), replaced in perf.json
 #                                   and rendered; `make bench` measures it with the rest
 # Sizes and durations: BENCH_ROUNDS, BENCH_OPS_P1, BENCH_OPS_P16, BENCH_LAT_OPS,
-# BENCH_MEM_LOCKS, BENCH_WAITERS, BENCH_LEVELS, BENCH_CG_OPS, BENCH_RB_ROUNDS, BENCH_SUITES,
+# BENCH_MEM_LOCKS, BENCH_WAITERS, BENCH_LEVELS, BENCH_CG_OPS, BENCH_SUITES, BENCH_SERVERS,
 # BENCH_OBS_HANDOFFS, BENCH_OBS_WATCHERS, BENCH_POLL_HANDOFFS, BENCH_POLL_MS
 # (`target/release/redis-lock-bench --help`), e.g. `BENCH_ROUNDS=3 make bench`;
 # BENCH_JSON=/tmp/x/docs/data/perf.json measures into a scratch dir and renders there.
 .PHONY: bench bench-deps bench-callgrind bench-callgrind-baseline bench-floor bench-guarded
 
 BENCH_RUN = BENCH_ROOT=$(CURDIR) LOCK_MODULE=$(MODULE) \
-	BENCH_SERVERS="$${BENCH_SERVERS:-$(SERVER_SYSTEM),$(SERVER_REDIS8),$(SERVER_VALKEY)}" \
+	BENCH_SERVERS="$${BENCH_SERVERS:-$(SERVER_SYSTEM),$(SERVER_REDIS8),$(SERVER_VALKEY),$(SERVER_VALKEY9)}" \
 	$(CARGO) run --release -q -p redis-lock-bench --
 
 # redis-benchmark comes with redis-tools (scripts/deps.sh); callgrind with valgrind.

@@ -141,6 +141,50 @@ const ACQUIRE_KINDS: [AcquireOpt; 9] = {
     ]
 };
 
+/// Up to the first 8 bytes of `b` as a little-endian word with the case bit (0x20) of
+/// every byte cleared: for a name of ASCII letters, equal words mean equal names without
+/// regard to case (only a letter's two cases map onto a letter).
+const fn folded(b: &[u8]) -> u64 {
+    let mut w = 0u64;
+    let mut i = 0;
+    while i < b.len() && i < 8 {
+        w |= ((b[i] & !0x20) as u64) << (8 * i);
+        i += 1;
+    }
+    w
+}
+
+/// The index of a LOCK.ACQUIRE option in `ACQUIRE_OPTIONS` (all letters), without regard
+/// to case: what `syntax::find_name` finds (a test checks), in a few instructions.
+fn acquire_option(opt: &[u8]) -> Option<usize> {
+    use AcquireOpt::*;
+    const fn w(i: AcquireOpt) -> u64 {
+        folded(ACQUIRE_OPTIONS[i as usize].as_bytes())
+    }
+    const PX: u64 = w(Px);
+    const EX: u64 = w(Ex);
+    const TOKEN: u64 = w(Token);
+    const OWNER: u64 = w(Owner);
+    const BLOCK: u64 = w(Block);
+    const LIMIT: u64 = w(Limit);
+    const SHARED: u64 = w(Shared);
+    const MINFENCE: u64 = w(MinFence);
+    const LOCKDELA: u64 = w(LockDelay);
+    let kind = match (opt.len(), folded(opt)) {
+        (2, PX) => Px,
+        (2, EX) => Ex,
+        (5, TOKEN) => Token,
+        (5, OWNER) => Owner,
+        (5, BLOCK) => Block,
+        (5, LIMIT) => Limit,
+        (6, SHARED) => Shared,
+        (8, MINFENCE) => MinFence,
+        (9, LOCKDELA) if opt[8] & !0x20 == b'Y' => LockDelay,
+        _ => return None,
+    };
+    Some(kind as usize)
+}
+
 /// In the order of `ACQUIRE_OPTIONS` (a test checks), so a variant's value is its index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum AcquireOpt {
@@ -157,6 +201,9 @@ enum AcquireOpt {
 
 /// `LOCK.ACQUIRE key [SHARED | LIMIT n] [PX ms | EX s] [TOKEN t] [OWNER o] [BLOCK ms] [MINFENCE n] [LOCKDELAY ms]`
 pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>, LockError> {
+    if let Some(req) = common_acquire(args, lim) {
+        return Ok(req);
+    }
     const CMD: &str = "lock.acquire";
     let mut req = Acquire {
         mode: Mode::Exclusive,
@@ -173,6 +220,7 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
     walk(
         args,
         &ACQUIRE_OPTIONS,
+        acquire_option,
         1 << AcquireOpt::Shared as u32,
         |opt, v, at| {
             use AcquireOpt::*;
@@ -220,6 +268,40 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
         None => default_ttl(lim, CMD)?,
     };
     Ok(req)
+}
+
+/// The forms most acquires take, `[TOKEN t] [PX ms]` in either order, valid as given: what
+/// the general parse makes of them (a test checks), without its walk. None for anything
+/// else, an invalid value included (the general parse then says what is wrong).
+fn common_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Option<Acquire<'a>> {
+    use AcquireOpt::{Px, Token};
+    let mut req = Acquire {
+        mode: Mode::Exclusive,
+        ttl: 0,
+        token: None,
+        token_at: None,
+        owner: None,
+        block: None,
+        min_fence: 0,
+        lock_delay: None,
+    };
+    let mut ttl = None;
+    for (i, pair) in args.chunks(2).enumerate() {
+        let [opt, v] = pair else { return None };
+        match acquire_option(opt).map(|k| ACQUIRE_KINDS[k]) {
+            Some(Px) if ttl.is_none() => ttl = Some(ttl_ms(v, 1, lim.max_ttl, "").ok()?),
+            Some(Token) if req.token.is_none() => {
+                req.token = Some(bounded(v, "TOKEN", lim.min_token_len, MAX_TOKEN_LEN).ok()?);
+                req.token_at = Some(2 * i + 1);
+            }
+            _ => return None,
+        }
+    }
+    req.ttl = match ttl {
+        Some(t) => t,
+        None => default_ttl(lim, "").ok()?,
+    };
+    Some(req)
 }
 
 fn default_ttl(lim: &Limits, cmd: &'static str) -> Result<u64, LockError> {
@@ -362,6 +444,67 @@ mod tests {
             .map(|s| &*Box::leak(s.as_bytes().to_vec().into_boxed_slice()))
             .collect();
         parse_acquire(&owned, lim)
+    }
+
+    proptest::proptest! {
+        /// The common forms' shortcut parses what the general parse does, where it
+        /// parses at all.
+        #[test]
+        fn the_common_forms_parse_as_the_general_parse_does(
+            words in proptest::collection::vec(
+                proptest::sample::select(vec!["TOKEN", "px", "PX", "EX", "tok", "", "0", "600000", "-1", "99999999999999", "SHARED", "x"]),
+                0..6,
+            ),
+            min_token_len in 1usize..4,
+        ) {
+            let lim = Limits { default_ttl: 30_000, max_ttl: 86_400_000, min_token_len };
+            let args: Vec<&[u8]> = words.iter().map(|w| w.as_bytes()).collect();
+            if let Some(fast) = common_acquire(&args, &lim) {
+                let general = general_acquire(&args, &lim).expect("valid for the general parse too");
+                proptest::prop_assert_eq!(fast, general);
+            }
+        }
+    }
+
+    /// `parse_acquire` without its shortcut.
+    fn general_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>, LockError> {
+        // An option the shortcut never takes (SHARED is a flag) sends the same words down
+        // the general walk: the result must be the same but for the mode.
+        let mut with: Vec<&[u8]> = args.to_vec();
+        with.push(b"SHARED");
+        let mut r = parse_acquire(&with, lim)?;
+        r.mode = Mode::Exclusive;
+        Ok(r)
+    }
+
+    #[test]
+    fn the_acquire_lookup_agrees_with_the_table_scan() {
+        let mut words: Vec<Vec<u8>> = ACQUIRE_OPTIONS
+            .iter()
+            .map(|o| o.as_bytes().to_vec())
+            .collect();
+        for o in ACQUIRE_OPTIONS {
+            words.push(o.to_ascii_lowercase().into_bytes());
+            words.push(format!("{o}X").into_bytes());
+            let mut near = o.as_bytes().to_vec();
+            near[o.len() - 1] ^= 1;
+            words.push(near);
+        }
+        words.extend([
+            b"".to_vec(),
+            b"P".to_vec(),
+            b"pX".to_vec(),
+            b"TOKEM".to_vec(),
+            vec![0xff; 5],
+        ]);
+        for w in words {
+            assert_eq!(
+                acquire_option(&w),
+                crate::syntax::find_name(&ACQUIRE_OPTIONS, &w),
+                "{:?}",
+                String::from_utf8_lossy(&w)
+            );
+        }
     }
 
     #[test]

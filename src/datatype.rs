@@ -161,10 +161,11 @@ impl DataType for LockType {
     }
 
     fn unlinked(db: i32, key: &[u8], v: &LockValue) {
-        if state::is_ours() {
-            return;
-        }
         crate::events::unlinked(db, key, v);
+    }
+
+    fn unlink_ignored() -> bool {
+        state::is_ours()
     }
 
     fn freed(v: Box<LockValue>) {

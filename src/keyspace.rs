@@ -13,9 +13,11 @@ use crate::lock::codec::{repl, Clock};
 use crate::lock::value::LockValue;
 use crate::state::{self, LOCK_TYPE};
 
+/// The key's name: the server's string, and its bytes (read once: the engine asks for
+/// them often, and each read is a call into the server).
 enum Name<'a> {
-    Arg(Str<'a>),
-    Own(OwnedStr),
+    Arg(Str<'a>, &'a [u8]),
+    Own(OwnedStr, Box<[u8]>),
 }
 
 /// One lock key for the duration of a command or callback.
@@ -43,7 +45,7 @@ impl<'a> RedisKey<'a> {
     pub fn command(ctx: Ctx<'a>, name: Str<'a>, write: bool, listening: bool) -> Self {
         RedisKey {
             ctx,
-            name: Name::Arg(name),
+            name: Name::Arg(name, name.bytes()),
             write,
             key: None,
             db: ctx.db(),
@@ -59,7 +61,7 @@ impl<'a> RedisKey<'a> {
     pub fn owned(ctx: Ctx<'a>, name: &[u8], listening: bool) -> Self {
         RedisKey {
             ctx,
-            name: Name::Own(OwnedStr::new(name)),
+            name: Name::Own(OwnedStr::new(name), name.into()),
             write: true,
             key: None,
             db: ctx.db(),
@@ -85,8 +87,8 @@ impl<'a> RedisKey<'a> {
 
 fn name_of<'b>(n: &'b Name<'_>) -> Str<'b> {
     match n {
-        Name::Arg(s) => *s,
-        Name::Own(o) => o.as_str(),
+        Name::Arg(s, _) => *s,
+        Name::Own(o, _) => o.as_str(),
     }
 }
 
@@ -96,7 +98,10 @@ impl Keyspace for RedisKey<'_> {
     }
 
     fn name(&self) -> &[u8] {
-        self.name_str().bytes()
+        match &self.name {
+            Name::Arg(_, b) => b,
+            Name::Own(_, b) => b,
+        }
     }
 
     fn clock(&self) -> Clock {

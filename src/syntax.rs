@@ -55,46 +55,39 @@ pub fn options<'a>(
         .enumerate()
         .filter(|(_, k)| flags.contains(k))
         .fold(0u32, |bits, (i, _)| bits | 1 << i);
-    walk(args, known, flag_bits, |i, v, _| handle(known[i], v))
+    let find = |opt: &[u8]| find_name(known, opt);
+    walk(args, known, find, flag_bits, |i, v, _| handle(known[i], v))
 }
 
-/// The walk under [`options`], by index: `handle(option index, value, value's index in
-/// args)`; `flags` has a bit per bare flag of `known`. No allocation on success.
+/// The walk under [`options`], by index: `find` tells an option's index in `known` (a
+/// command's own lookup may be quicker than [`find_name`]'s scan), `handle(option index,
+/// value, value's index in args)`; `flags` has a bit per bare flag of `known`. No
+/// allocation on success.
 pub fn walk<'a>(
     args: &[&'a [u8]],
     known: &[&'static str],
+    find: impl Fn(&[u8]) -> Option<usize>,
     flags: u32,
     mut handle: impl FnMut(usize, &'a [u8], usize) -> Result<(), LockError>,
 ) -> Result<(), LockError> {
-    // Which options are PX or EX (one setting), decided once per walk.
-    let expiries = known
-        .iter()
-        .enumerate()
-        .filter(|(_, k)| matches!(**k, "PX" | "EX"))
-        .fold(0u32, |bits, (i, _)| bits | 1 << i);
-    let expiry = |i: usize| expiries & (1 << i) != 0;
     let mut seen = 0u32;
     let mut expiry_seen = None;
     let mut i = 0;
-    while i < args.len() {
-        let opt = args[i];
-        let idx = known
-            .iter()
-            .position(|k| k.len() == opt.len() && k.as_bytes().eq_ignore_ascii_case(opt))
-            .ok_or_else(|| LockError::Syntax(format!("unknown option '{}'", show(opt))))?;
+    while let Some(&opt) = args.get(i) {
+        let Some(idx) = find(opt).filter(|i| *i < known.len()) else {
+            return Err(unknown_option(opt));
+        };
         // PX and EX are one setting: both take the bit of the first of them.
-        let slot = if expiry(idx) {
-            expiries.trailing_zeros() as usize
+        let expiry = is_expiry(known[idx]);
+        let slot = if expiry {
+            known.iter().position(|k| is_expiry(k)).unwrap_or(idx)
         } else {
             idx
         };
         if seen & (1 << slot) != 0 {
-            return Err(LockError::Syntax(match expiry_seen {
-                Some(first) if expiry(idx) && first != idx => "PX and EX exclude each other".into(),
-                _ => format!("option '{}' given twice", known[idx]),
-            }));
+            return Err(given_twice(known, idx, expiry_seen.filter(|_| expiry)));
         }
-        if expiry(idx) {
+        if expiry {
             expiry_seen = Some(idx);
         }
         seen |= 1 << slot;
@@ -103,13 +96,43 @@ pub fn walk<'a>(
             i += 1;
             continue;
         }
-        let value = args
-            .get(i + 1)
-            .ok_or_else(|| LockError::Syntax(format!("option '{}' needs a value", known[idx])))?;
+        let Some(&value) = args.get(i + 1) else {
+            return Err(LockError::Syntax(format!(
+                "option '{}' needs a value",
+                known[idx]
+            )));
+        };
         handle(idx, value, i + 1)?;
         i += 2;
     }
     Ok(())
+}
+
+fn is_expiry(name: &str) -> bool {
+    matches!(name.as_bytes(), b"PX" | b"EX")
+}
+
+#[cold]
+fn unknown_option(opt: &[u8]) -> LockError {
+    LockError::Syntax(format!("unknown option '{}'", show(opt)))
+}
+
+/// Option `idx` came again; `first_expiry`: the PX or EX given before, if this is one.
+#[cold]
+fn given_twice(known: &[&str], idx: usize, first_expiry: Option<usize>) -> LockError {
+    LockError::Syntax(match first_expiry {
+        Some(first) if first != idx => "PX and EX exclude each other".into(),
+        _ => format!("option '{}' given twice", known[idx]),
+    })
+}
+
+/// The index of `opt` in `known` (names in upper case), without regard to case: byte by
+/// byte, so that a candidate of the same length usually fails at its first byte.
+pub fn find_name(known: &[&str], opt: &[u8]) -> Option<usize> {
+    known.iter().position(|k| {
+        debug_assert!(!k.bytes().any(|c| c.is_ascii_lowercase()), "{k}");
+        k.len() == opt.len() && k.bytes().zip(opt).all(|(a, b)| a == b.to_ascii_uppercase())
+    })
 }
 
 /// An integer from 1 to `max` (a fence), else `err`.

@@ -13,7 +13,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use redis_lock_report::perf::{Callgrind, CgLevel, FnCost, Phase};
-use redis_lock_testkit::run_cmd;
+use redis_lock_testkit::{run_cmd, Resp};
 
 use crate::config::Config;
 use crate::load::{self, Batch, Workload};
@@ -57,6 +57,13 @@ pub const PHASES: [(&str, Srv, &Op); 25] = [
     ("floor, no expiry", (On::Floor, false), &ops::FLOOR_NOEXP),
     ("SET NX PX, AOF", (On::Plain, true), &ops::SET_NX),
     ("LOCK.ACQUIRE (TOKEN), AOF", (On::Lock, true), &ops::ACQUIRE),
+];
+
+/// Phases on the server without the module where it has Valkey 9's native commands: the
+/// compare-and-delete and compare-and-set LOCK.RELEASE and LOCK.EXTEND stand beside.
+const NATIVE_PHASES: [(&str, Srv, &Op); 2] = [
+    ("DELIFEQ", PLAIN, &ops::DELIFEQ),
+    ("SET IFEQ PX", PLAIN, &ops::SET_IFEQ),
 ];
 
 /// Commands per phase on the crowded key (each costs as much as its holders).
@@ -319,15 +326,19 @@ impl Session {
     }
 }
 
-/// The phases of `make bench` on `bin`, then the held-lock levels.
-pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
+/// The phases of `make bench` on `bin`, then (`levels`) the held-lock levels.
+pub fn run(bin: &Path, cfg: &Config, date: &str, levels: bool) -> io::Result<Callgrind> {
     let (mut phases, mut label) = (Vec::<Phase>::new(), String::new());
     // One server after the other, each for its run of phases.
     for group in PHASES.chunk_by(|a, b| a.1 == b.1) {
         let mut s = Session::start(bin, cfg, group[0].1, "callgrind", false)?;
         s.settle(SETTLE);
         label.clone_from(&s.server.label);
-        for &(name, srv, op) in group {
+        let mut group = group.to_vec();
+        if group[0].1 == PLAIN && knows(&mut s.server.conn()?, "DELIFEQ")? {
+            group.extend(NATIVE_PHASES);
+        }
+        for (name, srv, op) in group {
             let (i, crowd) = (phases.len(), matches!(op.needs, Needs::Crowd(_)));
             let n = if crowd { CROWD_OPS } else { u64::MAX }.min(cfg.cg_ops);
             s.phase(op, &format!("cg{i}"), n.min(GUARD_OPS), true)?;
@@ -353,22 +364,35 @@ pub fn run(bin: &Path, cfg: &Config, date: &str) -> io::Result<Callgrind> {
         }
     }
     // The held-lock levels, then the last level again with blocked waiters on top.
-    let mut session = Session::start(bin, cfg, LOCK, "callgrind-levels", false)?;
-    let port = session.server.port;
-    let waiters = cfg.waiters * u64::from(!cfg.cg_levels.0.is_empty());
-    let levels = at_levels(port, cfg, &cfg.cg_levels.0, waiters, |held, waiters| {
-        level(&mut session, cfg, held, waiters)
-    })?;
+    let levels = match levels && !cfg.cg_levels.0.is_empty() {
+        true => {
+            let mut session = Session::start(bin, cfg, LOCK, "callgrind-levels", false)?;
+            let port = session.server.port;
+            at_levels(port, cfg, &cfg.cg_levels.0, cfg.waiters, |held, waiters| {
+                level(&mut session, cfg, held, waiters)
+            })?
+        }
+        false => vec![],
+    };
+    // The "before" column was recorded on the first server.
+    let baseline = read_tsv(&cfg.baseline())
+        .ok()
+        .filter(|(note, _)| note.contains(&label));
     Ok(Callgrind {
         date: date.to_string(),
         server: label,
         ops: cfg.cg_ops,
         phases,
         levels,
-        baseline: read_tsv(&cfg.baseline())
-            .ok()
+        baseline: baseline
             .map(|(note, rows)| (note, rows.into_iter().map(|r| (r.0, r.1)).collect())),
     })
+}
+
+/// Whether the server knows `command` (`COMMAND INFO` answers nil for one it does not).
+pub fn knows(c: &mut redis_lock_testkit::RawConn, command: &str) -> io::Result<bool> {
+    let r = c.call(&["COMMAND", "INFO", command])?;
+    Ok(matches!(r, Resp::Array(v) if v.first().is_some_and(|x| *x != Resp::Nil)))
 }
 
 /// How the report names a phase's server.

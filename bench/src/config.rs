@@ -96,21 +96,18 @@ pub struct Config {
     pub poll_handoffs: usize,
     #[arg(long, env = "BENCH_POLL_MS", default_value = "10,100")]
     pub poll_ms: List<u64>,
-    /// Rounds of the redis-benchmark cross-check (0 skips it).
-    #[arg(long, env = "BENCH_RB_ROUNDS", default_value_t = 3)]
-    pub rb_rounds: usize,
     /// Suites to run (guarded: also its instruction counts).
     #[arg(
         long,
         env = "BENCH_SUITES",
-        default_value = "throughput,latency,memory,scaling,crosscheck,guarded,callgrind"
+        default_value = "throughput,latency,memory,scaling,guarded,callgrind"
     )]
     pub suites: List<String>,
     /// Server binaries, in report order.
     #[arg(
         long,
         env = "BENCH_SERVERS",
-        default_value = "/usr/bin/redis-server,.servers/redis-8.2.3/redis-server,.servers/valkey-8.1.8/valkey-server"
+        default_value = "/usr/bin/redis-server,.servers/redis-8.2.3/redis-server,.servers/valkey-8.1.8/valkey-server,.servers/valkey-9.1.2/valkey-server"
     )]
     pub servers: List<PathBuf>,
     #[arg(

@@ -12,7 +12,6 @@ macro_rules! bail {
 mod callgrind;
 mod cluster;
 mod config;
-mod crosscheck;
 mod guarded;
 mod latency;
 mod load;
@@ -129,7 +128,7 @@ fn bench_server(bin: &Path, cfg: &Config, first: bool, date: &str) -> io::Result
     eprintln!("== {} ({})", s.label, bin.display());
     let t = Instant::now();
     // Each suite that is asked for gives its field and leaves the servers empty.
-    let suite = |name: &str| cfg.has(name) && (name != "crosscheck" || cfg.rb_rounds > 0);
+    let suite = |name: &str| cfg.has(name);
     let done = |name: &str| {
         for s in [&rig.lock, &rig.plain, &rig.floor] {
             ops::flushall(&mut s.conn()?)?;
@@ -154,16 +153,23 @@ fn bench_server(bin: &Path, cfg: &Config, first: bool, date: &str) -> io::Result
         latency: run!("latency", latency::run(&rig)),
         memory: run!("memory", memory::run(s)),
         scaling: run!("scaling", scaling::run(s)),
-        crosscheck: run!("crosscheck", crosscheck::run(&rig)),
         guarded: run!("guarded", guarded::run(&rig, first, date)),
     })
 }
 
-/// The server callgrind runs on: the first one (Redis 7.0.15 by default).
+/// The server the guard and the guarded-write counts run on: the first one (Redis 7.0.15
+/// by default).
 fn callgrind_bin(cfg: &Config) -> io::Result<PathBuf> {
     (cfg.servers.0.first())
         .map(|b| cfg.path(b))
         .ok_or_else(|| io::Error::other("no server to run callgrind on"))
+}
+
+/// The instruction counts on every server (the held-lock levels on the first only).
+fn callgrind_all(cfg: &Config, date: &str) -> io::Result<Vec<redis_lock_report::perf::Callgrind>> {
+    (cfg.servers.0.iter().enumerate())
+        .map(|(i, bin)| callgrind::run(&cfg.path(bin), cfg, date, i == 0))
+        .collect()
 }
 
 /// Saves the run and renders the docs next to the JSON.
@@ -204,9 +210,10 @@ fn all(cfg: &Config) -> io::Result<()> {
         .map(|(i, bin)| bench_server(&cfg.path(bin), cfg, i == 0, &date))
         .collect::<io::Result<_>>()?;
     let cg = |suite| cfg.has(suite).then(|| callgrind_bin(cfg)).transpose();
-    let callgrind = cg("callgrind")?
-        .map(|b| callgrind::run(&b, cfg, &date))
-        .transpose()?;
+    let callgrind = match cfg.has("callgrind") {
+        true => callgrind_all(cfg, &date)?,
+        false => vec![],
+    };
     let guarded_callgrind = cg("guarded")?.map(|b| guarded::callgrind(&b, cfg, &date));
     let guarded_callgrind = guarded_callgrind.transpose()?;
     let run = PerfRun {
@@ -216,7 +223,6 @@ fn all(cfg: &Config) -> io::Result<()> {
         load_start,
         load_end: redis_lock_report::fmt::loadavg(),
         settings: serde_json::to_value(cfg).map_err(io::Error::other)?,
-        commands: ops::SHOWN.iter().map(|op| op.shown()).collect(),
         release_lua: ops::RELEASE_LUA.into(),
         extend_lua: ops::EXTEND_LUA.into(),
         servers,
@@ -227,17 +233,18 @@ fn all(cfg: &Config) -> io::Result<()> {
     save_and_render(cfg, &run)
 }
 
-/// Only the callgrind table: replaces it in the saved run.
+/// Only the callgrind tables, on every server: replaces them in the saved run.
 fn callgrind_only(cfg: &Config, save_baseline: bool) -> io::Result<()> {
     let date = redis_lock_report::fmt::now_utc();
-    let cg = callgrind::run(&callgrind_bin(cfg)?, cfg, &date)?;
-    if save_baseline {
-        callgrind::write_baseline(&cfg.baseline(), &cg)?;
+    let cg = callgrind_all(cfg, &date)?;
+    if let (true, Some(first)) = (save_baseline, cg.first()) {
+        callgrind::write_baseline(&cfg.baseline(), first)?;
         eprintln!("baseline written to {}", cfg.baseline().display());
     }
     let mut run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
-    eprintln!("{}", redis_lock_report::perf::callgrind_block(&cg));
-    run.callgrind = Some(cg);
+    run.callgrind = cg;
+    eprintln!("{}", redis_lock_report::perf::callgrind_block(&run));
+    eprintln!("{}", redis_lock_report::perf::headline(&run));
     save_and_render(cfg, &run)
 }
 

@@ -100,6 +100,9 @@ pub const EXPIRE: Op = op("EXPIRE {k} 600", ONE, Kept(&SET));
 pub const DEL: Op = op("DEL {k}", ONE, Held(&SET));
 pub const EVAL_RELEASE: Op = op("EVALSHA {release} 1 {k} {t}", ONE, Held(&SET_NX));
 pub const EVAL_EXTEND: Op = op("EVALSHA {extend} 1 {k} {t} 600000", ONE, Kept(&SET_NX));
+/// Valkey 9's native compare-and-delete and compare-and-set of a string lock.
+pub const DELIFEQ: Op = op("DELIFEQ {k} {t}", ONE, Held(&SET_NX));
+pub const SET_IFEQ: Op = op("SET {k} {t} IFEQ {t} PX 600000", OK, Kept(&SET_NX));
 pub const ACQUIRE: Op = op("LOCK.ACQUIRE {k} TOKEN {t} PX 600000", GRANT, Nothing);
 pub const ACQUIRE_GEN: Op = op("LOCK.ACQUIRE {k} PX 600000", GRANT, Nothing);
 pub const RELEASE: Op = op("LOCK.RELEASE {k} {t}", ONE, Held(&ACQUIRE));
@@ -156,19 +159,6 @@ pub const WATCH_CHECK: Op = txn(
     &WATCHED_CHECK,
     &[1, 1, 3],
 );
-
-/// The commands listed in the report, in its order.
-pub const SHOWN: [&Op; 9] = [
-    &ACQUIRE,
-    &SET_NX,
-    &FLOOR,
-    &RELEASE,
-    &EVAL_RELEASE,
-    &EXTEND,
-    &EVAL_EXTEND,
-    &CYCLE,
-    &CYCLE_RECIPE,
-];
 
 impl Op {
     /// The command as a user would type it, for the report.

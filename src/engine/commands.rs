@@ -152,13 +152,13 @@ impl<W> Engine<W> {
             return Err(LockError::FenceTooFarAhead);
         }
         let digest = req.token.map(|t| self.tokens.digest(t));
-        let (db, name) = (ks.db(), super::Name::of(ks.name()));
-        if self.has_waiters(db, &name) {
+        let db = ks.db();
+        if self.has_waiters(db, ks.name()) {
             // A key may still have waiters whose hand-off was deferred: they go first.
             self.serve(ks, sched);
         }
         self.reap(ks)?;
-        let queued = self.queue_family(db, &name);
+        let queued = self.queue_family(db, ks.name());
         let step = match ks.read()? {
             Slot::Classic(_) if matches!(req.mode, Mode::Counted(_)) => {
                 return Err(LockError::WrongMode)
@@ -213,6 +213,7 @@ impl<W> Engine<W> {
             return Ok(Some(Reply::Nil));
         };
         let deadline = crate::args::block_deadline(clock.mono, block)?;
+        let name = super::Name::of(ks.name());
         if self.queued(db, &name) as u64 >= self.settings.max_waiters {
             return Err(LockError::TooManyWaiters(self.settings.max_waiters));
         }

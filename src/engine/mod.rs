@@ -46,6 +46,26 @@ fn keys_in<V>(dbs: &HashMap<i32, HashMap<Box<[u8]>, V>>, db: Option<i32>) -> Vec
         .flat_map(|(d, m)| m.keys().map(move |k| (*d, k.clone())))
         .collect()
 }
+/// FxHash over 8-byte words from `seed`: a few instructions per word, for the engine's own
+/// tables (keys and tokens a client picks: no table depends on it for more than speed).
+pub(crate) fn word_hash(seed: u64, bytes: &[u8]) -> u64 {
+    let mix = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    let mut h = mix(0, seed);
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(w);
+        h = mix(h, u64::from_le_bytes(b));
+    }
+    let rest = words.remainder();
+    if !rest.is_empty() {
+        let mut b = [0u8; 8];
+        b[..rest.len()].copy_from_slice(rest);
+        h = mix(h, u64::from_le_bytes(b));
+    }
+    h
+}
+
 /// Identifies a waiter while it is queued (the shell uses its blocked-client handle).
 pub type WaiterId = usize;
 
@@ -349,19 +369,19 @@ impl<W> Engine<W> {
             g.owner.map(Into::into),
         )
         .with_lock_delay(g.lock_delay);
-        let (db, name) = (ks.db(), Name::of(ks.name()));
+        let db = ks.db();
         let sent = holder.clone();
         match ks.read()? {
+            Slot::Free => {
+                ks.put(LockValue::new(g.mode, holder))?;
+                self.reindex(db, ks.name(), None, Some(deadline));
+            }
             Slot::Lock(v) if v.mode() == g.mode && g.mode != Mode::Exclusive => {
                 let before = v.next_lease_end();
                 v.insert(holder, crate::lock::fence::MAX_FENCE)
                     .map_err(|_| LockError::Internal("lock.acquire"))?;
                 let after = v.next_lease_end();
-                self.reindex(db, &name, before, after);
-            }
-            Slot::Free => {
-                ks.put(LockValue::new(g.mode, holder))?;
-                self.reindex(db, &name, None, Some(deadline));
+                self.reindex(db, &Name::of(ks.name()), before, after);
             }
             _ => return Err(LockError::Internal("lock.acquire")),
         }
@@ -423,6 +443,9 @@ impl<W> Engine<W> {
     /// empty, until the delay ends); the key is deleted when nothing is left.
     fn reap(&mut self, ks: &mut impl Keyspace) -> Result<(), LockError> {
         let now = ks.clock().mono;
+        if !matches!(ks.read()?, Slot::Lock(_)) {
+            return Ok(());
+        }
         let (db, name) = (ks.db(), Name::of(ks.name()));
         let Slot::Lock(v) = ks.read()? else {
             return Ok(());

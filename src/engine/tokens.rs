@@ -18,14 +18,7 @@ impl TokenCache {
     const SLOTS: usize = 4096;
 
     fn slot(token: &[u8]) -> usize {
-        // FxHash over 8-byte words: cheap, and spreads random and patterned tokens.
-        let mut h: u64 = token.len() as u64;
-        for chunk in token.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-        (h >> 52) as usize % Self::SLOTS
+        (super::word_hash(token.len() as u64, token) >> 52) as usize % Self::SLOTS
     }
 
     pub(super) fn digest(&mut self, token: &[u8]) -> Digest {

@@ -68,15 +68,12 @@ impl<'a> Args<'a> {
         buf: &'b mut [&'a [u8]; N],
     ) -> Option<&'b [&'a [u8]]> {
         let rest = self.raw.get(from..).unwrap_or(&[]);
-        if rest.len() > N {
-            return None;
+        let out = buf.get_mut(..rest.len())?;
+        for (slot, &p) in out.iter_mut().zip(rest) {
+            // SAFETY: every pointer is a live argument string for 'a (see `command_args`).
+            *slot = unsafe { Str::from_raw(p) }.bytes();
         }
-        for (slot, i) in buf.iter_mut().zip(from..) {
-            if let Some(s) = self.get(i) {
-                *slot = s.bytes();
-            }
-        }
-        Some(&buf[..rest.len()])
+        Some(out)
     }
 }
 

@@ -121,6 +121,11 @@ pub trait DataType: 'static {
     fn digest(v: &Self::Value, d: &mut DigestOut);
     /// The value left the keyspace (`db`, `key`); it may live on (RENAME, MOVE).
     fn unlinked(db: i32, key: &[u8], v: &Self::Value);
+    /// Whether unlinks are not news now (the module's own deletes): the key's name is
+    /// then not even asked for.
+    fn unlink_ignored() -> bool {
+        false
+    }
     /// The server frees the value (possibly on a background thread).
     fn freed(v: Box<Self::Value>);
     fn aux_save(io: &mut RdbOut);
@@ -241,6 +246,9 @@ extern "C" fn free<D: DataType>(v: *mut c_void) {
 }
 
 extern "C" fn unlink2<D: DataType>(ctx: *mut raw::RedisModuleKeyOptCtx, v: *const c_void) {
+    if D::unlink_ignored() {
+        return;
+    }
     // SAFETY: a live key-operation context and a live value of this type; the name lives
     // as long as the context does.
     let (name, db, v) = unsafe {

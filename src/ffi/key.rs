@@ -19,11 +19,12 @@ pub enum KeyKind {
     Other,
 }
 
-/// An open key, closed on drop. What it holds is looked up once and remembered until
-/// the module changes the key through this handle.
+/// An open key, closed on drop. What it holds (and where its module value is) is looked
+/// up once and remembered until the module changes the key through this handle.
 pub struct Key<'a, T: 'static> {
     raw: *mut raw::RedisModuleKey,
     kind: std::cell::Cell<Option<KeyKind>>,
+    value: *mut T,
     ty: &'static TypeHandle<T>,
     _ctx: PhantomData<&'a ()>,
 }
@@ -35,6 +36,7 @@ impl<T: 'static> Key<'_, T> {
         Key {
             raw,
             kind: std::cell::Cell::new(None),
+            value: std::ptr::null_mut(),
             ty,
             _ctx: PhantomData,
         }
@@ -79,13 +81,15 @@ impl<T: 'static> Key<'_, T> {
         if self.kind() != KeyKind::Ours {
             return None;
         }
+        if self.value.is_null() {
+            // SAFETY: an open key holding a value of our type.
+            self.value = unsafe { api!(RedisModule_ModuleTypeGetValue)(self.raw) }.cast::<T>();
+        }
         // SAFETY: the key holds a value of our type, which is always a `Box<T>` given to
         // the server by `put` or the type's load callback; the server keeps it while the
-        // key is open and unchanged, and `&mut self` keeps anyone else from changing it.
-        unsafe {
-            let v = api!(RedisModule_ModuleTypeGetValue)(self.raw);
-            v.cast::<T>().as_mut()
-        }
+        // key is open and unchanged (every change through this handle forgets the
+        // pointer), and `&mut self` keeps anyone else from changing it.
+        unsafe { self.value.as_mut() }
     }
 
     /// Stores a module value (replacing what the key holds); false if the server refused.
@@ -95,6 +99,7 @@ impl<T: 'static> Key<'_, T> {
         let ok = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, self.ty.raw(), p.cast()) }
             == OK;
         self.kind.set(None);
+        self.value = std::ptr::null_mut();
         if !ok {
             // SAFETY: the server refused it, so `p` is still ours alone.
             drop(unsafe { Box::from_raw(p) });
@@ -121,6 +126,7 @@ impl<T: 'static> Key<'_, T> {
         // SAFETY: an open key (a no-op if opened read-only or empty).
         unsafe { api!(RedisModule_DeleteKey)(self.raw) };
         self.kind.set(None);
+        self.value = std::ptr::null_mut();
     }
 
     /// Sets the key's expiry (nothing for an empty key: Redis 8 does not check).

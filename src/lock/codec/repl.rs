@@ -103,48 +103,79 @@ impl Packed {
         }
     }
 
+    /// `n` bytes at the end of the buffer to write into, if they fit there (else the
+    /// caller formats elsewhere and [`Packed::put`]s it).
+    fn room(&mut self, n: usize) -> Option<&mut [u8]> {
+        if !self.spill.is_empty() {
+            return None;
+        }
+        let at = self.len;
+        let dst = self.buf.get_mut(at..at.checked_add(n)?)?;
+        self.len = at + n;
+        Some(dst)
+    }
+
     fn put(&mut self, b: &[u8]) -> &mut Self {
-        if self.spill.is_empty() && self.len + b.len() <= self.buf.len() {
-            self.buf[self.len..self.len + b.len()].copy_from_slice(b);
-            self.len += b.len();
-        } else {
-            if self.spill.is_empty() {
-                self.spill.extend_from_slice(&self.buf[..self.len]);
+        match self.room(b.len()) {
+            Some(dst) => dst.copy_from_slice(b),
+            None => {
+                if self.spill.is_empty() {
+                    self.spill.extend_from_slice(&self.buf[..self.len]);
+                }
+                self.spill.extend_from_slice(b);
             }
-            self.spill.extend_from_slice(b);
         }
         self
     }
 
-    fn u64(&mut self, mut v: u64) -> &mut Self {
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
+    fn byte(&mut self, c: u8) -> &mut Self {
+        match self.room(1) {
+            Some(dst) => {
+                dst[0] = c;
+                self
+            }
+            None => self.put(&[c]),
+        }
+    }
+
+    /// Decimal digits written in place, two at a time from the right.
+    fn u64(&mut self, v: u64) -> &mut Self {
+        let n = decimal_digits(v);
+        let mut tmp = [0u8; 20];
+        let dst = match self.room(n) {
+            Some(dst) => dst,
+            None => &mut tmp[..n],
+        };
+        let (mut v, mut i) = (v, n);
         while v >= 100 {
             let pair = (v % 100) as usize * 2;
             v /= 100;
             i -= 2;
-            digits[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+            dst[i] = DIGIT_PAIRS[pair];
+            dst[i + 1] = DIGIT_PAIRS[pair + 1];
         }
         if v >= 10 {
             let pair = v as usize * 2;
-            i -= 2;
-            digits[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+            dst[0] = DIGIT_PAIRS[pair];
+            dst[1] = DIGIT_PAIRS[pair + 1];
         } else {
-            i -= 1;
-            digits[i] = b'0' + v as u8;
+            dst[0] = b'0' + v as u8;
         }
-        self.put(&digits[i..])
+        if tmp[0] != 0 {
+            self.put(&tmp[..n]);
+        }
+        self
     }
 
     fn i64(&mut self, v: i64) -> &mut Self {
         if v < 0 {
-            self.put(b"-");
+            self.byte(b'-');
         }
         self.u64(v.unsigned_abs())
     }
 
     fn sep(&mut self) -> &mut Self {
-        self.put(b";")
+        self.byte(b';')
     }
 
     fn addr(&mut self, a: &Addr) -> &mut Self {
@@ -153,11 +184,11 @@ impl Packed {
             Addr::V4(ip, port) => {
                 for (i, octet) in ip.iter().enumerate() {
                     if i > 0 {
-                        self.put(b".");
+                        self.byte(b'.');
                     }
                     self.u64(u64::from(*octet));
                 }
-                self.put(b":").u64(u64::from(*port))
+                self.byte(b':').u64(u64::from(*port))
             }
             Addr::Text(t) => self.put(t),
             v6 => self.put(v6.to_string().as_bytes()),
@@ -173,7 +204,13 @@ impl Packed {
     }
 
     fn hex(&mut self, d: &Digest) -> &mut Self {
-        self.put(&hex(d))
+        match self.room(32) {
+            Some(dst) => hex_into(d, dst),
+            None => {
+                self.put(&hex(d));
+            }
+        }
+        self
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -185,14 +222,35 @@ impl Packed {
     }
 }
 
+/// How many decimal digits `v` has: from its bit length (log10 2 ~ 1233 / 4096), then
+/// one comparison.
+fn decimal_digits(v: u64) -> usize {
+    const POW10: [u64; 20] = {
+        let mut p = [1u64; 20];
+        let mut i = 1;
+        while i < 20 {
+            p[i] = p[i - 1] * 10;
+            i += 1;
+        }
+        p
+    };
+    let bits = 64 - (v | 1).leading_zeros() as usize;
+    let t = (bits * 1233) >> 12;
+    (t + usize::from(v >= POW10[t])).max(1)
+}
+
 pub fn hex(d: &Digest) -> [u8; 32] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 32];
-    for (i, b) in d.iter().enumerate() {
-        out[2 * i] = DIGITS[usize::from(b >> 4)];
-        out[2 * i + 1] = DIGITS[usize::from(b & 15)];
-    }
+    hex_into(d, &mut out);
     out
+}
+
+fn hex_into(d: &Digest, out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(d) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 15)];
+    }
 }
 
 fn unhex(v: &[u8]) -> Option<Digest> {
@@ -240,7 +298,15 @@ pub fn encode(change: &Change<'_>, clock: Clock, out: &mut dyn FnMut(&CStr, &[&[
                 .u64(h.client_id)
                 .sep()
                 .addr(&h.addr());
-            let (fl, delay) = (number(floor), number(u64::from(h.lock_delay())));
+            let fl = if floor > h.fence {
+                number(floor)
+            } else {
+                Packed::new()
+            };
+            let delay = match h.lock_delay() {
+                0 => Packed::new(),
+                ms => number(u64::from(ms)),
+            };
             let mut args: [&[u8]; 8] = [b"ADD", p.bytes(), &[], &[], &[], &[], &[], &[]];
             let mut n = 2;
             if let Some(o) = h.owner() {
@@ -538,6 +604,18 @@ mod tests {
     }
 
     #[test]
+    fn digits_are_counted_like_std() {
+        let mut vs = vec![0u64, 1, 9, u64::MAX];
+        for p in 0..20 {
+            let x = 10u64.pow(p);
+            vs.extend([x - 1, x, x + 1]);
+        }
+        for v in vs {
+            assert_eq!(decimal_digits(v), v.to_string().len(), "{v}");
+        }
+    }
+
+    #[test]
     fn numbers_format_like_std() {
         for v in [
             0i64,
@@ -565,6 +643,24 @@ mod tests {
             let mut p = Packed::new();
             p.put(b"prefix;").addr(&a);
             assert_eq!(p.bytes(), format!("prefix;{a}").as_bytes());
+        }
+        // Past the buffer, everything goes on in the spill.
+        for fill in [140, 150, 158, 159, 160, 170] {
+            let mut p = Packed::new();
+            p.put(&vec![b'f'; fill])
+                .sep()
+                .u64(u64::MAX)
+                .sep()
+                .i64(-1234)
+                .sep()
+                .hex(&[0xab; 16]);
+            let want = format!(
+                "{};{};-1234;{}",
+                "f".repeat(fill),
+                u64::MAX,
+                "ab".repeat(16)
+            );
+            assert_eq!(p.bytes(), want.as_bytes(), "{fill}");
         }
     }
 

@@ -9,7 +9,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{FontStyle, FontTransform};
 
 use crate::perf::{before, inside, pair, Latency, Level, Memory, PerfRun, ServerResults};
-use crate::perf::{ACQUIRE, CYCLE, EXTEND, FLOOR, FLOOR_ROWS, PIPELINES, RELEASE};
+use crate::perf::{ACQUIRE, EXTEND, FLOOR, FLOOR_ROWS, PIPELINES, RELEASE, RELEASE_DELIFEQ};
 use crate::Error;
 
 pub const FONT: &str = "sans-serif";
@@ -378,7 +378,7 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
     let grey = |v: u8| RGBColor(v, v, v);
 
     // 1. Throughput ratios: a pale (pipeline 1) and a full (pipeline 16) bar per server.
-    let names = [ACQUIRE, FLOOR, RELEASE, EXTEND, CYCLE];
+    let names = [ACQUIRE, FLOOR, RELEASE, EXTEND, RELEASE_DELIFEQ];
     let mut series = Vec::new();
     for (i, s) in servers.iter().enumerate() {
         for p in PIPELINES {
@@ -394,9 +394,9 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
     }
     let goal = |n: &&str| servers.iter().find_map(|s| pair(s, n, 1)?.goal);
     let throughput = Panel {
-        title: "1. Throughput, module / recipe (pale: pipeline 1, full: 16)",
+        title: "1. Throughput, module / replaced command (pale: pipeline 1, full: 16)",
         ylabel: "ratio, 1.0 = same speed",
-        xlabels: ["ACQUIRE", "floor", "RELEASE", "EXTEND", "CYCLE"]
+        xlabels: ["ACQUIRE", "floor", "RELEASE", "EXTEND", "REL/DELIFEQ"]
             .map(String::from)
             .to_vec(),
         series,
@@ -485,7 +485,7 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
         value_labels: true,
         ..Panel::default()
     };
-    if let Some(cg) = &run.callgrind {
+    if let Some(cg) = run.callgrind.first() {
         // SET NX PX without and with the module, the floor, the module's commands.
         let shown = &FLOOR_ROWS[..8];
         let short = [
