@@ -117,9 +117,26 @@ impl DataType for LockType {
     }
 
     /// A held lock, as the LOCK.REPL commands the primary replicates: one ADD per holder,
-    /// the first carrying the fence counter when it is above the lock's own fences.
+    /// the first carrying the fence counter when it is above the lock's own fences. A
+    /// holder in a session comes after its session's OPEN (an AOF rewritten without its
+    /// RDB preamble has no other record of the session).
     fn rewrite(v: &LockValue, key: Str<'_>, aof: &mut AofOut) {
         let (clock, floor) = (now(), counter());
+        for h in v.iter() {
+            let Some(d) = h.session() else {
+                continue;
+            };
+            let (ttl, owner) = state::with(|st| st.engine.session_ttl_owner(d))
+                .flatten()
+                .unwrap_or((0, None));
+            let open = repl::SessionChange::Open {
+                digest: d,
+                ttl,
+                deadline: h.deadline,
+                owner: owner.as_deref(),
+            };
+            repl::encode_session(&open, clock, &mut |cmd, args| aof.emit_keyless(cmd, args));
+        }
         for (i, h) in v.iter().enumerate() {
             let c = repl::Change::Add {
                 mode: v.mode(),
@@ -170,6 +187,8 @@ impl DataType for LockType {
     /// above the last fence.
     fn aux_save(io: &mut RdbOut) {
         io.u64(counter());
+        let sessions = state::with(|st| st.engine.session_records()).unwrap_or_default();
+        codec::encode_sessions(&sessions, &mut Out(io), now());
     }
 
     fn aux_load(io: &mut RdbIn, encver: c_int) -> bool {
@@ -179,6 +198,12 @@ impl DataType for LockType {
         let Some(last) = io.u64() else {
             return false;
         };
+        if encver >= 4 {
+            let Some(sessions) = codec::decode_sessions(&mut In(io), now()) else {
+                return false;
+            };
+            on_engine(|e| e.sessions_loaded(sessions));
+        }
         let wall = ffi::wall_ms();
         let kept = on_engine(|e| {
             let ok = last <= e.fence.loaded_ceiling(wall, true);

@@ -191,7 +191,11 @@ pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
                     let text = std::str::from_utf8(&ip[..len]).unwrap_or("");
                     crate::lock::value::Addr::from_ip_port(text, port)
                 });
-                return st.client(id, addr);
+                if !connected {
+                    // Sessions bound to the connection end after their grace period.
+                    st.engine.client_gone(id, now);
+                }
+                st.client(id, addr);
             }
         }
         arm(st);

@@ -26,6 +26,7 @@ mod ffi;
 mod guard;
 mod keyspace;
 mod sched;
+mod sessions;
 mod state;
 mod stats;
 
@@ -83,7 +84,7 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
             [Key("key"), Flag("SHARED", "shared"), Opt("LIMIT", "permits", INTEGER), Expiry,
              Opt("TOKEN", "token", STRING), Opt("OWNER", "label", STRING),
              Opt("BLOCK", "timeout", INTEGER), Opt("MINFENCE", "fence", INTEGER),
-             Opt("LOCKDELAY", "milliseconds", INTEGER)];
+             Opt("LOCKDELAY", "milliseconds", INTEGER), Opt("SESSION", "id", STRING)];
         "lock.release" => commands::Release, arity 3, KEY_RW | ACCESS | DELETE;
             "write fast" / "write fast", "O(1)",
             "Deletes the lock if the token holds it and hands it to the next waiter; replies 1 or 0.",
@@ -117,6 +118,14 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
             "write dangerous slow" / "write", "O(1)",
             "Administrative: removes every holder of a lock (or the one with FENCE f) and hands it to the next waiters.",
             [Key("key"), Opt("FENCE", "fence", INTEGER)];
+        "lock.session" => sessions::Session, arity -3, 0;
+            "write slow" / "may-replicate", "O(1) to open or look; O(L) to keep alive or close a session with L locks",
+            "Sessions: OPEN id [PX ms | EX s] [BIND grace-ms] [OWNER label] | KEEPALIVE id [PX ms | EX s] | CLOSE id | INFO id [COUNT n]. One lease for every lock taken with LOCK.ACQUIRE ... SESSION id, released together when the session ends.",
+            [Str("subcommand"), Str("id"), Rest("option")];
+        "lock.srepl" => sessions::SessionRepl, arity -3, 0;
+            "write dangerous slow" / "write", "O(L) for a session with L locks",
+            "Internal: one change of a session, as a primary sends it to replicas and the AOF.",
+            [Str("operation"), Str("session"), Rest("fields")];
         "lock.repl" => commands::Repl, arity -4, KEY_RW | UPDATE;
             "write dangerous slow" / "write", "O(1)",
             "Internal: one change of a lock, as a primary sends it to replicas and the AOF.",

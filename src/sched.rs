@@ -34,6 +34,7 @@ pub fn tick(ctx: Ctx<'_>, st: &mut State) {
     let mut store = RedisStore {
         ctx,
         listening: *listening,
+        in_command: false,
         cluster: cluster.as_ref(),
     };
     let mut sched = RedisSched {
@@ -90,6 +91,8 @@ pub fn may_block(ctx: Ctx<'_>) -> bool {
 pub struct RedisStore<'a> {
     pub ctx: Ctx<'a>,
     pub listening: bool,
+    /// Inside a client's command (not a timer or an event).
+    pub in_command: bool,
     pub cluster: Option<&'a crate::cluster::Cluster>,
 }
 
@@ -112,6 +115,18 @@ impl Store for RedisStore<'_> {
 
     fn clock(&self) -> Clock {
         now()
+    }
+
+    fn replicate_session(&mut self, c: &crate::lock::codec::repl::SessionChange<'_>) {
+        if !self.listening {
+            // Nothing to build, but the change must still count for RDB save points.
+            self.ctx.mark_dirty(self.in_command);
+            return;
+        }
+        let ctx = self.ctx;
+        crate::lock::codec::repl::encode_session(c, now(), &mut |cmd, args| {
+            ctx.replicate_keyless(cmd, args)
+        });
     }
 }
 

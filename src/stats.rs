@@ -8,11 +8,12 @@ use crate::state;
 
 /// Registered with the server; field names get the `lock_` prefix.
 pub fn info(out: &mut InfoSink) {
-    let Some((s, waiters, watchers, last_fence)) = state::with(|st| {
+    let Some((s, waiters, watchers, sessions, last_fence)) = state::with(|st| {
         (
             st.engine.stats,
             st.engine.waiting(),
             st.engine.watching(),
+            st.engine.sessions(),
             st.engine.fence.last(),
         )
     }) else {
@@ -38,12 +39,17 @@ pub fn info(out: &mut InfoSink) {
         wait_timeouts,
         force_released,
         repaired,
-        refused_eviction
+        refused_eviction,
+        sessions_opened,
+        sessions_expired,
+        sessions_closed,
+        session_keepalives
     );
     let fields = [
         ("held", crate::state::live()),
         ("waiters", waiters as u64),
         ("watchers", watchers as u64),
+        ("sessions", sessions as u64),
     ]
     .into_iter()
     .chain(counters)

@@ -25,6 +25,8 @@ pub struct AcquireReq<'a> {
     pub lock_delay: u32,
     pub client_id: u64,
     pub addr: Addr,
+    /// SESSION: the digest of the session id the grant belongs to.
+    pub session: Option<value::Digest>,
 }
 
 /// One command on one key.
@@ -150,6 +152,7 @@ impl<W> Engine<W> {
         if req.min_fence > self.fence.ceiling(clock.wall, FENCE_LEAD_MS) {
             return Err(LockError::FenceTooFarAhead);
         }
+        self.session_lease(req.session.as_ref())?;
         let digest = req.token.map(|t| self.tokens.digest(t));
         let (db, name) = (ks.db(), super::Name::of(ks.name()));
         if self.has_waiters(db, &name) {
@@ -199,7 +202,14 @@ impl<W> Engine<W> {
         let serve_at = match step {
             Step::Grant => return self.grant_to_caller(ks, &req, digest).map(Some),
             Step::Renew(d) => {
-                let fence = self.renew(ks, &d, req.mode, req.ttl, req.min_fence)?;
+                let fence = self.renew(
+                    ks,
+                    &d,
+                    req.mode,
+                    req.ttl,
+                    req.min_fence,
+                    req.session.as_ref(),
+                )?;
                 self.stats.renewed += 1;
                 ks.changed(Event::Acquire);
                 let token = req.token.unwrap_or_default();
@@ -236,6 +246,7 @@ impl<W> Engine<W> {
             lock_delay: req.lock_delay,
             client_id: req.client_id,
             addr: req.addr,
+            session: req.session,
             deadline,
             moved: false,
             handle,
@@ -275,6 +286,7 @@ impl<W> Engine<W> {
                 lock_delay: req.lock_delay,
                 client_id: req.client_id,
                 addr: &req.addr,
+                session: req.session,
             },
         )?;
         ks.changed(Event::Acquire);
@@ -311,13 +323,15 @@ impl<W> Engine<W> {
             }
             Slot::Lock(v) => {
                 let d = self.tokens.digest(token);
-                if v.find(&d).is_none() {
-                    return Ok(false);
+                match v.find(&d) {
+                    None => return Ok(false),
+                    Some(h) if h.session().is_some() => return Err(LockError::InSession),
+                    Some(_) => {}
                 }
                 (d, v.mode())
             }
         };
-        self.renew(ks, &d, mode, ttl, 0)?;
+        self.renew(ks, &d, mode, ttl, 0, None)?;
         if let Some(label) = owner {
             self.relabel(ks, &d, label)?;
         }
@@ -404,6 +418,14 @@ impl<W> Engine<W> {
                     return Err(LockError::FenceTooFarAhead);
                 }
                 self.fence.observe(holder.fence.max(floor));
+                if let Some(s) = holder.session() {
+                    // The session is known here from its first lock on (a replica's stream
+                    // opens it first; an AOF rewritten without its preamble may not).
+                    let one = LockValue::new(Mode::Exclusive, holder.clone());
+                    let s = *s;
+                    self.sessions_seen(db, &name, &one);
+                    self.session_holds(&s, db, &name);
+                }
                 let joined = match ks.read() {
                     Ok(Slot::Lock(v)) if v.mode() == mode && mode != Mode::Exclusive => {
                         let before = v.next_lease_end();

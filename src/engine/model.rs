@@ -139,6 +139,7 @@ impl Store for MemStore<'_> {
     fn clock(&self) -> Clock {
         self.w.clock()
     }
+    fn replicate_session(&mut self, _c: &crate::lock::codec::repl::SessionChange<'_>) {}
 }
 
 // ---- an in-memory scheduler -----------------------------------------------------------------
@@ -637,6 +638,7 @@ impl Harness {
             lock_delay: if delay { LOCK_DELAY } else { 0 },
             client_id: u64::from(client),
             addr: Addr::None,
+            session: None,
         };
         let r = self.cmd(key, Command::Acquire(req));
         self.s.next_block = None;

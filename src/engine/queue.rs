@@ -24,6 +24,8 @@ pub struct Wait<W> {
     pub lock_delay: u32,
     pub client_id: u64,
     pub addr: Addr,
+    /// The session the grant is to belong to.
+    pub session: Option<Digest>,
     /// The BLOCK deadline on the monotonic clock (None: waits without limit).
     pub deadline: Option<i64>,
     /// The lock moved to another server while this client waited (MIGRATE).
@@ -292,7 +294,14 @@ impl<W> Engine<W> {
             let granted = match verdict {
                 Verdict::Fail(e) => Err(e),
                 Verdict::Renew => self
-                    .renew(ks, &w.digest, w.mode, w.ttl, w.min_fence)
+                    .renew(
+                        ks,
+                        &w.digest,
+                        w.mode,
+                        w.ttl,
+                        w.min_fence,
+                        w.session.as_ref(),
+                    )
                     .and_then(|f| f.ok_or(LockError::Internal("lock.acquire")))
                     .inspect(|_| self.stats.renewed += 1),
                 _ => self.grant(
@@ -306,6 +315,7 @@ impl<W> Engine<W> {
                         lock_delay: w.lock_delay,
                         client_id: w.client_id,
                         addr: &w.addr,
+                        session: w.session,
                     },
                 ),
             };

@@ -24,6 +24,8 @@ pub enum Task {
     Revoke(QueueKey, Digest),
     /// Look at a key's watchers.
     Look(QueueKey),
+    /// A session's lease (or its bound connection's grace period) ends.
+    SessionEnd(crate::lock::value::Digest),
     /// Nothing: only a wake-up (more leases are due than one tick handles, or a write
     /// waits for the gate).
     Wake,
@@ -167,6 +169,7 @@ impl<W> Engine<W> {
                 }
             }
             Task::Wake => {}
+            Task::SessionEnd(d) => self.session_due(store, sched, &d, now),
             Task::Revoke((db, name), d) => {
                 let Some(mut ks) = store.open(db, &name) else {
                     return;
@@ -342,6 +345,7 @@ impl<W> Engine<W> {
     pub fn promoted(&mut self, wall_ms: i64) {
         self.fence.start(wall_ms);
         self.leases_paused = false;
+        self.sessions_promoted();
     }
 
     /// A grant whose waiter left before it heard of it: given back on the next tick.
