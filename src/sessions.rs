@@ -170,10 +170,17 @@ fn session_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Reply<'a>, LockError>
             in_command: true,
             cluster: cluster.as_ref(),
         };
+        let mut sched = RedisSched {
+            ctx,
+            wake,
+            may_block: false,
+            unblock_allowed: false,
+        };
         let r = match sub {
             Sub::Open { ttl, bind } => {
                 let new = engine.session_open(
                     &mut store,
+                    &mut sched,
                     OpenReq {
                         digest: d,
                         ttl,
@@ -186,22 +193,14 @@ fn session_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Reply<'a>, LockError>
             Sub::Keepalive(ttl) => {
                 Reply::bool(engine.session_keepalive(&mut store, &d, ttl, client))
             }
-            Sub::Close => {
-                let mut sched = RedisSched {
-                    ctx,
-                    wake,
-                    may_block: false,
-                    unblock_allowed: false,
-                };
-                match engine.session_close(&mut store, &mut sched, &d) {
-                    Some(n) => Reply::Int(i64::try_from(n).unwrap_or(i64::MAX)),
-                    None => Reply::Nil,
-                }
-            }
+            Sub::Close => match engine.session_close(&mut store, &mut sched, &d) {
+                Some(n) => Reply::Int(i64::try_from(n).unwrap_or(i64::MAX)),
+                None => Reply::Nil,
+            },
             Sub::Info(count) => engine.session_info(&mut store, &d, count),
         };
         if let Some(at) = engine.next_due() {
-            wake.arm(ctx, at);
+            sched.wake.arm(ctx, at);
         }
         Ok(r)
     })

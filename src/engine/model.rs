@@ -19,7 +19,12 @@
 //! - watchers (LOCK.WATCH, with and without FENCE and OWNER, with BLOCK limits, in
 //!   MULTI) are answered only once their wait is over or their time is up, each with who
 //!   holds the key at that moment; none stays blocked once its wait is over, and none
-//!   past its BLOCK time; a relabel (EXTEND ... OWNER) keeps the fence.
+//!   past its BLOCK time; a relabel (EXTEND ... OWNER) keeps the fence;
+//! - sessions (LOCK.SESSION OPEN / KEEPALIVE / CLOSE, LOCK.ACQUIRE ... SESSION, blocking
+//!   or not): a grant in a session has the session's lease, a keepalive moves every one of
+//!   them, the end of the session (its TTL, CLOSE) ends every one of them and serves their
+//!   waiters in order, a waiter of a session that ended is refused (NOSESSION), and a
+//!   session lock is never extended on its own; the replica gets the same sessions.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -139,7 +144,14 @@ impl Store for MemStore<'_> {
     fn clock(&self) -> Clock {
         self.w.clock()
     }
-    fn replicate_session(&mut self, _c: &crate::lock::codec::repl::SessionChange<'_>) {}
+    fn replicate_session(&mut self, c: &crate::lock::codec::repl::SessionChange<'_>) {
+        let clock = self.w.clock();
+        repl::encode_session(c, clock, &mut |cmd, args| {
+            let cmd = cmd.to_string_lossy().into_owned();
+            let args = args.iter().map(|a| a.to_vec()).collect();
+            self.w.repl.push((Box::default(), args, cmd));
+        });
+    }
 }
 
 // ---- an in-memory scheduler -----------------------------------------------------------------
@@ -177,6 +189,8 @@ struct Grant {
     /// ms the key stays closed after this lease ends without a release.
     lock_delay: i64,
     owner: Option<Vec<u8>>,
+    /// The client whose session it belongs to.
+    session: Option<u8>,
 }
 
 /// A watcher, as the model sees it.
@@ -203,6 +217,7 @@ struct Waiting {
     owner: Option<Vec<u8>>,
     /// Monotonic ms of its BLOCK time (None: no limit).
     deadline: Option<i64>,
+    session: Option<u8>,
 }
 
 #[derive(Default)]
@@ -219,6 +234,13 @@ struct Model {
     /// Per key: nothing is granted before this instant (a lock-delay left by a lease
     /// that ended without a release).
     delays: HashMap<u8, i64>,
+    /// The open sessions, by the client that opened them: their deadline (ms).
+    sessions: HashMap<u8, i64>,
+}
+
+/// The session id of a client (clients 0..6 have sessions).
+fn session_id(client: u8) -> Vec<u8> {
+    format!("session-of-client-{client}").into_bytes()
 }
 
 /// Clients 0..8; clients 6 and 7 share one token (as two connections of one service).
@@ -281,6 +303,27 @@ impl Model {
 
     fn holder_of(&mut self, key: u8, tok: &[u8], now: i64) -> Option<Grant> {
         self.live(key, now).iter().find(|g| g.token == tok).cloned()
+    }
+
+    /// Whether `client`'s session is open at `now` (one whose lease ran out is gone).
+    fn session_open(&mut self, client: u8, now: i64) -> Option<i64> {
+        match self.sessions.get(&client) {
+            Some(d) if now < *d => Some(*d),
+            Some(_) => {
+                self.sessions.remove(&client);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Every grant of `client`'s session now ends at `deadline`.
+    fn renew_session(&mut self, client: u8, deadline: i64) {
+        for hs in self.holders.values_mut() {
+            for g in hs.iter_mut().filter(|g| g.session == Some(client)) {
+                g.deadline = deadline;
+            }
+        }
     }
 
     /// A new grant the engine made: must not break exclusion.
@@ -400,7 +443,12 @@ impl Model {
             );
             assert_eq!(token, &w.token);
             q.remove(at);
-            let deadline = now + w.ttl;
+            let deadline = match w.session {
+                Some(c) => self
+                    .session_open(c, now)
+                    .unwrap_or_else(|| panic!("waiter {id} granted in a session that ended")),
+                None => now + w.ttl,
+            };
             match self.holder_of(w.key, &w.token, now) {
                 // A waiter whose token holds the key gets that holder's grant, renewed.
                 Some(g) => {
@@ -422,12 +470,19 @@ impl Model {
                         deadline,
                         lock_delay: w.lock_delay,
                         owner: w.owner.clone(),
+                        session: w.session,
                     };
                     self.record_grant(w.key, g, now);
                 }
             }
         } else {
             q.remove(at);
+            if let (Answer::Failed(LockError::NoSession), Some(c)) = (a, w.session) {
+                assert!(
+                    self.session_open(c, now).is_none(),
+                    "waiter {id} refused NOSESSION with its session open"
+                );
+            }
         }
         self.blocked.remove(&w.client);
     }
@@ -446,6 +501,14 @@ enum Op {
         wrong_limit: bool,
         in_multi: bool,
         delay: bool,
+        /// In the client's session (clients 0..6).
+        session: bool,
+    },
+    /// LOCK.SESSION OPEN (or, when open, a renew) / KEEPALIVE / CLOSE by client 0..6.
+    Session {
+        client: u8,
+        what: u8,
+        ttl: u16,
     },
     Release {
         key: u8,
@@ -504,10 +567,12 @@ fn mode_for(key: u8, shared: bool, wrong_limit: bool) -> Mode {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0..KEYS, 0u8..8, any::<bool>(), 1u16..60, prop::option::of(0u16..80),
-              prop::bool::weighted(0.05), prop::bool::weighted(0.1), prop::bool::weighted(0.2))
-            .prop_map(|(key, client, shared, ttl, block, wrong_limit, in_multi, delay)| Op::Acquire {
-                key, client, shared, ttl, block, wrong_limit, in_multi, delay
+              prop::bool::weighted(0.05), prop::bool::weighted(0.1), prop::bool::weighted(0.2),
+              prop::bool::weighted(0.3))
+            .prop_map(|(key, client, shared, ttl, block, wrong_limit, in_multi, delay, session)| Op::Acquire {
+                key, client, shared, ttl, block, wrong_limit, in_multi, delay, session: session && client < 6
             }),
+        2 => (0u8..6, 0u8..3, 1u16..80).prop_map(|(client, what, ttl)| Op::Session { client, what, ttl }),
         3 => (0..KEYS, 0u8..8).prop_map(|(key, client)| Op::Release { key, client }),
         1 => (0..KEYS, 0u8..8, 1u16..60, prop::option::weighted(0.3, 0u8..3))
             .prop_map(|(key, client, ttl, label)| Op::Extend { key, client, ttl, label }),
@@ -614,10 +679,43 @@ impl Harness {
         block: Option<u16>,
         in_multi: bool,
         delay: bool,
+        session: bool,
     ) {
         let now = self.w.now;
         let tok = token(client);
+        let sid = session_id(client);
+        let in_session = session.then_some(client);
+        let session_deadline = self.m.session_open(client, now);
+        if session && session_deadline.is_none() {
+            let req = self.acquire_req(client, mode, ttl, block, delay, &tok, Some(&sid), None);
+            let r = self.cmd(key, Command::Acquire(req));
+            assert_eq!(
+                r,
+                Some(Reply::Error(LockError::NoSession)),
+                "acquire in a closed session"
+            );
+            return self.settle();
+        }
         let held_before = self.m.holder_of(key, &tok, now);
+        if let Some(g) = held_before.as_ref().filter(|g| g.session != in_session) {
+            let req = self.acquire_req(
+                client,
+                mode,
+                ttl,
+                block,
+                delay,
+                &tok,
+                session.then_some(&sid[..]),
+                None,
+            );
+            let r = self.cmd(key, Command::Acquire(req));
+            assert_eq!(
+                r,
+                Some(Reply::Error(LockError::InSession)),
+                "a retry of {g:?} naming another session"
+            );
+            return self.settle();
+        }
         let queued_before = !self.m.queues.get(&key).is_none_or(VecDeque::is_empty);
         let family = self.m.family(key, now, !self.w.paused);
         let expect_err = match &held_before {
@@ -628,18 +726,16 @@ impl Harness {
         let id = self.next_waiter;
         self.s.next_block = (!in_multi).then_some(id);
         let label = (client % 2 == 1).then(|| format!("c{client}").into_bytes());
-        let req = AcquireReq {
+        let req = self.acquire_req(
+            client,
             mode,
-            ttl: u64::from(ttl),
-            token: Some(&tok),
-            owner: label.as_deref(),
-            block: block.map(u64::from),
-            min_fence: 0,
-            lock_delay: if delay { LOCK_DELAY } else { 0 },
-            client_id: u64::from(client),
-            addr: Addr::None,
-            session: None,
-        };
+            ttl,
+            block,
+            delay,
+            &tok,
+            session.then_some(&sid[..]),
+            label.as_deref(),
+        );
         let r = self.cmd(key, Command::Acquire(req));
         self.s.next_block = None;
         // Waiters served first (a deferred hand-off) are answered before the caller. One
@@ -659,7 +755,9 @@ impl Harness {
             Some(Reply::Grant(t, fence)) => {
                 assert!(!expect_err, "{mode:?} on key {key} should be refused");
                 assert_eq!(t.as_slice(), &tok[..]);
-                let deadline = now + i64::from(ttl);
+                let deadline = session_deadline
+                    .filter(|_| session)
+                    .unwrap_or(now + i64::from(ttl));
                 if let Some(g) = held {
                     assert_eq!(fence, g.fence, "a renew keeps its fence");
                     if let Some(h) = self.m.live(key, now).iter_mut().find(|h| h.token == tok) {
@@ -680,6 +778,7 @@ impl Harness {
                             deadline,
                             lock_delay: if delay { i64::from(LOCK_DELAY) } else { 0 },
                             owner: label,
+                            session: in_session,
                         },
                         now,
                     );
@@ -706,12 +805,93 @@ impl Harness {
                         lock_delay: if delay { i64::from(LOCK_DELAY) } else { 0 },
                         owner: label,
                         deadline: block.filter(|b| *b > 0).map(|b| now + i64::from(b)),
+                        session: in_session,
                     },
                 );
                 self.m.queues.entry(key).or_default().push_back(id);
                 self.m.blocked.insert(client, id);
             }
             Some(other) => panic!("acquire answered {other:?}"),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn acquire_req<'t>(
+        &self,
+        client: u8,
+        mode: Mode,
+        ttl: u16,
+        block: Option<u16>,
+        delay: bool,
+        tok: &'t [u8],
+        session: Option<&[u8]>,
+        label: Option<&'t [u8]>,
+    ) -> AcquireReq<'t> {
+        AcquireReq {
+            mode,
+            ttl: u64::from(ttl),
+            token: Some(tok),
+            owner: label,
+            block: block.map(u64::from),
+            min_fence: 0,
+            lock_delay: if delay { LOCK_DELAY } else { 0 },
+            client_id: u64::from(client),
+            addr: Addr::None,
+            session: session.map(value::digest),
+        }
+    }
+
+    /// LOCK.SESSION OPEN (`what` 0), KEEPALIVE (1) or CLOSE (2) of `client`'s session.
+    fn session(&mut self, client: u8, what: u8, ttl: u16) {
+        let now = self.w.now;
+        let d = value::digest(&session_id(client));
+        let open = self.m.session_open(client, now).is_some();
+        let deadline = now + i64::from(ttl);
+        let mut store = MemStore { w: &mut self.w };
+        match what {
+            0 => {
+                let req = OpenReq {
+                    digest: d,
+                    ttl: u64::from(ttl),
+                    bind: None,
+                    owner: None,
+                };
+                let new = self.e.session_open(&mut store, &mut self.s, req);
+                self.settle();
+                assert_eq!(new, !open, "OPEN of client {client}'s session");
+                self.m.sessions.insert(client, deadline);
+                self.m.renew_session(client, deadline);
+            }
+            1 => {
+                let ok = self.e.session_keepalive(
+                    &mut store,
+                    &d,
+                    Some(u64::from(ttl)),
+                    u64::from(client),
+                );
+                assert_eq!(ok, open, "KEEPALIVE of client {client}'s session");
+                if ok {
+                    self.m.sessions.insert(client, deadline);
+                    self.m.renew_session(client, deadline);
+                }
+            }
+            _ => {
+                let n = self.e.session_close(&mut store, &mut self.s, &d);
+                let mine = |g: &Grant| g.session == Some(client);
+                let held: u64 = (0..KEYS)
+                    .map(|k| self.m.live(k, now).iter().filter(|g| mine(g)).count() as u64)
+                    .sum();
+                assert_eq!(
+                    n,
+                    open.then_some(held),
+                    "CLOSE of client {client}'s session"
+                );
+                for k in 0..KEYS {
+                    self.m.live(k, now).retain(|g| !mine(g));
+                }
+                self.m.sessions.remove(&client);
+                self.settle();
+            }
         }
     }
 
@@ -769,6 +949,7 @@ impl Harness {
         let write_command = matches!(
             op,
             Op::Acquire { .. }
+                | Op::Session { .. }
                 | Op::Release { .. }
                 | Op::Extend { .. }
                 | Op::Force { .. }
@@ -789,9 +970,13 @@ impl Harness {
                 wrong_limit,
                 in_multi,
                 delay,
+                session,
             } if !blocked(&self.m, client) => {
                 let mode = mode_for(key, shared, wrong_limit);
-                self.acquire(key, client, mode, ttl, block, in_multi, delay);
+                self.acquire(key, client, mode, ttl, block, in_multi, delay, session);
+            }
+            Op::Session { client, what, ttl } if !blocked(&self.m, client) => {
+                self.session(client, what, ttl);
             }
             Op::Release { key, client } if !blocked(&self.m, client) => {
                 let expected = self.held_by(key, client);
@@ -817,6 +1002,22 @@ impl Harness {
                 let t = token(client);
                 let label = label.map(|l| format!("L{l}").into_bytes());
                 let fence_before = self.m.holder_of(key, &t, now).map(|g| g.fence);
+                if self
+                    .m
+                    .holder_of(key, &t, now)
+                    .is_some_and(|g| g.session.is_some())
+                {
+                    let r = self.cmd(
+                        key,
+                        Command::Extend {
+                            token: &t,
+                            ttl: u64::from(ttl),
+                            owner: label.as_deref(),
+                        },
+                    );
+                    assert_eq!(r, Some(Reply::Error(LockError::InSession)));
+                    return self.after();
+                }
                 let r = self.cmd(
                     key,
                     Command::Extend {
@@ -1007,6 +1208,16 @@ impl Harness {
             };
             if cmd == "DEL" {
                 ks.w.keys.remove(&name);
+                continue;
+            }
+            if cmd == "LOCK.SREPL" {
+                let slices: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+                let c = repl::decode_session(&slices, ks.w.clock()).expect("decodes");
+                let mut store = MemStore {
+                    w: &mut self.replica,
+                };
+                self.replica_engine
+                    .session_apply(&mut store, &mut MemSched::default(), c);
                 continue;
             }
             assert_eq!(cmd, "LOCK.REPL");

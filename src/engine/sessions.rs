@@ -84,6 +84,12 @@ impl<W> Engine<W> {
         self.sessions.by_digest.len()
     }
 
+    /// Whether the session is open at `now`: known here and its end not yet due (one
+    /// whose end is due but not yet done counts as ended, and is never renewed).
+    fn open_at(&self, d: &Digest, now: i64) -> Option<&Session> {
+        self.sessions.by_digest.get(d).filter(|s| s.end_at() > now)
+    }
+
     /// The lease and the label of a session open here.
     pub fn session_ttl_owner(&self, d: &Digest) -> Option<(u64, Option<Box<[u8]>>)> {
         self.sessions
@@ -131,9 +137,20 @@ impl<W> Engine<W> {
 
     /// `LOCK.SESSION OPEN`: a new session (true), or one already open renewed and bound
     /// as asked (false).
-    pub fn session_open<St: Store>(&mut self, store: &mut St, req: OpenReq<'_>) -> bool {
+    pub fn session_open<St: Store, S: Sched<Waiter = W>>(
+        &mut self,
+        store: &mut St,
+        sched: &mut S,
+        req: OpenReq<'_>,
+    ) -> bool {
         let clock = store.clock();
         self.now = self.now.max(clock.mono);
+        if self.sessions.by_digest.contains_key(&req.digest)
+            && self.open_at(&req.digest, clock.mono).is_none()
+        {
+            // Its end is due (a stall kept the timer from it): it ends first, whole.
+            self.end_session(store, sched, &req.digest, Ending::Lapsed);
+        }
         let deadline = clock.after_ms(i64::try_from(req.ttl).unwrap_or(i64::MAX));
         let owner: Option<Box<[u8]>> = req.owner.map(Into::into);
         let new = !self.sessions.by_digest.contains_key(&req.digest);
@@ -189,6 +206,9 @@ impl<W> Engine<W> {
     ) -> bool {
         let clock = store.clock();
         self.now = self.now.max(clock.mono);
+        if self.open_at(d, clock.mono).is_none() {
+            return false;
+        }
         let Some(s) = self.sessions.by_digest.get_mut(d) else {
             return false;
         };
@@ -225,7 +245,7 @@ impl<W> Engine<W> {
         let mut gone = Vec::new();
         for (db, name) in keys {
             let held = match store.open(db, &name) {
-                Some(mut ks) => self.set_session_deadline(&mut ks, d, deadline),
+                Some(mut ks) => self.set_session_deadline(&mut ks, d, deadline, false),
                 None => false,
             };
             if !held {
@@ -239,27 +259,38 @@ impl<W> Engine<W> {
         }
     }
 
-    /// Sets the lease of the session's holders of this key; false when it has none.
-    fn set_session_deadline(&mut self, ks: &mut impl Keyspace, d: &Digest, deadline: i64) -> bool {
+    /// Sets the lease of the session's holders of this key (those whose lease still runs:
+    /// one that ended is never brought back); with `lower`, only where that shortens it.
+    /// False when the session holds nothing here.
+    fn set_session_deadline(
+        &mut self,
+        ks: &mut impl Keyspace,
+        d: &Digest,
+        deadline: i64,
+        lower: bool,
+    ) -> bool {
         let (db, name) = (ks.db(), super::Name::of(ks.name()));
+        let now = ks.clock().mono;
         let Ok(Slot::Lock(v)) = ks.read() else {
             return false;
         };
-        let fences: Vec<u64> = v
+        let fences: Vec<(u64, i64)> = v
             .iter()
-            .filter(|h| h.session() == Some(d))
-            .map(|h| h.fence)
+            .filter(|h| h.session() == Some(d) && h.live(now))
+            .map(|h| (h.fence, h.deadline))
             .collect();
         if fences.is_empty() {
             return false;
         }
         let before = v.next_lease_end();
-        for f in &fences {
-            v.set_deadline(*f, deadline);
+        for (f, old) in &fences {
+            v.set_deadline(*f, if lower { deadline.min(*old) } else { deadline });
         }
         let after = v.next_lease_end();
         self.reindex(db, &name, before, after);
-        ks.changed(Event::Extend);
+        if !lower {
+            ks.changed(Event::Extend);
+        }
         true
     }
 
@@ -309,8 +340,14 @@ impl<W> Engine<W> {
         sched: &mut S,
         d: &Digest,
     ) -> Option<u64> {
-        self.now = self.now.max(store.clock().mono);
+        let now = store.clock().mono;
+        self.now = self.now.max(now);
         self.sessions.by_digest.get(d)?;
+        if self.open_at(d, now).is_none() {
+            // Its end is due: it ends as it would have (a lapse), and was not open.
+            self.end_session(store, sched, d, Ending::Lapsed);
+            return None;
+        }
         let released = self.end_session(store, sched, d, Ending::Closed);
         Some(released)
     }
@@ -347,7 +384,7 @@ impl<W> Engine<W> {
             let n = match how {
                 Ending::Closed => self.release_session_holders(&mut ks, sched, d),
                 Ending::Lapsed => {
-                    let held = self.set_session_deadline(&mut ks, d, now);
+                    let held = self.set_session_deadline(&mut ks, d, now, true);
                     if held {
                         let _ = self.reap(&mut ks);
                         self.serve(&mut ks, sched);
@@ -572,7 +609,7 @@ impl<W> Engine<W> {
         count: usize,
     ) -> Reply<'static> {
         let clock = store.clock();
-        let Some(s) = self.sessions.by_digest.get(d) else {
+        let Some(s) = self.open_at(d, clock.mono) else {
             return Reply::Nil;
         };
         let (ttl, deadline, owner, bound, ending) =
@@ -629,9 +666,7 @@ impl<W> Engine<W> {
         match d {
             None => Ok(None),
             Some(d) => self
-                .sessions
-                .by_digest
-                .get(d)
+                .open_at(d, self.now)
                 .map(|s| Some(s.deadline))
                 .ok_or(LockError::NoSession),
         }
