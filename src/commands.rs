@@ -65,7 +65,7 @@ fn split<'a, 'b>(
 /// Where a command's token stands, to keep it out of the server's command logs when the
 /// command is refused before its own redaction.
 #[derive(Clone, Copy)]
-enum Secret {
+pub(crate) enum Secret {
     None,
     At(usize),
     AfterTokenWord,
@@ -156,7 +156,7 @@ pub(crate) fn run<'a>(
 /// A refused command's token stays out of SLOWLOG and MONITOR too: the argument after
 /// each `TOKEN` or `SESSION` word (an acquire that did not parse; an `OWNER TOKEN` label
 /// costs the next argument its display), or the fixed position of the token.
-fn redact_refused(ctx: Ctx<'_>, args: Args<'_>, secret: Secret) {
+pub(crate) fn redact_refused(ctx: Ctx<'_>, args: Args<'_>, secret: Secret) {
     match secret {
         Secret::None => {}
         Secret::At(pos) => {

@@ -25,6 +25,7 @@ mod events;
 mod ffi;
 mod guard;
 mod keyspace;
+mod multi;
 mod sched;
 mod sessions;
 mod state;
@@ -34,7 +35,7 @@ use std::sync::atomic::Ordering;
 
 use redis_module::{raw, RedisString, Status};
 
-use ffi::cmdinfo::{self, Arg, Cmd};
+use ffi::cmdinfo::{self, Arg, Cmd, Keys};
 use ffi::Ctx;
 
 const KEY_RO: u64 = raw::REDISMODULE_CMD_KEY_RO as u64;
@@ -52,10 +53,11 @@ const INTEGER: raw::RedisModuleCommandArgType =
 const STRING: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING;
 
-/// One row a command, in registration order: name => handler, arity, key flags; ACL
-/// categories / command flags, complexity; summary; arguments.
+/// One row a command, in registration order: name => handler, arity, key flags (and where
+/// the keys are, when not the first argument); ACL categories / command flags,
+/// complexity; summary; arguments.
 macro_rules! commands {
-    ($($name:literal => $handler:path, arity $arity:literal, $keys:expr;
+    ($($name:literal => $handler:path, arity $arity:literal, $keys:expr $(, at $spec:expr)?;
         $acl:literal / $flags:literal, $complexity:literal,
         $summary:literal,
         [$($arg:expr),* $(,)?];)*) => {
@@ -64,6 +66,12 @@ macro_rules! commands {
                 name: $name,
                 acl: $acl,
                 flags: $flags,
+                keys: {
+                    #[allow(unused_mut, unused_assignments)]
+                    let mut k = if $keys == 0 { Keys::None } else { Keys::First };
+                    $(k = $spec;)?
+                    k
+                },
                 key_flags: $keys,
                 arity: $arity,
                 summary: $summary,
@@ -85,6 +93,21 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
              Opt("TOKEN", "token", STRING), Opt("OWNER", "label", STRING),
              Opt("BLOCK", "timeout", INTEGER), Opt("MINFENCE", "fence", INTEGER),
              Opt("LOCKDELAY", "milliseconds", INTEGER), Opt("SESSION", "id", STRING)];
+        "lock.acquireall" => multi::AcquireAll, arity -3, KEY_RW | ACCESS | INSERT, at Keys::Counted { step: 1 };
+            "write blocking slow" / "write deny-oom blocking", "O(N) for N keys",
+            "Takes several locks all or nothing (MODES gives each key's: EXCLUSIVE, SHARED or LIMIT=n), optionally waiting in every key's FIFO queue; replies [token, [fence, ...]] or nil.",
+            [Int("numkeys"), Rest("key"), Opt("MODES", "mode", STRING), Expiry, Opt("SESSION", "id", STRING),
+             Opt("TOKEN", "token", STRING), Opt("OWNER", "label", STRING),
+             Opt("BLOCK", "timeout", INTEGER), Opt("MINFENCE", "fence", INTEGER),
+             Opt("LOCKDELAY", "milliseconds", INTEGER)];
+        "lock.releaseall" => multi::ReleaseAll, arity -4, KEY_RW | ACCESS | DELETE, at Keys::Counted { step: 1 };
+            "write slow" / "write", "O(N) for N keys",
+            "Releases every one of the keys the token holds (and hands each to its next waiters); replies how many it released.",
+            [Int("numkeys"), Rest("key"), Str("token")];
+        "lock.extendall" => multi::ExtendAll, arity -4, KEY_RW | ACCESS | UPDATE, at Keys::Counted { step: 1 };
+            "write slow" / "write", "O(N) for N keys",
+            "Resets the lease of every one of the keys the token holds; replies how many it extended.",
+            [Int("numkeys"), Rest("key"), Str("token"), Expiry];
         "lock.release" => commands::Release, arity 3, KEY_RW | ACCESS | DELETE;
             "write fast" / "write fast", "O(1)",
             "Deletes the lock if the token holds it and hands it to the next waiter; replies 1 or 0.",

@@ -152,6 +152,9 @@ impl BlockHandler for Waiting {
                 ctx.reply_bytes(token);
                 ctx.reply_int(i64::try_from(*fence).unwrap_or(i64::MAX));
             }
+            Some(Answer::GrantedAll { token, fences, .. }) => {
+                ffi::reply::send(ctx, &crate::engine::grant_reply(token.clone(), fences))
+            }
             Some(Answer::State(r)) => ffi::reply::send(ctx, r),
             Some(Answer::Failed(e)) => ctx.reply_error(&e.to_string()),
             Some(Answer::Nil) | None => ctx.reply_null(),
@@ -200,10 +203,23 @@ impl BlockHandler for Waiting {
     }
 
     fn free(ctx: Ctx<'_>, reply: Box<Answer>, client_gone: bool) {
-        if let (true, Answer::Granted { key, digest, .. }) = (client_gone, *reply) {
-            // A write the module makes on its own: given back on the next tick, through
-            // the gate like a hand-off.
-            with_engine(ctx, |e| e.revoke_later(key, digest, ffi::mono_us()));
+        if !client_gone {
+            return;
+        }
+        // A write the module makes on its own: given back on the next tick, through the
+        // gate like a hand-off.
+        match *reply {
+            Answer::Granted { key, digest, .. } => {
+                with_engine(ctx, |e| e.revoke_later(key, digest, ffi::mono_us()));
+            }
+            Answer::GrantedAll { keys, digest, .. } => {
+                with_engine(ctx, |e| {
+                    for key in keys {
+                        e.revoke_later(key, digest, ffi::mono_us());
+                    }
+                });
+            }
+            _ => {}
         }
     }
 }

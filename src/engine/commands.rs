@@ -80,7 +80,7 @@ impl Command<'_> {
 }
 
 /// What an acquire can do now.
-enum Step {
+pub(super) enum Step {
     Grant,
     Renew(value::Digest),
     Busy(Option<i64>),
@@ -155,50 +155,7 @@ impl<W> Engine<W> {
         self.session_lease(req.session.as_ref())?;
         let digest = req.token.map(|t| self.tokens.digest(t));
         let (db, name) = (ks.db(), super::Name::of(ks.name()));
-        if self.has_waiters(db, &name) {
-            // A key may still have waiters whose hand-off was deferred: they go first.
-            self.serve(ks, sched);
-        }
-        self.reap(ks)?;
-        let queued = self.queue_family(db, &name);
-        let step = match ks.read()? {
-            Slot::Classic(_) if matches!(req.mode, Mode::Counted(_)) => {
-                return Err(LockError::WrongMode)
-            }
-            Slot::Classic(expiry) => {
-                Step::Busy(expiry.map(|t| clock.from_wall(t).saturating_add(1000)))
-            }
-            Slot::Lock(v) => match digest.filter(|d| v.find(d).is_some()) {
-                Some(d) => Step::Renew(d),
-                None => {
-                    // An emptied key whose lock-delay runs takes any kind of lock after.
-                    let family = if v.is_empty() {
-                        queued
-                    } else {
-                        Some(v.mode().family())
-                    };
-                    if let Some(f) = family {
-                        check_family(f, req.mode).map_err(mismatch)?;
-                    }
-                    if queued.is_none() && v.admits(req.mode, clock.mono) {
-                        Step::Grant
-                    } else {
-                        Step::Busy(None)
-                    }
-                }
-            },
-            Slot::Free => match queued {
-                Some(f) => {
-                    check_family(f, req.mode).map_err(mismatch)?;
-                    Step::Busy(Some(clock.mono))
-                }
-                None => Step::Grant,
-            },
-        };
-        if let (Some(policy), Step::Grant | Step::Busy(_)) = (self.settings.refuse_grants, &step) {
-            self.stats.refused_eviction += 1;
-            return Err(LockError::Evictable(policy));
-        }
+        let step = self.step(ks, sched, req.mode, digest)?;
         let serve_at = match step {
             Step::Grant => return self.grant_to_caller(ks, &req, digest).map(Some),
             Step::Renew(d) => {
@@ -249,7 +206,7 @@ impl<W> Engine<W> {
             session: req.session,
             deadline,
             moved: false,
-            handle,
+            handle: Some(handle),
         };
         // The key's lease end must be filed for the hand-off: it is, unless the value came
         // here behind the engine's back (RENAMEd or MOVEd onto this name).
@@ -260,6 +217,65 @@ impl<W> Engine<W> {
         }
         self.enqueue(db, &name, wait, serve_at);
         Ok(None)
+    }
+
+    /// What an acquire of `mode` (by the token whose digest is `digest`) can do on this
+    /// key now: deferred hand-offs first, then leases that are over, then the decision.
+    /// An acquire that would grant or wait is refused where eviction could take the lock.
+    pub(super) fn step<S: Sched<Waiter = W>>(
+        &mut self,
+        ks: &mut impl Keyspace,
+        sched: &mut S,
+        mode: Mode,
+        digest: Option<value::Digest>,
+    ) -> Result<Step, LockError> {
+        let clock = ks.clock();
+        let (db, name) = (ks.db(), super::Name::of(ks.name()));
+        if self.has_waiters(db, &name) {
+            // A key may still have waiters whose hand-off was deferred: they go first.
+            self.serve(ks, sched);
+        }
+        self.reap(ks)?;
+        let queued = self.queue_family(db, &name);
+        let step = match ks.read()? {
+            Slot::Classic(_) if matches!(mode, Mode::Counted(_)) => {
+                return Err(LockError::WrongMode)
+            }
+            Slot::Classic(expiry) => {
+                Step::Busy(expiry.map(|t| clock.from_wall(t).saturating_add(1000)))
+            }
+            Slot::Lock(v) => match digest.filter(|d| v.find(d).is_some()) {
+                Some(d) => Step::Renew(d),
+                None => {
+                    // An emptied key whose lock-delay runs takes any kind of lock after.
+                    let family = if v.is_empty() {
+                        queued
+                    } else {
+                        Some(v.mode().family())
+                    };
+                    if let Some(f) = family {
+                        check_family(f, mode).map_err(mismatch)?;
+                    }
+                    if queued.is_none() && v.admits(mode, clock.mono) {
+                        Step::Grant
+                    } else {
+                        Step::Busy(None)
+                    }
+                }
+            },
+            Slot::Free => match queued {
+                Some(f) => {
+                    check_family(f, mode).map_err(mismatch)?;
+                    Step::Busy(Some(clock.mono))
+                }
+                None => Step::Grant,
+            },
+        };
+        if let (Some(policy), Step::Grant | Step::Busy(_)) = (self.settings.refuse_grants, &step) {
+            self.stats.refused_eviction += 1;
+            return Err(LockError::Evictable(policy));
+        }
+        Ok(step)
     }
 
     fn grant_to_caller<'a>(

@@ -14,6 +14,7 @@
 mod commands;
 mod info;
 mod leases;
+mod multi;
 mod queue;
 mod sessions;
 mod timeline;
@@ -33,6 +34,7 @@ use crate::lock::value::{Addr, Digest, LockValue, Mode};
 
 pub use crate::reply::{Bytes, Reply};
 pub use commands::{AcquireReq, Command, Outcome};
+pub use multi::{grant_reply, AcquireAllReq, MAX_KEYS};
 pub use queue::{Answer, Wait};
 pub use sessions::{OpenReq, SessionApply};
 pub use timeline::Task;
@@ -203,6 +205,9 @@ pub struct Engine<W> {
     /// put back before anything else happens to their keys (see `restore_pending`).
     restoring: HashMap<QueueKey, LockValue>,
     sessions: sessions::Sessions,
+    /// Clients waiting for several keys at once, by their id (their places in the
+    /// queues are parts without a client).
+    multi: HashMap<WaiterId, multi::MultiWait<W>>,
 }
 
 impl<W> Default for Engine<W> {
@@ -297,6 +302,7 @@ impl<W> Engine<W> {
             tokens: tokens::TokenCache::default(),
             restoring: HashMap::new(),
             sessions: sessions::Sessions::default(),
+            multi: HashMap::new(),
         }
     }
 

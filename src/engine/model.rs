@@ -24,7 +24,12 @@
 //!   or not): a grant in a session has the session's lease, a keepalive moves every one of
 //!   them, the end of the session (its TTL, CLOSE) ends every one of them and serves their
 //!   waiters in order, a waiter of a session that ended is refused (NOSESSION), and a
-//!   session lock is never extended on its own; the replica gets the same sessions.
+//!   session lock is never extended on its own; the replica gets the same sessions;
+//! - all-or-nothing acquires of two keys (LOCK.ACQUIREALL, blocking or not, by clients
+//!   11..14 on keys 0..3): granted on both keys in one step or on none, never past anyone
+//!   queued before on either key (FIFO per key, no barging), and never stuck: a request
+//!   first in line on both keys that both admit is granted (no deadlock, whatever order
+//!   the clients name the keys in).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -236,6 +241,18 @@ struct Model {
     delays: HashMap<u8, i64>,
     /// The open sessions, by the client that opened them: their deadline (ms).
     sessions: HashMap<u8, i64>,
+    /// Waiters for two keys at once (their id is in the queue of each).
+    multi: HashMap<WaiterId, Multi>,
+}
+
+/// A LOCK.ACQUIREALL waiter, as the model sees it.
+#[derive(Debug, Clone)]
+struct Multi {
+    keys: Vec<(u8, Mode)>,
+    client: u8,
+    token: Vec<u8>,
+    ttl: i64,
+    deadline: Option<i64>,
 }
 
 /// The session id of a client (clients 0..6 have sessions).
@@ -245,7 +262,7 @@ fn session_id(client: u8) -> Vec<u8> {
 
 /// Clients 0..8; clients 6 and 7 share one token (as two connections of one service).
 fn token(client: u8) -> Vec<u8> {
-    let c = if client >= 6 { 6 } else { client };
+    let c = if (6..8).contains(&client) { 6 } else { client };
     format!("token-of-client-{c}").into_bytes()
 }
 
@@ -271,13 +288,65 @@ impl Model {
         if let Some(g) = self.live(key, now).first() {
             return Some(g.mode.family());
         }
-        let waiting = &self.waiting;
-        let head = self
-            .queues
-            .get(&key)?
-            .iter()
-            .find(|id| !serve || waiting[*id].deadline.is_none_or(|d| now < d))?;
-        Some(waiting[head].mode.family())
+        let (waiting, multi) = (&self.waiting, &self.multi);
+        let head = self.queues.get(&key)?.iter().find(|id| {
+            multi.contains_key(id) || !serve || waiting[*id].deadline.is_none_or(|d| now < d)
+        })?;
+        match multi.get(head) {
+            // Multi requests are on keys 0..3 only: read-write locks.
+            Some(_) => Some(value::Family::ReadWrite),
+            None => Some(waiting[head].mode.family()),
+        }
+    }
+
+    /// Whether multi waiter `id` is first in line on each of its keys and each admits it.
+    fn multi_grantable(&mut self, id: WaiterId, now: i64) -> bool {
+        let m = self.multi[&id].clone();
+        m.keys.iter().all(|(k, mode)| {
+            let first = self.queues.get(k).and_then(|q| q.front()) == Some(&id);
+            first && !self.delayed(*k, now) && fits(self.live(*k, now), *mode)
+        })
+    }
+
+    /// A multi waiter's answer: granted on every key at once (first in line on each), or
+    /// nil / an error, leaving every queue.
+    fn multi_answer(&mut self, id: WaiterId, a: &Answer, now: i64) {
+        assert!(
+            !self.gone.contains(&id),
+            "multi waiter {id} answered after it left"
+        );
+        assert!(self.answered.insert(id), "multi waiter {id} answered twice");
+        let m = self.multi[&id].clone();
+        if let Answer::GrantedAll { fences, token, .. } = a {
+            assert_eq!(token, &m.token);
+            assert!(
+                m.deadline.is_none_or(|d| now < d),
+                "multi waiter {id} granted past its BLOCK time"
+            );
+            assert!(
+                self.multi_grantable(id, now),
+                "multi waiter {id} ({m:?}) granted when not first on every key or not admitted"
+            );
+            assert_eq!(fences.len(), m.keys.len());
+            for ((k, mode), f) in m.keys.iter().zip(fences) {
+                self.queues.entry(*k).or_default().retain(|x| *x != id);
+                let g = Grant {
+                    token: m.token.clone(),
+                    mode: *mode,
+                    fence: *f,
+                    deadline: now + m.ttl,
+                    lock_delay: 0,
+                    owner: None,
+                    session: None,
+                };
+                self.record_grant(*k, g, now);
+            }
+        } else {
+            for (k, _) in &m.keys {
+                self.queues.entry(*k).or_default().retain(|x| *x != id);
+            }
+        }
+        self.blocked.remove(&m.client);
     }
 
     fn live(&mut self, key: u8, now: i64) -> &mut Vec<Grant> {
@@ -420,6 +489,9 @@ impl Model {
         if self.watchers.contains_key(&id) {
             return self.watch_answer(id, a, now);
         }
+        if self.multi.contains_key(&id) {
+            return self.multi_answer(id, a, now);
+        }
         assert!(
             !self.gone.contains(&id),
             "waiter {id} answered after it left"
@@ -504,6 +576,17 @@ enum Op {
         /// In the client's session (clients 0..6).
         session: bool,
     },
+    /// LOCK.ACQUIREALL of keys `a` and `b` (distinct, 0..3) by client 11..14, each shared or
+    /// exclusive; RELEASEALL of the keys it holds when `release`.
+    Multi {
+        client: u8,
+        a: u8,
+        b: u8,
+        shared: (bool, bool),
+        ttl: u16,
+        block: Option<u16>,
+        release: bool,
+    },
     /// LOCK.SESSION OPEN (or, when open, a renew) / KEEPALIVE / CLOSE by client 0..6.
     Session {
         client: u8,
@@ -573,6 +656,11 @@ fn op() -> impl Strategy<Value = Op> {
                 key, client, shared, ttl, block, wrong_limit, in_multi, delay, session: session && client < 6
             }),
         2 => (0u8..6, 0u8..3, 1u16..80).prop_map(|(client, what, ttl)| Op::Session { client, what, ttl }),
+        3 => (11u8..14, 0u8..3, 1u8..3, any::<(bool, bool)>(), 1u16..60,
+              prop::option::of(0u16..80), prop::bool::weighted(0.3))
+            .prop_map(|(client, a, step, shared, ttl, block, release)| Op::Multi {
+                client, a, b: (a + step) % 3, shared, ttl, block, release
+            }),
         3 => (0..KEYS, 0u8..8).prop_map(|(key, client)| Op::Release { key, client }),
         1 => (0..KEYS, 0u8..8, 1u16..60, prop::option::weighted(0.3, 0u8..3))
             .prop_map(|(key, client, ttl, label)| Op::Extend { key, client, ttl, label }),
@@ -580,7 +668,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(key, client, fence, block, in_multi)| Op::Watch { key, client, fence, block, in_multi }),
         1 => (0..KEYS, any::<bool>()).prop_map(|(key, one)| Op::Force { key, one }),
         1 => (0..KEYS).prop_map(|key| Op::Del { key }),
-        1 => (0u8..11).prop_map(|client| Op::Disconnect { client }),
+        1 => (0u8..14).prop_map(|client| Op::Disconnect { client }),
         1 => any::<bool>().prop_map(Op::Pause),
         4 => (0u16..40).prop_map(Op::Tick),
         1 => (1u16..120).prop_map(Op::Stall),
@@ -895,6 +983,121 @@ impl Harness {
         }
     }
 
+    /// LOCK.ACQUIREALL of two keys (or, with `release`, LOCK.RELEASEALL of what the
+    /// client holds).
+    fn multi(
+        &mut self,
+        client: u8,
+        (a, b): (u8, u8),
+        shared: (bool, bool),
+        ttl: u16,
+        block: Option<u16>,
+        release: bool,
+    ) {
+        let now = self.w.now;
+        let tok = token(client);
+        let held: Vec<u8> = (0..KEYS)
+            .filter(|k| self.m.holder_of(*k, &tok, now).is_some())
+            .collect();
+        if release || !held.is_empty() {
+            for k in held {
+                let r = self.cmd(k, Command::Release(&tok));
+                assert_eq!(r, Some(Reply::Int(1)), "release of key {k} by {client}");
+                self.m.live(k, now).retain(|g| g.token != tok);
+                self.settle();
+            }
+            return;
+        }
+        let mode = |s: bool| if s { Mode::Shared } else { Mode::Exclusive };
+        let keys = vec![(a, mode(shared.0)), (b, mode(shared.1))];
+        // Grantable now: every key without a queue, admitting the mode (after what the
+        // engine serves and reaps first).
+        self.next_waiter += 1;
+        let id = self.next_waiter;
+        self.s.next_block = Some(id);
+        let names: Vec<Box<[u8]>> = keys.iter().map(|(k, _)| key_name(*k)).collect();
+        let req = AcquireAllReq {
+            keys: names
+                .iter()
+                .zip(&keys)
+                .map(|(n, (_, m))| (&n[..], *m))
+                .collect(),
+            db: 0,
+            ttl: u64::from(ttl),
+            token: Some(&tok),
+            owner: None,
+            block: block.map(u64::from),
+            min_fence: 0,
+            lock_delay: 0,
+            client_id: u64::from(client),
+            addr: Addr::None,
+            session: None,
+        };
+        let mut store = MemStore { w: &mut self.w };
+        let r = self.e.acquire_all(&mut store, &mut self.s, req);
+        self.s.next_block = None;
+        self.settle();
+        let mut grantable = true;
+        for (k, m) in &keys {
+            let queued = !self.m.queues.get(k).is_none_or(VecDeque::is_empty);
+            let closed = self.m.delayed(*k, now);
+            grantable &= !queued && !closed && fits(self.m.live(*k, now), *m);
+        }
+        match r {
+            Ok(Some(Reply::Array(parts))) => {
+                assert!(grantable, "ACQUIREALL {keys:?} granted, not grantable");
+                let fences: Vec<u64> = match parts.as_slice() {
+                    [Reply::Bulk(t), Reply::Array(fs)] => {
+                        assert_eq!(t.as_slice(), &tok[..]);
+                        fs.iter()
+                            .map(|f| match f {
+                                Reply::Int(i) => *i as u64,
+                                other => panic!("fence {other:?}"),
+                            })
+                            .collect()
+                    }
+                    other => panic!("ACQUIREALL replied {other:?}"),
+                };
+                for ((k, m), f) in keys.iter().zip(fences) {
+                    let g = Grant {
+                        token: tok.clone(),
+                        mode: *m,
+                        fence: f,
+                        deadline: now + i64::from(ttl),
+                        lock_delay: 0,
+                        owner: None,
+                        session: None,
+                    };
+                    self.m.record_grant(*k, g, now);
+                }
+            }
+            Ok(Some(Reply::Nil)) => {
+                assert!(!grantable, "ACQUIREALL {keys:?} refused when grantable");
+            }
+            Ok(None) => {
+                assert!(
+                    !grantable && block.is_some(),
+                    "ACQUIREALL blocked when it may not"
+                );
+                for (k, _) in &keys {
+                    self.m.queues.entry(*k).or_default().push_back(id);
+                }
+                self.m.multi.insert(
+                    id,
+                    Multi {
+                        keys,
+                        client,
+                        token: tok,
+                        ttl: i64::from(ttl),
+                        deadline: block.filter(|b| *b > 0).map(|b| now + i64::from(b)),
+                    },
+                );
+                self.m.blocked.insert(client, id);
+            }
+            other => panic!("ACQUIREALL answered {other:?}"),
+        }
+    }
+
     fn watch(&mut self, key: u8, client: u8, fence: u8, block: Option<u16>, in_multi: bool) {
         let now = self.w.now;
         let mut hs = self.m.live(key, now).clone();
@@ -950,6 +1153,7 @@ impl Harness {
             op,
             Op::Acquire { .. }
                 | Op::Session { .. }
+                | Op::Multi { .. }
                 | Op::Release { .. }
                 | Op::Extend { .. }
                 | Op::Force { .. }
@@ -977,6 +1181,17 @@ impl Harness {
             }
             Op::Session { client, what, ttl } if !blocked(&self.m, client) => {
                 self.session(client, what, ttl);
+            }
+            Op::Multi {
+                client,
+                a,
+                b,
+                shared,
+                ttl,
+                block,
+                release,
+            } if !blocked(&self.m, client) => {
+                self.multi(client, (a, b), shared, ttl, block, release);
             }
             Op::Release { key, client } if !blocked(&self.m, client) => {
                 let expected = self.held_by(key, client);
@@ -1087,7 +1302,7 @@ impl Harness {
                 self.m.holders.remove(&key);
                 self.m.delays.remove(&key);
             }
-            Op::Disconnect { client } if client >= 8 => {
+            Op::Disconnect { client } if (8..11).contains(&client) => {
                 if let Some(id) = self.m.watch_blocked.remove(&client) {
                     assert!(
                         self.e.abandon(id, now * 1000).is_some(),
@@ -1100,8 +1315,13 @@ impl Harness {
                 if let Some(id) = self.m.blocked.remove(&client) {
                     if self.e.abandon(id, now * 1000).is_some() {
                         self.m.gone.insert(id);
-                        let w = &self.m.waiting[&id];
-                        self.m.queues.entry(w.key).or_default().retain(|x| *x != id);
+                        let keys: Vec<u8> = match self.m.multi.get(&id) {
+                            Some(m) => m.keys.iter().map(|(k, _)| *k).collect(),
+                            None => vec![self.m.waiting[&id].key],
+                        };
+                        for k in keys {
+                            self.m.queues.entry(k).or_default().retain(|x| *x != id);
+                        }
                     }
                 }
             }
@@ -1157,6 +1377,22 @@ impl Harness {
             assert_eq!(have, want, "queue of key {key}");
             // Liveness: with writes allowed, the head of a queue is never grantable.
             if let (false, Some(head)) = (self.w.paused, want.first()) {
+                if self.m.multi.contains_key(head) {
+                    // A multi waiter waits for its other key too; never when it could
+                    // have both (no deadlock: it would have been granted).
+                    let stuck = self.m.multi_grantable(*head, now)
+                        && !self.m.answered.contains(head)
+                        && !self.m.gone.contains(head);
+                    let retry = self
+                        .e
+                        .next_due()
+                        .is_some_and(|t| t <= now * 1000 + super::RETRY_US);
+                    assert!(
+                        !stuck || retry,
+                        "multi waiter {head} could have both keys and waits"
+                    );
+                    continue;
+                }
                 let w = self.m.waiting[head].clone();
                 let hs = self.m.live(key, now).clone();
                 let mine = hs.iter().any(|h| h.token == w.token);
@@ -1261,7 +1497,7 @@ impl Harness {
             self.run_timers();
             self.check();
         }
-        for id in self.m.waiting.keys() {
+        for id in self.m.waiting.keys().chain(self.m.multi.keys()) {
             assert!(
                 self.m.answered.contains(id) || self.m.gone.contains(id),
                 "waiter {id} never answered"

@@ -291,6 +291,7 @@ impl<W> Engine<W> {
         if !lower {
             ks.changed(Event::Extend);
         }
+        self.note(db, &name, self.now);
         true
     }
 

@@ -26,6 +26,8 @@ pub enum Task {
     Look(QueueKey),
     /// A session's lease (or its bound connection's grace period) ends.
     SessionEnd(crate::lock::value::Digest),
+    /// A waiter for several keys is first in line on one of them: maybe on all.
+    ServeMulti(WaiterId),
     /// Nothing: only a wake-up (more leases are due than one tick handles, or a write
     /// waits for the gate).
     Wake,
@@ -170,6 +172,7 @@ impl<W> Engine<W> {
             }
             Task::Wake => {}
             Task::SessionEnd(d) => self.session_due(store, sched, &d, now),
+            Task::ServeMulti(id) => self.serve_multi(store, sched, id, now),
             Task::Revoke((db, name), d) => {
                 let Some(mut ks) = store.open(db, &name) else {
                     return;
