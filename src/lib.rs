@@ -68,7 +68,7 @@ macro_rules! commands {
                 flags: $flags,
                 keys: {
                     #[allow(unused_mut, unused_assignments)]
-                    let mut k = if $keys == 0 { Keys::None } else { Keys::First };
+                    let mut k = Keys::of($keys);
                     $(k = $spec;)?
                     k
                 },

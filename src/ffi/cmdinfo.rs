@@ -39,6 +39,17 @@ pub enum Keys {
     Counted { step: c_int },
 }
 
+impl Keys {
+    /// The first argument for a command with key flags, none without.
+    pub fn of(key_flags: u64) -> Keys {
+        if key_flags == 0 {
+            Keys::None
+        } else {
+            Keys::First
+        }
+    }
+}
+
 pub struct Cmd {
     pub name: &'static str,
     pub flags: &'static str,
