@@ -94,18 +94,18 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
              Opt("BLOCK", "timeout", INTEGER), Opt("MINFENCE", "fence", INTEGER),
              Opt("LOCKDELAY", "milliseconds", INTEGER), Opt("SESSION", "id", STRING)];
         "lock.acquireall" => multi::AcquireAll, arity -3, KEY_RW | ACCESS | INSERT, at Keys::Counted { step: 1 };
-            "write blocking slow" / "write deny-oom blocking", "O(N) for N keys",
+            "write blocking slow" / "write deny-oom blocking getkeys-api", "O(N) for N keys",
             "Takes several locks all or nothing (MODES gives each key's: EXCLUSIVE, SHARED or LIMIT=n), optionally waiting in every key's FIFO queue; replies [token, [fence, ...]] or nil.",
             [Int("numkeys"), Rest("key"), Opt("MODES", "mode", STRING), Expiry, Opt("SESSION", "id", STRING),
              Opt("TOKEN", "token", STRING), Opt("OWNER", "label", STRING),
              Opt("BLOCK", "timeout", INTEGER), Opt("MINFENCE", "fence", INTEGER),
              Opt("LOCKDELAY", "milliseconds", INTEGER)];
         "lock.releaseall" => multi::ReleaseAll, arity -4, KEY_RW | ACCESS | DELETE, at Keys::Counted { step: 1 };
-            "write slow" / "write", "O(N) for N keys",
+            "write slow" / "write getkeys-api", "O(N) for N keys",
             "Releases every one of the keys the token holds (and hands each to its next waiters); replies how many it released.",
             [Int("numkeys"), Rest("key"), Str("token")];
         "lock.extendall" => multi::ExtendAll, arity -4, KEY_RW | ACCESS | UPDATE, at Keys::Counted { step: 1 };
-            "write slow" / "write", "O(N) for N keys",
+            "write slow" / "write getkeys-api", "O(N) for N keys",
             "Resets the lease of every one of the keys the token holds; replies how many it extended.",
             [Int("numkeys"), Rest("key"), Str("token"), Expiry];
         "lock.release" => commands::Release, arity 3, KEY_RW | ACCESS | DELETE;

@@ -17,11 +17,32 @@ use crate::sched::{self, RedisSched};
 use crate::state::{self, State};
 use crate::syntax::parse_i64;
 
+use std::ffi::c_int;
+
+use redis_module::raw;
+
 type Answer<'a> = Result<Option<Reply<'a>>, LockError>;
+
+/// The keys of the set (`numkeys` from argument 1), for COMMAND GETKEYS, cluster routing
+/// and ACL key checks: Redis 7.0 routes a module command only by its legacy key range or
+/// this callback, not by a key spec that counts its keys.
+fn report_keys(ctx: Ctx<'_>, args: Args<'_>, flags: u32) {
+    const RW: u32 = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS;
+    let n = args
+        .get(1)
+        .and_then(|a| parse_i64(a.bytes()))
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0)
+        .min(MAX_KEYS);
+    for pos in (2..2 + n).take_while(|p| *p < args.len()) {
+        ffi::call::key_at(ctx, pos, (RW | flags) as c_int);
+    }
+}
 
 pub struct AcquireAll;
 impl Handler for AcquireAll {
     const NAME: &'static str = "lock.acquireall";
+    const GETKEYS: bool = true;
     fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
         let r = acquire_all(ctx, args);
         if r.is_err() {
@@ -29,21 +50,29 @@ impl Handler for AcquireAll {
         }
         r
     }
+    fn keys(ctx: Ctx<'_>, args: Args<'_>) {
+        report_keys(ctx, args, raw::REDISMODULE_CMD_KEY_INSERT);
+    }
 }
 
 pub struct ReleaseAll;
 impl Handler for ReleaseAll {
     const NAME: &'static str = "lock.releaseall";
+    const GETKEYS: bool = true;
     fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
         each(ctx, args, "lock.releaseall", |token, _| {
             Ok(Command::Release(token))
         })
+    }
+    fn keys(ctx: Ctx<'_>, args: Args<'_>) {
+        report_keys(ctx, args, raw::REDISMODULE_CMD_KEY_DELETE);
     }
 }
 
 pub struct ExtendAll;
 impl Handler for ExtendAll {
     const NAME: &'static str = "lock.extendall";
+    const GETKEYS: bool = true;
     fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
         each(ctx, args, "lock.extendall", |token, rest| {
             let req = crate::args::parse_extend(&[&[token][..], rest].concat(), &config::limits())?;
@@ -53,6 +82,9 @@ impl Handler for ExtendAll {
                 owner: req.owner,
             })
         })
+    }
+    fn keys(ctx: Ctx<'_>, args: Args<'_>) {
+        report_keys(ctx, args, raw::REDISMODULE_CMD_KEY_UPDATE);
     }
 }
 
