@@ -220,7 +220,8 @@ perf-guard-baseline: bench-deps build
 
 # ---- client crate, CLI and any-client examples (issue 5) --------------------------------
 #   make test-client     the client crate's tests (single server, Redlock on 5 servers,
-#                        the redis-lock CLI, a 3-master cluster) once per server
+#                        the redis-lock CLI, a 3-master cluster, the metrics exporter and
+#                        Debian's redis exporter: monitoring-tools) once per server
 #   make test-examples   examples/run.sh: examples/python/{inventory,election}.py (redis-py,
 #                        in a venv under target/venv-examples), examples/node/{daily-report,
 #                        inventory,election}.mjs (node-redis, under target/node-examples;
@@ -229,14 +230,34 @@ perf-guard-baseline: bench-deps build
 .PHONY: test-client test-examples
 CLIENT_TEST_SERVERS ?= $(TEST_SERVERS)
 
-test-client: build
-	export LOCK_MODULE=$(MODULE); \
+test-client: build monitoring-tools
+	export LOCK_MODULE=$(MODULE) REDIS_EXPORTER_BIN=$(MONITORING_DIR)/usr/bin/prometheus-redis-exporter \
+	    PROMTOOL_BIN=$(MONITORING_DIR)/usr/bin/promtool PROMETHEUS_BIN=$(MONITORING_DIR)/usr/bin/prometheus; \
 	for bin in $(CLIENT_TEST_SERVERS); do \
 	    echo; echo "== client tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
 	    LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock-client -- $(TEST_ARGS); \
 	done; \
 	echo; echo "== client tests passed against: $(CLIENT_TEST_SERVERS)"
 EXTRA_TESTS += test-client
+
+# prometheus-redis-exporter and promtool (client/tests/metrics.rs: Debian's exporter with
+# scripts/monitoring/redis-exporter-lock.lua, and `redis-lock metrics` output linted by
+# promtool), unpacked from Debian's packages into target/monitoring: nothing installed,
+# no service started.
+.PHONY: monitoring-tools
+MONITORING_DIR := $(CURDIR)/target/monitoring
+MONITORING_DEBS := prometheus-redis-exporter prometheus
+
+monitoring-tools: $(MONITORING_DIR)/.unpacked
+
+$(MONITORING_DIR)/.unpacked:
+	rm -rf $(MONITORING_DIR) && mkdir -p $(MONITORING_DIR)/debs
+	cd $(MONITORING_DIR)/debs && { apt-get download $(MONITORING_DEBS) 2>/dev/null || { \
+	    SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; $$SUDO apt-get update -qq; \
+	    apt-get download $(MONITORING_DEBS); }; }
+	for d in $(MONITORING_DIR)/debs/*.deb; do dpkg-deb -x $$d $(MONITORING_DIR); done
+	$(MONITORING_DIR)/usr/bin/prometheus-redis-exporter -version 2>&1 | head -n1
+	touch $@
 
 test-examples: build node-deps
 	$(CARGO) build --release -p redis-lock-client --example election
@@ -252,7 +273,8 @@ EXTRA_TESTS += test-examples
 #                   dpkg-deb): /usr/lib/redis/modules/redis-lock.so, the snippet
 #                   /etc/redis/modules/redis-lock.conf (a `loadmodule` line) and
 #                   /usr/bin/redis-lock; installing it needs no Rust toolchain
-#   make test-deb   docs/quickstart-cli.md against that package, unpacked; as root also
+#   make test-deb   docs/quickstart-cli.md against that package, unpacked, and its man page
+#                   against its CLI (scripts/check-man.sh); as root also
 #                   with a real `apt install ./redis-lock_*.deb`, purged at the end, and a
 #                   check that nothing is left (scripts/test-deb.sh)
 .PHONY: dist dist-deb test-deb
@@ -276,6 +298,9 @@ dist-deb: build
 	bash scripts/build-deb.sh --so $(MODULE) --cli $(CLI_BIN) --out $(DIST_DIR)
 
 test-deb: dist-deb
+	if ! command -v groff >/dev/null || ! command -v man >/dev/null; then \
+	    $(APT_INSTALL) groff-base man-db; \
+	fi
 	bash scripts/test-deb.sh $(DIST_DIR)/redis-lock_*.deb
 EXTRA_TESTS += test-deb
 

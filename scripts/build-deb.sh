@@ -11,7 +11,10 @@
 #                                             `include /etc/redis/modules/redis-lock.conf`
 #                                             to redis.conf, or start a server with it
 #   /usr/bin/redis-lock                       the CLI (stripped)
-#   /usr/share/doc/redis-lock/{copyright,README.Debian}
+#   /usr/share/man/man1/redis-lock.1.gz       its man page (docs/man/redis-lock.1)
+#   /usr/share/redis-lock/redis-exporter-lock.lua   INFO lock for prometheus-redis-exporter
+#   /usr/share/redis-lock/grafana/redis-lock.json    a dashboard of `redis-lock metrics`
+#   /usr/share/doc/redis-lock/{copyright,README.Debian,MONITORING.md}
 # Depends are read from the binaries (libc6 >= the newest GLIBC_ symbol, libgcc-s1).
 # `make dist-deb` calls it with the release builds; client/tests/dist.rs too.
 set -euo pipefail
@@ -55,6 +58,16 @@ else
     echo "build-deb.sh: strip (binutils) not found: the binaries keep their debug info" >&2
 fi
 
+# The man page, compressed as Debian's policy asks (gzip -9n: no name, no time stamp).
+install -d -m 0755 "$pkg/usr/share/man/man1"
+gzip -9n < "$root/docs/man/redis-lock.1" > "$pkg/usr/share/man/man1/redis-lock.1.gz"
+chmod 0644 "$pkg/usr/share/man/man1/redis-lock.1.gz"
+# Monitoring (docs/MONITORING.md): the exporter script and the Grafana dashboard.
+install -D -m 0644 "$root/scripts/monitoring/redis-exporter-lock.lua" \
+    "$pkg/usr/share/redis-lock/redis-exporter-lock.lua"
+install -D -m 0644 "$root/docs/grafana/redis-lock.json" \
+    "$pkg/usr/share/redis-lock/grafana/redis-lock.json"
+
 install -d -m 0755 "$pkg/etc/redis/modules"
 cat > "$pkg/etc/redis/modules/redis-lock.conf" <<'EOF'
 # redis-lock: native lock commands (LOCK.ACQUIRE, LOCK.RELEASE, LOCK.EXTEND, LOCK.INFO,
@@ -94,11 +107,16 @@ This package holds the redis-lock module and the redis-lock command-line tool.
   to /etc/redis/redis.conf and restart Redis (sudo systemctl restart redis-server).
   Check with: redis-cli MODULE LIST
 - /usr/bin/redis-lock: locks from the shell and cron, like flock(1) across machines
-  (redis-lock --help). It is in the same package so that one file serves the Redis
-  host and the hosts that run jobs; it needs nothing but libc.
+  (man redis-lock, redis-lock --help). It is in the same package so that one file
+  serves the Redis host and the hosts that run jobs; it needs nothing but libc.
+- Monitoring (MONITORING.md here): `redis-lock metrics` serves the module's counters
+  and per-lock waiting figures to Prometheus; /usr/share/redis-lock/grafana/ has a
+  dashboard of them. prometheus-redis-exporter exports the counters with
+      -script /usr/share/redis-lock/redis-exporter-lock.lua
 
 Removing the package does not edit redis.conf: remove the include line first.
 EOF
+install -m 0644 "$root/docs/MONITORING.md" "$doc/MONITORING.md"
 chmod 0644 "$doc/copyright" "$doc/README.Debian"
 
 # Depends from what the binaries link.

@@ -4,7 +4,9 @@
 #   scripts/test-deb.sh target/dist/redis-lock_<version>_<arch>.deb
 #
 # Always: docs/quickstart-cli.md run as written against that package unpacked into a
-# scratch directory (dpkg-deb -x; no root needed), on Debian's redis-server 7.0.15.
+# scratch directory (dpkg-deb -x; no root needed), on Debian's redis-server 7.0.15; its
+# man page checked against its CLI (scripts/check-man.sh: rendered by groff and man
+# without a warning, every subcommand, option, variable and exit code of --help in it).
 # As root, and only when no redis-lock is installed already: the same quickstart with
 # the real `apt install ./redis-lock_*.deb` (and its `apt purge` at the end); then this
 # script checks that the system is as before: the package unknown to dpkg, its files
@@ -25,8 +27,18 @@ quickstart() {
 echo "== test-deb: $(basename "$deb") unpacked into a scratch directory"
 quickstart env
 
+echo "== test-deb: the man page against the CLI of the package, and the monitoring files"
+scratch=$(mktemp -d)
+dpkg-deb -x "$deb" "$scratch"
+bash scripts/check-man.sh "$scratch/usr/bin/redis-lock" "$scratch/usr/share/man/man1/redis-lock.1.gz"
+for f in usr/share/redis-lock/redis-exporter-lock.lua usr/share/redis-lock/grafana/redis-lock.json \
+         usr/share/doc/redis-lock/MONITORING.md; do
+    [ -s "$scratch/$f" ] || { echo "test-deb: the package has no /$f" >&2; exit 1; }
+done
+rm -rf "$scratch"
+
 files=(/usr/bin/redis-lock /usr/lib/redis/modules/redis-lock.so /etc/redis/modules/redis-lock.conf
-       /usr/share/doc/redis-lock)
+       /usr/share/doc/redis-lock /usr/share/redis-lock /usr/share/man/man1/redis-lock.1.gz)
 if [ "$(id -u)" -ne 0 ]; then
     echo "== test-deb: not root: the real apt install is not tried (it is, as root, in CI)"
     exit 0

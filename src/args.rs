@@ -59,11 +59,13 @@ pub struct Watch<'a> {
     pub block: Option<u64>,
 }
 
-/// `LOCK.INFO key [COUNT n] [AFTER fence]`: a page of the holder list.
+/// `LOCK.INFO key [COUNT n] [AFTER fence] [WAITERS n]`: a page of the holder list, and
+/// the first `waiters` waiters (0: no waiter list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Info {
     pub count: usize,
     pub after: u64,
+    pub waiters: usize,
 }
 
 /// Holders LOCK.INFO shows when COUNT is not given, and the most it shows at once.
@@ -320,24 +322,30 @@ pub fn parse_forcerelease(args: &[&[u8]]) -> Result<Option<u64>, LockError> {
     Ok(fence)
 }
 
-/// `LOCK.INFO key [COUNT n] [AFTER fence]`
+/// `LOCK.INFO key [COUNT n] [AFTER fence] [WAITERS n]`
 pub fn parse_info(args: &[&[u8]]) -> Result<Info, LockError> {
     let mut info = Info {
         count: INFO_COUNT,
         after: 0,
+        waiters: 0,
     };
-    options(args, &["COUNT", "AFTER"], &[], |name, v| {
+    options(args, &["COUNT", "AFTER", "WAITERS"], &[], |name, v| {
         let n = parse_i64(v).ok_or(LockError::NotInteger)?;
-        if name == "COUNT" {
-            info.count = usize::try_from(n)
+        let page = || {
+            usize::try_from(n)
                 .ok()
                 .filter(|n| (1..=INFO_MAX_COUNT).contains(n))
-                .ok_or(LockError::InvalidCount(INFO_MAX_COUNT))?;
-        } else {
-            info.after = u64::try_from(n)
-                .ok()
-                .filter(|f| *f <= MAX_FENCE)
-                .ok_or(LockError::InvalidAfter)?;
+                .ok_or(LockError::InvalidCount(name, INFO_MAX_COUNT))
+        };
+        match name {
+            "COUNT" => info.count = page()?,
+            "WAITERS" => info.waiters = page()?,
+            _ => {
+                info.after = u64::try_from(n)
+                    .ok()
+                    .filter(|f| *f <= MAX_FENCE)
+                    .ok_or(LockError::InvalidAfter)?
+            }
         }
         Ok(())
     })?;
@@ -518,23 +526,31 @@ mod tests {
             parse_info(&[]),
             Ok(Info {
                 count: 10,
-                after: 0
+                after: 0,
+                waiters: 0
             })
         );
         assert_eq!(
-            parse_info(&[b"after", b"99", b"COUNT", b"1000"]),
+            parse_info(&[b"after", b"99", b"COUNT", b"1000", b"waiters", b"5"]),
             Ok(Info {
                 count: 1000,
-                after: 99
+                after: 99,
+                waiters: 5
             })
         );
+        for bad in [&b"0"[..], b"1001", b"-1"] {
+            assert_eq!(
+                parse_info(&[b"WAITERS", bad]),
+                Err(LockError::InvalidCount("WAITERS", INFO_MAX_COUNT))
+            );
+        }
         assert_eq!(
             parse_info(&[b"COUNT", b"0"]),
-            Err(LockError::InvalidCount(INFO_MAX_COUNT))
+            Err(LockError::InvalidCount("COUNT", INFO_MAX_COUNT))
         );
         assert_eq!(
             parse_info(&[b"COUNT", b"1001"]),
-            Err(LockError::InvalidCount(INFO_MAX_COUNT))
+            Err(LockError::InvalidCount("COUNT", INFO_MAX_COUNT))
         );
         assert!(parse_info(&[b"AFTER", b"-1"]).is_err());
     }

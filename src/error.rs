@@ -23,8 +23,8 @@ pub enum LockError {
     },
     /// LOCKDELAY negative or above lock.max-ttl.
     InvalidLockDelay,
-    /// COUNT of LOCK.INFO out of range (the largest allowed).
-    InvalidCount(usize),
+    /// COUNT or WAITERS of LOCK.INFO out of range (the option, the largest allowed).
+    InvalidCount(&'static str, usize),
     /// A write command on a replica (also a writable one): locks change only where the
     /// server is the primary for the key.
     ReadOnly,
@@ -115,8 +115,8 @@ impl fmt::Display for LockError {
                 f,
                 "ERR LOCKDELAY must be an integer from 0 to lock.max-ttl (ms)"
             ),
-            LockError::InvalidCount(max) => {
-                write!(f, "ERR COUNT must be an integer from 1 to {max}")
+            LockError::InvalidCount(option, max) => {
+                write!(f, "ERR {option} must be an integer from 1 to {max}")
             }
             LockError::ReadOnly => write!(
                 f,
@@ -257,7 +257,7 @@ mod tests {
                 min: 1,
                 max: 256,
             },
-            LockError::InvalidCount(1000),
+            LockError::InvalidCount("COUNT", 1000),
             LockError::InvalidLockDelay,
             LockError::ReadOnly,
             LockError::Busy,

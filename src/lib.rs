@@ -117,9 +117,10 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
             "Resets the remaining lease of a lock the token holds (and with OWNER its label, keeping its fence); replies 1 or 0.",
             [Key("key"), Str("token"), Expiry, Opt("OWNER", "label", STRING)];
         "lock.info" => commands::Info, arity -2, KEY_RO | ACCESS;
-            "read fast" / "readonly fast", "O(log N + COUNT) where N is the number of holders",
-            "Shows who holds a lock (never the token), its fence, lease and waiters, a page of its holders; nil if free.",
-            [Key("key"), Opt("COUNT", "count", INTEGER), Opt("AFTER", "fence", INTEGER)];
+            "read fast" / "readonly fast", "O(log N + COUNT + WAITERS) where N is the number of holders",
+            "Shows who holds a lock (never the token), its fence, lease and waiters (how many, the longest wait; with WAITERS the first ones: client, owner, mode, ms waited), a page of its holders; nil if free.",
+            [Key("key"), Opt("COUNT", "count", INTEGER), Opt("AFTER", "fence", INTEGER),
+             Opt("WAITERS", "count", INTEGER)];
         "lock.check" => commands::Check, arity 3, KEY_RO | ACCESS;
             "read fast" / "readonly fast", "O(log N) where N is the number of holders",
             "Whether a fence is that of a current holder of the lock: 1 or 0 (a sequencer check for whoever was handed a fence).",
@@ -229,10 +230,47 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
     Ok(())
 }
 
+/// The version `MODULE LIST` shows, numbered as the server numbers modules' versions
+/// (major * 10000 + minor * 100 + patch: 0.1.0 is 100), from Cargo.toml's version.
+pub const MODULE_VERSION: i32 = module_version(
+    env!("CARGO_PKG_VERSION_MAJOR"),
+    env!("CARGO_PKG_VERSION_MINOR"),
+    env!("CARGO_PKG_VERSION_PATCH"),
+);
+
+/// `major * 10000 + minor * 100 + patch` from the decimal parts of a version; a part out
+/// of its range (minor and patch 0..=99) stops the build.
+const fn module_version(major: &str, minor: &str, patch: &str) -> i32 {
+    const fn part(s: &str, max: i32) -> i32 {
+        let b = s.as_bytes();
+        assert!(!b.is_empty(), "an empty version part");
+        let mut n = 0;
+        let mut i = 0;
+        while i < b.len() {
+            assert!(b[i].is_ascii_digit(), "a version part that is not a number");
+            n = n * 10 + (b[i] - b'0') as i32;
+            assert!(n <= max, "a version part out of range");
+            i += 1;
+        }
+        n
+    }
+    part(major, 200_000) * 10_000 + part(minor, 99) * 100 + part(patch, 99)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn module_versions_are_numbered_as_the_server_does() {
+        assert_eq!(super::module_version("0", "1", "0"), 100);
+        assert_eq!(super::module_version("1", "2", "3"), 10_203);
+        assert_eq!(super::module_version("7", "4", "12"), 70_412);
+    }
+}
+
 #[cfg(not(test))]
 redis_module::redis_module! {
     name: "lock",
-    version: 1,
+    version: MODULE_VERSION,
     allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
     data_types: [],
     init: init,

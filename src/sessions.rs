@@ -124,7 +124,7 @@ fn parse<'a>(args: &[&'a [u8]]) -> Result<Parsed<'a>, LockError> {
                 count = parse_i64(v)
                     .and_then(|n| usize::try_from(n).ok())
                     .filter(|n| (1..=INFO_MAX_COUNT).contains(n))
-                    .ok_or(LockError::InvalidCount(INFO_MAX_COUNT))?;
+                    .ok_or(LockError::InvalidCount("COUNT", INFO_MAX_COUNT))?;
             }
         }
         Ok(())

@@ -8,10 +8,12 @@ use crate::state;
 
 /// Registered with the server; field names get the `lock_` prefix.
 pub fn info(out: &mut InfoSink) {
-    let Some((s, waiters, watchers, sessions, last_fence)) = state::with(|st| {
+    let now = crate::ffi::mono_us();
+    let Some((s, waiters, longest_wait, watchers, sessions, last_fence)) = state::with(|st| {
         (
             st.engine.stats,
             st.engine.waiting(),
+            st.engine.longest_wait_anywhere(now),
             st.engine.watching(),
             st.engine.sessions(),
             st.engine.fence.last(),
@@ -45,15 +47,19 @@ pub fn info(out: &mut InfoSink) {
         sessions_closed,
         session_keepalives
     );
+    // Waits in ms: the longest going on now (what to alert on), and the total of those
+    // that ended (with handed_off and wait_timeouts, the mean wait).
     let fields = [
         ("held", crate::state::live()),
         ("waiters", waiters as u64),
+        ("longest_wait_ms", (longest_wait / 1000) as u64),
         ("watchers", watchers as u64),
         ("sessions", sessions as u64),
     ]
     .into_iter()
     .chain(counters)
     .chain([
+        ("waited_ms", s.waited_us / 1000),
         ("panics", PANICS.load(Ordering::Relaxed)),
         (
             "eviction_risk",

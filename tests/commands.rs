@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// The fields LOCK.INFO shows for every lock, in order (a string lock's all).
 const INFO_FIELDS: &str =
-    "state kind ttl expires-at fence owner acquired-at client-id client-addr waiters";
+    "state kind ttl expires-at fence owner acquired-at client-id client-addr waiters longest-wait";
 
 /// `unix_ms << 10`: the floor of every fence granted at or after `ms`.
 fn clock_floor(ms: i64) -> i64 {

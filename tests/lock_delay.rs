@@ -42,6 +42,7 @@ fn a_lease_that_ends_leaves_the_delay_and_a_release_does_not() {
             "lock-delay",
             "holders",
             "waiters",
+            "longest-wait",
             "holder-list",
             "cursor"
         ],

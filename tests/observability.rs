@@ -15,6 +15,7 @@ const COUNTERS: &[&str] = &[
     "held",
     "waiters",
     "watchers",
+    "sessions",
     "acquired",
     "renewed",
     "contended",
@@ -29,6 +30,10 @@ const COUNTERS: &[&str] = &[
     "force_released",
     "repaired",
     "refused_eviction",
+    "sessions_opened",
+    "sessions_expired",
+    "sessions_closed",
+    "session_keepalives",
     "panics",
     "eviction_risk",
     "eviction_allowed",
@@ -93,9 +98,16 @@ fn info_lock_counters_follow_every_outcome() {
         .lines()
         .filter_map(|l| l.split_once(':').map(|(k, _)| k))
         .collect();
+    // The counters, with the two wait times (in ms, which depend on timing: checked by
+    // lock_info_names_the_waiters_and_how_long_they_wait) in their places.
     let want: Vec<String> = COUNTERS
         .iter()
-        .chain(&["last_fence"])
+        .flat_map(|f| match *f {
+            "waiters" => vec!["waiters", "longest_wait_ms"],
+            "panics" => vec!["waited_ms", "panics"],
+            f => vec![f],
+        })
+        .chain(["last_fence"])
         .map(|f| format!("lock_{f}"))
         .collect();
     assert_eq!(fields, want, "INFO lock fields");
@@ -727,7 +739,7 @@ fn command_info_and_docs() {
             -2,
             &["write", "denyoom", "blocking"],
             &["RW", "ACCESS", "INSERT"],
-            "SHARED LIMIT PX EX TOKEN OWNER BLOCK MINFENCE LOCKDELAY",
+            "SHARED LIMIT PX EX TOKEN OWNER BLOCK MINFENCE LOCKDELAY SESSION",
             &["@write", "@blocking", "@slow", "@lock"],
         ),
         (
@@ -767,7 +779,7 @@ fn command_info_and_docs() {
             -2,
             &["readonly", "fast"],
             &["RO", "ACCESS"],
-            "COUNT AFTER",
+            "COUNT AFTER WAITERS",
             &["@read", "@fast", "@lock"],
         ),
         (
@@ -871,9 +883,42 @@ fn command_info_and_docs() {
     for (name, ..) in table {
         assert!(listed.contains(*name), "{name} not in {listed:?}");
     }
+    // The commands of several keys (numkeys first) and the session command (no key):
+    // documented, listed, and their keys found.
+    for (name, getkeys, want) in [
+        (
+            "lock.acquireall",
+            &["2", "k1", "k2", "MODES", "SHARED", "EXCLUSIVE", "PX", "10"][..],
+            &["k1", "k2"][..],
+        ),
+        ("lock.releaseall", &["2", "k1", "k2", "tok"], &["k1", "k2"]),
+        ("lock.extendall", &["1", "k1", "tok", "PX", "5"], &["k1"]),
+    ] {
+        let keys = c.cmd(&[&["COMMAND", "GETKEYS", name][..], getkeys].concat());
+        let want: Vec<Resp> = want
+            .iter()
+            .map(|k| Resp::Bulk(k.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(keys, Resp::Array(want), "{name} keys");
+    }
+    for name in [
+        "lock.acquireall",
+        "lock.releaseall",
+        "lock.extendall",
+        "lock.session",
+    ] {
+        let d = c.cmd(&["COMMAND", "DOCS", name]);
+        let doc = d
+            .field(name)
+            .unwrap_or_else(|| panic!("COMMAND DOCS {name}: {d:?}"));
+        assert!(!doc.field("summary").unwrap().text().is_empty(), "{name}");
+        assert!(doc.field("arguments").is_some(), "{name} arguments");
+        assert!(listed.contains(name), "{name} not in {listed:?}");
+    }
     // The internal commands: replication (write, dangerous) and debugging (admin).
     for (name, cats) in [
         ("lock.repl", &["@write", "@dangerous", "@slow", "@lock"][..]),
+        ("lock.srepl", &["@write", "@dangerous", "@slow", "@lock"]),
         ("lock.sync", &["@write", "@dangerous", "@slow", "@lock"]),
         ("lock.debug", &["@admin", "@dangerous", "@slow", "@lock"]),
     ] {
@@ -888,4 +933,199 @@ fn command_info_and_docs() {
         assert_eq!(acl_categories(&entry), want, "{name} ACL categories");
         assert!(listed.contains(name), "{name} not in {listed:?}");
     }
+}
+
+/// `MODULE LIST` reports the crate's version as the server numbers its own modules'
+/// versions: major * 10000 + minor * 100 + patch (0.1.0 is 100, 1.2.3 is 10203).
+#[test]
+fn module_list_reports_the_crate_version() {
+    let part = |s: &str| s.parse::<i64>().expect("a Cargo version part");
+    let want = part(env!("CARGO_PKG_VERSION_MAJOR")) * 10_000
+        + part(env!("CARGO_PKG_VERSION_MINOR")) * 100
+        + part(env!("CARGO_PKG_VERSION_PATCH"));
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let list = c.cmd(&["MODULE", "LIST"]);
+    let lock = list
+        .items()
+        .into_iter()
+        .find(|m| m.field("name").map(|n| n.text()) == Some("lock".into()))
+        .unwrap_or_else(|| panic!("no module 'lock' in MODULE LIST: {list:?}"));
+    assert_eq!(
+        lock.field("ver").map(|v| v.int()),
+        Some(want),
+        "MODULE LIST ver for {}: {lock:?}",
+        env!("CARGO_PKG_VERSION")
+    );
+}
+
+/// Every string anywhere in a reply.
+fn strings(r: &Resp) -> Vec<String> {
+    match r {
+        Resp::Bulk(_) | Resp::Simple(_) => vec![r.text()],
+        Resp::Array(v) | Resp::Set(v) | Resp::Push(v) => v.iter().flat_map(strings).collect(),
+        Resp::Verbatim(_, b) => vec![String::from_utf8_lossy(b).into_owned()],
+        Resp::Map(m) => m
+            .iter()
+            .flat_map(|(k, v)| strings(k).into_iter().chain(strings(v)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `d` in ms, less 10%: a lower bound of what the server measures over `d`.
+fn at_least(d: Duration) -> i64 {
+    d.as_millis() as i64 * 9 / 10
+}
+
+/// `d` in ms, plus 10%: an upper bound of what the server measures over `d`.
+fn within(d: Duration) -> i64 {
+    d.as_millis() as i64 * 11 / 10 + 1
+}
+
+/// One entry of a `waiter-list` as (client-id, client-addr, owner, mode, waited).
+fn waiter_entry(r: &Resp) -> (i64, String, Option<String>, String, i64) {
+    let f = |k: &str| {
+        r.field(k)
+            .unwrap_or_else(|| panic!("waiter lacks {k}: {r:?}"))
+    };
+    let owner = match f("owner") {
+        Resp::Nil => None,
+        o => Some(o.text()),
+    };
+    (
+        f("client-id").int(),
+        f("client-addr").text(),
+        owner,
+        f("mode").text(),
+        f("waited").int(),
+    )
+}
+
+/// `LOCK.INFO key WAITERS n` names the first n waiters (client id and address, owner
+/// label, mode asked, ms waited; never a token), `longest-wait` is the first one's wait,
+/// and `INFO lock` has the longest current wait and the total of finished waits. Each is
+/// at least the time this test slept while they waited, at most the time it has run; both
+/// with 10% to spare, since the server's monotonic clock (which Redis may count in CPU
+/// ticks) can run a little off this process's.
+#[test]
+fn lock_info_names_the_waiters_and_how_long_they_wait() {
+    use common::raw::Waiter;
+    let server = ServerBuilder::new().start();
+    let mut c = RawConn::connect(server.port);
+    let holder = "holder---------------tok";
+    let (w1_tok, w2_tok) = ("waiter-1-------------tok", "waiter-2-------------tok");
+    c.cmd(&["LOCK.ACQUIRE", "lock:q", "TOKEN", holder, "PX", "60000"]);
+    // Before anyone waits: no wait to show.
+    let r = c.cmd(&["LOCK.INFO", "lock:q", "WAITERS", "10"]);
+    assert_eq!(r.field("longest-wait"), Some(Resp::Int(0)), "{r:?}");
+    assert_eq!(
+        r.field("waiter-list"),
+        Some(Resp::Array(Vec::new())),
+        "{r:?}"
+    );
+    assert_eq!(common::lock_stat(&mut c, "longest_wait_ms"), 0);
+    assert_eq!(common::lock_stat(&mut c, "waited_ms"), 0);
+
+    let started = std::time::Instant::now();
+    let mut w1 = Waiter::send(
+        server.port,
+        0,
+        "lock:q",
+        &["BLOCK", "30000", "TOKEN", w1_tok, "OWNER", "job-1"],
+    );
+    common::raw::wait_queued(&mut c, "lock:q", 1);
+    let mut w2 = Waiter::send(
+        server.port,
+        0,
+        "lock:q",
+        &["SHARED", "BLOCK", "30000", "TOKEN", w2_tok],
+    );
+    common::raw::wait_queued(&mut c, "lock:q", 2);
+    let slept = Duration::from_millis(300);
+    std::thread::sleep(slept);
+    // The waiters' own connections are blocked: their addresses come from CLIENT LIST.
+    let list = c.cmd(&["CLIENT", "LIST"]).text();
+    let addr_of = |id: i64| -> String {
+        list.lines()
+            .find(|l| l.split_whitespace().any(|f| f == format!("id={id}")))
+            .and_then(|l| {
+                l.split_whitespace()
+                    .find_map(|f| f.strip_prefix("addr=").map(str::to_string))
+            })
+            .unwrap_or_else(|| panic!("client {id} not in CLIENT LIST: {list}"))
+    };
+
+    for resp3 in [false, true] {
+        let mut q = if resp3 {
+            RawConn::connect_resp3(server.port)
+        } else {
+            RawConn::connect(server.port)
+        };
+        let r = q.cmd(&["LOCK.INFO", "lock:q", "WAITERS", "10"]);
+        let upper = within(started.elapsed());
+        assert_eq!(r.field("waiters"), Some(Resp::Int(2)), "{r:?}");
+        let list = r
+            .field("waiter-list")
+            .unwrap_or_else(|| panic!("no waiter-list: {r:?}"))
+            .items();
+        assert_eq!(list.len(), 2, "{r:?}");
+        let (id1, addr1, owner1, mode1, waited1) = waiter_entry(&list[0]);
+        let (id2, addr2, owner2, mode2, waited2) = waiter_entry(&list[1]);
+        assert_eq!((id1, id2), (w1.id, w2.id), "in queue order: {r:?}");
+        assert_eq!((addr1, addr2), (addr_of(w1.id), addr_of(w2.id)));
+        assert_eq!((owner1.as_deref(), owner2), (Some("job-1"), None));
+        assert_eq!((mode1.as_str(), mode2.as_str()), ("exclusive", "shared"));
+        let min = at_least(slept);
+        assert!(
+            waited1 >= min && waited1 <= upper && waited2 >= min && waited2 <= waited1,
+            "waited {waited1} and {waited2} ms: want at least {min}, at most {upper}"
+        );
+        let longest = r.field("longest-wait").map(|v| v.int());
+        assert!(
+            longest.is_some_and(|l| l >= waited1 && l <= upper),
+            "longest-wait {longest:?}, first waiter {waited1}"
+        );
+        // Never a token.
+        let shown = strings(&r);
+        for t in [holder, w1_tok, w2_tok] {
+            assert!(!shown.iter().any(|s| s.contains(t)), "LOCK.INFO showed {t}");
+        }
+    }
+    // WAITERS n shows the first n; without WAITERS there is no list.
+    let r = c.cmd(&["LOCK.INFO", "lock:q", "WAITERS", "1"]);
+    let one = r.field("waiter-list").expect("waiter-list").items();
+    assert_eq!(one.len(), 1);
+    assert_eq!(waiter_entry(&one[0]).0, w1.id);
+    let r = c.cmd(&["LOCK.INFO", "lock:q"]);
+    assert_eq!(r.field("waiter-list"), None, "{r:?}");
+    assert!(r
+        .field("longest-wait")
+        .is_some_and(|l| l.int() >= at_least(slept)));
+    for bad in ["-1", "1001", "x"] {
+        let e = c.cmd(&["LOCK.INFO", "lock:q", "WAITERS", bad]);
+        assert!(
+            e.is_error() && starts_with_error_code(&e.err()),
+            "WAITERS {bad}: {e:?}"
+        );
+    }
+    // INFO lock: the longest wait now, over every key.
+    let longest = common::lock_stat(&mut c, "longest_wait_ms");
+    assert!(
+        longest >= at_least(slept) && longest <= within(started.elapsed()),
+        "lock_longest_wait_ms {longest}"
+    );
+    // Hand-offs end both waits: the total of finished waits grows by at least both.
+    assert_eq!(release(&mut c, "lock:q", holder), 1);
+    assert_eq!(grant(&w1.reply()).0, w1_tok.as_bytes());
+    assert_eq!(release(&mut c, "lock:q", w1_tok), 1);
+    assert_eq!(grant(&w2.reply()).0, w2_tok.as_bytes());
+    assert_eq!(common::lock_stat(&mut c, "longest_wait_ms"), 0);
+    let waited = common::lock_stat(&mut c, "waited_ms");
+    assert!(
+        waited >= 2 * at_least(slept) && waited <= 2 * within(started.elapsed()),
+        "lock_waited_ms {waited}"
+    );
+    let r = c.cmd(&["LOCK.INFO", "lock:q", "WAITERS", "5"]);
+    assert_eq!(r.field("longest-wait"), Some(Resp::Int(0)), "{r:?}");
 }

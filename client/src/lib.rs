@@ -23,6 +23,9 @@
 //! - Leader election ([`LockClient::campaign`], [`Leadership::proclaim`],
 //!   [`Leadership::resign`], [`LockClient::leader`], [`LockClient::observe`]), with the
 //!   semantics of etcd's election API, observed through `LOCK.WATCH` without polling.
+//! - Monitoring: [`LockClient::server_stats`] (the module's `INFO lock` counters) and
+//!   [`LockClient::scan_locks`] (the lock keys, a `SCAN` step at a time); the CLI's
+//!   `redis-lock metrics` serves them to Prometheus.
 //! - Where the module is not loaded, a node falls back to `SET NX PX` + Lua
 //!   compare-and-delete (and a warning is logged through the `log` crate).
 //!
@@ -104,6 +107,7 @@ mod node;
 mod options;
 pub mod redlock;
 mod single;
+mod stats;
 
 pub use election::{CampaignOptions, Leader, Leadership, ObserveOptions, Observer};
 pub use error::{Error, Result};

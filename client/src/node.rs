@@ -499,7 +499,7 @@ impl Node {
     /// an idempotent renew, an extend sets the same lease): a connection error on a
     /// connection made earlier (a server restarted since, an idle connection closed) is
     /// retried once on a fresh connection, within the same limit.
-    async fn run<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T> {
+    pub(crate) async fn run<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T> {
         let Call {
             what,
             cmd,

@@ -9,8 +9,10 @@
 -- whose lock was granted to someone else, with a higher fence) cannot overwrite the
 -- newer holder's data. Equal fences are accepted: one holder may write several times.
 --
--- Fences are compared as decimal strings: they are above 2^53 (unix_ms << 20), where
--- Lua numbers (doubles) lose precision, so tonumber() comparisons would be wrong.
+-- Fences are compared as decimal strings: a new server's fences (about 2^51) fit in a
+-- Lua number (a double), but a server that issued fences before it was upgraded, or one
+-- loaded with fence-shift 20, gives fences above 2^53, where doubles lose precision and
+-- tonumber() comparisons would be wrong. Strings compare every fence exactly.
 local fence = ARGV[1]
 if not string.match(fence, '^[1-9][0-9]*$') or #fence > 19 then
   return redis.error_reply('ERR fence must be a positive decimal integer')

@@ -204,6 +204,7 @@ impl<W> Engine<W> {
             client_id: req.client_id,
             addr: req.addr,
             session: req.session,
+            since: clock.mono,
             deadline,
             moved: false,
             handle: Some(handle),

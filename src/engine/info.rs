@@ -1,6 +1,7 @@
 //! LOCK.INFO: who holds a lock, its leases and waiters, and a page of its holders (never a
 //! token). Read-only: a lease that is over shows as free; nothing is removed.
 
+use super::queue::Wait;
 use super::{Engine, Keyspace, Slot};
 use crate::args::Info;
 use crate::error::LockError;
@@ -14,10 +15,30 @@ impl<W> Engine<W> {
         page: Info,
     ) -> Result<Reply<'a>, LockError> {
         let clock = ks.clock();
-        let waiters = self.queued(ks.db(), ks.name());
+        let (db, name) = (ks.db(), ks.name());
+        let waiters = self.queued(db, name);
+        // `waiters`, then `longest-wait` (ms) right after it in every shape of the reply;
+        // the `waiter-list` asked for with WAITERS goes last.
+        let queue = [
+            ("waiters", Reply::Int(waiters as i64)),
+            (
+                "longest-wait",
+                Reply::Int(self.longest_wait(db, name, clock.mono) / 1000),
+            ),
+        ];
+        let waiter_list = (page.waiters > 0).then(|| {
+            let list = self.first_waiters(db, name, page.waiters).into_iter();
+            let list = list.map(|w| waiter_map(w, clock.mono)).collect();
+            ("waiter-list", Reply::Array(list))
+        });
         let v = match ks.read()? {
             Slot::Free => return Ok(Reply::Nil),
-            Slot::Classic(expiry) => return Ok(info_classic(clock.wall, expiry, waiters)),
+            Slot::Classic(expiry) => {
+                let mut m = info_classic(clock.wall, expiry);
+                m.extend(queue);
+                m.extend(waiter_list);
+                return Ok(Reply::Map(m));
+            }
             Slot::Lock(v) => v,
         };
         let now = clock.mono;
@@ -28,16 +49,18 @@ impl<W> Engine<W> {
                 return Ok(Reply::Nil);
             }
             // A lock-delay runs: nobody holds it, nobody gets it before it ends.
-            return Ok(Reply::Map(vec![
+            let mut m = vec![
                 ("state", Reply::text("delayed")),
                 ("kind", Reply::text("module")),
                 ("mode", Reply::text(v.mode().name())),
                 ("lock-delay", Reply::Int(delay)),
                 ("holders", Reply::Int(0)),
-                ("waiters", Reply::Int(waiters as i64)),
-                ("holder-list", Reply::Array(Vec::new())),
-                ("cursor", Reply::Int(0)),
-            ]));
+            ];
+            m.extend(queue);
+            m.push(("holder-list", Reply::Array(Vec::new())));
+            m.push(("cursor", Reply::Int(0)));
+            m.extend(waiter_list);
+            return Ok(Reply::Map(m));
         }
         // Some holder is live, so the latest lease is.
         let last = v.last_lease_end().unwrap_or(now);
@@ -76,9 +99,10 @@ impl<W> Engine<W> {
         };
         m.push(("lock-delay", Reply::Int(delay)));
         m.push(("holders", Reply::Int(holders as i64)));
-        m.push(("waiters", Reply::Int(waiters as i64)));
+        m.extend(queue);
         m.push(("holder-list", Reply::Array(list)));
         m.push(("cursor", Reply::Int(cursor)));
+        m.extend(waiter_list);
         Ok(Reply::Map(m))
     }
 }
@@ -103,7 +127,26 @@ fn holder_map<'a>(h: &value::Holder, clock: crate::lock::codec::Clock) -> Reply<
     ])
 }
 
-fn info_classic<'a>(wall: i64, expiry: Option<i64>, waiters: usize) -> Reply<'a> {
+/// One waiter's fields (never its token): who, what it asked for, and how long it has
+/// waited (ms) at `now` (µs).
+fn waiter_map<'a, W>(w: &Wait<W>, now: i64) -> Reply<'a> {
+    Reply::Map(vec![
+        ("client-id", Reply::Int(w.client_id as i64)),
+        (
+            "client-addr",
+            Reply::Bulk(Bytes::Own(w.addr.to_string().into_bytes())),
+        ),
+        ("owner", owned(w.owner.as_deref())),
+        ("mode", Reply::text(w.mode.name())),
+        (
+            "waited",
+            Reply::Int(now.saturating_sub(w.since).max(0) / 1000),
+        ),
+    ])
+}
+
+/// A string lock's fields before its waiters'.
+fn info_classic<'a>(wall: i64, expiry: Option<i64>) -> Vec<(&'static str, Reply<'a>)> {
     let mut m = vec![
         ("state", Reply::text("held")),
         ("kind", Reply::text("string")),
@@ -116,6 +159,5 @@ fn info_classic<'a>(wall: i64, expiry: Option<i64>, waiters: usize) -> Reply<'a>
     for f in ["fence", "owner", "acquired-at", "client-id", "client-addr"] {
         m.push((f, Reply::Nil));
     }
-    m.push(("waiters", Reply::Int(waiters as i64)));
-    Reply::Map(m)
+    m
 }

@@ -169,6 +169,8 @@ pub struct Stats {
     pub repaired: u64,
     /// Acquires refused because the eviction policy could evict the lock.
     pub refused_eviction: u64,
+    /// µs spent in wait queues by the waits that ended (granted, timed out, gone).
+    pub waited_us: u64,
 }
 
 /// Settings the engine decides with.

@@ -156,6 +156,7 @@ impl<W> Engine<W> {
                 client_id: req.client_id,
                 addr: Addr::None,
                 session: None,
+                since: clock.mono,
                 deadline: None,
                 moved: false,
                 handle: None,

@@ -26,6 +26,8 @@ pub struct Wait<W> {
     pub addr: Addr,
     /// The session the grant is to belong to.
     pub session: Option<Digest>,
+    /// When it was queued, on the monotonic clock (µs).
+    pub since: i64,
     /// The BLOCK deadline on the monotonic clock (None: waits without limit).
     pub deadline: Option<i64>,
     /// The lock moved to another server while this client waited (MIGRATE).
@@ -103,6 +105,32 @@ impl<W> Engine<W> {
         self.queue(db, name).map_or(0, |q| q.waiters.len())
     }
 
+    /// The first `n` waiters of a key, in queue order.
+    pub(super) fn first_waiters(&self, db: i32, name: &[u8], n: usize) -> Vec<&Wait<W>> {
+        self.queue(db, name)
+            .map_or_else(Vec::new, |q| q.waiters.iter().take(n).collect())
+    }
+
+    /// µs the first waiter of a key has waited at `now` (0: nobody waits). The queue is
+    /// in arrival order, so that is the key's longest wait.
+    pub(super) fn longest_wait(&self, db: i32, name: &[u8], now: i64) -> i64 {
+        self.queue(db, name)
+            .and_then(|q| q.waiters.front())
+            .map_or(0, |w| now.saturating_sub(w.since).max(0))
+    }
+
+    /// µs the longest-waiting client of any key has waited at `now` (0: nobody waits).
+    pub fn longest_wait_anywhere(&self, now: i64) -> i64 {
+        let first = self
+            .queues
+            .values()
+            .flat_map(|db| db.values())
+            .filter_map(|q| q.waiters.front())
+            .map(|w| w.since)
+            .min();
+        first.map_or(0, |since| now.saturating_sub(since).max(0))
+    }
+
     pub fn has_waiters(&self, db: i32, name: &[u8]) -> bool {
         self.queued(db, name) > 0
     }
@@ -148,8 +176,11 @@ impl<W> Engine<W> {
         }
     }
 
-    /// Forgets a waiter that leaves its queue (answered, timed out, gone).
+    /// Forgets a waiter that leaves its queue (answered, timed out, gone), and counts
+    /// its wait (up to the engine's latest clock reading).
     fn forget(&mut self, w: &Wait<W>) {
+        let waited = self.now.saturating_sub(w.since).max(0);
+        self.stats.waited_us = self.stats.waited_us.saturating_add(waited as u64);
         self.by_id.remove(&w.id);
         if let Some(at) = w.deadline {
             self.agenda.remove(&(at, Task::Timeout(w.id)));
@@ -162,6 +193,7 @@ impl<W> Engine<W> {
         let Some((db, name)) = self.by_id.get(&id).cloned() else {
             return self.unwatch(id).map(|(w, _)| w);
         };
+        self.now = self.now.max(now);
         let q = self.queue_mut(db, &name)?;
         let at = q.waiters.iter().position(|w| w.id == id)?;
         let w = q.waiters.remove(at)?;
@@ -274,6 +306,7 @@ impl<W> Engine<W> {
             return;
         }
         let now = ks.clock().mono;
+        self.now = self.now.max(now);
         match ks.gate() {
             Gate::Now => self.restore_pending(ks),
             Gate::Later => return self.serve_by(db, &name, now.saturating_add(super::RETRY_US)),

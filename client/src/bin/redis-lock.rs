@@ -13,6 +13,9 @@ use redis_lock_client::{
 };
 use tokio::signal::unix::{signal, SignalKind};
 
+#[path = "redis-lock/metrics.rs"]
+mod metrics;
+
 /// `println!` that does not panic when stdout is closed early (`redis-lock info | head`):
 /// what no reader wants is dropped, and the exit code stays what it would have been.
 macro_rules! out {
@@ -218,6 +221,9 @@ enum Cmd {
     /// leader), until interrupted, --count lines or --for
     #[command(after_help = OBSERVE_HELP)]
     Observe(ObserveArgs),
+    /// Serve the module's INFO lock figures and per-lock waiting figures to Prometheus
+    /// (GET /metrics on --listen), or print them once with --once
+    Metrics(metrics::MetricsArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
     Completions {
         #[arg(value_enum)]
@@ -483,6 +489,7 @@ enum Sub {
     Info,
     Elect,
     Observe,
+    Metrics,
 }
 
 #[derive(Debug)]
@@ -512,6 +519,7 @@ struct Args {
     count: Option<u64>,
     observe_for: Option<Duration>,
     block: Duration,
+    metrics: Option<metrics::MetricsArgs>,
 }
 
 #[derive(Debug)]
@@ -584,6 +592,7 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         count: None,
         observe_for: None,
         block: Duration::from_secs(10),
+        metrics: None,
     };
     let lock = |a: &mut Args, l: LockArgs| {
         a.ttl = l.ttl;
@@ -658,6 +667,10 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
             }
             a.block = o.block;
             (Sub::Observe, o.name)
+        }
+        Cmd::Metrics(m) => {
+            a.metrics = Some(m);
+            (Sub::Metrics, String::new())
         }
         Cmd::Completions { shell } => return Ok(Parsed::Completions(shell)),
     };
@@ -1260,6 +1273,7 @@ async fn main_async(a: Args) -> i32 {
         Sub::Acquire => cmd_acquire(&a, &locker).await,
         Sub::Release | Sub::Extend => cmd_release_extend(&a, &locker).await,
         Sub::Info => cmd_info(&a, &locker).await,
+        Sub::Metrics => metrics::run(&a, &locker).await,
         Sub::Elect | Sub::Observe => {
             let Locker::Single(c) = &locker else {
                 log::error!("elect and observe need one server (--url)");

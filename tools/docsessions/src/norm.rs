@@ -2,22 +2,27 @@
 //! numbers of 6+ digits standing alone (fences, unix-ms times) and UUIDs (tokens) become
 //! `<n1>`, `<uuid1>`, ... by first appearance (a repeated value must still repeat); the
 //! value after `"client-id"` and the port of a quoted `"127.0.0.1:port"` are masked; the
-//! value after `"ttl"` is masked but must be within [`TTL_TOLERANCE_MS`]. All else is equal.
+//! value after a time field ([`TIMES`]: `"ttl"`, `"waited"`, `"longest-wait"`) is masked
+//! but must be within [`TTL_TOLERANCE_MS`]. All else is equal.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use regex::{Captures, Regex};
 
-/// How far apart the `ttl` of the doc and of a run may be (ms): time passes between
-/// setting a lease and LOCK.INFO, more on a busy machine.
+/// How far apart a time field of the doc and of a run may be (ms): time passes between
+/// setting a lease (or starting a wait) and LOCK.INFO, more on a busy machine.
 pub const TTL_TOLERANCE_MS: i64 = 3000;
 
-/// One line, normalized, and the `ttl` it carried (if any).
+/// The fields whose value is a time in ms that moves from run to run: a lease left, how
+/// long a waiter has waited.
+pub const TIMES: [&str; 3] = ["ttl", "waited", "longest-wait"];
+
+/// One line, normalized, and the time (ms) it carried (if any).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
     pub text: String,
-    pub ttl: Option<i64>,
+    pub ms: Option<i64>,
 }
 
 /// A UUID, a quoted client address, an integer reply, a word.
@@ -65,26 +70,31 @@ pub fn normalize(text: &str) -> Vec<Line> {
     let mut out = Vec::new();
     for raw in text.lines() {
         let raw = raw.trim_end();
-        let mut ttl = None;
+        let mut ms = None;
         let mut line = raw.to_string();
-        if let Some(f @ ("ttl" | "client-id")) = prev_field {
+        if let Some(f) = prev_field {
             if let Some(c) = int.captures(&line) {
                 if let (Some(all), Some(v)) = (c.get(0), c.get(1)) {
-                    if f == "ttl" {
-                        ttl = v.as_str().parse().ok();
+                    if f != "client-id" {
+                        ms = v.as_str().parse().ok();
                     }
                     line = format!("{}(integer) <{f}>", &line[..all.start()]);
                 }
             }
         }
-        prev_field = ["\"ttl\"", "\"client-id\""]
+        prev_field = TIMES
             .iter()
-            .find(|f| raw.ends_with(**f))
-            .map(|f| f.trim_matches('"'));
+            .chain(&["client-id"])
+            .find(|f| {
+                raw.strip_suffix('"')
+                    .and_then(|r| r.strip_suffix(**f))
+                    .is_some_and(|r| r.ends_with('"'))
+            })
+            .copied();
         let line = addr.replace_all(&line, "\"127.0.0.1:<port>\"");
         let line = uuid.replace_all(&line, |c: &Captures| format!("<uuid{}>", uuids.of(&c[0])));
         let line = numbers(&line, word, &mut nums);
-        out.push(Line { text: line, ttl });
+        out.push(Line { text: line, ms });
     }
     out
 }
@@ -98,7 +108,7 @@ pub fn compare(expected: &str, actual: &str) -> Result<(), String> {
     for i in 0..e.len().max(a.len()) {
         let same = e.get(i).zip(a.get(i)).is_some_and(|(x, y)| {
             x.text == y.text
-                && match (x.ttl, y.ttl) {
+                && match (x.ms, y.ms) {
                     (Some(p), Some(q)) => (p - q).abs() <= TTL_TOLERANCE_MS,
                     (p, q) => p == q,
                 }
@@ -173,5 +183,17 @@ mod tests {
         assert!(err.contains("line 8"), "{err}");
         // The prompt's port is not a client address: it is compared.
         assert!(compare(DOC, &DOC.replace("6379>", "6380>")).is_err());
+    }
+
+    #[test]
+    fn wait_times_are_compared_as_ttls_are() {
+        let doc = "   29) \"longest-wait\"\n   30) (integer) 1502\n\
+                   \x20        9) \"waited\"\n       10) (integer) 1502\n";
+        assert_eq!(compare(doc, &doc.replace("1502", "1650")), Ok(()));
+        let err = compare(doc, &doc.replacen("1502", "9000", 1)).unwrap_err();
+        assert!(err.contains("line 2") && !err.contains("line 4"), "{err}");
+        // Other integers are compared.
+        let not_after = "   1) \"waiters\"\n   2) (integer) 2\n";
+        assert!(compare(not_after, &not_after.replace("2\n", "3\n")).is_err());
     }
 }

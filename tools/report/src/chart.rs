@@ -5,7 +5,8 @@ use std::path::Path;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use plotters::style::FontStyle;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::{FontStyle, FontTransform};
 
 use crate::perf::{before, inside, pair, Latency, Level, Memory, PerfRun, ServerResults};
 use crate::perf::{ACQUIRE, CYCLE, EXTEND, FLOOR, FLOOR_ROWS, PIPELINES, RELEASE};
@@ -133,7 +134,32 @@ struct Panel<'a> {
     value_labels: bool,
 }
 
-fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error> {
+/// A rectangle in pixels of a panel's plotting area (y grows downwards).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Px {
+    x0: i32,
+    y0: i32,
+    x1: i32,
+    y1: i32,
+}
+
+impl Px {
+    fn overlaps(&self, o: &Px) -> bool {
+        self.x0 < o.x1 && o.x0 < self.x1 && self.y0 < o.y1 && o.y0 < self.y1
+    }
+}
+
+/// What a panel drew, in pixels of its plotting area: its bars, its goal segments and
+/// its value labels (each label's text and box), so that a test can check that no label
+/// covers another label, a bar or a goal line.
+#[derive(Debug, Default)]
+struct Drawn {
+    bars: Vec<Px>,
+    goals: Vec<Px>,
+    labels: Vec<(String, Px)>,
+}
+
+fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<Drawn, Error> {
     let values = p.series.iter().flat_map(|s| s.values.iter().copied());
     let finite = values
         .chain(p.goals.iter().flatten().copied())
@@ -159,6 +185,24 @@ fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
     let bw = 0.84 / p.series.iter().filter(|s| s.width == 0).count().max(1) as f64;
+    let mut drawn = Drawn::default();
+    // (text, its bar): placed once every bar and goal line is known.
+    let mut value_labels: Vec<(String, Px)> = Vec::new();
+    let base = chart.plotting_area().get_base_pixel();
+    let coord = chart.as_coord_spec().clone();
+    let px = |x: f64, y: f64| {
+        let (a, b) = coord.translate(&(x, y));
+        (a - base.0, b - base.1)
+    };
+    let rect = |(x0, y0): (f64, f64), (x1, y1): (f64, f64)| {
+        let ((a, b), (c, d)) = (px(x0, y0), px(x1, y1));
+        Px {
+            x0: a.min(c),
+            y0: b.min(d),
+            x1: a.max(c),
+            y1: b.max(d),
+        }
+    };
     for (si, s) in p.series.iter().enumerate() {
         let (color, width) = (s.color, s.width);
         let pts = s.values.iter().enumerate().filter(|(_, v)| v.is_finite());
@@ -172,6 +216,10 @@ fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error
             continue;
         }
         let x0 = |g: f64| g - 0.42 + si as f64 * bw;
+        drawn.bars.extend(
+            pts.iter()
+                .map(|&(g, v)| rect((x0(g), 0.0), (x0(g) + bw * 0.92, v))),
+        );
         let rects = pts
             .iter()
             .map(|&(g, v)| Rectangle::new([(x0(g), 0.0), (x0(g) + bw * 0.92, v)], color.filled()));
@@ -180,16 +228,21 @@ fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error
             .label(s.label.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
         if p.value_labels {
-            let font = (FONT, 12).into_font().color(&DARK);
-            let texts = pts.iter().map(|&(g, v)| {
-                Text::new(short(v), (x0(g) + 0.1 * bw, v + max * 0.01), font.clone())
-            });
-            chart.draw_series(texts)?;
+            let bars = &drawn.bars[drawn.bars.len() - pts.len()..];
+            let texts = pts.iter().map(|&(_, v)| short(v));
+            let labelled: Vec<(String, Px)> = texts.zip(bars.iter().copied()).collect();
+            value_labels.extend(labelled);
         }
     }
     for (g, goal) in p.goals.iter().enumerate() {
         if let Some(v) = goal {
             let seg = [(g as f64 - 0.46, *v), (g as f64 + 0.46, *v)];
+            let line = rect(seg[0], seg[1]);
+            drawn.goals.push(Px {
+                y0: line.y0 - 1,
+                y1: line.y1 + 2,
+                ..line
+            });
             chart.draw_series(LineSeries::new(seg, GOAL.stroke_width(3)))?;
         }
     }
@@ -203,7 +256,58 @@ fn draw(area: &DrawingArea<BitMapBackend, Shift>, p: &Panel) -> Result<(), Error
         let seg = [(-0.5, v), (n - 0.5, v)];
         chart.draw_series(DashedLineSeries::new(seg, 6, 4, GREY.stroke_width(1)))?;
     }
-    legend(&mut chart, SeriesLabelPosition::UpperLeft, 13)
+    let plot = chart.plotting_area().strip_coord_spec();
+    drawn.labels = place_labels(&plot, &value_labels, &drawn.goals)?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft, 13)?;
+    Ok(drawn)
+}
+
+/// Draws the value labels of a panel's bars on its plotting area (pixels) and returns
+/// their boxes: each centred over its bar, 3 px above it, or just above a goal line that
+/// would cross it; all of them turned upright (reading upwards) when one is wider than
+/// its bar, so that neighbours never run into each other.
+fn place_labels(
+    plot: &DrawingArea<BitMapBackend, Shift>,
+    labels: &[(String, Px)],
+    goals: &[Px],
+) -> Result<Vec<(String, Px)>, Error> {
+    const GAP: i32 = 3;
+    let desc = (FONT, 12).into_font();
+    let sized = labels
+        .iter()
+        .map(|(text, bar)| {
+            let (w, h) = desc.box_size(text).map_err(|e| format!("{e:?}"))?;
+            Ok((text, *bar, w as i32, h as i32))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let upright = sized.iter().any(|(_, bar, w, _)| *w > bar.x1 - bar.x0);
+    let mut out = Vec::new();
+    for (text, bar, w, h) in sized {
+        let (w, h) = if upright { (h, w) } else { (w, h) };
+        let cx = (bar.x0 + bar.x1) / 2;
+        let mut b = Px {
+            x0: cx - w / 2,
+            x1: cx - w / 2 + w,
+            y0: bar.y0 - GAP - h,
+            y1: bar.y0 - GAP,
+        };
+        if let Some(g) = goals.iter().find(|g| g.overlaps(&b)) {
+            b.y1 = g.y0 - GAP;
+            b.y0 = b.y1 - h;
+        }
+        let style = desc.color(&DARK);
+        if upright {
+            // Turned 270°, the text's start (its left edge) is at the anchor and it runs
+            // upwards from it: anchor it at the box's bottom left.
+            let style = style.transform(FontTransform::Rotate270);
+            plot.draw(&Text::new(text.clone(), (b.x0, b.y1), style))?;
+        } else {
+            let style = style.pos(Pos::new(HPos::Left, VPos::Top));
+            plot.draw(&Text::new(text.clone(), (b.x0, b.y0), style))?;
+        }
+        out.push((text.clone(), b));
+    }
+    Ok(out)
 }
 
 /// The legend box of every chart, at `pos`, its labels `size` px.
@@ -244,6 +348,11 @@ fn pow10(n: u64) -> String {
 
 /// docs/perf.png: throughput ratios, latency, memory, scaling, instructions per command.
 pub fn perf(path: &Path, run: &PerfRun) -> Result<(), Error> {
+    draw_perf(path, run).map(|_| ())
+}
+
+/// [`perf`], and what each panel drew.
+fn draw_perf(path: &Path, run: &PerfRun) -> Result<Vec<Drawn>, Error> {
     register_fonts()?;
     let root = BitMapBackend::new(path, (1500, 1040)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -252,11 +361,12 @@ pub fn perf(path: &Path, run: &PerfRun) -> Result<(), Error> {
     let text = format!("redis-lock vs SET NX PX + EVALSHA — make bench, {date}");
     title.draw(&Text::new(text, (14, 10), font))?;
     let areas = body.split_evenly((2, 3));
+    let mut drawn = Vec::new();
     for (area, panel) in areas.iter().zip(perf_panels(run)) {
-        draw(area, &panel)?;
+        drawn.push(draw(area, &panel)?);
     }
     root.present()?;
-    Ok(())
+    Ok(drawn)
 }
 
 fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
@@ -391,4 +501,49 @@ fn perf_panels(run: &PerfRun) -> Vec<Panel<'static>> {
         ];
     }
     vec![throughput, latency, memory, cost, handoff, callgrind]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/perf.png from the measurements saved in docs/data/perf.json: no value label
+    /// covers another label, a bar or a goal line, and each stays inside its panel.
+    #[test]
+    fn perf_value_labels_do_not_overlap() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let run: PerfRun = crate::load(&root.join(crate::PERF_JSON)).expect("docs/data/perf.json");
+        let path = std::env::temp_dir().join(format!("perf-labels-{}.png", std::process::id()));
+        let panels = draw_perf(&path, &run).expect("drawn");
+        let _ = std::fs::remove_file(&path);
+        let mut bad = Vec::new();
+        let mut labels = 0;
+        for (i, d) in panels.iter().enumerate() {
+            for (j, (text, b)) in d.labels.iter().enumerate() {
+                labels += 1;
+                let at = format!("panel {}: label {text:?} at {b:?}", i + 1);
+                if b.x0 < 0 || b.y0 < 0 {
+                    bad.push(format!("{at} leaves the plot"));
+                }
+                for (t, o) in &d.labels[j + 1..] {
+                    if b.overlaps(o) {
+                        bad.push(format!("{at} overlaps label {t:?} at {o:?}"));
+                    }
+                }
+                if let Some(bar) = d.bars.iter().find(|bar| b.overlaps(bar)) {
+                    bad.push(format!("{at} overlaps a bar at {bar:?}"));
+                }
+                if let Some(g) = d.goals.iter().find(|g| b.overlaps(g)) {
+                    bad.push(format!("{at} crosses a goal line at {g:?}"));
+                }
+            }
+        }
+        assert!(labels >= 30, "only {labels} value labels drawn");
+        assert!(
+            bad.is_empty(),
+            "{} overlaps:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
+    }
 }
