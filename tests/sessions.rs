@@ -338,3 +338,69 @@ fn starts_with_code(e: &str) -> bool {
         .next()
         .is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_uppercase()))
 }
+
+/// A keepalive that reaches a replica after the locks' old lease ran out on the
+/// replica's clock (a replica lagging by more than the TTL) still renews them there: the
+/// primary renewed them, and a replica promoted then must not grant them again.
+#[test]
+fn a_keepalive_reaching_a_lagging_replica_late_still_renews_its_locks() {
+    let p = primary().start();
+    let r = replica_of(&p, ServerBuilder::new());
+    let mut c = conn(&p);
+    assert_eq!(open(&mut c, S, &["PX", "1000"]), Resp::Int(1));
+    in_session(&mut c, "lock:lag", S, &[]);
+    caught_up(&p, &r);
+    // The replica stalls past the old lease while the primary renews the session.
+    let mut stall = Pending::send(r.port, &["DEBUG", "SLEEP", "1.6"]);
+    sleep(Duration::from_millis(300));
+    assert_eq!(
+        c.cmd(&["LOCK.SESSION", "KEEPALIVE", S, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        stall.reply_within(SETTLE).expect("DEBUG SLEEP"),
+        Resp::Simple("OK".into())
+    );
+    caught_up(&p, &r);
+    let mut rc = conn(&r);
+    let ttl = pttl_ms(&mut rc, "lock:lag");
+    assert!(
+        ttl > 50_000,
+        "the replica's lock after the keepalive: ttl {ttl}"
+    );
+    assert_eq!(rc.cmd(&["REPLICAOF", "NO", "ONE"]), ok());
+    let again = rc.cmd(&["LOCK.ACQUIRE", "lock:lag", "PX", "1000"]);
+    assert_eq!(again, Resp::Nil, "the promoted replica granted it again");
+}
+
+/// SWAPDB moves a session's locks with their db: a keepalive still renews them and
+/// CLOSE still releases them.
+#[test]
+fn a_session_follows_its_locks_through_swapdb() {
+    let (_s, mut c, mut k) = start(ServerBuilder::new());
+    assert_eq!(open(&mut c, S, &["PX", "1500"]), Resp::Int(1));
+    in_session(&mut c, "lock:sw", S, &[]);
+    assert_eq!(c.cmd(&["SWAPDB", "0", "1"]), ok());
+    assert_eq!(
+        c.cmd(&["LOCK.SESSION", "KEEPALIVE", S, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(c.cmd(&["SELECT", "1"]), ok());
+    let ttl = pttl_ms(&mut c, "lock:sw");
+    k.check(
+        ttl > 50_000,
+        format!("db 1 after SWAPDB and keepalive: ttl {ttl}"),
+    );
+    k.eq(
+        session_field(&mut c, S, "locks"),
+        Some(Resp::Int(1)),
+        "INFO counts the swapped lock",
+    );
+    k.eq(
+        c.cmd(&["LOCK.SESSION", "CLOSE", S]),
+        Resp::Int(1),
+        "CLOSE releases it",
+    );
+    k.eq(info(&mut c, "lock:sw"), Resp::Nil, "released in db 1");
+    k.finish();
+}

@@ -69,6 +69,26 @@ pub(super) struct Sessions {
     by_client: HashMap<u64, Vec<Digest>>,
 }
 
+/// Which of a session's holders a renewal moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renew {
+    /// Those whose lease still runs on this server's clock (its own keepalive).
+    Live,
+    /// All of them (the primary's keepalive, applied on a replica or from the AOF).
+    All,
+}
+
+/// What [`Engine::set_session_deadline`] does with the session's holders of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SetDeadline {
+    /// Renews those whose lease still runs.
+    Renew,
+    /// Renews every one (the primary said so).
+    RenewAll,
+    /// Shortens, never lengthens (the session ends).
+    Lower,
+}
+
 /// How a session's locks end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ending {
@@ -181,7 +201,7 @@ impl<W> Engine<W> {
                     s.owner = owner.clone();
                 }
             }
-            self.renew_session(store, &req.digest, deadline);
+            self.renew_session(store, &req.digest, deadline, Renew::Live);
             store.replicate_session(&SessionChange::Open {
                 digest: &req.digest,
                 ttl: req.ttl,
@@ -221,7 +241,7 @@ impl<W> Engine<W> {
             _ => None,
         };
         let deadline = clock.after_ms(i64::try_from(ttl).unwrap_or(i64::MAX));
-        self.renew_session(store, d, deadline);
+        self.renew_session(store, d, deadline, Renew::Live);
         store.replicate_session(&SessionChange::Renew {
             digest: d,
             ttl,
@@ -235,8 +255,19 @@ impl<W> Engine<W> {
         true
     }
 
-    /// Moves the session's deadline, and every lock's it holds, to `deadline`.
-    fn renew_session<St: Store>(&mut self, store: &mut St, d: &Digest, deadline: i64) {
+    /// Moves the session's deadline, and every lock's it holds, to `deadline`. `Renew::Live`
+    /// (this server's own keepalive) moves only the leases still running here;
+    /// `Renew::All` (a keepalive from the primary's stream or the AOF) every holder of
+    /// the session: the primary renewed them, whatever this server's clock says of their
+    /// old lease (a replica that lags by more than the lease; the primary sends the end of
+    /// any it did not renew).
+    fn renew_session<St: Store>(
+        &mut self,
+        store: &mut St,
+        d: &Digest,
+        deadline: i64,
+        which: Renew,
+    ) {
         let Some(s) = self.sessions.by_digest.get_mut(d) else {
             return;
         };
@@ -245,7 +276,13 @@ impl<W> Engine<W> {
         let mut gone = Vec::new();
         for (db, name) in keys {
             let held = match store.open(db, &name) {
-                Some(mut ks) => self.set_session_deadline(&mut ks, d, deadline, false),
+                Some(mut ks) => {
+                    let how = match which {
+                        Renew::Live => SetDeadline::Renew,
+                        Renew::All => SetDeadline::RenewAll,
+                    };
+                    self.set_session_deadline(&mut ks, d, deadline, how)
+                }
                 None => false,
             };
             if !held {
@@ -260,15 +297,17 @@ impl<W> Engine<W> {
     }
 
     /// Sets the lease of the session's holders of this key (those whose lease still runs:
-    /// one that ended is never brought back); with `lower`, only where that shortens it.
-    /// False when the session holds nothing here.
+    /// one that ended is never brought back, unless the primary says so: `RenewAll`);
+    /// with `Lower`, only where that shortens it. False when the session holds nothing
+    /// here.
     fn set_session_deadline(
         &mut self,
         ks: &mut impl Keyspace,
         d: &Digest,
         deadline: i64,
-        lower: bool,
+        how: SetDeadline,
     ) -> bool {
+        let lower = how == SetDeadline::Lower;
         let (db, name) = (ks.db(), super::Name::of(ks.name()));
         let now = ks.clock().mono;
         let Ok(Slot::Lock(v)) = ks.read() else {
@@ -276,7 +315,7 @@ impl<W> Engine<W> {
         };
         let fences: Vec<(u64, i64)> = v
             .iter()
-            .filter(|h| h.session() == Some(d) && h.live(now))
+            .filter(|h| h.session() == Some(d) && (how == SetDeadline::RenewAll || h.live(now)))
             .map(|h| (h.fence, h.deadline))
             .collect();
         if fences.is_empty() {
@@ -385,7 +424,7 @@ impl<W> Engine<W> {
             let n = match how {
                 Ending::Closed => self.release_session_holders(&mut ks, sched, d),
                 Ending::Lapsed => {
-                    let held = self.set_session_deadline(&mut ks, d, now, true);
+                    let held = self.set_session_deadline(&mut ks, d, now, SetDeadline::Lower);
                     if held {
                         let _ = self.reap(&mut ks);
                         self.serve(&mut ks, sched);
@@ -474,6 +513,21 @@ impl<W> Engine<W> {
         self.end_session(store, sched, d, Ending::Lapsed);
     }
 
+    /// SWAPDB a b: the sessions' locks changed dbs with their keys.
+    pub(super) fn sessions_swapped(&mut self, a: i32, b: i32) {
+        let swap = |db: i32| match db {
+            x if x == a => b,
+            x if x == b => a,
+            x => x,
+        };
+        for s in self.sessions.by_digest.values_mut() {
+            s.keys = std::mem::take(&mut s.keys)
+                .into_iter()
+                .map(|(db, name)| (swap(db), name))
+                .collect();
+        }
+    }
+
     /// This server became a primary: the sessions end on its clock from now on.
     pub(super) fn sessions_promoted(&mut self) {
         let all: Vec<Digest> = self.sessions.by_digest.keys().copied().collect();
@@ -536,7 +590,7 @@ impl<W> Engine<W> {
                 if owner.is_some() {
                     s.owner = owner;
                 }
-                self.renew_session(store, &digest, deadline);
+                self.renew_session(store, &digest, deadline, Renew::All);
                 self.schedule_end(&digest);
             }
             SessionApply::Renew {
@@ -547,7 +601,7 @@ impl<W> Engine<W> {
                 if let Some(s) = self.sessions.by_digest.get_mut(&digest) {
                     s.ttl = ttl;
                 }
-                self.renew_session(store, &digest, deadline);
+                self.renew_session(store, &digest, deadline, Renew::All);
                 self.schedule_end(&digest);
             }
             SessionApply::End { digest } => {
