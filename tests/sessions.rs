@@ -404,3 +404,36 @@ fn a_session_follows_its_locks_through_swapdb() {
     k.eq(info(&mut c, "lock:sw"), Resp::Nil, "released in db 1");
     k.finish();
 }
+
+/// A full sync replaces a replica's sessions with its primary's: a session the replica
+/// learned from a former primary (or one that ended on the primary while the replica
+/// was away) is gone after it, so that a KEEPALIVE on the promoted replica answers 0
+/// (the client's signal that its locks are gone) instead of 1.
+#[test]
+fn a_full_sync_drops_the_sessions_the_new_primary_does_not_have() {
+    let a = primary().start();
+    let b = primary().start();
+    let r = replica_of(&a, ServerBuilder::new());
+    let mut c = conn(&a);
+    assert_eq!(open(&mut c, S, &["PX", "60000"]), Resp::Int(1));
+    in_session(&mut c, "lock:old", S, &[]);
+    caught_up(&a, &r);
+    let mut rc = conn(&r);
+    assert_eq!(session_field(&mut rc, S, "locks"), Some(Resp::Int(1)));
+    // The replica follows b now: a full sync of b's data, which has no session.
+    let mut bc = conn(&b);
+    assert_eq!(bc.cmd(&["SET", "marker", "b"]), ok());
+    let port = b.port.to_string();
+    assert_eq!(rc.cmd(&["REPLICAOF", "127.0.0.1", &port]), ok());
+    assert!(
+        wait_until(SETTLE, || rc.cmd(&["GET", "marker"]) == bulk("b")),
+        "the replica synced from b"
+    );
+    assert_eq!(rc.cmd(&["LOCK.SESSION", "INFO", S]), Resp::Nil);
+    assert_eq!(rc.cmd(&["REPLICAOF", "NO", "ONE"]), ok());
+    assert_eq!(
+        rc.cmd(&["LOCK.SESSION", "KEEPALIVE", S]),
+        Resp::Int(0),
+        "the promoted replica kept a session its data has no lock of"
+    );
+}

@@ -632,8 +632,23 @@ impl<W> Engine<W> {
     }
 
     /// Sessions read back from the auxiliary RDB data (after the keys: a session some
-    /// lock already named keeps the keys it learned of).
+    /// lock already named keeps the keys it learned of). The list is every session open
+    /// where the file was written: one known here that it lacks is forgotten (a replica's
+    /// full sync from another primary, or a session that ended on the primary while the
+    /// replica was away; kept, a promoted replica would renew it and its locks' holder
+    /// would believe them held). Its bound connection, where it stays, is kept.
     pub fn sessions_loaded(&mut self, list: Vec<crate::lock::codec::SessionRecord>) {
+        let listed: std::collections::HashSet<Digest> = list.iter().map(|r| r.digest).collect();
+        let stale: Vec<Digest> = self
+            .sessions
+            .by_digest
+            .keys()
+            .filter(|d| !listed.contains(*d))
+            .copied()
+            .collect();
+        for d in stale {
+            self.forget_session(&d);
+        }
         for r in list {
             let s = self
                 .sessions
