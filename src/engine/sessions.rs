@@ -604,6 +604,37 @@ impl<W> Engine<W> {
                 self.renew_session(store, &digest, deadline, Renew::All);
                 self.schedule_end(&digest);
             }
+            SessionApply::Seen {
+                digest,
+                ttl,
+                deadline,
+                owner,
+            } => {
+                let s = self
+                    .sessions
+                    .by_digest
+                    .entry(digest)
+                    .or_insert_with(|| Session {
+                        ttl,
+                        deadline,
+                        owner: None,
+                        bound: None,
+                        ending: None,
+                        keys: BTreeSet::new(),
+                        due: deadline,
+                    });
+                if ttl > 0 {
+                    s.ttl = ttl;
+                } else if s.ttl == 0 {
+                    // The rewrite did not know the session's lease: the time left.
+                    s.ttl = u64::try_from((deadline - self.now).max(1000) / 1000).unwrap_or(1);
+                }
+                s.deadline = s.deadline.max(deadline);
+                if owner.is_some() {
+                    s.owner = owner;
+                }
+                self.schedule_end(&digest);
+            }
             SessionApply::End { digest } => {
                 // The primary sent the end of each lock before this: what is left here
                 // (nothing, normally) ends as a lapse would.
@@ -759,5 +790,12 @@ pub enum SessionApply {
     },
     End {
         digest: Digest,
+    },
+    /// An AOF rewrite names a holder's session (see `SessionChange::Seen`).
+    Seen {
+        digest: Digest,
+        ttl: u64,
+        deadline: i64,
+        owner: Option<Box<[u8]>>,
     },
 }
