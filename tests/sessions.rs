@@ -494,3 +494,41 @@ fn an_aof_rewrite_without_preamble_names_sessions_without_renewing_them() {
     assert_eq!(c.cmd(&["LOCK.SESSION", "KEEPALIVE", S]), Resp::Int(1));
     assert!(pttl_ms(&mut c, "lock:aof2") > 50_000);
 }
+
+/// A waiter in a session, queued behind a lock of the same session, is not granted
+/// when CLOSE releases that lock: the session is closing, so it gets NOSESSION (it was
+/// granted a lock of the closed session, held to the old deadline by nobody's session).
+#[test]
+fn close_does_not_grant_the_sessions_own_waiters() {
+    let (s, mut c, mut k) = start(ServerBuilder::new());
+    assert_eq!(open(&mut c, S, &["PX", "60000"]), Resp::Int(1));
+    in_session(&mut c, "lock:own", S, &["TOKEN", &tok("own-1")]);
+    let t2 = tok("own-2");
+    let mut w = Pending::send(
+        s.port,
+        &[
+            "LOCK.ACQUIRE",
+            "lock:own",
+            "SESSION",
+            S,
+            "TOKEN",
+            &t2,
+            "BLOCK",
+            "10000",
+        ],
+    );
+    wait_waiters(&mut c, "lock:own", 1);
+    k.eq(
+        c.cmd(&["LOCK.SESSION", "CLOSE", S]),
+        Resp::Int(1),
+        "CLOSE released one lock",
+    );
+    let r = w.reply_within(SETTLE).expect("the waiter's answer");
+    k.err(&r, "NOSESSION", "the session's own waiter");
+    k.eq(
+        info(&mut c, "lock:own"),
+        Resp::Nil,
+        "nothing held after CLOSE",
+    );
+    k.finish();
+}

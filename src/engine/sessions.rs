@@ -401,11 +401,14 @@ impl<W> Engine<W> {
         d: &Digest,
         how: Ending,
     ) -> u64 {
-        let Some(s) = self.sessions.by_digest.get(d) else {
+        let now = store.clock().mono;
+        let Some(s) = self.sessions.by_digest.get_mut(d) else {
             return 0;
         };
+        // Closed from now on: a waiter in this session served by a release below (one of
+        // its own locks freed) gets NOSESSION, not a lock of a session that is ending.
+        s.ending = Some(s.ending.map_or(now, |e| e.min(now)));
         let keys: Vec<QueueKey> = s.keys.iter().cloned().collect();
-        let now = store.clock().mono;
         let mut ended = 0;
         let mut later = false;
         for (db, name) in keys {
