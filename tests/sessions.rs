@@ -347,12 +347,17 @@ fn a_keepalive_reaching_a_lagging_replica_late_still_renews_its_locks() {
     let p = primary().start();
     let r = replica_of(&p, ServerBuilder::new());
     let mut c = conn(&p);
-    assert_eq!(open(&mut c, S, &["PX", "1000"]), Resp::Int(1));
+    let opened = Instant::now();
+    assert_eq!(open(&mut c, S, &["PX", "3000"]), Resp::Int(1));
     in_session(&mut c, "lock:lag", S, &[]);
     caught_up(&p, &r);
-    // The replica stalls past the old lease while the primary renews the session.
-    let mut stall = Pending::send(r.port, &["DEBUG", "SLEEP", "1.6"]);
-    sleep(Duration::from_millis(300));
+    // The replica stalls past the old lease (to 1 s after it) while the primary renews
+    // the session.
+    let left = 3000 - i64::try_from(opened.elapsed().as_millis()).unwrap_or(3000);
+    assert!(left > 500, "the setup took the whole lease");
+    let secs = format!("{:.3}", (left + 1000) as f64 / 1000.0);
+    let mut stall = Pending::send(r.port, &["DEBUG", "SLEEP", &secs]);
+    sleep(Duration::from_millis(200));
     assert_eq!(
         c.cmd(&["LOCK.SESSION", "KEEPALIVE", S, "PX", "60000"]),
         Resp::Int(1)
@@ -531,4 +536,39 @@ fn close_does_not_grant_the_sessions_own_waiters() {
         "nothing held after CLOSE",
     );
     k.finish();
+}
+
+/// A session that takes and releases many keys between keepalives does not keep their
+/// names: 50,000 acquire/release pairs in one long session kept about 8 MB (every name
+/// it ever locked) until the next keepalive.
+#[test]
+fn a_long_session_forgets_the_keys_it_released() {
+    let (_s, mut c, _k) = start(ServerBuilder::new());
+    assert_eq!(open(&mut c, S, &["PX", "86400000"]), Resp::Int(1));
+    let used = |c: &mut RawConn| -> i64 {
+        let Resp::Bulk(b) = c.cmd(&["INFO", "memory"]) else {
+            panic!("INFO memory");
+        };
+        info_field(&String::from_utf8_lossy(&b), "used_memory")
+            .and_then(|v| v.parse().ok())
+            .expect("used_memory")
+    };
+    let before = used(&mut c);
+    let pad = "p".repeat(100);
+    for batch in 0..50 {
+        for i in 0..1000 {
+            let key = format!("lock:{batch}:{i}:{pad}");
+            let t = tok(&format!("t{batch}-{i}"));
+            c.queue(&["LOCK.ACQUIRE", &key, "SESSION", S, "TOKEN", &t]);
+            c.queue(&["LOCK.RELEASE", &key, &t]);
+        }
+        c.flush().expect("send");
+        for _ in 0..2000 {
+            let r = c.read().expect("reply");
+            assert!(!matches!(r, Resp::Error(_)), "{r:?}");
+        }
+    }
+    let grown = used(&mut c) - before;
+    assert!(grown < 2_000_000, "used_memory grew by {grown} bytes");
+    assert_eq!(session_field(&mut c, S, "locks"), Some(Resp::Int(0)));
 }

@@ -341,6 +341,30 @@ impl<W> Engine<W> {
         }
     }
 
+    /// Holders of these sessions left the key: a session with no holder left there no
+    /// longer lists it (else a long session that takes and releases many keys between
+    /// keepalives keeps every name it ever locked).
+    pub(super) fn sessions_left(&mut self, ks: &mut impl Keyspace, gone: &[Digest]) {
+        if gone.is_empty() {
+            return;
+        }
+        let key: QueueKey = (ks.db(), ks.name().into());
+        let still: Vec<bool> = match ks.read() {
+            Ok(Slot::Lock(v)) => gone
+                .iter()
+                .map(|d| v.iter().any(|h| h.session() == Some(d)))
+                .collect(),
+            _ => vec![false; gone.len()],
+        };
+        for (d, still) in gone.iter().zip(still) {
+            if !still {
+                if let Some(s) = self.sessions.by_digest.get_mut(d) {
+                    s.keys.remove(&key);
+                }
+            }
+        }
+    }
+
     /// A value arrived with holders in sessions (loaded, restored, replicated, moved
     /// here): each session is known here from then on, at least until those leases end.
     pub(super) fn sessions_seen(
