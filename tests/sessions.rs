@@ -572,3 +572,63 @@ fn a_long_session_forgets_the_keys_it_released() {
     assert!(grown < 2_000_000, "used_memory grew by {grown} bytes");
     assert_eq!(session_field(&mut c, S, "locks"), Some(Resp::Int(0)));
 }
+
+/// A session's end answers its waiters at once with NOSESSION (they could never be
+/// granted in it): a waiter for several keys no longer holds the head of a free key's
+/// queue until its other keys free up, and nobody else waits behind it for nothing.
+#[test]
+fn a_sessions_end_answers_its_waiters_at_once() {
+    let (s, mut c, mut k) = start(ServerBuilder::new());
+    assert_eq!(open(&mut c, S, &["PX", "60000"]), Resp::Int(1));
+    take_px(&mut c, "lock:busy", &tok("other"), 60_000, &[]);
+    let mut multi = Pending::send(
+        s.port,
+        &[
+            "LOCK.ACQUIREALL",
+            "2",
+            "lock:free",
+            "lock:busy",
+            "SESSION",
+            S,
+            "BLOCK",
+            "0",
+        ],
+    );
+    wait_waiters(&mut c, "lock:busy", 1);
+    let mut single = Pending::send(
+        s.port,
+        &["LOCK.ACQUIRE", "lock:busy", "SESSION", S, "BLOCK", "0"],
+    );
+    wait_waiters(&mut c, "lock:busy", 2);
+    // The free key is not to be had while the doomed request stands first in its queue.
+    k.eq(
+        c.cmd(&["LOCK.ACQUIRE", "lock:free", "PX", "1000"]),
+        Resp::Nil,
+        "the free key while the session's request waits",
+    );
+    k.eq(c.cmd(&["LOCK.SESSION", "CLOSE", S]), Resp::Int(0), "CLOSE");
+    for (what, p) in [("multi", &mut multi), ("single", &mut single)] {
+        match p.reply_within(SETTLE) {
+            Ok(r) => {
+                k.err(&r, "NOSESSION", what);
+            }
+            Err(e) => {
+                k.check(false, format!("{what}: no answer after CLOSE ({e})"));
+            }
+        }
+    }
+    k.check(
+        grant(&c.cmd(&["LOCK.ACQUIRE", "lock:free", "PX", "1000"])).is_some(),
+        "the free key after the session's end",
+    );
+    k.eq(
+        waiters_of(&mut c, "lock:busy"),
+        0,
+        "nobody waits on the busy key",
+    );
+    k.finish();
+}
+
+fn waiters_of(c: &mut RawConn, key: &str) -> i64 {
+    info_opt(c, key, "waiters").unwrap_or(0)
+}

@@ -475,6 +475,7 @@ impl<W> Engine<W> {
             return ended;
         }
         self.forget_session(d);
+        self.fail_session_waiters(sched, d);
         store.replicate_session(&SessionChange::End { digest: d });
         match how {
             Ending::Closed => self.stats.sessions_closed += 1,
@@ -508,6 +509,29 @@ impl<W> Engine<W> {
         let (db, name) = (ks.db(), super::Name::of(ks.name()));
         self.note(db, &name, self.now);
         n
+    }
+
+    /// The session ended: its waiters (one key or several) are answered NOSESSION now,
+    /// instead of at their turn (a waiter for several keys would hold the head of a free
+    /// key's queue until its other keys freed up, for a grant it can never have).
+    fn fail_session_waiters<S: Sched<Waiter = W>>(&mut self, sched: &mut S, d: &Digest) {
+        for id in self.multi_in_session(d) {
+            self.fail_multi(sched, id, &LockError::NoSession);
+        }
+        let mut single = Vec::new();
+        for q in self.queues.values().flat_map(|db| db.values()) {
+            single.extend(
+                q.waiters
+                    .iter()
+                    .filter(|w| w.handle.is_some() && w.session.as_ref() == Some(d))
+                    .map(|w| w.id),
+            );
+        }
+        for id in single {
+            if let Some(h) = self.abandon(id, self.now) {
+                sched.answer(h, super::Answer::Failed(LockError::NoSession));
+            }
+        }
     }
 
     fn forget_session(&mut self, d: &Digest) {
