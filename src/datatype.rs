@@ -118,8 +118,8 @@ impl DataType for LockType {
 
     /// A held lock, as the LOCK.REPL commands the primary replicates: one ADD per holder,
     /// the first carrying the fence counter when it is above the lock's own fences. A
-    /// holder in a session comes after its session's OPEN (an AOF rewritten without its
-    /// RDB preamble has no other record of the session).
+    /// holder in a session comes after its session's SEEN (an AOF rewritten without its
+    /// RDB preamble has no other record of the session's lease and label).
     fn rewrite(v: &LockValue, key: Str<'_>, aof: &mut AofOut) {
         let (clock, floor) = (now(), counter());
         for h in v.iter() {
@@ -129,7 +129,7 @@ impl DataType for LockType {
             let (ttl, owner) = state::with(|st| st.engine.session_ttl_owner(d))
                 .flatten()
                 .unwrap_or((0, None));
-            let open = repl::SessionChange::Open {
+            let open = repl::SessionChange::Seen {
                 digest: d,
                 ttl,
                 deadline: h.deadline,

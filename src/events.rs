@@ -164,11 +164,17 @@ pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
                 st.engine.promoted(ffi::wall_ms());
                 st.wake.arm(ctx, now);
             }
-            ServerEvent::BecameReplica => st.replica = true,
+            ServerEvent::BecameReplica => {
+                st.replica = true;
+                st.engine.demoted();
+            }
             ServerEvent::Forked | ServerEvent::ReplicaChanged => st.listening = true,
             ServerEvent::Loaded => {
                 st.listening = listening_now(ctx);
                 st.replica = ctx.flags() & ffi::FLAG_SLAVE != 0;
+                if st.replica {
+                    st.engine.demoted();
+                }
                 st.wake.arm(ctx, now);
                 clear_legacy_expiry(ctx, st);
             }

@@ -213,6 +213,9 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
         st.unblock_allowed = ffi::server_version() >= 0x0007_0400;
         st.wake.fire = sched::fired;
         st.replica = ctx.flags() & ffi::FLAG_SLAVE != 0;
+        if st.replica {
+            st.engine.demoted();
+        }
         // Settled before the first command: nothing is built for replicas or the AOF
         // unless something can receive it (re-checked at every fork, replica change,
         // end of loading, and every second).

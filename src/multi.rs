@@ -60,7 +60,10 @@ impl Handler for ReleaseAll {
     const NAME: &'static str = "lock.releaseall";
     const GETKEYS: bool = true;
     fn run<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-        each(ctx, args, "lock.releaseall", |token, _| {
+        each(ctx, args, "lock.releaseall", |token, rest| {
+            if !rest.is_empty() {
+                return Err(LockError::WrongArity("lock.releaseall"));
+            }
             Ok(Command::Release(token))
         })
     }
@@ -265,14 +268,15 @@ fn each<'a>(
         return Err(LockError::WrongArity(cmd));
     };
     // Read before it is redacted (the slice stays valid; the argument reads
-    // `(redacted)` afterwards on Valkey 8.1).
+    // `(redacted)` afterwards on Valkey 8.1), and redacted before anything can refuse
+    // the command.
     let token = token.bytes();
+    ctx.redact(at);
     let mut buf = [&[][..]; 8];
     let rest: Vec<&[u8]> = args
         .bytes_from(at + 1, &mut buf)
         .ok_or_else(|| LockError::Syntax("too many arguments".into()))?
         .to_vec();
-    ctx.redact(at);
     let mut held = 0;
     let mut first_err = None;
     for i in 0..n {

@@ -325,3 +325,59 @@ fn a_cluster_takes_keys_of_one_slot_only() {
     let _ = Duration::from_millis(0);
     k.finish();
 }
+
+/// The token of LOCK.RELEASEALL / LOCK.EXTENDALL stays out of SLOWLOG whatever is
+/// wrong with the arguments after it (too many of them was refused before the token was
+/// redacted).
+#[test]
+fn the_token_is_redacted_from_slowlog_whatever_follows_it() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    assert_eq!(
+        c.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]),
+        ok()
+    );
+    let many: Vec<&str> = vec!["x"; 12];
+    for cmd in [
+        &["LOCK.RELEASEALL", "1", "k", "SECRET-0000000000000001"][..],
+        &[
+            "LOCK.EXTENDALL",
+            "1",
+            "k",
+            "SECRET-0000000000000002",
+            "PX",
+            "100",
+        ][..],
+        &["LOCK.EXTENDALL", "1", "k", "SECRET-0000000000000003", "PX"][..],
+    ] {
+        c.cmd(cmd);
+        c.cmd(&[cmd, &many[..]].concat());
+    }
+    let log = c.cmd(&["SLOWLOG", "GET", "100"]);
+    let mut text = Vec::new();
+    all_bytes(&log, &mut text);
+    assert!(
+        !has(&text, b"SECRET-"),
+        "{}",
+        String::from_utf8_lossy(&text)
+    );
+    assert!(
+        has(&text, b"(redacted)"),
+        "{}",
+        String::from_utf8_lossy(&text)
+    );
+}
+
+/// LOCK.RELEASEALL takes nothing after the token (it released and ignored them).
+#[test]
+fn releaseall_refuses_arguments_after_the_token() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    fences(&all(&mut c, &["ra", "rb"], &["PX", "10000", "TOKEN", T1]));
+    let r = c.cmd(&["LOCK.RELEASEALL", "2", "ra", "rb", T1, "PX", "5"]);
+    assert!(is_err_with(&r, "ERR wrong number"), "{r:?}");
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASEALL", "2", "ra", "rb", T1]),
+        Resp::Int(2)
+    );
+}

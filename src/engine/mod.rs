@@ -464,6 +464,10 @@ impl<W> Engine<W> {
         };
         let ended = v.ended(now);
         let delay_running = v.delaying(now);
+        let sessions: Vec<Digest> = ended
+            .iter()
+            .filter_map(|f| v.find_fence(*f).and_then(|h| h.session()).copied())
+            .collect();
         if ended.is_empty() && (!v.is_empty() || delay_running) {
             let before = v.next_lease_end();
             if !v.is_empty() && v.clear_ended_delay(now) {
@@ -518,6 +522,7 @@ impl<W> Engine<W> {
         if !ended.is_empty() {
             ks.changed(Event::Expired);
         }
+        self.sessions_left(ks, &sessions);
         // The key's waiters are served at the next tick: the command that found the
         // leases over (before their timer, after a stall) may not hand the lock over.
         if self.has_waiters(db, &name) {
@@ -539,6 +544,7 @@ impl<W> Engine<W> {
             Which::Token(t) => self.tokens.digest(t),
             _ => [0; 16],
         };
+        let mut sessions: Vec<Digest> = Vec::new();
         let left = match ks.read()? {
             Slot::Free => return Ok(false),
             Slot::Classic(_) => match which {
@@ -553,6 +559,11 @@ impl<W> Engine<W> {
                     Which::Fence(f) => v.find_fence(f).map(|h| h.fence),
                     Which::All => None,
                 };
+                sessions = v
+                    .iter()
+                    .filter(|h| matches!(which, Which::All) || Some(h.fence) == fence)
+                    .filter_map(|h| h.session().copied())
+                    .collect();
                 let before = v.next_lease_end();
                 match (which, fence) {
                     (Which::All, _) => {
@@ -581,6 +592,7 @@ impl<W> Engine<W> {
             }
             Some(fence) => ks.replicate(Change::Drop { fence }),
         }
+        self.sessions_left(ks, &sessions);
         Ok(true)
     }
 

@@ -394,6 +394,15 @@ impl<W> Engine<W> {
         }
     }
 
+    /// The waiters for several keys whose grant is to belong to session `d`.
+    pub(super) fn multi_in_session(&self, d: &Digest) -> Vec<WaiterId> {
+        self.multi
+            .iter()
+            .filter(|(_, m)| m.session.as_ref() == Some(d))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// A waiter for several keys leaves with nil (its BLOCK time is up).
     pub(super) fn fail_multi_nil<S: Sched<Waiter = W>>(&mut self, sched: &mut S, id: WaiterId) {
         if let Some(h) = self.abandon_multi(id, self.now) {

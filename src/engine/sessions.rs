@@ -69,6 +69,26 @@ pub(super) struct Sessions {
     by_client: HashMap<u64, Vec<Digest>>,
 }
 
+/// Which of a session's holders a renewal moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renew {
+    /// Those whose lease still runs on this server's clock (its own keepalive).
+    Live,
+    /// All of them (the primary's keepalive, applied on a replica or from the AOF).
+    All,
+}
+
+/// What [`Engine::set_session_deadline`] does with the session's holders of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SetDeadline {
+    /// Renews those whose lease still runs.
+    Renew,
+    /// Renews every one (the primary said so).
+    RenewAll,
+    /// Shortens, never lengthens (the session ends).
+    Lower,
+}
+
 /// How a session's locks end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ending {
@@ -181,7 +201,7 @@ impl<W> Engine<W> {
                     s.owner = owner.clone();
                 }
             }
-            self.renew_session(store, &req.digest, deadline);
+            self.renew_session(store, &req.digest, deadline, Renew::Live);
             store.replicate_session(&SessionChange::Open {
                 digest: &req.digest,
                 ttl: req.ttl,
@@ -221,7 +241,7 @@ impl<W> Engine<W> {
             _ => None,
         };
         let deadline = clock.after_ms(i64::try_from(ttl).unwrap_or(i64::MAX));
-        self.renew_session(store, d, deadline);
+        self.renew_session(store, d, deadline, Renew::Live);
         store.replicate_session(&SessionChange::Renew {
             digest: d,
             ttl,
@@ -235,8 +255,19 @@ impl<W> Engine<W> {
         true
     }
 
-    /// Moves the session's deadline, and every lock's it holds, to `deadline`.
-    fn renew_session<St: Store>(&mut self, store: &mut St, d: &Digest, deadline: i64) {
+    /// Moves the session's deadline, and every lock's it holds, to `deadline`. `Renew::Live`
+    /// (this server's own keepalive) moves only the leases still running here;
+    /// `Renew::All` (a keepalive from the primary's stream or the AOF) every holder of
+    /// the session: the primary renewed them, whatever this server's clock says of their
+    /// old lease (a replica that lags by more than the lease; the primary sends the end of
+    /// any it did not renew).
+    fn renew_session<St: Store>(
+        &mut self,
+        store: &mut St,
+        d: &Digest,
+        deadline: i64,
+        which: Renew,
+    ) {
         let Some(s) = self.sessions.by_digest.get_mut(d) else {
             return;
         };
@@ -245,7 +276,13 @@ impl<W> Engine<W> {
         let mut gone = Vec::new();
         for (db, name) in keys {
             let held = match store.open(db, &name) {
-                Some(mut ks) => self.set_session_deadline(&mut ks, d, deadline, false),
+                Some(mut ks) => {
+                    let how = match which {
+                        Renew::Live => SetDeadline::Renew,
+                        Renew::All => SetDeadline::RenewAll,
+                    };
+                    self.set_session_deadline(&mut ks, d, deadline, how)
+                }
                 None => false,
             };
             if !held {
@@ -260,15 +297,17 @@ impl<W> Engine<W> {
     }
 
     /// Sets the lease of the session's holders of this key (those whose lease still runs:
-    /// one that ended is never brought back); with `lower`, only where that shortens it.
-    /// False when the session holds nothing here.
+    /// one that ended is never brought back, unless the primary says so: `RenewAll`);
+    /// with `Lower`, only where that shortens it. False when the session holds nothing
+    /// here.
     fn set_session_deadline(
         &mut self,
         ks: &mut impl Keyspace,
         d: &Digest,
         deadline: i64,
-        lower: bool,
+        how: SetDeadline,
     ) -> bool {
+        let lower = how == SetDeadline::Lower;
         let (db, name) = (ks.db(), super::Name::of(ks.name()));
         let now = ks.clock().mono;
         let Ok(Slot::Lock(v)) = ks.read() else {
@@ -276,7 +315,7 @@ impl<W> Engine<W> {
         };
         let fences: Vec<(u64, i64)> = v
             .iter()
-            .filter(|h| h.session() == Some(d) && h.live(now))
+            .filter(|h| h.session() == Some(d) && (how == SetDeadline::RenewAll || h.live(now)))
             .map(|h| (h.fence, h.deadline))
             .collect();
         if fences.is_empty() {
@@ -299,6 +338,30 @@ impl<W> Engine<W> {
     pub(super) fn session_holds(&mut self, d: &Digest, db: i32, name: &[u8]) {
         if let Some(s) = self.sessions.by_digest.get_mut(d) {
             s.keys.insert((db, name.into()));
+        }
+    }
+
+    /// Holders of these sessions left the key: a session with no holder left there no
+    /// longer lists it (else a long session that takes and releases many keys between
+    /// keepalives keeps every name it ever locked).
+    pub(super) fn sessions_left(&mut self, ks: &mut impl Keyspace, gone: &[Digest]) {
+        if gone.is_empty() {
+            return;
+        }
+        let key: QueueKey = (ks.db(), ks.name().into());
+        let still: Vec<bool> = match ks.read() {
+            Ok(Slot::Lock(v)) => gone
+                .iter()
+                .map(|d| v.iter().any(|h| h.session() == Some(d)))
+                .collect(),
+            _ => vec![false; gone.len()],
+        };
+        for (d, still) in gone.iter().zip(still) {
+            if !still {
+                if let Some(s) = self.sessions.by_digest.get_mut(d) {
+                    s.keys.remove(&key);
+                }
+            }
         }
     }
 
@@ -362,11 +425,14 @@ impl<W> Engine<W> {
         d: &Digest,
         how: Ending,
     ) -> u64 {
-        let Some(s) = self.sessions.by_digest.get(d) else {
+        let now = store.clock().mono;
+        let Some(s) = self.sessions.by_digest.get_mut(d) else {
             return 0;
         };
+        // Closed from now on: a waiter in this session served by a release below (one of
+        // its own locks freed) gets NOSESSION, not a lock of a session that is ending.
+        s.ending = Some(s.ending.map_or(now, |e| e.min(now)));
         let keys: Vec<QueueKey> = s.keys.iter().cloned().collect();
-        let now = store.clock().mono;
         let mut ended = 0;
         let mut later = false;
         for (db, name) in keys {
@@ -385,7 +451,7 @@ impl<W> Engine<W> {
             let n = match how {
                 Ending::Closed => self.release_session_holders(&mut ks, sched, d),
                 Ending::Lapsed => {
-                    let held = self.set_session_deadline(&mut ks, d, now, true);
+                    let held = self.set_session_deadline(&mut ks, d, now, SetDeadline::Lower);
                     if held {
                         let _ = self.reap(&mut ks);
                         self.serve(&mut ks, sched);
@@ -409,6 +475,7 @@ impl<W> Engine<W> {
             return ended;
         }
         self.forget_session(d);
+        self.fail_session_waiters(sched, d);
         store.replicate_session(&SessionChange::End { digest: d });
         match how {
             Ending::Closed => self.stats.sessions_closed += 1,
@@ -444,6 +511,29 @@ impl<W> Engine<W> {
         n
     }
 
+    /// The session ended: its waiters (one key or several) are answered NOSESSION now,
+    /// instead of at their turn (a waiter for several keys would hold the head of a free
+    /// key's queue until its other keys freed up, for a grant it can never have).
+    fn fail_session_waiters<S: Sched<Waiter = W>>(&mut self, sched: &mut S, d: &Digest) {
+        for id in self.multi_in_session(d) {
+            self.fail_multi(sched, id, &LockError::NoSession);
+        }
+        let mut single = Vec::new();
+        for q in self.queues.values().flat_map(|db| db.values()) {
+            single.extend(
+                q.waiters
+                    .iter()
+                    .filter(|w| w.handle.is_some() && w.session.as_ref() == Some(d))
+                    .map(|w| w.id),
+            );
+        }
+        for id in single {
+            if let Some(h) = self.abandon(id, self.now) {
+                sched.answer(h, super::Answer::Failed(LockError::NoSession));
+            }
+        }
+    }
+
     fn forget_session(&mut self, d: &Digest) {
         self.bind(*d, None);
         if let Some(s) = self.sessions.by_digest.remove(d) {
@@ -472,6 +562,21 @@ impl<W> Engine<W> {
             return;
         }
         self.end_session(store, sched, d, Ending::Lapsed);
+    }
+
+    /// SWAPDB a b: the sessions' locks changed dbs with their keys.
+    pub(super) fn sessions_swapped(&mut self, a: i32, b: i32) {
+        let swap = |db: i32| match db {
+            x if x == a => b,
+            x if x == b => a,
+            x => x,
+        };
+        for s in self.sessions.by_digest.values_mut() {
+            s.keys = std::mem::take(&mut s.keys)
+                .into_iter()
+                .map(|(db, name)| (swap(db), name))
+                .collect();
+        }
     }
 
     /// This server became a primary: the sessions end on its clock from now on.
@@ -536,7 +641,7 @@ impl<W> Engine<W> {
                 if owner.is_some() {
                     s.owner = owner;
                 }
-                self.renew_session(store, &digest, deadline);
+                self.renew_session(store, &digest, deadline, Renew::All);
                 self.schedule_end(&digest);
             }
             SessionApply::Renew {
@@ -547,7 +652,38 @@ impl<W> Engine<W> {
                 if let Some(s) = self.sessions.by_digest.get_mut(&digest) {
                     s.ttl = ttl;
                 }
-                self.renew_session(store, &digest, deadline);
+                self.renew_session(store, &digest, deadline, Renew::All);
+                self.schedule_end(&digest);
+            }
+            SessionApply::Seen {
+                digest,
+                ttl,
+                deadline,
+                owner,
+            } => {
+                let s = self
+                    .sessions
+                    .by_digest
+                    .entry(digest)
+                    .or_insert_with(|| Session {
+                        ttl,
+                        deadline,
+                        owner: None,
+                        bound: None,
+                        ending: None,
+                        keys: BTreeSet::new(),
+                        due: deadline,
+                    });
+                if ttl > 0 {
+                    s.ttl = ttl;
+                } else if s.ttl == 0 {
+                    // The rewrite did not know the session's lease: the time left.
+                    s.ttl = u64::try_from((deadline - self.now).max(1000) / 1000).unwrap_or(1);
+                }
+                s.deadline = s.deadline.max(deadline);
+                if owner.is_some() {
+                    s.owner = owner;
+                }
                 self.schedule_end(&digest);
             }
             SessionApply::End { digest } => {
@@ -578,8 +714,23 @@ impl<W> Engine<W> {
     }
 
     /// Sessions read back from the auxiliary RDB data (after the keys: a session some
-    /// lock already named keeps the keys it learned of).
+    /// lock already named keeps the keys it learned of). The list is every session open
+    /// where the file was written: one known here that it lacks is forgotten (a replica's
+    /// full sync from another primary, or a session that ended on the primary while the
+    /// replica was away; kept, a promoted replica would renew it and its locks' holder
+    /// would believe them held). Its bound connection, where it stays, is kept.
     pub fn sessions_loaded(&mut self, list: Vec<crate::lock::codec::SessionRecord>) {
+        let listed: std::collections::HashSet<Digest> = list.iter().map(|r| r.digest).collect();
+        let stale: Vec<Digest> = self
+            .sessions
+            .by_digest
+            .keys()
+            .filter(|d| !listed.contains(*d))
+            .copied()
+            .collect();
+        for d in stale {
+            self.forget_session(&d);
+        }
         for r in list {
             let s = self
                 .sessions
@@ -690,5 +841,12 @@ pub enum SessionApply {
     },
     End {
         digest: Digest,
+    },
+    /// An AOF rewrite names a holder's session (see `SessionChange::Seen`).
+    Seen {
+        digest: Digest,
+        ttl: u64,
+        deadline: i64,
+        owner: Option<Box<[u8]>>,
     },
 }

@@ -332,6 +332,7 @@ impl<W> Engine<W> {
     pub fn swapped(&mut self, a: i32, b: i32, now: i64) {
         self.restoring.retain(|(d, _), _| *d != a && *d != b);
         self.leases.swap_dbs(a, b);
+        self.sessions_swapped(a, b);
         for db in [a, b] {
             for (d, name) in self.keys_with_waiters(Some(db)) {
                 self.serve_by(d, &name, now);
@@ -349,6 +350,14 @@ impl<W> Engine<W> {
         self.fence.start(wall_ms);
         self.leases_paused = false;
         self.sessions_promoted();
+    }
+
+    /// This server became a replica: its primary ends leases and sessions from now on
+    /// (the sweep would find it out at the first lease due, but a session's end has no
+    /// key to tell it: a replica that ended a session itself would drop the primary's
+    /// next keepalive of it).
+    pub fn demoted(&mut self) {
+        self.leases_paused = true;
     }
 
     /// A grant whose waiter left before it heard of it: given back on the next tick.

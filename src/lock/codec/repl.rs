@@ -14,6 +14,7 @@
 //!   LOCK.SREPL OPEN <session-digest> <lease-ms> <ttl-ms> [OWNER o]   (a session opened, or renewed with a new lease)
 //!   LOCK.SREPL RENEW <session-digest> <lease-ms> <ttl-ms>           (a keepalive: the session and all its locks)
 //!   LOCK.SREPL END <session-digest>                                  (a session is gone; its locks' ends came before)
+//!   LOCK.SREPL SEEN <session-digest> <lease-ms> <ttl-ms> [OWNER o]   (an AOF rewrite: the session of the holder that follows; its locks untouched)
 //! release 0.2 (absolute unix-ms deadlines):
 //!   LOCK.REPL key GRANT <mode>;<digest>;<fence>;<expires-at>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n]
 //!   LOCK.REPL key LEASE <fence>;<expires-at> [FLOOR n]
@@ -78,6 +79,16 @@ pub enum SessionChange<'a> {
     },
     /// The session is gone (the end of each of its locks was sent before).
     End { digest: &'a Digest },
+    /// An AOF rewrite names the session of the holder it writes next: known from then
+    /// on with this lease and label, lasting at least to `deadline`; its locks are not
+    /// touched (an `Open` renews every lock the session holds: one per holder of a
+    /// rewrite would open every lock of the session once per lock at load).
+    Seen {
+        digest: &'a Digest,
+        ttl: u64,
+        deadline: i64,
+        owner: Option<&'a [u8]>,
+    },
 }
 
 /// Builds `LOCK.SREPL` for `change` and hands it to `out(command, args)`.
@@ -94,14 +105,21 @@ pub fn encode_session(
             ttl,
             deadline,
             owner,
+        }
+        | SessionChange::Seen {
+            digest,
+            ttl,
+            deadline,
+            owner,
         } => {
+            let op: &[u8] = match change {
+                SessionChange::Seen { .. } => b"SEEN",
+                _ => b"OPEN",
+            };
             let (h, t, l) = (hex(digest), number(ttl), left(deadline));
             match owner {
-                Some(o) => out(
-                    c"LOCK.SREPL",
-                    &[b"OPEN", &h, t.bytes(), l.bytes(), b"OWNER", o],
-                ),
-                None => out(c"LOCK.SREPL", &[b"OPEN", &h, t.bytes(), l.bytes()]),
+                Some(o) => out(c"LOCK.SREPL", &[op, &h, t.bytes(), l.bytes(), b"OWNER", o]),
+                None => out(c"LOCK.SREPL", &[op, &h, t.bytes(), l.bytes()]),
             }
         }
         SessionChange::Renew {
@@ -129,7 +147,7 @@ pub fn decode_session(
             .ok_or_else(bad)
     };
     match args {
-        [op, d, ttl, left, rest @ ..] if *op == b"OPEN" || *op == b"RENEW" => {
+        [op, d, ttl, left, rest @ ..] if *op == b"OPEN" || *op == b"RENEW" || *op == b"SEEN" => {
             let digest = unhex(d).ok_or_else(bad)?;
             let (ttl, left) = (ms(ttl)?, ms(left)?);
             let deadline = clock.after_ms(i64::try_from(left).map_err(|_| bad())?);
@@ -150,6 +168,14 @@ pub fn decode_session(
                 }
                 _ => return Err(bad()),
             };
+            if *op == b"SEEN" {
+                return Ok(SessionApply::Seen {
+                    digest,
+                    ttl,
+                    deadline,
+                    owner,
+                });
+            }
             Ok(SessionApply::Open {
                 digest,
                 ttl,
