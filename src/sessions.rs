@@ -157,6 +157,13 @@ fn session_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Reply<'a>, LockError>
         if st.replica && !matches!(sub, Sub::Info(_)) {
             return Err(LockError::ReadOnly);
         }
+        if matches!(sub, Sub::Open { bind: Some(_), .. }) && !st.is_connection(client) {
+            // A script's or another module's call has a client that never disconnects:
+            // the binding would never end the session.
+            return Err(LockError::Syntax(
+                "BIND binds the session to the calling connection: a script or a module's call has none".into(),
+            ));
+        }
         let State {
             engine,
             wake,

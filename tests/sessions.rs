@@ -297,6 +297,22 @@ fn every_path_and_bad_input() {
         );
         let r = paths::send(&mut c, path, &["LOCK.SESSION", "CLOSE", &id]);
         k.check(r == Resp::Int(1), format!("{}: CLOSE {r:?}", path.name()));
+        // BIND needs a connection: a script's or a module's call never disconnects (MULTI
+        // and a pipeline run on the caller's own connection).
+        let bound = format!("session-bind-{i:08}");
+        let r = paths::send(
+            &mut c,
+            path,
+            &["LOCK.SESSION", "OPEN", &bound, "BIND", "100"],
+        );
+        let on_connection = matches!(
+            path,
+            paths::Path::Direct | paths::Path::Pipelined | paths::Path::Multi
+        );
+        k.check(
+            r.is_error() != on_connection,
+            format!("{}: OPEN ... BIND {r:?}", path.name()),
+        );
         k.check(
             info(&mut c, &key) == Resp::Nil,
             format!("{}: released", path.name()),
