@@ -24,6 +24,21 @@ pub fn fired(ctx: Ctx<'_>, (): ()) {
 
 /// Runs what is due, then arms the timer for what comes next.
 pub fn tick(ctx: Ctx<'_>, st: &mut State) {
+    on_keys(ctx, st, Some(false), |engine, store, sched| {
+        engine.tick(store, sched)
+    });
+}
+
+/// Runs `f` on the engine with a store that opens keys on its own and a scheduler that
+/// blocks nobody: for the engine's own work (a tick) and a command without a key of its
+/// own (`in_command`: `Some(false)` for a timer; `None` for what a primary or the AOF sent,
+/// which is passed on as received, so nothing is built for replicas), then arms the timer.
+pub fn on_keys<R>(
+    ctx: Ctx<'_>,
+    st: &mut State,
+    in_command: Option<bool>,
+    f: impl FnOnce(&mut Engine<Waiter>, &mut RedisStore<'_>, &mut RedisSched<'_>) -> R,
+) -> R {
     let State {
         engine,
         wake,
@@ -33,8 +48,8 @@ pub fn tick(ctx: Ctx<'_>, st: &mut State) {
     } = st;
     let mut store = RedisStore {
         ctx,
-        listening: *listening,
-        in_command: false,
+        listening: *listening && in_command.is_some(),
+        in_command: in_command.unwrap_or(true),
         cluster: cluster.as_ref(),
     };
     let mut sched = RedisSched {
@@ -43,7 +58,11 @@ pub fn tick(ctx: Ctx<'_>, st: &mut State) {
         may_block: false,
         unblock_allowed: false,
     };
-    engine.tick(&mut store, &mut sched);
+    let r = f(engine, &mut store, &mut sched);
+    if let Some(at) = engine.next_due() {
+        sched.wake.arm(ctx, at);
+    }
+    r
 }
 
 /// The scheduler for one command or callback.

@@ -11,8 +11,8 @@ use crate::ffi::{self, Args, Ctx, Handler};
 use crate::lock::codec::repl;
 use crate::lock::value::digest;
 use crate::reply::Reply;
-use crate::sched::{RedisSched, RedisStore};
-use crate::state::{self, State};
+use crate::sched;
+use crate::state;
 use crate::syntax::{options, parse_i64};
 
 pub struct Session;
@@ -164,52 +164,23 @@ fn session_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Reply<'a>, LockError>
                 "BIND binds the session to the calling connection: a script or a module's call has none".into(),
             ));
         }
-        let State {
-            engine,
-            wake,
-            listening,
-            cluster,
-            ..
-        } = st;
-        let mut store = RedisStore {
-            ctx,
-            listening: *listening,
-            in_command: true,
-            cluster: cluster.as_ref(),
-        };
-        let mut sched = RedisSched {
-            ctx,
-            wake,
-            may_block: false,
-            unblock_allowed: false,
-        };
-        let r = match sub {
+        Ok(sched::on_keys(ctx, st, Some(true), |engine, store, sched| match sub {
             Sub::Open { ttl, bind } => {
-                let new = engine.session_open(
-                    &mut store,
-                    &mut sched,
-                    OpenReq {
-                        digest: d,
-                        ttl,
-                        bind: bind.map(|g| (client, g)),
-                        owner,
-                    },
-                );
-                Reply::bool(new)
+                let req = OpenReq {
+                    digest: d,
+                    ttl,
+                    bind: bind.map(|g| (client, g)),
+                    owner,
+                };
+                Reply::bool(engine.session_open(store, sched, req))
             }
-            Sub::Keepalive(ttl) => {
-                Reply::bool(engine.session_keepalive(&mut store, &d, ttl, client))
-            }
-            Sub::Close => match engine.session_close(&mut store, &mut sched, &d) {
+            Sub::Keepalive(ttl) => Reply::bool(engine.session_keepalive(store, &d, ttl, client)),
+            Sub::Close => match engine.session_close(store, sched, &d) {
                 Some(n) => Reply::Int(i64::try_from(n).unwrap_or(i64::MAX)),
                 None => Reply::Nil,
             },
-            Sub::Info(count) => engine.session_info(&mut store, &d, count),
-        };
-        if let Some(at) = engine.next_due() {
-            sched.wake.arm(ctx, at);
-        }
-        Ok(r)
+            Sub::Info(count) => engine.session_info(store, &d, count),
+        }))
     })
     .ok_or(LockError::Busy)?;
     ctx.select_db(db);
@@ -228,28 +199,12 @@ fn srepl_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Reply<'a>, LockError> {
         .ok_or_else(|| LockError::Syntax("malformed LOCK.SREPL".into()))?;
     let change = repl::decode_session(argv, state::now())?;
     let db = ctx.db();
+    // What a replica (or the AOF replay) applies is passed on as received, not rebuilt:
+    // its own replicas and AOF get this command.
     state::with(|st| {
-        let State {
-            engine,
-            wake,
-            cluster,
-            ..
-        } = st;
-        // What a replica (or the AOF replay) applies is passed on as received, not
-        // rebuilt: its own replicas and AOF get this command.
-        let mut store = RedisStore {
-            ctx,
-            listening: false,
-            in_command: true,
-            cluster: cluster.as_ref(),
-        };
-        let mut sched = RedisSched {
-            ctx,
-            wake,
-            may_block: false,
-            unblock_allowed: false,
-        };
-        engine.session_apply(&mut store, &mut sched, change);
+        sched::on_keys(ctx, st, None, |engine, store, sched| {
+            engine.session_apply(store, sched, change)
+        })
     })
     .ok_or(LockError::Busy)?;
     ctx.select_db(db);

@@ -271,6 +271,7 @@ enum Which<'a> {
 }
 
 /// A grant to make: everything but the fence.
+#[derive(Clone, Copy)]
 struct NewHolder<'a> {
     mode: Mode,
     digest: Digest,

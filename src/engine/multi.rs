@@ -108,7 +108,8 @@ impl<W> Engine<W> {
                 .iter()
                 .map(|(k, m)| ((db, Box::from(*k)), *m))
                 .collect();
-            let how = Grantee {
+            let how = NewHolder {
+                mode: Mode::Exclusive,
                 digest,
                 ttl: req.ttl,
                 min_fence: req.min_fence,
@@ -190,12 +191,13 @@ impl<W> Engine<W> {
         Ok(None)
     }
 
-    /// The grants (or same-token renewals) of `keys`, in order, or none of them.
+    /// The grants (or same-token renewals) of `keys`, in order, or none of them; `how`
+    /// says who for (its mode is each key's own).
     fn grant_each<St: Store>(
         &mut self,
         store: &mut St,
         keys: &[(QueueKey, Mode)],
-        how: &Grantee<'_>,
+        how: &NewHolder<'_>,
         event: Event,
     ) -> Result<Vec<u64>, LockError> {
         let mut fences = Vec::with_capacity(keys.len());
@@ -222,14 +224,7 @@ impl<W> Engine<W> {
                     &mut ks,
                     NewHolder {
                         mode: *mode,
-                        digest: how.digest,
-                        ttl: how.ttl,
-                        min_fence: how.min_fence,
-                        owner: how.owner,
-                        lock_delay: how.lock_delay,
-                        client_id: how.client_id,
-                        addr: how.addr,
-                        session: how.session,
+                        ..*how
                     },
                 )
             };
@@ -328,7 +323,8 @@ impl<W> Engine<W> {
         if let Some(at) = mw.deadline {
             self.agenda.remove(&(at, Task::Timeout(id)));
         }
-        let how = Grantee {
+        let how = NewHolder {
+            mode: Mode::Exclusive,
             digest: mw.digest,
             ttl: mw.ttl,
             min_fence: mw.min_fence,
@@ -409,18 +405,6 @@ impl<W> Engine<W> {
             sched.answer(h, Answer::Nil);
         }
     }
-}
-
-/// Who a grant of several keys is for.
-struct Grantee<'a> {
-    digest: Digest,
-    ttl: u64,
-    min_fence: u64,
-    owner: Option<&'a [u8]>,
-    lock_delay: u32,
-    client_id: u64,
-    addr: &'a Addr,
-    session: Option<Digest>,
 }
 
 /// `[token, [fence, ...]]`: a grant of several keys.
