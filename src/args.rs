@@ -34,6 +34,10 @@ pub struct Acquire<'a> {
     pub min_fence: u64,
     /// LOCKDELAY ms (None: the `lock.lock-delay` setting).
     pub lock_delay: Option<u32>,
+    /// SESSION: the id of the session the grant is to belong to.
+    pub session: Option<&'a [u8]>,
+    /// Where the session id is among the arguments after the key (to redact it).
+    pub session_at: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +127,7 @@ pub fn block_deadline(now_us: i64, block_ms: u64) -> Result<Option<i64>, LockErr
 
 /// The options of LOCK.ACQUIRE, most used first (the walk looks them up in order), and
 /// what each one is, at the same index.
-const ACQUIRE_OPTIONS: [&str; 9] = [
+const ACQUIRE_OPTIONS: [&str; 10] = [
     "PX",
     "EX",
     "TOKEN",
@@ -133,11 +137,12 @@ const ACQUIRE_OPTIONS: [&str; 9] = [
     "SHARED",
     "LIMIT",
     "LOCKDELAY",
+    "SESSION",
 ];
-const ACQUIRE_KINDS: [AcquireOpt; 9] = {
+const ACQUIRE_KINDS: [AcquireOpt; 10] = {
     use AcquireOpt::*;
     [
-        Px, Ex, Token, Owner, Block, MinFence, Shared, Limit, LockDelay,
+        Px, Ex, Token, Owner, Block, MinFence, Shared, Limit, LockDelay, Session,
     ]
 };
 
@@ -197,9 +202,10 @@ enum AcquireOpt {
     Shared,
     Limit,
     LockDelay,
+    Session,
 }
 
-/// `LOCK.ACQUIRE key [SHARED | LIMIT n] [PX ms | EX s] [TOKEN t] [OWNER o] [BLOCK ms] [MINFENCE n] [LOCKDELAY ms]`
+/// `LOCK.ACQUIRE key [SHARED | LIMIT n] [PX ms | EX s | SESSION id] [TOKEN t] [OWNER o] [BLOCK ms] [MINFENCE n] [LOCKDELAY ms]`
 pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>, LockError> {
     if let Some(req) = common_acquire(args, lim) {
         return Ok(req);
@@ -214,6 +220,8 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
         block: None,
         min_fence: 0,
         lock_delay: None,
+        session: None,
+        session_at: None,
     };
     let mut ttl = None;
     let mut kinds = 0;
@@ -254,10 +262,19 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
                     req.lock_delay = Some(ms);
                 }
                 MinFence => req.min_fence = positive_fence(v, LockError::InvalidFence)?,
+                Session => {
+                    req.session = Some(bounded(v, "SESSION", lim.min_token_len, MAX_TOKEN_LEN)?);
+                    req.session_at = Some(at);
+                }
             }
             Ok(())
         },
     )?;
+    if req.session.is_some() && ttl.is_some() {
+        return Err(LockError::Syntax(
+            "SESSION and PX/EX exclude each other: a lock taken in a session has the session's lease".into(),
+        ));
+    }
     if kinds > 1 {
         return Err(LockError::Syntax(
             "SHARED and LIMIT exclude each other".into(),
@@ -284,6 +301,8 @@ fn common_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Option<Acquire<'a>> {
         block: None,
         min_fence: 0,
         lock_delay: None,
+        session: None,
+        session_at: None,
     };
     let mut ttl = None;
     for (i, pair) in args.chunks(2).enumerate() {

@@ -65,7 +65,7 @@ fn split<'a, 'b>(
 /// Where a command's token stands, to keep it out of the server's command logs when the
 /// command is refused before its own redaction.
 #[derive(Clone, Copy)]
-enum Secret {
+pub(crate) enum Secret {
     None,
     At(usize),
     AfterTokenWord,
@@ -156,9 +156,9 @@ pub(crate) fn run<'a>(
 }
 
 /// A refused command's token stays out of SLOWLOG and MONITOR too: the argument after
-/// each `TOKEN` word (an acquire that did not parse; an `OWNER TOKEN` label costs the
-/// next argument its display), or the fixed position of the token.
-fn redact_refused(ctx: Ctx<'_>, args: Args<'_>, secret: Secret) {
+/// each `TOKEN` or `SESSION` word (an acquire that did not parse; an `OWNER TOKEN` label
+/// costs the next argument its display), or the fixed position of the token.
+pub(crate) fn redact_refused(ctx: Ctx<'_>, args: Args<'_>, secret: Secret) {
     match secret {
         Secret::None => {}
         Secret::At(pos) => {
@@ -168,10 +168,10 @@ fn redact_refused(ctx: Ctx<'_>, args: Args<'_>, secret: Secret) {
         }
         Secret::AfterTokenWord => {
             for i in 2..args.len().saturating_sub(1) {
-                if args
-                    .get(i)
-                    .is_some_and(|a| a.bytes().eq_ignore_ascii_case(b"token"))
-                {
+                if args.get(i).is_some_and(|a| {
+                    a.bytes().eq_ignore_ascii_case(b"token")
+                        || a.bytes().eq_ignore_ascii_case(b"session")
+                }) {
                     ctx.redact(i + 1);
                 }
             }
@@ -183,7 +183,7 @@ fn acquire_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
     let (name, req) = parse(ctx, args, "lock.acquire", Secret::AfterTokenWord, |a| {
         parse_acquire(a, &config::limits())
     })?;
-    if let Some(i) = req.token_at {
+    for i in [req.token_at, req.session_at].into_iter().flatten() {
         ctx.redact(2 + i);
     }
     let block = req.block.is_some();
@@ -197,6 +197,7 @@ fn acquire_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
         lock_delay: req.lock_delay.unwrap_or_else(config::lock_delay),
         client_id: ctx.client_id(),
         addr: Addr::None,
+        session: req.session.map(value::digest),
     });
     run(ctx, name, cmd, block)
 }

@@ -118,11 +118,27 @@ impl DataType for LockType {
 
     /// A lock as the LOCK.REPL commands the primary replicates: one ADD per holder, the
     /// first carrying the fence counter when it is above the lock's own fences, then the
-    /// DELAY of a lock-delay that runs (a key whose holders are gone is only that). The
-    /// same commands carry the slots' locks to the target of a Valkey atomic slot
-    /// migration.
+    /// DELAY of a lock-delay that runs (a key whose holders are gone is only that). A
+    /// holder in a session comes after its session's SEEN (an AOF rewritten without its
+    /// RDB preamble has no other record of the session's lease and label). The same
+    /// commands carry the slots' locks to the target of a Valkey atomic slot migration.
     fn rewrite(v: &LockValue, key: Str<'_>, aof: &mut AofOut) {
         let (clock, floor) = (now(), counter());
+        for h in v.iter() {
+            let Some(d) = h.session() else {
+                continue;
+            };
+            let (ttl, owner) = state::with(|st| st.engine.session_ttl_owner(d))
+                .flatten()
+                .unwrap_or((0, None));
+            let open = repl::SessionChange::Seen {
+                digest: d,
+                ttl,
+                deadline: h.deadline,
+                owner: owner.as_deref(),
+            };
+            repl::encode_session(&open, clock, &mut |cmd, args| aof.emit_keyless(cmd, args));
+        }
         let mut emit = |c: repl::Change<'_>| {
             repl::encode(&c, clock, &mut |cmd, args| aof.emit(cmd, key, args));
         };
@@ -179,6 +195,8 @@ impl DataType for LockType {
     /// above the last fence.
     fn aux_save(io: &mut RdbOut) {
         io.u64(counter());
+        let sessions = state::with(|st| st.engine.session_records()).unwrap_or_default();
+        codec::encode_sessions(&sessions, &mut Out(io), now());
     }
 
     fn aux_load(io: &mut RdbIn, encver: c_int) -> bool {
@@ -188,6 +206,12 @@ impl DataType for LockType {
         let Some(last) = io.u64() else {
             return false;
         };
+        if encver >= 4 {
+            let Some(sessions) = codec::decode_sessions(&mut In(io), now()) else {
+                return false;
+            };
+            on_engine(|e| e.sessions_loaded(sessions));
+        }
         let wall = ffi::wall_ms();
         let kept = on_engine(|e| {
             let ok = last <= e.fence.loaded_ceiling(wall, true);

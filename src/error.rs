@@ -88,6 +88,11 @@ pub enum LockError {
     CrossSlot,
     /// The ACL user may not run the wrapped command or touch its keys.
     NoPerm,
+    /// No such session on this server (never opened here, or it ended).
+    NoSession,
+    /// LOCK.EXTEND of a lock taken in a session (its lease is the session's), or a
+    /// same-token retry naming another session.
+    InSession,
     /// The server's eviction policy (named) could evict a held lock and grant it again;
     /// `lock.allow-eviction` is off.
     Evictable(&'static str),
@@ -224,6 +229,14 @@ impl fmt::Display for LockError {
             LockError::CrossSlot => {
                 write!(f, "CROSSSLOT Keys in request don't hash to the same slot")
             }
+            LockError::NoSession => write!(
+                f,
+                "NOSESSION no such session here (it ended, or was never opened on this server)"
+            ),
+            LockError::InSession => write!(
+                f,
+                "INSESSION the lock was taken in a session: its lease is the session's (LOCK.SESSION KEEPALIVE), and a retry names the same SESSION"
+            ),
             LockError::Evictable(policy) => write!(
                 f,
                 "EVICTION maxmemory-policy {policy} with maxmemory set can evict a held lock \
@@ -291,6 +304,8 @@ mod tests {
             LockError::CrossSlot,
             LockError::NoPerm,
             LockError::Evictable("allkeys-lru"),
+            LockError::NoSession,
+            LockError::InSession,
         ];
         for e in all {
             let text = e.to_string();

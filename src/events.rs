@@ -183,11 +183,17 @@ pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
                 st.engine.promoted(ffi::wall_ms());
                 st.wake.arm(ctx, now);
             }
-            ServerEvent::BecameReplica => st.replica = true,
+            ServerEvent::BecameReplica => {
+                st.replica = true;
+                st.engine.demoted();
+            }
             ServerEvent::Forked | ServerEvent::ReplicaChanged => st.listening = true,
             ServerEvent::Loaded => {
                 st.listening = listening_now(ctx);
                 st.replica = ctx.flags() & ffi::FLAG_SLAVE != 0;
+                if st.replica {
+                    st.engine.demoted();
+                }
                 st.wake.arm(ctx, now);
                 clear_legacy_expiry(ctx, st);
             }
@@ -215,7 +221,11 @@ pub fn on_server(ctx: Ctx<'_>, ev: ServerEvent) {
                     let text = std::str::from_utf8(&ip[..len]).unwrap_or("");
                     crate::lock::value::Addr::from_ip_port(text, port)
                 });
-                return st.client(id, addr);
+                if !connected {
+                    // Sessions bound to the connection end after their grace period.
+                    st.engine.client_gone(id, now);
+                }
+                st.client(id, addr);
             }
         }
         arm(st);

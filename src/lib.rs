@@ -25,7 +25,9 @@ mod events;
 mod ffi;
 mod guard;
 mod keyspace;
+mod multi;
 mod sched;
+mod sessions;
 mod state;
 mod stats;
 
@@ -33,7 +35,7 @@ use std::sync::atomic::Ordering;
 
 use redis_module::{raw, RedisString, Status};
 
-use ffi::cmdinfo::{self, Arg, Cmd};
+use ffi::cmdinfo::{self, Arg, Cmd, Keys};
 use ffi::Ctx;
 
 const KEY_RO: u64 = raw::REDISMODULE_CMD_KEY_RO as u64;
@@ -51,10 +53,11 @@ const INTEGER: raw::RedisModuleCommandArgType =
 const STRING: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING;
 
-/// One row a command, in registration order: name => handler, arity, key flags; ACL
-/// categories / command flags, complexity; summary; arguments.
+/// One row a command, in registration order: name => handler, arity, key flags (and where
+/// the keys are, when not the first argument); ACL categories / command flags,
+/// complexity; summary; arguments.
 macro_rules! commands {
-    ($($name:literal => $handler:path, arity $arity:literal, $keys:expr;
+    ($($name:literal => $handler:path, arity $arity:literal, $keys:expr $(, at $spec:expr)?;
         $acl:literal / $flags:literal, $complexity:literal,
         $summary:literal,
         [$($arg:expr),* $(,)?];)*) => {
@@ -63,6 +66,12 @@ macro_rules! commands {
                 name: $name,
                 acl: $acl,
                 flags: $flags,
+                keys: {
+                    #[allow(unused_mut, unused_assignments)]
+                    let mut k = Keys::of($keys);
+                    $(k = $spec;)?
+                    k
+                },
                 key_flags: $keys,
                 arity: $arity,
                 summary: $summary,
@@ -83,7 +92,22 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
             [Key("key"), Flag("SHARED", "shared"), Opt("LIMIT", "permits", INTEGER), Expiry,
              Opt("TOKEN", "token", STRING), Opt("OWNER", "label", STRING),
              Opt("BLOCK", "timeout", INTEGER), Opt("MINFENCE", "fence", INTEGER),
+             Opt("LOCKDELAY", "milliseconds", INTEGER), Opt("SESSION", "id", STRING)];
+        "lock.acquireall" => multi::AcquireAll, arity -3, KEY_RW | ACCESS | INSERT, at Keys::Counted { step: 1 };
+            "write blocking slow" / "write deny-oom blocking getkeys-api", "O(N) for N keys",
+            "Takes several locks all or nothing (MODES gives each key's: EXCLUSIVE, SHARED or LIMIT=n), optionally waiting in every key's FIFO queue; replies [token, [fence, ...]] or nil.",
+            [Int("numkeys"), Rest("key"), Opt("MODES", "mode", STRING), Expiry, Opt("SESSION", "id", STRING),
+             Opt("TOKEN", "token", STRING), Opt("OWNER", "label", STRING),
+             Opt("BLOCK", "timeout", INTEGER), Opt("MINFENCE", "fence", INTEGER),
              Opt("LOCKDELAY", "milliseconds", INTEGER)];
+        "lock.releaseall" => multi::ReleaseAll, arity -4, KEY_RW | ACCESS | DELETE, at Keys::Counted { step: 1 };
+            "write slow" / "write getkeys-api", "O(N) for N keys",
+            "Releases every one of the keys the token holds (and hands each to its next waiters); replies how many it released.",
+            [Int("numkeys"), Rest("key"), Str("token")];
+        "lock.extendall" => multi::ExtendAll, arity -4, KEY_RW | ACCESS | UPDATE, at Keys::Counted { step: 1 };
+            "write slow" / "write getkeys-api", "O(N) for N keys",
+            "Resets the lease of every one of the keys the token holds; replies how many it extended.",
+            [Int("numkeys"), Rest("key"), Str("token"), Expiry];
         "lock.release" => commands::Release, arity 3, KEY_RW | ACCESS | DELETE;
             "write fast" / "write fast", "O(1)",
             "Deletes the lock if the token holds it and hands it to the next waiter; replies 1 or 0.",
@@ -118,6 +142,14 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
             "write dangerous slow" / "write", "O(1)",
             "Administrative: removes every holder of a lock (or the one with FENCE f) and hands it to the next waiters.",
             [Key("key"), Opt("FENCE", "fence", INTEGER)];
+        "lock.session" => sessions::Session, arity -3, 0;
+            "write slow" / "may-replicate", "O(1) to open or look; O(L) to keep alive or close a session with L locks",
+            "Sessions: OPEN id [PX ms | EX s] [BIND grace-ms] [OWNER label] | KEEPALIVE id [PX ms | EX s] | CLOSE id | INFO id [COUNT n]. One lease for every lock taken with LOCK.ACQUIRE ... SESSION id, released together when the session ends.",
+            [Str("subcommand"), Str("id"), Rest("option")];
+        "lock.srepl" => sessions::SessionRepl, arity -3, 0;
+            "write dangerous slow" / "write", "O(L) for a session with L locks",
+            "Internal: one change of a session, as a primary sends it to replicas and the AOF.",
+            [Str("operation"), Str("session"), Rest("fields")];
         "lock.repl" => commands::Repl, arity -4, KEY_RW | UPDATE;
             "write dangerous slow" / "write", "O(1)",
             "Internal: one change of a lock, as a primary sends it to replicas and the AOF.",
@@ -181,6 +213,9 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
         st.unblock_allowed = ffi::server_version() >= 0x0007_0400;
         st.wake.fire = sched::fired;
         st.replica = ctx.flags() & ffi::FLAG_SLAVE != 0;
+        if st.replica {
+            st.engine.demoted();
+        }
         // Settled before the first command: nothing is built for replicas or the AOF
         // unless something can receive it (re-checked at every fork, replica change,
         // end of loading, and every second).

@@ -24,6 +24,21 @@ pub fn fired(ctx: Ctx<'_>, (): ()) {
 
 /// Runs what is due, then arms the timer for what comes next.
 pub fn tick(ctx: Ctx<'_>, st: &mut State) {
+    on_keys(ctx, st, Some(false), |engine, store, sched| {
+        engine.tick(store, sched)
+    });
+}
+
+/// Runs `f` on the engine with a store that opens keys on its own and a scheduler that
+/// blocks nobody: for the engine's own work (a tick) and a command without a key of its
+/// own (`in_command`: `Some(false)` for a timer; `None` for what a primary or the AOF sent,
+/// which is passed on as received, so nothing is built for replicas), then arms the timer.
+pub fn on_keys<R>(
+    ctx: Ctx<'_>,
+    st: &mut State,
+    in_command: Option<bool>,
+    f: impl FnOnce(&mut Engine<Waiter>, &mut RedisStore<'_>, &mut RedisSched<'_>) -> R,
+) -> R {
     let State {
         engine,
         wake,
@@ -33,7 +48,8 @@ pub fn tick(ctx: Ctx<'_>, st: &mut State) {
     } = st;
     let mut store = RedisStore {
         ctx,
-        listening: *listening,
+        listening: *listening && in_command.is_some(),
+        in_command: in_command.unwrap_or(true),
         cluster: cluster.as_ref(),
     };
     let mut sched = RedisSched {
@@ -42,7 +58,11 @@ pub fn tick(ctx: Ctx<'_>, st: &mut State) {
         may_block: false,
         unblock_allowed: false,
     };
-    engine.tick(&mut store, &mut sched);
+    let r = f(engine, &mut store, &mut sched);
+    if let Some(at) = engine.next_due() {
+        sched.wake.arm(ctx, at);
+    }
+    r
 }
 
 /// The scheduler for one command or callback.
@@ -90,6 +110,8 @@ pub fn may_block(ctx: Ctx<'_>) -> bool {
 pub struct RedisStore<'a> {
     pub ctx: Ctx<'a>,
     pub listening: bool,
+    /// Inside a client's command (not a timer or an event).
+    pub in_command: bool,
     pub cluster: Option<&'a crate::cluster::Cluster>,
 }
 
@@ -112,6 +134,18 @@ impl Store for RedisStore<'_> {
 
     fn clock(&self) -> Clock {
         now()
+    }
+
+    fn replicate_session(&mut self, c: &crate::lock::codec::repl::SessionChange<'_>) {
+        if !self.listening {
+            // Nothing to build, but the change must still count for RDB save points.
+            self.ctx.mark_dirty(self.in_command);
+            return;
+        }
+        let ctx = self.ctx;
+        crate::lock::codec::repl::encode_session(c, now(), &mut |cmd, args| {
+            ctx.replicate_keyless(cmd, args)
+        });
     }
 }
 
@@ -136,6 +170,9 @@ impl BlockHandler for Waiting {
                 ctx.reply_array(2);
                 ctx.reply_bytes(token);
                 ctx.reply_int(i64::try_from(*fence).unwrap_or(i64::MAX));
+            }
+            Some(Answer::GrantedAll { token, fences, .. }) => {
+                ffi::reply::send(ctx, &crate::engine::grant_reply(token.clone(), fences))
             }
             Some(Answer::State(r)) => ffi::reply::send(ctx, r),
             Some(Answer::Failed(e)) => ctx.reply_error(&e.to_string()),
@@ -185,10 +222,23 @@ impl BlockHandler for Waiting {
     }
 
     fn free(ctx: Ctx<'_>, reply: Box<Answer>, client_gone: bool) {
-        if let (true, Answer::Granted { key, digest, .. }) = (client_gone, *reply) {
-            // A write the module makes on its own: given back on the next tick, through
-            // the gate like a hand-off.
-            with_engine(ctx, |e| e.revoke_later(key, digest, ffi::mono_us()));
+        if !client_gone {
+            return;
+        }
+        // A write the module makes on its own: given back on the next tick, through the
+        // gate like a hand-off.
+        match *reply {
+            Answer::Granted { key, digest, .. } => {
+                with_engine(ctx, |e| e.revoke_later(key, digest, ffi::mono_us()));
+            }
+            Answer::GrantedAll { keys, digest, .. } => {
+                with_engine(ctx, |e| {
+                    for key in keys {
+                        e.revoke_later(key, digest, ffi::mono_us());
+                    }
+                });
+            }
+            _ => {}
         }
     }
 }

@@ -267,6 +267,12 @@ impl State {
         self.addrs.get(&id).cloned().unwrap_or(Addr::None)
     }
 
+    /// Whether `id` is a connection the server announced (not a script's or a module
+    /// call's client, which never disconnects).
+    pub fn is_connection(&self, id: u64) -> bool {
+        self.addrs.contains_key(&id)
+    }
+
     /// A connection arrived (with its address) or left.
     pub fn client(&mut self, id: u64, addr: Option<Addr>) {
         match addr {

@@ -9,12 +9,13 @@ use crate::state;
 /// Registered with the server; field names get the `lock_` prefix.
 pub fn info(out: &mut InfoSink) {
     let now = crate::ffi::mono_us();
-    let Some((s, waiters, longest_wait, watchers, last_fence)) = state::with(|st| {
+    let Some((s, waiters, longest_wait, watchers, sessions, last_fence)) = state::with(|st| {
         (
             st.engine.stats,
             st.engine.waiting(),
             st.engine.longest_wait_anywhere(now),
             st.engine.watching(),
+            st.engine.sessions(),
             st.engine.fence.last(),
         )
     }) else {
@@ -40,7 +41,11 @@ pub fn info(out: &mut InfoSink) {
         wait_timeouts,
         force_released,
         repaired,
-        refused_eviction
+        refused_eviction,
+        sessions_opened,
+        sessions_expired,
+        sessions_closed,
+        session_keepalives
     );
     // Waits in ms: the longest going on now (what to alert on), and the total of those
     // that ended (with handed_off and wait_timeouts, the mean wait).
@@ -49,6 +54,7 @@ pub fn info(out: &mut InfoSink) {
         ("waiters", waiters as u64),
         ("longest_wait_ms", (longest_wait / 1000) as u64),
         ("watchers", watchers as u64),
+        ("sessions", sessions as u64),
     ]
     .into_iter()
     .chain(counters)

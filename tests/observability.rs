@@ -15,6 +15,7 @@ const COUNTERS: &[&str] = &[
     "held",
     "waiters",
     "watchers",
+    "sessions",
     "acquired",
     "renewed",
     "contended",
@@ -29,6 +30,10 @@ const COUNTERS: &[&str] = &[
     "force_released",
     "repaired",
     "refused_eviction",
+    "sessions_opened",
+    "sessions_expired",
+    "sessions_closed",
+    "session_keepalives",
     "panics",
     "eviction_risk",
     "eviction_allowed",
@@ -734,7 +739,7 @@ fn command_info_and_docs() {
             -2,
             &["write", "denyoom", "blocking"],
             &["RW", "ACCESS", "INSERT"],
-            "SHARED LIMIT PX EX TOKEN OWNER BLOCK MINFENCE LOCKDELAY",
+            "SHARED LIMIT PX EX TOKEN OWNER BLOCK MINFENCE LOCKDELAY SESSION",
             &["@write", "@blocking", "@slow", "@lock"],
         ),
         (
@@ -878,9 +883,42 @@ fn command_info_and_docs() {
     for (name, ..) in table {
         assert!(listed.contains(*name), "{name} not in {listed:?}");
     }
+    // The commands of several keys (numkeys first) and the session command (no key):
+    // documented, listed, and their keys found.
+    for (name, getkeys, want) in [
+        (
+            "lock.acquireall",
+            &["2", "k1", "k2", "MODES", "SHARED", "EXCLUSIVE", "PX", "10"][..],
+            &["k1", "k2"][..],
+        ),
+        ("lock.releaseall", &["2", "k1", "k2", "tok"], &["k1", "k2"]),
+        ("lock.extendall", &["1", "k1", "tok", "PX", "5"], &["k1"]),
+    ] {
+        let keys = c.cmd(&[&["COMMAND", "GETKEYS", name][..], getkeys].concat());
+        let want: Vec<Resp> = want
+            .iter()
+            .map(|k| Resp::Bulk(k.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(keys, Resp::Array(want), "{name} keys");
+    }
+    for name in [
+        "lock.acquireall",
+        "lock.releaseall",
+        "lock.extendall",
+        "lock.session",
+    ] {
+        let d = c.cmd(&["COMMAND", "DOCS", name]);
+        let doc = d
+            .field(name)
+            .unwrap_or_else(|| panic!("COMMAND DOCS {name}: {d:?}"));
+        assert!(!doc.field("summary").unwrap().text().is_empty(), "{name}");
+        assert!(doc.field("arguments").is_some(), "{name} arguments");
+        assert!(listed.contains(name), "{name} not in {listed:?}");
+    }
     // The internal commands: replication (write, dangerous) and debugging (admin).
     for (name, cats) in [
         ("lock.repl", &["@write", "@dangerous", "@slow", "@lock"][..]),
+        ("lock.srepl", &["@write", "@dangerous", "@slow", "@lock"]),
         ("lock.sync", &["@write", "@dangerous", "@slow", "@lock"]),
         ("lock.debug", &["@admin", "@dangerous", "@slow", "@lock"]),
     ] {

@@ -593,10 +593,11 @@ fn dump_payload_layout_is_the_documented_field_stream() {
         let left_after = int_field(&lock_info(&mut c, key).unwrap(), "ttl");
         let d = parse(&payload);
         assert_eq!(d.type_name(), "redislock");
-        assert_eq!(d.encver(), 3);
+        assert_eq!(d.encver(), 4);
         // mode (0: exclusive), holders, then the holder: digest, fence, the lease's time
         // left (ms, rounded up), acquired-at, client-id, client-addr, owner flag [owner],
-        // lock-delay (ms); then the time left of a running lock-delay (0: none).
+        // lock-delay (ms), session flag [session digest]; then the time left of a running
+        // lock-delay (0: none).
         let Op::Str(digest) = &d.ops[2] else {
             panic!("{key}: no digest in {:?}", d.ops)
         };
@@ -635,6 +636,7 @@ fn dump_payload_layout_is_the_documented_field_stream() {
         }
         want.push(Op::Uint(0));
         want.push(Op::Uint(0));
+        want.push(Op::Uint(0));
         assert_eq!(d.ops, want, "{key}");
         // Our encoder reproduces the server's bytes exactly.
         assert_eq!(d.encode(), payload, "{key}: re-encoding differs");
@@ -664,14 +666,14 @@ fn v1_of(real: &ModuleDump, token: &[u8], owner: &[u8], expires_at: u64) -> Modu
     }
 }
 
-/// The same value in release 0.2's encoding (version 2: the v3 fields of one holder
-/// without its lock-delay and the trailing delay, with the lease's end as an absolute
-/// unix-ms `expires_at` where v3 has the time left).
+/// The same value in release 0.2's encoding (version 2: the v4 fields of one holder
+/// without its lock-delay, its session and the trailing delay, with the lease's end as
+/// an absolute unix-ms `expires_at` where v4 has the time left).
 fn v2_of(real: &ModuleDump, expires_at: u64) -> ModuleDump {
     let mut ops = real.ops.clone();
-    assert!(matches!(ops[2], Op::Str(_)), "unexpected v3 layout {ops:?}");
+    assert!(matches!(ops[2], Op::Str(_)), "unexpected v4 layout {ops:?}");
     ops[4] = Op::Uint(expires_at);
-    ops.truncate(ops.len() - 2);
+    ops.truncate(ops.len() - 3);
     ModuleDump {
         module_id: (real.module_id & !1023) | 2,
         ops,
@@ -709,8 +711,8 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
     let (s, mut c, real) = dumped("dump:src", &src);
     let real = parse(&real);
     // [mode, holders, digest, fence, time left, acquired-at, client-id, client-addr,
-    //  owner-flag, owner, lock-delay, delay left]
-    assert_eq!(real.ops.len(), 12);
+    //  owner-flag, owner, lock-delay, session-flag, delay left]
+    assert_eq!(real.ops.len(), 13);
     let ops = real.ops.clone();
     let set = |i: usize, op: Op| {
         let mut o = ops.clone();
@@ -787,6 +789,18 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
             set(7, Op::Str(vec![b'a'; 1000])).encode(),
         ),
         ("owner flag 7", set(8, Op::Uint(7)).encode()),
+        ("session flag 2", set(11, Op::Uint(2)).encode()),
+        ("session flag 1 without a session", {
+            let mut o = ops.clone();
+            o[11] = Op::Uint(1);
+            real.with_ops(o).encode()
+        }),
+        ("a 15-byte session digest", {
+            let mut o = ops.clone();
+            o[11] = Op::Uint(1);
+            o.insert(12, Op::Str(vec![3; 15]));
+            real.with_ops(o).encode()
+        }),
         ("owner flag 1 without an owner", drop_at(9).encode()),
         ("empty owner", set(9, Op::Str(Vec::new())).encode()),
         ("257-byte owner", set(9, Op::Str(vec![b'o'; 257])).encode()),
@@ -806,8 +820,8 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
         }),
         ("no EOF marker", real.encode_with(false)),
         (
-            "encoding version 4",
-            id_with((real.module_id & !1023) | 4).encode(),
+            "encoding version 5",
+            id_with((real.module_id & !1023) | 5).encode(),
         ),
         (
             "encoding version 0",
@@ -870,6 +884,21 @@ fn restore_refuses_hostile_payloads_with_a_valid_checksum() {
             int_field(&lock_info(&mut c, "dump:control").unwrap(), "fence")
         );
     }
+    // Release 0.3's encoding (version 3: no session field) restores as it was.
+    let mut v3_ops = real.ops.clone();
+    v3_ops.remove(11);
+    let v3 = ModuleDump {
+        module_id: (real.module_id & !1023) | 3,
+        ops: v3_ops,
+        rdb_version: real.rdb_version,
+    };
+    restore(&mut c, "dump:v3", 60000, &v3.encode(), false).unwrap();
+    let v3_info = lock_info(&mut c, "dump:v3").unwrap_or_else(|| panic!("dump:v3 not restored"));
+    assert_eq!(
+        int_field(&v3_info, "fence"),
+        int_field(&lock_info(&mut c, "dump:control").unwrap(), "fence")
+    );
+    assert_eq!(release(&mut c, "dump:v3", b"tok-hostile----------tok"), 1);
     assert_eq!(release(&mut c, "dump:v2", b"tok-hostile----------tok"), 1);
     assert_eq!(release(&mut c, "dump:v1", b"tok-hostile----------tok"), 0);
     assert_eq!(

@@ -25,6 +25,8 @@ pub struct AcquireReq<'a> {
     pub lock_delay: u32,
     pub client_id: u64,
     pub addr: Addr,
+    /// SESSION: the digest of the session id the grant belongs to.
+    pub session: Option<value::Digest>,
 }
 
 /// One command on one key.
@@ -78,7 +80,7 @@ impl Command<'_> {
 }
 
 /// What an acquire can do now.
-enum Step {
+pub(super) enum Step {
     Grant,
     Renew(value::Digest),
     Busy(Option<i64>),
@@ -151,56 +153,21 @@ impl<W> Engine<W> {
         if req.min_fence > self.fence.ceiling(clock.wall, FENCE_LEAD_MS) {
             return Err(LockError::FenceTooFarAhead);
         }
+        self.session_lease(req.session.as_ref())?;
         let digest = req.token.map(|t| self.tokens.digest(t));
         let db = ks.db();
-        if self.has_waiters(db, ks.name()) {
-            // A key may still have waiters whose hand-off was deferred: they go first.
-            self.serve(ks, sched);
-        }
-        self.reap(ks)?;
-        let queued = self.queue_family(db, ks.name());
-        let step = match ks.read()? {
-            Slot::Classic(_) if matches!(req.mode, Mode::Counted(_)) => {
-                return Err(LockError::WrongMode)
-            }
-            Slot::Classic(expiry) => {
-                Step::Busy(expiry.map(|t| clock.from_wall(t).saturating_add(1000)))
-            }
-            Slot::Lock(v) => match digest.filter(|d| v.find(d).is_some()) {
-                Some(d) => Step::Renew(d),
-                None => {
-                    // An emptied key whose lock-delay runs takes any kind of lock after.
-                    let family = if v.is_empty() {
-                        queued
-                    } else {
-                        Some(v.mode().family())
-                    };
-                    if let Some(f) = family {
-                        check_family(f, req.mode).map_err(mismatch)?;
-                    }
-                    if queued.is_none() && v.admits(req.mode, clock.mono) {
-                        Step::Grant
-                    } else {
-                        Step::Busy(None)
-                    }
-                }
-            },
-            Slot::Free => match queued {
-                Some(f) => {
-                    check_family(f, req.mode).map_err(mismatch)?;
-                    Step::Busy(Some(clock.mono))
-                }
-                None => Step::Grant,
-            },
-        };
-        if let (Some(policy), Step::Grant | Step::Busy(_)) = (self.settings.refuse_grants, &step) {
-            self.stats.refused_eviction += 1;
-            return Err(LockError::Evictable(policy));
-        }
+        let step = self.step(ks, sched, req.mode, digest)?;
         let serve_at = match step {
             Step::Grant => return self.grant_to_caller(ks, &req, digest).map(Some),
             Step::Renew(d) => {
-                let fence = self.renew(ks, &d, req.mode, req.ttl, req.min_fence)?;
+                let fence = self.renew(
+                    ks,
+                    &d,
+                    req.mode,
+                    req.ttl,
+                    req.min_fence,
+                    req.session.as_ref(),
+                )?;
                 self.stats.renewed += 1;
                 ks.changed(Event::Acquire);
                 let token = req.token.unwrap_or_default();
@@ -238,10 +205,11 @@ impl<W> Engine<W> {
             lock_delay: req.lock_delay,
             client_id: req.client_id,
             addr: req.addr,
+            session: req.session,
             since: clock.mono,
             deadline,
             moved: false,
-            handle,
+            handle: Some(handle),
         };
         // The key's lease end must be filed for the hand-off: it is, unless the value came
         // here behind the engine's back (RENAMEd or MOVEd onto this name).
@@ -252,6 +220,65 @@ impl<W> Engine<W> {
         }
         self.enqueue(db, &name, wait, serve_at);
         Ok(None)
+    }
+
+    /// What an acquire of `mode` (by the token whose digest is `digest`) can do on this
+    /// key now: deferred hand-offs first, then leases that are over, then the decision.
+    /// An acquire that would grant or wait is refused where eviction could take the lock.
+    pub(super) fn step<S: Sched<Waiter = W>>(
+        &mut self,
+        ks: &mut impl Keyspace,
+        sched: &mut S,
+        mode: Mode,
+        digest: Option<value::Digest>,
+    ) -> Result<Step, LockError> {
+        let clock = ks.clock();
+        let db = ks.db();
+        if self.has_waiters(db, ks.name()) {
+            // A key may still have waiters whose hand-off was deferred: they go first.
+            self.serve(ks, sched);
+        }
+        self.reap(ks)?;
+        let queued = self.queue_family(db, ks.name());
+        let step = match ks.read()? {
+            Slot::Classic(_) if matches!(mode, Mode::Counted(_)) => {
+                return Err(LockError::WrongMode)
+            }
+            Slot::Classic(expiry) => {
+                Step::Busy(expiry.map(|t| clock.from_wall(t).saturating_add(1000)))
+            }
+            Slot::Lock(v) => match digest.filter(|d| v.find(d).is_some()) {
+                Some(d) => Step::Renew(d),
+                None => {
+                    // An emptied key whose lock-delay runs takes any kind of lock after.
+                    let family = if v.is_empty() {
+                        queued
+                    } else {
+                        Some(v.mode().family())
+                    };
+                    if let Some(f) = family {
+                        check_family(f, mode).map_err(mismatch)?;
+                    }
+                    if queued.is_none() && v.admits(mode, clock.mono) {
+                        Step::Grant
+                    } else {
+                        Step::Busy(None)
+                    }
+                }
+            },
+            Slot::Free => match queued {
+                Some(f) => {
+                    check_family(f, mode).map_err(mismatch)?;
+                    Step::Busy(Some(clock.mono))
+                }
+                None => Step::Grant,
+            },
+        };
+        if let (Some(policy), Step::Grant | Step::Busy(_)) = (self.settings.refuse_grants, &step) {
+            self.stats.refused_eviction += 1;
+            return Err(LockError::Evictable(policy));
+        }
+        Ok(step)
     }
 
     fn grant_to_caller<'a>(
@@ -278,6 +305,7 @@ impl<W> Engine<W> {
                 lock_delay: req.lock_delay,
                 client_id: req.client_id,
                 addr: &req.addr,
+                session: req.session,
             },
         )?;
         ks.changed(Event::Acquire);
@@ -314,13 +342,15 @@ impl<W> Engine<W> {
             }
             Slot::Lock(v) => {
                 let d = self.tokens.digest(token);
-                if v.find(&d).is_none() {
-                    return Ok(false);
+                match v.find(&d) {
+                    None => return Ok(false),
+                    Some(h) if h.session().is_some() => return Err(LockError::InSession),
+                    Some(_) => {}
                 }
                 (d, v.mode())
             }
         };
-        self.renew(ks, &d, mode, ttl, 0)?;
+        self.renew(ks, &d, mode, ttl, 0, None)?;
         if let Some(label) = owner {
             self.relabel(ks, &d, label)?;
         }
@@ -407,6 +437,14 @@ impl<W> Engine<W> {
                     return Err(LockError::FenceTooFarAhead);
                 }
                 self.fence.observe(holder.fence.max(floor));
+                if let Some(s) = holder.session() {
+                    // The session is known here from its first lock on (a replica's stream
+                    // opens it first; an AOF rewritten without its preamble may not).
+                    let one = LockValue::new(Mode::Exclusive, holder.clone());
+                    let s = *s;
+                    self.sessions_seen(db, &name, &one);
+                    self.session_holds(&s, db, &name);
+                }
                 let joined = match ks.read() {
                     Ok(Slot::Lock(v)) if v.mode() == mode && mode != Mode::Exclusive => {
                         let before = v.next_lease_end();

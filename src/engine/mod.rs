@@ -14,7 +14,9 @@
 mod commands;
 mod info;
 mod leases;
+mod multi;
 mod queue;
+mod sessions;
 mod timeline;
 mod tokens;
 mod watch;
@@ -32,7 +34,9 @@ use crate::lock::value::{Addr, Digest, LockValue, Mode};
 
 pub use crate::reply::{Bytes, Reply};
 pub use commands::{AcquireReq, Command, Outcome};
+pub use multi::{grant_reply, AcquireAllReq, MAX_KEYS};
 pub use queue::{Answer, Wait};
+pub use sessions::{OpenReq, SessionApply};
 pub use timeline::Task;
 pub use watch::{Want, WatchReq};
 
@@ -154,6 +158,8 @@ pub trait Store {
     /// Opens `name` in `db` for writing (None: no such db).
     fn open(&mut self, db: i32, name: &[u8]) -> Option<Self::Key<'_>>;
     fn clock(&self) -> Clock;
+    /// Sends a change of a session (no key of its own) to replicas and the AOF.
+    fn replicate_session(&mut self, c: &crate::lock::codec::repl::SessionChange<'_>);
 }
 
 /// Counters for `INFO lock`; the engine counts its own events.
@@ -172,6 +178,11 @@ pub struct Stats {
     pub removed: u64,
     /// Lock keys the server evicted (maxmemory).
     pub evicted: u64,
+    pub sessions_opened: u64,
+    /// Sessions that ended with their lease (TTL, or their bound connection gone).
+    pub sessions_expired: u64,
+    pub sessions_closed: u64,
+    pub session_keepalives: u64,
     /// Evicted locks the module put back (grants refused for the eviction policy).
     pub restored: u64,
     /// Values a loader repaired (a holder dropped by the validity rule).
@@ -215,6 +226,10 @@ pub struct Engine<W> {
     /// Held locks the server evicted while grants are refused for the eviction policy:
     /// put back before anything else happens to their keys (see `restore_pending`).
     restoring: HashMap<QueueKey, LockValue>,
+    sessions: sessions::Sessions,
+    /// Clients waiting for several keys at once, by their id (their places in the
+    /// queues are parts without a client).
+    multi: HashMap<WaiterId, multi::MultiWait<W>>,
 }
 
 impl<W> Default for Engine<W> {
@@ -276,6 +291,7 @@ enum Which<'a> {
 }
 
 /// A grant to make: everything but the fence.
+#[derive(Clone, Copy)]
 struct NewHolder<'a> {
     mode: Mode,
     digest: Digest,
@@ -285,6 +301,8 @@ struct NewHolder<'a> {
     lock_delay: u32,
     client_id: u64,
     addr: &'a Addr,
+    /// The session it belongs to (its lease is the session's).
+    session: Option<Digest>,
 }
 
 impl<W> Engine<W> {
@@ -306,6 +324,8 @@ impl<W> Engine<W> {
             now: 0,
             tokens: tokens::TokenCache::default(),
             restoring: HashMap::new(),
+            sessions: sessions::Sessions::default(),
+            multi: HashMap::new(),
         }
     }
 
@@ -349,6 +369,7 @@ impl<W> Engine<W> {
         let at = v.next_lease_end().unwrap_or(now);
         self.leases.insert(at, db, name, self.now);
         self.note(db, name, self.now);
+        self.sessions_seen(db, name, v);
     }
 
     // ---- the grant --------------------------------------------------------------------------
@@ -357,7 +378,10 @@ impl<W> Engine<W> {
     /// or one more holder of a shared/counted lock), then replicated.
     fn grant(&mut self, ks: &mut impl Keyspace, g: NewHolder<'_>) -> Result<u64, LockError> {
         let clock = ks.clock();
-        let deadline = clock.after_ms(i64::try_from(g.ttl).unwrap_or(i64::MAX));
+        let deadline = match self.session_lease(g.session.as_ref())? {
+            Some(d) => d,
+            None => clock.after_ms(i64::try_from(g.ttl).unwrap_or(i64::MAX)),
+        };
         let fence = self.fence.next(clock.wall, g.min_fence)?;
         let holder = crate::lock::value::Holder::new(
             g.digest,
@@ -368,7 +392,8 @@ impl<W> Engine<W> {
             g.addr.clone(),
             g.owner.map(Into::into),
         )
-        .with_lock_delay(g.lock_delay);
+        .with_lock_delay(g.lock_delay)
+        .with_session(g.session);
         let db = ks.db();
         let sent = holder.clone();
         match ks.read()? {
@@ -390,13 +415,17 @@ impl<W> Engine<W> {
             holder: &sent,
             floor: 0,
         });
+        if let Some(s) = &g.session {
+            self.session_holds(s, db, ks.name());
+        }
         self.stats.acquired += 1;
         Ok(fence)
     }
 
     /// The holder `digest` names gets a new lease of `ttl` ms (a same-token retry, or a
-    /// same-token waiter reaching the head of the queue). MINFENCE only lifts the counter.
-    /// Returns its fence, or WRONGMODE when it holds in another mode.
+    /// same-token waiter reaching the head of the queue); a holder in a session, its
+    /// session's lease (the retry must name that session). MINFENCE only lifts the
+    /// counter. Returns its fence, or WRONGMODE when it holds in another mode.
     fn renew(
         &mut self,
         ks: &mut impl Keyspace,
@@ -404,16 +433,23 @@ impl<W> Engine<W> {
         mode: Mode,
         ttl: u64,
         min_fence: u64,
+        session: Option<&Digest>,
     ) -> Result<Option<u64>, LockError> {
         let clock = ks.clock();
-        let deadline = clock.after_ms(i64::try_from(ttl).unwrap_or(i64::MAX));
+        let deadline = match self.session_lease(session)? {
+            Some(d) => d,
+            None => clock.after_ms(i64::try_from(ttl).unwrap_or(i64::MAX)),
+        };
         let (db, name) = (ks.db(), Name::of(ks.name()));
         let Slot::Lock(v) = ks.read()? else {
             return Ok(None);
         };
-        let Some(fence) = v.find(digest).map(|h| h.fence) else {
+        let Some((fence, held_in)) = v.find(digest).map(|h| (h.fence, h.session().copied())) else {
             return Ok(None);
         };
+        if held_in.as_ref() != session {
+            return Err(LockError::InSession);
+        }
         if v.mode() != mode {
             return Err(match (v.mode(), mode) {
                 (Mode::Counted(n), Mode::Counted(_)) => LockError::LimitMismatch(n),
@@ -452,6 +488,10 @@ impl<W> Engine<W> {
         };
         let ended = v.ended(now);
         let delay_running = v.delaying(now);
+        let sessions: Vec<Digest> = ended
+            .iter()
+            .filter_map(|f| v.find_fence(*f).and_then(|h| h.session()).copied())
+            .collect();
         if ended.is_empty() && (!v.is_empty() || delay_running) {
             let before = v.next_lease_end();
             if !v.is_empty() && v.clear_ended_delay(now) {
@@ -506,6 +546,7 @@ impl<W> Engine<W> {
         if !ended.is_empty() {
             ks.changed(Event::Expired);
         }
+        self.sessions_left(ks, &sessions);
         // The key's waiters are served at the next tick: the command that found the
         // leases over (before their timer, after a stall) may not hand the lock over.
         if self.has_waiters(db, &name) {
@@ -527,6 +568,7 @@ impl<W> Engine<W> {
             Which::Token(t) => self.tokens.digest(t),
             _ => [0; 16],
         };
+        let mut sessions: Vec<Digest> = Vec::new();
         let left = match ks.read()? {
             Slot::Free => return Ok(false),
             Slot::Classic(_) => match which {
@@ -541,6 +583,11 @@ impl<W> Engine<W> {
                     Which::Fence(f) => v.find_fence(f).map(|h| h.fence),
                     Which::All => None,
                 };
+                sessions = v
+                    .iter()
+                    .filter(|h| matches!(which, Which::All) || Some(h.fence) == fence)
+                    .filter_map(|h| h.session().copied())
+                    .collect();
                 let before = v.next_lease_end();
                 match (which, fence) {
                     (Which::All, _) => {
@@ -569,6 +616,7 @@ impl<W> Engine<W> {
             }
             Some(fence) => ks.replicate(Change::Drop { fence }),
         }
+        self.sessions_left(ks, &sessions);
         Ok(true)
     }
 

@@ -24,13 +24,17 @@ pub struct Wait<W> {
     pub lock_delay: u32,
     pub client_id: u64,
     pub addr: Addr,
+    /// The session the grant is to belong to.
+    pub session: Option<Digest>,
     /// When it was queued, on the monotonic clock (µs).
     pub since: i64,
     /// The BLOCK deadline on the monotonic clock (None: waits without limit).
     pub deadline: Option<i64>,
     /// The lock moved to another server while this client waited (MIGRATE).
     pub moved: bool,
-    pub handle: W,
+    /// The blocked client; None for a place held by a waiter for several keys at once
+    /// (LOCK.ACQUIREALL: its client and its request are in `Engine::multi`, by `id`).
+    pub handle: Option<W>,
 }
 
 /// The answer a blocked client gets.
@@ -42,6 +46,14 @@ pub enum Answer {
         /// Where and what, so that the shell can give the grant back if the client turns
         /// out to be gone before it hears of it.
         key: QueueKey,
+        digest: Digest,
+    },
+    /// A waiter for several keys got all of them (LOCK.ACQUIREALL ... BLOCK).
+    GrantedAll {
+        token: Vec<u8>,
+        /// In the order of `keys`.
+        fences: Vec<u64>,
+        keys: Vec<QueueKey>,
         digest: Digest,
     },
     /// The wait ended without the lock (BLOCK timeout, CLIENT UNBLOCK TIMEOUT).
@@ -68,7 +80,7 @@ impl<W> OnAgenda for Queue<W> {
 pub(super) type DbQueues<W> = HashMap<Box<[u8]>, Queue<W>>;
 
 /// What the head of a queue can have now.
-enum Verdict {
+pub(super) enum Verdict {
     Grant,
     Renew,
     Wait,
@@ -192,7 +204,10 @@ impl<W> Engine<W> {
             self.serve_by(db, &name, now);
         }
         self.gc(db, &name);
-        Some(w.handle)
+        match w.handle {
+            Some(h) => Some(h),
+            None => self.abandon_multi(id, now),
+        }
     }
 
     /// A BLOCK deadline passed (or CLIENT UNBLOCK TIMEOUT): the waiter leaves with nil.
@@ -235,14 +250,14 @@ impl<W> Engine<W> {
         }
     }
 
-    fn pop_front(&mut self, db: i32, name: &[u8]) -> Option<Wait<W>> {
+    pub(super) fn pop_front(&mut self, db: i32, name: &[u8]) -> Option<Wait<W>> {
         let w = self.queue_mut(db, name)?.waiters.pop_front()?;
         self.forget(&w);
         Some(w)
     }
 
     /// Drops an empty queue and its pending service.
-    fn gc(&mut self, db: i32, name: &[u8]) {
+    pub(super) fn gc(&mut self, db: i32, name: &[u8]) {
         drop_idle(&mut self.queues, &mut self.agenda, (db, name));
     }
 
@@ -263,12 +278,15 @@ impl<W> Engine<W> {
         q.waiters = keep;
         for w in out {
             self.forget(&w);
-            sched.answer(w.handle, Answer::Failed(err.clone()));
+            match w.handle {
+                Some(h) => sched.answer(h, Answer::Failed(err.clone())),
+                None => self.fail_multi(sched, w.id, err),
+            }
         }
         self.gc(db, name);
     }
 
-    fn verdict(&self, ks: &mut impl Keyspace, head: (Mode, &Digest)) -> Verdict {
+    pub(super) fn verdict(&self, ks: &mut impl Keyspace, head: (Mode, &Digest)) -> Verdict {
         let now = ks.clock().mono;
         let (want, digest) = head;
         match ks.read() {
@@ -331,9 +349,19 @@ impl<W> Engine<W> {
                 // could answer it: it leaves with nil, as the timer would have answered.
                 if let Some(w) = self.pop_front(db, &name) {
                     self.stats.wait_timeouts += 1;
-                    sched.answer(w.handle, Answer::Nil);
+                    match w.handle {
+                        Some(h) => sched.answer(h, Answer::Nil),
+                        None => self.fail_multi_nil(sched, w.id),
+                    }
                 }
                 continue;
+            }
+            if head.handle.is_none() {
+                // A waiter for several keys: it is served where they can all be opened,
+                // once it is first in line on each of them.
+                let id = head.id;
+                self.agenda.insert((now, Task::ServeMulti(id)));
+                break;
             }
             let verdict = self.verdict(ks, (head.mode, &head.digest));
             let w = match verdict {
@@ -347,7 +375,14 @@ impl<W> Engine<W> {
             let granted = match verdict {
                 Verdict::Fail(e) => Err(e),
                 Verdict::Renew => self
-                    .renew(ks, &w.digest, w.mode, w.ttl, w.min_fence)
+                    .renew(
+                        ks,
+                        &w.digest,
+                        w.mode,
+                        w.ttl,
+                        w.min_fence,
+                        w.session.as_ref(),
+                    )
                     .and_then(|f| f.ok_or(LockError::Internal("lock.acquire")))
                     .inspect(|_| self.stats.renewed += 1),
                 _ => self.grant(
@@ -361,6 +396,7 @@ impl<W> Engine<W> {
                         lock_delay: w.lock_delay,
                         client_id: w.client_id,
                         addr: &w.addr,
+                        session: w.session,
                     },
                 ),
             };
@@ -374,9 +410,15 @@ impl<W> Engine<W> {
                         key: (db, Box::from(&*name)),
                         digest: w.digest,
                     };
-                    sched.answer(w.handle, answer);
+                    if let Some(h) = w.handle {
+                        sched.answer(h, answer);
+                    }
                 }
-                Err(e) => sched.answer(w.handle, Answer::Failed(e)),
+                Err(e) => {
+                    if let Some(h) = w.handle {
+                        sched.answer(h, Answer::Failed(e));
+                    }
+                }
             }
         }
         // A classic string lock is looked at again when its own expiry passes (the

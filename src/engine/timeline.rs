@@ -24,6 +24,10 @@ pub enum Task {
     Revoke(QueueKey, Digest),
     /// Look at a key's watchers.
     Look(QueueKey),
+    /// A session's lease (or its bound connection's grace period) ends.
+    SessionEnd(crate::lock::value::Digest),
+    /// A waiter for several keys is first in line on one of them: maybe on all.
+    ServeMulti(WaiterId),
     /// Nothing: only a wake-up (more leases are due than one tick handles, or a write
     /// waits for the gate).
     Wake,
@@ -167,6 +171,8 @@ impl<W> Engine<W> {
                 }
             }
             Task::Wake => {}
+            Task::SessionEnd(d) => self.session_due(store, sched, &d, now),
+            Task::ServeMulti(id) => self.serve_multi(store, sched, id, now),
             Task::Revoke((db, name), d) => {
                 let Some(mut ks) = store.open(db, &name) else {
                     return;
@@ -361,6 +367,7 @@ impl<W> Engine<W> {
             self.restore_later(d, &name, v);
         }
         self.leases.swap_dbs(a, b);
+        self.sessions_swapped(a, b);
         for db in [a, b] {
             for (d, name) in self.keys_with_waiters(Some(db)) {
                 self.serve_by(d, &name, now);
@@ -377,6 +384,15 @@ impl<W> Engine<W> {
     pub fn promoted(&mut self, wall_ms: i64) {
         self.fence.start(wall_ms);
         self.leases_paused = false;
+        self.sessions_promoted();
+    }
+
+    /// This server became a replica: its primary ends leases and sessions from now on
+    /// (the sweep would find it out at the first lease due, but a session's end has no
+    /// key to tell it: a replica that ended a session itself would drop the primary's
+    /// next keepalive of it).
+    pub fn demoted(&mut self) {
+        self.leases_paused = true;
     }
 
     /// A grant whose waiter left before it heard of it: given back on the next tick.

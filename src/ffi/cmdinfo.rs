@@ -28,11 +28,34 @@ pub enum Arg {
     Flag(&'static str, &'static str),
 }
 
+/// Where a command's keys are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Keys {
+    /// None.
+    None,
+    /// The first argument.
+    First,
+    /// `numkeys` first, then that many keys, each followed by `step - 1` other arguments.
+    Counted { step: c_int },
+}
+
+impl Keys {
+    /// The first argument for a command with key flags, none without.
+    pub fn of(key_flags: u64) -> Keys {
+        if key_flags == 0 {
+            Keys::None
+        } else {
+            Keys::First
+        }
+    }
+}
+
 pub struct Cmd {
     pub name: &'static str,
     pub flags: &'static str,
     /// ACL categories, where the server lets a module set them (Redis 7.2+, Valkey).
     pub acl: &'static str,
+    pub keys: Keys,
     pub key_flags: u64,
     pub arity: c_int,
     pub summary: &'static str,
@@ -107,16 +130,29 @@ fn build_args(args: &[Arg]) -> *mut raw::RedisModuleCommandArg {
     leak(out)
 }
 
-fn key_spec(flags: u64) -> *mut raw::RedisModuleCommandKeySpec {
+fn key_spec(keys: Keys, flags: u64) -> *mut raw::RedisModuleCommandKeySpec {
+    if keys == Keys::None {
+        return std::ptr::null_mut();
+    }
     // SAFETY: an all-zero key spec is valid (and is also the terminator).
     let mut ks: raw::RedisModuleCommandKeySpec = unsafe { zeroed() };
     ks.flags = flags;
     ks.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
     ks.bs.index.pos = 1;
-    ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-    ks.fk.range.lastkey = 0;
-    ks.fk.range.keystep = 1;
-    ks.fk.range.limit = 0;
+    match keys {
+        Keys::Counted { step } => {
+            ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+            ks.fk.keynum.keynumidx = 0;
+            ks.fk.keynum.firstkey = 1;
+            ks.fk.keynum.keystep = step;
+        }
+        _ => {
+            ks.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+            ks.fk.range.lastkey = 0;
+            ks.fk.range.keystep = 1;
+            ks.fk.range.limit = 0;
+        }
+    }
     // SAFETY: the all-zero terminator entry.
     leak(vec![ks, unsafe { zeroed() }])
 }
@@ -125,7 +161,13 @@ fn key_spec(flags: u64) -> *mut raw::RedisModuleCommandKeySpec {
 pub fn register(ctx: Ctx<'_>, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Result<(), String> {
     let name = CString::new(c.name).map_err(|e| e.to_string())?;
     let flags = CString::new(c.flags).map_err(|e| e.to_string())?;
-    let (first, last) = if c.key_flags == 0 { (0, 0) } else { (1, 1) };
+    // The legacy key range: the first argument, or none (counted keys are found through
+    // the key spec, which makes the command one with movable keys).
+    let (first, last) = if c.keys == Keys::First {
+        (1, 1)
+    } else {
+        (0, 0)
+    };
     // SAFETY: a load-time context; the names are NUL-terminated and copied by the server.
     let ok = unsafe {
         api!(RedisModule_CreateCommand)(
@@ -159,9 +201,6 @@ pub fn register(ctx: Ctx<'_>, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Resu
             return Err(format!("setting the ACL categories of {} failed", c.name));
         }
     }
-    if c.key_flags == 0 {
-        return Ok(()); // a command without a key gets no key spec
-    }
     let Some(set_info) = api_opt!(RedisModule_SetCommandInfo) else {
         return Ok(());
     };
@@ -178,7 +217,7 @@ pub fn register(ctx: Ctx<'_>, c: &Cmd, handler: raw::RedisModuleCmdFunc) -> Resu
     info.complexity = leak_c(c.complexity);
     info.since = leak_c("0.1.0");
     info.arity = c.arity;
-    info.key_specs = key_spec(c.key_flags);
+    info.key_specs = key_spec(c.keys, c.key_flags);
     info.args = build_args(c.args);
     let info = Box::leak(Box::new(info));
     // Kept reachable for the life of the process (the server may point into it).

@@ -88,6 +88,11 @@ impl AofOut {
     pub fn emit(&mut self, cmd: &std::ffi::CStr, key: Str<'_>, args: &[&[u8]]) {
         super::emit(super::Emit::Aof(self.0), cmd, key, args);
     }
+
+    /// Emits `cmd args...`, a command without a key.
+    pub fn emit_keyless(&mut self, cmd: &std::ffi::CStr, args: &[&[u8]]) {
+        super::emit_all(super::Emit::Aof(self.0), cmd, args);
+    }
 }
 
 /// Feeds DEBUG DIGEST.

@@ -380,6 +380,11 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// Replicates `cmd args...`, a command without a key (any number of arguments).
+    pub fn replicate_keyless(self, cmd: &CStr, args: &[&[u8]]) {
+        emit_all(Emit::Replicate(self.raw), cmd, args);
+    }
+
     /// Replicates the running command as it was received.
     pub fn replicate_verbatim(self) {
         // SAFETY: valid context.
@@ -396,7 +401,14 @@ pub enum Emit {
 
 /// The one variadic call site for `RedisModule_Replicate` and `RedisModule_EmitAOF`,
 /// which share a format language: `s` for the key, `b` (pointer, length) per argument.
+/// More than six arguments go through [`emit_all`].
 pub fn emit(to: Emit, cmd: &CStr, key: Str<'_>, args: &[&[u8]]) {
+    if args.len() > 6 {
+        let mut all: Vec<&[u8]> = Vec::with_capacity(args.len() + 1);
+        all.push(key.bytes());
+        all.extend_from_slice(args);
+        return emit_all(to, cmd, &all);
+    }
     let fmt: &CStr = match args.len() {
         0 => c"s",
         1 => c"sb",
@@ -443,6 +455,25 @@ pub fn emit(to: Emit, cmd: &CStr, key: Str<'_>, args: &[&[u8]]) {
             let _: c_int = call!(api!(RedisModule_Replicate), ctx);
         }
         Emit::Aof(io) => call!(api!(RedisModule_EmitAOF), io),
+    }
+}
+
+/// `cmd args...` with any number of arguments (the key, if any, among them): through the
+/// format's `v` (an array of server strings), which costs a string per argument.
+pub fn emit_all(to: Emit, cmd: &CStr, args: &[&[u8]]) {
+    let owned: Vec<OwnedStr> = args.iter().map(|a| OwnedStr::new(a)).collect();
+    let mut argv: Vec<*mut raw::RedisModuleString> = owned.iter().map(|s| s.0).collect();
+    let (v, n) = (argv.as_mut_ptr(), argv.len());
+    match to {
+        // SAFETY: "v" takes an array of `n` live server strings (they live until `owned`
+        // drops, after the call; the server copies what it keeps).
+        Emit::Replicate(ctx) => unsafe {
+            let _: c_int = api!(RedisModule_Replicate)(ctx, cmd.as_ptr(), c"v".as_ptr(), v, n);
+        },
+        // SAFETY: as above, for the AOF being rewritten.
+        Emit::Aof(io) => unsafe {
+            api!(RedisModule_EmitAOF)(io, cmd.as_ptr(), c"v".as_ptr(), v, n);
+        },
     }
 }
 

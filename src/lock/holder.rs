@@ -167,6 +167,20 @@ struct Extra {
     /// Lock-delay (ms): if this holder's lease ends without a release, the key is not
     /// granted for this long after (its writes may still be in flight).
     lock_delay: u32,
+    /// The session this grant belongs to (the digest of its id): its lease is the
+    /// session's, and the session's end releases it.
+    session: Option<Digest>,
+}
+
+impl Extra {
+    fn none() -> Box<Extra> {
+        Box::new(Extra {
+            owner: None,
+            addr: Addr::None,
+            lock_delay: 0,
+            session: None,
+        })
+    }
 }
 
 impl Holder {
@@ -202,6 +216,7 @@ impl Holder {
                 owner,
                 addr: rest,
                 lock_delay: 0,
+                session: None,
             })
         });
         Holder {
@@ -238,26 +253,30 @@ impl Holder {
             (Some(e), o) => e.owner = o,
             (None, None) => {}
             (None, Some(o)) => {
-                self.extra = Some(Box::new(Extra {
-                    owner: Some(o),
-                    addr: Addr::None,
-                    lock_delay: 0,
-                }))
+                let mut e = Extra::none();
+                e.owner = Some(o);
+                self.extra = Some(e);
             }
         }
+    }
+
+    /// The session this grant belongs to (the digest of the session's id).
+    pub fn session(&self) -> Option<&Digest> {
+        self.extra.as_ref().and_then(|e| e.session.as_ref())
+    }
+
+    /// This holder in the session `s` (or in none).
+    pub fn with_session(mut self, s: Option<Digest>) -> Holder {
+        if s.is_some() || self.extra.is_some() {
+            self.extra.get_or_insert_with(Extra::none).session = s;
+        }
+        self
     }
 
     /// This holder with a lock-delay of `ms`.
     pub fn with_lock_delay(mut self, ms: u32) -> Holder {
         if ms > 0 || self.extra.is_some() {
-            let e = self.extra.get_or_insert_with(|| {
-                Box::new(Extra {
-                    owner: None,
-                    addr: Addr::None,
-                    lock_delay: 0,
-                })
-            });
-            e.lock_delay = ms;
+            self.extra.get_or_insert_with(Extra::none).lock_delay = ms;
         }
         self
     }

@@ -6,7 +6,8 @@
 //! ```text
 //! v1 (release 0.1): token fence expires-at acquired-at has-owner [owner] client-id addr
 //! v2 (0.2):         mode [limit] n, n x (digest fence expires-at acquired-at client-id addr has-owner [owner])
-//! v3 (this one):    mode [limit] n, n x (digest fence remaining acquired-at client-id addr has-owner [owner] lock-delay), delay-left
+//! v3 (0.3):         mode [limit] n, n x (digest fence remaining acquired-at client-id addr has-owner [owner] lock-delay), delay-left
+//! v4 (this one):    as v3, each holder followed by has-session [session-digest]
 //! ```
 //!
 //! `mode` is 0 exclusive, 1 shared, 2 counted. v1 and v2 carry the lease as an absolute
@@ -14,14 +15,17 @@
 //! another server (a replica, a restarted server, another node) never needs two clocks to
 //! agree and never comes back with a shorter lease. v3 also carries each holder's
 //! lock-delay (ms, 0 for none) and the time left of a running lock-delay (ms, 0 for
-//! none). The commands of the replication stream and the AOF are in [`repl`].
+//! none). v4 adds the session a holder belongs to (the digest of the session's id; its
+//! lease, carried as for any holder, is the session's). The module's auxiliary RDB data
+//! (the fence counter, and from v4 the open sessions) is in [`aux`]. The commands of the
+//! replication stream and the AOF are in [`repl`].
 
 pub mod repl;
 
 use crate::lock::value::{self, digest, Addr, Holder, LockValue, Mode, Problem};
 
 /// The encoding this release writes.
-pub const ENCODING: i32 = 3;
+pub const ENCODING: i32 = 4;
 
 /// The two clocks a conversion needs: the server's monotonic clock (what leases are
 /// kept on) and its wall clock (what older encodings and `acquired-at` use).
@@ -96,14 +100,14 @@ pub trait Sink {
 pub fn decode(src: &mut dyn Source, encver: i32, clock: Clock, policy: Policy) -> Option<Decoded> {
     let (mode, holders, delay) = match encver {
         1 => (Mode::Exclusive, vec![holder_v1(src, clock)?], 0),
-        2 | 3 => {
+        2..=4 => {
             let mode = load_mode(src)?;
             let n = src.u64()?;
             let mut holders = Vec::new();
             for _ in 0..n {
                 holders.push(load_holder(src, encver, clock)?);
             }
-            let delay = if encver == 3 { src.i64()? } else { 0 };
+            let delay = if encver >= 3 { src.i64()? } else { 0 };
             (mode, holders, delay)
         }
         _ => return None,
@@ -125,30 +129,40 @@ pub fn decode(src: &mut dyn Source, encver: i32, clock: Clock, policy: Policy) -
     Some(Decoded { value, repaired })
 }
 
-/// Encodes a value as this release does (v3).
+/// Encodes a value as this release does (v4).
 pub fn encode(v: &LockValue, out: &mut dyn Sink, clock: Clock) {
-    encode_holders(v, out, true, |d| clock.remaining_ms(d));
-    out.i64(v.delay_until().map_or(0, |t| clock.remaining_ms(t).max(0)));
+    encode_as(v, out, clock, ENCODING);
 }
 
-/// Encodes a value as release 0.2 did (v2); for tests of the upgrade path.
-pub fn encode_v2(v: &LockValue, out: &mut dyn Sink, clock: Clock) {
-    encode_holders(v, out, false, |d| clock.to_wall(d));
-}
-
-/// The mode and the holders, each deadline as `deadline` writes it, with the holder's lock
-/// delay when `delays` (v3).
-fn encode_holders(v: &LockValue, out: &mut dyn Sink, delays: bool, deadline: impl Fn(i64) -> i64) {
+/// Encodes a value as encoding `encver` (2, 3 or 4) has it: this release writes v4; the
+/// older ones are for tests of the upgrade path (what releases 0.2 and 0.3 wrote).
+pub fn encode_as(v: &LockValue, out: &mut dyn Sink, clock: Clock, encver: i32) {
     save_mode(out, v.mode());
     out.u64(v.len() as u64);
     for h in v.iter() {
         out.bytes(&h.digest);
         out.u64(h.fence);
-        out.i64(deadline(h.deadline));
+        out.i64(if encver == 2 {
+            clock.to_wall(h.deadline)
+        } else {
+            clock.remaining_ms(h.deadline)
+        });
         save_rest(out, h);
-        if delays {
+        if encver >= 3 {
             out.u64(u64::from(h.lock_delay()));
         }
+        if encver >= 4 {
+            match h.session() {
+                Some(s) => {
+                    out.u64(1);
+                    out.bytes(s);
+                }
+                None => out.u64(0),
+            }
+        }
+    }
+    if encver >= 3 {
+        out.i64(v.delay_until().map_or(0, |t| clock.remaining_ms(t).max(0)));
     }
 }
 
@@ -222,13 +236,22 @@ fn load_holder(src: &mut dyn Source, encver: i32, clock: Clock) -> Option<Holder
     let client_id = src.u64()?;
     let addr = Addr::parse(&src.bytes()?);
     let owner = load_owner(src)?;
-    let lock_delay = if encver == 3 {
+    let lock_delay = if encver >= 3 {
         u32::try_from(src.u64()?).unwrap_or(u32::MAX)
     } else {
         0
     };
+    let session = if encver >= 4 {
+        match src.u64()? {
+            0 => None,
+            1 => Some(src.bytes()?.as_slice().try_into().ok()?),
+            _ => return None,
+        }
+    } else {
+        None
+    };
     let h = Holder::new(d, fence, deadline, acquired_at, client_id, addr, owner);
-    Some(h.with_lock_delay(lock_delay))
+    Some(h.with_lock_delay(lock_delay).with_session(session))
 }
 
 fn holder_v1(src: &mut dyn Source, clock: Clock) -> Option<Holder> {
@@ -251,6 +274,52 @@ fn holder_v1(src: &mut dyn Source, clock: Clock) -> Option<Holder> {
         addr,
         owner,
     ))
+}
+
+/// A session as the module's auxiliary RDB data keeps it (v4): its digest, its lease
+/// (ms), the time left (ms, rounded up) and its label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    pub digest: value::Digest,
+    pub ttl: u64,
+    pub deadline: i64,
+    pub owner: Option<Box<[u8]>>,
+}
+
+/// The sessions after the fence counter in the auxiliary data: `n, n x (digest ttl left
+/// has-owner [owner])`.
+pub fn encode_sessions(list: &[SessionRecord], out: &mut dyn Sink, clock: Clock) {
+    out.u64(list.len() as u64);
+    for s in list {
+        out.bytes(&s.digest);
+        out.u64(s.ttl);
+        out.i64(clock.remaining_ms(s.deadline).max(0));
+        save_owner(out, s.owner.as_deref());
+    }
+}
+
+pub fn decode_sessions(src: &mut dyn Source, clock: Clock) -> Option<Vec<SessionRecord>> {
+    let n = src.u64()?;
+    let mut list = Vec::new();
+    for _ in 0..n {
+        let digest = src.bytes()?.as_slice().try_into().ok()?;
+        let ttl = src.u64()?;
+        let deadline = clock.after_ms(src.i64()?.max(0));
+        let owner = load_owner(src)?;
+        if owner
+            .as_ref()
+            .is_some_and(|o| o.is_empty() || o.len() > value::MAX_OWNER_LEN)
+        {
+            return None;
+        }
+        list.push(SessionRecord {
+            digest,
+            ttl,
+            deadline,
+            owner,
+        });
+    }
+    Some(list)
 }
 
 /// An in-memory [`Source`]/[`Sink`] (the model test and the unit tests; an RDB field
@@ -398,7 +467,7 @@ mod tests {
     fn older_encodings_still_load() {
         let x = LockValue::new(Mode::Counted(3), h(7, 5000, None, Addr::V6([1; 16], 2)));
         let mut f = Fields::default();
-        encode_v2(&x, &mut f, NOW);
+        encode_as(&x, &mut f, NOW, 2);
         let back = decode(&mut f.reader(), 2, NOW, STRICT).unwrap().value;
         assert_eq!(back.mode(), Mode::Counted(3));
         let (a, b) = (x.iter().next().unwrap(), back.iter().next().unwrap());
@@ -412,7 +481,17 @@ mod tests {
             (b.digest, b.fence, b.owner()),
             (digest(b"tok"), 9, Some(&b"srv"[..]))
         );
-        assert!(decode(&mut Fields::default(), 4, NOW, STRICT).is_none());
+        assert!(decode(&mut Fields::default(), 5, NOW, STRICT).is_none());
+        // What 0.3 wrote (v3, no session) loads; v4 carries a holder's session.
+        let s = LockValue::new(
+            Mode::Shared,
+            h(3, 900, None, Addr::None).with_session(Some([7; 16])),
+        );
+        let mut f = Fields::default();
+        encode_as(&s, &mut f, NOW, 3);
+        let back = decode(&mut f.reader(), 3, NOW, STRICT).unwrap().value;
+        assert_eq!(back.iter().next().unwrap().session(), None);
+        assert_eq!(round_trip(&s, NOW), s);
     }
 
     #[test]

@@ -5,12 +5,16 @@
 //!
 //! ```text
 //! this release:
-//!   LOCK.REPL key ADD <mode>;<digest>;<fence>;<ttl-ms>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n] [LOCKDELAY ms]
+//!   LOCK.REPL key ADD <mode>;<digest>;<fence>;<ttl-ms>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n] [LOCKDELAY ms] [SESSION <session-digest>]
 //!   LOCK.REPL key RENEW <fence>;<ttl-ms> [FLOOR n]
 //!   LOCK.REPL key DROP <fence>
 //!   LOCK.REPL key DELAY <ms>                  (a lock-delay runs; an exclusive holder is gone)
 //!   DEL key                                   (the last holder is gone)
 //!   PEXPIREAT key <unix-ms>                   (a classic string lock extended)
+//!   LOCK.SREPL OPEN <session-digest> <lease-ms> <ttl-ms> [OWNER o]   (a session opened, or renewed with a new lease)
+//!   LOCK.SREPL RENEW <session-digest> <lease-ms> <ttl-ms>           (a keepalive: the session and all its locks)
+//!   LOCK.SREPL END <session-digest>                                  (a session is gone; its locks' ends came before)
+//!   LOCK.SREPL SEEN <session-digest> <lease-ms> <ttl-ms> [OWNER o]   (an AOF rewrite: the session of the holder that follows; its locks untouched)
 //! release 0.2 (absolute unix-ms deadlines):
 //!   LOCK.REPL key GRANT <mode>;<digest>;<fence>;<expires-at>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n]
 //!   LOCK.REPL key LEASE <fence>;<expires-at> [FLOOR n]
@@ -55,6 +59,135 @@ pub enum Change<'a> {
     Delete,
     /// A classic string lock's new absolute deadline (unix ms).
     ClassicExpireAt(i64),
+}
+
+/// One change of a session (it has no key of its own: `LOCK.SREPL`).
+#[derive(Debug, Clone, Copy)]
+pub enum SessionChange<'a> {
+    /// Opened, or renewed with its lease set to `ttl` (ms) and a new label.
+    Open {
+        digest: &'a Digest,
+        ttl: u64,
+        deadline: i64,
+        owner: Option<&'a [u8]>,
+    },
+    /// A keepalive: the session, and every lock it holds, end at `deadline`.
+    Renew {
+        digest: &'a Digest,
+        ttl: u64,
+        deadline: i64,
+    },
+    /// The session is gone (the end of each of its locks was sent before).
+    End { digest: &'a Digest },
+    /// An AOF rewrite names the session of the holder it writes next: known from then
+    /// on with this lease and label, lasting at least to `deadline`; its locks are not
+    /// touched (an `Open` renews every lock the session holds: one per holder of a
+    /// rewrite would open every lock of the session once per lock at load).
+    Seen {
+        digest: &'a Digest,
+        ttl: u64,
+        deadline: i64,
+        owner: Option<&'a [u8]>,
+    },
+}
+
+/// Builds `LOCK.SREPL` for `change` and hands it to `out(command, args)`.
+pub fn encode_session(
+    change: &SessionChange<'_>,
+    clock: Clock,
+    out: &mut dyn FnMut(&CStr, &[&[u8]]),
+) {
+    let left =
+        |deadline: i64| number(u64::try_from(clock.remaining_ms(deadline).max(0)).unwrap_or(0));
+    match *change {
+        SessionChange::Open {
+            digest,
+            ttl,
+            deadline,
+            owner,
+        }
+        | SessionChange::Seen {
+            digest,
+            ttl,
+            deadline,
+            owner,
+        } => {
+            let op: &[u8] = match change {
+                SessionChange::Seen { .. } => b"SEEN",
+                _ => b"OPEN",
+            };
+            let (h, t, l) = (hex(digest), number(ttl), left(deadline));
+            match owner {
+                Some(o) => out(c"LOCK.SREPL", &[op, &h, t.bytes(), l.bytes(), b"OWNER", o]),
+                None => out(c"LOCK.SREPL", &[op, &h, t.bytes(), l.bytes()]),
+            }
+        }
+        SessionChange::Renew {
+            digest,
+            ttl,
+            deadline,
+        } => {
+            let (h, t, l) = (hex(digest), number(ttl), left(deadline));
+            out(c"LOCK.SREPL", &[b"RENEW", &h, t.bytes(), l.bytes()]);
+        }
+        SessionChange::End { digest } => out(c"LOCK.SREPL", &[b"END", &hex(digest)]),
+    }
+}
+
+/// `LOCK.SREPL` (everything after the command name), in `clock`.
+pub fn decode_session(
+    args: &[&[u8]],
+    clock: Clock,
+) -> Result<crate::engine::SessionApply, LockError> {
+    use crate::engine::SessionApply;
+    let bad = || LockError::Syntax("malformed LOCK.SREPL".into());
+    let ms = |v: &[u8]| {
+        parse_i64(v)
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(bad)
+    };
+    match args {
+        [op, d, ttl, left, rest @ ..] if *op == b"OPEN" || *op == b"RENEW" || *op == b"SEEN" => {
+            let digest = unhex(d).ok_or_else(bad)?;
+            let (ttl, left) = (ms(ttl)?, ms(left)?);
+            let deadline = clock.after_ms(i64::try_from(left).map_err(|_| bad())?);
+            if *op == b"RENEW" {
+                if !rest.is_empty() {
+                    return Err(bad());
+                }
+                return Ok(SessionApply::Renew {
+                    digest,
+                    ttl,
+                    deadline,
+                });
+            }
+            let owner = match rest {
+                [] => None,
+                [o, label] if o.eq_ignore_ascii_case(b"OWNER") => {
+                    Some(bounded(label, MAX_OWNER_LEN)?.into())
+                }
+                _ => return Err(bad()),
+            };
+            if *op == b"SEEN" {
+                return Ok(SessionApply::Seen {
+                    digest,
+                    ttl,
+                    deadline,
+                    owner,
+                });
+            }
+            Ok(SessionApply::Open {
+                digest,
+                ttl,
+                deadline,
+                owner,
+            })
+        }
+        [op, d] if *op == b"END" => Ok(SessionApply::End {
+            digest: unhex(d).ok_or_else(bad)?,
+        }),
+        _ => Err(bad()),
+    }
 }
 
 /// A change read back from the stream or an AOF, in this server's clock.
@@ -307,7 +440,8 @@ pub fn encode(change: &Change<'_>, clock: Clock, out: &mut dyn FnMut(&CStr, &[&[
                 0 => Packed::new(),
                 ms => number(u64::from(ms)),
             };
-            let mut args: [&[u8]; 8] = [b"ADD", p.bytes(), &[], &[], &[], &[], &[], &[]];
+            let session = h.session().map(hex);
+            let mut args: [&[u8]; 10] = [b"ADD", p.bytes(), &[], &[], &[], &[], &[], &[], &[], &[]];
             let mut n = 2;
             if let Some(o) = h.owner() {
                 (args[n], args[n + 1]) = (b"OWNER", o);
@@ -319,6 +453,10 @@ pub fn encode(change: &Change<'_>, clock: Clock, out: &mut dyn FnMut(&CStr, &[&[
             }
             if h.lock_delay() > 0 {
                 (args[n], args[n + 1]) = (b"LOCKDELAY", delay.bytes());
+                n += 2;
+            }
+            if let Some(s) = &session {
+                (args[n], args[n + 1]) = (b"SESSION", s);
                 n += 2;
             }
             out(c"LOCK.REPL", &args[..n]);
@@ -387,9 +525,9 @@ pub fn decode(args: &[&[u8]], clock: Clock) -> Result<ReplCmd, LockError> {
     let [op, packed, opts @ ..] = args else {
         return Err(LockError::WrongArity("lock.repl"));
     };
-    let (mut floor, mut owner, mut lock_delay) = (0, None, 0);
+    let (mut floor, mut owner, mut lock_delay, mut session) = (0, None, 0, None);
     let allowed: &[&str] = match *op {
-        b"ADD" => &["OWNER", "FLOOR", "LOCKDELAY"],
+        b"ADD" => &["OWNER", "FLOOR", "LOCKDELAY", "SESSION"],
         b"GRANT" => &["OWNER", "FLOOR"],
         b"RENEW" | b"LEASE" => &["FLOOR"],
         _ => &[],
@@ -397,6 +535,7 @@ pub fn decode(args: &[&[u8]], clock: Clock) -> Result<ReplCmd, LockError> {
     options(opts, allowed, &[], |name, v| {
         match name {
             "OWNER" => owner = Some(bounded(v, MAX_OWNER_LEN)?),
+            "SESSION" => session = Some(unhex(v).ok_or_else(bad)?),
             "LOCKDELAY" => {
                 lock_delay = parse_i64(v)
                     .and_then(|n| u32::try_from(n).ok())
@@ -439,7 +578,8 @@ pub fn decode(args: &[&[u8]], clock: Clock) -> Result<ReplCmd, LockError> {
                 Addr::parse(addr),
                 owner.map(Into::into),
             )
-            .with_lock_delay(lock_delay);
+            .with_lock_delay(lock_delay)
+            .with_session(session);
             Ok(ReplCmd::Add {
                 mode,
                 holder,
