@@ -1,12 +1,15 @@
 // "Only one server runs the daily report", with the redis-lock module and its Node
 // package (clients/node) on node-redis.
 //
-// Five "servers" fire the same cron job at the same moment. Each calls
-// locks.using(...) without waiting; exactly one gets the lock, keeps it renewed while the
-// report runs (longer than the lease), and releases it at the end. The others skip the
-// run. A classic `SET NX PX` client is excluded too (the module treats a string key as a
-// held lock, and its own lock makes SET NX fail), so old and new code can share one lock
-// during a migration.
+// Five "servers" fire the same cron job, their clocks up to 2 s apart. Each calls
+// locks.using(...) without waiting; the first gets the lock, keeps it renewed while the
+// report runs (longer than the lease), and when the report is done keeps the lock for the
+// rest of the period (`hold`) instead of releasing it: a server whose cron fires after
+// the report finished finds it taken too, and skips the run. (Released at the end, a fast
+// report ran twice with 0-2 s of skew.) A failed report is released at once, so another
+// server can run it. A classic `SET NX PX` client is excluded too (the module treats a
+// string key as a held lock, and its own lock makes SET NX fail), so old and new code can
+// share one lock during a migration.
 //
 //   REDIS_URL=redis://127.0.0.1:6379 node examples/node/daily-report.mjs
 // Exits non-zero if a check fails (`make test-examples` runs it).
@@ -19,6 +22,8 @@ import { check, finish, sleep } from './checks.mjs';
 const URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 const LOCK = 'lock:daily-report';
 const TTL_MS = 600;
+const PERIOD_MS = 4000; // "a day", shortened for the example
+const SKEWS_MS = [0, 300, 900, 1400, 2000]; // when each server's cron fires
 
 async function connect() {
   const c = createClient({ url: URL, socket: { connectTimeout: 5000 } });
@@ -31,7 +36,7 @@ async function cronJob(server, ranBy) {
   const c = await connect();
   const locks = new LockClient(c);
   try {
-    return await locks.using(LOCK, { ttl: TTL_MS, owner: server }, async (signal, lock) => {
+    return await locks.using(LOCK, { ttl: TTL_MS, hold: PERIOD_MS, owner: server }, async (signal, lock) => {
       ranBy.push(server);
       await sleep(1500); // generating the report: longer than the lease, renewed meanwhile
       check(!signal.aborted, `${server} kept the lock through the run (fence ${lock.fence})`);
@@ -47,10 +52,11 @@ async function cronJob(server, ranBy) {
 }
 
 async function day(n) {
-  console.log(`== day ${n}: five servers start the job at 03:00`);
+  console.log(`== day ${n}: five servers start the job at 03:00, their clocks 0-2 s apart`);
+  const start = Date.now();
   const ranBy = [];
   const servers = ['server-1', 'server-2', 'server-3', 'server-4', 'server-5'];
-  const jobs = servers.map((s) => cronJob(s, ranBy));
+  const jobs = servers.map((s, i) => sleep(SKEWS_MS[i]).then(() => cronJob(s, ranBy)));
   // While the report runs: LOCK.INFO names the server, an old-style client is kept out.
   await sleep(800);
   const c = await connect();
@@ -63,7 +69,9 @@ async function day(n) {
   const fences = (await Promise.all(jobs)).filter((f) => f !== undefined);
   check(fences.length === 1, `exactly one server ran the report (${fences.length})`);
   check(typeof fences[0] === 'bigint' && fences[0] === info.fence, 'its fence is an exact bigint');
-  check(await locks.info(LOCK) === null, 'the lock is free after the run');
+  check(await locks.info(LOCK) !== null, 'the lock is kept after the run, for the rest of the period');
+  await sleep(start + PERIOD_MS + 100 - Date.now());
+  check(await locks.info(LOCK) === null, 'and is free when the period ends');
   await c.quit();
   return fences[0];
 }

@@ -33,12 +33,26 @@ export interface Driver {
   close(): Promise<void>;
 }
 
-/** The connection could not be made, or was not ready, in time: nothing was sent. */
+/** The connection could not be made, or was not ready, in time: nothing was sent.
+ * `cause`: the last error the connection reported (e.g. a refused password), if any. */
 export class LockConnectionError extends Error {
-  constructor(message: string) {
-    super(message);
+  constructor(message: string, cause?: unknown) {
+    super(cause === undefined ? message : `${message} (last error: ${errorKind(cause)})`, cause === undefined ? undefined : { cause });
     this.name = "LockConnectionError";
   }
+}
+
+const REPLY_ERRORS = new Set(["ErrorReply", "ReplyError", "SimpleError", "BlobError"]);
+
+/** An error's class, with the code of a server's error reply (`ReplyError WRONGPASS`);
+ * never the reply's text, which may echo the command's arguments (a token). */
+export function errorKind(e: unknown): string {
+  const ctor = (e as { constructor?: { name?: string } })?.constructor?.name;
+  const kind = (e as Error)?.name && (e as Error).name !== "Error" ? (e as Error).name : (ctor ?? typeof e);
+  const code = typeof (e as Error)?.message === "string" ? (e as Error).message.split(" ", 1)[0] : "";
+  if (ctor && REPLY_ERRORS.has(ctor) && /^[A-Z]+$/.test(code)) return `${kind} ${code}`;
+  const cause = (e as { cause?: unknown })?.cause;
+  return cause === undefined ? kind : `${kind} (${errorKind(cause)})`;
 }
 
 const pause = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -243,9 +257,9 @@ function ioredisWhere(c: Any): string {
 
 /** Resolves once an ioredis connection (or cluster) is ready; rejects if it ends first
  * or `deadline` (Date.now() ms) passes. */
-async function ioredisReady(conn: Any, deadline: number, where: () => string): Promise<void> {
+async function ioredisReady(conn: Any, deadline: number, where: () => string, lastError: () => unknown = () => undefined): Promise<void> {
   if (conn.status === "ready") return;
-  if (conn.status === "end") throw new LockConnectionError(`redis-lock: the connection to ${where()} is closed`);
+  if (conn.status === "end") throw new LockConnectionError(`redis-lock: the connection to ${where()} is closed`, lastError());
   await new Promise<void>((resolve, reject) => {
     const done = (e?: Error) => {
       clearTimeout(t);
@@ -255,8 +269,8 @@ async function ioredisReady(conn: Any, deadline: number, where: () => string): P
       else resolve();
     };
     const onReady = () => done();
-    const onEnd = () => done(new LockConnectionError(`redis-lock: the connection to ${where()} is closed`));
-    const t = setTimeout(() => done(new LockConnectionError(`redis-lock: not connected to ${where()}`)), Math.max(1, deadline - Date.now()));
+    const onEnd = () => done(new LockConnectionError(`redis-lock: the connection to ${where()} is closed`, lastError()));
+    const t = setTimeout(() => done(new LockConnectionError(`redis-lock: not connected to ${where()}`, lastError())), Math.max(1, deadline - Date.now()));
     conn.once("ready", onReady);
     conn.once("end", onEnd);
   });
@@ -280,13 +294,17 @@ async function ioredisDedicated(base: Any, limit: number): Promise<Dedicated> {
 
 /** What both ioredis drivers share: LOCK.* go through `exact`, a twin of the user's
  * connection with integers as strings (ioredis decides integer parsing per connection),
- * made on first use and closed when the user's client ends (after its `quit()`), so it
- * never keeps the process alive by itself. */
+ * made on first use and closed when the user's client ends (after its `quit()`). It
+ * never reconnects by itself (a lost twin is made again at the next command): a
+ * reconnect timer would keep the process alive after the user closed a client whose
+ * server had gone (ioredis emits no "end" for a client closed while reconnecting). */
 abstract class IoredisBase {
   readonly prefix: string;
   readonly exactIntegers = true;
   private twin: Any;
   private ended = false;
+  /** The twin's last error event (a refused password, ...), for LockConnectionError. */
+  protected lastError: unknown;
   constructor(
     readonly kind: string,
     protected readonly c: Any,
@@ -302,9 +320,10 @@ abstract class IoredisBase {
     if (this.ended || this.c.status === "end") {
       throw new LockConnectionError(`redis-lock: the client is closed (${this.kind})`);
     }
-    if (!this.twin) {
+    if (!this.twin || this.twin.status === "end") {
       this.twin = this.makeTwin();
-      this.twin.on("error", () => {});
+      this.twin.on("error", (e: unknown) => (this.lastError = e));
+      this.twin.on("ready", () => (this.lastError = undefined));
     }
     return this.twin;
   }
@@ -316,13 +335,13 @@ abstract class IoredisBase {
 
 class IoredisDriver extends IoredisBase implements Driver {
   constructor(c: Any) {
-    super("ioredis", c, () => c.duplicate({ ...IOREDIS_EXACT }));
+    super("ioredis", c, () => c.duplicate({ ...IOREDIS_EXACT, retryStrategy: () => null }));
   }
   call(_key: string, args: Arg[]): Promise<unknown> {
     return this.exact.call(...(args as [string, ...Arg[]]));
   }
   ready(_key: string, deadline: number): Promise<void> {
-    return ioredisReady(this.exact, deadline, () => this.where());
+    return ioredisReady(this.exact, deadline, () => this.where(), () => this.lastError);
   }
   where(): string {
     return ioredisWhere(this.c);
@@ -342,12 +361,13 @@ class IoredisClusterDriver extends IoredisBase implements Driver {
     super("ioredis cluster", c, () =>
       c.duplicate(undefined, {
         redisOptions: { ...(c.options?.redisOptions ?? {}), ...IOREDIS_EXACT },
+        clusterRetryStrategy: () => null,
       }),
     );
   }
 
   ready(key: string, deadline: number): Promise<void> {
-    return ioredisReady(this.exact, deadline, () => this.where(key));
+    return ioredisReady(this.exact, deadline, () => this.where(key), () => this.lastError);
   }
 
   where(key: string): string {

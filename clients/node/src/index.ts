@@ -7,7 +7,7 @@
 
 import { randomUUID } from "node:crypto";
 
-import { Arg, Dedicated, Driver, LockConnectionError, driverFor } from "./drivers.js";
+import { Arg, Dedicated, Driver, LockConnectionError, driverFor, errorKind } from "./drivers.js";
 
 export { slotOf } from "./slot.js";
 export { LockConnectionError } from "./drivers.js";
@@ -49,6 +49,12 @@ export interface UsingOptions extends AcquireOptions {
   /** false: keep the lock when the routine ends, until its lease runs out (renewal
    * stops), so a job runs once per lease period across servers. Default true. */
   releaseOnExit?: boolean;
+  /** Once per period, in ms: when the routine resolves, keep the lock until `hold` ms
+   * after it was taken (see {@link Lock.releaseAfter}) instead of releasing it, so that
+   * every server whose cron fires within the period finds it taken, however long the
+   * routine ran. If the routine rejects, the lock is released (another server may run
+   * the job). Wins over `releaseOnExit`. */
+  hold?: number;
 }
 
 export interface ClientOptions {
@@ -62,8 +68,9 @@ export interface ClientOptions {
    * failover can lose a grant. */
   confirm?: boolean;
   /** Replicas that must confirm. Default: the server's `min-replicas-to-write` when
-   * set, else the replicas connected now (INFO, reused for a second). Fewer connected
-   * than expected is an error, not an unconfirmed grant. */
+   * set, else the replicas online now (`ROLE`, reused for a second; a replica in its
+   * full sync is not counted). Fewer online than expected is an error, not an
+   * unconfirmed grant. */
   replicas?: number;
 }
 
@@ -143,6 +150,28 @@ export class LockNotConfirmedError extends Error {
   }
 }
 
+/** Redlock: fewer than a majority of the nodes answered (connection errors, timeouts, a
+ * wrong password, a refused command), so whether the lock is free could not be learned;
+ * not the `null` of a lock held elsewhere. What any node granted was released first.
+ * `errors` names each node that did not answer by host:port (never a credential) and its
+ * error. */
+export class QuorumUnavailableError extends Error {
+  constructor(
+    readonly key: string,
+    readonly answered: number,
+    readonly quorum: number,
+    readonly errors: { where: string; error: unknown }[],
+    nodes: number,
+  ) {
+    super(
+      `redis-lock: Redlock ${key}: ${answered} of ${nodes} nodes answered, a majority is ${quorum}; not acquired (` +
+        errors.map((e) => `${e.where}: ${errorKind(e.error)}`).join(", ") +
+        ")",
+    );
+    this.name = "QuorumUnavailableError";
+  }
+}
+
 /** The server answered that LOCK.* is an unknown command. The message names the server,
  * never the command's arguments (the server's own message echoes them, tokens too). */
 export class ModuleNotLoadedError extends Error {
@@ -150,7 +179,8 @@ export class ModuleNotLoadedError extends Error {
   constructor(readonly where: string) {
     super(
       `redis-lock: the redis-lock module is not loaded on ${where}; load it at start-up ` +
-        "(loadmodule /path/to/libredis_lock.so), see docs/quickstart-node.md in the redis-lock repository",
+        "(loadmodule target/release/libredis_lock.so of a build, or /usr/lib/redis/modules/redis-lock.so of the .deb), " +
+        "see docs/quickstart-node.md in the redis-lock repository",
     );
     this.name = "ModuleNotLoadedError";
   }
@@ -215,7 +245,7 @@ function exactInt(v: unknown): bigint | undefined {
       warnedInexact = true;
       process.emitWarning(
         "redis-lock: this client returned a fence above 2^53 as a double (node-redis 4 has no " +
-          "exact integers); lock.fence is undefined. Use node-redis 5+ or ioredis for exact fences.",
+          "exact integers). Use node-redis 5+ or ioredis for exact fences.",
       );
     }
   }
@@ -282,8 +312,9 @@ export class Lock {
     /** The name as given (without a client key prefix). */
     readonly name: string,
     readonly token: string,
-    /** The fencing token, exact; undefined only on node-redis 4 above 2^53. */
-    readonly fence: bigint | undefined,
+    /** The fencing token, exact (a grant whose fence the client library cannot read
+     * exactly, node-redis 4 above 2^53, is given back and the acquire rejects). */
+    readonly fence: bigint,
     ttl: number | undefined,
     grantedAt: number = Date.now(),
   ) {
@@ -294,9 +325,9 @@ export class Lock {
     else void this.learnLease();
   }
 
-  /** The fence as a decimal string (exact), or undefined. */
-  get fenceString(): string | undefined {
-    return this.fence?.toString();
+  /** The fence as a decimal string (exact). */
+  get fenceString(): string {
+    return this.fence.toString();
   }
 
   /** Why the lock was lost, undefined while held. */
@@ -311,6 +342,19 @@ export class Lock {
     if (this.released) throw new LockNotHeldError(this.name);
     this.released = true;
     if (!(await this.client.release(this.name, this.token))) throw new LockNotHeldError(this.name);
+  }
+
+  /** Keeps the lock until `hold` ms after it was taken and lets go of this grant:
+   * renewal stops and the lease is set to what is left of the hold (`LOCK.EXTEND`), so
+   * the lock ends by itself then. If the hold is already over, releases it now. Rejects
+   * with {@link LockNotHeldError} when this grant no longer holds the lock. */
+  async releaseAfter(hold: number): Promise<void> {
+    const left = Math.round(this.grantedAt + hold - Date.now());
+    if (left < 1 || this.released || this.signal.aborted) return this.release();
+    this.stopRenewal();
+    const kept = await this.client.extend(this.name, this.token, left);
+    this.keep();
+    if (!kept) throw new LockNotHeldError(this.name, "the hold could not be set");
   }
 
   /** LOCK.EXTEND to `ttl` ms from now (default: the acquire's TTL): true if still held. */
@@ -346,8 +390,7 @@ export class Lock {
   /** `LOCK.CHECK name fence` with this grant's fence: true while the server counts it
    * as a holder. A check and a later write are still a race: write with {@link ifHeld}. */
   async check(): Promise<boolean> {
-    if (this.fence === undefined) return false;
-    return Number(await this.client.command(this.name, (k) => ["LOCK.CHECK", k, this.fence!.toString()])) === 1;
+    return Number(await this.client.command(this.name, (k) => ["LOCK.CHECK", k, this.fence.toString()])) === 1;
   }
 
   /** @internal `LOCK.EXTEND name token [PX ttl] OWNER owner`: a new label and lease, the
@@ -475,7 +518,8 @@ export class Lock {
 
 interface Replicas {
   at: number;
-  connected: number;
+  /** Replicas online (undefined: ROLE and INFO refused). */
+  online: number | undefined;
   toWrite: number;
 }
 
@@ -486,6 +530,8 @@ export class LockClient implements LockOwner {
   readonly replicas: number | undefined;
   private readonly driver: Driver;
   private readonly replicaCache = new Map<string, Replicas>();
+  /** Per node: the commands it refused (an ACL user without them), and when. */
+  private readonly refused = new Map<string, Map<string, number>>();
   private readonly observations = new Set<Observation>();
 
   constructor(client: SupportedClient, options: ClientOptions = {}) {
@@ -522,6 +568,11 @@ export class LockClient implements LockOwner {
     return r.value;
   }
 
+  /** @internal host:port of the node of `name` (for messages; never a credential). */
+  whereOf(name: string): string {
+    return this.driver.where(this.driver.prefix + name);
+  }
+
   /** A missing module is named, without the server's message (it echoes the token). */
   private mapped(e: unknown, key: string): unknown {
     return isUnknownLockCommand(e) ? new ModuleNotLoadedError(this.driver.where(key)) : e;
@@ -554,7 +605,7 @@ export class LockClient implements LockOwner {
         if (!isServerReply(e) && !(e instanceof LockConnectionError)) await this.releaseQuietly(name, token);
         throw e;
       }
-      const fence = this.grantOf(reply, token);
+      const fence = await this.grantOf(reply, name, token);
       if (fence === null) return null;
       if (need > 0) await this.confirmGrant(name, token, need, (a, limit) => this.run(key, a, limit));
       return new Lock(this, name, token, fence, options.ttl, sent);
@@ -566,7 +617,7 @@ export class LockClient implements LockOwner {
     try {
       reply = await this.acquireBlocking(conn, name, key, token, args, wait === Infinity ? Infinity : blockMs + this.networkTimeout, options.signal);
       sent = Date.now();
-      const fence = this.grantOf(reply, token);
+      const fence = await this.grantOf(reply, name, token);
       if (fence === null) return null;
       if (need > 0) {
         await this.confirmGrant(name, token, need, async (a, limit) => {
@@ -582,41 +633,76 @@ export class LockClient implements LockOwner {
     }
   }
 
-  private grantOf(reply: unknown, token: string): bigint | undefined | null {
+  /** The fence of a LOCK.ACQUIRE reply, null when not granted. A fence the library
+   * could not read exactly (node-redis 4 above 2^53) is no fence: the grant is given back
+   * and the acquire rejects. */
+  private async grantOf(reply: unknown, name: string, token: string): Promise<bigint | null> {
     if (reply === null || reply === undefined) return null;
     // Never the reply itself in a message: it holds the token.
     if (!Array.isArray(reply) || reply.length !== 2) throw new Error(`redis-lock: unexpected LOCK.ACQUIRE reply (${typeof reply})`);
     if (asString(reply[0]) !== token) throw new Error("redis-lock: LOCK.ACQUIRE granted a token other than the one sent");
-    return exactInt(reply[1]);
+    const fence = exactInt(reply[1]);
+    if (fence !== undefined) return fence;
+    await this.releaseQuietly(name, token);
+    throw new Error(`redis-lock: lock ${name}: the fence is above 2^53 and ${this.driver.kind} cannot read it exactly; the grant was released (use node-redis 5+ or ioredis)`);
   }
 
-  /** How many replicas must confirm a grant on the node of `key`: `replicas`, else the
-   * server's min-replicas-to-write when set, else the replicas connected now (cached for
-   * a second). Fewer connected than expected: an error before anything is acquired. */
+  /** How many replicas must confirm a grant on the node of `key`, the rule of the Rust
+   * client and the CLI: `replicas`, else the server's min-replicas-to-write when set,
+   * else the replicas online now (a replica in its full sync is not counted: it gets the
+   * grant with its sync), read with ROLE and reused for a second. Fewer online than
+   * expected is an error before anything is acquired; so is not knowing how many are
+   * online (ROLE and INFO refused) unless the count is given. */
   private async replicasNeeded(name: string, key: string, replicas: number | undefined): Promise<number> {
     const where = this.driver.where(key);
-    let r = this.replicaCache.get(where);
-    if (!r || Date.now() - r.at > 1000) {
-      const info = asString(await this.run(key, ["INFO", "replication"])) ?? "";
-      const m = /^connected_slaves:(\d+)/m.exec(info);
-      let toWrite = 0;
-      try {
-        toWrite = configValue(await this.run(key, ["CONFIG", "GET", "min-replicas-to-write"]));
-      } catch (e) {
-        if (!isServerReply(e)) throw e; // CONFIG refused (ACL, renamed): no setting we know
-      }
-      r = { at: Date.now(), connected: m ? Number(m[1]) : 0, toWrite };
-      this.replicaCache.set(where, r);
-    }
+    const cached = this.replicaCache.get(where);
+    const fresh = !cached || Date.now() - cached.at > 1000;
+    let r = fresh ? await this.readReplicas(key, where) : cached;
     let expected: number;
     let source: string;
     if (replicas !== undefined) [expected, source] = [replicas, "replicas"];
     else if (r.toWrite > 0) [expected, source] = [r.toWrite, "min-replicas-to-write"];
-    else return r.connected;
-    if (r.connected < expected) {
-      throw new LockNotConfirmedError(name, `${expected} replica(s) expected (${source}) but ${r.connected} connected to ${where}; not acquired`);
+    else if (r.online === undefined) {
+      throw new LockNotConfirmedError(
+        name,
+        `cannot learn how many replicas of ${where} should confirm a grant (ROLE and INFO refused); grant the user +role, or pass replicas: n (the count) or confirm: false; not acquired`,
+      );
+    } else return r.online;
+    if (!fresh && r.online !== undefined && r.online < expected) r = await this.readReplicas(key, where); // a second old: ask again
+    if (r.online !== undefined && r.online < expected) {
+      throw new LockNotConfirmedError(name, `${expected} replica(s) expected (${source}) but ${r.online} online at ${where}; not acquired`);
     }
     return expected;
+  }
+
+  /** The replicas online (ROLE; INFO replication if ROLE is refused; undefined if both
+   * are) and min-replicas-to-write (CONFIG GET; 0 if refused) of the node of `key`. A
+   * command the server refuses (an ACL user without it) is not asked again for a minute. */
+  private async readReplicas(key: string, where: string): Promise<Replicas> {
+    const refused = this.refused.get(where) ?? new Map<string, number>();
+    this.refused.set(where, refused);
+    const allowed = (cmd: string) => !(Date.now() - (refused.get(cmd) ?? -Infinity) < 60_000);
+    const ask = async (cmd: string, args: Arg[]): Promise<unknown> => {
+      try {
+        return await this.run(key, args);
+      } catch (e) {
+        if (!isServerReply(e)) throw e;
+        refused.set(cmd, Date.now());
+        return undefined;
+      }
+    };
+    // ROLE and CONFIG GET together (one round trip); INFO only when ROLE is refused. A
+    // refused CONFIG (it would show every setting), or a renamed one: no setting we know.
+    const [role, config] = await Promise.all([
+      allowed("ROLE") ? ask("ROLE", ["ROLE"]) : undefined,
+      allowed("CONFIG") ? ask("CONFIG", ["CONFIG", "GET", "min-replicas-to-write"]) : undefined,
+    ]);
+    let online = onlineInRole(role);
+    if (online === undefined && allowed("INFO")) online = onlineInInfo(await ask("INFO", ["INFO", "replication"]));
+    const toWrite = config === undefined ? 0 : configValue(config);
+    const r = { at: Date.now(), online, toWrite };
+    this.replicaCache.set(where, r);
+    return r;
   }
 
   /** WAIT on the grant's connection; fewer than `need` within networkTimeout: the grant
@@ -690,12 +776,13 @@ export class LockClient implements LockOwner {
 
   /**
    * Runs `routine` while holding the lock, renewing it (unless `autoRenew: false`), and
-   * releases it afterwards (unless `releaseOnExit: false`). `signal` aborts when the lock
+   * releases it afterwards (unless `releaseOnExit: false`, or `hold`: once per period). `signal` aborts when the lock
    * is lost; then `using` rejects with that {@link LockLostError} even if the routine
    * resolved. Rejects with {@link LockBusyError} when the lock could not be taken within
    * `wait`.
    */
   async using<T>(name: string, options: UsingOptions, routine: (signal: AbortSignal, lock: Lock) => Promise<T>): Promise<T> {
+    if (options.hold !== undefined && !(options.hold >= 1)) throw new TypeError("hold must be at least 1 ms");
     const lock = await this.acquire(name, options);
     if (!lock) throw new LockBusyError(name);
     let failed = false;
@@ -707,11 +794,12 @@ export class LockClient implements LockOwner {
       failed = true;
       throw e;
     } finally {
-      if (options.releaseOnExit === false) {
+      if (options.releaseOnExit === false && options.hold === undefined) {
         lock.keep();
       } else {
         try {
-          await lock.release();
+          if (options.hold !== undefined && !failed) await lock.releaseAfter(options.hold);
+          else await lock.release();
         } catch (e) {
           if (!failed && !lock.signal.aborted) throw e;
         }
@@ -913,8 +1001,8 @@ export class Leadership {
     return this.current;
   }
 
-  /** The fence of the leader's grant (exact; undefined only on node-redis 4 above 2^53). */
-  get term(): bigint | undefined {
+  /** The fence of the leader's grant (exact). */
+  get term(): bigint {
     return this.lock.fence;
   }
 
@@ -1149,6 +1237,21 @@ export class Observation implements AsyncIterableIterator<Leader | null> {
       else this.backoff = 50;
     }
   }
+}
+
+/** How many replicas a primary's ROLE reply lists: those online (a replica in its full
+ * sync is left out). Not a primary: 0. A refused ROLE (undefined): undefined. */
+function onlineInRole(reply: unknown): number | undefined {
+  if (reply === undefined) return undefined;
+  if (!Array.isArray(reply) || reply.length < 3 || asString(reply[0]) !== "master") return 0;
+  return Array.isArray(reply[2]) ? reply[2].length : 0;
+}
+
+/** How many `slaveN:` lines of INFO replication say `state=online`. */
+function onlineInInfo(reply: unknown): number | undefined {
+  const text = asString(reply);
+  if (text === undefined) return undefined;
+  return text.split(/\r?\n/).filter((l) => /^slave\d+:/.test(l) && l.includes("state=online")).length;
 }
 
 function configValue(reply: unknown): number {

@@ -3,13 +3,15 @@
 // limit (a tenth of the TTL, 50 ms..1 s); a majority and a positive validity
 // (ttl - elapsed - drift, drift = 1 % of the TTL + 2 ms); F = the highest fence, and every
 // lower node renewed with MINFENCE F so that any later quorum fence exceeds F; otherwise
-// release on every node and retry with jitter while the wait lasts. Exclusive and shared
+// release on every node and retry with jitter while the wait lasts; when fewer than a
+// majority of the nodes answered at all (down, timed out, a wrong password), the last
+// attempt rejects with QuorumUnavailableError instead of the null of a busy lock. Exclusive and shared
 // locks only: a counted lock over a quorum would admit more than n holders. Nodes are
 // independent servers: no replica confirmation, no auto-renewal (extend in time).
 
 import { randomUUID } from "node:crypto";
 
-import { LockClient, ModuleNotLoadedError, SupportedClient } from "./index.js";
+import { LockClient, ModuleNotLoadedError, QuorumUnavailableError, SupportedClient } from "./index.js";
 
 export interface RedlockOptions {
   /** Limit for one node's reply, in ms (default a tenth of the TTL, 50..1000). */
@@ -105,7 +107,9 @@ export class Redlock {
   }
 
   /** Takes `name` on a majority: a {@link RedlockGrant}, or null when no majority
-   * granted within `wait`. */
+   * granted within `wait` (the lock is held elsewhere). Rejects with
+   * {@link QuorumUnavailableError} when fewer than a majority of the nodes answered at
+   * all (in the last attempt). */
   async acquire(name: string, options: RedlockAcquireOptions): Promise<RedlockGrant | null> {
     const ttl = options.ttl;
     if (!(ttl >= 1)) throw new TypeError("ttl must be at least 1 ms");
@@ -118,11 +122,20 @@ export class Redlock {
     const token = options.token ?? randomUUID();
     const waitEnd = options.wait === undefined ? undefined : Date.now() + options.wait;
     for (;;) {
-      const g = await this.attempt(name, token, ttl, options);
+      let unavailable: QuorumUnavailableError | undefined;
+      let g: RedlockGrant | null = null;
+      try {
+        g = await this.attempt(name, token, ttl, options);
+      } catch (e) {
+        if (!(e instanceof QuorumUnavailableError)) throw e;
+        unavailable = e;
+      }
       if (g) return g;
-      if (waitEnd === undefined) return null;
       const pause = Math.max(0, this.opts.retryDelay + (Math.random() * 2 - 1) * this.opts.retryJitter);
-      if (Date.now() + pause >= waitEnd) return null;
+      if (waitEnd === undefined || Date.now() + pause >= waitEnd) {
+        if (unavailable) throw unavailable;
+        return null;
+      }
       await new Promise((r) => setTimeout(r, pause));
     }
   }
@@ -156,6 +169,11 @@ export class Redlock {
     if (usage !== undefined) {
       await this.release(name, token);
       throw usage;
+    }
+    const failed = results.flatMap((r, i) => (r.status === "rejected" ? [{ where: this.nodes[i].whereOf(name), error: r.reason as unknown }] : []));
+    if (results.length - failed.length < this.quorum) {
+      await this.release(name, token);
+      throw new QuorumUnavailableError(name, results.length - failed.length, this.quorum, failed, results.length);
     }
     if (granted.length < this.quorum || left() <= 0) {
       await this.release(name, token);

@@ -220,14 +220,46 @@ test("nothing keeps the process alive after the user's client quits (no locks.cl
   }
 });
 
+test("nor after the server died and the user closed the client", async () => {
+  for (const lib of CLIENTS) {
+    const server = await Server.start();
+    try {
+      const r = await runNode("exit-child.mjs", [lib.name, String(server.port), String(server.pid)], 15_000);
+      assert.equal(r.code, 0, `${lib.name}: ${r.signal ?? ""} ${r.out}`);
+      assert.match(r.out, /released[\s\S]*closed/);
+      assert.ok(r.ms < 10_000, `${lib.name}: exited after ${r.ms} ms`);
+    } finally {
+      server.close();
+    }
+  }
+});
+
 // ---------------------------------------------------------------- 3. once per period
 
 async function cron(server, key, keep) {
-  const start = Date.now() + 3000; // every process has started by then (2 cores, five Node starts)
   const skews = [0, 300, 900, 1400, 2000]; // cron on five servers, 0-2 s apart
-  const runs = await Promise.all(skews.map((s) => runNode("cron-child.mjs", [String(server.port), String(start + s), key, keep])));
-  for (const r of runs) assert.equal(r.code, 0, r.out);
-  return { runs: Number((await raw(server.port, "GET", `${key}:runs`)) ?? 0), outs: runs.map((r) => r.out) };
+  const children = skews.map((s) => {
+    const p = spawn(process.execPath, [path.join(HERE, "cron-child.mjs"), String(server.port), String(s), key, keep], { stdio: ["pipe", "pipe", "pipe"] });
+    const child = { out: "", ready: undefined, done: undefined };
+    child.ready = new Promise((resolve) =>
+      p.stdout.on("data", (d) => {
+        child.out += d;
+        if (child.out.includes("ready")) resolve();
+      }),
+    );
+    p.stderr.on("data", (d) => (child.out += d));
+    child.done = new Promise((resolve) => p.on("exit", (code) => resolve(code)));
+    child.start = (at) => p.stdin.end(`${at}\n`);
+    return child;
+  });
+  // The skews count from when every process has started and connected (five Node starts
+  // on a busy machine take a while).
+  await Promise.race([Promise.all(children.map((c) => c.ready)), Promise.all(children.map((c) => c.done))]);
+  const start = Date.now() + 100;
+  for (const c of children) c.start(start);
+  const codes = await Promise.all(children.map((c) => c.done));
+  codes.forEach((code, i) => assert.equal(code, 0, children[i].out));
+  return { runs: Number((await raw(server.port, "GET", `${key}:runs`)) ?? 0), outs: children.map((c) => c.out) };
 }
 
 test("once per period across five processes with 0-2 s of skew", async () => {
@@ -241,6 +273,31 @@ test("once per period across five processes with 0-2 s of skew", async () => {
     const released = await cron(server, key + ":control", "release");
     assert.ok(released.runs >= 2, released.outs.join("\n"));
   } finally {
+    server.close();
+  }
+});
+
+test("hold: kept until the hold after the grant when the routine succeeds, released when it fails", async () => {
+  const server = await Server.start();
+  const lib = CLIENTS.find((l) => l.name === "node-redis 6");
+  const client = await lib.connect(server);
+  const locks = new LockClient(client);
+  try {
+    const key = name();
+    const t0 = Date.now();
+    // The routine outlasts the lease (renewed meanwhile); the lock then stays for the hold.
+    await locks.using(key, { ttl: 300, hold: 3000 }, () => sleep(500));
+    const left = await leaseMs(server.port, key);
+    const elapsed = Date.now() - t0;
+    // What is left of the hold (not a 300 ms lease): between its end seen from now and
+    // from the routine's end.
+    assert.ok(left >= 3000 - elapsed - 50 && left <= 3000 - 500 + 50, `lease ${left} ms after ${elapsed} ms`);
+    const failing = name();
+    await assert.rejects(locks.using(failing, { ttl: 300, hold: 3000 }, async () => Promise.reject(new Error("report failed"))), /report failed/);
+    assert.equal(await rawFence(server.port, failing), undefined, "released: another server may run it");
+  } finally {
+    await locks.close();
+    await lib.close(client);
     server.close();
   }
 });
@@ -279,7 +336,7 @@ describe("grants are confirmed on the replicas", () => {
         }
         await assert.rejects(
           new LockClient(client, { replicas: 2 }).acquire(name(), { ttl: 1000 }),
-          (e) => e instanceof LockNotConfirmedError && /2 replica\(s\) expected \(replicas\) but 1 connected/.test(e.message),
+          (e) => e instanceof LockNotConfirmedError && /2 replica\(s\) expected \(replicas\) but 1 online/.test(e.message),
         );
         // Grants survive a SIGKILL failover: every one is on the promoted replica.
         const held = [];
@@ -287,9 +344,7 @@ describe("grants are confirmed on the replicas", () => {
         pair.primary.close();
         await pair.promote();
         for (const lock of held) {
-          const f = await rawFence(pair.replica.port, lock.name);
-          if (lock.fence !== undefined) assert.equal(f, lock.fence, lock.name);
-          else assert.ok(f, lock.name);
+          assert.equal(await rawFence(pair.replica.port, lock.name), lock.fence, lock.name);
         }
       } finally {
         await locks.close();
@@ -300,6 +355,39 @@ describe("grants are confirmed on the replicas", () => {
         pair.close();
       }
     });
+  }
+});
+
+test("a replica in its full sync is not counted: locks are granted and reach it with its sync", async () => {
+  const pair = await Pair.start({ syncing: true });
+  const held = [];
+  try {
+    for (const lib of CLIENTS.filter((l) => l.name === "node-redis 4" || l.name.endsWith(" 6"))) {
+      const client = await lib.connect(pair.primary);
+      const locks = new LockClient(client, { networkTimeout: 500 });
+      try {
+        for (const wait of [undefined, 1000]) {
+          const lock = await locks.acquire(name(), { ttl: 30_000, wait });
+          assert.ok(lock, `${lib.name}, wait ${wait}`);
+          held.push(lock);
+        }
+        // A deployment that expects a replica refuses before acquiring anything.
+        const key = name();
+        await assert.rejects(
+          locks.acquire(key, { ttl: 30_000, replicas: 1 }),
+          (e) => e instanceof LockNotConfirmedError && /1 replica\(s\) expected \(replicas\) but 0 online/.test(e.message),
+        );
+        assert.equal(await rawFence(pair.primary.port, key), undefined);
+      } finally {
+        await locks.close();
+        await lib.close(client);
+      }
+    }
+    assert.equal(await pair.replicaState(), "wait_bgsave", "all of it ran during the sync");
+    await pair.finishSync();
+    for (const lock of held) assert.equal(await rawFence(pair.replica.port, lock.name), lock.fence, lock.name);
+  } finally {
+    pair.close();
   }
 });
 

@@ -9,7 +9,7 @@ import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 
-import { SERVER_BIN, Server, freePort, raw, sleep } from "./servers.mjs";
+import { SERVER_BIN, Server, freePort, raw, rawPipeline, sleep } from "./servers.mjs";
 
 /** The lease left (ms) as LOCK.INFO reports it; never PTTL (a module lock's lease runs
  * on the server's monotonic clock and its key may carry no Redis expiry). */
@@ -43,18 +43,24 @@ export function abandonedBlock(port, key, blockMs) {
   return s;
 }
 
-/** A primary and one replica, both with the module, the link up. */
+/** A primary and one replica, both with the module. By default the link is up and the
+ * replica online (the primary starts a full sync at once: repl-diskless-sync-delay 0).
+ * With `{ syncing: true }` the replica is held in its first full sync (the primary waits
+ * an hour before the transfer; state `wait_bgsave`) until `finishSync()`. */
 export class Pair {
-  static async start() {
-    const primary = await Server.start();
-    const replica = await Server.start(["--replicaof", "127.0.0.1", String(primary.port)]);
+  static async start({ syncing = false } = {}) {
+    const primary = await Server.start(["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", syncing ? "3600" : "0"]);
+    let replica;
+    try {
+      replica = await Server.start(["--replicaof", "127.0.0.1", String(primary.port)]);
+    } catch (e) {
+      primary.close();
+      throw e;
+    }
     const p = new Pair(primary, replica);
     try {
-      await waitUntil(async () => {
-        const r = await raw(replica.port, "INFO", "replication");
-        const q = await raw(primary.port, "INFO", "replication");
-        return r.includes("master_link_status:up") && !q.includes("connected_slaves:0");
-      }, 20_000, "replication link");
+      if (syncing) await waitUntil(async () => (await p.replicaState()) === "wait_bgsave", 20_000, "a full sync");
+      else await waitUntil(() => p.linkUp(), 20_000, "replication link");
     } catch (e) {
       p.close();
       throw e;
@@ -65,6 +71,26 @@ export class Pair {
   constructor(primary, replica) {
     this.primary = primary;
     this.replica = replica;
+  }
+
+  /** The replica's `state` in the primary's INFO replication (undefined: not listed). */
+  async replicaState() {
+    const info = await raw(this.primary.port, "INFO", "replication");
+    return /^slave0:.*\bstate=([a-z_]+)/m.exec(info)?.[1];
+  }
+
+  /** The replica online and acknowledging: a write is confirmed (after a diskless sync
+   * a primary sends the replica nothing more until its first acknowledgement). */
+  async linkUp() {
+    const r = await raw(this.replica.port, "INFO", "replication");
+    if (!r.includes("master_link_status:up") || (await this.replicaState()) !== "online") return false;
+    return Number((await rawPipeline(this.primary.port, ["SET", "pair:probe", "1"], ["WAIT", "1", "100"]))[1].int) === 1;
+  }
+
+  /** Lets the held full sync run, and waits until the replica is online. */
+  async finishSync() {
+    await raw(this.primary.port, "CONFIG", "SET", "repl-diskless-sync-delay", "0");
+    await waitUntil(() => this.linkUp(), 20_000, "the end of the full sync");
   }
 
   async promote() {

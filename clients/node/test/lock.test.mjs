@@ -14,14 +14,11 @@ const name = () => `lock:${randomUUID().slice(0, 12)}`;
 const server = await Server.start();
 after(() => server.close());
 
-/** The fence a lock must report: exact, or undefined where the library cannot give it
- * (node-redis 4 and a fence above 2^53), never a rounded number. */
+/** The fence a lock must report: exact, a bigint, never a rounded number (a fence the
+ * library cannot read exactly, node-redis 4 above 2^53, rejects the acquire). */
 function expectFence(kind, lock, stored) {
-  if (kind === "node-redis 4" && stored > SAFE) assert.equal(lock.fence, undefined);
-  else {
-    assert.equal(typeof lock.fence, "bigint");
-    assert.equal(lock.fence, stored);
-  }
+  assert.equal(typeof lock.fence, "bigint", kind);
+  assert.equal(lock.fence, stored, kind);
 }
 
 describeEachClient(server, (lib, ctx) => {
@@ -34,7 +31,7 @@ describeEachClient(server, (lib, ctx) => {
       const f = await rawFence(server.port, key);
       expectFence(lib.name, lock, f);
       stored.push(f);
-      assert.equal(lock.fenceString, lock.fence?.toString());
+      assert.equal(lock.fenceString, lock.fence.toString());
       await lock.release();
     }
     for (let i = 1; i < stored.length; i++) assert.ok(stored[i - 1] < stored[i]);
@@ -228,5 +225,27 @@ describe("no orphan after a client-side timeout", () => {
         await second.release();
       });
     });
+  }
+});
+
+test("fences above 2^53 (fence-shift 20): exact bigints, or the grant given back on node-redis 4", async () => {
+  const big = await Server.start([], ["fence-shift", "20"]);
+  try {
+    for (const lib of CLIENTS) {
+      await withLocks(lib, await lib.connect(big), {}, async (locks) => {
+        const key = name();
+        if (lib.name === "node-redis 4") {
+          await assert.rejects(locks.acquire(key, { ttl: 5000 }), /above 2\^53 and node-redis 4 cannot read it exactly; the grant was released/);
+          assert.equal(await rawFence(big.port, key), undefined, "given back");
+          return;
+        }
+        const lock = await locks.acquire(key, { ttl: 5000 });
+        assert.ok(lock.fence > SAFE, String(lock.fence));
+        assert.equal(lock.fence, await rawFence(big.port, key), lib.name);
+        await lock.release();
+      });
+    }
+  } finally {
+    big.close();
   }
 });

@@ -1,13 +1,19 @@
 // Redlock on 5 real servers, on node-redis 6 and ioredis 6: a majority survives 2 nodes
-// down, 3 down grants nothing and leaves nothing held, quorum fences strictly increase
-// (one node's counter lifted ahead by MINFENCE), shared allowed, counted refused, extend
-// needs a majority (the Rust client's semantics, client/src/redlock.rs).
+// down, 3 down grants nothing, leaves nothing held and says so (QuorumUnavailableError,
+// not the null of a lock held elsewhere; also for a wrong password), quorum fences
+// strictly increase (one node's counter lifted ahead by MINFENCE), shared allowed,
+// counted refused, extend needs a majority (the Rust client's semantics,
+// client/src/redlock.rs).
 
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { describe, test } from "node:test";
+import { inspect } from "node:util";
 
-import { Redlock } from "../dist/index.js";
+import { createClient } from "redis";
+import IORedis6 from "ioredis";
+
+import { QuorumUnavailableError, Redlock } from "../dist/index.js";
 import { CLIENTS, Server, raw, rawFence } from "./servers.mjs";
 
 const name = () => `rl:${randomUUID().slice(0, 12)}`;
@@ -42,7 +48,14 @@ for (const lib of CLIENTS.filter((l) => l.name === "node-redis 6" || l.name === 
         five[2].stop();
         assert.equal(await again.extend(3000), false, "2 of 5 answer: no majority");
         const k2 = name();
-        assert.equal(await rl.acquire(k2, { ttl: 1000, wait: 600 }), null);
+        await assert.rejects(rl.acquire(k2, { ttl: 1000, wait: 600 }), (e) => {
+          assert.ok(e instanceof QuorumUnavailableError, String(e));
+          assert.equal(e.answered, 2);
+          assert.equal(e.quorum, 3);
+          assert.match(e.message, /2 of 5 nodes answered, a majority is 3/);
+          for (const s of five.slice(0, 3)) assert.ok(e.message.includes(`:${s.port}`), e.message);
+          return true;
+        });
         assert.equal(await heldOn(five.slice(3), k2), 0, "partial grants were released");
         five[1].cont();
         five[2].cont();
@@ -87,3 +100,46 @@ for (const lib of CLIENTS.filter((l) => l.name === "node-redis 6" || l.name === 
     });
   });
 }
+
+const PASSWORD = "redlock-pass-5e2b9c";
+
+test("no usable majority is an error, not busy: a wrong password, 2 of 3 nodes down", async () => {
+  const three = await Promise.all([0, 1, 2].map(() => Server.start()));
+  for (const s of three) await raw(s.port, "CONFIG", "SET", "requirepass", PASSWORD);
+  const ioredis = (s, password) => {
+    const c = new IORedis6(s.port, "127.0.0.1", { password });
+    c.on("error", () => {});
+    return c;
+  };
+  const wrong = three.map((s) => ioredis(s, `${PASSWORD}-wrong`));
+  const good = three.map((s) => ioredis(s, PASSWORD));
+  const nodeRedis = await Promise.all(three.map((s) => createClient({ url: `redis://:${PASSWORD}@127.0.0.1:${s.port}` }).on("error", () => {}).connect()));
+  // The wrong password's Redlock gives each node 2 s: time to hear the refusal (a node's
+  // default limit, a tenth of the TTL, may end first on a loaded machine).
+  const rls = [new Redlock(wrong, { nodeTimeout: 2000 }), new Redlock(good), new Redlock(nodeRedis)];
+  try {
+    const key = name();
+    await assert.rejects(rls[0].acquire(key, { ttl: 2000 }), (e) => {
+      assert.ok(e instanceof QuorumUnavailableError, String(e));
+      assert.match(e.message, /0 of 3 nodes answered.*WRONGPASS/);
+      assert.ok(!`${e.message}${e.stack}${inspect(e, { depth: 5 })}`.includes(PASSWORD));
+      return true;
+    });
+    // Held elsewhere (a majority answered, not a majority granted): null, as before.
+    const holder = await rls[1].acquire(key, { ttl: 5000 });
+    assert.ok(holder);
+    assert.equal(await rls[2].acquire(key, { ttl: 2000 }), null);
+    assert.ok(await holder.release());
+    await three[0].kill();
+    await three[1].kill();
+    for (const rl of rls.slice(1)) {
+      await assert.rejects(rl.acquire(key, { ttl: 2000 }), (e) => e instanceof QuorumUnavailableError && /1 of 3 nodes answered/.test(e.message));
+    }
+    assert.equal(await good[2].call("LOCK.INFO", key), null, "the one node's grant was released");
+  } finally {
+    for (const rl of rls) await rl.close();
+    for (const c of [...wrong, ...good]) c.disconnect();
+    for (const c of nodeRedis) c.destroy();
+    for (const s of three) s.close();
+  }
+});

@@ -104,6 +104,30 @@ export function raw(port, ...args) {
   });
 }
 
+/** Several commands on one connection (WAIT counts the writes of its own connection):
+ * their replies, in order. */
+export function rawPipeline(port, ...commands) {
+  return new Promise((resolve, reject) => {
+    const s = net.createConnection({ port, host: "127.0.0.1" });
+    let buf = Buffer.alloc(0);
+    s.setTimeout(5000, () => {
+      s.destroy();
+      reject(new Error("raw: timeout"));
+    });
+    s.on("error", reject);
+    s.on("data", (d) => {
+      buf = Buffer.concat([buf, d]);
+      const replies = [];
+      for (let i = 0, r; replies.length < commands.length && (r = parse(buf, i)); i = r[1]) replies.push(r[0]);
+      if (replies.length === commands.length) {
+        s.end();
+        resolve(replies);
+      }
+    });
+    s.write(commands.map(encode).join(""));
+  });
+}
+
 /** The fence LOCK.INFO reports, as a bigint made from the reply's digits. */
 export async function rawFence(port, key) {
   const info = await raw(port, "LOCK.INFO", key);

@@ -13,6 +13,10 @@ export async function usage(): Promise<bigint | undefined> {
   new LockClient("not a client");
   new LockClient(new IORedis.Redis());
   const lock = await locks.acquire("k", { ttl: 1000 });
+  if (lock) {
+    const exact: bigint = lock.fence;
+    void exact;
+  }
   await locks.using("k", { ttl: 1000 }, async (signal) => {
     if (signal.aborted) throw signal.reason as InstanceType<typeof LockLostError>;
   });

@@ -13,8 +13,15 @@ export async function usage(): Promise<bigint | undefined> {
   new LockClient({ get: async () => 1 });
   const lock: Lock | null = await locks.acquire("k", { ttl: 1000, wait: 500, owner: "me", shared: false });
   const fence: bigint | undefined = lock?.fence;
-  const text: string | undefined = lock?.fenceString;
-  void text;
+  if (lock) {
+    // An acquired lock's fence is exact: a bigint, never undefined.
+    const exact: bigint = lock.fence;
+    const text: string = lock.fenceString;
+    void exact;
+    void text;
+  }
+  const held: bigint = await locks.using("k", { ttl: 1000 }, async (_signal, l) => l.fence);
+  void held;
   const n: number = await locks.using("k", { ttl: 1000, maxHold: 5000 }, async (signal: AbortSignal, l: Lock) => {
     if (signal.aborted) {
       const reason: LostReason = (signal.reason as LockLostError).reason;
@@ -24,6 +31,8 @@ export async function usage(): Promise<bigint | undefined> {
     return 1;
   });
   await locks.using("cron", { ttl: 60_000, releaseOnExit: false }, async () => undefined);
+  await locks.using("daily", { ttl: 60_000, hold: 3_600_000 }, async () => undefined);
+  await (await locks.acquire("daily"))?.releaseAfter(3_600_000);
   const released: void = await (await locks.acquire("k", { confirm: false }))!.release();
   void released;
   const e: unknown = undefined;
@@ -50,7 +59,7 @@ export async function usage(): Promise<bigint | undefined> {
   const ac = new AbortController();
   const leadership: Leadership | null = await locks.campaign("election:jobs", "node-a", { ttl: 10_000, wait: 5000, signal: ac.signal });
   if (leadership) {
-    const term: bigint | undefined = leadership.term;
+    const term: bigint = leadership.term;
     void term;
     await leadership.proclaim("node-a:8080");
     const resigned: boolean = await leadership.resign();

@@ -34,22 +34,52 @@ def wait_until(check: Any, seconds: float = 10.0, what: str = "condition") -> No
 
 
 class Pair:
-    """A primary and one replica, both with the module loaded, the link up."""
+    """A primary and one replica, both with the module loaded. By default the link is up
+    and the replica online (the primary starts a full sync at once:
+    repl-diskless-sync-delay 0). With ``syncing=True`` the replica is held in its first
+    full sync (the primary waits an hour before it starts the transfer; state
+    ``wait_bgsave``) until :meth:`finish_sync`."""
 
-    def __init__(self, primary_extra: Optional[List[str]] = None) -> None:
-        self.primary = Server(extra=primary_extra or [])
-        self.replica = Server(extra=["--replicaof", "127.0.0.1", str(self.primary.port)])
+    def __init__(self, primary_extra: Optional[List[str]] = None, syncing: bool = False) -> None:
+        delay = "3600" if syncing else "0"
+        self.primary = Server(
+            extra=["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", delay,
+                   *(primary_extra or [])]
+        )
         try:
-            wait_until(self.link_up, 20, "replication link")
+            self.replica = Server(extra=["--replicaof", "127.0.0.1", str(self.primary.port)])
+        except BaseException:
+            self.primary.close()
+            raise
+        try:
+            if syncing:
+                wait_until(lambda: self.replica_state() == "wait_bgsave", 20, "a full sync")
+            else:
+                wait_until(self.link_up, 20, "replication link")
         except BaseException:
             self.close()
             raise
 
+    def replica_state(self) -> Optional[str]:
+        """The replica's `state` in the primary's INFO replication (None: not listed)."""
+        slave = self.primary.client().info("replication").get("slave0")
+        return slave.get("state") if isinstance(slave, dict) else None
+
     def link_up(self) -> bool:
+        """The replica online and acknowledging: a write of this connection is confirmed
+        (after a diskless sync a primary sends nothing more to the replica until its first
+        acknowledgement, up to a second later)."""
         info = self.replica.client().info("replication")
-        return info.get("master_link_status") == "up" and (
-            self.primary.client().info("replication").get("connected_slaves", 0) >= 1
-        )
+        if info.get("master_link_status") != "up" or self.replica_state() != "online":
+            return False
+        r = self.primary.client()
+        r.set("pair:probe", 1)
+        return r.wait(1, 100) == 1
+
+    def finish_sync(self) -> None:
+        """Lets the held full sync run, and waits until the replica is online."""
+        self.primary.client().config_set("repl-diskless-sync-delay", 0)
+        wait_until(self.link_up, 20, "the end of the full sync")
 
     def promote(self) -> None:
         """REPLICAOF NO ONE on the replica (the primary is gone)."""

@@ -1,6 +1,7 @@
 """The asyncio Lock against a real server (each test runs its own event loop)."""
 
 import asyncio
+import gc
 import socket
 import time
 
@@ -114,3 +115,33 @@ def test_auto_renewal_loss_and_cap(server, key):
         assert not await capped.locked()
 
     with_async_client(server.port, main)
+
+
+def test_cancelling_a_waiting_acquire_leaves_no_unretrieved_exception(server, key):
+    """Cancelling a task that waits in the queue: the waiter leaves, the lock stays usable,
+    and asyncio reports nothing ("Task exception was never retrieved" for the read the
+    acquire was waiting on, once its connection is closed)."""
+    reported = []
+
+    async def main(r):
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx))
+        holder = Lock(r, key, timeout=10)
+        assert await holder.acquire()
+        for _ in range(3):
+            waiter = Lock(r, key, timeout=10)
+            task = asyncio.ensure_future(waiter.acquire(blocking_timeout=5))
+            while int((await holder.info())["waiters"]) < 1:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            while int((await holder.info())["waiters"]) > 0:
+                await asyncio.sleep(0.01)
+        await holder.release()
+        await asyncio.sleep(0.1)  # what the cancelled reads left settles
+        gc.collect()  # an unretrieved exception is reported when its task is collected
+        await asyncio.sleep(0)
+
+    with_async_client(server.port, main)
+    gc.collect()
+    assert reported == [], [c.get("message") for c in reported]

@@ -359,6 +359,38 @@ def test_a_hand_off_is_confirmed_too(pair, key):
         pair.replica.cont()
 
 
+def test_a_replica_in_its_full_sync_is_not_counted(key):
+    """The replicas that confirm are those online (`state=online`): one still in its first
+    full sync is not counted, so locks are granted (unconfirmed: nothing can confirm them
+    yet) instead of failing until the sync ends; the replica gets them with its sync."""
+    pair = Pair(syncing=True)
+    try:
+        r = pair.primary.client()
+        held = []
+        for blocking in (False, True):
+            lock = Lock(r, f"{key}:{blocking}", timeout=30, network_timeout=0.5)
+            assert lock.acquire(blocking=blocking, blocking_timeout=1)
+            held.append(lock)
+
+        async def main(ar):
+            for blocking in (False, True):
+                lock = AsyncLock(ar, f"{key}:async:{blocking}", timeout=30, network_timeout=0.5)
+                assert await lock.acquire(blocking=blocking, blocking_timeout=1)
+                held.append(lock)
+
+        with_async_client(pair.primary.port, main)
+        # A deployment that expects a replica refuses before acquiring anything.
+        with pytest.raises(LockNotConfirmedError, match=r"1 replica\(s\) expected \(replicas=\) but 0 online"):
+            Lock(r, key + ":n", timeout=30, replicas=1, network_timeout=0.5).acquire(blocking=False)
+        assert raw_fence(pair.primary.port, key + ":n") is None
+        assert pair.replica_state() == "wait_bgsave", "all of it ran during the sync"
+        pair.finish_sync()
+        for lock in held:
+            assert raw_fence(pair.replica.port, lock.name) == lock.fence, lock.name
+    finally:
+        pair.close()
+
+
 def test_confirmed_grants_survive_a_failover(pair, key):
     r = pair.primary.client()
     locks = []

@@ -16,14 +16,18 @@ from servers import acquire_in_thread, raw_fence
 def test_acquire_release_and_the_exact_fence(server, key):
     r = server.client()
     lock = Lock(r, key, timeout=5)
+    with pytest.raises(LockError, match="never acquired"):
+        lock.fence  # an int when there is one (typed int): none before the first grant
     assert lock.acquire(blocking=False)
     assert isinstance(lock.fence, int)
     # The fence the server stored, read from the raw RESP bytes.
-    assert lock.fence == raw_fence(server.port, key)
+    fence = raw_fence(server.port, key)
+    assert lock.fence == fence
     assert lock.locked() and lock.owned()
     lock.release()
     assert not lock.locked()
     assert raw_fence(server.port, key) is None
+    assert lock.fence == fence, "the last grant's, after the release"
 
 
 def test_consecutive_fences_differ_and_increase(server, key):

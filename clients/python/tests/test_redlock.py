@@ -1,15 +1,20 @@
-"""Redlock on 5 real servers: a majority survives 2 nodes down, 3 down grants nothing
-and leaves nothing held, quorum fences strictly increase (with one node's counter
-lifted ahead by MINFENCE), shared locks allowed, counted ones refused, extend needs a
-majority (the Rust client's semantics, client/src/redlock.rs)."""
+"""Redlock on 5 real servers: a majority survives 2 nodes down, 3 down grants nothing,
+leaves nothing held and says so (QuorumUnavailableError, not the None of a lock held
+elsewhere), quorum fences strictly increase (with one node's counter lifted ahead by
+MINFENCE), shared locks allowed, counted ones refused, extend needs a majority (the Rust
+client's semantics, client/src/redlock.rs)."""
 
+import logging
 import time
+import traceback
 
 import pytest
 import redis
 
-from redis_lock_module import Redlock
+from redis_lock_module import QuorumUnavailableError, Redlock
 from servers import Server, raw_fence
+
+PASSWORD = "redlock-pass-5e2b9c"
 
 
 @pytest.fixture
@@ -47,16 +52,55 @@ def test_a_majority_survives_two_nodes_down(five, key):
         five[1].cont()
 
 
-def test_three_nodes_down_grants_nothing_and_holds_nothing(five, key):
+def test_three_nodes_down_grants_nothing_holds_nothing_and_says_so(five, key):
     rl = Redlock(clients(five))
     five[0].kill()
     five[1].kill()
     five[2].stop()
     try:
-        assert rl.acquire(key, 1.0, wait=0.6) is None
+        with pytest.raises(QuorumUnavailableError) as e:
+            rl.acquire(key, 1.0, wait=0.6)
+        assert e.value.answered == 2 and e.value.quorum == 3
+        assert "2 of 5 nodes answered" in str(e.value), str(e.value)
+        for n in five[:3]:
+            assert f":{n.port}" in str(e.value)
         assert held_on(five[3:], key) == 0, "partial grants were released"
     finally:
         five[2].cont()
+
+
+@pytest.fixture
+def three():
+    nodes = [Server() for _ in range(3)]
+    yield nodes
+    for n in nodes:
+        n.close()
+
+
+def test_no_usable_majority_is_an_error_not_busy(three, key, caplog):
+    """A wrong password everywhere, or 2 of 3 nodes down: an error naming how many nodes
+    answered and why (no password in it); a lock really held elsewhere stays None."""
+    caplog.set_level(logging.DEBUG)
+    for n in three:
+        n.client().config_set("requirepass", PASSWORD)
+    good = [redis.Redis(port=n.port, password=PASSWORD, socket_timeout=5) for n in three]
+    wrong = [redis.Redis(port=n.port, password=PASSWORD + "-wrong", socket_timeout=5) for n in three]
+    with pytest.raises(QuorumUnavailableError) as e:
+        Redlock(wrong).acquire(key, 2.0)
+    text = "".join(traceback.format_exception(type(e.value), e.value, e.value.__traceback__))
+    assert "0 of 3 nodes answered" in text and "AuthenticationError" in text, text
+    assert PASSWORD not in text and PASSWORD not in caplog.text
+    # Held elsewhere (a majority answered, not a majority granted): None, as before.
+    holder = Redlock(good).acquire(key, 5.0)
+    assert holder is not None
+    assert Redlock(good).acquire(key, 2.0) is None
+    assert holder.release()
+    # Two of three nodes down.
+    three[0].kill()
+    three[1].kill()
+    with pytest.raises(QuorumUnavailableError, match="1 of 3 nodes answered"):
+        Redlock(good).acquire(key, 2.0)
+    assert good[2].execute_command("LOCK.INFO", key) is None, "the one node's grant was released"
 
 
 def test_quorum_fences_strictly_increase_with_a_node_lifted_ahead(five, key):

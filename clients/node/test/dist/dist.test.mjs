@@ -1,14 +1,17 @@
 // Installs the npm tarball of `make dist-node` (in REDIS_LOCK_DIST) into a fresh npm
 // project, with node-redis, ioredis and TypeScript from the registry, and uses it
-// against a server with the module: ESM import, CommonJS require, and tsc on both.
+// against a server with the module: ESM import, CommonJS require, and tsc on both. And
+// the package's directory (as examples/node links it): no install script runs, none is
+// warned about (npm 11 warns about a `prepare` script).
 // Run by `make test-node`: REDIS_LOCK_DIST=target/dist node --test test/dist/dist.test.mjs
 
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { execFileSync, spawnSync } from "node:child_process";
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { after, test } from "node:test";
+import { fileURLToPath } from "node:url";
 
 import { Server } from "../servers.mjs";
 
@@ -90,4 +93,19 @@ export async function f(): Promise<bigint | undefined> {
 `,
   );
   run("npx", ["tsc", "--noEmit", "--strict", "--module", "nodenext", "--moduleResolution", "nodenext", "--skipLibCheck", "--types", "node", "use.cts", "use.mts"]);
+});
+
+test("installing from the package's directory runs no install script, and npm warns of none", () => {
+  const pkgDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+  const scripts = JSON.parse(readFileSync(path.join(pkgDir, "package.json"), "utf8")).scripts ?? {};
+  for (const s of ["preinstall", "install", "postinstall", "prepare"]) assert.equal(scripts[s], undefined, `${s} script`);
+  const project = mkdtempSync(path.join(tmpdir(), "redis-lock-npm-dir-"));
+  try {
+    writeFileSync(path.join(project, "package.json"), JSON.stringify({ name: "dir-check", private: true, version: "1.0.0" }));
+    const r = spawnSync("npm", ["install", "--no-audit", "--no-fund", pkgDir], { cwd: project, encoding: "utf8", timeout: 300_000 });
+    assert.equal(r.status, 0, r.stdout + r.stderr);
+    assert.doesNotMatch(r.stdout + r.stderr, /install-scripts|prepare/, r.stdout + r.stderr);
+  } finally {
+    rmSync(project, { recursive: true, force: true });
+  }
 });

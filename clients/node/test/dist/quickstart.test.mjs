@@ -53,3 +53,18 @@ test("every command of the Node quick start", () => {
   const runs = [0, 1].map(() => execFileSync("node", ["daily.mjs"], { cwd: project, env, encoding: "utf8", timeout: 60_000 }));
   assert.deepEqual(runs, ["this server runs the daily report\n", "another server ran it in this period\n"]);
 });
+
+test("the module paths are those each install route gives", () => {
+  // A build's target/release/libredis_lock.so (what redis.conf.example, make run's config,
+  // loads), or the .deb's file as scripts/build-deb.sh installs it, with its snippet.
+  const conf = readFileSync(path.join(ROOT, "redis.conf.example"), "utf8");
+  const deb = readFileSync(path.join(ROOT, "scripts/build-deb.sh"), "utf8");
+  const [built, packaged] = ["target/release/libredis_lock.so", "/usr/lib/redis/modules/redis-lock.so"];
+  assert.ok(conf.includes(`loadmodule ./${built}`));
+  assert.ok(deb.includes(`"$pkg${packaged}"`) && deb.includes(`loadmodule ${packaged}`));
+  assert.ok(deb.includes('"$pkg/etc/redis/modules/redis-lock.conf"'));
+  const named = DOC.match(/[\w./-]+\.so\b/g) ?? [];
+  assert.ok(DOC.includes(built) && DOC.includes(packaged), String(named));
+  for (const p of named) assert.ok(p === packaged || p.endsWith(built), `${p}: no install route gives it`);
+  assert.ok(DOC.includes("include /etc/redis/modules/redis-lock.conf"));
+});

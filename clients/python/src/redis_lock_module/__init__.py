@@ -9,17 +9,15 @@ LOCK.IFHELD) and leader election (``Election``: campaign, proclaim, resign, lead
 observe).
 """
 
-from redis.exceptions import LockError, LockNotOwnedError
-
-from ._common import (
-    LOST_CAP,
-    LOST_EXPIRED,
-    LOST_FAILED,
-    LOST_NOT_HELD,
-    LockNotConfirmedError,
-    ModuleNotLoadedError,
-)
+from ._common import LOST_CAP, LOST_EXPIRED, LOST_FAILED, LOST_NOT_HELD
 from . import _errors
+from ._errors import (  # re-exported (`X as X`: explicit for mypy --strict)
+    LockError as LockError,
+    LockNotOwnedError as LockNotOwnedError,
+    LockNotConfirmedError as LockNotConfirmedError,
+    ModuleNotLoadedError as ModuleNotLoadedError,
+    QuorumUnavailableError as QuorumUnavailableError,
+)
 from ._common import Leader
 from .election import Election, Leadership
 from .lock import Lock, lock

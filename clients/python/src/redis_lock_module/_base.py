@@ -29,12 +29,13 @@ from ._common import (
     acquire_args,
     check_options,
     config_value,
-    info_field,
     is_moved,
     is_not_held_reply,
     lock_error,
     ms,
     new_token,
+    online_in_info,
+    online_in_role,
     parse_grant,
     parse_info,
     raise_if_module_missing,
@@ -187,7 +188,7 @@ class LockBase:
         self.local: Any = self._new_local()
 
     def _new_local(self) -> Any:
-        return SimpleNamespace(token=None, hold=None)
+        return SimpleNamespace(token=None, hold=None, fence=None)
 
     # ------------------------------------------------------------------ state
 
@@ -197,10 +198,14 @@ class LockBase:
         return self.local.token
 
     @property
-    def fence(self) -> Optional[int]:
-        """The fencing token of the current grant: pass it with every write."""
-        hold = self.local.hold
-        return hold.fence if hold is not None else None
+    def fence(self) -> int:
+        """The fencing token of the current grant: pass it with every write. After a
+        release, the last grant's; LockError when this lock was never acquired (here, in
+        this thread with ``thread_local``)."""
+        fence: Optional[int] = self.local.fence
+        if fence is None:
+            raise self._error("Cannot read the fence of a lock that was never acquired")
+        return fence
 
     @property
     def lost_reason(self) -> Optional[str]:
@@ -313,6 +318,7 @@ class LockBase:
         hold = Hold(tok, fence, sent, self._event)
         self.local.token = tok
         self.local.hold = hold
+        self.local.fence = fence
         if self.auto_renew:
             self._start_renewal(hold)
         return True
@@ -399,9 +405,10 @@ class LockBase:
 
     def _check(self, fence: Optional[int]) -> Steps:
         if fence is None:
-            fence = self.fence
-            if fence is None:
+            hold = self.local.hold
+            if hold is None:
                 raise self._error("Cannot check an unlocked lock (give a fence)")
+            fence = hold.fence
         return bool((yield from self._call("LOCK.CHECK", self.name, int(fence))))
 
     def _relabel(self, owner: Any) -> Steps:
@@ -498,44 +505,80 @@ class LockBase:
             yield (self._close, node, conn, reuse)
 
     def _replicas_needed(self, node: Any, conn: Conn) -> Steps:
-        """How many replicas must confirm a grant: ``replicas=``, else the server's
-        ``min-replicas-to-write`` when set, else the replicas connected now (INFO,
-        reused for a second). A deployment that expects more than are connected is an
-        error before anything is acquired."""
+        """How many replicas must confirm a grant, the rule of the Rust client and the CLI:
+        ``replicas=``, else the server's ``min-replicas-to-write`` when set, else the
+        replicas online now (a replica in its full sync is not counted: it gets the grant
+        with its sync). Read with ROLE (reused for a second). Fewer online than expected
+        is an error before anything is acquired; so is not knowing how many are online
+        (ROLE and INFO refused) unless the count is given."""
         cached = node.cached_replicas()
-        if cached is None:
-            try:
-                yield (self._send, conn, ["INFO", "replication"])
-                yield (self._send, conn, ["CONFIG", "GET", "min-replicas-to-write"])
-                info = yield (self._read, conn, self.network_timeout)
-                try:
-                    to_write = config_value((yield (self._read, conn, self.network_timeout))) or 0
-                except ResponseError:  # CONFIG refused (ACL, renamed): no setting we know
-                    to_write = 0
-            except NoReply:
-                # Nothing was acquired yet: a plain timeout.
-                raise TimeoutError(
-                    f"INFO replication: no reply from {node.where} within "
-                    f"{self.network_timeout:.3g} s"
-                ) from None
-            connected = info_field(info, "connected_slaves") or 0
-            node.remember_replicas(connected, to_write)
-        else:
-            connected, to_write = cached
+        online, to_write = cached if cached is not None else (yield from self._read_replicas(node, conn))
         if self.replicas is not None:
             expected, source = self.replicas, "replicas="
         elif to_write > 0:
             expected, source = to_write, "min-replicas-to-write"
+        elif online is None:
+            raise lock_error(
+                LockNotConfirmedError,
+                f"lock {self.name!r}: cannot learn how many replicas of {node.where} should "
+                "confirm a grant (ROLE and INFO refused); grant the user +role, or pass "
+                "replicas=n (the count) or confirm=False; not acquired",
+                self.name,
+            )
         else:
-            return connected
-        if connected < expected:
+            return online
+        if online is not None and online < expected and cached is not None:
+            # A second old: ask again before refusing.
+            online, _ = yield from self._read_replicas(node, conn)
+        if online is not None and online < expected:
             raise lock_error(
                 LockNotConfirmedError,
                 f"lock {self.name!r}: {expected} replica(s) expected ({source}) but "
-                f"{connected} connected to {node.where}; not acquired",
+                f"{online} online at {node.where}; not acquired",
                 self.name,
             )
         return expected
+
+    def _read_replicas(self, node: Any, conn: Conn) -> Steps:
+        """(replicas online or None, min-replicas-to-write or 0) from ROLE (INFO
+        replication if ROLE is refused) and CONFIG GET; what the server refuses (an ACL
+        user without it) is not asked again for a minute."""
+        online: Optional[int] = None
+        to_write = 0
+        # ROLE (or INFO when ROLE was refused) and CONFIG GET go out together: one round
+        # trip; INFO follows only when ROLE is refused now.
+        asks = [a for a in ("ROLE", "INFO") if not node.refuses(a)][:1]
+        if not node.refuses("CONFIG"):
+            asks.append("CONFIG")
+        commands = {
+            "ROLE": ["ROLE"],
+            "INFO": ["INFO", "replication"],
+            "CONFIG": ["CONFIG", "GET", "min-replicas-to-write"],
+        }
+        try:
+            for ask in asks:
+                yield (self._send, conn, commands[ask])
+            while asks:
+                ask = asks.pop(0)
+                try:
+                    reply = yield (self._read, conn, self.network_timeout)
+                except ResponseError:  # not allowed (an ACL user without it), renamed
+                    node.remember_refused(ask)
+                    if ask == "ROLE" and not node.refuses("INFO"):
+                        asks.append("INFO")
+                        yield (self._send, conn, commands["INFO"])
+                    continue
+                if ask == "CONFIG":
+                    to_write = config_value(reply) or 0
+                else:
+                    online = online_in_role(reply) if ask == "ROLE" else online_in_info(reply)
+        except NoReply:
+            # Nothing was acquired yet: a plain timeout.
+            raise TimeoutError(
+                f"ROLE: no reply from {node.where} within {self.network_timeout:.3g} s"
+            ) from None
+        node.remember_replicas(online, to_write)
+        return online, to_write
 
     def _confirm(self, node: Any, conn: Conn, token: bytes, need: int) -> Steps:
         """WAIT for `need` replicas on the grant's connection; fewer within the bound:

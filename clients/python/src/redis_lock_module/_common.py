@@ -38,6 +38,18 @@ class LockNotConfirmedError(LockError):
     was one, was given back (LOCK.RELEASE) before this was raised."""
 
 
+class QuorumUnavailableError(LockError):
+    """Redlock: fewer than a majority of the nodes answered (connection errors,
+    timeouts, a wrong password, a refused command), so whether the lock is free could not
+    be learned. Not the None of a lock held elsewhere. What any node granted was released
+    first. ``answered`` and ``quorum`` are counts; ``errors`` is ``[(host:port, error)]``
+    for the nodes that did not answer (never a password: host and port only)."""
+
+    def __init__(self, message: str, answered: int, quorum: int, errors: List[Tuple[str, BaseException]]):
+        super().__init__(message)
+        self.answered, self.quorum, self.errors = answered, quorum, errors
+
+
 class ModuleNotLoadedError(ResponseError):
     """The server answered that LOCK.* is an unknown command: the redis-lock module is
     not loaded there. The message names the server, never the command's arguments (the
@@ -54,7 +66,8 @@ def is_unknown_lock_command(e: BaseException) -> bool:
 def module_missing(where: str) -> ModuleNotLoadedError:
     return ModuleNotLoadedError(
         f"the redis-lock module is not loaded on {where}; load it at start-up "
-        f"(loadmodule /path/to/libredis_lock.so), see {SETUP_DOC}"
+        "(loadmodule target/release/libredis_lock.so of a build, or "
+        f"/usr/lib/redis/modules/redis-lock.so of the .deb), see {SETUP_DOC}"
     )
 
 
@@ -182,17 +195,24 @@ def is_moved(e: BaseException) -> bool:
     return isinstance(e, ResponseError) and str(e).startswith(("MOVED ", "ASK "))
 
 
-def info_field(text: Any, field: str) -> Optional[int]:
-    """An integer field of an INFO reply (``connected_slaves``), None when absent."""
+def online_in_role(reply: Any) -> int:
+    """How many replicas a primary's ROLE reply lists: those online (a replica still in
+    its full sync is left out). Not a primary (a replica, a sentinel): 0."""
+    if not isinstance(reply, (list, tuple)) or len(reply) < 3 or to_str(reply[0]) != "master":
+        return 0
+    replicas = reply[2]
+    return len(replicas) if isinstance(replicas, (list, tuple)) else 0
+
+
+def online_in_info(text: Any) -> int:
+    """How many `slaveN:` lines of an INFO replication reply say `state=online`."""
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
-    if isinstance(text, dict):  # a client that parsed INFO already
-        v = text.get(field)
-        return _int(v)
-    for line in str(text).splitlines():
-        if line.startswith(field + ":"):
-            return _int(line.split(":", 1)[1].strip())
-    return None
+    return sum(
+        1
+        for line in str(text).splitlines()
+        if line.startswith("slave") and ":" in line and "state=online" in line
+    )
 
 
 def config_value(reply: Any) -> Optional[int]:

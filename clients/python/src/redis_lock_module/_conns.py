@@ -34,8 +34,10 @@ except ImportError:  # pragma: no cover - redis-py without redis.retry
 
 
 IDLE_PER_NODE = 4
-# How long what a node said about its replicas is reused (INFO, CONFIG GET).
+# How long what a node said about its replicas is reused (ROLE, CONFIG GET).
 REPLICAS_CACHE_S = 1.0
+# How long a command the node refused (an ACL user without it) is not asked again.
+REFUSED_RETRY_S = 60.0
 
 
 class Node:
@@ -47,7 +49,10 @@ class Node:
         self.kwargs = kwargs
         self.idle: List[Any] = []
         self.mutex = threading.Lock()
-        self.replicas: Optional[Tuple[float, int, int]] = None  # (at, connected, min-to-write)
+        # (at, replicas online or None when unknown, min-replicas-to-write)
+        self.replicas: Optional[Tuple[float, Optional[int], int]] = None
+        # Commands this server refused (an ACL user without them), and when.
+        self.refused: Dict[str, float] = {}
         self.pid = os.getpid()
 
     @property
@@ -88,14 +93,22 @@ class Node:
                 return True
         return False
 
-    def cached_replicas(self) -> Optional[Tuple[int, int]]:
+    def cached_replicas(self) -> Optional[Tuple[Optional[int], int]]:
         r = self.replicas
         if r is not None and time.monotonic() - r[0] < REPLICAS_CACHE_S:
             return r[1], r[2]
         return None
 
-    def remember_replicas(self, connected: int, min_to_write: int) -> None:
-        self.replicas = (time.monotonic(), connected, min_to_write)
+    def refuses(self, command: str) -> bool:
+        """True if the server refused `command` less than a minute ago."""
+        at = self.refused.get(command)
+        return at is not None and time.monotonic() - at < REFUSED_RETRY_S
+
+    def remember_refused(self, command: str) -> None:
+        self.refused[command] = time.monotonic()
+
+    def remember_replicas(self, online: Optional[int], min_to_write: int) -> None:
+        self.replicas = (time.monotonic(), online, min_to_write)
 
 
 class Registry:

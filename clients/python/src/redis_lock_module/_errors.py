@@ -3,6 +3,12 @@
 
 from redis.exceptions import LockError, LockNotOwnedError
 
-from ._common import LockNotConfirmedError, ModuleNotLoadedError
+from ._common import LockNotConfirmedError, ModuleNotLoadedError, QuorumUnavailableError
 
-__all__ = ["LockError", "LockNotOwnedError", "LockNotConfirmedError", "ModuleNotLoadedError"]
+__all__ = [
+    "LockError",
+    "LockNotOwnedError",
+    "LockNotConfirmedError",
+    "ModuleNotLoadedError",
+    "QuorumUnavailableError",
+]

@@ -9,12 +9,18 @@ import inspect
 from types import TracebackType
 from typing import Any, Awaitable, Callable, Dict, Optional, Type, Union
 
-from redis.exceptions import LockError, LockNotOwnedError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _errors
 from ._base import Conn, Hold, LockBase, NoReply, run_async
-from ._common import LockNotConfirmedError, ModuleNotLoadedError, Number
+from ._common import Number
+from ._errors import (  # re-exported (`X as X`: explicit for mypy --strict)
+    LockError as LockError,
+    LockNotOwnedError as LockNotOwnedError,
+    LockNotConfirmedError as LockNotConfirmedError,
+    ModuleNotLoadedError as ModuleNotLoadedError,
+    QuorumUnavailableError as QuorumUnavailableError,
+)
 from ._conns import NODES, Node
 
 OnLost = Callable[["Lock", str], Union[Any, Awaitable[Any]]]
@@ -155,8 +161,13 @@ class Lock(LockBase):
     async def _close(node: Node, conn: Conn, reuse: bool) -> None:
         if reuse and conn.pending is None and node.give_back(conn.raw):
             return
-        if conn.pending is not None and not conn.pending.done():
+        if conn.pending is not None:
+            # A read nobody will take up: its outcome (the ConnectionError of the close
+            # below, or a late reply) is dropped here, not reported by asyncio as an
+            # exception never retrieved.
+            conn.pending.add_done_callback(_drop_outcome)
             conn.pending.cancel()
+            conn.pending = None
         await _disconnect(conn.raw)
 
     @staticmethod
@@ -168,11 +179,13 @@ class Lock(LockBase):
         # A read that timed out stays pending (never cancelled: a cancelled read can
         # leave half a reply in the buffer); the next read of this call takes it up.
         reading = conn.pending or asyncio.ensure_future(conn.raw.read_response())
-        conn.pending = None
+        # Pending until it is done: a timeout or a cancellation (of a waiting acquire)
+        # leaves it to the next read, or to _close.
+        conn.pending = reading
         done, _ = await asyncio.wait({reading}, timeout=seconds)
         if not done:
-            conn.pending = reading
             raise NoReply()
+        conn.pending = None
         return reading.result()
 
     # ------------------------------------------------------------------ renewal
@@ -184,6 +197,11 @@ class Lock(LockBase):
         r = self.on_lost(self, reason)  # type: ignore[misc]
         if inspect.isawaitable(r):
             await r
+
+
+def _drop_outcome(read: "asyncio.Future[Any]") -> None:
+    if not read.cancelled():
+        read.exception()
 
 
 async def _disconnect(raw: Any) -> None:

@@ -7,11 +7,16 @@ import threading
 from types import TracebackType
 from typing import Any, Callable, Dict, Optional, Type
 
-from redis.exceptions import LockError, LockNotOwnedError
-
 from . import _errors
 from ._base import Conn, Hold, LockBase, NoReply, logger, run_sync
-from ._common import LockNotConfirmedError, ModuleNotLoadedError, Number, to_bytes
+from ._common import Number, to_bytes
+from ._errors import (  # re-exported (`X as X`: explicit for mypy --strict)
+    LockError as LockError,
+    LockNotOwnedError as LockNotOwnedError,
+    LockNotConfirmedError as LockNotConfirmedError,
+    ModuleNotLoadedError as ModuleNotLoadedError,
+    QuorumUnavailableError as QuorumUnavailableError,
+)
 from ._conns import NODES, Node
 
 OnLost = Callable[["Lock", str], Any]
@@ -22,6 +27,7 @@ class _Local(threading.local):
     # only has them in the thread that made the lock).
     token: Optional[bytes] = None
     hold: Optional[Hold] = None
+    fence: Optional[int] = None
 
 
 class Lock(LockBase):

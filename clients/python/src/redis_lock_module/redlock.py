@@ -11,7 +11,9 @@ the semantics of the Rust client (client/src/redlock.rs):
    is then known to have a counter >= F, still within the validity. Its fence is F, and
    any later quorum fence is larger (two majorities share a node);
 4. otherwise release on every node (those that timed out too) and, while the wait
-   lasts, retry after a random pause.
+   lasts, retry after a random pause. If fewer than a majority of the nodes answered at
+   all (errors: down, timed out, a wrong password), the last attempt's outcome is
+   :class:`QuorumUnavailableError`, not the None of a lock held elsewhere.
 
 Exclusive and shared locks work over a quorum; counted ones (``limit=``) are refused:
 each node grants its own n permits and a holder needs only a majority of nodes, so up
@@ -31,7 +33,15 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from redis.exceptions import ResponseError
 
-from ._common import Number, acquire_args, ms, new_token, parse_grant
+from ._common import (
+    ModuleNotLoadedError,
+    Number,
+    QuorumUnavailableError,
+    acquire_args,
+    ms,
+    new_token,
+    parse_grant,
+)
 from .lock import Lock
 
 __all__ = ["Redlock", "RedlockGrant", "drift"]
@@ -46,11 +56,28 @@ def drift(ttl: float) -> float:
 
 
 def _is_usage(e: BaseException) -> bool:
-    from ._common import ModuleNotLoadedError
-
     return isinstance(e, ModuleNotLoadedError) or (
         isinstance(e, ResponseError) and str(e).startswith(USAGE_CODES)
     )
+
+
+def where(client: Any) -> str:
+    """host:port of a redis-py client (never its credentials)."""
+    kw = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {}
+    if "path" in kw and "host" not in kw:
+        return str(kw["path"])
+    return f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
+
+
+def _why(e: BaseException) -> str:
+    """The class of a node's error, with the code of an error reply (the reply's text
+    may echo arguments: a token)."""
+    name = type(e).__name__
+    if isinstance(e, ResponseError) and not isinstance(e, ModuleNotLoadedError):
+        code = str(e).split(" ", 1)[0]
+        if code.isupper() and code.isalpha():
+            return f"{name} {code}"
+    return name
 
 
 class RedlockGrant:
@@ -94,7 +121,9 @@ class Redlock:
 
     ``acquire(name, ttl, wait=None, shared=False, owner=None, token=None)`` returns a
     :class:`RedlockGrant` (with the quorum ``fence``) or None when no majority granted
-    within ``wait`` seconds (None: one attempt).
+    within ``wait`` seconds (None: one attempt): the lock is held elsewhere. When fewer
+    than a majority of the nodes answered at all, it raises
+    :class:`QuorumUnavailableError` instead.
     """
 
     def __init__(
@@ -180,13 +209,17 @@ class Redlock:
         tok = new_token() if token is None else (token if isinstance(token, bytes) else str(token).encode())
         wait_end = None if wait is None else time.monotonic() + float(wait)
         while True:
-            grant = self._attempt(name, tok, ttl, shared, owner)
+            unavailable: Optional[QuorumUnavailableError] = None
+            try:
+                grant = self._attempt(name, tok, ttl, shared, owner)
+            except QuorumUnavailableError as e:
+                grant, unavailable = None, e
             if grant is not None:
                 return grant
-            if wait_end is None:
-                return None
             pause = max(0.0, self.retry_delay + random.uniform(-self.retry_jitter, self.retry_jitter))
-            if time.monotonic() + pause >= wait_end:
+            if wait_end is None or time.monotonic() + pause >= wait_end:
+                if unavailable is not None:
+                    raise unavailable
                 return None
             time.sleep(pause)
 
@@ -213,6 +246,18 @@ class Redlock:
         if usage is not None:
             self.release(name, token)
             raise usage
+        failed = [(where(self.clients[i]), r) for i, (ok, r) in enumerate(results) if not ok]
+        answered = len(results) - len(failed)
+        if answered < self.quorum:
+            self.release(name, token)
+            why = ", ".join(f"{w}: {_why(e)}" for w, e in failed)
+            raise QuorumUnavailableError(
+                f"Redlock {name!r}: {answered} of {len(results)} nodes answered, a majority "
+                f"is {self.quorum}; not acquired ({why})",
+                answered,
+                self.quorum,
+                failed,
+            )
         if len(granted) < self.quorum or left() <= 0:
             self.release(name, token)
             return None

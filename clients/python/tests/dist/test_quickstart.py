@@ -66,3 +66,21 @@ def test_every_command_of_the_python_quick_start(make_run_server, tmp_path):
         for _ in range(2)
     ]
     assert runs == ["this server runs the daily report\n", "another server ran it in this period\n"], runs
+
+
+def test_the_module_paths_are_those_each_install_route_gives():
+    """Every module file the quick start names is what its install route gives: a build's
+    target/release/libredis_lock.so (what redis.conf.example, make run's config, loads), or
+    the .deb's file as scripts/build-deb.sh installs it, with the snippet that loads it."""
+    text = DOC.read_text()
+    conf = (ROOT / "redis.conf.example").read_text()
+    deb = (ROOT / "scripts" / "build-deb.sh").read_text()
+    built, packaged = "target/release/libredis_lock.so", "/usr/lib/redis/modules/redis-lock.so"
+    assert f"loadmodule ./{built}" in conf
+    assert f'"$pkg{packaged}"' in deb and f"loadmodule {packaged}" in deb
+    assert '"$pkg/etc/redis/modules/redis-lock.conf"' in deb
+    named = re.findall(r"[\w./-]+\.so\b", text)
+    assert built in text and packaged in text, named
+    for path in named:
+        assert path == packaged or path.endswith(built), f"{path}: no install route gives it"
+    assert "include /etc/redis/modules/redis-lock.conf" in text
