@@ -351,7 +351,7 @@ EXTRA_TESTS += reliability-short
 
 # ---- Python and Node packages (issues 12, 22) -------------------------------------------
 #   make test-python   clients/python (redis-py Lock on the module), once per server in
-#                      TEST_SERVERS: the package's suite (sync, asyncio, defaults, Redlock,
+#                      TEST_SERVERS: the package's suite (sync, asyncio, defaults, Redlock, sessions,
 #                      3-master cluster) and redis-py's own Lock tests on the newest redis-py
 #                      (target/venv-python), the API tests (PY_TESTS_OLDEST) and redis-py's
 #                      Lock tests on the oldest declared (target/venv-python-oldest); then,
