@@ -306,6 +306,7 @@ class _SessionBase:
         limit = min([self.network_timeout] + [self._deadline(p) - sent for p in parts])
         asked = []
         again = []
+        renewed = True
         for p in parts:
             fresh = p.conn is None
             args = self._keepalive_args(p)
@@ -336,8 +337,10 @@ class _SessionBase:
                 if not fresh:
                     again.append(p)
                 continue
-            if not (yield from self._renewed(p, args, reply, sent)):
-                return False
+            # Every reply is read (none is left on a connection), whatever this one says.
+            renewed = (yield from self._renewed(p, args, reply, sent)) and renewed
+        if not renewed:
+            return False
         # An idle connection the server closed (a restart, a timeout): once more, on a
         # new one.
         for p in again:
