@@ -372,14 +372,14 @@ EXTRA_TESTS += reliability-short
 
 # ---- Python and Node packages (issues 12, 22) -------------------------------------------
 #   make test-python   clients/python (redis-py Lock on the module), once per server in
-#                      TEST_SERVERS: the package's suite (sync, asyncio, defaults, Redlock,
+#                      TEST_SERVERS: the package's suite (sync, asyncio, defaults, Redlock, sessions,
 #                      3-master cluster) and redis-py's own Lock tests on the newest redis-py
 #                      (target/venv-python), the API tests (PY_TESTS_OLDEST) and redis-py's
 #                      Lock tests on the oldest declared (target/venv-python-oldest); then,
 #                      once, the built wheel and sdist installed into fresh venvs and used
 #   make test-node     clients/node (node-redis 4/5/6, ioredis 5/6): npm ci, the ESM and
 #                      CommonJS builds, tsc on the types of both, node --test (standalone,
-#                      cluster, defaults, Redlock, ACL) once per server; then, once, the npm
+#                      cluster, defaults, Redlock, ACL, sessions) once per server; then, once, the npm
 #                      tarball installed into a fresh npm project and used (ESM, CJS, tsc),
 #                      docs/quickstart-node.md and examples/node/daily-report.mjs
 #   make dist-python   wheel + sdist into target/dist
@@ -405,7 +405,7 @@ NODE_DIR := $(CURDIR)/clients/node
 # processes: test/exit-child.mjs), as `npm test` in clients/node does.
 NODE_TEST_FLAGS := --test-timeout=120000
 NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs test/defaults.test.mjs \
-              test/redlock.test.mjs test/election.test.mjs test/acl.test.mjs
+              test/redlock.test.mjs test/election.test.mjs test/acl.test.mjs test/session.test.mjs
 
 # $(call py_venv,dir,redis requirement): a venv with the package, pytest and that redis-py.
 define py_venv

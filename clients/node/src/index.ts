@@ -39,6 +39,9 @@ export interface AcquireOptions {
    * waiting connection is closed (the server drops the waiter) and a grant that raced
    * the abort is released. */
   signal?: AbortSignal;
+  /** Take the lock in this session (see {@link Session.acquire}): it has the session's
+   * lease instead of a `ttl` of its own (giving both is a TypeError). */
+  session?: Session;
 }
 
 export interface UsingOptions extends AcquireOptions {
@@ -147,6 +150,19 @@ export class LockNotConfirmedError extends Error {
   ) {
     super(`redis-lock: lock ${key}: ${message}`);
     this.name = "LockNotConfirmedError";
+  }
+}
+
+/** A session ended before it was closed (see {@link Session.signal}): a keepalive was
+ * answered 0 (closed or run out on the server, or a restart without it), an acquire in
+ * it was answered NOSESSION, or no keepalive got through before its lease ran out. */
+export class SessionLostError extends Error {
+  constructor(
+    readonly reason: LostReason,
+    where?: string,
+  ) {
+    super(`redis-lock: session lost${where ? ` on ${where}` : ""} (${reason})`);
+    this.name = "SessionLostError";
   }
 }
 
@@ -317,10 +333,13 @@ export class Lock {
     readonly fence: bigint,
     ttl: number | undefined,
     grantedAt: number = Date.now(),
+    /** The session the lock was taken in (its lease is the session's), if any. */
+    readonly session?: Session,
   ) {
     this.signal = this.abort.signal;
     this.ttl = ttl;
     this.grantedAt = grantedAt;
+    if (session) return; // no lease of its own: the session's signal is its own
     if (ttl !== undefined) this.expireAt(grantedAt + ttl - ttl / 100);
     else void this.learnLease();
   }
@@ -339,9 +358,14 @@ export class Lock {
    * the lock (expired, taken away, or released already). */
   async release(): Promise<void> {
     this.stop();
+    this.session?.untrack(this);
     if (this.released) throw new LockNotHeldError(this.name);
     this.released = true;
     if (!(await this.client.release(this.name, this.token))) throw new LockNotHeldError(this.name);
+  }
+
+  private inSession(what: string): Error {
+    return new Error(`redis-lock: lock ${this.name} was taken in a session: its lease is the session's (session.keepalive() renews every lock of it); ${what} is refused`);
   }
 
   /** Keeps the lock until `hold` ms after it was taken and lets go of this grant:
@@ -349,6 +373,7 @@ export class Lock {
    * the lock ends by itself then. If the hold is already over, releases it now. Rejects
    * with {@link LockNotHeldError} when this grant no longer holds the lock. */
   async releaseAfter(hold: number): Promise<void> {
+    if (this.session) throw this.inSession("releaseAfter");
     const left = Math.round(this.grantedAt + hold - Date.now());
     if (left < 1 || this.released || this.signal.aborted) return this.release();
     this.stopRenewal();
@@ -359,6 +384,7 @@ export class Lock {
 
   /** LOCK.EXTEND to `ttl` ms from now (default: the acquire's TTL): true if still held. */
   async extend(ttl?: number): Promise<boolean> {
+    if (this.session) throw this.inSession("extend");
     const sent = Date.now();
     const ok = await this.client.extend(this.name, this.token, ttl ?? this.ttl);
     const lease = ttl ?? this.ttl;
@@ -423,7 +449,7 @@ export class Lock {
 
   /** Renews the lease every third of the TTL until release, loss, or `maxHold` ms. */
   async startRenewal(maxHold?: number): Promise<void> {
-    if (this.renewing || this.released || this.signal.aborted) return;
+    if (this.session || this.renewing || this.released || this.signal.aborted) return;
     this.renewing = true;
     if (this.ttl === undefined) await this.learnLease();
     if (this.ttl === undefined || this.released || this.signal.aborted) return;
@@ -470,6 +496,12 @@ export class Lock {
   stopRenewal(): void {
     if (this.renewTimer) clearTimeout(this.renewTimer);
     this.renewTimer = undefined;
+  }
+
+  /** @internal its session ended (`reason`), or was closed (undefined). */
+  sessionEnded(reason: LostReason | undefined): void {
+    if (reason === undefined) this.keep();
+    else this.lose(reason);
   }
 
   /** @internal keep the lock until its lease ends, without this grant's timers. */
@@ -533,6 +565,9 @@ export class LockClient implements LockOwner {
   /** Per node: the commands it refused (an ACL user without them), and when. */
   private readonly refused = new Map<string, Map<string, number>>();
   private readonly observations = new Set<Observation>();
+  /** Open sessions (closed by close()), and every session made here. */
+  private readonly sessions = new Set<Session>();
+  private readonly sessionsMade = new WeakSet<Session>();
 
   constructor(client: SupportedClient, options: ClientOptions = {}) {
     this.driver = driverFor(client);
@@ -580,6 +615,24 @@ export class LockClient implements LockOwner {
 
   /** Takes the lock: a {@link Lock}, or null when it is held (after `wait`, if given). */
   async acquire(name: string, options: AcquireOptions = {}): Promise<Lock | null> {
+    const session = options.session;
+    if (!session) return this.acquireOnce(name, options);
+    if (options.ttl !== undefined) throw new TypeError("a lock of a session has the session's lease: no ttl");
+    if (!this.sessionsMade.has(session)) throw new TypeError("the session belongs to another LockClient");
+    // Opened on the key's server before its first lock there (a cluster: each primary).
+    await session.openOn(this.driver.prefix + name);
+    let lock: Lock | null;
+    try {
+      lock = await this.acquireOnce(name, options);
+    } catch (e) {
+      if (isServerReply(e) && errorCode(e) === "NOSESSION") throw session.endedOn(this.whereOf(name));
+      throw e;
+    }
+    if (lock) session.track(lock);
+    return lock;
+  }
+
+  private async acquireOnce(name: string, options: AcquireOptions): Promise<Lock | null> {
     const token = options.token ?? randomUUID();
     const key = this.driver.prefix + name;
     const wait = options.wait ?? 0;
@@ -589,7 +642,9 @@ export class LockClient implements LockOwner {
     const args: Arg[] = ["LOCK.ACQUIRE", key];
     if (options.shared) args.push("SHARED");
     if (options.limit !== undefined) args.push("LIMIT", String(options.limit));
-    if (options.ttl !== undefined) args.push("PX", String(Math.round(options.ttl)));
+    // A lock of a session has the session's lease (PX and SESSION exclude each other).
+    if (options.session) args.push("SESSION", options.session.id);
+    else if (options.ttl !== undefined) args.push("PX", String(Math.round(options.ttl)));
     args.push("TOKEN", token);
     if (options.owner !== undefined) args.push("OWNER", options.owner);
     const confirm = options.confirm ?? this.confirm;
@@ -608,7 +663,7 @@ export class LockClient implements LockOwner {
       const fence = await this.grantOf(reply, name, token);
       if (fence === null) return null;
       if (need > 0) await this.confirmGrant(name, token, need, (a, limit) => this.run(key, a, limit));
-      return new Lock(this, name, token, fence, options.ttl, sent);
+      return new Lock(this, name, token, fence, options.ttl, sent, options.session);
     }
     const blockMs = wait === Infinity ? 0 : Math.max(1, Math.round(wait));
     args.push("BLOCK", String(blockMs));
@@ -627,7 +682,7 @@ export class LockClient implements LockOwner {
           return r.value;
         });
       }
-      return new Lock(this, name, token, fence, options.ttl, sent);
+      return new Lock(this, name, token, fence, options.ttl, sent, options.session);
     } finally {
       conn.close();
     }
@@ -925,10 +980,33 @@ export class LockClient implements LockOwner {
     return undefined;
   }
 
+  /**
+   * A session: one lease for any number of locks (see {@link Session}). Nothing is
+   * sent yet: the session is opened on a server before its first lock there.
+   */
+  session(options: SessionOptions = {}): Session {
+    const session = new Session(
+      {
+        networkTimeout: this.networkTimeout,
+        ready: (key) => this.driver.ready(key, Date.now() + this.networkTimeout),
+        where: (key) => this.driver.where(key),
+        dedicated: (key) => this.driver.dedicated(key, this.networkTimeout),
+        mapped: (e, key) => this.mapped(e, key),
+        acquire: (name, o) => this.acquire(name, o),
+        closed: () => this.sessions.delete(session),
+      },
+      options,
+    );
+    this.sessions.add(session);
+    this.sessionsMade.add(session);
+    return session;
+  }
+
   /** Closes the connections this LockClient opened (not the client it was given),
-   * observations included. */
+   * observations included; open sessions are closed (their locks released). */
   async close(): Promise<void> {
     for (const o of [...this.observations]) o.close();
+    await Promise.all([...this.sessions].map((s) => s.close().catch(() => 0)));
     await this.driver.close();
   }
 }
@@ -940,6 +1018,368 @@ class AbortedWait {
 
 function abortReason(signal: AbortSignal): unknown {
   return signal.reason ?? new Error("redis-lock: aborted");
+}
+
+// ---------------------------------------------------------------- sessions
+
+export interface SessionOptions {
+  /** The session's lease in ms (default 30 000): every lock taken in it lives as long
+   * as the session; a keepalive every third of it renews them all, one command per
+   * server however many locks. */
+  ttl?: number;
+  /** Bind the session to its connection: it ends `bind` ms after that connection
+   * closes (the process died) unless a keepalive comes first, instead of at the end of
+   * its lease. Default: not bound. */
+  bind?: number;
+  /** Label shown by LOCK.SESSION INFO, and the default `owner` of its locks. */
+  owner?: string;
+  /** Confirm the grants of its locks on replicas (default: the client's `confirm`). */
+  confirm?: boolean;
+  /** How many replicas must confirm (default: the client's `replicas`). */
+  replicas?: number;
+}
+
+/** What {@link Session.acquire} takes: {@link AcquireOptions} without a lease. */
+export type SessionAcquireOptions = Omit<AcquireOptions, "ttl" | "session">;
+
+/** What a {@link Session} needs of its LockClient (keys are full keys, prefix included). */
+interface SessionHost {
+  readonly networkTimeout: number;
+  ready(key: string): Promise<void>;
+  where(key: string): string;
+  dedicated(key: string): Promise<Dedicated>;
+  mapped(e: unknown, key: string): unknown;
+  acquire(name: string, options: AcquireOptions): Promise<Lock | null>;
+  closed(): void;
+}
+
+/** The session on one server: the connection it is kept alive over (a bound session is
+ * bound to it), and when it was last renewed there. */
+class SessionPart {
+  conn: Dedicated | undefined;
+  opened = false;
+  /** The send time of its last OPEN or KEEPALIVE answered as renewed (Date.now() ms). */
+  renewedAt = 0;
+  /** What the last try failed with (undefined after a success). */
+  failing: string | undefined;
+  constructor(
+    readonly where: string,
+    /** A key of a lock there: what routes a new connection to this server. */
+    readonly key: string,
+  ) {}
+}
+
+/** The longest pause between two tries while a server does not answer a keepalive. */
+const RETRY_MAX_MS = 1000;
+
+/**
+ * A session: one lease for any number of locks, as etcd, ZooKeeper and Consul have
+ * them ({@link LockClient.session}). Every lock taken in it (`LOCK.ACQUIRE ... SESSION
+ * id`) has the session's lease: one `LOCK.SESSION KEEPALIVE` per server, every third of
+ * the TTL, renews all of them, and when the session ends (closed, its lease run out, or,
+ * with `bind`, the process gone) every lock it holds is released in one step. In a
+ * cluster it is opened on each primary before its first lock there and kept alive on
+ * each of them, over a connection of its own per server.
+ */
+export class Session {
+  /** The session's id: a secret, like a lock's token (whoever has it can keep the
+   * session alive or close it). 32 random hex digits. */
+  readonly id: string = randomUUID().replace(/-/g, "");
+  /** Aborted (with a {@link SessionLostError} as its reason) when the session ends
+   * without `close()`; the `signal` of each of its locks aborts then too. */
+  readonly signal: AbortSignal;
+  /** The lease, in ms. */
+  readonly ttl: number;
+  readonly bind: number | undefined;
+  readonly owner: string | undefined;
+  private readonly abort = new AbortController();
+  private readonly parts = new Map<string, SessionPart>();
+  private readonly locks = new Set<Lock>();
+  private chain: Promise<unknown> = Promise.resolve();
+  private timer: NodeJS.Timeout | undefined;
+  private closing: Promise<number> | undefined;
+  private lost: LostReason | undefined;
+
+  constructor(
+    private readonly host: SessionHost,
+    private readonly options: SessionOptions,
+  ) {
+    this.signal = this.abort.signal;
+    this.ttl = options.ttl ?? 30_000;
+    this.bind = options.bind;
+    this.owner = options.owner;
+    if (!(this.ttl >= 3)) throw new TypeError("ttl must be at least 3 ms");
+    if (this.bind !== undefined && !(this.bind >= 0)) throw new TypeError("bind is a grace period in ms, 0 or more");
+    if (this.owner !== undefined && !(Buffer.byteLength(this.owner) >= 1 && Buffer.byteLength(this.owner) <= 256)) {
+      throw new TypeError("owner must be 1 to 256 bytes");
+    }
+  }
+
+  /** ms between two keepalives: a third of the TTL (two more tries fit in the lease
+   * when one fails, as for a lock's renewal). */
+  get interval(): number {
+    return this.ttl / 3;
+  }
+
+  /** Why the session ended without `close()`: `not-held` (a server answered that it is
+   * not open there: closed by someone else, its lease ran out, a restart without it),
+   * `failed` (keepalives failed until its lease ran out), `expired` (no keepalive was
+   * tried in time: the process was blocked); undefined while it holds. */
+  get lostReason(): LostReason | undefined {
+    return this.lost;
+  }
+
+  /** True once `close()` was called. */
+  get isClosed(): boolean {
+    return this.closing !== undefined;
+  }
+
+  /**
+   * Takes `name` in the session (`LOCK.ACQUIRE name ... SESSION id`): a {@link Lock},
+   * or null when it is held elsewhere (after `wait`). Waiting, `shared`/`limit`, the
+   * confirmation on replicas and `signal` are those of {@link LockClient.acquire}. The
+   * lock has the session's lease: no renewal of its own, `release()` gives it back,
+   * `extend()` rejects, and its `signal` aborts when the session is lost. The same as
+   * `locks.acquire(name, { session, ... })` (and `locks.using(name, { session }, fn)`).
+   * Rejects with {@link SessionLostError} once the session has ended.
+   */
+  acquire(name: string, options: SessionAcquireOptions = {}): Promise<Lock | null> {
+    return this.host.acquire(name, { owner: this.owner, confirm: this.options.confirm, replicas: this.options.replicas, ...options, session: this });
+  }
+
+  /** A keepalive now on every server the session is open on (the timer goes on as
+   * before): true when each renewed it; false when one did not (`lostReason` is set if
+   * the session ended there). */
+  async keepalive(): Promise<boolean> {
+    this.checkUsable();
+    const ok = await this.exclusive(() => this.round());
+    this.schedule();
+    return ok && this.lost === undefined;
+  }
+
+  /**
+   * Ends the session: `LOCK.SESSION CLOSE` on every server it is open on releases all
+   * its locks there at once (their waiters served), and its connections are closed.
+   * Resolves with the number of locks released. Every server is tried; if one could not
+   * be reached it rejects with that error afterwards (the session ends there with its
+   * lease, or its `bind` grace). Calling it again returns the same promise.
+   */
+  close(): Promise<number> {
+    if (!this.closing) this.closing = this.closeAll();
+    return this.closing;
+  }
+
+  /** `LOCK.SESSION INFO` of every server the session is open on, by host:port (null
+   * where it is not open any more): ttl, owner, bound, locks, lock-list, ... */
+  async info(): Promise<Record<string, LockInfo | null>> {
+    return this.exclusive(async () => {
+      const out: Record<string, LockInfo | null> = {};
+      for (const p of this.opened()) out[p.where] = parseInfo((await this.send(p, () => ["LOCK.SESSION", "INFO", this.id])).reply);
+      return out;
+    });
+  }
+
+  // ---------------------------------------------------------------- for LockClient
+
+  /** @internal opens the session on the server of `key` unless it is open there. */
+  async openOn(key: string): Promise<void> {
+    this.checkUsable();
+    await this.host.ready(key);
+    const where = this.host.where(key);
+    if (this.parts.get(where)?.opened) return;
+    await this.exclusive(async () => {
+      this.checkUsable();
+      let part = this.parts.get(where);
+      if (!part) this.parts.set(where, (part = new SessionPart(where, key)));
+      if (part.opened) return;
+      // 1: opened; 0: it was open (an OPEN whose reply was lost, sent again).
+      const { sent } = await this.send(part, () => this.openArgs());
+      part.opened = true;
+      part.renewedAt = sent;
+      part.failing = undefined;
+    });
+    this.schedule();
+  }
+
+  /** @internal an acquire was answered NOSESSION: the session ended on `where`. */
+  endedOn(where: string): SessionLostError {
+    this.lose("not-held", where);
+    return new SessionLostError("not-held", where);
+  }
+
+  /** @internal a lock granted in the session. */
+  track(lock: Lock): void {
+    if (this.closing) lock.sessionEnded(undefined);
+    else if (this.lost) lock.sessionEnded(this.lost);
+    else this.locks.add(lock);
+  }
+
+  /** @internal a lock of the session released. */
+  untrack(lock: Lock): void {
+    this.locks.delete(lock);
+  }
+
+  // ---------------------------------------------------------------- keepalive
+
+  private checkUsable(): void {
+    if (this.closing) throw new Error("redis-lock: the session is closed");
+    if (this.lost) throw new SessionLostError(this.lost);
+  }
+
+  /** Runs `fn` after every earlier call of it: the session's connections carry one
+   * command at a time. */
+  private exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    const p = this.chain.then(fn);
+    this.chain = p.catch(() => undefined);
+    return p;
+  }
+
+  private opened(): SessionPart[] {
+    return [...this.parts.values()].filter((p) => p.opened);
+  }
+
+  /** The client's conservative view of the lease on a server (drift: 1% of the TTL). */
+  private deadlineOf(p: SessionPart): number {
+    return p.renewedAt + this.ttl - this.ttl / 100;
+  }
+
+  private openArgs(): Arg[] {
+    const args: Arg[] = ["LOCK.SESSION", "OPEN", this.id, "PX", String(Math.round(this.ttl))];
+    if (this.bind !== undefined) args.push("BIND", String(Math.round(this.bind)));
+    if (this.owner !== undefined) args.push("OWNER", this.owner);
+    return args;
+  }
+
+  /** KEEPALIVE; on a new connection of a bound session, OPEN (which renews it and binds
+   * it to that connection; a KEEPALIVE rebinds only a session whose connection the
+   * server saw close, and a restarted server keeps no binding). */
+  private keepaliveArgs(p: SessionPart): Arg[] {
+    return this.bind !== undefined && !p.conn ? this.openArgs() : ["LOCK.SESSION", "KEEPALIVE", this.id];
+  }
+
+  private drop(p: SessionPart): void {
+    p.conn?.close();
+    p.conn = undefined;
+  }
+
+  /** One command on the part's connection (made if there is none; `build` gives the
+   * arguments once it is known whether it is new). A connection that was open and turns
+   * out closed (a server restart) is replaced once. */
+  private async send(p: SessionPart, build: () => Arg[]): Promise<{ reply: unknown; args: Arg[]; sent: number }> {
+    for (let attempt = 0; ; attempt++) {
+      const fresh = !p.conn;
+      const args = build();
+      const sent = Date.now();
+      if (!p.conn) p.conn = await this.host.dedicated(p.key);
+      const r = await within(p.conn.send(args), this.host.networkTimeout);
+      if (!r) {
+        this.drop(p);
+        throw new LockTimeoutError(`redis-lock: LOCK.SESSION ${String(args[1])}: no reply from ${p.where} within ${this.host.networkTimeout} ms`);
+      }
+      if (r.ok) return { reply: r.value, args, sent };
+      if (isServerReply(r.error)) throw this.host.mapped(r.error, p.key);
+      this.drop(p);
+      if (fresh || attempt > 0) throw r.error;
+    }
+  }
+
+  /** One keepalive on every server the session is open on, at once: true when every
+   * one renewed it. A server that answers that the session is not open there ends it. */
+  private async round(): Promise<boolean> {
+    const parts = this.opened();
+    const results = await Promise.all(
+      parts.map(async (p) => {
+        try {
+          const { reply, args, sent } = await this.send(p, () => this.keepaliveArgs(p));
+          return await this.renewed(p, args, reply, sent);
+        } catch (e) {
+          p.failing = errorKind(e);
+          return false;
+        }
+      }),
+    );
+    return results.every((ok) => ok);
+  }
+
+  private async renewed(p: SessionPart, args: Arg[], reply: unknown, sent: number): Promise<boolean> {
+    const opened = args[1] === "OPEN";
+    // KEEPALIVE: 1 renewed, 0 not open there. OPEN: 0 it was open (renewed, and bound
+    // to this connection), 1 it was not (a new, empty session).
+    if (Number(reply) === (opened ? 0 : 1)) {
+      p.renewedAt = sent;
+      p.failing = undefined;
+      return true;
+    }
+    if (opened) await this.send(p, () => ["LOCK.SESSION", "CLOSE", this.id]).catch(() => undefined);
+    this.lose("not-held", p.where);
+    return false;
+  }
+
+  /** The next round: every third of the TTL, sooner (and again within a second) while a
+   * server fails to answer; the session is lost when its lease on a server passed
+   * without a renewal. The timer does not keep the process alive (its connections do,
+   * until `close()`). */
+  private schedule(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    const parts = this.opened();
+    if (this.closing || this.lost || parts.length === 0) return;
+    const now = Date.now();
+    const deadline = Math.min(...parts.map((p) => this.deadlineOf(p)));
+    let due = Math.min(...parts.map((p) => p.renewedAt)) + this.interval;
+    if (parts.some((p) => p.failing)) due = Math.min(due, now + Math.max(50, Math.min(RETRY_MAX_MS, (deadline - now) / 4)));
+    this.timer = setTimeout(() => void this.tick(), Math.max(0, Math.min(due, deadline) - now));
+    this.timer.unref?.();
+  }
+
+  private async tick(): Promise<void> {
+    this.timer = undefined;
+    await this.exclusive(async () => {
+      if (this.closing || this.lost) return;
+      const late = this.opened().filter((p) => this.deadlineOf(p) <= Date.now());
+      if (late.length > 0) this.lose(late.some((p) => p.failing) ? "failed" : "expired", late[0].where);
+      else await this.round();
+    }).catch(() => this.lose("failed"));
+    this.schedule();
+  }
+
+  private lose(reason: LostReason, where?: string): void {
+    if (this.closing || this.lost) return;
+    this.lost = reason;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    for (const lock of this.locks) lock.sessionEnded(reason);
+    this.locks.clear();
+    this.abort.abort(new SessionLostError(reason, where));
+  }
+
+  private async closeAll(): Promise<number> {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    try {
+      return await this.exclusive(async () => {
+        const errors: unknown[] = [];
+        const counts = await Promise.all(
+          [...this.parts.values()].map(async (p) => {
+            try {
+              return p.opened ? Number((await this.send(p, () => ["LOCK.SESSION", "CLOSE", this.id])).reply ?? 0) : 0;
+            } catch (e) {
+              errors.push(e);
+              return 0;
+            } finally {
+              this.drop(p);
+            }
+          }),
+        );
+        if (errors.length > 0) throw errors[0];
+        return counts.reduce((a, b) => a + b, 0);
+      });
+    } finally {
+      for (const lock of this.locks) lock.sessionEnded(undefined);
+      this.locks.clear();
+      this.host.closed();
+    }
+  }
 }
 
 // ---------------------------------------------------------------- leader election

@@ -1,12 +1,13 @@
 // The package on a three-master Redis Cluster, once per client library: every LOCK.*
 // call goes to the key's master (no MOVED), fences are exact per node, BLOCK hand-off
-// works on a dedicated connection to the right node, ioredis keyPrefix is honoured.
+// works on a dedicated connection to the right node, ioredis keyPrefix is honoured, a
+// session lives on every master it has locks on.
 
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 
 import { slotOf } from "../dist/index.js";
-import { Cluster, describeEachClusterClient, raw, rawFence, sleep, withLocks } from "./servers.mjs";
+import { CLIENTS, Cluster, describeEachClusterClient, raw, rawFence, sleep, withLocks } from "./servers.mjs";
 
 const NAMES = Array.from({ length: 12 }, (_, i) => `cl:${i}`);
 
@@ -26,6 +27,20 @@ test("the control: a LOCK.* call on the wrong node is counted as a redirect", as
   const reply = await raw(wrong.port, "LOCK.INFO", NAMES[0]);
   assert.match(reply.message, /^MOVED /);
   assert.equal(await cluster.redirects(), before + 1);
+});
+
+test("one keepalive per master keeps a session's locks on all of them past two TTLs", async () => {
+  const lib = CLIENTS.find((c) => c.name === "node-redis 6");
+  await withLocks(lib, await lib.cluster(cluster.nodes[2].port), {}, async (locks) => {
+    const session = locks.session({ ttl: 1000 });
+    const held = new Map();
+    for (const n of NAMES) held.set(n, await session.acquire(n));
+    await sleep(2200);
+    for (const [n, lock] of held) assert.equal(await rawFence((await cluster.nodeFor(n)).port, n), lock.fence, n);
+    assert.equal(session.signal.aborted, false);
+    assert.equal(await session.close(), NAMES.length);
+    for (const node of cluster.nodes) assert.equal(await raw(node.port, "LOCK.SESSION", "INFO", session.id), null);
+  });
 });
 
 describeEachClusterClient(cluster.nodes[0].port, (lib, ctx) => {
@@ -59,6 +74,19 @@ describeEachClusterClient(cluster.nodes[0].port, (lib, ctx) => {
     assert.ok(lock);
     assert.ok(await rawFence((await cluster.nodeFor(n)).port, n));
     await lock.release();
+  });
+
+  test("a session on every master: opened on each, closed on each", async () => {
+    const session = ctx.locks.session({ ttl: 5000 });
+    for (const n of NAMES) {
+      const lock = await session.acquire(n, { wait: n === NAMES[0] ? 1000 : undefined });
+      assert.equal(lock.fence, await rawFence((await cluster.nodeFor(n)).port, n), n);
+    }
+    const info = await session.info();
+    assert.equal(Object.keys(info).length, 3, "opened on each master");
+    assert.equal(Object.values(info).reduce((sum, i) => sum + Number(i.locks), 0), NAMES.length);
+    assert.equal(await session.close(), NAMES.length);
+    for (const n of NAMES) assert.equal(await rawFence((await cluster.nodeFor(n)).port, n), undefined, n);
   });
 
   if (lib.ioredis) {

@@ -1,5 +1,6 @@
-// Run by defaults.test.mjs: takes and releases a lock, quits the client, and must then
-// exit by itself (no locks.close()): nothing of the package keeps the process alive.
+// Run by defaults.test.mjs: takes and releases a lock, and closes a session, quits the
+// client, and must then exit by itself (no locks.close()): nothing of the package keeps
+// the process alive.
 // With a server pid as the third argument: the server is killed while the client is
 // connected, a lock is tried meanwhile, then the client is closed (it cannot quit).
 import * as redis4 from "redis4";
@@ -19,6 +20,11 @@ const locks = new LockClient(client);
 const lock = await locks.acquire("exit-child", { ttl: 10_000, wait: 1000 });
 await locks.using("exit-child:2", { ttl: 3000 }, async () => undefined);
 await lock.release();
+// A session (bound: a connection of its own) closed by the script leaves nothing behind.
+const session = locks.session({ ttl: 3000, bind: 1000 });
+await session.acquire("exit-child:s1");
+await session.acquire("exit-child:s2", { shared: true });
+if ((await session.close()) !== 2) throw new Error("the session did not release its two locks");
 console.log("released");
 if (serverPid) {
   process.kill(Number(serverPid), "SIGKILL");

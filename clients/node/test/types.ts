@@ -2,7 +2,7 @@
 // user writes against node-redis and ioredis must type-check without casts.
 import { createClient, createCluster } from "redis";
 import { Redis, Cluster } from "ioredis";
-import { Leader, Leadership, Lock, LockClient, LockLostError, LockNotConfirmedError, LockNotHeldError, LostReason, Observation, errorCode } from "redis-lock-module";
+import { Leader, Leadership, Lock, LockClient, LockLostError, LockNotConfirmedError, LockNotHeldError, LostReason, Observation, Session, SessionLostError, SessionOptions, errorCode } from "redis-lock-module";
 
 export async function usage(): Promise<bigint | undefined> {
   const client = await createClient().connect();
@@ -50,6 +50,21 @@ export async function usage(): Promise<bigint | undefined> {
     const code: string | undefined = errorCode(e);
     void code;
   }
+  // Sessions: one keepalive for several locks.
+  const options: SessionOptions = { ttl: 30_000, bind: 5_000, owner: "job-7" };
+  const session: Session = locks.session(options);
+  const a: Lock | null = await session.acquire("lock:a", { wait: 1000, shared: true });
+  const b: Lock | null = await locks.acquire("lock:b", { session, limit: 2 });
+  // @ts-expect-error: a lock of a session has the session's lease
+  await session.acquire("lock:c", { ttl: 1000 });
+  const alive: boolean = await session.keepalive();
+  if (session.signal.aborted) {
+    const why: LostReason | undefined = session.lostReason;
+    if (session.signal.reason instanceof SessionLostError) void session.signal.reason.reason;
+    void why;
+  }
+  const count: number = await session.close();
+  void [a?.session, b, alive, count];
   // Guarded writes and leader election.
   const left: unknown = await lock?.ifHeld("DECRBY", "stock:9001", "1");
   void left;

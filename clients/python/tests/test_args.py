@@ -10,6 +10,9 @@ def test_acquire_arguments():
         "LOCK.ACQUIRE", "k", "SHARED", "TOKEN", b"t", "OWNER", "me", "BLOCK", 0]
     assert acquire_args("k", b"t", 0.0004, None, False, 3, 250) == [
         "LOCK.ACQUIRE", "k", "LIMIT", 3, "PX", 1, "TOKEN", b"t", "BLOCK", 250]
+    # In a session: its lease, never a PX of the lock's own.
+    assert acquire_args("k", b"t", None, "me", True, None, 0, "sid") == [
+        "LOCK.ACQUIRE", "k", "SHARED", "SESSION", "sid", "TOKEN", b"t", "OWNER", "me", "BLOCK", 0]
 
 
 def test_replies():

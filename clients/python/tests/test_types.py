@@ -52,6 +52,21 @@ def test_mypy_strict_accepts_every_public_name_and_an_int_fence(tmp_path):
                 return grant.fence
 
 
+            def session_fences(r: redis.Redis) -> list[int]:
+                with Session(r, ttl=30, bind=5) as session:
+                    lock = session.acquire("lock:a", blocking_timeout=1)
+                    with Lock(r, "lock:b", session=session) as other:
+                        return [other.fence] + ([] if lock is None else [lock.fence])
+
+
+            async def async_session_fence(r: redis.asyncio.Redis) -> int:
+                async with AsyncSession(r, ttl=30) as session:
+                    lock = await session.acquire("lock:a", blocking=False)
+                    if session.lost_reason is not None or lock is None:
+                        raise SessionLostError("lost", session.lost_reason or "")
+                    return lock.fence
+
+
             def term(r: redis.Redis) -> int:
                 leadership = Election(r, "election:a", ttl=10).campaign("node-a", timeout=1)
                 return 0 if leadership is None else leadership.term

@@ -43,15 +43,18 @@ test("every command of the Node quick start", () => {
   symlinkSync(path.join(ROOT, "target"), path.join(dir, "target"));
   const install = blocks("sh")[1].replace(/^make /m, `make -C ${ROOT} --no-print-directory `);
   execFileSync("bash", ["-euo", "pipefail", "-c", install], { cwd: dir, stdio: "ignore", timeout: 300_000 });
-  const [first, daily] = blocks("js");
+  const [first, daily, session] = blocks("js");
   const project = path.join(dir, "lock-demo");
   writeFileSync(path.join(project, "quickstart.mjs"), first);
   writeFileSync(path.join(project, "daily.mjs"), daily);
+  writeFileSync(path.join(project, "session.mjs"), session);
   const env = { ...process.env, REDIS_URL: `redis://127.0.0.1:${port}` };
   const out = execFileSync("node", ["quickstart.mjs"], { cwd: project, env, encoding: "utf8", timeout: 60_000 });
   assert.match(out, /^holding lock:report with fence \d+n?\nreleased\n$/);
   const runs = [0, 1].map(() => execFileSync("node", ["daily.mjs"], { cwd: project, env, encoding: "utf8", timeout: 60_000 }));
   assert.deepEqual(runs, ["this server runs the daily report\n", "another server ran it in this period\n"]);
+  const both = execFileSync("node", ["session.mjs"], { cwd: project, env, encoding: "utf8", timeout: 60_000 });
+  assert.equal(both, "holding both in one session: true\nreleased 2\n");
 });
 
 test("the module paths are those each install route gives", () => {

@@ -6,7 +6,8 @@ methods, same exceptions (redis-py's own ``LockError`` / ``LockNotOwnedError``),
 ``fence``, ``owner=``, auto-renewal with a loss callback and a cap on the hold, and the
 server's FIFO wait instead of polling; guarded writes (``lock.if_held(...)``:
 LOCK.IFHELD) and leader election (``Election``: campaign, proclaim, resign, leader,
-observe).
+observe); sessions (``Session``: one keepalive for any number of locks, released
+together when it ends).
 """
 
 from ._common import LOST_CAP, LOST_EXPIRED, LOST_FAILED, LOST_NOT_HELD
@@ -17,11 +18,13 @@ from ._errors import (  # re-exported (`X as X`: explicit for mypy --strict)
     LockNotConfirmedError as LockNotConfirmedError,
     ModuleNotLoadedError as ModuleNotLoadedError,
     QuorumUnavailableError as QuorumUnavailableError,
+    SessionLostError as SessionLostError,
 )
 from ._common import Leader
 from .election import Election, Leadership
 from .lock import Lock, lock
 from .redlock import Redlock, RedlockGrant
+from .session import Session
 
 __version__ = "0.1.0"
 
@@ -33,6 +36,7 @@ __all__ = [
     "lock",
     "Redlock",
     "RedlockGrant",
+    "Session",
     "LOST_CAP",
     "LOST_EXPIRED",
     "LOST_FAILED",

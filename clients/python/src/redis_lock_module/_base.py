@@ -169,8 +169,17 @@ class LockBase:
         release_on_exit: bool = True,
         confirm: bool = True,
         replicas: Optional[int] = None,
+        session: Any = None,
     ) -> None:
         check_options(timeout, shared, limit, auto_renew, max_hold, network_timeout, replicas)
+        if session is not None:
+            if timeout is not None or auto_renew or max_hold is not None:
+                raise ValueError(
+                    "a lock of a session has the session's lease: no timeout, auto_renew "
+                    "or max_hold (the session's keepalive renews it)"
+                )
+            if not isinstance(self, session._LOCK):
+                raise TypeError("a sync Session takes sync locks, an asyncio Session asyncio locks")
         self.redis, self.name, self.owner = redis, name, owner
         # redis-py's Lock parameters
         self.timeout, self.sleep = timeout, sleep
@@ -179,8 +188,10 @@ class LockBase:
         self.raise_on_release_error = raise_on_release_error
         # this package's own
         self.shared, self.limit = shared, limit
-        # timeout=None is redis-py's "until released": a lease the lock keeps renewing.
-        self.auto_renew = auto_renew or timeout is None
+        # timeout=None is redis-py's "until released": a lease the lock keeps renewing
+        # (a lock of a session: the session keeps it).
+        self.session = session
+        self.auto_renew = (auto_renew or timeout is None) and session is None
         self.max_hold, self.on_lost = max_hold, on_lost
         self.network_timeout = float(network_timeout)
         self.release_on_exit = release_on_exit
@@ -221,6 +232,11 @@ class LockBase:
         hold = self.local.hold
         if hold is None:
             raise self._error(f"Cannot {verb} an unlocked lock")
+        if self.session is not None:
+            raise self._error(
+                f"Cannot {verb} a lock of a session: its lease is the session's, renewed by "
+                "the session's keepalive (session.keepalive() renews every lock of it now)"
+            )
         if self.timeout is None:
             # As redis-py's: a lock without a timeout has no lease to extend (this one
             # renews its own while held).
@@ -309,6 +325,9 @@ class LockBase:
                 if attempt == 0 and self._is_cluster() and is_moved(e):
                     yield (self._refresh_cluster,)
                     continue
+                if self.session is not None and str(e).startswith("NOSESSION"):
+                    # The session ended on that server: its locks there are gone.
+                    raise (yield from self.session._ended_on(self.name)) from None
                 raise
         if block_ms is not None:
             # When in the wait the grant happened is unknown: count from the reply.
@@ -319,6 +338,8 @@ class LockBase:
         self.local.token = tok
         self.local.hold = hold
         self.local.fence = fence
+        if self.session is not None:
+            self.session._track(hold)
         if self.auto_renew:
             self._start_renewal(hold)
         return True
@@ -339,6 +360,8 @@ class LockBase:
         hold.stop.set()
         self.local.token = None
         self.local.hold = None
+        if self.session is not None:
+            self.session._untrack(hold)
         if not (yield from self._call("LOCK.RELEASE", self.name, hold.token)):
             raise self._not_owned("release")
 
@@ -462,7 +485,14 @@ class LockBase:
 
     def _args(self, token: bytes, block_ms: Optional[int]) -> list:
         return acquire_args(
-            self.name, token, self.timeout, self.owner, self.shared, self.limit, block_ms
+            self.name,
+            token,
+            self.timeout,
+            self.owner,
+            self.shared,
+            self.limit,
+            block_ms,
+            None if self.session is None else self.session.id,
         )
 
     def _is_cluster(self) -> bool:
@@ -472,6 +502,10 @@ class LockBase:
         """LOCK.ACQUIRE (with BLOCK when `block_ms` is not None) on a connection of our
         own, then the replicas' confirmation on the same one: the fence, or None."""
         node = yield (self._node,)
+        if self.session is not None:
+            # Opened on this server before its first lock there (a cluster: on each
+            # primary it takes locks on).
+            yield from self.session._open_on(node)
         # A connect that fails has sent nothing: there is nothing to give back.
         conn = yield (self._open, node)
         reuse = False

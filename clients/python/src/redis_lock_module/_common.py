@@ -50,6 +50,18 @@ class QuorumUnavailableError(LockError):
         self.answered, self.quorum, self.errors = answered, quorum, errors
 
 
+class SessionLostError(LockError):
+    """The session ended before the client closed it: a keepalive was answered 0 (it
+    was closed or ran out on the server, or the server restarted without it), an acquire
+    in it was answered ``NOSESSION``, or no keepalive got through before its lease ran
+    out. Its locks are gone (or will be at the end of their lease). ``reason`` is the
+    loss reason (``not-held``, ``failed``, ``expired``)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 class ModuleNotLoadedError(ResponseError):
     """The server answered that LOCK.* is an unknown command: the redis-lock module is
     not loaded there. The message names the server, never the command's arguments (the
@@ -107,13 +119,18 @@ def acquire_args(
     shared: bool,
     limit: Optional[int],
     block_ms: Optional[int],
+    session: Optional[str] = None,
 ) -> List[Any]:
     args: List[Any] = ["LOCK.ACQUIRE", name]
     if shared:
         args.append("SHARED")
     if limit is not None:
         args += ["LIMIT", limit]
-    if timeout is not None:
+    if session is not None:
+        # The session's lease instead of one of its own (PX/EX and SESSION exclude each
+        # other on the server).
+        args += ["SESSION", session]
+    elif timeout is not None:
         args += ["PX", ms(timeout)]
     args += ["TOKEN", token]
     if owner is not None:

@@ -3,7 +3,12 @@
 
 from redis.exceptions import LockError, LockNotOwnedError
 
-from ._common import LockNotConfirmedError, ModuleNotLoadedError, QuorumUnavailableError
+from ._common import (
+    LockNotConfirmedError,
+    ModuleNotLoadedError,
+    QuorumUnavailableError,
+    SessionLostError,
+)
 
 __all__ = [
     "LockError",
@@ -11,4 +16,5 @@ __all__ = [
     "LockNotConfirmedError",
     "ModuleNotLoadedError",
     "QuorumUnavailableError",
+    "SessionLostError",
 ]

@@ -20,6 +20,7 @@ from ._errors import (  # re-exported (`X as X`: explicit for mypy --strict)
     LockNotConfirmedError as LockNotConfirmedError,
     ModuleNotLoadedError as ModuleNotLoadedError,
     QuorumUnavailableError as QuorumUnavailableError,
+    SessionLostError as SessionLostError,
 )
 from ._conns import NODES, Node
 
@@ -217,6 +218,7 @@ def lock(redis: Any, name: Any, timeout: Optional[Number] = None, **kwargs: Any)
 
 from ._common import Leader  # noqa: E402
 from ._election_async import Election, Leadership  # noqa: E402
+from ._session_async import Session  # noqa: E402
 
-__all__ = ["Election", "Leader", "Leadership", "Lock", "lock"]
+__all__ = ["Election", "Leader", "Leadership", "Lock", "Session", "lock"]
 __all__ += _errors.__all__

@@ -16,6 +16,7 @@ from ._errors import (  # re-exported (`X as X`: explicit for mypy --strict)
     LockNotConfirmedError as LockNotConfirmedError,
     ModuleNotLoadedError as ModuleNotLoadedError,
     QuorumUnavailableError as QuorumUnavailableError,
+    SessionLostError as SessionLostError,
 )
 from ._conns import NODES, Node
 
@@ -40,7 +41,8 @@ class Lock(LockBase):
     server's replicas (``WAIT``) before ``acquire`` returns (``confirm=False`` turns that
     off). ``timeout=None`` holds until released, as redis-py's: the module has no lease
     without an end, so the lock renews the server's ``lock.default-ttl`` while held and
-    reports a loss (``on_lost``, ``wait_lost``).
+    reports a loss (``on_lost``, ``wait_lost``). ``session=`` takes it in a
+    :class:`~redis_lock_module.Session` (no ``timeout``: the session's lease is its own).
     """
 
     _CLUSTER_MODULE = "redis.cluster"

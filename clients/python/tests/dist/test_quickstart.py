@@ -58,7 +58,7 @@ def test_every_command_of_the_python_quick_start(make_run_server, tmp_path):
     subprocess.run(["rm", "-rf", str(ROOT / "clients/python/build")], check=True)
     py = str(tmp_path / ".venv" / "bin" / "python")
     env = dict(os.environ, REDIS_URL=f"redis://127.0.0.1:{make_run_server}")
-    first, daily = blocks("python")
+    first, daily, session = blocks("python")
     out = subprocess.run([py, "-c", first], env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     assert re.search(r"holding lock:report with fence \d+\nreleased\n", out), out
     runs = [
@@ -66,6 +66,8 @@ def test_every_command_of_the_python_quick_start(make_run_server, tmp_path):
         for _ in range(2)
     ]
     assert runs == ["this server runs the daily report\n", "another server ran it in this period\n"], runs
+    out = subprocess.run([py, "-c", session], env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out == "holding both in one session: True\nreleased both\n", out
 
 
 def test_the_module_paths_are_those_each_install_route_gives():
