@@ -344,6 +344,8 @@ EXTRA_TESTS += test-deb
 #                           operations under load; kinds: SHARED and LIMIT keys), one row
 #                           each; default all three
 #   make reliability-short  the same code and assertions with fewer operations (CI, ~3-5 min)
+#   (mutex and chaos rows: every history is also checked by stateright's linearizability
+#   tester, tools/reliability/src/linear.rs; its figures are in those rows' notes)
 .PHONY: reliability reliability-short reliability-build
 SCALE ?= 1
 ONLY ?=

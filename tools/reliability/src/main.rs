@@ -3,6 +3,7 @@
 
 mod checker;
 mod common;
+mod linear;
 mod link;
 mod scenarios;
 mod workload;

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::checker::{self, Call, Grant, Mode, StoreEvent, StoreEventKind};
 use crate::common::{joined, now_ns, thousands, Counts, Env, Outcome, Reply, Verdict};
+use crate::linear::{self, Ret};
 use crate::link::{Answer, Kills, Link, LinkLog, Topo, READ_TIMEOUT};
 use redis_lock_testkit::{args, Rng};
 
@@ -175,6 +176,7 @@ impl Mix {
 /// `group_per_node`: a checker server group per node (cluster). `late_end_ms`: how late
 /// a lease may still be released or extended (counted, not a violation: where our pauses
 /// hold expiries and reloads carry the time left, leases end late, never early).
+/// `linear`: the history is also checked by the independent checker (linear.rs).
 pub struct Plan {
     pub topo: Topo,
     pub keys: Vec<(String, Kind)>,
@@ -185,6 +187,7 @@ pub struct Plan {
     pub confirm: bool,
     pub group_per_node: bool,
     pub late_end_ms: u64,
+    pub linear: bool,
 }
 
 impl Plan {
@@ -200,6 +203,7 @@ impl Plan {
             confirm: false,
             group_per_node: false,
             late_end_ms: 1000,
+            linear: false,
         }
     }
 }
@@ -234,18 +238,21 @@ pub fn keys(prefix: &str, exclusive: usize, shared: usize, limits: &[u32]) -> Ve
     kinds.enumerate().map(named).collect()
 }
 
-/// What a client recorded: its grants, and counts (`calls`, `releases`, `abandoned`
-/// leases left to run out, `lost_acquires` whose reply was lost and never used, ...).
+/// What a client recorded: its grants, every lock call (`history`), and counts (`calls`,
+/// `releases`, `abandoned` leases left to run out, `lost_acquires` whose reply was lost
+/// and never used, ...).
 #[derive(Default)]
 pub struct ClientLog {
     pub grants: Vec<Grant>,
+    pub history: Vec<linear::Op>,
     pub n: Counts,
     pub errors: Vec<String>,
     pub link: LinkLog,
 }
 
-/// A grant as the client uses it: token, fence, the acquire's invoke and complete.
-type Got = Option<(Vec<u8>, u64, u64, u64)>;
+/// A grant as the client uses it: token, (checker server group, fence), the acquire's
+/// invoke and complete.
+type Got = Option<(Vec<u8>, Fence, u64, u64)>;
 
 fn confirmed(r: &[Reply]) -> bool {
     r.get(1).and_then(Reply::as_int).unwrap_or(0) >= 1
@@ -256,6 +263,14 @@ fn no_error(a: &Answer, what: &str) -> Result<(), String> {
     match a {
         Answer::Reply(r, ..) if r[0].is_error() => Err(format!("{what} answered {:?}", r[0])),
         _ => Ok(()),
+    }
+}
+
+/// The times of a RELEASE or EXTEND and its reply for the history (`None`: lost).
+fn int_reply(a: &Answer) -> ((u64, u64), Option<Ret>) {
+    match a {
+        Answer::Reply(r, t0, t1) => ((*t0, *t1), Some(Ret::Int(r[0].as_int() == Some(1)))),
+        Answer::Lost(t0) => ((*t0, now_ns()), None),
     }
 }
 
@@ -305,59 +320,111 @@ impl Client<'_> {
             _ => {}
         }
         a.extend(args!["PX", ttl]);
-        if !self.sh.plan.mix.server_tokens {
-            // The client's own token, unique to this client's `n`th acquire.
-            a.extend(args!["TOKEN", format!("client-{:03}-{n:09}", self.id)]);
+        // The client's own token, unique to this client's `n`th acquire.
+        let token =
+            (!self.sh.plan.mix.server_tokens).then(|| format!("client-{:03}-{n:09}", self.id));
+        if let Some(t) = &token {
+            a.extend(args!["TOKEN", t]);
         }
         if let Some(b) = block {
             a.extend(args!["BLOCK", b]);
         }
         let cmds = self.cmds(a);
+        let call = linear::Call::Acquire {
+            mode,
+            ttl_ms: ttl,
+            token: token.map(|t| linear::token(t.as_bytes())),
+        };
         let (r, t0, t1) = match self.call(&name, &cmds, block) {
             Answer::Reply(r, t0, t1) => (r, t0, t1),
-            Answer::Lost(_) => {
+            Answer::Lost(t0) => {
+                self.record(k, call, (t0, now_ns()), None);
                 self.log.n.bump("lost_acquires");
                 return Ok(None);
             }
         };
-        match &r[0] {
-            Reply::Nil if block.is_some() => self.log.n.bump("nil_blocking"),
-            Reply::Nil => self.log.n.bump("nil_nonblocking"),
-            Reply::Error(e) if e.starts_with("MAXWAITERS") => self.log.n.bump("maxwaiters"),
-            Reply::Error(e) if e.starts_with("UNBLOCKED") => self.log.n.bump("unblocked"),
+        let ret = match &r[0] {
+            Reply::Nil if block.is_some() => (Ret::Nil, "nil_blocking"),
+            Reply::Nil => (Ret::Nil, "nil_nonblocking"),
+            Reply::Error(e) if e.starts_with("MAXWAITERS") => (Ret::Refused, "maxwaiters"),
+            Reply::Error(e) if e.starts_with("UNBLOCKED") => (Ret::Refused, "unblocked"),
             other => {
                 let Some((token, fence)) = other.grant() else {
                     return Err(format!("unexpected acquire reply {other:?}"));
                 };
+                // The checker's server group of the reply.
+                let group = self
+                    .sh
+                    .plan
+                    .group_per_node
+                    .then_some(self.link.last_node as u32);
+                let group = group.unwrap_or(0);
+                let ret = Ret::Granted {
+                    token: linear::token(&token),
+                    group,
+                    fence,
+                };
+                self.record(k, call, (t0, t1), Some(ret));
                 if self.sh.plan.confirm && !confirmed(&r) {
                     // Maybe not on the replica: do not use it, give it back.
                     self.log.n.bump("unconfirmed");
-                    let rel = args!["LOCK.RELEASE", &name, token];
-                    let _ = self.call(&name, &[rel], None);
+                    let rel = args!["LOCK.RELEASE", &name, &token];
+                    let answer = self.call(&name, &[rel], None);
+                    let (times, ret) = int_reply(&answer);
+                    let call = linear::Call::Release {
+                        token: linear::token(&token),
+                    };
+                    self.record(k, call, times, ret);
                     return Ok(None);
                 }
-                return Ok(Some((token, fence, t0, t1)));
+                return Ok(Some((token, (group, fence), t0, t1)));
             }
-        }
+        };
+        self.record(k, call, (t0, t1), Some(ret.0));
+        self.log.n.bump(ret.1);
         Ok(None)
+    }
+
+    /// Adds a call on key `k` to the history (`ret`: `None` when its reply was lost).
+    fn record(&mut self, k: usize, call: linear::Call, times: (u64, u64), ret: Option<Ret>) {
+        let (key, client) = (k as u32, self.id);
+        let (invoke, complete) = times;
+        self.log.history.push(linear::Op {
+            key,
+            client,
+            call,
+            invoke,
+            complete,
+            ret,
+        });
     }
 
     /// Releases grant `idx` of the log and records how that went.
     fn release(&mut self, idx: usize, token: &[u8]) -> Result<(), String> {
-        let name = self.sh.plan.keys[self.log.grants[idx].key as usize]
-            .0
-            .clone();
+        let k = self.log.grants[idx].key as usize;
+        let name = self.sh.plan.keys[k].0.clone();
         let cmd = args!["LOCK.RELEASE", &name, token];
         self.log.n.bump("releases");
         let one = |r: &[Reply]| Some(r[0].as_int() == Some(1));
+        let released = linear::Call::Release {
+            token: linear::token(token),
+        };
         let first = self.call(&name, std::slice::from_ref(&cmd), None);
         no_error(&first, "LOCK.RELEASE")?;
+        let (times, ret) = int_reply(&first);
+        self.record(k, released, times, ret);
         let call = match first {
             // Executed or not: ask again on a new connection; a 1 now is certain.
-            Answer::Lost(t0) => match as_call(self.call(&name, &[cmd], None), one) {
-                c if c.ok == Some(true) => c,
-                _ => Call::new(t0, now_ns(), None),
-            },
+            Answer::Lost(t0) => {
+                let again = self.call(&name, &[cmd], None);
+                no_error(&again, "LOCK.RELEASE")?;
+                let (times, ret) = int_reply(&again);
+                self.record(k, released, times, ret);
+                match as_call(again, one) {
+                    c if c.ok == Some(true) => c,
+                    _ => Call::new(t0, now_ns(), None),
+                }
+            }
             a => as_call(a, one),
         };
         self.log.grants[idx].release = Some(call);
@@ -392,15 +459,12 @@ impl Client<'_> {
                 88..=99 if rng.chance(50) => Some(rng.range(5, 100)),
                 _ => None,
             };
-            let Some((token, fence, t0, t1)) = self.acquire(k, ttl, block, mode, n)? else {
+            let Some((token, at, t0, t1)) = self.acquire(k, ttl, block, mode, n)? else {
                 continue;
             };
             if sh.granted.fetch_add(1, Ordering::Relaxed) + 1 >= sh.plan.stop_after {
                 sh.stop.store(true, Ordering::Relaxed);
             }
-            // The checker's server group of the reply.
-            let group = sh.plan.group_per_node.then_some(self.link.last_node as u32);
-            let at = (group.unwrap_or(0), fence);
             let mut g = Grant::new((self.id, k as u32), mode, at, ttl, (t0, t1));
             let cs0 = now_ns();
             let v = sh.store.enter(k as u32, mode, at);
@@ -420,6 +484,12 @@ impl Client<'_> {
                 self.log.n.bump("extends");
                 let answer = self.call(&name, &cmds, None);
                 no_error(&answer, "LOCK.EXTEND")?;
+                let (times, ret) = int_reply(&answer);
+                let extended = linear::Call::Extend {
+                    token: linear::token(&token),
+                    ttl_ms: ext,
+                };
+                self.record(k, extended, times, ret);
                 let call = as_call(answer, |r| {
                     let ok = r[0].as_int() == Some(1);
                     // Acknowledged but perhaps not replicated: unknown.
@@ -479,13 +549,15 @@ pub fn spawn(sh: &Arc<Shared>, rng: &mut Rng) -> Vec<std::thread::JoinHandle<Cli
 /// report, with the clients' own counts, `grants` by mode (`exclusive` or writer, `shared`
 /// readers, `permits`), `store_events` and `lost_updates` in `n`, and the violations of
 /// the store, the links (late waiters, hangs) and lost updates not explained by a late
-/// holder; the links' waiter and connection figures; the clients' errors.
+/// holder; the links' waiter and connection figures; the clients' errors; the
+/// independent check's report (when the plan asks for it).
 #[derive(Default, Serialize)]
 pub struct Tally {
     #[serde(flatten)]
     pub report: checker::Report,
     pub link: LinkLog,
     pub errors: Vec<String>,
+    pub linear: Option<linear::Report>,
 }
 
 impl std::ops::Deref for Tally {
@@ -518,6 +590,25 @@ impl Tally {
         self.report.examples.extend(o.report.examples);
         self.max_late_end_ms = self.max_late_end_ms.max(o.report.max_late_end_ms);
         self.errors.extend(o.errors);
+        match (&mut self.linear, o.linear) {
+            (Some(l), Some(o)) => l.absorb(o),
+            (l, o) => *l = l.take().or(o),
+        }
+    }
+
+    /// The checker's violations that judge the lock's replies (not the store's, not the
+    /// links'), with the per-key fence regressions: what the independent check judges.
+    fn lock_violations(&self) -> u64 {
+        let elsewhere = [
+            "critical sections overlapped in the store",
+            "store saw a write with a lower fence",
+            "lost updates in the store",
+            crate::link::LATE,
+            crate::link::HANG,
+            crate::link::BROKEN,
+        ];
+        let other: u64 = elsewhere.iter().map(|k| self.violations.get(k)).sum();
+        self.violations() - other + self.n.get("key_fence_regressions")
     }
 }
 
@@ -533,9 +624,10 @@ pub fn check(
     fenced: &[checker::Fenced],
 ) -> Result<Tally, String> {
     let mut t = Tally::default();
-    let mut grants = Vec::new();
+    let (mut grants, mut history) = (Vec::new(), Vec::new());
     for l in logs {
         grants.extend(l.grants);
+        history.extend(l.history);
         t.n.add(&l.n);
         t.errors.extend(l.errors);
         t.link.add(&l.link);
@@ -570,6 +662,16 @@ pub fn check(
         lost.iter().map(|l| l.1).sum(),
         lost.iter().map(|(k, n)| format!("key {k}: {n}")),
     );
+    if sh.plan.linear {
+        let rules = linear::Rules {
+            slack: SLACK_NS,
+            late: late_ns,
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut r = linear::check(history, rules, threads);
+        r.compare(t.lock_violations());
+        t.linear = Some(r);
+    }
     Ok(t)
 }
 
@@ -581,6 +683,13 @@ pub fn verdict(o: &mut Outcome, env: &Env, t: &Tally, target: u64) {
     o.put("target", target);
     o.put("violations", t.violations());
     o.fail_if(t.violations() > 0, format!("{} violations", t.violations()));
+    if let Some(l) = &t.linear {
+        let why = format!(
+            "the independent check rejected {} histories",
+            l.not_linearizable
+        );
+        o.fail_if(l.not_linearizable > 0, why);
+    }
     if let Some(e) = t.errors.first() {
         o.fail(format!("{} client errors, first: {e}", t.errors.len()));
     }

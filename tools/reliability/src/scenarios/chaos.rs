@@ -291,6 +291,7 @@ fn plan(env: &Env, topo: Topo, prefix: &str) -> Plan {
     let (keys, deadline) = (workload::keys(prefix, 6, 2, &[2, 3]), env.secs(45.0, 6.0));
     Plan {
         group_per_node: matches!(topo, Topo::Cluster(_)),
+        linear: true,
         ..Plan::new(topo, keys, 24, Instant::now() + deadline)
     }
 }

@@ -26,6 +26,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
         stop_after: target,
         mix: Mix::FAST,
         late_end_ms: 0,
+        linear: true,
         ..Plan::new(topo, keys, CLIENTS, deadline)
     };
     let sh = workload::Shared::new(plan, &Arc::new(Kills::default()));
