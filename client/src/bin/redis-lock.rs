@@ -13,10 +13,10 @@ use redis_lock_client::{
 };
 use tokio::signal::unix::{signal, SignalKind};
 
-#[path = "redis-lock/metrics.rs"]
-mod metrics;
 #[path = "redis-lock/child.rs"]
 mod child;
+#[path = "redis-lock/metrics.rs"]
+mod metrics;
 
 /// `println!` that does not panic when stdout is closed early (`redis-lock info | head`):
 /// what no reader wants is dropped, and the exit code stays what it would have been.
