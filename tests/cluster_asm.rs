@@ -688,3 +688,79 @@ fn fifty_moves_back_and_forth_under_an_acquire_release_loop() {
         "a call took {slowest:?}"
     );
 }
+
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn session_locks_move_with_their_lease_and_a_keepalive_in_flight() {
+    require_asm();
+    let (cluster, from) = cluster(2);
+    let to = 1 - from;
+    let port = cluster.nodes[from].port;
+    let mut s = conn(&cluster.nodes[from]);
+    let sid = "asm-session-id-000000001";
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", sid, "PX", "4000", "OWNER", "mover"]),
+        Resp::Int(1)
+    );
+    let (ta, fa) = granted(&s.cmd(&acq(&key("sa"), &["SESSION", sid])));
+    let (m1, m2) = (key("m1"), key("m2"));
+    let all = s.cmd(&["LOCK.ACQUIREALL", "2", &m1, &m2, "SESSION", sid]);
+    let tm = all.items()[0].bytes();
+    // A multi-key waiter on the source, behind the session's lock.
+    let mut waiter = Pending::send(
+        port,
+        &["LOCK.ACQUIREALL", "2", &m1, &key("free"), "PX", "60000", "BLOCK", "20000"],
+    );
+    wait_waiters(&mut s, &m1, 1);
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "1"]),
+        ok()
+    );
+    start_move(&cluster, from, to);
+    wait_export(&cluster, from, "waiting-to-pause");
+    thread::sleep(Duration::from_millis(1500));
+    // The client keeps its session alive where it took the locks, while they stream.
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "0"]),
+        ok()
+    );
+    wait_export(&cluster, from, "success");
+    let r = waiter
+        .reply_within(Duration::from_secs(5))
+        .expect("an answer at the cut-over");
+    assert!(is_err_with(&r, "LOCKMOVED"), "{r:?}");
+    let mut d = conn(&cluster.nodes[to]);
+    assert_eq!(holder_fences(&info(&mut d, &key("sa"))), vec![fa]);
+    let ttl = info_int(&mut d, &key("sa"), "ttl");
+    assert!(ttl > 30_000, "the keepalive before the cut-over: ttl {ttl} on the target");
+    // Past the session's first lease: the locks are still held there.
+    thread::sleep(Duration::from_millis(3000));
+    for k in [&key("sa"), &m1, &m2] {
+        assert!(info(&mut d, k) != Resp::Nil, "{k}: held on the target");
+    }
+    let session = d.cmd(&["LOCK.SESSION", "INFO", sid]);
+    assert_eq!(session.get("locks"), Some(Resp::Int(3)), "{session:?}");
+    assert_eq!(
+        session.get("owner"),
+        Some(Resp::Bulk(b"mover".to_vec())),
+        "{session:?}"
+    );
+    assert_eq!(
+        d.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    let tm = String::from_utf8(tm).unwrap();
+    assert_eq!(
+        d.cmd(&["LOCK.RELEASEALL", "2", &m1, &m2, &tm]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        d.cmd(&["LOCK.RELEASE", &key("sa"), &String::from_utf8(ta).unwrap()]),
+        Resp::Int(1)
+    );
+    assert_eq!(d.cmd(&["LOCK.SESSION", "CLOSE", sid]), Resp::Int(0));
+}
