@@ -126,9 +126,9 @@ impl Store for RedisStore<'_> {
             return None;
         }
         let mut k = RedisKey::owned(self.ctx, name, self.listening);
-        k.slot_pending = self
-            .cluster
-            .is_some_and(|c| c.confirming(crate::cluster::key_slot(name)));
+        let slot = crate::cluster::key_slot(name);
+        k.slot_pending = self.cluster.is_some_and(|c| c.confirming(slot));
+        k.exported = self.cluster.is_some_and(|c| c.exports_slot(slot));
         Some(k)
     }
 

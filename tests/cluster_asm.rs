@@ -709,7 +709,16 @@ fn session_locks_move_with_their_lease_and_a_keepalive_in_flight() {
     // A multi-key waiter on the source, behind the session's lock.
     let mut waiter = Pending::send(
         port,
-        &["LOCK.ACQUIREALL", "2", &m1, &key("free"), "PX", "60000", "BLOCK", "20000"],
+        &[
+            "LOCK.ACQUIREALL",
+            "2",
+            &m1,
+            &key("free"),
+            "PX",
+            "60000",
+            "BLOCK",
+            "20000",
+        ],
     );
     wait_waiters(&mut s, &m1, 1);
     assert_eq!(
@@ -736,7 +745,10 @@ fn session_locks_move_with_their_lease_and_a_keepalive_in_flight() {
     let mut d = conn(&cluster.nodes[to]);
     assert_eq!(holder_fences(&info(&mut d, &key("sa"))), vec![fa]);
     let ttl = info_int(&mut d, &key("sa"), "ttl");
-    assert!(ttl > 30_000, "the keepalive before the cut-over: ttl {ttl} on the target");
+    assert!(
+        ttl > 30_000,
+        "the keepalive before the cut-over: ttl {ttl} on the target"
+    );
     // Past the session's first lease: the locks are still held there.
     thread::sleep(Duration::from_millis(3000));
     for k in [&key("sa"), &m1, &m2] {
@@ -756,7 +768,7 @@ fn session_locks_move_with_their_lease_and_a_keepalive_in_flight() {
     let tm = String::from_utf8(tm).unwrap();
     assert_eq!(
         d.cmd(&["LOCK.RELEASEALL", "2", &m1, &m2, &tm]),
-        Resp::Int(1)
+        Resp::Int(2)
     );
     assert_eq!(
         d.cmd(&["LOCK.RELEASE", &key("sa"), &String::from_utf8(ta).unwrap()]),

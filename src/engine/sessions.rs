@@ -24,7 +24,7 @@ use std::collections::{BTreeSet, HashMap};
 use super::timeline::Task;
 use super::{Engine, Event, Gate, Keyspace, QueueKey, Sched, Slot, Store};
 use crate::error::LockError;
-use crate::lock::codec::repl::SessionChange;
+use crate::lock::codec::repl::{Change, SessionChange};
 use crate::lock::value::Digest;
 use crate::reply::{Bytes, Reply};
 
@@ -328,6 +328,17 @@ impl<W> Engine<W> {
         let after = v.next_lease_end();
         self.reindex(db, &name, before, after);
         if !lower {
+            if ks.exported() {
+                // An atomic slot migration streams this key to its next node, which gets
+                // no keyless LOCK.SREPL: the renewal goes there per holder.
+                for (fence, _) in &fences {
+                    ks.replicate(Change::Renew {
+                        fence: *fence,
+                        deadline,
+                        floor: 0,
+                    });
+                }
+            }
             ks.changed(Event::Extend);
         }
         self.note(db, &name, self.now);
@@ -393,6 +404,18 @@ impl<W> Engine<W> {
             }
             s.keys.insert((db, name.into()));
             self.schedule_end(&d);
+        }
+    }
+
+    /// A holder of session `d` was renewed to `deadline` by a keyed change (the stream of
+    /// an atomic slot migration carries a keepalive so): the session lasts at least as
+    /// long here.
+    pub(super) fn session_renewed(&mut self, d: &Digest, deadline: i64) {
+        if let Some(s) = self.sessions.by_digest.get_mut(d) {
+            if deadline > s.deadline {
+                s.deadline = deadline;
+                self.schedule_end(d);
+            }
         }
     }
 
