@@ -776,3 +776,58 @@ fn session_locks_move_with_their_lease_and_a_keepalive_in_flight() {
     );
     assert_eq!(d.cmd(&["LOCK.SESSION", "CLOSE", sid]), Resp::Int(0));
 }
+
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn a_session_closed_or_lapsed_while_its_slot_streams_leaves_nothing_on_the_target() {
+    require_asm();
+    let (cluster, from) = cluster(2);
+    let to = 1 - from;
+    let mut s = conn(&cluster.nodes[from]);
+    let (closed, lapsed) = ("asm-session-closed-0001", "asm-session-lapsed-0001");
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", closed, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", lapsed, "PX", "2500"]),
+        Resp::Int(1)
+    );
+    granted(&s.cmd(&acq(&key("c1"), &["SESSION", closed])));
+    granted(&s.cmd(&acq(&key("c2"), &["SHARED", "SESSION", closed])));
+    let (_, own) = granted(&s.cmd(&acq(&key("c2"), &["SHARED", "PX", "60000"])));
+    let all = s.cmd(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        &key("l1"),
+        &key("l2"),
+        "SESSION",
+        lapsed,
+    ]);
+    assert_eq!(all.items().len(), 2, "{all:?}");
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "1"]),
+        ok()
+    );
+    start_move(&cluster, from, to);
+    wait_export(&cluster, from, "waiting-to-pause");
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(s.cmd(&["LOCK.SESSION", "CLOSE", closed]), Resp::Int(2));
+    // The other session's lease runs out while the slot streams.
+    assert!(wait_until(SETTLE, || s
+        .cmd(&["EXISTS", &key("l1"), &key("l2")])
+        .int()
+        == 0));
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "0"]),
+        ok()
+    );
+    wait_export(&cluster, from, "success");
+    let mut d = conn(&cluster.nodes[to]);
+    assert_eq!(
+        d.cmd(&["EXISTS", &key("c1"), &key("l1"), &key("l2")]),
+        Resp::Int(0),
+        "locks of ended sessions on the target"
+    );
+    assert_eq!(holder_fences(&info(&mut d, &key("c2"))), vec![own]);
+}
