@@ -782,3 +782,31 @@ fn session_shared_multi_key_and_delayed_locks_survive_rewrite_replay_and_full_sy
     );
     assert_eq!(holder_fences(&info(&mut c, "lock:mx3")).len(), 1);
 }
+
+/// A keepalive from a script (or another module's call) has no connection to bind the
+/// session to: it renews the lease, and the session's binding stays with connections. A
+/// bound session whose connection closed, kept alive once from EVAL, is bound again by
+/// the next keepalive from a connection, and ends when that one closes.
+#[test]
+fn a_keepalive_from_a_script_does_not_bind_the_session_to_the_script() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    let id = "session-id-script-0001";
+    let mut owner = conn(&s);
+    assert_eq!(
+        open(&mut owner, id, &["PX", "60000", "BIND", "300"]),
+        Resp::Int(1)
+    );
+    in_session(&mut owner, "lock:sb1", id, &[]);
+    drop(owner);
+    let script = "return redis.call('LOCK.SESSION', 'KEEPALIVE', ARGV[1])";
+    assert_eq!(c.cmd(&["EVAL", script, "0", id]), Resp::Int(1));
+    let mut again = conn(&s);
+    assert_eq!(again.cmd(&["LOCK.SESSION", "KEEPALIVE", id]), Resp::Int(1));
+    drop(again);
+    assert!(
+        wait_until(SETTLE, || info(&mut c, "lock:sb1") == Resp::Nil),
+        "the session outlived the connection of its last keepalive: {:?}",
+        c.cmd(&["LOCK.SESSION", "INFO", id])
+    );
+}

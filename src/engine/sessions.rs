@@ -216,13 +216,16 @@ impl<W> Engine<W> {
 
     /// `LOCK.SESSION KEEPALIVE`: the session's lease (and every lock it holds) runs `ttl`
     /// ms from now (its own TTL when None). A bound session whose connection closed is
-    /// bound to `client` (the caller) again. False: no such session here (it ended).
+    /// bound to `client` (the caller's connection) again; a caller without one (a script,
+    /// another module's call: None) renews the lease only, and the grace period runs on
+    /// until a keepalive from a connection binds it (bound to a client that never closes,
+    /// the session would never end by its binding again). False: no such session here.
     pub fn session_keepalive<St: Store>(
         &mut self,
         store: &mut St,
         d: &Digest,
         ttl: Option<u64>,
-        client: u64,
+        client: Option<u64>,
     ) -> bool {
         let clock = store.clock();
         self.now = self.now.max(clock.mono);
@@ -236,8 +239,8 @@ impl<W> Engine<W> {
             s.ttl = t;
         }
         let ttl = s.ttl;
-        let rebind = match (s.bound, s.ending) {
-            (Some((_, grace)), Some(_)) => Some((client, grace)),
+        let rebind = match (s.bound, s.ending, client) {
+            (Some((_, grace)), Some(_), Some(client)) => Some((client, grace)),
             _ => None,
         };
         let deadline = clock.after_ms(i64::try_from(ttl).unwrap_or(i64::MAX));
