@@ -831,3 +831,116 @@ fn a_session_closed_or_lapsed_while_its_slot_streams_leaves_nothing_on_the_targe
     );
     assert_eq!(holder_fences(&info(&mut d, &key("c2"))), vec![own]);
 }
+
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn twenty_moves_under_an_acquireall_loop_in_sessions_open_on_both_nodes() {
+    require_asm();
+    let (cluster, first) = cluster(2);
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..3u64)
+        .map(|i| {
+            let (ports, stop) = (ports.clone(), Arc::clone(&stop));
+            thread::spawn(move || {
+                let mut r = Routed::connect(&ports).unwrap();
+                let mut seen = Vec::new();
+                let mut other = 0u32;
+                let t = tok(&format!("asm-all-{i}"));
+                // Each client's session, open on both nodes: its locks move between them.
+                let sid = format!("asm-all-session-{i:08}");
+                for p in &ports {
+                    let mut c = RawConn::connect(*p);
+                    let opened = c.cmd(&["LOCK.SESSION", "OPEN", &sid, "PX", "60000"]);
+                    assert_eq!(opened, Resp::Int(1));
+                }
+                let (k1, k2) = (key("all1"), key("all2"));
+                while !stop.load(Ordering::Relaxed) {
+                    let args = [
+                        "LOCK.ACQUIREALL",
+                        "2",
+                        &k1,
+                        &k2,
+                        "SESSION",
+                        &sid,
+                        "TOKEN",
+                        &t,
+                        "BLOCK",
+                        "300",
+                    ];
+                    let asked = t0.elapsed();
+                    let reply = r.call(k1.as_bytes(), &args, SETTLE).unwrap();
+                    let answered = t0.elapsed();
+                    let fence = match &reply {
+                        Resp::Array(a) if a.len() == 2 => a[1].items()[0].int(),
+                        Resp::Nil => continue,
+                        Resp::Error(e) if e.starts_with("LOCKMOVED") => {
+                            other += 1;
+                            continue;
+                        }
+                        other => panic!("{other:?}"),
+                    };
+                    seen.push(Seen {
+                        asked: asked.as_nanos(),
+                        answered: answered.as_nanos(),
+                        fence,
+                    });
+                    let mine = format!("{i}:{fence}");
+                    let set = ["LOCK.IFHELD", &k2, &t, "SET", &key("allowner"), &mine];
+                    let get = ["LOCK.IFHELD", &k2, &t, "GET", &key("allowner")];
+                    let wrote = r.call(k1.as_bytes(), &set, SETTLE).unwrap();
+                    let read = r.call(k1.as_bytes(), &get, SETTLE).unwrap();
+                    if wrote == ok() {
+                        let alone = read == Resp::Bulk(mine.clone().into_bytes());
+                        assert!(
+                            alone || is_err_with(&read, "NOTHELD"),
+                            "{mine}: another holder wrote {read:?}"
+                        );
+                    }
+                    let rel = ["LOCK.RELEASEALL", "2", &k1, &k2, &t];
+                    let released = r.call(k1.as_bytes(), &rel, SETTLE).unwrap();
+                    assert!(matches!(released, Resp::Int(0..=2)), "{released:?}");
+                }
+                (seen, other)
+            })
+        })
+        .collect();
+    let mut at = first;
+    for _ in 0..20 {
+        let to = 1 - at;
+        migrate(&cluster, at, to);
+        at = to;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut seen = Vec::new();
+    let mut moved = 0;
+    for c in clients {
+        let (s, m) = c.join().unwrap();
+        seen.extend(s);
+        moved += m;
+    }
+    let mut by_answer: Vec<&Seen> = seen.iter().collect();
+    by_answer.sort_by_key(|g| g.answered);
+    let mut by_ask: Vec<&Seen> = seen.iter().collect();
+    by_ask.sort_by_key(|g| g.asked);
+    let (mut i, mut top, mut regressions) = (0, i64::MIN, 0);
+    for g in by_ask {
+        while i < by_answer.len() && by_answer[i].answered < g.asked {
+            top = top.max(by_answer[i].fence);
+            i += 1;
+        }
+        regressions += usize::from(g.fence <= top);
+    }
+    eprintln!(
+        "{} multi-key grants, {moved} LOCKMOVED over 20 moves",
+        seen.len()
+    );
+    assert!(seen.len() >= 20, "{} grants over 20 moves", seen.len());
+    assert_eq!(
+        regressions,
+        0,
+        "fence regressions over {} grants",
+        seen.len()
+    );
+}
