@@ -944,3 +944,50 @@ fn twenty_moves_under_an_acquireall_loop_in_sessions_open_on_both_nodes() {
         seen.len()
     );
 }
+
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn a_keepalive_renewing_locks_of_several_slots_reaches_the_target_of_one() {
+    require_asm();
+    let (cluster, from) = cluster(2);
+    let to = 1 - from;
+    let mut s = conn(&cluster.nodes[from]);
+    // A key of another slot the source keeps.
+    let stays = (0..10_000)
+        .map(|n| format!("stays:{n}"))
+        .find(|k| {
+            let sl = key_slot(k.as_bytes());
+            sl != slot() && cluster.slot_owner(sl) == Some(from)
+        })
+        .expect("a key staying on the source");
+    let sid = "asm-session-two-slots-01";
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", sid, "PX", "4000"]),
+        Resp::Int(1)
+    );
+    granted(&s.cmd(&acq(&stays, &["SESSION", sid])));
+    granted(&s.cmd(&acq(&key("goes"), &["SESSION", sid])));
+    granted(&s.cmd(&acq(&key("goes2"), &["SHARED", "SESSION", sid])));
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "1"]),
+        ok()
+    );
+    start_move(&cluster, from, to);
+    wait_export(&cluster, from, "waiting-to-pause");
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "0"]),
+        ok()
+    );
+    wait_export(&cluster, from, "success");
+    let mut d = conn(&cluster.nodes[to]);
+    for k in [key("goes"), key("goes2")] {
+        let ttl = info_int(&mut d, &k, "ttl");
+        assert!(ttl > 30_000, "{k}: ttl {ttl} on the target");
+    }
+    assert!(info_int(&mut s, &stays, "ttl") > 30_000);
+}
