@@ -213,6 +213,11 @@ impl Cluster {
         !self.exports.is_empty()
     }
 
+    /// Whether an atomic slot migration exports `slot` now.
+    pub fn exports_slot(&self, slot: usize) -> bool {
+        in_ranges(&self.exports, slot)
+    }
+
     /// Whether this node stopped serving some slot since the last call (the watchers of
     /// keys there are told to follow them).
     pub fn take_lost(&mut self) -> bool {

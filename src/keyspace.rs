@@ -38,6 +38,8 @@ pub struct RedisKey<'a> {
     pub classic_waiter: bool,
     /// In a cluster: this node is still confirming the key's slot (no grant on it yet).
     pub slot_pending: bool,
+    /// In a cluster: an atomic slot migration streams the key's slot to another node.
+    pub exported: bool,
 }
 
 impl<'a> RedisKey<'a> {
@@ -54,6 +56,7 @@ impl<'a> RedisKey<'a> {
             in_command: true,
             classic_waiter: false,
             slot_pending: false,
+            exported: false,
         }
     }
 
@@ -70,6 +73,7 @@ impl<'a> RedisKey<'a> {
             in_command: false,
             classic_waiter: false,
             slot_pending: false,
+            exported: false,
         }
     }
 
@@ -176,6 +180,10 @@ impl Keyspace for RedisKey<'_> {
             self.ctx.notify(class, event, name);
         }
         self.ctx.signal_modified(name);
+    }
+
+    fn exported(&self) -> bool {
+        self.exported
     }
 
     fn gate(&mut self) -> Gate {

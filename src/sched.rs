@@ -126,9 +126,11 @@ impl Store for RedisStore<'_> {
             return None;
         }
         let mut k = RedisKey::owned(self.ctx, name, self.listening);
-        k.slot_pending = self
-            .cluster
-            .is_some_and(|c| c.confirming(crate::cluster::key_slot(name)));
+        if let Some(c) = self.cluster {
+            let slot = crate::cluster::key_slot(name);
+            k.slot_pending = c.confirming(slot);
+            k.exported = c.exports_slot(slot);
+        }
         Some(k)
     }
 

@@ -157,7 +157,9 @@ fn session_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Reply<'a>, LockError>
         if st.replica && !matches!(sub, Sub::Info(_)) {
             return Err(LockError::ReadOnly);
         }
-        if matches!(sub, Sub::Open { bind: Some(_), .. }) && !st.is_connection(client) {
+        // A script's or another module's call has a client that never disconnects.
+        let caller = st.is_connection(client).then_some(client);
+        if matches!(sub, Sub::Open { bind: Some(_), .. }) && caller.is_none() {
             // A script's or another module's call has a client that never disconnects:
             // the binding would never end the session.
             return Err(LockError::Syntax(
@@ -174,7 +176,7 @@ fn session_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Result<Reply<'a>, LockError>
                 };
                 Reply::bool(engine.session_open(store, sched, req))
             }
-            Sub::Keepalive(ttl) => Reply::bool(engine.session_keepalive(store, &d, ttl, client)),
+            Sub::Keepalive(ttl) => Reply::bool(engine.session_keepalive(store, &d, ttl, caller)),
             Sub::Close => match engine.session_close(store, sched, &d) {
                 Some(n) => Reply::Int(i64::try_from(n).unwrap_or(i64::MAX)),
                 None => Reply::Nil,

@@ -688,3 +688,306 @@ fn fifty_moves_back_and_forth_under_an_acquire_release_loop() {
         "a call took {slowest:?}"
     );
 }
+
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn session_locks_move_with_their_lease_and_a_keepalive_in_flight() {
+    require_asm();
+    let (cluster, from) = cluster(2);
+    let to = 1 - from;
+    let port = cluster.nodes[from].port;
+    let mut s = conn(&cluster.nodes[from]);
+    let sid = "asm-session-id-000000001";
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", sid, "PX", "4000", "OWNER", "mover"]),
+        Resp::Int(1)
+    );
+    let (ta, fa) = granted(&s.cmd(&acq(&key("sa"), &["SESSION", sid])));
+    let (m1, m2) = (key("m1"), key("m2"));
+    let all = s.cmd(&["LOCK.ACQUIREALL", "2", &m1, &m2, "SESSION", sid]);
+    let tm = all.items()[0].bytes();
+    // A multi-key waiter on the source, behind the session's lock.
+    let mut waiter = Pending::send(
+        port,
+        &[
+            "LOCK.ACQUIREALL",
+            "2",
+            &m1,
+            &key("free"),
+            "PX",
+            "60000",
+            "BLOCK",
+            "20000",
+        ],
+    );
+    wait_waiters(&mut s, &m1, 1);
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "1"]),
+        ok()
+    );
+    start_move(&cluster, from, to);
+    wait_export(&cluster, from, "waiting-to-pause");
+    thread::sleep(Duration::from_millis(1500));
+    // The client keeps its session alive where it took the locks, while they stream.
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "0"]),
+        ok()
+    );
+    wait_export(&cluster, from, "success");
+    let r = waiter
+        .reply_within(Duration::from_secs(5))
+        .expect("an answer at the cut-over");
+    assert!(is_err_with(&r, "LOCKMOVED"), "{r:?}");
+    let mut d = conn(&cluster.nodes[to]);
+    assert_eq!(holder_fences(&info(&mut d, &key("sa"))), vec![fa]);
+    let ttl = info_int(&mut d, &key("sa"), "ttl");
+    assert!(
+        ttl > 30_000,
+        "the keepalive before the cut-over: ttl {ttl} on the target"
+    );
+    // Past the session's first lease: the locks are still held there.
+    thread::sleep(Duration::from_millis(3000));
+    for k in [&key("sa"), &m1, &m2] {
+        assert!(info(&mut d, k) != Resp::Nil, "{k}: held on the target");
+    }
+    let session = d.cmd(&["LOCK.SESSION", "INFO", sid]);
+    assert_eq!(session.get("locks"), Some(Resp::Int(3)), "{session:?}");
+    assert_eq!(
+        session.get("owner"),
+        Some(Resp::Bulk(b"mover".to_vec())),
+        "{session:?}"
+    );
+    assert_eq!(
+        d.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    let tm = String::from_utf8(tm).unwrap();
+    assert_eq!(
+        d.cmd(&["LOCK.RELEASEALL", "2", &m1, &m2, &tm]),
+        Resp::Int(2)
+    );
+    assert_eq!(
+        d.cmd(&["LOCK.RELEASE", &key("sa"), &String::from_utf8(ta).unwrap()]),
+        Resp::Int(1)
+    );
+    assert_eq!(d.cmd(&["LOCK.SESSION", "CLOSE", sid]), Resp::Int(0));
+}
+
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn a_session_closed_or_lapsed_while_its_slot_streams_leaves_nothing_on_the_target() {
+    require_asm();
+    let (cluster, from) = cluster(2);
+    let to = 1 - from;
+    let mut s = conn(&cluster.nodes[from]);
+    let (closed, lapsed) = ("asm-session-closed-0001", "asm-session-lapsed-0001");
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", closed, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", lapsed, "PX", "2500"]),
+        Resp::Int(1)
+    );
+    granted(&s.cmd(&acq(&key("c1"), &["SESSION", closed])));
+    granted(&s.cmd(&acq(&key("c2"), &["SHARED", "SESSION", closed])));
+    let (_, own) = granted(&s.cmd(&acq(&key("c2"), &["SHARED", "PX", "60000"])));
+    let all = s.cmd(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        &key("l1"),
+        &key("l2"),
+        "SESSION",
+        lapsed,
+    ]);
+    assert_eq!(all.items().len(), 2, "{all:?}");
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "1"]),
+        ok()
+    );
+    start_move(&cluster, from, to);
+    wait_export(&cluster, from, "waiting-to-pause");
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(s.cmd(&["LOCK.SESSION", "CLOSE", closed]), Resp::Int(2));
+    // The other session's lease runs out while the slot streams.
+    assert!(wait_until(SETTLE, || s
+        .cmd(&["EXISTS", &key("l1"), &key("l2")])
+        .int()
+        == 0));
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "0"]),
+        ok()
+    );
+    wait_export(&cluster, from, "success");
+    let mut d = conn(&cluster.nodes[to]);
+    assert_eq!(
+        d.cmd(&["EXISTS", &key("c1"), &key("l1"), &key("l2")]),
+        Resp::Int(0),
+        "locks of ended sessions on the target"
+    );
+    assert_eq!(holder_fences(&info(&mut d, &key("c2"))), vec![own]);
+}
+
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn twenty_moves_under_an_acquireall_loop_in_sessions_open_on_both_nodes() {
+    require_asm();
+    let (cluster, first) = cluster(2);
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..3u64)
+        .map(|i| {
+            let (ports, stop) = (ports.clone(), Arc::clone(&stop));
+            thread::spawn(move || {
+                let mut r = Routed::connect(&ports).unwrap();
+                let mut seen = Vec::new();
+                let mut other = 0u32;
+                let t = tok(&format!("asm-all-{i}"));
+                // Each client's session, open on both nodes: its locks move between them.
+                let sid = format!("asm-all-session-{i:08}");
+                for p in &ports {
+                    let mut c = RawConn::connect(*p);
+                    let opened = c.cmd(&["LOCK.SESSION", "OPEN", &sid, "PX", "60000"]);
+                    assert_eq!(opened, Resp::Int(1));
+                }
+                let (k1, k2) = (key("all1"), key("all2"));
+                while !stop.load(Ordering::Relaxed) {
+                    let args = [
+                        "LOCK.ACQUIREALL",
+                        "2",
+                        &k1,
+                        &k2,
+                        "SESSION",
+                        &sid,
+                        "TOKEN",
+                        &t,
+                        "BLOCK",
+                        "300",
+                    ];
+                    let asked = t0.elapsed();
+                    let reply = r.call(k1.as_bytes(), &args, SETTLE).unwrap();
+                    let answered = t0.elapsed();
+                    let fence = match &reply {
+                        Resp::Array(a) if a.len() == 2 => a[1].items()[0].int(),
+                        Resp::Nil => continue,
+                        Resp::Error(e) if e.starts_with("LOCKMOVED") => {
+                            other += 1;
+                            continue;
+                        }
+                        other => panic!("{other:?}"),
+                    };
+                    seen.push(Seen {
+                        asked: asked.as_nanos(),
+                        answered: answered.as_nanos(),
+                        fence,
+                    });
+                    let mine = format!("{i}:{fence}");
+                    let set = ["LOCK.IFHELD", &k2, &t, "SET", &key("allowner"), &mine];
+                    let get = ["LOCK.IFHELD", &k2, &t, "GET", &key("allowner")];
+                    let wrote = r.call(k1.as_bytes(), &set, SETTLE).unwrap();
+                    let read = r.call(k1.as_bytes(), &get, SETTLE).unwrap();
+                    if wrote == ok() {
+                        let alone = read == Resp::Bulk(mine.clone().into_bytes());
+                        assert!(
+                            alone || is_err_with(&read, "NOTHELD"),
+                            "{mine}: another holder wrote {read:?}"
+                        );
+                    }
+                    let rel = ["LOCK.RELEASEALL", "2", &k1, &k2, &t];
+                    let released = r.call(k1.as_bytes(), &rel, SETTLE).unwrap();
+                    assert!(matches!(released, Resp::Int(0..=2)), "{released:?}");
+                }
+                (seen, other)
+            })
+        })
+        .collect();
+    let mut at = first;
+    for _ in 0..20 {
+        let to = 1 - at;
+        migrate(&cluster, at, to);
+        at = to;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut seen = Vec::new();
+    let mut moved = 0;
+    for c in clients {
+        let (s, m) = c.join().unwrap();
+        seen.extend(s);
+        moved += m;
+    }
+    let mut by_answer: Vec<&Seen> = seen.iter().collect();
+    by_answer.sort_by_key(|g| g.answered);
+    let mut by_ask: Vec<&Seen> = seen.iter().collect();
+    by_ask.sort_by_key(|g| g.asked);
+    let (mut i, mut top, mut regressions) = (0, i64::MIN, 0);
+    for g in by_ask {
+        while i < by_answer.len() && by_answer[i].answered < g.asked {
+            top = top.max(by_answer[i].fence);
+            i += 1;
+        }
+        regressions += usize::from(g.fence <= top);
+    }
+    eprintln!(
+        "{} multi-key grants, {moved} LOCKMOVED over 20 moves",
+        seen.len()
+    );
+    assert!(seen.len() >= 20, "{} grants over 20 moves", seen.len());
+    assert_eq!(
+        regressions,
+        0,
+        "fence regressions over {} grants",
+        seen.len()
+    );
+}
+
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn a_keepalive_renewing_locks_of_several_slots_reaches_the_target_of_one() {
+    require_asm();
+    let (cluster, from) = cluster(2);
+    let to = 1 - from;
+    let mut s = conn(&cluster.nodes[from]);
+    // A key of another slot the source keeps.
+    let stays = (0..10_000)
+        .map(|n| format!("stays:{n}"))
+        .find(|k| {
+            let sl = key_slot(k.as_bytes());
+            sl != slot() && cluster.slot_owner(sl) == Some(from)
+        })
+        .expect("a key staying on the source");
+    let sid = "asm-session-two-slots-01";
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", sid, "PX", "4000"]),
+        Resp::Int(1)
+    );
+    granted(&s.cmd(&acq(&stays, &["SESSION", sid])));
+    granted(&s.cmd(&acq(&key("goes"), &["SESSION", sid])));
+    granted(&s.cmd(&acq(&key("goes2"), &["SHARED", "SESSION", sid])));
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "1"]),
+        ok()
+    );
+    start_move(&cluster, from, to);
+    wait_export(&cluster, from, "waiting-to-pause");
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "0"]),
+        ok()
+    );
+    wait_export(&cluster, from, "success");
+    let mut d = conn(&cluster.nodes[to]);
+    for k in [key("goes"), key("goes2")] {
+        let ttl = info_int(&mut d, &k, "ttl");
+        assert!(ttl > 30_000, "{k}: ttl {ttl} on the target");
+    }
+    assert!(info_int(&mut s, &stays, "ttl") > 30_000);
+}

@@ -74,3 +74,54 @@ fn a_later_started_node_s_fences_are_not_lost_when_the_free_slot_moves() {
     );
     fence_after_slot_move(&cluster, 0, 1, "later", &[]);
 }
+
+/// The same through LOCK.ACQUIREALL: its MINFENCE lift reaches the other nodes, so the
+/// fences of its keys never go back when their free slot moves.
+#[test]
+fn an_acquireall_minfence_lift_is_not_lost_when_the_free_slot_moves() {
+    let cluster = Cluster::start(3);
+    let (a, b) = (0, 1);
+    let lift = ((redis_lock_testkit::unix_ms() + 3_600_000 - 2_000) as u64)
+        << redis_lock_testkit::lock::FENCE_SHIFT;
+    let (tag, slot) = key_on(&cluster, b, "liftall");
+    let (k1, k2) = (format!("{{{tag}}}:1"), format!("{{{tag}}}:2"));
+    let t = tok("cluster-all");
+    let mut cb = conn(&cluster.nodes[b]);
+    let lift_s = lift.to_string();
+    let mut r = Resp::Nil;
+    assert!(wait_until(SETTLE, || {
+        r = cb.cmd(&[
+            "LOCK.ACQUIREALL",
+            "2",
+            &k1,
+            &k2,
+            "PX",
+            "60000",
+            "TOKEN",
+            &t,
+            "MINFENCE",
+            &lift_s,
+        ]);
+        !is_err_with(&r, "TRYAGAIN")
+    }));
+    let fences: Vec<i64> = r.items()[1]
+        .items()
+        .iter()
+        .filter_map(|f| f.as_int())
+        .collect();
+    assert_eq!(fences.len(), 2, "{r:?}");
+    assert!(fences[0] as u64 >= lift, "{fences:?} below MINFENCE {lift}");
+    assert_eq!(
+        cb.cmd(&["LOCK.RELEASEALL", "2", &k1, &k2, &t]),
+        Resp::Int(2)
+    );
+    cluster
+        .migrate_slot(slot, a, Duration::from_millis(100))
+        .unwrap_or_else(|e| panic!("moving slot {slot}: {e}"));
+    let (_, fence_a) = acquire_on(&cluster.nodes[a], &k2, &["PX", "60000"]);
+    assert!(
+        fence_a > fences[1],
+        "{k2}: fence {fence_a} on node {a} after its slot moved, node {b} had given {}",
+        fences[1]
+    );
+}

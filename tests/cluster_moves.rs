@@ -242,3 +242,101 @@ fn fences_never_go_back_per_key_across_many_slot_moves() {
         &regressions[..regressions.len().min(10)]
     );
 }
+
+/// Sessions and multi-key locks meet a legacy slot move (MIGRATE of each key): the
+/// session's locks (taken one key and several at once) arrive whole with their session's
+/// lease, the target learns the session (its keepalive renews them there), a multi-key
+/// waiter on the source gets TRYAGAIN, and ACQUIREALL on the target works once the slot
+/// is confirmed there.
+#[test]
+fn session_and_multi_key_locks_follow_a_legacy_migrate() {
+    let cluster = Cluster::start(2);
+    let k = |n: &str| format!("{{mvs}}:{n}");
+    let slot = key_slot(b"mvs");
+    let from = cluster.slot_owner(slot).expect("an owner");
+    let to = 1 - from;
+    let mut s = conn(&cluster.nodes[from]);
+    let sid = "moves-session-id-00000001";
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", sid, "PX", "60000", "OWNER", "mv"]),
+        Resp::Int(1)
+    );
+    let (a, b, c) = (k("a"), k("b"), k("c"));
+    let t = tok("mvs-all");
+    let all = s.cmd(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        &a,
+        &b,
+        "MODES",
+        "EXCLUSIVE",
+        "SHARED",
+        "SESSION",
+        sid,
+        "TOKEN",
+        &t,
+    ]);
+    assert_eq!(all.items().len(), 2, "{all:?}");
+    let (tc, fc) = granted(&s.cmd(&acq(&c, &["SESSION", sid])));
+    let mut waiter = Pending::send(
+        cluster.nodes[from].port,
+        &[
+            "LOCK.ACQUIREALL",
+            "2",
+            &a,
+            &k("d"),
+            "PX",
+            "60000",
+            "BLOCK",
+            "20000",
+        ],
+    );
+    wait_waiters(&mut s, &a, 1);
+    // What the key is, without the source's waiter.
+    let durable = |c: &mut RawConn, key: &str| {
+        paths::durable_info(c, key).map(|f| {
+            f.into_iter()
+                .filter(|(n, _)| n != "longest-wait")
+                .collect::<Vec<_>>()
+        })
+    };
+    let before: Vec<_> = [&a, &b, &c]
+        .iter()
+        .map(|key| durable(&mut s, key))
+        .collect();
+    let moved = cluster.migrate_slot(slot, to, Duration::ZERO).unwrap();
+    assert_eq!(moved, 3, "keys moved");
+    let r = waiter
+        .reply_within(Duration::from_secs(5))
+        .expect("an answer to the waiter");
+    // As a one-key waiter there: the client retries and is redirected.
+    assert!(is_err_with(&r, "TRYAGAIN"), "{r:?}");
+    let mut d = conn(&cluster.nodes[to]);
+    for (key, w) in [&a, &b, &c].iter().zip(&before) {
+        let got = durable(&mut d, key);
+        if let Err(e) = paths::same_state(w, &got) {
+            panic!("{key} on the target: {e}");
+        }
+    }
+    let session = d.cmd(&["LOCK.SESSION", "INFO", sid]);
+    assert_eq!(session.get("locks"), Some(Resp::Int(3)), "{session:?}");
+    assert_eq!(
+        d.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "90000"]),
+        Resp::Int(1)
+    );
+    assert!(info_int(&mut d, &c, "ttl") > 80_000);
+    // A multi-key grant on the target (TRYAGAIN while it confirms the slot).
+    let mut got = Resp::Nil;
+    assert!(wait_until(SETTLE, || {
+        got = d.cmd(&["LOCK.ACQUIREALL", "2", &k("e"), &k("f"), "PX", "60000"]);
+        !is_err_with(&got, "TRYAGAIN")
+    }));
+    assert_eq!(got.items().len(), 2, "{got:?}");
+    assert_eq!(fc, holder_fences(&info(&mut d, &c))[0]);
+    assert_eq!(
+        d.cmd(&["LOCK.RELEASE", &c, &String::from_utf8(tc).unwrap()]),
+        Resp::Int(1)
+    );
+    assert_eq!(d.cmd(&["LOCK.SESSION", "CLOSE", sid]), Resp::Int(2));
+    assert_eq!(d.cmd(&["EXISTS", &a, &b]), Resp::Int(0));
+}

@@ -14,8 +14,9 @@ use regress::*;
 use std::collections::BTreeMap;
 
 /// One step: a command line (arguments split at spaces) whose `$F<i>` / `$T<i>`
-/// arguments are the fence / token of step i's grant, `$X` the scenario's MINFENCE and
-/// `$D` a data key beside the lock key (for the guarded writes).
+/// arguments are the fence / token of step i's grant, `$X` the scenario's MINFENCE,
+/// `$D` a data key beside the lock key (for the guarded writes, or a second lock key) and
+/// `$S` a session id of the scenario's own.
 type Step = &'static str;
 
 /// (name, steps). Each runs on its own key (`$K`).
@@ -100,6 +101,40 @@ const SCENARIOS: &[(&str, &[Step])] = &[
         ],
     ),
     (
+        "session",
+        &[
+            "LOCK.SESSION OPEN $S PX 60000 OWNER paths-job",
+            "LOCK.ACQUIRE $K SESSION $S TOKEN paths-token-a-0001 OWNER in-session",
+            "LOCK.ACQUIRE $K SESSION $S TOKEN paths-token-a-0001",
+            "LOCK.ACQUIRE $K PX 60000 TOKEN paths-token-a-0001",
+            "LOCK.EXTEND $K paths-token-a-0001 PX 1000",
+            "LOCK.ACQUIRE $D SHARED SESSION $S TOKEN paths-token-b-0002",
+            "LOCK.SESSION KEEPALIVE $S PX 90000",
+            "LOCK.SESSION INFO $S",
+            "LOCK.SESSION CLOSE $S",
+            "LOCK.INFO $K",
+            "LOCK.ACQUIRE $K SESSION $S",
+            "LOCK.SESSION OPEN $S PX 60000",
+            "LOCK.ACQUIRE $K SESSION $S TOKEN paths-token-c-0003",
+            "LOCK.INFO $K",
+        ],
+    ),
+    (
+        "multi-key",
+        &[
+            "LOCK.ACQUIREALL 2 $K $D PX 60000 TOKEN paths-token-a-0001 OWNER both",
+            "LOCK.ACQUIREALL 2 $K $D PX 60000 TOKEN paths-token-a-0001",
+            "LOCK.ACQUIREALL 2 $D $K PX 1000",
+            "LOCK.EXTENDALL 2 $K $D paths-token-a-0001 PX 90000",
+            "LOCK.RELEASEALL 2 $K $D paths-token-a-0001",
+            "LOCK.ACQUIREALL 2 $K $D MODES SHARED LIMIT=2 PX 60000 TOKEN paths-token-b-0002 LOCKDELAY 100",
+            "LOCK.ACQUIREALL 2 $K $D MODES SHARED LIMIT=2 PX 60000 TOKEN paths-token-c-0003",
+            "LOCK.RELEASEALL 2 $K $D paths-token-c-0003",
+            "LOCK.INFO $K",
+            "LOCK.INFO $D",
+        ],
+    ),
+    (
         "classic-string",
         &[
             "SET $K classic-token-0001 NX PX 60000",
@@ -139,6 +174,7 @@ fn run_via(
 ) -> Vec<Resp> {
     let mut replies: Vec<Resp> = Vec::new();
     let data = format!("{key}:data");
+    let session = format!("{key}:session-id");
     for step in steps {
         let argv: Vec<String> = step
             .split(' ')
@@ -147,6 +183,8 @@ fn run_via(
                     key.to_string()
                 } else if a == "$D" {
                     data.clone()
+                } else if a == "$S" {
+                    session.clone()
                 } else if a == "$X" {
                     minfence.to_string()
                 } else if let Some(i) = a.strip_prefix("$F") {
@@ -174,9 +212,19 @@ fn run_via(
                 paths::send(c, Path::Direct, &argv)
             }
         };
-        replies.push(reply);
+        replies.push(unkeyed(reply, key, &data));
     }
     replies
+}
+
+/// A reply with the scenario's key names (which differ by path) as `$K` and `$D`.
+fn unkeyed(r: Resp, key: &str, data: &str) -> Resp {
+    match r {
+        Resp::Bulk(b) if b == key.as_bytes() => Resp::Bulk(b"$K".to_vec()),
+        Resp::Bulk(b) if b == data.as_bytes() => Resp::Bulk(b"$D".to_vec()),
+        Resp::Array(a) => Resp::Array(a.into_iter().map(|x| unkeyed(x, key, data)).collect()),
+        other => other,
+    }
 }
 
 fn run(c: &mut RawConn, path: Path, key: &str, steps: &[Step], minfence: u64) -> Vec<Resp> {
@@ -226,9 +274,10 @@ fn normalize(r: &Resp, ranks: &BTreeMap<i64, usize>) -> Resp {
             ])
         }
         Resp::Array(a) => {
-            let is_fields = r
-                .try_pairs()
-                .is_some_and(|p| p.first().is_some_and(|(k, _)| k == "state" || k == "fence"));
+            let is_fields = r.try_pairs().is_some_and(|p| {
+                p.first()
+                    .is_some_and(|(k, _)| ["state", "fence", "ttl"].contains(&k.as_str()))
+            });
             if is_fields {
                 let pairs = r.pairs();
                 Resp::Array(

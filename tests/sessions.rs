@@ -648,3 +648,165 @@ fn a_sessions_end_answers_its_waiters_at_once() {
 fn waiters_of(c: &mut RawConn, key: &str) -> i64 {
     info_opt(c, key, "waiters").unwrap_or(0)
 }
+
+/// Sessions meet the other kinds of lock state: SHARED and LIMIT holders of a session
+/// (taken one key or several at once) beside holders of their own, a lock-delay behind a
+/// session's holder, a lock-delay running on a free key. An AOF rewritten without its
+/// RDB preamble, replayed at restart, and a new replica's full sync carry all of it.
+#[test]
+fn session_shared_multi_key_and_delayed_locks_survive_rewrite_replay_and_full_sync() {
+    let mut p = primary()
+        .arg("appendonly", "yes")
+        .arg("aof-use-rdb-preamble", "no")
+        .start();
+    let mut c = conn(&p);
+    assert_eq!(
+        open(&mut c, S, &["PX", "60000", "OWNER", "mix"]),
+        Resp::Int(1)
+    );
+    in_session(
+        &mut c,
+        "lock:mx1",
+        S,
+        &[
+            "SHARED",
+            "LOCKDELAY",
+            "5000",
+            "TOKEN",
+            "mix-token-000000001",
+        ],
+    );
+    granted(&c.cmd(&acq(
+        "lock:mx1",
+        &[
+            "SHARED",
+            "PX",
+            "60000",
+            "TOKEN",
+            "mix-token-000000002",
+            "OWNER",
+            "solo",
+        ],
+    )));
+    let all = c.cmd(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        "lock:mx2",
+        "lock:mx3",
+        "MODES",
+        "SHARED",
+        "LIMIT=2",
+        "SESSION",
+        S,
+        "LOCKDELAY",
+        "3000",
+        "TOKEN",
+        "mix-token-000000003",
+    ]);
+    assert_eq!(all.items().len(), 2, "{all:?}");
+    granted(&c.cmd(&acq(
+        "lock:mx3",
+        &["LIMIT", "2", "PX", "60000", "TOKEN", "mix-token-000000004"],
+    )));
+    // A lock-delay running on a key whose holder's lease ended.
+    granted(&c.cmd(&acq("lock:mxd", &["PX", "50", "LOCKDELAY", "30000"])));
+    assert!(wait_until(SETTLE, || {
+        info(&mut c, "lock:mxd")
+            .get("state")
+            .and_then(|s| s.as_text())
+            == Some("delayed".into())
+    }));
+    let keys = ["lock:mx1", "lock:mx2", "lock:mx3", "lock:mxd"];
+    // The time left of a running lock-delay moves on: its state is what must arrive.
+    let durable = |c: &mut RawConn, k: &str| {
+        paths::durable_info(c, k).map(|f| {
+            f.into_iter()
+                .filter(|(n, _)| k != "lock:mxd" || n != "lock-delay")
+                .collect::<Vec<_>>()
+        })
+    };
+    let want: Vec<_> = keys.iter().map(|k| durable(&mut c, k)).collect();
+    let check = |c: &mut RawConn, how: &str| {
+        for (k, w) in keys.iter().zip(&want) {
+            let got = durable(c, k);
+            if let Err(e) = paths::same_state(w, &got) {
+                panic!("{k} after {how}: {e}");
+            }
+        }
+        let s = c.cmd(&["LOCK.SESSION", "INFO", S]);
+        assert_eq!(s.get("locks"), Some(Resp::Int(3)), "{how}: {s:?}");
+        assert_eq!(s.get("lease"), Some(Resp::Int(60000)), "{how}: {s:?}");
+        assert_eq!(
+            s.get("owner"),
+            Some(Resp::Bulk(b"mix".to_vec())),
+            "{how}: {s:?}"
+        );
+        let delay = info_int(c, "lock:mxd", "lock-delay");
+        assert!(
+            delay > 20_000,
+            "{how}: the lock-delay runs on ({delay} ms left)"
+        );
+    };
+    let r = replica_of(&p, ServerBuilder::new());
+    caught_up(&p, &r);
+    check(&mut conn(&r), "a full sync");
+    // Started, or scheduled after the replica's sync.
+    let rw = c.cmd(&["BGREWRITEAOF"]).as_text().unwrap_or_default();
+    assert!(
+        rw.starts_with("Background append only file rewriting"),
+        "{rw}"
+    );
+    assert!(
+        wait_until(SETTLE, || {
+            p.info_field("persistence", "aof_rewrite_in_progress")
+                .as_deref()
+                == Some("0")
+                && p.info_field("persistence", "aof_rewrite_scheduled")
+                    .as_deref()
+                    == Some("0")
+        }),
+        "the rewrite ended"
+    );
+    drop(c);
+    p.kill9();
+    p.try_restart().unwrap();
+    let mut c = conn(&p);
+    check(&mut c, "an AOF rewrite replayed");
+    assert_eq!(c.cmd(&acq("lock:mxd", &["PX", "1000"])), Resp::Nil);
+    // The session's end ends its holders there and leaves the others.
+    assert_eq!(c.cmd(&["LOCK.SESSION", "CLOSE", S]), Resp::Int(3));
+    assert_eq!(
+        holder_fences(&info(&mut c, "lock:mx1")).len(),
+        1,
+        "the holder of its own stays"
+    );
+    assert_eq!(holder_fences(&info(&mut c, "lock:mx3")).len(), 1);
+}
+
+/// A keepalive from a script (or another module's call) has no connection to bind the
+/// session to: it renews the lease, and the session's binding stays with connections. A
+/// bound session whose connection closed, kept alive once from EVAL, is bound again by
+/// the next keepalive from a connection, and ends when that one closes.
+#[test]
+fn a_keepalive_from_a_script_does_not_bind_the_session_to_the_script() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    let id = "session-id-script-0001";
+    let mut owner = conn(&s);
+    assert_eq!(
+        open(&mut owner, id, &["PX", "60000", "BIND", "300"]),
+        Resp::Int(1)
+    );
+    in_session(&mut owner, "lock:sb1", id, &[]);
+    drop(owner);
+    let script = "return redis.call('LOCK.SESSION', 'KEEPALIVE', ARGV[1])";
+    assert_eq!(c.cmd(&["EVAL", script, "0", id]), Resp::Int(1));
+    let mut again = conn(&s);
+    assert_eq!(again.cmd(&["LOCK.SESSION", "KEEPALIVE", id]), Resp::Int(1));
+    drop(again);
+    assert!(
+        wait_until(SETTLE, || info(&mut c, "lock:sb1") == Resp::Nil),
+        "the session outlived the connection of its last keepalive: {:?}",
+        c.cmd(&["LOCK.SESSION", "INFO", id])
+    );
+}

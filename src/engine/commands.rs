@@ -483,7 +483,11 @@ impl<W> Engine<W> {
                     let before = v.next_lease_end();
                     v.set_deadline(fence, deadline);
                     let after = v.next_lease_end();
+                    let session = v.find_fence(fence).and_then(|h| h.session()).copied();
                     self.reindex(db, &name, before, after);
+                    if let Some(d) = session {
+                        self.session_renewed(&d, deadline);
+                    }
                 }
             }
             ReplCmd::Delay { until } => {

@@ -136,6 +136,12 @@ pub trait Keyspace {
     /// A client starts waiting for this classic string lock (the shell may need to
     /// listen for what happens to it).
     fn waits_on_classic(&mut self);
+    /// Whether a Valkey atomic slot migration streams this key's slot to another node
+    /// now: the stream carries only keyed commands, so a change replicas learn keyless
+    /// (a session's keepalive) must be sent for this key too.
+    fn exported(&self) -> bool {
+        false
+    }
 }
 
 /// Blocked clients and wake-ups, as the shell provides them.

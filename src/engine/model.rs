@@ -966,7 +966,7 @@ impl Harness {
                     &mut store,
                     &d,
                     Some(u64::from(ttl)),
-                    u64::from(client),
+                    Some(u64::from(client)),
                 );
                 assert_eq!(ok, open, "KEEPALIVE of client {client}'s session");
                 if ok {

@@ -24,7 +24,7 @@ use std::collections::{BTreeSet, HashMap};
 use super::timeline::Task;
 use super::{Engine, Event, Gate, Keyspace, QueueKey, Sched, Slot, Store};
 use crate::error::LockError;
-use crate::lock::codec::repl::SessionChange;
+use crate::lock::codec::repl::{Change, SessionChange};
 use crate::lock::value::Digest;
 use crate::reply::{Bytes, Reply};
 
@@ -216,13 +216,16 @@ impl<W> Engine<W> {
 
     /// `LOCK.SESSION KEEPALIVE`: the session's lease (and every lock it holds) runs `ttl`
     /// ms from now (its own TTL when None). A bound session whose connection closed is
-    /// bound to `client` (the caller) again. False: no such session here (it ended).
+    /// bound to `client` (the caller's connection) again; a caller without one (a script,
+    /// another module's call: None) renews the lease only, and the grace period runs on
+    /// until a keepalive from a connection binds it (bound to a client that never closes,
+    /// the session would never end by its binding again). False: no such session here.
     pub fn session_keepalive<St: Store>(
         &mut self,
         store: &mut St,
         d: &Digest,
         ttl: Option<u64>,
-        client: u64,
+        client: Option<u64>,
     ) -> bool {
         let clock = store.clock();
         self.now = self.now.max(clock.mono);
@@ -236,8 +239,8 @@ impl<W> Engine<W> {
             s.ttl = t;
         }
         let ttl = s.ttl;
-        let rebind = match (s.bound, s.ending) {
-            (Some((_, grace)), Some(_)) => Some((client, grace)),
+        let rebind = match (s.bound, s.ending, client) {
+            (Some((_, grace)), Some(_), Some(client)) => Some((client, grace)),
             _ => None,
         };
         let deadline = clock.after_ms(i64::try_from(ttl).unwrap_or(i64::MAX));
@@ -328,6 +331,17 @@ impl<W> Engine<W> {
         let after = v.next_lease_end();
         self.reindex(db, &name, before, after);
         if !lower {
+            if ks.exported() {
+                // An atomic slot migration streams this key to its next node, which gets
+                // no keyless LOCK.SREPL: the renewal goes there per holder.
+                for (fence, _) in &fences {
+                    ks.replicate(Change::Renew {
+                        fence: *fence,
+                        deadline,
+                        floor: 0,
+                    });
+                }
+            }
             ks.changed(Event::Extend);
         }
         self.note(db, &name, self.now);
@@ -393,6 +407,18 @@ impl<W> Engine<W> {
             }
             s.keys.insert((db, name.into()));
             self.schedule_end(&d);
+        }
+    }
+
+    /// A holder of session `d` was renewed to `deadline` by a keyed change (the stream of
+    /// an atomic slot migration carries a keepalive so): the session lasts at least as
+    /// long here.
+    pub(super) fn session_renewed(&mut self, d: &Digest, deadline: i64) {
+        if let Some(s) = self.sessions.by_digest.get_mut(d) {
+            if deadline > s.deadline {
+                s.deadline = deadline;
+                self.schedule_end(d);
+            }
         }
     }
 

@@ -455,4 +455,7 @@ impl<K: Keyspace> Keyspace for Kept<'_, K> {
     fn waits_on_classic(&mut self) {
         self.ks.waits_on_classic()
     }
+    fn exported(&self) -> bool {
+        self.ks.exported()
+    }
 }
