@@ -592,6 +592,10 @@ impl Session {
                 keys.len()
             )));
         }
+        let mut seen = std::collections::HashSet::new();
+        if let Some((k, _)) = keys.iter().find(|(k, _)| !seen.insert(*k)) {
+            return Err(Error::Invalid(format!("the key {k:?} is given twice")));
+        }
         for (_, m) in keys {
             if let LockMode::Counted(n) = m {
                 if !(1..=MAX_LIMIT).contains(n) {
