@@ -175,6 +175,7 @@ fn acquire_option(opt: &[u8]) -> Option<usize> {
     const SHARED: u64 = w(Shared);
     const MINFENCE: u64 = w(MinFence);
     const LOCKDELA: u64 = w(LockDelay);
+    const SESSION: u64 = w(Session);
     let kind = match (opt.len(), folded(opt)) {
         (2, PX) => Px,
         (2, EX) => Ex,
@@ -183,6 +184,7 @@ fn acquire_option(opt: &[u8]) -> Option<usize> {
         (5, BLOCK) => Block,
         (5, LIMIT) => Limit,
         (6, SHARED) => Shared,
+        (7, SESSION) => Session,
         (8, MINFENCE) => MinFence,
         (9, LOCKDELA) if opt[8] & !0x20 == b'Y' => LockDelay,
         _ => return None,
