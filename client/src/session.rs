@@ -726,6 +726,7 @@ impl Session {
     /// call that timed out may have been granted with its reply lost, so `undo` (the
     /// release of what it asked for) is sent in the background.
     fn failed(&self, e: Error, undo: impl FnOnce() -> Cmd) -> Error {
+        let e = e.or_no_session();
         if e.is_no_session() {
             mark_lost(&self.status, LossReason::NotHeld);
         } else if matches!(e, Error::Timeout { .. }) {

@@ -131,7 +131,11 @@ async fn closed_from_elsewhere_nosession_and_the_loss_signal() {
     assert!(matches!(e, Error::NoSession { .. }));
     assert_eq!(e.server_code(), None, "its own variant");
     assert!(e.to_string().contains("NOSESSION"), "{e}");
-    for lost in [session.lost(), a.lost(), b.lost()] {
+    assert_eq!(
+        lost_within(ms(1000), session.lost()).await,
+        LossReason::NotHeld
+    );
+    for lost in [a.lost(), b.lost()] {
         assert_eq!(lost_within(ms(1000), lost).await, LossReason::NotHeld);
     }
     assert!(!a.is_held());
