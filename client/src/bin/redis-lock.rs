@@ -2041,6 +2041,38 @@ mod tests {
     }
 
     #[test]
+    fn several_names_and_bind() {
+        let a = args(&[
+            "run", "a", "--also", "b", "--also", "c", "-w", "1m", "--", "x",
+        ]);
+        assert!(a.in_session());
+        assert_eq!(a.names(), ["a", "b", "c"]);
+        assert_eq!(a.shown_names(), "a, b and c");
+        assert_eq!(a.rest, vec!["x"]);
+        assert_eq!(a.bind, None);
+        let a = args(&["run", "--bind", "0", "a", "x"]);
+        assert!(a.in_session());
+        assert_eq!(a.bind, Some(Duration::ZERO));
+        assert!(!args(&["run", "a", "x"]).in_session());
+        for bad in [
+            &["run", "a", "--also", "a", "x"][..],
+            &[
+                "run",
+                "--nodes",
+                "redis://h:1,redis://h:2",
+                "a",
+                "--also",
+                "b",
+                "x",
+            ],
+            &["run", "--hold", "1h", "a", "--also", "b", "x"],
+            &["acquire", "a", "--also", "b"],
+        ] {
+            assert!(matches!(p(bad), Err((EXIT_USAGE, _))), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn nodes_and_token() {
         let a = args(&["run", "--nodes", "redis://a,redis://b,,", "job", "true"]);
         assert_eq!(a.nodes.unwrap(), vec!["redis://a", "redis://b"]);
