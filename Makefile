@@ -249,7 +249,7 @@ perf-guard-baseline: bench-deps build
 	$(PERF_GUARD) --save-baseline "$(REASON)"
 
 # ---- client crate, CLI and any-client examples (issue 5) --------------------------------
-#   make test-client     the client crate's tests (single server, Redlock on 5 servers,
+#   make test-client     the client crate's tests (single server, sessions, Redlock on 5 servers,
 #                        the redis-lock CLI, a 3-master cluster, the metrics exporter and
 #                        Debian's redis exporter: monitoring-tools) once per server
 #   make test-examples   examples/run.sh: examples/python/{inventory,election}.py (redis-py,

@@ -71,6 +71,11 @@ pub enum Error {
     /// A TLS connection the server ended, with what probably went wrong (a client
     /// certificate the server requires and was not given).
     Tls { node: String, detail: String },
+    /// The session is not open on the server at `node` (`NOSESSION`): it ended (closed,
+    /// its lease ran out, its bound connection closed, the server restarted without
+    /// it), so every lock it held there is gone and nothing can be taken in it. The
+    /// [`Session`](crate::Session)'s loss signal fires with it. Never carries the id.
+    NoSession { node: String },
     /// Redlock: fewer than a majority of the nodes could be asked at all (down, stopped,
     /// too slow, a wrong password, a grant they could not confirm): neither a grant nor
     /// "held elsewhere" can be told.
@@ -164,6 +169,22 @@ impl Error {
         matches!(self, Error::NotHeld { .. })
     }
 
+    /// True for [`Error::NoSession`]: the session ended on the server (its locks are
+    /// gone).
+    pub fn is_no_session(&self) -> bool {
+        matches!(self, Error::NoSession { .. })
+    }
+
+    /// A `NOSESSION` error reply as [`Error::NoSession`]; any other error as it is.
+    pub(crate) fn or_no_session(self) -> Error {
+        match self {
+            Error::Redis { node, error } if error.code() == Some("NOSESSION") => {
+                Error::NoSession { node }
+            }
+            e => e,
+        }
+    }
+
     /// An error reply `NOTHELD ...` (`LOCK.IFHELD` / `LOCK.IFFENCE` refused to run the
     /// command).
     pub(crate) fn is_notheld_reply(&self) -> bool {
@@ -191,6 +212,7 @@ impl Error {
             | Error::ModuleMissing { node, .. }
             | Error::Unconfirmed { node, .. }
             | Error::Tls { node, .. }
+            | Error::NoSession { node }
             | Error::NotHeld { node, .. } => Some(node),
             _ => None,
         }
@@ -266,6 +288,11 @@ impl fmt::Display for Error {
                 }
             }
             Error::Tls { node, detail } => write!(f, "{node}: {detail}"),
+            Error::NoSession { node } => write!(
+                f,
+                "{node}: NOSESSION the session is not open on this server (it was closed, \
+                 its lease ran out or its connection closed): its locks there are gone"
+            ),
             Error::NotHeld { node, key, what } => write!(
                 f,
                 "{node}: {key} is not held by this holder any more (its lease ended, or it \
@@ -297,6 +324,7 @@ impl fmt::Debug for Error {
             Error::Unconfirmed { .. } => "Unconfirmed",
             Error::NotHeld { .. } => "NotHeld",
             Error::Tls { .. } => "Tls",
+            Error::NoSession { .. } => "NoSession",
             Error::NoQuorum { .. } => "NoQuorum",
         };
         write!(f, "{variant}({self})")

@@ -200,6 +200,90 @@ impl LockInfo {
     }
 }
 
+/// What `LOCK.SESSION INFO` says of an open session (never its id or a token).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionInfo {
+    /// Milliseconds until its lease ends.
+    pub ttl_ms: i64,
+    /// Its lease deadline, unix ms (server clock).
+    pub expires_at_ms: Option<i64>,
+    /// The lease a keepalive gives by default, ms.
+    pub lease_ms: Option<i64>,
+    pub owner: Option<String>,
+    /// Bound to a connection (it ends `grace_ms` after that connection closes).
+    pub bound: bool,
+    pub grace_ms: Option<i64>,
+    /// Ms left of a bound session whose connection closed (`None` otherwise).
+    pub ending_in_ms: Option<i64>,
+    /// How many locks it holds on this server.
+    pub locks: u64,
+    /// Up to 100 of them: (key, fence, db).
+    pub lock_list: Vec<(String, u64, i64)>,
+    /// Every field but `lock-list` as the server sent it, in order, for display.
+    pub fields: Vec<(String, Option<String>)>,
+}
+
+impl SessionInfo {
+    /// Parses the RESP2 flat field/value array or the RESP3 map; `Ok(None)` for nil.
+    pub(crate) fn from_value(v: &Value) -> Result<Option<SessionInfo>> {
+        if let Value::Nil = v {
+            return Ok(None);
+        }
+        let mut info = SessionInfo::default();
+        for (k, v) in pairs(v, "LOCK.SESSION INFO reply")? {
+            let key = text(k)?.unwrap_or_default();
+            if key == "lock-list" {
+                let Value::Array(items) = v else {
+                    return Err(Error::Protocol(format!(
+                        "LOCK.SESSION INFO lock-list {v:?}"
+                    )));
+                };
+                for item in items {
+                    match item {
+                        Value::Array(e) if e.len() == 3 => {
+                            let (name, fence, db) = (text(&e[0])?, text(&e[1])?, text(&e[2])?);
+                            match (name, num(&fence), num(&db)) {
+                                (Some(name), Some(fence), Some(db)) => {
+                                    info.lock_list.push((name, fence, db))
+                                }
+                                _ => {
+                                    return Err(Error::Protocol(
+                                        "LOCK.SESSION INFO lock-list entry is not [key, fence, db]"
+                                            .into(),
+                                    ))
+                                }
+                            }
+                        }
+                        other => {
+                            return Err(Error::Protocol(format!(
+                                "LOCK.SESSION INFO lock-list entry {other:?}"
+                            )))
+                        }
+                    }
+                }
+                continue;
+            }
+            let val = match v {
+                Value::Array(_) | Value::Map(_) | Value::Set(_) => render(v),
+                _ => text(v)?,
+            };
+            match key.as_str() {
+                "ttl" => info.ttl_ms = num(&val).unwrap_or(-1),
+                "expires-at" => info.expires_at_ms = num(&val),
+                "lease" => info.lease_ms = num(&val),
+                "owner" => info.owner = val.clone(),
+                "bound" => info.bound = num::<i64>(&val).is_some_and(|b| b != 0),
+                "grace" => info.grace_ms = num(&val),
+                "ending-in" => info.ending_in_ms = num(&val),
+                "locks" => info.locks = num(&val).unwrap_or(0),
+                _ => {}
+            }
+            info.fields.push((key, val));
+        }
+        Ok(Some(info))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,10 @@
 //! the TTL, never past the hold cap. The task turns the guard's status into
 //! [`LeaseStatus::Lost`] as soon as a renewal is refused (`0`), fails, or the deadline
 //! passes without one, and the loss signal ([`LockGuard::lost`]) fires.
+//!
+//! A [`Session`](crate::Session) runs the same task over its keepalive
+//! (`LOCK.SESSION KEEPALIVE`) instead of a lock's `LOCK.EXTEND`; the guards of its locks
+//! run none of their own: they follow the session's status.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::options::{drift, millis, AcquireOptions, LockMode};
 use crate::redlock::Quorum;
+use crate::session::Keeper;
 
 /// Why a lease ended while the guard still lived.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +81,10 @@ pub struct LeaseWatch {
 }
 
 impl LeaseWatch {
+    pub(crate) fn new(rx: watch::Receiver<LeaseStatus>) -> LeaseWatch {
+        LeaseWatch { rx }
+    }
+
     /// The current status.
     pub fn status(&self) -> LeaseStatus {
         self.rx.borrow().clone()
@@ -101,11 +110,13 @@ impl LeaseWatch {
     }
 }
 
-/// Where a guard's lock lives: one server (or cluster), or a Redlock quorum.
+/// Where a guard's lock lives: one server (or cluster), or a Redlock quorum; or the
+/// lease a session's task renews (`LOCK.SESSION KEEPALIVE`: no key, no token).
 #[derive(Clone)]
 pub(crate) enum Backend {
     Single(Arc<Node>),
     Quorum(Arc<Quorum>),
+    Session(Arc<Keeper>),
 }
 
 impl Backend {
@@ -129,6 +140,7 @@ impl Backend {
                     .then(|| start + ttl.saturating_sub(drift(ttl))))
             }
             Backend::Quorum(q) => q.extend(key, token, ttl).await,
+            Backend::Session(k) => k.keepalive(ttl, limit).await,
         }
     }
 
@@ -136,6 +148,7 @@ impl Backend {
         match self {
             Backend::Single(node) => node.release(key, token, node.opts.io_timeout).await,
             Backend::Quorum(q) => Ok(q.release(key, token).await >= q.quorum()),
+            Backend::Session(k) => Ok(k.close().await?.is_some()),
         }
     }
 
@@ -148,6 +161,7 @@ impl Backend {
                     .await
             }
             Backend::Quorum(q) => Ok(q.keep(key, token, left).await?.is_some()),
+            Backend::Session(_) => Err(in_session("a hold")),
         }
     }
 
@@ -180,6 +194,7 @@ impl Backend {
         match self {
             Backend::Single(node) => node.opts.io_timeout,
             Backend::Quorum(q) => q.io_timeout(),
+            Backend::Session(k) => k.io_timeout(),
         }
     }
 }
@@ -199,6 +214,16 @@ pub struct LockGuard {
     status: Arc<watch::Sender<LeaseStatus>>,
     task: Option<JoinHandle<()>>,
     done: bool,
+    /// Taken in a session: its lease is the session's (no extend, no hold).
+    in_session: bool,
+}
+
+/// What a lock of a session refuses: its lease is the session's.
+fn in_session(what: &str) -> Error {
+    Error::Invalid(format!(
+        "the lock was taken in a session: its lease is the session's (Session::keepalive \
+         renews every lock of it); {what} is refused"
+    ))
 }
 
 debug_shows!(
@@ -237,7 +262,7 @@ impl LockGuard {
             .zip(opts.renew_interval())
             .map(|(r, interval)| Plan {
                 interval,
-                cap_at: acquired_at + r.max_hold,
+                cap_at: Some(acquired_at + r.max_hold),
                 margin: opts.loss_margin(),
             });
         let task = tokio::spawn(lease_task(
@@ -260,6 +285,38 @@ impl LockGuard {
             status,
             task: Some(task),
             done: false,
+            in_session: false,
+        }
+    }
+
+    /// The guard of a lock granted in a session whose status is `session`: no lease
+    /// task of its own; a small task copies the session's status (its renewed
+    /// deadline, its loss, its close) into the guard's.
+    pub(crate) fn in_session(
+        node: Arc<Node>,
+        name: &str,
+        mode: LockMode,
+        token: String,
+        fence: Option<u64>,
+        ttl: Duration,
+        session: &watch::Sender<LeaseStatus>,
+    ) -> LockGuard {
+        let (tx, _) = watch::channel(session.borrow().clone());
+        let status = Arc::new(tx);
+        let task = tokio::spawn(follow(session.subscribe(), status.clone()));
+        LockGuard {
+            backend: Backend::Single(node),
+            name: name.to_string(),
+            token,
+            fence,
+            mode,
+            ttl,
+            acquired_at: Instant::now(),
+            hold: None,
+            status,
+            task: Some(task),
+            done: false,
+            in_session: true,
         }
     }
 
@@ -335,6 +392,9 @@ impl LockGuard {
     /// `Ok(false)`: not held any more (the status turns `Lost(NotHeld)`).
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
         crate::options::check_ttl(ttl)?;
+        if self.in_session {
+            return Err(in_session("extend"));
+        }
         if !matches!(*self.status.borrow(), LeaseStatus::Held { .. }) {
             return Ok(false);
         }
@@ -420,6 +480,9 @@ impl LockGuard {
                 "a new label needs a lock on one server (LockClient)".into(),
             ));
         };
+        if self.in_session {
+            return Err(in_session("a new label"));
+        }
         if !matches!(*self.status.borrow(), LeaseStatus::Held { .. }) {
             return Ok(false);
         }
@@ -453,7 +516,7 @@ impl LockGuard {
     pub(crate) fn node(&self) -> Option<&Arc<Node>> {
         match &self.backend {
             Backend::Single(n) => Some(n),
-            Backend::Quorum(_) => None,
+            Backend::Quorum(_) | Backend::Session(_) => None,
         }
     }
 
@@ -477,6 +540,9 @@ impl LockGuard {
     /// free); `Ok(false)`: it was not held by this guard any more.
     pub async fn release_after(mut self, hold: Duration) -> Result<bool> {
         crate::options::check_ttl(hold)?;
+        if self.in_session {
+            return Err(in_session("a hold"));
+        }
         self.stop();
         self.done = true;
         self.backend
@@ -518,7 +584,8 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.done {
+        // Released already: by its session's close (nothing left to give back).
+        if self.done || matches!(*self.status.borrow(), LeaseStatus::Released) {
             return;
         }
         self.stop();
@@ -541,7 +608,7 @@ impl Drop for LockGuard {
     }
 }
 
-fn mark_lost(status: &watch::Sender<LeaseStatus>, reason: LossReason) {
+pub(crate) fn mark_lost(status: &watch::Sender<LeaseStatus>, reason: LossReason) {
     status.send_if_modified(|s| match s {
         LeaseStatus::Held { valid_until } => {
             *s = LeaseStatus::Lost {
@@ -562,14 +629,31 @@ fn current_deadline(status: &watch::Sender<LeaseStatus>) -> Option<Instant> {
 }
 
 /// What the lease task needs to renew.
-struct Plan {
+pub(crate) struct Plan {
     interval: Duration,
-    cap_at: Instant,
+    /// No renewal reaches past this (`None`: no cap).
+    cap_at: Option<Instant>,
     /// The loss signal fires this long before the lease can end when it was not renewed.
     margin: Duration,
 }
 
 impl Plan {
+    pub(crate) fn new(interval: Duration, margin: Duration, cap_at: Option<Instant>) -> Plan {
+        Plan {
+            interval,
+            cap_at,
+            margin,
+        }
+    }
+
+    /// The lease a renewal at `at` may ask for: `ttl`, or less up to the cap.
+    fn ttl_at(&self, ttl: Duration, at: Instant) -> Duration {
+        match self.cap_at {
+            Some(cap) => ttl.min(cap.saturating_duration_since(at)),
+            None => ttl,
+        }
+    }
+
     /// The pause before another try after a failed renewal.
     fn retry_pause(&self) -> Duration {
         (self.interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(500))
@@ -580,6 +664,68 @@ impl Plan {
 /// refused or reset (a server restarting, a Sentinel failover), too few Redlock nodes.
 fn retryable(e: &Error) -> bool {
     matches!(e, Error::Timeout { .. } | Error::NoQuorum { .. }) || e.is_connection_error()
+}
+
+/// The task of a session: [`lease_task`] over its keepalive.
+pub(crate) fn spawn_keepalive(
+    keeper: Arc<Keeper>,
+    ttl: Duration,
+    plan: Plan,
+    status: Arc<watch::Sender<LeaseStatus>>,
+) -> JoinHandle<()> {
+    let backend = Backend::Session(keeper);
+    tokio::spawn(lease_task(
+        backend,
+        "session".into(),
+        String::new(),
+        ttl,
+        Some(plan),
+        status,
+    ))
+}
+
+/// The task of a session's lock: the session's status, copied into the lock's until
+/// either is no longer `Held` (the lock released by hand stops it too).
+async fn follow(
+    mut session: watch::Receiver<LeaseStatus>,
+    status: Arc<watch::Sender<LeaseStatus>>,
+) {
+    let mut own = status.subscribe();
+    loop {
+        let now = session.borrow_and_update().clone();
+        let go_on = matches!(now, LeaseStatus::Held { .. });
+        let copied = status.send_if_modified(|s| match s {
+            LeaseStatus::Held { .. } => {
+                *s = now;
+                true
+            }
+            _ => false,
+        });
+        if !go_on || !copied {
+            return;
+        }
+        own.borrow_and_update();
+        tokio::select! {
+            changed = session.changed() => {
+                if changed.is_err() {
+                    // The session (and its task) are gone without a word: dropped.
+                    status.send_if_modified(|s| match s {
+                        LeaseStatus::Held { .. } => {
+                            *s = LeaseStatus::Released;
+                            true
+                        }
+                        _ => false,
+                    });
+                    return;
+                }
+            }
+            _ = own.changed() => {
+                if !matches!(*own.borrow(), LeaseStatus::Held { .. }) {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 async fn lease_task(
@@ -623,7 +769,7 @@ async fn lease_task(
         if let (Some(p), false, Some(d), false) = (&plan, capped, due, retry_too_late) {
             // A lease that ends before the next renewal (a manual extend): renew now.
             let at = if d >= lose_at { now } else { d.max(now) };
-            let ttl_then = ttl.min(p.cap_at.saturating_duration_since(at));
+            let ttl_then = p.ttl_at(ttl, at);
             let reach = at + ttl_then.saturating_sub(drift(ttl_then));
             if ttl_then >= Duration::from_millis(1) && reach > deadline {
                 renew_at = Some(at);
@@ -652,7 +798,7 @@ async fn lease_task(
         if now >= lose_at {
             continue;
         }
-        let ttl_now = ttl.min(p.cap_at.saturating_duration_since(now));
+        let ttl_now = p.ttl_at(ttl, now);
         if ttl_now < Duration::from_millis(1) {
             capped = true;
             continue;

@@ -7,6 +7,10 @@
 //!   soon as a renewal fails or the lease ends; a time limit on every network call.
 //! - Three kinds of lock ([`LockMode`]): exclusive, shared (a read-write lock:
 //!   [`AcquireOptions::shared`]) and counted (a semaphore: [`AcquireOptions::limit`]).
+//! - Sessions ([`LockClient::session`]): one lease for any number of locks, one
+//!   keepalive task for all of them, released together when the session is closed or
+//!   ends (bound to its connection, when the process dies); several keys all or none
+//!   ([`Session::acquire_all`], `LOCK.ACQUIREALL`). One server only.
 //! - [`Redlock`]: the same guard over a majority of N independent servers, with quorum
 //!   fencing (fences strictly increase across Redlock grants, see [`redlock`]).
 //! - Grants confirmed on the server's replicas by default ([`Confirm`]): a grant that a
@@ -106,13 +110,14 @@ mod lease;
 mod node;
 mod options;
 pub mod redlock;
+mod session;
 mod single;
 mod stats;
 mod target;
 
 pub use election::{CampaignOptions, Leader, Leadership, ObserveOptions, Observer};
 pub use error::{Error, Result};
-pub use info::{HolderInfo, LockInfo};
+pub use info::{HolderInfo, LockInfo, SessionInfo};
 pub use lease::{LeaseStatus, LeaseWatch, LockGuard, LossReason};
 pub use options::{
     drift, AcquireOptions, ClientOptions, Confirm, LockMode, Renewal, Tls, MAX_LIMIT,
@@ -121,5 +126,6 @@ pub use options::{
 /// `redis::Client`, and [`LockGuard::if_held`] a `redis::Cmd`, of this version.
 pub use redis;
 pub use redlock::{Redlock, RedlockOptions};
+pub use session::{Session, SessionLockOptions, SessionOptions, MAX_KEYS};
 pub use single::LockClient;
 pub use target::redact_url;

@@ -40,6 +40,8 @@ pub(crate) struct Acquire<'a> {
     pub ttl_ms: u64,
     pub owner: Option<&'a str>,
     pub mode: LockMode,
+    /// `SESSION id` instead of `PX ttl_ms`: the grant has the session's lease.
+    pub session: Option<&'a str>,
 }
 
 /// A lock granted by one node. `fence` is `None` where the module is not loaded.
@@ -549,7 +551,11 @@ impl Node {
                 c.arg("LIMIT").arg(n);
             }
         }
-        c.arg("PX").arg(req.ttl_ms).arg("TOKEN").arg(req.token);
+        match req.session {
+            Some(id) => c.arg("SESSION").arg(id),
+            None => c.arg("PX").arg(req.ttl_ms),
+        };
+        c.arg("TOKEN").arg(req.token);
         if let Some(o) = req.owner {
             c.arg("OWNER").arg(o);
         }
@@ -598,8 +604,11 @@ impl Node {
 
     /// The `SET NX PX` fallback holds one token per key: it cannot be a read-write lock
     /// or a semaphore, and silently taking an exclusive lock instead would be a surprise.
-    fn classic_supports(&self, mode: LockMode) -> Result<()> {
-        match mode {
+    fn classic_supports(&self, req: &Acquire<'_>) -> Result<()> {
+        if req.session.is_some() {
+            return Err(self.missing("A lock in a session"));
+        }
+        match req.mode {
             LockMode::Exclusive => Ok(()),
             LockMode::Shared => Err(self.missing("A shared lock")),
             LockMode::Counted(n) => Err(self.missing(format!("A counted lock (LIMIT {n})"))),
@@ -631,7 +640,7 @@ impl Node {
                 return Self::parse_grant(v, req.token);
             }
         }
-        self.classic_supports(req.mode)?;
+        self.classic_supports(req)?;
         self.note_fallback();
         if min_fence.is_some() {
             let (_, cmd) = Self::classic_extend_cmd(req.key, req.token, req.ttl_ms);
@@ -682,8 +691,8 @@ impl Node {
             Err(_) => return Err(self.timeout_error("LOCK.ACQUIRE", limit)),
         };
         if let Some(g) = grant {
-            self.confirm(&mut s, req.key, req.token, budget, true)
-                .await?;
+            let undo = self.release_cmd(req.key, req.token);
+            self.confirm(&mut s, req.key, budget, Some(undo)).await?;
             return Ok(Some(g));
         }
         Ok(None)
@@ -725,13 +734,13 @@ impl Node {
             if let Some(v) = self.module_reply(reply)? {
                 let grant = Self::parse_grant(v, req.token)?;
                 if grant.is_some() {
-                    self.confirm(&mut s, req.key, req.token, budget, true)
-                        .await?;
+                    let undo = self.release_cmd(req.key, req.token);
+                    self.confirm(&mut s, req.key, budget, Some(undo)).await?;
                 }
                 return Ok(grant);
             }
         }
-        self.classic_supports(req.mode)?;
+        self.classic_supports(req)?;
         loop {
             let limit = self.opts.io_timeout;
             if let Some(g) = self.try_acquire(req, None, limit, budget).await? {
@@ -743,6 +752,72 @@ impl Node {
             }
             tokio::time::sleep(pause).await;
         }
+    }
+
+    /// A grant command built by the caller (`LOCK.ACQUIREALL ...`): sent on the shared
+    /// connection (once more on a fresh one after a connection error: the caller's token
+    /// makes it an idempotent retry), or with `wait` (a `BLOCK` in `cmd`) on a connection
+    /// of its own, within the same limits as [`try_acquire`](Self::try_acquire) and
+    /// [`acquire_blocking`](Self::acquire_blocking). A grant (any reply but nil) is
+    /// confirmed on the replicas of `key`'s server within `budget`; if it is not, `undo`
+    /// (its release) is sent and the error returned. Needs the module.
+    pub(crate) async fn grant(
+        &self,
+        what: &'static str,
+        cmd: &Cmd,
+        key: &str,
+        undo: Cmd,
+        wait: Option<Duration>,
+        budget: ConfirmBudget,
+    ) -> Result<Value> {
+        let connect = self.opts.connect_timeout;
+        let outcome = match wait {
+            None => {
+                let limit = self.opts.io_timeout;
+                timeout(limit, async {
+                    let mut first = true;
+                    loop {
+                        let mut s = self.session(connect.min(limit)).await?;
+                        match self.query::<Value>(&mut s, cmd, None).await {
+                            Err(e)
+                                if first
+                                    && !s.fresh
+                                    && (e.is_connection_error() || self.demoted(&e)) =>
+                            {
+                                first = false;
+                            }
+                            r => return r.map(|v| (s, v)),
+                        }
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| Err(self.timeout_error(what, limit)))
+            }
+            Some(w) => {
+                let limit = w + self.opts.io_timeout + connect;
+                let response = w.max(budget.limit) + self.opts.io_timeout;
+                timeout(limit, async {
+                    let conn = self.open(connect, Some(response)).await?;
+                    let mut s = Session {
+                        generation: None,
+                        conn,
+                        fresh: true,
+                    };
+                    let v = self.query::<Value>(&mut s, cmd, None).await?;
+                    Ok((s, v))
+                })
+                .await
+                .unwrap_or_else(|_| Err(self.timeout_error(what, limit)))
+            }
+        };
+        let (mut s, reply) = match outcome {
+            Err(e) if e.is_unknown_command() => return Err(self.missing(what)),
+            r => r?,
+        };
+        if !matches!(reply, Value::Nil) {
+            self.confirm(&mut s, key, budget, Some(undo)).await?;
+        }
+        Ok(reply)
     }
 
     /// What `INFO replication` says of the replicas of the server that holds `key`,
@@ -818,16 +893,15 @@ impl Node {
         Ok(r)
     }
 
-    /// Confirms a write of `token` on `key` (a grant, a hand-off, a renew) on the
-    /// replicas, as [`Confirm`] says, within `budget`. On failure, with `give_back`, the
-    /// grant is released on the same connection before the error is returned.
+    /// Confirms a write on `key` (a grant, a hand-off, a renew) on the replicas, as
+    /// [`Confirm`] says, within `budget`. On failure, `give_back` (the release of the
+    /// grant) is sent on the same connection before the error is returned.
     async fn confirm(
         &self,
         s: &mut Session,
         key: &str,
-        token: &str,
         budget: ConfirmBudget,
-        give_back: bool,
+        give_back: Option<Cmd>,
     ) -> Result<()> {
         if self.opts.confirm == Confirm::Off || self.opts.confirm == Confirm::Replicas(0) {
             return Ok(());
@@ -841,8 +915,8 @@ impl Node {
                 false,
             ),
         };
-        if give_back {
-            let release = self.give_back(s, key, token);
+        if let Some(cmd) = give_back {
+            let release = self.give_back(s, key, cmd);
             if answered {
                 // The connection is free: the grant is gone when the error is returned.
                 release.await;
@@ -915,16 +989,10 @@ impl Node {
         })
     }
 
-    /// Releases `token`'s grant on `key` over `s` (so that it runs after anything still
-    /// running on that connection), bounded by the I/O timeout.
-    fn give_back(
-        &self,
-        s: &Session,
-        key: &str,
-        token: &str,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut conn = s.conn.clone();
-        let cmd = if self.module_missing() {
+    /// The owner-checked release of `token`'s grant on `key` (the module's, or the
+    /// classic Lua where the module is missing).
+    fn release_cmd(&self, key: &str, token: &str) -> Cmd {
+        if self.module_missing() {
             let mut c = redis::cmd("EVAL");
             c.arg(RELEASE_LUA).arg(1).arg(key).arg(token);
             c
@@ -932,7 +1000,18 @@ impl Node {
             let mut c = redis::cmd("LOCK.RELEASE");
             c.arg(key).arg(token);
             c
-        };
+        }
+    }
+
+    /// Sends `cmd`, the release of a grant on `key`, over `s` (so that it runs after
+    /// anything still running on that connection), bounded by the I/O timeout.
+    fn give_back(
+        &self,
+        s: &Session,
+        key: &str,
+        cmd: Cmd,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut conn = s.conn.clone();
         let (label, limit) = (self.label.clone(), self.opts.io_timeout);
         let key = key.to_string();
         async move {
@@ -1018,7 +1097,7 @@ impl Node {
                 wait: self.opts.confirm_timeout,
                 limit: self.opts.confirm_timeout + self.opts.io_timeout,
             };
-            self.confirm(&mut s, key, token, budget, false).await?;
+            self.confirm(&mut s, key, budget, None).await?;
         }
         Ok(held)
     }

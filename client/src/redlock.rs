@@ -214,6 +214,7 @@ impl Quorum {
             ttl_ms: millis(ttl),
             owner,
             mode,
+            session: None,
         };
 
         // Round 1: every node at once. A node's grant counts once its replicas confirmed

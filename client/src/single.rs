@@ -109,6 +109,7 @@ impl LockClient {
             ttl_ms,
             owner: opts.owner.as_deref(),
             mode: opts.mode,
+            session: None,
         };
         let wait = opts.wait.filter(|w| !w.is_zero());
         let start = Instant::now();

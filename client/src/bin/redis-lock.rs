@@ -9,7 +9,8 @@ use std::time::Duration;
 use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
 use redis_lock_client::{
     AcquireOptions, CampaignOptions, ClientOptions, Confirm, Error, Leader, LockClient, LockGuard,
-    LockMode, LossReason, ObserveOptions, Redlock, RedlockOptions, Renewal, Tls, MAX_LIMIT,
+    LockMode, LossReason, ObserveOptions, Redlock, RedlockOptions, Renewal, Session,
+    SessionLockOptions, SessionOptions, Tls, MAX_KEYS, MAX_LIMIT,
 };
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -77,6 +78,7 @@ Examples:
   redis-lock run job --ttl 5s -- sh -c 'echo fence $REDIS_LOCK_FENCE'
   redis-lock run --shared -w 1m catalog -- ./read-catalog
   redis-lock run --limit 4 -w 10m exports -- ./export
+  redis-lock run -w 1m acct:17 --also acct:42 -- ./transfer 17 42
 
 Once a day on every server, run by one of them (a crontab):
   REDIS_LOCK_URL=redis://lock-host:6379
@@ -95,7 +97,15 @@ are passed to CMD's group (SIGKILL after --grace). If redis-lock itself dies
 With --hold the lock stays taken after CMD succeeds (exit 0) until --hold
 after it was taken, so that servers whose clocks or cron runs are a little
 late find it busy (once per period); after a failed CMD it is released, so
-that another server can run the job (--hold-on-failure keeps it anyway).";
+that another server can run the job (--hold-on-failure keeps it anyway).
+
+Several locks (--also NAME, repeated): all are taken in one step or none
+(LOCK.ACQUIREALL; with -w it waits in every queue at once), in one session
+whose one keepalive every third of --ttl renews them all, and they are
+released together when CMD ends. If redis-lock dies (kill -9), the server
+releases them all when the session's --ttl runs out, or --bind GRACE after
+its connection closed. CMD also gets REDIS_LOCK_FENCES: the fences in the
+order of the names. --bind alone takes a single lock in a session too.";
 
 const ELECT_HELP: &str = "\
 Examples:
@@ -282,6 +292,15 @@ struct RunArgs {
     /// (the server does not answer) [default: a third of --ttl]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     margin: Option<Duration>,
+    /// Another lock to take with NAME (repeat it for more): all or none, in one
+    /// session, released together (one server only)
+    #[arg(long, value_name = "NAME")]
+    also: Vec<String>,
+    /// Bind the session to redis-lock's connection: if redis-lock dies, the server
+    /// releases every lock GRACE after the connection closed instead of when --ttl
+    /// runs out (takes the lock(s) in a session)
+    #[arg(long, value_name = "GRACE", value_parser = parse_duration)]
+    bind: Option<Duration>,
     #[command(flatten)]
     child: ChildArgs,
 }
@@ -587,6 +606,10 @@ struct Args {
     hold: Option<Duration>,
     hold_on_failure: bool,
     margin: Option<Duration>,
+    /// run: the other locks taken with `name` (in one session).
+    also: Vec<String>,
+    /// run: the session's bind grace.
+    bind: Option<Duration>,
     grace: Duration,
     timeout: Duration,
     confirm: Confirm,
@@ -602,6 +625,29 @@ struct Args {
     observe_for: Option<Duration>,
     block: Duration,
     metrics: Option<metrics::MetricsArgs>,
+}
+
+impl Args {
+    /// run takes its lock(s) in a session: several names, or --bind.
+    fn in_session(&self) -> bool {
+        !self.also.is_empty() || self.bind.is_some()
+    }
+
+    /// The lock names of a run: NAME, then each --also.
+    fn names(&self) -> Vec<&str> {
+        std::iter::once(self.name.as_str())
+            .chain(self.also.iter().map(String::as_str))
+            .collect()
+    }
+
+    /// The names for messages: `a`, or `a, b and c`.
+    fn shown_names(&self) -> String {
+        match self.names().as_slice() {
+            [one] => one.to_string(),
+            [init @ .., last] => format!("{} and {last}", init.join(", ")),
+            [] => String::new(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -665,6 +711,8 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
         hold: None,
         hold_on_failure: false,
         margin: None,
+        also: Vec::new(),
+        bind: None,
         grace: Duration::from_secs(10),
         timeout: g.timeout,
         confirm: match (g.no_confirm, g.replicas) {
@@ -726,6 +774,8 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
             a.hold = r.hold;
             a.hold_on_failure = r.hold_on_failure;
             a.margin = r.margin;
+            a.also = r.also;
+            a.bind = r.bind;
             child(&mut a, r.child, "run")?;
             (Sub::Run, r.name)
         }
@@ -801,6 +851,29 @@ fn resolve(cli: Cli) -> Result<Parsed, String> {
             .is_some_and(|v| v.is_empty() || v.len() > 256)
         {
             return Err("--value must be 1 to 256 bytes long".into());
+        }
+    }
+    if a.in_session() {
+        if a.nodes.is_some() {
+            return Err(
+                "--also and --bind need one server (--url): the locks are taken in a \
+                 session, which lives on one server"
+                    .into(),
+            );
+        }
+        if a.hold.is_some() {
+            return Err("--hold takes one lock without --also or --bind".into());
+        }
+        let names = a.names();
+        if names.len() > MAX_KEYS {
+            return Err(format!("at most {MAX_KEYS} locks in one run"));
+        }
+        if let Some(n) = names
+            .iter()
+            .enumerate()
+            .find_map(|(i, n)| names[..i].contains(n).then_some(n))
+        {
+            return Err(format!("{n} is named twice"));
         }
     }
     if let (LockMode::Counted(_), Some(_)) = (a.mode, &a.nodes) {
@@ -1188,7 +1261,106 @@ async fn finish_run(guard: LockGuard, a: &Args, code: i32) {
     }
 }
 
+/// What `run` and `elect` hold while CMD runs: one lock's guard, or a session and the
+/// guards of its locks (in the order of the names).
+enum Held {
+    Lock(LockGuard),
+    Session(Session, Vec<LockGuard>),
+}
+
+impl Held {
+    fn first(&self) -> &LockGuard {
+        match self {
+            Held::Lock(g) => g,
+            Held::Session(_, guards) => &guards[0],
+        }
+    }
+
+    /// The loss signal: the lock's, or the session's.
+    fn lost(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<LossReason>> + Send>> {
+        match self {
+            Held::Lock(g) => Box::pin(g.lost()),
+            Held::Session(s, _) => Box::pin(s.lost()),
+        }
+    }
+
+    fn valid_until(&self) -> Option<std::time::Instant> {
+        match self {
+            Held::Lock(g) => g.valid_until(),
+            Held::Session(s, _) => s.valid_until(),
+        }
+    }
+
+    /// Releases now: the lock, or every lock of the session at once (its close).
+    async fn release(self, a: &Args) {
+        match self {
+            Held::Lock(g) => release_quietly(g, &a.name).await,
+            Held::Session(s, guards) => {
+                match s.close().await {
+                    Ok(n) => log::debug!("released {} ({n} lock(s))", a.shown_names()),
+                    Err(e) => log::warn!(
+                        "release of {} failed: {e}; the session ends with its lease",
+                        a.shown_names()
+                    ),
+                }
+                drop(guards);
+            }
+        }
+    }
+}
+
+/// `run` in a session: every name (NAME and each --also) taken in one step
+/// (LOCK.ACQUIREALL), one keepalive for all, released together by the session's close.
+async fn cmd_run_session(a: &Args, locker: &Locker) -> i32 {
+    let Locker::Single(client) = locker else {
+        log::error!("--also and --bind need one server (--url)");
+        return EXIT_USAGE;
+    };
+    let o = acquire_options(a, false);
+    let mut so = SessionOptions::new(a.ttl).max_hold(a.max_hold);
+    so.owner = o.owner.clone();
+    so.bind = a.bind;
+    so.margin = a.margin;
+    let session = match client.session(&so).await {
+        Ok(s) => s,
+        Err(e) => return acquire_failed(a, &e),
+    };
+    let mut lo = SessionLockOptions::new().mode(a.mode);
+    lo.wait = a.wait;
+    let guards = match session.acquire_all(&a.names(), &lo).await {
+        Ok(Some(g)) => g,
+        Ok(None) => {
+            let _ = session.close().await;
+            let what = match a.also.len() {
+                0 => locker.busy_message(&a.name, a.mode),
+                _ => format!(
+                    "{}: at least one is held elsewhere (none was taken)",
+                    a.shown_names()
+                ),
+            };
+            log::info!("{what}; not running the command");
+            return a.busy_code;
+        }
+        Err(e) => {
+            let _ = session.close().await;
+            return acquire_failed(a, &e);
+        }
+    };
+    let fences: Vec<String> = guards
+        .iter()
+        .map(|g| g.fence().map_or(String::new(), |f| f.to_string()))
+        .collect();
+    log::debug!("acquired {} (fences {})", a.shown_names(), fences.join(" "));
+    let env = [("REDIS_LOCK_FENCES", fences.join(" "))];
+    supervise(Held::Session(session, guards), a, &env).await
+}
+
 async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
+    if a.in_session() {
+        return cmd_run_session(a, locker).await;
+    }
     let guard = match locker.acquire(&a.name, &acquire_options(a, true)).await {
         Ok(Some(g)) => g,
         Ok(None) => {
@@ -1205,23 +1377,23 @@ async fn cmd_run(a: &Args, locker: &Locker) -> i32 {
         a.name,
         guard.fence().map_or("none".to_string(), |f| f.to_string())
     );
-    supervise(guard, a, &[]).await
+    supervise(Held::Lock(guard), a, &[]).await
 }
 
 /// How CMD's run ends when it exits by itself: `run` releases (or keeps the lock for
-/// --hold), `elect` resigns.
-async fn finish(guard: LockGuard, a: &Args, code: i32) {
-    if a.sub == Sub::Elect {
-        return release_quietly(guard, &a.name).await;
+/// --hold), `elect` resigns, a session is closed.
+async fn finish(held: Held, a: &Args, code: i32) {
+    match held {
+        Held::Lock(guard) if a.sub != Sub::Elect => finish_run(guard, a, code).await,
+        other => other.release(a).await,
     }
-    finish_run(guard, a, code).await
 }
 
 /// Runs CMD while `guard` holds the lock (the lease renewed by the guard): CMD's exit
 /// code when it ends by itself, --lost-exit-code when the lease is lost first (CMD's
 /// group gets SIGTERM, then SIGKILL after --grace). `env` is added to CMD's
 /// environment.
-async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
+async fn supervise(held: Held, a: &Args, env: &[(&str, String)]) -> i32 {
     // Before CMD starts: from then on a signal to redis-lock is CMD's.
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
@@ -1229,9 +1401,10 @@ async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
         signal(SignalKind::hangup()),
     ) else {
         log::error!("cannot install signal handlers");
-        release_quietly(guard, &a.name).await;
+        held.release(a).await;
         return EXIT_UNAVAILABLE;
     };
+    let guard = held.first();
     let mut cmd = tokio::process::Command::new(&a.rest[0]);
     cmd.args(&a.rest[1..])
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -1248,7 +1421,7 @@ async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
         Ok(c) => c,
         Err(e) => {
             log::error!("cannot run {:?}: {e}", a.rest[0]);
-            release_quietly(guard, &a.name).await;
+            held.release(a).await;
             return if e.kind() == std::io::ErrorKind::NotFound {
                 EXIT_NOT_FOUND
             } else {
@@ -1268,8 +1441,7 @@ async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
             None
         }
     };
-    let lost = guard.lost();
-    tokio::pin!(lost);
+    let mut lost = held.lost();
     // When a signal passed on to CMD's group is followed by SIGKILL.
     let mut kill_at: Option<tokio::time::Instant> = None;
     let code = loop {
@@ -1282,14 +1454,14 @@ async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
                         EXIT_UNAVAILABLE
                     }
                 };
-                finish(guard, a, code).await;
+                finish(held, a, code).await;
                 break code;
             }
             reason = &mut lost => {
                 // SIGKILL after --grace, but never after the lease can end: the next
                 // holder may start then. (A lock taken away already has no such time.)
                 let mut kill = tokio::time::Instant::now() + a.grace;
-                if let (Some(r), Some(end)) = (&reason, guard.valid_until()) {
+                if let (Some(r), Some(end)) = (&reason, held.valid_until()) {
                     if *r != LossReason::NotHeld {
                         kill = kill.min(end.into());
                     }
@@ -1299,7 +1471,7 @@ async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
                 log::warn!(
                     "lease on {} lost ({reason}); sending SIGTERM to the command (SIGKILL \
                      in {} ms)",
-                    a.name,
+                    a.shown_names(),
                     left.as_millis()
                 );
                 signal_group(pgid, libc::SIGTERM);
@@ -1308,7 +1480,7 @@ async fn supervise(guard: LockGuard, a: &Args, env: &[(&str, String)]) -> i32 {
                     signal_group(pgid, libc::SIGKILL);
                     let _ = child.wait().await;
                 }
-                release_quietly(guard, &a.name).await;
+                held.release(a).await;
                 break a.lost_code;
             }
             _ = term.recv() => pass_on(pgid, libc::SIGTERM, &mut kill_at, a.grace),
@@ -1391,7 +1563,7 @@ async fn cmd_elect(a: &Args, locks: &LockClient) -> i32 {
     let term = leadership.term().to_string();
     log::debug!("{}: elected as {value:?} (term {term})", a.name);
     let env = [("REDIS_LOCK_VALUE", value), ("REDIS_LOCK_TERM", term)];
-    supervise(leadership.into_guard(), a, &env).await
+    supervise(Held::Lock(leadership.into_guard()), a, &env).await
 }
 
 /// A random token for a campaign the CLI may have to give up (the library makes the
@@ -1866,6 +2038,38 @@ mod tests {
         }
         assert_eq!(uuid_token().len(), 36);
         assert_ne!(uuid_token(), uuid_token());
+    }
+
+    #[test]
+    fn several_names_and_bind() {
+        let a = args(&[
+            "run", "a", "--also", "b", "--also", "c", "-w", "1m", "--", "x",
+        ]);
+        assert!(a.in_session());
+        assert_eq!(a.names(), ["a", "b", "c"]);
+        assert_eq!(a.shown_names(), "a, b and c");
+        assert_eq!(a.rest, vec!["x"]);
+        assert_eq!(a.bind, None);
+        let a = args(&["run", "--bind", "0", "a", "x"]);
+        assert!(a.in_session());
+        assert_eq!(a.bind, Some(Duration::ZERO));
+        assert!(!args(&["run", "a", "x"]).in_session());
+        for bad in [
+            &["run", "a", "--also", "a", "x"][..],
+            &[
+                "run",
+                "--nodes",
+                "redis://h:1,redis://h:2",
+                "a",
+                "--also",
+                "b",
+                "x",
+            ],
+            &["run", "--hold", "1h", "a", "--also", "b", "x"],
+            &["acquire", "a", "--also", "b"],
+        ] {
+            assert!(matches!(p(bad), Err((EXIT_USAGE, _))), "{bad:?}");
+        }
     }
 
     #[test]
