@@ -358,7 +358,8 @@ EXTRA_TESTS += test-deb
 #       RELIABILITY_SERVERS the servers of the scenarios that run on every server (leases:
 #                           leases across AOF/RDB restarts; guarded: LOCK.IFHELD writes of
 #                           paused holders; clock: +/-10 min wall-clock steps; chaos: server
-#                           operations under load; kinds: SHARED and LIMIT keys), one row
+#                           operations under load; kinds: SHARED and LIMIT keys;
+#                           sessions: kill -9 of session holders), one row
 #                           each; default all three
 #   make reliability-short  the same code and assertions with fewer operations (CI, ~3-5 min)
 #   (mutex and chaos rows: every history is also checked by stateright's linearizability

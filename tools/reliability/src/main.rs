@@ -60,7 +60,7 @@ struct RunArgs {
     #[arg(long, env = "RELIABILITY_SERVER", default_value = SERVER)]
     server: PathBuf,
     /// The servers of the scenarios that run on every server (leases, guarded, clock,
-    /// chaos, kinds), comma separated; default: --server.
+    /// chaos, kinds, sessions), comma separated; default: --server.
     #[arg(long, env = "RELIABILITY_SERVERS", value_delimiter = ',')]
     servers: Vec<PathBuf>,
     #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]

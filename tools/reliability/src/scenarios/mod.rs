@@ -49,5 +49,5 @@ pub const ALL: [Def; 12] = [
     def!(memory, false),
     def!(chaos, true),
     def!(kinds, true),
-    def!(sessions, false),
+    def!(sessions, true),
 ];
