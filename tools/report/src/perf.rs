@@ -872,6 +872,11 @@ mod tests {
         // Every server's throughput says whether it was server-bound.
         assert!(text.contains("server-bound") || text.contains("client-bound"));
         assert!(text.contains(&format!("<!-- perf:callgrind:begin -->\n{cg}<!--")));
+        // Issue 30's keepalive comparison, both sides in one table.
+        let k = run.keepalive.as_ref().expect("keepalive measured");
+        assert!(text.contains("### 7. Keepalive traffic") && k.sides.len() == 2);
+        let row = format!("| session: `{}` | 1 | ", k.sides[0].command);
+        assert!(text.contains(&row), "{text}");
 
         // One server, every goal met, no callgrind run.
         run.servers.truncate(1);
