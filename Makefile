@@ -181,12 +181,17 @@ contention-unit:
 #   make bench-guarded              only section 7 (issue 23: LOCK.IFHELD against WATCH/MULTI,
 #                                   observe hand-off latency; ~8 min here), replaced in perf.json
 #                                   and rendered; `make bench` measures it with the rest
+#   make bench-keepalive            only section 7 (issue 30: keepalive traffic of 1,000 locks,
+#                                   one session against per-lock LOCK.EXTEND, under callgrind
+#                                   on the first server; ~1 min), replaced in perf.json and
+#                                   rendered; `make bench` measures it with the rest
 # Sizes and durations: BENCH_ROUNDS, BENCH_OPS_P1, BENCH_OPS_P16, BENCH_LAT_OPS,
 # BENCH_MEM_LOCKS, BENCH_WAITERS, BENCH_LEVELS, BENCH_CG_OPS, BENCH_SUITES, BENCH_SERVERS,
 # BENCH_OBS_HANDOFFS, BENCH_OBS_WATCHERS, BENCH_POLL_HANDOFFS, BENCH_POLL_MS
 # (`target/release/redis-lock-bench --help`), e.g. `BENCH_ROUNDS=3 make bench`;
 # BENCH_JSON=/tmp/x/docs/data/perf.json measures into a scratch dir and renders there.
-.PHONY: bench bench-deps bench-callgrind bench-callgrind-baseline bench-floor bench-guarded
+.PHONY: bench bench-deps bench-callgrind bench-callgrind-baseline bench-floor bench-guarded \
+	bench-keepalive
 
 BENCH_RUN = BENCH_ROOT=$(CURDIR) LOCK_MODULE=$(MODULE) \
 	BENCH_SERVERS="$${BENCH_SERVERS:-$(SERVER_SYSTEM),$(SERVER_REDIS8),$(SERVER_VALKEY),$(SERVER_VALKEY9)}" \
@@ -212,6 +217,9 @@ bench-callgrind: bench-deps build bench-floor
 
 bench-guarded: bench-deps build bench-floor
 	$(BENCH_RUN) guarded
+
+bench-keepalive: bench-deps build
+	$(BENCH_RUN) keepalive
 
 # Issue 27: grants/s and cluster-bus messages per grant on 1 and 3 primaries, and grants/s
 # on a node that keeps receiving slots (CLUSTER SETSLOT) against the same load with nothing
@@ -342,7 +350,7 @@ EXTRA_TESTS += test-deb
 #       SCALE=0.1..10       multiplies operation counts and time budgets
 #       ONLY=mutex,clock    some scenarios only (prints rows, leaves the doc alone); keys:
 #                           mutex durability leases failover stale guarded clock fuzz
-#                           memory chaos kinds
+#                           memory chaos kinds sessions
 #       SAVE=1              with ONLY: their rows replace theirs in docs/data/reliability.json
 #                           (the other rows stay as measured) and the doc is rendered again
 #       SEED=n              the run's random seed (printed by every run)
@@ -350,7 +358,8 @@ EXTRA_TESTS += test-deb
 #       RELIABILITY_SERVERS the servers of the scenarios that run on every server (leases:
 #                           leases across AOF/RDB restarts; guarded: LOCK.IFHELD writes of
 #                           paused holders; clock: +/-10 min wall-clock steps; chaos: server
-#                           operations under load; kinds: SHARED and LIMIT keys), one row
+#                           operations under load; kinds: SHARED and LIMIT keys;
+#                           sessions: kill -9 of session holders), one row
 #                           each; default all three
 #   make reliability-short  the same code and assertions with fewer operations (CI, ~3-5 min)
 #   (mutex and chaos rows: every history is also checked by stateright's linearizability

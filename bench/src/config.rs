@@ -22,6 +22,8 @@ pub enum Command {
     All,
     /// Only issue 23's guarded writes, observe hand-offs and their instruction counts.
     Guarded,
+    /// Only issue 30's keepalive traffic, a session against per-lock renewal.
+    Keepalive,
     /// Instructions per command only (make bench-callgrind).
     Callgrind {
         /// Also record the counts as the "before" column.
@@ -96,11 +98,12 @@ pub struct Config {
     pub poll_handoffs: usize,
     #[arg(long, env = "BENCH_POLL_MS", default_value = "10,100")]
     pub poll_ms: List<u64>,
-    /// Suites to run (guarded: also its instruction counts).
+    /// Suites to run (guarded: also its instruction counts; keepalive: on the first
+    /// server, under callgrind).
     #[arg(
         long,
         env = "BENCH_SUITES",
-        default_value = "throughput,latency,memory,scaling,guarded,callgrind"
+        default_value = "throughput,latency,memory,scaling,guarded,callgrind,keepalive"
     )]
     pub suites: List<String>,
     /// Server binaries, in report order.

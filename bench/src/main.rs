@@ -13,6 +13,7 @@ mod callgrind;
 mod cluster;
 mod config;
 mod guarded;
+mod keepalive;
 mod latency;
 mod load;
 mod memory;
@@ -216,6 +217,8 @@ fn all(cfg: &Config) -> io::Result<()> {
     };
     let guarded_callgrind = cg("guarded")?.map(|b| guarded::callgrind(&b, cfg, &date));
     let guarded_callgrind = guarded_callgrind.transpose()?;
+    let keepalive = cg("keepalive")?.map(|b| keepalive::run(&b, cfg, &date));
+    let keepalive = keepalive.transpose()?;
     let run = PerfRun {
         date,
         minutes: started.elapsed().as_secs_f64() / 60.0,
@@ -228,6 +231,7 @@ fn all(cfg: &Config) -> io::Result<()> {
         servers,
         callgrind,
         guarded_callgrind,
+        keepalive,
     };
     eprintln!("{}", redis_lock_report::perf::headline(&run));
     save_and_render(cfg, &run)
@@ -275,6 +279,14 @@ fn guarded_only(cfg: &Config) -> io::Result<()> {
     save_and_render(cfg, &run)
 }
 
+/// Only issue 30's keepalive comparison, replaced in the saved run.
+fn keepalive_only(cfg: &Config) -> io::Result<()> {
+    let date = redis_lock_report::fmt::now_utc();
+    let mut run: PerfRun = redis_lock_report::load(&cfg.json()).map_err(io::Error::other)?;
+    run.keepalive = Some(keepalive::run(&callgrind_bin(cfg)?, cfg, &date)?);
+    save_and_render(cfg, &run)
+}
+
 /// Raises the open-file limit (the servers inherit it) to its hard maximum, returned:
 /// 10^4 waiters need 10^4 connections on both ends.
 fn raise_fd_limit() -> u64 {
@@ -308,6 +320,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None | Some(Command::All) => all(&cfg),
         Some(Command::Guarded) => guarded_only(&cfg),
+        Some(Command::Keepalive) => keepalive_only(&cfg),
         Some(Command::Cluster) => cluster::run(&cfg),
         Some(Command::Callgrind { save_baseline }) => callgrind_only(&cfg, save_baseline),
         Some(Command::Guard { save_baseline }) => callgrind_bin(&cfg)

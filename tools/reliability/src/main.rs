@@ -33,6 +33,8 @@ enum Cmd {
     Run(RunArgs),
     /// Internal: the paused holder of the stale scenario.
     StaleHolder { args: Vec<String> },
+    /// Internal: a session holder of the sessions scenario (SIGKILLed).
+    SessionHolder { args: Vec<String> },
 }
 
 #[derive(Args)]
@@ -47,7 +49,7 @@ struct RunArgs {
     #[arg(long, env = "SEED")]
     seed: Option<u64>,
     /// Some scenarios only (mutex, durability, leases, failover, stale, guarded, clock,
-    /// fuzz, memory, chaos, kinds).
+    /// fuzz, memory, chaos, kinds, sessions).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Save the outcomes here and render docs/RELIABILITY.md next to it (DIR/../..).
@@ -58,7 +60,7 @@ struct RunArgs {
     #[arg(long, env = "RELIABILITY_SERVER", default_value = SERVER)]
     server: PathBuf,
     /// The servers of the scenarios that run on every server (leases, guarded, clock,
-    /// chaos, kinds), comma separated; default: --server.
+    /// chaos, kinds, sessions), comma separated; default: --server.
     #[arg(long, env = "RELIABILITY_SERVERS", value_delimiter = ',')]
     servers: Vec<PathBuf>,
     #[arg(long, env = "LOCK_MODULE", default_value = MODULE)]
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Cmd::Run(a) => run(a),
         Cmd::StaleHolder { args } => scenarios::stale::holder_main(&args),
+        Cmd::SessionHolder { args } => scenarios::sessions::holder_main(&args),
     }
 }
 

@@ -295,6 +295,34 @@ pub struct GuardedCallgrind {
     pub release: Vec<CgRelease>,
 }
 
+/// One side of the keepalive comparison: what one renewal period costs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeepaliveSide {
+    /// "session" or "per-lock".
+    pub name: String,
+    pub command: String,
+    /// Per period: commands, bytes the server read and wrote (INFO stats), all
+    /// instructions (callgrind) and those inside `processCommand`.
+    pub commands: f64,
+    pub bytes_in: f64,
+    pub bytes_out: f64,
+    pub instructions: f64,
+    pub process: f64,
+}
+
+/// Keepalive traffic for `locks` locks held by one process (issue 30): a session against
+/// per-lock renewal, one period each `period_ms`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Keepalive {
+    pub date: String,
+    pub server: String,
+    pub locks: u64,
+    pub ttl_ms: u64,
+    pub period_ms: u64,
+    pub periods: u64,
+    pub sides: Vec<KeepaliveSide>,
+}
+
 /// Everything measured on one server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServerResults {
@@ -328,6 +356,9 @@ pub struct PerfRun {
     /// Instructions per guarded write, and of a RELEASE with watchers (issue 23).
     #[serde(default)]
     pub guarded_callgrind: Option<GuardedCallgrind>,
+    /// Keepalive traffic, a session against per-lock renewal (issue 30).
+    #[serde(default)]
+    pub keepalive: Option<Keepalive>,
 }
 
 /// Memory per held exclusive lock against a `SET NX PX` string lock with the same token.
@@ -652,6 +683,7 @@ fn perf_context(run: &PerfRun) -> Value {
         memory_goal => MEMORY_GOAL,
         instructions => instruction_table(run),
         guarded_cg => run.guarded_callgrind.as_ref().map(guarded_cg_view),
+        keepalive => Serde(&run.keepalive),
         cycle_goal => CYCLE_SCALING_GOAL,
         server_bound => SERVER_BOUND,
         ACQUIRE, RELEASE, RELEASE_DELIFEQ,
@@ -840,6 +872,11 @@ mod tests {
         // Every server's throughput says whether it was server-bound.
         assert!(text.contains("server-bound") || text.contains("client-bound"));
         assert!(text.contains(&format!("<!-- perf:callgrind:begin -->\n{cg}<!--")));
+        // Issue 30's keepalive comparison, both sides in one table.
+        let k = run.keepalive.as_ref().expect("keepalive measured");
+        assert!(text.contains("### 7. Keepalive traffic") && k.sides.len() == 2);
+        let row = format!("| session: `{}` | 1 | ", k.sides[0].command);
+        assert!(text.contains(&row), "{text}");
 
         // One server, every goal met, no callgrind run.
         run.servers.truncate(1);

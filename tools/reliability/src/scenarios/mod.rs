@@ -14,6 +14,7 @@ pub mod kinds;
 pub mod leases;
 pub mod memory;
 pub mod mutex;
+pub mod sessions;
 pub mod stale;
 
 /// Fills in its outcome (`o.fail`: a missed target, as is an `Err`; `Status::NotRun`).
@@ -36,7 +37,7 @@ macro_rules! def {
 }
 
 /// Every scenario, in report order.
-pub const ALL: [Def; 11] = [
+pub const ALL: [Def; 12] = [
     def!(mutex, false),
     def!(durability, false),
     def!(leases, true),
@@ -48,4 +49,5 @@ pub const ALL: [Def; 11] = [
     def!(memory, false),
     def!(chaos, true),
     def!(kinds, true),
+    def!(sessions, true),
 ];
