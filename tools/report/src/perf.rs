@@ -633,11 +633,15 @@ fn perf_context(run: &PerfRun) -> Value {
         .chain(measured);
     let names = first_seen(names);
     let goals = goal_pairs(run).into_iter().map(|(name, goals)| {
+        // No verdict on a server that lacks the comparison (DELIFEQ before Valkey 9).
         let met = run.servers.iter().map(|s| {
-            let r = PIPELINES.map(|p| pair(s, &name, p).map_or(f64::NAN, |r| r.ratio));
-            r.iter().zip(goals).all(|(r, g)| g.is_none_or(|g| *r >= g))
+            let r = PIPELINES.map(|p| pair(s, &name, p).map(|r| r.ratio));
+            let measured = r.iter().any(Option::is_some);
+            let r = r.map(|r| r.unwrap_or(f64::NAN));
+            let met = r.iter().zip(goals).all(|(r, g)| g.is_none_or(|g| *r >= g));
+            measured.then_some(met)
         });
-        let met: Vec<bool> = met.collect();
+        let met: Vec<Option<bool>> = met.collect();
         context! { name, goals => Serde(goals), met }
     });
     // Where an ACQUIRE's instructions go beyond a SET's (a function's first row counts).
@@ -863,6 +867,27 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("<!-- perf:callgrind:begin -->\nNot run"));
+    }
+
+    #[test]
+    fn a_comparison_a_server_lacks_has_no_verdict() {
+        let mut run = run();
+        let names = |s: &ServerResults| {
+            s.throughput
+                .iter()
+                .flat_map(|t| &t.pairs)
+                .map(|p| p.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert!(names(&run.servers[0]).iter().all(|n| n != RELEASE_DELIFEQ));
+        run.servers
+            .retain(|s| names(s).iter().any(|n| n == RELEASE_DELIFEQ) || s.label == "Redis 7.0.15");
+        let text = perf_section(&run).expect("rendered");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("| RELEASE vs DELIFEQ ≥"))
+            .expect("the DELIFEQ goal");
+        assert!(row.contains("| – / –  |"), "{row}");
     }
 
     /// One row per instruction goal, its ratio with decimals, the aim beside the limit.
