@@ -538,7 +538,9 @@ mod tests {
                 }
             }
         }
-        assert!(labels >= 30, "only {labels} value labels drawn");
+        // A full run draws more than 30; one without latency and scaling (issue 29's run:
+        // throughput, memory, callgrind) draws 24.
+        assert!(labels >= 20, "only {labels} value labels drawn");
         assert!(
             bad.is_empty(),
             "{} overlaps:\n{}",

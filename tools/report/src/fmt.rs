@@ -23,6 +23,11 @@ pub fn x(r: f64) -> String {
     scaled(r, &[(f64::MIN, 1.0, 2, "×")])
 }
 
+/// A ratio held against a goal a hundredth away: `1.014×`.
+pub fn x3(r: f64) -> String {
+    scaled(r, &[(f64::MIN, 1.0, 3, "×")])
+}
+
 /// An instruction count with thousands separators: `1,234,567`.
 pub fn ir(v: f64) -> String {
     if !v.is_finite() {
@@ -135,6 +140,7 @@ mod tests {
         assert_eq!(ir(-999.0), "-999");
         assert_eq!(rate(153_400.0), "153.4k");
         assert_eq!(x(0.954), "0.95×");
+        assert_eq!((x3(1.0149), x3(f64::NAN)), ("1.015×".into(), "–".into()));
         assert_eq!(pct(1, 3), "33.33%");
         assert_eq!(
             (us(695.6), us(1234.0), us(f64::NAN)),

@@ -47,6 +47,7 @@ fn environment() -> Result<Environment<'static>, Error> {
     }
     env.add_filter("rate", num(fmt::rate));
     env.add_filter("x", num(fmt::x));
+    env.add_filter("x3", num(fmt::x3));
     env.add_filter("ir", num(fmt::ir));
     env.add_filter("us", num(fmt::us));
     env.add_filter("ms", num(fmt::ms));
