@@ -181,3 +181,39 @@ fn an_aof_rewrite_keeps_a_running_lock_delay() {
     }
     assert_eq!(c.cmd(&acq("lock:gone", &["PX", "1000"])), Resp::Nil);
 }
+
+/// LOCK.INFO is read-only: a lease that is over but not yet removed by the module's timer
+/// must already show the lock-delay it leaves (what the next write finds), never a free
+/// key. Polled without pause across the lease's end, exclusive and SHARED (a holder left
+/// beside it); failed about one run in six on the merge of the lease-index work.
+#[test]
+fn lock_info_shows_the_delay_of_a_lease_over_but_not_yet_removed() {
+    let s = ServerBuilder::new().start();
+    let mut c = conn(&s);
+    for round in 0..5 {
+        let (x, sh) = (format!("lock:dx{round}"), format!("lock:ds{round}"));
+        take_px(&mut c, &x, &tok("dx"), 100, &["LOCKDELAY", "60000"]);
+        take_px(
+            &mut c,
+            &sh,
+            &tok("ds1"),
+            100,
+            &["SHARED", "LOCKDELAY", "60000"],
+        );
+        take_px(&mut c, &sh, &tok("ds2"), 60_000, &["SHARED"]);
+        let until = Instant::now() + Duration::from_millis(400);
+        while Instant::now() < until {
+            let xi = info(&mut c, &x);
+            let held = xi.get("holders").and_then(|r| r.as_int()) == Some(1);
+            let left = xi.get("lock-delay").and_then(|r| r.as_int()).unwrap_or(0);
+            assert!(held || left > 0, "round {round}: {x}: {xi:?}");
+            let si = info(&mut c, &sh);
+            let holders = si.get("holders").and_then(|r| r.as_int()).unwrap_or(-1);
+            let left = si.get("lock-delay").and_then(|r| r.as_int()).unwrap_or(0);
+            assert!(
+                holders == 2 || (holders == 1 && left > 0),
+                "round {round}: {sh}: {si:?}"
+            );
+        }
+    }
+}

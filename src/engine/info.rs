@@ -43,7 +43,15 @@ impl<W> Engine<W> {
         };
         let now = clock.mono;
         let holders = v.live_count(now);
-        let delay = v.delay_until().map_or(0, |t| clock.remaining_ms(t).max(0));
+        // A holder whose lease is over but not yet removed leaves its lock-delay behind
+        // (what the next write to the key will find), as one already removed has.
+        let delay = v
+            .iter()
+            .filter(|h| !h.live(now))
+            .filter_map(|h| h.delay_end())
+            .chain(v.delay_until())
+            .max()
+            .map_or(0, |t| clock.remaining_ms(t).max(0));
         if holders == 0 {
             if delay == 0 {
                 return Ok(Reply::Nil);
