@@ -549,7 +549,9 @@ fn cli_elect_and_observe_end_to_end() {
         ],
     );
     assert!(wait_until(Duration::from_secs(5), || !read("a.out").is_empty()));
-    let b_script = format!("{env_line}; exit 7");
+    // B leads for half a second: an observer reports who holds the key when it looks,
+    // so a leadership shorter than its round trip (an echo and an exit) may be skipped.
+    let b_script = format!("{env_line}; sleep 0.5; exit 7");
     let mut b = spawn(
         "b",
         &[
