@@ -213,18 +213,7 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
         return Ok(req);
     }
     const CMD: &str = "lock.acquire";
-    let mut req = Acquire {
-        mode: Mode::Exclusive,
-        ttl: 0,
-        token: None,
-        token_at: None,
-        owner: None,
-        block: None,
-        min_fence: 0,
-        lock_delay: None,
-        session: None,
-        session_at: None,
-    };
+    let mut req = Acquire::exclusive();
     let mut ttl = None;
     let mut kinds = 0;
     walk(
@@ -289,23 +278,30 @@ pub fn parse_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Result<Acquire<'a>,
     Ok(req)
 }
 
+impl Acquire<'_> {
+    /// An exclusive acquire with no option given (both parses start from it).
+    fn exclusive() -> Self {
+        Acquire {
+            mode: Mode::Exclusive,
+            ttl: 0,
+            token: None,
+            token_at: None,
+            owner: None,
+            block: None,
+            min_fence: 0,
+            lock_delay: None,
+            session: None,
+            session_at: None,
+        }
+    }
+}
+
 /// The forms most acquires take, `[TOKEN t] [PX ms]` in either order, valid as given: what
 /// the general parse makes of them (a test checks), without its walk. None for anything
 /// else, an invalid value included (the general parse then says what is wrong).
 fn common_acquire<'a>(args: &[&'a [u8]], lim: &Limits) -> Option<Acquire<'a>> {
     use AcquireOpt::{Px, Token};
-    let mut req = Acquire {
-        mode: Mode::Exclusive,
-        ttl: 0,
-        token: None,
-        token_at: None,
-        owner: None,
-        block: None,
-        min_fence: 0,
-        lock_delay: None,
-        session: None,
-        session_at: None,
-    };
+    let mut req = Acquire::exclusive();
     let mut ttl = None;
     for (i, pair) in args.chunks(2).enumerate() {
         let [opt, v] = pair else { return None };
