@@ -129,6 +129,17 @@ impl Error {
         }
     }
 
+    /// True while Sentinels name no usable primary for the service (during a failover:
+    /// the old primary is down and no replica promoted yet). Trying again later helps.
+    pub fn is_failover_pending(&self) -> bool {
+        match self {
+            Error::Redis { error: e, .. } => {
+                e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel
+            }
+            _ => false,
+        }
+    }
+
     /// The code of an error reply (`WRONGMODE`, `LIMITMISMATCH`, `WRONGTYPE`,
     /// `MAXWAITERS`, `NOREPLICAS`, `READONLY`, `ERR`, ...), `None` for other errors.
     pub fn server_code(&self) -> Option<&str> {

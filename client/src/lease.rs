@@ -661,9 +661,13 @@ impl Plan {
 }
 
 /// A failed renewal that may succeed when tried again: no answer in time, a connection
-/// refused or reset (a server restarting, a Sentinel failover), too few Redlock nodes.
+/// refused or reset (a server restarting, a Sentinel failover), too few Redlock nodes,
+/// Sentinels that name no usable primary yet (mid-failover: the old one is down, the
+/// replica not yet promoted).
 fn retryable(e: &Error) -> bool {
-    matches!(e, Error::Timeout { .. } | Error::NoQuorum { .. }) || e.is_connection_error()
+    matches!(e, Error::Timeout { .. } | Error::NoQuorum { .. })
+        || e.is_connection_error()
+        || e.is_failover_pending()
 }
 
 /// The task of a session: [`lease_task`] over its keepalive.
@@ -834,5 +838,32 @@ async fn lease_task(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn redis_error(e: redis::RedisError) -> Error {
+        Error::redis("127.0.0.1:26379", e)
+    }
+
+    /// A renewal during a Sentinel failover (no primary named yet) is tried again; a
+    /// refusal by the server is not.
+    #[test]
+    fn a_failover_in_progress_is_retried_and_a_refusal_is_not() {
+        let pending = redis_error(redis::RedisError::from((
+            redis::ErrorKind::MasterNameNotFoundBySentinel,
+            "Master with given name not found in sentinel",
+        )));
+        assert!(retryable(&pending));
+        assert!(pending.is_failover_pending());
+        let refused = match redis::parse_redis_value(b"-ERR no such lock\r\n") {
+            Ok(redis::Value::ServerError(e)) => redis_error(e.into()),
+            other => panic!("{other:?}"),
+        };
+        assert!(!retryable(&refused));
+        assert!(!refused.is_failover_pending());
     }
 }

@@ -147,7 +147,16 @@ impl LockClient {
                 .await
             {
                 Ok(true) => valid_until = t + ttl.saturating_sub(drift(ttl)),
-                Ok(false) => return Ok(None),
+                // The lease ran out while the grant was confirmed: not "held elsewhere"
+                // (nobody else may hold it), and not a grant.
+                Ok(false) => {
+                    return Err(Error::NotHeld {
+                        node: node.label.clone(),
+                        key: name.to_string(),
+                        what: "the lease ran out before the grant was confirmed on the \
+                               replicas; give it a longer TTL",
+                    })
+                }
                 Err(e) => {
                     self.release_in_background(name, &token);
                     return Err(e);

@@ -46,6 +46,40 @@ fn patient(confirm: Confirm) -> ClientOptions {
     }
 }
 
+/// A grant whose lease runs out while a slow replica confirms it is an error that says
+/// so (not "held elsewhere": nobody else holds it), and the lock is left free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_over_before_its_confirmation_is_an_error_not_busy() {
+    setup();
+    let pair = replica_pair();
+    let url = pair.primary.url();
+    let locks = LockClient::connect_with(&url, patient(Confirm::Auto))
+        .await
+        .unwrap();
+    // Warm: the replica count is known and cached before the replica stops.
+    let g = granted(locks.acquire("warm", ms(10_000), None)).await;
+    assert!(g.release().await.unwrap());
+
+    let stopped = Stopped::new(pair.replica.pid());
+    let acquire = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.acquire("short", ms(100), None).await })
+    };
+    tokio::time::sleep(ms(400)).await;
+    drop(stopped);
+    match acquire.await.unwrap() {
+        Err(e @ Error::NotHeld { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("short") && text.contains("longer TTL"),
+                "{text}"
+            );
+        }
+        other => panic!("expected NotHeld, got {:?}", other.map(|g| g.is_some())),
+    }
+    assert!(is_free(&mut pair.primary.conn(), "short"));
+}
+
 /// The acquisition failed as unconfirmed (with `confirmed` of `needed` replicas).
 fn unconfirmed(
     r: redis_lock_client::Result<Option<redis_lock_client::LockGuard>>,

@@ -157,7 +157,9 @@ fn round(
         .map(|i| (i % 2 == 1).then(|| connect(&primary)).transpose())
         .collect::<Result<Vec<_>, String>>()?;
     let mut run_ms = rng.range(300, 1500);
-    let cut_at = rng.chance(70).then(|| rng.below(run_ms));
+    // The first round has no cut: on a loaded machine an early cut in every round of a
+    // short run left the crate no confirmed grant to check (seen under `make test`).
+    let cut_at = (r > 0 && rng.chance(70)).then(|| rng.below(run_ms));
     // Half the cuts last longer than the crate's confirm_timeout (1 s) before the kill:
     // its WAITs then time out and it refuses the grants (fail-closed).
     if let Some(at) = cut_at.filter(|_| rng.chance(50)) {
