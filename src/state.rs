@@ -263,6 +263,7 @@ impl State {
 
     /// The address of the client with this id (none for a script's or a module call's
     /// client, the AOF loader, or a connection older than the module's MODULE LOAD).
+    #[inline]
     pub fn addr(&self, id: u64) -> Addr {
         self.addrs.get(&id).cloned().unwrap_or(Addr::None)
     }

@@ -494,10 +494,6 @@ impl<W> Engine<W> {
         };
         let ended = v.ended(now);
         let delay_running = v.delaying(now);
-        let sessions: Vec<Digest> = ended
-            .iter()
-            .filter_map(|f| v.find_fence(*f).and_then(|h| h.session()).copied())
-            .collect();
         if ended.is_empty() && (!v.is_empty() || delay_running) {
             let before = v.next_lease_end();
             if !v.is_empty() && v.clear_ended_delay(now) {
@@ -506,6 +502,12 @@ impl<W> Engine<W> {
             }
             return Ok(());
         }
+        let sessions: Vec<Digest> = match self.sessions.is_empty() {
+            true => Vec::new(),
+            false => (ended.iter())
+                .filter_map(|f| v.find_fence(*f).and_then(|h| h.session()).copied())
+                .collect(),
+        };
         let before = v.next_lease_end();
         let mode = v.mode();
         let left_behind = ended
@@ -589,11 +591,12 @@ impl<W> Engine<W> {
                     Which::Fence(f) => v.find_fence(f).map(|h| h.fence),
                     Which::All => None,
                 };
-                sessions = v
-                    .iter()
-                    .filter(|h| matches!(which, Which::All) || Some(h.fence) == fence)
-                    .filter_map(|h| h.session().copied())
-                    .collect();
+                if !self.sessions.is_empty() {
+                    sessions = (v.iter())
+                        .filter(|h| matches!(which, Which::All) || Some(h.fence) == fence)
+                        .filter_map(|h| h.session().copied())
+                        .collect();
+                }
                 let before = v.next_lease_end();
                 match (which, fence) {
                     (Which::All, _) => {

@@ -69,6 +69,14 @@ pub(super) struct Sessions {
     by_client: HashMap<u64, Vec<Digest>>,
 }
 
+impl Sessions {
+    /// No session is known here: a holder's session digest then names none, and the
+    /// release and expiry paths skip collecting them (a check instead of a walk).
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
+    }
+}
+
 /// Which of a session's holders a renewal moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Renew {
@@ -358,10 +366,14 @@ impl<W> Engine<W> {
     /// Holders of these sessions left the key: a session with no holder left there no
     /// longer lists it (else a long session that takes and releases many keys between
     /// keepalives keeps every name it ever locked).
+    #[inline]
     pub(super) fn sessions_left(&mut self, ks: &mut impl Keyspace, gone: &[Digest]) {
-        if gone.is_empty() {
-            return;
+        if !gone.is_empty() {
+            self.sessions_left_now(ks, gone);
         }
+    }
+
+    fn sessions_left_now(&mut self, ks: &mut impl Keyspace, gone: &[Digest]) {
         let key: QueueKey = (ks.db(), ks.name().into());
         let still: Vec<bool> = match ks.read() {
             Ok(Slot::Lock(v)) => gone

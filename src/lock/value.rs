@@ -106,6 +106,25 @@ pub struct ManyHolders {
     delay_until: i64,
 }
 
+/// The holders of a value in fence order ([`LockValue::iter`]).
+pub enum Holders<'a> {
+    One(Option<&'a Holder>),
+    Small(std::slice::Iter<'a, Holder>),
+    Large(std::collections::btree_map::Values<'a, u64, Holder>),
+}
+
+impl<'a> Iterator for Holders<'a> {
+    type Item = &'a Holder;
+
+    fn next(&mut self) -> Option<&'a Holder> {
+        match self {
+            Holders::One(h) => h.take(),
+            Holders::Small(it) => it.next(),
+            Holders::Large(it) => it.next(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum HolderSet {
     /// Few holders: a list in fence order, searched linearly.
@@ -233,13 +252,13 @@ impl LockValue {
         self.len() == 0
     }
 
-    /// Every holder, in fence order.
-    pub fn iter(&self) -> Box<dyn Iterator<Item = &Holder> + '_> {
+    /// Every holder, in fence order, without allocating (the release path walks it).
+    pub fn iter(&self) -> Holders<'_> {
         match self {
-            LockValue::Exclusive(h) => Box::new(std::iter::once(h)),
+            LockValue::Exclusive(h) => Holders::One(Some(h)),
             LockValue::Many(m) => match &m.set {
-                HolderSet::Small(v) => Box::new(v.iter()),
-                HolderSet::Large(x) => Box::new(x.by_fence.values()),
+                HolderSet::Small(v) => Holders::Small(v.iter()),
+                HolderSet::Large(x) => Holders::Large(x.by_fence.values()),
             },
         }
     }
