@@ -991,3 +991,42 @@ fn a_keepalive_renewing_locks_of_several_slots_reaches_the_target_of_one() {
     }
     assert!(info_int(&mut s, &stays, "ttl") > 30_000);
 }
+
+/// A session one of whose locks an atomic slot migration took to another node is no
+/// longer kept alive on the source once the export completes (see the same test of a
+/// legacy MIGRATE in `tests/cluster_moves.rs`): its keepalive there answers 0, its other
+/// lock on the source ends with its lease, never sooner, and the moved lock on the target
+/// is untouched by the source's refusal.
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn a_session_that_lost_a_lock_to_a_slot_migration_is_not_kept_alive_on_the_source() {
+    require_asm();
+    let (cluster, from) = cluster(2);
+    let to = 1 - from;
+    let other = key_served_by(&cluster, from, slot(), "stays");
+    let mut s = conn(&cluster.nodes[from]);
+    let sid = "asm-session-lost-lock-001";
+    let lease = 10_000;
+    let opened = Instant::now();
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", sid, "PX", &lease.to_string()]),
+        Resp::Int(1)
+    );
+    let (_, fm) = granted(&s.cmd(&acq(&key("moving"), &["SESSION", sid])));
+    granted(&s.cmd(&acq(&other, &["SESSION", sid])));
+    migrate(&cluster, from, to);
+    let mut d = conn(&cluster.nodes[to]);
+    assert_eq!(holder_fences(&info(&mut d, &key("moving"))), vec![fm]);
+    // Its holder keeps the session alive where the lock is now.
+    assert_eq!(
+        d.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    source_lets_moved_session_go(&cluster.nodes[from], sid, &other, opened, lease);
+    assert_eq!(holder_fences(&info(&mut d, &key("moving"))), vec![fm]);
+    assert_eq!(
+        d.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert!(info_int(&mut d, &key("moving"), "ttl") > 50_000);
+}

@@ -277,22 +277,27 @@ fn holder_v1(src: &mut dyn Source, clock: Clock) -> Option<Holder> {
 }
 
 /// A session as the module's auxiliary RDB data keeps it (v4): its digest, its lease
-/// (ms), the time left (ms, rounded up) and its label.
+/// (ms), the time left (ms, rounded up) and its label; whether it lost a lock to a slot
+/// move (no longer kept alive where the file was written).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionRecord {
     pub digest: value::Digest,
     pub ttl: u64,
     pub deadline: i64,
     pub owner: Option<Box<[u8]>>,
+    pub moved: bool,
 }
 
 /// The sessions after the fence counter in the auxiliary data: `n, n x (digest ttl left
-/// has-owner [owner])`.
+/// has-owner [owner])`. A session that lost a lock to a slot move is written with a
+/// lease of 0, which no release writes otherwise (a lease is 1 ms or more): the same
+/// fields, so that the files of every release read alike. Its lease is of no use any
+/// more (nothing renews it).
 pub fn encode_sessions(list: &[SessionRecord], out: &mut dyn Sink, clock: Clock) {
     out.u64(list.len() as u64);
     for s in list {
         out.bytes(&s.digest);
-        out.u64(s.ttl);
+        out.u64(if s.moved { 0 } else { s.ttl });
         out.i64(clock.remaining_ms(s.deadline).max(0));
         save_owner(out, s.owner.as_deref());
     }
@@ -317,6 +322,7 @@ pub fn decode_sessions(src: &mut dyn Source, clock: Clock) -> Option<Vec<Session
             ttl,
             deadline,
             owner,
+            moved: ttl == 0,
         });
     }
     Some(list)
