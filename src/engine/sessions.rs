@@ -210,12 +210,13 @@ impl<W> Engine<W> {
         }
     }
 
-    /// The lease and the label of a session open here.
-    pub fn session_ttl_owner(&self, d: &Digest) -> Option<(u64, Option<Box<[u8]>>)> {
+    /// The lease and the label of a session known here, and whether it lost a lock to a
+    /// slot move.
+    pub fn session_ttl_owner(&self, d: &Digest) -> Option<(u64, Option<Box<[u8]>>, bool)> {
         self.sessions
             .by_digest
             .get(d)
-            .map(|s| (s.ttl, s.owner.clone()))
+            .map(|s| (s.ttl, s.owner.clone(), s.moved))
     }
 
     /// The deadline of a session, if it is open here.
@@ -265,6 +266,7 @@ impl<W> Engine<W> {
     ) -> bool {
         let clock = store.clock();
         self.now = self.now.max(clock.mono);
+        self.send_session_marks(store);
         self.replace_moved(&req.digest, clock.mono);
         if self.sessions.by_digest.contains_key(&req.digest)
             && self.open_at(&req.digest, clock.mono).is_none()
@@ -322,6 +324,9 @@ impl<W> Engine<W> {
     ) -> bool {
         let clock = store.clock();
         self.now = self.now.max(clock.mono);
+        // A 0 answered for a mark the replicas and the AOF have not been sent yet would
+        // not outlive a crash now.
+        self.send_session_marks(store);
         if self.open_at(d, clock.mono).is_none() {
             return false;
         }

@@ -501,6 +501,32 @@ mod tests {
     }
 
     #[test]
+    fn session_records_round_trip_and_a_moved_one_is_written_with_a_lease_of_zero() {
+        let rec = |d: u8, ttl: u64, moved: bool| SessionRecord {
+            digest: [d; 16],
+            ttl,
+            deadline: NOW.after_ms(4000),
+            owner: (d == 1).then(|| b"svc".to_vec().into()),
+            moved,
+        };
+        let list = vec![rec(1, 30_000, false), rec(2, 5000, true)];
+        let mut f = Fields::default();
+        encode_sessions(&list, &mut f, NOW);
+        // The fields every release writes: a moved session's lease is 0 (never written
+        // otherwise: a lease is 1 ms or more).
+        assert_eq!(f.items[0], Field::U(2));
+        assert_eq!(f.items[2], Field::U(30_000));
+        assert!(f.items.contains(&Field::U(0)));
+        let back = decode_sessions(&mut f.reader(), NOW).unwrap();
+        assert_eq!(back[0], list[0]);
+        assert!(back[1].moved);
+        assert_eq!(
+            (back[1].digest, back[1].deadline, back[1].ttl),
+            ([2; 16], list[1].deadline, 0)
+        );
+    }
+
+    #[test]
     fn bad_values_are_repaired_when_loading_and_refused_otherwise() {
         // Two holders with one digest, as release 0.2's same-token waiters could make.
         let a = h(1, 100, None, Addr::None);

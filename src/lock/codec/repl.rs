@@ -878,6 +878,33 @@ mod tests {
     }
 
     #[test]
+    fn session_changes_round_trip() {
+        use crate::engine::SessionApply;
+        let d = [0xab; 16];
+        let mut sent = Vec::new();
+        for c in [
+            SessionChange::End { digest: &d },
+            SessionChange::Moved { digest: &d },
+        ] {
+            encode_session(&c, NOW, &mut |cmd, args| {
+                assert_eq!(cmd, c"LOCK.SREPL");
+                sent.push(args.iter().map(|a| a.to_vec()).collect::<Vec<_>>());
+            });
+        }
+        assert_eq!(
+            decode_session(&slices(&sent[0]), NOW).unwrap(),
+            SessionApply::End { digest: d }
+        );
+        assert_eq!(sent[1][0], b"MOVED");
+        assert_eq!(
+            decode_session(&slices(&sent[1]), NOW).unwrap(),
+            SessionApply::Moved { digest: d }
+        );
+        assert!(decode_session(&[b"MOVED"], NOW).is_err());
+        assert!(decode_session(&[b"MOVED", &sent[1][1], b"x"], NOW).is_err());
+    }
+
+    #[test]
     fn malformed_changes_are_refused() {
         for bad in [
             &[&b"ADD"[..], b"shared;0011;5;10;9;1;a"][..],
