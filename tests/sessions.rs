@@ -894,6 +894,8 @@ fn a_session_that_lost_a_lock_to_migrate_stays_marked_on_replicas_and_restarts()
         );
         assert_eq!(c.cmd(&["LOCK.SESSION", "INFO", sid]), Resp::Nil, "{how}");
         if let Some(r) = &r {
+            // Synced again with the restarted primary before it is promoted.
+            caught_up(&p, r);
             let mut rc = conn(r);
             assert_eq!(rc.cmd(&["REPLICAOF", "NO", "ONE"]), ok());
             assert_eq!(

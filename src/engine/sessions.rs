@@ -77,6 +77,10 @@ impl Session {
     }
 }
 
+/// A session as an AOF rewrite names it: its lease, its label, and whether it lost a
+/// lock to a slot move.
+pub type SessionNamed = (u64, Option<Box<[u8]>>, bool);
+
 /// What `LOCK.SESSION OPEN` asks.
 #[derive(Debug, Clone)]
 pub struct OpenReq<'a> {
@@ -212,7 +216,7 @@ impl<W> Engine<W> {
 
     /// The lease and the label of a session known here, and whether it lost a lock to a
     /// slot move.
-    pub fn session_ttl_owner(&self, d: &Digest) -> Option<(u64, Option<Box<[u8]>>, bool)> {
+    pub fn session_ttl_owner(&self, d: &Digest) -> Option<SessionNamed> {
         self.sessions
             .by_digest
             .get(d)
