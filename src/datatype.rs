@@ -120,7 +120,8 @@ impl DataType for LockType {
     /// first carrying the fence counter when it is above the lock's own fences, then the
     /// DELAY of a lock-delay that runs (a key whose holders are gone is only that). A
     /// holder in a session comes after its session's SEEN (an AOF rewritten without its
-    /// RDB preamble has no other record of the session's lease and label). The same
+    /// RDB preamble has no other record of the session's lease and label), and its MOVED
+    /// when the session lost a lock to a slot move here (not kept alive here). The same
     /// commands carry the slots' locks to the target of a Valkey atomic slot migration.
     fn rewrite(v: &LockValue, key: Str<'_>, aof: &mut AofOut) {
         let (clock, floor) = (now(), counter());
@@ -128,9 +129,9 @@ impl DataType for LockType {
             let Some(d) = h.session() else {
                 continue;
             };
-            let (ttl, owner) = state::with(|st| st.engine.session_ttl_owner(d))
+            let (ttl, owner, moved) = state::with(|st| st.engine.session_ttl_owner(d))
                 .flatten()
-                .unwrap_or((0, None));
+                .unwrap_or((0, None, false));
             let open = repl::SessionChange::Seen {
                 digest: d,
                 ttl,
@@ -138,6 +139,10 @@ impl DataType for LockType {
                 owner: owner.as_deref(),
             };
             repl::encode_session(&open, clock, &mut |cmd, args| aof.emit_keyless(cmd, args));
+            if moved {
+                let mark = repl::SessionChange::Moved { digest: d };
+                repl::encode_session(&mark, clock, &mut |cmd, args| aof.emit_keyless(cmd, args));
+            }
         }
         let mut emit = |c: repl::Change<'_>| {
             repl::encode(&c, clock, &mut |cmd, args| aof.emit(cmd, key, args));

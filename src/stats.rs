@@ -45,7 +45,8 @@ pub fn info(out: &mut InfoSink) {
         sessions_opened,
         sessions_expired,
         sessions_closed,
-        session_keepalives
+        session_keepalives,
+        sessions_moved
     );
     // Waits in ms: the longest going on now (what to alert on), and the total of those
     // that ended (with handed_off and wait_timeouts, the mean wait).

@@ -849,12 +849,18 @@ fn twenty_moves_under_an_acquireall_loop_in_sessions_open_on_both_nodes() {
                 let mut other = 0u32;
                 let t = tok(&format!("asm-all-{i}"));
                 // Each client's session, open on both nodes: its locks move between them.
+                // A node its lock left no longer keeps the session (NOSESSION there): the
+                // client opens it again, as it would after the loss.
                 let sid = format!("asm-all-session-{i:08}");
-                for p in &ports {
-                    let mut c = RawConn::connect(*p);
-                    let opened = c.cmd(&["LOCK.SESSION", "OPEN", &sid, "PX", "60000"]);
-                    assert_eq!(opened, Resp::Int(1));
-                }
+                let open = |first: bool| {
+                    for p in &ports {
+                        let mut c = RawConn::connect(*p);
+                        let opened = c.cmd(&["LOCK.SESSION", "OPEN", &sid, "PX", "60000"]);
+                        assert!(matches!(opened, Resp::Int(0..=1)), "{opened:?}");
+                        assert!(!first || opened == Resp::Int(1));
+                    }
+                };
+                open(true);
                 let (k1, k2) = (key("all1"), key("all2"));
                 while !stop.load(Ordering::Relaxed) {
                     let args = [
@@ -877,6 +883,10 @@ fn twenty_moves_under_an_acquireall_loop_in_sessions_open_on_both_nodes() {
                         Resp::Nil => continue,
                         Resp::Error(e) if e.starts_with("LOCKMOVED") => {
                             other += 1;
+                            continue;
+                        }
+                        Resp::Error(e) if e.starts_with("NOSESSION") => {
+                            open(false);
                             continue;
                         }
                         other => panic!("{other:?}"),
@@ -990,4 +1000,43 @@ fn a_keepalive_renewing_locks_of_several_slots_reaches_the_target_of_one() {
         assert!(ttl > 30_000, "{k}: ttl {ttl} on the target");
     }
     assert!(info_int(&mut s, &stays, "ttl") > 30_000);
+}
+
+/// A session one of whose locks an atomic slot migration took to another node is no
+/// longer kept alive on the source once the export completes (see the same test of a
+/// legacy MIGRATE in `tests/cluster_moves.rs`): its keepalive there answers 0, its other
+/// lock on the source ends with its lease, never sooner, and the moved lock on the target
+/// is untouched by the source's refusal.
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn a_session_that_lost_a_lock_to_a_slot_migration_is_not_kept_alive_on_the_source() {
+    require_asm();
+    let (cluster, from) = cluster(2);
+    let to = 1 - from;
+    let other = key_served_by(&cluster, from, slot(), "stays");
+    let mut s = conn(&cluster.nodes[from]);
+    let sid = "asm-session-lost-lock-001";
+    let lease = 10_000;
+    let opened = Instant::now();
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", sid, "PX", &lease.to_string()]),
+        Resp::Int(1)
+    );
+    let (_, fm) = granted(&s.cmd(&acq(&key("moving"), &["SESSION", sid])));
+    granted(&s.cmd(&acq(&other, &["SESSION", sid])));
+    migrate(&cluster, from, to);
+    let mut d = conn(&cluster.nodes[to]);
+    assert_eq!(holder_fences(&info(&mut d, &key("moving"))), vec![fm]);
+    // Its holder keeps the session alive where the lock is now.
+    assert_eq!(
+        d.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    source_lets_moved_session_go(&cluster.nodes[from], sid, &other, opened, lease);
+    assert_eq!(holder_fences(&info(&mut d, &key("moving"))), vec![fm]);
+    assert_eq!(
+        d.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert!(info_int(&mut d, &key("moving"), "ttl") > 50_000);
 }

@@ -340,3 +340,45 @@ fn session_and_multi_key_locks_follow_a_legacy_migrate() {
     assert_eq!(d.cmd(&["LOCK.SESSION", "CLOSE", sid]), Resp::Int(2));
     assert_eq!(d.cmd(&["EXISTS", &a, &b]), Resp::Int(0));
 }
+
+/// A session one of whose locks a legacy slot move (MIGRATE, as `redis-cli --cluster
+/// reshard` does) took to another node is no longer kept alive on the source: the moved
+/// lock lasts on its new node only as long as the keepalives that reach it there, so a
+/// keepalive on the source answering 1 would tell its holder that everything holds while
+/// the moved lock runs out. The session's other lock on the source ends with its lease,
+/// never sooner; the moved lock on the target is untouched by the source's refusal.
+#[test]
+fn a_session_that_lost_a_lock_to_a_migrate_is_not_kept_alive_on_the_source() {
+    let cluster = Cluster::start(2);
+    let slot = key_slot(b"mvl");
+    let moving = "{mvl}:moving".to_string();
+    let from = cluster.slot_owner(slot).expect("an owner");
+    let to = 1 - from;
+    let other = key_served_by(&cluster, from, slot, "stays");
+    let mut s = conn(&cluster.nodes[from]);
+    let sid = "moves-session-lost-lock-01";
+    let lease = 10_000;
+    let opened = Instant::now();
+    assert_eq!(
+        s.cmd(&["LOCK.SESSION", "OPEN", sid, "PX", &lease.to_string()]),
+        Resp::Int(1)
+    );
+    let (_, fm) = granted(&s.cmd(&acq(&moving, &["SESSION", sid])));
+    granted(&s.cmd(&acq(&other, &["SESSION", sid])));
+    assert_eq!(cluster.migrate_slot(slot, to, Duration::ZERO).unwrap(), 1);
+    let mut d = conn(&cluster.nodes[to]);
+    assert_eq!(holder_fences(&info(&mut d, &moving)), vec![fm]);
+    // Its holder keeps the session alive where the lock is now.
+    assert_eq!(
+        d.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    source_lets_moved_session_go(&cluster.nodes[from], sid, &other, opened, lease);
+    // The target kept the moved lock, and keeps the session alive there.
+    assert_eq!(holder_fences(&info(&mut d, &moving)), vec![fm]);
+    assert_eq!(
+        d.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert!(info_int(&mut d, &moving, "ttl") > 50_000);
+}

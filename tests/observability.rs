@@ -34,6 +34,7 @@ const COUNTERS: &[&str] = &[
     "sessions_expired",
     "sessions_closed",
     "session_keepalives",
+    "sessions_moved",
     "panics",
     "eviction_risk",
     "eviction_allowed",

@@ -810,3 +810,100 @@ fn a_keepalive_from_a_script_does_not_bind_the_session_to_the_script() {
         c.cmd(&["LOCK.SESSION", "INFO", id])
     );
 }
+
+/// A session that lost a lock to MIGRATE (a slot move; the command runs the same way
+/// between two standalone servers) stays marked where it is kept: on the replica (which,
+/// promoted, must not renew it either), after a restart from the RDB file (the mark is in
+/// the auxiliary session record) and from the AOF (`LOCK.SREPL MOVED`). Its other lock
+/// stays held to its lease all the while.
+#[test]
+fn a_session_that_lost_a_lock_to_migrate_stays_marked_on_replicas_and_restarts() {
+    let sid = "session-id-moved-00001";
+    for how in ["rdb", "aof", "rewrite"] {
+        let mut p = match how {
+            "aof" => primary()
+                .arg("appendonly", "yes")
+                .arg("appendfsync", "always")
+                .start(),
+            "rewrite" => primary()
+                .arg("appendonly", "yes")
+                .arg("aof-use-rdb-preamble", "no")
+                .start(),
+            _ => primary().start(),
+        };
+        let r = (how == "rdb").then(|| replica_of(&p, ServerBuilder::new()));
+        let t = ServerBuilder::new().start();
+        let mut c = conn(&p);
+        assert_eq!(open(&mut c, sid, &["PX", "60000"]), Resp::Int(1));
+        in_session(&mut c, "lock:mv-gone", sid, &[]);
+        let (_, fk) = in_session(&mut c, "lock:mv-kept", sid, &[]);
+        let port = t.port.to_string();
+        assert_eq!(
+            c.cmd(&["MIGRATE", "127.0.0.1", &port, "lock:mv-gone", "0", "5000"]),
+            ok()
+        );
+        assert_eq!(
+            c.cmd(&["LOCK.SESSION", "KEEPALIVE", sid]),
+            Resp::Int(0),
+            "{how}"
+        );
+        if let Some(r) = &r {
+            let mut rc = conn(r);
+            assert!(
+                wait_until(SETTLE, || rc.cmd(&["LOCK.SESSION", "INFO", sid])
+                    == Resp::Nil),
+                "the replica learned the mark"
+            );
+        }
+        if how == "rewrite" {
+            // The rewritten AOF names the session (SEEN) and its mark (MOVED).
+            c.cmd(&["BGREWRITEAOF"]);
+            assert!(
+                wait_until(SETTLE, || {
+                    p.info_field("persistence", "aof_rewrite_in_progress")
+                        .as_deref()
+                        == Some("0")
+                        && p.info_field("persistence", "aof_rewrite_scheduled")
+                            .as_deref()
+                            == Some("0")
+                        && p.info_field("persistence", "aof_last_bgrewrite_status")
+                            .as_deref()
+                            == Some("ok")
+                }),
+                "the rewrite ended"
+            );
+        }
+        drop(c);
+        match how {
+            "rdb" => save_and_restart(&mut p).unwrap(),
+            _ => {
+                p.kill9();
+                p.try_restart().unwrap();
+            }
+        }
+        let mut c = conn(&p);
+        assert_eq!(
+            holder_fences(&info(&mut c, "lock:mv-kept")),
+            vec![fk],
+            "{how}"
+        );
+        assert_eq!(
+            c.cmd(&["LOCK.SESSION", "KEEPALIVE", sid]),
+            Resp::Int(0),
+            "{how}: after a restart"
+        );
+        assert_eq!(c.cmd(&["LOCK.SESSION", "INFO", sid]), Resp::Nil, "{how}");
+        if let Some(r) = &r {
+            // Synced again with the restarted primary before it is promoted.
+            caught_up(&p, r);
+            let mut rc = conn(r);
+            assert_eq!(rc.cmd(&["REPLICAOF", "NO", "ONE"]), ok());
+            assert_eq!(
+                rc.cmd(&["LOCK.SESSION", "KEEPALIVE", sid]),
+                Resp::Int(0),
+                "the promoted replica"
+            );
+            assert_eq!(holder_fences(&info(&mut rc, "lock:mv-kept")), vec![fk]);
+        }
+    }
+}

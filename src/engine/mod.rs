@@ -189,6 +189,8 @@ pub struct Stats {
     pub sessions_expired: u64,
     pub sessions_closed: u64,
     pub session_keepalives: u64,
+    /// Sessions that lost a lock to a slot move here (no longer kept alive here).
+    pub sessions_moved: u64,
     /// Evicted locks the module put back (grants refused for the eviction policy).
     pub restored: u64,
     /// Values a loader repaired (a holder dropped by the validity rule).

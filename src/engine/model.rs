@@ -1628,3 +1628,61 @@ fn a_sessions_end_never_grants_its_own_waiters() {
         h.drain();
     }
 }
+
+/// A lock of a session leaves with its slot (MIGRATE: the server unlinks the value it
+/// serialized in the same command): the session is no longer kept alive here. Its
+/// keepalive answers false and renews nothing, the mark goes to the replicas, an OPEN of
+/// its id is a new session without the other lock, and that lock ends with the lease it
+/// had, never sooner.
+#[test]
+fn a_session_that_lost_a_lock_to_a_move_is_not_kept_alive_here() {
+    let start = 1_000_000;
+    let mut h = Harness::new(start);
+    let sid = session_id(0);
+    let d = value::digest(&sid);
+    let req = OpenReq {
+        digest: d,
+        ttl: 1000,
+        bind: None,
+        owner: None,
+    };
+    let mut store = MemStore { w: &mut h.w };
+    assert!(h.e.session_open(&mut store, &mut h.s, req.clone()));
+    for key in [0, 1] {
+        let tok = format!("a-token-of-the-session-{key}").into_bytes();
+        let r = h.acquire_req(0, Mode::Exclusive, 0, None, false, &tok, Some(&sid), None);
+        let got = h.cmd(key, Command::Acquire(r));
+        assert!(matches!(got, Some(Reply::Grant(..))), "{got:?}");
+    }
+    let deadline = (start + 1000) * 1000;
+    let lease = |h: &Harness| {
+        h.w.keys
+            .get(&key_name(1))
+            .map(|v| v.iter().next().unwrap().deadline)
+    };
+    h.w.now += 100;
+    let moved = h.w.keys.remove(&key_name(0)).unwrap();
+    h.e.unlinked(0, &key_name(0), &moved, true, h.w.now * 1000);
+    h.run_timers();
+    let marks =
+        h.w.repl
+            .iter()
+            .filter(|(_, a, c)| c == "LOCK.SREPL" && a[0] == b"MOVED");
+    assert_eq!(marks.count(), 1, "the mark replicated once");
+    let mut store = MemStore { w: &mut h.w };
+    assert!(!h.e.session_keepalive(&mut store, &d, Some(60_000), None));
+    assert_eq!(h.e.sessions(), 0, "not counted as open");
+    assert_eq!(lease(&h), Some(deadline), "not renewed");
+    // An OPEN: a new session; the old lock is not its own.
+    let mut store = MemStore { w: &mut h.w };
+    assert!(h.e.session_open(&mut store, &mut h.s, req));
+    let mut store = MemStore { w: &mut h.w };
+    assert!(h.e.session_keepalive(&mut store, &d, Some(60_000), None));
+    assert_eq!(lease(&h), Some(deadline), "not renewed by the new session");
+    h.w.now = start + 999;
+    h.run_timers();
+    assert_eq!(lease(&h), Some(deadline), "held to its lease");
+    h.w.now = start + 1001;
+    h.run_timers();
+    assert_eq!(lease(&h), None, "ended with its lease");
+}

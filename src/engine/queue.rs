@@ -230,13 +230,16 @@ impl<W> Engine<W> {
 
     /// The keys for which `moved` holds left this server with their slot (Valkey's atomic
     /// slot migration gave them to another node): their waiters are told so (LOCKMOVED)
-    /// now, never granted here, and their watchers at a look that comes now.
+    /// now, never granted here, and their watchers at a look that comes now; the sessions
+    /// that held a lock there lost it (no longer kept alive here).
     pub fn moved_away<S: Sched<Waiter = W>>(
         &mut self,
         sched: &mut S,
         moved: impl Fn(&[u8]) -> bool,
         now: i64,
     ) {
+        self.now = self.now.max(now);
+        self.sessions_moved_away(&moved);
         for (db, name) in self.keys_with_waiters(None) {
             if moved(&name) {
                 self.fail_waiters(sched, db, &name, &LockError::Moved, false);

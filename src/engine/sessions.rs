@@ -18,6 +18,12 @@
 //! - its bound connection closes and the grace period passes: the holders' leases end
 //!   then, in the same way;
 //! - `LOCK.SESSION CLOSE`: every lock is released, as `LOCK.RELEASE` would.
+//!
+//! A session one of whose locks left this server with its slot (MIGRATE, a Valkey atomic
+//! slot migration) is no longer kept alive here: its KEEPALIVE answers 0 and renews
+//! nothing, so that its holder learns of the loss (the moved lock lasts on its new node
+//! only as long as the keepalives that reach it there), and its other locks here end
+//! with their current lease (see [`Session::moved`]).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -42,15 +48,38 @@ pub struct Session {
     pub ending: Option<i64>,
     /// The keys it may hold a lock on (a key it no longer holds is dropped when found).
     pub keys: BTreeSet<QueueKey>,
+    /// A lock it held here left with its slot: it is no longer open here (KEEPALIVE
+    /// answers 0 and renews nothing, INFO answers nil, an acquire in it NOSESSION); its
+    /// locks here end with their current lease, or at `LOCK.SESSION CLOSE`. An OPEN of
+    /// its id starts a new session, without them. Replicated (`LOCK.SREPL MOVED`) and
+    /// kept in the RDB (a record whose lease is 0).
+    pub moved: bool,
     /// When its end stands on the agenda.
     due: i64,
 }
 
 impl Session {
+    fn new(ttl: u64, deadline: i64) -> Session {
+        Session {
+            ttl,
+            deadline,
+            owner: None,
+            bound: None,
+            ending: None,
+            keys: BTreeSet::new(),
+            moved: false,
+            due: deadline,
+        }
+    }
+
     fn end_at(&self) -> i64 {
         self.ending.map_or(self.deadline, |e| e.min(self.deadline))
     }
 }
+
+/// A session as an AOF rewrite names it: its lease, its label, and whether it lost a
+/// lock to a slot move.
+pub type SessionNamed = (u64, Option<Box<[u8]>>, bool);
 
 /// What `LOCK.SESSION OPEN` asks.
 #[derive(Debug, Clone)]
@@ -67,6 +96,10 @@ pub struct OpenReq<'a> {
 pub(super) struct Sessions {
     pub(super) by_digest: HashMap<Digest, Session>,
     by_client: HashMap<u64, Vec<Digest>>,
+    /// Sessions marked `moved` whose mark the replicas have not been sent yet (it is
+    /// made where no change can be replicated: the server's unlink of a migrated key, a
+    /// slot migration's event): sent at the next tick.
+    unsent: Vec<Digest>,
 }
 
 impl Sessions {
@@ -107,23 +140,95 @@ enum Ending {
 }
 
 impl<W> Engine<W> {
-    /// Sessions open now.
+    /// Sessions open now (not those that lost a lock to a slot move: nothing keeps them
+    /// alive here any more).
     pub fn sessions(&self) -> usize {
-        self.sessions.by_digest.len()
+        self.sessions
+            .by_digest
+            .values()
+            .filter(|s| !s.moved)
+            .count()
     }
 
-    /// Whether the session is open at `now`: known here and its end not yet due (one
-    /// whose end is due but not yet done counts as ended, and is never renewed).
+    /// Whether the session is open at `now`: known here, its end not yet due (one whose
+    /// end is due but not yet done counts as ended, and is never renewed), and none of
+    /// its locks here moved away with a slot.
     fn open_at(&self, d: &Digest, now: i64) -> Option<&Session> {
-        self.sessions.by_digest.get(d).filter(|s| s.end_at() > now)
-    }
-
-    /// The lease and the label of a session open here.
-    pub fn session_ttl_owner(&self, d: &Digest) -> Option<(u64, Option<Box<[u8]>>)> {
         self.sessions
             .by_digest
             .get(d)
-            .map(|s| (s.ttl, s.owner.clone()))
+            .filter(|s| !s.moved && s.end_at() > now)
+    }
+
+    /// Whether the session lost a lock to a slot move here and has not ended yet.
+    fn moved_at(&self, d: &Digest, now: i64) -> bool {
+        self.sessions
+            .by_digest
+            .get(d)
+            .is_some_and(|s| s.moved && s.end_at() > now)
+    }
+
+    /// A lock held in session `d` left this server with its slot (MIGRATE; the cut-over
+    /// of an atomic slot migration): see [`Session::moved`]. Nothing of the session
+    /// changes here but that mark: no lock is renewed, shortened or released.
+    pub(super) fn session_lost_lock(&mut self, d: &Digest) {
+        let Some(s) = self.sessions.by_digest.get_mut(d) else {
+            return;
+        };
+        if !s.moved {
+            s.moved = true;
+            self.sessions.unsent.push(*d);
+            self.stats.sessions_moved += 1;
+            self.agenda.insert((self.now, Task::Wake));
+        }
+    }
+
+    /// The slots whose keys `moved` says left this server: every session that held a
+    /// lock there lost it.
+    pub(super) fn sessions_moved_away(&mut self, moved: &impl Fn(&[u8]) -> bool) {
+        let lost: Vec<Digest> = self
+            .sessions
+            .by_digest
+            .iter()
+            .filter(|(_, s)| s.keys.iter().any(|(_, name)| moved(name)))
+            .map(|(d, _)| *d)
+            .collect();
+        for d in lost {
+            self.session_lost_lock(&d);
+        }
+    }
+
+    /// Sends the marks of sessions that lost a lock to a slot move to the replicas and
+    /// the AOF (a promoted replica or a restart from the AOF must not renew them either).
+    pub(super) fn send_session_marks<St: Store>(&mut self, store: &mut St) {
+        if self.sessions.unsent.is_empty() {
+            return;
+        }
+        for d in std::mem::take(&mut self.sessions.unsent) {
+            if self.sessions.by_digest.get(&d).is_some_and(|s| s.moved) {
+                store.replicate_session(&SessionChange::Moved { digest: &d });
+            }
+        }
+    }
+
+    /// An OPEN (or the primary's) of a session that lost a lock to a slot move here: a
+    /// new session under that id. The old one is forgotten without ending its locks:
+    /// they are not the new session's (nothing renews them) and end with their current
+    /// lease. An OPEN must not bring them back: a client that reopens its session on a
+    /// new connection would take the answer for a renewal and never learn of the loss.
+    fn replace_moved(&mut self, d: &Digest, now: i64) {
+        if self.moved_at(d, now) {
+            self.forget_session(d);
+        }
+    }
+
+    /// The lease and the label of a session known here, and whether it lost a lock to a
+    /// slot move.
+    pub fn session_ttl_owner(&self, d: &Digest) -> Option<SessionNamed> {
+        self.sessions
+            .by_digest
+            .get(d)
+            .map(|s| (s.ttl, s.owner.clone(), s.moved))
     }
 
     /// The deadline of a session, if it is open here.
@@ -173,6 +278,8 @@ impl<W> Engine<W> {
     ) -> bool {
         let clock = store.clock();
         self.now = self.now.max(clock.mono);
+        self.send_session_marks(store);
+        self.replace_moved(&req.digest, clock.mono);
         if self.sessions.by_digest.contains_key(&req.digest)
             && self.open_at(&req.digest, clock.mono).is_none()
         {
@@ -183,18 +290,9 @@ impl<W> Engine<W> {
         let owner: Option<Box<[u8]>> = req.owner.map(Into::into);
         let new = !self.sessions.by_digest.contains_key(&req.digest);
         if new {
-            self.sessions.by_digest.insert(
-                req.digest,
-                Session {
-                    ttl: req.ttl,
-                    deadline,
-                    owner: owner.clone(),
-                    bound: None,
-                    ending: None,
-                    keys: BTreeSet::new(),
-                    due: deadline,
-                },
-            );
+            let mut s = Session::new(req.ttl, deadline);
+            s.owner = owner.clone();
+            self.sessions.by_digest.insert(req.digest, s);
             self.stats.sessions_opened += 1;
             store.replicate_session(&SessionChange::Open {
                 digest: &req.digest,
@@ -227,7 +325,8 @@ impl<W> Engine<W> {
     /// bound to `client` (the caller's connection) again; a caller without one (a script,
     /// another module's call: None) renews the lease only, and the grace period runs on
     /// until a keepalive from a connection binds it (bound to a client that never closes,
-    /// the session would never end by its binding again). False: no such session here.
+    /// the session would never end by its binding again). False: no such session here,
+    /// or one that lost a lock to a slot move (renewed nothing).
     pub fn session_keepalive<St: Store>(
         &mut self,
         store: &mut St,
@@ -237,6 +336,9 @@ impl<W> Engine<W> {
     ) -> bool {
         let clock = store.clock();
         self.now = self.now.max(clock.mono);
+        // A 0 answered for a mark the replicas and the AOF have not been sent yet would
+        // not outlive a crash now.
+        self.send_session_marks(store);
         if self.open_at(d, clock.mono).is_none() {
             return false;
         }
@@ -404,15 +506,11 @@ impl<W> Engine<W> {
                 continue;
             };
             let d = *d;
-            let s = self.sessions.by_digest.entry(d).or_insert_with(|| Session {
-                ttl: 0,
-                deadline: h.deadline,
-                owner: None,
-                bound: None,
-                ending: None,
-                keys: BTreeSet::new(),
-                due: h.deadline,
-            });
+            let s = self
+                .sessions
+                .by_digest
+                .entry(d)
+                .or_insert_with(|| Session::new(0, h.deadline));
             s.deadline = s.deadline.max(h.deadline);
             if s.ttl == 0 {
                 s.ttl = u64::try_from((h.deadline - self.now).max(1000) / 1000).unwrap_or(1);
@@ -435,7 +533,8 @@ impl<W> Engine<W> {
     }
 
     /// `LOCK.SESSION CLOSE`: releases every lock of the session (as LOCK.RELEASE does,
-    /// serving their waiters) and forgets it. None: no such session here.
+    /// serving their waiters) and forgets it (one that lost a lock to a slot move too:
+    /// its holder gives up the rest). None: no such session here.
     pub fn session_close<St: Store, S: Sched<Waiter = W>>(
         &mut self,
         store: &mut St,
@@ -445,7 +544,7 @@ impl<W> Engine<W> {
         let now = store.clock().mono;
         self.now = self.now.max(now);
         self.sessions.by_digest.get(d)?;
-        if self.open_at(d, now).is_none() {
+        if self.open_at(d, now).is_none() && !self.moved_at(d, now) {
             // Its end is due: it ends as it would have (a lapse), and was not open.
             self.end_session(store, sched, d, Ending::Lapsed);
             return None;
@@ -662,19 +761,13 @@ impl<W> Engine<W> {
                 deadline,
                 owner,
             } => {
+                // As the primary did: a session that lost a lock to a move is new.
+                self.replace_moved(&digest, self.now);
                 let s = self
                     .sessions
                     .by_digest
                     .entry(digest)
-                    .or_insert_with(|| Session {
-                        ttl,
-                        deadline,
-                        owner: None,
-                        bound: None,
-                        ending: None,
-                        keys: BTreeSet::new(),
-                        due: deadline,
-                    });
+                    .or_insert_with(|| Session::new(ttl, deadline));
                 s.ttl = ttl;
                 if owner.is_some() {
                     s.owner = owner;
@@ -703,15 +796,7 @@ impl<W> Engine<W> {
                     .sessions
                     .by_digest
                     .entry(digest)
-                    .or_insert_with(|| Session {
-                        ttl,
-                        deadline,
-                        owner: None,
-                        bound: None,
-                        ending: None,
-                        keys: BTreeSet::new(),
-                        due: deadline,
-                    });
+                    .or_insert_with(|| Session::new(ttl, deadline));
                 if ttl > 0 {
                     s.ttl = ttl;
                 } else if s.ttl == 0 {
@@ -723,6 +808,11 @@ impl<W> Engine<W> {
                     s.owner = owner;
                 }
                 self.schedule_end(&digest);
+            }
+            SessionApply::Moved { digest } => {
+                if let Some(s) = self.sessions.by_digest.get_mut(&digest) {
+                    s.moved = true;
+                }
             }
             SessionApply::End { digest } => {
                 // The primary sent the end of each lock before this: what is left here
@@ -747,6 +837,7 @@ impl<W> Engine<W> {
                 ttl: s.ttl,
                 deadline: s.deadline,
                 owner: s.owner.clone(),
+                moved: s.moved,
             })
             .collect()
     }
@@ -774,24 +865,18 @@ impl<W> Engine<W> {
                 .sessions
                 .by_digest
                 .entry(r.digest)
-                .or_insert_with(|| Session {
-                    ttl: r.ttl,
-                    deadline: r.deadline,
-                    owner: None,
-                    bound: None,
-                    ending: None,
-                    keys: BTreeSet::new(),
-                    due: r.deadline,
-                });
+                .or_insert_with(|| Session::new(r.ttl, r.deadline));
             s.ttl = r.ttl;
             s.deadline = s.deadline.max(r.deadline);
             s.owner = r.owner;
+            s.moved = r.moved;
             self.schedule_end(&r.digest);
         }
     }
 
     /// `LOCK.SESSION INFO`: the session's lease, binding, label, and up to `count` of the
-    /// locks it holds here (key and fence); nil when it is not open here.
+    /// locks it holds here (key and fence); nil when it is not open here (one that lost
+    /// a lock to a slot move is not: nothing keeps it alive here).
     pub fn session_info<St: Store>(
         &mut self,
         store: &mut St,
@@ -878,6 +963,10 @@ pub enum SessionApply {
         deadline: i64,
     },
     End {
+        digest: Digest,
+    },
+    /// A lock of the session left the primary with its slot (see `Session::moved`).
+    Moved {
         digest: Digest,
     },
     /// An AOF rewrite names a holder's session (see `SessionChange::Seen`).

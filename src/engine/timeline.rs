@@ -108,6 +108,7 @@ impl<W> Engine<W> {
     pub fn tick<St: Store, S: Sched<Waiter = W>>(&mut self, store: &mut St, sched: &mut S) {
         let now = store.clock().mono;
         self.now = self.now.max(now);
+        self.send_session_marks(store);
         while let Some((at, _)) = self.agenda.first() {
             if *at > now {
                 break;
@@ -254,8 +255,10 @@ impl<W> Engine<W> {
     }
 
     /// A lock value left the keyspace by the server's hand (DEL, UNLINK, eviction, an
-    /// overwrite, RENAME or MOVE away, MIGRATE when `moved`). `value` is what it held.
+    /// overwrite, RENAME or MOVE away, MIGRATE when `moved`). `value` is what it held:
+    /// when it moved, the sessions of its holders lost a lock here.
     pub fn unlinked(&mut self, db: i32, name: &[u8], value: &LockValue, moved: bool, now: i64) {
+        self.now = self.now.max(now);
         if let Some(at) = value.next_lease_end() {
             self.leases.remove(at, db, name);
         }
@@ -263,6 +266,11 @@ impl<W> Engine<W> {
         if moved {
             self.mark_moved(db, name);
             self.mark_watch_moved(db, name);
+            for h in value.iter() {
+                if let Some(d) = h.session() {
+                    self.session_lost_lock(d);
+                }
+            }
         }
         self.serve_by(db, name, now);
         self.note(db, name, now);

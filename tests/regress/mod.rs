@@ -386,3 +386,86 @@ pub fn has(hay: &[u8], needle: &[u8]) -> bool {
 pub fn is_err_with(r: &Resp, prefix: &str) -> bool {
     matches!(r, Resp::Error(e) if e.starts_with(prefix))
 }
+
+/// A key (`{tag}:name`) whose slot node `node` of `cluster` serves, in another slot than
+/// `not_in`.
+pub fn key_served_by(
+    cluster: &redis_lock_testkit::Cluster,
+    node: usize,
+    not_in: u16,
+    name: &str,
+) -> String {
+    (0..)
+        .map(|n| format!("{{elsewhere-{n}}}:{name}"))
+        .find(|k| {
+            let slot = redis_lock_testkit::key_slot(k.as_bytes());
+            slot != not_in && cluster.slot_owner(slot) == Some(node)
+        })
+        .unwrap_or_default()
+}
+
+/// After a lock of session `sid` left node `src` with its slot, the source no longer keeps
+/// the session alive: its KEEPALIVE answers 0 and renews nothing, `LOCK.SESSION INFO`
+/// answers nil, an acquire in it NOSESSION; the session's lock there, `other` (taken in
+/// the session opened at `opened` with a lease of `lease_ms`, never renewed since), stays
+/// held to that lease and is then freed: a waiter has it no sooner, and an OPEN of the
+/// same id in between (a new session, answered 1) does not renew it.
+pub fn source_lets_moved_session_go(
+    src: &Server,
+    sid: &str,
+    other: &str,
+    opened: Instant,
+    lease_ms: u64,
+) {
+    let lease = Duration::from_millis(lease_ms);
+    assert!(
+        opened.elapsed() + Duration::from_secs(2) < lease,
+        "the move took {:?} of the {lease:?} lease: too slow to judge",
+        opened.elapsed()
+    );
+    let mut c = conn(src);
+    let fences = holder_fences(&info(&mut c, other));
+    assert_eq!(fences.len(), 1, "{other} held in the session on the source");
+    assert_eq!(
+        c.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(0),
+        "a keepalive on the source after one of the session's locks moved away"
+    );
+    let ttl = info_int(&mut c, other, "ttl");
+    assert!(
+        ttl <= lease_ms as i64,
+        "{other}: renewed on the source by a refused keepalive (ttl {ttl})"
+    );
+    assert_eq!(c.cmd(&["LOCK.SESSION", "INFO", sid]), Resp::Nil);
+    let spare = format!("{other}-spare");
+    let r = c.cmd(&acq(&spare, &["SESSION", sid]));
+    assert!(is_err_with(&r, "NOSESSION"), "{r:?}");
+    assert_eq!(c.info_u64("lock", "lock_sessions_moved").unwrap(), 1);
+    let mut waiter = Pending::send(
+        src.port,
+        &["LOCK.ACQUIRE", other, "PX", "10000", "BLOCK", "60000"],
+    );
+    wait_waiters(&mut c, other, 1);
+    // An OPEN of the id now: a new session, without the lock the old one still holds.
+    assert_eq!(
+        c.cmd(&["LOCK.SESSION", "OPEN", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    let s = c.cmd(&["LOCK.SESSION", "INFO", sid]);
+    assert_eq!(s.get("locks"), Some(Resp::Int(0)), "{s:?}");
+    assert_eq!(
+        c.cmd(&["LOCK.SESSION", "KEEPALIVE", sid, "PX", "60000"]),
+        Resp::Int(1)
+    );
+    assert_eq!(holder_fences(&info(&mut c, other)), fences, "still held");
+    let r = waiter
+        .reply_within(lease + Duration::from_secs(30))
+        .expect("the waiter granted once the lease is over");
+    assert!(grant(&r).is_some(), "{r:?}");
+    assert!(
+        opened.elapsed() >= lease,
+        "{other} freed {:?} after the session opened, before its {lease:?} lease ended",
+        opened.elapsed()
+    );
+    assert_eq!(c.cmd(&["LOCK.SESSION", "CLOSE", sid]), Resp::Int(0));
+}

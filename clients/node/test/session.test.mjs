@@ -117,6 +117,30 @@ test("the loss signal: the session closed from another connection", async () => 
   });
 });
 
+test("the loss signal: one of the session's locks migrated to another server (a slot move)", async () => {
+  const other = await Server.start();
+  try {
+    await withLocks(IOREDIS_6, await IOREDIS_6.connect(server), {}, async (locks) => {
+      const k = name();
+      const session = locks.session({ ttl: 30_000 });
+      await session.acquire(`${k}:a`);
+      await session.acquire(`${k}:b`);
+      assert.equal(await session.keepalive(), true);
+      // MIGRATE, as a slot move does to each key: the server answers the next keepalive
+      // 0 (the moved lock lasts there only as long as the keepalives that reach it).
+      const moved = await raw(server.port, "MIGRATE", "127.0.0.1", String(other.port), `${k}:a`, "0", "5000");
+      assert.equal(moved, "OK");
+      assert.equal(await session.keepalive(), false);
+      assert.ok(session.signal.aborted && session.signal.reason instanceof SessionLostError);
+      assert.equal(session.lostReason, "not-held");
+      assert.notEqual(await raw(server.port, "LOCK.INFO", `${k}:b`), null, "held to its lease");
+      assert.equal(await session.close(), 1);
+    });
+  } finally {
+    other.close();
+  }
+});
+
 test("the loss signal: a restart without persistence (a bound and an unbound session)", async () => {
   const own = await Server.start();
   try {

@@ -172,6 +172,24 @@ def test_lost_when_closed_elsewhere_and_when_the_server_restarts(own_server, key
     bound.close()
 
 
+def test_lost_when_one_of_its_locks_moves_to_another_server(server, own_server, key):
+    # MIGRATE (what a slot move does to each key) takes one lock of the session to
+    # another server: the session's server answers its next keepalive 0, so the loss
+    # signal fires (the moved lock lasts there only as long as the keepalives that reach
+    # it there); the other lock stays held to its lease.
+    r = server.client()
+    session = Session(r, ttl=30)
+    a = session.acquire(f"{key}:a", blocking=False)
+    b = session.acquire(f"{key}:b", blocking=False)
+    assert session.keepalive()
+    assert r.execute_command("MIGRATE", "127.0.0.1", own_server.port, f"{key}:a", 0, 5000) == b"OK"
+    assert not session.keepalive()
+    assert session.lost_reason == LOST_NOT_HELD
+    assert a.wait_lost(0) == LOST_NOT_HELD and b.wait_lost(0) == LOST_NOT_HELD
+    assert r.execute_command("LOCK.INFO", f"{key}:b") is not None, "held to its lease"
+    assert session.close() == 1
+
+
 def test_asyncio_session_and_cancellation(server, key):
     """The asyncio session keeps its locks past its TTL; a waiting acquire in it and the
     block of `async with` can be cancelled, and asyncio reports nothing afterwards (no

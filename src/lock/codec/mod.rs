@@ -277,22 +277,27 @@ fn holder_v1(src: &mut dyn Source, clock: Clock) -> Option<Holder> {
 }
 
 /// A session as the module's auxiliary RDB data keeps it (v4): its digest, its lease
-/// (ms), the time left (ms, rounded up) and its label.
+/// (ms), the time left (ms, rounded up) and its label; whether it lost a lock to a slot
+/// move (no longer kept alive where the file was written).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionRecord {
     pub digest: value::Digest,
     pub ttl: u64,
     pub deadline: i64,
     pub owner: Option<Box<[u8]>>,
+    pub moved: bool,
 }
 
 /// The sessions after the fence counter in the auxiliary data: `n, n x (digest ttl left
-/// has-owner [owner])`.
+/// has-owner [owner])`. A session that lost a lock to a slot move is written with a
+/// lease of 0, which no release writes otherwise (a lease is 1 ms or more): the same
+/// fields, so that the files of every release read alike. Its lease is of no use any
+/// more (nothing renews it).
 pub fn encode_sessions(list: &[SessionRecord], out: &mut dyn Sink, clock: Clock) {
     out.u64(list.len() as u64);
     for s in list {
         out.bytes(&s.digest);
-        out.u64(s.ttl);
+        out.u64(if s.moved { 0 } else { s.ttl });
         out.i64(clock.remaining_ms(s.deadline).max(0));
         save_owner(out, s.owner.as_deref());
     }
@@ -317,6 +322,7 @@ pub fn decode_sessions(src: &mut dyn Source, clock: Clock) -> Option<Vec<Session
             ttl,
             deadline,
             owner,
+            moved: ttl == 0,
         });
     }
     Some(list)
@@ -492,6 +498,32 @@ mod tests {
         let back = decode(&mut f.reader(), 3, NOW, STRICT).unwrap().value;
         assert_eq!(back.iter().next().unwrap().session(), None);
         assert_eq!(round_trip(&s, NOW), s);
+    }
+
+    #[test]
+    fn session_records_round_trip_and_a_moved_one_is_written_with_a_lease_of_zero() {
+        let rec = |d: u8, ttl: u64, moved: bool| SessionRecord {
+            digest: [d; 16],
+            ttl,
+            deadline: NOW.after_ms(4000),
+            owner: (d == 1).then(|| b"svc".to_vec().into()),
+            moved,
+        };
+        let list = vec![rec(1, 30_000, false), rec(2, 5000, true)];
+        let mut f = Fields::default();
+        encode_sessions(&list, &mut f, NOW);
+        // The fields every release writes: a moved session's lease is 0 (never written
+        // otherwise: a lease is 1 ms or more).
+        assert_eq!(f.items[0], Field::U(2));
+        assert_eq!(f.items[2], Field::U(30_000));
+        assert!(f.items.contains(&Field::U(0)));
+        let back = decode_sessions(&mut f.reader(), NOW).unwrap();
+        assert_eq!(back[0], list[0]);
+        assert!(back[1].moved);
+        assert_eq!(
+            (back[1].digest, back[1].deadline, back[1].ttl),
+            ([2; 16], list[1].deadline, 0)
+        );
     }
 
     #[test]

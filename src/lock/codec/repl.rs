@@ -14,6 +14,7 @@
 //!   LOCK.SREPL OPEN <session-digest> <lease-ms> <ttl-ms> [OWNER o]   (a session opened, or renewed with a new lease)
 //!   LOCK.SREPL RENEW <session-digest> <lease-ms> <ttl-ms>           (a keepalive: the session and all its locks)
 //!   LOCK.SREPL END <session-digest>                                  (a session is gone; its locks' ends came before)
+//!   LOCK.SREPL MOVED <session-digest>                                (a lock of the session left with its slot: no longer kept alive)
 //!   LOCK.SREPL SEEN <session-digest> <lease-ms> <ttl-ms> [OWNER o]   (an AOF rewrite: the session of the holder that follows; its locks untouched)
 //! release 0.2 (absolute unix-ms deadlines):
 //!   LOCK.REPL key GRANT <mode>;<digest>;<fence>;<expires-at>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n]
@@ -79,6 +80,9 @@ pub enum SessionChange<'a> {
     },
     /// The session is gone (the end of each of its locks was sent before).
     End { digest: &'a Digest },
+    /// A lock of the session left this server with its slot: it is no longer kept alive
+    /// here (its locks here end with their current lease).
+    Moved { digest: &'a Digest },
     /// An AOF rewrite names the session of the holder it writes next: known from then
     /// on with this lease and label, lasting at least to `deadline`; its locks are not
     /// touched (an `Open` renews every lock the session holds: one per holder of a
@@ -131,6 +135,7 @@ pub fn encode_session(
             out(c"LOCK.SREPL", &[b"RENEW", &h, t.bytes(), l.bytes()]);
         }
         SessionChange::End { digest } => out(c"LOCK.SREPL", &[b"END", &hex(digest)]),
+        SessionChange::Moved { digest } => out(c"LOCK.SREPL", &[b"MOVED", &hex(digest)]),
     }
 }
 
@@ -184,6 +189,9 @@ pub fn decode_session(
             })
         }
         [op, d] if *op == b"END" => Ok(SessionApply::End {
+            digest: unhex(d).ok_or_else(bad)?,
+        }),
+        [op, d] if *op == b"MOVED" => Ok(SessionApply::Moved {
             digest: unhex(d).ok_or_else(bad)?,
         }),
         _ => Err(bad()),
@@ -867,6 +875,33 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn session_changes_round_trip() {
+        use crate::engine::SessionApply;
+        let d = [0xab; 16];
+        let mut sent = Vec::new();
+        for c in [
+            SessionChange::End { digest: &d },
+            SessionChange::Moved { digest: &d },
+        ] {
+            encode_session(&c, NOW, &mut |cmd, args| {
+                assert_eq!(cmd, c"LOCK.SREPL");
+                sent.push(args.iter().map(|a| a.to_vec()).collect::<Vec<_>>());
+            });
+        }
+        assert_eq!(
+            decode_session(&slices(&sent[0]), NOW).unwrap(),
+            SessionApply::End { digest: d }
+        );
+        assert_eq!(sent[1][0], b"MOVED");
+        assert_eq!(
+            decode_session(&slices(&sent[1]), NOW).unwrap(),
+            SessionApply::Moved { digest: d }
+        );
+        assert!(decode_session(&[b"MOVED"], NOW).is_err());
+        assert!(decode_session(&[b"MOVED", &sent[1][1], b"x"], NOW).is_err());
     }
 
     #[test]
