@@ -11,10 +11,13 @@ use regress::*;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-/// Reply latency allowed on the "not before" side.
-const LATENCY: Duration = Duration::from_millis(100);
-/// Slack on the "within" side (the module's timer resolution, a loaded 2-core machine).
-const SLACK: Duration = Duration::from_millis(1500);
+/// How much earlier than this test's clock a lease may end: the server counts whole ms.
+/// (Times on the "not before" side run from before the grant was asked for, so no reply
+/// latency is allowed there.)
+const EARLY: Duration = Duration::from_millis(5);
+/// Slack on the "within" side: a loaded 2-core machine's pauses (1-2 s seen). The faults
+/// caught there are leases and waits stretched by the clock step, 15 s or more.
+const SLACK: Duration = Duration::from_secs(5);
 
 /// A server whose wall clock the test steps.
 fn shifted_server() -> (Server, ClockShift) {
@@ -25,13 +28,14 @@ fn shifted_server() -> (Server, ClockShift) {
 }
 
 /// A lease of `lease` ms with a waiter `BLOCK 10000`; the clock stepped by `step_ms`
-/// 1 s after the grant. Returns (the waiter's reply, its time after the first grant).
+/// 1 s after the grant. Returns (the waiter's reply, its time after the first grant was
+/// asked for).
 fn step_during_lease(lease_ms: u64, step_ms: i64) -> (Resp, Duration) {
     let (s, shift) = shifted_server();
     let mut c = conn(&s);
     let t = tok("clock-holder");
-    granted(&c.cmd(&acq("lock:c", &["PX", &lease_ms.to_string(), "TOKEN", &t])));
     let granted_at = Instant::now();
+    granted(&c.cmd(&acq("lock:c", &["PX", &lease_ms.to_string(), "TOKEN", &t])));
     let mut w = Pending::send(s.port, &acq("lock:c", &["PX", "10000", "BLOCK", "10000"]));
     wait_waiters(&mut c, "lock:c", 1);
     sleep(Duration::from_secs(1).saturating_sub(granted_at.elapsed()));
@@ -50,7 +54,7 @@ fn a_forward_step_does_not_end_a_lease_early() {
         "the waiter was not granted: {r:?} after {after:?}"
     );
     assert!(
-        after + LATENCY >= Duration::from_secs(5),
+        after + EARLY >= Duration::from_secs(5),
         "+120 s step: the waiter was granted {after:?} after the first grant of a 5 s lease \
          (two holders in real time)"
     );
@@ -72,7 +76,7 @@ fn a_backward_step_does_not_stretch_a_lease() {
         "-120 s step: the waiter of a 3 s lease was granted {after:?} after the first grant"
     );
     assert!(
-        after + LATENCY >= Duration::from_secs(3),
+        after + EARLY >= Duration::from_secs(3),
         "granted early: {after:?}"
     );
 }
@@ -132,7 +136,9 @@ fn a_module_lock_key_has_no_redis_expiry() {
 }
 
 /// The ttl a lease of `PX 20000` must still have after a restart: the time it had left
-/// when the server went down (the downtime is not taken from it), less 200 ms.
+/// when the server went down (the downtime is not taken from it), less 1.5 s for the
+/// grant's reply and the restarted server's start, load and first answer on a loaded
+/// machine (the fault caught: the 3 s downtime taken from it).
 fn restart_keeps_the_lease(b: ServerBuilder, save: bool) {
     let mut s = b.start();
     let mut c = conn(&s);
@@ -152,10 +158,10 @@ fn restart_keeps_the_lease(b: ServerBuilder, save: bool) {
     let i = info(&mut c, "lock:r");
     assert_ne!(i, Resp::Nil, "the lease ended across the restart");
     let ttl = info_int(&mut c, "lock:r", "ttl");
-    let want = 20_000 - up_for.as_millis() as i64 - 200;
+    let want = 20_000 - up_for.as_millis() as i64 - 1_500;
     assert!(
         ttl >= want,
-        "ttl {ttl} ms after the restart, want >= {want} (20000 - {up_for:?} up - 200): \
+        "ttl {ttl} ms after the restart, want >= {want} (20000 - {up_for:?} up - 1500): \
          the 3 s downtime ate into the lease"
     );
     assert_eq!(c.cmd(&["LOCK.RELEASE", "lock:r", &t]), Resp::Int(1));
@@ -201,8 +207,9 @@ fn a_promoted_replica_keeps_at_least_the_remaining_lease() {
     assert_ne!(i, Resp::Nil, "the lease is gone on the promoted replica");
     let ttl = info_int(&mut rc, "lock:f", "ttl");
     let since = read_at.elapsed().as_millis() as i64;
+    // 1 s for the primary's reply on a loaded machine; the fault caught is 10 s.
     assert!(
-        ttl >= remaining - since - 200,
+        ttl >= remaining - since - 1_000,
         "ttl {ttl} on the promoted replica, the primary had {remaining} {since} ms earlier"
     );
 }

@@ -706,10 +706,12 @@ fn a_lease_ends_even_if_pexpire_or_persist_keeps_the_key() {
     let server = ServerBuilder::new().start();
     let mut c = RawConn::connect(server.port);
     let (a, b, w) = (tok("a"), tok("b"), tok("w"));
-    let (_, f1) = acquire(&mut c, &["lock:g", "PX", "200", "TOKEN", &a]);
+    // Leases of 1 and 2 s: the commands that follow each grant must reach the server
+    // before its lease ends, which 200 and 300 ms need not leave on a loaded machine.
+    let (_, f1) = acquire(&mut c, &["lock:g", "PX", "1000", "TOKEN", &a]);
     assert_eq!(c.cmd(&["PEXPIRE", "lock:g", "60000"]), Resp::Int(1));
     assert!(
-        wait_until(Duration::from_secs(5), || c.cmd(&["LOCK.INFO", "lock:g"])
+        wait_until(Duration::from_secs(10), || c.cmd(&["LOCK.INFO", "lock:g"])
             == Resp::Nil),
         "the lease of lock:g did not end"
     );
@@ -726,16 +728,16 @@ fn a_lease_ends_even_if_pexpire_or_persist_keeps_the_key() {
 
     // PERSIST with a waiter: 0 on a lock key (no expiry), 1 after a PEXPIRE gave it one;
     // neither keeps the lease: the waiter gets the lock when the lease ends.
-    let (_, f3) = acquire(&mut c, &["lock:p", "PX", "300", "TOKEN", &a]);
+    let (_, f3) = acquire(&mut c, &["lock:p", "PX", "2000", "TOKEN", &a]);
     assert_eq!(c.cmd(&["PERSIST", "lock:p"]), Resp::Int(0));
     assert_eq!(c.cmd(&["PEXPIRE", "lock:p", "60000"]), Resp::Int(1));
     assert_eq!(c.cmd(&["PERSIST", "lock:p"]), Resp::Int(1));
     let t = std::time::Instant::now();
-    let (got, f4) = grant(&c.cmd(&["LOCK.ACQUIRE", "lock:p", "BLOCK", "5000", "TOKEN", &w]));
+    let (got, f4) = grant(&c.cmd(&["LOCK.ACQUIRE", "lock:p", "BLOCK", "9000", "TOKEN", &w]));
     assert_eq!(got, w.as_bytes());
     assert!(f4 > f3);
     assert!(
-        t.elapsed() < Duration::from_secs(4),
+        t.elapsed() < Duration::from_secs(8),
         "the waiter got the lock only after {:?}",
         t.elapsed()
     );

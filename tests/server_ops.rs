@@ -89,19 +89,27 @@ fn lift_ahead(fence: i64) -> i64 {
 fn pause_while_a_lease_with_a_waiter_ends(mode: &str) {
     let srv = server();
     let mut admin = RawConn::connect(srv.port);
-    let (fence, mut w) = held_with_waiter_blocking(&srv, &mut admin, "lk", 300, "10000");
-    assert_eq!(admin.cmd(&["CLIENT", "PAUSE", "1500", mode]), ok());
+    // The lease must outlast setting up the waiter (a connection, polled into the queue)
+    // and end inside the pause: 1.5 s and a 4 s pause leave a loaded machine 1.5 s for
+    // the first and the lease's end 2.5 s inside the second (300 ms and 1.5 s did not
+    // leave it much of either).
+    let (lease, pause) = (1_500u64, 4_000u64);
+    let (fence, mut w) = held_with_waiter_blocking(&srv, &mut admin, "lk", lease, "20000");
+    // The lease was granted before this, the pause is asked for after it.
     let paused_at = Instant::now();
+    let pause_ms = pause.to_string();
+    assert_eq!(admin.cmd(&["CLIENT", "PAUSE", &pause_ms, mode]), ok());
     // The lease ends (and its timer fires) inside the pause.
-    sleep(Duration::from_millis(900));
+    sleep(Duration::from_millis(lease + 600).saturating_sub(paused_at.elapsed()));
     assert_alive(&srv, &format!("CLIENT PAUSE {mode} at the lease deadline"));
-    let r = w.reply_within(Duration::from_secs(5));
+    let r = w.reply_within(Duration::from_secs(10));
     assert_alive(&srv, "the pause");
     let (wtok, wfence) =
         grant(&r.expect("the waiter got no reply after the pause")).expect("the waiter got nil");
+    // `paused_at` was taken before the pause was asked for: no reply latency to allow.
     assert!(
-        paused_at.elapsed() >= Duration::from_millis(1400),
-        "the waiter was granted during the pause ({:?} after it began)",
+        paused_at.elapsed() >= Duration::from_millis(pause),
+        "the waiter was granted during the pause ({:?} after it was asked for)",
         paused_at.elapsed()
     );
     assert_eq!(
@@ -461,15 +469,18 @@ fn pexpire_to_a_shorter_ttl_ends_the_lock_when_redis_removes_the_key() {
 fn persist_does_not_extend_the_lease() {
     let srv = server();
     let mut c = RawConn::connect(srv.port);
-    acquire(&mut c, "lk", &["PX", "500"]).unwrap();
-    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "10000"]);
+    // 2 s: the waiter's queueing and the three commands come before the lease's end
+    // on a loaded machine (500 ms need not leave room for them).
+    acquire(&mut c, "lk", &["PX", "2000"]).unwrap();
+    let mut w = Waiter::send(srv.port, 0, "lk", &["BLOCK", "20000"]);
     wait_queued(&mut c, "lk", 1);
     assert_eq!(c.cmd(&["PERSIST", "lk"]).int(), 0);
     assert_eq!(c.cmd(&["PEXPIRE", "lk", "600000"]).int(), 1);
     assert_eq!(c.cmd(&["PERSIST", "lk"]).int(), 1);
+    // Granted at the lease deadline (a persisted lease would keep it past the 20 s wait).
     let t0 = Instant::now();
     assert!(grant(&w.reply()).is_some());
-    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
 }
 
 // ------------------------------------------------------------------------------------

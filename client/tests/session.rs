@@ -227,11 +227,13 @@ async fn several_keys_all_or_nothing_and_modes() {
         "nothing was taken"
     );
 
+    // Before the spawn: the release comes at least 300 ms after this, however late the
+    // task starts.
+    let t = Instant::now();
     let release = tokio::spawn(async move {
         tokio::time::sleep(ms(300)).await;
         busy.release().await.unwrap()
     });
-    let t = Instant::now();
     let all = session
         .acquire_all(
             &["a:a", "a:b", "a:c"],

@@ -75,8 +75,13 @@ async fn guard_acquire_and_release() {
     assert!(is_free(&mut c, "lock:a"));
 }
 
+/// Auto-renewal keeps a lease through work longer than two TTLs, and dropping the guard
+/// releases it. The guard gives a lease up when a renewal is not answered by a third of
+/// the TTL before the lease can end: with a 3 s TTL a renewal may come 1 s late (a
+/// loaded CI machine) where a 300 ms lease left it 100 ms. What counts is when the
+/// server still showed the grant, not how many checks or renewals fitted in a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renewal_keeps_a_300ms_lease_for_5s_of_work_then_releases_within_1s() {
+async fn renewal_keeps_a_lease_through_two_ttls_of_work_then_drop_releases_it() {
     setup();
     let server = ServerBuilder::new().start();
     let a = client(&server.url()).await;
@@ -85,48 +90,57 @@ async fn renewal_keeps_a_300ms_lease_for_5s_of_work_then_releases_within_1s() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let opts = renewing(300);
-    let g = a.acquire_with("lock:renew", &opts).await.unwrap().unwrap();
+    let ttl = ms(3_000);
+    let g = a
+        .acquire_with("lock:renew", &renewing(3_000))
+        .await
+        .unwrap()
+        .unwrap();
+    // The lease started before this instant.
+    let granted_at = Instant::now();
     let fence = g.fence().unwrap();
     let lost = g.lost();
     tokio::pin!(lost);
 
-    // 5 s of "work", checking the server every 100 ms that the lock is still ours.
-    let work_end = Instant::now() + Duration::from_secs(5);
-    let mut checks = 0;
-    while Instant::now() < work_end {
+    // "Work", checking the server now and then that the lock is still ours, until a
+    // check sent more than two TTLs after the grant found it held by the same grant.
+    let mut held_for = Duration::ZERO;
+    while held_for <= 2 * ttl {
         tokio::select! {
-            r = &mut lost => panic!("lease lost during the work: {r:?}"),
-            _ = tokio::time::sleep(ms(100)) => {}
+            r = &mut lost => panic!("lease lost after {held_for:?} of work: {r:?}"),
+            _ = tokio::time::sleep(ms(200)) => {}
         }
+        let sent = granted_at.elapsed();
         let v: redis::Value = redis::cmd("LOCK.INFO")
             .arg("lock:renew")
             .query_async(&mut check)
             .await
             .unwrap();
         let redis::Value::Array(items) = v else {
-            panic!("lock gone after {checks} checks: {v:?}");
+            panic!("lock gone {sent:?} after the grant (held at {held_for:?}): {v:?}");
         };
         assert!(
             items.contains(&redis::Value::Int(fence as i64)),
             "same grant (fence)"
         );
         assert!(g.is_held());
-        checks += 1;
+        held_for = sent;
     }
-    assert!(checks >= 30, "only {checks} checks in 5 s");
     let renewed = lock_stat(&server, "lock_extended");
-    assert!(renewed >= 20, "{renewed} renewals in 5 s (expected ~50)");
+    assert!(
+        renewed >= 2,
+        "held {held_for:?} of a {ttl:?} lease with {renewed} renewals"
+    );
 
-    // The work ends: drop the guard; the lock must be free within 1 s.
-    let t = Instant::now();
+    // The work ends: dropping the guard releases the lock (it does not run out).
     drop(g);
     let mut c = server.conn();
-    assert!(wait_until(Duration::from_secs(1), || is_free(
+    assert!(wait_until(Duration::from_secs(10), || is_free(
         &mut c,
         "lock:renew"
     )));
-    eprintln!("lock free {:?} after the work ended", t.elapsed());
+    assert_eq!(lock_stat(&server, "lock_released"), 1, "released on drop");
+    assert_eq!(lock_stat(&server, "lock_expired"), 0, "not run out");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,40 +227,65 @@ async fn loss_signal_comes_a_margin_before_the_lease_can_end() {
     );
 }
 
+/// The renewal cap: renewed past the TTL, never past the cap. TTL 2.4 s (renewals every
+/// 800 ms, each may come 800 ms late before the guard gives up; a 300 ms TTL left 100 ms)
+/// and a 6 s cap; the lease's end is read on the server (`expires-at`), and the lock runs
+/// out there by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_cap_is_enforced() {
     setup();
     let server = ServerBuilder::new().start();
     let a = client(&server.url()).await;
-    let cap = ms(1_200);
+    let (ttl, cap) = (ms(2_400), ms(6_000));
     let t = Instant::now();
     let g = granted(a.acquire_with(
         "lock:cap",
-        &AcquireOptions::new(ms(300)).renewal(Renewal::capped(cap)),
+        &AcquireOptions::new(ttl).renewal(Renewal::capped(cap)),
     ))
     .await;
+    // The cap runs from the grant, which came before this.
+    let granted_wall = redis_lock_testkit::unix_ms();
     let lost = g.lost();
     tokio::pin!(lost);
     let mut c = server.conn();
-    // Renewed past the first TTLs...
+    // Renewed past the first TTL...
     tokio::select! {
         r = &mut lost => panic!("lost before the cap: {r:?} at {:?}", t.elapsed()),
-        _ = tokio::time::sleep(ms(800)) => {}
+        _ = tokio::time::sleep(ttl + ms(1_100)) => {}
     }
-    assert!(!is_free(&mut c, "lock:cap"), "renewal keeps it at 800 ms");
-    // ...but not past the cap.
-    let reason = lost_within(ms(2_000), &mut lost).await;
+    assert!(
+        !is_free(&mut c, "lock:cap"),
+        "renewal keeps it past its TTL"
+    );
+    // ...but not past the cap: the loss signal comes the margin (a third of the TTL)
+    // before the last stretch ends, never earlier.
+    let reason = lost_within(Duration::from_secs(10), &mut lost).await;
     let fired = t.elapsed();
     assert_eq!(reason, LossReason::CapReached);
-    assert!(
-        fired >= ms(1_000) && fired <= cap + ms(400),
-        "fired at {fired:?}"
+    assert!(fired >= cap - ttl / 3 - ms(50), "fired at {fired:?}");
+    // The last stretch ends by the cap on the server (plus the one-way time of the last
+    // LOCK.EXTEND)...
+    if let Some(end) = expires_at(&server, "lock:cap") {
+        let past = end - granted_wall - cap.as_millis() as i64;
+        assert!(
+            past <= 1_000,
+            "the last stretch ends {past} ms past the cap"
+        );
+    }
+    // ...and the lock runs out there without any release.
+    assert!(wait_until(Duration::from_secs(10), || is_free(
+        &mut c, "lock:cap"
+    )));
+    eprintln!(
+        "cap {cap:?}: loss signal at {fired:?}, free on the server by {:?}",
+        t.elapsed()
     );
-    // The server lets the lock go by the cap (plus a round trip) without any release.
-    assert!(wait_until(ms(1_000), || is_free(&mut c, "lock:cap")));
-    let free_at = t.elapsed();
-    eprintln!("cap {cap:?}: loss signal at {fired:?}, free on the server at {free_at:?}");
-    assert!(free_at <= cap + ms(500), "held until {free_at:?}");
+    assert_eq!(lock_stat(&server, "lock_released"), 0, "not released");
+    assert_eq!(
+        lock_stat(&server, "lock_expired"),
+        1,
+        "ran out on the server"
+    );
     assert!(!g.is_held());
 }
 
@@ -258,8 +297,10 @@ async fn waiting_takes_the_lock_in_turn_with_a_higher_fence() {
     let b = client(&server.url()).await;
     let g = granted(a.acquire("lock:q", ms(10_000), None)).await;
     let f1 = g.fence().unwrap();
+    // Before the spawn: the task may start late on a loaded machine, the release below
+    // comes at least 300 ms after this.
+    let t = Instant::now();
     let waiter = tokio::spawn(async move {
-        let t = Instant::now();
         let g2 = b
             .acquire_with(
                 "lock:q",
@@ -290,13 +331,14 @@ async fn waiting_takes_the_lock_in_turn_with_a_higher_fence() {
 async fn falls_back_to_set_nx_and_lua_without_the_module() {
     let (server, mut c, a) = server_with_client(ServerBuilder::new().no_module()).await;
     let b = client(&server.url()).await;
-    let g = granted(a.acquire_with("lock:plain", &renewing(300))).await;
+    // 2 s: a renewal may come 667 ms late before the guard gives the lease up.
+    let g = granted(a.acquire_with("lock:plain", &renewing(2_000))).await;
     assert!(a.module_missing());
     assert_eq!(g.fence(), None, "no fence without the module");
     let v: String = redis::cmd("GET").arg("lock:plain").query(&mut c).unwrap();
     assert_eq!(v, g.token(), "a classic SET NX PX lock");
-    // Renewal (owner-checked PEXPIRE in Lua) keeps it past several TTLs.
-    tokio::time::sleep(ms(1_200)).await;
+    // Renewal (owner-checked PEXPIRE in Lua) keeps it past two TTLs.
+    tokio::time::sleep(ms(4_500)).await;
     assert!(g.is_held());
     assert!(busy(&b, "lock:plain", ms(1_000), None).await);
     let info = b.info("lock:plain").await.unwrap().unwrap();
@@ -333,26 +375,29 @@ async fn hold_keeps_the_lock_after_release_until_its_period_ends() {
         g.release().await.unwrap(),
         "still held at the end of the work"
     );
-    // Kept, with a lease of what is left of the hold, and busy for everyone else.
+    // Kept, with a lease of what is left of the hold (the hold runs from the grant,
+    // after `t`; the work took 200 ms at least), and busy for everyone else.
     let info = b
         .info("lock:daily")
         .await
         .unwrap()
         .expect("kept after release");
+    let left_at_least = 1_500 - t.elapsed().as_millis() as i64 - 5;
     assert!(
-        info.ttl_ms > 1_000 && info.ttl_ms <= 1_300,
-        "lease left: {}",
+        info.ttl_ms >= left_at_least && info.ttl_ms <= 1_300,
+        "lease left: {} (at least {left_at_least})",
         info.ttl_ms
     );
     assert!(busy(&b, "lock:daily", ms(1_000), None).await);
-    // Free by itself once the hold has passed, not before.
-    assert!(wait_until(Duration::from_secs(3), || is_free(
+    // Free by itself once the hold has passed, not before (and not at the end of the
+    // 10 s lease it was taken with).
+    assert!(wait_until(Duration::from_secs(8), || is_free(
         &mut c,
         "lock:daily"
     )));
     let free_at = t.elapsed();
     assert!(
-        free_at >= ms(1_400) && free_at < ms(2_500),
+        free_at >= ms(1_400) && free_at < ms(9_000),
         "free at {free_at:?}"
     );
 

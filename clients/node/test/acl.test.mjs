@@ -76,8 +76,10 @@ for (const lib of LIBS) {
           assert.equal(await lock.owned(), true);
           await lock.release();
         }
-        // Renewal, and a lock without a TTL (it reads its lease with LOCK.INFO).
-        assert.equal(await locks.using(name(), { ttl: 300 }, async (signal) => new Promise((r) => setTimeout(() => r(signal.aborted), 500))), false);
+        // Renewal past the TTL, and a lock without a TTL (it reads its lease with
+        // LOCK.INFO). 1.5 s: the grant's WAIT and a renewal may each take a second on a
+        // loaded machine (a 300 ms lease could end before its confirmation came).
+        assert.equal(await locks.using(name(), { ttl: 1500 }, async (signal) => new Promise((r) => setTimeout(() => r(signal.aborted), 2000))), false);
         const dflt = await locks.acquire(name());
         assert.ok(dflt && (await dflt.owned()));
         await dflt.release();

@@ -18,6 +18,11 @@ const STEP_MS: i64 = 600_000;
 /// (docs/commands.md, "Leases and time"), plus 50 ms of a shared machine's noise.
 const EARLY_MS: u64 = 2;
 const LATE_MS: u64 = 150;
+/// How late in the short run (`make test`): the 150 ms above is a figure of the full run
+/// on a quiet machine; CI runs on a loaded 2-core machine where a reply can be read 1-2 s
+/// late. The faults the short run catches on that side are waits and leases stretched by
+/// the clock's 10 min steps, or never ended.
+const LATE_MS_SHORT: u64 = 2_000;
 const MS: u64 = 1_000_000;
 const CLIENTS: usize = 12;
 const KEYS: usize = 6;
@@ -128,9 +133,9 @@ fn client(mut c: Conn, id: usize, mut rng: Rng, stop: &AtomicBool) -> Result<Vec
     Ok(out)
 }
 
-fn check(recs: &mut [Rec], st: &mut Stats) {
+fn check(recs: &mut [Rec], st: &mut Stats, late_ms: u64) {
     let ms = |ns: i128| ns as f64 / MS as f64;
-    let (early, late_ns) = ((EARLY_MS * MS) as i128, (LATE_MS * MS) as i128);
+    let (early, late_ns) = ((EARLY_MS * MS) as i128, (late_ms * MS) as i128);
     (st.min_margin_ms, st.min_wait_ms) = (f64::MAX, f64::MAX);
     (st.max_handoff_ms, st.max_wait_ms) = (f64::MIN, f64::MIN);
     for r in recs.iter() {
@@ -293,7 +298,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     for r in results {
         recs.extend(r?);
     }
-    check(&mut recs, &mut st);
+    let late_ms = if env.short { LATE_MS_SHORT } else { LATE_MS };
+    check(&mut recs, &mut st, late_ms);
     let mut max_fence = recs.iter().filter_map(|r| r.fence).max().unwrap_or(0);
 
     // Restarts with the clock stepped back, then forward, from the AOF as written and
@@ -322,7 +328,7 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     }
     set_offset(&offset, 0)?;
     o.put("step_ms", STEP_MS);
-    o.put("bounds_ms", [EARLY_MS, LATE_MS]);
+    o.put("bounds_ms", [EARLY_MS, late_ms]);
     o.put("shape", [CLIENTS, KEYS]);
     o.put("offsets", &offsets);
     o.put("secs", secs);

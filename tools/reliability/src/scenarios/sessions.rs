@@ -19,6 +19,10 @@ pub const TARGET: &str = "every lock of a killed holder granted to a waiter, nev
 /// then a reply read by one of 400 client threads on a shared 2-core machine: 261 ms was
 /// seen once on Valkey 8.1.8 with the machine's load average at 9).
 const LATE_MS: u64 = 500;
+/// How late in the short run (`make test`), on a loaded 2-core machine where a reply can
+/// be read 1-2 s late; the faults caught there on that side are locks never handed on or
+/// held to the end of a session that was kept alive.
+const LATE_MS_SHORT: u64 = 2_000;
 /// How much earlier than the session's end a grant may come: the server counts whole ms.
 const EARLY_MS: u64 = 2;
 /// Waiters per key: the first is granted when the session ends, the second after the
@@ -311,7 +315,8 @@ fn round(
             let k2g = ms(first as i128 - h.kill as i128);
             kill_to_grant.push(k2g);
             let budget = if grace > 0 { grace } else { ttl };
-            if k2g > (budget + LATE_MS) as f64 {
+            let late_ms = if env.short { LATE_MS_SHORT } else { LATE_MS };
+            if k2g > (budget + late_ms) as f64 {
                 st.late += 1;
                 example(&mut st.examples, 6, || {
                     format!("{key}: granted {k2g:.1} ms after its holder's kill")
@@ -399,7 +404,8 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     }
     let (holders, per) = if env.short { (4, 3) } else { (20, 10) };
     o.put("shape", (holders, per, WAITERS));
-    o.put("bounds_ms", (EARLY_MS, LATE_MS));
+    let late_ms = if env.short { LATE_MS_SHORT } else { LATE_MS };
+    o.put("bounds_ms", (EARLY_MS, late_ms));
     o.put("variants", all);
     o.healthy(&server, "the server");
     Ok(())
