@@ -7,8 +7,8 @@ mod common;
 
 use common::raw::{acquire, acquire_reply, grant, queued, wait_queued, Waiter};
 use common::{
-    debug_server, raw_pair, release, wait_persistence_idle, wait_until, words, RawConn, Resp,
-    Server, ServerBuilder, SETTLE,
+    debug_server, raw_pair, release, wait_until, words, RawConn, Resp, Server, ServerBuilder,
+    SETTLE,
 };
 
 /// A server and a connection to it.
@@ -466,8 +466,7 @@ fn shared_and_counted_locks_survive_rdb_and_aof_restarts() {
         hold(&mut c, "n LIMIT 2 TOKEN a--------------------tok PX 60000");
         hold(&mut c, "x TOKEN x--------------------tok PX 60000");
         if preamble == "no" {
-            c.cmd(&["BGREWRITEAOF"]);
-            wait_persistence_idle(&s, SETTLE);
+            s.rewrite_aof(SETTLE).unwrap();
         }
         if persistence == "rdb" {
             assert_eq!(c.cmd(&["SAVE"]), Resp::Simple("OK".into()));

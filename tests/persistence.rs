@@ -238,13 +238,7 @@ fn aof_rewrite_without_rdb_preamble_keeps_locks_across_kill9() {
         .start();
     wait_persistence_idle(&s, IDLE_TIMEOUT);
     let snap = make_locks(&mut s.conn(), true);
-    let _: String = redis::cmd("BGREWRITEAOF").query(&mut s.conn()).unwrap();
-    wait_persistence_idle(&s, IDLE_TIMEOUT);
-    assert_eq!(
-        s.info_field("persistence", "aof_last_bgrewrite_status")
-            .as_deref(),
-        Some("ok")
-    );
+    s.rewrite_aof(IDLE_TIMEOUT).unwrap();
     // The rewritten base file holds the module's own rewrite of every lock.
     let files = aof_files(&s);
     let base = files
@@ -993,8 +987,7 @@ fn a_counter_raised_by_a_renew_survives_aof_replay_and_rewrite() {
         let mut c = s.conn();
         let floor = renew_with_floor(&mut c, "persist:floor", "600000");
         if preamble == "no" {
-            let _: String = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
-            wait_persistence_idle(&s, IDLE_TIMEOUT);
+            s.rewrite_aof(IDLE_TIMEOUT).unwrap();
         }
         drop(c);
         assert_counter_kept(&mut s, floor, &format!("AOF, preamble {preamble}"));

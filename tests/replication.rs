@@ -505,18 +505,7 @@ fn replica_aof_keeps_replicated_locks_across_kill9_restart_standalone() {
         .start();
     replicate_from(&r, &p);
     // After a full sync the replica rewrites its AOF; let that finish first.
-    assert!(
-        wait_until(SYNC_TIMEOUT, || {
-            r.info_field("persistence", "aof_rewrite_in_progress")
-                .as_deref()
-                == Some("0")
-                && r.info_field("persistence", "aof_rewrite_scheduled")
-                    .as_deref()
-                    == Some("0")
-        }),
-        "replica AOF rewrite did not finish\n{}",
-        r.log_tail()
-    );
+    common::wait_persistence_idle(&r, SYNC_TIMEOUT);
 
     let mut pc = p.conn();
     let t0 = unix_ms();
@@ -710,16 +699,7 @@ fn turning_the_aof_on_later_keeps_every_later_grant() {
         .query(&mut c)
         .unwrap();
     let (_, f2) = acquire(&mut c, "aof:after", &["PX", "60000", "OWNER", "o"]).unwrap();
-    assert!(
-        wait_until(SYNC_TIMEOUT, || s
-            .info_field("persistence", "aof_rewrite_in_progress")
-            .as_deref()
-            == Some("0")
-            && s.info_field("persistence", "aof_rewrite_scheduled")
-                .as_deref()
-                == Some("0")),
-        "AOF rewrite did not finish"
-    );
+    common::wait_persistence_idle(&s, SYNC_TIMEOUT);
     let (_, f3) = acquire(&mut c, "aof:last", &["PX", "60000"]).unwrap();
     drop(c);
     s.kill9();

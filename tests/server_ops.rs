@@ -13,7 +13,6 @@
 mod common;
 
 use common::raw::{acquire, grant, info_int, queued, wait_queued, Waiter};
-use common::wait_persistence_idle;
 use common::{contains, files_with, lock_stat, start_replica_of, unix_ms, volatile_keys};
 use common::{wait_until, Cluster, RawConn, Resp, Server, ServerBuilder, SETTLE};
 use std::thread::sleep;
@@ -332,8 +331,7 @@ fn fences_do_not_go_back_after_an_aof_rewrite_without_preamble() {
     let (_, f1) = acquire(&mut c, "a", &["PX", "60000"]).unwrap();
     let (f2, _) = lifted_and_released(&mut c, f1);
     assert_eq!(c.cmd(&["LOCK.FORCERELEASE", "a"]).int(), 1);
-    c.cmd(&["BGREWRITEAOF"]);
-    wait_persistence_idle(&srv, SETTLE);
+    srv.rewrite_aof(SETTLE).unwrap();
     drop(c);
     srv.stop();
     srv.restart();
@@ -592,8 +590,7 @@ fn rdb_and_aof_files_do_not_reveal_the_token() {
         1
     );
     assert_eq!(c.cmd(&["SAVE"]), ok());
-    c.cmd(&["BGREWRITEAOF"]);
-    wait_persistence_idle(&srv, SETTLE);
+    srv.rewrite_aof(SETTLE).unwrap();
     acquire(&mut c, "lk2", &["PX", "60000", "TOKEN", SECRET]).unwrap();
     let hits = files_with(&srv.dir, SECRET.as_bytes());
     assert!(hits.is_empty(), "the token is in {hits:?}");

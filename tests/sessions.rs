@@ -481,21 +481,7 @@ fn an_aof_rewrite_without_preamble_names_sessions_without_renewing_them() {
     for i in 0..3 {
         in_session(&mut c, &format!("lock:aof{i}"), S, &[]);
     }
-    assert_eq!(
-        c.cmd(&["BGREWRITEAOF"]),
-        Resp::Simple("Background append only file rewriting started".into())
-    );
-    assert!(
-        wait_until(SETTLE, || {
-            p.info_field("persistence", "aof_rewrite_in_progress")
-                .as_deref()
-                == Some("0")
-                && p.info_field("persistence", "aof_rewrite_scheduled")
-                    .as_deref()
-                    == Some("0")
-        }),
-        "the rewrite ended"
-    );
+    p.rewrite_aof(SETTLE).unwrap();
     let dir = p.dir.join("appendonlydir");
     let base: Vec<u8> = std::fs::read_dir(&dir)
         .expect("appendonlydir")
@@ -754,22 +740,7 @@ fn session_shared_multi_key_and_delayed_locks_survive_rewrite_replay_and_full_sy
     caught_up(&p, &r);
     check(&mut conn(&r), "a full sync");
     // Started, or scheduled after the replica's sync.
-    let rw = c.cmd(&["BGREWRITEAOF"]).as_text().unwrap_or_default();
-    assert!(
-        rw.starts_with("Background append only file rewriting"),
-        "{rw}"
-    );
-    assert!(
-        wait_until(SETTLE, || {
-            p.info_field("persistence", "aof_rewrite_in_progress")
-                .as_deref()
-                == Some("0")
-                && p.info_field("persistence", "aof_rewrite_scheduled")
-                    .as_deref()
-                    == Some("0")
-        }),
-        "the rewrite ended"
-    );
+    p.rewrite_aof(SETTLE).unwrap();
     drop(c);
     p.kill9();
     p.try_restart().unwrap();
@@ -860,21 +831,7 @@ fn a_session_that_lost_a_lock_to_migrate_stays_marked_on_replicas_and_restarts()
         }
         if how == "rewrite" {
             // The rewritten AOF names the session (SEEN) and its mark (MOVED).
-            c.cmd(&["BGREWRITEAOF"]);
-            assert!(
-                wait_until(SETTLE, || {
-                    p.info_field("persistence", "aof_rewrite_in_progress")
-                        .as_deref()
-                        == Some("0")
-                        && p.info_field("persistence", "aof_rewrite_scheduled")
-                            .as_deref()
-                            == Some("0")
-                        && p.info_field("persistence", "aof_last_bgrewrite_status")
-                            .as_deref()
-                            == Some("ok")
-                }),
-                "the rewrite ended"
-            );
+            p.rewrite_aof(SETTLE).unwrap();
         }
         drop(c);
         match how {

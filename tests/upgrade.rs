@@ -157,16 +157,7 @@ fn an_aof_written_by_0_1_loads() {
         assert_eq!(pttl[key], -1, "{key} has a Redis expiry");
     }
     // A rewrite replaces the 0.1 commands with LOCK.REPL (digests only).
-    let mut c = RawConn::connect(s.port);
-    c.cmd(&["BGREWRITEAOF"]);
-    assert!(common::wait_until(
-        std::time::Duration::from_secs(10),
-        || {
-            let m = common::info_map(&mut c, "persistence");
-            m.get("aof_rewrite_in_progress").map(String::as_str) == Some("0")
-                && m.get("aof_rewrite_scheduled").map(String::as_str) == Some("0")
-        }
-    ));
+    s.rewrite_aof(std::time::Duration::from_secs(10)).unwrap();
     let base: Vec<PathBuf> = std::fs::read_dir(dir.join("appendonlydir"))
         .unwrap()
         .flatten()

@@ -531,6 +531,31 @@ impl Server {
     }
 
     /// `Err(what + log tail)` unless `f` turns true within `timeout`.
+    /// Runs BGREWRITEAOF (started now, or scheduled behind a save or a replica's sync)
+    /// and waits up to `timeout` until no save or rewrite runs or is scheduled and the
+    /// rewrite has succeeded.
+    pub fn rewrite_aof(&self, timeout: Duration) -> Result<(), String> {
+        let r = self.ask(IO_TIMEOUT, &["BGREWRITEAOF"]);
+        let text = r.as_ref().and_then(Resp::as_text).unwrap_or_default();
+        if !text.starts_with("Background append only file rewriting") {
+            return Err(format!("BGREWRITEAOF answered {r:?}"));
+        }
+        let idle = || {
+            [
+                "aof_rewrite_in_progress",
+                "aof_rewrite_scheduled",
+                "rdb_bgsave_in_progress",
+            ]
+            .iter()
+            .all(|f| self.info_field("persistence", f).as_deref() == Some("0"))
+        };
+        self.wait_for(timeout, idle, "the AOF rewrite did not end")?;
+        match self.info_field("persistence", "aof_last_bgrewrite_status") {
+            Some(s) if s == "ok" => Ok(()),
+            s => Err(format!("the AOF rewrite ended {s:?}\n{}", self.log_tail())),
+        }
+    }
+
     fn wait_for(&self, t: Duration, f: impl FnMut() -> bool, what: &str) -> Result<(), String> {
         let log = || format!("{what}\n{}", self.log_tail());
         wait_until(t, f).then_some(()).ok_or_else(log)
