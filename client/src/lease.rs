@@ -74,6 +74,23 @@ pub enum LeaseStatus {
     Released,
 }
 
+impl LeaseStatus {
+    /// True while `Held` and its deadline has not passed.
+    pub fn is_held(&self) -> bool {
+        matches!(*self, LeaseStatus::Held { valid_until } if Instant::now() < valid_until)
+    }
+
+    /// The last known lease deadline (held or lost); `None` once released.
+    pub fn valid_until(&self) -> Option<Instant> {
+        match *self {
+            LeaseStatus::Held { valid_until } | LeaseStatus::Lost { valid_until, .. } => {
+                Some(valid_until)
+            }
+            LeaseStatus::Released => None,
+        }
+    }
+}
+
 /// A cheap, cloneable handle on a guard's status, usable after the guard moved.
 #[derive(Debug, Clone)]
 pub struct LeaseWatch {
@@ -360,17 +377,12 @@ impl LockGuard {
 
     /// True while the status is `Held` and its deadline has not passed.
     pub fn is_held(&self) -> bool {
-        matches!(*self.status.borrow(), LeaseStatus::Held { valid_until } if Instant::now() < valid_until)
+        self.status.borrow().is_held()
     }
 
     /// The last known lease deadline (held or not).
     pub fn valid_until(&self) -> Option<Instant> {
-        match *self.status.borrow() {
-            LeaseStatus::Held { valid_until } | LeaseStatus::Lost { valid_until, .. } => {
-                Some(valid_until)
-            }
-            LeaseStatus::Released => None,
-        }
+        self.status.borrow().valid_until()
     }
 
     /// A handle on the status that outlives borrows of the guard.
@@ -498,13 +510,7 @@ impl LockGuard {
             .await?
         {
             let d = start + ttl.saturating_sub(drift(ttl));
-            self.status.send_if_modified(|s| match s {
-                LeaseStatus::Held { valid_until } if d > *valid_until => {
-                    *valid_until = d;
-                    true
-                }
-                _ => false,
-            });
+            mark_renewed(&self.status, d);
             Ok(true)
         } else {
             mark_lost(&self.status, LossReason::NotHeld);
@@ -606,6 +612,17 @@ impl Drop for LockGuard {
             ),
         }
     }
+}
+
+/// A renewal came back: `Held` until `d`, if that is later than what was known.
+pub(crate) fn mark_renewed(status: &watch::Sender<LeaseStatus>, d: Instant) {
+    status.send_if_modified(|s| match s {
+        LeaseStatus::Held { valid_until } if d > *valid_until => {
+            *valid_until = d;
+            true
+        }
+        _ => false,
+    });
 }
 
 pub(crate) fn mark_lost(status: &watch::Sender<LeaseStatus>, reason: LossReason) {
@@ -811,13 +828,7 @@ async fn lease_task(
         let limit = backend.io_timeout().min(lose_at - now);
         match backend.extend(&name, &token, ttl_now, limit).await {
             Ok(Some(d)) => {
-                status.send_if_modified(|s| match s {
-                    LeaseStatus::Held { valid_until } if d > *valid_until => {
-                        *valid_until = d;
-                        true
-                    }
-                    _ => false,
-                });
+                mark_renewed(&status, d);
                 log::debug!("{name}: lease renewed for {} ms", ttl_now.as_millis());
                 failure = None;
                 due = Some(now + p.interval);

@@ -21,7 +21,7 @@ use tokio::time::timeout;
 use crate::error::{Error, Result};
 use crate::info::SessionInfo;
 use crate::lease::{
-    mark_lost, spawn_keepalive, LeaseStatus, LeaseWatch, LockGuard, LossReason, Plan,
+    mark_lost, mark_renewed, spawn_keepalive, LeaseStatus, LeaseWatch, LockGuard, LossReason, Plan,
 };
 use crate::node::{new_token, Acquire, ConfirmBudget, Dedicated, Node};
 use crate::options::{check_ttl, drift, millis, LockMode, MAX_LIMIT};
@@ -475,17 +475,12 @@ impl Session {
 
     /// True while the status is `Held` and its deadline has not passed.
     pub fn is_held(&self) -> bool {
-        matches!(*self.status.borrow(), LeaseStatus::Held { valid_until } if Instant::now() < valid_until)
+        self.status.borrow().is_held()
     }
 
     /// The last known lease deadline (held or lost); `None` once closed.
     pub fn valid_until(&self) -> Option<Instant> {
-        match *self.status.borrow() {
-            LeaseStatus::Held { valid_until } | LeaseStatus::Lost { valid_until, .. } => {
-                Some(valid_until)
-            }
-            LeaseStatus::Released => None,
-        }
+        self.status.borrow().valid_until()
     }
 
     /// A handle on the session's status.
@@ -665,13 +660,7 @@ impl Session {
             .await?
         {
             Some(d) => {
-                self.status.send_if_modified(|s| match s {
-                    LeaseStatus::Held { valid_until } if d > *valid_until => {
-                        *valid_until = d;
-                        true
-                    }
-                    _ => false,
-                });
+                mark_renewed(&self.status, d);
                 Ok(true)
             }
             None => {
