@@ -229,11 +229,12 @@ fn two_concurrent_runs_one_runs_the_other_exits_75() {
     let case = Case::start();
     let server = &case.server;
     let b_ran = case.dir.join("b-ran");
-    let a = case.spawn_started(&["--ttl", "2s"], "daily-report", "", "sleep 2");
+    // A runs for 5 s: B exits well before (4 s: a process start on a loaded machine).
+    let a = case.spawn_started(&["--ttl", "2s"], "daily-report", "", "sleep 5");
     let b = case.run(&[], "daily-report", &touch(&b_ran));
     assert_eq!(b.code, Some(75), "the second run finds the lock busy");
     assert!(!b_ran.exists(), "the second command must not run");
-    assert!(b.took < ms(2_000));
+    assert!(b.took < ms(4_000), "{:?}", b.took);
     // The first run finishes normally and releases.
     let a = a.done();
     assert_eq!(a.code, Some(0));
@@ -691,25 +692,28 @@ fn flock_forms_options_anywhere_and_exit_code_choices() {
     ]);
     assert_eq!(d.code, Some(4));
     assert!(holds_a_fence(&out));
-    // `run NAME --ttl ... -- CMD` and -n: busy at once, with the code chosen by -E.
+    // `run NAME --ttl ... -- CMD` and -n: busy at once, with the code chosen by -E (the
+    // holder runs 5 s; 3 s for a process start on a loaded machine).
     let holder = case.spawn(&[
-        "run", "job", "--ttl", "5s", "--url", url, "--", "sleep", "2",
+        "run", "job", "--ttl", "5s", "--url", url, "--", "sleep", "5",
     ]);
     assert!(held_soon(server, "job"));
     let d = case.cli(&["run", "-n", "job", "--url", url, "-E", "3", "--", "true"]);
     assert_eq!(d.code, Some(3));
-    assert!(d.took < ms(1_500));
+    assert!(d.took < ms(3_000), "{:?}", d.took);
     // -w with a unit: waits for the holder (FIFO), then runs.
     let d = case.cli(&["run", "job", "-w", "10s", "--url", url, "--", "true"]);
     assert_eq!(d.code, Some(0));
     assert!(d.took >= ms(500), "waited for the holder: {:?}", d.took);
     assert_eq!(holder.done().code, Some(0));
-    // -w with a bare number means seconds: 0.3 s here.
-    let holder = case.spawn(&["run", "job", "--url", url, "--", "sleep", "2"]);
+    // -w with a bare number means seconds: 0.3 s here (not ms: at least 300 ms; not
+    // minutes: it would get the lock when the 5 s holder ends, the bound leaving 3.7 s
+    // for a process start on a loaded machine).
+    let holder = case.spawn(&["run", "job", "--url", url, "--", "sleep", "5"]);
     assert!(held_soon(server, "job"));
     let d = case.cli(&["acquire", "job", "-w", "0.3", "--url", url]);
     assert_eq!(d.code, Some(75));
-    assert!(d.took >= ms(300) && d.took < ms(1_800), "{:?}", d.took);
+    assert!(d.took >= ms(300) && d.took < ms(4_000), "{:?}", d.took);
     assert_eq!(holder.done().code, Some(0));
     // --lost-exit-code keeps the old 76 for scripts that test for it.
     let extra = ["--ttl", "600ms", "--lost-exit-code", "76"];
