@@ -103,8 +103,9 @@ fn fence_of(r: &Resp) -> Option<i64> {
 }
 
 /// How long an answer may take once its cause happened (the agenda runs within a few ms;
-/// slack for a loaded machine).
-const PROMPT: Duration = Duration::from_secs(3);
+/// slack for a loaded machine, whose pauses reach 1-2 s). Below the 6 and 8 s BLOCKs that
+/// a prompt answer is told apart from (blocking.rs's is 5 s too).
+const PROMPT: Duration = Duration::from_secs(5);
 
 // ---- without FENCE -------------------------------------------------------------------------
 
