@@ -218,8 +218,10 @@ fn held_shared_limit_delayed_and_free_locks_arrive_whole() {
         .iter()
         .map(|k| (k, shape(&info(&mut s, &key(k)))))
         .collect();
-    let ttl_before = info_int(&mut s, &key("x"), "ttl");
+    // From before the read: the time between the two reads is within `spent`, however
+    // long a loaded machine pauses between this read and the move.
     let moved_at = Instant::now();
+    let ttl_before = info_int(&mut s, &key("x"), "ttl");
 
     migrate(&cluster, from, to);
 

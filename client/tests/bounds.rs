@@ -11,8 +11,11 @@ use redis_lock_client::{ClientOptions, Error, LockClient};
 use redis_lock_testkit::{temp_dir, ServerBuilder};
 use util::{cli_cmd, granted, ms, setup, Stopped};
 
-/// Generous slack on top of a documented limit (a loaded 2-core machine).
-const SLACK: Duration = Duration::from_millis(700);
+/// Slack on top of a documented limit: a loaded 2-core machine pauses 1-2 s. Below the
+/// 2 s defaults' margin over the 400 ms limits used here, so that a call timed by a
+/// default (or anything but its own limit) still fails; a call with no limit hangs and
+/// fails `fails_within`'s own bound.
+const SLACK: Duration = Duration::from_millis(1_500);
 
 fn opts(limit: Duration) -> ClientOptions {
     ClientOptions {
@@ -106,9 +109,12 @@ async fn calls_are_bounded_while_the_server_is_stopped_down_or_restarting() {
     server.kill9();
     let (e, took) =
         fails_within("acquire (down)", limit, locks.acquire("k", ms(5_000), None)).await;
+    // Refused, not timed out: the kind of error tells (a time under the limit did too,
+    // until a loaded machine took longer to be refused).
     assert!(e.is_connection_error(), "{e:?}");
+    assert!(!matches!(e, Error::Timeout { .. }), "{e:?}");
     assert!(e.to_string().starts_with(&format!("{addr}: ")), "{e}");
-    assert!(took < limit, "refused, not timed out: {took:?}");
+    eprintln!("refused after {took:?}");
     let (e, _) = fails_within(
         "acquire with a wait (down)",
         limit,
@@ -166,7 +172,9 @@ fn the_cli_exits_69_in_time_when_the_server_is_stopped_or_down() {
     server.kill9();
     let (code, stderr, took) = cli(&run);
     assert_eq!(code, Some(69));
-    assert!(took < ms(500), "refused at once: {took:?}");
+    // Refused at once: said by the error below (a process start on a loaded machine can
+    // take longer than the 500 ms --timeout by itself).
+    assert!(took < ms(500) + SLACK, "refused at once: {took:?}");
     assert!(
         stderr.contains(&format!("{addr}: ")) && stderr.contains("refused"),
         "{stderr}"

@@ -229,11 +229,12 @@ fn two_concurrent_runs_one_runs_the_other_exits_75() {
     let case = Case::start();
     let server = &case.server;
     let b_ran = case.dir.join("b-ran");
-    let a = case.spawn_started(&["--ttl", "2s"], "daily-report", "", "sleep 2");
+    // A runs for 5 s: B exits well before (4 s: a process start on a loaded machine).
+    let a = case.spawn_started(&["--ttl", "2s"], "daily-report", "", "sleep 5");
     let b = case.run(&[], "daily-report", &touch(&b_ran));
     assert_eq!(b.code, Some(75), "the second run finds the lock busy");
     assert!(!b_ran.exists(), "the second command must not run");
-    assert!(b.took < ms(2_000));
+    assert!(b.took < ms(4_000), "{:?}", b.took);
     // The first run finishes normally and releases.
     let a = a.done();
     assert_eq!(a.code, Some(0));
@@ -401,9 +402,8 @@ fn kill_9_of_run_takes_the_command_and_its_children_with_it() {
 
 /// With the server unreachable (a proxy that passes nothing and closes nothing, so each
 /// renewal gets no answer), the command gets SIGTERM a margin (by default a third of
-/// --ttl: 1 s here) before the lease can end on the server, never at or after that end,
-/// when the next holder may start. The server's deadline is its own `expires-at`; half
-/// the margin is left for a loaded machine to start the trap's `date`.
+/// --ttl: 2 s here) before the lease can end on the server, never at or after that end,
+/// when the next holder may start. The server's deadline is its own `expires-at`.
 #[test]
 fn an_unreachable_server_stops_the_command_a_margin_before_the_lease_can_end() {
     let case = Case::start();
@@ -414,10 +414,13 @@ fn an_unreachable_server_stops_the_command_a_margin_before_the_lease_can_end() {
         stamp.display(),
         touch(&started)
     );
-    let args = run_args(&proxy.url(), &["--ttl", "3s"], "margin", &script);
+    // A 6 s TTL, a 2 s margin: 1.5 s of it left for a loaded machine to run the renewal
+    // loop and the trap's `date` late (a 3 s TTL left 500 ms); without the margin the
+    // SIGTERM would come the drift (~60 ms) before the end.
+    let args = run_args(&proxy.url(), &["--ttl", "6s"], "margin", &script);
     let run = case.spawn(&refs(&args));
     assert!(soon(|| started.exists()), "the command started");
-    std::thread::sleep(ms(1_500)); // renewed once or twice meanwhile
+    std::thread::sleep(ms(2_500)); // renewed once (every 2 s) meanwhile
     proxy.freeze();
     std::thread::sleep(ms(200)); // a renewal already on the server is applied
     let deadline = expires_at(&case.server, "margin").expect("held");
@@ -428,7 +431,7 @@ fn an_unreachable_server_stops_the_command_a_margin_before_the_lease_can_end() {
     eprintln!("SIGTERM {ahead} ms before the server's lease deadline");
     assert!(
         ahead >= 500,
-        "SIGTERM only {ahead} ms before the lease could end on the server (margin 1 s)"
+        "SIGTERM only {ahead} ms before the lease could end on the server (margin 2 s)"
     );
 }
 
@@ -691,25 +694,28 @@ fn flock_forms_options_anywhere_and_exit_code_choices() {
     ]);
     assert_eq!(d.code, Some(4));
     assert!(holds_a_fence(&out));
-    // `run NAME --ttl ... -- CMD` and -n: busy at once, with the code chosen by -E.
+    // `run NAME --ttl ... -- CMD` and -n: busy at once, with the code chosen by -E (the
+    // holder runs 5 s; 3 s for a process start on a loaded machine).
     let holder = case.spawn(&[
-        "run", "job", "--ttl", "5s", "--url", url, "--", "sleep", "2",
+        "run", "job", "--ttl", "5s", "--url", url, "--", "sleep", "5",
     ]);
     assert!(held_soon(server, "job"));
     let d = case.cli(&["run", "-n", "job", "--url", url, "-E", "3", "--", "true"]);
     assert_eq!(d.code, Some(3));
-    assert!(d.took < ms(1_500));
+    assert!(d.took < ms(3_000), "{:?}", d.took);
     // -w with a unit: waits for the holder (FIFO), then runs.
     let d = case.cli(&["run", "job", "-w", "10s", "--url", url, "--", "true"]);
     assert_eq!(d.code, Some(0));
     assert!(d.took >= ms(500), "waited for the holder: {:?}", d.took);
     assert_eq!(holder.done().code, Some(0));
-    // -w with a bare number means seconds: 0.3 s here.
-    let holder = case.spawn(&["run", "job", "--url", url, "--", "sleep", "2"]);
+    // -w with a bare number means seconds: 0.3 s here (not ms: at least 300 ms; not
+    // minutes: it would get the lock when the 5 s holder ends, the bound leaving 3.7 s
+    // for a process start on a loaded machine).
+    let holder = case.spawn(&["run", "job", "--url", url, "--", "sleep", "5"]);
     assert!(held_soon(server, "job"));
     let d = case.cli(&["acquire", "job", "-w", "0.3", "--url", url]);
     assert_eq!(d.code, Some(75));
-    assert!(d.took >= ms(300) && d.took < ms(1_800), "{:?}", d.took);
+    assert!(d.took >= ms(300) && d.took < ms(4_000), "{:?}", d.took);
     assert_eq!(holder.done().code, Some(0));
     // --lost-exit-code keeps the old 76 for scripts that test for it.
     let extra = ["--ttl", "600ms", "--lost-exit-code", "76"];

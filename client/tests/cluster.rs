@@ -5,11 +5,11 @@ mod util;
 
 use std::collections::HashSet;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use redis_lock_client::{AcquireOptions, LockClient};
 use redis_lock_testkit::{wait_until, Cluster};
-use util::{held_fence, is_free, ms, setup};
+use util::{held_fence, is_free, ms, setup, steady_renewal};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_server_mode_against_a_three_master_cluster() {
@@ -30,7 +30,9 @@ async fn single_server_mode_against_a_three_master_cluster() {
         let g = a
             .acquire_with(
                 n,
-                &AcquireOptions::new(ms(400)).auto_renew(Duration::from_secs(30)),
+                // 3 s, renewed every 500 ms: a renewal may come 2.2 s late (a loaded
+                // machine) before the guard gives up (a 400 ms lease left 133 ms).
+                &AcquireOptions::new(ms(3_000)).renewal(steady_renewal()),
             )
             .await
             .unwrap()
@@ -45,8 +47,8 @@ async fn single_server_mode_against_a_three_master_cluster() {
         assert!(b.acquire(n, ms(1_000), None).await.unwrap().is_none());
         guards.push(g);
     }
-    // Renewal keeps every one alive past several TTLs.
-    tokio::time::sleep(ms(1_500)).await;
+    // Renewal keeps every one alive past two TTLs.
+    tokio::time::sleep(ms(6_500)).await;
     for (n, g) in names.iter().zip(&guards) {
         assert!(g.is_held(), "{n}");
         assert!(!is_free(&mut cluster.node_for_key(n).conn(), n));
@@ -57,8 +59,10 @@ async fn single_server_mode_against_a_three_master_cluster() {
     // A waiter on a cluster key gets it when the holder releases.
     let first = guards.remove(0);
     let name = names[0].clone();
+    // Before the spawn: the task may start late on a loaded machine, the release below
+    // comes at least 300 ms after this.
+    let t = Instant::now();
     let waiter = tokio::spawn(async move {
-        let t = Instant::now();
         let g = b
             .acquire(&name, ms(5_000), Some(ms(5_000)))
             .await

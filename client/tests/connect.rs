@@ -14,7 +14,9 @@ use redis_lock_testkit::{
     free_port, server_bin, server_flavor, temp_dir, wait_until, RawConn, ReplicaPair, Resp, Server,
     ServerBuilder,
 };
-use util::{cli_cmd, expires_at, granted, held_fence, is_free, ms, renewing, setup};
+use util::{
+    cli_cmd, expires_at, granted, held_fence, is_free, ms, renewing, setup, steady_renewal,
+};
 
 struct Out {
     code: Option<i32>,
@@ -472,9 +474,12 @@ async fn least_privilege_acl_acquires_confirms_renews_releases_and_nothing_more(
     set_user(&pair.primary, LEAST);
     let url = as_locker(&pair.primary);
 
+    // Renewed past its TTL: 3 s renewed every second with a 300 ms margin, so that a
+    // renewal may come 1.7 s late on a loaded machine (a 1 s TTL left 333 ms).
     let d = cli(
         &[
-            "run", "--url", &url, "--ttl", "1s", "lock:job", "--", "sleep", "2",
+            "run", "--url", &url, "--ttl", "3s", "--margin", "300ms", "lock:job", "--", "sleep",
+            "4",
         ],
         &[],
     );
@@ -487,12 +492,17 @@ async fn least_privilege_acl_acquires_confirms_renews_releases_and_nothing_more(
     };
     let locks = LockClient::connect_with(&url, opts).await.unwrap();
     // Leases long enough for a confirmation on a loaded machine (a 300 ms lease could
-    // end before its WAIT answered: seen in CI), short enough to be renewed in the test.
-    let g = granted(locks.acquire_with("lock:lib", &renewing(1_000))).await;
+    // end before its WAIT answered: seen in CI), short enough to be renewed in the test;
+    // a renewal may come 2.2 s late (a 1 s lease renewed every third left 333 ms).
+    let g = granted(locks.acquire_with(
+        "lock:lib",
+        &redis_lock_client::AcquireOptions::new(ms(3_000)).renewal(steady_renewal()),
+    ))
+    .await;
     // Confirmed: on the replica when acquire returned.
     assert_eq!(held_fence(&mut pair.replica.conn(), "lock:lib"), g.fence());
-    tokio::time::sleep(ms(2_500)).await;
-    assert!(g.is_held(), "renewed past its 1 s lease: {:?}", g.status());
+    tokio::time::sleep(ms(3_500)).await;
+    assert!(g.is_held(), "renewed past its 3 s lease: {:?}", g.status());
     assert!(g.release().await.unwrap());
 
     let mut c = redis::Client::open(url.as_str())

@@ -32,10 +32,12 @@ test("the control: a LOCK.* call on the wrong node is counted as a redirect", as
 test("one keepalive per master keeps a session's locks on all of them past two TTLs", async () => {
   const lib = CLIENTS.find((c) => c.name === "node-redis 6");
   await withLocks(lib, await lib.cluster(cluster.nodes[2].port), {}, async (locks) => {
-    const session = locks.session({ ttl: 1000 });
+    // 3 s: a keepalive every second may come 2 s late (a loaded machine's pause) before
+    // the session is given up; with 1 s it had 0.67 s.
+    const session = locks.session({ ttl: 3000 });
     const held = new Map();
     for (const n of NAMES) held.set(n, await session.acquire(n));
-    await sleep(2200);
+    await sleep(6500);
     for (const [n, lock] of held) assert.equal(await rawFence((await cluster.nodeFor(n)).port, n), lock.fence, n);
     assert.equal(session.signal.aborted, false);
     assert.equal(await session.close(), NAMES.length);

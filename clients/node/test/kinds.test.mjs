@@ -6,6 +6,7 @@ import { after, test } from "node:test";
 import { randomUUID } from "node:crypto";
 
 import { errorCode } from "../dist/index.js";
+import { waitUntil } from "./helpers.mjs";
 import { Server, describeEachClient, raw, sleep } from "./servers.mjs";
 
 const name = () => `kind:${randomUUID().slice(0, 12)}`;
@@ -40,7 +41,9 @@ describeEachClient(server, (lib, ctx) => {
     assert.equal(Number(info.holders), 2);
     assert.equal(await ctx.locks.acquire(key, { ttl: 10_000 }), null);
     const writer = ctx.locks.acquire(key, { ttl: 10_000, wait: 5000 });
-    await sleep(100);
+    // Queued (polled: 100 ms of sleep is not enough on a loaded machine), so that the
+    // reader below arrives after a queued writer.
+    await waitUntil(async () => Number((await ctx.locks.info(key)).waiters) === 1, 5000, "the writer queued");
     assert.equal(await ctx.locks.acquire(key, { shared: true }), null, "no reader barges past a queued writer");
     await a.release();
     await b.release();

@@ -71,13 +71,15 @@ describeEachClient(server, (lib, ctx) => {
 test("one keepalive keeps ten locks held past several TTLs", async () => {
   await withLocks(NODE_REDIS_6, await NODE_REDIS_6.connect(server), {}, async (locks) => {
     const k = name();
-    const session = locks.session({ ttl: 1000 });
+    // A 3 s session: a keepalive every second may come 2 s late (a loaded machine's
+    // pause) before the session is given up; with 1 s it had 0.67 s.
+    const session = locks.session({ ttl: 3000 });
     const held = [];
     for (let i = 0; i < 10; i++) held.push(await session.acquire(`${k}:${i}`, i === 8 ? { shared: true } : i === 9 ? { limit: 2 } : {}));
     const control = await locks.acquire(`${k}:control`, { ttl: 1000 });
     const [keepalives, extended] = [await counter("lock_session_keepalives"), await counter("lock_extended")];
     const t0 = Date.now();
-    await sleep(3300); // more than three TTLs
+    await sleep(6500); // more than two TTLs
     const elapsed = Date.now() - t0;
     assert.equal(await raw(server.port, "LOCK.INFO", `${k}:control`), null, "the control's lease (1 s, not renewed) ran out");
     for (let i = 0; i < 10; i++) {
@@ -98,7 +100,8 @@ test("one keepalive keeps ten locks held past several TTLs", async () => {
 test("the loss signal: the session closed from another connection", async () => {
   await withLocks(IOREDIS_6, await IOREDIS_6.connect(server), {}, async (locks) => {
     const k = name();
-    const session = locks.session({ ttl: 1000 });
+    // 3 s: expired before the CLOSE below needs a keepalive 2 s late, not 0.67 s.
+    const session = locks.session({ ttl: 3000 });
     const a = await session.acquire(`${k}:a`);
     await session.acquire(`${k}:b`);
     const pending = locks.acquire(`${k}:a`, { ttl: 10_000, wait: 10_000 });
@@ -107,7 +110,7 @@ test("the loss signal: the session closed from another connection", async () => 
     const waiter = await pending;
     assert.ok(waiter, "served by the close");
     await waiter.release();
-    await waitUntil(() => session.signal.aborted, 3000, "the loss signal");
+    await waitUntil(() => session.signal.aborted, 10_000, "the loss signal");
     assert.ok(session.signal.reason instanceof SessionLostError);
     assert.equal(session.lostReason, "not-held");
     assert.ok(a.signal.aborted && a.signal.reason instanceof LockLostError);
@@ -145,8 +148,10 @@ test("the loss signal: a restart without persistence (a bound and an unbound ses
   const own = await Server.start();
   try {
     await withLocks(IOREDIS_6, await IOREDIS_6.connect(own), {}, async (locks) => {
-      const plain = locks.session({ ttl: 3000 });
-      const bound = locks.session({ ttl: 3000, bind: 1000 });
+      // 6 s: the restart (a process start, 1-2 s on a loaded machine) ends well before
+      // a keepalive failing meanwhile gives up (4 s).
+      const plain = locks.session({ ttl: 6000 });
+      const bound = locks.session({ ttl: 6000, bind: 1000 });
       assert.ok(await plain.acquire("lock:p"));
       assert.ok(await bound.acquire("lock:q"));
       await own.restart();
@@ -192,7 +197,7 @@ test("a bound session ends when its process is killed: a waiter elsewhere is ser
 test("a session lock under using(): the routine's signal is the session's loss", async () => {
   await withLocks(IOREDIS_6, await IOREDIS_6.connect(server), {}, async (locks) => {
     const k = name();
-    const session = locks.session({ ttl: 1000 });
+    const session = locks.session({ ttl: 3000 });
     const seen = await locks
       .using(k, { session }, async (signal) => {
         await raw(server.port, "LOCK.SESSION", "CLOSE", session.id);

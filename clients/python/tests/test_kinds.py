@@ -8,7 +8,7 @@ from redis.exceptions import ResponseError
 
 from redis_lock_module import Lock
 from redis_lock_module.asyncio import Lock as AsyncLock
-from helpers import with_async_client
+from helpers import wait_until, with_async_client
 from servers import acquire_in_thread, raw_fences
 
 
@@ -28,7 +28,9 @@ def test_readers_share_and_a_writer_waits_for_all(server, key):
     writer = Lock(r, key, timeout=10, thread_local=False)
     assert not writer.acquire(blocking=False)
     t, out = acquire_in_thread(writer, blocking_timeout=5)
-    time.sleep(0.2)
+    # Queued (polled: a thread may start late on a loaded machine), so that the reader
+    # below arrives after a queued writer.
+    wait_until(lambda: int(Lock(r, key).info()["waiters"]) == 1, what="the writer queued")
     a.release()
     time.sleep(0.2)
     assert "ok" not in out, "one reader still holds it"

@@ -40,7 +40,9 @@ def test_one_keepalive_keeps_ten_locks_past_several_ttls(server, key):
     r = server.client()
     keys = [f"{key}:{i}" for i in range(10)]
     control = Lock(r, f"{key}:control", timeout=1)
-    with Session(r, ttl=1, owner="job-7") as session:
+    # A 3 s session: a keepalive every second may come 2 s late (a loaded machine's
+    # pause) before the session is given up; with 1 s it had 0.67 s.
+    with Session(r, ttl=3, owner="job-7") as session:
         locks = [session.acquire(k, blocking=False) for k in keys[:8]]
         locks.append(session.acquire(keys[8], blocking=False, shared=True))
         locks.append(session.acquire(keys[9], blocking=False, limit=2))
@@ -50,7 +52,7 @@ def test_one_keepalive_keeps_ten_locks_past_several_ttls(server, key):
         assert info["locks"] == 10 and info["owner"] == "job-7" and info["bound"] == 0
         keepalives, extended = counters(r)
         t0 = time.monotonic()
-        time.sleep(3.3)  # more than three TTLs
+        time.sleep(6.5)  # more than two TTLs
         elapsed = time.monotonic() - t0
         assert not control.locked(), "the control's lease (1 s, not renewed) ran out"
         for k, lock in zip(keys, locks):
@@ -139,7 +141,8 @@ def test_a_bound_session_ends_when_its_process_dies(server, key):
 def test_lost_when_closed_elsewhere_and_when_the_server_restarts(own_server, key):
     r = own_server.client()
     reasons = []
-    session = Session(r, ttl=1, on_lost=lambda s, why: reasons.append(why))
+    # 3 s: expired before the CLOSE below needs a keepalive 2 s late, not 0.67 s.
+    session = Session(r, ttl=3, on_lost=lambda s, why: reasons.append(why))
     a = session.acquire(f"{key}:a", blocking=False)
     b = session.acquire(f"{key}:b", blocking=False)
     waiter = Lock(r, f"{key}:a", timeout=10, thread_local=False)
@@ -150,7 +153,7 @@ def test_lost_when_closed_elsewhere_and_when_the_server_restarts(own_server, key
     t.join(10)
     assert out["ok"], "the waiter was served by the close"
     waiter.release()
-    assert session.wait_lost(3) == LOST_NOT_HELD
+    assert session.wait_lost(10) == LOST_NOT_HELD
     assert reasons == [LOST_NOT_HELD]
     assert a.lost_reason == LOST_NOT_HELD and b.wait_lost(0) == LOST_NOT_HELD
     with pytest.raises(SessionLostError):
@@ -158,9 +161,10 @@ def test_lost_when_closed_elsewhere_and_when_the_server_restarts(own_server, key
     assert session.close() == 0
 
     # A restart without persistence forgets every session: an unbound one and a bound
-    # one both learn it at their next keepalive.
-    plain = Session(r, ttl=3)
-    bound = Session(r, ttl=3, bind=1)
+    # one both learn it at their next keepalive. 6 s: the restart (a process start, 1-2 s
+    # on a loaded machine) ends well before a keepalive failing meanwhile gives up (4 s).
+    plain = Session(r, ttl=6)
+    bound = Session(r, ttl=6, bind=1)
     assert plain.acquire(f"{key}:p", blocking=False) is not None
     assert bound.acquire(f"{key}:q", blocking=False) is not None
     own_server.restart()
@@ -200,9 +204,10 @@ def test_asyncio_session_and_cancellation(server, key):
         asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx))
         holder = AsyncLock(r, f"{key}:busy", timeout=10)
         assert await holder.acquire()
-        async with AsyncSession(r, ttl=1) as session:
+        # 3 s sessions: a keepalive may come 2 s late on a loaded machine.
+        async with AsyncSession(r, ttl=3) as session:
             locks = [await session.acquire(f"{key}:{i}", blocking=False) for i in range(3)]
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(3.5)  # past the TTL
             for lock in locks:
                 assert await lock.owned()
             assert await session.keepalive()
@@ -215,7 +220,7 @@ def test_asyncio_session_and_cancellation(server, key):
         assert not any([await AsyncLock(r, f"{key}:{i}").locked() for i in range(3)])
 
         async def body(started):
-            async with AsyncSession(r, ttl=1) as s:
+            async with AsyncSession(r, ttl=3) as s:
                 assert await s.acquire(f"{key}:x", blocking=False)
                 started.set()
                 await asyncio.sleep(30)
@@ -240,12 +245,13 @@ def test_asyncio_session_and_cancellation(server, key):
 
 def test_a_session_on_every_master(cluster):
     rc = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
-    with Session(rc, ttl=1) as session:
+    # 3 s: a keepalive may come 2 s late on a loaded machine.
+    with Session(rc, ttl=3) as session:
         locks = {n: session.acquire(n, blocking=False) for n in NAMES}
         info = session.info()
         assert len(info) == 3, "opened on each master"
         assert sum(i["locks"] for i in info.values()) == len(NAMES)
-        time.sleep(2.2)  # more than two TTLs
+        time.sleep(6.5)  # more than two TTLs
         for n, lock in locks.items():
             assert lock.fence == raw_fence(cluster.node_for(n).port, n), n
     assert session.lost_reason is None

@@ -4,6 +4,7 @@
 //! on purpose from ones that broke by themselves.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -13,8 +14,21 @@ use redis_lock_testkit::{args, key_slot};
 /// How long a call may wait for its reply: `BLOCK` is at most 300 ms; pauses, `FAILOVER`
 /// and `DEBUG RELOAD` add less than a second.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(8);
-/// How late a blocking call may be answered (beyond its `BLOCK` time).
-pub const GRACE_NS: u64 = 1_000_000_000;
+/// How late a blocking call may be answered (beyond its `BLOCK` time): 1 s in a full run
+/// (on a quiet machine the slowest came 0.9 s late); 3 s in the short run
+/// ([`short_run_grace`]), which `make test` runs on a loaded 2-core machine whose pauses
+/// reach 1-2 s. A waiter never answered still fails there: no reply within
+/// [`READ_TIMEOUT`] is a [`HANG`].
+static GRACE_NS: AtomicU64 = AtomicU64::new(1_000_000_000);
+
+/// The short run's grace (see [`GRACE_NS`]).
+pub fn short_run_grace() {
+    GRACE_NS.store(3_000_000_000, Ordering::Relaxed);
+}
+
+pub fn grace_ns() -> u64 {
+    GRACE_NS.load(Ordering::Relaxed)
+}
 /// How long one call keeps following redirects, failovers and retries before it gives up.
 const GIVE_UP: Duration = Duration::from_secs(20);
 
@@ -111,7 +125,7 @@ pub struct LinkLog {
     pub bad: Vec<(&'static str, String)>,
 }
 
-pub const LATE: &str = "waiter answered later than BLOCK + 1 s";
+pub const LATE: &str = "waiter answered later than BLOCK + the grace (1 s; 3 s in the short run)";
 pub const HANG: &str = "call never answered";
 pub const BROKEN: &str = "connection lost although nobody killed it";
 
@@ -334,7 +348,7 @@ impl Link {
                     // A waiter killed before its deadline is excused; one killed after
                     // it was late already.
                     if let Some(b) = block {
-                        if !kills.killed(node, id, t0 + b * 1_000_000 + GRACE_NS) {
+                        if !kills.killed(node, id, t0 + b * 1_000_000 + grace_ns()) {
                             self.late(cmds, t0, t1, b, "killed only after its deadline");
                         }
                     }
@@ -354,7 +368,7 @@ impl Link {
                 self.log.n.bump("waits");
                 let over = (t1 - t0) as i64 / 1_000_000 - b as i64;
                 self.log.slowest_wait_over_block_ms = self.log.slowest_wait_over_block_ms.max(over);
-                let budget = b * 1_000_000 + GRACE_NS;
+                let budget = b * 1_000_000 + grace_ns();
                 let paused = kills.held_ns(node, t0, t1);
                 let net = (t1 - t0 - paused) as i64 / 1_000_000 - b as i64;
                 self.log.slowest_net_ms = self.log.slowest_net_ms.max(net);

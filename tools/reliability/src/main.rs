@@ -140,6 +140,9 @@ fn run(a: RunArgs) -> ExitCode {
         }
     };
     let _ = std::fs::create_dir_all(&env.work);
+    if env.short {
+        link::short_run_grace();
+    }
     let kind = if env.short { "short" } else { "full" };
     let (bin, work) = (env.server_bin.display(), env.work.display());
     let (scale, seed) = (env.scale, env.seed);

@@ -22,6 +22,10 @@ pub const TARGET: &str = "0 crashes, 0 double grants, 0 fence regressions per se
 /// The cluster sub-run's acquisitions per second, at least this share of the standalone
 /// sub-run's in the same run (issue 27: slots that move must not stall the others).
 const CLUSTER_FLOOR: f64 = 0.5;
+/// The same in the short run: its 6 s sub-runs on a shared, loaded 2-core machine (CI)
+/// each meet whatever load the neighbours put on it then, so their rates are compared
+/// with a wider margin; a stall of the cluster's keys still falls below it.
+const CLUSTER_FLOOR_SHORT: f64 = 0.25;
 
 /// How long after a CLIENT PAUSE's nominal end the server may still hold commands.
 const PAUSE_RELEASE_MS: u64 = 110;
@@ -583,16 +587,22 @@ pub fn run(env: &Env, o: &mut Outcome) -> Result<(), String> {
     };
     if let (Some(single), Some(cluster)) = (rate("standalone"), rate("3-master cluster")) {
         let ratio = cluster / single;
+        let floor = if env.short {
+            CLUSTER_FLOOR_SHORT
+        } else {
+            CLUSTER_FLOOR
+        };
         o.put("cluster_ratio", ratio);
         o.fail_if(
-            ratio < CLUSTER_FLOOR,
+            ratio < floor,
             format!(
                 "the cluster sub-run made {cluster:.0} acquisitions/s, {ratio:.2}x the standalone \
-                 sub-run's {single:.0} (floor {CLUSTER_FLOOR}x)"
+                 sub-run's {single:.0} (floor {floor}x)"
             ),
         );
     }
     o.put("subs", parts);
+    o.put("grace_s", link::grace_ns() / 1_000_000_000);
     o.put("counts", [double, fences, late, broken]);
     o.put("key_regressions", keyed);
     o.put("ops", &ops);
