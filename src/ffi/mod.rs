@@ -375,6 +375,7 @@ impl<'a> Ctx<'a> {
         if in_command {
             self.replicate_verbatim();
         } else {
+            scrub_stack();
             // SAFETY: valid context; a known command name and a format of flags only.
             unsafe { api!(RedisModule_Replicate)(self.raw, c"PING".as_ptr(), c"AR".as_ptr()) };
         }
@@ -465,16 +466,33 @@ pub fn emit_all(to: Emit, cmd: &CStr, args: &[&[u8]]) {
     let mut argv: Vec<*mut raw::RedisModuleString> = owned.iter().map(|s| s.0).collect();
     let (v, n) = (argv.as_mut_ptr(), argv.len());
     match to {
-        // SAFETY: "v" takes an array of `n` live server strings (they live until `owned`
-        // drops, after the call; the server copies what it keeps).
-        Emit::Replicate(ctx) => unsafe {
-            let _: c_int = api!(RedisModule_Replicate)(ctx, cmd.as_ptr(), c"v".as_ptr(), v, n);
-        },
+        Emit::Replicate(ctx) => {
+            scrub_stack();
+            // SAFETY: "v" takes an array of `n` live server strings (they live until
+            // `owned` drops, after the call; the server copies what it keeps).
+            unsafe {
+                let _: c_int = api!(RedisModule_Replicate)(ctx, cmd.as_ptr(), c"v".as_ptr(), v, n);
+            }
+        }
         // SAFETY: as above, for the AOF being rewritten.
         Emit::Aof(io) => unsafe {
             api!(RedisModule_EmitAOF)(io, cmd.as_ptr(), c"v".as_ptr(), v, n);
         },
     }
+}
+
+/// Zeroes the stack just below the caller's frame, where the frame of the server call
+/// that follows will lie. Valkey 9's `RM_Replicate`, while a slot is exported by an atomic
+/// slot migration, reads the flags of a keyless command's slot lookup from a local it
+/// never initialised (`int read_flags;` in `VM_Replicate`, only OR-ed into by
+/// `clusterSlotByCommand`). Whatever an earlier call left there decides whether the
+/// server takes the command for a cross-slot one and fails every export ("A module
+/// replicated a cross-slot command"). Called last before each keyless `RM_Replicate`, so
+/// that what is left there is zeroes. Costs about a hundred instructions.
+#[inline(never)]
+fn scrub_stack() {
+    let mut below = [0u64; 256];
+    std::hint::black_box(&mut below);
 }
 
 pub fn log_raw(ctx: *mut raw::RedisModuleCtx, level: &str, msg: &str) {
