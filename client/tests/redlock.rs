@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use redis_lock_client::{AcquireOptions, ClientOptions, Error, Redlock, RedlockOptions};
 use redis_lock_testkit::{wait_until, Server, ServerBuilder};
 use util::{
-    granted, held_fence, is_free, lift_fence_counter, lost_within, ms, probe_fence, redlock,
-    renewing, servers, setup, urls, Stopped,
+    granted, held_fence, is_free, lift_fence_counter, lock_stat, lost_within, ms, probe_fence,
+    redlock, renewing, servers, setup, urls, Stopped,
 };
 
 /// Five servers with the module and a Redlock over them (`node_timeout_ms` per node).
@@ -33,11 +33,15 @@ const RETRY: Duration = Duration::from_secs(10);
 /// only a live node's answer has to fit in it, scheduling on a loaded machine included.
 const LIVE_NODE_LIMIT: u64 = 2_000;
 
-/// Eventually free on every node in `live` (bounded well below the 5-30 s leases taken
-/// here, so that a lock left behind still fails): a release sent within a node's limit
-/// may reach a node that answered that limit late only after the call returned.
+/// Freed by the release on every node in `live`: free within 4 s (a release sent within
+/// a node's limit may reach a node that answered that limit late only after the call
+/// returned), and not by its lease running out meanwhile (no live node counts an expiry
+/// while this waits, so a release that left the lock behind still fails).
 fn freed_on(servers: &[Server], live: &[usize], key: &str) -> bool {
+    let expired = |i: usize| lock_stat(&servers[i], "lock_expired");
+    let before: Vec<i64> = live.iter().map(|&i| expired(i)).collect();
     wait_until(Duration::from_secs(4), || free_on(servers, live, key))
+        && live.iter().zip(before).all(|(&i, b)| expired(i) == b)
 }
 
 /// True when `rl` finds `key` held elsewhere: a majority answered, and no 30 s lease

@@ -530,7 +530,6 @@ impl Server {
         self.wait_for(timeout, synced, "replica never synced")
     }
 
-    /// `Err(what + log tail)` unless `f` turns true within `timeout`.
     /// Runs BGREWRITEAOF (started now, or scheduled behind a save or a replica's sync)
     /// and waits up to `timeout` until no save or rewrite runs or is scheduled and the
     /// rewrite has succeeded.
@@ -556,6 +555,7 @@ impl Server {
         }
     }
 
+    /// `Err(what + log tail)` unless `f` turns true within `timeout`.
     fn wait_for(&self, t: Duration, f: impl FnMut() -> bool, what: &str) -> Result<(), String> {
         let log = || format!("{what}\n{}", self.log_tail());
         wait_until(t, f).then_some(()).ok_or_else(log)
