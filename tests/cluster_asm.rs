@@ -1042,3 +1042,89 @@ fn a_session_that_lost_a_lock_to_a_slot_migration_is_not_kept_alive_on_the_sourc
     );
     assert!(info_int(&mut d, &key("moving"), "ttl") > 50_000);
 }
+
+/// While a slot exports, the module replicates keyless commands (`LOCK.SREPL` for
+/// sessions, a `PING` that only counts a change) from every kind of context: MULTI, EVAL,
+/// FCALL, the timer that ends a lapsed session, and the events of a DEL or UNLINK of a
+/// session's lock. Valkey 9's `RM_Replicate` reads a keyless command's slot flags from an
+/// uninitialised local while an export runs and fails the export as cross-slot when stale
+/// stack bits say so; the module scrubs the stack before each such call. The export must
+/// go on through all of it and then succeed (without the scrub it failed in the first
+/// round: "A module replicated a cross-slot command").
+#[test]
+#[ignore = "needs Valkey 9 (CLUSTER MIGRATESLOTS); make integration runs it there"]
+fn keyless_replication_from_every_context_does_not_fail_an_export() {
+    require_asm();
+    let (c, from) = cluster(2);
+    let to = 1 - from;
+    // A hash tag this node serves, in another slot than the exported one.
+    let other = (0..10_000)
+        .map(|i| format!("{{o{i}}}"))
+        .find(|t| {
+            let s = key_slot(t.as_bytes());
+            s != slot() && c.slot_owner(s) == Some(from)
+        })
+        .expect("a tag of another slot on the same node");
+    let mut s = conn(&c.nodes[from]);
+    let lib = "#!lua name=asmk\nredis.register_function('sop', function(k, a) \
+               return redis.call('LOCK.SESSION', a[1], a[2], 'PX', a[3]) end)";
+    assert_eq!(s.cmd(&["FUNCTION", "LOAD", lib]).text(), "asmk");
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "1"]),
+        ok()
+    );
+    start_move(&c, from, to);
+    wait_export(&c, from, "waiting-to-pause");
+    let sid = |what: &str, i: usize| format!("asm-keyless-session-{what}-{i:04}");
+    for i in 0..40 {
+        // MULTI: open, a lock of another slot in the session, keepalive, close.
+        let m = sid("multi", i);
+        assert_eq!(s.cmd(&["MULTI"]), ok());
+        s.cmd(&["LOCK.SESSION", "OPEN", &m, "PX", "60000"]);
+        s.cmd(&["LOCK.ACQUIRE", &format!("{other}:m{i}"), "SESSION", &m]);
+        s.cmd(&["LOCK.SESSION", "KEEPALIVE", &m, "PX", "60000"]);
+        s.cmd(&["LOCK.SESSION", "CLOSE", &m]);
+        let exec = s.cmd(&["EXEC"]);
+        assert_eq!(exec.items().len(), 4, "{exec:?}");
+        // EVAL and FCALL.
+        let e = sid("eval", i);
+        let call = "return redis.call('LOCK.SESSION', ARGV[1], ARGV[2], 'PX', '60000')";
+        assert_eq!(s.cmd(&["EVAL", call, "0", "OPEN", &e]), Resp::Int(1));
+        assert_eq!(s.cmd(&["EVAL", call, "0", "KEEPALIVE", &e]), Resp::Int(1));
+        let f = sid("fcall", i);
+        assert_eq!(
+            s.cmd(&["FCALL", "sop", "0", "OPEN", &f, "60000"]),
+            Resp::Int(1)
+        );
+        assert_eq!(
+            s.cmd(&["FCALL", "sop", "0", "KEEPALIVE", &f, "60000"]),
+            Resp::Int(1)
+        );
+        // Timers: sessions that lapse, with a lock of another slot and without locks.
+        let t = sid("lapse", i);
+        s.cmd(&["LOCK.SESSION", "OPEN", &t, "PX", "150"]);
+        s.cmd(&["LOCK.ACQUIRE", &format!("{other}:t{i}"), "SESSION", &t]);
+        s.cmd(&["LOCK.SESSION", "OPEN", &sid("bare", i), "PX", "120"]);
+        // Keyspace events: DEL and UNLINK of a session's locks, in both slots.
+        let d = sid("del", i);
+        s.cmd(&["LOCK.SESSION", "OPEN", &d, "PX", "60000"]);
+        s.cmd(&["LOCK.ACQUIRE", &format!("{other}:d{i}"), "SESSION", &d]);
+        s.cmd(&["LOCK.ACQUIRE", &key(&format!("d{i}")), "SESSION", &d]);
+        s.cmd(&["DEL", &format!("{other}:d{i}")]);
+        s.cmd(&["UNLINK", &key(&format!("d{i}"))]);
+        thread::sleep(Duration::from_millis(60));
+        let state = job(&c, from, "EXPORT").map_or("none".into(), |j| field(&j, "state"));
+        assert_eq!(
+            state, "waiting-to-pause",
+            "round {i}: the export is {state}"
+        );
+    }
+    // Let the last sessions lapse (their timers replicate) before the cut-over.
+    thread::sleep(Duration::from_millis(500));
+    wait_export(&c, from, "waiting-to-pause");
+    assert_eq!(
+        s.cmd(&["DEBUG", "SLOTMIGRATION", "PREVENT-PAUSE", "0"]),
+        ok()
+    );
+    wait_export(&c, from, "success");
+}

@@ -375,9 +375,9 @@ impl<'a> Ctx<'a> {
         if in_command {
             self.replicate_verbatim();
         } else {
-            scrub_stack();
-            // SAFETY: valid context; a known command name and a format of flags only.
-            unsafe { api!(RedisModule_Replicate)(self.raw, c"PING".as_ptr(), c"AR".as_ptr()) };
+            // SAFETY: valid context; a known command name and a format of flags only (the
+            // empty array passed after it is not read).
+            unsafe { replicate_keyless_call(self.raw, c"PING", c"AR", ptr::null_mut(), 0) };
         }
     }
 
@@ -466,14 +466,11 @@ pub fn emit_all(to: Emit, cmd: &CStr, args: &[&[u8]]) {
     let mut argv: Vec<*mut raw::RedisModuleString> = owned.iter().map(|s| s.0).collect();
     let (v, n) = (argv.as_mut_ptr(), argv.len());
     match to {
-        Emit::Replicate(ctx) => {
-            scrub_stack();
-            // SAFETY: "v" takes an array of `n` live server strings (they live until
-            // `owned` drops, after the call; the server copies what it keeps).
-            unsafe {
-                let _: c_int = api!(RedisModule_Replicate)(ctx, cmd.as_ptr(), c"v".as_ptr(), v, n);
-            }
-        }
+        // SAFETY: "v" takes an array of `n` live server strings (they live until `owned`
+        // drops, after the call; the server copies what it keeps).
+        Emit::Replicate(ctx) => unsafe {
+            replicate_keyless_call(ctx, cmd, c"v", v, n);
+        },
         // SAFETY: as above, for the AOF being rewritten.
         Emit::Aof(io) => unsafe {
             api!(RedisModule_EmitAOF)(io, cmd.as_ptr(), c"v".as_ptr(), v, n);
@@ -487,12 +484,34 @@ pub fn emit_all(to: Emit, cmd: &CStr, args: &[&[u8]]) {
 /// never initialised (`int read_flags;` in `VM_Replicate`, only OR-ed into by
 /// `clusterSlotByCommand`). Whatever an earlier call left there decides whether the
 /// server takes the command for a cross-slot one and fails every export ("A module
-/// replicated a cross-slot command"). Called last before each keyless `RM_Replicate`, so
-/// that what is left there is zeroes. Costs about a hundred instructions.
+/// replicated a cross-slot command"). Called by [`replicate_keyless_call`] only, so that
+/// what is left there is zeroes. Costs about a hundred instructions.
 #[inline(never)]
 fn scrub_stack() {
     let mut below = [0u64; 256];
     std::hint::black_box(&mut below);
+}
+
+/// Every keyless `RM_Replicate` goes through here: the stack is scrubbed and then the
+/// server is called from this one frame, by a real call (its result is used after it, so
+/// the compiler cannot turn it into a tail call from a caller's larger frame, which
+/// would put the server's frame above the scrubbed bytes).
+///
+/// # Safety
+/// `ctx` is a valid context and `fmt` a format the server accepts for `v` and `n` (`"v"`
+/// with `n` live server strings at `v`, or flags only).
+#[inline(never)]
+unsafe fn replicate_keyless_call(
+    ctx: *mut raw::RedisModuleCtx,
+    cmd: &CStr,
+    fmt: &CStr,
+    v: *mut *mut raw::RedisModuleString,
+    n: usize,
+) -> c_int {
+    scrub_stack();
+    // SAFETY: as the caller promises.
+    let r: c_int = unsafe { api!(RedisModule_Replicate)(ctx, cmd.as_ptr(), fmt.as_ptr(), v, n) };
+    std::hint::black_box(r)
 }
 
 pub fn log_raw(ctx: *mut raw::RedisModuleCtx, level: &str, msg: &str) {
