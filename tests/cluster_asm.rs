@@ -965,13 +965,7 @@ fn a_keepalive_renewing_locks_of_several_slots_reaches_the_target_of_one() {
     let to = 1 - from;
     let mut s = conn(&cluster.nodes[from]);
     // A key of another slot the source keeps.
-    let stays = (0..10_000)
-        .map(|n| format!("stays:{n}"))
-        .find(|k| {
-            let sl = key_slot(k.as_bytes());
-            sl != slot() && cluster.slot_owner(sl) == Some(from)
-        })
-        .expect("a key staying on the source");
+    let stays = key_served_by(&cluster, from, slot(), "stays");
     let sid = "asm-session-two-slots-01";
     assert_eq!(
         s.cmd(&["LOCK.SESSION", "OPEN", sid, "PX", "4000"]),
@@ -1057,14 +1051,9 @@ fn keyless_replication_from_every_context_does_not_fail_an_export() {
     require_asm();
     let (c, from) = cluster(2);
     let to = 1 - from;
-    // A hash tag this node serves, in another slot than the exported one.
-    let other = (0..10_000)
-        .map(|i| format!("{{o{i}}}"))
-        .find(|t| {
-            let s = key_slot(t.as_bytes());
-            s != slot() && c.slot_owner(s) == Some(from)
-        })
-        .expect("a tag of another slot on the same node");
+    // A hash-tagged key this node serves, in another slot than the exported one: the
+    // keys below that begin with it share its slot.
+    let other = key_served_by(&c, from, slot(), "k");
     let mut s = conn(&c.nodes[from]);
     let lib = "#!lua name=asmk\nredis.register_function('sop', function(k, a) \
                return redis.call('LOCK.SESSION', a[1], a[2], 'PX', a[3]) end)";

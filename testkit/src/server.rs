@@ -530,6 +530,17 @@ impl Server {
         self.wait_for(timeout, synced, "replica never synced")
     }
 
+    /// True when no background save or AOF rewrite runs or is scheduled.
+    pub fn persistence_idle(&self) -> bool {
+        [
+            "aof_rewrite_in_progress",
+            "aof_rewrite_scheduled",
+            "rdb_bgsave_in_progress",
+        ]
+        .iter()
+        .all(|f| self.info_field("persistence", f).as_deref() == Some("0"))
+    }
+
     /// Runs BGREWRITEAOF (started now, or scheduled behind a save or a replica's sync)
     /// and waits up to `timeout` until no save or rewrite runs or is scheduled and the
     /// rewrite has succeeded.
@@ -539,16 +550,11 @@ impl Server {
         if !text.starts_with("Background append only file rewriting") {
             return Err(format!("BGREWRITEAOF answered {r:?}"));
         }
-        let idle = || {
-            [
-                "aof_rewrite_in_progress",
-                "aof_rewrite_scheduled",
-                "rdb_bgsave_in_progress",
-            ]
-            .iter()
-            .all(|f| self.info_field("persistence", f).as_deref() == Some("0"))
-        };
-        self.wait_for(timeout, idle, "the AOF rewrite did not end")?;
+        self.wait_for(
+            timeout,
+            || self.persistence_idle(),
+            "the AOF rewrite did not end",
+        )?;
         match self.info_field("persistence", "aof_last_bgrewrite_status") {
             Some(s) if s == "ok" => Ok(()),
             s => Err(format!("the AOF rewrite ended {s:?}\n{}", self.log_tail())),

@@ -120,21 +120,10 @@ pub fn raw_pair() -> (Server, Server, RawConn, RawConn) {
     (p, r, pc, rc)
 }
 
-/// True when no background save or AOF rewrite runs or is scheduled on `s`.
-pub fn persistence_idle(s: &Server) -> bool {
-    [
-        "aof_rewrite_in_progress",
-        "aof_rewrite_scheduled",
-        "rdb_bgsave_in_progress",
-    ]
-    .iter()
-    .all(|f| s.info_field("persistence", f).as_deref() == Some("0"))
-}
-
-/// Waits up to `timeout` for [`persistence_idle`].
+/// Waits up to `timeout` for [`Server::persistence_idle`].
 pub fn wait_persistence_idle(s: &Server, timeout: Duration) {
     assert!(
-        wait_until(timeout, || persistence_idle(s)),
+        wait_until(timeout, || s.persistence_idle()),
         "background save/rewrite did not finish\n{}",
         s.log_tail()
     );
