@@ -173,7 +173,7 @@ impl DataType for LockType {
         for h in v.iter() {
             d.bytes(&h.digest);
             d.int(h.fence as i64);
-            d.int(h.acquired_at);
+            d.int(h.acquired_at());
             if let Some(o) = h.owner() {
                 d.bytes(o);
             }

@@ -82,8 +82,8 @@ impl<W> Engine<W> {
         if let (Mode::Exclusive, Some(h)) = (v.mode(), v.iter().next()) {
             m.push(("fence", Reply::Int(h.fence as i64)));
             m.push(("owner", owned(h.owner())));
-            m.push(("acquired-at", Reply::Int(h.acquired_at)));
-            m.push(("client-id", Reply::Int(h.client_id as i64)));
+            m.push(("acquired-at", Reply::Int(h.acquired_at())));
+            m.push(("client-id", Reply::Int(h.client_id() as i64)));
             m.push((
                 "client-addr",
                 Reply::Bulk(Bytes::Own(h.addr().to_string().into_bytes())),
@@ -126,8 +126,8 @@ fn holder_map<'a>(h: &value::Holder, clock: crate::lock::codec::Clock) -> Reply<
         ("owner", owned(h.owner())),
         ("ttl", Reply::Int(clock.remaining_ms(h.deadline).max(0))),
         ("expires-at", Reply::Int(clock.to_wall(h.deadline))),
-        ("acquired-at", Reply::Int(h.acquired_at)),
-        ("client-id", Reply::Int(h.client_id as i64)),
+        ("acquired-at", Reply::Int(h.acquired_at())),
+        ("client-id", Reply::Int(h.client_id() as i64)),
         (
             "client-addr",
             Reply::Bulk(Bytes::Own(h.addr().to_string().into_bytes())),

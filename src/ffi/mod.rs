@@ -24,6 +24,7 @@ pub mod guard;
 mod key;
 pub mod reply;
 pub mod scan;
+pub mod tagged;
 
 pub use command::{entry, Args, Handler};
 pub use key::{Key, KeyKind};

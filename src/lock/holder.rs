@@ -4,6 +4,8 @@
 use std::fmt;
 use std::net::IpAddr;
 
+use crate::ffi::tagged::BoxOrBits;
+
 use super::fence::MAX_FENCE;
 
 /// Longest TOKEN and OWNER accepted, in bytes.
@@ -127,43 +129,80 @@ impl fmt::Display for Addr {
 
 /// One grant of a lock: its own digest, fence, lease, owner and client.
 ///
-/// Laid out to keep an exclusive lock in one 64-byte heap block: the common case (an
-/// IPv4 client, no owner label) is inline; an owner label or another kind of address
-/// goes to a second block.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// 48 bytes, so that an exclusive lock is one block of jemalloc's 48-byte class: the
+/// common case (a client id below 2^32, an IPv4 client or none, a grant time near its
+/// fence's clock term, no owner label, session or lock-delay) is all inline; anything
+/// else moves every field the compact form cannot hold to one boxed [`Extra`].
 pub struct Holder {
     pub digest: Digest,
+    /// Fixed at the grant (nothing changes it): the compact form keeps the grant time
+    /// relative to it.
     pub fence: u64,
     /// The lease's end on the server's monotonic clock, in microseconds. The lease is
     /// over once the clock reaches it.
     pub deadline: i64,
-    /// When it was granted, unix ms (shown by LOCK.INFO; no rule depends on it).
-    pub acquired_at: i64,
-    pub client_id: u64,
-    v4: PackedV4,
-    extra: Option<Box<Extra>>,
+    /// Compact form: when it was granted, as [`pack_acquired`] keeps it.
+    acquired: i32,
+    /// Compact form: the client id.
+    client: u32,
+    tail: Tail,
 }
 
-/// An IPv4 address and port, or a note that the address is elsewhere.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PackedV4 {
-    kind: AddrKind,
-    ip: [u8; 4],
-    port: u16,
+/// The rest of a holder, in one word: inline (bit 0: there is an address; bits 1..17
+/// its port; bits 17..49 its IPv4 address), or the holder's own boxed [`Extra`].
+#[derive(Clone)]
+struct Tail(BoxOrBits<Extra>);
+
+impl Tail {
+    fn inline(v4: Option<([u8; 4], u16)>) -> Tail {
+        let bits = v4.map_or(0, |(ip, port)| {
+            (u64::from(u32::from_be_bytes(ip)) << 17) | (u64::from(port) << 1) | 1
+        });
+        Tail(BoxOrBits::bits(bits))
+    }
+
+    fn boxed(e: Box<Extra>) -> Tail {
+        Tail(BoxOrBits::boxed(e))
+    }
+
+    fn extra(&self) -> Option<&Extra> {
+        self.0.get()
+    }
+
+    fn extra_mut(&mut self) -> Option<&mut Extra> {
+        self.0.get_mut()
+    }
+
+    /// The inline address, if any.
+    fn v4(&self) -> Option<([u8; 4], u16)> {
+        let b = self.0.get_bits().filter(|b| b & 1 == 1)?;
+        Some((((b >> 17) as u32).to_be_bytes(), (b >> 1) as u16))
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum AddrKind {
-    /// None, or kept in `Extra`.
-    NotV4,
-    V4,
+/// The grant time (unix ms) as the difference from the fence's clock term (`fence >>
+/// shift`, shift 10 or 20, the latter in bit 0), when that fits in 31 bits (a grant
+/// made or replicated here: its fence was taken from the clock at that time).
+fn pack_acquired(fence: u64, acquired_at: i64) -> Option<i32> {
+    [(10, 0), (20, 1)].into_iter().find_map(|(shift, tag)| {
+        let d = acquired_at.checked_sub((fence >> shift) as i64)?;
+        (-(1 << 30)..1 << 30)
+            .contains(&d)
+            .then_some(((d as i32) << 1) | tag)
+    })
+}
+
+fn unpack_acquired(fence: u64, packed: i32) -> i64 {
+    let shift = if packed & 1 == 0 { 10 } else { 20 };
+    (fence >> shift) as i64 + i64::from(packed >> 1)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Extra {
-    owner: Option<Box<[u8]>>,
+    acquired_at: i64,
+    client_id: u64,
     addr: Addr,
+    owner: Option<Box<[u8]>>,
     /// Lock-delay (ms): if this holder's lease ends without a release, the key is not
     /// granted for this long after (its writes may still be in flight).
     lock_delay: u32,
@@ -172,14 +211,49 @@ struct Extra {
     session: Option<Digest>,
 }
 
-impl Extra {
-    fn none() -> Box<Extra> {
-        Box::new(Extra {
-            owner: None,
-            addr: Addr::None,
-            lock_delay: 0,
-            session: None,
-        })
+impl Clone for Holder {
+    fn clone(&self) -> Holder {
+        Holder {
+            digest: self.digest,
+            fence: self.fence,
+            deadline: self.deadline,
+            acquired: self.acquired,
+            client: self.client,
+            tail: self.tail.clone(),
+        }
+    }
+}
+
+/// Equal when every field is, whichever form holds them.
+impl PartialEq for Holder {
+    fn eq(&self, o: &Holder) -> bool {
+        self.digest == o.digest
+            && self.fence == o.fence
+            && self.deadline == o.deadline
+            && self.acquired_at() == o.acquired_at()
+            && self.client_id() == o.client_id()
+            && self.addr() == o.addr()
+            && self.owner() == o.owner()
+            && self.lock_delay() == o.lock_delay()
+            && self.session() == o.session()
+    }
+}
+
+impl Eq for Holder {}
+
+impl fmt::Debug for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Holder")
+            .field("digest", &self.digest)
+            .field("fence", &self.fence)
+            .field("deadline", &self.deadline)
+            .field("acquired_at", &self.acquired_at())
+            .field("client_id", &self.client_id())
+            .field("addr", &self.addr())
+            .field("owner", &self.owner())
+            .field("lock_delay", &self.lock_delay())
+            .field("session", &self.session())
+            .finish()
     }
 }
 
@@ -193,90 +267,113 @@ impl Holder {
         addr: Addr,
         owner: Option<Box<[u8]>>,
     ) -> Holder {
-        let (v4, rest) = match addr {
-            Addr::V4(ip, port) => (
-                PackedV4 {
-                    kind: AddrKind::V4,
-                    ip,
-                    port,
-                },
-                Addr::None,
-            ),
-            other => (
-                PackedV4 {
-                    kind: AddrKind::NotV4,
-                    ip: [0; 4],
-                    port: 0,
-                },
-                other,
-            ),
+        let acquired = pack_acquired(fence, acquired_at);
+        let client = u32::try_from(client_id).ok();
+        let v4 = match addr {
+            Addr::V4(ip, port) => Some(Some((ip, port))),
+            Addr::None => Some(None),
+            _ => None,
         };
-        let extra = (owner.is_some() || rest != Addr::None).then(|| {
-            Box::new(Extra {
-                owner,
-                addr: rest,
-                lock_delay: 0,
-                session: None,
-            })
-        });
+        let (acquired, client, tail) = match (acquired, client, v4, owner) {
+            (Some(a), Some(c), Some(v4), None) => (a, c, Tail::inline(v4)),
+            (_, _, _, owner) => {
+                let e = Extra {
+                    acquired_at,
+                    client_id,
+                    addr,
+                    owner,
+                    lock_delay: 0,
+                    session: None,
+                };
+                (0, 0, Tail::boxed(Box::new(e)))
+            }
+        };
         Holder {
             digest,
             fence,
             deadline,
-            acquired_at,
-            client_id,
-            v4,
-            extra,
+            acquired,
+            client,
+            tail,
+        }
+    }
+
+    /// When it was granted, unix ms (shown by LOCK.INFO; no rule depends on it).
+    pub fn acquired_at(&self) -> i64 {
+        self.tail.extra().map_or_else(
+            || unpack_acquired(self.fence, self.acquired),
+            |e| e.acquired_at,
+        )
+    }
+
+    pub fn client_id(&self) -> u64 {
+        self.tail
+            .extra()
+            .map_or(u64::from(self.client), |e| e.client_id)
+    }
+
+    /// The boxed form's fields, made from the compact ones if need be.
+    fn extra_mut(&mut self) -> &mut Extra {
+        if self.tail.extra().is_none() {
+            let e = Extra {
+                acquired_at: self.acquired_at(),
+                client_id: self.client_id(),
+                addr: self.addr(),
+                owner: None,
+                lock_delay: 0,
+                session: None,
+            };
+            (self.acquired, self.client, self.tail) = (0, 0, Tail::boxed(Box::new(e)));
+        }
+        match self.tail.extra_mut() {
+            Some(e) => e,
+            None => unreachable!("boxed just above"),
         }
     }
 
     pub fn addr(&self) -> Addr {
-        match (self.v4.kind, &self.extra) {
-            (AddrKind::V4, _) => Addr::V4(self.v4.ip, self.v4.port),
-            (AddrKind::NotV4, Some(e)) => e.addr.clone(),
-            (AddrKind::NotV4, None) => Addr::None,
+        match self.tail.extra() {
+            Some(e) => e.addr.clone(),
+            None => self
+                .tail
+                .v4()
+                .map_or(Addr::None, |(ip, port)| Addr::V4(ip, port)),
         }
     }
 
     pub fn owner(&self) -> Option<&[u8]> {
-        self.extra.as_ref().and_then(|e| e.owner.as_deref())
+        self.tail.extra().and_then(|e| e.owner.as_deref())
     }
 
     /// The lock-delay of this holder (ms; 0: none).
     pub fn lock_delay(&self) -> u32 {
-        self.extra.as_ref().map_or(0, |e| e.lock_delay)
+        self.tail.extra().map_or(0, |e| e.lock_delay)
     }
 
     /// Sets (or clears) the owner label.
     pub fn set_owner(&mut self, owner: Option<Box<[u8]>>) {
-        match (&mut self.extra, owner) {
-            (Some(e), o) => e.owner = o,
-            (None, None) => {}
-            (None, Some(o)) => {
-                let mut e = Extra::none();
-                e.owner = Some(o);
-                self.extra = Some(e);
-            }
+        if owner.is_some() || self.tail.extra().is_some() {
+            self.extra_mut().owner = owner;
         }
     }
 
     /// The session this grant belongs to (the digest of the session's id).
     pub fn session(&self) -> Option<&Digest> {
-        self.extra.as_ref().and_then(|e| e.session.as_ref())
+        self.tail.extra().and_then(|e| e.session.as_ref())
     }
 
     /// This holder in the session `s` (or in none).
     pub fn with_session(mut self, s: Option<Digest>) -> Holder {
-        if s.is_some() || self.extra.is_some() {
-            self.extra.get_or_insert_with(Extra::none).session = s;
+        if s.is_some() || self.tail.extra().is_some() {
+            self.extra_mut().session = s;
         }
         self
     }
 
     /// This holder with a lock-delay of `ms`.
     pub fn with_lock_delay(mut self, ms: u32) -> Holder {
-        if ms > 0 || self.extra.is_some() {
-            self.extra.get_or_insert_with(Extra::none).lock_delay = ms;
+        if ms > 0 || self.tail.extra().is_some() {
+            self.extra_mut().lock_delay = ms;
         }
         self
     }
@@ -289,7 +386,7 @@ impl Holder {
 
     /// Heap bytes beyond the holder itself (for MEMORY USAGE).
     pub fn extra_bytes(&self) -> usize {
-        self.extra.as_ref().map_or(0, |e| {
+        self.tail.extra().map_or(0, |e| {
             let addr = match &e.addr {
                 Addr::Text(t) => t.len(),
                 _ => 0,
@@ -317,7 +414,7 @@ impl Holder {
         if self.addr().text_len() > MAX_ADDR_LEN {
             return Err(Problem::AddrLength);
         }
-        if self.client_id > i64::MAX as u64 {
+        if self.client_id() > i64::MAX as u64 {
             return Err(Problem::ClientId);
         }
         Ok(())

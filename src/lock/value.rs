@@ -602,9 +602,61 @@ mod tests {
     }
 
     #[test]
-    fn an_exclusive_lock_is_one_64_byte_block() {
-        assert_eq!(std::mem::size_of::<Holder>(), 64);
-        assert_eq!(std::mem::size_of::<LockValue>(), 64);
+    fn an_exclusive_lock_is_one_48_byte_block() {
+        assert_eq!(std::mem::size_of::<Holder>(), 48);
+        assert_eq!(std::mem::size_of::<LockValue>(), 48);
+    }
+
+    #[test]
+    fn a_holder_keeps_every_field_in_either_form() {
+        let v4 = Addr::V4([10, 1, 2, 3], 65535);
+        let v6 = Addr::parse(b"[::1]:5");
+        let now = 1_800_000_000_000i64;
+        let f = |ms: i64, shift: u32| (ms as u64) << shift;
+        let cases = [
+            // Compact: a fence from the clock (shift 10 and 20), MINFENCE an hour ahead.
+            (f(now, 10), now, 7u64, v4.clone(), None),
+            (f(now, 20), now - 5, u64::from(u32::MAX), Addr::None, None),
+            (f(now + 3_600_000, 10), now, 1, v4.clone(), None),
+            // Boxed: a grant time far from the fence, a large client id, an IPv6 or text
+            // address, an owner label.
+            (1, now, 1, v4.clone(), None),
+            (f(now, 10), -1, 1, v4.clone(), None),
+            (f(now, 10), now, u64::from(u32::MAX) + 1, v4.clone(), None),
+            (f(now, 10), now, 3, v6, None),
+            (f(now, 10), now, 3, Addr::parse(b"/tmp/s.sock:0"), None),
+            (
+                f(now, 10),
+                now,
+                3,
+                v4.clone(),
+                Some(b"me".to_vec().into_boxed_slice()),
+            ),
+        ];
+        for (i, (fence, at, client, addr, owner)) in cases.into_iter().enumerate() {
+            let h = Holder::new([1; 16], fence, 99, at, client, addr.clone(), owner.clone());
+            let check = |h: &Holder| {
+                assert_eq!(
+                    (h.fence, h.deadline, h.acquired_at(), h.client_id()),
+                    (fence, 99, at, client)
+                );
+                assert_eq!((h.addr(), h.owner()), (addr.clone(), owner.as_deref()));
+            };
+            assert_eq!(h.extra_bytes() == 0, i < 3, "case {i}: compact");
+            check(&h);
+            check(&h.clone());
+            // Into the boxed form and back to equal.
+            let s = h.clone().with_session(Some([2; 16])).with_lock_delay(5);
+            check(&s);
+            assert_eq!((s.session(), s.lock_delay()), (Some(&[2; 16]), 5));
+            let back = s.with_session(None).with_lock_delay(0);
+            assert_eq!(back, h);
+            let mut o = h.clone();
+            o.set_owner(Some(b"x".to_vec().into_boxed_slice()));
+            assert_eq!(o.owner(), Some(&b"x"[..]));
+            o.set_owner(owner.clone());
+            assert_eq!(o, h);
+        }
     }
 
     #[test]

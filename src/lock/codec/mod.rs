@@ -171,9 +171,9 @@ pub fn encode_v1(token: &[u8], h: &Holder, out: &mut dyn Sink, clock: Clock) {
     out.bytes(token);
     out.u64(h.fence);
     out.i64(clock.to_wall(h.deadline));
-    out.i64(h.acquired_at);
+    out.i64(h.acquired_at());
     save_owner(out, h.owner());
-    out.u64(h.client_id);
+    out.u64(h.client_id());
     out.bytes(h.addr().to_string().as_bytes());
 }
 
@@ -217,8 +217,8 @@ fn save_owner(out: &mut dyn Sink, owner: Option<&[u8]>) {
 
 /// `acquired-at client-id addr has-owner [owner]`: the tail shared by v2 and v3.
 fn save_rest(out: &mut dyn Sink, h: &Holder) {
-    out.i64(h.acquired_at);
-    out.u64(h.client_id);
+    out.i64(h.acquired_at());
+    out.u64(h.client_id());
     out.bytes(h.addr().to_string().as_bytes());
     save_owner(out, h.owner());
 }

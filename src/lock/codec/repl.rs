@@ -434,9 +434,9 @@ pub fn encode(change: &Change<'_>, clock: Clock, out: &mut dyn FnMut(&CStr, &[&[
                 .sep()
                 .i64(clock.remaining_ms(h.deadline))
                 .sep()
-                .i64(h.acquired_at)
+                .i64(h.acquired_at())
                 .sep()
-                .u64(h.client_id)
+                .u64(h.client_id())
                 .sep()
                 .addr(&h.addr());
             let fl = if floor > h.fence {
@@ -666,8 +666,8 @@ pub fn encode_sync(token: &[u8], h: &Holder, clock: Clock) -> Vec<Vec<u8>> {
         token.to_vec(),
         h.fence.to_string().into_bytes(),
         clock.to_wall(h.deadline).to_string().into_bytes(),
-        h.acquired_at.to_string().into_bytes(),
-        h.client_id.to_string().into_bytes(),
+        h.acquired_at().to_string().into_bytes(),
+        h.client_id().to_string().into_bytes(),
         h.addr().to_string().into_bytes(),
     ];
     if let Some(o) = h.owner() {
