@@ -24,8 +24,8 @@ impl<T> BoxOrBits<T> {
     pub fn bits(data: u64) -> Self {
         let word = std::ptr::without_provenance_mut::<T>(((data << 1) | 1) as usize);
         BoxOrBits {
-            // Bit 0 is set: never null, and never read through.
-            word: NonNull::new(word).unwrap_or(NonNull::dangling()),
+            // SAFETY: bit 0 is set: never null (and never read through).
+            word: unsafe { NonNull::new_unchecked(word) },
             owns: PhantomData,
         }
     }
@@ -48,13 +48,19 @@ impl<T> BoxOrBits<T> {
     }
 
     pub fn get(&self) -> Option<&T> {
+        if !self.is_boxed() {
+            return None;
+        }
         // SAFETY: bit 0 clear: the pointer of the Box this owns, alive as long as self.
-        self.is_boxed().then(|| unsafe { self.word.as_ref() })
+        Some(unsafe { self.word.as_ref() })
     }
 
     pub fn get_mut(&mut self) -> Option<&mut T> {
+        if !self.is_boxed() {
+            return None;
+        }
         // SAFETY: as in `get`; `&mut self` is the only way to it.
-        self.is_boxed().then(|| unsafe { self.word.as_mut() })
+        Some(unsafe { self.word.as_mut() })
     }
 }
 
@@ -69,9 +75,13 @@ impl<T> Drop for BoxOrBits<T> {
 
 impl<T: Clone> Clone for BoxOrBits<T> {
     fn clone(&self) -> Self {
-        match (self.get(), self.get_bits()) {
-            (Some(t), _) => BoxOrBits::boxed(Box::new(t.clone())),
-            (None, bits) => BoxOrBits::bits(bits.unwrap_or(0)),
+        match self.get() {
+            Some(t) => BoxOrBits::boxed(Box::new(t.clone())),
+            // Inline data: the word itself.
+            None => BoxOrBits {
+                word: self.word,
+                owns: PhantomData,
+            },
         }
     }
 }
@@ -104,5 +114,28 @@ mod tests {
         let y = x.clone();
         drop(x);
         assert_eq!(y.get().map(Vec::as_slice), Some(&[1u8, 2, 3][..]));
+    }
+    /// Each boxed value is dropped exactly once (by its owner or its clone), inline words
+    /// drop nothing, and a value with the top bit set keeps the other 63.
+    #[test]
+    fn drops_each_box_once() {
+        use std::rc::Rc;
+        let count = Rc::new(());
+        #[derive(Clone)]
+        struct D(Rc<()>, u16);
+        {
+            let a = BoxOrBits::boxed(Box::new(D(count.clone(), 7)));
+            let b = a.clone();
+            let words = [BoxOrBits::<D>::bits(1 << 63 | 5), BoxOrBits::<D>::bits(0)];
+            let copies = words.to_vec();
+            assert_eq!(Rc::strong_count(&count), 3);
+            drop(a);
+            assert_eq!(b.get().map(|d| d.1), Some(7));
+            assert_eq!(copies[0].get_bits(), Some(5));
+            assert_eq!(copies[1].get_bits(), Some(0));
+            let opt: Option<BoxOrBits<D>> = Some(b);
+            assert!(opt.as_ref().is_some_and(|b| b.get().is_some()));
+        }
+        assert_eq!(Rc::strong_count(&count), 1);
     }
 }

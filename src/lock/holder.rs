@@ -183,13 +183,15 @@ impl Tail {
 /// The grant time (unix ms) as the difference from the fence's clock term (`fence >>
 /// shift`, shift 10 or 20, the latter in bit 0), when that fits in 31 bits (a grant
 /// made or replicated here: its fence was taken from the clock at that time).
+#[inline]
 fn pack_acquired(fence: u64, acquired_at: i64) -> Option<i32> {
-    [(10, 0), (20, 1)].into_iter().find_map(|(shift, tag)| {
-        let d = acquired_at.checked_sub((fence >> shift) as i64)?;
-        (-(1 << 30)..1 << 30)
-            .contains(&d)
-            .then_some(((d as i32) << 1) | tag)
-    })
+    let fits = |d: i64| (-(1 << 30)..1 << 30).contains(&d);
+    let d10 = acquired_at.wrapping_sub((fence >> 10) as i64);
+    if fits(d10) {
+        return Some((d10 as i32) << 1);
+    }
+    let d20 = acquired_at.wrapping_sub((fence >> 20) as i64);
+    fits(d20).then_some(((d20 as i32) << 1) | 1)
 }
 
 fn unpack_acquired(fence: u64, packed: i32) -> i64 {
@@ -258,6 +260,7 @@ impl fmt::Debug for Holder {
 }
 
 impl Holder {
+    #[inline]
     pub fn new(
         digest: Digest,
         fence: u64,
