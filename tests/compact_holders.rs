@@ -8,7 +8,7 @@
 mod common;
 
 use common::conn::{acquire, durable, lock_info, release, Info};
-use common::{debug_server, far_fence, start_replica_of, wait_until, ServerBuilder};
+use common::{debug_server, far_fence, start_replica_of, wait_until, Server, ServerBuilder};
 use redis::{Connection, Value};
 use std::time::Duration;
 
@@ -115,17 +115,20 @@ fn info_now(c: &mut Connection, k: &str) -> Info {
     i
 }
 
-#[test]
-fn holders_of_both_forms_round_trip_reload_restore_and_sync() {
-    let p = debug_server()
-        .arg("bind", "127.0.0.1 ::1")
-        .arg("repl-diskless-sync-delay", "0")
-        .start();
-    let mut c4 = p.conn();
-    let mut c6 = redis::Client::open(format!("redis://[::1]:{}/", p.port))
+/// A server listening on 127.0.0.1 and ::1, with a connection over each.
+fn dual_stack(b: ServerBuilder) -> (Server, Connection, Connection) {
+    let p = b.arg("bind", "127.0.0.1 ::1").start();
+    let c4 = p.conn();
+    let c6 = redis::Client::open(format!("redis://[::1]:{}/", p.port))
         .unwrap()
         .get_connection()
         .unwrap();
+    (p, c4, c6)
+}
+
+#[test]
+fn holders_of_both_forms_round_trip_reload_restore_and_sync() {
+    let (p, mut c4, mut c6) = dual_stack(debug_server().arg("repl-diskless-sync-delay", "0"));
     let want = make_all(&mut c4, &mut c6);
     let addr6 = want
         .iter()
@@ -209,20 +212,13 @@ fn dbsize(c: &mut Connection, db: i64) -> i64 {
 fn long_names_and_high_dbs_end_on_time_and_leave_nothing_growing() {
     let s = ServerBuilder::new().arg("databases", "1000").start();
     let mut c = s.conn();
-    let used = |c: &mut Connection| -> i64 {
-        let i: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
-        redis_lock_testkit::info_field(&i, "used_memory")
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
     let names = names(3000);
     let base = {
         // Once, so that the index's tables exist at the start of the measure.
         select(&mut c, 999);
         let t = acq(&mut c, b"warm", "60000");
         release(&mut c, "warm", &t);
-        used(&mut c)
+        used_memory(&mut c)
     };
     let mut held_after = vec![];
     for round in 0..3 {
@@ -283,7 +279,7 @@ fn long_names_and_high_dbs_end_on_time_and_leave_nothing_growing() {
         let left: i64 = redis::cmd("EXISTS").arg(&keep).query(&mut c).unwrap();
         assert_eq!(left, 1, "the extended lease is still running");
         assert_eq!(release(&mut c, std::str::from_utf8(&keep).unwrap(), &t), 1);
-        let settled = redis_lock_testkit::settled_memory(|| used(&mut c))
+        let settled = redis_lock_testkit::settled_memory(|| used_memory(&mut c))
             .unwrap_or_else(|r| panic!("used_memory did not settle: {r:?}"));
         held_after.push(settled - base);
     }
@@ -369,16 +365,11 @@ fn restored_holders_at_the_compact_limits_keep_their_fields() {
 /// The same holders through an AOF rewrite and a restart.
 #[test]
 fn holders_of_both_forms_survive_an_aof_rewrite_and_restart() {
-    let mut p = debug_server()
-        .arg("bind", "127.0.0.1 ::1")
-        .arg("appendonly", "yes")
-        .arg("appendfsync", "always")
-        .start();
-    let mut c4 = p.conn();
-    let mut c6 = redis::Client::open(format!("redis://[::1]:{}/", p.port))
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let (mut p, mut c4, mut c6) = dual_stack(
+        debug_server()
+            .arg("appendonly", "yes")
+            .arg("appendfsync", "always"),
+    );
     let want = make_all(&mut c4, &mut c6);
     let _: Value = redis::cmd("BGREWRITEAOF").query(&mut c4).unwrap();
     common::wait_persistence_idle(&p, SETTLE);
@@ -444,18 +435,20 @@ fn long_names_on_the_coarse_level_and_overflow_release_and_end() {
     assert_eq!(common::lock_stat(&mut raw, "lock_held"), 0);
 }
 
+/// The server's `used_memory`.
+fn used_memory(c: &mut Connection) -> i64 {
+    let i: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
+    redis_lock_testkit::info_field(&i, "used_memory")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// used_memory per held lock with `n` locks named `len` bytes, on a fresh server.
 fn per_lock(len: usize, n: usize) -> i64 {
     let s = ServerBuilder::new().start();
     let mut c = s.conn();
-    let used = |c: &mut Connection| -> i64 {
-        let i: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
-        redis_lock_testkit::info_field(&i, "used_memory")
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let before = redis_lock_testkit::settled_memory(|| used(&mut c)).unwrap();
+    let before = redis_lock_testkit::settled_memory(|| used_memory(&mut c)).unwrap();
     let mut pipe = redis::pipe();
     for i in 0..n {
         let mut k = format!("k{i:06}:").into_bytes();
@@ -463,7 +456,7 @@ fn per_lock(len: usize, n: usize) -> i64 {
         pipe.cmd("LOCK.ACQUIRE").arg(k).arg("PX").arg(600_000);
     }
     let _: Vec<Value> = pipe.query(&mut c).unwrap();
-    let after = redis_lock_testkit::settled_memory(|| used(&mut c)).unwrap();
+    let after = redis_lock_testkit::settled_memory(|| used_memory(&mut c)).unwrap();
     (after - before) / n as i64
 }
 
