@@ -133,6 +133,7 @@ impl fmt::Display for Addr {
 /// common case (a client id below 2^32, an IPv4 client or none, a grant time near its
 /// fence's clock term, no owner label, session or lock-delay) is all inline; anything
 /// else moves every field the compact form cannot hold to one boxed [`Extra`].
+#[derive(Clone)]
 pub struct Holder {
     pub digest: Digest,
     /// Fixed at the grant (nothing changes it): the compact form keeps the grant time
@@ -211,19 +212,6 @@ struct Extra {
     /// The session this grant belongs to (the digest of its id): its lease is the
     /// session's, and the session's end releases it.
     session: Option<Digest>,
-}
-
-impl Clone for Holder {
-    fn clone(&self) -> Holder {
-        Holder {
-            digest: self.digest,
-            fence: self.fence,
-            deadline: self.deadline,
-            acquired: self.acquired,
-            client: self.client,
-            tail: self.tail.clone(),
-        }
-    }
 }
 
 /// Equal when every field is, whichever form holds them.
