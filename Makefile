@@ -69,16 +69,27 @@ unit:
 # tests/cluster_asm.rs: the atomic slot migration tests are #[ignore]d (they need
 # CLUSTER MIGRATESLOTS) and run with --ignored on Valkey 9 and later only, so that no
 # other server counts them as passing.
+# The first and the last of TEST_SERVERS (the oldest and the newest: Redis 7.0.15 and
+# Valkey 9.1.2) run every test; the servers between skip the tests of
+# tests/bracket-only.txt (the module's own logic, the same code on every server; the rule
+# for what goes there is in that file) through scripts/integration-between.sh.
 integration: build
 	export LOCK_MODULE=$(MODULE); \
-	for bin in $(TEST_SERVERS); do \
+	servers=($(TEST_SERVERS)); last=$$(( $${#servers[@]} - 1 )); \
+	for i in "$${!servers[@]}"; do \
+	    bin=$${servers[$$i]}; \
 	    ver=$$($$bin --version); \
 	    echo; \
 	    echo "=================================================================="; \
 	    echo "== integration tests against $$bin"; \
 	    echo "== $$ver"; \
 	    echo "=================================================================="; \
-	    LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock --test '*' -- $(TEST_ARGS); \
+	    if [ "$$i" -eq 0 ] || [ "$$i" -eq "$$last" ]; then \
+	        LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock --test '*' -- $(TEST_ARGS); \
+	    else \
+	        LOCK_SERVER_BIN=$$bin CARGO=$(CARGO) bash scripts/integration-between.sh \
+	            tests/bracket-only.txt $(TEST_ARGS); \
+	    fi; \
 	    case "$$ver" in \
 	    Valkey*v=9.*|Valkey*v=[1-9][0-9].*) \
 	        echo "== atomic slot migration (CLUSTER MIGRATESLOTS, Valkey 9+): tests/cluster_asm.rs --ignored"; \
