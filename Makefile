@@ -24,14 +24,21 @@ SERVER_SYSTEM := /usr/bin/redis-server
 SERVER_REDIS8 := $(CURDIR)/.servers/redis-8.2.3/redis-server
 SERVER_VALKEY := $(CURDIR)/.servers/valkey-8.1.8/valkey-server
 SERVER_VALKEY9 := $(CURDIR)/.servers/valkey-9.1.2/valkey-server
-# Which suite runs where (`make test`, ~40 min on 2 cores):
+# Which suite runs where (`make test`, ~40 min on 2 cores); the project's rule: run the
+# variants of a test where they can differ, not all of them everywhere:
 # - TEST_SERVERS, all four: the module's integration suite (tests/*.rs, every path a command
 #   can take: tests/paths.rs), since the module's behaviour is what differs between servers
 #   (module API, scripts, cluster bus, slot migration); tests/cluster_asm.rs on Valkey 9+.
+#   The servers between the first and the last skip tests/bracket-only.txt (module logic
+#   only; the rule is in that file).
 # - PKG_TEST_SERVERS, the oldest and the newest: the client crate, the Python and Node
 #   packages. They speak plain RESP to the module's commands and differ by server only in
-#   ROLE/INFO/CONFIG and ACL replies, which the oldest (Redis 7.0) and the newest (Valkey
-#   9.1) bracket; their packaging checks (wheel, sdist, npm tarball, quick starts) run once.
+#   ROLE/INFO/CONFIG, WAIT, ACL, TLS/Sentinel and cluster replies, which the oldest (Redis
+#   7.0) and the newest (Valkey 9.1) bracket. The first server runs every test; the others
+#   only the files that read those replies (CLIENT_TESTS_EVERY_SERVER, PY_TESTS_EVERY_SERVER,
+#   NODE_TESTS_EVERY_SERVER): the rest is the library's own logic over the same RESP. A
+#   client-library variant (redis-py 4.5.0, redis-py's own Lock tests) runs on the first
+#   server; their packaging checks (wheel, sdist, npm tarball, quick starts) run once.
 TEST_SERVERS  ?= $(SERVER_SYSTEM) $(SERVER_REDIS8) $(SERVER_VALKEY) $(SERVER_VALKEY9)
 PKG_TEST_SERVERS ?= $(SERVER_SYSTEM) $(SERVER_VALKEY9)
 # Server used by `make run` (e.g. make run RUN_SERVER=$(SERVER_VALKEY)).
@@ -69,16 +76,27 @@ unit:
 # tests/cluster_asm.rs: the atomic slot migration tests are #[ignore]d (they need
 # CLUSTER MIGRATESLOTS) and run with --ignored on Valkey 9 and later only, so that no
 # other server counts them as passing.
+# The first and the last of TEST_SERVERS (the oldest and the newest: Redis 7.0.15 and
+# Valkey 9.1.2) run every test; the servers between skip the tests of
+# tests/bracket-only.txt (the module's own logic, the same code on every server; the rule
+# for what goes there is in that file) through scripts/integration-between.sh.
 integration: build
 	export LOCK_MODULE=$(MODULE); \
-	for bin in $(TEST_SERVERS); do \
+	servers=($(TEST_SERVERS)); last=$$(( $${#servers[@]} - 1 )); \
+	for i in "$${!servers[@]}"; do \
+	    bin=$${servers[$$i]}; \
 	    ver=$$($$bin --version); \
 	    echo; \
 	    echo "=================================================================="; \
 	    echo "== integration tests against $$bin"; \
 	    echo "== $$ver"; \
 	    echo "=================================================================="; \
-	    LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock --test '*' -- $(TEST_ARGS); \
+	    if [ "$$i" -eq 0 ] || [ "$$i" -eq "$$last" ]; then \
+	        LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock --test '*' -- $(TEST_ARGS); \
+	    else \
+	        LOCK_SERVER_BIN=$$bin CARGO=$(CARGO) bash scripts/integration-between.sh \
+	            tests/bracket-only.txt $(TEST_ARGS); \
+	    fi; \
 	    case "$$ver" in \
 	    Valkey*v=9.*|Valkey*v=[1-9][0-9].*) \
 	        echo "== atomic slot migration (CLUSTER MIGRATESLOTS, Valkey 9+): tests/cluster_asm.rs --ignored"; \
@@ -259,7 +277,8 @@ perf-guard-baseline: bench-deps build
 # ---- client crate, CLI and any-client examples (issue 5) --------------------------------
 #   make test-client     the client crate's tests (single server, sessions, Redlock on 5 servers,
 #                        the redis-lock CLI, a 3-master cluster, the metrics exporter and
-#                        Debian's redis exporter: monitoring-tools) once per server
+#                        Debian's redis exporter: monitoring-tools) on the first server of
+#                        CLIENT_TEST_SERVERS, CLIENT_TESTS_EVERY_SERVER on the others
 #   make test-examples   examples/run.sh: examples/python/{inventory,election}.py (redis-py,
 #                        in a venv under target/venv-examples), examples/node/{daily-report,
 #                        inventory,election}.mjs (node-redis, under target/node-examples;
@@ -267,13 +286,16 @@ perf-guard-baseline: bench-deps build
 #                        freshly spawned server
 .PHONY: test-client test-examples
 CLIENT_TEST_SERVERS ?= $(PKG_TEST_SERVERS)
+# client/tests/*.rs that also run on the servers after the first (see PKG_TEST_SERVERS)
+CLIENT_TESTS_EVERY_SERVER := cli cluster confirm connect metrics secrets
 
 test-client: build monitoring-tools
 	export LOCK_MODULE=$(MODULE) REDIS_EXPORTER_BIN=$(MONITORING_DIR)/usr/bin/prometheus-redis-exporter \
 	    PROMTOOL_BIN=$(MONITORING_DIR)/usr/bin/promtool PROMETHEUS_BIN=$(MONITORING_DIR)/usr/bin/prometheus; \
-	for bin in $(CLIENT_TEST_SERVERS); do \
-	    echo; echo "== client tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
-	    LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock-client -- $(TEST_ARGS); \
+	only=""; for bin in $(CLIENT_TEST_SERVERS); do \
+	    echo; echo "== client tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))$${only:+: $(CLIENT_TESTS_EVERY_SERVER)}"; \
+	    LOCK_SERVER_BIN=$$bin $(CARGO) test --release -p redis-lock-client $$only -- $(TEST_ARGS); \
+	    only="$(addprefix --test ,$(CLIENT_TESTS_EVERY_SERVER))"; \
 	done; \
 	echo; echo "== client tests passed against: $(CLIENT_TEST_SERVERS)"
 EXTRA_TESTS += test-client
@@ -361,7 +383,10 @@ EXTRA_TESTS += test-deb
 #                           operations under load; kinds: SHARED and LIMIT keys;
 #                           sessions: kill -9 of session holders), one row
 #                           each; default all three
-#   make reliability-short  the same code and assertions with fewer operations (CI, ~3-5 min);
+#   make reliability-short  the same code and assertions with fewer operations (CI, ~2 min),
+#                           the every-server scenarios on RELIABILITY_SHORT_SERVERS only
+#                           (default Redis 7.0.15: the integration suite checks what each
+#                           server does, `make reliability` measures them on all three);
 #   bounds a loaded 2-core machine's 1-2 s pauses break are wider there: a waiter may be
 #   answered 3 s after its BLOCK (1 s), the clock and sessions rows' hand-offs 2 s late
 #   (150 and 500 ms), the chaos row's cluster rate 0.25x the standalone one (0.5x)
@@ -377,7 +402,8 @@ RELIABILITY_SERVER ?= $(SERVER_SYSTEM)
 RELIABILITY_SERVERS ?= $(SERVER_SYSTEM),$(SERVER_REDIS8),$(SERVER_VALKEY)
 RELIABILITY_BIN := $(CURDIR)/target/release/redis-lock-reliability
 RELIABILITY_JSON := $(CURDIR)/docs/data/reliability.json
-RELIABILITY_ARGS = --server $(RELIABILITY_SERVER) --servers $(RELIABILITY_SERVERS) \
+RELIABILITY_SHORT_SERVERS ?= $(SERVER_SYSTEM)
+RELIABILITY_ARGS = --server $(RELIABILITY_SERVER) \
 	--module $(MODULE) $(if $(SEED),--seed $(SEED))
 
 reliability-build: build
@@ -387,24 +413,26 @@ reliability-build: build
 reliability: deps
 	$(MAKE) --no-print-directory reliability-build \
 	    RELIABILITY_DEPS_ARGS="$(if $(ONLY),$(if $(findstring fuzz,$(ONLY)),--fuzz),--fuzz)"
-	$(RELIABILITY_BIN) run --scale $(SCALE) $(RELIABILITY_ARGS) \
+	$(RELIABILITY_BIN) run --scale $(SCALE) $(RELIABILITY_ARGS) --servers $(RELIABILITY_SERVERS) \
 	    $(if $(ONLY),--only $(ONLY) $(if $(SAVE),--json $(RELIABILITY_JSON)),--json $(RELIABILITY_JSON))
 
 reliability-short: deps reliability-build
-	$(RELIABILITY_BIN) run --short $(RELIABILITY_ARGS)
+	$(RELIABILITY_BIN) run --short $(RELIABILITY_ARGS) --servers $(RELIABILITY_SHORT_SERVERS)
 EXTRA_TESTS += reliability-short
 
 # ---- Python and Node packages (issues 12, 22) -------------------------------------------
-#   make test-python   clients/python (redis-py Lock on the module), once per server in
-#                      PKG_TEST_SERVERS: the package's suite (sync, asyncio, defaults, Redlock, sessions,
-#                      3-master cluster) and redis-py's own Lock tests on the newest redis-py
-#                      (target/venv-python), the API tests (PY_TESTS_OLDEST) and redis-py's
-#                      Lock tests on the oldest declared (target/venv-python-oldest); then,
-#                      once, the built wheel and sdist installed into fresh venvs and used
+#   make test-python   clients/python (redis-py Lock on the module): on the first server of
+#                      PKG_TEST_SERVERS the package's suite (sync, asyncio, defaults, Redlock,
+#                      sessions, 3-master cluster) and redis-py's own Lock tests on the newest
+#                      redis-py (target/venv-python), the API tests (PY_TESTS_OLDEST) and
+#                      redis-py's Lock tests on the oldest declared (target/venv-python-oldest);
+#                      on the others PY_TESTS_EVERY_SERVER on the newest redis-py; then, once,
+#                      the built wheel and sdist installed into fresh venvs and used
 #   make test-node     clients/node (node-redis 4/5/6, ioredis 5/6): npm ci, the ESM and
 #                      CommonJS builds, tsc on the types of both, node --test (standalone,
-#                      cluster, defaults, Redlock, ACL, sessions) once per server; then, once, the npm
-#                      tarball installed into a fresh npm project and used (ESM, CJS, tsc),
+#                      cluster, defaults, Redlock, ACL, sessions) on the first server of
+#                      PKG_TEST_SERVERS, NODE_TESTS_EVERY_SERVER on the others; then, once, the
+#                      npm tarball installed into a fresh npm project and used (ESM, CJS, tsc),
 #                      docs/quickstart-node.md and examples/node/daily-report.mjs
 #   make dist-python   wheel + sdist into target/dist
 #   make dist-node     the npm tarball into target/dist
@@ -429,7 +457,14 @@ NODE_DIR := $(CURDIR)/clients/node
 # processes: test/exit-child.mjs), as `npm test` in clients/node does.
 NODE_TEST_FLAGS := --test-timeout=120000
 NODE_TESTS ?= test/lock.test.mjs test/cluster.test.mjs test/kinds.test.mjs test/defaults.test.mjs \
-              test/redlock.test.mjs test/election.test.mjs test/acl.test.mjs test/session.test.mjs
+              test/replies.test.mjs test/redlock.test.mjs test/election.test.mjs test/acl.test.mjs \
+              test/session.test.mjs
+# The files of the package suites that also run on the servers after the first of
+# PKG_TEST_SERVERS (the rule is at PKG_TEST_SERVERS): ACL users, the cluster, and the
+# defaults that read the server's own replies (grants confirmed on the replicas: ROLE,
+# WAIT; its errors: AUTH, an unknown command), kept apart from the other defaults for this.
+PY_TESTS_EVERY_SERVER := tests/test_acl.py tests/test_cluster.py tests/test_replies.py
+NODE_TESTS_EVERY_SERVER := test/acl.test.mjs test/cluster.test.mjs test/replies.test.mjs
 
 # $(call py_venv,dir,redis requirement): a venv with the package, pytest and that redis-py.
 define py_venv
@@ -462,9 +497,17 @@ dist-python: python-venv
 
 test-python: build testkit python-venv python-venv-oldest dist-python
 	export LOCK_MODULE=$(MODULE); \
-	for bin in $(PKG_TEST_SERVERS); do \
+	first=1; for bin in $(PKG_TEST_SERVERS); do \
 	    v=$$($$bin --version | cut -d' ' -f1-3); \
-	    echo; echo "== Python package tests against $$bin ($$v), redis-py $$($(PY_VENV)/bin/python -c 'import redis; print(redis.__version__)')"; \
+	    pyv=$$($(PY_VENV)/bin/python -c 'import redis; print(redis.__version__)'); \
+	    if [ -z "$$first" ]; then \
+	        echo; echo "== Python package tests against $$bin ($$v), redis-py $$pyv: $(PY_TESTS_EVERY_SERVER)"; \
+	        ( cd clients/python && LOCK_SERVER_BIN=$$bin $(PY_VENV)/bin/python -m pytest -q \
+	            $(PY_TESTS_EVERY_SERVER) $(PY_TEST_ARGS) ); \
+	        continue; \
+	    fi; \
+	    first=; \
+	    echo; echo "== Python package tests against $$bin ($$v), redis-py $$pyv"; \
 	    ( cd clients/python && LOCK_SERVER_BIN=$$bin $(PY_VENV)/bin/python -m pytest -q \
 	        tests $(PY_TEST_ARGS) && \
 	      LOCK_SERVER_BIN=$$bin $(PY_VENV)/bin/python tests/redis_py/run.py ); \
@@ -496,9 +539,12 @@ dist-node: node-deps
 test-node: build testkit node-deps dist-node
 	cd $(NODE_DIR) && npm run --silent build && npm run --silent typecheck
 	export LOCK_MODULE=$(MODULE); \
-	for bin in $(PKG_TEST_SERVERS); do \
-	    echo; echo "== Node package tests against $$bin ($$($$bin --version | cut -d' ' -f1-3))"; \
-	    ( cd $(NODE_DIR) && LOCK_SERVER_BIN=$$bin node --test --test-concurrency=1 $(NODE_TEST_FLAGS) $(NODE_TESTS) ); \
+	tests="$(NODE_TESTS)"; for bin in $(PKG_TEST_SERVERS); do \
+	    echo; echo "== Node package tests against $$bin ($$($$bin --version | cut -d' ' -f1-3)): $$tests"; \
+	    if [ -n "$$tests" ]; then \
+	        ( cd $(NODE_DIR) && LOCK_SERVER_BIN=$$bin node --test --test-concurrency=1 $(NODE_TEST_FLAGS) $$tests ); \
+	    fi; \
+	    tests="$(filter $(NODE_TESTS),$(NODE_TESTS_EVERY_SERVER))"; \
 	done; \
 	echo; echo "== the npm tarball of $(DIST), installed into a fresh npm project"; \
 	cd $(NODE_DIR) && LOCK_SERVER_BIN=$(SERVER_SYSTEM) REDIS_LOCK_DIST=$(DIST) node --test --test-concurrency=1 test/dist/dist.test.mjs test/dist/quickstart.test.mjs \

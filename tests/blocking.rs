@@ -757,7 +757,7 @@ fn max_waiters_rejects_a_blocking_acquire_at_once() {
 
 #[test]
 fn a_replica_shows_the_new_holders_fence_after_a_handoff() {
-    let primary = module_server();
+    let primary = common::primary().start();
     let replica = start_replica_of(&primary, ServerBuilder::new());
     let mut p = primary.conn();
     let mut r = replica.conn();

@@ -20,6 +20,17 @@ export async function leaseMs(port, key) {
   throw new Error("no ttl in LOCK.INFO");
 }
 
+/** Runs `fn()`: how long it took and what it threw, if anything. */
+export async function timed(fn) {
+  const t0 = Date.now();
+  try {
+    await fn();
+    return { ms: Date.now() - t0, error: undefined };
+  } catch (error) {
+    return { ms: Date.now() - t0, error };
+  }
+}
+
 export async function waitUntil(check, ms = 10_000, what = "condition") {
   const deadline = Date.now() + ms;
   while (!(await check())) {

@@ -25,6 +25,16 @@ def lease_ms(r: redis.Redis, key: str) -> Optional[int]:
     return None if info is None else int(info["ttl"])
 
 
+def timed(fn: Any) -> tuple:
+    """Runs `fn()`: (seconds it took, the exception it raised or None)."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # the caller checks what was raised
+        return time.monotonic() - t0, e
+    return time.monotonic() - t0, None
+
+
 def wait_until(check: Any, seconds: float = 10.0, what: str = "condition") -> None:
     deadline = time.monotonic() + seconds
     while not check():
