@@ -80,8 +80,11 @@ unit:
 # Valkey 9.1.2) run every test; the servers between skip the tests of
 # tests/bracket-only.txt (the module's own logic, the same code on every server; the rule
 # for what goes there is in that file) through scripts/integration-between.sh.
+# Integration tests mostly wait on the servers they start, so they run 4 at a time even
+# on 2 cores (libtest's default is one per core).
+INTEGRATION_TEST_THREADS ?= 4
 integration: build
-	export LOCK_MODULE=$(MODULE); \
+	export LOCK_MODULE=$(MODULE) RUST_TEST_THREADS=$(INTEGRATION_TEST_THREADS); \
 	servers=($(TEST_SERVERS)); last=$$(( $${#servers[@]} - 1 )); \
 	for i in "$${!servers[@]}"; do \
 	    bin=$${servers[$$i]}; \
