@@ -161,50 +161,55 @@ impl Backend {
         }
     }
 
-    pub async fn release(&self, key: &str, token: &str) -> Result<bool> {
+    /// One release within `limit`. `Ok(false)`: not held by this token (Redlock: not
+    /// released on a majority).
+    async fn release(&self, key: &str, token: &str, limit: Duration) -> Result<bool> {
         match self {
-            Backend::Single(node) => node.release(key, token, node.opts.io_timeout).await,
+            Backend::Single(node) => node.release(key, token, limit).await,
             Backend::Quorum(q) => Ok(q.release(key, token).await >= q.quorum()),
-            Backend::Session(k) => Ok(k.close().await?.is_some()),
+            Backend::Session(k) => Ok(k.close(limit).await?.is_some()),
         }
     }
 
     /// Sets the lease to `left` from now and confirms it on the replicas (the end of a
-    /// once-per-period hold). `Ok(false)`: not held by this token any more.
-    pub async fn keep(&self, key: &str, token: &str, left: Duration) -> Result<bool> {
+    /// once-per-period hold), within `limit`. `Ok(false)`: not held by this token any
+    /// more.
+    async fn keep(&self, key: &str, token: &str, left: Duration, limit: Duration) -> Result<bool> {
         match self {
-            Backend::Single(node) => {
-                node.extend(key, token, millis(left), node.opts.io_timeout, true)
-                    .await
-            }
+            Backend::Single(node) => node.extend(key, token, millis(left), limit, true).await,
             Backend::Quorum(q) => Ok(q.keep(key, token, left).await?.is_some()),
             Backend::Session(_) => Err(in_session("a hold")),
         }
     }
 
     /// The end of a guard: with `hold`, keep the lock until `hold` after `acquired_at`
-    /// (release it when that has passed); without, release it.
+    /// (release it when that has passed); without, release it. Tried again after a
+    /// transient failure until `until` ([`settle`]).
     async fn finish(
         &self,
         key: &str,
         token: &str,
         acquired_at: Instant,
         hold: Option<Duration>,
+        until: Instant,
     ) -> Result<bool> {
-        let left = hold.map(|h| (acquired_at + h).saturating_duration_since(Instant::now()));
-        match left {
-            Some(left) if left >= Duration::from_millis(1) => {
-                let kept = self.keep(key, token, left).await?;
-                if kept {
-                    log::debug!(
-                        "{key}: kept for the rest of its hold ({} ms)",
-                        left.as_millis()
-                    );
+        settle(key, until, self.io_timeout(), |limit| async move {
+            let left = hold.map(|h| (acquired_at + h).saturating_duration_since(Instant::now()));
+            match left {
+                Some(left) if left >= Duration::from_millis(1) => {
+                    let kept = self.keep(key, token, left, limit).await?;
+                    if kept {
+                        log::debug!(
+                            "{key}: kept for the rest of its hold ({} ms)",
+                            left.as_millis()
+                        );
+                    }
+                    Ok(kept)
                 }
-                Ok(kept)
+                _ => self.release(key, token, limit).await,
             }
-            _ => self.release(key, token).await,
-        }
+        })
+        .await
     }
 
     fn io_timeout(&self) -> Duration {
@@ -529,11 +534,20 @@ impl LockGuard {
     /// Stops renewal and releases the lock. `Ok(true)`: it was still held (Redlock: by
     /// a majority of nodes) and is now free. With [`AcquireOptions::hold`] it does what
     /// [`release_after`](Self::release_after) does with that hold.
-    pub async fn release(mut self) -> Result<bool> {
+    pub async fn release(self) -> Result<bool> {
+        let hold = self.hold;
+        self.finish(hold).await
+    }
+
+    /// Stops renewal and gives the lock up: released, or with `hold` kept until the hold
+    /// ends; a transient failure is tried again within what is left of the lease
+    /// ([`release_until`]).
+    async fn finish(mut self, hold: Option<Duration>) -> Result<bool> {
+        let until = release_until(self.valid_until());
         self.stop();
         self.done = true;
         self.backend
-            .finish(&self.name, &self.token, self.acquired_at, self.hold)
+            .finish(&self.name, &self.token, self.acquired_at, hold, until)
             .await
     }
 
@@ -544,24 +558,18 @@ impl LockGuard {
     /// scheduler is a little late; nobody needs to release it. When `hold` has already
     /// passed the lock is released. `Ok(true)`: it was still held (and is now kept, or
     /// free); `Ok(false)`: it was not held by this guard any more.
-    pub async fn release_after(mut self, hold: Duration) -> Result<bool> {
+    pub async fn release_after(self, hold: Duration) -> Result<bool> {
         crate::options::check_ttl(hold)?;
         if self.in_session {
             return Err(in_session("a hold"));
         }
-        self.stop();
-        self.done = true;
-        self.backend
-            .finish(&self.name, &self.token, self.acquired_at, Some(hold))
-            .await
+        self.finish(Some(hold)).await
     }
 
     /// Releases the lock now, whatever [`AcquireOptions::hold`] says (e.g. when the
     /// work could not even start).
-    pub async fn release_now(mut self) -> Result<bool> {
-        self.stop();
-        self.done = true;
-        self.backend.release(&self.name, &self.token).await
+    pub async fn release_now(self) -> Result<bool> {
+        self.finish(None).await
     }
 
     /// The once-per-period hold (see [`AcquireOptions::hold`]).
@@ -594,6 +602,7 @@ impl Drop for LockGuard {
         if self.done || matches!(*self.status.borrow(), LeaseStatus::Released) {
             return;
         }
+        let until = release_until(self.valid_until());
         self.stop();
         let backend = self.backend.clone();
         let name = std::mem::take(&mut self.name);
@@ -602,7 +611,8 @@ impl Drop for LockGuard {
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {
                 h.spawn(async move {
-                    if let Err(e) = backend.finish(&name, &token, acquired_at, hold).await {
+                    let end = backend.finish(&name, &token, acquired_at, hold, until);
+                    if let Err(e) = end.await {
                         log::warn!("release of {name:?} on drop failed: {e}");
                     }
                 });
@@ -677,14 +687,68 @@ impl Plan {
     }
 }
 
-/// A failed renewal that may succeed when tried again: no answer in time, a connection
-/// refused or reset (a server restarting, a Sentinel failover), too few Redlock nodes,
-/// Sentinels that name no usable primary yet (mid-failover: the old one is down, the
-/// replica not yet promoted).
+/// A failed renewal or release that may succeed when tried again: no answer in time, a
+/// connection refused or reset (a server restarting, a Sentinel failover), too few
+/// Redlock nodes, Sentinels that name no usable primary yet (mid-failover: the old one
+/// is down, the replica not yet promoted). Not a wrong user or password, nor any
+/// error reply (`NOPERM`, `WRONGTYPE`, ...): trying again gets the same answer.
 fn retryable(e: &Error) -> bool {
+    let auth = matches!(e, Error::Redis { error, .. }
+        if error.kind() == redis::ErrorKind::AuthenticationFailed);
     matches!(e, Error::Timeout { .. } | Error::NoQuorum { .. })
-        || e.is_connection_error()
+        || (e.is_connection_error() && !auth)
         || e.is_failover_pending()
+}
+
+/// How long a release (a hold's keep, a session's close) that met a transient failure
+/// is tried again at most, within what is left of the lease.
+pub(crate) const RELEASE_RETRY_FOR: Duration = Duration::from_secs(5);
+
+/// Until when a release of a lease valid until `valid_until` (`None`: not known, a
+/// release by token) is tried again: [`RELEASE_RETRY_FOR`] from now, or the lease's
+/// end if that comes first (the server frees the lock by itself then).
+pub(crate) fn release_until(valid_until: Option<Instant>) -> Instant {
+    let now = Instant::now();
+    let left = valid_until.map_or(RELEASE_RETRY_FOR, |v| v.saturating_duration_since(now));
+    now + left.min(RELEASE_RETRY_FOR)
+}
+
+/// The one retry of releases (a guard's release, release_now, release_after and drop,
+/// a release by token, a session's close): runs `attempt` (given the time it may take:
+/// the I/O timeout `limit`, less near `until`); after a [retryable] failure (a dead
+/// connection, a Sentinel failover still settling) it is run again, after 50 ms, then
+/// twice as long each time up to 500 ms, while the next try starts before `until`. The
+/// first try always runs. Each try goes through the node's own reconnection (a
+/// connection that failed is remade, the primary asked of the Sentinels anew); any
+/// other outcome is returned at once. `what` names it in the log.
+pub(crate) async fn settle<T, F, Fut>(
+    what: &str,
+    until: Instant,
+    limit: Duration,
+    mut attempt: F,
+) -> Result<T>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let mut pause = Duration::from_millis(50);
+    let mut left = limit;
+    loop {
+        let e = match attempt(left).await {
+            Err(e) if retryable(&e) => e,
+            r => return r,
+        };
+        if Instant::now() + pause >= until {
+            return Err(e);
+        }
+        log::debug!(
+            "{what}: release failed ({e}); trying again in {} ms",
+            pause.as_millis()
+        );
+        tokio::time::sleep(pause).await;
+        left = limit.min(until.saturating_duration_since(Instant::now()));
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
 }
 
 /// The task of a session: [`lease_task`] over its keepalive.
@@ -876,5 +940,65 @@ mod tests {
         };
         assert!(!retryable(&refused));
         assert!(!refused.is_failover_pending());
+        let auth = redis_error(redis::RedisError::from((
+            redis::ErrorKind::AuthenticationFailed,
+            "WRONGPASS",
+        )));
+        assert!(auth.is_connection_error() && !retryable(&auth));
+    }
+
+    /// `settle` tries again after a transient failure only, and gives up with the
+    /// last error once the next try would start after its deadline.
+    #[tokio::test]
+    async fn settle_tries_again_after_transient_failures_only() {
+        use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+        let pending = || {
+            redis_error(redis::RedisError::from((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "Master with given name not found in sentinel",
+            )))
+        };
+        let io = Duration::from_secs(2);
+        let tries = AtomicU32::new(0);
+        let count = || tries.fetch_add(1, Relaxed) + 1;
+        // Not held (0): once.
+        let until = Instant::now() + Duration::from_secs(5);
+        let r = settle("k", until, io, |_| async { Ok::<_, Error>(count() > 1) }).await;
+        assert!(!r.unwrap());
+        assert_eq!(tries.load(Relaxed), 1);
+        // Pending twice, then released.
+        tries.store(0, Relaxed);
+        let r = settle("k", until, io, |_| async {
+            if count() < 3 {
+                Err(pending())
+            } else {
+                Ok(true)
+            }
+        })
+        .await;
+        assert!(r.unwrap());
+        assert_eq!(tries.load(Relaxed), 3);
+        // Never settles: tried again until the deadline, then the error.
+        tries.store(0, Relaxed);
+        let until = Instant::now() + Duration::from_millis(400);
+        let r: Result<bool> = settle("k", until, io, |limit| {
+            assert!(limit <= io);
+            count();
+            async { Err(pending()) }
+        })
+        .await;
+        assert!(r.unwrap_err().is_failover_pending());
+        assert!(tries.load(Relaxed) >= 2);
+        assert!(Instant::now() + Duration::from_millis(500) >= until);
+        // An error reply: once, even with time left.
+        tries.store(0, Relaxed);
+        let until = Instant::now() + Duration::from_secs(5);
+        let r: Result<bool> = settle("k", until, io, |_| {
+            count();
+            async { Err(Error::Invalid("no".into())) }
+        })
+        .await;
+        assert!(matches!(r, Err(Error::Invalid(_))));
+        assert_eq!(tries.load(Relaxed), 1);
     }
 }

@@ -21,7 +21,8 @@ use tokio::time::timeout;
 use crate::error::{Error, Result};
 use crate::info::SessionInfo;
 use crate::lease::{
-    mark_lost, mark_renewed, spawn_keepalive, LeaseStatus, LeaseWatch, LockGuard, LossReason, Plan,
+    mark_lost, mark_renewed, release_until, settle, spawn_keepalive, LeaseStatus, LeaseWatch,
+    LockGuard, LossReason, Plan,
 };
 use crate::node::{new_token, Acquire, ConfirmBudget, Dedicated, Node};
 use crate::options::{check_ttl, drift, millis, LockMode, MAX_LIMIT};
@@ -307,15 +308,15 @@ impl Keeper {
             return Ok(Some(sent.at + ttl.saturating_sub(drift(ttl))));
         }
         if sent.opened {
-            let _ = self.close().await;
+            let _ = self.close(self.io_timeout()).await;
         }
         Ok(None)
     }
 
-    /// `CLOSE`: how many locks it released, `None` when it was not open.
-    pub(crate) async fn close(&self) -> Result<Option<u64>> {
+    /// `CLOSE` within `limit`: how many locks it released, `None` when it was not open.
+    pub(crate) async fn close(&self, limit: Duration) -> Result<Option<u64>> {
         let sent = self
-            .call("LOCK.SESSION CLOSE", self.io_timeout(), |_| {
+            .call("LOCK.SESSION CLOSE", limit, |_| {
                 (self.sub_cmd("CLOSE"), false)
             })
             .await?;
@@ -326,6 +327,15 @@ impl Keeper {
                 u64::try_from(int(v, "LOCK.SESSION CLOSE")?).unwrap_or(0),
             )),
         }
+    }
+
+    /// `CLOSE`, tried again after a transient failure until `until` (the one retry of
+    /// releases, [`settle`]).
+    async fn close_until(&self, until: Instant) -> Result<Option<u64>> {
+        settle("session", until, self.io_timeout(), |limit| {
+            self.close(limit)
+        })
+        .await
     }
 
     async fn info(&self) -> Result<Option<SessionInfo>> {
@@ -682,9 +692,10 @@ impl Session {
     /// `Released`. If the server cannot be reached the error is returned, and the
     /// session ends there with its lease (or its bind grace).
     pub async fn close(mut self) -> Result<u64> {
+        let until = release_until(self.valid_until());
         self.stop();
         self.done = true;
-        Ok(self.keeper.close().await?.unwrap_or(0))
+        Ok(self.keeper.close_until(until).await?.unwrap_or(0))
     }
 
     fn stop(&mut self) {
@@ -746,12 +757,13 @@ impl Drop for Session {
         if self.done {
             return;
         }
+        let until = release_until(self.valid_until());
         self.stop();
         let keeper = self.keeper.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {
                 h.spawn(async move {
-                    if let Err(e) = keeper.close().await {
+                    if let Err(e) = keeper.close_until(until).await {
                         log::warn!("close of a session on drop failed: {e}");
                     }
                 });

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::info::LockInfo;
-use crate::lease::{Backend, LockGuard};
+use crate::lease::{release_until, settle, Backend, LockGuard};
 use crate::node::{new_token, Acquire, ConfirmBudget, Node};
 use crate::options::{check_ttl, drift, AcquireOptions, ClientOptions};
 
@@ -184,10 +184,14 @@ impl LockClient {
     }
 
     /// Releases a lock held by `token` (e.g. one taken by another process or the CLI).
+    /// A transient failure (a dead connection, a Sentinel failover still settling) is
+    /// tried again for up to 5 s, as a guard's release is.
     pub async fn release(&self, name: &str, token: &str) -> Result<bool> {
-        self.node
-            .release(name, token, self.node.opts.io_timeout)
-            .await
+        let (node, until) = (&self.node, release_until(None));
+        settle(name, until, node.opts.io_timeout, |limit| {
+            node.release(name, token, limit)
+        })
+        .await
     }
 
     /// Extends a lock held by `token` to `ttl` from now.

@@ -312,6 +312,16 @@ impl Sentinel {
         r.as_items()?.get(1)?.as_text()?.parse().ok()
     }
 
+    /// `total_commands_processed` of `INFO stats` (this `INFO` included).
+    fn commands(&self) -> Option<u64> {
+        let info = self.ask(&["INFO", "stats"])?.as_text()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// True once the sentinel sees a replica of mymaster whose link to it is up.
     fn knows_a_replica(&self) -> bool {
         self.ask(&["SENTINEL", "REPLICAS", "mymaster"])
@@ -324,6 +334,55 @@ impl Sentinel {
                         == Some("ok")
                 })
             })
+    }
+}
+
+/// While a failover settles, as a client sees it: the Sentinel names no primary for
+/// `mymaster` (`SENTINEL REMOVE`) and every client connection to the primary is closed,
+/// so that a client's next call asks the Sentinel and gets
+/// `MasterNameNotFoundBySentinel`. [`asked`](Self::asked) tells when a client has asked
+/// since; [`end`](Self::end) names the primary again (nothing is lost on it).
+struct Unsettled<'a> {
+    sentinel: &'a Sentinel,
+    primary: &'a Server,
+    /// Commands the Sentinel had processed at the start, and how many of them were this
+    /// struct's own `INFO`s since (each adds one).
+    base: u64,
+    polls: u64,
+}
+
+impl<'a> Unsettled<'a> {
+    fn start(sentinel: &'a Sentinel, primary: &'a Server) -> Unsettled<'a> {
+        let r = sentinel.ask(&["SENTINEL", "REMOVE", "mymaster"]);
+        assert_eq!(r.and_then(|r| r.as_text()).as_deref(), Some("OK"));
+        let killed = primary.raw().cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
+        assert!(killed.as_int().is_some_and(|n| n >= 1), "{killed:?}");
+        let base = sentinel.commands().expect("the sentinel answers INFO");
+        Unsettled {
+            sentinel,
+            primary,
+            base,
+            polls: 0,
+        }
+    }
+
+    /// True once someone else than this test has sent the Sentinel a command since
+    /// the start (a client that looked for the primary and found none).
+    fn asked(&mut self) -> bool {
+        let Some(n) = self.sentinel.commands() else {
+            return false;
+        };
+        self.polls += 1;
+        n > self.base + self.polls
+    }
+
+    /// The Sentinel names the primary again.
+    fn end(self) {
+        let port = self.primary.port.to_string();
+        let r = self
+            .sentinel
+            .ask(&["SENTINEL", "MONITOR", "mymaster", "127.0.0.1", &port, "1"]);
+        assert_eq!(r.and_then(|r| r.as_text()).as_deref(), Some("OK"));
     }
 }
 
@@ -419,6 +478,153 @@ async fn the_cli_and_the_library_follow_a_sentinel_failover() {
     let d = cli(&["info", "--url", &url, "lock:after"], &[]);
     assert_eq!(d.code, Some(0), "{}", d.stderr);
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// A release (`release_now`, `release_after`'s keep, a session's close, by token) that
+/// meets a failover still settling (the Sentinel names no primary yet) is tried again
+/// until the primary is named, within what is left of the lease: the lock is free (or
+/// kept for the hold) on the server when the call returns. The first try always fails
+/// here: the Sentinel is named again only once a client asked it and found nothing.
+/// When the primary stays unnamed, the release gives up with the error, not before its
+/// lease was nearly over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_during_a_settling_failover_is_tried_again_within_the_lease() {
+    setup();
+    let primary = ServerBuilder::new().start();
+    let sentinel = Sentinel::start(&primary);
+    let url = format!("redis+sentinel://127.0.0.1:{}/mymaster", sentinel.port);
+    let locks = LockClient::connect(&url).await.unwrap();
+    let ttl = ms(60_000);
+
+    // Each path: take the lock, unsettle, give it up in a task, name the primary
+    // again once the first try asked the Sentinel, then the outcome.
+    async fn through<T: Send + 'static>(
+        sentinel: &Sentinel,
+        primary: &Server,
+        end: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        let mut u = Unsettled::start(sentinel, primary);
+        let task = tokio::spawn(end);
+        let asked =
+            tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || u.asked()));
+        assert!(asked, "the release asked the Sentinel for the primary");
+        u.end();
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("the release ends")
+            .unwrap()
+    }
+
+    let g = granted(locks.acquire("lock:now", ttl, None)).await;
+    let released = through(&sentinel, &primary, g.release_now()).await;
+    assert!(released.unwrap(), "released: it was held");
+    assert!(
+        is_free(&mut primary.conn(), "lock:now"),
+        "free on the server"
+    );
+
+    // release_after: the hold's keep (LOCK.EXTEND confirmed) is tried again too.
+    let g = granted(locks.acquire("lock:hold", ttl, None)).await;
+    let kept = through(&sentinel, &primary, g.release_after(ms(3_600_000))).await;
+    assert!(kept.unwrap(), "kept for the hold");
+    let left = lease_left(&primary, "lock:hold");
+    assert!(
+        left > Some(1_800_000),
+        "kept for the hour's rest: {left:?} ms"
+    );
+
+    // A session's close, and a release by token.
+    let session = locks
+        .session(&redis_lock_client::SessionOptions::new(ttl))
+        .await
+        .unwrap();
+    let _in_session = session.acquire("lock:session", None).await.unwrap();
+    let closed = through(&sentinel, &primary, session.close()).await;
+    assert_eq!(closed.unwrap(), 1, "its one lock released");
+    assert!(is_free(&mut primary.conn(), "lock:session"));
+    let g = granted(locks.acquire("lock:token", ttl, None)).await;
+    let token = g.detach().0;
+    let by_token = locks.clone();
+    let released = through(&sentinel, &primary, async move {
+        by_token.release("lock:token", &token).await
+    })
+    .await;
+    assert!(released.unwrap());
+    assert!(is_free(&mut primary.conn(), "lock:token"));
+
+    // No primary named for the rest of a 3 s lease: the release gives up with the
+    // Sentinel's error, and only near the lease's end (the server frees it then).
+    let g = granted(locks.acquire("lock:short", ms(3_000), None)).await;
+    let valid_until = g.valid_until().unwrap();
+    let u = Unsettled::start(&sentinel, &primary);
+    let outcome = tokio::time::timeout(Duration::from_secs(30), g.release_now())
+        .await
+        .expect("the release gives up");
+    let e = outcome.expect_err("no primary to release on");
+    assert!(e.is_failover_pending(), "{e}");
+    assert!(
+        Instant::now() + ms(500) >= valid_until,
+        "tried again until the last pause before the lease ends"
+    );
+    u.end();
+}
+
+/// `redis-lock run` ends while a failover settles (the Sentinel names no primary yet):
+/// its release is tried again until the primary is named, so the lock is free when
+/// `run` exits; with `--hold` the lock is kept for the hold. (A flake of the failover
+/// test above: the release met `MasterNameNotFoundBySentinel` once, was only logged,
+/// and the lock stayed taken until its lease ended.)
+#[test]
+fn a_run_that_ends_during_a_settling_failover_releases_or_keeps_its_lock() {
+    setup();
+    let primary = ServerBuilder::new().start();
+    let sentinel = Sentinel::start(&primary);
+    let url = format!("redis+sentinel://127.0.0.1:{}/mymaster", sentinel.port);
+    let dir = temp_dir();
+    for (name, hold) in [("lock:run", None), ("lock:run-hold", Some("1h"))] {
+        let (started, go) = (
+            dir.join(format!("{name}.started")),
+            dir.join(format!("{name}.go")),
+        );
+        let script = format!(
+            "touch {}; while [ ! -e {} ]; do sleep 0.05; done",
+            started.display(),
+            go.display()
+        );
+        // A 60 s lease: no renewal in the few moments the test takes.
+        let mut args = vec!["run", "--url", &url, "--ttl", "60s"];
+        if let Some(h) = hold {
+            args.extend(["--hold", h]);
+        }
+        args.extend([name, "--", "sh", "-c", &script]);
+        let mut run = ChildGuard(cli_cmd().args(&args).spawn().unwrap());
+        assert!(wait_until(Duration::from_secs(10), || started.exists()));
+        let mut u = Unsettled::start(&sentinel, &primary);
+        fs::write(&go, "").unwrap();
+        assert!(
+            wait_until(Duration::from_secs(10), || u.asked()),
+            "{name}: the run asked the Sentinel at its end"
+        );
+        u.end();
+        let status = wait_child(&mut run.0, Duration::from_secs(30));
+        assert_eq!(status, Some(0), "{name}: the run ended normally");
+        match hold {
+            None => assert!(is_free(&mut primary.conn(), name), "{name}: released"),
+            Some(_) => {
+                let left = lease_left(&primary, name);
+                assert!(
+                    left > Some(1_800_000),
+                    "{name}: kept for the hour: {left:?} ms"
+                );
+            }
+        }
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// The `ttl` of `LOCK.INFO key` (ms), `None` when free.
+fn lease_left(server: &Server, key: &str) -> Option<i64> {
+    server.raw().cmd(&["LOCK.INFO", key]).get("ttl")?.as_int()
 }
 
 /// Kills the child when the test ends early.
@@ -526,6 +732,49 @@ async fn least_privilege_acl_acquires_confirms_renews_releases_and_nothing_more(
         let e = r.expect_err(cmd);
         assert_eq!(e.code(), Some("NOPERM"), "{cmd}: {e}");
     }
+}
+
+/// A release refused for good is not tried again: `NOPERM` (a user without
+/// `+lock.release`) comes back after one try (the ACL log counts one denial) and the
+/// lock stays taken; a token that does not hold the lock is one `LOCK.RELEASE`,
+/// answered 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_for_good_is_not_tried_again() {
+    setup();
+    let server = ServerBuilder::new().start();
+    set_user(&server, &LEAST.replace(" +lock.release", ""));
+    let locks = LockClient::connect(&as_locker(&server)).await.unwrap();
+    let g = granted(locks.acquire("lock:denied", ms(60_000), None)).await;
+    let fence = g.fence();
+    let e = g.release_now().await.expect_err("release is not allowed");
+    assert_eq!(e.server_code(), Some("NOPERM"), "{e}");
+    let log = server.raw().cmd(&["ACL", "LOG"]);
+    let denials: i64 = log
+        .items()
+        .iter()
+        .filter(|entry| {
+            entry.get("object").and_then(|o| o.as_text()).as_deref() == Some("lock.release")
+        })
+        .filter_map(|entry| entry.get("count").and_then(|c| c.as_int()))
+        .sum();
+    assert_eq!(denials, 1, "one try: {log:?}");
+    assert_eq!(held_fence(&mut server.conn(), "lock:denied"), fence);
+
+    let admin = LockClient::connect(&server.url()).await.unwrap();
+    let r = server.raw().cmd(&["CONFIG", "RESETSTAT"]);
+    assert!(!r.is_error(), "{r:?}");
+    let wrong = "00000000-0000-4000-8000-000000000000";
+    assert!(
+        !admin.release("lock:denied", wrong).await.unwrap(),
+        "not held by it"
+    );
+    let stats = server.raw().cmd(&["INFO", "commandstats"]).text();
+    let calls = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_lock.release:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok());
+    assert_eq!(calls, Some(1), "{stats}");
+    assert_eq!(held_fence(&mut server.conn(), "lock:denied"), fence);
 }
 
 /// The line the docs used to suggest (`~lock:* +@lock -@dangerous`; on Redis 7.0 the
