@@ -229,6 +229,142 @@ fn aof_fsync_always_keeps_locks_across_kill9() {
     check_locks(&s, &snap);
 }
 
+/// The RESP arrays of an AOF file (plain commands, no RDB preamble).
+fn aof_commands(mut b: &[u8]) -> Vec<Vec<Vec<u8>>> {
+    fn line<'a>(b: &mut &'a [u8]) -> &'a [u8] {
+        let i = b.windows(2).position(|w| w == b"\r\n").expect("a CRLF");
+        let l = &b[..i];
+        *b = &b[i + 2..];
+        l
+    }
+    let num = |l: &[u8], tag: u8| -> usize {
+        assert_eq!(l.first(), Some(&tag), "{}", String::from_utf8_lossy(l));
+        std::str::from_utf8(&l[1..]).unwrap().parse().unwrap()
+    };
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let n = num(line(&mut b), b'*');
+        let mut argv = Vec::new();
+        for _ in 0..n {
+            let len = num(line(&mut b), b'$');
+            argv.push(b[..len].to_vec());
+            b = &b[len + 2..];
+        }
+        out.push(argv);
+    }
+    out
+}
+
+fn aof_bytes(cmds: &[Vec<Vec<u8>>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for argv in cmds {
+        out.extend(format!("*{}\r\n", argv.len()).bytes());
+        for a in argv {
+            out.extend(format!("${}\r\n", a.len()).bytes());
+            out.extend(a);
+            out.extend(b"\r\n");
+        }
+    }
+    out
+}
+
+#[test]
+fn an_aof_with_the_op_word_as_its_own_argument_still_loads() {
+    // Builds before this one wrote `LOCK.REPL key ADD <fields>`; this one writes
+    // `LOCK.REPL key ADD;<fields>` (one argument fewer for the AOF and the replicas to
+    // write). A file of the earlier form is made from this build's own by splitting the
+    // op word off again, and must load to the same locks.
+    let mut s = debug_server()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
+    let snap = make_locks(&mut s.conn(), true);
+    let mut c = s.conn();
+    // Two readers, one of them gone (DROP), and the lock-delay a lease's end leaves
+    // behind it (DELAY).
+    for t in ["reader-one-000000000001", "reader-two-000000000002"] {
+        acquire(
+            &mut c,
+            "persist:readers",
+            &["SHARED", "PX", "120000", "TOKEN", t],
+        )
+        .unwrap();
+    }
+    assert_eq!(
+        release(&mut c, "persist:readers", b"reader-one-000000000001"),
+        1
+    );
+    acquire(
+        &mut c,
+        "persist:delayed",
+        &["PX", "100", "LOCKDELAY", "100000"],
+    )
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            lock_info(&mut c, "persist:delayed")
+                .is_some_and(|i| bytes_field(&i, "state").as_deref() == Some(&b"delayed"[..]))
+        }),
+        "the lease of persist:delayed did not end into its lock-delay"
+    );
+    let readers = lock_info(&mut c, "persist:readers").unwrap();
+    let delayed = lock_info(&mut c, "persist:delayed").unwrap();
+    drop(c);
+    s.kill9();
+    let dir = s.dir.join("appendonlydir");
+    let (mut split, mut ops) = (0, std::collections::BTreeSet::new());
+    for (name, bytes) in aof_files(&s) {
+        if !name.ends_with(".incr.aof") {
+            continue;
+        }
+        let mut cmds = aof_commands(&bytes);
+        for argv in &mut cmds {
+            if argv[0] != b"LOCK.REPL" {
+                continue;
+            }
+            let i = argv[2].iter().position(|&b| b == b';');
+            let i = i.unwrap_or_else(|| panic!("{:?}", String::from_utf8_lossy(&argv[2])));
+            let (op, fields) = (argv[2][..i].to_vec(), argv[2][i + 1..].to_vec());
+            ops.insert(String::from_utf8(op.clone()).unwrap());
+            argv.splice(2..3, [op, fields]);
+            split += 1;
+        }
+        std::fs::write(dir.join(&name), aof_bytes(&cmds)).unwrap();
+    }
+    let want: std::collections::BTreeSet<String> =
+        ["ADD", "RENEW", "DROP", "DELAY"].map(String::from).into();
+    assert_eq!(ops, want, "the ops of the AOF ({split} LOCK.REPL commands)");
+    s.restart();
+    check_locks(&s, &snap);
+    let mut c = s.conn();
+    let r = lock_info(&mut c, "persist:readers").unwrap();
+    assert_eq!(bytes_field(&r, "mode").as_deref(), Some(&b"shared"[..]));
+    assert_eq!(int_field(&r, "holders"), 1);
+    // The reader left is the same holder (its fence; a shared lock's fences are its
+    // holders').
+    let first_holder = |i: &Info| match i.get("holder-list") {
+        Some(Value::Array(hs)) => hs.first().cloned(),
+        other => panic!("holder-list {other:?}"),
+    };
+    let fence_of = |h: Option<Value>| match h {
+        Some(Value::Array(kv)) if kv.len() > 1 => kv[1].clone(),
+        other => panic!("holder {other:?}"),
+    };
+    assert_eq!(fence_of(first_holder(&r)), fence_of(first_holder(&readers)));
+    assert_eq!(
+        release(&mut c, "persist:readers", b"reader-one-000000000001"),
+        0
+    );
+    assert_eq!(
+        release(&mut c, "persist:readers", b"reader-two-000000000002"),
+        1
+    );
+    // The lock-delay still runs: nobody may take the key until it ends.
+    let d = lock_info(&mut c, "persist:delayed").unwrap();
+    assert_eq!(bytes_field(&d, "state"), bytes_field(&delayed, "state"));
+    assert!(acquire(&mut c, "persist:delayed", &["PX", "1000"]).is_none());
+}
+
 #[test]
 fn aof_rewrite_without_rdb_preamble_keeps_locks_across_kill9() {
     let mut s = debug_server()
