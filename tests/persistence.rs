@@ -307,6 +307,36 @@ fn an_aof_with_the_op_word_as_its_own_argument_still_loads() {
         }),
         "the lease of persist:delayed did not end into its lock-delay"
     );
+    // A session (LOCK.SREPL OPEN, RENEW) and a lock of it.
+    let sid = "session-id-0000000000000001";
+    let open = [
+        "LOCK.SESSION",
+        "OPEN",
+        sid,
+        "PX",
+        "120000",
+        "OWNER",
+        "svc;s",
+    ];
+    assert_eq!(
+        redis::cmd(open[0])
+            .arg(&open[1..])
+            .query::<i64>(&mut c)
+            .unwrap(),
+        1
+    );
+    acquire(
+        &mut c,
+        "persist:session",
+        &["SESSION", sid, "TOKEN", "in-session-0000000001"],
+    )
+    .unwrap();
+    let keepalive = ["KEEPALIVE", sid, "PX", "110000"];
+    let kept: i64 = redis::cmd("LOCK.SESSION")
+        .arg(&keepalive)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(kept, 1);
     let readers = lock_info(&mut c, "persist:readers").unwrap();
     let delayed = lock_info(&mut c, "persist:delayed").unwrap();
     drop(c);
@@ -319,20 +349,36 @@ fn an_aof_with_the_op_word_as_its_own_argument_still_loads() {
         }
         let mut cmds = aof_commands(&bytes);
         for argv in &mut cmds {
-            if argv[0] != b"LOCK.REPL" {
-                continue;
-            }
-            let i = argv[2].iter().position(|&b| b == b';');
-            let i = i.unwrap_or_else(|| panic!("{:?}", String::from_utf8_lossy(&argv[2])));
-            let (op, fields) = (argv[2][..i].to_vec(), argv[2][i + 1..].to_vec());
-            ops.insert(String::from_utf8(op.clone()).unwrap());
-            argv.splice(2..3, [op, fields]);
+            // LOCK.REPL key OP;fields -> OP fields; LOCK.SREPL OP;a;b -> OP a b.
+            let (at, whole) = match argv[0].as_slice() {
+                b"LOCK.REPL" => (2, false),
+                b"LOCK.SREPL" => (1, true),
+                _ => continue,
+            };
+            let packed = argv[at].clone();
+            let i = packed.iter().position(|&b| b == b';');
+            let i = i.unwrap_or_else(|| panic!("{:?}", String::from_utf8_lossy(&packed)));
+            let op = String::from_utf8(packed[..i].to_vec()).unwrap();
+            ops.insert(format!("{} {op}", String::from_utf8_lossy(&argv[0])));
+            let parts: Vec<Vec<u8>> = match whole {
+                true => packed.split(|&b| b == b';').map(<[u8]>::to_vec).collect(),
+                false => vec![packed[..i].to_vec(), packed[i + 1..].to_vec()],
+            };
+            argv.splice(at..at + 1, parts);
             split += 1;
         }
         std::fs::write(dir.join(&name), aof_bytes(&cmds)).unwrap();
     }
-    let want: std::collections::BTreeSet<String> =
-        ["ADD", "RENEW", "DROP", "DELAY"].map(String::from).into();
+    let want: std::collections::BTreeSet<String> = [
+        "LOCK.REPL ADD",
+        "LOCK.REPL RENEW",
+        "LOCK.REPL DROP",
+        "LOCK.REPL DELAY",
+        "LOCK.SREPL OPEN",
+        "LOCK.SREPL RENEW",
+    ]
+    .map(String::from)
+    .into();
     assert_eq!(ops, want, "the ops of the AOF ({split} LOCK.REPL commands)");
     s.restart();
     check_locks(&s, &snap);
@@ -363,6 +409,25 @@ fn an_aof_with_the_op_word_as_its_own_argument_still_loads() {
     let d = lock_info(&mut c, "persist:delayed").unwrap();
     assert_eq!(bytes_field(&d, "state"), bytes_field(&delayed, "state"));
     assert!(acquire(&mut c, "persist:delayed", &["PX", "1000"]).is_none());
+    // The session came back with its label and the keepalive's lease, its lock with it.
+    let info: Vec<Value> = redis::cmd("LOCK.SESSION")
+        .arg(&["INFO", sid])
+        .query(&mut c)
+        .unwrap();
+    let field = |name: &str| {
+        let i = info
+            .iter()
+            .position(|v| *v == Value::BulkString(name.into()));
+        i.and_then(|i| info.get(i + 1).cloned())
+            .unwrap_or_else(|| panic!("no {name} in {info:?}"))
+    };
+    assert_eq!(field("owner"), Value::BulkString(b"svc;s".to_vec()));
+    assert_eq!(field("lease"), Value::Int(110_000));
+    assert_eq!(field("locks"), Value::Int(1));
+    assert_eq!(
+        release(&mut c, "persist:session", b"in-session-0000000001"),
+        1
+    );
 }
 
 #[test]

@@ -11,13 +11,14 @@
 //!   LOCK.REPL key DELAY;<ms>                  (a lock-delay runs; an exclusive holder is gone)
 //!   DEL key                                   (the last holder is gone)
 //!   PEXPIREAT key <unix-ms>                   (a classic string lock extended)
-//!   LOCK.SREPL OPEN <session-digest> <lease-ms> <ttl-ms> [OWNER o]   (a session opened, or renewed with a new lease)
-//!   LOCK.SREPL RENEW <session-digest> <lease-ms> <ttl-ms>           (a keepalive: the session and all its locks)
-//!   LOCK.SREPL END <session-digest>                                  (a session is gone; its locks' ends came before)
-//!   LOCK.SREPL MOVED <session-digest>                                (a lock of the session left with its slot: no longer kept alive)
-//!   LOCK.SREPL SEEN <session-digest> <lease-ms> <ttl-ms> [OWNER o]   (an AOF rewrite: the session of the holder that follows; its locks untouched)
+//!   LOCK.SREPL OPEN;<session-digest>;<lease-ms>;<ttl-ms> [OWNER o]   (a session opened, or renewed with a new lease)
+//!   LOCK.SREPL RENEW;<session-digest>;<lease-ms>;<ttl-ms>           (a keepalive: the session and all its locks)
+//!   LOCK.SREPL END;<session-digest>                                  (a session is gone; its locks' ends came before)
+//!   LOCK.SREPL MOVED;<session-digest>                                (a lock of the session left with its slot: no longer kept alive)
+//!   LOCK.SREPL SEEN;<session-digest>;<lease-ms>;<ttl-ms> [OWNER o]   (an AOF rewrite: the session of the holder that follows; its locks untouched)
 //! the builds before this one (still read): the op as an argument of its own,
 //!   LOCK.REPL key ADD <mode>;... / RENEW <fence>;<ttl-ms> / DROP <fence> / DELAY <ms>
+//!   LOCK.SREPL OPEN|RENEW|SEEN <session-digest> <lease-ms> <ttl-ms> [OWNER o] / END|MOVED <session-digest>
 //! release 0.2 (absolute unix-ms deadlines; the op as an argument of its own):
 //!   LOCK.REPL key GRANT <mode>;<digest>;<fence>;<expires-at>;<acquired-at>;<client-id>;<addr> [OWNER o] [FLOOR n]
 //!   LOCK.REPL key LEASE <fence>;<expires-at> [FLOOR n]
@@ -100,14 +101,15 @@ pub enum SessionChange<'a> {
     },
 }
 
-/// Builds `LOCK.SREPL` for `change` and hands it to `out(command, args)`.
+/// Builds `LOCK.SREPL` for `change` and hands it to `out(command, args)`: the op word and
+/// its fields in one argument (`RENEW;<digest>;<lease-ms>;<ttl-ms>`), as `LOCK.REPL`.
 pub fn encode_session(
     change: &SessionChange<'_>,
     clock: Clock,
     out: &mut dyn FnMut(&CStr, &[&[u8]]),
 ) {
-    let left =
-        |deadline: i64| number(u64::try_from(clock.remaining_ms(deadline).max(0)).unwrap_or(0));
+    let left = |deadline: i64| u64::try_from(clock.remaining_ms(deadline).max(0)).unwrap_or(0);
+    let mut p = Packed::new();
     match *change {
         SessionChange::Open {
             digest,
@@ -122,13 +124,18 @@ pub fn encode_session(
             owner,
         } => {
             let op: &[u8] = match change {
-                SessionChange::Seen { .. } => b"SEEN",
-                _ => b"OPEN",
+                SessionChange::Seen { .. } => b"SEEN;",
+                _ => b"OPEN;",
             };
-            let (h, t, l) = (hex(digest), number(ttl), left(deadline));
+            p.put(op)
+                .hex(digest)
+                .sep()
+                .u64(ttl)
+                .sep()
+                .u64(left(deadline));
             match owner {
-                Some(o) => out(c"LOCK.SREPL", &[op, &h, t.bytes(), l.bytes(), b"OWNER", o]),
-                None => out(c"LOCK.SREPL", &[op, &h, t.bytes(), l.bytes()]),
+                Some(o) => out(c"LOCK.SREPL", &[p.bytes(), b"OWNER", o]),
+                None => out(c"LOCK.SREPL", &[p.bytes()]),
             }
         }
         SessionChange::Renew {
@@ -136,16 +143,43 @@ pub fn encode_session(
             ttl,
             deadline,
         } => {
-            let (h, t, l) = (hex(digest), number(ttl), left(deadline));
-            out(c"LOCK.SREPL", &[b"RENEW", &h, t.bytes(), l.bytes()]);
+            p.put(b"RENEW;")
+                .hex(digest)
+                .sep()
+                .u64(ttl)
+                .sep()
+                .u64(left(deadline));
+            out(c"LOCK.SREPL", &[p.bytes()]);
         }
-        SessionChange::End { digest } => out(c"LOCK.SREPL", &[b"END", &hex(digest)]),
-        SessionChange::Moved { digest } => out(c"LOCK.SREPL", &[b"MOVED", &hex(digest)]),
+        SessionChange::End { digest } => {
+            p.put(b"END;").hex(digest);
+            out(c"LOCK.SREPL", &[p.bytes()]);
+        }
+        SessionChange::Moved { digest } => {
+            p.put(b"MOVED;").hex(digest);
+            out(c"LOCK.SREPL", &[p.bytes()]);
+        }
     }
 }
 
-/// `LOCK.SREPL` (everything after the command name), in `clock`.
+/// `LOCK.SREPL` (everything after the command name), in `clock`: the op word and its
+/// fields in the first argument, `;`-separated, or (as the builds before wrote them) as
+/// arguments of their own; an `OWNER label` pair follows either.
 pub fn decode_session(
+    args: &[&[u8]],
+    clock: Clock,
+) -> Result<crate::engine::SessionApply, LockError> {
+    match args {
+        [first, rest @ ..] if first.contains(&b';') => {
+            let mut all: Vec<&[u8]> = first.split(|&b| b == b';').collect();
+            all.extend_from_slice(rest);
+            decode_session_args(&all, clock)
+        }
+        _ => decode_session_args(args, clock),
+    }
+}
+
+fn decode_session_args(
     args: &[&[u8]],
     clock: Clock,
 ) -> Result<crate::engine::SessionApply, LockError> {
@@ -964,30 +998,89 @@ mod tests {
     }
 
     #[test]
-    fn session_changes_round_trip() {
+    fn session_changes_round_trip_in_both_forms() {
         use crate::engine::SessionApply;
         let d = [0xab; 16];
-        let mut sent = Vec::new();
-        for c in [
-            SessionChange::End { digest: &d },
-            SessionChange::Moved { digest: &d },
-        ] {
-            encode_session(&c, NOW, &mut |cmd, args| {
+        let deadline = NOW.after_ms(4_000);
+        let owner = Some(&b"svc;a b"[..]);
+        let cases = [
+            (
+                SessionChange::Open {
+                    digest: &d,
+                    ttl: 10_000,
+                    deadline,
+                    owner,
+                },
+                SessionApply::Open {
+                    digest: d,
+                    ttl: 10_000,
+                    deadline,
+                    owner: owner.map(Into::into),
+                },
+            ),
+            (
+                SessionChange::Seen {
+                    digest: &d,
+                    ttl: 10_000,
+                    deadline,
+                    owner: None,
+                },
+                SessionApply::Seen {
+                    digest: d,
+                    ttl: 10_000,
+                    deadline,
+                    owner: None,
+                },
+            ),
+            (
+                SessionChange::Renew {
+                    digest: &d,
+                    ttl: 10_000,
+                    deadline,
+                },
+                SessionApply::Renew {
+                    digest: d,
+                    ttl: 10_000,
+                    deadline,
+                },
+            ),
+            (
+                SessionChange::End { digest: &d },
+                SessionApply::End { digest: d },
+            ),
+            (
+                SessionChange::Moved { digest: &d },
+                SessionApply::Moved { digest: d },
+            ),
+        ];
+        for (change, want) in cases {
+            let mut sent = Vec::new();
+            encode_session(&change, NOW, &mut |cmd, args| {
                 assert_eq!(cmd, c"LOCK.SREPL");
-                sent.push(args.iter().map(|a| a.to_vec()).collect::<Vec<_>>());
+                sent = args.iter().map(|a| a.to_vec()).collect::<Vec<_>>();
             });
+            // One argument, and an OWNER pair only with a label.
+            assert_eq!(sent.len(), if owner_of(&want) { 3 } else { 1 }, "{sent:?}");
+            assert_eq!(decode_session(&slices(&sent), NOW).unwrap(), want);
+            // What the builds before wrote: every field an argument of its own.
+            let mut old: Vec<&[u8]> = sent[0].split(|&b| b == b';').collect();
+            old.extend(sent[1..].iter().map(Vec::as_slice));
+            assert_eq!(decode_session(&old, NOW).unwrap(), want, "{old:?}");
         }
-        assert_eq!(
-            decode_session(&slices(&sent[0]), NOW).unwrap(),
-            SessionApply::End { digest: d }
-        );
-        assert_eq!(sent[1][0], b"MOVED");
-        assert_eq!(
-            decode_session(&slices(&sent[1]), NOW).unwrap(),
-            SessionApply::Moved { digest: d }
-        );
+        let moved = hex(&d);
         assert!(decode_session(&[b"MOVED"], NOW).is_err());
-        assert!(decode_session(&[b"MOVED", &sent[1][1], b"x"], NOW).is_err());
+        assert!(decode_session(&[b"MOVED;"], NOW).is_err());
+        assert!(decode_session(&[b"MOVED", &moved, b"x"], NOW).is_err());
+        assert!(decode_session(&[&[b"MOVED;", &moved[..], b";x"].concat()], NOW).is_err());
+        assert!(decode_session(&[b"RENEW;", b"OWNER", b"o"], NOW).is_err());
+    }
+
+    fn owner_of(a: &crate::engine::SessionApply) -> bool {
+        matches!(
+            a,
+            crate::engine::SessionApply::Open { owner: Some(_), .. }
+                | crate::engine::SessionApply::Seen { owner: Some(_), .. }
+        )
     }
 
     #[test]
@@ -1026,6 +1119,7 @@ mod tests {
             let s: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
             let _ = decode(&s, NOW);
             let _ = decode_sync(&s, NOW);
+            let _ = decode_session(&s, NOW);
         }
     }
 }
