@@ -146,14 +146,14 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
             "write slow" / "may-replicate", "O(1) to open or look; O(L) to keep alive or close a session with L locks",
             "Sessions: OPEN id [PX ms | EX s] [BIND grace-ms] [OWNER label] | KEEPALIVE id [PX ms | EX s] | CLOSE id | INFO id [COUNT n]. One lease for every lock taken with LOCK.ACQUIRE ... SESSION id, released together when the session ends.",
             [Str("subcommand"), Str("id"), Rest("option")];
-        "lock.srepl" => sessions::SessionRepl, arity -3, 0;
+        "lock.srepl" => sessions::SessionRepl, arity -2, 0;
             "write dangerous slow" / "write", "O(L) for a session with L locks",
-            "Internal: one change of a session, as a primary sends it to replicas and the AOF.",
-            [Str("operation"), Str("session"), Rest("fields")];
-        "lock.repl" => commands::Repl, arity -4, KEY_RW | UPDATE;
+            "Internal: one change of a session (op;fields), as a primary sends it to replicas and the AOF.",
+            [Str("change"), Rest("option")];
+        "lock.repl" => commands::Repl, arity -3, KEY_RW | UPDATE;
             "write dangerous slow" / "write", "O(1)",
-            "Internal: one change of a lock, as a primary sends it to replicas and the AOF.",
-            [Key("key"), Str("operation"), Str("fields"), Opt("OWNER", "label", STRING),
+            "Internal: one change of a lock (op;fields), as a primary sends it to replicas and the AOF.",
+            [Key("key"), Str("change"), Opt("OWNER", "label", STRING),
              Opt("FLOOR", "fence", INTEGER)];
         "lock.sync" => commands::Sync, arity -8, KEY_OW | UPDATE;
             "write dangerous slow" / "write", "O(1)",

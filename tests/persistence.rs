@@ -229,6 +229,207 @@ fn aof_fsync_always_keeps_locks_across_kill9() {
     check_locks(&s, &snap);
 }
 
+/// The RESP arrays of an AOF file (plain commands, no RDB preamble).
+fn aof_commands(mut b: &[u8]) -> Vec<Vec<Vec<u8>>> {
+    fn line<'a>(b: &mut &'a [u8]) -> &'a [u8] {
+        let i = b.windows(2).position(|w| w == b"\r\n").expect("a CRLF");
+        let l = &b[..i];
+        *b = &b[i + 2..];
+        l
+    }
+    let num = |l: &[u8], tag: u8| -> usize {
+        assert_eq!(l.first(), Some(&tag), "{}", String::from_utf8_lossy(l));
+        std::str::from_utf8(&l[1..]).unwrap().parse().unwrap()
+    };
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let n = num(line(&mut b), b'*');
+        let mut argv = Vec::new();
+        for _ in 0..n {
+            let len = num(line(&mut b), b'$');
+            argv.push(b[..len].to_vec());
+            b = &b[len + 2..];
+        }
+        out.push(argv);
+    }
+    out
+}
+
+fn aof_bytes(cmds: &[Vec<Vec<u8>>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for argv in cmds {
+        out.extend(format!("*{}\r\n", argv.len()).bytes());
+        for a in argv {
+            out.extend(format!("${}\r\n", a.len()).bytes());
+            out.extend(a);
+            out.extend(b"\r\n");
+        }
+    }
+    out
+}
+
+#[test]
+fn an_aof_with_the_op_word_as_its_own_argument_still_loads() {
+    // Builds before this one wrote `LOCK.REPL key ADD <fields>`; this one writes
+    // `LOCK.REPL key ADD;<fields>` (one argument fewer for the AOF and the replicas to
+    // write). A file of the earlier form is made from this build's own by splitting the
+    // op word off again, and must load to the same locks.
+    let mut s = debug_server()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
+    let snap = make_locks(&mut s.conn(), true);
+    let mut c = s.conn();
+    // Two readers, one of them gone (DROP), and the lock-delay a lease's end leaves
+    // behind it (DELAY).
+    for t in ["reader-one-000000000001", "reader-two-000000000002"] {
+        acquire(
+            &mut c,
+            "persist:readers",
+            &["SHARED", "PX", "120000", "TOKEN", t],
+        )
+        .unwrap();
+    }
+    assert_eq!(
+        release(&mut c, "persist:readers", b"reader-one-000000000001"),
+        1
+    );
+    acquire(
+        &mut c,
+        "persist:delayed",
+        &["PX", "100", "LOCKDELAY", "100000"],
+    )
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            lock_info(&mut c, "persist:delayed")
+                .is_some_and(|i| bytes_field(&i, "state").as_deref() == Some(&b"delayed"[..]))
+        }),
+        "the lease of persist:delayed did not end into its lock-delay"
+    );
+    // A session (LOCK.SREPL OPEN, RENEW) and a lock of it.
+    let sid = "session-id-0000000000000001";
+    let open = [
+        "LOCK.SESSION",
+        "OPEN",
+        sid,
+        "PX",
+        "120000",
+        "OWNER",
+        "svc;s",
+    ];
+    assert_eq!(
+        redis::cmd(open[0])
+            .arg(&open[1..])
+            .query::<i64>(&mut c)
+            .unwrap(),
+        1
+    );
+    acquire(
+        &mut c,
+        "persist:session",
+        &["SESSION", sid, "TOKEN", "in-session-0000000001"],
+    )
+    .unwrap();
+    let keepalive = ["KEEPALIVE", sid, "PX", "110000"];
+    let kept: i64 = redis::cmd("LOCK.SESSION")
+        .arg(&keepalive)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(kept, 1);
+    let readers = lock_info(&mut c, "persist:readers").unwrap();
+    let delayed = lock_info(&mut c, "persist:delayed").unwrap();
+    drop(c);
+    s.kill9();
+    let dir = s.dir.join("appendonlydir");
+    let (mut split, mut ops) = (0, std::collections::BTreeSet::new());
+    for (name, bytes) in aof_files(&s) {
+        if !name.ends_with(".incr.aof") {
+            continue;
+        }
+        let mut cmds = aof_commands(&bytes);
+        for argv in &mut cmds {
+            // LOCK.REPL key OP;fields -> OP fields; LOCK.SREPL OP;a;b -> OP a b.
+            let (at, whole) = match argv[0].as_slice() {
+                b"LOCK.REPL" => (2, false),
+                b"LOCK.SREPL" => (1, true),
+                _ => continue,
+            };
+            let packed = argv[at].clone();
+            let i = packed.iter().position(|&b| b == b';');
+            let i = i.unwrap_or_else(|| panic!("{:?}", String::from_utf8_lossy(&packed)));
+            let op = String::from_utf8(packed[..i].to_vec()).unwrap();
+            ops.insert(format!("{} {op}", String::from_utf8_lossy(&argv[0])));
+            let parts: Vec<Vec<u8>> = match whole {
+                true => packed.split(|&b| b == b';').map(<[u8]>::to_vec).collect(),
+                false => vec![packed[..i].to_vec(), packed[i + 1..].to_vec()],
+            };
+            argv.splice(at..at + 1, parts);
+            split += 1;
+        }
+        std::fs::write(dir.join(&name), aof_bytes(&cmds)).unwrap();
+    }
+    let want: std::collections::BTreeSet<String> = [
+        "LOCK.REPL ADD",
+        "LOCK.REPL RENEW",
+        "LOCK.REPL DROP",
+        "LOCK.REPL DELAY",
+        "LOCK.SREPL OPEN",
+        "LOCK.SREPL RENEW",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(ops, want, "the ops of the AOF ({split} LOCK.REPL commands)");
+    s.restart();
+    check_locks(&s, &snap);
+    let mut c = s.conn();
+    let r = lock_info(&mut c, "persist:readers").unwrap();
+    assert_eq!(bytes_field(&r, "mode").as_deref(), Some(&b"shared"[..]));
+    assert_eq!(int_field(&r, "holders"), 1);
+    // The reader left is the same holder (its fence; a shared lock's fences are its
+    // holders').
+    let first_holder = |i: &Info| match i.get("holder-list") {
+        Some(Value::Array(hs)) => hs.first().cloned(),
+        other => panic!("holder-list {other:?}"),
+    };
+    let fence_of = |h: Option<Value>| match h {
+        Some(Value::Array(kv)) if kv.len() > 1 => kv[1].clone(),
+        other => panic!("holder {other:?}"),
+    };
+    assert_eq!(fence_of(first_holder(&r)), fence_of(first_holder(&readers)));
+    assert_eq!(
+        release(&mut c, "persist:readers", b"reader-one-000000000001"),
+        0
+    );
+    assert_eq!(
+        release(&mut c, "persist:readers", b"reader-two-000000000002"),
+        1
+    );
+    // The lock-delay still runs: nobody may take the key until it ends.
+    let d = lock_info(&mut c, "persist:delayed").unwrap();
+    assert_eq!(bytes_field(&d, "state"), bytes_field(&delayed, "state"));
+    assert!(acquire(&mut c, "persist:delayed", &["PX", "1000"]).is_none());
+    // The session came back with its label and the keepalive's lease, its lock with it.
+    let info: Vec<Value> = redis::cmd("LOCK.SESSION")
+        .arg(&["INFO", sid])
+        .query(&mut c)
+        .unwrap();
+    let field = |name: &str| {
+        let i = info
+            .iter()
+            .position(|v| *v == Value::BulkString(name.into()));
+        i.and_then(|i| info.get(i + 1).cloned())
+            .unwrap_or_else(|| panic!("no {name} in {info:?}"))
+    };
+    assert_eq!(field("owner"), Value::BulkString(b"svc;s".to_vec()));
+    assert_eq!(field("lease"), Value::Int(110_000));
+    assert_eq!(field("locks"), Value::Int(1));
+    assert_eq!(
+        release(&mut c, "persist:session", b"in-session-0000000001"),
+        1
+    );
+}
+
 #[test]
 fn aof_rewrite_without_rdb_preamble_keeps_locks_across_kill9() {
     let mut s = debug_server()
