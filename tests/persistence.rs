@@ -10,7 +10,7 @@ use common::conn::{
     acquire, acquire_far, assert_deadlines, bytes_field, counter, durable, exists, int, int_field,
     lock_info, pexpiretime, release, renew_with_floor, Info,
 };
-use common::{contains, debug_server, far_fence, unix_ms, wait_persistence_idle, wait_until};
+use common::{aof, contains, debug_server, far_fence, unix_ms, wait_persistence_idle, wait_until};
 use common::{Server, ServerBuilder};
 use redis::{Connection, Value};
 use redis_lock_testkit::paths::{crc64, ModuleDump, Op};
@@ -229,45 +229,6 @@ fn aof_fsync_always_keeps_locks_across_kill9() {
     check_locks(&s, &snap);
 }
 
-/// The RESP arrays of an AOF file (plain commands, no RDB preamble).
-fn aof_commands(mut b: &[u8]) -> Vec<Vec<Vec<u8>>> {
-    fn line<'a>(b: &mut &'a [u8]) -> &'a [u8] {
-        let i = b.windows(2).position(|w| w == b"\r\n").expect("a CRLF");
-        let l = &b[..i];
-        *b = &b[i + 2..];
-        l
-    }
-    let num = |l: &[u8], tag: u8| -> usize {
-        assert_eq!(l.first(), Some(&tag), "{}", String::from_utf8_lossy(l));
-        std::str::from_utf8(&l[1..]).unwrap().parse().unwrap()
-    };
-    let mut out = Vec::new();
-    while !b.is_empty() {
-        let n = num(line(&mut b), b'*');
-        let mut argv = Vec::new();
-        for _ in 0..n {
-            let len = num(line(&mut b), b'$');
-            argv.push(b[..len].to_vec());
-            b = &b[len + 2..];
-        }
-        out.push(argv);
-    }
-    out
-}
-
-fn aof_bytes(cmds: &[Vec<Vec<u8>>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for argv in cmds {
-        out.extend(format!("*{}\r\n", argv.len()).bytes());
-        for a in argv {
-            out.extend(format!("${}\r\n", a.len()).bytes());
-            out.extend(a);
-            out.extend(b"\r\n");
-        }
-    }
-    out
-}
-
 #[test]
 fn an_aof_with_the_op_word_as_its_own_argument_still_loads() {
     // Builds before this one wrote `LOCK.REPL key ADD <fields>`; this one writes
@@ -347,27 +308,15 @@ fn an_aof_with_the_op_word_as_its_own_argument_still_loads() {
         if !name.ends_with(".incr.aof") {
             continue;
         }
-        let mut cmds = aof_commands(&bytes);
+        let mut cmds = aof::commands(&bytes);
         for argv in &mut cmds {
             // LOCK.REPL key OP;fields -> OP fields; LOCK.SREPL OP;a;b -> OP a b.
-            let (at, whole) = match argv[0].as_slice() {
-                b"LOCK.REPL" => (2, false),
-                b"LOCK.SREPL" => (1, true),
-                _ => continue,
-            };
-            let packed = argv[at].clone();
-            let i = packed.iter().position(|&b| b == b';');
-            let i = i.unwrap_or_else(|| panic!("{:?}", String::from_utf8_lossy(&packed)));
-            let op = String::from_utf8(packed[..i].to_vec()).unwrap();
-            ops.insert(format!("{} {op}", String::from_utf8_lossy(&argv[0])));
-            let parts: Vec<Vec<u8>> = match whole {
-                true => packed.split(|&b| b == b';').map(<[u8]>::to_vec).collect(),
-                false => vec![packed[..i].to_vec(), packed[i + 1..].to_vec()],
-            };
-            argv.splice(at..at + 1, parts);
-            split += 1;
+            if let Some(op) = aof::split_op_word(argv) {
+                ops.insert(op);
+                split += 1;
+            }
         }
-        std::fs::write(dir.join(&name), aof_bytes(&cmds)).unwrap();
+        std::fs::write(dir.join(&name), aof::bytes(&cmds)).unwrap();
     }
     let want: std::collections::BTreeSet<String> = [
         "LOCK.REPL ADD",
