@@ -436,7 +436,8 @@ fn a_lock_sync_from_a_0_1_primary_is_applied_and_its_token_is_not_logged() {
 /// <ttl>`). A replica of such a primary applies every change it sends, and passes each
 /// on as received to a replica of its own (whose arity check the shorter form must pass
 /// too). The stream is this build's own, from a server's AOF, with the op words split
-/// off again, sent by a [`stand_in_primary`] to R1 while R2 is attached to R1.
+/// off again, sent by a [`stand_in_primary`] to R1 while R2 is attached to R1. The
+/// source's own replica Q1 and Q1's replica Q2 get this build's packed form the same way.
 #[test]
 fn a_replica_of_a_primary_of_the_build_before_applies_the_op_word_as_an_argument_and_passes_it_on()
 {
@@ -447,8 +448,12 @@ fn a_replica_of_a_primary_of_the_build_before_applies_the_op_word_as_an_argument
     let source = ServerBuilder::new()
         .arg("appendonly", "yes")
         .arg("appendfsync", "always")
+        .arg("repl-diskless-sync-delay", "0")
         .start();
     let loaded = unix_ms();
+    // This build's own form through a chain too: Q1 replicates the source, Q2 Q1.
+    let q1 = common::start_replica_of(&source, debug_server().arg("repl-diskless-sync-delay", "0"));
+    let q2 = common::start_replica_of(&q1, debug_server());
     let mut c = RawConn::connect(source.port);
     let granted = |r: Resp| r.grant().unwrap_or_else(|| panic!("not granted: {r:?}"));
     granted(c.cmd(&[
@@ -580,14 +585,19 @@ fn a_replica_of_a_primary_of_the_build_before_applies_the_op_word_as_an_argument
         r1.log_tail()
     );
     let r2 = common::start_replica_of(&r1, debug_server());
-    let mut c2 = RawConn::connect(r2.port);
     let mut mon = RawConn::connect(r2.port);
     assert_eq!(mon.cmd(&["MONITOR"]), Resp::Simple("OK".into()));
     let _ = primary.go.send(());
 
     let keys = ["up:excl", "up:floor", "up:shared", "up:limit", "up:session"];
     let mut sc = source.conn();
-    for (name, s) in [("R1", &r1), ("R2", &r2)] {
+    let chain = [
+        ("R1 (the form before)", &r1),
+        ("R2 (chained, the form before)", &r2),
+        ("Q1", &q1),
+        ("Q2 (chained)", &q2),
+    ];
+    for (name, s) in chain {
         let mut rc = s.conn();
         let arrived = wait_until(SETTLE, || {
             lock_info(&mut rc, "up:session").is_some()
@@ -629,7 +639,8 @@ fn a_replica_of_a_primary_of_the_build_before_applies_the_op_word_as_an_argument
             assert_eq!(lock_info(&mut rc, key), None, "{name}: {key}");
         }
     }
-    for (name, rc) in [("R1", &mut c1), ("R2", &mut c2)] {
+    for (name, s) in chain {
+        let rc = &mut RawConn::connect(s.port);
         assert!(delayed(rc), "{name}: up:delayed is not in its lock-delay");
         let s = rc.cmd(&["LOCK.SESSION", "INFO", kept]);
         for (f, v) in [
