@@ -1194,7 +1194,7 @@ fn an_aof_with_ambiguous_and_malformed_changes_loads_what_is_well_formed() {
         srepl(&[&format!("OPEN;{sd};60000;60000"), "OWNER", ";"]),
         repl("aof:session", &[&add(7, "127.0.0.1:2"), "SESSION", &sd]),
     ];
-    let bad: Vec<Vec<String>> = [
+    let bad: Vec<Vec<String>> = vec![
         vec![";".to_string()],
         vec![";;".into()],
         vec!["ADD;".into()],
@@ -1220,8 +1220,7 @@ fn an_aof_with_ambiguous_and_malformed_changes_loads_what_is_well_formed() {
         vec!["RENEW;8;1000;1".into()],
         vec!["RENEW;8;1000".into(), "OWNER".into(), "o".into()],
         vec![many.clone()],
-    ]
-    .to_vec();
+    ];
     for (i, args) in bad.iter().enumerate() {
         let key = format!("aof:bad:{i}");
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -1288,9 +1287,9 @@ fn an_aof_with_ambiguous_and_malformed_changes_loads_what_is_well_formed() {
         .position(|v| *v == Value::BulkString(b"owner".to_vec()));
     let owner = at.and_then(|i| info.get(i + 1));
     assert_eq!(owner, Some(&Value::BulkString(b";".to_vec())), "{info:?}");
-    for i in 0..bad.len() {
+    for (i, args) in bad.iter().enumerate() {
         let key = format!("aof:bad:{i}");
-        assert!(!exists(&mut c, &key), "{key}: {:?}", bad[i]);
+        assert!(!exists(&mut c, &key), "{key}: {args:?}");
     }
     let mut raw = common::RawConn::connect(s.port);
     assert_eq!(lock_stat(&mut raw, "panics"), 0);
