@@ -154,7 +154,8 @@ fn commands() -> Vec<(Cmd, raw::RedisModuleCmdFunc)> {
             "write dangerous slow" / "write", "O(1)",
             "Internal: one change of a lock (op;fields), as a primary sends it to replicas and the AOF.",
             [Key("key"), Str("change"), Opt("OWNER", "label", STRING),
-             Opt("FLOOR", "fence", INTEGER)];
+             Opt("FLOOR", "fence", INTEGER), Opt("LOCKDELAY", "milliseconds", INTEGER),
+             Opt("SESSION", "session-digest", STRING)];
         "lock.sync" => commands::Sync, arity -8, KEY_OW | UPDATE;
             "write dangerous slow" / "write", "O(1)",
             "Internal: the 0.1 release's replication command, still read from older primaries and AOF files.",

@@ -434,12 +434,60 @@ fn wrongtype_internal_commands_and_maxwaiters() {
     // So is this release's replication command, in each of its forms.
     let digest = "0".repeat(32);
     let grant = format!("exclusive;{digest};42;60000;1;1;127.0.0.1:1");
+    let packed = format!("ADD;{grant}");
+    let session = format!("OPEN;{digest};60000;60000");
+    let end = format!("END;{digest}");
     for args in [
         &["LOCK.REPL", "lock:sync", "ADD", &grant][..],
         &["LOCK.REPL", "lock:sync", "RENEW", "42;60000"],
         &["LOCK.REPL", "lock:sync", "DROP", "42"],
+        // The op word packed into the fields' argument: one argument fewer, which the
+        // arity (-3) lets through to the module, which refuses it all the same.
+        &["LOCK.REPL", "lock:sync", &packed],
+        &["LOCK.REPL", "lock:sync", &packed, "OWNER", "o"],
+        &["LOCK.REPL", "lock:sync", "RENEW;42;60000"],
+        &["LOCK.REPL", "lock:sync", "DROP;42"],
+        &["LOCK.REPL", "lock:sync", "DELAY;60000"],
+        &["LOCK.REPL", "lock:sync", "x"],
+        &["LOCK.SREPL", &session],
+        &["LOCK.SREPL", &session, "OWNER", "o"],
+        &["LOCK.SREPL", &end],
+        &["LOCK.SREPL", "OPEN", &digest, "60000", "60000"],
+        &["LOCK.SREPL", "x"],
     ] {
         expect_err_s(&mut c, args, "ERR", "internal");
+    }
+    // Fewer arguments than any form has: the server's arity check.
+    for args in [
+        &["LOCK.REPL", "lock:sync"][..],
+        &["LOCK.REPL"],
+        &["LOCK.SREPL"],
+    ] {
+        expect_err_s(&mut c, args, "ERR", "wrong number of arguments");
+    }
+    // Nor from a transaction or a script.
+    let r = c.pipeline(&[
+        vec!["MULTI".to_string()],
+        vec!["LOCK.REPL".into(), "lock:sync".into(), packed.clone()],
+        vec!["LOCK.SREPL".into(), session.clone()],
+        vec!["EXEC".into()],
+    ]);
+    let r = r.expect("MULTI/EXEC");
+    let errs: Vec<String> = match &r[3] {
+        Resp::Array(v) => v.iter().map(|e| assert_code(e, "ERR", "EXEC")).collect(),
+        other => panic!("EXEC: {other:?}"),
+    };
+    assert!(errs.iter().all(|e| e.contains("internal")), "{errs:?}");
+    for (script, arg) in [
+        ("return redis.call('LOCK.REPL', KEYS[1], ARGV[1])", &packed),
+        ("return redis.call('LOCK.SREPL', ARGV[1])", &session),
+    ] {
+        expect_err_s(
+            &mut c,
+            &["EVAL", script, "1", "lock:sync", arg],
+            "ERR",
+            "internal",
+        );
     }
     assert_eq!(c.cmd(&["EXISTS", "lock:sync"]), Resp::Int(0));
     expect_err_s(&mut c, &["LOCK.DEBUG", "PANIC"], "ERR", "disabled");

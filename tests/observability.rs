@@ -916,16 +916,44 @@ fn command_info_and_docs() {
         assert!(doc.field("arguments").is_some(), "{name} arguments");
         assert!(listed.contains(name), "{name} not in {listed:?}");
     }
-    // The internal commands: replication (write, dangerous) and debugging (admin).
-    for (name, cats) in [
-        ("lock.repl", &["@write", "@dangerous", "@slow", "@lock"][..]),
-        ("lock.srepl", &["@write", "@dangerous", "@slow", "@lock"]),
-        ("lock.sync", &["@write", "@dangerous", "@slow", "@lock"]),
-        ("lock.debug", &["@admin", "@dangerous", "@slow", "@lock"]),
+    // The internal commands: replication (write, dangerous) and debugging (admin), their
+    // arity (the shortest form each may arrive in: `LOCK.REPL key <op>;<fields>`,
+    // `LOCK.SREPL <op>;<fields>`) and the option tokens COMMAND DOCS names.
+    for (name, arity, toks, cats) in [
+        (
+            "lock.repl",
+            -3,
+            "OWNER FLOOR LOCKDELAY SESSION",
+            &["@write", "@dangerous", "@slow", "@lock"][..],
+        ),
+        (
+            "lock.srepl",
+            -2,
+            "",
+            &["@write", "@dangerous", "@slow", "@lock"],
+        ),
+        (
+            "lock.sync",
+            -8,
+            "OWNER FLOOR",
+            &["@write", "@dangerous", "@slow", "@lock"],
+        ),
+        (
+            "lock.debug",
+            -2,
+            "",
+            &["@admin", "@dangerous", "@slow", "@lock"],
+        ),
     ] {
         let r = c.cmd(&["COMMAND", "INFO", name]);
         let entry = r.items()[0].items();
         assert_eq!(entry[0].text(), name);
+        assert_eq!(entry[1], Resp::Int(arity), "{name} arity");
+        let d = c.cmd(&["COMMAND", "DOCS", name]);
+        let mut found = HashSet::new();
+        tokens(&d, &mut found);
+        let want: HashSet<String> = toks.split_whitespace().map(String::from).collect();
+        assert_eq!(found, want, "{name} argument tokens");
         let want: HashSet<String> = if categorised {
             cats.iter().map(|s| s.to_string()).collect()
         } else {

@@ -10,7 +10,7 @@ use common::conn::{
     acquire, acquire_far, assert_deadlines, bytes_field, counter, durable, exists, int, int_field,
     lock_info, pexpiretime, release, renew_with_floor, Info,
 };
-use common::{contains, debug_server, far_fence, unix_ms, wait_persistence_idle, wait_until};
+use common::{aof, contains, debug_server, far_fence, unix_ms, wait_persistence_idle, wait_until};
 use common::{Server, ServerBuilder};
 use redis::{Connection, Value};
 use redis_lock_testkit::paths::{crc64, ModuleDump, Op};
@@ -229,45 +229,6 @@ fn aof_fsync_always_keeps_locks_across_kill9() {
     check_locks(&s, &snap);
 }
 
-/// The RESP arrays of an AOF file (plain commands, no RDB preamble).
-fn aof_commands(mut b: &[u8]) -> Vec<Vec<Vec<u8>>> {
-    fn line<'a>(b: &mut &'a [u8]) -> &'a [u8] {
-        let i = b.windows(2).position(|w| w == b"\r\n").expect("a CRLF");
-        let l = &b[..i];
-        *b = &b[i + 2..];
-        l
-    }
-    let num = |l: &[u8], tag: u8| -> usize {
-        assert_eq!(l.first(), Some(&tag), "{}", String::from_utf8_lossy(l));
-        std::str::from_utf8(&l[1..]).unwrap().parse().unwrap()
-    };
-    let mut out = Vec::new();
-    while !b.is_empty() {
-        let n = num(line(&mut b), b'*');
-        let mut argv = Vec::new();
-        for _ in 0..n {
-            let len = num(line(&mut b), b'$');
-            argv.push(b[..len].to_vec());
-            b = &b[len + 2..];
-        }
-        out.push(argv);
-    }
-    out
-}
-
-fn aof_bytes(cmds: &[Vec<Vec<u8>>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for argv in cmds {
-        out.extend(format!("*{}\r\n", argv.len()).bytes());
-        for a in argv {
-            out.extend(format!("${}\r\n", a.len()).bytes());
-            out.extend(a);
-            out.extend(b"\r\n");
-        }
-    }
-    out
-}
-
 #[test]
 fn an_aof_with_the_op_word_as_its_own_argument_still_loads() {
     // Builds before this one wrote `LOCK.REPL key ADD <fields>`; this one writes
@@ -347,27 +308,15 @@ fn an_aof_with_the_op_word_as_its_own_argument_still_loads() {
         if !name.ends_with(".incr.aof") {
             continue;
         }
-        let mut cmds = aof_commands(&bytes);
+        let mut cmds = aof::commands(&bytes);
         for argv in &mut cmds {
             // LOCK.REPL key OP;fields -> OP fields; LOCK.SREPL OP;a;b -> OP a b.
-            let (at, whole) = match argv[0].as_slice() {
-                b"LOCK.REPL" => (2, false),
-                b"LOCK.SREPL" => (1, true),
-                _ => continue,
-            };
-            let packed = argv[at].clone();
-            let i = packed.iter().position(|&b| b == b';');
-            let i = i.unwrap_or_else(|| panic!("{:?}", String::from_utf8_lossy(&packed)));
-            let op = String::from_utf8(packed[..i].to_vec()).unwrap();
-            ops.insert(format!("{} {op}", String::from_utf8_lossy(&argv[0])));
-            let parts: Vec<Vec<u8>> = match whole {
-                true => packed.split(|&b| b == b';').map(<[u8]>::to_vec).collect(),
-                false => vec![packed[..i].to_vec(), packed[i + 1..].to_vec()],
-            };
-            argv.splice(at..at + 1, parts);
-            split += 1;
+            if let Some(op) = aof::split_op_word(argv) {
+                ops.insert(op);
+                split += 1;
+            }
         }
-        std::fs::write(dir.join(&name), aof_bytes(&cmds)).unwrap();
+        std::fs::write(dir.join(&name), aof::bytes(&cmds)).unwrap();
     }
     let want: std::collections::BTreeSet<String> = [
         "LOCK.REPL ADD",
@@ -1193,4 +1142,155 @@ fn a_counter_raised_by_a_renew_survives_aof_replay_and_rewrite() {
         drop(c);
         assert_counter_kept(&mut s, floor, &format!("AOF, preamble {preamble}"));
     }
+}
+
+/// An AOF is read back as its commands: `LOCK.REPL` / `LOCK.SREPL` lines that a `;` in
+/// an owner label or a unix-socket address could confuse load as they were written, and
+/// malformed ones (an empty or unknown op word, a `;` first, missing or extra fields,
+/// options without values) are refused one by one, with no panic and no key left
+/// behind, while the lines after them still load.
+#[test]
+fn an_aof_with_ambiguous_and_malformed_changes_loads_what_is_well_formed() {
+    use redis_lock_testkit::lock::{lock_stat, token_digest};
+    let hex = |d: [u8; 16]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let mut s = ServerBuilder::new()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .start();
+    // A grant written by the server itself: the incr file exists and is read.
+    acquire(&mut s.conn(), "aof:first", &["PX", "120000"]).unwrap();
+    s.kill9();
+    let d = hex(token_digest(b"aof-ambiguous-token-1"));
+    let sid = "aof-ambiguous-session-01";
+    let sd = hex(token_digest(sid.as_bytes()));
+    let fields = |fence: u32, addr: &str| format!("exclusive;{d};{fence};120000;1;7;{addr}");
+    let add = |fence: u32, addr: &str| format!("ADD;{}", fields(fence, addr));
+    let repl = |key: &str, args: &[&str]| -> Vec<Vec<u8>> {
+        [&["LOCK.REPL", key][..], args]
+            .concat()
+            .iter()
+            .map(|a| a.as_bytes().to_vec())
+            .collect()
+    };
+    let srepl = |args: &[&str]| -> Vec<Vec<u8>> {
+        [&["LOCK.SREPL"][..], args]
+            .concat()
+            .iter()
+            .map(|a| a.as_bytes().to_vec())
+            .collect()
+    };
+    let many = ";".repeat(10_000);
+    let mut cmds = vec![
+        vec![b"SELECT".to_vec(), b"0".to_vec()],
+        // Well formed, with a `;` where a field could end.
+        repl(
+            "aof:unix",
+            &[&add(5, "/tmp/a;b.sock:0"), "OWNER", "OWNER;x"],
+        ),
+        repl(
+            "aof:old",
+            &["ADD", &fields(6, "127.0.0.1:1"), "OWNER", "a;b"],
+        ),
+        srepl(&[&format!("OPEN;{sd};60000;60000"), "OWNER", ";"]),
+        repl("aof:session", &[&add(7, "127.0.0.1:2"), "SESSION", &sd]),
+    ];
+    let bad: Vec<Vec<String>> = vec![
+        vec![";".to_string()],
+        vec![";;".into()],
+        vec!["ADD;".into()],
+        vec![format!(";{}", add(8, "a"))],
+        vec![format!("add;{}", fields(8, "a"))],
+        vec!["OWNER;x".into()],
+        vec![format!("ADD;exclusive;{d};8;120000;1;7")],
+        vec![add(0, "a")],
+        vec![add(8, "a"), "OWNER".into()],
+        vec![add(8, "a"), "extra".into()],
+        vec![add(8, "a"), "FLOOR".into(), "0".into()],
+        vec![add(8, "a"), "SESSION".into(), "nothex".into()],
+        vec![add(8, "a"), "OWNER".into(), "".into()],
+        vec!["ADD".into(), ";".into()],
+        vec!["ADD".into(), fields(8, "a"), "RENEW".into()],
+        vec!["DROP;".into()],
+        vec!["DROP;0".into()],
+        vec!["DELAY;".into()],
+        vec!["DELAY;x".into()],
+        vec!["RENEW;".into()],
+        vec!["RENEW;8".into()],
+        vec!["RENEW;8;x".into()],
+        vec!["RENEW;8;1000;1".into()],
+        vec!["RENEW;8;1000".into(), "OWNER".into(), "o".into()],
+        vec![many.clone()],
+    ];
+    for (i, args) in bad.iter().enumerate() {
+        let key = format!("aof:bad:{i}");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cmds.push(repl(&key, &args));
+    }
+    for args in [
+        &[";"][..],
+        &["END;"],
+        &["END;zz"],
+        &["MOVED;"],
+        &["x"],
+        &["OPEN", &sd],
+        &[&format!("OPEN;{sd};1")],
+        &[&format!("OPEN;{sd};-1;1")],
+        &[&format!("OPEN;{sd};1;1"), "OWNER"],
+        &[&format!("RENEW;{sd};1;1"), "OWNER", "x"],
+        &[&format!("END;{sd};1")],
+        &["SEEN;;;"],
+        &[&many],
+    ] {
+        cmds.push(srepl(args));
+    }
+    cmds.push(repl("aof:last", &[&add(9, "127.0.0.1:3")]));
+    let dir = s.dir.join("appendonlydir");
+    let incr: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".incr.aof"))
+        .collect();
+    assert_eq!(incr.len(), 1, "{:?}", incr);
+    let mut bytes = std::fs::read(incr[0].path()).unwrap();
+    bytes.extend(aof::bytes(&cmds));
+    std::fs::write(incr[0].path(), bytes).unwrap();
+    s.restart();
+    let mut c = s.conn();
+    for key in ["aof:first", "aof:last", "aof:old", "aof:session"] {
+        assert!(lock_info(&mut c, key).is_some(), "{key}\n{}", s.log_tail());
+    }
+    let unix = lock_info(&mut c, "aof:unix").expect("aof:unix");
+    assert_eq!(
+        bytes_field(&unix, "owner").as_deref(),
+        Some(&b"OWNER;x"[..])
+    );
+    let holder = match unix.get("holder-list") {
+        Some(Value::Array(hs)) => hs[0].clone(),
+        other => panic!("holder-list {other:?}"),
+    };
+    let addr = match holder {
+        Value::Array(kv) => kv
+            .chunks(2)
+            .find(|p| p[0] == Value::BulkString(b"client-addr".to_vec()))
+            .map(|p| p[1].clone()),
+        other => panic!("holder {other:?}"),
+    };
+    assert_eq!(addr, Some(Value::BulkString(b"/tmp/a;b.sock:0".to_vec())));
+    let old = lock_info(&mut c, "aof:old").unwrap();
+    assert_eq!(bytes_field(&old, "owner").as_deref(), Some(&b"a;b"[..]));
+    let info: Vec<Value> = redis::cmd("LOCK.SESSION")
+        .arg(&["INFO", sid])
+        .query(&mut c)
+        .unwrap();
+    let at = info
+        .iter()
+        .position(|v| *v == Value::BulkString(b"owner".to_vec()));
+    let owner = at.and_then(|i| info.get(i + 1));
+    assert_eq!(owner, Some(&Value::BulkString(b";".to_vec())), "{info:?}");
+    for (i, args) in bad.iter().enumerate() {
+        let key = format!("aof:bad:{i}");
+        assert!(!exists(&mut c, &key), "{key}: {args:?}");
+    }
+    let mut raw = common::RawConn::connect(s.port);
+    assert_eq!(lock_stat(&mut raw, "panics"), 0);
 }

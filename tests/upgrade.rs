@@ -285,24 +285,78 @@ fn find_once(hay: &[u8], needle: &[u8]) -> usize {
     at[0]
 }
 
-/// A replica of a 0.1 primary receives `LOCK.SYNC` with the token in clear. It applies
-/// it (as a digest), and the token stays out of the replica's MONITOR and SLOWLOG, which
-/// show the commands of its master as they show anyone's. The primary here is a stand-in
-/// that speaks the replication handshake, sends an empty RDB made by this module, then
-/// one `LOCK.SYNC` as 0.1 wrote it (its `unix_ms << 20` fence scale: the replica runs
-/// with `fence-shift 20`, as a server that took over 0.1's data does).
-#[test]
-fn a_lock_sync_from_a_0_1_primary_is_applied_and_its_token_is_not_logged() {
+/// An RDB file with nothing in it, written by a server with this module loaded: what a
+/// stand-in primary sends as its full sync.
+fn empty_rdb() -> Vec<u8> {
+    let donor = ServerBuilder::new().start();
+    let mut d = RawConn::connect(donor.port);
+    assert_eq!(d.cmd(&["SAVE"]), Resp::Simple("OK".into()));
+    let name = d.cmd(&["CONFIG", "GET", "dbfilename"]).items()[1].text();
+    std::fs::read(donor.dir.join(name)).expect("the donor's RDB")
+}
+
+/// A stand-in for a primary of an earlier build, on a free loopback port: it speaks the
+/// replication handshake to the one replica that connects, sends an empty RDB as the
+/// full sync, then (once `go` is sent or dropped) `stream` (RESP commands as that
+/// primary wrote them), and keeps the link up until `done` is sent or 30 s pass.
+struct StandIn {
+    port: u16,
+    go: std::sync::mpsc::Sender<()>,
+    done: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+fn stand_in_primary(stream: Vec<u8>) -> StandIn {
     use std::io::Write;
     use std::net::TcpListener;
+    use std::time::Duration;
+    let rdb = empty_rdb();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let (done, done_rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let (stream_in, _) = listener.accept().expect("the replica connects");
+        let mut out = stream_in.try_clone().expect("clone");
+        let mut p = RawConn::from_stream(stream_in, Duration::from_secs(10)).expect("conn");
+        loop {
+            let cmd = p.read().expect("a handshake command").items();
+            let name = cmd.first().map(|c| c.text().to_ascii_uppercase());
+            match name.as_deref() {
+                Some("PSYNC") | Some("SYNC") => break,
+                Some("PING") => out.write_all(b"+PONG\r\n").expect("reply"),
+                _ => out.write_all(b"+OK\r\n").expect("reply"),
+            }
+        }
+        let mut full =
+            format!("+FULLRESYNC {} 0\r\n${}\r\n", "a".repeat(40), rdb.len()).into_bytes();
+        full.extend_from_slice(&rdb);
+        out.write_all(&full).expect("the RDB");
+        let _ = go_rx.recv_timeout(Duration::from_secs(30));
+        let mut all = Vec::new();
+        redis_lock_testkit::encode(&mut all, &[b"SELECT", b"0"]);
+        all.extend_from_slice(&stream);
+        out.write_all(&all).expect("the stream");
+        // Keep the link up until the test has looked.
+        let _ = done_rx.recv_timeout(Duration::from_secs(30));
+    });
+    StandIn {
+        port,
+        go,
+        done,
+        thread,
+    }
+}
+
+/// A replica of a 0.1 primary receives `LOCK.SYNC` with the token in clear. It applies
+/// it (as a digest), and the token stays out of the replica's MONITOR and SLOWLOG, which
+/// show the commands of its master as they show anyone's. The primary here is a
+/// [`stand_in_primary`] that sends one `LOCK.SYNC` as 0.1 wrote it (its `unix_ms << 20`
+/// fence scale: the replica runs with `fence-shift 20`, as a server that took over 0.1's
+/// data does).
+#[test]
+fn a_lock_sync_from_a_0_1_primary_is_applied_and_its_token_is_not_logged() {
     use std::time::{Duration, Instant};
-    let rdb = {
-        let donor = ServerBuilder::new().start();
-        let mut d = RawConn::connect(donor.port);
-        assert_eq!(d.cmd(&["SAVE"]), Resp::Simple("OK".into()));
-        let name = d.cmd(&["CONFIG", "GET", "dbfilename"]).items()[1].text();
-        std::fs::read(donor.dir.join(name)).expect("the donor's RDB")
-    };
     let token = "clear-0.1-token-of-the-primary";
     let now = unix_ms();
     let fence = ((now as u64) << 20) + 7;
@@ -319,35 +373,12 @@ fn a_lock_sync_from_a_0_1_primary_is_applied_and_its_token_is_not_logged() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let primary_port = listener.local_addr().expect("addr").port();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let primary = std::thread::spawn(move || {
-        let (stream, _) = listener.accept().expect("the replica connects");
-        let mut out = stream.try_clone().expect("clone");
-        let mut p = RawConn::from_stream(stream, Duration::from_secs(10)).expect("conn");
-        loop {
-            let cmd = p.read().expect("a handshake command").items();
-            let name = cmd.first().map(|c| c.text().to_ascii_uppercase());
-            match name.as_deref() {
-                Some("PSYNC") | Some("SYNC") => break,
-                Some("PING") => out.write_all(b"+PONG\r\n").expect("reply"),
-                _ => out.write_all(b"+OK\r\n").expect("reply"),
-            }
-        }
-        let mut full =
-            format!("+FULLRESYNC {} 0\r\n${}\r\n", "a".repeat(40), rdb.len()).into_bytes();
-        full.extend_from_slice(&rdb);
-        out.write_all(&full).expect("the RDB");
-        let mut stream = Vec::new();
-        let sel: [&[u8]; 2] = [b"SELECT", b"0"];
-        redis_lock_testkit::encode(&mut stream, &sel);
-        let args: Vec<&[u8]> = sync.iter().map(|s| s.as_bytes()).collect();
-        redis_lock_testkit::encode(&mut stream, &args);
-        out.write_all(&stream).expect("LOCK.SYNC");
-        // Keep the link up until the test has looked.
-        let _ = done_rx.recv_timeout(Duration::from_secs(30));
-    });
+    let mut stream = Vec::new();
+    let args: Vec<&[u8]> = sync.iter().map(|s| s.as_bytes()).collect();
+    redis_lock_testkit::encode(&mut stream, &args);
+    let primary = stand_in_primary(stream);
+    let _ = primary.go.send(());
+    let primary_port = primary.port;
     let replica = ServerBuilder::new()
         .module_args(&["fence-shift", "20"])
         .start();
@@ -394,8 +425,255 @@ fn a_lock_sync_from_a_0_1_primary_is_applied_and_its_token_is_not_logged() {
         !logged.iter().flatten().any(|a| a.contains(token)),
         "SLOWLOG shows the token: {logged:?}"
     );
-    let _ = done_tx.send(());
+    let _ = primary.done.send(());
     drop(mon);
     c.cmd(&["REPLICAOF", "NO", "ONE"]);
-    primary.join().expect("the stand-in primary");
+    primary.thread.join().expect("the stand-in primary");
+}
+
+/// The builds before this one wrote the op word of `LOCK.REPL` and `LOCK.SREPL` as an
+/// argument of its own (`LOCK.REPL key ADD <fields>`, `LOCK.SREPL OPEN <digest> <lease>
+/// <ttl>`). A replica of such a primary applies every change it sends, and passes each
+/// on as received to a replica of its own (whose arity check the shorter form must pass
+/// too). The stream is this build's own, from a server's AOF, with the op words split
+/// off again, sent by a [`stand_in_primary`] to R1 while R2 is attached to R1. The
+/// source's own replica Q1 and Q1's replica Q2 get this build's packed form the same way.
+#[test]
+fn a_replica_of_a_primary_of_the_build_before_applies_the_op_word_as_an_argument_and_passes_it_on()
+{
+    use common::conn::{durable, lock_info};
+    use common::{aof, debug_server, tok, wait_until, SETTLE};
+    use redis_lock_testkit::lock::FENCE_SHIFT;
+    use std::collections::BTreeSet;
+    let source = ServerBuilder::new()
+        .arg("appendonly", "yes")
+        .arg("appendfsync", "always")
+        .arg("repl-diskless-sync-delay", "0")
+        .start();
+    let loaded = unix_ms();
+    // This build's own form through a chain too: Q1 replicates the source, Q2 Q1.
+    let q1 = common::start_replica_of(&source, debug_server().arg("repl-diskless-sync-delay", "0"));
+    let q2 = common::start_replica_of(&q1, debug_server());
+    let mut c = RawConn::connect(source.port);
+    let granted = |r: Resp| r.grant().unwrap_or_else(|| panic!("not granted: {r:?}"));
+    granted(c.cmd(&[
+        "LOCK.ACQUIRE",
+        "up:excl",
+        "PX",
+        "5000",
+        "TOKEN",
+        &tok("ex"),
+        "OWNER",
+        "svc;a b",
+    ]));
+    assert_eq!(
+        c.cmd(&["LOCK.EXTEND", "up:excl", &tok("ex"), "PX", "120000"])
+            .int(),
+        1
+    );
+    // A renew that lifts the counter above every fence issued (FLOOR): a MINFENCE past
+    // the start-up jump of the counter (an hour ahead of the module's load), which
+    // MINFENCE's own bound (an hour ahead of the clock) allows once a second has gone by.
+    assert!(wait_until(SETTLE, || unix_ms() > loaded + 1000));
+    let floor = (((unix_ms() + 3_599_000) as u64) << FENCE_SHIFT).to_string();
+    let renew = [
+        "LOCK.ACQUIRE",
+        "up:floor",
+        "PX",
+        "120000",
+        "TOKEN",
+        &tok("fl"),
+    ];
+    granted(c.cmd(&renew));
+    granted(c.cmd(&[&renew[..], &["MINFENCE", &floor]].concat()));
+    for t in ["r1", "r2"] {
+        granted(c.cmd(&[
+            "LOCK.ACQUIRE",
+            "up:shared",
+            "SHARED",
+            "PX",
+            "120000",
+            "TOKEN",
+            &tok(t),
+        ]));
+        granted(c.cmd(&[
+            "LOCK.ACQUIRE",
+            "up:limit",
+            "LIMIT",
+            "3",
+            "PX",
+            "120000",
+            "TOKEN",
+            &tok(t),
+        ]));
+    }
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "up:shared", &tok("r1")]).int(), 1);
+    granted(c.cmd(&[
+        "LOCK.ACQUIRE",
+        "up:delayed",
+        "PX",
+        "100",
+        "LOCKDELAY",
+        "100000",
+    ]));
+    let delayed = |c: &mut RawConn| {
+        c.cmd(&["LOCK.INFO", "up:delayed"]).field("state") == Some(Resp::Bulk(b"delayed".to_vec()))
+    };
+    assert!(wait_until(SETTLE, || delayed(&mut c)), "no lock-delay");
+    // Sessions: one kept alive with a lock, one closed (its lock released with it).
+    let (kept, closed) = ("up-session-kept-00000001", "up-session-closed-0000001");
+    for id in [kept, closed] {
+        let open = ["LOCK.SESSION", "OPEN", id, "PX", "120000", "OWNER", "svc;s"];
+        assert_eq!(c.cmd(&open).int(), 1);
+    }
+    granted(c.cmd(&["LOCK.ACQUIRE", "up:session", "SESSION", kept]));
+    granted(c.cmd(&["LOCK.ACQUIRE", "up:closed", "SESSION", closed]));
+    assert_eq!(
+        c.cmd(&["LOCK.SESSION", "KEEPALIVE", kept, "PX", "110000"])
+            .int(),
+        1
+    );
+    assert_eq!(c.cmd(&["LOCK.SESSION", "CLOSE", closed]).int(), 1);
+    let (gone, _) = granted(c.cmd(&["LOCK.ACQUIRE", "up:released", "PX", "120000"]));
+    assert_eq!(
+        c.cmd(&[&b"LOCK.RELEASE"[..], b"up:released", &gone]).int(),
+        1
+    );
+
+    // The source's AOF (fsync always) in the earlier form.
+    let (mut cmds, mut ops) = (Vec::new(), BTreeSet::new());
+    let dir = source.dir.join("appendonlydir");
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".incr.aof") {
+            cmds.extend(aof::commands(&std::fs::read(e.path()).unwrap()));
+        }
+    }
+    for argv in &mut cmds {
+        ops.extend(aof::split_op_word(argv));
+    }
+    let floored = |a: &Vec<Vec<u8>>| {
+        a.windows(2)
+            .any(|w| w[0] == b"FLOOR" && w[1] == floor.as_bytes())
+    };
+    assert!(cmds.iter().any(floored), "no FLOOR {floor} in the stream");
+    let want: BTreeSet<String> = [
+        "LOCK.REPL ADD",
+        "LOCK.REPL RENEW",
+        "LOCK.REPL DROP",
+        "LOCK.REPL DELAY",
+        "LOCK.SREPL OPEN",
+        "LOCK.SREPL RENEW",
+        "LOCK.SREPL END",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(ops, want, "the changes the source wrote");
+
+    let primary = stand_in_primary(aof::bytes(&cmds));
+    let r1 = debug_server().arg("repl-diskless-sync-delay", "0").start();
+    let mut c1 = RawConn::connect(r1.port);
+    let port = primary.port.to_string();
+    assert_eq!(
+        c1.cmd(&["REPLICAOF", "127.0.0.1", &port]),
+        Resp::Simple("OK".into())
+    );
+    let linked =
+        |s: &Server| s.info_field("replication", "master_link_status").as_deref() == Some("up");
+    assert!(
+        wait_until(SETTLE, || linked(&r1)),
+        "R1 not linked\n{}",
+        r1.log_tail()
+    );
+    let r2 = common::start_replica_of(&r1, debug_server());
+    let mut mon = RawConn::connect(r2.port);
+    assert_eq!(mon.cmd(&["MONITOR"]), Resp::Simple("OK".into()));
+    let _ = primary.go.send(());
+
+    let keys = ["up:excl", "up:floor", "up:shared", "up:limit", "up:session"];
+    let mut sc = source.conn();
+    let chain = [
+        ("R1 (the form before)", &r1),
+        ("R2 (chained, the form before)", &r2),
+        ("Q1", &q1),
+        ("Q2 (chained)", &q2),
+    ];
+    for (name, s) in chain {
+        let mut rc = s.conn();
+        let arrived = wait_until(SETTLE, || {
+            lock_info(&mut rc, "up:session").is_some()
+                && lock_info(&mut rc, "up:released").is_none()
+        });
+        assert!(
+            arrived,
+            "{name}: the stream did not arrive\n{}",
+            s.log_tail()
+        );
+        // What is left of the lock-delay counts down (and ends no earlier there).
+        let left = |i: &mut common::conn::Info| match i.remove("lock-delay") {
+            Some(redis::Value::Int(ms)) => ms,
+            other => panic!("lock-delay {other:?}"),
+        };
+        let (mut d, mut dr) = (
+            lock_info(&mut sc, "up:delayed"),
+            lock_info(&mut rc, "up:delayed"),
+        );
+        let (ms, ms_there) = (left(d.as_mut().unwrap()), left(dr.as_mut().unwrap()));
+        assert!(
+            ms_there >= ms - 5 && ms_there <= 100_000,
+            "{name}: lock-delay {ms_there}, {ms} here"
+        );
+        assert_eq!(
+            dr.map(|i| durable(&i)),
+            d.map(|i| durable(&i)),
+            "{name}: up:delayed"
+        );
+        for key in keys {
+            let want = lock_info(&mut sc, key).map(|i| durable(&i));
+            assert_eq!(
+                lock_info(&mut rc, key).map(|i| durable(&i)),
+                want,
+                "{name}: {key}"
+            );
+        }
+        for key in ["up:closed", "up:released"] {
+            assert_eq!(lock_info(&mut rc, key), None, "{name}: {key}");
+        }
+    }
+    for (name, s) in chain {
+        let rc = &mut RawConn::connect(s.port);
+        assert!(delayed(rc), "{name}: up:delayed is not in its lock-delay");
+        let s = rc.cmd(&["LOCK.SESSION", "INFO", kept]);
+        for (f, v) in [
+            ("owner", Resp::Bulk(b"svc;s".to_vec())),
+            ("lease", Resp::Int(110_000)),
+            ("locks", Resp::Int(1)),
+        ] {
+            assert_eq!(s.field(f), Some(v), "{name}: session {f} in {s:?}");
+        }
+        assert_eq!(
+            rc.cmd(&["LOCK.SESSION", "INFO", closed]),
+            Resp::Nil,
+            "{name}"
+        );
+        let counter = rc.cmd(&["LOCK.DEBUG", "FENCE"]).int();
+        assert!(
+            counter >= floor.parse::<i64>().unwrap(),
+            "{name}: counter {counter} < FLOOR {floor}"
+        );
+    }
+    // R2 got the earlier form as R1 received it.
+    mon.set_read_timeout(Some(std::time::Duration::from_millis(300)));
+    let mut seen = String::new();
+    let found = wait_until(SETTLE, || {
+        if let Ok(r) = mon.read() {
+            seen.push_str(&r.text());
+            seen.push('\n');
+        }
+        seen.contains(r#""LOCK.REPL" "up:shared" "DROP""#) && seen.contains(r#""LOCK.SREPL" "END""#)
+    });
+    assert!(found, "R2's MONITOR:\n{seen}");
+    let _ = primary.done.send(());
+    drop(mon);
+    c1.cmd(&["REPLICAOF", "NO", "ONE"]);
+    primary.thread.join().expect("the stand-in primary");
 }

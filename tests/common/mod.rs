@@ -513,3 +513,66 @@ pub fn ok() -> Resp {
 pub fn bulk(s: &str) -> Resp {
     Resp::Bulk(s.as_bytes().to_vec())
 }
+
+/// Plain AOF contents (RESP arrays, no RDB preamble) and the replication command forms
+/// of the builds before the op word moved into the fields' argument.
+pub mod aof {
+    /// The RESP arrays of an AOF file (plain commands, no RDB preamble).
+    pub fn commands(mut b: &[u8]) -> Vec<Vec<Vec<u8>>> {
+        fn line<'a>(b: &mut &'a [u8]) -> &'a [u8] {
+            let i = b.windows(2).position(|w| w == b"\r\n").expect("a CRLF");
+            let l = &b[..i];
+            *b = &b[i + 2..];
+            l
+        }
+        let num = |l: &[u8], tag: u8| -> usize {
+            assert_eq!(l.first(), Some(&tag), "{}", String::from_utf8_lossy(l));
+            std::str::from_utf8(&l[1..]).unwrap().parse().unwrap()
+        };
+        let mut out = Vec::new();
+        while !b.is_empty() {
+            let n = num(line(&mut b), b'*');
+            let mut argv = Vec::new();
+            for _ in 0..n {
+                let len = num(line(&mut b), b'$');
+                argv.push(b[..len].to_vec());
+                b = &b[len + 2..];
+            }
+            out.push(argv);
+        }
+        out
+    }
+
+    /// `cmds` as RESP arrays (an AOF's contents, or a replication stream).
+    pub fn bytes(cmds: &[Vec<Vec<u8>>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for argv in cmds {
+            let args: Vec<&[u8]> = argv.iter().map(Vec::as_slice).collect();
+            redis_lock_testkit::encode(&mut out, &args);
+        }
+        out
+    }
+
+    /// Turns this build's `LOCK.REPL key OP;fields ...` into `LOCK.REPL key OP fields
+    /// ...` and `LOCK.SREPL OP;a;b ...` into `LOCK.SREPL OP a b ...`, the forms the
+    /// builds before it wrote; `"LOCK.REPL OP"` (or `"LOCK.SREPL OP"`) when it did,
+    /// None for any other command.
+    pub fn split_op_word(argv: &mut Vec<Vec<u8>>) -> Option<String> {
+        let (at, whole) = match argv.first()?.as_slice() {
+            b"LOCK.REPL" => (2, false),
+            b"LOCK.SREPL" => (1, true),
+            _ => return None,
+        };
+        let packed = argv[at].clone();
+        let i = packed.iter().position(|&b| b == b';');
+        let i = i.unwrap_or_else(|| panic!("{:?}", String::from_utf8_lossy(&packed)));
+        let op = String::from_utf8(packed[..i].to_vec()).unwrap();
+        let parts: Vec<Vec<u8>> = match whole {
+            true => packed.split(|&b| b == b';').map(<[u8]>::to_vec).collect(),
+            false => vec![packed[..i].to_vec(), packed[i + 1..].to_vec()],
+        };
+        let what = format!("{} {op}", String::from_utf8_lossy(&argv[0]));
+        argv.splice(at..at + 1, parts);
+        Some(what)
+    }
+}

@@ -1121,5 +1121,62 @@ mod tests {
             let _ = decode_sync(&s, NOW);
             let _ = decode_session(&s, NOW);
         }
+
+        /// Changes built from the words the forms are made of (op words, modes, options,
+        /// digests, numbers at the edges, addresses with a `;`), joined by `;` into the
+        /// first argument: never a panic, and whatever the packed form reads as, the form
+        /// with the op word (LOCK.REPL) or every field (LOCK.SREPL) as arguments of their
+        /// own reads the same.
+        #[test]
+        fn packed_and_split_forms_read_alike(
+            first in proptest::collection::vec(0..WORDS.len(), 1..10),
+            rest in proptest::collection::vec(0..WORDS.len(), 0..5),
+        ) {
+            let packed = first.iter().map(|&i| WORDS[i]).collect::<Vec<_>>().join(";");
+            let mut args: Vec<&[u8]> = vec![packed.as_bytes()];
+            args.extend(rest.iter().map(|&i| WORDS[i].as_bytes()));
+            let (new, session) = (decode(&args, NOW), decode_session(&args, NOW));
+            if let Some((op, fields)) = packed.split_once(';') {
+                let mut old: Vec<&[u8]> = vec![op.as_bytes(), fields.as_bytes()];
+                old.extend_from_slice(&args[1..]);
+                proptest::prop_assert_eq!(&new, &decode(&old, NOW));
+                let mut old: Vec<&[u8]> = packed.split(';').map(str::as_bytes).collect();
+                old.extend_from_slice(&args[1..]);
+                proptest::prop_assert_eq!(&session, &decode_session(&old, NOW));
+            }
+        }
     }
+
+    const WORDS: &[&str] = &[
+        "ADD",
+        "RENEW",
+        "DROP",
+        "DELAY",
+        "GRANT",
+        "LEASE",
+        "OPEN",
+        "SEEN",
+        "END",
+        "MOVED",
+        "add",
+        "OWNER",
+        "FLOOR",
+        "LOCKDELAY",
+        "SESSION",
+        "exclusive",
+        "shared",
+        "limit=3",
+        "limit=0",
+        "00112233445566778899aabbccddeeff",
+        "0",
+        "1",
+        "-1",
+        "60000",
+        "9223372036854775807",
+        "18446744073709551616",
+        "",
+        "127.0.0.1:1",
+        "/a;b",
+        ";",
+    ];
 }
