@@ -471,21 +471,6 @@ fn a_replica_of_a_primary_of_the_build_before_applies_the_op_word_as_an_argument
             .int(),
         1
     );
-    // A renew that lifts the counter above every fence issued (FLOOR): a MINFENCE past
-    // the start-up jump of the counter (an hour ahead of the module's load), which
-    // MINFENCE's own bound (an hour ahead of the clock) allows once a second has gone by.
-    assert!(wait_until(SETTLE, || unix_ms() > loaded + 1000));
-    let floor = (((unix_ms() + 3_599_000) as u64) << FENCE_SHIFT).to_string();
-    let renew = [
-        "LOCK.ACQUIRE",
-        "up:floor",
-        "PX",
-        "120000",
-        "TOKEN",
-        &tok("fl"),
-    ];
-    granted(c.cmd(&renew));
-    granted(c.cmd(&[&renew[..], &["MINFENCE", &floor]].concat()));
     for t in ["r1", "r2"] {
         granted(c.cmd(&[
             "LOCK.ACQUIRE",
@@ -540,6 +525,24 @@ fn a_replica_of_a_primary_of_the_build_before_applies_the_op_word_as_an_argument
         1
     );
 
+    // Last, a renew that lifts the counter above every fence issued (FLOOR; no grant
+    // after it carries as high a fence, so the replicas' counters get there by it alone):
+    // a MINFENCE past the start-up jump of the counter (an hour ahead of the module's
+    // load), which MINFENCE's own bound (an hour ahead of the clock) allows once a second
+    // has gone by. Then a plain key that marks the end of the stream.
+    assert!(wait_until(SETTLE, || unix_ms() > loaded + 1000));
+    let floor = (((unix_ms() + 3_599_000) as u64) << FENCE_SHIFT).to_string();
+    let renew = [
+        "LOCK.ACQUIRE",
+        "up:floor",
+        "PX",
+        "120000",
+        "TOKEN",
+        &tok("fl"),
+    ];
+    granted(c.cmd(&renew));
+    granted(c.cmd(&[&renew[..], &["MINFENCE", &floor]].concat()));
+    assert_eq!(c.cmd(&["SET", "up:end", "1"]), Resp::Simple("OK".into()));
     // The source's AOF (fsync always) in the earlier form.
     let (mut cmds, mut ops) = (Vec::new(), BTreeSet::new());
     let dir = source.dir.join("appendonlydir");
@@ -600,8 +603,10 @@ fn a_replica_of_a_primary_of_the_build_before_applies_the_op_word_as_an_argument
     for (name, s) in chain {
         let mut rc = s.conn();
         let arrived = wait_until(SETTLE, || {
-            lock_info(&mut rc, "up:session").is_some()
-                && lock_info(&mut rc, "up:released").is_none()
+            redis::cmd("EXISTS")
+                .arg("up:end")
+                .query::<i64>(&mut rc)
+                .is_ok_and(|n| n == 1)
         });
         assert!(
             arrived,
