@@ -336,14 +336,9 @@ fn sync_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
 
 /// `LOCK.DEBUG PANIC | FENCE | INJECT key kind`: proves that a panic becomes an error
 /// reply, reads the fence counter, and stores a value the validity rule would refuse
-/// (for the tests of the loader's repair). Off unless the module is loaded with
+/// (for the tests of the loader's repair). Registered only when the module is loaded with
 /// `debug-commands yes`.
 fn debug_cmd<'a>(ctx: Ctx<'a>, args: Args<'a>) -> Answer<'a> {
-    if !config::debug_commands() {
-        return Err(LockError::Disabled(
-            "LOCK.DEBUG (load the module with 'debug-commands yes')",
-        ));
-    }
     let sub = args.get(1).map(|s| s.bytes().to_ascii_uppercase());
     match (sub.as_deref(), args.len()) {
         (Some(b"PANIC"), 2) => panic!("LOCK.DEBUG PANIC was called"),

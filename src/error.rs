@@ -54,8 +54,6 @@ pub enum LockError {
     InternalOnly(&'static str),
     /// A Rust panic was caught at the FFI boundary.
     Internal(&'static str),
-    /// LOCK.DEBUG and similar: a feature switched off by configuration.
-    Disabled(&'static str),
     /// A BLOCK time whose deadline the server cannot schedule.
     BlockOutOfRange,
     /// Exclusive/SHARED on a counted key, or LIMIT on a read-write key.
@@ -166,7 +164,6 @@ impl fmt::Display for LockError {
                 f,
                 "ERR internal error in '{cmd}' (the module caught a panic; see the server log)"
             ),
-            LockError::Disabled(what) => write!(f, "ERR {what} is disabled"),
             LockError::BlockOutOfRange => write!(f, "ERR timeout is out of range"),
             LockError::WrongMode => write!(
                 f,
@@ -286,7 +283,6 @@ mod tests {
             LockError::FenceTooFarAhead,
             LockError::InternalOnly("lock.sync"),
             LockError::Internal("lock.info"),
-            LockError::Disabled("LOCK.DEBUG"),
             LockError::BlockOutOfRange,
             LockError::WrongMode,
             LockError::LimitMismatch(3),

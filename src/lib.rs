@@ -200,9 +200,15 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
             "redis-lock: could not add the ACL category 'lock'",
         );
     }
-    // LOCK.DEBUG is registered everywhere but answers only with 'debug-commands yes'.
+    // LOCK.DEBUG exists only with 'debug-commands yes'. Left out, the module adds 16
+    // commands: Redis 7.0.15's own 240 and these fill its command table's 256 buckets
+    // without making it double, which would reorder the chains and cost SET and other
+    // commands a compare or two in every lookup (docs/BENCHMARKS.md, the SET tax).
+    let debug = config::debug_commands();
     for (cmd, handler) in commands() {
-        cmdinfo::register(ctx, &cmd, handler)?;
+        if cmd.name != "lock.debug" || debug {
+            cmdinfo::register(ctx, &cmd, handler)?;
+        }
     }
     ffi::events::subscribe_server(ctx, events::on_server)?;
     ffi::events::register_info(ctx, stats::info)?;

@@ -490,7 +490,7 @@ fn wrongtype_internal_commands_and_maxwaiters() {
         );
     }
     assert_eq!(c.cmd(&["EXISTS", "lock:sync"]), Resp::Int(0));
-    expect_err_s(&mut c, &["LOCK.DEBUG", "PANIC"], "ERR", "disabled");
+    expect_err_s(&mut c, &["LOCK.DEBUG", "PANIC"], "ERR", "unknown command");
     assert_eq!(lock_stat(&mut c, "panics"), 0);
 
     // MAXWAITERS: with lock.max-waiters 2, two clients wait and a third fails at once.

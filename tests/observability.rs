@@ -732,7 +732,10 @@ fn acl_categories(entry: &[Resp]) -> HashSet<String> {
 
 #[test]
 fn command_info_and_docs() {
-    let server = ServerBuilder::new().start();
+    // With `debug-commands yes`, the one way LOCK.DEBUG is there to document.
+    let server = ServerBuilder::new()
+        .module_args(&["debug-commands", "yes"])
+        .start();
     let mut c = RawConn::connect(server.port);
     let table: &[CmdSpec] = &[
         (
