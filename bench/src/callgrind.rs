@@ -27,7 +27,7 @@ const PLAIN: Srv = (On::Plain, false);
 const LOCK: Srv = (On::Lock, false);
 
 /// The phases of `make bench`, server by server, each on fresh keys of its own.
-pub const PHASES: [(&str, Srv, &Op); 25] = [
+pub const PHASES: [(&str, Srv, &Op); 19] = [
     ("PING", PLAIN, &ops::PING),
     ("SET NX PX", PLAIN, &ops::SET_NX),
     ("EVALSHA extend", PLAIN, &ops::EVAL_EXTEND),
@@ -37,12 +37,6 @@ pub const PHASES: [(&str, Srv, &Op); 25] = [
     ("GET", PLAIN, &ops::GET),
     ("EXPIRE", PLAIN, &ops::EXPIRE),
     ("DEL", PLAIN, &ops::DEL),
-    ("SET NX PX, module loaded", LOCK, &ops::SET_NX),
-    ("SET PX, module loaded", LOCK, &ops::SET_PX),
-    ("SET, module loaded", LOCK, &ops::SET),
-    ("GET, module loaded", LOCK, &ops::GET),
-    ("EXPIRE, module loaded", LOCK, &ops::EXPIRE),
-    ("DEL, module loaded", LOCK, &ops::DEL),
     ("LOCK.ACQUIRE (TOKEN)", LOCK, &ops::ACQUIRE),
     ("LOCK.ACQUIRE (generated token)", LOCK, &ops::ACQUIRE_GEN),
     ("LOCK.EXTEND", LOCK, &ops::EXTEND),
@@ -57,6 +51,19 @@ pub const PHASES: [(&str, Srv, &Op); 25] = [
     ("floor, no expiry", (On::Floor, false), &ops::FLOOR_NOEXP),
     ("SET NX PX, AOF", (On::Plain, true), &ops::SET_NX),
     ("LOCK.ACQUIRE (TOKEN), AOF", (On::Lock, true), &ops::ACQUIRE),
+];
+
+/// The taxes: each of these again on the server of the phases without the module, once
+/// it has loaded the module (`MODULE LOAD`), so that both counts share one process and
+/// its hash seed (which decides where each name and key sits in the server's tables), and
+/// the difference is what loading the module changed.
+const TAX_PHASES: [(&str, &Op); 6] = [
+    ("SET NX PX, module loaded", &ops::SET_NX),
+    ("SET PX, module loaded", &ops::SET_PX),
+    ("SET, module loaded", &ops::SET),
+    ("GET, module loaded", &ops::GET),
+    ("EXPIRE, module loaded", &ops::EXPIRE),
+    ("DEL, module loaded", &ops::DEL),
 ];
 
 /// Phases on the server without the module where it has Valkey 9's native commands: the
@@ -205,6 +212,8 @@ fn api_costs(all: Vec<Cost>) -> Vec<FnCost> {
 /// A server running under callgrind, and the dumps taken of it.
 pub struct Session {
     pub server: Server,
+    /// What the server runs: `PLAIN` until it loads the module (`MODULE LOAD`), then `LOCK`.
+    pub on: Srv,
     /// Commands in flight on the measuring connection.
     pub pipeline: usize,
     pid: String,
@@ -236,6 +245,10 @@ impl Session {
         // No slow log (under valgrind a command can pass its 10 ms) and no rehashing in the
         // cron (how much it does before a command depends on timing): neither is its cost.
         let mut extra = vec![("slowlog-log-slower-than", "-1"), ("activerehashing", "no")];
+        if on == On::Plain {
+            // The module's taxes are counted on this server once it has loaded the module.
+            extra.push(("enable-module-command", "yes"));
+        }
         if aof {
             extra.extend([("appendonly", "yes"), ("appendfsync", "no")]);
         }
@@ -252,6 +265,7 @@ impl Session {
         let server = Server::start(bin, cfg, on, (&extra, &env), &wrapper, ready)?;
         flushall(&mut server.conn()?)?;
         Ok(Session {
+            on: (on, aof),
             // One command at a time when exact: each arrives in a read of its own, so what
             // the server allocates around it does not depend on how a pipeline was split.
             pipeline: if exact { 1 } else { 16 },
@@ -338,7 +352,27 @@ pub fn run(bin: &Path, cfg: &Config, date: &str, levels: bool) -> io::Result<Cal
         if group[0].1 == PLAIN && knows(&mut s.server.conn()?, "DELIFEQ")? {
             group.extend(NATIVE_PHASES);
         }
-        for (name, srv, op) in group {
+        let taxes = match group[0].1 == PLAIN {
+            true => &TAX_PHASES[..],
+            false => &[],
+        };
+        let taxes = taxes.iter().map(|&(name, op)| (name, LOCK, op));
+        for (i, (name, srv, op)) in group.into_iter().chain(taxes).enumerate() {
+            if i > 0 && srv == LOCK && s.on == PLAIN {
+                let module = cfg.path(&cfg.module);
+                let r = s
+                    .server
+                    .conn()?
+                    .call(&["MODULE", "LOAD", &module.to_string_lossy()])?;
+                if r != Resp::Simple("OK".into()) {
+                    return Err(io::Error::other(format!(
+                        "MODULE LOAD {}: {r:?}",
+                        module.display()
+                    )));
+                }
+                s.on = LOCK;
+                s.settle(SETTLE + s.started.elapsed());
+            }
             let (i, crowd) = (phases.len(), matches!(op.needs, Needs::Crowd(_)));
             let n = if crowd { CROWD_OPS } else { u64::MAX }.min(cfg.cg_ops);
             s.phase(op, &format!("cg{i}"), n.min(GUARD_OPS), true)?;
