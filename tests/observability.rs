@@ -4,7 +4,8 @@
 mod common;
 
 use common::{
-    release, server_flavor, starts_with_error_code, wait_until, RawConn, Resp, ServerBuilder,
+    debug_server, release, server_flavor, starts_with_error_code, wait_until, RawConn, Resp,
+    ServerBuilder,
 };
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -733,9 +734,7 @@ fn acl_categories(entry: &[Resp]) -> HashSet<String> {
 #[test]
 fn command_info_and_docs() {
     // With `debug-commands yes`, the one way LOCK.DEBUG is there to document.
-    let server = ServerBuilder::new()
-        .module_args(&["debug-commands", "yes"])
-        .start();
+    let server = debug_server().start();
     let mut c = RawConn::connect(server.port);
     let table: &[CmdSpec] = &[
         (
