@@ -206,7 +206,7 @@ fn setup(ctx: Ctx<'_>, args: &[RedisString]) -> Result<(), String> {
     // commands a compare or two in every lookup (docs/BENCHMARKS.md, the SET tax).
     let debug = config::debug_commands();
     for (cmd, handler) in commands() {
-        if cmd.name != "lock.debug" || debug {
+        if cmd.name != <commands::Debug as ffi::Handler>::NAME || debug {
             cmdinfo::register(ctx, &cmd, handler)?;
         }
     }
