@@ -357,8 +357,8 @@ pub fn run(bin: &Path, cfg: &Config, date: &str, levels: bool) -> io::Result<Cal
             false => &[],
         };
         let taxes = taxes.iter().map(|&(name, op)| (name, LOCK, op));
-        for (i, (name, srv, op)) in group.into_iter().chain(taxes).enumerate() {
-            if i > 0 && srv == LOCK && s.on == PLAIN {
+        for (name, srv, op) in group.into_iter().chain(taxes) {
+            if srv == LOCK && s.on == PLAIN {
                 let module = cfg.path(&cfg.module);
                 let r = s
                     .server
